@@ -1,0 +1,34 @@
+"""perfguide: how to train or serve a transformer fast on your hardware, without OOM, and why.
+
+    >>> import perfguide
+    >>> rec = perfguide.recommend("gpt2", scenario="train_gpu_one", hardware="a100-80gb")  # doctest: +SKIP
+    >>> print(rec.report())                                                                # doctest: +SKIP
+
+Heavy libraries (torch, transformers, accelerate, bitsandbytes) are imported only where used.
+"""
+
+from ._version import __version__
+from .api import estimate, recommend
+from .decisions import Alternative, Decision
+from .errors import PerfGuideError
+from .hardware import probe
+from .hardware.types import CPU, GPU, Hardware
+from .memory.types import MemoryEstimate
+from .model.types import ModelSpec
+from .recommendation import Recommendation
+from .scenarios.types import SCENARIOS, Constraints
+from .setup import LoraSpec, Setup
+from .speed.types import Throughput
+
+__all__ = [
+    "__version__", "recommend", "estimate", "probe", "verify",
+    "Hardware", "GPU", "CPU", "ModelSpec", "Setup", "LoraSpec", "Constraints", "SCENARIOS",
+    "MemoryEstimate", "Throughput", "Recommendation", "Decision", "Alternative", "PerfGuideError",
+]
+
+
+def verify(model, rec, steps: int = 3, dataset=None):  # noqa: ANN001 - thin lazy wrapper
+    """Run a few real steps of ``rec`` and return measured vs predicted (see perfguide.verify)."""
+    from .verify import verify as _verify
+
+    return _verify(model, rec, steps=steps, dataset=dataset)

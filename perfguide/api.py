@@ -1,0 +1,111 @@
+"""The two entry points: ``recommend`` (search) and ``estimate`` (price one Setup)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import PerfGuideError, UnknownScenarioError, WrongMachineError, did_you_mean, unknown_value
+from .hardware.types import Hardware
+from .memory.types import MemoryEstimate
+from .model.types import ModelSpec
+from .recommendation import Recommendation
+from .scenarios import planner
+from .scenarios.types import SCENARIOS, Constraints, Request
+from .setup import Setup
+
+logger = logging.getLogger("perfguide")
+
+DEFAULT_TRAIN_SEQ_LEN = 2048
+DEFAULT_GLOBAL_BATCH = 32
+
+
+def resolve_hardware(hardware: Hardware | str | None) -> Hardware:
+    """None probes this machine; a string is a named target ("a100-80gb:8"); a Hardware is used as is."""
+    if hardware is None:
+        return Hardware.probe()
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str):
+        return Hardware.from_name(hardware)
+    raise PerfGuideError(f"hardware must be None (probe), a name like 'a100-80gb:8', or a perfguide.Hardware; got {type(hardware).__name__}")
+
+
+def _constraints(values: dict[str, Any]) -> Constraints:
+    unknown = [k for k in values if k not in Constraints.model_fields]
+    if unknown:
+        k = unknown[0]
+        raise PerfGuideError(f"unknown constraint {k!r}.{did_you_mean(k, Constraints.model_fields)} Accepted: {', '.join(Constraints.model_fields)}")
+    try:
+        return Constraints(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise PerfGuideError(f"invalid value for {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def _positive(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 10_000_000):
+        raise PerfGuideError(f"{name} must be a positive integer (1..10,000,000), got {value!r}")
+
+
+def _default_seq_len(spec: ModelSpec, scenario: str) -> int:
+    limit = spec.max_position_embeddings or DEFAULT_TRAIN_SEQ_LEN
+    return min(limit, DEFAULT_TRAIN_SEQ_LEN if scenario.startswith("train") else 1024)
+
+
+def recommend(
+    model: Any,
+    scenario: str = "train_gpu_one",
+    *,
+    hardware: Hardware | str | None = None,
+    seq_len: int | None = None,
+    global_batch_size: int | None = None,
+    **constraints: Any,
+) -> Recommendation:
+    """Pick the fastest setup that fits, and say why.
+
+    ``global_batch_size`` is kept fixed: micro-batch x accumulation x world size always equals it.
+    """
+    if scenario not in SCENARIOS:
+        raise unknown_value("scenario", scenario, SCENARIOS, UnknownScenarioError)
+    _positive("seq_len", seq_len)
+    _positive("global_batch_size", global_batch_size)
+    cons = _constraints(constraints)
+    spec = ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code)
+    hw = resolve_hardware(hardware)
+    if scenario.endswith(("gpu_one", "gpu_many")) and not hw.has_gpu:
+        kind = "train_cpu" if scenario.startswith("train") else "infer_cpu"
+        raise WrongMachineError(
+            f"scenario {scenario!r} needs a GPU but this machine has none; use scenario={kind!r}, "
+            "or plan for a GPU you do not have with hardware='a100-80gb' (see perfguide.hardware names)")
+    if cons.nodes > 1 and hw.nodes != cons.nodes:
+        hw = hw.model_copy(update={"nodes": cons.nodes})
+    request = Request(
+        scenario=scenario,
+        model=spec,
+        hardware=hw,
+        seq_len=seq_len or _default_seq_len(spec, scenario),
+        global_batch_size=global_batch_size or (cons.batch_size or 1 if scenario.startswith("infer") else DEFAULT_GLOBAL_BATCH),
+        constraints=cons,
+    )
+    logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")
+    plan = planner(scenario)(request)
+    return Recommendation(request=request, **plan.model_dump(exclude_none=False, round_trip=True))
+
+
+def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None = None, method: str = "analytic") -> MemoryEstimate:
+    """Price one Setup the user wrote. ``hardware=None`` gives bytes with ``fits`` judged on no device."""
+    s = Setup.parse(setup)
+    spec = ModelSpec.from_any(model)
+    hw = resolve_hardware(hardware) if hardware is not None else None
+    if method == "analytic":
+        from .memory import estimate_memory
+
+        return estimate_memory(spec, s, hw)
+    if method == "trace":
+        from .memory.trace import trace_memory
+
+        return trace_memory(spec, s, hw)
+    raise unknown_value("estimate method", method, ("analytic", "trace"))

@@ -1,0 +1,42 @@
+"""The memory ledger of one device for one Setup."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .._base import GiB, Model
+
+
+class MemoryEstimate(Model):
+    """Bytes on the most loaded device, per component, and the three numbers users compare with.
+
+    ``peak_allocated`` is what ``torch.cuda.max_memory_allocated()`` reports, ``peak_reserved`` what
+    ``max_memory_reserved()`` reports (caching allocator), ``device_total`` what nvidia-smi shows
+    (adds the CUDA context). Components are the state at the peak, so they need not sum to it exactly.
+    """
+
+    weights: int = Field(ge=0)
+    gradients: int = Field(ge=0)
+    optimizer_states: int = Field(ge=0)
+    activations: int = Field(ge=0)
+    logits: int = Field(default=0, ge=0, description="logits + loss buffers (b*s*vocab); included in peak")
+    kv_cache: int = Field(default=0, ge=0)
+    other: int = Field(default=0, ge=0, description="temporaries, workspaces, comm buckets")
+    cuda_context: int = Field(default=0, ge=0)
+    peak_allocated: int = Field(ge=0)
+    peak_reserved: int = Field(ge=0)
+    device_total: int = Field(ge=0)
+    capacity: int | None = Field(default=None, description="device memory the plan may use (bytes), None if no hardware")
+    cpu_ram: int = Field(default=0, ge=0, description="host RAM the setup needs (offload, CPU runs)")
+    fits: bool = True
+    method: Literal["analytic", "trace", "measured"] = "analytic"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def headroom(self) -> int | None:
+        return None if self.capacity is None else self.capacity - self.device_total
+
+    def gib(self, field: str) -> float:
+        return getattr(self, field) / GiB

@@ -1,0 +1,126 @@
+"""Recommendation: a Plan plus the objects users pass straight on. Adapters do the converting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._base import Model
+from .decisions import Decision
+from .hardware.types import Hardware
+from .memory.types import MemoryEstimate
+from .model.types import ModelSpec
+from .scenarios.types import Candidate, Request
+from .setup import Setup
+from .speed.types import Throughput
+
+if TYPE_CHECKING:  # heavy types only for annotations
+    import accelerate
+    import transformers
+
+
+class Recommendation(Model):
+    request: Request
+    setup: Setup
+    memory: MemoryEstimate
+    throughput: Throughput
+    decisions: tuple[Decision, ...]
+    candidates: tuple[Candidate, ...] = ()
+    warnings: tuple[str, ...] = ()
+    fits: bool = True
+    suggestions: tuple[str, ...] = ()
+
+    @property
+    def scenario(self) -> str:
+        return self.request.scenario
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.request.model
+
+    @property
+    def hardware(self) -> Hardware:
+        return self.request.hardware
+
+    def decision(self, setting: str) -> Decision | None:
+        """The decision about one setting (e.g. ``"optim"``), or None."""
+        return next((d for d in self.decisions if d.setting == setting), None)
+
+    # --- transformers -------------------------------------------------------------------------
+    def training_args_dict(self, **overrides: Any) -> dict[str, Any]:
+        """TrainingArguments kwargs as plain data: works on any machine (plan on a laptop, run on an A100)."""
+        from .integrations.transformers import training_args_dict
+
+        return training_args_dict(self, **overrides)
+
+    def training_args(self, **overrides: Any) -> "transformers.TrainingArguments":
+        from .integrations.transformers import training_args
+
+        return training_args(self, **overrides)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        """``from_pretrained`` kwargs: dtype, attn_implementation, quantization_config, device_map..."""
+        from .integrations.transformers import model_kwargs
+
+        return model_kwargs(self)
+
+    def prepare_model(self, model: Any) -> Any:
+        """Apply what cannot be a TrainingArguments flag: LoRA adapters, checkpointing, bnb embedding overrides."""
+        from .integrations.prepare import prepare_model
+
+        return prepare_model(self, model)
+
+    def generation_kwargs(self) -> dict[str, Any]:
+        from .integrations.transformers import generation_kwargs
+
+        return generation_kwargs(self)
+
+    # --- accelerate / deepspeed / launching ---------------------------------------------------
+    def accelerator_kwargs(self) -> dict[str, Any]:
+        from .integrations.accelerate import accelerator_kwargs
+
+        return accelerator_kwargs(self)
+
+    def accelerator(self, **overrides: Any) -> "accelerate.Accelerator":
+        from .integrations.accelerate import accelerator
+
+        return accelerator(self, **overrides)
+
+    def accelerate_config(self) -> dict[str, Any]:
+        """The dict ``accelerate launch --config_file`` reads (YAML when written)."""
+        from .integrations.accelerate import accelerate_config
+
+        return accelerate_config(self)
+
+    def write_accelerate_config(self, path: str | Path) -> Path:
+        from .integrations.accelerate import write_accelerate_config
+
+        return write_accelerate_config(self, path)
+
+    def deepspeed_config(self) -> dict[str, Any] | None:
+        from .integrations.deepspeed import deepspeed_config
+
+        return deepspeed_config(self)
+
+    def launch_command(self, script: str = "train.py", *script_args: str, config_file: str | None = None) -> str:
+        from .integrations.launch import launch_command
+
+        return launch_command(self, script, *script_args, config_file=config_file)
+
+    # --- rendering -----------------------------------------------------------------------------
+    def report(self, fmt: str = "text") -> str:
+        """Every choice with its reason and numbers. fmt: 'text', 'rich' (ANSI) or 'markdown'."""
+        from .render.report import render
+
+        return render(self, fmt)
+
+    def _repr_markdown_(self) -> str:
+        return self.report("markdown")
+
+    def __str__(self) -> str:
+        return self.report("text")
+
+    def plot(self, path: str | Path) -> Path:
+        from .render.plot import plot_memory
+
+        return plot_memory(self, path)

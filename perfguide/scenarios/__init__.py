@@ -1,0 +1,16 @@
+"""One rules module per scenario; each exposes ``plan(request) -> Plan``."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Callable
+
+from ..errors import unknown_value, UnknownScenarioError
+from .types import SCENARIOS, Plan, Request
+
+
+def planner(scenario: str) -> Callable[[Request], Plan]:
+    """The ``plan`` function of a scenario, imported on first use."""
+    if scenario not in SCENARIOS:
+        raise unknown_value("scenario", scenario, SCENARIOS, UnknownScenarioError)
+    return import_module(f"{__name__}.{scenario}").plan

@@ -1,0 +1,77 @@
+"""What a scenario's rules receive (Request) and return (Plan)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .._base import Model
+from ..decisions import Decision
+from ..hardware.types import Hardware
+from ..memory.types import MemoryEstimate
+from ..model.types import ModelSpec
+from ..setup import LoraSpec, Setup
+from ..speed.types import Throughput
+
+Scenario = Literal["train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu"]
+SCENARIOS: tuple[str, ...] = ("train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu")
+
+
+class Constraints(Model):
+    """Optional user constraints (``recommend(..., **constraints)``); None means 'perfguide decides'."""
+
+    precision: Literal["bf16", "fp16", "fp32"] | None = None
+    optimizer: str | None = None
+    finetune: Literal["full", "lora", "qlora"] | None = None   # None: full, LoRA/QLoRA offered only as alternatives
+    lora: LoraSpec | None = None
+    gradient_checkpointing: bool | None = None
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    micro_batch_size: int | None = Field(default=None, ge=1)
+    headroom: float = Field(default=0.10, ge=0, lt=1, description="fraction of device memory kept free")
+    nodes: int = Field(default=1, ge=1)
+    num_gpus: int | None = Field(default=None, ge=1, description="GPUs (or CPU processes) per node to use")
+    strategy: str | None = None
+    allow_offload: bool = True
+    from_scratch: bool = False
+    # inference
+    prompt_len: int | None = Field(default=None, ge=1)
+    max_new_tokens: int = Field(default=256, ge=1)
+    batch_size: int | None = Field(default=None, ge=1, description="inference concurrency target")
+    quantization: Literal["int8", "nf4"] | None = None
+    prefer: Literal["latency", "throughput"] = "throughput"
+    trust_remote_code: bool = False
+
+
+class Request(Model):
+    """Everything the rules need: the model, the machine, the workload and the constraints."""
+
+    scenario: Scenario
+    model: ModelSpec
+    hardware: Hardware
+    seq_len: int = Field(ge=1)
+    global_batch_size: int = Field(ge=1)
+    constraints: Constraints = Constraints()
+
+
+class Candidate(Model):
+    """A priced Setup the search considered, with its verdict."""
+
+    setup: Setup
+    memory: MemoryEstimate
+    throughput: Throughput
+    verdict: Literal["chosen", "fits", "does-not-fit", "incompatible"]
+    why: str = ""
+
+
+class Plan(Model):
+    """What a scenario's rules return; the Recommendation wraps it with the API's conveniences."""
+
+    setup: Setup
+    memory: MemoryEstimate
+    throughput: Throughput
+    decisions: tuple[Decision, ...]
+    candidates: tuple[Candidate, ...] = ()
+    warnings: tuple[str, ...] = ()
+    fits: bool = True
+    suggestions: tuple[str, ...] = ()   # when nothing fits: what would (bigger GPU, more GPUs, QLoRA...)

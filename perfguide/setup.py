@@ -1,0 +1,133 @@
+"""Setup: the one vocabulary shared by the rules, the cost model and the adapters.
+
+The rules produce Setups, the cost model prices them, ``estimate(model, setup)`` prices one a user wrote,
+and the adapters turn one into TrainingArguments / accelerate / DeepSpeed objects. Nothing downstream
+re-derives a decision, so every knob a plan can turn lives here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from ._base import Model
+from .errors import InvalidSetupError, did_you_mean
+
+Task = Literal["train", "infer"]
+WeightsDtype = Literal["fp32", "bf16", "fp16", "int8", "nf4"]
+Autocast = Literal["bf16", "fp16"]
+AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
+Strategy = Literal[
+    "single", "ddp", "fsdp", "fsdp_shard_grad_op", "zero1", "zero2", "zero3",  # training
+    "device_map", "tp",                                                         # inference across GPUs
+]
+Device = Literal["cuda", "cpu"]
+
+#: Every TrainingArguments ``optim`` value perfguide can price (transformers 5.x names).
+OPTIMIZERS: tuple[str, ...] = (
+    "adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit",
+    "paged_adamw_32bit", "sgd", "lion_32bit", "lion_8bit", "paged_lion_32bit", "paged_lion_8bit",
+    "adagrad", "rmsprop", "ademamix", "ademamix_8bit", "adamw_torch_8bit", "adamw_torch_4bit",
+)
+
+
+class LoraSpec(Model):
+    r: int = Field(default=16, gt=0)
+    alpha: int = Field(default=32, gt=0)
+    target_modules: tuple[str, ...] | Literal["all-linear"] = "all-linear"
+
+
+class Setup(Model):
+    """A concrete, runnable configuration. Sizes are per device unless named global."""
+
+    task: Task = "train"
+    device: Device = "cuda"
+    micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
+    seq_len: int = Field(default=512, ge=1, le=10_000_000)
+    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1_000_000)
+    weights_dtype: WeightsDtype = "fp32"
+    autocast: Autocast | None = None
+    tf32: bool = False
+    optimizer: str | None = "adamw_torch_fused"
+    gradient_checkpointing: bool = False
+    attn_implementation: AttnImpl = "sdpa"
+    lora: LoraSpec | None = None
+    strategy: Strategy = "single"
+    num_gpus: int = Field(default=1, ge=1, le=100_000, description="data-parallel processes per node (GPUs, or CPU processes)")
+    nodes: int = Field(default=1, ge=1, le=100_000)
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    # inference
+    new_tokens: int = Field(default=0, ge=0, le=10_000_000)
+    cache_implementation: Literal["dynamic", "static"] = "dynamic"
+    torch_compile: bool = False
+    # host side
+    dataloader_num_workers: int = Field(default=0, ge=0)
+    dataloader_pin_memory: bool = True
+    cpu_threads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Setup":
+        if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}.{did_you_mean(self.optimizer, OPTIMIZERS)} Accepted: {', '.join(OPTIMIZERS)}")
+        if self.weights_dtype in ("int8", "nf4") and self.task == "train" and self.lora is None:
+            raise ValueError("training a purely quantized (int8/nf4) model needs LoRA adapters (lora={...}); transformers refuses it otherwise")
+        if self.autocast == "fp16" and self.device == "cpu":
+            raise ValueError("fp16 autocast does nothing on CPU (accelerate silently trains in fp32); use autocast='bf16' or None")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.num_gpus * self.nodes
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    @property
+    def compute_dtype(self) -> str:
+        """The dtype matmuls run in: autocast wins, else the (de)quantized weight dtype."""
+        if self.autocast:
+            return self.autocast
+        if self.weights_dtype in ("int8", "nf4"):
+            return "bf16"
+        if self.weights_dtype == "fp32" and self.tf32:
+            return "tf32"
+        return self.weights_dtype
+
+    @property
+    def label(self) -> str:
+        """A short human label, used in reports and candidate tables."""
+        parts = [f"mb={self.micro_batch_size}", f"ga={self.gradient_accumulation_steps}", self.weights_dtype]
+        if self.autocast:
+            parts.append(f"amp-{self.autocast}")
+        if self.optimizer and self.task == "train":
+            parts.append(self.optimizer)
+        if self.gradient_checkpointing:
+            parts.append("ckpt")
+        if self.lora:
+            parts.append(f"lora-r{self.lora.r}")
+        if self.strategy != "single":
+            parts.append(self.strategy)
+        if self.offload_optimizer or self.offload_params:
+            parts.append("offload")
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, value: "Setup | dict[str, Any]") -> "Setup":
+        """Accept a Setup or a plain dict; unknown keys or values give one clear line."""
+        if isinstance(value, Setup):
+            return value
+        if not isinstance(value, dict):
+            raise InvalidSetupError(f"setup must be a perfguide.Setup or a dict, got {type(value).__name__}")
+        unknown = [k for k in value if k not in cls.model_fields]
+        if unknown:
+            k = unknown[0]
+            raise InvalidSetupError(f"unknown setup key {k!r}.{did_you_mean(k, cls.model_fields)} Accepted keys: {', '.join(cls.model_fields)}")
+        try:
+            return cls(**value)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "setup"
+            raise InvalidSetupError(f"invalid setup value for {where}: {err['msg']} (got {err.get('input')!r})") from None
