@@ -1,0 +1,78 @@
+"""From tensor bytes to what users see: allocated -> reserved (allocator) -> device total (CUDA context).
+
+Constants live in data/calibration.json with their sources; bench/accuracy.py is where they are checked.
+"""
+
+from __future__ import annotations
+
+from .._data import load
+from ..hardware.types import Hardware
+from ..setup import Setup
+from .types import MemoryEstimate
+
+
+def _const(name: str) -> float:
+    return load("calibration")[name]["value"]
+
+
+def cuda_context_bytes(hardware: Hardware | None) -> int:
+    """Per-process CUDA context + kernels; depends on GPU generation (eager vs lazy module loading)."""
+    table = load("calibration")["cuda_context_bytes"]
+    gpu = hardware.smallest_gpu if hardware is not None else None
+    if gpu is None:
+        return int(table["value"])
+    return int(table["by_cc_major"].get(str(gpu.compute_capability[0]), table["value"]))
+
+
+def reserved_from_allocated(peak_allocated: int) -> int:
+    """The caching allocator keeps freed blocks: reserved exceeds allocated by a ratio plus a floor."""
+    ratio = _const("reserved_over_allocated")
+    floor = _const("reserved_min_extra_bytes")
+    return int(max(peak_allocated * ratio, peak_allocated + floor)) if peak_allocated else 0
+
+
+def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
+    """Memory one process may use: the smallest GPU's total (cuda), or available RAM (cpu)."""
+    if hardware is None:
+        return None
+    if setup.device == "cpu" or not hardware.has_gpu:
+        return hardware.cpu.ram_available // max(1, setup.num_gpus)
+    return hardware.smallest_gpu.memory_total
+
+
+def to_estimate(
+    *,
+    setup: Setup,
+    hardware: Hardware | None,
+    weights: int,
+    gradients: int,
+    optimizer_states: int,
+    activations: int,
+    peak_allocated: int,
+    logits: int = 0,
+    kv_cache: int = 0,
+    other: int = 0,
+    cpu_ram: int = 0,
+    method: str = "analytic",
+    notes: tuple[str, ...] = (),
+) -> MemoryEstimate:
+    """Assemble a MemoryEstimate: add the allocator and context layers and judge ``fits``.
+
+    On CPU there is no caching allocator or CUDA context: reserved == allocated and the device total adds
+    the Python/torch process baseline, compared with available RAM.
+    """
+    if setup.device == "cpu":
+        context = int(_const("cpu_process_base_bytes"))
+        reserved = peak_allocated
+    else:
+        context = cuda_context_bytes(hardware)
+        reserved = reserved_from_allocated(peak_allocated)
+    total = reserved + context
+    capacity = capacity_bytes(hardware, setup)
+    return MemoryEstimate(
+        weights=int(weights), gradients=int(gradients), optimizer_states=int(optimizer_states),
+        activations=int(activations), logits=int(logits), kv_cache=int(kv_cache), other=int(other),
+        cuda_context=context, peak_allocated=int(peak_allocated), peak_reserved=int(reserved), device_total=int(total),
+        capacity=capacity, cpu_ram=int(cpu_ram), fits=capacity is None or total <= capacity,
+        method=method, notes=notes,
+    )
