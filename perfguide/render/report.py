@@ -1,0 +1,243 @@
+"""The recommendation report: every choice with its reason and the number behind it, then the costs.
+
+Built as a Document (render/document.py) so text, markdown and rich show the same content.
+The report only renders what the rules decided; it never re-derives a decision.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from typing import TYPE_CHECKING
+
+from ..decisions import Alternative, Decision
+from ..errors import PerfGuideError
+from ..memory.types import MemoryEstimate
+from ..setup import Setup
+from ..speed.types import Throughput
+from .bars import BarRow
+from .document import Bars, Bullets, Document, Fields, Section, Table, render_document
+from .hardware import describe_hardware
+from .units import fmt_bytes, fmt_count, fmt_number, fmt_percent, fmt_seconds, fmt_value
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
+    from ..scenarios.types import Candidate
+
+logger = logging.getLogger("perfguide.render")
+
+#: Components drawn as bars: (MemoryEstimate field, label, always shown even when zero).
+COMPONENTS = (
+    ("weights", "weights", True), ("gradients", "gradients", False), ("optimizer_states", "optimizer states", False),
+    ("activations", "activations", True), ("logits", "logits + loss", False), ("kv_cache", "kv cache", False),
+    ("other", "other", False), ("cuda_context", "cuda context", False),
+)
+TOTALS = (
+    ("peak_allocated", "peak allocated (torch)"), ("peak_reserved", "peak reserved (torch)"),
+    ("device_total", "device total (nvidia-smi)"),
+)
+TRAIN_ONLY = frozenset({"gradient_accumulation_steps", "optimizer", "gradient_checkpointing", "offload_optimizer", "lora"})
+INFER_ONLY = frozenset({"new_tokens", "cache_implementation"})
+MAX_CANDIDATES = 20
+DATAPARALLEL_WARNING = (
+    "do not start this with plain `python train.py`: with several visible GPUs and no launcher, "
+    "transformers silently wraps the model in nn.DataParallel (slower, and GPU 0 carries extra memory)"
+)
+
+
+# --- header and setup ---------------------------------------------------------------------------
+
+def _global_batch(setup: Setup) -> str:
+    return (f"{setup.global_batch_size} = {setup.micro_batch_size} micro-batch x {setup.gradient_accumulation_steps} "
+            f"accumulation x {setup.world_size} process(es)")
+
+
+def _usable_memory(rec: "Recommendation") -> str:
+    capacity = rec.memory.capacity
+    if capacity is None:
+        return "unknown (no device)"
+    headroom = rec.request.constraints.headroom
+    return f"{fmt_bytes(capacity)} per device, planned to {fmt_bytes(capacity * (1 - headroom))} ({fmt_percent(headroom)} kept free)"
+
+
+def _request_section(rec: "Recommendation") -> Section:
+    spec, setup = rec.model, rec.setup
+    rows = (
+        ("model", f"{spec.name} ({fmt_count(spec.total_params, ' params')}, {spec.model_type}, {spec.total_layers} layers, hidden {spec.hidden_size})"),
+        ("hardware", describe_hardware(rec.hardware)),
+        ("usable memory", _usable_memory(rec)),
+        ("scenario", rec.scenario),
+        ("sequence length", str(rec.request.seq_len)),
+        ("global batch", _global_batch(setup)),
+        ("verdict", "fits" if rec.fits else "DOES NOT FIT: see the suggestions below"),
+    )
+    return Section("Request", (Fields(rows),))
+
+
+def _setup_fields(setup: Setup) -> list[str]:
+    skip = INFER_ONLY if setup.task == "train" else TRAIN_ONLY
+    return [name for name in Setup.model_fields if name not in skip]
+
+
+def _setup_section(setup: Setup) -> Section:
+    """Two setting/value pairs per row keeps the ~20 knobs on one screen."""
+    pairs = [(name, fmt_value(getattr(setup, name))) for name in _setup_fields(setup)]
+    if len(pairs) % 2:
+        pairs.append(("", ""))
+    half = len(pairs) // 2
+    rows = tuple((*left, *right) for left, right in zip(pairs[:half], pairs[half:]))
+    return Section(f"Chosen setup ({setup.label})", (Table(("setting", "value", "setting", "value"), rows),))
+
+
+# --- decisions ----------------------------------------------------------------------------------
+
+def _alternative_line(alt: Alternative) -> str:
+    number = fmt_number(alt.number, alt.unit)
+    return f"rejected {fmt_value(alt.value)}: {alt.why_not}" + (f" ({number})" if number else "")
+
+
+def decision_items(decision: Decision) -> list[tuple[int, str]]:
+    """A decision as a heading (setting = value) and its evidence beneath it."""
+    items = [(0, f"{decision.setting} = {fmt_value(decision.value)}"), (1, decision.reason)]
+    number = fmt_number(decision.number, decision.unit)
+    if number:
+        items.append((1, f"decided by: {number}"))
+    if decision.source:
+        items.append((1, f"source: {decision.source}"))
+    items += [(1, _alternative_line(alt)) for alt in decision.alternatives]
+    return items
+
+
+def _decisions_section(decisions: tuple[Decision, ...]) -> Section:
+    items = [item for d in decisions for item in decision_items(d)]
+    return Section("Decisions", (Bullets(tuple(items or [(0, "no decisions recorded")]), headed=True),))
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+def memory_scale(memory: MemoryEstimate) -> int:
+    """Bars are drawn against the device's usable memory; without a device, against the largest total."""
+    return memory.capacity or max(memory.device_total, memory.peak_reserved, 1)
+
+
+def _bar(label: str, value: int, scale: int) -> BarRow:
+    return BarRow(label=label, value=value, scale=scale, text=f"{fmt_bytes(value)} ({fmt_percent(value / scale)})")
+
+
+def memory_bars(memory: MemoryEstimate) -> tuple[BarRow, ...]:
+    """Components at the peak (zero ones left out unless always relevant), then the three totals."""
+    scale = memory_scale(memory)
+    parts = [_bar(label, getattr(memory, f), scale) for f, label, always in COMPONENTS if always or getattr(memory, f)]
+    return tuple(parts + [_bar(label, getattr(memory, f), scale) for f, label in TOTALS])
+
+
+def _memory_fields(memory: MemoryEstimate) -> Fields:
+    rows = [("capacity", fmt_bytes(memory.capacity) if memory.capacity is not None else "no device")]
+    if memory.headroom is not None:
+        word = "left" if memory.headroom >= 0 else "SHORT"
+        rows.append(("headroom", f"{fmt_bytes(abs(memory.headroom))} {word} after device total"))
+    if memory.cpu_ram:
+        rows.append(("host RAM needed", fmt_bytes(memory.cpu_ram)))
+    rows += [("fits", "yes" if memory.fits else "no"), ("method", memory.method)]
+    return Fields(tuple(rows))
+
+
+def _memory_section(memory: MemoryEstimate) -> Section:
+    blocks: list = [Bars(memory_bars(memory)), _memory_fields(memory)]
+    if memory.notes:
+        blocks.append(Bullets(tuple((1, n) for n in memory.notes)))
+    return Section("Memory per device (most loaded)", tuple(blocks))
+
+
+# --- speed --------------------------------------------------------------------------------------
+
+def _throughput_rows(t: Throughput) -> list[tuple[str, str]]:
+    rows = [("step time", fmt_seconds(t.step_time_s)), ("tokens/s (whole job)", fmt_number(t.tokens_per_s, "tokens/s")),
+            ("MFU", fmt_percent(t.mfu)), ("bound by", t.bound or "unknown")]
+    optional = (("compute time", t.compute_time_s), ("communication time", t.comm_time_s), ("offload time", t.offload_time_s),
+                ("prefill time", t.prefill_time_s))
+    rows += [(name, fmt_seconds(v)) for name, v in optional if v]
+    if t.achievable_tflops:
+        rows.append(("achievable TFLOP/s per device", f"{t.achievable_tflops:.1f}"))
+    if t.decode_tokens_per_s:
+        rows.append(("decode tokens/s per sequence", f"{t.decode_tokens_per_s:.1f}"))
+    if t.time_per_output_token_ms:
+        rows.append(("time per output token", fmt_seconds(t.time_per_output_token_ms / 1e3)))
+    return rows
+
+
+def _throughput_section(t: Throughput) -> Section:
+    return Section("Throughput (predicted)", (Fields(tuple(_throughput_rows(t))),))
+
+
+def _candidate_row(c: "Candidate") -> tuple[str, ...]:
+    return (c.verdict, c.setup.label, fmt_bytes(c.memory.device_total), fmt_seconds(c.throughput.step_time_s),
+            fmt_number(c.throughput.tokens_per_s, "tokens/s"), c.why)
+
+
+def _candidates_section(candidates: tuple["Candidate", ...]) -> Section | None:
+    if not candidates:
+        return None
+    headers = ("verdict", "setup", "memory/device", "step time", "throughput", "why")
+    blocks: list = [Table(headers, tuple(_candidate_row(c) for c in candidates[:MAX_CANDIDATES]))]
+    if len(candidates) > MAX_CANDIDATES:
+        blocks.append(Bullets(((1, f"... {len(candidates) - MAX_CANDIDATES} more in rec.candidates"),)))
+    return Section("Candidates considered", tuple(blocks))
+
+
+# --- launch, warnings, suggestions --------------------------------------------------------------
+
+def is_multi_process(setup: Setup) -> bool:
+    """Several processes must be started by a launcher; device_map inference stays one process."""
+    return setup.world_size > 1 and setup.strategy not in ("single", "device_map")
+
+
+def _launch_command(rec: "Recommendation") -> str | None:
+    """The launch adapter is optional (built separately); without it the report still renders."""
+    if importlib.util.find_spec("perfguide.integrations.launch") is None:
+        return None
+    try:
+        return rec.launch_command()
+    except PerfGuideError as exc:
+        logger.debug("no launch command: %s", exc)
+        return None
+
+
+def _launch_section(rec: "Recommendation") -> Section | None:
+    if not is_multi_process(rec.setup):
+        return None
+    items = [(0, DATAPARALLEL_WARNING)] if rec.setup.device == "cuda" else []
+    command = _launch_command(rec)
+    if command:
+        items += [(0, "launch with:"), (1, command)]
+    return Section("Launch", (Bullets(tuple(items), headed=True),)) if items else None
+
+
+def _warnings_section(rec: "Recommendation") -> Section | None:
+    warnings = list(dict.fromkeys((*rec.warnings, *rec.hardware.warnings)))
+    return Section("Warnings", (Bullets(tuple((0, w) for w in warnings)),)) if warnings else None
+
+
+def _suggestions_section(rec: "Recommendation") -> Section | None:
+    if rec.fits and not rec.suggestions:
+        return None
+    items = [(0, s) for s in rec.suggestions] or [(0, "no suggestion available: try a larger GPU, more GPUs or QLoRA")]
+    title = "Nothing fits: what would" if not rec.fits else "Suggestions"
+    return Section(title, (Bullets(tuple(items)),))
+
+
+def report_document(rec: "Recommendation") -> Document:
+    title = f"perfguide {rec.scenario}: {rec.model.name} on {rec.hardware.name or 'this machine'}"
+    sections = (
+        _request_section(rec), _setup_section(rec.setup), _decisions_section(rec.decisions),
+        _memory_section(rec.memory), _throughput_section(rec.throughput), _candidates_section(rec.candidates),
+        _launch_section(rec), _warnings_section(rec), _suggestions_section(rec),
+    )
+    return Document(title=title, sections=tuple(s for s in sections if s is not None))
+
+
+def render(rec: "Recommendation", fmt: str = "text") -> str:
+    """Render a Recommendation as 'text', 'markdown' or 'rich' (ANSI); rich must be installed for the last."""
+    if fmt == "rich" and importlib.util.find_spec("rich") is None:
+        raise PerfGuideError("fmt='rich' needs the rich library: pip install perfguide[rich] (or use fmt='text')")
+    return render_document(report_document(rec), fmt)

@@ -1,0 +1,181 @@
+"""The report shows every decision with its reason and number, memory as bars, and the right sections.
+
+Recommendations are built by hand here (no rules engine needed); expected strings are written out from
+the inputs (e.g. 12 GiB out of 80 GiB on a 24-cell bar is 3.6 cells), never read back from the code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide import CPU, GPU, Alternative, Decision, Hardware, MemoryEstimate, ModelSpec, Recommendation, Setup, Throughput
+from perfguide._base import GiB, MiB
+from perfguide.errors import PerfGuideError
+from perfguide.render.bars import text_bar
+from perfguide.render.units import fmt_bytes, fmt_count, fmt_number, fmt_seconds
+from perfguide.scenarios.types import Candidate, Request
+
+A100 = GPU(name="NVIDIA A100-SXM4-80GB", memory_total=80 * GiB, memory_free=79 * GiB, compute_capability=(8, 0), bf16_tflops=312.0)
+HOST = CPU(physical_cores=64, logical_cores=128, ram_total=1024 * GiB, ram_available=900 * GiB)
+LLAMA_8B = ModelSpec(
+    name="llama-3-8b", model_type="llama", hidden_size=4096, num_layers=32, num_attention_heads=32, num_key_value_heads=8,
+    head_dim=128, intermediate_size=14336, vocab_size=128256, total_params=8_030_261_248,
+    embedding_params=525_336_576, lm_head_params=525_336_576,
+)
+BATCH_DECISION = Decision(
+    setting="per_device_train_batch_size", value=4, reason="the largest micro-batch whose peak stays under 72 GiB",
+    number=34 * GiB, unit="bytes", source="memory model",
+    alternatives=(Alternative(value=8, why_not="its peak exceeds the 72 GiB limit", number=81 * GiB, unit="bytes"),),
+)
+CKPT_DECISION = Decision(setting="gradient_checkpointing", value=True, reason="activations would not fit otherwise",
+                         number=1.33, unit="x")
+
+
+def hardware(gpus: int = 1) -> Hardware:
+    return Hardware(gpus=(A100,) * gpus, cpu=HOST, interconnect="nvlink" if gpus > 1 else "none", source="named",
+                    name=f"a100-80gb:{gpus}")
+
+
+def memory(activations: int = 12 * GiB, fits: bool = True) -> MemoryEstimate:
+    total = 16 * GiB + activations + 2 * GiB
+    return MemoryEstimate(weights=16 * GiB, gradients=0, optimizer_states=0, activations=activations, cuda_context=512 * MiB,
+                          peak_allocated=total - 2 * GiB, peak_reserved=total - GiB, device_total=total,
+                          capacity=80 * GiB, fits=fits)
+
+
+def make_recommendation(gpus: int = 1, fits: bool = True, **update) -> Recommendation:  # noqa: ANN003
+    setup = Setup(micro_batch_size=4, gradient_accumulation_steps=8 // gpus, seq_len=2048, weights_dtype="bf16",
+                  gradient_checkpointing=True, num_gpus=gpus, strategy="fsdp" if gpus > 1 else "single")
+    scenario = "train_gpu_many" if gpus > 1 else "train_gpu_one"
+    request = Request(scenario=scenario, model=LLAMA_8B, hardware=hardware(gpus), seq_len=2048, global_batch_size=32)
+    mem = memory(fits=fits)
+    speed = Throughput(step_time_s=1.7, tokens_per_s=38_554, mfu=0.42, bound="compute")
+    big = setup.model_copy(update={"micro_batch_size": 8, "gradient_accumulation_steps": max(1, 4 // gpus)})
+    candidates = (
+        Candidate(setup=setup, memory=mem, throughput=speed, verdict="chosen", why="fastest that fits"),
+        Candidate(setup=big, memory=memory(activations=60 * GiB, fits=False), throughput=speed, verdict="does-not-fit",
+                  why="peak above the limit"),
+    )
+    values = dict(request=request, setup=setup, memory=mem, throughput=speed, decisions=(BATCH_DECISION, CKPT_DECISION),
+                  candidates=candidates, warnings=("fp16 would overflow on this model",), fits=fits)
+    return Recommendation(**(values | update))
+
+
+@pytest.fixture(scope="module")
+def rec() -> Recommendation:
+    return make_recommendation()
+
+
+# --- units and bars ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n, text", [(int(13.4 * GiB), "13.4 GiB"), (80 * GiB, "80.0 GiB"), (512 * MiB, "512 MiB"), (3000, "3 KiB")])
+def test_bytes_read_in_binary_units(n, text):
+    assert fmt_bytes(n) == text
+
+
+@pytest.mark.parametrize("s, text", [(1.7, "1.70 s"), (0.0425, "42.5 ms"), (300, "5.0 min"), (5e-5, "50 us")])
+def test_seconds_pick_a_readable_unit(s, text):
+    assert fmt_seconds(s) == text
+
+
+def test_counts_and_decision_numbers():
+    assert fmt_count(8_030_261_248, " params") == "8.03B params"
+    assert fmt_number(1.333, "x") == "1.33x"
+    assert fmt_number(0.42, "fraction") == "42.0%"
+    assert fmt_number(512, "tokens") == "512 tokens"
+
+
+def test_text_bar_cells():
+    assert text_bar(0.5, 8) == "████░░░░"
+    assert text_bar(0.0, 4) == "░░░░"
+    assert text_bar(1.0, 4) == "████"
+    assert text_bar(1 / 16, 4) == "▎░░░"      # a quarter cell is the 2/8 block
+    assert text_bar(1.5, 4) == "███▶"         # over capacity: full, with an arrow
+
+
+# --- report content ---------------------------------------------------------------------------
+
+def test_text_report_has_header_with_batch_arithmetic(rec):
+    text = rec.report("text")
+    assert "llama-3-8b (8.03B params" in text
+    assert "1x NVIDIA A100-SXM4-80GB (80.0 GiB)" in text
+    assert "80.0 GiB per device, planned to 72.0 GiB (10.0% kept free)" in text
+    assert "global batch: 32 = 4 micro-batch x 8 accumulation x 1 process(es)" in text
+    assert "train_gpu_one" in text and "sequence length: 2048" in text
+
+
+def test_every_decision_with_reason_number_and_rejected_alternative(rec):
+    text = rec.report("text")
+    assert "per_device_train_batch_size = 4" in text
+    assert BATCH_DECISION.reason in text
+    assert "decided by: 34.0 GiB" in text
+    assert "rejected 8: its peak exceeds the 72 GiB limit (81.0 GiB)" in text
+    assert "gradient_checkpointing = on" in text and CKPT_DECISION.reason in text and "decided by: 1.33x" in text
+    assert "source: memory model" in text
+
+
+def test_memory_bars_against_usable_memory(rec):
+    lines = rec.report("text").splitlines()
+    activations = next(line for line in lines if line.startswith("activations"))
+    # 12 / 80 of 24 cells = 3.6 cells: three full cells, a 5/8 block, then empty cells
+    assert "███▋" + "░" * 20 + " 12.0 GiB (15.0%)" in activations
+    weights = next(line for line in lines if line.startswith("weights "))
+    assert "████▊" in weights and "16.0 GiB (20.0%)" in weights   # 16/80*24 = 4.8 cells
+    device_total = next(line for line in lines if line.startswith("device total (nvidia-smi)"))
+    assert "30.0 GiB (37.5%)" in device_total   # 16 + 12 + 2 GiB
+    assert not any(line.startswith("gradients") for line in lines)   # zero components are left out
+    assert "headroom: 50.0 GiB left after device total" in "\n".join(lines)
+
+
+def test_throughput_candidates_and_warnings(rec):
+    text = rec.report("text")
+    for fragment in ("step time: 1.70 s", "38.6K tokens/s", "MFU: 42.0%", "bound by: compute",
+                     "fp16 would overflow on this model"):
+        assert fragment in text
+    not_fit = next(line for line in text.splitlines() if line.startswith("does-not-fit"))
+    assert "mb=8 ga=4" in not_fit and "78.0 GiB" in not_fit and "peak above the limit" in not_fit
+
+
+def test_single_gpu_has_no_launch_section_but_multi_gpu_warns_about_dataparallel(rec):
+    assert "python train.py" not in rec.report("text")
+    many = make_recommendation(gpus=8).report("text")
+    assert "plain `python train.py`" in many and "nn.DataParallel" in many
+    assert "global batch: 32 = 4 micro-batch x 1 accumulation x 8 process(es)" in many
+
+
+def test_nothing_fits_lists_suggestions():
+    rec = make_recommendation(fits=False, suggestions=("use QLoRA (about 6 GiB of weights)", "use 2 GPUs with FSDP"))
+    text = rec.report("text")
+    assert "DOES NOT FIT" in text and "Nothing fits: what would" in text
+    assert "- use QLoRA (about 6 GiB of weights)" in text and "- use 2 GPUs with FSDP" in text
+
+
+def test_markdown_renders_tables_and_bars(rec):
+    md = rec.report("markdown")
+    assert md.startswith("### perfguide train_gpu_one: llama-3-8b")
+    assert "| setting | value | setting | value |" in md and "|---|---|---|---|" in md
+    assert "| verdict | setup | memory/device | step time | throughput | why |" in md
+    assert "```text\n" in md and "████" in md
+    assert f"  - {BATCH_DECISION.reason}" in md and "**per_device_train_batch_size = 4**" in md
+    assert rec._repr_markdown_() == md
+    assert str(rec) == rec.report("text")
+
+
+def test_rich_report_is_ansi_with_the_same_content(rec):
+    out = rec.report("rich")
+    assert "\x1b[" in out
+    for fragment in (BATCH_DECISION.reason, "decided by: 34.0 GiB", "12.0 GiB (15.0%)", "Candidates considered"):
+        assert fragment in out
+
+
+def test_unknown_format_is_one_line_error(rec):
+    with pytest.raises(PerfGuideError, match="unknown report format 'html'.*Accepted: markdown, rich, text"):
+        rec.report("html")
+
+
+def test_report_without_device_scales_to_the_largest_total():
+    rec = make_recommendation(memory=memory().model_copy(update={"capacity": None}))
+    text = rec.report("text")
+    assert "usable memory: unknown (no device)" in text
+    total = next(line for line in text.splitlines() if line.startswith("device total"))
+    assert "█" * 24 in total and "(100.0%)" in total
