@@ -1,0 +1,204 @@
+"""Memory of serving a model with ``generate``: weights, KV cache, the prefill transient and the logits.
+
+Shapes follow transformers 5.24 exactly where they can be known: the KV cache holds
+``prompt + new_tokens - 1`` positions after ``generate`` (the last sampled token is never fed back),
+sliding-window layers keep ``window - 1`` positions (dynamic) or ``min(max_len, window)`` (static), and
+``generate`` asks for the logits of the last position only (``logits_to_keep=1``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._data import load
+from ..hardware.types import Hardware
+from ..model.types import ModelSpec
+from ..setup import Setup
+from .overhead import capacity_bytes, cuda_context_bytes, to_estimate
+from .types import MemoryEstimate
+
+HALF = 2
+FP32 = 4
+
+
+def _const(name: str):  # noqa: ANN202 - values are numbers or small dicts
+    return load("inference")[name]["value"]
+
+
+def activation_bytes_per_element(setup: Setup) -> int:
+    """Activations and KV cache take the dtype of the non-quantized modules: fp32 only for fp32 weights."""
+    return FP32 if setup.weights_dtype == "fp32" else HALF
+
+
+def _linear_weight_bytes(in_f: int, out_f: int, dtype: str, double_quant: bool) -> float:
+    """One Linear weight as bitsandbytes stores it (bias stays 16-bit and is counted with the rest)."""
+    n = in_f * out_f
+    if dtype == "int8":
+        return n + FP32 * out_f  # int8 codes + one fp32 scale (SCB) per output row
+    if dtype == "nf4":
+        block = _const("nf4_blocksize")
+        if double_quant:  # uint8 absmax per block + fp32 absmax per nested block
+            return n / 2 + n / block + FP32 * n / (block * _const("nf4_nested_blocksize"))
+        return n / 2 + FP32 * n / block
+    return n * (FP32 if dtype == "fp32" else HALF)
+
+
+def weight_bytes(spec: ModelSpec, weights_dtype: str, *, double_quant: bool = True) -> int:
+    """Weights as loaded: bnb quantizes only the blocks' Linear layers; embeddings, lm_head and norms stay 16-bit."""
+    if weights_dtype not in ("int8", "nf4"):
+        return spec.total_params * (FP32 if weights_dtype == "fp32" else HALF)
+    per_block = sum(_linear_weight_bytes(i, o, weights_dtype, double_quant) * _expert_count(spec, k)
+                    for k, (i, o) in spec.block_linears.items())
+    rest = spec.total_params - spec.linear_params
+    return int(per_block * spec.total_layers + rest * HALF)
+
+
+def _expert_count(spec: ModelSpec, key: str) -> int:
+    return spec.num_experts if key.startswith("experts.") else 1
+
+
+def _layer_windows(spec: ModelSpec) -> list[int | None]:
+    """Sliding window of each decoder layer (None = full attention), as transformers builds the cache."""
+    layers = spec.num_decoder_layers or spec.num_layers
+    types = (spec.config or {}).get("layer_types")
+    window = spec.sliding_window
+    if types and len(types) == layers:
+        return [window if t in ("sliding_attention", "chunked_attention") else None for t in types]
+    return [window] * layers
+
+
+def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *, static: bool = False,
+                   kv_heads: int | None = None) -> int:
+    """K and V of every layer after ``tokens`` positions went through the model.
+
+    Sliding layers keep ``window - 1`` positions in the dynamic cache and ``min(tokens, window)`` in the static
+    one (transformers 5.24 DynamicSlidingWindowLayer / StaticSlidingWindowLayer). ``kv_heads`` overrides the
+    head count, e.g. the heads one tensor-parallel rank holds.
+    """
+    heads = spec.num_key_value_heads if kv_heads is None else kv_heads
+    per_position = 2 * heads * spec.head_dim * dtype_bytes * batch
+    total = 0
+    for window in _layer_windows(spec):
+        kept = tokens if window is None else min(tokens, window if static else window - 1)
+        total += per_position * kept
+    return total
+
+
+def cached_tokens(setup: Setup) -> int:
+    """Positions in the cache when ``generate`` returns: the prompt plus every new token but the last."""
+    return setup.seq_len + max(setup.new_tokens, 1) - 1
+
+
+def logits_bytes(spec: ModelSpec, setup: Setup, dtype_bytes: int) -> int:
+    """Last-position logits (``logits_to_keep=1``) plus the fp32 copy ``generate`` takes for the processors."""
+    return setup.micro_batch_size * spec.vocab_size * (dtype_bytes + FP32)
+
+
+def prefill_transient_bytes(spec: ModelSpec, setup: Setup, dtype_bytes: int, shards: int = 1) -> int:
+    """The largest short-lived buffer set of one layer during prefill: residual + max(attention, MLP).
+
+    Eager attention materialises b*h*s*s scores (and a fp32 softmax) plus the causal mask; SDPA/flash kernels
+    tile them away. The gated MLP holds act(gate), up and their product: 3 x b*s*intermediate.
+    ``shards`` divides the head and intermediate dimensions (tensor parallelism).
+    """
+    b, s = setup.micro_batch_size, setup.seq_len
+    heads = max(1, spec.num_attention_heads // shards)
+    tokens = b * s
+    residual = 2 * tokens * spec.hidden_size * dtype_bytes
+    q_and_out = 2 * tokens * heads * spec.head_dim * dtype_bytes
+    repeated_kv = 2 * tokens * heads * spec.head_dim * dtype_bytes if spec.num_key_value_heads < spec.num_attention_heads else 0
+    attention = q_and_out + repeated_kv
+    if setup.attn_implementation == "eager":
+        attention += b * heads * s * s * (dtype_bytes + FP32) + b * s * s * dtype_bytes
+    mlp_width = math.ceil(spec.intermediate_size * max(1, spec.num_experts_per_tok if spec.is_moe else 1) / shards)
+    mlp = (3 if spec.gated_mlp else 2) * tokens * mlp_width * dtype_bytes
+    return residual + max(attention, mlp)
+
+
+def _split_sequential(sizes: list[int], parts: int) -> list[list[int]]:
+    """accelerate's "balanced" map in miniature: modules in order, each device filled to about total/parts."""
+    target = sum(sizes) / parts
+    groups: list[list[int]] = [[]]
+    load_ = 0.0
+    for i, size in enumerate(sizes):
+        if groups[-1] and load_ + size > target * 1.0001 and len(groups) < parts:
+            groups.append([])
+            load_ = 0.0
+        groups[-1].append(i)
+        load_ += size
+    return groups
+
+
+def _device_map_share(spec: ModelSpec, setup: Setup, weights: int, kv: int) -> tuple[int, int, int]:
+    """(weights, kv cache, layers) on the most loaded GPU when layers are split in order across GPUs."""
+    layers = spec.num_decoder_layers or spec.num_layers
+    embed = spec.embedding_params * (FP32 if setup.weights_dtype == "fp32" else HALF)
+    head = spec.lm_head_params * (FP32 if setup.weights_dtype == "fp32" else HALF)
+    per_layer = max(0, weights - embed - head) // spec.total_layers
+    sizes = [embed] + [per_layer] * layers + [head]
+    groups = _split_sequential(sizes, setup.num_gpus)
+    kv_per_layer = kv // layers
+    best = max(groups, key=lambda g: sum(sizes[i] for i in g))
+    n_layers = sum(1 for i in best if 0 < i <= layers)
+    return sum(sizes[i] for i in best), kv_per_layer * n_layers, n_layers
+
+
+def _tp_weights(spec: ModelSpec, setup: Setup, weights: int, tp: int) -> int:
+    """Per-rank weights under tp_plan="auto": linears, embedding and lm_head split; norms replicated."""
+    norms = spec.total_params - spec.linear_params - spec.embedding_params - spec.lm_head_params
+    norm_bytes = max(0, norms) * (FP32 if setup.weights_dtype == "fp32" else HALF)
+    return (weights - norm_bytes) // tp + norm_bytes
+
+
+def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, rest: int) -> tuple[int, int]:
+    """With offload allowed, the GPU keeps what fits beside the cache and transients; the rest goes to CPU RAM."""
+    if not setup.offload_params or hardware is None or not hardware.has_gpu:
+        return gpu_weights, 0
+    room = capacity_bytes(hardware, setup) - cuda_context_bytes(hardware) - int(rest * 1.1)
+    on_gpu = max(0, min(gpu_weights, int(room / 1.1)))
+    return on_gpu, gpu_weights - on_gpu
+
+
+def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None) -> MemoryEstimate:
+    """Bytes on the most loaded device for one ``generate`` call with ``micro_batch_size`` sequences."""
+    act = activation_bytes_per_element(setup)
+    static = setup.cache_implementation == "static"
+    weights = weight_bytes(spec, setup.weights_dtype)
+    b, tokens = setup.micro_batch_size, cached_tokens(setup)
+    notes: list[str] = []
+    shards = 1
+    if setup.strategy == "tp" and setup.num_gpus > 1:
+        shards = setup.num_gpus
+        kv_heads = max(1, spec.num_key_value_heads // shards)
+        kv_full = kv_cache_bytes(spec, b, tokens, act, static=static, kv_heads=kv_heads)
+        kv_prompt = kv_cache_bytes(spec, b, setup.seq_len, act, static=static, kv_heads=kv_heads)
+        weights = _tp_weights(spec, setup, weights, shards)
+        notes.append(f"tensor parallel over {shards} GPUs: per-rank weights, heads and KV cache")
+    else:
+        kv_full = kv_cache_bytes(spec, b, tokens, act, static=static)
+        kv_prompt = kv_cache_bytes(spec, b, setup.seq_len, act, static=static)
+        if setup.strategy == "device_map" and setup.num_gpus > 1:
+            weights, kv_full_share, n_layers = _device_map_share(spec, setup, weights, kv_full)
+            kv_prompt = kv_prompt * n_layers // max(1, spec.num_decoder_layers or spec.num_layers)
+            kv_full = kv_full_share
+            notes.append(f"layers split across {setup.num_gpus} GPUs; most loaded GPU holds {n_layers} layers")
+    if static:
+        kv_prompt = kv_full  # preallocated at max length before the prefill
+        notes.append(f"static cache preallocated for {tokens} positions")
+    transient = prefill_transient_bytes(spec, setup, act, shards)
+    per_layer_kv = kv_full // max(1, spec.num_decoder_layers or spec.num_layers)
+    decode_transient = 0 if static else per_layer_kv  # torch.cat copies one layer's cache per step
+    logits = logits_bytes(spec, setup, act)
+    rest = max(kv_prompt + transient, kv_full + decode_transient) + logits
+    weights, offloaded = _offload_split(setup, hardware, weights, rest)
+    if offloaded:
+        notes.append(f"{offloaded / 1e9:.1f} GB of weights offloaded to CPU RAM (moved to the GPU every forward)")
+    peak = weights + rest
+    cpu_ram = offloaded
+    if setup.device == "cpu":
+        cpu_ram = peak
+    return to_estimate(
+        setup=setup, hardware=hardware, weights=weights, gradients=0, optimizer_states=0,
+        activations=max(transient, decode_transient), peak_allocated=peak, logits=logits, kv_cache=kv_full,
+        cpu_ram=cpu_ram, notes=tuple(notes),
+    )

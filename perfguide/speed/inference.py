@@ -1,0 +1,129 @@
+"""Speed of one ``generate`` call: a compute-bound prefill, then memory-bandwidth-bound decode steps.
+
+Decode reads every weight and the whole KV cache once per new token, so time per token is
+bytes / (bandwidth x efficiency), plus the eager kernel-launch overhead per layer that static cache +
+``torch.compile`` (CUDA graphs) removes, plus two all-reduces per layer under tensor parallelism.
+Constants and their sources: perfguide/data/inference.json.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .._data import load
+from ..hardware.types import Hardware
+from ..memory.inference import activation_bytes_per_element, cached_tokens, kv_cache_bytes, weight_bytes
+from ..model.types import ModelSpec
+from ..setup import Setup
+from .types import Throughput
+
+
+def _const(name: str):  # noqa: ANN202 - numbers or small dicts
+    return load("inference")[name]["value"]
+
+
+class Device(NamedTuple):
+    """What one device offers a decode loop: bytes/s after efficiency and FLOP/s after efficiency."""
+
+    bandwidth: float       # bytes/s, achieved
+    flops: float           # FLOP/s, achieved
+    peak_flops: float      # FLOP/s, spec sheet (for MFU)
+    overhead_s: float      # per-token launch overhead of the whole model
+
+
+def _gpu_device(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Device:
+    gpu = hardware.smallest_gpu
+    bw = (gpu.memory_bandwidth_gbps or _const("default_gpu_bandwidth_gbps")) * 1e9
+    dtype = setup.compute_dtype if setup.compute_dtype != "fp32" else ("tf32" if setup.tf32 and gpu.supports_tf32 else "fp32")
+    if dtype == "bf16" and not gpu.supports_bf16:
+        dtype = "fp32"  # emulated bf16 runs at fp32-or-worse rates
+    peak = (gpu.half_tflops(dtype) or gpu.fp32_tflops or 15.0) * 1e12
+    overhead = spec.total_layers * _const("eager_overhead_s_per_layer")
+    if setup.cache_implementation == "static" and setup.torch_compile:
+        overhead *= _const("static_compile_overhead_factor")
+    return Device(bw * _const("decode_bandwidth_efficiency"), peak * _const("prefill_compute_efficiency"), peak, overhead)
+
+
+def cpu_threads(setup: Setup, hardware: Hardware) -> int:
+    return min(setup.cpu_threads or hardware.cpu.physical_cores, hardware.cpu.logical_cores)
+
+
+def _cpu_device(setup: Setup, hardware: Hardware) -> Device:
+    cpu = hardware.cpu
+    threads = cpu_threads(setup, hardware)
+    share = min(1.0, threads / cpu.physical_cores)
+    bw = min(cpu.physical_cores * _const("cpu_ram_bandwidth_gbps_per_core"), _const("cpu_ram_bandwidth_gbps_max")) * 1e9
+    per_core = _const("cpu_gflops_per_core")
+    if setup.weights_dtype == "fp32":
+        gflops = cpu.fp32_gflops or cpu.physical_cores * per_core["fp32"]
+    elif cpu.native_bf16:
+        gflops = cpu.bf16_gflops or cpu.physical_cores * per_core["bf16"]
+    else:  # 16-bit without AVX512-BF16/AMX is converted element by element: slower than fp32
+        gflops = (cpu.fp32_gflops or cpu.physical_cores * per_core["fp32"]) / 2
+    peak = gflops * 1e9 * share
+    return Device(bw * share * _const("cpu_bandwidth_efficiency"), peak, peak, 0.0)
+
+
+def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> float:
+    """Two latency-bound all-reduces per layer per forward (Megatron-style column/row split)."""
+    if setup.strategy != "tp" or setup.num_gpus < 2:
+        return 0.0
+    link = hardware.interconnect if hardware is not None else "pcie"
+    return 2 * spec.total_layers * _const("tp_allreduce_latency_s")[link]
+
+
+def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+    """Prefill + (new_tokens - 1) decode steps; tokens/s counts every sequence of every replica."""
+    on_gpu = setup.device == "cuda" and hardware.has_gpu
+    dev = _gpu_device(spec, setup, hardware) if on_gpu else _cpu_device(setup, hardware)
+    tp = setup.num_gpus if setup.strategy == "tp" and on_gpu else 1
+    b, s, new = setup.micro_batch_size, setup.seq_len, max(setup.new_tokens, 1)
+    act = activation_bytes_per_element(setup)
+    weights = weight_bytes(spec, setup.weights_dtype)
+    quant = setup.weights_dtype if setup.weights_dtype in ("int8", "nf4") else None
+    q_decode = _const("quant_decode_slowdown")[quant] if quant else 1.0
+    q_prefill = _const("quant_prefill_slowdown")[quant] if quant else 1.0
+    attn_unit = 2 * spec.num_attention_heads * spec.head_dim * (spec.num_decoder_layers or spec.num_layers)
+    comm = _tp_comm_s(spec, setup, hardware)
+    offload_bw = _const("pcie_offload_bandwidth_gbps") * 1e9
+
+    # prefill: compute-bound matmuls (2 * active params per token) plus causal attention
+    prefill_flops = 2 * spec.active_params * b * s + attn_unit * b * s * s
+    prefill_compute = prefill_flops / (dev.flops * tp) * q_prefill
+    prefill = max(prefill_compute, weights / tp / dev.bandwidth) + dev.overhead_s + comm
+
+    # decode: every step streams the weights and the cache (taken at its mean length)
+    mean_tokens = s + (new - 1) / 2
+    kv_mean = kv_cache_bytes(spec, b, int(mean_tokens), act, static=setup.cache_implementation == "static")
+    step_flops = 2 * spec.active_params * b + 2 * attn_unit * b * mean_tokens
+    # bnb kernels dequantize per call: a quantized step costs a measured multiple of the 16-bit step
+    mem_time = (weight_bytes(spec, "bf16") if quant else weights) / tp / dev.bandwidth + kv_mean / tp / dev.bandwidth
+    compute_time = step_flops / (dev.flops * tp)
+    offload_time = 0.0
+    if setup.offload_params and on_gpu:
+        from ..memory.inference import estimate_inference
+
+        offloaded = estimate_inference(spec, setup, hardware).cpu_ram
+        offload_time = offloaded / offload_bw
+    step = (max(mem_time, compute_time) + dev.overhead_s) * q_decode + comm + offload_time
+    total = prefill + offload_time + step * (new - 1)
+
+    parts = {"memory-bandwidth": mem_time, "compute": compute_time, "launch-overhead": dev.overhead_s,
+             "communication": comm, "offload": offload_time}
+    replicas = setup.num_gpus if setup.strategy == "single" and on_gpu else 1
+    flops = prefill_flops + step_flops * (new - 1)
+    achieved = flops / total / max(1, tp) if total else 0.0
+    return Throughput(
+        step_time_s=total,
+        tokens_per_s=replicas * b * new / total,
+        flops_per_step=flops,
+        compute_time_s=prefill_compute + compute_time * (new - 1),
+        comm_time_s=comm * new,
+        offload_time_s=offload_time * new,
+        achievable_tflops=dev.flops / 1e12,
+        mfu=min(1.0, achieved / dev.peak_flops) if dev.peak_flops else 0.0,
+        prefill_time_s=prefill,
+        decode_tokens_per_s=1.0 / step,
+        time_per_output_token_ms=step * 1000,
+        bound=max(parts, key=parts.__getitem__),
+    )
