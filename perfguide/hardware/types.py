@@ -44,8 +44,11 @@ class GPU(Model):
         return self.compute_capability >= (8, 9)
 
     def half_tflops(self, dtype: str) -> float | None:
-        """Peak dense TFLOP/s for a compute dtype ('bf16', 'fp16', 'tf32', 'fp32')."""
-        return {"bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops, "fp32": self.fp32_tflops}.get(dtype)
+        """Peak dense TFLOP/s for a compute dtype ('bf16', 'fp16', 'tf32', 'fp32', 'fp8')."""
+        return {
+            "bf16": self.bf16_tflops, "fp16": self.fp16_tflops, "tf32": self.tf32_tflops,
+            "fp32": self.fp32_tflops, "fp8": self.fp8_tflops,
+        }.get(dtype)
 
 
 class CPU(Model):
@@ -82,7 +85,7 @@ class Hardware(Model):
     gpus: tuple[GPU, ...] = ()
     cpu: CPU
     interconnect: Interconnect = "none"
-    intra_node_bandwidth_gbps: float | None = Field(default=None, description="per-GPU GB/s between GPUs of one node")
+    intra_node_bandwidth_gbps: float | None = Field(default=None, description="per-GPU GB/s between GPUs of one node, one direction (datasheet both-ways figure / 2)")
     inter_node_bandwidth_gbps: float | None = Field(default=None, description="per-node GB/s of the network")
     nodes: int = Field(default=1, ge=1)
     source: Literal["probe", "named"] = "probe"

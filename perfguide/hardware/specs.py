@@ -1,0 +1,141 @@
+"""Spec-sheet lookups over data/gpus.json: by perfguide name, alias, or the name NVML reports.
+
+The table is the only place GPU numbers live; named targets and the probe both build their
+:class:`GPU` objects here, so a probed A100 and ``"a100-80gb"`` carry the same peaks.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+from .._base import MiB
+from .._data import load
+from .types import CPU, GPU, Interconnect
+
+_SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps")
+
+
+def _table() -> dict[str, dict[str, Any]]:
+    return load("gpus")["gpus"]
+
+
+def normalize(name: str) -> str:
+    """Fold the spellings users type into one key: case, spaces/underscores, and '80g' for '80gb'.
+
+    Separators are dropped last so 'A100_80GB', 'a100-80g' and 'a100 80gb' all meet at 'a10080gb',
+    while 'a10g' (a product, not a size) stays itself because its 'g' does not follow a separator.
+    """
+    text = re.sub(r"[\s_]+", "-", name.strip().lower())
+    text = re.sub(r"-(\d+)g(?=-|$)", r"-\1gb", text)
+    return re.sub(r"[^a-z0-9]", "", text)
+
+
+@lru_cache(maxsize=None)
+def _alias_index() -> dict[str, str]:
+    """normalized key/alias -> canonical key. Built once; collisions are data bugs, so fail loudly."""
+    index: dict[str, str] = {}
+    for key, entry in _table().items():
+        for spelling in (key, *entry.get("aliases", ())):
+            folded = normalize(spelling)
+            if index.get(folded, key) != key:
+                raise ValueError(f"gpus.json: {spelling!r} names both {index[folded]!r} and {key!r}")
+            index[folded] = key
+    return index
+
+
+@lru_cache(maxsize=None)
+def _nvml_index() -> dict[str, str]:
+    return {_fold_nvml(n): key for key, entry in _table().items() for n in entry.get("nvml_names", ())}
+
+
+def _fold_nvml(name: str) -> str:
+    """Vendor prefixes come and go between drivers ('Tesla T4' vs 'NVIDIA T4'); compare without them."""
+    text = name.strip().lower()
+    for prefix in ("nvidia ", "tesla ", "geforce "):
+        text = text.removeprefix(prefix)
+    return re.sub(r"[^a-z0-9]", "", text)
+
+
+def canonical_names() -> list[str]:
+    return sorted(_table())
+
+
+def resolve(name: str) -> str | None:
+    """Canonical key for a perfguide name or alias, or None."""
+    return _alias_index().get(normalize(name))
+
+
+def resolve_nvml(nvml_name: str) -> str | None:
+    """Canonical key for a device name as NVML reports it, e.g. 'NVIDIA A100-SXM4-80GB'.
+
+    MIG slices report '<parent> MIG 1g.10gb'; they share the parent's spec row.
+    """
+    base = re.split(r"\s+MIG\s", nvml_name.strip(), maxsplit=1)[0]
+    return _nvml_index().get(_fold_nvml(base))
+
+
+def entry(key: str) -> dict[str, Any]:
+    return _table()[key]
+
+
+def memory_bytes(key: str) -> int:
+    return int(entry(key)["memory_mib"]) * MiB
+
+
+def spec_numbers(key: str) -> dict[str, Any]:
+    """The throughput/bandwidth fields of one row, ready to pass to :class:`GPU`."""
+    row = entry(key)
+    return {field: row[field] for field in _SPEC_FIELDS}
+
+
+def gpu_from_spec(key: str, index: int = 0) -> GPU:
+    """A whole, idle GPU of model ``key`` (free == total): what a named target plans against."""
+    row = entry(key)
+    total = memory_bytes(key)
+    return GPU(
+        name=key,
+        index=index,
+        memory_total=total,
+        memory_free=total,
+        compute_capability=tuple(row["compute_capability"]),
+        multiprocessors=row["multiprocessors"],
+        **spec_numbers(key),
+    )
+
+
+def link_bandwidth_gbps(key: str, link: Interconnect) -> float | None:
+    """One-direction GB/s per GPU over ``link``: the datasheet's both-directions figure halved."""
+    if link == "none":
+        return None
+    both = entry(key).get("nvlink_gbps" if link == "nvlink" else "pcie_gbps")
+    return None if both is None else both / 2
+
+
+def default_link(key: str) -> Interconnect:
+    return entry(key)["link"]
+
+
+def default_cpu() -> CPU:
+    """The host a named target is assumed to have (data/gpus.json 'cpu'), with its estimated peaks."""
+    from .cpu import peak_gflops
+
+    row = load("gpus")["cpu"]
+    fp32, bf16 = peak_gflops(row["physical_cores"], row["clock_ghz"] * 1e3, frozenset(row["flags"]), row["vendor"])
+    ram = int(row["ram_gib"]) * 1024 * MiB
+    return CPU(
+        model_name=row["model_name"],
+        physical_cores=row["physical_cores"],
+        logical_cores=row["logical_cores"],
+        sockets=row["sockets"],
+        ram_total=ram,
+        ram_available=ram,
+        flags=tuple(sorted(row["flags"])),
+        fp32_gflops=fp32,
+        bf16_gflops=bf16,
+    )
+
+
+def inter_node_bandwidth_gbps() -> float:
+    return float(load("gpus")["network"]["inter_node_bandwidth_gbps"])
