@@ -1,0 +1,143 @@
+"""Activation and logits bytes kept for backward, from per-family coefficients in data/activations.json.
+
+Format of ``perfguide/data/activations.json`` (``format_version`` 1; engineer D's tracer regenerates it)::
+
+    {
+      "format_version": 1,
+      "families": {
+        "<family>": {
+          "source": "<where the numbers come from>",
+          "regimes": {                      # one entry per precision regime, see ``regime()`` below
+            "fp32" | "amp" | "half": {
+              "per_token": {"h": a, "i": b, "q": c, "kv": d, "1": e},
+                  # BYTES saved for backward per transformer block per token =
+                  #   a*hidden_size + b*intermediate_size(active experts) + c*(heads*head_dim)
+                  #   + d*(kv_heads*head_dim) + e          (flash/SDPA attention: no s^2 term)
+              "eager_per_head_s2": f,        # extra BYTES per (batch * heads * seq^2) with eager attention
+              "ckpt_per_token": {"h": g},    # BYTES per token per block kept under full checkpointing
+              "logits_per_token_vocab": k    # BYTES per (batch * seq * vocab) at the loss peak
+            }
+          }
+        } | {"same_as": "<family>"},
+      },
+      "aliases": {"<HF model_type>": "<family>"}
+    }
+
+Regimes: ``fp32`` = fp32 weights without autocast; ``amp`` = fp32 weights with fp16/bf16 autocast (residual
+stream and norms stay fp32, each Linear keeps its own 16-bit cast of its input); ``half`` = 16-bit weights
+(pure bf16/fp16, and int8/nf4 bases whose non-quantized parts and compute are 16-bit). Coefficients are bytes,
+not elements, because one block mixes dtypes (HF RMSNorm upcasts to fp32 even in a bf16 model).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from .._data import load
+from ..model.types import ModelSpec
+from ..setup import Setup
+
+DIMS = ("h", "i", "q", "kv", "1")
+
+
+def regime(setup: Setup) -> str:
+    """Which coefficient set applies: what dtype the saved tensors are in follows weights x autocast."""
+    if setup.weights_dtype == "fp32":
+        return "amp" if setup.autocast else "fp32"
+    return "half"
+
+
+@lru_cache(maxsize=256)
+def family_coefficients(family: str, model_type: str = "") -> dict[str, Any]:
+    """Resolve a family (or HF model_type) to its regime table, following aliases and ``same_as``."""
+    data = load("activations")
+    families, aliases = data["families"], data["aliases"]
+    name = next((n for n in (family, model_type) if n in families), None)
+    if name is None:
+        name = next((aliases[n] for n in (family, model_type) if n in aliases), "generic")
+    entry = families[name]
+    seen = {name}
+    while "same_as" in entry:
+        name = entry["same_as"]
+        if name in seen:
+            break
+        seen.add(name)
+        entry = families[name]
+    return entry["regimes"]
+
+
+def _dims(spec: ModelSpec) -> dict[str, int]:
+    """Dimension values of one block; MoE blocks keep activations of the experts each token visits."""
+    return {
+        "h": spec.hidden_size,
+        "i": spec.intermediate_size * max(1, spec.num_experts_per_tok if spec.is_moe else 1),
+        "q": spec.num_attention_heads * spec.head_dim,
+        "kv": spec.num_key_value_heads * spec.head_dim,
+        "1": 1,
+    }
+
+
+def _linear(coef: dict[str, float], dims: dict[str, int]) -> float:
+    return sum(float(v) * dims[k] for k, v in coef.items())
+
+
+def _coefs(spec: ModelSpec, setup: Setup) -> dict[str, Any]:
+    return family_coefficients(spec.family, spec.model_type)[regime(setup)]
+
+
+def _attention_span(spec: ModelSpec, seq_len: int) -> int:
+    """Keys each query attends to in eager mode; a sliding window caps the s^2 matrix width."""
+    return min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
+
+
+def layer_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Bytes one block keeps for backward for one micro-batch (no checkpointing)."""
+    c = _coefs(spec, setup)
+    b, s = setup.micro_batch_size, setup.seq_len
+    total = b * s * _linear(c["per_token"], _dims(spec))
+    if setup.attn_implementation == "eager":
+        total += b * spec.num_attention_heads * s * _attention_span(spec, s) * float(c["eager_per_head_s2"])
+    return int(total)
+
+
+def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Bytes one checkpointed block keeps between forward and backward: its input hidden states."""
+    c = _coefs(spec, setup)
+    return int(setup.micro_batch_size * setup.seq_len * _linear(c["ckpt_per_token"], _dims(spec)))
+
+
+def lora_layer_bytes(spec: ModelSpec, setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int) -> int:
+    """Adapter tensors per block: dropout'd input copy per adapted Linear (16/32-bit) plus the r-wide A output.
+
+    PEFT applies ``lora_dropout`` (a new tensor of the Linear's input width) before ``lora_A`` and keeps it
+    for backward; the A output is r wide. Inputs are counted in the compute dtype's bytes.
+    """
+    if not lora_inputs_per_layer:
+        return 0
+    nbytes = 4 if regime(setup) == "fp32" else 2
+    tokens = setup.micro_batch_size * setup.seq_len
+    return int(tokens * (lora_inputs_per_layer + lora_rank_total) * nbytes)
+
+
+def activation_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0) -> tuple[int, int]:
+    """(bytes held at the end of forward, bytes of one block's recompute) over all blocks.
+
+    With full checkpointing only each block's input survives the forward; during backward one block at a
+    time is recomputed, so its full activations come back on top of the boundaries.
+    """
+    per_layer = layer_bytes(spec, setup) + lora_extra_per_layer
+    layers = spec.total_layers
+    if setup.gradient_checkpointing:
+        return checkpoint_boundary_bytes(spec, setup) * layers, per_layer
+    return per_layer * layers, 0
+
+
+def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Loss-path buffers at their peak: logits, fp32 log-softmax output and their gradients (b*s*V each).
+
+    HF's ForCausalLMLoss upcasts logits to fp32; at the start of backward the log-softmax output and two
+    gradients of the same size coexist. Checkpointing does not touch them (they live outside the blocks).
+    """
+    c = _coefs(spec, setup)
+    return int(setup.micro_batch_size * setup.seq_len * spec.vocab_size * float(c["logits_per_token_vocab"]))

@@ -1,0 +1,193 @@
+"""The fast analytic memory model of one training step, per device.
+
+Every term follows from the Setup: weight storage from ``weights_dtype`` (int8/nf4 only for block Linears),
+trainable tensors from ``lora``, optimizer state from ``optimizer`` (optimizers.py), activations from the
+per-family coefficients (activations.py), then sharding/offload (sharding.py) and the allocator/context
+layers (overhead.py). The peak is the maximum over the step's phases, not the sum of components:
+
+* end of forward / start of backward: weights + optimizer state + activations + loss buffers
+  (+ gradients when accumulating over several micro-batches: they survive between micro-batches);
+* end of backward: weights + optimizer state + all gradients (+ the last checkpointed block's recompute);
+* optimizer step: weights + gradients + state + the step's temporaries (foreach AdamW: a parameter-sized
+  sqrt buffer). On the first step the state is created here, so steady state and first step coincide.
+
+Autocast with fp32 weights: torch autocast casts each weight per op; the 16-bit copy is saved for backward
+by the matmul, so without checkpointing every block's Linear copies stay alive until backward
+(fake-tracing.md 5: +6.6 GiB forward peak for a 7B model). We count them as activations; with
+checkpointing only the recomputed block's copies exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidSetupError
+from ..hardware.types import Hardware
+from ..model.types import ModelSpec
+from ..setup import Setup
+from . import activations as act
+from .optimizers import OptimizerCost, TensorGroup, optimizer_cost
+from .overhead import to_estimate
+from .sharding import DEEPSPEED, States, deepspeed_half, per_device
+from .types import MemoryEstimate
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+NF4_BLOCK, NF4_DQ_BLOCK = 64, 256   # bnb 4-bit absmax block; double-quant block of the absmax values
+LORA_ADAPTER_BYTES = 4              # PEFT autocast_adapter_dtype=True keeps adapters fp32 on 16-bit bases
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Parameter-side facts of one (spec, setup): storage bytes and trainable tensors."""
+
+    weight_bytes: int
+    param_count: int
+    trainable: tuple[TensorGroup, ...]
+    trainable_params: int
+    param_bytes: int                 # bytes per element of trainable params, grads and torch optimizer state
+    lora_inputs_per_layer: int = 0   # sum of input widths of adapted Linears in one block
+    lora_rank_per_layer: int = 0
+
+
+def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
+    """(name, in, out, count over the model) for every block Linear; a fallback when the spec has none."""
+    layers = spec.total_layers
+    if spec.block_linears:
+        return [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1))
+                for k, (i, o) in spec.block_linears.items()]
+    rest = max(0, spec.total_params - spec.embedding_params - spec.lm_head_params - 2 * spec.hidden_size * layers)
+    return [("block", spec.hidden_size, max(1, rest // (layers * spec.hidden_size)), layers)]
+
+
+def _linear_params(spec: ModelSpec) -> int:
+    return sum(i * o * n for _, i, o, n in _linear_shapes(spec))
+
+
+def full_groups(spec: ModelSpec) -> list[TensorGroup]:
+    """Every parameter tensor of the model grouped by shape: embeddings, head, block Linears, 1-D rest."""
+    h = spec.hidden_size
+    groups: list[TensorGroup] = []
+    tok = min(spec.embedding_params, spec.vocab_size * h)
+    if tok:
+        groups.append(TensorGroup(1, tok // h, h, "embedding"))
+    if spec.embedding_params > tok:  # learned position embeddings and the like
+        groups.append(TensorGroup(1, max(1, (spec.embedding_params - tok) // h), h, "embedding"))
+    if spec.lm_head_params:
+        groups.append(TensorGroup(1, max(1, spec.lm_head_params // h), h, "linear"))
+    groups += [TensorGroup(n, o, i, "linear") for _, i, o, n in _linear_shapes(spec)]
+    rest = spec.total_params - spec.embedding_params - spec.lm_head_params - _linear_params(spec)
+    if rest > 0:
+        groups.append(TensorGroup(rest // h, h, 1, "other"))
+        if rest % h:
+            groups.append(TensorGroup(1, rest % h, 1, "other"))
+    return groups
+
+
+def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
+    """Block Linears LoRA adapts: PEFT matches a target when the module name equals it or ends with '.<target>'."""
+    shapes = _linear_shapes(spec)
+    targets = setup.lora.target_modules  # type: ignore[union-attr]
+    if targets == "all-linear":
+        return shapes
+    chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)]
+    if not chosen:
+        names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
+        raise InvalidSetupError(f"LoRA target_modules {list(targets)} match no Linear of {spec.name}; accepted: all-linear, {names}")
+    return chosen
+
+
+def _quantized_weight_bytes(spec: ModelSpec, dtype: str) -> int:
+    """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest stays 16-bit."""
+    shapes = _linear_shapes(spec)
+    linear = _linear_params(spec)
+    rest = (spec.total_params - linear) * 2
+    if dtype == "int8":
+        return rest + linear + sum(o * n for _, _, o, n in shapes) * 4
+    blocks = -(-linear // NF4_BLOCK)
+    return rest + linear // 2 + blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4 + 16 * len(shapes)
+
+
+def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
+    """Weight storage and trainable tensors for this setup."""
+    wd = setup.weights_dtype
+    base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else _quantized_weight_bytes(spec, wd)
+    if setup.lora is None:
+        groups = tuple(full_groups(spec))
+        return Ledger(base, spec.total_params, groups, spec.total_params, DTYPE_BYTES[wd])
+    r = setup.lora.r
+    chosen = _targets(spec, setup)
+    groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))
+    trainable = sum(g.total for g in groups)
+    layers = spec.total_layers
+    inputs = sum(i * n for _, i, _, n in chosen) // layers
+    ranks = sum(r * n for *_, n in chosen) // layers
+    return Ledger(base + trainable * LORA_ADAPTER_BYTES, spec.total_params + trainable, groups, trainable,
+                  LORA_ADAPTER_BYTES, inputs, ranks)
+
+
+def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
+    """(ZeRO-3/FSDP per-rank gathered bytes, full unsharded 16-bit weights for SHARD_GRAD_OP)."""
+    per_block = sum(i * o * n for _, i, o, n in _linear_shapes(spec)) // spec.total_layers
+    largest = max(per_block, spec.embedding_params, spec.lm_head_params)
+    cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
+    # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
+    return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
+
+
+def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
+    if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
+        cost = optimizer_cost(setup.optimizer, list(led.trainable), 4)
+        return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost
+    cost = optimizer_cost(setup.optimizer, list(led.trainable), led.param_bytes)
+    grads = led.trainable_params * led.param_bytes
+    return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes), cost
+
+
+def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
+    """int8/nf4 Linears dequantize one 16-bit weight at a time in forward and again in backward."""
+    if setup.weights_dtype not in ("int8", "nf4"):
+        return 0
+    return max(i * o for _, i, o, _ in _linear_shapes(spec)) * 2
+
+
+def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None) -> MemoryEstimate:
+    """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases)."""
+    if setup.task == "infer":
+        try:
+            from .inference import estimate_inference
+        except ImportError:
+            raise NotImplementedError("inference memory (perfguide.memory.inference) is not available yet") from None
+        return estimate_inference(spec, setup, hardware)
+    if setup.strategy in ("device_map", "tp"):
+        raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")
+    led = ledger(spec, setup)
+    states, cost = _states(spec, setup, led)
+    gather, unsharded = _gather_bytes(spec, setup)
+    dev = per_device(states, setup, gather, unsharded)
+
+    lora_extra = act.lora_layer_bytes(spec, setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
+    acts, recompute = act.activation_bytes(spec, setup, lora_extra)
+    if setup.autocast and setup.weights_dtype == "fp32":
+        casts = _linear_params(spec) * 2
+        acts += casts // spec.total_layers if setup.gradient_checkpointing else casts
+    logits = act.logits_bytes(spec, setup)
+    dequant = _transient_dequant(spec, setup)
+    step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
+
+    resident = dev.weights + dev.optimizer + dev.buffers
+    held_grads = dev.grads if setup.gradient_accumulation_steps > 1 else 0
+    head_grad = min(dev.grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
+    forward = resident + held_grads + acts + recompute + logits + max(head_grad - held_grads, 0) + dequant
+    backward_end = resident + dev.grads + recompute + dequant
+    step = resident + dev.grads + step_temp
+    peak = max(forward, backward_end, step)
+
+    phase = "forward/loss" if peak == forward else ("end of backward" if peak == backward_end else "optimizer step")
+    notes = (f"peak in {phase}",) + dev.notes
+    if cost.paged:
+        notes += ("paged optimizer: state can be evicted to CPU under memory pressure",)
+    return to_estimate(
+        setup=setup, hardware=hardware, weights=dev.weights, gradients=dev.grads, optimizer_states=dev.optimizer,
+        activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),
+        peak_allocated=peak, cpu_ram=dev.cpu_ram, notes=notes,
+    )

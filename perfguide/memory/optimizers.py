@@ -1,0 +1,123 @@
+"""Optimizer state bytes per trainable tensor, for every ``optim`` name perfguide prices.
+
+States are counted per tensor shape because the rules differ by shape: bitsandbytes keeps tensors under
+4096 elements (and, under the Trainer, every nn.Embedding) in 32-bit; Adafactor factors the second moment
+of >=2-D tensors into row + column vectors; torch optimizers keep state in the parameter's dtype while
+bitsandbytes 32-bit optimizers always use fp32. Sources: shared/reference/rules.md sections 2.3, 3.8, 3.9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..errors import InvalidSetupError, unknown_value
+from ..setup import OPTIMIZERS
+
+Kind = Literal["linear", "embedding", "other"]
+
+BNB_MIN_8BIT_SIZE = 4096      # bitsandbytes Optimizer8bit min_8bit_size default
+BNB_BLOCK = 2048              # blockwise quantization block of bnb 8-bit optimizer states (fp32 absmax each)
+TORCHAO_MIN_SIZE = 4096       # torchao low-bit optimizers keep small tensors in full precision
+TORCHAO_BLOCK = {8: 256, 4: 128}
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    """``count`` trainable tensors of shape (rows, cols); cols == 1 for 1-D tensors (norms, biases)."""
+
+    count: int
+    rows: int
+    cols: int
+    kind: Kind = "linear"
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+    @property
+    def total(self) -> int:
+        return self.count * self.numel
+
+
+@dataclass(frozen=True)
+class OptimizerCost:
+    """State bytes kept between steps, and the extra transient bytes the step itself allocates."""
+
+    states: int
+    step_temp: int
+    paged: bool = False
+
+
+# name -> (family, number of state tensors per element, bits)
+_TABLE: dict[str, tuple[str, int, int]] = {
+    "adamw_torch": ("torch", 2, 32), "adamw_torch_fused": ("torch", 2, 32),
+    "adagrad": ("torch", 1, 32), "rmsprop": ("torch", 1, 32), "sgd": ("torch", 0, 32),
+    "adafactor": ("adafactor", 1, 32),
+    "adamw_bnb_8bit": ("bnb", 2, 8), "adamw_8bit": ("bnb", 2, 8), "paged_adamw_8bit": ("bnb", 2, 8),
+    "paged_adamw_32bit": ("bnb", 2, 32), "lion_32bit": ("bnb", 1, 32), "paged_lion_32bit": ("bnb", 1, 32),
+    "lion_8bit": ("bnb", 1, 8), "paged_lion_8bit": ("bnb", 1, 8),
+    "ademamix": ("bnb", 3, 32), "ademamix_8bit": ("bnb", 3, 8),
+    "adamw_torch_8bit": ("torchao", 2, 8), "adamw_torch_4bit": ("torchao", 2, 4),
+}
+_FOREACH_SQRT = frozenset({"adamw_torch", "rmsprop", "adagrad"})
+assert set(_TABLE) == set(OPTIMIZERS), "every Setup optimizer must be priced"
+
+
+def _bnb_state_bytes(g: TensorGroup, states: int, bits: int) -> int:
+    """bnb: 8-bit state + one fp32 absmax per 2048-block, except small tensors and embeddings (fp32)."""
+    if bits == 32 or g.numel < BNB_MIN_8BIT_SIZE or g.kind == "embedding":
+        return g.total * 4 * states
+    blocks = -(-g.numel // BNB_BLOCK)
+    return g.count * states * (g.numel + blocks * 4)
+
+
+def _torchao_state_bytes(g: TensorGroup, states: int, bits: int, param_bytes: int) -> int:
+    """torchao AdamW8bit/4bit: quantized state + one fp32 scale per block; small tensors unquantized."""
+    if g.numel < TORCHAO_MIN_SIZE:
+        return g.total * param_bytes * states
+    block = TORCHAO_BLOCK[bits]
+    blocks = -(-g.numel // block)
+    return g.count * states * (g.numel * bits // 8 + blocks * 4)
+
+
+def _adafactor_state_bytes(g: TensorGroup, param_bytes: int) -> int:
+    """transformers Adafactor (beta1=None, as the Trainer builds it): row+col second moments for 2-D, full for 1-D.
+
+    The state is created with ``.to(grad)``, i.e. in the gradient's dtype; each tensor also keeps a scalar RMS.
+    """
+    per = (g.rows + g.cols) if g.cols > 1 else g.rows
+    return g.count * (per * param_bytes + 4)
+
+
+def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int) -> OptimizerCost:
+    """State and step-temporary bytes for ``groups`` of trainable tensors whose dtype has ``param_bytes``."""
+    if name is None:
+        return OptimizerCost(0, 0)
+    if name not in _TABLE:
+        raise unknown_value("optimizer", name, OPTIMIZERS, InvalidSetupError)
+    family, states, bits = _TABLE[name]
+    largest = max((g.numel for g in groups), default=0)
+    if family == "torch":
+        total = sum(g.total for g in groups)
+        state = total * param_bytes * states
+        # the default foreach step of AdamW / RMSprop / Adagrad builds a parameter-sized temporary (_foreach_sqrt
+        # of the second moment) for the whole group (fake-tracing.md 3b: 20N peak for 7B); fused AdamW and
+        # momentum-free SGD update in place.
+        temp = total * param_bytes if name in _FOREACH_SQRT else 0
+        return OptimizerCost(state, temp)
+    if family == "adafactor":
+        state = sum(_adafactor_state_bytes(g, param_bytes) for g in groups)
+        # per-tensor update temporaries (grad**2 + eps, update) in fp32, one tensor at a time
+        return OptimizerCost(state, largest * 4 * 2)
+    if family == "bnb":
+        state = sum(_bnb_state_bytes(g, states, bits) for g in groups)
+        return OptimizerCost(state, 0, paged=name.startswith("paged_"))
+    state = sum(_torchao_state_bytes(g, states, bits, param_bytes) for g in groups)
+    return OptimizerCost(state, largest * 4 * states)
+
+
+def state_bytes_per_param(name: str | None, param_bytes: int = 4) -> float:
+    """Nominal state bytes per parameter of a large matrix (for reports and the rules engine)."""
+    big = TensorGroup(1, 4096, 4096)
+    return optimizer_cost(name, [big], param_bytes).states / big.total

@@ -1,0 +1,155 @@
+"""Per-device division of model states under DDP, ZeRO-1/2/3, FSDP and CPU offload, plus their buffers.
+
+Two things live here: ``per_device`` (what perfguide believes each rank holds, used by the estimate) and
+exact re-implementations of the published formulas (ZeRO paper; DeepSpeed's own
+``estimate_zero2/3_model_states_mem_needs``) so tests and the accuracy bench can anchor against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._data import load
+from ..setup import Setup
+
+SHARD_OPTIMIZER = frozenset({"zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op"})
+SHARD_GRADS = frozenset({"zero2", "zero3", "fsdp", "fsdp_shard_grad_op"})
+SHARD_PARAMS = frozenset({"zero3", "fsdp"})
+DEEPSPEED = frozenset({"zero1", "zero2", "zero3"})
+FSDP = frozenset({"fsdp", "fsdp_shard_grad_op"})
+
+
+@dataclass(frozen=True)
+class States:
+    """Model states of the whole model as a single device would hold them (bytes)."""
+
+    weights: int
+    grads: int
+    optimizer: int            # optimizer state, plus fp32 master / fp32 grad partitions under DeepSpeed
+    trainable_params: int
+    grad_elem_bytes: int
+
+
+@dataclass(frozen=True)
+class PerDevice:
+    weights: int
+    grads: int
+    optimizer: int
+    buffers: int              # communication buckets, gathered parameters, unsharded copies
+    cpu_ram: int              # host RAM per node for offloaded states
+    notes: tuple[str, ...] = ()
+
+
+def _const(name: str) -> float:
+    return float(load("calibration")[name]["value"])
+
+
+def deepspeed_half(param_count: int, trainable: int, optimizer_state_fp32: int) -> States:
+    """DeepSpeed with fp16/bf16 enabled: 16-bit params and grads on GPU, fp32 master + fp32 grads in the optimizer.
+
+    The engine casts the whole module to 16 bit and builds fp32 flat master params regardless of the load
+    dtype, running the optimizer on them: state is fp32 (``optimizer_state_fp32``) and 4 + 4 bytes per
+    trainable parameter join it. This is the 2 + 18/N of ``estimate_zero2_model_states_mem_needs``
+    (2 grads16 + 4 grads32 + 4 master + 8 Adam).
+    """
+    return States(weights=2 * param_count, grads=2 * trainable, optimizer=optimizer_state_fp32 + 8 * trainable,
+                  trainable_params=trainable, grad_elem_bytes=2)
+
+
+def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
+    """Communication buffers allocated through the caching allocator on each rank."""
+    if setup.world_size == 1 and setup.strategy in ("single", "ddp"):
+        return 0
+    if setup.strategy == "ddp":
+        # DDP (accelerate default gradient_as_bucket_view=False) keeps flat bucket copies of all gradients
+        return trainable * grad_elem_bytes
+    if setup.strategy in ("zero1", "zero2"):
+        elems = min(trainable, int(_const("deepspeed_bucket_elements")))
+        return int(elems * grad_elem_bytes * _const("deepspeed_bucket_copies"))
+    return 0
+
+
+def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weights: int) -> PerDevice:
+    """Divide ``states`` over the data-parallel ranks and move offloaded parts to host RAM.
+
+    ``gather_bytes``: parameters (and their gradients) one rank materialises at once under ZeRO-3 / FSDP
+    (the current and the prefetched unit). ``unsharded_weights``: the full compute-dtype parameter set that
+    FSDP SHARD_GRAD_OP keeps between forward and backward.
+    """
+    n = setup.world_size
+    strat = setup.strategy
+    w_div = n if strat in SHARD_PARAMS else 1
+    g_div = n if strat in SHARD_GRADS else 1
+    o_div = n if strat in SHARD_OPTIMIZER else 1
+    weights, grads, opt = states.weights // w_div, states.grads // g_div, states.optimizer // o_div
+    buffers = bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)
+    notes: list[str] = []
+    if strat in SHARD_PARAMS:
+        buffers += gather_bytes
+    if strat == "fsdp_shard_grad_op":
+        buffers += unsharded_weights
+    cpu = 0
+    offload_all = strat in FSDP and (setup.offload_optimizer or setup.offload_params)
+    if (setup.offload_optimizer and strat in SHARD_OPTIMIZER) or offload_all:
+        cpu += opt
+        opt = 0
+        if strat in DEEPSPEED or offload_all:
+            cpu += grads  # reduced gradient partitions are copied to pinned host buffers for the CPU step
+            grads = 0
+        notes.append("optimizer states offloaded to CPU RAM")
+    if (setup.offload_params and strat in SHARD_PARAMS) or offload_all:
+        cpu += weights
+        weights = 0
+        notes.append("parameters offloaded to CPU RAM")
+    return PerDevice(weights, grads, opt, buffers, cpu * setup.num_gpus, tuple(notes))
+
+
+# ---- published formulas (anchors) -------------------------------------------------------------------------
+
+def zero_paper_bytes(stage: int, psi: int, n: int, k: int = 12) -> float:
+    """ZeRO paper (Rajbhandari et al. 2019) per-GPU model states, mixed-precision Adam (K = 12)."""
+    if stage == 0:
+        return (4 + k) * psi
+    if stage == 1:
+        return 4 * psi + k * psi / n
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / n
+    if stage == 3:
+        return (4 + k) * psi / n
+    raise ValueError(f"ZeRO stage must be 0..3, got {stage}")
+
+
+def deepspeed_zero2_estimate(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1,
+                             cpu_offload: bool = True, additional_buffer_factor: float = 1.5,
+                             legacy: bool = False) -> tuple[int, int]:
+    """(cpu_bytes, gpu_bytes) exactly as DeepSpeed's ``estimate_zero2_model_states_mem_needs``.
+
+    ``legacy=True`` gives the pre-PR#5099 multipliers (4 + 16/N), which DeepSpeed's own memory.rst example
+    output (15.93 GB for t5-3b on 8 GPUs) still shows.
+    """
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu = 2 * total_params
+        cpu = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu = (4 * total_params + int(16 * total_params / total_gpus)) if legacy else (2 * total_params + int(18 * total_params / total_gpus))
+        cpu = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu), int(gpu)
+
+
+def deepspeed_zero3_estimate(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1,
+                             num_nodes: int = 1, cpu_offload: bool = True, cpu_offload_params: bool = True,
+                             zero_init: bool = True, additional_buffer_factor: float = 1.5) -> tuple[int, int, int]:
+    """(cpu_bytes, gpu_bytes, largest_layer_bytes) exactly as DeepSpeed's ``estimate_zero3_model_states_mem_needs``."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest = 4 * largest_layer_params
+    if cpu_offload:
+        k = 18 if cpu_offload_params else 16
+        gpu = largest if cpu_offload_params else largest + int(2 * total_params / total_gpus)
+        cpu = total_params * (k * gpus_factor if zero_init else max(4 * num_gpus_per_node, k * gpus_factor))
+        cpu *= additional_buffer_factor
+    else:
+        gpu = largest + int(18 * total_params / total_gpus)
+        cpu = (largest_layer_params if zero_init else total_params) * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu), int(gpu), largest
