@@ -236,8 +236,19 @@ def report_document(rec: "Recommendation") -> Document:
     return Document(title=title, sections=tuple(s for s in sections if s is not None))
 
 
-def render(rec: "Recommendation", fmt: str = "text") -> str:
-    """Render a Recommendation as 'text', 'markdown' or 'rich' (ANSI); rich must be installed for the last."""
+def _check_rich(fmt: str) -> None:
     if fmt == "rich" and importlib.util.find_spec("rich") is None:
         raise PerfGuideError("fmt='rich' needs the rich library: pip install perfguide[rich] (or use fmt='text')")
+
+
+def render(rec: "Recommendation", fmt: str = "text") -> str:
+    """Render a Recommendation as 'text', 'markdown' or 'rich' (ANSI); rich must be installed for the last."""
+    _check_rich(fmt)
     return render_document(report_document(rec), fmt)
+
+
+def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: str = "text") -> str:
+    """What ``perfguide estimate`` prints: the priced Setup and its memory, without decisions (nothing was chosen)."""
+    _check_rich(fmt)
+    doc = Document(title=f"perfguide estimate: {model_name}", sections=(_setup_section(setup), _memory_section(memory)))
+    return render_document(doc, fmt)

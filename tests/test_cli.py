@@ -1,0 +1,177 @@
+"""The perfguide command, run in-process through main([...]) and once as a real subprocess."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from perfguide import Hardware, MemoryEstimate, Recommendation
+from perfguide.cli import build_parser, main
+from perfguide.cli_setup import setup_from_args
+
+
+def needs(*modules: str):  # noqa: ANN201 - a pytest mark
+    """Skip until the engine parts these tests exercise exist (they are built in parallel)."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"not built yet: {', '.join(missing)}")
+
+
+ENGINE = needs("perfguide.model.resolve", "perfguide.hardware.named", "perfguide.scenarios.train_gpu_one",
+               "perfguide.memory.analytic", "perfguide.speed.model")
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, out: str, err: str, fragment: str) -> None:
+    assert code == 2
+    assert out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert fragment in err
+
+
+# --- parser and help --------------------------------------------------------------------------
+
+def test_help_lists_commands_with_examples(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for command in ("probe", "recommend", "estimate", "calibrate", "env"):
+        assert command in out
+    assert "examples:" in out and "perfguide recommend" in out
+
+
+def test_recommend_help_shows_every_flag(capsys):
+    code, out, _ = run(capsys, "recommend", "--help")
+    assert code == 0
+    for flag in ("--scenario", "--hardware", "--seq-len", "--global-batch-size", "--nodes", "--precision", "--optimizer",
+                 "--finetune", "--max-new-tokens", "--batch-size", "--json", "--markdown", "--plot",
+                 "--write-accelerate-config", "--training-args"):
+        assert flag in out
+
+
+def test_version_and_missing_command(capsys):
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.startswith("perfguide ")
+    code, _, err = run(capsys)
+    assert code == 2 and "usage: perfguide" in err
+
+
+def test_output_modes_exclude_each_other(capsys):
+    code, _, err = run(capsys, "recommend", "gpt2", "--json", "--markdown")
+    assert code == 2 and "not allowed with argument" in err
+
+
+def test_estimate_flags_map_to_setup_fields():
+    args = build_parser().parse_args(["estimate", "gpt2", "--micro-batch-size", "8", "--no-gradient-checkpointing",
+                                      "--optimizer", "none", "--autocast", "bf16", "--lora-r", "8", "--strategy", "zero3"])
+    assert setup_from_args(args) == {"micro_batch_size": 8, "gradient_checkpointing": False, "optimizer": None,
+                                     "autocast": "bf16", "strategy": "zero3", "lora": {"r": 8}}
+    untouched = build_parser().parse_args(["estimate", "gpt2"])
+    assert setup_from_args(untouched) == {}
+
+
+# --- errors: one line on stderr, exit status 2 --------------------------------------------------
+
+def test_unknown_scenario_is_one_line_exit_2(capsys):
+    code, out, err = run(capsys, "recommend", "gpt2", "--scenario", "train_gpu_on", "--hardware", "a100-80gb")
+    assert_one_line_error(code, out, err, "unknown scenario 'train_gpu_on'")
+    assert "Did you mean: train_gpu_one" in err
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--weights-dtype", "fp8"], "weights_dtype"),
+    (["--micro-batch-size", "0"], "micro_batch_size"),
+    (["--optimizer", "adamw_hf"], "unknown optimizer 'adamw_hf'"),
+    (["--weights-dtype", "nf4"], "needs LoRA"),
+])
+def test_bad_setup_flags_are_one_line_exit_2(capsys, flags, fragment):
+    code, out, err = run(capsys, "estimate", "gpt2", *flags)
+    assert_one_line_error(code, out, err, fragment)
+
+
+def test_calibrate_is_wired(capsys):
+    code, out, _ = run(capsys, "calibrate", "--help")
+    assert code == 0 and "calibrate" in out
+
+
+# --- real engine ------------------------------------------------------------------------------
+
+@needs("perfguide.model.resolve", "perfguide.hardware.named")
+def test_unknown_hardware_is_one_line_exit_2(capsys):
+    code, out, err = run(capsys, "recommend", "gpt2", "--hardware", "a100-90gb")
+    assert_one_line_error(code, out, err, "a100-90gb")
+
+
+@needs("perfguide.hardware.probe")
+def test_probe_json_parses_as_hardware(capsys):
+    code, out, _ = run(capsys, "probe", "--json")
+    assert code == 0
+    hw = Hardware.model_validate_json(out)
+    assert hw.cpu.logical_cores == os.cpu_count()
+
+
+@needs("perfguide.hardware.probe")
+def test_probe_and_env_text(capsys):
+    code, out, _ = run(capsys, "probe")
+    assert code == 0 and "- CPU:" in out and "- RAM:" in out
+    code, out, _ = run(capsys, "env")
+    assert code == 0 and out.startswith("Copy-and-paste")
+    assert f"- Python: {sys.version.split()[0]}" in out
+    import torch
+    import transformers
+
+    assert f"- torch: {torch.__version__}" in out and f"- transformers: {transformers.__version__}" in out
+
+
+@ENGINE
+def test_recommend_json_round_trips(capsys):
+    code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "512", "--global-batch-size", "16", "--json")
+    assert code == 0
+    rec = Recommendation.model_validate_json(out)
+    assert rec.request.seq_len == 512 and rec.setup.global_batch_size == 16
+    assert json.loads(rec.to_json()) == json.loads(out)
+
+
+@ENGINE
+def test_recommend_text_report(capsys):
+    code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "512")
+    assert code == 0
+    assert out.startswith("perfguide train_gpu_one: gpt2 on a100-80gb")
+    assert "Decisions" in out and "Memory per device" in out and "█" in out
+
+
+@ENGINE
+@needs("perfguide.integrations.transformers")
+def test_recommend_training_args_are_json(capsys):
+    code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--training-args")
+    assert code == 0
+    kwargs = json.loads(out)
+    assert kwargs["per_device_train_batch_size"] >= 1
+
+
+@needs("perfguide.model.resolve", "perfguide.hardware.named", "perfguide.memory.analytic")
+def test_estimate_json_is_a_memory_estimate(capsys):
+    code, out, _ = run(capsys, "estimate", "gpt2", "--hardware", "a100-80gb", "--micro-batch-size", "2", "--seq-len", "256", "--json")
+    assert code == 0
+    est = MemoryEstimate.model_validate_json(out)
+    # gpt2 has 124,439,808 parameters; fp32 weights are 4 bytes each
+    assert est.weights >= 124_439_808 * 4 and est.capacity is not None
+
+
+# --- subprocess smoke ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_python_dash_m_perfguide_help():
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "perfguide", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage: perfguide" in done.stdout and "recommend" in done.stdout
