@@ -19,6 +19,7 @@ from .types import MemoryEstimate
 
 HALF = 2
 FP32 = 4
+OFFLOAD_HEADROOM = 0.10  # the Constraints default: max_memory leaves this fraction of each GPU free
 
 
 def _const(name: str):  # noqa: ANN202 - values are numbers or small dicts
@@ -150,12 +151,16 @@ def _tp_weights(spec: ModelSpec, setup: Setup, weights: int, tp: int) -> int:
     return (weights - norm_bytes) // tp + norm_bytes
 
 
+def _reserved_ratio() -> float:
+    return load("calibration")["reserved_over_allocated"]["value"]
+
+
 def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, rest: int) -> tuple[int, int]:
     """With offload allowed, the GPU keeps what fits beside the cache and transients; the rest goes to CPU RAM."""
     if not setup.offload_params or hardware is None or not hardware.has_gpu:
         return gpu_weights, 0
-    room = capacity_bytes(hardware, setup) - cuda_context_bytes(hardware) - int(rest * 1.1)
-    on_gpu = max(0, min(gpu_weights, int(room / 1.1)))
+    budget = capacity_bytes(hardware, setup) * (1 - OFFLOAD_HEADROOM) - cuda_context_bytes(hardware)
+    on_gpu = max(0, min(gpu_weights, int(budget / _reserved_ratio()) - rest))
     return on_gpu, gpu_weights - on_gpu
 
 

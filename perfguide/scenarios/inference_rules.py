@@ -1,0 +1,291 @@
+"""Rules shared by infer_gpu_one, infer_gpu_many and infer_cpu: each returns a Decision with its number.
+
+The scenarios only differ in which layouts they try (one GPU; replicas / tensor parallel / layer split;
+CPU); dtype, attention, quantization, batch and cache rules are the same and live here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any, Iterable
+
+from ..decisions import Alternative, Decision
+from ..memory.inference import activation_bytes_per_element, cached_tokens, estimate_inference, kv_cache_bytes
+from ..memory.types import MemoryEstimate
+from ..setup import Setup
+from ..speed.inference import estimate_inference_speed
+from ..speed.types import Throughput
+from .types import Candidate, Plan, Request
+
+GB = 1e9
+MAX_AUTO_BATCH = 64
+SRC_DTYPE = "transformers docs llm_tutorial_optimization.md / perf_infer_gpu_one.md (rules.md 3.26)"
+SRC_QUANT = "transformers docs quantization/bitsandbytes.md; litgpt quantize + resource tables (data/inference.json)"
+SRC_CACHE = "transformers docs llm_optims.md: static cache + torch.compile up to 4x (rules.md 3.29)"
+
+
+def prompt_len(request: Request) -> int:
+    return request.constraints.prompt_len or request.seq_len
+
+
+def usable_bytes(mem: MemoryEstimate, headroom: float) -> int | None:
+    return None if mem.capacity is None else int(mem.capacity * (1 - headroom))
+
+
+def fits(mem: MemoryEstimate, request: Request) -> bool:
+    """Device memory within capacity less the requested headroom, and any offloaded part within free RAM."""
+    limit = usable_bytes(mem, request.constraints.headroom)
+    ram_ok = mem.cpu_ram <= request.hardware.cpu.ram_available or mem.cpu_ram == 0
+    return (limit is None or mem.device_total <= limit) and ram_ok
+
+
+def price(request: Request, setup: Setup) -> tuple[MemoryEstimate, Throughput]:
+    spec, hw = request.model, request.hardware
+    return estimate_inference(spec, setup, hw), estimate_inference_speed(spec, setup, hw)
+
+
+def candidate(request: Request, setup: Setup, why: str = "") -> Candidate:
+    mem, speed = price(request, setup)
+    return Candidate(setup=setup, memory=mem, throughput=speed, verdict="fits" if fits(mem, request) else "does-not-fit", why=why)
+
+
+# --- dtype and attention ---------------------------------------------------------------------------
+def gpu_dtype(request: Request) -> tuple[str, Decision, list[str]]:
+    """bf16 from compute capability 8.0; fp16 below (warn for bf16-trained models); a forced precision wins."""
+    gpu = request.hardware.smallest_gpu
+    cc = gpu.compute_capability
+    warnings: list[str] = []
+    forced = request.constraints.precision
+    if forced:
+        if forced == "bf16" and not gpu.supports_bf16:
+            warnings.append(f"bf16 on compute capability {cc[0]}.{cc[1]} is emulated (torch.cuda.is_bf16_supported() says yes "
+                            "by emulation): expect fp32-or-slower speed; fp16 or fp32 are the native choices")
+        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE), warnings
+    if gpu.supports_bf16:
+        return "bf16", Decision(
+            setting="dtype", value="bf16", number=float(cc[0] + cc[1] / 10), unit="compute capability", source=SRC_DTYPE,
+            reason="native bf16 tensor cores (compute capability >= 8.0): half the bytes of fp32 and no fp16 overflow risk",
+            alternatives=(Alternative(value="fp16", why_not="same speed, but overflows on bf16-trained checkpoints"),
+                          Alternative(value="fp32", why_not="2x the weight bytes and ~2x slower decode"))), warnings
+    alts = (Alternative(value="bf16", why_not=f"no native bf16 below compute capability 8.0 (this GPU: {cc[0]}.{cc[1]}); emulated and slow"),
+            Alternative(value="fp32", why_not="2x the memory and slower; the safe choice only if fp16 overflows"))
+    if request.model.native_dtype == "bf16":
+        warnings.append(f"{request.model.name} was trained in bf16; in fp16 its activations can overflow (inf/NaN output). "
+                        "If generations look broken, load it with dtype=torch.float32")
+    return "fp16", Decision(setting="dtype", value="fp16", number=float(cc[0] + cc[1] / 10), unit="compute capability",
+                            reason="pre-Ampere GPU: fp16 tensor cores are native, bf16 is not", source=SRC_DTYPE, alternatives=alts), warnings
+
+
+def cpu_dtype(request: Request) -> tuple[str, Decision]:
+    """bf16 only where the CPU computes it natively (AVX512-BF16 or AMX); elsewhere fp32 is faster."""
+    cpu = request.hardware.cpu
+    forced = request.constraints.precision
+    if forced == "fp16":
+        forced = "fp32"  # fp16 matmuls on CPU are slow conversions; never recommend them
+    if forced:
+        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint (fp16 maps to fp32 on CPU)")
+    if cpu.native_bf16:
+        return "bf16", Decision(setting="dtype", value="bf16", reason="the CPU has AVX512-BF16/AMX: bf16 halves the bytes decode reads "
+                                "from RAM and runs natively", source="rules.md 3.32", alternatives=(
+                                    Alternative(value="fp32", why_not="2x the RAM traffic per token"),))
+    return "fp32", Decision(setting="dtype", value="fp32", reason="no AVX512-BF16/AMX on this CPU: bf16 matmuls would be emulated, "
+                            "slower than fp32", source="rules.md 3.32", alternatives=(
+                                Alternative(value="bf16", why_not="emulated without avx512_bf16/amx_bf16 flags"),))
+
+
+def flash_attn_available() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
+    """SDPA by default; flash_attention_2 only with the package, compute capability >= 8.0 and 16-bit weights."""
+    forced = request.constraints.attn_implementation
+    if forced:
+        return Decision(setting="attn_implementation", value=forced, reason="given as a constraint")
+    cc = request.hardware.smallest_gpu.compute_capability if on_gpu else (0, 0)
+    ok = on_gpu and flash_attn_available() and cc >= (8, 0) and dtype in ("bf16", "fp16", "int8", "nf4")
+    if ok:
+        return Decision(setting="attn_implementation", value="flash_attention_2", source="rules.md 3.13",
+                        reason="flash-attn is installed, the GPU is Ampere+ and weights are 16-bit: no s*s scores, fastest prefill",
+                        alternatives=(Alternative(value="sdpa", why_not="slower at long prompts; fine otherwise"),))
+    why = ("flash-attn is not installed" if on_gpu and not flash_attn_available() else
+           "needs compute capability >= 8.0" if on_gpu and cc < (8, 0) else "needs a CUDA GPU" if not on_gpu else "needs 16-bit weights")
+    return Decision(setting="attn_implementation", value="sdpa", source="rules.md 3.13",
+                    reason="PyTorch SDPA (the transformers default) never materialises the s*s attention scores",
+                    alternatives=(Alternative(value="flash_attention_2", why_not=why),
+                                  Alternative(value="eager", why_not="stores b*h*s*s scores: memory grows with the prompt squared")))
+
+
+# --- batch, quantization, cache --------------------------------------------------------------------
+def largest_batch(request: Request, setup: Setup, limit: int = 4096) -> int:
+    """Largest micro_batch_size that fits (memory grows monotonically with it); 0 if even 1 does not."""
+    def ok(b: int) -> bool:
+        return fits(estimate_inference(request.model, setup.model_copy(update={"micro_batch_size": b}), request.hardware), request)
+    if not ok(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def kv_decision(request: Request, setup: Setup, max_batch: int) -> Decision:
+    spec = request.model
+    tokens = cached_tokens(setup)
+    one = kv_cache_bytes(spec, 1, tokens, activation_bytes_per_element(setup), static=setup.cache_implementation == "static")
+    gqa = f"{spec.num_key_value_heads} KV heads for {spec.num_attention_heads} query heads"
+    return Decision(setting="max_batch_size", value=max_batch, number=float(one), unit="bytes KV cache per sequence",
+                    reason=f"KV cache = 2 x {spec.num_layers} layers x {gqa} x {spec.head_dim} x {tokens} tokens per sequence; "
+                           f"{max_batch} concurrent sequences fit beside the weights",
+                    source="rules.md 2.4 / 3.30")
+
+
+def choose_batch(request: Request, setup: Setup, max_batch: int) -> tuple[int, Decision]:
+    """The requested concurrency; with none given and throughput preferred, the largest power of 2 that fits."""
+    asked = request.constraints.batch_size
+    if asked is not None or request.constraints.prefer == "latency" or max_batch <= 1:
+        b = asked or 1
+        return b, Decision(setting="batch_size", value=b, reason="requested concurrency" if asked else
+                           "one sequence at a time: lowest latency per token", number=float(max_batch), unit="largest batch that fits")
+    b = min(MAX_AUTO_BATCH, 2 ** int(math.log2(max_batch)))
+    return b, Decision(setting="batch_size", value=b, number=float(max_batch), unit="largest batch that fits",
+                       reason=f"decode is memory-bandwidth bound: one weight read serves all {b} sequences, so tokens/s grows "
+                              f"almost linearly with batch (capped at {MAX_AUTO_BATCH} to keep per-token latency sane)",
+                       source="rules.md 3.30")
+
+
+def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[Setup, str]]:
+    """16-bit first; bnb 8-bit then 4-bit NF4 only when needed (or forced by the quantization constraint)."""
+    forced = request.constraints.quantization
+    if forced:
+        yield base.model_copy(update={"weights_dtype": forced}), "quantization given as a constraint"
+        return
+    yield base.model_copy(update={"weights_dtype": dtype16}), f"{dtype16} weights"
+    for q in ("int8", "nf4"):
+        yield base.model_copy(update={"weights_dtype": q}), f"bitsandbytes {q}"
+
+
+def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> Decision:
+    from .._data import load
+
+    slow = load("inference")["quant_decode_slowdown"]["value"]
+    q = chosen.weights_dtype
+    alts = tuple(Alternative(value=c.setup.weights_dtype, why_not=f"needs {c.memory.device_total / GB:.1f} GB, over the "
+                             f"{(usable_bytes(c.memory, request.constraints.headroom) or 0) / GB:.1f} GB usable",
+                             number=float(c.memory.device_total), unit="bytes")
+                 for c in tried if c.verdict == "does-not-fit")
+    if chosen.offload_params:
+        return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
+                        reason="nothing fits on the GPU even in 4-bit; bnb 4-bit cannot be CPU-offloaded, so 16-bit weights are split")
+    if q not in ("int8", "nf4"):
+        return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
+                        reason="16-bit weights and the KV cache fit: bitsandbytes would only slow decoding "
+                               f"(int8 ~{slow['int8']}x, nf4 ~{slow['nf4']}x time per token)")
+    return Decision(setting="quantization_config", value=q, number=float(slow[q]), unit="x time per token", source=SRC_QUANT,
+                    alternatives=alts, reason=f"bitsandbytes {q}: the smallest precision step that fits; it costs ~{slow[q]}x time "
+                                              "per token versus 16-bit (dequantization in every matmul)")
+
+
+def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bool) -> tuple[Setup, Decision]:
+    """Static cache + torch.compile when latency is preferred and decode is overhead/bandwidth bound on a GPU."""
+    quantized = setup.weights_dtype in ("int8", "nf4")
+    want = (request.constraints.prefer == "latency" and on_gpu and not quantized
+            and setup.strategy in ("single", "tp") and speed.bound in ("launch-overhead", "memory-bandwidth"))
+    if not want:
+        why = ("throughput preferred: batches and prompt lengths vary, and every new shape recompiles"
+               if request.constraints.prefer == "throughput" else
+               "compile of bitsandbytes-quantized models is unsupported" if quantized else
+               "no CUDA graphs on CPU / with layer-split or offloaded models")
+        return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE, alternatives=(
+            Alternative(value="static + torch.compile", why_not=why),))
+    fast = setup.model_copy(update={"cache_implementation": "static", "torch_compile": True})
+    after = estimate_inference_speed(request.model, fast, request.hardware)
+    gain = speed.time_per_output_token_ms / after.time_per_output_token_ms
+    return fast, Decision(setting="cache_implementation", value="static", number=round(gain, 2), unit="x faster per token",
+                          reason=f"latency preferred and decode is {speed.bound} bound: a static cache lets torch.compile "
+                                 "(mode='reduce-overhead') replay CUDA graphs; pad prompts to a few lengths to avoid recompiles",
+                          source=SRC_CACHE, alternatives=(Alternative(value="dynamic", why_not=f"{gain:.2f}x slower per token"),))
+
+
+def no_fit_suggestions(request: Request, best: Candidate | None) -> tuple[str, ...]:
+    need = best.memory.device_total / GB if best else float("nan")
+    return (f"the smallest layout still needs {need:.1f} GB per device",
+            "use a GPU with more memory or more GPUs (scenario='infer_gpu_many')",
+            "shorten prompt_len / max_new_tokens or lower batch_size (the KV cache grows with all three)",
+            "allow_offload=True lets device_map='auto' put weights in CPU RAM (slow)")
+
+
+def finish(request: Request, chosen: Candidate, decisions: list[Decision], candidates: list[Candidate],
+           warnings: list[str], ok: bool) -> Plan:
+    """Mark the chosen candidate and wrap everything into a Plan."""
+    marked = tuple(c.model_copy(update={"verdict": "chosen"}) if c.setup == chosen.setup else c for c in candidates)
+    if chosen.setup not in [c.setup for c in candidates]:
+        marked += (chosen.model_copy(update={"verdict": "chosen"}),)
+    warns = list(warnings) + [n for n in chosen.memory.notes if "offloaded" in n]
+    return Plan(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, decisions=tuple(decisions),
+                candidates=marked, warnings=tuple(warns), fits=ok, suggestions=() if ok else no_fit_suggestions(request, chosen))
+
+
+def first_fit(request: Request, options: Iterable[tuple[Setup, str]]) -> tuple[Candidate | None, list[Candidate]]:
+    tried: list[Candidate] = []
+    for setup, why in options:
+        c = candidate(request, setup, why)
+        tried.append(c)
+        if c.verdict == "fits":
+            return c, tried
+    return None, tried
+
+
+def max_memory_map(request: Request, setup: Setup, mem: MemoryEstimate) -> dict[Any, str]:
+    """Per-GPU weight budgets for device_map='auto': capacity less headroom, context, KV cache and transients."""
+    hw = request.hardware
+    keep = mem.peak_allocated - mem.weights  # cache + transients + logits stay on every GPU
+    per_gpu = {g.index: f"{max(0, int(g.memory_total * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
+               for g in hw.gpus[: setup.num_gpus]}
+    per_gpu["cpu"] = f"{int(hw.cpu.ram_available * 0.9) // 2**20}MiB"
+    return per_gpu
+
+
+# --- kwargs for transformers --------------------------------------------------------------------------
+def _decision_value(rec: Any, setting: str) -> Any:
+    return next((d.value for d in rec.decisions if d.setting == setting), None)
+
+
+def inference_model_kwargs(rec: Any) -> dict[str, Any]:
+    """``from_pretrained`` / ``from_config`` kwargs for a Plan or Recommendation of an infer_* scenario."""
+    import torch
+
+    s: Setup = rec.setup
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    half = _decision_value(rec, "compute_dtype") or "bf16"
+    kwargs: dict[str, Any] = {"dtype": dtypes.get(s.weights_dtype, dtypes[half]), "attn_implementation": s.attn_implementation}
+    if s.weights_dtype in ("int8", "nf4"):
+        from transformers import BitsAndBytesConfig
+
+        kwargs["quantization_config"] = (BitsAndBytesConfig(load_in_8bit=True) if s.weights_dtype == "int8" else BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtypes[half], bnb_4bit_use_double_quant=True))
+    if s.strategy == "tp":
+        kwargs["tp_plan"] = "auto"
+    elif s.strategy == "device_map":
+        kwargs["device_map"] = "auto"
+        budget = _decision_value(rec, "max_memory")
+        if budget:
+            kwargs["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in budget.items()}
+    elif s.weights_dtype in ("int8", "nf4"):
+        kwargs["device_map"] = {"": 0}
+    return kwargs
+
+
+def generation_kwargs(rec: Any) -> dict[str, Any]:
+    """``generate`` kwargs: the token budget the memory was priced for and the cache implementation."""
+    s: Setup = rec.setup
+    kwargs: dict[str, Any] = {"max_new_tokens": max(1, s.new_tokens)}
+    if s.cache_implementation == "static":
+        kwargs["cache_implementation"] = "static"
+    return kwargs
+
