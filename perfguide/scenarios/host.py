@@ -1,0 +1,57 @@
+"""Host-side knobs: dataloader workers, pinned memory, CPU threads (rules.md 3.10, 3.24, 4.1.5, 4.3).
+
+Workers only have to keep the accelerator fed; every worker is a process holding a copy of the dataset
+handle, so more is not faster once the GPU is busy. On CPU training the cores are the compute, so workers
+are few and threads equal the physical cores.
+"""
+
+from __future__ import annotations
+
+from ..decisions import Alternative, Decision
+from ..hardware.types import CPU
+
+GPU_WORKERS_CAP = 4      # the transformers docs' starting value (perf_train_gpu_one.md, "Data preloading")
+CPU_WORKERS_CAP = 2      # rules.md 4.3: 0-2 workers when the cores do the training
+_SOURCE = "transformers perf_train_gpu_one.md (dataloader_num_workers, pin_memory); rules.md 3.10"
+
+
+def gpu_dataloader(cpu: CPU, gpus_per_node: int) -> tuple[int, bool, tuple[Decision, ...]]:
+    """(workers, pin_memory, decisions) for GPU training: leave one core per rank for the training loop."""
+    per_rank_cores = cpu.physical_cores // max(1, gpus_per_node)
+    workers = max(0, min(GPU_WORKERS_CAP, per_rank_cores - 1))
+    reason = (f"{cpu.physical_cores} physical cores / {gpus_per_node} GPU process(es) = {per_rank_cores} per rank, "
+              f"one kept for the training loop, capped at {GPU_WORKERS_CAP} (tokenized text needs little preprocessing)")
+    workers_dec = Decision(setting="dataloader_num_workers", value=workers, reason=reason, number=per_rank_cores, unit="cores/rank",
+                           source=_SOURCE, alternatives=(Alternative(value=0, why_not="the GPU would wait while the main process collates batches"),)
+                           if workers else ())
+    pin_dec = Decision(setting="dataloader_pin_memory", value=True,
+                       reason="page-locked host buffers let host-to-GPU copies run asynchronously", source=_SOURCE)
+    return workers, True, (workers_dec, pin_dec)
+
+
+def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
+    """(workers, pin_memory, decisions) for CPU training: workers steal cores from the matmuls."""
+    workers = 0 if cpu.physical_cores <= 4 else min(CPU_WORKERS_CAP, cpu.physical_cores // 8)
+    reason = (f"{cpu.physical_cores} physical cores do the training; "
+              + ("no worker processes to compete with them" if workers == 0 else f"{workers} worker(s) prefetch without starving the matmuls"))
+    workers_dec = Decision(setting="dataloader_num_workers", value=workers, reason=reason, number=cpu.physical_cores, unit="cores",
+                           source="rules.md 3.24, 4.3")
+    pin_dec = Decision(setting="dataloader_pin_memory", value=False,
+                       reason="there is no device copy to speed up on CPU (use_cpu=True turns it off anyway)", source="rules.md 3.10 [V]")
+    return workers, False, (workers_dec, pin_dec)
+
+
+def cpu_threads(cpu: CPU) -> tuple[int, Decision]:
+    """Threads = physical cores: hyper-threads share the FMA units, so they add contention, not FLOPs."""
+    threads = cpu.physical_cores
+    dec = Decision(
+        setting="cpu_threads", value=threads,
+        reason=f"one intra-op thread per physical core ({cpu.physical_cores} physical, {cpu.logical_cores} logical); "
+               "set OMP_NUM_THREADS or torch.set_num_threads",
+        number=threads, unit="threads", source="transformers perf_train_cpu.md; rules.md 3.24",
+        alternatives=(
+            Alternative(value=cpu.logical_cores, why_not="hyper-threads share the vector units and slow GEMMs down")
+            if cpu.logical_cores > cpu.physical_cores else Alternative(value=max(1, threads - 1), why_not="the docs' minus-one-for-the-OS only matters on a busy shared machine"),
+        ),
+    )
+    return threads, dec

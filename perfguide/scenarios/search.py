@@ -1,0 +1,256 @@
+"""Candidate enumeration, pricing and ranking shared by the training scenarios.
+
+A *rung* is a set of Setup templates with the same training semantics (exact AMP; a lighter optimizer;
+pure half weights; LoRA; QLoRA). Rungs are tried in the order of what they give up; inside the first rung
+that has anything fitting, candidates are ranked by predicted step time. For each template the micro-batch
+is searched over the divisors of the per-rank batch, so micro x accumulation x world == global always.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from .._base import GiB
+from ..errors import ConflictingConstraintsError, PerfGuideError
+from ..hardware.types import GPU, Hardware
+from ..memory import estimate_memory
+from ..memory.types import MemoryEstimate
+from ..model.types import ModelSpec
+from ..setup import Setup
+from ..speed import estimate_speed
+from ..speed.types import Throughput
+from .types import Candidate
+
+TENSOR_CORE_MULTIPLE = 8
+
+
+@dataclass(frozen=True)
+class Priced:
+    setup: Setup
+    memory: MemoryEstimate
+    throughput: Throughput
+
+    @property
+    def step_time(self) -> float:
+        return self.throughput.step_time_s
+
+
+@dataclass(frozen=True)
+class Option:
+    """One template's outcome: the fastest fitting micro-batch and the smallest one that does not fit."""
+
+    template: Setup
+    best: Priced | None
+    too_big: Priced | None
+
+
+@dataclass(frozen=True)
+class Rung:
+    name: str
+    tradeoff: str
+    templates: tuple[Setup, ...]
+
+
+@dataclass
+class SearchResult:
+    chosen: Priced | None
+    rung: Rung | None
+    options: list[tuple[Rung, Option]] = field(default_factory=list)
+
+    def option(self, **match: object) -> Option | None:
+        """The evaluated option whose template has these field values (e.g. gradient_checkpointing=True)."""
+        for _, opt in self.options:
+            if all(getattr(opt.template, k) == v for k, v in match.items()):
+                return opt
+        return None
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.1f} GiB"
+
+
+def usable_bytes(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> int | None:
+    """Device memory a plan may fill: capacity (or what a probe saw free) minus the headroom fraction."""
+    cap = memory.capacity
+    if cap is None:
+        return None
+    gpu = hardware.smallest_gpu
+    if hardware.source == "probe" and gpu is not None and memory.cuda_context and 0 < gpu.memory_free < cap:
+        cap = gpu.memory_free
+    return int(cap * (1 - headroom))
+
+
+def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
+    usable = usable_bytes(memory, hardware, headroom)
+    return usable is None or memory.device_total <= usable
+
+
+def price(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Priced:
+    return Priced(setup, estimate_memory(spec, setup, hardware), estimate_speed(spec, setup, hardware))
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def micro_batch_choices(per_rank_batch: int, forced: int | None) -> list[int]:
+    """Micro-batches that divide the per-rank batch exactly (so the global batch never changes)."""
+    if forced is not None:
+        if per_rank_batch % forced:
+            raise ConflictingConstraintsError(
+                f"micro_batch_size={forced} does not divide the per-device batch {per_rank_batch}; "
+                f"pick one of {', '.join(map(str, divisors(per_rank_batch)))} or change global_batch_size")
+        return [forced]
+    return divisors(per_rank_batch)
+
+
+def with_micro(template: Setup, micro: int, per_rank_batch: int) -> Setup:
+    return template.model_copy(update={"micro_batch_size": micro, "gradient_accumulation_steps": per_rank_batch // micro})
+
+
+def _speed_key(p: Priced) -> tuple[float, int, str]:
+    """Fastest first; ties go to tensor-core-friendly (multiple of 8 / power of two) micro-batches, then the label."""
+    micro = p.setup.micro_batch_size
+    friendly = micro % TENSOR_CORE_MULTIPLE == 0 or (micro & (micro - 1)) == 0
+    return (round(p.step_time, 12), 0 if friendly else 1, p.setup.label)
+
+
+def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int,
+                      choices: list[int], headroom: float) -> Option:
+    """Binary-search the largest fitting micro-batch (memory grows with it), then take the fastest fitting one."""
+    lo, hi = 0, len(choices) - 1
+    largest: Priced | None = None
+    too_big: Priced | None = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        p = price(spec, with_micro(template, choices[mid], per_rank_batch), hardware)
+        if fits(p.memory, hardware, headroom):
+            largest, lo = p, mid + 1
+        else:
+            too_big, hi = p, mid - 1
+    if largest is None:
+        return Option(template, None, too_big)
+    smaller = [c for c in choices if c < largest.setup.micro_batch_size]
+    timed = [(estimate_speed(spec, s, hardware), s) for s in (with_micro(template, c, per_rank_batch) for c in smaller)]
+    faster = [(t, s) for t, s in timed if t.step_time_s < largest.step_time]
+    if faster:
+        t, s = min(faster, key=lambda ts: ts[0].step_time_s)
+        largest = Priced(s, estimate_memory(spec, s, hardware), t)
+    return Option(template, largest, too_big)
+
+
+def rank(priced: list[Priced]) -> list[Priced]:
+    return sorted(priced, key=_speed_key)
+
+
+def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batch: int,
+           choices: list[int], headroom: float) -> SearchResult:
+    """Walk the rungs; stop at the first with a fitting candidate and choose its fastest."""
+    result = SearchResult(chosen=None, rung=None)
+    for rung in rungs:
+        opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom) for t in rung.templates]
+        result.options += [(rung, o) for o in opts]
+        fitting = [o.best for o in opts if o.best is not None]
+        if fitting:
+            result.chosen, result.rung = rank(fitting)[0], rung
+            return result
+    return result
+
+
+def least_memory(result: SearchResult) -> Priced:
+    """What to show when nothing fits: the evaluated setup closest to fitting."""
+    pool = [o.best or o.too_big for _, o in result.options if (o.best or o.too_big) is not None]
+    return min(pool, key=lambda p: (p.memory.device_total, p.setup.label))
+
+
+def candidates(result: SearchResult, hardware: Hardware, headroom: float) -> tuple[Candidate, ...]:
+    """The table the report shows: each template's best (chosen / fits) and its first micro-batch that does not fit."""
+    out: list[Candidate] = []
+    for rung, opt in result.options:
+        if opt.best is not None:
+            chosen = result.chosen is not None and opt.best.setup == result.chosen.setup
+            why = f"{rung.name}: {'fastest that fits' if chosen else f'{opt.best.step_time:.3g} s/step'}"
+            out.append(Candidate(setup=opt.best.setup, memory=opt.best.memory, throughput=opt.best.throughput,
+                                 verdict="chosen" if chosen else "fits", why=why))
+        if opt.too_big is not None:
+            usable = usable_bytes(opt.too_big.memory, hardware, headroom)
+            why = f"{rung.name}: needs {gib(opt.too_big.memory.device_total)} > {gib(usable or 0)} usable"
+            out.append(Candidate(setup=opt.too_big.setup, memory=opt.too_big.memory, throughput=opt.too_big.throughput,
+                                 verdict="does-not-fit", why=why))
+    return tuple(out)
+
+
+# --- "does not fit here: here is what would" ------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _named_gpus() -> tuple[tuple[str, Hardware], ...]:
+    """Single-GPU named targets, smallest memory first; empty if the hardware table is unavailable."""
+    try:
+        from ..hardware.named import known_names
+
+        hws = [(n, Hardware.from_name(n)) for n in known_names() if n != "cpu"]
+    except (PerfGuideError, ImportError):
+        return ()
+    return tuple(sorted(((n, h) for n, h in hws if h.has_gpu), key=lambda nh: (nh[1].gpus[0].memory_total, nh[0])))
+
+
+def bigger_gpu(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float) -> tuple[str, Priced] | None:
+    """The smallest named GPU with more memory than this one on which ``setup`` fits."""
+    gpu = hardware.smallest_gpu
+    for name, hw in _named_gpus():
+        if gpu is not None and hw.gpus[0].memory_total <= gpu.memory_total:
+            continue
+        p = price(spec, setup, hw)
+        if fits(p.memory, hw, headroom):
+            return name, p
+    return None
+
+
+def sharded_gpus_needed(spec: ModelSpec, setup: Setup, gpu: GPU, hardware: Hardware, headroom: float,
+                        strategy: str = "fsdp", max_gpus: int = 64, per_node: int = 8) -> tuple[int, Priced] | None:
+    """Fewest identical GPUs (powers of two) over which a fully sharded ``setup`` fits per device."""
+    n = 2
+    while n <= max_gpus:
+        nodes = max(1, n // per_node)
+        hw = hardware.model_copy(update={"gpus": (gpu,) * min(n, per_node), "nodes": nodes})
+        s = setup.model_copy(update={"strategy": strategy, "num_gpus": min(n, per_node), "nodes": nodes})
+        p = price(spec, s, hw)
+        if fits(p.memory, hw, headroom):
+            return n, p
+        n *= 2
+    return None
+
+
+# --- the training ladder ----------------------------------------------------------------------------
+
+DEFAULT_OPTIMIZER = "adamw_torch_fused"
+LIGHT_OPTIMIZERS = ("adamw_bnb_8bit", "adafactor")
+
+
+def _each(template: Setup, ckpts: list[bool], optimizers: list[str], **update: object) -> tuple[Setup, ...]:
+    return tuple(template.model_copy(update={**update, "optimizer": o, "gradient_checkpointing": c}) for o in optimizers for c in ckpts)
+
+
+def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_half_allowed: bool, *, finetune: str,
+                   lora: object, optimizer: str | None, checkpointing: bool | None) -> list[Rung]:
+    """The memory-saving ladder in order of what each rung gives up (rules.md 4.1.2, anchors.md 13.5).
+
+    Micro-batch (with more accumulation) and checkpointing are searched inside every rung, so they are tried
+    before the optimizer or the weights change; LoRA/QLoRA rungs only appear when asked for.
+    """
+    ckpts = [checkpointing] if checkpointing is not None else [False, True]
+    opt = [optimizer or DEFAULT_OPTIMIZER]
+    if finetune == "lora":
+        return [Rung("LoRA", "trains low-rank adapters on a frozen base", _each(base, ckpts, opt, weights_dtype=half or "fp32", autocast=autocast, lora=lora))]
+    if finetune == "qlora":
+        return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", _each(base, ckpts, opt, weights_dtype="nf4", autocast=autocast, lora=lora))]
+    exact = "exact AMP" if autocast else "fp32"
+    rungs = [Rung(exact, "fp32 master weights, grads and AdamW states: the reference semantics", _each(base, ckpts, opt, weights_dtype="fp32", autocast=autocast))]
+    if optimizer is None:
+        rungs.append(Rung("lighter optimizer", "8-bit AdamW states (bnb) or Adafactor's factored moments", _each(base, ckpts, list(LIGHT_OPTIMIZERS), weights_dtype="fp32", autocast=autocast)))
+    if pure_half_allowed:
+        opts = [optimizer] if optimizer else [DEFAULT_OPTIMIZER, "adamw_bnb_8bit"]
+        rungs.append(Rung("pure bf16", "bf16 weights, grads and optimizer states: updates lose precision at small learning rates", _each(base, ckpts, opts, weights_dtype="bf16", autocast="bf16")))
+    return rungs

@@ -1,0 +1,294 @@
+"""Training step time: FLOPs at an achievable rate, plus what cannot hide behind them.
+
+Conventions (so numbers can be compared with papers): a token costs 2*N FLOPs forward and 4*N backward
+(input grads 2*N + weight grads 2*N) over the matmul parameters N; attention scores and values cost
+4*L*d_attn*s per token forward (the PaLM/Megatron count, no causal halving), twice that backward.
+Checkpointing re-runs the forward once. LoRA skips the weight-grad half for frozen weights (~4*N).
+The step is ``GA x (micro-step compute + exposed micro-step communication/offload) + step-level
+communication + optimizer step``; communication hides behind compute only up to ``comm_overlap``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from .._data import load
+from ..hardware.types import CPU, GPU, Hardware
+from ..model.types import ModelSpec
+from ..setup import Setup
+from .types import Throughput
+
+_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
+
+
+def _eff(name: str) -> dict:
+    return load("efficiency")[name]
+
+
+def _value(name: str):  # noqa: ANN202 - numbers or small dicts straight from the data file
+    return _eff(name)["value"]
+
+
+# --- model-side counts ---------------------------------------------------------------------------
+
+def matmul_params(spec: ModelSpec) -> int:
+    """Parameters that take part in matmuls per token: active params minus embedding lookups, plus a tied head."""
+    tied_head = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings and spec.lm_head_params == 0 else 0
+    return max(1, spec.active_params - spec.embedding_params + tied_head)
+
+
+def trainable_params(spec: ModelSpec, setup: Setup) -> int:
+    """Parameters the optimizer updates (all, or the LoRA adapters), counted by the memory ledger."""
+    from ..memory.analytic import ledger
+
+    return ledger(spec, setup).trainable_params
+
+
+def attention_flops_fwd(spec: ModelSpec, micro_batch: int, seq_len: int) -> float:
+    """QK^T and AV of one micro-batch, forward: 4 * layers * d_attn * s * s_attended * b."""
+    attended = min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
+    d_attn = spec.num_attention_heads * spec.head_dim
+    return 4.0 * spec.total_layers * d_attn * seq_len * attended * micro_batch
+
+
+# --- device rates ---------------------------------------------------------------------------------
+
+def _saturation(x: float, half: float) -> float:
+    return x / (x + half)
+
+
+def efficiency(compute_dtype: str, tokens: int, hidden: int) -> float:
+    """Fraction of peak the matmuls reach: asymptote x token saturation x width saturation x tile fill."""
+    tile = int(_value("gemm_tile"))
+    fill = tokens / (math.ceil(tokens / tile) * tile)
+    asymptote = _value("peak_fraction").get(compute_dtype, _value("peak_fraction")["fp32"])
+    return asymptote * _saturation(tokens, _value("tokens_half_saturation")) * _saturation(hidden, _value("hidden_half_saturation")) * fill
+
+
+def gpu_peak_tflops(gpu: GPU, compute_dtype: str) -> tuple[float, str | None]:
+    """Dense peak for the dtype matmuls really run in, with emulation and missing specs handled."""
+    fp32 = gpu.fp32_tflops
+    emulated = _value("bf16_emulation_fraction")
+    if compute_dtype == "bf16" and not gpu.supports_bf16:
+        return ((fp32 or _value("unknown_gpu_peak_tflops")) * emulated,
+                f"{gpu.name} (cc {gpu.compute_capability[0]}.{gpu.compute_capability[1]}) has no bf16 tensor cores: bf16 is emulated and slow")
+    if compute_dtype == "tf32" and not gpu.supports_tf32:
+        compute_dtype = "fp32"
+    chain = {"bf16": ("bf16", "fp16"), "fp16": ("fp16",), "tf32": ("tf32",), "fp32": ("fp32",)}[compute_dtype]
+    for name in (*chain, "fp32"):
+        peak = gpu.half_tflops(name)
+        if peak:
+            return peak, None
+    return _value("unknown_gpu_peak_tflops"), f"no TFLOP/s known for {gpu.name}: step time is a rough guess"
+
+
+def cpu_path(cpu: CPU, bf16: bool) -> str:
+    """The kernel family CPU matmuls use: 'bf16_amx', 'bf16_avx512' or 'fp32'."""
+    return ("bf16_amx" if cpu.amx else "bf16_avx512") if bf16 and cpu.native_bf16 else "fp32"
+
+
+def cpu_peak_gflops(cpu: CPU, bf16: bool, threads: int | None) -> tuple[float, str | None]:
+    """All-core peak for fp32 or bf16 autocast; fallbacks from the ISA flags when the probe had no number."""
+    per_core = _value("cpu_gflops_per_core")
+    note = None
+    path = cpu_path(cpu, bf16)
+    if path != "fp32":
+        peak = cpu.bf16_gflops or cpu.physical_cores * per_core[path]
+    else:
+        avx512 = any(f.startswith("avx512f") for f in cpu.flags)
+        peak = cpu.fp32_gflops or cpu.physical_cores * per_core["fp32_avx512" if avx512 else "fp32"]
+        if bf16:
+            peak *= _value("bf16_emulation_fraction")
+            note = "this CPU has no AVX512-BF16/AMX: bf16 autocast is emulated and slower than fp32"
+    used = min(threads or cpu.physical_cores, cpu.physical_cores)
+    return peak * used / cpu.physical_cores, note
+
+
+def host_bandwidth_gbps(cpu: CPU) -> float:
+    spec = _eff("host_memory_gbps_per_core")
+    return min(spec["value"] * cpu.physical_cores, spec["cap"])
+
+
+def pcie_gbps(gpu: GPU) -> float:
+    spec = _eff("pcie_gbps_by_cc_major")
+    return float(spec["value"].get(str(gpu.compute_capability[0]), spec["default"]))
+
+
+# --- step parts -----------------------------------------------------------------------------------
+
+def _weights_bytes(setup: Setup) -> float:
+    return _DTYPE_BYTES[setup.weights_dtype]
+
+
+def _half_bytes(setup: Setup) -> float:
+    """Bytes per parameter of what moves between GPUs (the compute copy under AMP, else the stored weights)."""
+    return 2 if setup.autocast else min(4, _weights_bytes(setup))
+
+
+def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes the optimizer step streams per device: read weights, grads, states; write weights, states; grad-norm read."""
+    if setup.optimizer is None:
+        return 0.0
+    lora = setup.lora is not None
+    weight = 4 if lora else _weights_bytes(setup)          # PEFT adapters are created in fp32
+    grad = weight
+    state = _value("optimizer_state_bytes").get(setup.optimizer, 8)
+    if weight == 2 and not setup.optimizer.endswith(("8bit", "4bit")):
+        state /= 2                                         # 32-bit states follow the (bf16) parameter dtype
+    passes = _value("optimizer_passes").get(setup.optimizer, 1.0)
+    shards = setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1
+    per_param = passes * (2 * weight + grad + 2 * state) + grad
+    return per_param * trainable_params(spec, setup) / shards
+
+
+def _ring_time(nbytes: float, setup: Setup, hardware: Hardware, gpu: GPU, factor: float) -> float:
+    """factor=2 for all-reduce, 1 for all-gather / reduce-scatter: intra-node ring then inter-node ring."""
+    bus = _value("comm_bus_fraction")
+    per_node = setup.num_gpus
+    intra_bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
+    t = factor * (per_node - 1) / per_node * nbytes / (intra_bw * 1e9 * bus) if per_node > 1 else 0.0
+    if setup.nodes > 1:
+        inter_bw = hardware.inter_node_bandwidth_gbps or _value("unknown_inter_node_gbps")
+        t += factor * (setup.nodes - 1) / setup.nodes * nbytes / (inter_bw * 1e9 * bus)
+    return t
+
+
+def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
+    """(seconds per micro-step, seconds per optimizer step) of data-parallel collectives, before overlap."""
+    if setup.world_size == 1 or setup.strategy in ("single", "device_map", "tp"):
+        return 0.0, 0.0
+    sharded_grads = 2 if setup.autocast else _weights_bytes(setup)
+    grads = trainable_params(spec, setup) * (sharded_grads if setup.strategy != "ddp" else (4 if setup.lora else _weights_bytes(setup)))
+    params = spec.total_params * _half_bytes(setup)
+
+    def ring(nbytes: float, factor: float) -> float:
+        return _ring_time(nbytes, setup, hardware, gpu, factor)
+
+    if setup.strategy in ("ddp", "zero1"):
+        return 0.0, ring(grads, 2)
+    if setup.strategy == "zero2":
+        return ring(grads, 1), ring(params, 1)
+    if setup.strategy == "fsdp_shard_grad_op":
+        return ring(params, 1) + ring(grads, 1), 0.0
+    return 2 * ring(params, 1) + ring(grads, 1), 0.0      # zero3 / fsdp: gather fwd + bwd, scatter grads
+
+
+def offload(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
+    """(seconds per micro-step, per step) moving params/grads over PCIe and running the CPU optimizer."""
+    shards = setup.world_size if setup.strategy != "single" else 1
+    pcie = pcie_gbps(gpu) * 1e9
+    per_micro = 2 * spec.total_params * _half_bytes(setup) / shards / pcie if setup.offload_params else 0.0
+    per_step = 0.0
+    if setup.offload_optimizer:
+        trainable = trainable_params(spec, setup) / shards
+        per_step = trainable * (4 + _half_bytes(setup)) / pcie              # fp32 grads down, updated params up
+        per_step += optimizer_bytes(spec, setup) / (host_bandwidth_gbps(hardware.cpu) * 1e9)
+    return per_micro, per_step
+
+
+def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
+    """(matmul FLOPs, attention FLOPs, model FLOPs without recompute) of one micro-step on one device."""
+    tokens = setup.micro_batch_size * setup.seq_len
+    n = matmul_params(spec)
+    fwd_mm = 2.0 * n * tokens
+    fwd_attn = attention_flops_fwd(spec, setup.micro_batch_size, setup.seq_len)
+    if setup.task == "infer":
+        return fwd_mm, fwd_attn, fwd_mm + fwd_attn
+    weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * trainable_params(spec, setup) * tokens
+    mm = fwd_mm + 2.0 * n * tokens + weight_grads
+    attn = 3.0 * fwd_attn
+    model = mm + attn
+    if setup.gradient_checkpointing:
+        mm += fwd_mm
+        attn += fwd_attn
+    return mm, attn, model
+
+
+def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
+    per_layer = _value("cuda_ops_per_layer") * (4 / 3 if setup.gradient_checkpointing else 1)
+    return per_layer * spec.total_layers
+
+
+def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+    """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer'."""
+    if setup.task == "infer":
+        from .inference import estimate_inference_speed
+
+        return estimate_inference_speed(spec, setup, hardware)
+    if setup.device == "cpu" or not hardware.has_gpu:
+        return _cpu_training(spec, setup, hardware)
+    return _gpu_training(spec, setup, hardware)
+
+
+def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+    gpu = hardware.smallest_gpu
+    peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
+    if note:
+        warnings.warn(note, stacklevel=3)
+    tokens = setup.micro_batch_size * setup.seq_len
+    eff = efficiency(setup.compute_dtype, tokens, spec.hidden_size)
+    rate = peak * 1e12 * eff
+    mm, attn, model = _compute_split(spec, setup)
+    slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
+    attn_eff = _value("attention_efficiency").get(setup.attn_implementation, 1.0)
+    gpu_time = mm * slow / rate + attn / (rate * attn_eff)
+    bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
+    if setup.autocast and setup.weights_dtype == "fp32" and bw:
+        gpu_time += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1) / bw   # fp32->half weight casts
+    launch = _launch_ops(spec, setup) * _value("kernel_launch_s")
+    micro = max(gpu_time, launch)
+    comm_micro, comm_step = communication(spec, setup, hardware, gpu)
+    overlap = _value("comm_overlap")
+    backward = micro * 2 / 3
+    exposed_micro = max(0.0, comm_micro - overlap * micro)
+    exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
+    off_micro, off_step = offload(spec, setup, hardware, gpu)
+    off_micro = max(0.0, off_micro - overlap * micro)
+    opt = 0.0 if setup.offload_optimizer else (optimizer_bytes(spec, setup) / bw if bw else 0.0)
+    ga = setup.gradient_accumulation_steps
+    parts = {
+        "compute": ga * gpu_time,
+        "launch-overhead": ga * max(0.0, launch - gpu_time),
+        "communication": ga * exposed_micro + exposed_step,
+        "offload": ga * off_micro + off_step,
+        "memory-bandwidth": opt,
+    }
+    return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff)
+
+
+def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+    cpu = hardware.cpu
+    bf16 = setup.autocast == "bf16" or setup.weights_dtype == "bf16"
+    peak_g, note = cpu_peak_gflops(cpu, bf16, setup.cpu_threads)
+    if note:
+        warnings.warn(note, stacklevel=3)
+    tokens = setup.micro_batch_size * setup.seq_len
+    eff = _value("cpu_peak_fraction")[cpu_path(cpu, bf16)] * _saturation(tokens, _value("tokens_half_saturation")) * _saturation(spec.hidden_size, _value("hidden_half_saturation"))
+    rate = peak_g * 1e9 * eff
+    mm, attn, model = _compute_split(spec, setup)
+    slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
+    compute = mm * slow / rate + attn / (rate * _value("attention_efficiency").get(setup.attn_implementation, 1.0))
+    overhead = _launch_ops(spec, setup) * _value("cpu_op_overhead_s")
+    opt = optimizer_bytes(spec, setup) / (host_bandwidth_gbps(cpu) * 1e9)
+    ga = setup.gradient_accumulation_steps
+    parts = {"compute": ga * compute, "launch-overhead": ga * overhead, "communication": 0.0, "offload": 0.0, "memory-bandwidth": opt}
+    return _throughput(setup, parts, ga * (mm + attn), ga * model, peak_g / 1e3, eff)
+
+
+def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops: float, peak_tflops: float, eff: float) -> Throughput:
+    """Assemble the Throughput; ``bound`` names the largest part of the step."""
+    step = sum(parts.values())
+    tokens = setup.micro_batch_size * setup.seq_len * setup.gradient_accumulation_steps * setup.world_size
+    mfu = model_flops / (step * peak_tflops * 1e12) if step > 0 else 0.0
+    return Throughput(
+        step_time_s=step,
+        tokens_per_s=tokens / step if step > 0 else 0.0,
+        flops_per_step=flops,
+        compute_time_s=parts["compute"] + parts["launch-overhead"],
+        comm_time_s=parts["communication"],
+        offload_time_s=parts["offload"],
+        achievable_tflops=peak_tflops * eff,
+        mfu=min(1.0, mfu),
+        bound=max(parts, key=lambda k: parts[k]),
+    )
