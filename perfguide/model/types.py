@@ -9,6 +9,14 @@ from pydantic import Field
 from .._base import Model
 
 Dtype = Literal["fp32", "bf16", "fp16"]
+Linears = dict[str, tuple[int, int]]
+
+
+def linear_weight_count(linears: Linears, experts: int = 1) -> int:
+    """Weights of one block's Linears; entries named ``experts.*`` describe one expert, so they count ``experts`` times."""
+    dense = sum(i * o for k, (i, o) in linears.items() if not k.startswith("experts."))
+    expert = sum(i * o for k, (i, o) in linears.items() if k.startswith("experts."))
+    return dense + expert * experts
 
 
 class ModelSpec(Model):
@@ -16,6 +24,9 @@ class ModelSpec(Model):
 
     ``block_linears`` maps each Linear inside one transformer block to ``(in_features, out_features)``
     so that LoRA targets and 8-bit optimizer coverage can be counted exactly rather than guessed.
+    Keys are the module paths inside one block as transformers names them (``self_attn.q_proj``), so PEFT's
+    suffix matching of ``target_modules`` applies to them. Encoder-decoder models describe the encoder block in
+    ``block_linears`` and the decoder block (which adds cross-attention) in ``decoder_block_linears``.
     """
 
     name: str
@@ -41,7 +52,9 @@ class ModelSpec(Model):
     total_params: int = Field(gt=0)
     embedding_params: int = Field(ge=0)    # input (and position) embeddings
     lm_head_params: int = Field(ge=0)      # 0 when tied to the embedding
-    block_linears: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    block_linears: Linears = Field(default_factory=dict)
+    decoder_block_linears: Linears = Field(default_factory=dict)  # encoder-decoder only; empty = same as block_linears
+    trainable_params: int | None = Field(default=None, ge=0)  # from a module's requires_grad; None = not known
     native_dtype: Dtype = "fp32"
     source: str = "unknown"                # "catalog", "config", "module", "size", "path", "hub"
     config: dict[str, Any] | None = Field(default=None, repr=False)  # raw HF config dict, for tracing
@@ -54,22 +67,21 @@ class ModelSpec(Model):
     def total_layers(self) -> int:
         return self.num_layers + self.num_decoder_layers
 
-    def _block_linear_params(self, experts: int) -> int:
-        """Linear weights of one block; entries named ``experts.*`` describe one expert."""
-        dense = sum(i * o for k, (i, o) in self.block_linears.items() if not k.startswith("experts."))
-        expert = sum(i * o for k, (i, o) in self.block_linears.items() if k.startswith("experts."))
-        return dense + expert * experts
+    def _linear_params(self, experts: int) -> int:
+        """Linear weights of all blocks with ``experts`` experts per MoE layer."""
+        decoder = self.decoder_block_linears or self.block_linears
+        return (linear_weight_count(self.block_linears, experts) * self.num_layers
+                + linear_weight_count(decoder, experts) * self.num_decoder_layers)
 
     @property
     def linear_params(self) -> int:
         """Parameters in the blocks' Linear weights (what LoRA targets and bnb quantizes)."""
-        return self._block_linear_params(self.num_experts) * self.total_layers
+        return self._linear_params(self.num_experts)
 
     @property
     def active_params(self) -> int:
         """Parameters touched per token (less than total for MoE); drives FLOPs."""
-        idle = self._block_linear_params(self.num_experts) - self._block_linear_params(self.num_experts_per_tok)
-        return self.total_params - idle * self.total_layers
+        return self.total_params - (self._linear_params(self.num_experts) - self._linear_params(self.num_experts_per_tok))
 
     @classmethod
     def from_any(cls, model: Any, **kwargs: Any) -> "ModelSpec":

@@ -1,0 +1,80 @@
+"""Reading HF config dicts: required keys, head class, native dtype, activation family.
+
+Kept apart from the counters so every model type reads its config the same way and fails the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._data import load
+from ..errors import InvalidModelError
+from .types import Dtype
+
+_DTYPES: dict[str, Dtype] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
+                             "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")
+
+
+def need(config: dict[str, Any], *keys: str) -> int:
+    """The first of ``keys`` present in ``config``, as an int; a missing one is an error, never a silent default.
+
+    HF config classes default e.g. ``hidden_size`` to a 7B model's value; guessing that for a dict that simply
+    lacks the key would give a confidently wrong plan.
+    """
+    for key in keys:
+        value = config.get(key)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise InvalidModelError(f"config key {key!r} must be a positive integer, got {value!r}.")
+            return value
+    model_type = config.get("model_type", "?")
+    raise InvalidModelError(f"config for model_type {model_type!r} is missing required key {keys[0]!r}"
+                            + (f" (or {', '.join(map(repr, keys[1:]))})" if len(keys) > 1 else "") + ".")
+
+
+def optional(config: dict[str, Any], key: str, default: int) -> int:
+    """An optional positive int (``None`` in the config means the documented default, as in transformers)."""
+    value = config.get(key)
+    return default if value is None else need(config, key)
+
+
+def architecture(config: dict[str, Any]) -> str | None:
+    archs = config.get("architectures") or []
+    return str(archs[0]) if archs else None
+
+
+def head_kind(config: dict[str, Any]) -> str:
+    """Which head the counters must include: from ``architectures[0]``, else the LM head.
+
+    Returns ``"lm"`` (CausalLM / LMHeadModel / MaskedLM / ConditionalGeneration), ``"base"`` (the bare
+    ``...Model``), ``"pretraining"`` (BERT's MLM + NSP) or ``"other"`` (classification heads and the rest,
+    which are counted by instantiating the class on the meta device).
+    """
+    arch = architecture(config)
+    if arch is None or arch.endswith(_LM_SUFFIXES):
+        return "lm"
+    if arch.endswith("ForPreTraining"):
+        return "pretraining"
+    if arch.endswith("Model") and "For" not in arch:
+        return "base"
+    return "other"
+
+
+def native_dtype(config: dict[str, Any]) -> Dtype:
+    """The dtype to train/serve in without changing numerics.
+
+    Rule: model types listed in ``architectures.json`` ``bf16_native_model_types`` (pre-trained in bf16 and
+    known to overflow in fp16: T5/mT5, Gemma) are bf16 whatever their config says (T5 checkpoints are stored
+    in fp32); otherwise the config's ``torch_dtype``/``dtype``; otherwise fp32 (old configs such as GPT-2 and
+    BERT name none, and were trained in fp32).
+    """
+    if config.get("model_type") in load("architectures")["bf16_native_model_types"]["value"]:
+        return "bf16"
+    raw = config.get("dtype") or config.get("torch_dtype")
+    return _DTYPES.get(str(raw).removeprefix("torch."), "fp32") if raw else "fp32"
+
+
+def family(model_type: str) -> str:
+    """Key into the activation coefficients; unknown types are 'generic'."""
+    return load("architectures")["families"].get(model_type, "generic")

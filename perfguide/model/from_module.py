@@ -1,0 +1,178 @@
+"""ModelSpec from a live ``nn.Module`` (any device, meta included), and exact counts by meta instantiation.
+
+Counts come from the module itself, so classification heads, resized vocabularies, PEFT adapters and
+frozen parameters are exact; the shape comes from the module's config when it has one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from typing import Any
+
+from ..errors import InvalidModelError
+from . import fields
+from .counting import analytic_count, build_spec
+from .types import Linears, ModelSpec
+
+_ALIASES = {
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads", "n_heads"),
+    "vocab_size": ("vocab_size",),
+}
+_HEAD_ATTRS = ("num_attention_heads", "num_heads", "n_head", "n_heads")
+
+
+def count_parameters(module: Any) -> tuple[int, int]:
+    """(total, trainable) unique parameters; bitsandbytes 4-bit weights count their unpacked elements.
+
+    ``parameters()`` already yields a tied Parameter once. A ``Params4bit`` stores two 4-bit values per byte
+    of its quant_storage dtype, as transformers' own ``num_parameters`` accounts for.
+    """
+    total = trainable = 0
+    for p in module.parameters():
+        n = p.numel()
+        if type(p).__name__ == "Params4bit":
+            n *= 2 * getattr(getattr(p, "quant_storage", None), "itemsize", 1)
+        total += n
+        trainable += n if p.requires_grad else 0
+    return total, trainable
+
+
+def _blocks(module: Any) -> Any | None:
+    """The ModuleList holding the most parameters: the transformer blocks in every HF architecture."""
+    import torch
+
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+
+
+def _linears(block: Any) -> Linears:
+    """(in, out) of each Linear / GPT-2 Conv1D in one block, keyed by its path inside the block."""
+    out: Linears = {}
+    for name, sub in block.named_modules():
+        if hasattr(sub, "in_features") and hasattr(sub, "out_features"):
+            out[name] = (int(sub.in_features), int(sub.out_features))
+        elif type(sub).__name__ == "Conv1D" and hasattr(sub, "nx"):
+            out[name] = (int(sub.nx), int(sub.nf))
+    return out
+
+
+def _embeddings(module: Any, blocks: Any) -> list[Any]:
+    import torch
+
+    inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
+    return [m for m in module.modules() if isinstance(m, torch.nn.Embedding) and id(m) not in inside]
+
+
+def _find_heads(block: Any) -> int | None:
+    for sub in block.modules():
+        for attr in _HEAD_ATTRS:
+            value = getattr(sub, attr, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def _inferred_dims(module: Any, config: dict[str, Any]) -> tuple[dict[str, Any], Linears, int]:
+    """Shape from config aliases, else from the module tree; (dims, block linears, embedding params)."""
+    blocks = _blocks(module)
+    embeddings = _embeddings(module, blocks)
+    if blocks is None or not embeddings:
+        raise InvalidModelError(f"cannot infer the shape of {type(module).__name__}: it has no "
+                                f"{'block ModuleList' if blocks is None else 'nn.Embedding'} and no transformers "
+                                "config; pass a transformers model, its config, a hub id or a size like '7b'.")
+    linears = _linears(blocks[0])
+    word = max(embeddings, key=lambda e: e.num_embeddings)
+    found = {"hidden_size": word.embedding_dim, "num_layers": len(blocks), "vocab_size": word.num_embeddings,
+             "num_attention_heads": _find_heads(blocks[0])}
+    dims = {k: next((config[a] for a in aliases if isinstance(config.get(a), int)), found[k]) for k, aliases in _ALIASES.items()}
+    if not dims["num_attention_heads"]:
+        raise InvalidModelError(f"cannot infer the attention head count of {type(module).__name__}: no "
+                                f"{'/'.join(_HEAD_ATTRS)} attribute or config key; pass its transformers config.")
+    h, heads = dims["hidden_size"], dims["num_attention_heads"]
+    wider = [o for i, o in linears.values() if i == h and o > h]
+    dims |= dict(num_key_value_heads=config.get("num_key_value_heads") or heads,
+                 head_dim=config.get("head_dim") or h // heads,
+                 intermediate_size=config.get("intermediate_size") or (min(wider) if wider else 4 * h),
+                 gated_mlp=sum(1 for k in linears if "gate" in k or "wi_0" in k) > 0)
+    return dims, linears, sum(e.weight.numel() for e in embeddings)
+
+
+def _output_head(module: Any) -> dict[str, Any]:
+    """lm_head_params / tie_word_embeddings as the module really is (tying is decided at load time)."""
+    get_out, get_in = getattr(module, "get_output_embeddings", None), getattr(module, "get_input_embeddings", None)
+    with contextlib.suppress(Exception):
+        out, inp = get_out(), get_in()  # type: ignore[misc]
+        if out is not None and getattr(out, "weight", None) is not None:
+            tied = inp is not None and out.weight is inp.weight
+            return {"lm_head_params": 0 if tied else out.weight.numel(), "tie_word_embeddings": tied}
+    return {"lm_head_params": 0, "tie_word_embeddings": False}
+
+
+def _config_dict(module: Any) -> dict[str, Any]:
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        return config.to_dict()
+
+
+def spec_from_module(module: Any, name: str | None = None, source: str = "module") -> ModelSpec:
+    """Exact total/trainable counts from ``module``; shape from its config (analytic counters) or the module tree."""
+    total, trainable = count_parameters(module)
+    if total == 0:
+        raise InvalidModelError(f"{type(module).__name__} has no parameters; pass the model itself, not a wrapper.")
+    config = _config_dict(module)
+    name = name or str(config.get("_name_or_path") or type(module).__name__)
+    exact = dict(total_params=total, trainable_params=trainable, architecture=type(module).__name__)
+    counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
+    if counted is not None:
+        return build_spec(config, counted, name, source, **exact, **_output_head(module))
+    dims, linears, embedding = _inferred_dims(module, config)
+    model_type = str(config.get("model_type", "unknown"))
+    return ModelSpec(name=name, model_type=model_type, family=fields.family(model_type), **dims, **exact,
+                     embedding_params=embedding, block_linears=linears, **_output_head(module),
+                     max_position_embeddings=config.get("max_position_embeddings"),
+                     native_dtype=fields.native_dtype(config) if config else "fp32", source=source,
+                     config=config or None)
+
+
+def _hf_config(config: dict[str, Any]) -> Any:
+    """A transformers config object for ``config``, built from transformers' own classes only."""
+    import transformers
+
+    model_type = str(config.get("model_type"))
+    try:
+        return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidModelError(f"model_type {model_type!r} is not known to perfguide or transformers "
+                                f"{transformers.__version__} ({str(exc).splitlines()[0][:120]}).") from None
+
+
+def spec_via_meta_module(config: dict[str, Any], name: str, source: str, *, hf_config: Any = None,
+                         trust_remote_code: bool = False) -> ModelSpec:
+    """Count a config whose model type or head has no analytic counter by building it on the meta device.
+
+    From a dict only classes shipped with transformers are used (``AutoConfig.for_model``), so no repository
+    code runs; a remote-code ``hf_config`` the caller already trusted is built with ``trust_remote_code``.
+    """
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise InvalidModelError(f"model_type {config.get('model_type')!r} needs transformers to be counted "
+                                f"({exc}); pass a supported config or install transformers.") from None
+    hf_config = hf_config if hf_config is not None else _hf_config(config)
+    arch = fields.architecture(config)
+    cls = getattr(transformers, arch, None) if arch else None
+    with torch.device("meta"):
+        if cls is not None:
+            module = cls._from_config(hf_config)
+        else:  # no head class transformers knows: the LM head, as for the analytic counters
+            try:
+                module = transformers.AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+            except ValueError:
+                module = transformers.AutoModel.from_config(hf_config, trust_remote_code=trust_remote_code)
+    return spec_from_module(module, name, source)

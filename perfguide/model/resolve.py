@@ -1,0 +1,113 @@
+"""``ModelSpec.from_any``: one entry point for every way a user names a model.
+
+Order for strings: an existing local path, a bare size ("7b"), the offline catalog, then the Hub (only when
+HF_HUB_OFFLINE is unset). Local paths are read as JSON only: no repository code runs and no weights load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidModelError, OfflineError, did_you_mean
+from . import catalog
+from .counting import analytic_count, build_spec, spec_from_config
+from .sizes import parse_size, spec_for_size
+from .types import ModelSpec
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_ACCEPTED = ("an nn.Module, a transformers PretrainedConfig, a config dict, a local directory or config.json path, "
+             "a catalog name or hub id (e.g. 'gpt2', 'meta-llama/Llama-3.1-8B'), or a size like '7b'")
+_OFFLINE_OPTIONS = ("pass a local directory containing config.json, a transformers PretrainedConfig, a catalog name "
+                    "(perfguide.model.catalog.catalog_names()), or a size like '7b'")
+
+
+def _is_instance(obj: Any, module: str, attr: str) -> bool:
+    """isinstance check that never imports a heavy library: if it is not loaded, obj cannot be one of its types."""
+    lib = sys.modules.get(module)
+    return lib is not None and isinstance(obj, getattr(lib, attr))
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in {"1", "true", "yes", "on"}
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _from_hf_config(config: Any, name: str, source: str, trust_remote_code: bool = False) -> ModelSpec:
+    """A transformers PretrainedConfig; remote-code configs are instantiated on meta only if trusted."""
+    data = config.to_dict()
+    counted = analytic_count(data) if isinstance(data.get("model_type"), str) else None
+    if counted is not None:
+        return build_spec(data, counted, name, source)
+    from .from_module import spec_via_meta_module
+
+    return spec_via_meta_module(data, name, source, hf_config=config, trust_remote_code=trust_remote_code)
+
+
+def _from_path(path: Path) -> ModelSpec:
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise InvalidModelError(f"{str(path)!r} has no config.json; accepted: a directory with config.json or a .json file.")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidModelError(f"cannot read {str(file)!r} as a JSON config: {exc}.") from None
+    if not isinstance(config, dict):
+        raise InvalidModelError(f"{str(file)!r} holds a JSON {type(config).__name__}, not a config object.")
+    return spec_from_config(config, str(config.get("_name_or_path") or path), "path")
+
+
+def _from_hub(hub_id: str, trust_remote_code: bool) -> ModelSpec:
+    hint = did_you_mean(hub_id, catalog.short_names() + catalog.catalog_names())
+    if _offline():
+        raise OfflineError(f"model {hub_id!r} is not in the offline catalog and HF_HUB_OFFLINE is set;{hint} "
+                           f"{_OFFLINE_OPTIONS}.")
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(hub_id, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - network, auth, missing repo, remote code: all end the same way
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise OfflineError(f"could not fetch the config of {hub_id!r} from the Hugging Face Hub ({reason});{hint} "
+                           f"{_OFFLINE_OPTIONS}.") from None
+    return _from_hf_config(config, hub_id, "hub", trust_remote_code)
+
+
+def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
+    path = Path(text).expanduser()
+    if path.exists():
+        return _from_path(path)
+    if parse_size(text) is not None:
+        return spec_for_size(text)
+    hub_id = catalog.lookup(text)
+    if hub_id is not None:
+        return spec_from_config(catalog.config_of(hub_id), hub_id, "catalog")
+    if not _HUB_ID.match(text.strip()):
+        kind = "path does not exist" if text.startswith(("/", ".", "~")) or text.endswith(".json") else "is not a hub id"
+        raise InvalidModelError(f"model {text!r}: {kind}; accepted: {_ACCEPTED}.")
+    return _from_hub(text.strip(), trust_remote_code)
+
+
+def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
+    """Resolve any accepted model description to a ModelSpec (see the module docstring for the order)."""
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, str):
+        return _from_string(model, trust_remote_code)
+    if isinstance(model, os.PathLike):
+        return _from_path(Path(model))
+    if isinstance(model, dict):
+        config = dict(model)
+        return spec_from_config(config, str(config.get("_name_or_path") or config.get("model_type") or "config"), "config")
+    if _is_instance(model, "torch.nn", "Module"):
+        from .from_module import spec_from_module
+
+        return spec_from_module(model)
+    if _is_instance(model, "transformers", "PretrainedConfig"):
+        name = getattr(model, "_name_or_path", "") or getattr(model, "model_type", "") or type(model).__name__
+        return _from_hf_config(model, name, "config", trust_remote_code)
+    raise InvalidModelError(f"cannot build a ModelSpec from {type(model).__name__} {str(model)[:60]!r}; accepted: {_ACCEPTED}.")
