@@ -15,7 +15,11 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; engineer D'
                   #   + d*(kv_heads*head_dim) + e          (flash/SDPA attention: no s^2 term)
               "eager_per_head_s2": f,        # extra BYTES per (batch * heads * seq^2) with eager attention
               "ckpt_per_token": {"h": g},    # BYTES per token per block kept under full checkpointing
-              "logits_per_token_vocab": k    # BYTES per (batch * seq * vocab) at the loss peak
+              "logits_per_token_vocab": k,   # BYTES per (batch * seq * vocab) at the loss peak
+              "frozen_linear_inputs_per_token": {"h": ..., "q": ..., "i": ...}
+                  # BYTES per token per block that are saved ONLY for block Linears' weight gradients;
+                  # dropped when the base is frozen (LoRA/QLoRA), where autograd keeps no input of a
+                  # frozen Linear (adapted Linears' LoRA branches keep theirs, see lora_layer_bytes)
             }
           }
         } | {"same_as": "<family>"},
@@ -95,7 +99,11 @@ def layer_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Bytes one block keeps for backward for one micro-batch (no checkpointing)."""
     c = _coefs(spec, setup)
     b, s = setup.micro_batch_size, setup.seq_len
-    total = b * s * _linear(c["per_token"], _dims(spec))
+    dims = _dims(spec)
+    per_token = _linear(c["per_token"], dims)
+    if setup.lora is not None:
+        per_token -= _linear(c.get("frozen_linear_inputs_per_token", {}), dims)
+    total = b * s * per_token
     if setup.attn_implementation == "eager":
         total += b * spec.num_attention_heads * s * _attention_span(spec, s) * float(c["eager_per_head_s2"])
     return int(total)
@@ -108,14 +116,15 @@ def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
 
 
 def lora_layer_bytes(spec: ModelSpec, setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int) -> int:
-    """Adapter tensors per block: dropout'd input copy per adapted Linear (16/32-bit) plus the r-wide A output.
+    """Adapter tensors per block: the input each adapted Linear's ``lora_A`` keeps, plus its r-wide output.
 
-    PEFT applies ``lora_dropout`` (a new tensor of the Linear's input width) before ``lora_A`` and keeps it
-    for backward; the A output is r wide. Inputs are counted in the compute dtype's bytes.
+    PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so
+    on a 16-bit base each adapted Linear keeps a 4-byte copy of its input; under autocast lora_A keeps its
+    own 16-bit cast; in fp32 the (shared) input itself, counted per target (a small overcount).
     """
     if not lora_inputs_per_layer:
         return 0
-    nbytes = 4 if regime(setup) == "fp32" else 2
+    nbytes = 2 if regime(setup) == "amp" else 4
     tokens = setup.micro_batch_size * setup.seq_len
     return int(tokens * (lora_inputs_per_layer + lora_rank_total) * nbytes)
 

@@ -104,7 +104,7 @@ def _quantized_weight_bytes(spec: ModelSpec, dtype: str) -> int:
     if dtype == "int8":
         return rest + linear + sum(o * n for _, _, o, n in shapes) * 4
     blocks = -(-linear // NF4_BLOCK)
-    return rest + linear // 2 + blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4 + 16 * len(shapes)
+    return rest + linear // 2 + blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4
 
 
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:

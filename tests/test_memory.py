@@ -1,0 +1,189 @@
+"""Analytic training memory: every expected number is hand-computed from the tiny config below or taken
+from the real library (transformers / peft), never from perfguide's own output."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from perfguide.memory.analytic import estimate_memory, ledger
+from perfguide.memory.optimizers import TensorGroup, optimizer_cost, state_bytes_per_param
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+H, L, V, I, HEADS = 64, 2, 128, 128, 4
+LINEARS = {
+    "self_attn.q_proj": (H, H), "self_attn.k_proj": (H, H), "self_attn.v_proj": (H, H), "self_attn.o_proj": (H, H),
+    "mlp.gate_proj": (H, I), "mlp.up_proj": (H, I), "mlp.down_proj": (I, H),
+}
+# hand count: per layer 4*64*64 + 3*64*128 = 40960 Linear weights, 2 RMSNorms of 64; final norm 64;
+# untied embedding and lm_head 128*64 each
+LINEAR_PARAMS = 2 * 40960
+NORM_PARAMS = 2 * 2 * 64 + 64
+TOTAL = LINEAR_PARAMS + 2 * V * H + NORM_PARAMS  # 98624
+
+
+def tiny(**kw: object) -> ModelSpec:
+    base = dict(name="tiny-llama", model_type="llama", family="llama", hidden_size=H, num_layers=L,
+                num_attention_heads=HEADS, num_key_value_heads=HEADS, head_dim=H // HEADS, intermediate_size=I,
+                vocab_size=V, total_params=TOTAL, embedding_params=V * H, lm_head_params=V * H, block_linears=LINEARS)
+    base.update(kw)
+    return ModelSpec(**base)  # type: ignore[arg-type]
+
+
+def _hf_tiny():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=H, intermediate_size=I, num_hidden_layers=L, num_attention_heads=HEADS,
+                                   num_key_value_heads=HEADS, vocab_size=V, tie_word_embeddings=False)
+    return transformers.AutoModelForCausalLM.from_config(cfg)
+
+
+def test_hand_count_matches_real_hf_model() -> None:
+    model = _hf_tiny()
+    assert sum(p.numel() for p in model.parameters()) == TOTAL == 98624
+
+
+@pytest.mark.parametrize("dtype,nbytes", [("fp32", 4), ("bf16", 2), ("fp16", 2)])
+def test_weights_grads_adamw_plain_dtypes(dtype: str, nbytes: int) -> None:
+    est = estimate_memory(tiny(), Setup(weights_dtype=dtype, optimizer="adamw_torch_fused"))
+    assert est.weights == TOTAL * nbytes
+    assert est.gradients == TOTAL * nbytes
+    # torch AdamW keeps exp_avg and exp_avg_sq in the parameter dtype
+    assert est.optimizer_states == 2 * TOTAL * nbytes
+
+
+def test_amp_fp32_master_is_16_bytes_per_param_of_model_states() -> None:
+    est = estimate_memory(tiny(), Setup(weights_dtype="fp32", autocast="bf16"))
+    assert est.weights + est.gradients + est.optimizer_states == 16 * TOTAL
+
+
+def test_int8_and_nf4_weight_bytes() -> None:
+    rest = (TOTAL - LINEAR_PARAMS) * 2  # embeddings, lm_head, norms stay 16-bit
+    rows = L * (4 * 64 + 2 * 128 + 64)  # one fp32 scale per output row of each Linear
+    lora = LoraSpec(r=4, target_modules=("q_proj",))
+    adapters = L * 4 * (64 + 64) * 4  # fp32 adapters
+    int8 = ledger(tiny(), Setup(weights_dtype="int8", lora=lora))
+    assert int8.weight_bytes == LINEAR_PARAMS + rows * 4 + rest + adapters
+    nf4 = ledger(tiny(), Setup(weights_dtype="nf4", lora=lora))
+    blocks = LINEAR_PARAMS // 64  # 8-bit absmax per 64 weights, fp32 absmax per 256 blocks (double quant)
+    assert nf4.weight_bytes == LINEAR_PARAMS // 2 + blocks + (-(-blocks // 256)) * 4 + rest + adapters
+
+
+def test_nf4_double_quant_is_about_4_127_bits() -> None:
+    big = tiny(block_linears={"w": (8192, 8192)}, num_layers=1, total_params=8192 * 8192 + 1, embedding_params=0,
+               lm_head_params=0)
+    led = ledger(big, Setup(weights_dtype="nf4", lora=LoraSpec(r=1, target_modules=("w",))))
+    bits = (led.weight_bytes - 2 - (8192 + 8192) * 4) * 8 / (8192 * 8192)
+    assert bits == pytest.approx(4.127, abs=0.001)
+
+
+def test_lora_trainable_count_matches_peft() -> None:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_hf_tiny(), peft.LoraConfig(r=8, target_modules="all-linear"))
+    real = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert real == L * (4 * 8 * (64 + 64) + 3 * 8 * (64 + 128))  # hand count: 17408
+    led = ledger(tiny(), Setup(lora=LoraSpec(r=8, target_modules="all-linear")))
+    assert led.trainable_params == real
+    qv = ledger(tiny(), Setup(lora=LoraSpec(r=8, target_modules=("q_proj", "v_proj"))))
+    assert qv.trainable_params == L * 2 * 8 * 128
+
+
+def test_lora_grads_and_states_only_for_adapters() -> None:
+    est = estimate_memory(tiny(), Setup(weights_dtype="bf16", lora=LoraSpec(r=8, target_modules=("q_proj",))))
+    n = L * 8 * 128
+    assert est.gradients == 4 * n and est.optimizer_states == 8 * n
+
+
+def test_unknown_lora_target_is_one_line_error() -> None:
+    from perfguide.errors import InvalidSetupError
+
+    with pytest.raises(InvalidSetupError, match="match no Linear"):
+        estimate_memory(tiny(), Setup(lora=LoraSpec(target_modules=("query_key_value",))))
+
+
+def _groups() -> list[TensorGroup]:
+    return [TensorGroup(1, V, H, "embedding"), TensorGroup(1, V, H, "linear"),
+            TensorGroup(8, H, H), TensorGroup(4, I, H), TensorGroup(2, H, I), TensorGroup(5, H, 1, "other")]
+
+
+def test_optimizer_state_bytes_by_name() -> None:
+    groups = _groups()
+    assert sum(g.total for g in groups) == TOTAL
+    assert optimizer_cost("sgd", groups, 4).states == 0
+    assert optimizer_cost("adagrad", groups, 4).states == 4 * TOTAL
+    assert optimizer_cost("lion_32bit", groups, 2).states == 4 * TOTAL  # bnb 32-bit state is fp32 always
+    assert optimizer_cost("ademamix", groups, 4).states == 12 * TOTAL
+    # adafactor: rows+cols per matrix (+4 B RMS scalar), full vector for 1-D
+    fact = (V + H) * 2 + 8 * (H + H) + 4 * (I + H) + 2 * (H + I)
+    assert optimizer_cost("adafactor", groups, 4).states == 4 * (fact + 5 * H) + 4 * (1 + 1 + 8 + 4 + 2 + 5)
+
+
+def test_bnb_8bit_keeps_small_and_embedding_state_32bit() -> None:
+    def q8(n: int) -> int:  # two uint8 states + fp32 absmax per 2048-block
+        return 2 * (n + -(-n // 2048) * 4)
+
+    expected = (8 * V * H  # embedding: Trainer registers a 32-bit override
+                + q8(V * H) + 8 * q8(H * H) + 4 * q8(I * H) + 2 * q8(H * I)
+                + 8 * 5 * H)  # norms (< 4096 elements) stay 32-bit
+    assert optimizer_cost("adamw_bnb_8bit", _groups(), 4).states == expected
+    assert state_bytes_per_param("adamw_8bit") == pytest.approx(2 + 8 / 2048)
+
+
+def test_foreach_adamw_step_temporary_and_fused_none() -> None:
+    g = _groups()
+    assert optimizer_cost("adamw_torch", g, 4).step_temp == 4 * TOTAL
+    assert optimizer_cost("adamw_torch_fused", g, 4).step_temp == 0
+
+
+def test_logits_are_fp32_loss_buffers() -> None:
+    est = estimate_memory(tiny(), Setup(micro_batch_size=3, seq_len=16))
+    assert est.logits == 3 * 16 * V * 16  # logits + log-softmax + two grads, fp32
+
+
+def test_step_peak_is_20_bytes_per_param_with_foreach_adamw() -> None:
+    big = tiny(total_params=TOTAL * 1000)  # parameters dominate: peak in the foreach step
+    est = estimate_memory(big, Setup(optimizer="adamw_torch", seq_len=1))
+    assert est.peak_allocated == 20 * TOTAL * 1000
+
+
+def test_gradient_accumulation_holds_grads_through_forward() -> None:
+    one = estimate_memory(tiny(), Setup(micro_batch_size=8, seq_len=256))
+    acc = estimate_memory(tiny(), Setup(micro_batch_size=8, seq_len=256, gradient_accumulation_steps=4))
+    assert acc.peak_allocated > one.peak_allocated
+
+
+def test_checkpointing_and_eager_attention_direction() -> None:
+    base = Setup(micro_batch_size=8, seq_len=512, weights_dtype="bf16", autocast="bf16")
+    plain = estimate_memory(tiny(), base)
+    ckpt = estimate_memory(tiny(), base.model_copy(update={"gradient_checkpointing": True}))
+    eager = estimate_memory(tiny(), base.model_copy(update={"attn_implementation": "eager"}))
+    assert ckpt.activations < plain.activations < eager.activations
+    assert ckpt.logits == plain.logits  # checkpointing leaves the loss buffers alone
+
+
+@pytest.mark.parametrize("field", ["micro_batch_size", "seq_len"])
+def test_monotonic_in_batch_and_sequence(field: str) -> None:
+    for setup in (Setup(), Setup(weights_dtype="bf16", gradient_checkpointing=True, attn_implementation="eager"),
+                  Setup(weights_dtype="nf4", lora=LoraSpec(r=8))):
+        peaks = [estimate_memory(tiny(), setup.model_copy(update={field: v})).peak_allocated for v in (1, 2, 4, 64, 512)]
+        assert peaks == sorted(peaks) and peaks[0] < peaks[-1]
+
+
+def test_reserved_and_device_total_ordering() -> None:
+    est = estimate_memory(tiny(), Setup(micro_batch_size=4))
+    assert est.peak_allocated <= est.peak_reserved <= est.device_total
+
+
+def test_inference_dispatches_to_inference_model() -> None:
+    est = estimate_memory(tiny(), Setup(task="infer", weights_dtype="bf16", optimizer=None, new_tokens=8))
+    assert est.gradients == 0 and est.optimizer_states == 0 and est.weights >= 2 * TOTAL * 0.99
+
+
+def test_training_with_inference_strategy_is_rejected() -> None:
+    from perfguide.errors import InvalidSetupError
+
+    with pytest.raises(InvalidSetupError, match="for inference"):
+        estimate_memory(tiny(), Setup(strategy="tp", num_gpus=2))
