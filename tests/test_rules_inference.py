@@ -1,0 +1,100 @@
+"""Inference rules: each decision, its number, and the cases where nothing fits."""
+
+from __future__ import annotations
+
+from perfguide.hardware.types import CPU, GPU, Hardware
+from perfguide.scenarios import planner
+from perfguide.scenarios.types import Constraints, Request
+
+from tests.test_inference_memory import LLAMA2_7B, LLAMA2_70B, LLAMA31_8B, a100
+
+
+def t4() -> Hardware:
+    gpu = GPU(name="Tesla T4", memory_total=15 * 2**30, memory_free=15 * 2**30, compute_capability=(7, 5), fp16_tflops=65,
+              fp32_tflops=8.1, memory_bandwidth_gbps=320)
+    return Hardware(gpus=(gpu,), cpu=CPU(physical_cores=4, logical_cores=8, ram_total=2**35, ram_available=2**35))
+
+
+def cpu(flags: tuple[str, ...] = (), ram_gib: int = 64) -> Hardware:
+    return Hardware(cpu=CPU(physical_cores=16, logical_cores=32, ram_total=ram_gib * 2**30, ram_available=ram_gib * 2**30, flags=flags))
+
+
+def dec(plan, setting: str):  # noqa: ANN001, ANN201
+    return next((d for d in plan.decisions if d.setting == setting), None)
+
+
+def run(scenario: str, spec, hw: Hardware, **cons):  # noqa: ANN001, ANN201
+    c = Constraints(prompt_len=512, max_new_tokens=256, **cons)
+    return planner(scenario)(Request(scenario=scenario, model=spec, hardware=hw, seq_len=512, global_batch_size=1, constraints=c))
+
+
+def test_a100_bf16_no_quantization_sdpa() -> None:
+    p = run("infer_gpu_one", LLAMA2_7B, a100(), batch_size=1)
+    assert p.fits and p.setup.weights_dtype == "bf16" and p.setup.attn_implementation == "sdpa"
+    assert dec(p, "quantization_config").value is None
+    assert dec(p, "dtype").number == 8.0
+    # max batch: (usable - weights - context) / KV per sequence, the KV number is the hand formula
+    kv = dec(p, "max_batch_size")
+    assert kv.number == 2 * 32 * 32 * 128 * (512 + 256 - 1) * 2
+    assert 20 < kv.value < 40 * 2**30 // kv.number
+
+
+def test_t4_fp16_with_bf16_warning_and_quantization_when_needed() -> None:
+    p = run("infer_gpu_one", LLAMA2_7B, t4(), batch_size=1)
+    assert dec(p, "dtype").value == "fp16"
+    assert any("trained in bf16" in w for w in p.warnings)
+    # 13.5 GB of fp16 weights + 1.4 GB context exceed 90% of 15 GiB: quantize, and say what it costs
+    assert p.setup.weights_dtype == "int8" and dec(p, "quantization_config").number > 1
+    assert dec(p, "quantization_config").alternatives[0].value == "fp16"
+
+
+def test_forced_nf4_and_no_flash_attn_without_package() -> None:
+    p = run("infer_gpu_one", LLAMA31_8B, a100(), quantization="nf4")
+    assert p.setup.weights_dtype == "nf4"
+    attn = dec(p, "attn_implementation")
+    assert attn.value == "sdpa" and any(a.value == "flash_attention_2" for a in attn.alternatives)
+
+
+def test_latency_picks_static_cache_and_compile() -> None:
+    p = run("infer_gpu_one", LLAMA2_7B, a100(), prefer="latency")
+    assert p.setup.cache_implementation == "static" and p.setup.torch_compile
+    assert dec(p, "cache_implementation").number > 1
+    assert run("infer_gpu_one", LLAMA2_7B, a100()).setup.cache_implementation == "dynamic"
+
+
+def test_70b_on_one_gpu_offloads_or_reports_no_fit() -> None:
+    p = run("infer_gpu_one", LLAMA2_70B, a100())
+    assert p.fits and p.setup.offload_params and dec(p, "max_memory") is not None
+    assert p.throughput.bound == "offload" and any("offload" in w for w in p.warnings)
+    q = run("infer_gpu_one", LLAMA2_70B, a100(), allow_offload=False)
+    assert not q.fits and q.suggestions and q.memory.device_total > 36 * 2**30
+
+
+def test_gpu_many_tp_vs_device_map_vs_replicas() -> None:
+    big = run("infer_gpu_many", LLAMA2_70B, a100(8, 80), prefer="latency")
+    assert big.setup.strategy == "tp" and big.setup.num_gpus == 8
+    assert dec(big, "launcher").value == "torchrun --nproc-per-node 8"
+    alts = {a.value: a for a in dec(big, "strategy").alternatives}
+    assert "device_map" in alts and "ms/token" in alts["device_map"].why_not
+    small = run("infer_gpu_many", LLAMA2_7B, a100(4, 80), batch_size=8)
+    assert small.setup.strategy == "single" and small.setup.num_gpus == 4   # throughput: one replica per GPU
+    forced = run("infer_gpu_many", LLAMA2_70B, a100(4, 80), strategy="device_map")
+    assert forced.setup.strategy == "device_map" and dec(forced, "max_memory").value["cpu"]
+
+
+def test_tp_size_must_divide_heads() -> None:
+    odd = LLAMA31_8B.model_copy(update={"num_attention_heads": 30, "num_key_value_heads": 6})
+    p = run("infer_gpu_many", odd, a100(4, 80), strategy="tp")
+    assert p.setup.num_gpus == 3   # 30 and 6 heads divide by 3, not by 4
+
+
+def test_cpu_dtype_by_isa_threads_and_ram() -> None:
+    plain = run("infer_cpu", LLAMA2_7B, cpu())
+    assert plain.setup.weights_dtype == "fp32" and plain.setup.device == "cpu"
+    assert dec(plain, "cpu_threads").value == 16
+    amx = run("infer_cpu", LLAMA2_7B, cpu(("amx_bf16", "amx_tile")))
+    assert amx.setup.weights_dtype == "bf16"
+    small = run("infer_cpu", LLAMA2_7B, cpu(ram_gib=12))
+    assert small.setup.weights_dtype in ("int8", "nf4") and small.fits
+    none = run("infer_cpu", LLAMA2_70B, cpu(ram_gib=8))
+    assert not none.fits and none.suggestions
