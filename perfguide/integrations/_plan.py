@@ -1,0 +1,120 @@
+"""Small facts about a Recommendation that every adapter needs, derived in one place.
+
+The adapters must agree with each other (the YAML, the TrainingArguments and the DeepSpeed JSON of one
+plan describe the same run), so the readings of the Setup they share live here, not in each adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from ..errors import InvalidSetupError, WrongMachineError
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
+    from ..setup import Setup
+
+logger = logging.getLogger("perfguide.integrations")
+
+FSDP_STRATEGIES = ("fsdp", "fsdp_shard_grad_op")
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+#: Launcher environment variables: any of them set means we run inside torchrun / accelerate launch / mpirun.
+LAUNCHED_ENV = ("LOCAL_RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def is_fsdp(setup: "Setup") -> bool:
+    return setup.strategy in FSDP_STRATEGIES
+
+
+def zero_stage(setup: "Setup") -> int | None:
+    return ZERO_STAGES.get(setup.strategy)
+
+
+def mixed_precision(setup: "Setup") -> str:
+    """accelerate's word for the autocast dtype: 'bf16', 'fp16' or 'no'."""
+    return setup.autocast or "no"
+
+
+def is_multi_process(setup: "Setup") -> bool:
+    """Data-parallel training plans with more than one rank need a launcher; inference 'device_map' is one process."""
+    return setup.task == "train" and setup.world_size > 1
+
+
+def require_training(rec: "Recommendation", what: str) -> "Setup":
+    if rec.setup.task != "train":
+        raise InvalidSetupError(
+            f"{what} needs a training plan, but this plan is for inference (task='infer'); use rec.model_kwargs() and rec.generation_kwargs()"
+        )
+    return rec.setup
+
+
+def target_label(rec: "Recommendation") -> str:
+    """How to name the machine a plan targets in one-line errors, e.g. '8x NVIDIA A100-SXM4-80GB'."""
+    hw = rec.hardware
+    if rec.setup.device == "cpu" or not hw.has_gpu:
+        return f"CPU ({hw.cpu.model_name})"
+    gpu = hw.smallest_gpu
+    count = f"{hw.gpu_count}x " if hw.gpu_count > 1 else ""
+    nodes = f" on {hw.nodes} nodes" if hw.nodes > 1 else ""
+    return hw.name or f"{count}{gpu.name}{nodes}"
+
+
+def target_supports_tf32(rec: "Recommendation") -> bool:
+    gpu = rec.hardware.smallest_gpu
+    return rec.setup.device == "cuda" and gpu is not None and gpu.supports_tf32
+
+
+def half_dtype_name(rec: "Recommendation") -> str:
+    """The 16-bit dtype for compute on the target: the plan's autocast, else bf16 where native, else fp16."""
+    if rec.setup.autocast:
+        return rec.setup.autocast
+    gpu = rec.hardware.smallest_gpu
+    if rec.setup.device == "cuda" and gpu is not None and not gpu.supports_bf16:
+        return "fp16"
+    return "bf16"
+
+
+def decoder_layer_class(rec: "Recommendation") -> str | None:
+    """The block class FSDP should wrap, read from the transformers model class's ``_no_split_modules``.
+
+    Reading the class attribute imports the modeling file but builds nothing; unknown architectures
+    (or remote code) give None, and the Trainer then falls back to the same attribute on the live model.
+    """
+    arch = rec.model.architecture
+    if not arch:
+        return None
+    try:
+        import transformers
+
+        cls = getattr(transformers, arch, None)
+    except Exception as exc:  # noqa: BLE001 - optional lookup: a broken optional import must not break planning
+        logger.debug("could not import transformers to find %s's decoder layer: %s", arch, exc)
+        return None
+    names = list(getattr(cls, "_no_split_modules", None) or [])
+    return names[0] if names else None
+
+
+def launched() -> bool:
+    """True inside a process started by torchrun / accelerate launch / mpirun."""
+    return any(os.environ.get(k) for k in LAUNCHED_ENV)
+
+
+def check_cuda_machine(rec: "Recommendation", needs_ampere: bool) -> None:
+    """One-line refusal when a CUDA plan is built where it cannot run (no GPU, or no bf16/tf32 on it).
+
+    Cheap (no CUDA kernels), and done before the libraries' own checks, whose messages do not say which
+    plan or machine is meant, and some of which pass silently (fp16 on CPU trains in fp32).
+    """
+    if rec.setup.device != "cuda":
+        return
+    import torch
+
+    label = target_label(rec)
+    here = "use rec.training_args_dict() / rec.accelerator_kwargs() for plain data, and build the object on the target"
+    if not torch.cuda.is_available():
+        raise WrongMachineError(f"this plan targets {label} (CUDA) but this machine has no CUDA GPU: {here}")
+    if needs_ampere and torch.cuda.get_device_capability() < (8, 0):
+        name = torch.cuda.get_device_name()
+        raise WrongMachineError(f"this plan targets {label} (bf16/tf32 need compute capability >= 8.0) but this machine's GPU is {name}: {here}")

@@ -1,0 +1,176 @@
+"""Setup -> accelerate objects: ``Accelerator(**kwargs)`` and the YAML ``accelerate launch --config_file`` reads.
+
+Verified against accelerate 1.15 (launch.py, state.py, config_args.py):
+
+* CPU plans with several processes use ``distributed_type: MULTI_GPU`` plus ``use_cpu: true``. The
+  MULTI_CPU type starts several processes only through ``mpirun`` (``mpirun_config``); without it
+  ``accelerate launch`` starts ONE process. The MULTI_GPU launcher is torchrun, and inside each rank
+  ``use_cpu`` / ``cpu=True`` make accelerate pick MULTI_CPU with gloo.
+* FSDP is only honoured on GPU-like devices: ``AcceleratorState`` promotes to ``DistributedType.FSDP``
+  from MULTI_GPU/NPU/XPU/..., never from MULTI_CPU, so a CPU "FSDP" run silently trains as DDP with full
+  replicas (torch's own ``fully_shard`` does work on CPU/gloo). We warn instead of emitting it quietly.
+* DeepSpeed YAMLs point at the DeepSpeed JSON and carry no ``mixed_precision``/ZeRO fields: the Trainer
+  passes its own DeepSpeed config, and accelerate then raises if the YAML also set those fields.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._plan import (
+    check_cuda_machine,
+    decoder_layer_class,
+    is_fsdp,
+    mixed_precision,
+    require_training,
+    zero_stage,
+)
+from .deepspeed import deepspeed_config, resolved_deepspeed_config
+
+if TYPE_CHECKING:
+    import accelerate
+
+    from ..recommendation import Recommendation
+
+#: Placeholder written where only the user knows the value (multi-node runs).
+MAIN_PROCESS_IP = "MAIN_PROCESS_IP"
+MULTI_NODE_PORT = 29500
+CPU_FSDP_WARNING = (
+    "accelerate 1.15 ignores FSDP on CPU (AcceleratorState only enables FSDP from GPU-like distributed types, "
+    "not MULTI_CPU): this CPU plan will train as plain DDP with a full model replica per process"
+)
+
+
+def _warn_cpu_fsdp(rec: "Recommendation") -> None:
+    if is_fsdp(rec.setup) and rec.setup.device == "cpu":
+        warnings.warn(CPU_FSDP_WARNING, stacklevel=3)
+
+
+def fsdp_plugin(rec: "Recommendation") -> Any:
+    """FullyShardedDataParallelPlugin for FSDP2; ``fsdp_version=2`` explicitly, the plugin default is 1."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    s = rec.setup
+    layer = decoder_layer_class(rec)
+    return FullyShardedDataParallelPlugin(
+        fsdp_version=2,
+        reshard_after_forward=s.strategy == "fsdp",
+        auto_wrap_policy="transformer_based_wrap",
+        transformer_cls_names_to_wrap=[layer] if layer else None,
+        cpu_offload=s.offload_params or s.offload_optimizer,
+        state_dict_type="FULL_STATE_DICT",
+        activation_checkpointing=s.gradient_checkpointing,
+    )
+
+
+def accelerator_kwargs(rec: "Recommendation") -> dict[str, Any]:
+    """kwargs for ``accelerate.Accelerator``: precision, accumulation, device, sharding plugin."""
+    s = rec.setup
+    kw: dict[str, Any] = {"mixed_precision": mixed_precision(s), "gradient_accumulation_steps": s.gradient_accumulation_steps}
+    if s.device == "cpu":
+        kw["cpu"] = True
+    stage = zero_stage(s)
+    if is_fsdp(s):
+        _warn_cpu_fsdp(rec)
+        kw["fsdp_plugin"] = fsdp_plugin(rec)
+    elif stage is not None:
+        from accelerate.utils import DeepSpeedPlugin
+
+        kw["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=resolved_deepspeed_config(rec), zero3_init_flag=stage == 3)
+    elif s.world_size > 1 and rec.model.is_moe:
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        # experts a micro-batch did not route to get no gradient; DDP must look for them
+        kw["kwargs_handlers"] = [DistributedDataParallelKwargs(find_unused_parameters=True)]
+    return kw
+
+
+def accelerator(rec: "Recommendation", **overrides: Any) -> "accelerate.Accelerator":
+    """A real Accelerator for this plan; WrongMachineError when this machine lacks the plan's GPU."""
+    kw = {**accelerator_kwargs(rec), **overrides}
+    if not kw.get("cpu"):
+        check_cuda_machine(rec, needs_ampere=kw.get("mixed_precision") == "bf16")
+    from accelerate import Accelerator
+
+    return Accelerator(**kw)
+
+
+def _distributed_type(rec: "Recommendation") -> str:
+    s = rec.setup
+    if zero_stage(s) is not None:
+        return "DEEPSPEED"
+    if is_fsdp(s):
+        return "FSDP"
+    return "MULTI_GPU" if s.world_size > 1 else "NO"
+
+
+def accelerate_config(rec: "Recommendation", deepspeed_config_file: str = "ds_config.json") -> dict[str, Any]:
+    """The dict ``accelerate launch --config_file`` reads (``ClusterConfig`` fields only)."""
+    s = require_training(rec, "accelerate_config")
+    dist_type = _distributed_type(rec)
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": dist_type,
+        "num_processes": s.world_size,  # accelerate counts all processes of all machines
+        "num_machines": s.nodes,
+        "machine_rank": 0,
+        "mixed_precision": mixed_precision(s),
+        "use_cpu": s.device == "cpu",
+        "rdzv_backend": "static",
+        "same_network": True,
+        "main_training_function": "main",
+        "enable_cpu_affinity": False,
+        "downcast_bf16": False,
+    }
+    if s.nodes > 1:
+        # every node runs the same file; launch_command passes the real rank/ip per node
+        cfg.update(main_process_ip=MAIN_PROCESS_IP, main_process_port=MULTI_NODE_PORT)
+    elif s.world_size > 1:
+        cfg["main_process_port"] = 0  # 0: accelerate picks a free port on this machine
+    if dist_type == "FSDP":
+        _warn_cpu_fsdp(rec)
+        cfg["fsdp_config"] = _fsdp_yaml(rec)
+    elif dist_type == "DEEPSPEED":
+        del cfg["mixed_precision"]  # the DeepSpeed JSON owns precision ("auto" from TrainingArguments)
+        ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_config_file, "zero3_init_flag": zero_stage(s) == 3}
+        if s.nodes > 1:
+            ds["deepspeed_multinode_launcher"] = "standard"
+        cfg["deepspeed_config"] = ds
+    return cfg
+
+
+def _fsdp_yaml(rec: "Recommendation") -> dict[str, Any]:
+    s = rec.setup
+    cfg: dict[str, Any] = {
+        "fsdp_version": 2,
+        "fsdp_reshard_after_forward": s.strategy == "fsdp",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_offload_params": s.offload_params or s.offload_optimizer,
+        "fsdp_state_dict_type": "FULL_STATE_DICT",
+        "fsdp_cpu_ram_efficient_loading": True,
+        "fsdp_sync_module_states": True,  # required by the launcher with cpu_ram_efficient_loading
+        "fsdp_activation_checkpointing": s.gradient_checkpointing,
+    }
+    layer = decoder_layer_class(rec)
+    if layer:
+        cfg["fsdp_transformer_layer_cls_to_wrap"] = layer
+    return cfg
+
+
+def write_accelerate_config(rec: "Recommendation", path: str | Path) -> Path:
+    """Write the YAML (and, for ZeRO plans, the DeepSpeed JSON beside it); returns the YAML path."""
+    import yaml
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ds = deepspeed_config(rec)
+    ds_path = path.with_name(f"{path.stem}_deepspeed.json")
+    cfg = accelerate_config(rec, deepspeed_config_file=str(ds_path.resolve()))
+    if ds is not None:
+        ds_path.write_text(json.dumps(ds, indent=2) + "\n", encoding="utf-8")
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+    return path

@@ -1,0 +1,85 @@
+"""Setup -> the shell command that starts the run.
+
+One process: ``python train.py``. Several processes (or any ZeRO/FSDP plan): ``accelerate launch``,
+because a plain ``python`` on a multi-GPU box makes the Trainer fall back to ``nn.DataParallel``.
+Multi-node commands reference ``$MACHINE_RANK`` and ``$MAIN_PROCESS_IP``, which each node exports.
+CPU runs pin ``OMP_NUM_THREADS`` per process: ranks sharing a socket otherwise oversubscribe cores.
+
+``torchrun_command`` is the torchrun spelling of the same run. It suits Trainer scripts (the
+TrainingArguments carry the FSDP/DeepSpeed settings); loops built on ``rec.accelerator()`` need nothing
+else either, but scripts that rely on an accelerate YAML must use ``launch_command``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import TYPE_CHECKING, Any
+
+from ._plan import is_fsdp, zero_stage
+from .accelerate import accelerate_config
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
+
+_TYPE_FLAGS = {"MULTI_GPU": "--multi_gpu", "FSDP": "--use_fsdp", "DEEPSPEED": "--use_deepspeed"}
+_NODE_ARGS = ["--machine_rank", '"$MACHINE_RANK"', "--main_process_ip", '"$MAIN_PROCESS_IP"']
+
+
+def needs_launcher(rec: "Recommendation") -> bool:
+    s = rec.setup
+    return s.task == "train" and (s.world_size > 1 or zero_stage(s) is not None or is_fsdp(s))
+
+
+def _threads_env(rec: "Recommendation") -> list[str]:
+    s = rec.setup
+    if s.device != "cpu":
+        return []
+    per_process = s.cpu_threads or max(1, rec.hardware.cpu.physical_cores // max(1, s.num_gpus))
+    return [f"OMP_NUM_THREADS={per_process}"]
+
+
+def _flag_value(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else shlex.quote(str(value))
+
+
+def _inline_flags(rec: "Recommendation") -> list[str]:
+    """The YAML spelled as ``accelerate launch`` flags (the sub-dict keys are the flag names)."""
+    cfg = accelerate_config(rec)
+    flags = [_TYPE_FLAGS[cfg["distributed_type"]]] if cfg["distributed_type"] in _TYPE_FLAGS else []
+    flags += ["--num_processes", str(cfg["num_processes"]), "--num_machines", str(cfg["num_machines"])]
+    if "mixed_precision" in cfg:
+        flags += ["--mixed_precision", cfg["mixed_precision"]]
+    if "main_process_port" in cfg:
+        flags += ["--main_process_port", str(cfg["main_process_port"])]
+    if rec.setup.nodes > 1:
+        flags.append("--same_network")
+    for section in ("fsdp_config", "deepspeed_config"):
+        for key, value in cfg.get(section, {}).items():
+            flags += [f"--{key}", _flag_value(value)]
+    return flags
+
+
+def launch_command(rec: "Recommendation", script: str, *script_args: str, config_file: str | None = None) -> str:
+    """``python script`` for one process, else ``accelerate launch`` with the YAML (or the same as flags)."""
+    env = _threads_env(rec)
+    tail = [shlex.quote(script), *map(shlex.quote, script_args)]
+    if not needs_launcher(rec):
+        return " ".join([*env, "python", *tail])
+    how = ["--config_file", shlex.quote(str(config_file))] if config_file is not None else _inline_flags(rec)
+    nodes = _NODE_ARGS if rec.setup.nodes > 1 else []
+    return " ".join([*env, "accelerate", "launch", *how, *nodes, *tail])
+
+
+def torchrun_command(rec: "Recommendation", script: str, *script_args: str) -> str:
+    """The same run started by torchrun (Trainer scripts, or loops built on ``rec.accelerator()``)."""
+    s = rec.setup
+    env = _threads_env(rec)
+    tail = [shlex.quote(script), *map(shlex.quote, script_args)]
+    if not needs_launcher(rec):
+        return " ".join([*env, "python", *tail])
+    parts = ["torchrun", "--nproc_per_node", str(s.num_gpus)]
+    if s.nodes > 1:
+        parts += ["--nnodes", str(s.nodes), "--node_rank", '"$MACHINE_RANK"', "--master_addr", '"$MAIN_PROCESS_IP"', "--master_port", "29500"]
+    else:
+        parts.append("--standalone")  # single node: torchrun picks a free rendezvous port
+    return " ".join([*env, *parts, *tail])

@@ -1,0 +1,189 @@
+"""Setup -> transformers objects: TrainingArguments kwargs, from_pretrained kwargs, generate kwargs.
+
+Every name here was checked against transformers 5.24 (``activation_checkpointing``, ``dtype``,
+``fsdp=True`` + ``fsdp_config`` version 2, ``use_cpu``); see rules.md §1. The plain-dict form exists
+because a plan is often made on one machine (a laptop) and run on another (an A100 box), and
+``TrainingArguments`` validates against the machine it is built on.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import TYPE_CHECKING, Any
+
+from ..errors import WrongMachineError
+from ._plan import (
+    check_cuda_machine,
+    half_dtype_name,
+    is_fsdp,
+    is_multi_process,
+    launched,
+    require_training,
+    target_label,
+    target_supports_tf32,
+    decoder_layer_class,
+)
+
+if TYPE_CHECKING:
+    import transformers
+
+    from ..recommendation import Recommendation
+
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def fsdp_config(rec: "Recommendation") -> dict[str, Any]:
+    """Trainer ``fsdp_config`` for FSDP2: sharding depth from the strategy, wrap class from the model."""
+    s = rec.setup
+    cfg: dict[str, Any] = {
+        "version": 2,
+        # FULL_SHARD (ZeRO-3-like) reshards after forward; SHARD_GRAD_OP (ZeRO-2-like) keeps params gathered
+        "reshard_after_forward": s.strategy == "fsdp",
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "cpu_offload": s.offload_params or s.offload_optimizer,  # FSDP offload is all-or-nothing
+        "state_dict_type": "FULL_STATE_DICT",
+        # rank 0 loads the checkpoint, the others start on meta: N ranks x full model would not fit host RAM
+        "cpu_ram_efficient_loading": True,
+    }
+    layer = decoder_layer_class(rec)
+    if layer:
+        cfg["transformer_layer_cls_to_wrap"] = [layer]
+    if s.gradient_checkpointing:
+        # FSDP's own checkpointing; the TrainingArguments flag would add a redundant all-gather (and both raise)
+        cfg["activation_checkpointing"] = True
+    return cfg
+
+
+def training_args_dict(rec: "Recommendation", **overrides: Any) -> dict[str, Any]:
+    """TrainingArguments kwargs as plain data; ``overrides`` (output_dir, learning_rate...) win."""
+    s = require_training(rec, "training_args_dict")
+    kw: dict[str, Any] = {
+        "per_device_train_batch_size": s.micro_batch_size,
+        "gradient_accumulation_steps": s.gradient_accumulation_steps,
+        "dataloader_num_workers": s.dataloader_num_workers,
+        # use_cpu forces pin_memory off anyway; say so in the data instead of leaving a misleading True
+        "dataloader_pin_memory": s.dataloader_pin_memory and s.device == "cuda",
+    }
+    if s.autocast == "bf16":
+        kw["bf16"] = True
+    elif s.autocast == "fp16":
+        kw["fp16"] = True
+    if s.tf32 and target_supports_tf32(rec):
+        kw["tf32"] = True  # raises without an Ampere+ GPU, so only for such targets
+    if s.optimizer is not None:
+        kw["optim"] = s.optimizer
+    if s.gradient_checkpointing and not is_fsdp(s):
+        kw["activation_checkpointing"] = True
+    if s.device == "cpu":
+        kw["use_cpu"] = True
+    if s.torch_compile:
+        kw["torch_compile"] = True
+    if is_multi_process(s):
+        # only valid inside a launched process (else "Default process group has not been initialized")
+        kw["ddp_backend"] = "gloo" if s.device == "cpu" else "nccl"
+        if s.strategy in ("ddp", "single") and not rec.model.is_moe:
+            # the Trainer's default (True for HF models without checkpointing) walks the graph every step;
+            # dense transformers use every parameter. MoE keeps the default: unrouted experts get no grad
+            kw["ddp_find_unused_parameters"] = False
+    if is_fsdp(s):
+        kw["fsdp"] = True
+        kw["fsdp_config"] = fsdp_config(rec)
+    from .deepspeed import deepspeed_config
+
+    ds = deepspeed_config(rec)
+    if ds is not None:
+        kw["deepspeed"] = ds
+    kw.update(overrides)
+    return kw
+
+
+def _check_machine(rec: "Recommendation", kw: dict[str, Any]) -> None:
+    """Refuse early, in one line, what TrainingArguments would refuse (or silently degrade) on this machine."""
+    if not kw.get("use_cpu"):
+        check_cuda_machine(rec, needs_ampere=bool(kw.get("bf16") or kw.get("tf32")))
+    if kw.get("ddp_backend") and not launched():
+        raise WrongMachineError(
+            f"this plan trains on {rec.setup.world_size} processes and TrainingArguments(ddp_backend=...) only builds inside a launched process:"
+            f" start your script with `{rec.launch_command('train.py')}`, or use rec.training_args_dict() for the plain kwargs"
+        )
+
+
+def training_args(rec: "Recommendation", **overrides: Any) -> "transformers.TrainingArguments":
+    """A real TrainingArguments; WrongMachineError when this machine cannot run the plan."""
+    kw = training_args_dict(rec, **overrides)
+    _check_machine(rec, kw)
+    from transformers import TrainingArguments
+
+    # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched
+    return TrainingArguments(**copy.deepcopy(kw))
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[name])
+
+
+def quantization_config(rec: "Recommendation") -> Any:
+    """BitsAndBytesConfig for int8/nf4 weights, None otherwise."""
+    s = rec.setup
+    if s.weights_dtype not in ("int8", "nf4"):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if s.weights_dtype == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    compute = _torch_dtype(half_dtype_name(rec))
+    extra: dict[str, Any] = {}
+    if s.strategy in ("fsdp", "fsdp_shard_grad_op", "zero3"):
+        # sharding flattens/shards the packed 4-bit storage: it must share the dtype of the other params
+        extra["bnb_4bit_quant_storage"] = compute
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=compute,
+        **extra,
+    )
+
+
+def _device_map(rec: "Recommendation") -> Any:
+    """Only where the rules call for one: big-model inference, and quantized bases on one GPU per rank."""
+    s = rec.setup
+    if s.task == "infer" and (s.strategy == "device_map" or s.offload_params):
+        return "auto"
+    if s.weights_dtype in ("int8", "nf4") and s.device == "cuda" and s.strategy not in ("fsdp", "fsdp_shard_grad_op", "zero3", "tp"):
+        # bnb weights are quantized while loading, on the GPU this rank owns (not "auto": that is for inference)
+        return {"": int(os.environ.get("LOCAL_RANK", "0"))}
+    return None
+
+
+def model_kwargs(rec: "Recommendation") -> dict[str, Any]:
+    """from_pretrained kwargs: dtype (torch dtype), attn_implementation, quantization_config, device_map/tp_plan."""
+    s = rec.setup
+    if s.weights_dtype in ("int8", "nf4"):
+        dtype_name = half_dtype_name(rec)  # the non-quantized modules (norms, embeddings, head)
+    else:
+        dtype_name = s.weights_dtype  # fp32 for AMP full fine-tunes, bf16 for pure bf16 / LoRA / inference
+    kw: dict[str, Any] = {"dtype": _torch_dtype(dtype_name), "attn_implementation": s.attn_implementation}
+    qc = quantization_config(rec)
+    if qc is not None:
+        kw["quantization_config"] = qc
+    device_map = _device_map(rec)
+    if device_map is not None:
+        kw["device_map"] = device_map
+    if s.task == "infer" and s.strategy == "tp":
+        kw["tp_plan"] = "auto"
+    if rec.request.constraints.trust_remote_code:
+        kw["trust_remote_code"] = True
+    return kw
+
+
+def generation_kwargs(rec: "Recommendation") -> dict[str, Any]:
+    """generate() kwargs: how many tokens the plan was sized for, and which KV cache."""
+    s = rec.setup
+    return {
+        "max_new_tokens": s.new_tokens or rec.request.constraints.max_new_tokens,
+        "cache_implementation": s.cache_implementation,
+    }

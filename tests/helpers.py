@@ -1,0 +1,95 @@
+"""Builders for tests that need a Recommendation without the rules engine, and a tiny real HF model.
+
+Recommendations are assembled directly (Request + Setup + zeroed MemoryEstimate/Throughput) so the
+adapters can be tested on exactly the Setup a test names. The tiny model is a real LlamaForCausalLM
+built from a config (never downloaded), small enough to train a few steps on one CPU core.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfguide import CPU, GPU, Hardware, MemoryEstimate, ModelSpec, Recommendation, Setup, Throughput
+from perfguide.scenarios.types import Constraints, Request
+
+GiB = 1024**3
+
+TINY_LLAMA = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+)
+TINY_SEQ = 16
+
+
+def cpu_box(cores: int = 2) -> CPU:
+    return CPU(model_name="test-cpu", physical_cores=cores, logical_cores=cores, ram_total=16 * GiB, ram_available=12 * GiB)
+
+
+def gpu(kind: str) -> GPU:
+    """Spec-sheet facts that matter to the adapters: name, memory and compute capability."""
+    table = {
+        "a100": ("NVIDIA A100-SXM4-80GB", 80, (8, 0)),
+        "t4": ("Tesla T4", 16, (7, 5)),
+        "h100": ("NVIDIA H100 80GB HBM3", 80, (9, 0)),
+    }
+    name, gib, cc = table[kind]
+    return GPU(name=name, memory_total=gib * GiB, memory_free=gib * GiB, compute_capability=cc)
+
+
+def hardware(kind: str = "cpu", count: int = 1, nodes: int = 1) -> Hardware:
+    gpus = () if kind == "cpu" else tuple(gpu(kind).model_copy(update={"index": i}) for i in range(count))
+    return Hardware(gpus=gpus, cpu=cpu_box(), nodes=nodes, source="named", interconnect="nvlink" if count > 1 else "none")
+
+
+def tiny_config() -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**TINY_LLAMA)
+
+
+def tiny_model(seed: int = 0) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(tiny_config())
+
+
+def tiny_spec(**update: Any) -> ModelSpec:
+    """The tiny Llama's shape, with parameter counts taken from the real module."""
+    model = tiny_model()
+    embed = model.get_input_embeddings().weight.numel()
+    head = 0 if model.config.tie_word_embeddings else model.get_output_embeddings().weight.numel()
+    c = model.config
+    spec = dict(
+        name="tiny-llama", model_type="llama", architecture="LlamaForCausalLM", family="llama",
+        hidden_size=c.hidden_size, num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=c.hidden_size // c.num_attention_heads,
+        intermediate_size=c.intermediate_size, vocab_size=c.vocab_size, max_position_embeddings=c.max_position_embeddings,
+        total_params=sum(p.numel() for p in model.parameters()), embedding_params=embed, lm_head_params=head, source="config",
+    )
+    spec.update(update)
+    return ModelSpec(**spec)
+
+
+def make_rec(setup: dict[str, Any] | Setup, hw: Hardware | None = None, scenario: str | None = None,
+             spec: ModelSpec | None = None, **constraints: Any) -> Recommendation:
+    """A Recommendation around exactly this Setup; memory/throughput are zero (the adapters ignore them)."""
+    setup = Setup.parse(setup)
+    hw = hw if hw is not None else hardware("cpu" if setup.device == "cpu" else "a100", setup.num_gpus, setup.nodes)
+    if scenario is None:
+        where = "cpu" if setup.device == "cpu" else ("gpu_many" if setup.num_gpus > 1 else "gpu_one")
+        scenario = f"{setup.task}_{where}"
+    request = Request(scenario=scenario, model=spec or tiny_spec(), hardware=hw, seq_len=setup.seq_len,
+                      global_batch_size=setup.global_batch_size, constraints=Constraints(**constraints))
+    zero = MemoryEstimate(weights=0, gradients=0, optimizer_states=0, activations=0, peak_allocated=0, peak_reserved=0, device_total=0)
+    return Recommendation(request=request, setup=setup, memory=zero, throughput=Throughput(step_time_s=0, tokens_per_s=0), decisions=())
+
+
+def token_dataset(n: int = 16, seed: int = 0) -> list[dict[str, Any]]:
+    """Random token rows for causal-LM training (labels = inputs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (n, TINY_SEQ), generator=g)
+    return [{"input_ids": row, "labels": row.clone()} for row in ids]
