@@ -90,19 +90,19 @@ def _print_json(data: Any) -> None:
 def _hardware(value: str | None) -> Any:
     """``--hardware`` passes a name ("a100-80gb:8") straight to the API; the word "probe" means this machine."""
     if value == PROBE_WORD:
-        from .hardware import probe
+        from .hardware.types import Hardware
 
-        return probe()
+        return Hardware.probe()
     return value
 
 
 # --- commands ---------------------------------------------------------------------------------
 
 def cmd_probe(args: argparse.Namespace) -> int:
-    from .hardware import probe
+    from .hardware.types import Hardware
     from .render.hardware import render_hardware
 
-    hw = probe()
+    hw = Hardware.probe()
     _emit(hw.to_json() if args.json else render_hardware(hw, _report_format(args)))
     return 0
 
@@ -154,10 +154,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_env(args: argparse.Namespace) -> int:
-    from .hardware import probe
+    from .hardware.types import Hardware
     from .render.env import env_report, render_env
 
-    info = env_report(probe())
+    info = env_report(Hardware.probe())
     _emit(json.dumps(info, indent=2) if args.json else render_env(info))
     return 0
 

@@ -145,7 +145,7 @@ def test_recommend_json_round_trips(capsys):
 def test_recommend_text_report(capsys):
     code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "512")
     assert code == 0
-    assert out.startswith("perfguide train_gpu_one: gpt2 on a100-80gb")
+    assert out.startswith("perfguide train_gpu_one: openai-community/gpt2 on a100-80gb")
     assert "Decisions" in out and "Memory per device" in out and "█" in out
 
 

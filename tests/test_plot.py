@@ -47,7 +47,8 @@ def test_variants_cover_checkpointing_and_optimizers():
     assert labels[0].startswith("chosen") and "with gradient checkpointing" in labels
     assert "optimizer adamw_bnb_8bit" in labels and "optimizer adafactor" in labels
     assert "optimizer adamw_torch_fused" not in labels     # already the chosen one
-    assert len(variants(Setup(task="infer", new_tokens=16))) == 1
+    assert [c.label for c in variants(Setup(task="infer", weights_dtype="bf16"))][1:] == ["int8 weights", "nf4 weights"]
+    assert len(variants(Setup(task="infer", weights_dtype="nf4"))) == 1
 
 
 def test_axes_include_the_chosen_point():

@@ -6,6 +6,8 @@ the inputs (e.g. 12 GiB out of 80 GiB on a 24-cell bar is 3.6 cells), never read
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from perfguide import CPU, GPU, Alternative, Decision, Hardware, MemoryEstimate, ModelSpec, Recommendation, Setup, Throughput
@@ -83,6 +85,8 @@ def test_counts_and_decision_numbers():
     assert fmt_number(1.333, "x") == "1.33x"
     assert fmt_number(0.42, "fraction") == "42.0%"
     assert fmt_number(512, "tokens") == "512 tokens"
+    assert fmt_number(160 * MiB, "bytes KV cache per sequence") == "160 MiB KV cache per sequence"
+    assert fmt_number(8.9, "compute capability") == "8.9 compute capability"
 
 
 def test_text_bar_cells():
@@ -143,6 +147,13 @@ def test_single_gpu_has_no_launch_section_but_multi_gpu_warns_about_dataparallel
     assert "global batch: 32 = 4 micro-batch x 1 accumulation x 8 process(es)" in many
 
 
+@pytest.mark.skipif(importlib.util.find_spec("perfguide.integrations.launch") is None, reason="launch adapter not built yet")
+def test_multi_gpu_report_shows_the_launch_command():
+    many = make_recommendation(gpus=8).report("text")
+    command = many.split("launch with:")[1].splitlines()[1]
+    assert "train.py" in command and "8" in command
+
+
 def test_nothing_fits_lists_suggestions():
     rec = make_recommendation(fits=False, suggestions=("use QLoRA (about 6 GiB of weights)", "use 2 GPUs with FSDP"))
     text = rec.report("text")
@@ -179,3 +190,12 @@ def test_report_without_device_scales_to_the_largest_total():
     assert "usable memory: unknown (no device)" in text
     total = next(line for line in text.splitlines() if line.startswith("device total"))
     assert "█" * 24 in total and "(100.0%)" in total
+
+
+def test_inference_header_counts_sequences_not_accumulation():
+    base = make_recommendation()
+    setup = Setup(task="infer", micro_batch_size=8, seq_len=1024, new_tokens=256, weights_dtype="bf16")
+    rec = make_recommendation(setup=setup, request=base.request.model_copy(update={"scenario": "infer_gpu_one"}))
+    text = rec.report("text")
+    assert "- batch: 8 concurrent sequence(s) per process x 1 process(es), 256 new tokens each" in text
+    assert "gradient_accumulation_steps" not in text and "new_tokens" in text

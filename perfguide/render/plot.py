@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 #: Optimizers drawn as alternatives to the chosen one (full-precision, 8-bit, factored states).
 ALTERNATIVE_OPTIMIZERS = ("adamw_torch_fused", "adamw_bnb_8bit", "adafactor")
+#: Inference alternatives to 16-bit weights: bitsandbytes quantization.
+ALTERNATIVE_WEIGHTS = ("int8", "nf4")
 MAX_MICRO_BATCH = 1024
 MIN_SEQ_LEN = 128
 FIGSIZE = (12, 4.8)
@@ -63,10 +65,12 @@ def seq_len_axis(setup: Setup, max_positions: int | None) -> tuple[int, ...]:
 
 
 def variants(setup: Setup) -> tuple[Curve, ...]:
-    """The chosen setup, the same with checkpointing flipped, and the other optimizers (training only)."""
+    """Training: the chosen setup, checkpointing flipped, the other optimizers. Inference: quantized weights."""
     curves = [Curve(f"chosen ({setup.label})", setup, chosen=True)]
     if setup.task != "train":
-        return tuple(curves)
+        quantizable = setup.weights_dtype in ("bf16", "fp16", "fp32")
+        return tuple(curves + [Curve(f"{w} weights", setup.model_copy(update={"weights_dtype": w}))
+                               for w in ALTERNATIVE_WEIGHTS if quantizable])
     flipped = not setup.gradient_checkpointing
     curves.append(Curve(f"{'with' if flipped else 'without'} gradient checkpointing",
                         setup.model_copy(update={"gradient_checkpointing": flipped})))
@@ -149,11 +153,11 @@ def plot_memory(rec: "Recommendation", path: str | Path) -> Path:
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
     left, right = fig.subplots(1, 2, sharey=True)
-    batch_word = "micro-batch size (per device)" if setup.task == "train" else "batch size (sequences)"
+    batch_word = "micro-batch" if setup.task == "train" else "batch"
     by_batch = sweep(rec, "micro_batch_size", micro_batch_axis(setup))
     by_seq = sweep(rec, "seq_len", seq_len_axis(setup, rec.model.max_position_embeddings))
-    _draw_panel(left, rec, by_batch, setup.micro_batch_size, f"{batch_word}, seq len {setup.seq_len}")
-    _draw_panel(right, rec, by_seq, setup.seq_len, f"sequence length, micro-batch {setup.micro_batch_size}")
+    _draw_panel(left, rec, by_batch, setup.micro_batch_size, f"{batch_word} size per device, seq len {setup.seq_len}")
+    _draw_panel(right, rec, by_seq, setup.seq_len, f"sequence length, {batch_word} {setup.micro_batch_size}")
     left.set_ylim(0, y_top(rec, by_batch + by_seq))
     right.legend(loc="upper left", fontsize=8)
     fig.suptitle(f"{rec.model.name} on {rec.hardware.name or 'this machine'}: memory per device ({rec.scenario})")

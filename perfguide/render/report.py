@@ -29,7 +29,7 @@ logger = logging.getLogger("perfguide.render")
 #: Components drawn as bars: (MemoryEstimate field, label, always shown even when zero).
 COMPONENTS = (
     ("weights", "weights", True), ("gradients", "gradients", False), ("optimizer_states", "optimizer states", False),
-    ("activations", "activations", True), ("logits", "logits + loss", False), ("kv_cache", "kv cache", False),
+    ("activations", "activations", True), ("logits", "logits", False), ("kv_cache", "kv cache", False),
     ("other", "other", False), ("cuda_context", "cuda context", False),
 )
 TOTALS = (
@@ -47,9 +47,13 @@ DATAPARALLEL_WARNING = (
 
 # --- header and setup ---------------------------------------------------------------------------
 
-def _global_batch(setup: Setup) -> str:
-    return (f"{setup.global_batch_size} = {setup.micro_batch_size} micro-batch x {setup.gradient_accumulation_steps} "
-            f"accumulation x {setup.world_size} process(es)")
+def _global_batch(setup: Setup) -> tuple[str, str]:
+    """Training keeps micro x accumulation x world = global; inference has concurrent sequences instead."""
+    if setup.task == "infer":
+        return "batch", (f"{setup.micro_batch_size} concurrent sequence(s) per process x {setup.world_size} process(es), "
+                         f"{setup.new_tokens} new tokens each")
+    return "global batch", (f"{setup.global_batch_size} = {setup.micro_batch_size} micro-batch x "
+                            f"{setup.gradient_accumulation_steps} accumulation x {setup.world_size} process(es)")
 
 
 def _usable_memory(rec: "Recommendation") -> str:
@@ -68,7 +72,7 @@ def _request_section(rec: "Recommendation") -> Section:
         ("usable memory", _usable_memory(rec)),
         ("scenario", rec.scenario),
         ("sequence length", str(rec.request.seq_len)),
-        ("global batch", _global_batch(setup)),
+        _global_batch(setup),
         ("verdict", "fits" if rec.fits else "DOES NOT FIT: see the suggestions below"),
     )
     return Section("Request", (Fields(rows),))
@@ -79,21 +83,23 @@ def _setup_fields(setup: Setup) -> list[str]:
     return [name for name in Setup.model_fields if name not in skip]
 
 
-def _setup_section(setup: Setup) -> Section:
+def _setup_section(setup: Setup, title: str = "Chosen setup") -> Section:
     """Two setting/value pairs per row keeps the ~20 knobs on one screen."""
     pairs = [(name, fmt_value(getattr(setup, name))) for name in _setup_fields(setup)]
     if len(pairs) % 2:
         pairs.append(("", ""))
     half = len(pairs) // 2
     rows = tuple((*left, *right) for left, right in zip(pairs[:half], pairs[half:]))
-    return Section(f"Chosen setup ({setup.label})", (Table(("setting", "value", "setting", "value"), rows),))
+    return Section(f"{title} ({setup.label})", (Table(("setting", "value", "setting", "value"), rows),))
 
 
 # --- decisions ----------------------------------------------------------------------------------
 
 def _alternative_line(alt: Alternative) -> str:
+    """The number is appended unless the sentence already quotes it (rules often write "needs 76.1 GiB > ...")."""
     number = fmt_number(alt.number, alt.unit)
-    return f"rejected {fmt_value(alt.value)}: {alt.why_not}" + (f" ({number})" if number else "")
+    shown = number and number not in alt.why_not
+    return f"rejected {fmt_value(alt.value)}: {alt.why_not}" + (f" ({number})" if shown else "")
 
 
 def decision_items(decision: Decision) -> list[tuple[int, str]]:
@@ -250,5 +256,5 @@ def render(rec: "Recommendation", fmt: str = "text") -> str:
 def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: str = "text") -> str:
     """What ``perfguide estimate`` prints: the priced Setup and its memory, without decisions (nothing was chosen)."""
     _check_rich(fmt)
-    doc = Document(title=f"perfguide estimate: {model_name}", sections=(_setup_section(setup), _memory_section(memory)))
+    doc = Document(title=f"perfguide estimate: {model_name}", sections=(_setup_section(setup, "Setup"), _memory_section(memory)))
     return render_document(doc, fmt)

@@ -11,6 +11,7 @@ from .._base import GiB, MiB
 
 KiB = 1024
 _COUNT_STEPS = ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K"))
+_BY_UNIT_WORD = frozenset({"bytes", "byte", "s", "sec", "seconds", "x"})
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -63,9 +64,16 @@ def fmt_percent(fraction: float | None) -> str:
 
 
 def fmt_number(value: float | None, unit: str | None) -> str:
-    """The number that decided a decision, in its own unit ("bytes", "s", "x", "fraction", "tokens/s"...)."""
+    """The number that decided a decision, in its own unit ("bytes", "s", "x", "fraction", "tokens/s"...).
+
+    A unit with words after a known one ("bytes KV cache per sequence") formats the number by the first word
+    and keeps the rest as its description.
+    """
     if value is None:
         return ""
+    head, _, tail = (unit or "").strip().partition(" ")
+    if tail and head.lower() in _BY_UNIT_WORD:
+        return f"{fmt_number(value, head)} {tail}"
     unit_key = (unit or "").strip().lower()
     if unit_key in ("bytes", "byte", "b"):
         return fmt_bytes(value)
