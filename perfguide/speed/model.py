@@ -58,12 +58,19 @@ def _saturation(x: float, half: float) -> float:
     return x / (x + half)
 
 
-def efficiency(compute_dtype: str, tokens: int, hidden: int) -> float:
-    """Fraction of peak the matmuls reach: asymptote x token saturation x width saturation x tile fill."""
+def efficiency(asymptote: float, tokens: int, hidden: int) -> float:
+    """Fraction of peak the matmuls reach: asymptote x width saturation x tile fill of the GEMM M dimension."""
     tile = int(_value("gemm_tile"))
     fill = tokens / (math.ceil(tokens / tile) * tile)
-    asymptote = _value("peak_fraction").get(compute_dtype, _value("peak_fraction")["fp32"])
-    return asymptote * _saturation(tokens, _value("tokens_half_saturation")) * _saturation(hidden, _value("hidden_half_saturation")) * fill
+    return asymptote * _saturation(hidden, _value("hidden_half_saturation")) * fill
+
+
+def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """Weight bytes one micro-step streams through the GEMMs (the memory side of the roofline)."""
+    passes = _value("weight_passes")
+    n = passes["lora" if setup.lora is not None else "train"] + (passes["recompute"] if setup.gradient_checkpointing else 0)
+    cbytes = 4 if setup.compute_dtype in ("fp32", "tf32") else 2
+    return n * matmul_params(spec) * cbytes
 
 
 def gpu_peak_tflops(gpu: GPU, compute_dtype: str) -> tuple[float, str | None]:
@@ -227,15 +234,18 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = setup.micro_batch_size * setup.seq_len
-    eff = efficiency(setup.compute_dtype, tokens, spec.hidden_size)
+    fractions = _value("peak_fraction")
+    eff = efficiency(fractions.get(setup.compute_dtype, fractions["fp32"]), tokens, spec.hidden_size)
     rate = peak * 1e12 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
     attn_eff = _value("attention_efficiency").get(setup.attn_implementation, 1.0)
     gpu_time = mm * slow / rate + attn / (rate * attn_eff)
     bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
-    if setup.autocast and setup.weights_dtype == "fp32" and bw:
-        gpu_time += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1) / bw   # fp32->half weight casts
+    if bw:
+        gpu_time += weight_traffic_bytes(spec, setup) / bw
+        if setup.autocast and setup.weights_dtype == "fp32":
+            gpu_time += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1) / bw   # fp32->half weight casts
     launch = _launch_ops(spec, setup) * _value("kernel_launch_s")
     micro = max(gpu_time, launch)
     comm_micro, comm_step = communication(spec, setup, hardware, gpu)
@@ -264,11 +274,12 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = setup.micro_batch_size * setup.seq_len
-    eff = _value("cpu_peak_fraction")[cpu_path(cpu, bf16)] * _saturation(tokens, _value("tokens_half_saturation")) * _saturation(spec.hidden_size, _value("hidden_half_saturation"))
+    eff = efficiency(_value("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size)
     rate = peak_g * 1e9 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
     compute = mm * slow / rate + attn / (rate * _value("attention_efficiency").get(setup.attn_implementation, 1.0))
+    compute += weight_traffic_bytes(spec, setup) / (host_bandwidth_gbps(cpu) * 1e9)
     overhead = _launch_ops(spec, setup) * _value("cpu_op_overhead_s")
     opt = optimizer_bytes(spec, setup) / (host_bandwidth_gbps(cpu) * 1e9)
     ga = setup.gradient_accumulation_steps

@@ -1,0 +1,211 @@
+"""Training speed model: FLOP counts, rates, communication and optimizer terms checked against hand-derived values.
+
+The GPT-2 numbers are counted by hand from the published architecture (768 wide, 12 blocks, 50257 vocab,
+1024 positions, tied head); the communication terms are the textbook ring formulas written out here.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from perfguide._data import load
+from perfguide.hardware.types import CPU, GPU, Hardware
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+from perfguide.speed import estimate_speed
+from perfguide.speed.model import communication, optimizer_bytes
+
+GiB = 1024**3
+h, L, V, P, S = 768, 12, 50257, 1024, 1024
+# per block: c_attn 768x2304 (+2304 bias), c_proj 768x768 (+768), c_fc 768x3072 (+3072), proj 3072x768 (+768), 2 LayerNorms (4*768)
+BLOCK = 768 * 2304 + 2304 + 768 * 768 + 768 + 768 * 3072 + 3072 + 3072 * 768 + 768 + 4 * 768
+GPT2_TOTAL = V * h + P * h + L * BLOCK + 2 * h
+assert GPT2_TOTAL == 124_439_808
+GPT2_MATMUL = GPT2_TOTAL - (V * h + P * h) + V * h        # blocks + final norm, plus the tied lm_head matmul
+
+
+def gpt2() -> ModelSpec:
+    return ModelSpec(name="gpt2", model_type="gpt2", family="gpt2", hidden_size=h, num_layers=L, num_attention_heads=12,
+                     num_key_value_heads=12, head_dim=64, intermediate_size=3072, vocab_size=V, max_position_embeddings=P,
+                     tie_word_embeddings=True, gated_mlp=False, total_params=GPT2_TOTAL, embedding_params=V * h + P * h,
+                     lm_head_params=0, block_linears={"attn.c_attn": (768, 2304), "attn.c_proj": (768, 768),
+                                                      "mlp.c_fc": (768, 3072), "mlp.c_proj": (3072, 768)})
+
+
+LLAMA_LINEARS = {**{f"self_attn.{p}_proj": (4096, 4096) for p in "qkvo"},
+                 "mlp.gate_proj": (4096, 11008), "mlp.up_proj": (4096, 11008), "mlp.down_proj": (11008, 4096)}
+LLAMA_TOTAL = 2 * 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
+assert LLAMA_TOTAL == 6_738_415_616
+
+
+def llama7b() -> ModelSpec:
+    return ModelSpec(name="llama-7b", model_type="llama", family="llama", hidden_size=4096, num_layers=32, num_attention_heads=32,
+                     num_key_value_heads=32, head_dim=128, intermediate_size=11008, vocab_size=32000, total_params=LLAMA_TOTAL,
+                     embedding_params=32000 * 4096, lm_head_params=32000 * 4096, block_linears=LLAMA_LINEARS, native_dtype="bf16")
+
+
+CPU32 = CPU(model_name="test cpu", physical_cores=32, logical_cores=64, ram_total=512 * GiB, ram_available=500 * GiB, fp32_gflops=2000.0)
+A100 = GPU(name="A100-SXM4-80GB", memory_total=80 * GiB, memory_free=80 * GiB, compute_capability=(8, 0), bf16_tflops=312,
+           fp16_tflops=312, tf32_tflops=156, fp32_tflops=19.5, memory_bandwidth_gbps=2039)
+T4 = GPU(name="Tesla T4", memory_total=15 * GiB, memory_free=15 * GiB, compute_capability=(7, 5), fp16_tflops=65, fp32_tflops=8.1,
+         memory_bandwidth_gbps=320)
+
+
+def machine(gpu: GPU = A100, n: int = 1, nodes: int = 1, link: float | None = 300.0, net: float | None = 25.0) -> Hardware:
+    return Hardware(gpus=(gpu,) * n, cpu=CPU32, interconnect="nvlink" if n > 1 else "none", intra_node_bandwidth_gbps=link if n > 1 else None,
+                    inter_node_bandwidth_gbps=net if nodes > 1 else None, nodes=nodes, source="named")
+
+
+def amp(**kw: object) -> Setup:
+    base = dict(seq_len=S, micro_batch_size=1, weights_dtype="fp32", autocast="bf16", tf32=True)
+    base.update(kw)
+    return Setup(**base)  # type: ignore[arg-type]
+
+
+def attn_fwd(micro: int, seq: int = S) -> float:
+    return 4 * L * (12 * 64) * seq * seq * micro
+
+
+def test_training_flops_are_6n_plus_attention() -> None:
+    t = estimate_speed(gpt2(), amp(micro_batch_size=2, gradient_accumulation_steps=3), machine())
+    tokens = 2 * S * 3
+    assert t.flops_per_step == pytest.approx(6 * GPT2_MATMUL * tokens + 3 * 3 * attn_fwd(2))
+
+
+def test_checkpointing_adds_one_forward() -> None:
+    plain = estimate_speed(gpt2(), amp(), machine())
+    ckpt = estimate_speed(gpt2(), amp(gradient_checkpointing=True), machine())
+    assert ckpt.flops_per_step - plain.flops_per_step == pytest.approx(2 * GPT2_MATMUL * S + attn_fwd(1))
+    assert ckpt.step_time_s > plain.step_time_s
+
+
+def test_lora_skips_frozen_weight_grads() -> None:
+    # all-linear r=16: 16 * ((768+2304) + (768+768) + (768+3072) + (3072+768)) per block = 196608; x12 blocks
+    adapters = 16 * ((768 + 2304) + (768 + 768) + (768 + 3072) + (3072 + 768)) * 12
+    t = estimate_speed(gpt2(), amp(weights_dtype="bf16", lora=LoraSpec(r=16)), machine())
+    assert t.flops_per_step == pytest.approx(4 * GPT2_MATMUL * S + 6 * adapters * S + 3 * attn_fwd(1))
+
+
+def test_sliding_window_caps_attended_tokens() -> None:
+    spec = gpt2().model_copy(update={"sliding_window": 256})
+    t = estimate_speed(spec, amp(), machine())
+    assert t.flops_per_step == pytest.approx(6 * GPT2_MATMUL * S + 3 * 4 * L * 768 * S * 256)
+
+
+def test_tiny_micro_batches_are_less_efficient() -> None:
+    """Same global batch: larger micro-batches reach more of the peak (per-token time falls)."""
+    times = [estimate_speed(gpt2(), amp(micro_batch_size=m, gradient_accumulation_steps=32 // m), machine()).step_time_s
+             for m in (1, 2, 4, 8, 16, 32)]
+    assert times == sorted(times, reverse=True)
+    assert times[0] > 1.1 * times[-1]
+
+
+def test_precision_orders_speed_on_ampere() -> None:
+    bf16 = estimate_speed(gpt2(), amp(), machine())
+    tf32 = estimate_speed(gpt2(), amp(autocast=None, tf32=True), machine())
+    fp32 = estimate_speed(gpt2(), amp(autocast=None, tf32=False), machine())
+    assert bf16.step_time_s < tf32.step_time_s < fp32.step_time_s
+    assert 0 < bf16.mfu < 0.6
+
+
+def test_bf16_on_t4_is_emulated_and_warns() -> None:
+    with pytest.warns(UserWarning, match="no bf16 tensor cores"):
+        bf16 = estimate_speed(gpt2(), amp(tf32=False), machine(T4))
+    fp16 = estimate_speed(gpt2(), amp(autocast="fp16", tf32=False), machine(T4))
+    assert fp16.step_time_s < bf16.step_time_s
+
+
+def test_tokens_per_s_and_bound() -> None:
+    s = amp(micro_batch_size=4, gradient_accumulation_steps=2)
+    t = estimate_speed(gpt2(), s, machine())
+    assert t.tokens_per_s == pytest.approx(4 * 2 * S / t.step_time_s)
+    assert t.bound == "compute"
+    assert t.step_time_s >= t.compute_time_s
+
+
+def test_optimizer_step_streams_params_grads_and_states() -> None:
+    # fused AdamW, fp32 master: read w(4) g(4) m(4) v(4), write w(4) m(4) v(4) = 28 B, plus the grad-norm read (4)
+    assert optimizer_bytes(llama7b(), amp()) == pytest.approx(32 * LLAMA_TOTAL)
+    # one token per step: the 7B update (215 GB at 0.8 x 2039 GB/s ~ 0.13 s) is the largest part of the step
+    t = estimate_speed(llama7b(), amp(seq_len=1), machine())
+    assert t.bound == "memory-bandwidth"
+    bw = 2039e9 * load("efficiency")["memory_bandwidth_fraction"]["value"]
+    no_update = estimate_speed(llama7b(), amp(seq_len=1, optimizer=None), machine())
+    assert t.step_time_s - no_update.step_time_s == pytest.approx(32 * LLAMA_TOTAL / bw)
+
+
+def _bus() -> float:
+    return load("efficiency")["comm_bus_fraction"]["value"]
+
+
+def test_ddp_ring_all_reduce() -> None:
+    s = amp(strategy="ddp", num_gpus=8)
+    per_micro, per_step = communication(llama7b(), s, machine(n=8), A100)
+    grads = 4 * LLAMA_TOTAL                                     # DDP reduces the fp32 grads of fp32 master weights
+    assert per_micro == 0
+    assert per_step == pytest.approx(2 * 7 / 8 * grads / (300e9 * _bus()))
+
+
+def test_zero3_gathers_params_twice_and_scatters_grads() -> None:
+    s = amp(strategy="zero3", num_gpus=8)
+    per_micro, per_step = communication(llama7b(), s, machine(n=8), A100)
+    ring = 7 / 8 / (300e9 * _bus())
+    assert per_micro == pytest.approx(2 * 2 * LLAMA_TOTAL * ring + 2 * LLAMA_TOTAL * ring)   # bf16 gathers fwd+bwd, bf16 grads
+    assert per_step == 0
+
+
+def test_inter_node_ring_adds_network_time() -> None:
+    s = amp(strategy="ddp", num_gpus=8, nodes=2)
+    _, per_step = communication(llama7b(), s, machine(n=8, nodes=2), A100)
+    grads = 4 * LLAMA_TOTAL
+    assert per_step == pytest.approx(2 * 7 / 8 * grads / (300e9 * _bus()) + 2 * 1 / 2 * grads / (25e9 * _bus()))
+
+
+def test_single_gpu_has_no_communication_and_ddp_costs_time() -> None:
+    one = estimate_speed(llama7b(), amp(seq_len=2048), machine())
+    assert one.comm_time_s == 0
+    slow_net = estimate_speed(llama7b(), amp(seq_len=256, strategy="ddp", num_gpus=8, nodes=4), machine(n=8, nodes=4, net=1.0))
+    assert slow_net.comm_time_s > 0
+    assert slow_net.bound == "communication"
+
+
+def test_offload_adds_pcie_time() -> None:
+    base = amp(strategy="zero3", num_gpus=8)
+    on = estimate_speed(llama7b(), base.model_copy(update={"offload_optimizer": True, "offload_params": True}), machine(n=8))
+    assert on.offload_time_s > 0
+    assert estimate_speed(llama7b(), base, machine(n=8)).offload_time_s == 0
+
+
+def test_quantized_base_is_slower_than_bf16_base() -> None:
+    lora = LoraSpec(r=8)
+    bf16 = estimate_speed(llama7b(), amp(seq_len=2048, weights_dtype="bf16", lora=lora), machine())
+    nf4 = estimate_speed(llama7b(), amp(seq_len=2048, weights_dtype="nf4", lora=lora), machine())
+    assert nf4.step_time_s > bf16.step_time_s
+
+
+def test_cpu_bf16_needs_native_support_and_threads_scale() -> None:
+    plain = CPU(model_name="avx2", physical_cores=16, logical_cores=32, ram_total=64 * GiB, ram_available=60 * GiB, flags=("avx2",))
+    amx = plain.model_copy(update={"flags": ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")})
+    fp32 = Setup(device="cpu", seq_len=256, micro_batch_size=2)
+    bf16 = fp32.model_copy(update={"autocast": "bf16"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        emulated = estimate_speed(gpt2(), bf16, Hardware(cpu=plain))
+    assert emulated.step_time_s > estimate_speed(gpt2(), fp32, Hardware(cpu=plain)).step_time_s
+    assert estimate_speed(gpt2(), bf16, Hardware(cpu=amx)).step_time_s < estimate_speed(gpt2(), fp32, Hardware(cpu=amx)).step_time_s
+    half = estimate_speed(gpt2(), fp32.model_copy(update={"cpu_threads": 8}), Hardware(cpu=plain))
+    assert half.step_time_s > estimate_speed(gpt2(), fp32, Hardware(cpu=plain)).step_time_s
+
+
+def test_inference_setups_go_to_the_inference_model() -> None:
+    from perfguide.speed.inference import estimate_inference_speed
+
+    s = Setup(task="infer", seq_len=128, new_tokens=32, weights_dtype="bf16", optimizer=None)
+    assert estimate_speed(gpt2(), s, machine()) == estimate_inference_speed(gpt2(), s, machine())
+
+
+def test_deterministic() -> None:
+    s = amp(micro_batch_size=4, gradient_accumulation_steps=8, gradient_checkpointing=True)
+    assert estimate_speed(llama7b(), s, machine()) == estimate_speed(llama7b(), s, machine())
