@@ -173,6 +173,9 @@ def model_kwargs(rec: "Recommendation") -> dict[str, Any]:
     device_map = _device_map(rec)
     if device_map is not None:
         kw["device_map"] = device_map
+    budget = next((d.value for d in rec.decisions if d.setting == "max_memory"), None)
+    if device_map == "auto" and budget:  # per-GPU weight budgets the inference rules sized (KV cache kept free)
+        kw["max_memory"] = budget
     if s.task == "infer" and s.strategy == "tp":
         kw["tp_plan"] = "auto"
     if rec.request.constraints.trust_remote_code:
