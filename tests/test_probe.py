@@ -300,6 +300,15 @@ def test_mig_uuid_in_cuda_visible_devices(fake, monkeypatch: pytest.MonkeyPatch)
     assert gpu.uuid == "MIG-bbbb2222-0000-0000-0000-000000000000" and gpu.memory_total == 4864 * MIB and gpu.index == 0
 
 
+def test_mig_mode_without_instances_is_unusable(fake) -> None:  # noqa: ANN001
+    board = mig_a100()
+    board.migs = []
+    fake([board, a100(1)])
+    with pytest.warns(ProbeWarning, match="MIG mode but has no MIG instances"):
+        hw = perfguide.probe()
+    assert [g.name for g in hw.gpus] == ["NVIDIA A100-SXM4-80GB"]
+
+
 def test_mixed_models_keep_all_and_smallest_gpu_is_the_t4(fake) -> None:  # noqa: ANN001
     fake([a100(0), t4(1)])
     hw = quiet_probe()

@@ -130,9 +130,13 @@ def _enumerate(
         degraded.append(f"NVML could not count GPUs ({type(exc).__name__}: {exc}); planning CPU-only")
         return (), "none", None
     wholes: list[_Device | None] = [_query_gpu(nvml, index, degraded) for index in range(count)]
-    slices = [
-        m for i, d in enumerate(wholes) if d is not None and _mig_enabled(nvml, d.handle) for m in _query_migs(nvml, d, i, degraded)
-    ]
+    slices: list[_Device] = []
+    for index, device in enumerate(wholes):
+        if device is not None and _mig_enabled(nvml, device.handle):
+            found = _query_migs(nvml, device, index, degraded)
+            slices.extend(found)
+            if not found:  # MIG on but no instances: CUDA cannot use the GPU at all
+                wholes[index] = None
     pool = [*wholes, *slices]  # Candidate.ref indexes this list
     chosen, dropped = select(
         [_candidate(d, i, ref=i) for i, d in enumerate(wholes)],
