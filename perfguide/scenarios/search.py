@@ -8,6 +8,7 @@ is searched over the divisors of the per-rank batch, so micro x accumulation x w
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -86,8 +87,22 @@ def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
     return usable is None or memory.device_total <= usable
 
 
+def quiet_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+    """Speed of a candidate without its warnings: only the chosen setup's warnings reach the plan."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return estimate_speed(spec, setup, hardware)
+
+
+def speed_warnings(spec: ModelSpec, setup: Setup, hardware: Hardware) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        estimate_speed(spec, setup, hardware)
+    return list(dict.fromkeys(str(w.message) for w in caught))
+
+
 def price(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Priced:
-    return Priced(setup, estimate_memory(spec, setup, hardware), estimate_speed(spec, setup, hardware))
+    return Priced(setup, estimate_memory(spec, setup, hardware), quiet_speed(spec, setup, hardware))
 
 
 def divisors(n: int) -> list[int]:
@@ -133,7 +148,7 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
     if largest is None:
         return Option(template, None, too_big)
     smaller = [c for c in choices if c < largest.setup.micro_batch_size]
-    timed = [(estimate_speed(spec, s, hardware), s) for s in (with_micro(template, c, per_rank_batch) for c in smaller)]
+    timed = [(quiet_speed(spec, s, hardware), s) for s in (with_micro(template, c, per_rank_batch) for c in smaller)]
     faster = [(t, s) for t, s in timed if t.step_time_s < largest.step_time]
     if faster:
         t, s = min(faster, key=lambda ts: ts[0].step_time_s)

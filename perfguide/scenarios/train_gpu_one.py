@@ -16,7 +16,7 @@ from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .host import gpu_dataloader
 from .precision import Precision, gpu_precision
 from .search import (Priced, SearchResult, bigger_gpu, candidates, gib, least_memory, micro_batch_choices, search,
-                     sharded_gpus_needed, training_rungs, usable_bytes)
+                     sharded_gpus_needed, speed_warnings, training_rungs, usable_bytes)
 from .types import Constraints, Plan, Request
 
 _LADDER_SOURCE = "rules.md 4.1 (fit ladder), 3.2 (fill the GPU, accumulate second), 3.3, 3.8, 3.17; anchors.md 13"
@@ -83,7 +83,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     adapters = {} if mode != "full" or cons.from_scratch else {k: run(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
     decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters, per_rank_batch)]
-    warnings += rung_warnings(result, cons)
+    warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw)
     suggestions = () if result.chosen else (suggest or what_would_fit)(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
                                                           if c.verdict != "does-not-fit" or r.chosen is None)

@@ -1,0 +1,63 @@
+"""train_cpu rules: bf16 only on CPUs with AVX512-BF16/AMX, never fp16, threads = physical cores, RAM as the limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide.errors import ConflictingConstraintsError
+from perfguide.hardware.types import CPU, Hardware
+from perfguide.scenarios.train_cpu import plan
+from perfguide.scenarios.types import Constraints, Request
+from test_speed import LLAMA_TOTAL, GiB, gpt2, llama7b
+
+AVX2 = CPU(model_name="EPYC 7B13", physical_cores=16, logical_cores=32, ram_total=128 * GiB, ram_available=120 * GiB, flags=("avx2", "fma"))
+SPR = CPU(model_name="Xeon 8480", physical_cores=56, logical_cores=112, ram_total=512 * GiB, ram_available=500 * GiB,
+          flags=("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
+
+
+def run(cpu: CPU, spec=None, seq: int = 256, batch: int = 16, **cons):  # noqa: ANN001,ANN201
+    return plan(Request(scenario="train_cpu", model=spec or gpt2(), hardware=Hardware(cpu=cpu), seq_len=seq,
+                        global_batch_size=batch, constraints=Constraints(**cons)))
+
+
+def test_plain_cpu_trains_fp32_with_physical_core_threads() -> None:
+    p = run(AVX2)
+    s = p.setup
+    assert p.fits and s.device == "cpu"
+    assert s.autocast is None and s.tf32 is False
+    assert s.cpu_threads == 16
+    assert s.dataloader_pin_memory is False
+    assert s.micro_batch_size * s.gradient_accumulation_steps == 16
+
+
+def test_amx_cpu_uses_bf16_autocast() -> None:
+    p = run(SPR)
+    assert p.setup.autocast == "bf16" and p.setup.weights_dtype == "fp32"
+    assert p.setup.cpu_threads == 56
+
+
+def test_fp16_is_refused_on_cpu() -> None:
+    with pytest.raises(ConflictingConstraintsError, match="fp16"):
+        run(AVX2, precision="fp16")
+
+
+def test_bf16_forced_on_plain_cpu_is_honoured_with_a_warning() -> None:
+    p = run(AVX2, precision="bf16")
+    assert p.setup.autocast == "bf16"
+    assert any("emulated" in w for w in p.warnings)
+
+
+def test_flash_attention_is_refused_on_cpu() -> None:
+    with pytest.raises(ConflictingConstraintsError):
+        run(AVX2, attn_implementation="flash_attention_2")
+
+
+def test_ram_limits_the_plan() -> None:
+    # fp32 weights, grads and AdamW states: 16 B/param * 6.74e9 = 107.8 GB, far over 30 GiB of free RAM;
+    # even pure bf16 + 8-bit states (6 B/param = 40.4 GB) is over
+    small = AVX2.model_copy(update={"ram_total": 32 * GiB, "ram_available": 30 * GiB})
+    assert 6 * LLAMA_TOTAL > 30 * GiB
+    p = run(small, llama7b(), seq=512, batch=8)
+    assert p.fits is False
+    assert any("RAM" in s for s in p.suggestions)
+    assert p.setup.micro_batch_size * p.setup.gradient_accumulation_steps == 8

@@ -1,0 +1,171 @@
+"""train_gpu_one rules: precision, the memory ladder, the fixed global batch, constraints and the no-fit path.
+
+Hardware is built by hand from the datasheets (A100 80 GB, A100 40 GB, T4 16 GB); bytes that decide the ladder
+are computed here from the parameter count, never read back from perfguide.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import perfguide
+from perfguide.errors import ConflictingConstraintsError, PerfGuideError
+from perfguide.hardware.types import GPU, Hardware
+from perfguide.scenarios.train_gpu_one import plan
+from perfguide.scenarios.types import Constraints, Request
+from test_speed import A100, CPU32, GiB, LLAMA_TOTAL, T4, gpt2, llama7b
+
+A100_40 = A100.model_copy(update={"name": "A100-SXM4-40GB", "memory_total": 40 * GiB, "memory_free": 40 * GiB, "memory_bandwidth_gbps": 1555})
+
+
+def hw(gpu: GPU = A100) -> Hardware:
+    return Hardware(gpus=(gpu,), cpu=CPU32, source="named", name=gpu.name)
+
+
+def run(spec=None, gpu: GPU = A100, seq: int = 1024, batch: int = 32, **cons):  # noqa: ANN001,ANN201
+    return plan(Request(scenario="train_gpu_one", model=spec or gpt2(), hardware=hw(gpu), seq_len=seq,
+                        global_batch_size=batch, constraints=Constraints(**cons)))
+
+
+def decision(p, setting: str):  # noqa: ANN001,ANN201
+    return next(d for d in p.decisions if d.setting == setting)
+
+
+def test_gpt2_on_a100_is_bf16_amp_tf32_fused_adamw_no_checkpointing() -> None:
+    p = run()
+    s = p.setup
+    assert p.fits
+    assert (s.autocast, s.weights_dtype, s.tf32) == ("bf16", "fp32", True)
+    assert s.optimizer == "adamw_torch_fused"
+    assert not s.gradient_checkpointing and s.lora is None
+    assert s.micro_batch_size * s.gradient_accumulation_steps == 32
+    assert decision(p, "mixed_precision").value == "bf16"
+    assert decision(p, "activation_checkpointing").value is False
+    # 124M params x 16 B (fp32 weights + grads + 2 AdamW states) = 2.0 GB: states never limit gpt2 on 80 GB
+    assert p.memory.weights + p.memory.gradients + p.memory.optimizer_states == 16 * 124_439_808
+    assert [c for c in p.candidates if c.verdict == "chosen"][0].setup == s
+
+
+def test_7b_full_finetune_on_a100_80gb_needs_the_ladder() -> None:
+    # fp32 master weights + fp32 grads + 2 fp32 AdamW states = 16 B/param: 16 * 6.74e9 = 107.8 GB > 80 GiB (85.9 GB)
+    assert 16 * LLAMA_TOTAL > 80 * GiB
+    p = run(llama7b(), seq=2048)
+    s = p.setup
+    assert p.fits
+    exact = s.weights_dtype == "fp32" and s.optimizer in ("adamw_torch_fused", "adamw_torch") and s.lora is None
+    assert not exact
+    assert s.optimizer in ("adamw_bnb_8bit", "adafactor") or s.weights_dtype == "bf16"
+    assert s.autocast == "bf16"
+    assert p.memory.device_total <= 0.9 * 80 * GiB
+    assert any(c.verdict == "does-not-fit" and c.setup.optimizer == "adamw_torch_fused" and c.setup.weights_dtype == "fp32"
+               for c in p.candidates)
+    optim = decision(p, "optim")
+    assert any(a.value == "adamw_torch_fused" and "does not fit" in a.why_not for a in optim.alternatives)
+
+
+def test_7b_on_a100_40gb_goes_past_lighter_optimizers() -> None:
+    # 8-bit AdamW with fp32 masters: 4 + 4 + 2 = 10 B/param = 67 GB > 40 GiB; pure bf16 + 8-bit: 2 + 2 + 2 = 6 B = 40.4 GB > 36 GiB usable
+    assert 10 * LLAMA_TOTAL > 40 * GiB and 6 * LLAMA_TOTAL > 0.9 * 40 * GiB
+    p = run(llama7b(), gpu=A100_40, seq=2048)
+    assert not p.fits
+    assert p.suggestions
+    text = " ".join(p.suggestions)
+    assert "lora" in text and "FSDP" in text
+    assert p.setup.micro_batch_size * p.setup.gradient_accumulation_steps == 32
+
+
+def test_t4_with_bf16_native_model_is_not_fp16() -> None:
+    tiny_bf16 = gpt2().model_copy(update={"native_dtype": "bf16"})
+    p = run(tiny_bf16, gpu=T4)
+    assert p.setup.autocast != "fp16"
+    assert p.setup.autocast != "bf16"          # no bf16 tensor cores on cc 7.5
+    assert p.setup.tf32 is False
+    assert any("bf16" in w for w in p.warnings)
+
+
+def test_t4_with_fp32_model_uses_fp16_amp() -> None:
+    p = run(gpu=T4)
+    assert (p.setup.autocast, p.setup.weights_dtype, p.setup.tf32) == ("fp16", "fp32", False)
+
+
+@pytest.mark.parametrize("cons,match", [
+    ({"precision": "bf16"}, "compute capability"),
+])
+def test_bf16_forced_on_t4_conflicts(cons: dict, match: str) -> None:
+    with pytest.raises(ConflictingConstraintsError, match=match):
+        run(gpu=T4, **cons)
+
+
+def test_fp16_forced_on_bf16_native_model_conflicts() -> None:
+    with pytest.raises(ConflictingConstraintsError, match="bf16"):
+        run(llama7b(), seq=512, precision="fp16")
+
+
+def test_micro_batch_that_does_not_divide_global_conflicts() -> None:
+    with pytest.raises(ConflictingConstraintsError, match="does not divide"):
+        run(batch=32, micro_batch_size=3)
+
+
+def test_unknown_optimizer_is_one_line_error() -> None:
+    with pytest.raises(PerfGuideError) as err:
+        run(optimizer="adamw_hf")
+    assert "\n" not in str(err.value) and "adamw_torch_fused" in str(err.value)
+
+
+def test_flash_attention_on_t4_conflicts() -> None:
+    with pytest.raises(ConflictingConstraintsError, match="flash_attention_2"):
+        run(gpu=T4, attn_implementation="flash_attention_2")
+
+
+def test_forced_constraints_are_honoured() -> None:
+    p = run(micro_batch_size=4, gradient_checkpointing=True, optimizer="sgd", precision="fp32", attn_implementation="eager")
+    s = p.setup
+    assert (s.micro_batch_size, s.gradient_accumulation_steps) == (4, 8)
+    assert s.gradient_checkpointing and s.optimizer == "sgd" and s.autocast is None and s.attn_implementation == "eager"
+
+
+def test_lora_and_qlora_modes() -> None:
+    lora = run(llama7b(), seq=2048, finetune="lora")
+    assert lora.setup.lora is not None and lora.setup.weights_dtype == "bf16" and lora.fits
+    q = run(llama7b(), gpu=T4, seq=1024, finetune="qlora")
+    assert q.setup.weights_dtype == "nf4" and q.setup.lora is not None
+
+
+def test_nothing_fits_never_raises_and_says_what_would() -> None:
+    p = run(llama7b(), gpu=T4, seq=2048)
+    assert p.fits is False
+    assert any("qlora" in s for s in p.suggestions)
+    assert any("FSDP" in s or "hardware=" in s for s in p.suggestions)
+
+
+def test_headroom_is_kept() -> None:
+    for headroom in (0.05, 0.3):
+        p = run(llama7b(), seq=2048, headroom=headroom)
+        if p.fits:
+            assert p.memory.device_total <= (1 - headroom) * 80 * GiB
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(min_value=1, max_value=512), seq=st.sampled_from([128, 512, 1000, 1024]))
+def test_global_batch_is_always_kept(batch: int, seq: int) -> None:
+    s = run(seq=seq, batch=batch).setup
+    assert s.micro_batch_size * s.gradient_accumulation_steps * s.world_size == batch
+
+
+def test_deterministic() -> None:
+    assert run(llama7b(), seq=2048).model_dump() == run(llama7b(), seq=2048).model_dump()
+
+
+def test_every_decision_has_a_reason() -> None:
+    p = run()
+    settings_ = {d.setting for d in p.decisions}
+    assert {"per_device_train_batch_size", "gradient_accumulation_steps", "mixed_precision", "tf32", "optim",
+            "activation_checkpointing", "attn_implementation", "finetune", "dataloader_num_workers", "dataloader_pin_memory"} <= settings_
+    assert all(d.reason for d in p.decisions)
+
+
+def test_public_recommend_on_named_hardware() -> None:
+    rec = perfguide.recommend("gpt2", hardware="a100-80gb", seq_len=1024, global_batch_size=64)
+    assert rec.setup.autocast == "bf16" and rec.setup.global_batch_size == 64 and rec.fits
