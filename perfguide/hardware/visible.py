@@ -87,7 +87,7 @@ def select(
     """
     by_parent: dict[int, list[Candidate]] = {}
     for mig in migs:
-        by_parent.setdefault(mig.mig_of if mig.mig_of is not None else -1, []).append(mig)
+        by_parent.setdefault(mig.mig_of, []).append(mig)  # type: ignore[arg-type]
 
     def expand(gpu: Candidate) -> list[Candidate]:
         return by_parent.get(gpu.nvml_index, [gpu])
