@@ -223,11 +223,19 @@ def _spec(hub_id: str) -> ModelSpec:
     return _SPECS[hub_id]
 
 
-def _logits_sum_adjust(row: dict[str, str], spec: ModelSpec, setup: Setup, est_logits: int) -> int:
-    """The transformers SDPA tables use loss=logits.sum(): one 16-bit b*s*V logits tensor, no fp32 loss path."""
-    if "loss=logits.sum()" not in row["method"]:
+def _loss_path_adjust(row: dict[str, str], spec: ModelSpec, setup: Setup, est_logits: int) -> int:
+    """Rows whose loss is not HF's fp32 cross-entropy: replace perfguide's loss buffers by the framework's.
+
+    The transformers SDPA tables use ``loss=logits.sum()`` (one 16-bit b*s*V logits tensor); litgpt uses
+    chunked cross-entropy on 16-bit logits (logits + their gradient, fp32 only per 128-token chunk).
+    """
+    if "loss=logits.sum()" in row["method"]:
+        per = 2
+    elif row["source_group"].startswith("litgpt") and setup.task == "train":
+        per = 4
+    else:
         return 0
-    return 2 * setup.micro_batch_size * setup.seq_len * spec.vocab_size - est_logits
+    return per * setup.micro_batch_size * setup.seq_len * spec.vocab_size - est_logits
 
 
 def accelerate_anchor(spec: ModelSpec, setup: Setup) -> int:
@@ -284,7 +292,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         published = float(re.match(r"[\d.]+", row["peak_mem_value"]).group())  # type: ignore[union-attr]
     except (Skip, AttributeError) as exc:
         return Result(row, "skip", str(exc) or "value not a number")
-    adjust = _logits_sum_adjust(row, spec, setup, est.logits)
+    adjust = _loss_path_adjust(row, spec, setup, est.logits)
     value = getattr(est, metric)
     if adjust and metric == "peak_allocated" and est.notes and "forward" in est.notes[0]:
         value += adjust

@@ -57,9 +57,9 @@ def family_coefficients(family: str, model_type: str = "") -> dict[str, Any]:
     """Resolve a family (or HF model_type) to its regime table, following aliases and ``same_as``."""
     data = load("activations")
     families, aliases = data["families"], data["aliases"]
-    name = next((n for n in (family, model_type) if n in families), None)
-    if name is None:
-        name = next((aliases[n] for n in (family, model_type) if n in aliases), "generic")
+    # the HF model_type is the more specific key (OPT's ReLU block is BERT-like, not GPT-2's gelu_new)
+    candidates = [n if n in families else aliases.get(n) for n in (model_type, family)]
+    name = next((n for n in candidates if n), "generic")
     entry = families[name]
     seen = {name}
     while "same_as" in entry:
