@@ -1,13 +1,10 @@
-"""Hardware: probe this machine, or name one to plan for."""
+"""Hardware: probe this machine, or name one to plan for.
 
+``probe`` is imported eagerly: a lazy wrapper would be shadowed by the ``probe`` submodule once imported.
+The probe module itself is light (pynvml and psutil are loaded inside its functions).
+"""
+
+from .probe import probe
 from .types import CPU, GPU, Hardware
-
-
-def probe() -> Hardware:
-    """Probe GPUs (NVML, never initialising CUDA), CPU and RAM. Never raises on driver trouble."""
-    from .probe import probe as _probe
-
-    return _probe()
-
 
 __all__ = ["CPU", "GPU", "Hardware", "probe"]
