@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -56,6 +57,12 @@ PROBE_WORD = "probe"
 
 def _note(message: str) -> None:
     print(message, file=sys.stderr)
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+                  line: str | None = None) -> None:
+    """Warnings (a degraded probe, say) as one stderr line: the CLI user needs the message, not our source line."""
+    _note(f"warning: {message}")
 
 
 @contextmanager
@@ -232,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv: debug)")
     subs = parser.add_subparsers(title="commands", metavar="<command>")
     probe = _subparser(subs, "probe", cmd_probe, "Show this machine as perfguide sees it (GPUs, memory, CPU).", parents=[common])
-    probe.add_argument("--json", action="store_true", help="print the Hardware as JSON")
+    probe_out = probe.add_mutually_exclusive_group()
+    probe_out.add_argument("--json", action="store_true", help="print the Hardware as JSON")
+    probe_out.add_argument("--markdown", action="store_true", help="print as Markdown")
     _add_recommend(subs, common)
     _add_estimate(subs, common)
     _add_calibrate(subs, common)
@@ -273,8 +282,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
         return 2
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the chosen command: PerfGuideError -> ``error: ...`` and 2, warnings -> ``warning: ...``, no tracebacks."""
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return args.func(args)
     except PerfGuideError as exc:
         _note(f"error: {exc}")
         return 2

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from importlib import metadata
 import os
 import subprocess
 import sys
 
 import pytest
 
-from perfguide import Hardware, MemoryEstimate, Recommendation
+from perfguide import Hardware, MemoryEstimate, PerfGuideError, Recommendation
 from perfguide.cli import build_parser, main
 from perfguide.cli_setup import setup_from_args
 
@@ -126,10 +127,10 @@ def test_probe_and_env_text(capsys):
     code, out, _ = run(capsys, "env")
     assert code == 0 and out.startswith("Copy-and-paste")
     assert f"- Python: {sys.version.split()[0]}" in out
-    import torch
-    import transformers
+    import torch   # env imported it already, to name the accelerator torch was built for
 
-    assert f"- torch: {torch.__version__}" in out and f"- transformers: {transformers.__version__}" in out
+    assert f"- torch: {torch.__version__}" in out and f"- transformers: {metadata.version('transformers')}" in out
+    assert "- PyTorch accelerator: " in out
 
 
 @ENGINE
@@ -175,3 +176,37 @@ def test_python_dash_m_perfguide_help():
     done = subprocess.run([sys.executable, "-m", "perfguide", "--help"], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage: perfguide" in done.stdout and "recommend" in done.stdout
+
+
+@ENGINE
+@needs("perfguide.integrations.accelerate")
+def test_recommend_writes_plot_and_accelerate_config(capsys, tmp_path):
+    import yaml
+
+    png, config = tmp_path / "mem.png", tmp_path / "accelerate.yaml"
+    code, out, err = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "256",
+                         "--plot", str(png), "--write-accelerate-config", str(config), "--json")
+    assert code == 0
+    Recommendation.model_validate_json(out)            # stdout stays pure JSON; file messages go to stderr
+    assert str(png) in err and str(config) in err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert isinstance(yaml.safe_load(config.read_text()), dict)
+
+
+def test_warnings_and_errors_from_a_command_are_one_stderr_line(capsys):
+    import argparse
+    import warnings
+
+    from perfguide.cli import run_command
+
+    def degraded(_args: argparse.Namespace) -> int:
+        warnings.warn("probe degraded: NVML missing", UserWarning, stacklevel=1)
+        return 0
+
+    def failing(_args: argparse.Namespace) -> int:
+        raise PerfGuideError("unknown thing 'x'. Accepted: a, b.")
+
+    assert run_command(argparse.Namespace(func=degraded)) == 0
+    assert capsys.readouterr().err == "warning: probe degraded: NVML missing\n"
+    assert run_command(argparse.Namespace(func=failing)) == 2
+    assert capsys.readouterr().err == "error: unknown thing 'x'. Accepted: a, b.\n"

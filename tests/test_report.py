@@ -199,3 +199,18 @@ def test_inference_header_counts_sequences_not_accumulation():
     text = rec.report("text")
     assert "- batch: 8 concurrent sequence(s) per process x 1 process(es), 256 new tokens each" in text
     assert "gradient_accumulation_steps" not in text and "new_tokens" in text
+
+
+def test_hardware_render_lists_each_gpu_with_its_abilities():
+    from perfguide.render.hardware import render_hardware
+
+    v100 = GPU(name="Tesla V100-SXM2-16GB", index=1, memory_total=16 * GiB, memory_free=15 * GiB, compute_capability=(7, 0))
+    mixed = Hardware(gpus=(A100, v100), cpu=HOST, interconnect="nvlink", source="probe", warnings=("MIG state unknown",))
+    text = render_hardware(mixed, "text")
+    assert "2x mixed (NVIDIA A100-SXM4-80GB / Tesla V100-SXM2-16GB), smallest (16.0 GiB, nvlink)" in text
+    a100_row = next(line for line in text.splitlines() if "A100-SXM4" in line and line.startswith("0"))
+    assert "8.0" in a100_row and "80.0 GiB (85.9 GB)" in a100_row and "bf16 tf32" in a100_row and "312" in a100_row
+    v100_row = next(line for line in text.splitlines() if line.startswith("1 "))
+    assert "7.0" in v100_row and "bf16" not in v100_row      # Volta has no bf16 tensor cores
+    assert "- MIG state unknown" in text
+    assert "| # | name | cc |" in render_hardware(mixed, "markdown")
