@@ -110,7 +110,8 @@ def build_on_meta(config: dict[str, Any], setup: Setup) -> Any:
     if setup.lora is not None:
         model = _add_lora(model, setup)
     if setup.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()  # transformers 5 default: non-reentrant torch.utils.checkpoint per block
     return model
 
 

@@ -101,11 +101,13 @@ def make_cuda_emulation(autocast_dtype: Any | None, emulate_sdpa: bool) -> Any:
 
         def _sdpa(self, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
                   scale: float | None = None, enable_gqa: bool = False) -> Any:
-            if k.shape[-3] != q.shape[-3] and not (enable_gqa and attn_mask is None):
+            head_dim = q.shape[-1]
+            flash = attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and head_dim % 8 == 0
+            if k.shape[-3] != q.shape[-3] and not (flash and enable_gqa):
+                # only the flash kernel reads grouped K/V natively; other paths see them expanded
                 rep = q.shape[-3] // k.shape[-3]
                 k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-            head_dim = q.shape[-1]
-            if attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and head_dim % 8 == 0:
+            if flash:
                 self.kernels["flash"] += 1
                 return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
             if head_dim % 8 == 0 or q.dtype == torch.float32:
