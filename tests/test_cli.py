@@ -66,6 +66,11 @@ def test_version_and_missing_command(capsys):
     assert code == 2 and "usage: perfguide" in err
 
 
+@pytest.mark.parametrize("argv, level", [(["recommend", "x"], 0), (["-v", "recommend", "x"], 1), (["recommend", "x", "-vv"], 2)])
+def test_verbose_counts_before_or_after_the_command(argv, level):
+    assert build_parser().parse_args(argv).verbose == level
+
+
 def test_output_modes_exclude_each_other(capsys):
     code, _, err = run(capsys, "recommend", "gpt2", "--json", "--markdown")
     assert code == 2 and "not allowed with argument" in err

@@ -214,3 +214,13 @@ def test_hardware_render_lists_each_gpu_with_its_abilities():
     assert "7.0" in v100_row and "bf16" not in v100_row      # Volta has no bf16 tensor cores
     assert "- MIG state unknown" in text
     assert "| # | name | cc |" in render_hardware(mixed, "markdown")
+
+
+def test_tensor_parallel_inference_has_no_dataparallel_warning():
+    base = make_recommendation(gpus=2)
+    setup = Setup(task="infer", micro_batch_size=4, new_tokens=64, weights_dtype="bf16", strategy="tp", num_gpus=2)
+    rec = make_recommendation(gpus=2, setup=setup, request=base.request.model_copy(update={"scenario": "infer_gpu_many"}))
+    text = rec.report("text")
+    assert "nn.DataParallel" not in text
+    if importlib.util.find_spec("perfguide.integrations.launch") is not None:
+        assert "launch with:" in text

@@ -98,10 +98,11 @@ def sweep(rec: "Recommendation", field: str, xs: tuple[int, ...]) -> tuple[Serie
 
 
 def _draw_limits(ax: Any, rec: "Recommendation") -> None:
-    capacity = rec.memory.capacity
-    if capacity is None:
+    from .report import planned_limit
+
+    capacity, planned = rec.memory.capacity, planned_limit(rec)
+    if capacity is None or planned is None:
         return
-    planned = capacity * (1 - rec.request.constraints.headroom)
     ax.axhline(capacity / GiB, color="black", linewidth=1.5, label=f"device memory ({fmt_bytes(capacity)})")
     ax.axhline(planned / GiB, color="black", linestyle="--", linewidth=1, label=f"planned limit ({fmt_bytes(planned)})")
 

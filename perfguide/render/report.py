@@ -56,12 +56,19 @@ def _global_batch(setup: Setup) -> tuple[str, str]:
                             f"{setup.gradient_accumulation_steps} accumulation x {setup.world_size} process(es)")
 
 
+def planned_limit(rec: "Recommendation") -> int | None:
+    """The bytes the search allowed itself (capacity, or what a probe saw free, less the headroom): the rules' own number."""
+    from ..scenarios.search import usable_bytes
+
+    return usable_bytes(rec.memory, rec.hardware, rec.request.constraints.headroom)
+
+
 def _usable_memory(rec: "Recommendation") -> str:
-    capacity = rec.memory.capacity
-    if capacity is None:
+    capacity, limit = rec.memory.capacity, planned_limit(rec)
+    if capacity is None or limit is None:
         return "unknown (no device)"
     headroom = rec.request.constraints.headroom
-    return f"{fmt_bytes(capacity)} per device, planned to {fmt_bytes(capacity * (1 - headroom))} ({fmt_percent(headroom)} kept free)"
+    return f"{fmt_bytes(capacity)} per device, planned to {fmt_bytes(limit)} ({fmt_percent(headroom)} kept free)"
 
 
 def _request_section(rec: "Recommendation") -> Section:
@@ -203,7 +210,7 @@ def _launch_command(rec: "Recommendation") -> str | None:
     if importlib.util.find_spec("perfguide.integrations.launch") is None:
         return None
     try:
-        return rec.launch_command()
+        return rec.launch_command("train.py" if rec.setup.task == "train" else "generate.py")
     except PerfGuideError as exc:
         logger.debug("no launch command: %s", exc)
         return None
@@ -212,7 +219,8 @@ def _launch_command(rec: "Recommendation") -> str | None:
 def _launch_section(rec: "Recommendation") -> Section | None:
     if not is_multi_process(rec.setup):
         return None
-    items = [(0, DATAPARALLEL_WARNING)] if rec.setup.device == "cuda" else []
+    dataparallel_risk = rec.setup.device == "cuda" and rec.setup.task == "train"
+    items = [(0, DATAPARALLEL_WARNING)] if dataparallel_risk else []
     command = _launch_command(rec)
     if command:
         items += [(0, "launch with:"), (1, command)]
