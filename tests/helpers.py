@@ -41,18 +41,18 @@ def hardware(kind: str = "cpu", count: int = 1, nodes: int = 1) -> Hardware:
     return Hardware(gpus=gpus, cpu=cpu_box(), nodes=nodes, source="named", interconnect="nvlink" if count > 1 else "none")
 
 
-def tiny_config() -> Any:
+def tiny_config(**update: Any) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(**TINY_LLAMA)
+    return LlamaConfig(**{**TINY_LLAMA, **update})
 
 
-def tiny_model(seed: int = 0) -> Any:
+def tiny_model(seed: int = 0, **update: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(tiny_config())
+    return AutoModelForCausalLM.from_config(tiny_config(**update))
 
 
 def tiny_spec(**update: Any) -> ModelSpec:

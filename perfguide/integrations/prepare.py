@@ -73,7 +73,9 @@ def use_stable_embedding(model: Any) -> None:
     old = model.get_input_embeddings()
     if isinstance(old, bnb.nn.StableEmbedding):
         return
-    new = bnb.nn.StableEmbedding(old.num_embeddings, old.embedding_dim, padding_idx=old.padding_idx, device=old.weight.device, dtype=old.weight.dtype)
+    # no device=/dtype= here: bnb 0.50 passes them positionally into torch 2.13's nn.Embedding, one slot off
+    new = bnb.nn.StableEmbedding(old.num_embeddings, old.embedding_dim, padding_idx=old.padding_idx)
+    new = new.to(device=old.weight.device, dtype=old.weight.dtype)
     model.set_input_embeddings(new)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
