@@ -9,7 +9,7 @@ import pytest
 from perfguide import Setup
 from perfguide.errors import PerfGuideError
 from perfguide.render.plot import micro_batch_axis, seq_len_axis, sweep, variants
-from test_report import make_recommendation
+from tests.test_report import make_recommendation
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
