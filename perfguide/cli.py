@@ -14,7 +14,7 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from ._version import __version__
@@ -121,7 +121,9 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     rec = recommend(args.model, args.scenario, hardware=_hardware(args.hardware),
                     seq_len=args.seq_len, global_batch_size=args.global_batch_size, **constraints)
     if args.plot:
-        _note(f"wrote the memory plot to {rec.plot(args.plot)}")
+        with progress("drawing the memory plot"):
+            path = rec.plot(args.plot)
+        _note(f"wrote the memory plot to {path}")
     if args.write_accelerate_config:
         _note(f"wrote the accelerate config to {rec.write_accelerate_config(args.write_accelerate_config)}")
     if args.json:
@@ -141,10 +143,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     setup = Setup.parse(setup_from_args(args))
     hardware = _hardware(args.hardware)
-    if args.method == "trace":
-        with progress(f"tracing {args.model} on fake tensors"):
-            memory = estimate(args.model, setup, hardware=hardware, method="trace")
-    else:
+    busy = progress(f"tracing {args.model} on fake tensors") if args.method == "trace" else nullcontext()
+    with busy:
         memory = estimate(args.model, setup, hardware=hardware, method=args.method)
     _emit(memory.to_json() if args.json else render_estimate(args.model, setup, memory, _report_format(args)))
     return 0

@@ -92,9 +92,16 @@ def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _md_row(cells: tuple[str, ...]) -> str:
+    return "| " + " | ".join(_md_cell(c) for c in cells) + " |"
+
+
 def _md_table(table: Table) -> list[str]:
-    row = lambda cells: "| " + " | ".join(_md_cell(c) for c in cells) + " |"  # noqa: E731
-    return [row(table.headers), "|" + "|".join("---" for _ in table.headers) + "|", *(row(r) for r in table.rows)]
+    return [_md_row(table.headers), "|" + "|".join("---" for _ in table.headers) + "|", *(_md_row(r) for r in table.rows)]
+
+
+def _md_bullet(level: int, text: str, headed: bool) -> str:
+    return f"{'  ' * level}- " + (f"**{text}**" if headed and level == 0 else text)
 
 
 def _md_block(block: Block) -> list[str]:
@@ -104,8 +111,7 @@ def _md_block(block: Block) -> list[str]:
         return _md_table(block)
     if isinstance(block, Bars):
         return ["```text", *text_bar_lines(list(block.rows), DEFAULT_WIDTH), "```"]
-    strong = lambda level, text: f"**{text}**" if block.headed and level == 0 else text  # noqa: E731
-    return [f"{'  ' * level}- {strong(level, text)}" for level, text in block.items]
+    return [_md_bullet(level, text, block.headed) for level, text in block.items]
 
 
 def to_markdown(doc: Document) -> str:
