@@ -120,6 +120,8 @@ def test_shapes_and_moe_active_params() -> None:
     t5 = ModelSpec.from_any("t5-base")
     assert t5.is_encoder_decoder and (t5.num_layers, t5.num_decoder_layers) == (12, 12)
     assert "layer.1.EncDecAttention.q" in t5.decoder_block_linears and "layer.1.EncDecAttention.q" not in t5.block_linears
+    assert ModelSpec.from_any("qwen2.5-7b").sliding_window is None  # named in config.json but switched off
+    assert ModelSpec.from_any("mistral-7b").sliding_window == 4096
     gpt2 = ModelSpec.from_any("gpt2")
     assert gpt2.embedding_params == (50257 + 1024) * 768 and gpt2.tie_word_embeddings and not gpt2.gated_mlp
 
@@ -146,6 +148,18 @@ def test_catalog_keys_do_not_collide() -> None:
     assert len(names) >= 50 and "meta-llama/Llama-3.1-8B" in names
     assert all(lookup(n) == n for n in names)
     assert lookup("someone/gpt2") is None  # an unknown organisation is not silently taken for the catalog model
+
+
+@pytest.mark.parametrize(("name", "arch"), [
+    ("bert-base-uncased", "BertModel"), ("bert-base-uncased", "BertForPreTraining"), ("roberta-base", "RobertaModel"),
+    ("t5-small", "T5Model"), ("t5-small", "T5EncoderModel"), ("gpt2", "GPT2Model"), ("llama-3.2-1b", "LlamaModel"),
+    ("opt-350m", "OPTModel"), ("pythia-70m", "GPTNeoXModel"), ("gemma-2-2b", "Gemma2Model"),
+])
+def test_other_head_classes(name: str, arch: str) -> None:
+    with torch.device("meta"):
+        expected = _unique_params(getattr(transformers, arch)(_hf_config(name)))
+    config = dict(config_of(lookup(name)), architectures=[arch])
+    assert spec_from_config(config, name, "config").total_params == expected
 
 
 def test_hf_config_and_dict_inputs() -> None:
@@ -271,6 +285,7 @@ def test_missing_config_keys_are_named(config: dict, missing: str) -> None:
         ModelSpec.from_any(config)
 
 
+@pytest.mark.slow
 def test_import_and_catalog_stay_light() -> None:
     code = ("import sys, perfguide; s = perfguide.ModelSpec.from_any('llama-3.1-8b'); perfguide.ModelSpec.from_any('3b');"
             "assert s.total_params == 8030261248; heavy = {'torch', 'transformers'} & set(sys.modules); assert not heavy, heavy")

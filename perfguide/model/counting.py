@@ -160,7 +160,9 @@ def build_spec(config: dict[str, Any], counted: Counted, name: str, source: str,
     model_type = str(config.get("model_type", "unknown"))
     blocks = counted.blocks
     dims = {"max_position_embeddings": config.get("max_position_embeddings"),
-            "sliding_window": config.get("sliding_window"), **counted.dims}
+            # Qwen2 configs name a window but switch it off with use_sliding_window=false
+            "sliding_window": config.get("sliding_window") if config.get("use_sliding_window", True) else None,
+            **counted.dims}
     values: dict[str, Any] = dict(
         name=name, model_type=model_type, architecture=fields.architecture(config), family=fields.family(model_type),
         tie_word_embeddings=counted.lm_head == 0 and counted.head != "base", total_params=counted.total, embedding_params=counted.embedding,

@@ -56,8 +56,8 @@ def head_kind(config: dict[str, Any]) -> str:
         return "lm"
     if arch.endswith("ForPreTraining"):
         return "pretraining"
-    if arch.endswith("Model") and "For" not in arch:
-        return "base"
+    if arch.endswith("Model") and not any(t in arch for t in ("For", "Head", "Encoder", "Decoder")):
+        return "base"  # not T5EncoderModel / GPT2DoubleHeadsModel, whose trees differ
     return "other"
 
 

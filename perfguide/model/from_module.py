@@ -126,7 +126,8 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
         raise InvalidModelError(f"{type(module).__name__} has no parameters; pass the model itself, not a wrapper.")
     config = _config_dict(module)
     name = name or str(config.get("_name_or_path") or type(module).__name__)
-    exact = dict(total_params=total, trainable_params=trainable, architecture=type(module).__name__)
+    base = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module  # PEFT wrapper
+    exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__)
     counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
     if counted is not None:
         return build_spec(config, counted, name, source, **exact, **_output_head(module))

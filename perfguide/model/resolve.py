@@ -64,20 +64,22 @@ def _from_path(path: Path) -> ModelSpec:
 def _from_hub(hub_id: str, trust_remote_code: bool) -> ModelSpec:
     hint = did_you_mean(hub_id, catalog.short_names() + catalog.catalog_names())
     if _offline():
-        raise OfflineError(f"model {hub_id!r} is not in the offline catalog and HF_HUB_OFFLINE is set;{hint} "
-                           f"{_OFFLINE_OPTIONS}.")
+        raise OfflineError(f"model {hub_id!r} is not in the offline catalog and HF_HUB_OFFLINE is set.{hint} "
+                           f"Offline, {_OFFLINE_OPTIONS}.")
     try:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(hub_id, trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - network, auth, missing repo, remote code: all end the same way
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise OfflineError(f"could not fetch the config of {hub_id!r} from the Hugging Face Hub ({reason});{hint} "
-                           f"{_OFFLINE_OPTIONS}.") from None
+        raise OfflineError(f"could not fetch the config of {hub_id!r} from the Hugging Face Hub ({reason}).{hint} "
+                           f"Offline, {_OFFLINE_OPTIONS}.") from None
     return _from_hf_config(config, hub_id, "hub", trust_remote_code)
 
 
 def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
+    if not text.strip():
+        raise InvalidModelError(f"empty model name; accepted: {_ACCEPTED}.")
     path = Path(text).expanduser()
     if path.exists():
         return _from_path(path)
