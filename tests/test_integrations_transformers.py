@@ -15,7 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from helpers import hardware, make_rec, tiny_model, token_dataset  # noqa: E402
+try:  # tests/ as a plain folder or as a package
+    from helpers import hardware, make_rec, tiny_model, token_dataset
+except ImportError:  # pragma: no cover
+    from tests.helpers import hardware, make_rec, tiny_model, token_dataset
 
 from perfguide.errors import InvalidSetupError, WrongMachineError  # noqa: E402
 
