@@ -27,8 +27,8 @@ __all__ = [
 ]
 
 
-def verify(model, rec, steps: int = 3, dataset=None):  # noqa: ANN001 - thin lazy wrapper
-    """Run a few real steps of ``rec`` and return measured vs predicted (see perfguide.verify)."""
-    from .verify import verify as _verify
+def verify(model, rec, steps: int = 3, dataset=None, **kwargs):  # noqa: ANN001,ANN003 - thin lazy wrapper
+    """Run a few real steps of ``rec`` and return measured vs predicted (see perfguide.measure.verify)."""
+    from .measure.verify import verify as _verify
 
-    return _verify(model, rec, steps=steps, dataset=dataset)
+    return _verify(model, rec, steps=steps, dataset=dataset, **kwargs)

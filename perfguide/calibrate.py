@@ -114,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
 
     from .api import recommend
     from .hardware import probe
-    from .verify import verify
+    from .measure.verify import verify
 
     hw = probe()
     scenario = "train_gpu_one" if hw.has_gpu else "train_cpu"

@@ -13,9 +13,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from .measure.types import Verification
-from .recommendation import Recommendation
-from .setup import Setup
+from .types import Verification
+from ..recommendation import Recommendation
+from ..setup import Setup
 
 logger = logging.getLogger("perfguide.verify")
 
@@ -86,10 +86,10 @@ def verify(
     """Measured vs predicted peak memory and step time for ``steps`` optimizer steps of ``rec``."""
     from transformers import Trainer
 
-    from .integrations.callback import PerfGuideCallback
+    from ..integrations.callback import PerfGuideCallback
 
     if steps < 1:
-        from .errors import PerfGuideError
+        from ..errors import PerfGuideError
 
         raise PerfGuideError(f"steps must be >= 1, got {steps}")
     if prepare:

@@ -1,0 +1,84 @@
+"""verify(), PerfGuideCallback, calibration and the real-device batch finder, on this CPU machine."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import torch
+
+import perfguide
+from perfguide.calibrate import Factors, factors, record
+from perfguide.integrations.callback import PerfGuideCallback
+from perfguide.measure.batch_finder import find_micro_batch, torch_try_step
+
+from helpers import TINY_LLAMA, hardware, tiny_model, token_dataset
+
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def rec():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no NVIDIA driver here: the probe warns and plans CPU-only
+        return perfguide.recommend({"model_type": "llama", **TINY_LLAMA}, scenario="train_cpu", seq_len=SEQ, global_batch_size=4)
+
+
+def test_verify_returns_real_measurements(rec):
+    result = perfguide.verify(tiny_model(), rec, steps=3)
+    m = result.measured
+    assert m is not None and m.device == "cpu" and m.steps == 3
+    assert m.step_time_s > 0 and m.tokens_per_s > 0
+    assert m.rss_peak >= m.rss_baseline > 0
+    names = {c.quantity for c in result.comparisons}
+    assert "step_time_s" in names
+    # comparisons are measured / predicted, computed from the numbers they carry
+    for c in result.comparisons:
+        assert c.ratio == pytest.approx(c.measured / c.predicted)
+
+
+def test_callback_logs_predicted_and_measured_inside_trainer(rec, tmp_path, caplog):
+    from transformers import Trainer
+
+    cb = PerfGuideCallback(rec, measure_after_steps=2)
+    args = rec.training_args(output_dir=str(tmp_path), max_steps=3, report_to="none", save_strategy="no", disable_tqdm=True)
+    with caplog.at_level(logging.INFO, logger="perfguide.callback"):
+        Trainer(model=tiny_model(), args=args, train_dataset=token_dataset(n=16, seed=1), callbacks=[cb]).train()
+    assert cb.verification is not None and cb.verification.measured.steps == 2
+    logged = [r.getMessage() for r in caplog.records if r.name == "perfguide.callback"]
+    assert any("step_time_s: predicted" in line and "measured" in line for line in logged)
+
+
+def test_simulated_oom_leaves_the_process_usable_and_suggests_a_smaller_setup(rec):
+    def boom(step: int) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    result = perfguide.verify(tiny_model(), rec, steps=2, fault=boom)
+    assert result.oom and not result.ok and result.measured is None
+    s, smaller = rec.setup, result.suggestion
+    assert smaller is not None
+    assert smaller.global_batch_size == s.global_batch_size
+    assert (smaller.micro_batch_size, smaller.gradient_checkpointing) != (s.micro_batch_size, s.gradient_checkpointing)
+    again = perfguide.verify(tiny_model(), rec, steps=1)  # nothing left broken
+    assert again.measured is not None and not again.oom
+
+
+def test_calibration_round_trip(rec, tmp_path):
+    path = tmp_path / "calibration.json"
+    result = perfguide.verify(tiny_model(), rec, steps=2)
+    record(rec, result, path=path)
+    record(rec, result, path=path)
+    f = factors(rec.hardware, path=path)
+    assert isinstance(f, Factors) and f.samples == 2
+    step = result.comparison("step_time_s")
+    if 0.33 <= step.ratio <= 3:
+        assert f.step_time == pytest.approx(step.ratio)
+    assert factors(hardware("a100"), path=path) is None  # named hardware is never calibrated by this machine
+
+
+def test_real_batch_finder_keeps_global_batch(rec):
+    model = tiny_model()
+    choice = find_micro_batch(rec, torch_try_step(rec, model), limit_bytes=8 * 2**30)
+    assert choice.micro_batch_size * choice.gradient_accumulation_steps * choice.world_size == rec.request.global_batch_size
+    assert all(p.peak_bytes is not None and p.peak_bytes >= 0 for p in choice.probes)
