@@ -1,0 +1,314 @@
+"""Bad input and odd machines: every mistake a user can make ends in ONE line that names the bad value and
+says what is accepted, and a model that fits nowhere gets an answer (fits=False + what would fit), not an error.
+
+Probe faults are injected at the NVML boundary with tests/test_probe.py's FakeNVML (the one allowed mock),
+then the whole public path (``recommend(hardware=None)``) runs on what the fake machine reports.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import perfguide
+from perfguide import Hardware, ModelSpec, PerfGuideError, estimate, recommend
+from perfguide.errors import (ConflictingConstraintsError, InvalidModelError, InvalidSetupError, OfflineError,
+                              UnknownHardwareError, UnknownScenarioError, WrongMachineError)
+from perfguide.hardware.named import known_names
+from perfguide.hardware.probe import ProbeWarning
+from test_probe import MIB, Board, a100, fake, mig_a100, t4  # noqa: F401 - 'fake' is a fixture
+
+GiB = 2**30
+
+# words that point the user at what is accepted
+POINTERS = ("accepted", "use ", "e.g.", "pick ", "pass ", "expected", "must be", "did you mean", "supported", "needs ", "should be")
+
+
+def one_line(exc: pytest.ExceptionInfo[BaseException], *named: str) -> str:
+    """The message is one line, names each of ``named`` and points at what is accepted."""
+    msg = str(exc.value)
+    assert isinstance(exc.value, PerfGuideError), type(exc.value)
+    assert "\n" not in msg and msg.strip() == msg and msg, msg
+    for text in named:
+        assert text.lower() in msg.lower(), (text, msg)
+    assert any(p in msg.lower() for p in POINTERS), msg
+    return msg
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+# --- scenario -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("typo", "suggested"), [("train_gpu_on", "train_gpu_one"), ("infer-gpu-one", "infer_gpu_one"),
+                                                 ("train_cpuu", "train_cpu"), ("inference", None)])
+def test_unknown_scenario_did_you_mean(typo: str, suggested: str | None) -> None:
+    with pytest.raises(UnknownScenarioError) as exc:
+        recommend("gpt2", typo, hardware="a100-80gb")
+    msg = one_line(exc, repr(typo), *perfguide.SCENARIOS)
+    if suggested:
+        assert f"Did you mean: {suggested}" in msg
+
+
+# --- hardware -------------------------------------------------------------------------------------
+
+def test_unknown_hardware_lists_every_known_name() -> None:
+    with pytest.raises(UnknownHardwareError) as exc:
+        recommend("gpt2", hardware="a200")
+    msg = one_line(exc, "'a200'", "Did you mean")
+    assert all(name in msg for name in known_names())
+
+
+@pytest.mark.parametrize(("name", "what"), [
+    ("a100:0", "GPU count must be >= 1, got 0"), ("a100-80gb:-1", "got -1"), ("a100:abc", "'abc'"),
+    ("a100:", "''"), ("a100:1x0", "node count must be >= 1"), ("a100:64", "more than 16"), (":8", "no GPU name"),
+    ("cpu:2", "'cpu' takes no count"), ("", "empty hardware name"), ("h100:2.5", "'2.5'"),
+])
+def test_malformed_hardware_strings(name: str, what: str) -> None:
+    with pytest.raises(UnknownHardwareError) as exc:
+        Hardware.from_name(name)
+    one_line(exc, repr(name), what)
+    with pytest.raises(UnknownHardwareError):  # the same through the public entry points
+        recommend("gpt2", hardware=name)
+    with pytest.raises(UnknownHardwareError):
+        estimate("gpt2", {}, hardware=name)
+
+
+@pytest.mark.parametrize("name", known_names())
+def test_every_known_name_builds_and_plans(name: str) -> None:
+    hw = Hardware.from_name(name)
+    scenario = "train_gpu_one" if hw.has_gpu else "train_cpu"
+    rec = recommend("125m", scenario, hardware=name, seq_len=256, global_batch_size=8)
+    assert rec.fits and rec.hardware.name == name
+
+
+def test_hardware_of_the_wrong_type() -> None:
+    with pytest.raises(PerfGuideError) as exc:
+        recommend("gpt2", hardware=8)  # type: ignore[arg-type]
+    one_line(exc, "int", "a100-80gb:8")
+
+
+# --- sizes ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("field", ["seq_len", "global_batch_size"])
+@pytest.mark.parametrize("value", [0, -1, 2.5, True, 10**13])
+def test_bad_sizes_name_the_field_and_the_range(field: str, value: object) -> None:
+    with pytest.raises(PerfGuideError) as exc:
+        recommend("gpt2", hardware="a100", **{field: value})
+    one_line(exc, field, repr(value))
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("micro_batch_size", 0), ("micro_batch_size", -4), ("batch_size", 0), ("prompt_len", -1), ("max_new_tokens", 0),
+    ("num_gpus", 0), ("nodes", 0), ("headroom", 1.0), ("headroom", -0.1),
+])
+def test_bad_constraint_values(field: str, value: object) -> None:
+    with pytest.raises(PerfGuideError) as exc:
+        recommend("gpt2", "infer_gpu_one" if field in ("batch_size", "prompt_len", "max_new_tokens") else "train_gpu_one",
+                  hardware="a100", **{field: value})
+    one_line(exc, field, repr(value))
+
+
+def test_misspelt_constraint_did_you_mean() -> None:
+    with pytest.raises(PerfGuideError) as exc:
+        recommend("gpt2", hardware="a100", precisoin="bf16")
+    one_line(exc, "'precisoin'", "Did you mean: precision")
+
+
+def test_micro_batch_that_cannot_keep_the_global_batch() -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", hardware="a100", micro_batch_size=3, global_batch_size=32)
+    one_line(exc, "micro_batch_size=3", "1, 2, 4, 8, 16, 32")
+
+
+# --- models ---------------------------------------------------------------------------------------
+
+class NotAModel:
+    """Something a user might pass by mistake: neither an nn.Module nor a config."""
+
+
+@pytest.mark.parametrize("model", [42, None, 3.5, [1, 2], b"gpt2", NotAModel(), object()])
+def test_model_that_is_neither_module_nor_config(model: object) -> None:
+    with pytest.raises(InvalidModelError) as exc:
+        recommend(model, hardware="a100")
+    one_line(exc, type(model).__name__, "nn.Module", "PretrainedConfig")
+
+
+def test_module_without_transformer_shape() -> None:
+    import torch
+
+    with pytest.raises(InvalidModelError) as exc:
+        ModelSpec.from_any(torch.nn.Linear(4, 4))
+    one_line(exc, "Linear")
+
+
+@pytest.mark.parametrize("hub_id", ["someorg/some-model", "gtp2"])
+def test_hub_id_while_offline(hub_id: str) -> None:
+    with pytest.raises(OfflineError) as exc:
+        recommend(hub_id, hardware="a100")
+    msg = one_line(exc, repr(hub_id), "HF_HUB_OFFLINE", "config.json", "'7b'")
+    if hub_id == "gtp2":
+        assert "Did you mean: gpt2" in msg
+
+
+@pytest.mark.parametrize(("config", "named"), [
+    ({"model_type": "llama", "hidden_size": 64}, "'num_hidden_layers'"),
+    ({}, "'model_type'"),
+    ({"model_type": "llama", "hidden_size": -64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+      "vocab_size": 100}, "-64"),
+    ({"model_type": "llama", "hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64,
+      "vocab_size": 100}, "'big'"),
+])
+def test_config_missing_or_bad_fields(config: dict, named: str) -> None:
+    with pytest.raises(InvalidModelError) as exc:
+        recommend(config, hardware="a100")
+    msg = str(exc.value)
+    assert "\n" not in msg and named in msg and ("config" in msg or "must be" in msg)
+
+
+def test_local_paths_that_are_not_configs(tmp_path) -> None:  # noqa: ANN001
+    with pytest.raises(InvalidModelError) as exc:
+        recommend(str(tmp_path), hardware="a100")
+    one_line(exc, str(tmp_path), "config.json")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(InvalidModelError) as exc:
+        recommend(str(tmp_path), hardware="a100")
+    assert "\n" not in str(exc.value) and str(bad) in str(exc.value)
+    bad.write_text("[1, 2]")
+    with pytest.raises(InvalidModelError) as exc:
+        recommend(str(bad), hardware="a100")
+    assert "JSON list" in str(exc.value)
+
+
+# --- conflicting constraints ----------------------------------------------------------------------
+
+def test_fp16_forced_on_a_bf16_native_model() -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("meta-llama/Llama-3.1-8B", hardware="a100-80gb", precision="fp16")
+    one_line(exc, "precision='fp16'", "bf16")
+
+
+def test_bf16_forced_on_a_t4() -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", hardware="t4", precision="bf16")
+    one_line(exc, "precision='bf16'", "t4", "7.5")
+
+
+def test_fp16_on_cpu_training_and_flash_attention_on_a_t4() -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", "train_cpu", hardware="cpu", precision="fp16")
+    one_line(exc, "precision='fp16'", "CPU")
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", hardware="t4", attn_implementation="flash_attention_2")
+    one_line(exc, "flash_attention_2", "sdpa")
+
+
+def test_unknown_optimizer() -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", hardware="a100", optimizer="adamm")
+    one_line(exc, "'adamm'", "adamw_torch_fused")
+
+
+def test_gpu_scenario_on_a_machine_without_gpu() -> None:
+    with pytest.raises(WrongMachineError) as exc:
+        recommend("gpt2", "train_gpu_one", hardware="cpu")
+    one_line(exc, "train_gpu_one", "train_cpu", "a100-80gb")
+
+
+# --- fits nowhere: an answer, not an exception ------------------------------------------------------
+
+@pytest.mark.parametrize(("model", "scenario", "hw", "kw"), [
+    ("70b", "train_gpu_one", "t4", {}), ("70b", "train_gpu_one", "a100-80gb", {}), ("70b", "train_cpu", "cpu", {}),
+    ("gpt2", "train_gpu_one", "a100", {"headroom": 0.99}),
+])
+def test_model_that_fits_nowhere_gets_suggestions(model: str, scenario: str, hw: str, kw: dict) -> None:
+    rec = recommend(model, scenario, hardware=hw, allow_offload=False, **kw)
+    assert not rec.fits and rec.suggestions
+    assert all(isinstance(s, str) and "\n" not in s for s in rec.suggestions)
+    assert rec.memory.device_total > int(rec.memory.capacity * (1 - rec.request.constraints.headroom))
+    rec.report()  # the report renders a does-not-fit plan too
+
+
+def test_70b_on_one_a100_suggests_what_would_fit() -> None:
+    rec = recommend("70b", hardware="a100-80gb", allow_offload=False)
+    assert not rec.fits
+    text = " ".join(rec.suggestions)
+    assert "qlora" in text and "train_gpu_many" in text
+
+
+def test_inference_that_fits_nowhere() -> None:
+    rec = recommend("70b", "infer_gpu_one", hardware="t4", allow_offload=False)
+    assert not rec.fits and rec.suggestions
+
+
+# --- probe faults, end to end ---------------------------------------------------------------------
+
+def _probe_recommend(scenario: str = "train_gpu_one", model: str = "125m", **kw: object) -> perfguide.Recommendation:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProbeWarning)
+        return recommend(model, scenario, hardware=None, seq_len=512, global_batch_size=8, **kw)
+
+
+def test_recommend_on_a_mixed_box_plans_for_the_smallest_gpu(fake) -> None:  # noqa: ANN001
+    fake([a100(0), t4(1)])
+    rec = _probe_recommend()
+    assert rec.hardware.gpu_count == 2 and rec.hardware.source == "probe"
+    # every rank must fit the T4: its 15360 MiB, and its precision (cc 7.5: fp16 autocast, no bf16, no TF32)
+    assert rec.memory.capacity == 15360 * MIB
+    assert rec.setup.autocast == "fp16" and not rec.setup.tf32
+    rec_a100 = recommend("125m", hardware="a100-80gb", seq_len=512, global_batch_size=8)
+    assert rec_a100.setup.autocast == "bf16"  # the same request on the A100 alone would pick bf16
+
+
+def test_recommend_on_a_mixed_box_does_not_promise_the_big_gpu(fake) -> None:  # noqa: ANN001
+    fake([a100(0), t4(1)])
+    rec = _probe_recommend(model="7b", allow_offload=False, finetune="full")
+    assert rec.memory.capacity == 15360 * MIB
+    assert not rec.fits or rec.memory.device_total <= 15360 * MIB
+
+
+def test_recommend_on_a_mig_slice(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    fake([mig_a100()])
+    rec = _probe_recommend()
+    assert rec.memory.capacity == 4864 * MIB  # the 1g.5gb slice is the smallest device
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-aaaa")
+    rec = _probe_recommend()
+    assert rec.hardware.gpu_count == 1 and rec.memory.capacity == 19968 * MIB and rec.setup.autocast == "bf16"
+
+
+def test_recommend_with_visible_uuid_picks_that_gpu(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    fake([t4(0), a100(1)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a100000")
+    rec = _probe_recommend()
+    assert rec.memory.capacity == 81920 * MIB and rec.setup.autocast == "bf16"
+
+
+@pytest.mark.parametrize("value", ["", "-1"])
+def test_recommend_with_every_gpu_hidden(fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:  # noqa: ANN001
+    fake([a100(0)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+    with pytest.raises(WrongMachineError) as exc:
+        _probe_recommend()
+    one_line(exc, "train_cpu")
+    assert _probe_recommend("train_cpu").setup.device == "cpu"
+
+
+@pytest.mark.parametrize("kw", [{"init_error": RuntimeError("NVML Shared Library Not Found")}, {"count_error": True}])
+def test_recommend_when_nvml_fails_plans_cpu_only(fake, kw: dict) -> None:  # noqa: ANN001
+    fake([a100(0)], **kw)
+    with pytest.warns(ProbeWarning):
+        hw = perfguide.probe()
+    assert not hw.has_gpu
+    assert _probe_recommend("infer_cpu").setup.device == "cpu"
+
+
+def test_recommend_when_one_gpu_errors_on_queries(fake) -> None:  # noqa: ANN001
+    fake([a100(0, fail={"handle"}), t4(1, fail={"memory", "cc"})])
+    rec = _probe_recommend()
+    # the A100 cannot be opened and is left out; the T4 falls back to its spec sheet (16 GB board, 15360 MiB)
+    assert rec.hardware.gpu_count == 1 and rec.memory.capacity == 15360 * MIB and rec.setup.autocast == "fp16"
+    assert any("could not be read" in w for w in rec.hardware.warnings)
