@@ -20,6 +20,9 @@ logger = logging.getLogger("perfguide")
 
 DEFAULT_TRAIN_SEQ_LEN = 2048
 DEFAULT_GLOBAL_BATCH = 32
+# Setup's own bounds: on one device the whole global batch may become accumulation steps (<= 1,000,000).
+MAX_SEQ_LEN = 10_000_000
+MAX_GLOBAL_BATCH = 1_000_000
 
 
 def resolve_hardware(hardware: Hardware | str | None) -> Hardware:
@@ -45,9 +48,9 @@ def _constraints(values: dict[str, Any]) -> Constraints:
         raise PerfGuideError(f"invalid value for {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def _positive(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > 10_000_000):
-        raise PerfGuideError(f"{name} must be a positive integer (1..10,000,000), got {value!r}")
+def _positive(name: str, value: int | None, limit: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1 or value > limit):
+        raise PerfGuideError(f"{name} must be a positive integer (1..{limit:,}), got {value!r}")
 
 
 def _default_seq_len(spec: ModelSpec, scenario: str) -> int:
@@ -70,8 +73,8 @@ def recommend(
     """
     if scenario not in SCENARIOS:
         raise unknown_value("scenario", scenario, SCENARIOS, UnknownScenarioError)
-    _positive("seq_len", seq_len)
-    _positive("global_batch_size", global_batch_size)
+    _positive("seq_len", seq_len, MAX_SEQ_LEN)
+    _positive("global_batch_size", global_batch_size, MAX_GLOBAL_BATCH)
     cons = _constraints(constraints)
     spec = ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code)
     hw = resolve_hardware(hardware)

@@ -312,3 +312,28 @@ def test_recommend_when_one_gpu_errors_on_queries(fake) -> None:  # noqa: ANN001
     # the A100 cannot be opened and is left out; the T4 falls back to its spec sheet (16 GB board, 15360 MiB)
     assert rec.hardware.gpu_count == 1 and rec.memory.capacity == 15360 * MIB and rec.setup.autocast == "fp16"
     assert any("could not be read" in w for w in rec.hardware.warnings)
+
+
+# --- huge values: a one-line error at the door, or an answer; never a late pydantic crash ----------
+
+@pytest.mark.parametrize(("scenario", "kw"), [
+    ("train_gpu_one", {"global_batch_size": 10_000_000}), ("train_gpu_one", {"micro_batch_size": 10**9}),
+    ("infer_gpu_one", {"max_new_tokens": 10**9}), ("infer_gpu_one", {"prompt_len": 10**9}),
+    ("infer_gpu_one", {"batch_size": 10**9}), ("train_gpu_one", {"nodes": 10**9}),
+])
+def test_huge_values_are_refused_with_their_range(scenario: str, kw: dict) -> None:
+    with pytest.raises(PerfGuideError) as exc:
+        recommend("gpt2", scenario, hardware="a100", **kw)
+    (field, value), = kw.items()
+    one_line(exc, field, str(value))
+
+
+@pytest.mark.parametrize(("scenario", "kw"), [
+    ("train_gpu_one", {"global_batch_size": 1_000_000}), ("train_cpu", {"global_batch_size": 1_000_000}),
+    ("infer_gpu_one", {"max_new_tokens": 10_000_000}), ("infer_gpu_one", {"batch_size": 1_000_000}),
+])
+def test_largest_accepted_values_give_an_answer(scenario: str, kw: dict) -> None:
+    rec = recommend("125m", scenario, hardware="cpu" if scenario.endswith("cpu") else "a100", seq_len=128, **kw)
+    if "global_batch_size" in kw:
+        assert rec.setup.global_batch_size == kw["global_batch_size"]
+    assert rec.fits or rec.suggestions

@@ -19,7 +19,10 @@ SCENARIOS: tuple[str, ...] = ("train_gpu_one", "train_gpu_many", "train_cpu", "i
 
 
 class Constraints(Model):
-    """Optional user constraints (``recommend(..., **constraints)``); None means 'perfguide decides'."""
+    """Optional user constraints (``recommend(..., **constraints)``); None means 'perfguide decides'.
+
+    Upper bounds match Setup's, so any accepted constraint can become a Setup field without a late crash.
+    """
 
     precision: Literal["bf16", "fp16", "fp32"] | None = None
     optimizer: str | None = None
@@ -27,17 +30,17 @@ class Constraints(Model):
     lora: LoraSpec | None = None
     gradient_checkpointing: bool | None = None
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
-    micro_batch_size: int | None = Field(default=None, ge=1)
+    micro_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
     headroom: float = Field(default=0.10, ge=0, lt=1, description="fraction of device memory kept free")
-    nodes: int = Field(default=1, ge=1)
-    num_gpus: int | None = Field(default=None, ge=1, description="GPUs (or CPU processes) per node to use")
+    nodes: int = Field(default=1, ge=1, le=100_000)
+    num_gpus: int | None = Field(default=None, ge=1, le=100_000, description="GPUs (or CPU processes) per node to use")
     strategy: str | None = None
     allow_offload: bool = True
     from_scratch: bool = False
     # inference
-    prompt_len: int | None = Field(default=None, ge=1)
-    max_new_tokens: int = Field(default=256, ge=1)
-    batch_size: int | None = Field(default=None, ge=1, description="inference concurrency target")
+    prompt_len: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_new_tokens: int = Field(default=256, ge=1, le=10_000_000)
+    batch_size: int | None = Field(default=None, ge=1, le=1_000_000, description="inference concurrency target")
     quantization: Literal["int8", "nf4"] | None = None
     prefer: Literal["latency", "throughput"] = "throughput"
     trust_remote_code: bool = False
