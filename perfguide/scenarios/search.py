@@ -9,6 +9,7 @@ is searched over the divisors of the per-rank batch, so micro x accumulation x w
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -82,9 +83,19 @@ def usable_bytes(memory: MemoryEstimate, hardware: Hardware, headroom: float) ->
     return int(cap * (1 - headroom))
 
 
+def usable_ram(hardware: Hardware, headroom: float) -> int:
+    """Host RAM offloaded states may fill on one node (all its ranks together), less the headroom fraction."""
+    return int(hardware.cpu.ram_available * (1 - headroom))
+
+
+def fits_ram(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
+    """Offloaded states (``cpu_ram``, summed over the node's ranks) must fit the node's host RAM; 0 always fits."""
+    return memory.cpu_ram == 0 or memory.cpu_ram <= usable_ram(hardware, headroom)
+
+
 def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
     usable = usable_bytes(memory, hardware, headroom)
-    return usable is None or memory.device_total <= usable
+    return (usable is None or memory.device_total <= usable) and fits_ram(memory, hardware, headroom)
 
 
 def quiet_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
@@ -161,15 +172,15 @@ def rank(priced: list[Priced]) -> list[Priced]:
 
 
 def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batch: int,
-           choices: list[int], headroom: float) -> SearchResult:
-    """Walk the rungs; stop at the first with a fitting candidate and choose its fastest."""
+           choices: list[int], headroom: float, choose: Callable[[list[Priced]], Priced] | None = None) -> SearchResult:
+    """Walk the rungs; stop at the first with a fitting candidate and choose its fastest (or what ``choose`` picks)."""
     result = SearchResult(chosen=None, rung=None)
     for rung in rungs:
         opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom) for t in rung.templates]
         result.options += [(rung, o) for o in opts]
         fitting = [o.best for o in opts if o.best is not None]
         if fitting:
-            result.chosen, result.rung = rank(fitting)[0], rung
+            result.chosen, result.rung = (choose or (lambda ps: rank(ps)[0]))(fitting), rung
             return result
     return result
 
@@ -190,11 +201,18 @@ def candidates(result: SearchResult, hardware: Hardware, headroom: float) -> tup
             out.append(Candidate(setup=opt.best.setup, memory=opt.best.memory, throughput=opt.best.throughput,
                                  verdict="chosen" if chosen else "fits", why=why))
         if opt.too_big is not None:
-            usable = usable_bytes(opt.too_big.memory, hardware, headroom)
-            why = f"{rung.name}: needs {gib(opt.too_big.memory.device_total)} > {gib(usable or 0)} usable"
+            why = f"{rung.name}: {not_fitting_why(opt.too_big.memory, hardware, headroom)}"
             out.append(Candidate(setup=opt.too_big.setup, memory=opt.too_big.memory, throughput=opt.too_big.throughput,
                                  verdict="does-not-fit", why=why))
     return tuple(out)
+
+
+def not_fitting_why(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> str:
+    """Which limit a setup breaks: device memory, or (offload) the node's host RAM."""
+    usable = usable_bytes(memory, hardware, headroom)
+    if (usable is None or memory.device_total <= usable) and not fits_ram(memory, hardware, headroom):
+        return f"offload needs {gib(memory.cpu_ram)} host RAM per node > {gib(usable_ram(hardware, headroom))} usable"
+    return f"needs {gib(memory.device_total)} > {gib(usable or 0)} usable"
 
 
 # --- "does not fit here: here is what would" ------------------------------------------------------

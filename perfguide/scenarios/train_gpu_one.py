@@ -15,7 +15,7 @@ from ..hardware.types import GPU
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .host import gpu_dataloader
 from .precision import Precision, gpu_precision
-from .search import (Priced, SearchResult, bigger_gpu, candidates, gib, least_memory, micro_batch_choices, search,
+from .search import (Priced, Rung, SearchResult, bigger_gpu, candidates, gib, least_memory, micro_batch_choices, search,
                      sharded_gpus_needed, speed_warnings, training_rungs, usable_bytes)
 from .types import Constraints, Plan, Request
 
@@ -63,10 +63,14 @@ def plan(request: Request) -> Plan:
 
 
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,
-                  adapter_kinds: tuple[str, ...] = ("lora", "qlora"), suggest: Callable[..., tuple[str, ...]] | None = None) -> Plan:
+                  adapter_kinds: tuple[str, ...] = ("lora", "qlora"), suggest: Callable[..., tuple[str, ...]] | None = None,
+                  expand: Callable[[list[Rung]], list[Rung]] | None = None,
+                  choose: Callable[[list[Priced]], Priced] | None = None) -> Plan:
     """Search the ladder for one device type and assemble the Plan; shared by the training scenarios.
 
     ``suggest(request, result, adapters, mode)`` says what would fit when nothing does (default: what_would_fit).
+    ``expand(rungs)`` turns the ladder's rungs into the rungs searched (multi-GPU: each rung x sharding level);
+    ``choose(fitting)`` picks among a rung's fitting options (default: the fastest).
     """
     hw, spec, cons = request.hardware, request.model, request.constraints
     mode = finetune_mode(cons)
@@ -76,7 +80,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     def run(kind: str) -> SearchResult:
         rungs = training_rungs(base, prec.autocast, prec.half, prec.pure_half_allowed, finetune=kind, lora=lora,
                                optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing)
-        return search(spec, rungs, hw, per_rank_batch, choices, cons.headroom)
+        return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose)
 
     result = run(mode)
     warnings = list(prec.warnings)
@@ -165,7 +169,7 @@ def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) 
     others: dict[str, Alternative] = {}
     for rung, o in result.options:
         t = o.template
-        if t.optimizer == s.optimizer or t.optimizer in others or t.weights_dtype != s.weights_dtype:
+        if t.optimizer == s.optimizer or t.optimizer in others or t.weights_dtype != s.weights_dtype or _layout(t) != _layout(s):
             continue
         if o.best is None and o.too_big is not None:
             others[t.optimizer] = Alternative(value=t.optimizer, number=o.too_big.memory.device_total, unit="bytes",
@@ -185,9 +189,15 @@ def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) 
                     source="rules.md 3.8, 3.9, 2.3", alternatives=tuple(others.values()))
 
 
+def _layout(s: Setup) -> tuple[str, bool, bool]:
+    """How states are spread over devices; alternatives are only compared within one layout."""
+    return s.strategy, s.offload_optimizer, s.offload_params
+
+
 def _checkpointing_decision(request: Request, result: SearchResult, chosen: Priced) -> Decision:
     s = chosen.setup
-    flip = result.option(optimizer=s.optimizer, weights_dtype=s.weights_dtype, lora=s.lora, gradient_checkpointing=not s.gradient_checkpointing)
+    flip = result.option(optimizer=s.optimizer, weights_dtype=s.weights_dtype, lora=s.lora, strategy=s.strategy,
+                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params, gradient_checkpointing=not s.gradient_checkpointing)
     alts = []
     if flip is not None:
         if flip.best is None:

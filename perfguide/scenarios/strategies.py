@@ -1,0 +1,175 @@
+"""Data-parallel layouts for multi-GPU training: which ones a setup may use, in which order, and what they cost.
+
+A *layout* is a strategy plus its offload flags. Layouts come in levels ordered by what they cost in
+communication (rules.md 3.18-3.21, 4.2; DeepSpeed's escalation order): replicate (DDP) -> shard gradients and
+optimizer states (FSDP SHARD_GRAD_OP, ZeRO-2, ZeRO-1) -> shard everything (FSDP FULL_SHARD, ZeRO-3) -> CPU
+offload. Every layout keeps the training semantics, so the multi-GPU ladder tries all levels of a semantics
+rung (exact AMP, lighter optimizer, ...) before giving up precision: sharding costs time, not accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConflictingConstraintsError, unknown_value
+from ..memory.sharding import DEEPSPEED, FSDP
+from ..model.types import ModelSpec
+from ..setup import Setup
+from ..speed.model import trainable_params
+from .search import Priced, Rung, rank
+
+#: Strategies a training plan can name (inference's device_map/tp excluded).
+TRAIN_STRATEGIES = ("single", "ddp", "fsdp", "fsdp_shard_grad_op", "zero1", "zero2", "zero3")
+#: FSDP2 is preferred over a DeepSpeed layout of the same level unless the latter is predicted this much faster:
+#: the speed model's communication terms are not more accurate than that, and FSDP2 is native torch, the
+#: Trainer's default FSDP version, and needs no extra package or JSON config.
+FSDP_TIE_TOLERANCE = 0.10
+ADAMW = ("adamw_torch", "adamw_torch_fused")
+_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
+
+
+@dataclass(frozen=True)
+class Layout:
+    strategy: str
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+    @property
+    def name(self) -> str:
+        off = ("optimizer+params" if self.offload_params else "optimizer") if self.offload_optimizer else ("params" if self.offload_params else "")
+        return self.strategy + (f" + offload {off}" if off else "")
+
+    @property
+    def backend(self) -> str:
+        return "DeepSpeed ZeRO" if self.strategy in DEEPSPEED else "FSDP2" if self.strategy in FSDP else "torch DDP"
+
+    def apply(self, s: Setup) -> Setup:
+        return s.model_copy(update={"strategy": self.strategy, "offload_optimizer": self.offload_optimizer,
+                                    "offload_params": self.offload_params})
+
+
+def layout_of(s: Setup) -> Layout:
+    return Layout(s.strategy, s.offload_optimizer, s.offload_params)
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    tradeoff: str
+    layouts: tuple[Layout, ...]
+
+
+def levels(world: int, allow_offload: bool) -> tuple[Level, ...]:
+    """The layout ladder for ``world`` ranks; FSDP2 first inside a level (the tie-break keeps it on near-ties).
+
+    FSDP offload is all-or-nothing (params, grads and optimizer together), so it carries both flags.
+    """
+    sharded = world > 1
+    out = [Level("replicate", "a full replica per GPU, one gradient all-reduce per step",
+                 (Layout("ddp" if sharded else "single"),))]
+    if sharded:
+        out.append(Level("shard grads+optimizer", "parameters stay whole on every GPU; gradients and optimizer states are sharded",
+                         (Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1"))))
+        out.append(Level("shard everything", "parameters are sharded too and all-gathered layer by layer in forward and backward",
+                         (Layout("fsdp"), Layout("zero3"))))
+    if allow_offload:
+        out.append(Level("CPU offload", "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
+                         (Layout("fsdp", True, True), Layout("zero2", True), Layout("zero3", True), Layout("zero3", True, True))))
+    return tuple(out)
+
+
+def incompatible(t: Setup, lay: Layout, forced: str | None = None) -> str | None:
+    """Why ``lay`` cannot run the semantics of template ``t`` (None when it can)."""
+    qlora = t.weights_dtype in ("nf4", "int8")
+    if qlora and lay.strategy in DEEPSPEED and not (forced == lay.strategy == "zero3"):
+        return ("QLoRA under DeepSpeed: ZeRO-1/2 cast the module to 16 bit, and ZeRO-3 needs bnb_4bit_quant_storage (PEFT's recipe) "
+                "while perfguide prices its 4-bit storage only under DDP/FSDP; ask strategy='zero3' to force it")
+    if qlora and (lay.offload_optimizer or lay.offload_params):
+        return "QLoRA's 4-bit base is already small and its bnb matmuls need the weights on the GPU: offload buys nothing"
+    if t.weights_dtype in ("bf16", "fp16") and t.lora is None and lay.strategy not in ("ddp", "single"):
+        return ("pure 16-bit training exists only under DDP: accelerate's FSDP2 upcasts trainable 16-bit params to fp32 under "
+                "mixed precision, and DeepSpeed always keeps fp32 master weights")
+    if t.optimizer not in ADAMW and t.optimizer is not None:
+        if lay.offload_optimizer or lay.offload_params:
+            return f"an offloaded optimizer steps on the CPU (DeepSpeed CPU AdamW / torch AdamW); {t.optimizer} needs CUDA tensors"
+        if lay.strategy in FSDP:
+            return f"{t.optimizer} is offered only where it sees plain tensors (DDP, DeepSpeed's flat partitions), not FSDP2's DTensor shards"
+    return None
+
+
+def check_forced(forced: str | None, world: int, mode: str) -> None:
+    """A requested strategy must be a training strategy that this world size and fine-tuning mode can run."""
+    if forced is None:
+        return
+    if forced not in TRAIN_STRATEGIES:
+        raise unknown_value("strategy", forced, TRAIN_STRATEGIES, ConflictingConstraintsError)
+    if forced == "single" and world > 1:
+        raise ConflictingConstraintsError(f"strategy='single' trains on one GPU but this plan has {world}; "
+                                          "use scenario='train_gpu_one', or num_gpus=1")
+    if forced != "single" and world == 1 and forced not in ("zero2", "zero3", "fsdp"):
+        raise ConflictingConstraintsError(f"strategy={forced!r} needs several GPUs (world size is 1); "
+                                          "on one GPU only zero2/zero3/fsdp with CPU offload make sense")
+    if mode == "qlora" and forced in ("zero1", "zero2"):
+        raise ConflictingConstraintsError(f"strategy={forced!r} with finetune='qlora': DeepSpeed ZeRO-1/2 cast the 4-bit base to 16 bit; "
+                                          "use ddp, fsdp, fsdp_shard_grad_op or zero3")
+
+
+def allowed_levels(world: int, allow_offload: bool, forced: str | None) -> tuple[Level, ...]:
+    """The ladder, cut to the requested strategy (its offload variants included when offload is allowed)."""
+    out = []
+    for lv in levels(world, allow_offload):
+        lays = tuple(lay for lay in lv.layouts if forced is None or lay.strategy == forced)
+        if lays:
+            out.append(Level(lv.name, lv.tradeoff, lays))
+    return tuple(out)
+
+
+def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> list[Rung]:
+    """Each semantics rung x each layout level, in that order: all of a rung's levels come before the next rung."""
+    out = []
+    for r in rungs:
+        for lv in ladder:
+            ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay, forced) is None)
+            if ts:
+                out.append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
+    return out
+
+
+def prefer_fsdp(fitting: list[Priced]) -> Priced:
+    """The fastest fitting option, unless an FSDP2 one is within FSDP_TIE_TOLERANCE of it."""
+    ranked = rank(fitting)
+    fsdp = next((p for p in ranked if p.setup.strategy in FSDP), None)
+    if fsdp is not None and fsdp.step_time <= ranked[0].step_time * (1 + FSDP_TIE_TOLERANCE):
+        return fsdp
+    return ranked[0]
+
+
+def level_index(ladder: tuple[Level, ...], lay: Layout) -> int:
+    return next((i for i, lv in enumerate(ladder) if lay in lv.layouts), len(ladder))
+
+
+# --- communication ------------------------------------------------------------------------------------
+
+def comm_bytes(spec: ModelSpec, s: Setup) -> float:
+    """Bytes one rank sends per optimizer step in the data-parallel collectives.
+
+    Ring collectives send (n-1)/n of the payload per pass; an all-reduce is two passes (reduce-scatter +
+    all-gather). DDP / ZeRO-1: one all-reduce of the gradients per step. ZeRO-2: gradients reduce-scattered
+    every micro-batch, updated parameters all-gathered once. SHARD_GRAD_OP: parameters gathered and gradients
+    scattered every micro-batch. ZeRO-3 / FULL_SHARD: parameters gathered twice (forward and backward) and
+    gradients scattered every micro-batch. Gradient elements are 16-bit where the sharding reduces the compute
+    copy, the parameter dtype under DDP (fp32 master grads with AMP; fp32 adapters with LoRA).
+    """
+    n, ga = s.world_size, s.gradient_accumulation_steps
+    if n == 1 or s.strategy in ("single", "device_map", "tp"):
+        return 0.0
+    wbytes = _ELEM[s.weights_dtype]
+    half = 2 if s.autocast else min(4, wbytes)
+    trainable = trainable_params(spec, s)
+    grads = trainable * ((4 if s.lora else wbytes) if s.strategy == "ddp" else (2 if s.autocast else wbytes))
+    params = spec.total_params * half
+    passes = {
+        "ddp": 2 * grads, "zero1": 2 * grads, "zero2": ga * grads + params,
+        "fsdp_shard_grad_op": ga * (params + grads), "zero3": ga * (2 * params + grads), "fsdp": ga * (2 * params + grads),
+    }[s.strategy]
+    return passes * (n - 1) / n

@@ -1,0 +1,286 @@
+"""Train on several GPUs (and nodes): the fastest layout that fits, the global batch kept fixed (rules.md 4.2).
+
+World size = GPUs per node x nodes; each rank gets global / world samples, split into micro-batch x
+accumulation. The train_gpu_one ladder (precision, optimizer, checkpointing, LoRA/QLoRA) is searched with
+every semantics rung crossed with the layout levels of strategies.py: DDP when a replica fits one GPU, then
+gradient/optimizer sharding, full sharding, CPU offload (host RAM checked per node). Each rung's fitting
+options are ranked by the interconnect-aware step time, FSDP2 kept on near-ties with DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from ..decisions import Alternative, Decision
+from ..errors import ConflictingConstraintsError
+from ..memory.sharding import DEEPSPEED, FSDP
+from ..setup import Setup
+from .host import gpu_dataloader
+from .precision import gpu_precision
+from .search import (Option, Priced, SearchResult, best_for_template, bigger_gpu, candidates, fits, gib, least_memory,
+                     micro_batch_choices, not_fitting_why, price, usable_bytes, usable_ram)
+from .strategies import (FSDP_TIE_TOLERANCE, Layout, Level, allowed_levels, check_forced, comm_bytes, expand, incompatible,
+                         layout_of, level_index, levels, prefer_fsdp)
+from .train_gpu_one import attention, check_optimizer, finetune_mode, plan_training
+from .types import Candidate, Plan, Request
+
+_SOURCE = "rules.md 3.18-3.21, 4.2; DeepSpeed docs' ZeRO escalation order; anchors.md 2 (ZeRO estimators)"
+MAX_NODES = 64
+
+
+def world_of(request: Request) -> tuple[int, int]:
+    """(GPUs per node, nodes) the plan uses; num_gpus may use fewer GPUs than the node has, never more."""
+    hw, cons = request.hardware, request.constraints
+    per_node = cons.num_gpus or hw.gpu_count
+    if per_node > hw.gpu_count:
+        raise ConflictingConstraintsError(f"num_gpus={per_node} but each node has {hw.gpu_count} GPU(s); use num_gpus <= {hw.gpu_count}")
+    return per_node, hw.nodes
+
+
+def per_rank_batch(global_batch: int, world: int) -> int:
+    if global_batch % world:
+        lower, upper = (global_batch // world) * world, -(-global_batch // world) * world
+        near = " or ".join(str(b) for b in (lower, upper) if b > 0)
+        raise ConflictingConstraintsError(f"global_batch_size={global_batch} is not a multiple of the world size {world} "
+                                          f"(GPUs per node x nodes); use {near}, or change num_gpus/nodes")
+    return global_batch // world
+
+
+def plan(request: Request) -> Plan:
+    hw, spec, cons = request.hardware, request.model, request.constraints
+    gpu = hw.smallest_gpu
+    if gpu is None:
+        raise ConflictingConstraintsError("train_gpu_many needs GPUs; use scenario='train_cpu'")
+    check_optimizer(cons.optimizer)
+    per_node, nodes = world_of(request)
+    world = per_node * nodes
+    check_forced(cons.strategy, world, finetune_mode(cons))
+    batch = per_rank_batch(request.global_batch_size, world)
+    prec = gpu_precision(spec, gpu, cons.precision)
+    impl, attn_dec = attention(cons, prec, gpu)
+    workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
+    base = Setup(task="train", device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+                 dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
+                 num_gpus=per_node, nodes=nodes)
+    ladder = allowed_levels(world, cons.allow_offload, cons.strategy)
+    p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
+                      suggest=partial(_what_would_fit, per_node=per_node),
+                      expand=lambda rungs: expand(rungs, ladder, cons.strategy), choose=prefer_fsdp)
+    return _add_layout(request, p, batch)
+
+
+# --- the layout part of the plan ----------------------------------------------------------------------
+
+def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple[Layout, Level, Option | None, str | None]]:
+    """Every layout of the full ladder priced for the chosen semantics (micro-batch searched for each)."""
+    cons = request.constraints
+    choices = micro_batch_choices(batch, cons.micro_batch_size)
+    out = []
+    for lv in levels(template.world_size, True):
+        for lay in lv.layouts:
+            why = incompatible(template, lay, cons.strategy)
+            if why is None and (lay.offload_optimizer or lay.offload_params) and not cons.allow_offload:
+                why = "allow_offload=False"
+            if why is None and cons.strategy is not None and lay.strategy != cons.strategy:
+                why = f"strategy={cons.strategy!r} was requested"
+            opt = best_for_template(request.model, lay.apply(template), request.hardware, batch, choices, cons.headroom)
+            out.append((lay, lv, opt, why))
+    return out
+
+
+def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
+    chosen = Priced(p.setup, p.memory, p.throughput)
+    compared = compare_layouts(request, p.setup, batch)
+    decisions = [*p.decisions, strategy_decision(request, chosen, compared, p.fits), backend_decision(request, chosen, compared)]
+    decisions += quant_storage_decision(p.setup)
+    decisions += offload_decision(request, chosen)
+    decisions.append(launcher_decision(p.setup))
+    seen = {c.setup for c in p.candidates}
+    extra = tuple(_candidate(request, lay, opt, why) for lay, _, opt, why in compared
+                  if opt is not None and (opt.best or opt.too_big) is not None and (opt.best or opt.too_big).setup not in seen)
+    return p.model_copy(update={"decisions": tuple(decisions), "candidates": p.candidates + extra,
+                                "warnings": p.warnings + tuple(layout_warnings(request, chosen))})
+
+
+def _candidate(request: Request, lay: Layout, opt: Option, why: str | None) -> Candidate:
+    h = request.constraints.headroom
+    shown = opt.best or opt.too_big
+    if why is not None:
+        verdict, text = "incompatible", why
+    elif opt.best is not None:
+        verdict, text = "fits", f"{lay.name}: {opt.best.step_time:.3g} s/step ({opt.best.throughput.comm_time_s:.3g} s communication)"
+    else:
+        verdict, text = "does-not-fit", f"{lay.name}: {not_fitting_why(shown.memory, request.hardware, h)}"
+    return Candidate(setup=shown.setup, memory=shown.memory, throughput=shown.throughput, verdict=verdict, why=text)
+
+
+def _numbers(request: Request, p: Priced) -> str:
+    t = p.throughput
+    text = (f"{gib(p.memory.device_total)} per GPU, {t.step_time_s:.3g} s/step of which {t.comm_time_s:.3g} s communication "
+            f"({gib(comm_bytes(request.model, p.setup))} sent per rank per step)")
+    return text + (f", {gib(p.memory.cpu_ram)} host RAM per node" if p.memory.cpu_ram else "")
+
+
+def _link(request: Request) -> str:
+    hw = request.hardware
+    intra = f"{hw.interconnect} ({hw.intra_node_bandwidth_gbps:g} GB/s per GPU)" if hw.intra_node_bandwidth_gbps else hw.interconnect
+    return intra + (f", {hw.inter_node_bandwidth_gbps or 'unknown'} GB/s between nodes" if hw.nodes > 1 else "")
+
+
+def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: bool) -> Decision:
+    s, cons = chosen.setup, request.constraints
+    lay = layout_of(s)
+    ladder = levels(s.world_size, True)
+    mine = level_index(ladder, lay)
+    alts = []
+    for other, lv, opt, why in compared:
+        if other == lay:
+            continue
+        best = opt.best if opt else None
+        shown = best or (opt.too_big if opt else None)
+        if why is not None:
+            note = f"not offered: {why}"
+        elif best is None:
+            note = f"does not fit: {not_fitting_why(shown.memory, request.hardware, cons.headroom)}" if shown else "does not fit"
+        elif level_index(ladder, other) > mine:
+            note = f"fits, but '{lv.name}' is only used when the cheaper levels do not fit"
+        else:
+            note = f"fits, but {'slower' if best.step_time > chosen.step_time else 'loses the FSDP2 tie-break'}"
+        if shown is not None:
+            note += f": {_numbers(request, shown)}"
+        alts.append(Alternative(value=other.name, why_not=note, number=shown.memory.device_total if shown else None,
+                                unit="bytes per GPU" if shown else None))
+    return Decision(setting="strategy", value=s.strategy, reason=_strategy_reason(request, chosen, compared, fits_),
+                    number=chosen.memory.device_total, unit="bytes per GPU", source=_SOURCE, alternatives=tuple(alts))
+
+
+def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bool) -> str:
+    s, cons = chosen.setup, request.constraints
+    lay = layout_of(s)
+    where = f"{s.world_size} GPU(s) ({s.num_gpus} per node x {s.nodes} node(s)) over {_link(request)}"
+    numbers = _numbers(request, chosen)
+    if not fits_:
+        return f"nothing fits on {where}; the closest layout is {lay.name}: {numbers}"
+    if cons.strategy:
+        return f"strategy={cons.strategy!r} was requested; {lay.name} on {where}: {numbers}"
+    failed = [(o, opt) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is None
+              and level_index(levels(s.world_size, True), o) < level_index(levels(s.world_size, True), lay)]
+    cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
+    usable = gib(usable_bytes(chosen.memory, request.hardware, cons.headroom) or 0)
+    if s.strategy in ("ddp", "single"):
+        return (f"a full replica (model states + activations) fits one GPU ({gib(chosen.memory.device_total)} of {usable} usable): "
+                f"DDP syncs once per step and sharding would only add communication; {where}: {numbers}")
+    return f"cheaper layouts do not fit {usable} usable per GPU ({cheaper or 'see alternatives'}); {lay.name} on {where}: {numbers}"
+
+
+def backend_decision(request: Request, chosen: Priced, compared: list) -> Decision:
+    """FSDP2 vs DeepSpeed: the tie-break between layouts of the same sharding level, stated with both step times."""
+    s = chosen.setup
+    lay = layout_of(s)
+    ladder = levels(s.world_size, True)
+    peers = [(o, opt.best) for o, _, opt, why in compared if o != lay and why is None and opt is not None and opt.best is not None
+             and level_index(ladder, o) == level_index(ladder, lay) and o.backend != lay.backend]
+    rule = (f"tie-break: FSDP2 (native torch, the Trainer's default FSDP version, no extra package or JSON) over DeepSpeed ZeRO of the "
+            f"same sharding level unless ZeRO is predicted more than {FSDP_TIE_TOLERANCE:.0%} faster")
+    alts = tuple(Alternative(value=o.name, number=b.step_time, unit="s/step",
+                             why_not=f"{b.step_time:.3g} s/step vs {chosen.step_time:.3g}, {gib(b.memory.device_total)} per GPU")
+                 for o, b in peers)
+    return Decision(setting="sharding_backend", value=lay.backend, reason=rule, number=chosen.step_time, unit="s/step",
+                    source="rules.md 3.19-3.21; transformers fsdp.md (FSDP2 default)", alternatives=alts)
+
+
+def quant_storage_decision(s: Setup) -> list[Decision]:
+    if s.weights_dtype != "nf4" or s.strategy not in ("fsdp", "fsdp_shard_grad_op", "zero3"):
+        return []
+    dtype = s.autocast or "bf16"
+    return [Decision(setting="bnb_4bit_quant_storage", value=dtype,
+                     reason=(f"sharding flattens the packed 4-bit weights with the other params, so their storage dtype must match the "
+                             f"compute dtype ({dtype}); with the default uint8 accelerate leaves them unsharded on every GPU"),
+                     source="accelerate utils/fsdp_utils.py fsdp2_prepare_model (Params4bit); PEFT docs (FSDP/ZeRO-3 + QLoRA)")]
+
+
+def offload_decision(request: Request, chosen: Priced) -> list[Decision]:
+    s = chosen.setup
+    if not (s.offload_optimizer or s.offload_params):
+        return []
+    ram = usable_ram(request.hardware, request.constraints.headroom)
+    return [Decision(setting="offload", value=layout_of(s).name, number=chosen.memory.cpu_ram, unit="bytes host RAM per node",
+                     reason=(f"no layout fits on the GPUs alone; the offloaded states of the node's {s.num_gpus} ranks take "
+                             f"{gib(chosen.memory.cpu_ram)} of {gib(ram)} usable host RAM"),
+                     source="rules.md 3.21, 4.2 step 4; anchors.md 2 (DeepSpeed CPU bytes)")]
+
+
+def launcher_decision(s: Setup) -> Decision:
+    world = s.world_size
+    cmd = f"accelerate launch --num_processes {world}"
+    if s.nodes > 1:
+        cmd += f" --num_machines {s.nodes} --machine_rank $MACHINE_RANK --main_process_ip $MAIN_PROCESS_IP"
+    return Decision(setting="launcher", value=f"{cmd} train.py", number=world, unit="processes",
+                    reason=(f"one process per GPU ({s.num_gpus} per node x {s.nodes} node(s)); a plain `python train.py` makes the "
+                            "Trainer wrap the model in nn.DataParallel instead; rec.launch_command('train.py') gives the full command"),
+                    source="rules.md 3.18, 4.2 step 1",
+                    alternatives=(Alternative(value="python train.py", why_not="nn.DataParallel: one process, GPU 0 gathers everything"),
+                                  Alternative(value=f"torchrun --nproc_per_node {s.num_gpus}", why_not="equivalent for Trainer scripts; "
+                                              "accelerate also reads the FSDP/DeepSpeed YAML")))
+
+
+DATAPARALLEL_WARNING = ("launch with `accelerate launch` or `torchrun`, not plain `python`: on a multi-GPU box the Trainer then wraps "
+                        "the model in nn.DataParallel (one process, GPU 0 overloaded, none of the sharding this plan needs)")
+
+
+def layout_warnings(request: Request, chosen: Priced) -> list[str]:
+    s, hw = chosen.setup, request.hardware
+    out = [DATAPARALLEL_WARNING] if s.world_size > 1 else []
+    t = chosen.throughput
+    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and hw.interconnect != "nvlink":
+        out.append(f"the GPUs talk over {hw.interconnect} (no NVLink): {s.strategy}'s collectives take {t.comm_time_s:.3g} s of the "
+                   f"{t.step_time_s:.3g} s step; DDP (or LoRA to make DDP fit) keeps communication to one all-reduce per step")
+    if s.nodes > 1 and hw.inter_node_bandwidth_gbps is None:
+        out.append("the network between nodes is unknown: step time assumes a default inter-node bandwidth; "
+                   "ZeRO/FSDP across nodes needs a fast fabric (InfiniBand / EFA)")
+    if s.strategy in DEEPSPEED:
+        out.append("DeepSpeed: install it on every node and build TrainingArguments(deepspeed=...) before from_pretrained, "
+                   "so ZeRO-3 partitions the weights while loading")
+    if s.strategy in FSDP and s.gradient_checkpointing:
+        out.append("with FSDP use fsdp_config['activation_checkpointing']=True, not TrainingArguments(activation_checkpointing=True): both raise")
+    if s.weights_dtype == "nf4" and s.strategy == "zero3":
+        out.append("QLoRA + ZeRO-3: perfguide prices the 4-bit base as 16-bit under DeepSpeed, so per-GPU memory is overestimated")
+    return out
+
+
+# --- nothing fits ---------------------------------------------------------------------------------------
+
+def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str, *, per_node: int) -> tuple[str, ...]:
+    """Nothing fits: LoRA/QLoRA here, more nodes of the same GPUs, or bigger GPUs."""
+    hw, spec, h = request.hardware, request.model, request.constraints.headroom
+    out = [f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
+           for kind, r in adapters.items() if r.chosen is not None]
+    lean = least_memory(result).setup.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 1})
+    more = more_nodes(request, lean)
+    if more:
+        n, p = more
+        out.append(f"nodes={n} ({n} x {per_node} GPUs, hardware='...:{per_node}x{n}') fits with {layout_of(p.setup).name}: "
+                   f"{gib(p.memory.device_total)} per GPU" + (f", {gib(p.memory.cpu_ram)} host RAM per node" if p.memory.cpu_ram else ""))
+    big = bigger_gpu(spec, lean, hw, h)
+    if big:
+        name, p = big
+        out.append(f"hardware='{name}:{per_node}" + (f"x{hw.nodes}'" if hw.nodes > 1 else "'") +
+                   f" fits {layout_of(lean).name}: {gib(p.memory.device_total)} per GPU")
+    return tuple(out) or (f"{spec.name} does not fit on up to {MAX_NODES} nodes of {per_node} x {hw.smallest_gpu.name}; "
+                          "try finetune='qlora' or bigger GPUs",)
+
+
+def more_nodes(request: Request, lean: Setup) -> tuple[int, Priced] | None:
+    """Fewest nodes (doubling, up to MAX_NODES) on which a fully sharded layout of ``lean`` fits, RAM included."""
+    hw, h, cons = request.hardware, request.constraints.headroom, request.constraints
+    lays = [lay for lv in levels(2, cons.allow_offload) if lv.name in ("shard everything", "CPU offload") for lay in lv.layouts
+            if (cons.strategy is None or lay.strategy == cons.strategy) and incompatible(lean, lay, cons.strategy) is None]
+    nodes = hw.nodes * 2
+    while nodes <= MAX_NODES:
+        bigger = hw.model_copy(update={"nodes": nodes})
+        for lay in lays:
+            p = price(request.model, lay.apply(lean).model_copy(update={"nodes": nodes}), bigger)
+            if fits(p.memory, bigger, h):
+                return nodes, p
+        nodes *= 2
+    return None
