@@ -13,6 +13,7 @@ from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
 from .recommendation import Recommendation
 from .scenarios import planner
+from .scenarios.applicable import check_applicable
 from .scenarios.types import SCENARIOS, Constraints, Request
 from .setup import Setup
 
@@ -83,6 +84,7 @@ def recommend(
         raise WrongMachineError(
             f"scenario {scenario!r} needs a GPU but this machine has none; use scenario={kind!r}, "
             "or plan for a GPU you do not have with hardware='a100-80gb' (see perfguide.hardware names)")
+    check_applicable(scenario, cons, hw)
     if cons.nodes > 1 and hw.nodes != cons.nodes:
         hw = hw.model_copy(update={"nodes": cons.nodes})
     request = Request(

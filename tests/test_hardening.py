@@ -337,3 +337,37 @@ def test_largest_accepted_values_give_an_answer(scenario: str, kw: dict) -> None
     if "global_batch_size" in kw:
         assert rec.setup.global_batch_size == kw["global_batch_size"]
     assert rec.fits or rec.suggestions
+
+
+# --- constraints a scenario would ignore are refused, never dropped in silence ---------------------
+
+@pytest.mark.parametrize(("scenario", "hw", "kw", "named"), [
+    ("train_gpu_one", "a100", {"num_gpus": 4}, ("num_gpus=4", "train_gpu_many")),
+    ("train_gpu_one", "a100", {"nodes": 2}, ("nodes=2", "train_gpu_many")),
+    ("train_gpu_one", "a100", {"strategy": "zero3"}, ("'zero3'", "train_gpu_many")),
+    ("infer_gpu_one", "a100", {"strategy": "tp"}, ("'tp'", "infer_gpu_many")),
+    ("train_cpu", "cpu", {"strategy": "ddp"}, ("'ddp'", "'single'")),
+    ("train_gpu_one", "a100", {"quantization": "nf4"}, ("quantization='nf4'", "finetune='qlora'")),
+    ("train_gpu_one", "a100", {"max_new_tokens": 10}, ("max_new_tokens=10", "inference")),
+    ("infer_gpu_one", "a100", {"optimizer": "sgd"}, ("optimizer='sgd'", "training")),
+    ("infer_cpu", "cpu", {"micro_batch_size": 4}, ("micro_batch_size=4", "batch_size")),
+    ("infer_gpu_one", "a100", {"finetune": "lora"}, ("finetune='lora'", "training")),
+    ("train_gpu_one", "a100", {"finetune": "full", "lora": {"r": 8}}, ("finetune='full'", "lora")),
+    ("train_cpu", "cpu", {"finetune": "qlora"}, ("finetune='qlora'", "finetune='lora'")),
+    ("infer_gpu_many", "a100:2", {"strategy": "zero3"}, ("'zero3'", "device_map", "tp")),
+    ("infer_gpu_many", "a100:2", {"num_gpus": 8}, ("num_gpus=8", "2 GPU")),
+    ("infer_gpu_many", "a100:2", {"nodes": 2}, ("nodes=2", "nodes=1")),
+    ("infer_gpu_many", "a100", {"strategy": "tp"}, ("'tp'", "12 query", "single")),
+])
+def test_constraints_the_scenario_cannot_honour(scenario: str, hw: str, kw: dict, named: tuple[str, ...]) -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", scenario, hardware=hw, **kw)
+    one_line(exc, *named)
+
+
+def test_defaults_passed_explicitly_are_not_conflicts() -> None:
+    rec = recommend("gpt2", "train_gpu_one", hardware="a100", max_new_tokens=256, prefer="throughput", num_gpus=1, nodes=1,
+                    strategy="single")
+    assert rec.setup.strategy == "single" and rec.setup.world_size == 1
+    rec = recommend("gpt2", "infer_gpu_many", hardware="a100:2", strategy="device_map", num_gpus=2)
+    assert rec.setup.strategy == "device_map" and rec.setup.num_gpus == 2

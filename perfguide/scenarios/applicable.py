@@ -1,0 +1,77 @@
+"""Constraints a scenario cannot honour are refused in one line, never silently dropped.
+
+Each scenario's rules read only the constraints that mean something to them; without this check a user who
+asks ``train_gpu_one`` for ``num_gpus=8``, or an inference plan for ``optimizer='sgd'``, would get a plan that
+quietly ignores the request. train_gpu_many checks its own world size and strategy (strategies.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConflictingConstraintsError, unknown_value
+from ..hardware.types import Hardware
+from .types import Constraints
+
+TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch")
+INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer")
+INFER_STRATEGIES = ("single", "tp", "device_map")
+_HINTS = {
+    "quantization": "to train on a 4-bit base use finetune='qlora'",
+    "micro_batch_size": "use batch_size for inference",
+    "batch_size": "use global_batch_size (and micro_batch_size) for training",
+    "prompt_len": "use seq_len for training",
+}
+
+
+def _given(cons: Constraints, field: str) -> Any:
+    """The value the user set, or None when the field is absent or left at its default."""
+    value = getattr(cons, field)
+    return None if value == Constraints.model_fields[field].default else value
+
+
+def check_applicable(scenario: str, cons: Constraints, hardware: Hardware) -> None:
+    """Raise ConflictingConstraintsError for the first constraint ``scenario`` would ignore."""
+    training = scenario.startswith("train")
+    kind, other = ("training", "inference") if training else ("inference", "training")
+    for field in INFERENCE_ONLY if training else TRAINING_ONLY:
+        value = _given(cons, field)
+        if value is not None:
+            hint = _HINTS.get(field, f"drop it, or use one of the {other} scenarios")
+            raise ConflictingConstraintsError(f"{field}={value!r} only applies to {other} but scenario {scenario!r} is {kind}; {hint}")
+    if training and cons.lora is not None and cons.finetune == "full":
+        raise ConflictingConstraintsError("lora=... describes adapters but finetune='full' trains every weight; "
+                                          "use finetune='lora' or 'qlora', or drop lora")
+    if scenario == "train_cpu" and cons.finetune == "qlora":
+        raise ConflictingConstraintsError("finetune='qlora' needs a CUDA GPU (bitsandbytes 4-bit training); "
+                                          "use finetune='lora' on the CPU, or scenario='train_gpu_one'")
+    if scenario.endswith("gpu_many"):
+        _check_many(scenario, cons, hardware)
+    else:
+        _check_one_device(scenario, cons)
+
+
+def _check_one_device(scenario: str, cons: Constraints) -> None:
+    many = scenario.replace("_one", "_many") if scenario.endswith("gpu_one") else "train_gpu_many' or 'infer_gpu_many"
+    for field in ("num_gpus", "nodes"):
+        value = getattr(cons, field)
+        if value is not None and value > 1:
+            raise ConflictingConstraintsError(f"{field}={value} asks for several devices but scenario {scenario!r} plans one; "
+                                              f"use scenario='{many}'")
+    if cons.strategy not in (None, "single"):
+        raise ConflictingConstraintsError(f"strategy={cons.strategy!r} needs several devices but scenario {scenario!r} plans one; "
+                                          f"accepted here: 'single', or use scenario='{many}'")
+
+
+def _check_many(scenario: str, cons: Constraints, hardware: Hardware) -> None:
+    if scenario != "infer_gpu_many":
+        return  # train_gpu_many validates its own layout (strategies.check_forced, world_of)
+    if cons.strategy is not None and cons.strategy not in INFER_STRATEGIES:
+        raise unknown_value("inference strategy", cons.strategy, INFER_STRATEGIES, ConflictingConstraintsError)
+    if cons.nodes > 1:
+        raise ConflictingConstraintsError(f"nodes={cons.nodes}: infer_gpu_many plans the GPUs of one node; "
+                                          "use nodes=1 and run one server per node")
+    if cons.num_gpus is not None and cons.num_gpus > hardware.gpu_count:
+        raise ConflictingConstraintsError(f"num_gpus={cons.num_gpus} but the hardware has {hardware.gpu_count} GPU(s); "
+                                          f"use num_gpus <= {hardware.gpu_count}, or a bigger target such as "
+                                          f"hardware='{(hardware.name or 'a100-80gb').split(':')[0]}:{cons.num_gpus}'")
