@@ -29,6 +29,13 @@ REPRESENTATIVE = {
     "mixtral-8x7b": "AutoModelForCausalLM", "qwen2.5-0.5b": "AutoModelForCausalLM", "phi-3-mini": "AutoModelForCausalLM",
     "gemma-2-2b": "AutoModelForCausalLM", "roberta-base": "AutoModelForMaskedLM", "opt-350m": "AutoModelForCausalLM",
     "pythia-70m": "AutoModelForCausalLM",
+    # catalog entries added for the accuracy bench's models (counters for llama/opt/gpt_neox/t5; the rest are
+    # counted through the meta module, so this also checks the catalog config builds the published shape)
+    "stablelm-base-alpha-3b": "AutoModelForCausalLM", "tinyllama-1.1b": "AutoModelForCausalLM",
+    "codellama-34b": "AutoModelForCausalLM", "opt-30b": "AutoModelForCausalLM", "T0pp": "AutoModelForSeq2SeqLM",
+    "phi-1_5": "AutoModelForCausalLM", "falcon-7b": "AutoModelForCausalLM", "falcon-40b": "AutoModelForCausalLM",
+    "gpt-j-6b": "AutoModelForCausalLM", "distilbert-base-uncased": "AutoModelForMaskedLM",
+    "biogpt": "AutoModelForCausalLM", "gemma-2b": "AutoModelForCausalLM",
 }
 
 # Published totals (Hub safetensors metadata / model cards), not derived from perfguide's formulas.
@@ -43,6 +50,13 @@ PUBLISHED = {
     "Qwen/Qwen2.5-72B": 72_706_203_648, "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552,
     "google/gemma-2-2b": 2_614_341_888, "google/gemma-2-9b": 9_241_705_984, "facebook/opt-1.3b": 1_315_758_080,
     "EleutherAI/pythia-70m": 70_426_624, "EleutherAI/pythia-6.9b": 6_857_302_016,
+    "EleutherAI/pythia-410m-deduped": 405_334_016,          # Pythia README total-params table
+    "EleutherAI/gpt-neox-20b": 20_554_567_680,              # GPT-NeoX-20B paper, table 1
+    "microsoft/phi-1_5": 1_418_270_720, "microsoft/phi-2": 2_779_683_840,
+    "tiiuae/falcon-7b": 6_921_720_704,                      # unique params (the Hub's 7.22B counts the tied head twice)
+    "distilbert/distilbert-base-uncased": 66_985_530, "microsoft/biogpt": 346_763_264,
+    "codellama/CodeLlama-34b-hf": 33_743_970_304, "google/gemma-2b": 2_506_172_416, "google/gemma-7b": 8_537_680_896,
+    "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": 1_100_048_384, "bigscience/T0pp": 11_135_332_352,
 }
 
 
