@@ -4,6 +4,7 @@ across GPUs (device_map="auto"); each priced for per-GPU memory and speed, chose
 from __future__ import annotations
 
 from ..decisions import Alternative, Decision
+from ..errors import ConflictingConstraintsError
 from ..setup import Setup
 from . import inference_rules as R
 from .infer_gpu_one import base_setup, offload_option, tune
@@ -30,7 +31,15 @@ def layouts(request: Request, base: Setup, gpus: int) -> list[Setup]:
     if t > 1:
         options.append(base.model_copy(update={"strategy": "tp", "num_gpus": t}))
     options.append(base.model_copy(update={"strategy": "device_map", "num_gpus": gpus}))
-    return [s for s in options if forced is None or s.strategy == forced] or options
+    if forced is None:
+        return options
+    kept = [s for s in options if s.strategy == forced]
+    if not kept:  # only 'tp' can be missing: no degree > 1 divides the heads (or one GPU)
+        spec = request.model
+        raise ConflictingConstraintsError(
+            f"strategy={forced!r} is not possible with {gpus} GPU(s): no degree > 1 divides {spec.num_attention_heads} query "
+            f"and {spec.num_key_value_heads} KV heads; use one of {', '.join(s.strategy for s in options)}")
+    return kept
 
 
 def score(request: Request, c: Candidate) -> float:
