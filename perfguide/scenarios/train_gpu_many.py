@@ -108,7 +108,7 @@ def _candidate(request: Request, lay: Layout, opt: Option, why: str | None) -> C
     if why is not None:
         verdict, text = "incompatible", why
     elif opt.best is not None:
-        verdict, text = "fits", f"{lay.name}: {opt.best.step_time:.3g} s/step ({opt.best.throughput.comm_time_s:.3g} s communication)"
+        verdict, text = "fits", f"{lay.name}: {opt.best.step_time:.3g} s/step ({opt.best.throughput.comm_time_s:.3g} s exposed communication)"
     else:
         verdict, text = "does-not-fit", f"{lay.name}: {not_fitting_why(shown.memory, request.hardware, h)}"
     return Candidate(setup=shown.setup, memory=shown.memory, throughput=shown.throughput, verdict=verdict, why=text)
@@ -116,8 +116,8 @@ def _candidate(request: Request, lay: Layout, opt: Option, why: str | None) -> C
 
 def _numbers(request: Request, p: Priced) -> str:
     t = p.throughput
-    text = (f"{gib(p.memory.device_total)} per GPU, {t.step_time_s:.3g} s/step of which {t.comm_time_s:.3g} s communication "
-            f"({gib(comm_bytes(request.model, p.setup))} sent per rank per step)")
+    text = (f"{gib(p.memory.device_total)} per GPU, {t.step_time_s:.3g} s/step with {t.comm_time_s:.3g} s of communication not "
+            f"hidden behind compute ({gib(comm_bytes(request.model, p.setup))} sent per rank per step)")
     return text + (f", {gib(p.memory.cpu_ram)} host RAM per node" if p.memory.cpu_ram else "")
 
 
@@ -175,18 +175,36 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
 
 def backend_decision(request: Request, chosen: Priced, compared: list) -> Decision:
     """FSDP2 vs DeepSpeed: the tie-break between layouts of the same sharding level, stated with both step times."""
-    s = chosen.setup
+    s, h = chosen.setup, request.constraints.headroom
     lay = layout_of(s)
     ladder = levels(s.world_size, True)
-    peers = [(o, opt.best) for o, _, opt, why in compared if o != lay and why is None and opt is not None and opt.best is not None
-             and level_index(ladder, o) == level_index(ladder, lay) and o.backend != lay.backend]
-    rule = (f"tie-break: FSDP2 (native torch, the Trainer's default FSDP version, no extra package or JSON) over DeepSpeed ZeRO of the "
+    rule = (f"FSDP2 (native torch, the Trainer's default FSDP version, no extra package or JSON) is kept over DeepSpeed ZeRO of the "
             f"same sharding level unless ZeRO is predicted more than {FSDP_TIE_TOLERANCE:.0%} faster")
-    alts = tuple(Alternative(value=o.name, number=b.step_time, unit="s/step",
-                             why_not=f"{b.step_time:.3g} s/step vs {chosen.step_time:.3g}, {gib(b.memory.device_total)} per GPU")
-                 for o, b in peers)
-    return Decision(setting="sharding_backend", value=lay.backend, reason=rule, number=chosen.step_time, unit="s/step",
-                    source="rules.md 3.19-3.21; transformers fsdp.md (FSDP2 default)", alternatives=alts)
+    alts, fitting_fsdp = [], []
+    for o, _, opt, why in compared:
+        if o == lay or o.backend == lay.backend or level_index(ladder, o) != level_index(ladder, lay) or opt is None:
+            continue
+        b = opt.best
+        if why is not None:
+            note, number = f"not offered: {why}", None
+        elif b is None:
+            note, number = f"does not fit: {not_fitting_why(opt.too_big.memory, request.hardware, h)}", None
+        else:
+            note, number = f"{b.step_time:.3g} s/step vs {chosen.step_time:.3g}, {gib(b.memory.device_total)} per GPU", b.step_time
+            fitting_fsdp += [b] if o.backend == "FSDP2" else []
+        alts.append(Alternative(value=o.name, why_not=note, number=number, unit="s/step" if number is not None else None))
+    if lay.backend == "torch DDP":
+        outcome = "no sharding needed, so plain DDP"
+    elif lay.backend == "FSDP2":
+        outcome = "FSDP2 chosen"
+    elif request.constraints.strategy:
+        outcome = f"strategy={request.constraints.strategy!r} was requested"
+    elif fitting_fsdp:
+        outcome = f"ZeRO chosen: more than {FSDP_TIE_TOLERANCE:.0%} faster than the FSDP2 layout of its level"
+    else:
+        outcome = "ZeRO chosen: no FSDP2 layout of this sharding level fits or can run this setup"
+    return Decision(setting="sharding_backend", value=lay.backend, reason=f"{outcome}; tie-break: {rule}", number=chosen.step_time,
+                    unit="s/step", source="rules.md 3.19-3.21; transformers fsdp.md (FSDP2 is the Trainer default)", alternatives=tuple(alts))
 
 
 def quant_storage_decision(s: Setup) -> list[Decision]:
