@@ -143,7 +143,8 @@ def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: b
         elif best is None:
             note = f"does not fit: {not_fitting_why(shown.memory, request.hardware, cons.headroom)}" if shown else "does not fit"
         elif level_index(ladder, other) > mine:
-            note = f"fits, but '{lv.name}' is only used when the cheaper levels do not fit"
+            note = (f"fits, but '{lv.name}' is only used when the cheaper levels do not fit (docs' order: more sharding means "
+                    "more, smaller collectives whose latency the step-time model does not price)")
         else:
             note = f"fits, but {'slower' if best.step_time > chosen.step_time else 'loses the FSDP2 tie-break'}"
         if shown is not None:
