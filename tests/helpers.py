@@ -93,3 +93,11 @@ def token_dataset(n: int = 16, seed: int = 0) -> list[dict[str, Any]]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, TINY_LLAMA["vocab_size"], (n, TINY_SEQ), generator=g)
     return [{"input_ids": row, "labels": row.clone()} for row in ids]
+
+
+def reset_accelerate_state() -> None:
+    """accelerate keeps one process-wide state; tests building Accelerators with other settings start afresh
+    (TrainingArguments does the same reset when it sets up devices)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)

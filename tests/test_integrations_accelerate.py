@@ -17,9 +17,9 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
 try:  # tests/ as a plain folder or as a package
-    from helpers import hardware, make_rec, tiny_spec
+    from helpers import hardware, make_rec, reset_accelerate_state, tiny_spec
 except ImportError:  # pragma: no cover
-    from tests.helpers import hardware, make_rec, tiny_spec
+    from tests.helpers import hardware, make_rec, reset_accelerate_state, tiny_spec
 
 from perfguide.errors import InvalidSetupError, WrongMachineError  # noqa: E402
 from perfguide.integrations.accelerate import CPU_FSDP_WARNING  # noqa: E402
@@ -122,6 +122,7 @@ def test_cpu_plan_builds_a_real_accelerator():
     rec = make_rec({"device": "cpu", "autocast": "bf16", "gradient_accumulation_steps": 4})
     kw = rec.accelerator_kwargs()
     assert kw == {"mixed_precision": "bf16", "gradient_accumulation_steps": 4, "cpu": True}
+    reset_accelerate_state()
     acc = rec.accelerator()
     assert acc.device.type == "cpu" and acc.mixed_precision == "bf16" and acc.gradient_accumulation_steps == 4
 

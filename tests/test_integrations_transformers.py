@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 try:  # tests/ as a plain folder or as a package
-    from helpers import hardware, make_rec, tiny_model, token_dataset
+    from helpers import hardware, make_rec, reset_accelerate_state, tiny_model, token_dataset
 except ImportError:  # pragma: no cover
-    from tests.helpers import hardware, make_rec, tiny_model, token_dataset
+    from tests.helpers import hardware, make_rec, reset_accelerate_state, tiny_model, token_dataset
 
 from perfguide.errors import InvalidSetupError, WrongMachineError  # noqa: E402
 
@@ -254,6 +254,7 @@ def test_bnb_8bit_plan_in_an_accelerate_loop(tmp_path):
     rec.prepare_model(model)
     rec.prepare_model(model)  # idempotent: one override per embedding
     assert sum(m is model.get_input_embeddings() for m, _, _ in manager.module_weight_config_triple) == 1
+    reset_accelerate_state()
     acc = rec.accelerator()
     opt = bnb.optim.AdamW8bit(model.parameters(), lr=1e-3)
     model, opt = acc.prepare(model, opt)
