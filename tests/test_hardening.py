@@ -371,3 +371,17 @@ def test_defaults_passed_explicitly_are_not_conflicts() -> None:
     assert rec.setup.strategy == "single" and rec.setup.world_size == 1
     rec = recommend("gpt2", "infer_gpu_many", hardware="a100:2", strategy="device_map", num_gpus=2)
     assert rec.setup.strategy == "device_map" and rec.setup.num_gpus == 2
+
+
+def test_busy_gpu_counts_only_its_free_memory_in_every_scenario(fake) -> None:  # noqa: ANN001
+    fake([a100(0, free_mib=1000)])  # another job holds all but 1000 MiB
+    for scenario in ("train_gpu_one", "infer_gpu_one", "infer_gpu_many"):
+        rec = _probe_recommend(scenario)
+        assert rec.memory.capacity == 1000 * MIB, scenario
+        assert not rec.fits or rec.memory.device_total <= 0.9 * 1000 * MIB, scenario
+
+
+def test_cpu_training_on_a_box_with_a_busy_gpu_plans_for_ram(fake) -> None:  # noqa: ANN001
+    fake([a100(0, free_mib=1000)])
+    rec = _probe_recommend("train_cpu")
+    assert rec.setup.device == "cpu" and rec.memory.capacity == rec.hardware.cpu.ram_available

@@ -32,12 +32,18 @@ def reserved_from_allocated(peak_allocated: int) -> int:
 
 
 def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
-    """Memory one process may use: the smallest GPU's total (cuda), or available RAM (cpu)."""
+    """Memory one process may use: the smallest GPU's total (cuda), or available RAM (cpu).
+
+    A probed GPU that other processes already fill offers only what NVML saw free, for every scenario alike.
+    """
     if hardware is None:
         return None
     if setup.device == "cpu" or not hardware.has_gpu:
         return hardware.cpu.ram_available // max(1, setup.num_gpus)
-    return hardware.smallest_gpu.memory_total
+    gpu = hardware.smallest_gpu
+    if hardware.source == "probe" and 0 < gpu.memory_free < gpu.memory_total:
+        return gpu.memory_free
+    return gpu.memory_total
 
 
 def to_estimate(

@@ -73,14 +73,8 @@ def gib(n: float) -> str:
 
 
 def usable_bytes(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> int | None:
-    """Device memory a plan may fill: capacity (or what a probe saw free) minus the headroom fraction."""
-    cap = memory.capacity
-    if cap is None:
-        return None
-    gpu = hardware.smallest_gpu
-    if hardware.source == "probe" and gpu is not None and memory.cuda_context and 0 < gpu.memory_free < cap:
-        cap = gpu.memory_free
-    return int(cap * (1 - headroom))
+    """Device memory a plan may fill: capacity (already what a probe saw free) minus the headroom fraction."""
+    return None if memory.capacity is None else int(memory.capacity * (1 - headroom))
 
 
 def usable_ram(hardware: Hardware, headroom: float) -> int:
