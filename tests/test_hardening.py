@@ -385,3 +385,4 @@ def test_cpu_training_on_a_box_with_a_busy_gpu_plans_for_ram(fake) -> None:  # n
     fake([a100(0, free_mib=1000)])
     rec = _probe_recommend("train_cpu")
     assert rec.setup.device == "cpu" and rec.memory.capacity == rec.hardware.cpu.ram_available
+    assert rec.fits and rec.memory.device_total > 1000 * MIB  # judged against RAM, not the GPU's free 1000 MiB
