@@ -75,6 +75,12 @@ class Setup(Model):
             raise ValueError("training a purely quantized (int8/nf4) model needs LoRA adapters (lora={...}); transformers refuses it otherwise")
         if self.autocast == "fp16" and self.device == "cpu":
             raise ValueError("fp16 autocast does nothing on CPU (accelerate silently trains in fp32); use autocast='bf16' or None")
+        # DeepSpeed: param offload is stage 3 only, optimizer offload stages 1-3 (zero/offload_config.py);
+        # FSDP offloads params, grads and optimizer together whatever the sharding; device_map offloads weights.
+        if self.offload_params and self.strategy not in ("zero3", "fsdp", "fsdp_shard_grad_op", "device_map"):
+            raise ValueError(f"offload_params needs strategy 'zero3', 'fsdp', 'fsdp_shard_grad_op' or 'device_map' (inference), not {self.strategy!r}")
+        if self.offload_optimizer and self.strategy not in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op"):
+            raise ValueError(f"offload_optimizer needs a sharded strategy (zero1/zero2/zero3/fsdp/fsdp_shard_grad_op), not {self.strategy!r}")
         return self
 
     @property

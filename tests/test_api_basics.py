@@ -71,3 +71,16 @@ def test_unknown_constraint_is_named():
 def test_results_round_trip_json():
     s = perfguide.Setup(micro_batch_size=2, lora={"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]})
     assert perfguide.Setup.model_validate_json(s.to_json()) == s
+
+
+@pytest.mark.parametrize(
+    "bad, fragment",
+    [
+        ({"offload_params": True}, "offload_params needs strategy"),
+        ({"offload_params": True, "strategy": "zero2"}, "offload_params needs strategy"),
+        ({"offload_optimizer": True, "strategy": "ddp"}, "offload_optimizer needs a sharded strategy"),
+    ],
+)
+def test_offload_needs_a_strategy_that_can_offload(bad, fragment):
+    with pytest.raises(InvalidSetupError, match=fragment):
+        perfguide.Setup.parse(bad)

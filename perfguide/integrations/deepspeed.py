@@ -22,8 +22,6 @@ _ADAMW = ("adamw_torch", "adamw_torch_fused", None)
 
 def _zero_block(rec: "Recommendation", stage: int) -> dict[str, Any]:
     s = rec.setup
-    if s.offload_optimizer and stage < 2:
-        raise InvalidSetupError("offload_optimizer needs ZeRO stage 2 or 3 (strategy 'zero2' or 'zero3'), got 'zero1'")
     if s.offload_params and stage < 3:
         raise InvalidSetupError(f"offload_params needs ZeRO stage 3 (strategy 'zero3'), got {s.strategy!r}")
     zo: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
