@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import PerfGuideError, UnknownScenarioError, WrongMachineError, did_you_mean, unknown_value
+from .errors import InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, did_you_mean, unknown_value
 from .hardware.types import Hardware
 from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
@@ -100,11 +100,23 @@ def recommend(
     return Recommendation(request=request, **plan.model_dump(exclude_none=False, round_trip=True))
 
 
+def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
+    """A Setup asking for GPUs the hardware lacks would be judged against the wrong memory; refuse it."""
+    where = f"hardware {hw.name!r}" if hw.name else "this machine"
+    if setup.device == "cuda" and not hw.has_gpu:
+        raise WrongMachineError(f"setup device='cuda' but {where} has no GPU; use device='cpu', or a GPU target such as hardware='a100-80gb'")
+    if setup.device == "cuda" and setup.num_gpus > hw.gpu_count:
+        raise InvalidSetupError(f"setup num_gpus={setup.num_gpus} but {where} has {hw.gpu_count} GPU(s) per node; "
+                                f"use num_gpus <= {hw.gpu_count}, or hardware='NAME:{setup.num_gpus}'")
+
+
 def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None = None, method: str = "analytic") -> MemoryEstimate:
     """Price one Setup the user wrote. ``hardware=None`` gives bytes with ``fits`` judged on no device."""
     s = Setup.parse(setup)
     spec = ModelSpec.from_any(model)
     hw = resolve_hardware(hardware) if hardware is not None else None
+    if hw is not None:
+        _check_setup_fits_machine(s, hw)
     if method == "analytic":
         from .memory import estimate_memory
 

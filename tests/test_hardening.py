@@ -386,3 +386,38 @@ def test_cpu_training_on_a_box_with_a_busy_gpu_plans_for_ram(fake) -> None:  # n
     rec = _probe_recommend("train_cpu")
     assert rec.setup.device == "cpu" and rec.memory.capacity == rec.hardware.cpu.ram_available
     assert rec.fits and rec.memory.device_total > 1000 * MIB  # judged against RAM, not the GPU's free 1000 MiB
+
+
+# --- estimate(): a hand-written Setup is checked against the machine it is priced on ---------------
+
+def test_estimate_cuda_setup_on_a_machine_without_gpu() -> None:
+    with pytest.raises(WrongMachineError) as exc:
+        estimate("gpt2", {"device": "cuda"}, hardware="cpu")
+    one_line(exc, "device='cuda'", "'cpu'", "device='cpu'")
+    assert estimate("gpt2", {"device": "cpu"}, hardware="cpu").capacity == Hardware.from_name("cpu").cpu.ram_available
+
+
+def test_estimate_more_gpus_than_the_target_has() -> None:
+    with pytest.raises(InvalidSetupError) as exc:
+        estimate("gpt2", {"num_gpus": 8, "strategy": "ddp"}, hardware="a100")
+    one_line(exc, "num_gpus=8", "1 GPU")
+    assert estimate("gpt2", {"num_gpus": 8, "strategy": "ddp"}, hardware="a100:8").fits
+
+
+@pytest.mark.parametrize(("setup", "named"), [
+    ({"micro_batch": 4}, "'micro_batch'"), ({"micro_batch_size": 0}, "micro_batch_size"), ({"optimizer": "adamm"}, "'adamm'"),
+    ({"weights_dtype": "nf4"}, "LoRA"), ({"device": "cpu", "autocast": "fp16"}, "fp16"), ({"strategy": "zero9"}, "strategy"),
+])
+def test_estimate_bad_setups(setup: dict, named: str) -> None:
+    with pytest.raises(InvalidSetupError) as exc:
+        estimate("gpt2", setup)
+    assert "\n" not in str(exc.value) and named in str(exc.value)
+
+
+def test_estimate_bad_method_and_setup_type() -> None:
+    with pytest.raises(PerfGuideError) as exc:
+        estimate("gpt2", {}, method="exact")
+    one_line(exc, "'exact'", "analytic", "trace")
+    with pytest.raises(InvalidSetupError) as exc:
+        estimate("gpt2", "mb=4")  # type: ignore[arg-type]
+    assert "dict" in str(exc.value) and "str" in str(exc.value)
