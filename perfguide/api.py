@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, did_you_mean, unknown_value
+from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, did_you_mean, unknown_value
 from .hardware.types import Hardware
 from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
@@ -54,9 +54,36 @@ def _positive(name: str, value: int | None, limit: int) -> None:
         raise PerfGuideError(f"{name} must be a positive integer (1..{limit:,}), got {value!r}")
 
 
-def _default_seq_len(spec: ModelSpec, scenario: str) -> int:
+def _generates(spec: ModelSpec) -> bool:
+    """Decoder LMs append new tokens to the prompt; encoders (BERT-style) only read it."""
+    return spec.is_encoder_decoder or (spec.architecture or "").endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+
+
+def _default_seq_len(spec: ModelSpec, scenario: str, new_tokens: int) -> int:
+    """Training: up to 2048. Serving: a 1024-token prompt, shortened so prompt + new tokens stay within the positions."""
     limit = spec.max_position_embeddings or DEFAULT_TRAIN_SEQ_LEN
-    return min(limit, DEFAULT_TRAIN_SEQ_LEN if scenario.startswith("train") else 1024)
+    if scenario.startswith("train"):
+        return min(limit, DEFAULT_TRAIN_SEQ_LEN)
+    room = limit - new_tokens if _generates(spec) and limit > new_tokens else limit
+    return min(room, 1024)
+
+
+def _check_context(spec: ModelSpec, scenario: str, seq_len: int, cons: Constraints) -> list[str]:
+    """Sequences past the model's position table fail (learned positions) or degrade (RoPE): refuse or warn."""
+    limit = spec.max_position_embeddings
+    if not limit:
+        return []
+    train = scenario.startswith("train")
+    length, field = (seq_len, "seq_len") if train else (cons.prompt_len or seq_len, "prompt_len" if cons.prompt_len else "seq_len")
+    if length > limit:
+        raise ConflictingConstraintsError(
+            f"{field}={length} exceeds {spec.name}'s max_position_embeddings={limit}; use {field} <= {limit}, "
+            "or a config with a longer context (rope_scaling / a larger max_position_embeddings)")
+    if not train and _generates(spec) and length + cons.max_new_tokens > limit:
+        return [f"prompt {length} + max_new_tokens {cons.max_new_tokens} = {length + cons.max_new_tokens} tokens exceeds "
+                f"{spec.name}'s max_position_embeddings={limit}: generation past it fails (learned positions) or degrades "
+                "(RoPE); lower prompt_len or max_new_tokens"]
+    return []
 
 
 def recommend(
@@ -87,16 +114,20 @@ def recommend(
     check_applicable(scenario, cons, hw)
     if cons.nodes > 1 and hw.nodes != cons.nodes:
         hw = hw.model_copy(update={"nodes": cons.nodes})
+    seq_len = seq_len or _default_seq_len(spec, scenario, cons.max_new_tokens)
+    context_warnings = _check_context(spec, scenario, seq_len, cons)
     request = Request(
         scenario=scenario,
         model=spec,
         hardware=hw,
-        seq_len=seq_len or _default_seq_len(spec, scenario),
+        seq_len=seq_len,
         global_batch_size=global_batch_size or (cons.batch_size or 1 if scenario.startswith("infer") else DEFAULT_GLOBAL_BATCH),
         constraints=cons,
     )
     logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")
     plan = planner(scenario)(request)
+    if context_warnings:
+        plan = plan.model_copy(update={"warnings": (*context_warnings, *plan.warnings)})
     return Recommendation(request=request, **plan.model_dump(exclude_none=False, round_trip=True))
 
 

@@ -421,3 +421,25 @@ def test_estimate_bad_method_and_setup_type() -> None:
     with pytest.raises(InvalidSetupError) as exc:
         estimate("gpt2", "mb=4")  # type: ignore[arg-type]
     assert "dict" in str(exc.value) and "str" in str(exc.value)
+
+
+# --- sequences longer than the model's positions --------------------------------------------------
+
+@pytest.mark.parametrize(("scenario", "kw", "named"), [
+    ("train_gpu_one", {"seq_len": 4096}, "seq_len=4096"),           # GPT-2: n_positions 1024 (config.json)
+    ("infer_gpu_one", {"seq_len": 2048}, "seq_len=2048"),
+    ("infer_gpu_one", {"prompt_len": 1025}, "prompt_len=1025"),
+])
+def test_sequence_longer_than_the_position_table(scenario: str, kw: dict, named: str) -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", scenario, hardware="a100", **kw)
+    one_line(exc, named, "max_position_embeddings=1024", "<= 1024")
+    assert recommend("gpt2", scenario, hardware="a100", **{k: 1024 for k in kw}).setup.seq_len == 1024
+
+
+def test_default_prompt_leaves_room_for_the_new_tokens() -> None:
+    rec = recommend("gpt2", "infer_gpu_one", hardware="a100", max_new_tokens=256)
+    assert rec.setup.seq_len + rec.setup.new_tokens <= 1024 and not rec.warnings
+    rec = recommend("gpt2", "infer_gpu_one", hardware="a100", prompt_len=1000, max_new_tokens=100)
+    assert any("1100 tokens exceeds" in w for w in rec.warnings)
+    assert not recommend("bert-base-uncased", "infer_gpu_one", hardware="a100").warnings  # encoders do not generate
