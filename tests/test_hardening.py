@@ -443,3 +443,10 @@ def test_default_prompt_leaves_room_for_the_new_tokens() -> None:
     rec = recommend("gpt2", "infer_gpu_one", hardware="a100", prompt_len=1000, max_new_tokens=100)
     assert any("1100 tokens exceeds" in w for w in rec.warnings)
     assert not recommend("bert-base-uncased", "infer_gpu_one", hardware="a100").warnings  # encoders do not generate
+
+
+def test_fp16_forced_for_serving_a_bf16_model_is_warned_not_silent() -> None:
+    """Serving in fp16 often works, so it is allowed, but the overflow risk is said (training refuses it)."""
+    rec = recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="a100-80gb", precision="fp16")
+    assert rec.setup.weights_dtype == "fp16" and any("trained in bf16" in w for w in rec.warnings)
+    assert not recommend("gpt2", "infer_gpu_one", hardware="a100-80gb", precision="fp16").warnings  # GPT-2 is fp32-trained

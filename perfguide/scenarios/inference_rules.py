@@ -61,6 +61,8 @@ def gpu_dtype(request: Request) -> tuple[str, Decision, list[str]]:
         if forced == "bf16" and not gpu.supports_bf16:
             warnings.append(f"bf16 on compute capability {cc[0]}.{cc[1]} is emulated (torch.cuda.is_bf16_supported() says yes "
                             "by emulation): expect fp32-or-slower speed; fp16 or fp32 are the native choices")
+        if forced == "fp16":
+            warnings += _fp16_overflow_warning(request)
         return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE), warnings
     if gpu.supports_bf16:
         return "bf16", Decision(
@@ -70,11 +72,16 @@ def gpu_dtype(request: Request) -> tuple[str, Decision, list[str]]:
                           Alternative(value="fp32", why_not="2x the weight bytes and ~2x slower decode"))), warnings
     alts = (Alternative(value="bf16", why_not=f"no native bf16 below compute capability 8.0 (this GPU: {cc[0]}.{cc[1]}); emulated and slow"),
             Alternative(value="fp32", why_not="2x the memory and slower; the safe choice only if fp16 overflows"))
-    if request.model.native_dtype == "bf16":
-        warnings.append(f"{request.model.name} was trained in bf16; in fp16 its activations can overflow (inf/NaN output). "
-                        "If generations look broken, load it with dtype=torch.float32")
+    warnings += _fp16_overflow_warning(request)
     return "fp16", Decision(setting="dtype", value="fp16", number=float(cc[0] + cc[1] / 10), unit="compute capability",
                             reason="pre-Ampere GPU: fp16 tensor cores are native, bf16 is not", source=SRC_DTYPE, alternatives=alts), warnings
+
+
+def _fp16_overflow_warning(request: Request) -> list[str]:
+    if request.model.native_dtype != "bf16":
+        return []
+    return [f"{request.model.name} was trained in bf16; in fp16 its activations can overflow (inf/NaN output). "
+            "If generations look broken, load it with dtype=torch.float32"]
 
 
 def cpu_dtype(request: Request) -> tuple[str, Decision]:
