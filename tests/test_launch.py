@@ -4,6 +4,7 @@ accelerate YAML and command, unchanged, training a tiny Llama with the Trainer (
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ except ImportError:  # pragma: no cover
 from perfguide.integrations.launch import torchrun_command
 
 SCRIPT = Path(__file__).with_name("launch_train_script.py")
+FSDP2_SCRIPT = Path(__file__).with_name("launch_fsdp2_script.py")
 CPU_DDP = {"device": "cpu", "num_gpus": 2, "strategy": "ddp", "micro_batch_size": 2, "optimizer": "adamw_torch"}
 GPU8 = {"autocast": "bf16", "num_gpus": 8, "strategy": "ddp"}
 
@@ -63,13 +65,13 @@ def test_script_arguments_are_shell_quoted():
 
 # --- real runs ---------------------------------------------------------------------------------------------
 
-def _run(rec, tmp_path: Path, config_file: str | None) -> list[dict]:
+def _run(rec, tmp_path: Path, config_file: str | None, script: Path | None = None) -> list[dict]:
     """Run the plan's own command in a shell, exactly as generated; return each rank's report."""
     rec_json = tmp_path / "rec.json"
     rec_json.write_text(rec.to_json())
     out = tmp_path / "out"
     out.mkdir()
-    cmd = rec.launch_command(str(SCRIPT), str(rec_json), str(out), config_file=config_file)
+    cmd = rec.launch_command(str(script or SCRIPT), str(rec_json), str(out), config_file=config_file)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
@@ -103,3 +105,23 @@ def test_fsdp_cpu_plan_runs_but_accelerate_trains_it_as_ddp(tmp_path):
     for r in ranks:
         assert r["world_size"] == 2 and r["steps"] == 2
         assert r["wrapper"] == "DistributedDataParallel" and r["distributed_type"] == "DistributedType.MULTI_CPU"
+
+
+@pytest.mark.slow
+def test_fsdp_cpu_plan_shards_for_real_with_accelerates_fsdp2_code(tmp_path):
+    """The generated FSDP YAML, launched unchanged, shards the model over 2 gloo ranks with FSDP2.
+
+    The launched script builds accelerate's FSDP plugin from the environment the YAML produced and applies
+    accelerate's own fsdp2_prepare_model (what Accelerator.prepare does on GPUs; on CPU accelerate skips it).
+    """
+    rec = make_rec({**CPU_DDP, "strategy": "fsdp"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yaml_path = rec.write_accelerate_config(tmp_path / "accelerate.yaml")
+    ranks = _run(rec, tmp_path, str(yaml_path), script=FSDP2_SCRIPT)
+    for r in ranks:
+        assert r["world_size"] == 2 and r["steps"] == 2 and r["fsdp_version"] == 2
+        assert r["reshard_after_forward"] is True and r["wrap"] == ["LlamaDecoderLayer"]
+        assert r["all_dtensor"] and r["wrapper"].startswith("FSDP")
+        assert r["local_numel"] * 2 == r["full_numel"]  # each rank holds exactly half of every parameter
+        assert all(math.isfinite(x) for x in r["losses"])
