@@ -450,3 +450,12 @@ def test_fp16_forced_for_serving_a_bf16_model_is_warned_not_silent() -> None:
     rec = recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="a100-80gb", precision="fp16")
     assert rec.setup.weights_dtype == "fp16" and any("trained in bf16" in w for w in rec.warnings)
     assert not recommend("gpt2", "infer_gpu_one", hardware="a100-80gb", precision="fp16").warnings  # GPT-2 is fp32-trained
+
+
+def test_70b_on_a_t4_names_a_gpu_where_qlora_fits() -> None:
+    rec = recommend("70b", hardware="t4")
+    assert not rec.fits
+    (hint,) = [s for s in rec.suggestions if "finetune='qlora' on hardware=" in s]
+    name = hint.split("hardware='")[1].split("'")[0]
+    check = recommend("70b", hardware=name, finetune="qlora")  # the suggestion holds when followed
+    assert check.fits and check.setup.weights_dtype == "nf4"

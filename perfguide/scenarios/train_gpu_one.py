@@ -275,4 +275,18 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     if sharded:
         n, p = sharded
         out.append(f"{n} x {gpu.name} with FSDP full sharding (scenario='train_gpu_many'): {gib(p.memory.device_total)} per device")
+    if not out:  # nothing full fits anywhere near: the leanest adapter setup on the smallest bigger GPU
+        out += _adapters_on_bigger_gpu(request, adapters)
     return tuple(out) or (f"{spec.name} does not fit on {gpu.name} in any setup perfguide knows; try more GPUs with offload",)
+
+
+def _adapters_on_bigger_gpu(request: Request, adapters: dict[str, SearchResult]) -> list[str]:
+    out = []
+    for kind, r in adapters.items():
+        if r.chosen is None and r.options:
+            lean = least_memory(r).setup.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 1})
+            big = bigger_gpu(request.model, lean, request.hardware, request.constraints.headroom)
+            if big:
+                name, p = big
+                out.append(f"finetune={kind!r} on hardware={name!r} fits ({lean.label}): {gib(p.memory.device_total)} per device")
+    return out
