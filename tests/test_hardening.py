@@ -459,3 +459,19 @@ def test_70b_on_a_t4_names_a_gpu_where_qlora_fits() -> None:
     name = hint.split("hardware='")[1].split("'")[0]
     check = recommend("70b", hardware=name, finetune="qlora")  # the suggestion holds when followed
     assert check.fits and check.setup.weights_dtype == "nf4"
+
+
+@pytest.mark.parametrize("size", ["0b", "0.0m", " 0k "])
+def test_zero_size_is_not_sent_to_the_hub(size: str) -> None:
+    with pytest.raises(InvalidModelError) as exc:
+        recommend(size, hardware="a100")
+    one_line(exc, repr(size.strip()), "more than zero", "'7b'")
+
+
+def test_a_class_instead_of_an_instance() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for cls in (LlamaForCausalLM, LlamaConfig):
+        with pytest.raises(InvalidModelError) as exc:
+            recommend(cls, hardware="a100")
+        one_line(exc, f"class {cls.__name__}", "not an instance", "PretrainedConfig")

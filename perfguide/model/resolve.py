@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import InvalidModelError, OfflineError, did_you_mean
 from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
-from .sizes import parse_size, spec_for_size
+from .sizes import is_size_like, parse_size, spec_for_size
 from .types import ModelSpec
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -85,6 +85,8 @@ def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
         return _from_path(path)
     if parse_size(text) is not None:
         return spec_for_size(text)
+    if is_size_like(text):
+        raise InvalidModelError(f"model size {text.strip()!r} must be more than zero; accepted: a size like '125m', '7b' or '1.5B'.")
     hub_id = catalog.lookup(text)
     if hub_id is not None:
         return spec_from_config(catalog.config_of(hub_id), hub_id, "catalog")
@@ -112,4 +114,7 @@ def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
     if _is_instance(model, "transformers", "PretrainedConfig"):
         name = getattr(model, "_name_or_path", "") or getattr(model, "model_type", "") or type(model).__name__
         return _from_hf_config(model, name, "config", trust_remote_code)
+    if isinstance(model, type):
+        raise InvalidModelError(f"got the class {model.__name__}, not an instance; pass an instance or a config object "
+                                f"(accepted: {_ACCEPTED}).")
     raise InvalidModelError(f"cannot build a ModelSpec from {type(model).__name__} {str(model)[:60]!r}; accepted: {_ACCEPTED}.")

@@ -21,6 +21,11 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt])\s*$", re.IGNORECASE)
 _SCALE = {"k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
+def is_size_like(text: str) -> bool:
+    """'0b' and '0.0m' look like sizes even though parse_size refuses them (zero parameters)."""
+    return _SIZE.match(text) is not None
+
+
 def parse_size(text: str) -> int | None:
     """'7b' -> 7_000_000_000; None when ``text`` is not a bare size."""
     match = _SIZE.match(text)
