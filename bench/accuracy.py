@@ -144,13 +144,23 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
         return {"strategy": "fsdp_shard_grad_op"}
     if "FSDP" in par:
         n = _int(row["num_gpus"], 1)
-        out: dict[str, object] = {"strategy": "fsdp" if n > 1 else "single"}
-        if "offload" in par.lower():
+        offload = "offload" in par.lower()
+        out: dict[str, object] = {"strategy": "fsdp" if n > 1 or offload else "single"}  # 1-GPU FSDP still offloads
+        if offload:
             out.update(offload_params=True, offload_optimizer=True)
         return out
     if par == "DDP":
         return {"strategy": "ddp"}
     return {"strategy": "single"}
+
+
+def _pre_torch2(row: dict[str, str]) -> bool:
+    return re.search(r"PyTorch (nightly ~)?1\.", row["notes"] + row["gpu_type"]) is not None
+
+
+def _attn(row: dict[str, str]) -> str:
+    """The row's attention; before PyTorch 2.0 there was no scaled_dot_product_attention, so HF ran eager."""
+    return row["attn_impl"] or ("eager" if _pre_torch2(row) else "sdpa")
 
 
 def _optimizer(row: dict[str, str]) -> str | None:
@@ -159,7 +169,20 @@ def _optimizer(row: dict[str, str]) -> str | None:
         return None
     if "paged" in opt and row["quantization"]:
         return "paged_adamw_32bit"
-    return "adamw_torch"  # torch.optim.AdamW default: foreach on CUDA
+    if _pre_torch2(row):
+        # before PyTorch 2.0 torch.optim.AdamW ran the per-tensor loop (foreach became the CUDA default in 2.0):
+        # no parameter-sized temporary, the same memory as perfguide's per-tensor fused AdamW
+        return "adamw_torch_fused"
+    return "adamw_torch"  # torch.optim.AdamW default since PyTorch 2.0: foreach on CUDA
+
+
+def _seq_len(text: str) -> int:
+    """Padded-per-batch rows peak at their longest sample; a value the source marks as truncated in print
+    ("'12' as printed (probably truncated 128)") is read as the value the source gives for it."""
+    for marker in ("probably truncated", "longest sample"):
+        if marker in text:
+            return _int(text.split(marker)[-1])
+    return _int(text)
 
 
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
@@ -169,11 +192,11 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if q.startswith("GPTQ"):
         raise Skip("GPTQ weights are not expressible")
     fields: dict[str, object] = dict(task="train", micro_batch_size=_int(row["micro_batch"], 1),
-                                     seq_len=_int(row["seq_len"].split("longest sample")[-1]),
+                                     seq_len=_seq_len(row["seq_len"]),
                                      gradient_accumulation_steps=_int(row["grad_accum"], 1),
                                      optimizer=_optimizer(row),
                                      gradient_checkpointing=row["grad_checkpointing"] not in ("", "no"),
-                                     attn_implementation=row["attn_impl"] or "sdpa",
+                                     attn_implementation=_attn(row),
                                      num_gpus=_int(row["num_gpus"], 1))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
@@ -201,7 +224,7 @@ def _infer_setup(row: dict[str, str]) -> Setup:
     strat = "tp" if "tensor parallel" in par else ("device_map" if n > 1 else "single")
     fields: dict[str, object] = dict(task="infer", micro_batch_size=_int(row["micro_batch"], 1), seq_len=seq,
                                      new_tokens=new, optimizer=None, strategy=strat, num_gpus=n,
-                                     attn_implementation=row["attn_impl"] or "sdpa")
+                                     attn_implementation=_attn(row))
     fields.update(_precision(row["precision"]))
     if fields.get("autocast"):
         fields.pop("autocast")
@@ -213,29 +236,34 @@ def _infer_setup(row: dict[str, str]) -> Setup:
 
 _SPECS: dict[str, ModelSpec] = {}
 
+# Community re-uploads of a catalog model (same config.json, same weights); the catalog deliberately does not
+# resolve unknown organisations, so the bench names the original here.
+REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
+             "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2"}
+
 
 def _spec(hub_id: str) -> ModelSpec:
     if hub_id not in _SPECS:
         try:
-            _SPECS[hub_id] = ModelSpec.from_any(hub_id)
+            _SPECS[hub_id] = ModelSpec.from_any(REUPLOADS.get(hub_id, hub_id))
         except PerfGuideError as exc:
             raise Skip(f"model not in the offline catalog ({type(exc).__name__})") from None
     return _SPECS[hub_id]
 
 
-def _loss_path_adjust(row: dict[str, str], spec: ModelSpec, setup: Setup, est_logits: int) -> int:
-    """Rows whose loss is not HF's fp32 cross-entropy: replace perfguide's loss buffers by the framework's.
+def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | None:
+    """Rows whose loss is not HF's fp32 cross-entropy: the framework's loss-path bytes (None = perfguide's).
 
-    The transformers SDPA tables use ``loss=logits.sum()`` (one 16-bit b*s*V logits tensor); litgpt uses
-    chunked cross-entropy on 16-bit logits (logits + their gradient, fp32 only per 128-token chunk).
+    The transformers SDPA tables use ``loss=logits.sum()`` on 16-bit logits: the logits the script keeps plus
+    their gradient, which SumBackward hands over as a stride-0 expand that the head's matmul backward makes
+    contiguous (2 + 2 bytes per b*s*V). litgpt uses chunked cross-entropy on 16-bit logits (logits + their
+    gradient; fp32 only per 128-token chunk): also 4 bytes per b*s*V.
     """
-    if "loss=logits.sum()" in row["method"]:
-        per = 2
-    elif row["source_group"].startswith("litgpt") and setup.task == "train":
-        per = 4
-    else:
-        return 0
-    return per * setup.micro_batch_size * setup.seq_len * spec.vocab_size - est_logits
+    if setup.task != "train":
+        return None
+    if "loss=logits.sum()" in row["method"] or row["source_group"].startswith("litgpt"):
+        return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
+    return None
 
 
 def accelerate_anchor(spec: ModelSpec, setup: Setup) -> int:
@@ -273,8 +301,9 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
             raise Skip("load-only rows are not a training/inference step")
         setup = _infer_setup(row) if task.startswith("infer") else _train_setup(row, spec)
         hw = _hardware(row["gpu_type"], setup.num_gpus)
+        loss = _loss_bytes(row, spec, setup)
         t0 = time.perf_counter()
-        est = estimate_memory(spec, setup, hw)
+        est = estimate_memory(spec, setup, hw) if loss is None else estimate_memory(spec, setup, hw, loss_bytes=loss)
         timings.append(time.perf_counter() - t0)
     except Skip as exc:
         return Result(row, "skip", str(exc))
@@ -285,18 +314,20 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
         if kind == "oom":
             return Result(row, "verdict", verdict_ok=not est.fits, reason="published OOM")
-        bigger = estimate_memory(spec, setup.model_copy(update={"micro_batch_size": setup.micro_batch_size + 1}), hw)
+        up = setup.model_copy(update={"micro_batch_size": setup.micro_batch_size + 1})
+        bigger = estimate_memory(spec, up, hw, loss_bytes=_loss_bytes(row, spec, up)) if loss is not None else estimate_memory(spec, up, hw)
         return Result(row, "verdict", verdict_ok=est.fits and not bigger.fits, reason="published max batch that fits")
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])
         published = float(re.match(r"[\d.]+", row["peak_mem_value"]).group())  # type: ignore[union-attr]
     except (Skip, AttributeError) as exc:
         return Result(row, "skip", str(exc) or "value not a number")
-    adjust = _loss_path_adjust(row, spec, setup, est.logits)
-    value = getattr(est, metric)
-    if adjust and metric == "peak_allocated" and est.notes and "forward" in est.notes[0]:
-        value += adjust
-    pred = value / scale
+    states = est.weights + est.gradients + est.optimizer_states
+    if setup.task == "train" and metric == "peak_allocated" and published * scale < states:
+        return Result(row, "skip", f"published {published:g} is below the model states of the stated setup "
+                                   f"({states / scale:.2f}: weights + grads + optimizer state, no activations); "
+                                   "the setup fields cannot be what ran")
+    pred = getattr(est, metric) / scale
     anchors = {}
     if setup.task == "train" or metric == "peak_allocated":
         anchors["accelerate"] = _pct(accelerate_anchor(spec, setup) / scale, published)
@@ -321,6 +352,11 @@ def report(results: list[Result], timings: list[float]) -> str:
              "Error = |predicted - published| / published in the metric the row reports (torch allocated, reserved, "
              "or nvidia-smi device total) and in its unit. Anchors: accelerate estimate-memory's formula and "
              "DeepSpeed's ZeRO model-states formula on the same rows.", "",
+             "Row reading: padded-per-batch rows use their longest sample; community re-uploads map to the original "
+             "(REUPLOADS); rows run before PyTorch 2.0 use eager attention and per-tensor AdamW (no SDPA, no foreach "
+             "default then); framework loss paths (logits.sum(), litgpt chunked CE) replace HF's fp32 CE buffers via "
+             "estimate_memory(loss_bytes=...); a training row whose published peak is below the model states of its "
+             "stated setup is listed as not comparable, with both numbers.", "",
              "## Summary (trust A/B measured rows, absolute % error)", "",
              "| source | n | perfguide median | perfguide p90 | accelerate median | accelerate p90 | deepspeed median | deepspeed p90 |",
              "|---|---|---|---|---|---|---|---|"]

@@ -102,11 +102,25 @@ def layer_bytes(spec: ModelSpec, setup: Setup) -> int:
     dims = _dims(spec)
     per_token = _linear(c["per_token"], dims)
     if setup.lora is not None:
-        per_token -= _linear(c.get("frozen_linear_inputs_per_token", {}), dims)
+        per_token -= _linear(c.get("frozen_linear_inputs_per_token") or frozen_linear_inputs(setup), dims)
     total = b * s * per_token
     if setup.attn_implementation == "eager":
         total += b * spec.num_attention_heads * s * _attention_span(spec, s) * float(c["eager_per_head_s2"])
     return int(total)
+
+
+def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
+    """Default bytes per token the frozen block Linears no longer keep, for tables that do not list them.
+
+    A frozen ``y = x @ W.T`` needs only ``W`` for ``grad_x``; its input ``x`` was saved solely for ``grad_W``.
+    Per block those inputs are the two normed hidden states (attention and MLP input, ``h`` each, shared by
+    q/k/v and gate/up), the attention output (``q``) and the MLP inner activation (``i``), in the dtype the
+    matmul runs in (16-bit casts under autocast and in pure half precision, fp32 otherwise). These are the
+    values the hand-derived tables carried (gpt2/bert: h 8, q 4, i 4 in fp32; h 4, q 2, i 2 at 16 bit); the
+    fake-tensor regeneration of activations.json traces full fine-tuning only and has no such entry.
+    """
+    nbytes = 4 if regime(setup) == "fp32" else 2
+    return {"h": 2 * nbytes, "q": nbytes, "i": nbytes}
 
 
 def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:

@@ -134,12 +134,27 @@ def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
 
 
+def frozen_params_get_grads(setup: Setup) -> bool:
+    """FSDP with ``use_orig_params=True`` (accelerate's and Lightning's default) and LoRA: frozen weights get grads.
+
+    The frozen base and the adapters share each block's FlatParameter, which then requires grad; in forward
+    FSDP hands the module plain views of it (``_use_unsharded_views(as_params=False)``, torch
+    distributed/fsdp/_flat_param.py), so autograd computes and FSDP reduce-scatters a gradient for every
+    weight, and each frozen Linear keeps its input for that weight gradient. The FSDP docs say it: mixing
+    frozen and trainable parameters in one unit makes "the gradient memory usage ... equivalent to not
+    freezing those parameters". Measured: litgpt LoRA + FSDP rows (resource-tables.md) barely drop with N.
+    """
+    return setup.lora is not None and setup.strategy in ("fsdp", "fsdp_shard_grad_op") and setup.weights_dtype in DTYPE_BYTES
+
+
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
     if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
         cost = optimizer_cost(setup.optimizer, list(led.trainable), 4)
         return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost
     cost = optimizer_cost(setup.optimizer, list(led.trainable), led.param_bytes)
     grads = led.trainable_params * led.param_bytes
+    if frozen_params_get_grads(setup):
+        grads += spec.total_params * DTYPE_BYTES[setup.weights_dtype]
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes), cost
 
 
@@ -150,8 +165,14 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
     return max(i * o for _, i, o, _ in _linear_shapes(spec)) * 2
 
 
-def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None) -> MemoryEstimate:
-    """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases)."""
+def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
+                    loss_bytes: int | None = None) -> MemoryEstimate:
+    """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
+
+    ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
+    activations.logits_bytes) for training loops that compute their loss differently, e.g. a benchmark's
+    ``logits.sum()`` or litgpt's chunked cross-entropy; the phase maximum is then taken with it.
+    """
     if setup.task == "infer":
         try:
             from .inference import estimate_inference
@@ -166,11 +187,13 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     dev = per_device(states, setup, gather, unsharded)
 
     lora_extra = act.lora_layer_bytes(spec, setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
-    acts, recompute = act.activation_bytes(spec, setup, lora_extra)
+    # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
+    act_setup = setup.model_copy(update={"lora": None}) if frozen_params_get_grads(setup) else setup
+    acts, recompute = act.activation_bytes(spec, act_setup, lora_extra)
     if setup.autocast and setup.weights_dtype == "fp32":
         casts = _linear_params(spec) * 2
         acts += casts // spec.total_layers if setup.gradient_checkpointing else casts
-    logits = act.logits_bytes(spec, setup)
+    logits = act.logits_bytes(spec, setup) if loss_bytes is None else loss_bytes
     dequant = _transient_dequant(spec, setup)
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
 
