@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from functools import lru_cache
 from pathlib import Path
 
 from ._base import Model
+from ._cache import cache_root
 from .hardware.types import Hardware
 from .measure.types import Verification
+from .memory.types import MemoryEstimate
 from .recommendation import Recommendation
+from .setup import Setup
+from .speed.types import Throughput
 
 #: Ratios outside this band are treated as broken measurements, not as calibration.
 SANE_RATIO = (0.33, 3.0)
@@ -35,8 +38,7 @@ class Factors(Model):
 
 
 def cache_path() -> Path:
-    root = os.environ.get("PERFGUIDE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "perfguide")
-    return Path(root) / "calibration.json"
+    return cache_root() / "calibration.json"
 
 
 def machine_key(hw: Hardware) -> str:
@@ -98,6 +100,42 @@ def _factors_cached(path: str, mtime: float, key: str) -> Factors | None:
     contexts = [r["cuda_context_bytes"] for r in runs if r.get("cuda_context_bytes", 0) > 0]
     return Factors(memory=mem or 1.0, step_time=step or 1.0,
                    cuda_context_bytes=int(statistics.median(contexts)) if contexts else None, samples=len(runs))
+
+
+# --- applying a calibration ----------------------------------------------------------------------
+def _clamp(x: float) -> float:
+    return min(max(x, SANE_RATIO[0]), SANE_RATIO[1])
+
+
+def apply_memory(est: MemoryEstimate, setup: Setup, hw: Hardware | None) -> MemoryEstimate:
+    """Scale what the verified runs measured on this machine: the whole peak on CUDA (max_memory_allocated),
+    the part above the resident weights on CPU (RSS growth); use the measured CUDA context."""
+    f = factors(hw) if hw is not None and setup.task == "train" else None
+    if f is None or f.samples == 0:
+        return est
+    from .memory.overhead import reserved_from_allocated
+
+    if setup.device == "cpu":
+        alloc = est.weights + int((est.peak_allocated - est.weights) * _clamp(f.memory))
+        reserved, context = alloc, est.cuda_context
+    else:
+        alloc = int(est.peak_allocated * _clamp(f.memory))
+        reserved, context = reserved_from_allocated(alloc), f.cuda_context_bytes or est.cuda_context
+    total = reserved + context
+    note = f"calibrated on this machine ({f.samples} verified run(s)): memory x{f.memory:.2f}"
+    return est.model_copy(update={"peak_allocated": alloc, "peak_reserved": reserved, "cuda_context": context,
+                                  "device_total": total, "fits": est.capacity is None or total <= est.capacity,
+                                  "notes": est.notes + (note,)})
+
+
+def apply_speed(tp: Throughput, setup: Setup, hw: Hardware | None) -> Throughput:
+    """Scale step time by the measured/predicted ratio of this machine's verified runs."""
+    f = factors(hw) if hw is not None and setup.task == "train" else None
+    if f is None or f.samples == 0 or f.step_time == 1.0:
+        return tp
+    k = _clamp(f.step_time)
+    return tp.model_copy(update={"step_time_s": tp.step_time_s * k, "tokens_per_s": tp.tokens_per_s / k,
+                                 "achievable_tflops": tp.achievable_tflops / k, "mfu": tp.mfu / k})
 
 
 # --- CLI: `perfguide calibrate` ------------------------------------------------------------------

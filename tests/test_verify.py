@@ -82,3 +82,29 @@ def test_real_batch_finder_keeps_global_batch(rec):
     choice = find_micro_batch(rec, torch_try_step(rec, model), limit_bytes=8 * 2**30)
     assert choice.micro_batch_size * choice.gradient_accumulation_steps * choice.world_size == rec.request.global_batch_size
     assert all(p.peak_bytes is not None and p.peak_bytes >= 0 for p in choice.probes)
+
+
+def test_recorded_calibration_changes_later_estimates_on_this_machine(rec, monkeypatch, tmp_path):
+    from perfguide.measure.types import Comparison, Measurement, Verification
+
+    monkeypatch.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path))
+    before = perfguide.estimate(rec.model, rec.setup, hardware=rec.hardware)
+    run = Verification(measured=Measurement(device="cpu", steps=3), comparisons=(
+        Comparison(quantity="rss_growth", predicted=100.0, measured=150.0, ratio=1.5, unit="bytes"),
+        Comparison(quantity="step_time_s", predicted=1.0, measured=2.0, ratio=2.0, unit="s"),
+    ))
+    record(rec, run)
+    after = perfguide.estimate(rec.model, rec.setup, hardware=rec.hardware)
+    # on CPU the part above the resident weights is scaled by the measured ratio
+    expected = before.weights + int((before.peak_allocated - before.weights) * 1.5)
+    assert after.peak_allocated == expected
+    assert any("calibrated" in n for n in after.notes)
+    again = perfguide.recommend({"model_type": "llama", **TINY_LLAMA}, scenario="train_cpu", hardware=rec.hardware,
+                                seq_len=SEQ, global_batch_size=4)
+    plain = perfguide.recommend({"model_type": "llama", **TINY_LLAMA}, scenario="train_cpu", hardware=rec.hardware.model_copy(update={"source": "named"}),
+                                seq_len=SEQ, global_batch_size=4)
+    if again.setup == plain.setup:
+        assert again.throughput.step_time_s == pytest.approx(plain.throughput.step_time_s * 2.0)
+    # a named target is somebody else's machine: never calibrated
+    named = perfguide.estimate(rec.model, rec.setup, hardware=hardware("a100"))
+    assert not any("calibrated" in n for n in named.notes)

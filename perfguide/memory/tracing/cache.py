@@ -12,6 +12,8 @@ import json
 import logging
 import os
 from pathlib import Path
+
+from ..._cache import cache_root
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,9 +30,8 @@ _IRRELEVANT = ("_name_or_path", "transformers_version", "architectures_note", "t
 
 
 def cache_dir() -> Path:
-    """``$PERFGUIDE_CACHE_DIR``, else ``$XDG_CACHE_HOME/perfguide`` (``~/.cache/perfguide``), then ``trace/``."""
-    root = os.environ.get("PERFGUIDE_CACHE_DIR") or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "perfguide")
-    return Path(root) / "trace"
+    """``trace/`` under perfguide's cache root (see perfguide._cache)."""
+    return cache_root() / "trace"
 
 
 def cache_key(config: dict[str, Any], depth: int, shape: dict[str, Any]) -> str:
