@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 GiB = 1024**3
 MiB = 1024**2
@@ -20,3 +20,22 @@ class Model(BaseModel):
 
     def to_json(self, indent: int | None = 2) -> str:
         return self.model_dump_json(indent=indent)
+
+
+M = TypeVar("M", bound=Model)
+
+
+def build_strict(cls: type[M], values: dict[str, Any], kind: str, error: type[Exception], key: str = "") -> M:
+    """Construct ``cls`` from user kwargs; an unknown key or a bad value is one line naming it and the accepted ones."""
+    from .errors import did_you_mean
+
+    unknown = [k for k in values if k not in cls.model_fields]
+    if unknown:
+        k = unknown[0]
+        raise error(f"unknown {kind}{key} {k!r}.{did_you_mean(k, cls.model_fields)} Accepted: {', '.join(cls.model_fields)}")
+    try:
+        return cls(**values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or kind
+        raise error(f"invalid {kind} value for {where}: {err['msg']} (got {err.get('input')!r})") from None

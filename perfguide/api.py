@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import ValidationError
 
-from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, did_you_mean, unknown_value
+from ._base import build_strict
+from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, unknown_value
 from .hardware.types import Hardware
 from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
@@ -38,15 +38,7 @@ def resolve_hardware(hardware: Hardware | str | None) -> Hardware:
 
 
 def _constraints(values: dict[str, Any]) -> Constraints:
-    unknown = [k for k in values if k not in Constraints.model_fields]
-    if unknown:
-        k = unknown[0]
-        raise PerfGuideError(f"unknown constraint {k!r}.{did_you_mean(k, Constraints.model_fields)} Accepted: {', '.join(Constraints.model_fields)}")
-    try:
-        return Constraints(**values)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        raise PerfGuideError(f"invalid value for {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r})") from None
+    return build_strict(Constraints, values, "constraint", PerfGuideError)
 
 
 def _positive(name: str, value: int | None, limit: int) -> None:
@@ -128,7 +120,7 @@ def recommend(
     plan = planner(scenario)(request)
     if context_warnings:
         plan = plan.model_copy(update={"warnings": (*context_warnings, *plan.warnings)})
-    return Recommendation(request=request, **plan.model_dump(exclude_none=False, round_trip=True))
+    return Recommendation(request=request, **dict(plan))
 
 
 def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:

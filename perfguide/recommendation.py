@@ -5,30 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._base import Model
 from .decisions import Decision
 from .hardware.types import Hardware
-from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
-from .scenarios.types import Candidate, Request
-from .setup import Setup
-from .speed.types import Throughput
+from .scenarios.types import Plan, Request
 
 if TYPE_CHECKING:  # heavy types only for annotations
     import accelerate
     import transformers
 
 
-class Recommendation(Model):
+class Recommendation(Plan):
+    """A Plan (setup, memory, throughput, decisions, candidates...) plus the request it answers."""
+
     request: Request
-    setup: Setup
-    memory: MemoryEstimate
-    throughput: Throughput
-    decisions: tuple[Decision, ...]
-    candidates: tuple[Candidate, ...] = ()
-    warnings: tuple[str, ...] = ()
-    fits: bool = True
-    suggestions: tuple[str, ...] = ()
 
     @property
     def scenario(self) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from ._base import Model
+from ._base import Model, build_strict
 from .errors import InvalidSetupError, did_you_mean
 
 Task = Literal["train", "infer"]
@@ -127,13 +127,4 @@ class Setup(Model):
             return value
         if not isinstance(value, dict):
             raise InvalidSetupError(f"setup must be a perfguide.Setup or a dict, got {type(value).__name__}")
-        unknown = [k for k in value if k not in cls.model_fields]
-        if unknown:
-            k = unknown[0]
-            raise InvalidSetupError(f"unknown setup key {k!r}.{did_you_mean(k, cls.model_fields)} Accepted keys: {', '.join(cls.model_fields)}")
-        try:
-            return cls(**value)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"]) or "setup"
-            raise InvalidSetupError(f"invalid setup value for {where}: {err['msg']} (got {err.get('input')!r})") from None
+        return build_strict(cls, value, "setup", InvalidSetupError, key=" key")

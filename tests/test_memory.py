@@ -140,7 +140,10 @@ def test_foreach_adamw_step_temporary_and_fused_none() -> None:
 
 def test_logits_are_fp32_loss_buffers() -> None:
     est = estimate_memory(tiny(), Setup(micro_batch_size=3, seq_len=16))
-    assert est.logits == 3 * 16 * V * 16  # logits + log-softmax + two grads, fp32
+    # Trainer.compute_loss drops the model output before backward, so the fp32 logits are freed; what coexists at
+    # the loss peak is log_softmax's saved output, the gradient flowing into it and the logits gradient: 3 x 4 bytes
+    # (the fake-tensor trace of the real HF loss measures the same; see tests/test_trace.py)
+    assert est.logits == 3 * 16 * V * 12
 
 
 def test_step_peak_is_20_bytes_per_param_with_foreach_adamw() -> None:
