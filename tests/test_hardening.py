@@ -475,3 +475,24 @@ def test_a_class_instead_of_an_instance() -> None:
         with pytest.raises(InvalidModelError) as exc:
             recommend(cls, hardware="a100")
         one_line(exc, f"class {cls.__name__}", "not an instance", "PretrainedConfig")
+
+
+# --- MIG slices: one CUDA process sees one slice; only independent replicas span several ------------
+
+def test_training_across_mig_slices_is_refused(fake) -> None:  # noqa: ANN001
+    fake([mig_a100()])
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        _probe_recommend("train_gpu_many")
+    one_line(exc, "MIG", "train_gpu_one", "CUDA_VISIBLE_DEVICES=MIG-")
+
+
+def test_serving_across_mig_slices_uses_replicas_only(fake) -> None:  # noqa: ANN001
+    fake([mig_a100()])
+    rec = _probe_recommend("infer_gpu_many", model="125m")
+    assert rec.setup.strategy == "single" and rec.setup.num_gpus == 2
+    assert all(c.setup.strategy == "single" for c in rec.candidates)
+    big = _probe_recommend("infer_gpu_many", model="7b")  # 13.5 GB of bf16 weights: no slice holds it, no split either
+    assert big.setup.num_gpus == 1 or big.setup.strategy == "single"  # replicas, or one slice offloading to RAM
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        _probe_recommend("infer_gpu_many", strategy="tp")
+    one_line(exc, "'tp'", "MIG", "strategy='single'")

@@ -64,6 +64,8 @@ def _check_one_device(scenario: str, cons: Constraints) -> None:
 
 
 def _check_many(scenario: str, cons: Constraints, hardware: Hardware) -> None:
+    if hardware.gpu_count > 1 and any(g.mig for g in hardware.gpus):
+        _check_mig(scenario, cons)
     if scenario != "infer_gpu_many":
         return  # train_gpu_many validates its own layout (strategies.check_forced, world_of)
     if cons.strategy is not None and cons.strategy not in INFER_STRATEGIES:
@@ -75,3 +77,19 @@ def _check_many(scenario: str, cons: Constraints, hardware: Hardware) -> None:
         raise ConflictingConstraintsError(f"num_gpus={cons.num_gpus} but the hardware has {hardware.gpu_count} GPU(s); "
                                           f"use num_gpus <= {hardware.gpu_count}, or a bigger target such as "
                                           f"hardware='{(hardware.name or 'a100-80gb').split(':')[0]}:{cons.num_gpus}'")
+
+
+def _check_mig(scenario: str, cons: Constraints) -> None:
+    """MIG slices only work side by side as independent processes.
+
+    CUDA enumerates a single MIG instance per process and slices have no peer-to-peer path, so one job cannot
+    shard, tensor-parallelise or data-parallelise across them; independent serving replicas (one process per
+    slice, CUDA_VISIBLE_DEVICES=MIG-<uuid>) are the one multi-slice layout.
+    """
+    if scenario == "train_gpu_many":
+        raise ConflictingConstraintsError("the visible GPUs are MIG slices, which one training job cannot use together (CUDA sees "
+                                          "one slice per process; no NCCL peer path between slices); use scenario='train_gpu_one' "
+                                          "and CUDA_VISIBLE_DEVICES=MIG-<uuid> of one slice")
+    if cons.strategy in ("tp", "device_map"):
+        raise ConflictingConstraintsError(f"strategy={cons.strategy!r} cannot span MIG slices (CUDA sees one slice per process); "
+                                          "use strategy='single' (one replica per slice)")

@@ -27,6 +27,8 @@ def tp_size(request: Request, gpus: int) -> int:
 def layouts(request: Request, base: Setup, gpus: int) -> list[Setup]:
     forced = request.constraints.strategy
     options = [base.model_copy(update={"strategy": "single", "num_gpus": gpus})]
+    if any(g.mig for g in request.hardware.gpus):  # one MIG slice per process: only independent replicas (applicable.py)
+        return options
     t = tp_size(request, gpus)
     if t > 1:
         options.append(base.model_copy(update={"strategy": "tp", "num_gpus": t}))
@@ -89,7 +91,8 @@ def plan(request: Request) -> Plan:
             break
     decisions = [d_dtype, d_attn]
     if chosen is None and request.constraints.allow_offload:
-        off = R.candidate(request, offload_option(request, base).model_copy(update={"num_gpus": gpus}), "offload")
+        split = 1 if any(g.mig for g in request.hardware.gpus) else gpus  # a MIG slice offloads alone
+        off = R.candidate(request, offload_option(request, base).model_copy(update={"num_gpus": split}), "offload")
         priced.append(off)
         if off.verdict == "fits":
             chosen = off
