@@ -143,7 +143,8 @@ def test_logits_are_fp32_loss_buffers() -> None:
     # Trainer.compute_loss drops the model output before backward, so the fp32 logits are freed; what coexists at
     # the loss peak is log_softmax's saved output, the gradient flowing into it and the logits gradient: 3 x 4 bytes
     # (the fake-tensor trace of the real HF loss measures the same; see tests/test_trace.py)
-    assert est.logits == 3 * 16 * V * 12
+    # (the committed coefficient is fitted from traces, so it carries the allocator's 512-byte rounding: 12.001)
+    assert est.logits == pytest.approx(3 * 16 * V * 12, rel=1e-3)
 
 
 def test_step_peak_is_20_bytes_per_param_with_foreach_adamw() -> None:
