@@ -125,3 +125,12 @@ def test_fsdp_cpu_plan_shards_for_real_with_accelerates_fsdp2_code(tmp_path):
         assert r["all_dtensor"] and r["wrapper"].startswith("FSDP")
         assert r["local_numel"] * 2 == r["full_numel"]  # each rank holds exactly half of every parameter
         assert all(math.isfinite(x) for x in r["losses"])
+
+
+def test_inference_launchers_match_the_strategy():
+    tp = make_rec({"task": "infer", "weights_dtype": "bf16", "strategy": "tp", "num_gpus": 4})
+    assert tp.launch_command("generate.py") == "torchrun --nproc_per_node 4 --standalone generate.py"
+    replicas = make_rec({"task": "infer", "weights_dtype": "bf16", "strategy": "single", "num_gpus": 4})
+    assert replicas.launch_command("generate.py") == "accelerate launch --multi_gpu --num_processes 4 generate.py"
+    split = make_rec({"task": "infer", "weights_dtype": "bf16", "strategy": "device_map", "num_gpus": 4})
+    assert split.launch_command("generate.py") == "python generate.py"  # device_map="auto" is one process

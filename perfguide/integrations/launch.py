@@ -27,7 +27,9 @@ _NODE_ARGS = ["--machine_rank", '"$MACHINE_RANK"', "--main_process_ip", '"$MAIN_
 
 def needs_launcher(rec: "Recommendation") -> bool:
     s = rec.setup
-    return s.task == "train" and (s.world_size > 1 or zero_stage(s) is not None or is_fsdp(s))
+    if s.task == "infer":  # tensor parallel and one replica per GPU start one process per GPU; device_map is one
+        return s.strategy == "tp" or (s.strategy == "single" and s.world_size > 1)
+    return s.world_size > 1 or zero_stage(s) is not None or is_fsdp(s)
 
 
 def _threads_env(rec: "Recommendation") -> list[str]:
@@ -65,18 +67,33 @@ def launch_command(rec: "Recommendation", script: str, *script_args: str, config
     tail = [shlex.quote(script), *map(shlex.quote, script_args)]
     if not needs_launcher(rec):
         return " ".join([*env, "python", *tail])
+    if rec.setup.task == "infer":
+        return _inference_command(rec, tail)
     how = ["--config_file", shlex.quote(str(config_file))] if config_file is not None else _inline_flags(rec)
     nodes = _NODE_ARGS if rec.setup.nodes > 1 else []
     return " ".join([*env, "accelerate", "launch", *how, *nodes, *tail])
 
 
+def _inference_command(rec: "Recommendation", tail: list[str]) -> str:
+    """tp_plan="auto" needs one torchrun process per GPU; replicas split the prompts with accelerate
+    (``accelerator.split_between_processes``), one process per GPU."""
+    s = rec.setup
+    if s.strategy == "tp":
+        return _torchrun(rec, tail)
+    return " ".join(["accelerate", "launch", "--multi_gpu", "--num_processes", str(s.world_size), *tail])
+
+
 def torchrun_command(rec: "Recommendation", script: str, *script_args: str) -> str:
     """The same run started by torchrun (Trainer scripts, or loops built on ``rec.accelerator()``)."""
-    s = rec.setup
-    env = _threads_env(rec)
     tail = [shlex.quote(script), *map(shlex.quote, script_args)]
     if not needs_launcher(rec):
-        return " ".join([*env, "python", *tail])
+        return " ".join([*_threads_env(rec), "python", *tail])
+    return _torchrun(rec, tail)
+
+
+def _torchrun(rec: "Recommendation", tail: list[str]) -> str:
+    s = rec.setup
+    env = _threads_env(rec)
     parts = ["torchrun", "--nproc_per_node", str(s.num_gpus)]
     if s.nodes > 1:
         parts += ["--nnodes", str(s.nodes), "--node_rank", '"$MACHINE_RANK"', "--master_addr", '"$MAIN_PROCESS_IP"', "--master_port", "29500"]

@@ -70,8 +70,11 @@ def launcher(setup: Setup) -> Decision:
         return Decision(setting="launcher", value=f"torchrun --nproc-per-node {setup.num_gpus}", number=float(setup.num_gpus),
                         reason="tp_plan='auto' needs one process per TP rank", source="transformers perf_infer_gpu_multi.md")
     if setup.strategy == "single" and setup.num_gpus > 1:
-        return Decision(setting="launcher", value="python (one process per GPU, CUDA_VISIBLE_DEVICES=i)", number=float(setup.num_gpus),
-                        reason="replicas are independent servers; put a load balancer in front")
+        return Decision(setting="launcher", value=f"accelerate launch --multi_gpu --num_processes {setup.num_gpus}",
+                        number=float(setup.num_gpus),
+                        reason="one full replica per GPU: split the prompts with accelerator.split_between_processes "
+                               "(or run independent servers behind a load balancer)",
+                        source="accelerate usage_guides/distributed_inference.md")
     return Decision(setting="launcher", value="python", reason="device_map='auto' is single-process; do not use torchrun")
 
 
