@@ -60,6 +60,15 @@ def _default_seq_len(spec: ModelSpec, scenario: str, new_tokens: int) -> int:
     return min(room, 1024)
 
 
+def _default_global_batch(scenario: str, cons: Constraints, hw: Hardware) -> int:
+    """Serving: the concurrency asked for. Training: 32, rounded up to a multiple of the world size, so that a
+    default never conflicts with the machine (32 on 6 GPUs would not split evenly; 36 does)."""
+    if scenario.startswith("infer"):
+        return cons.batch_size or 1
+    world = (cons.num_gpus or hw.gpu_count) * hw.nodes if scenario == "train_gpu_many" else 1
+    return -(-DEFAULT_GLOBAL_BATCH // world) * world
+
+
 def _check_context(spec: ModelSpec, scenario: str, seq_len: int, cons: Constraints) -> list[str]:
     """Sequences past the model's position table fail (learned positions) or degrade (RoPE): refuse or warn."""
     limit = spec.max_position_embeddings
@@ -113,7 +122,7 @@ def recommend(
         model=spec,
         hardware=hw,
         seq_len=seq_len,
-        global_batch_size=global_batch_size or (cons.batch_size or 1 if scenario.startswith("infer") else DEFAULT_GLOBAL_BATCH),
+        global_batch_size=global_batch_size or _default_global_batch(scenario, cons, hw),
         constraints=cons,
     )
     logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")

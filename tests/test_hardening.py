@@ -496,3 +496,14 @@ def test_serving_across_mig_slices_uses_replicas_only(fake) -> None:  # noqa: AN
     with pytest.raises(ConflictingConstraintsError) as exc:
         _probe_recommend("infer_gpu_many", strategy="tp")
     one_line(exc, "'tp'", "MIG", "strategy='single'")
+
+
+@pytest.mark.parametrize(("hw", "world"), [("a100:6", 6), ("a100:7x3", 21), ("a100:8", 8), ("a100:16x4", 64)])
+def test_default_global_batch_splits_over_any_world_size(hw: str, world: int) -> None:
+    """Without global_batch_size the default (32) is rounded up to the world size instead of raising."""
+    rec = recommend("125m", "train_gpu_many", hardware=hw, seq_len=256)
+    assert rec.setup.world_size == world
+    assert rec.setup.global_batch_size == -(-32 // world) * world
+    with pytest.raises(ConflictingConstraintsError) as exc:  # an explicit batch that cannot split is still an error
+        recommend("125m", "train_gpu_many", hardware=hw, seq_len=256, global_batch_size=world + 1)
+    one_line(exc, f"global_batch_size={world + 1}")
