@@ -89,6 +89,17 @@ def test_counts_and_decision_numbers():
     assert fmt_number(8.9, "compute capability") == "8.9 compute capability"
 
 
+def test_ratios_print_compactly_and_compute_capability_keeps_its_minor_digit():
+    # bf16 tensor cores at 312 TFLOP/s over fp32 at 19.5: a 16x ratio, not "16.00x"
+    assert fmt_number(312 / 19.5, "x fp32 peak") == "16x fp32 peak"
+    assert fmt_number(2.5, "x") == "2.5x"
+    # compute capability (8, 0) is the version "8.0"; printed as "8" it reads like a count
+    assert fmt_number(8.0, "compute capability") == "8.0 compute capability"
+    cc = Decision(setting="dtype", value="bf16", reason="native bf16", number=8.0, unit="compute capability")
+    text = make_recommendation(decisions=(cc,)).report("text")
+    assert "decided by: 8.0 compute capability" in text
+
+
 def test_text_bar_cells():
     assert text_bar(0.5, 8) == "████░░░░"
     assert text_bar(0.0, 4) == "░░░░"

@@ -80,7 +80,9 @@ def fmt_number(value: float | None, unit: str | None) -> str:
     if unit_key in ("s", "sec", "seconds"):
         return fmt_seconds(value)
     if unit_key in ("x", "ratio"):
-        return f"{value:.2f}x"
+        return f"{value:.3g}x"  # compact: "16x", "1.33x", not "16.00x"
+    if unit_key == "compute capability":
+        return f"{value:.1f} {unit}"  # a version: 8.0 must not read as "8"
     if unit_key in ("fraction", "%", "percent"):
         return fmt_percent(value if unit_key == "fraction" else value / 100)
     if unit_key in ("tokens/s", "tok/s"):
