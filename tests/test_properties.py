@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from perfguide import SCENARIOS, PerfGuideError, Setup, estimate, recommend
+from perfguide import CPU, GPU, SCENARIOS, Hardware, PerfGuideError, Setup, estimate, recommend
 from perfguide.hardware.named import known_names
 from perfguide.model.catalog import catalog_names
 
@@ -173,6 +173,41 @@ def test_estimate_is_deterministic_and_consistent(case: tuple) -> None:
     assert first.peak_allocated <= first.peak_reserved <= first.device_total
     if first.capacity is not None:
         assert first.fits == (first.device_total <= first.capacity)
+
+
+# --- machines nobody named: mixed, unknown, busy, probed GPUs ------------------------------------------
+
+_GPU = st.builds(
+    lambda name, gib, free, cc, tflops: GPU(
+        name=name, memory_total=gib * 2**30, memory_free=int(gib * 2**30 * free), compute_capability=cc,
+        bf16_tflops=tflops, fp16_tflops=tflops, tf32_tflops=tflops, fp32_tflops=tflops and tflops / 8,
+        memory_bandwidth_gbps=tflops and tflops * 6),
+    st.sampled_from(["NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA Imaginary X1"]), st.sampled_from([4, 16, 24, 40, 80, 141]),
+    st.sampled_from([0.05, 0.5, 1.0]), st.sampled_from([(6, 0), (7, 0), (7, 5), (8, 0), (8, 9), (9, 0), (10, 0)]),
+    st.none() | st.sampled_from([8.0, 65.0, 312.0, 989.0]))
+_MACHINE = st.builds(
+    lambda gpus, source, link: Hardware(gpus=tuple(g.model_copy(update={"index": i}) for i, g in enumerate(gpus)),
+                                        cpu=CPU(physical_cores=16, logical_cores=32, ram_total=256 * 2**30, ram_available=200 * 2**30),
+                                        source=source, interconnect=link if len(gpus) > 1 else "none"),
+    st.lists(_GPU, min_size=1, max_size=4), st.sampled_from(["probe", "named"]), st.sampled_from(["nvlink", "pcie"]))
+
+
+@FAST
+@given(_MACHINE, st.sampled_from(SCENARIOS), st.sampled_from(SIZES[:7]), st.sampled_from([None, 8, 16, 48]))
+def test_any_machine_plans_for_its_smallest_gpu(hw: Hardware, scenario: str, model: str, gbs: int | None) -> None:
+    rec = _recommend({"model": model, "scenario": scenario, "hardware": hw, "seq_len": 512,
+                      "global_batch_size": gbs if scenario.startswith("train") else None})
+    if rec is None:
+        return
+    if scenario.startswith("train"):
+        assert rec.setup.global_batch_size == (gbs or rec.setup.global_batch_size)
+    if rec.setup.device == "cuda":
+        small = hw.smallest_gpu
+        expected = small.memory_free if hw.source == "probe" and 0 < small.memory_free < small.memory_total else small.memory_total
+        assert rec.memory.capacity == expected  # every rank must fit the smallest (or busiest-smallest) card
+        if rec.fits:
+            assert rec.memory.device_total <= expected * (1 - rec.request.constraints.headroom) + 1
+        assert rec.setup.autocast != "bf16" or small.compute_capability >= (8, 0)
 
 
 # --- garbage in: only documented errors out ------------------------------------------------------------
