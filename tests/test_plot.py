@@ -70,3 +70,25 @@ def test_missing_matplotlib_names_the_extra(rec, tmp_path, monkeypatch):
 def test_missing_folder_is_a_clear_error(rec, tmp_path):
     with pytest.raises(PerfGuideError, match="does not exist"):
         rec.plot(tmp_path / "nope" / "mem.png")
+
+
+def _labels(fig) -> str:  # noqa: ANN001
+    texts = [fig.get_suptitle()] + [ax.get_ylabel() for ax in fig.axes]
+    texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    return "\n".join(texts)
+
+
+def test_gpu_plot_is_in_device_words(rec):
+    from perfguide.render.plot import memory_figure
+
+    labels = _labels(memory_figure(rec))
+    assert "device memory (80.0 GiB)" in labels and "peak device memory" in labels and "per device" in labels
+
+
+def test_cpu_plot_is_in_process_and_ram_words():
+    from perfguide.render.plot import memory_figure
+    from tests.test_report import cpu_recommendation
+
+    labels = _labels(memory_figure(cpu_recommendation()))
+    assert "available RAM (900.0 GiB)" in labels and "process memory, RSS" in labels and "per process" in labels
+    assert "device" not in labels

@@ -235,3 +235,36 @@ def test_tensor_parallel_inference_has_no_dataparallel_warning():
     assert "nn.DataParallel" not in text
     if importlib.util.find_spec("perfguide.integrations.launch") is not None:
         assert "launch with:" in text
+
+
+def cpu_recommendation() -> Recommendation:
+    """A CPU plan: the fixed 1 GiB is the Python + torch process, reserved equals allocated, RAM is the limit."""
+    host = Hardware(cpu=HOST, source="named", name="cpu")
+    setup = Setup(device="cpu", micro_batch_size=2, seq_len=512, weights_dtype="fp32", cpu_threads=64)
+    mem = MemoryEstimate(weights=4 * GiB, gradients=4 * GiB, optimizer_states=8 * GiB, activations=2 * GiB, cuda_context=GiB,
+                         peak_allocated=18 * GiB, peak_reserved=18 * GiB, device_total=19 * GiB, capacity=900 * GiB)
+    request = Request(scenario="train_cpu", model=LLAMA_8B, hardware=host, seq_len=512, global_batch_size=2)
+    return make_recommendation(request=request, setup=setup, memory=mem, candidates=())
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "rich"])
+def test_cpu_report_speaks_of_the_process_not_of_cuda(fmt):
+    out = cpu_recommendation().report(fmt)
+    assert "process baseline" in out and "process total (RSS)" in out and "host RAM" in out
+    for gpu_word in ("cuda context", "nvidia-smi", "device total", "peak reserved", "per device"):
+        assert gpu_word not in out
+    if fmt == "text":
+        lines = out.splitlines()
+        baseline = next(line for line in lines if line.startswith("process baseline"))
+        assert "1.0 GiB (0.1%)" in baseline                      # 1 / 900 GiB
+        total = next(line for line in lines if line.startswith("process total (RSS)"))
+        assert "19.0 GiB (2.1%)" in total                        # 18 GiB of tensors + the 1 GiB process
+        assert "headroom: 881.0 GiB left after process total" in out
+
+
+def test_cpu_estimate_uses_process_words_too():
+    from perfguide.render.report import render_estimate
+
+    rec = cpu_recommendation()
+    out = render_estimate("llama-3-8b", rec.setup, rec.memory)
+    assert "process total (RSS)" in out and "nvidia-smi" not in out and "cuda context" not in out

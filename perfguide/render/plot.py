@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._base import GiB
 from ..errors import InvalidSetupError, PerfGuideError
 from ..setup import Setup
+from .report import memory_labels, planned_limit
 from .units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -98,12 +99,11 @@ def sweep(rec: "Recommendation", field: str, xs: tuple[int, ...]) -> tuple[Serie
 
 
 def _draw_limits(ax: Any, rec: "Recommendation") -> None:
-    from .report import planned_limit
-
     capacity, planned = rec.memory.capacity, planned_limit(rec)
     if capacity is None or planned is None:
         return
-    ax.axhline(capacity / GiB, color="black", linewidth=1.5, label=f"device memory ({fmt_bytes(capacity)})")
+    word = memory_labels(rec.setup.device).capacity
+    ax.axhline(capacity / GiB, color="black", linewidth=1.5, label=f"{word} ({fmt_bytes(capacity)})")
     ax.axhline(planned / GiB, color="black", linestyle="--", linewidth=1, label=f"planned limit ({fmt_bytes(planned)})")
 
 
@@ -122,7 +122,7 @@ def _draw_panel(ax: Any, rec: "Recommendation", series: tuple[Series, ...], chos
     ax.set_xticks(ticks, labels=[str(x) for x in ticks])
     ax.minorticks_off()
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("predicted peak device memory (GiB)")
+    ax.set_ylabel(memory_labels(rec.setup.device).axis)
     ax.grid(True, alpha=0.3)
 
 
@@ -144,12 +144,9 @@ def _import_matplotlib() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
-def plot_memory(rec: "Recommendation", path: str | Path) -> Path:
-    """Write a two-panel PNG (vs micro-batch, vs sequence length) and return its path."""
+def memory_figure(rec: "Recommendation") -> Any:
+    """The two-panel matplotlib Figure (vs micro-batch, vs sequence length), on an Agg canvas, not yet saved."""
     Figure, FigureCanvasAgg = _import_matplotlib()
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise InvalidSetupError(f"cannot write the plot to {path}: folder {path.parent} does not exist")
     setup = rec.setup
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     FigureCanvasAgg(fig)
@@ -161,6 +158,15 @@ def plot_memory(rec: "Recommendation", path: str | Path) -> Path:
     _draw_panel(right, rec, by_seq, setup.seq_len, f"sequence length, {batch_word} {setup.micro_batch_size}")
     left.set_ylim(0, y_top(rec, by_batch + by_seq))
     right.legend(loc="upper left", fontsize=8)
-    fig.suptitle(f"{rec.model.name} on {rec.hardware.name or 'this machine'}: memory per device ({rec.scenario})")
-    fig.savefig(path, format="png")
+    per = memory_labels(setup.device).per
+    fig.suptitle(f"{rec.model.name} on {rec.hardware.name or 'this machine'}: memory {per} ({rec.scenario})")
+    return fig
+
+
+def plot_memory(rec: "Recommendation", path: str | Path) -> Path:
+    """Write a two-panel PNG (vs micro-batch, vs sequence length) and return its path."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise InvalidSetupError(f"cannot write the plot to {path}: folder {path.parent} does not exist")
+    memory_figure(rec).savefig(path, format="png")
     return path

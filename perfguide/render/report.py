@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..decisions import Alternative, Decision
@@ -26,16 +27,51 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("perfguide.render")
 
-#: Components drawn as bars: (MemoryEstimate field, label, always shown even when zero).
+#: Components drawn as bars: (MemoryEstimate field, label, always shown even when zero). The context's label
+#: depends on the device (MemoryLabels.context).
 COMPONENTS = (
     ("weights", "weights", True), ("gradients", "gradients", False), ("optimizer_states", "optimizer states", False),
     ("activations", "activations", True), ("logits", "logits", False), ("kv_cache", "kv cache", False),
-    ("other", "other", False), ("cuda_context", "cuda context", False),
+    ("other", "other", False),
 )
-TOTALS = (
-    ("peak_allocated", "peak allocated (torch)"), ("peak_reserved", "peak reserved (torch)"),
-    ("device_total", "device total (nvidia-smi)"),
+
+
+@dataclass(frozen=True)
+class MemoryLabels:
+    """The words for the memory totals on one kind of device, so a CPU plan never speaks of CUDA or nvidia-smi.
+
+    On a GPU they are the counters users compare with (torch allocated / reserved, nvidia-smi). On CPU there is no
+    CUDA context and no caching allocator: the fixed part is the Python + torch process baseline, reserved equals
+    allocated (so that row is left out) and the total is the process's resident memory, checked against free RAM.
+    """
+
+    section: str
+    per: str           # "memory per device" / "memory per process" in the plot's title
+    context: str
+    allocated: str
+    reserved: str | None
+    total: str
+    total_short: str   # in "headroom: ... left after <total_short>"
+    capacity: str      # the plot's limit line
+    usable: str        # in "usable memory: 80.0 GiB <usable>, planned to ..."
+    axis: str          # the plot's y axis
+
+
+GPU_LABELS = MemoryLabels(
+    section="Memory per device (most loaded)", per="per device", context="cuda context", allocated="peak allocated (torch)",
+    reserved="peak reserved (torch)", total="device total (nvidia-smi)", total_short="device total",
+    capacity="device memory", usable="per device", axis="predicted peak device memory (GiB)",
 )
+CPU_LABELS = MemoryLabels(
+    section="Memory per process (host RAM)", per="per process", context="process baseline", allocated="peak allocated (tensors)",
+    reserved=None, total="process total (RSS)", total_short="process total",
+    capacity="available RAM", usable="of available RAM", axis="predicted peak process memory, RSS (GiB)",
+)
+
+
+def memory_labels(device: str) -> MemoryLabels:
+    return CPU_LABELS if device == "cpu" else GPU_LABELS
+
 TRAIN_ONLY = frozenset({"gradient_accumulation_steps", "optimizer", "gradient_checkpointing", "offload_optimizer", "lora"})
 INFER_ONLY = frozenset({"new_tokens", "cache_implementation"})
 MAX_CANDIDATES = 20
@@ -67,8 +103,8 @@ def _usable_memory(rec: "Recommendation") -> str:
     capacity, limit = rec.memory.capacity, planned_limit(rec)
     if capacity is None or limit is None:
         return "unknown (no device)"
-    headroom = rec.request.constraints.headroom
-    return f"{fmt_bytes(capacity)} per device, planned to {fmt_bytes(limit)} ({fmt_percent(headroom)} kept free)"
+    headroom, usable = rec.request.constraints.headroom, memory_labels(rec.setup.device).usable
+    return f"{fmt_bytes(capacity)} {usable}, planned to {fmt_bytes(limit)} ({fmt_percent(headroom)} kept free)"
 
 
 def _request_section(rec: "Recommendation") -> Section:
@@ -137,29 +173,33 @@ def _bar(label: str, value: int, scale: int) -> BarRow:
     return BarRow(label=label, value=value, scale=scale, text=f"{fmt_bytes(value)} ({fmt_percent(value / scale)})")
 
 
-def memory_bars(memory: MemoryEstimate) -> tuple[BarRow, ...]:
-    """Components at the peak (zero ones left out unless always relevant), then the three totals."""
-    scale = memory_scale(memory)
-    parts = [_bar(label, getattr(memory, f), scale) for f, label, always in COMPONENTS if always or getattr(memory, f)]
-    return tuple(parts + [_bar(label, getattr(memory, f), scale) for f, label in TOTALS])
+def memory_bars(memory: MemoryEstimate, device: str = "cuda") -> tuple[BarRow, ...]:
+    """Components at the peak (zero ones left out unless always relevant), then the totals, in the device's words."""
+    scale, words = memory_scale(memory), memory_labels(device)
+    parts = [(label, getattr(memory, f)) for f, label, always in COMPONENTS if always or getattr(memory, f)]
+    if memory.cuda_context:
+        parts.append((words.context, memory.cuda_context))
+    totals = ((words.allocated, memory.peak_allocated), (words.reserved, memory.peak_reserved), (words.total, memory.device_total))
+    return tuple(_bar(label, value, scale) for label, value in (*parts, *totals) if label is not None)
 
 
-def _memory_fields(memory: MemoryEstimate) -> Fields:
+def _memory_fields(memory: MemoryEstimate, words: MemoryLabels) -> Fields:
     rows = [("capacity", fmt_bytes(memory.capacity) if memory.capacity is not None else "no device")]
     if memory.headroom is not None:
         word = "left" if memory.headroom >= 0 else "SHORT"
-        rows.append(("headroom", f"{fmt_bytes(abs(memory.headroom))} {word} after device total"))
+        rows.append(("headroom", f"{fmt_bytes(abs(memory.headroom))} {word} after {words.total_short}"))
     if memory.cpu_ram:
         rows.append(("host RAM needed", fmt_bytes(memory.cpu_ram)))
     rows += [("fits", "yes" if memory.fits else "no"), ("method", memory.method)]
     return Fields(tuple(rows))
 
 
-def _memory_section(memory: MemoryEstimate) -> Section:
-    blocks: list = [Bars(memory_bars(memory)), _memory_fields(memory)]
+def _memory_section(memory: MemoryEstimate, device: str) -> Section:
+    words = memory_labels(device)
+    blocks: list = [Bars(memory_bars(memory, device)), _memory_fields(memory, words)]
     if memory.notes:
         blocks.append(Bullets(tuple((1, n) for n in memory.notes)))
-    return Section("Memory per device (most loaded)", tuple(blocks))
+    return Section(words.section, tuple(blocks))
 
 
 # --- speed --------------------------------------------------------------------------------------
@@ -244,7 +284,7 @@ def report_document(rec: "Recommendation") -> Document:
     title = f"perfguide {rec.scenario}: {rec.model.name} on {rec.hardware.name or 'this machine'}"
     sections = (
         _request_section(rec), _setup_section(rec.setup), _decisions_section(rec.decisions),
-        _memory_section(rec.memory), _throughput_section(rec.throughput), _candidates_section(rec.candidates),
+        _memory_section(rec.memory, rec.setup.device), _throughput_section(rec.throughput), _candidates_section(rec.candidates),
         _launch_section(rec), _warnings_section(rec), _suggestions_section(rec),
     )
     return Document(title=title, sections=tuple(s for s in sections if s is not None))
@@ -264,5 +304,5 @@ def render(rec: "Recommendation", fmt: str = "text") -> str:
 def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: str = "text") -> str:
     """What ``perfguide estimate`` prints: the priced Setup and its memory, without decisions (nothing was chosen)."""
     _check_rich(fmt)
-    doc = Document(title=f"perfguide estimate: {model_name}", sections=(_setup_section(setup, "Setup"), _memory_section(memory)))
+    doc = Document(title=f"perfguide estimate: {model_name}", sections=(_setup_section(setup, "Setup"), _memory_section(memory, setup.device)))
     return render_document(doc, fmt)
