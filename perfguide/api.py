@@ -154,7 +154,20 @@ def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | 
 
         return estimate_memory(spec, s, hw)
     if method == "trace":
-        from .memory.trace import trace_memory
-
-        return trace_memory(spec, s, hw)
+        return _trace(spec, s, hw)
     raise unknown_value("estimate method", method, ("analytic", "trace"))
+
+
+def _trace(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> MemoryEstimate:
+    """The tracer runs transformers' own modules on fake tensors; a model class that cannot run there is a
+    one-line error pointing at the analytic mode, never a traceback from deep inside torch."""
+    from .memory.trace import trace_memory
+
+    try:
+        return trace_memory(spec, setup, hw)
+    except PerfGuideError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - third-party model code under fake tensors
+        reason = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise PerfGuideError(f"the exact trace of {spec.name} failed ({type(exc).__name__}: {reason}); "
+                             "use method='analytic' for this model") from exc

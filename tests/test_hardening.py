@@ -507,3 +507,20 @@ def test_default_global_batch_splits_over_any_world_size(hw: str, world: int) ->
     with pytest.raises(ConflictingConstraintsError) as exc:  # an explicit batch that cannot split is still an error
         recommend("125m", "train_gpu_many", hardware=hw, seq_len=256, global_batch_size=world + 1)
     one_line(exc, f"global_batch_size={world + 1}")
+
+
+# --- the exact (trace) mode runs third-party model code on fake tensors: a failure is one line ----------
+
+TINY_MIXTRAL = {"model_type": "mixtral", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 64, "vocab_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["t5-small", TINY_MIXTRAL])
+def test_trace_answers_or_fails_in_one_line(model: object) -> None:
+    try:
+        mem = estimate(model, {"micro_batch_size": 1, "seq_len": 16}, method="trace")
+    except PerfGuideError as exc:
+        one_line(pytest.ExceptionInfo.from_exc_info((type(exc), exc, exc.__traceback__)), "trace", "method='analytic'")
+    else:
+        assert mem.peak_allocated > 0
