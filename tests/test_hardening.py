@@ -524,3 +524,20 @@ def test_trace_answers_or_fails_in_one_line(model: object) -> None:
         one_line(pytest.ExceptionInfo.from_exc_info((type(exc), exc, exc.__traceback__)), "trace", "method='analytic'")
     else:
         assert mem.peak_allocated > 0
+
+
+@pytest.mark.parametrize(("scenario", "hw", "kw", "named"), [
+    ("infer_cpu", "cpu", {}, "the CPU"), ("infer_gpu_one", "t4", {}, "7.5"),
+    ("infer_gpu_one", "a100", {"precision": "fp32"}, "fp32"), ("train_gpu_one", "t4", {}, "cc >= 8.0"),
+])
+def test_flash_attention_forced_where_it_cannot_run(scenario: str, hw: str, kw: dict, named: str) -> None:
+    with pytest.raises(ConflictingConstraintsError) as exc:
+        recommend("gpt2", scenario, hardware=hw, attn_implementation="flash_attention_2", **kw)
+    one_line(exc, "flash_attention_2", named, "'sdpa'")
+    assert recommend("gpt2", "infer_gpu_one", hardware="a100", attn_implementation="flash_attention_2").setup.attn_implementation \
+        == "flash_attention_2"
+
+
+def test_fp16_on_cpu_serving_is_said() -> None:
+    rec = recommend("gpt2", "infer_cpu", hardware="cpu", precision="fp16")
+    assert rec.setup.weights_dtype == "fp32" and any("precision='fp16' runs as fp32" in w for w in rec.warnings)

@@ -25,6 +25,9 @@ def plan(request: Request) -> Plan:
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn, d_threads]
     warnings: list[str] = []
+    if request.constraints.precision == "fp16":
+        warnings.append("precision='fp16' runs as fp32 on the CPU (fp16 matmuls there are slow conversions); "
+                        "use precision='bf16' on CPUs with AVX512-BF16/AMX")
     if chosen is None:
         best = min(tried, key=lambda c: c.memory.device_total)
         return R.finish(request, best, decisions, tried, warnings, ok=False)

@@ -11,6 +11,7 @@ import math
 from typing import Any, Iterable
 
 from ..decisions import Alternative, Decision
+from ..errors import ConflictingConstraintsError
 from ..memory.inference import activation_bytes_per_element, cached_tokens, estimate_inference, kv_cache_bytes
 from ..memory.types import MemoryEstimate
 from ..setup import Setup
@@ -108,9 +109,13 @@ def flash_attn_available() -> bool:
 def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
     """SDPA by default; flash_attention_2 only with the package, compute capability >= 8.0 and 16-bit weights."""
     forced = request.constraints.attn_implementation
+    cc = request.hardware.smallest_gpu.compute_capability if on_gpu else (0, 0)
+    if forced == "flash_attention_2" and (cc < (8, 0) or dtype == "fp32"):
+        where = f"compute capability {cc[0]}.{cc[1]}" if on_gpu else "the CPU"
+        raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs an Ampere-or-newer GPU (cc >= 8.0) and "
+                                          f"16-bit weights, but the plan runs on {where} in {dtype}; use 'sdpa'")
     if forced:
         return Decision(setting="attn_implementation", value=forced, reason="given as a constraint")
-    cc = request.hardware.smallest_gpu.compute_capability if on_gpu else (0, 0)
     ok = on_gpu and flash_attn_available() and cc >= (8, 0) and dtype in ("bf16", "fp16", "int8", "nf4")
     if ok:
         return Decision(setting="attn_implementation", value="flash_attention_2", source="rules.md 3.13",
