@@ -93,6 +93,8 @@ def test_cpu_dtype_by_isa_threads_and_ram() -> None:
     plain = run("infer_cpu", LLAMA2_7B, cpu())
     assert plain.setup.weights_dtype == "fp32" and plain.setup.device == "cpu"
     assert dec(plain, "cpu_threads").value == 16
+    # the reason names the dtype really chosen (fp32 here), not "16-bit"
+    assert dec(plain, "quantization_config").reason.startswith("fp32 weights and the KV cache fit")
     amx = run("infer_cpu", LLAMA2_7B, cpu(("amx_bf16", "amx_tile")))
     assert amx.setup.weights_dtype == "bf16"
     small = run("infer_cpu", LLAMA2_7B, cpu(ram_gib=12))

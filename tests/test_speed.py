@@ -209,3 +209,45 @@ def test_inference_setups_go_to_the_inference_model() -> None:
 def test_deterministic() -> None:
     s = amp(micro_batch_size=4, gradient_accumulation_steps=8, gradient_checkpointing=True)
     assert estimate_speed(llama7b(), s, machine()) == estimate_speed(llama7b(), s, machine())
+
+
+# --- inference on CPU: which phase bounds the call, and its MFU ------------------------------------
+
+CPU16 = CPU(physical_cores=16, logical_cores=32, ram_total=64 * GiB, ram_available=64 * GiB, fp32_gflops=1000.0)
+
+
+def _infer_cpu(**kw: object) -> Setup:
+    return Setup(**({"task": "infer", "device": "cpu", "weights_dtype": "fp32", "optimizer": None, "cpu_threads": 16} | kw))  # type: ignore[arg-type]
+
+
+def test_cpu_decode_is_bandwidth_bound_and_its_mfu_is_low_by_hand() -> None:
+    from perfguide.speed.inference import estimate_inference_speed
+
+    # GPT-2 fp32, one sequence, a 128-token prompt and 65 new tokens: 64 decode steps that each stream all weights
+    t = estimate_inference_speed(gpt2(), _infer_cpu(micro_batch_size=1, seq_len=128, new_tokens=65), Hardware(cpu=CPU16))
+    peak = 1000e9                                                         # the probe's fp32 peak, all 16 cores
+    achieved = peak * load("efficiency")["cpu_peak_fraction"]["value"]["fp32"]
+    per_core = load("efficiency")["host_memory_gbps_per_core"]["value"]
+    bandwidth = 16 * per_core * 1e9 * load("inference")["cpu_bandwidth_efficiency"]["value"]
+    mean_tokens = 128 + 64 / 2                                            # the cache at its mean length over the decode
+    kv = 2 * L * 12 * 64 * 160 * 4                                        # K and V, 12 heads x 64, fp32
+    attn_unit = 2 * 12 * 64 * L                                           # QK^T + AV FLOPs per cached token
+    step_flops = 2 * GPT2_TOTAL + 2 * attn_unit * mean_tokens
+    step = (4 * GPT2_TOTAL + kv) / bandwidth                              # weights + cache read once per token
+    assert step > step_flops / achieved                                   # memory, not compute, sets the pace
+    assert t.time_per_output_token_ms == pytest.approx(step * 1e3)
+    assert t.bound == "memory-bandwidth"
+    assert t.mfu == pytest.approx(step_flops / (step * peak))            # ~2%, not the prefill's rate
+    assert t.mfu < 0.05
+
+
+def test_cpu_prefill_dominated_call_is_compute_bound_at_the_achieved_fraction() -> None:
+    from perfguide.speed.inference import estimate_inference_speed
+
+    # a long prompt and 2 new tokens: the call is the prefill; compute bound, its MFU is achieved / peak
+    t = estimate_inference_speed(gpt2(), _infer_cpu(micro_batch_size=8, seq_len=1000, new_tokens=2), Hardware(cpu=CPU16))
+    prefill_flops = 2 * GPT2_TOTAL * 8 * 1000 + 2 * 12 * 64 * L * 8 * 1000 * 1000
+    achieved = 1000e9 * load("efficiency")["cpu_peak_fraction"]["value"]["fp32"]
+    assert t.prefill_time_s == pytest.approx(prefill_flops / achieved)
+    assert t.bound == "compute"
+    assert t.mfu == pytest.approx(load("efficiency")["cpu_peak_fraction"]["value"]["fp32"])

@@ -196,7 +196,7 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
                         reason="nothing fits on the GPU even in 4-bit; bnb 4-bit cannot be CPU-offloaded, so 16-bit weights are split")
     if q not in ("int8", "nf4"):
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
-                        reason="16-bit weights and the KV cache fit: bitsandbytes would only slow decoding "
+                        reason=f"{q} weights and the KV cache fit: bitsandbytes would only slow decoding "
                                f"(int8 ~{slow['int8']}x, nf4 ~{slow['nf4']}x time per token)")
     return Decision(setting="quantization_config", value=q, number=float(slow[q]), unit="x time per token", source=SRC_QUANT,
                     alternatives=alts, reason=f"bitsandbytes {q}: the smallest precision step that fits; it costs ~{slow[q]}x time "

@@ -3,7 +3,13 @@
 Decode reads every weight and the whole KV cache once per new token, so time per token is
 bytes / (bandwidth x efficiency), plus the eager kernel-launch overhead per layer that static cache +
 ``torch.compile`` (CUDA graphs) removes, plus two all-reduces per layer under tensor parallelism.
-Constants and their sources: perfguide/data/inference.json.
+Constants and their sources: perfguide/data/inference.json (GPU and decode), perfguide/data/efficiency.json
+(the CPU's peak, achieved fraction and RAM bandwidth, shared with the training model so a CPU is one machine).
+
+``bound`` and ``mfu`` describe the phase that takes most of the call: decode for the usual prompt + a few hundred
+new tokens (memory-bandwidth bound, so a low MFU), prefill when the prompt dominates (compute bound). MFU is that
+phase's model FLOPs / (its time x the devices' spec-sheet peak): averaging a compute-bound prefill into a
+bandwidth-bound decode would report a high MFU for a call that is mostly waiting on memory.
 """
 
 from __future__ import annotations
@@ -12,9 +18,10 @@ from typing import NamedTuple
 
 from .._data import load
 from ..hardware.types import Hardware
-from ..memory.inference import activation_bytes_per_element, cached_tokens, kv_cache_bytes, weight_bytes
+from ..memory.inference import activation_bytes_per_element, kv_cache_bytes, weight_bytes
 from ..model.types import ModelSpec
 from ..setup import Setup
+from .model import cpu_path, cpu_peak_gflops, host_bandwidth_gbps
 from .types import Throughput
 
 
@@ -49,19 +56,14 @@ def cpu_threads(setup: Setup, hardware: Hardware) -> int:
 
 
 def _cpu_device(setup: Setup, hardware: Hardware) -> Device:
+    """The training model's CPU peak (fp32, native bf16, or emulated 16-bit) and its achieved fraction."""
     cpu = hardware.cpu
-    threads = cpu_threads(setup, hardware)
-    share = min(1.0, threads / cpu.physical_cores)
-    bw = min(cpu.physical_cores * _const("cpu_ram_bandwidth_gbps_per_core"), _const("cpu_ram_bandwidth_gbps_max")) * 1e9
-    per_core = _const("cpu_gflops_per_core")
-    if setup.weights_dtype == "fp32":
-        gflops = cpu.fp32_gflops or cpu.physical_cores * per_core["fp32"]
-    elif cpu.native_bf16:
-        gflops = cpu.bf16_gflops or cpu.physical_cores * per_core["bf16"]
-    else:  # 16-bit without AVX512-BF16/AMX is converted element by element: slower than fp32
-        gflops = (cpu.fp32_gflops or cpu.physical_cores * per_core["fp32"]) / 2
-    peak = gflops * 1e9 * share
-    return Device(bw * share * _const("cpu_bandwidth_efficiency"), peak, peak, 0.0)
+    share = min(1.0, cpu_threads(setup, hardware) / cpu.physical_cores)
+    sixteen_bit = setup.weights_dtype != "fp32"  # bf16/fp16 weights, or bnb weights dequantized to 16-bit
+    peak = cpu_peak_gflops(cpu, sixteen_bit, setup.cpu_threads)[0] * 1e9
+    achieved = peak * load("efficiency")["cpu_peak_fraction"]["value"][cpu_path(cpu, sixteen_bit)]
+    bw = host_bandwidth_gbps(cpu) * 1e9 * share * _const("cpu_bandwidth_efficiency")
+    return Device(bw, achieved, peak, 0.0)
 
 
 def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> float:
@@ -90,7 +92,9 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) 
     # prefill: compute-bound matmuls (2 * active params per token) plus causal attention
     prefill_flops = 2 * spec.active_params * b * s + attn_unit * b * s * s
     prefill_compute = prefill_flops / (dev.flops * tp) * q_prefill
-    prefill = max(prefill_compute, weights / tp / dev.bandwidth) + dev.overhead_s + comm
+    prefill_parts = {"compute": prefill_compute, "memory-bandwidth": weights / tp / dev.bandwidth,
+                     "launch-overhead": dev.overhead_s, "communication": comm}
+    prefill = max(prefill_compute, prefill_parts["memory-bandwidth"]) + dev.overhead_s + comm
 
     # decode: every step streams the weights and the cache (taken at its mean length)
     mean_tokens = s + (new - 1) / 2
@@ -106,22 +110,28 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) 
         offloaded = estimate_inference(spec, setup, hardware).cpu_ram
         offload_time = offloaded / offload_bw
     step = (max(mem_time, compute_time) + dev.overhead_s) * q_decode + comm + offload_time
-    total = prefill + offload_time + step * (new - 1)
+    decode = step * (new - 1)
+    total = prefill + offload_time + decode
 
-    parts = {"memory-bandwidth": mem_time, "compute": compute_time, "launch-overhead": dev.overhead_s,
-             "communication": comm, "offload": offload_time}
+    # the phase that takes most of the call names the bound and is the one whose MFU is reported
+    if decode >= prefill + offload_time:
+        parts = {"memory-bandwidth": mem_time, "compute": compute_time, "launch-overhead": dev.overhead_s,
+                 "communication": comm, "offload": offload_time}
+        phase_flops, phase_time = step_flops, step
+    else:
+        parts = prefill_parts | {"offload": offload_time}
+        phase_flops, phase_time = prefill_flops, prefill + offload_time
     replicas = setup.num_gpus if setup.strategy == "single" and on_gpu else 1
-    flops = prefill_flops + step_flops * (new - 1)
-    achieved = flops / total / max(1, tp) if total else 0.0
+    mfu = phase_flops / (phase_time * tp * dev.peak_flops) if phase_time and dev.peak_flops else 0.0
     return Throughput(
         step_time_s=total,
         tokens_per_s=replicas * b * new / total,
-        flops_per_step=flops,
+        flops_per_step=prefill_flops + step_flops * (new - 1),
         compute_time_s=prefill_compute + compute_time * (new - 1),
         comm_time_s=comm * new,
         offload_time_s=offload_time * new,
         achievable_tflops=dev.flops / 1e12,
-        mfu=min(1.0, achieved / dev.peak_flops) if dev.peak_flops else 0.0,
+        mfu=min(1.0, mfu),
         prefill_time_s=prefill,
         decode_tokens_per_s=1.0 / step,
         time_per_output_token_ms=step * 1000,
