@@ -17,7 +17,10 @@ from perfguide.errors import (ConflictingConstraintsError, InvalidModelError, In
                               UnknownHardwareError, UnknownScenarioError, WrongMachineError)
 from perfguide.hardware.named import known_names
 from perfguide.hardware.probe import ProbeWarning
-from test_probe import MIB, Board, a100, fake, mig_a100, t4  # noqa: F401 - 'fake' is a fixture
+import test_probe
+from test_probe import MIB, a100, mig_a100, t4
+
+fake = test_probe.fake  # the fixture, requested by name as a test argument (an import would read as unused)
 
 GiB = 2**30
 

@@ -20,7 +20,6 @@ from ._plan import (
     is_multi_process,
     launched,
     require_training,
-    target_label,
     target_supports_tf32,
     decoder_layer_class,
 )
