@@ -181,7 +181,7 @@ def run(warmup: int = 1, steps: int = 3, micro_batches: tuple[int, ...] = MICRO_
         rec = perfguide.recommend(config, scenario="train_cpu", hardware=hardware, seq_len=seq_len, global_batch_size=global_batch)
     points, skipped = grid(rec, micro_batches)
     points = points[:max_points] if max_points is not None else points
-    t0 = time.perf_counter()
+    t0, load_before = time.perf_counter(), os.getloadavg()[0]
     rec_point = recommended_point(rec)
     rows = [measure(rec, config, "recommended", rec_point, {}, warmup, steps, recommended=True)]
     log(f"recommended ({rec.setup.label}, threads={rec_point.threads}): {rows[0].tokens_per_s:,.0f} tokens/s")
@@ -189,7 +189,7 @@ def run(warmup: int = 1, steps: int = 3, micro_batches: tuple[int, ...] = MICRO_
         rows.append(measure(rec, config, "grid", p, overrides_for(rec, p), warmup, steps))
         log(f"{p.label}: {rows[-1].tokens_per_s:,.0f} tokens/s")
     return {"rec": rec, "rows": rows, "skipped": skipped, "rec_point": rec_point, "warmup": warmup, "steps": steps,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, "load": (load_before, os.getloadavg()[0])}
 
 
 # --- report ---------------------------------------------------------------------------------------
@@ -233,6 +233,20 @@ def knob_effects(rows: list[Row]) -> list[tuple[str, float, float, int]]:
             out.append((name, statistics.median(b.tokens_per_s / a.tokens_per_s for a, b in pairs),
                         statistics.median(b.predicted_tokens_per_s / a.predicted_tokens_per_s for a, b in pairs), len(pairs)))
     return out
+
+
+def busy_machine(result: dict[str, Any], spread_limit: float = 0.2) -> str | None:
+    """A warning when other processes disturbed the run: high load, or measured steps of one setup far apart."""
+    rows: list[Row] = result["rows"]
+    spread = [max(r.step_times) / min(r.step_times) - 1 for r in rows if len(r.step_times) > 1]
+    noisy = sum(1 for x in spread if x > spread_limit)
+    cores = result["rec"].hardware.cpu.logical_cores
+    load = result["load"][0]  # before the first setup: afterwards the bench's own threads are in it
+    if noisy <= len(rows) // 10 and load <= 0.25 * cores + 0.5:
+        return None
+    return (f"**This run was disturbed by other processes** (1-min load average {load:.1f} on {cores} cores at the start; "
+            f"{noisy} of {len(spread)} setups had measured steps more than {spread_limit:.0%} apart): "
+            f"treat the ratios below as noise and rerun `{COMMAND}` on a quiet machine.")
 
 
 def _finding(s: dict[str, Any]) -> list[str]:
@@ -279,7 +293,9 @@ def render(result: dict[str, Any]) -> str:
         f"Each setup: fresh model, real `Trainer` from `rec.training_args(...)`, {result['warmup']} warm-up step(s) excluded, "
         f"tokens/s from the fastest of {result['steps']} measured optimizer steps (all listed); all setups in one process, one after another "
         f"({result['seconds']:.0f} s in all).", "",
-        f"Recommended: `{rec.setup.label}`, threads={s['rec_row'].point.threads}.", "",
+        f"Recommended: `{rec.setup.label}`, threads={s['rec_row'].point.threads}. "
+        f"1-min load average before / after: {result['load'][0]:.1f} / {result['load'][1]:.1f}.", "",
+        *([busy, ""] if (busy := busy_machine(result)) else []),
         "## Headline", "",
         f"- recommended / best measured throughput: **{s['ratio']:.2f}** "
         f"({s['rec_row'].tokens_per_s:,.0f} vs {best.tokens_per_s:,.0f} tokens/s, best = {best.point.label}"

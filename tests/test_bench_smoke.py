@@ -118,3 +118,16 @@ def test_p90_matches_the_index_rule() -> None:
     p90 = _bench("recommend_speed").p90
     assert p90([float(i) for i in range(1, 11)]) == 9.0   # index round(0.9 * 9) = 8 -> the 9th value
     assert p90([5.0]) == 5.0
+
+
+def test_cpu_train_flags_a_disturbed_run(cpu_train: ModuleType) -> None:
+    rec = _rec(_cpu_box(native_bf16=False))
+    point = cpu_train.Point(threads=1, micro_batch=1, precision="fp32")
+
+    def result(times: tuple[float, ...], load: float) -> dict:
+        row = cpu_train.Row(name="grid", point=point, accumulation=8, tokens_per_s=1.0, step_times=times, predicted_tokens_per_s=1.0)
+        return {"rec": rec, "rows": [row] * 10, "load": (load, load)}
+
+    assert cpu_train.busy_machine(result((1.0, 1.05, 1.02), load=0.1)) is None
+    assert "disturbed" in cpu_train.busy_machine(result((1.0, 3.0, 1.02), load=0.1))   # steps 200% apart
+    assert "disturbed" in cpu_train.busy_machine(result((1.0, 1.05, 1.02), load=4.0))  # busy before it started
