@@ -544,3 +544,22 @@ def test_flash_attention_forced_where_it_cannot_run(scenario: str, hw: str, kw: 
 def test_fp16_on_cpu_serving_is_said() -> None:
     rec = recommend("gpt2", "infer_cpu", hardware="cpu", precision="fp16")
     assert rec.setup.weights_dtype == "fp32" and any("precision='fp16' runs as fp32" in w for w in rec.warnings)
+
+
+def test_serving_that_fits_nowhere_names_the_limit_and_a_gpu_that_holds_it() -> None:
+    rec = recommend("70b", "infer_gpu_one", hardware="t4", allow_offload=False)
+    assert not rec.fits
+    first, *rest = rec.suggestions
+    assert "per GPU" in first and "is usable" in first
+    (hint,) = [s for s in rest if "holds it on one GPU" in s]
+    name = hint.split("hardware='")[1].split("'")[0]
+    assert recommend("70b", "infer_gpu_one", hardware=name, allow_offload=False).fits  # the hint holds when followed
+    assert any("allow_offload=True" in s for s in rest)
+
+
+def test_serving_no_fit_hints_only_what_still_applies() -> None:
+    rec = recommend("100t", "infer_gpu_many", hardware="h100:8")  # offload is on and the box has 8 GPUs already
+    assert not rec.fits and "CPU RAM" in rec.suggestions[0]
+    assert not any("allow_offload=True" in s or "scenario='infer_gpu_many'" in s for s in rec.suggestions)
+    rec = recommend("999t", "infer_cpu", hardware="cpu")
+    assert not rec.fits and "of RAM" in rec.suggestions[0] and "infer_gpu_one" in rec.suggestions[-1]

@@ -224,12 +224,10 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
                           source=SRC_CACHE, alternatives=(Alternative(value="dynamic", why_not=f"{gain:.2f}x slower per token"),))
 
 
-def no_fit_suggestions(request: Request, best: Candidate | None) -> tuple[str, ...]:
-    need = best.memory.device_total / GB if best else float("nan")
-    return (f"the smallest layout still needs {need:.1f} GB per device",
-            "use a GPU with more memory or more GPUs (scenario='infer_gpu_many')",
-            "shorten prompt_len / max_new_tokens or lower batch_size (the KV cache grows with all three)",
-            "allow_offload=True lets device_map='auto' put weights in CPU RAM (slow)")
+def no_fit_suggestions(request: Request, best: Candidate) -> tuple[str, ...]:
+    from .inference_nofit import what_would_fit  # it prices candidates with this module
+
+    return what_would_fit(request, best)
 
 
 def finish(request: Request, chosen: Candidate, decisions: list[Decision], candidates: list[Candidate],
