@@ -93,6 +93,12 @@ def test_cpu_dtype_by_isa_threads_and_ram() -> None:
     plain = run("infer_cpu", LLAMA2_7B, cpu())
     assert plain.setup.weights_dtype == "fp32" and plain.setup.device == "cpu"
     assert dec(plain, "cpu_threads").value == 16
+    # serving and training on a CPU follow one threads rule: same value, same words, same rejected alternative
+    train = planner("train_cpu")(Request(scenario="train_cpu", model=LLAMA2_7B, hardware=cpu(), seq_len=512, global_batch_size=1))
+    served, trained = dec(plain, "cpu_threads"), dec(train, "cpu_threads")
+    assert served.reason == trained.reason == ("one intra-op thread per physical core (16 physical, 32 logical); "
+                                               "set OMP_NUM_THREADS or torch.set_num_threads")
+    assert [a.value for a in served.alternatives] == [a.value for a in trained.alternatives] == [32]
     # the reason names the dtype really chosen (fp32 here), not "16-bit"
     assert dec(plain, "quantization_config").reason.startswith("fp32 weights and the KV cache fit")
     amx = run("infer_cpu", LLAMA2_7B, cpu(("amx_bf16", "amx_tile")))

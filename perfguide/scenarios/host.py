@@ -41,14 +41,17 @@ def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
     return workers, False, (workers_dec, pin_dec)
 
 
-def cpu_threads(cpu: CPU) -> tuple[int, Decision]:
-    """Threads = physical cores: hyper-threads share the FMA units, so they add contention, not FLOPs."""
+def cpu_threads(cpu: CPU, source: str = "transformers perf_train_cpu.md; rules.md 3.24") -> tuple[int, Decision]:
+    """Threads = physical cores: hyper-threads share the FMA units, so they add contention, not FLOPs.
+
+    The same rule for training and serving on CPU; only the source differs (rules.md 3.32 for inference).
+    """
     threads = cpu.physical_cores
     dec = Decision(
         setting="cpu_threads", value=threads,
         reason=f"one intra-op thread per physical core ({cpu.physical_cores} physical, {cpu.logical_cores} logical); "
                "set OMP_NUM_THREADS or torch.set_num_threads",
-        number=threads, unit="threads", source="transformers perf_train_cpu.md; rules.md 3.24",
+        number=threads, unit="threads", source=source,
         alternatives=(
             Alternative(value=cpu.logical_cores, why_not="hyper-threads share the vector units and slow GEMMs down")
             if cpu.logical_cores > cpu.physical_cores else Alternative(value=max(1, threads - 1), why_not="the docs' minus-one-for-the-OS only matters on a busy shared machine"),

@@ -3,24 +3,16 @@ RAM check, bnb quantization only if RAM is short."""
 
 from __future__ import annotations
 
-from ..decisions import Alternative, Decision
 from . import inference_rules as R
+from .host import cpu_threads
 from .infer_gpu_one import base_setup, tune
 from .types import Plan, Request
-
-
-def threads_decision(request: Request) -> Decision:
-    cpu = request.hardware.cpu
-    return Decision(setting="cpu_threads", value=cpu.physical_cores, number=float(cpu.physical_cores), unit="physical cores",
-                    reason="one thread per physical core (torch.set_num_threads / OMP_NUM_THREADS): hyper-threads share the "
-                           "FMA units and only add contention", source="rules.md 3.32",
-                    alternatives=(Alternative(value=cpu.logical_cores, why_not="hyper-threads slow GEMM down"),))
 
 
 def plan(request: Request) -> Plan:
     dtype, d_dtype = R.cpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=False)
-    d_threads = threads_decision(request)
+    _, d_threads = cpu_threads(request.hardware.cpu, source="rules.md 3.32")
     base = base_setup(request, dtype, d_attn.value, device="cpu").model_copy(update={"cpu_threads": d_threads.value})
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn, d_threads]
