@@ -21,7 +21,7 @@ from perfguide import CPU, GPU, SCENARIOS, Hardware, PerfGuideError, Setup, esti
 from perfguide.hardware.named import known_names
 from perfguide.model.catalog import catalog_names
 
-os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach the hub from property runs
 
 SIZES = ("125m", "350m", "760m", "1.3b", "3b", "7b", "13b", "30b", "70b")
 CATALOG = tuple(n for n in catalog_names())
