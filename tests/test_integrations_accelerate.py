@@ -144,6 +144,35 @@ def test_fsdp_plugin_is_fsdp2_explicitly():
     assert plugin.activation_checkpointing is True and type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy"
 
 
+@pytest.mark.parametrize("update", [
+    {"strategy": "fsdp", "gradient_checkpointing": False, "offload_params": True},
+    {"strategy": "fsdp_shard_grad_op", "gradient_checkpointing": True, "offload_params": False},
+])
+def test_trainer_yaml_and_plugin_describe_the_same_fsdp_run(update, tmp_path):
+    """Three adapters, one FSDP plan: what the launcher, the Accelerator plugin and the Trainer make of them agrees."""
+    import transformers
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    rec = make_rec({**GPU8, **update})
+    env = prepare_multi_gpu_env(launcher_args(rec.write_accelerate_config(tmp_path / "acc.yaml"))[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plugin = rec.accelerator_kwargs()["fsdp_plugin"]
+    d = rec.training_args_dict()
+    cpu_safe = {k: v for k, v in d.items() if k not in ("bf16", "tf32", "ddp_backend")}
+    trainer = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, **cpu_safe).fsdp_plugin_args
+    reshard, ckpt, offload = update["strategy"] == "fsdp", update["gradient_checkpointing"], update["offload_params"]
+    assert env["FSDP_RESHARD_AFTER_FORWARD"] == str(reshard).lower()
+    assert plugin.reshard_after_forward is reshard and trainer["reshard_after_forward"] is reshard
+    assert env["FSDP_ACTIVATION_CHECKPOINTING"] == str(ckpt).lower()
+    assert plugin.activation_checkpointing is ckpt and trainer.get("activation_checkpointing", False) is ckpt
+    assert env["FSDP_OFFLOAD_PARAMS"] == str(offload).lower()
+    assert (type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") is offload
+    assert d["fsdp_config"]["cpu_offload"] is offload
+    assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == trainer["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
+    assert plugin.transformer_cls_names_to_wrap == ["LlamaDecoderLayer"]
+
+
 def test_deepspeed_plugin_and_moe_ddp_kwargs():
     kw = make_rec({**GPU8, "strategy": "zero2", "offload_optimizer": True}).accelerator_kwargs()
     plugin = kw["deepspeed_plugin"]

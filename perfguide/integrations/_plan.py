@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSetupError, WrongMachineError
 
@@ -74,6 +74,28 @@ def half_dtype_name(rec: "Recommendation") -> str:
     if rec.setup.device == "cuda" and gpu is not None and not gpu.supports_bf16:
         return "fp16"
     return "bf16"
+
+
+def fsdp_settings(rec: "Recommendation") -> dict[str, Any]:
+    """The FSDP2 plan, once, in the Trainer's ``fsdp_config`` words; accelerate's YAML spells the same keys with
+    an ``fsdp_`` prefix. Both adapters build from this so the TrainingArguments and the YAML of one plan agree."""
+    s = rec.setup
+    cfg: dict[str, Any] = {
+        "version": 2,
+        # FULL_SHARD (ZeRO-3-like) reshards after forward; SHARD_GRAD_OP (ZeRO-2-like) keeps params gathered
+        "reshard_after_forward": s.strategy == "fsdp",
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "cpu_offload": s.offload_params or s.offload_optimizer,  # FSDP offload is all-or-nothing
+        "state_dict_type": "FULL_STATE_DICT",
+        # rank 0 loads the checkpoint, the others start on meta: N ranks x full model would not fit host RAM
+        "cpu_ram_efficient_loading": True,
+        # FSDP's own checkpointing; the TrainingArguments flag would add a redundant all-gather (and both raise)
+        "activation_checkpointing": s.gradient_checkpointing,
+    }
+    layer = decoder_layer_class(rec)
+    if layer:
+        cfg["transformer_layer_cls_to_wrap"] = layer
+    return cfg
 
 
 def decoder_layer_class(rec: "Recommendation") -> str | None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._plan import (
     check_cuda_machine,
-    decoder_layer_class,
+    fsdp_settings,
     is_fsdp,
     mixed_precision,
     require_training,
@@ -53,16 +53,16 @@ def fsdp_plugin(rec: "Recommendation") -> Any:
     """FullyShardedDataParallelPlugin for FSDP2; ``fsdp_version=2`` explicitly, the plugin default is 1."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
-    s = rec.setup
-    layer = decoder_layer_class(rec)
+    f = fsdp_settings(rec)
+    layer = f.get("transformer_layer_cls_to_wrap")
     return FullyShardedDataParallelPlugin(
-        fsdp_version=2,
-        reshard_after_forward=s.strategy == "fsdp",
-        auto_wrap_policy="transformer_based_wrap",
+        fsdp_version=f["version"],
+        reshard_after_forward=f["reshard_after_forward"],
+        auto_wrap_policy=f["auto_wrap_policy"].lower(),
         transformer_cls_names_to_wrap=[layer] if layer else None,
-        cpu_offload=s.offload_params or s.offload_optimizer,
-        state_dict_type="FULL_STATE_DICT",
-        activation_checkpointing=s.gradient_checkpointing,
+        cpu_offload=f["cpu_offload"],
+        state_dict_type=f["state_dict_type"],
+        activation_checkpointing=f["activation_checkpointing"],
     )
 
 
@@ -144,20 +144,9 @@ def accelerate_config(rec: "Recommendation", deepspeed_config_file: str = "ds_co
 
 
 def _fsdp_yaml(rec: "Recommendation") -> dict[str, Any]:
-    s = rec.setup
-    cfg: dict[str, Any] = {
-        "fsdp_version": 2,
-        "fsdp_reshard_after_forward": s.strategy == "fsdp",
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "fsdp_offload_params": s.offload_params or s.offload_optimizer,
-        "fsdp_state_dict_type": "FULL_STATE_DICT",
-        "fsdp_cpu_ram_efficient_loading": True,
-        "fsdp_sync_module_states": True,  # required by the launcher with cpu_ram_efficient_loading
-        "fsdp_activation_checkpointing": s.gradient_checkpointing,
-    }
-    layer = decoder_layer_class(rec)
-    if layer:
-        cfg["fsdp_transformer_layer_cls_to_wrap"] = layer
+    """The shared FSDP settings in accelerate's spelling, plus the launcher's own sync_module_states."""
+    cfg = {"fsdp_offload_params" if key == "cpu_offload" else f"fsdp_{key}": value for key, value in fsdp_settings(rec).items()}
+    cfg["fsdp_sync_module_states"] = True  # required by the launcher with cpu_ram_efficient_loading
     return cfg
 
 

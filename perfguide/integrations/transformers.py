@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WrongMachineError
 from ._plan import (
     check_cuda_machine,
+    fsdp_settings,
     half_dtype_name,
     is_fsdp,
     is_multi_process,
     launched,
     require_training,
     target_supports_tf32,
-    decoder_layer_class,
 )
 
 if TYPE_CHECKING:
@@ -34,23 +34,11 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 def fsdp_config(rec: "Recommendation") -> dict[str, Any]:
     """Trainer ``fsdp_config`` for FSDP2: sharding depth from the strategy, wrap class from the model."""
-    s = rec.setup
-    cfg: dict[str, Any] = {
-        "version": 2,
-        # FULL_SHARD (ZeRO-3-like) reshards after forward; SHARD_GRAD_OP (ZeRO-2-like) keeps params gathered
-        "reshard_after_forward": s.strategy == "fsdp",
-        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "cpu_offload": s.offload_params or s.offload_optimizer,  # FSDP offload is all-or-nothing
-        "state_dict_type": "FULL_STATE_DICT",
-        # rank 0 loads the checkpoint, the others start on meta: N ranks x full model would not fit host RAM
-        "cpu_ram_efficient_loading": True,
-    }
-    layer = decoder_layer_class(rec)
-    if layer:
-        cfg["transformer_layer_cls_to_wrap"] = [layer]
-    if s.gradient_checkpointing:
-        # FSDP's own checkpointing; the TrainingArguments flag would add a redundant all-gather (and both raise)
-        cfg["activation_checkpointing"] = True
+    cfg = fsdp_settings(rec)
+    if "transformer_layer_cls_to_wrap" in cfg:
+        cfg["transformer_layer_cls_to_wrap"] = [cfg["transformer_layer_cls_to_wrap"]]
+    if not cfg["activation_checkpointing"]:
+        del cfg["activation_checkpointing"]
     return cfg
 
 
