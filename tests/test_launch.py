@@ -134,3 +134,11 @@ def test_inference_launchers_match_the_strategy():
     assert replicas.launch_command("generate.py") == "accelerate launch --multi_gpu --num_processes 4 generate.py"
     split = make_rec({"task": "infer", "weights_dtype": "bf16", "strategy": "device_map", "num_gpus": 4})
     assert split.launch_command("generate.py") == "python generate.py"  # device_map="auto" is one process
+
+
+@pytest.mark.slow
+def test_ddp_cpu_plan_runs_from_the_inline_command(tmp_path):
+    """The command printed in the report (accelerate flags, no YAML) starts the same 2-rank gloo run."""
+    ranks = _run(make_rec(CPU_DDP), tmp_path, None)
+    assert [r["world_size"] for r in ranks] == [2, 2] and all(r["steps"] == 2 for r in ranks)
+    assert all(r["distributed_type"] == "DistributedType.MULTI_CPU" for r in ranks)

@@ -61,3 +61,36 @@ def test_ram_limits_the_plan() -> None:
     assert p.fits is False
     assert any("RAM" in s for s in p.suggestions)
     assert p.setup.micro_batch_size * p.setup.gradient_accumulation_steps == 8
+
+
+def _two_socket_xeon():
+    from perfguide import CPU, Hardware
+
+    cpu = CPU(model_name="2x Xeon", physical_cores=112, logical_cores=224, sockets=2, ram_total=512 * 2**30,
+              ram_available=480 * 2**30, flags=("avx512f", "avx512_bf16", "amx_bf16"))
+    return Hardware(cpu=cpu, source="named", name="xeon-2s")
+
+
+def test_one_process_per_socket_with_ddp_over_gloo():
+    import perfguide
+
+    rec = perfguide.recommend("gpt2", scenario="train_cpu", hardware=_two_socket_xeon(), seq_len=256, global_batch_size=32)
+    s = rec.setup
+    assert (s.num_gpus, s.strategy, s.cpu_threads) == (2, "ddp", 56)  # 112 cores / 2 sockets
+    assert s.micro_batch_size * s.gradient_accumulation_steps * s.world_size == 32
+    args = rec.training_args_dict(output_dir="o")
+    assert args["use_cpu"] is True and args["ddp_backend"] == "gloo" and "fp16" not in args
+    cmd = rec.launch_command("train.py")
+    assert cmd.startswith("OMP_NUM_THREADS=56 accelerate launch") and "--num_processes 2" in cmd
+    # each process holds a full replica in its half of the RAM
+    assert rec.memory.capacity == 480 * 2**30 // 2
+
+
+def test_cpu_process_count_must_split_the_global_batch():
+    import pytest
+
+    import perfguide
+    from perfguide.errors import ConflictingConstraintsError
+
+    with pytest.raises(ConflictingConstraintsError, match="does not split over 3 CPU processes"):
+        perfguide.recommend("gpt2", scenario="train_cpu", hardware=_two_socket_xeon(), global_batch_size=32, num_gpus=3)

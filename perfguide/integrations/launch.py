@@ -49,6 +49,8 @@ def _inline_flags(rec: "Recommendation") -> list[str]:
     cfg = accelerate_config(rec)
     flags = [_TYPE_FLAGS[cfg["distributed_type"]]] if cfg["distributed_type"] in _TYPE_FLAGS else []
     flags += ["--num_processes", str(cfg["num_processes"]), "--num_machines", str(cfg["num_machines"])]
+    # no --cpu: accelerate refuses it beside --multi_gpu, and MULTI_CPU without mpirun starts one process; the
+    # script's TrainingArguments(use_cpu=True) / Accelerator(cpu=True) keep the ranks on the CPU
     if "mixed_precision" in cfg:
         flags += ["--mixed_precision", cfg["mixed_precision"]]
     if "main_process_port" in cfg:

@@ -53,7 +53,8 @@ def check_applicable(scenario: str, cons: Constraints, hardware: Hardware) -> No
 
 def _check_one_device(scenario: str, cons: Constraints) -> None:
     many = scenario.replace("_one", "_many") if scenario.endswith("gpu_one") else "train_gpu_many' or 'infer_gpu_many"
-    for field in ("num_gpus", "nodes"):
+    # train_cpu reads num_gpus as the number of CPU processes (one per socket by default)
+    for field in ("nodes",) if scenario == "train_cpu" else ("num_gpus", "nodes"):
         value = getattr(cons, field)
         if value is not None and value > 1:
             raise ConflictingConstraintsError(f"{field}={value} asks for several devices but scenario {scenario!r} plans one; "

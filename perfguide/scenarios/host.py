@@ -41,20 +41,40 @@ def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
     return workers, False, (workers_dec, pin_dec)
 
 
-def cpu_threads(cpu: CPU, source: str = "transformers perf_train_cpu.md; rules.md 3.24") -> tuple[int, Decision]:
-    """Threads = physical cores: hyper-threads share the FMA units, so they add contention, not FLOPs.
+def cpu_threads(cpu: CPU, source: str = "transformers perf_train_cpu.md; rules.md 3.24", processes: int = 1) -> tuple[int, Decision]:
+    """Threads = physical cores (split between processes): hyper-threads share the FMA units, so they add
+    contention, not FLOPs.
 
     The same rule for training and serving on CPU; only the source differs (rules.md 3.32 for inference).
     """
-    threads = cpu.physical_cores
+    threads = max(1, cpu.physical_cores // max(1, processes))
+    per = f" / {processes} processes" if processes > 1 else ""
     dec = Decision(
         setting="cpu_threads", value=threads,
-        reason=f"one intra-op thread per physical core ({cpu.physical_cores} physical, {cpu.logical_cores} logical); "
+        reason=f"one intra-op thread per physical core ({cpu.physical_cores} physical{per}, {cpu.logical_cores} logical); "
                "set OMP_NUM_THREADS or torch.set_num_threads",
         number=threads, unit="threads", source=source,
         alternatives=(
-            Alternative(value=cpu.logical_cores, why_not="hyper-threads share the vector units and slow GEMMs down")
+            Alternative(value=cpu.logical_cores // max(1, processes), why_not="hyper-threads share the vector units and slow GEMMs down")
             if cpu.logical_cores > cpu.physical_cores else Alternative(value=max(1, threads - 1), why_not="the docs' minus-one-for-the-OS only matters on a busy shared machine"),
         ),
     )
     return threads, dec
+
+
+def cpu_processes(cpu: CPU, requested: int | None, global_batch: int) -> tuple[int, Decision]:
+    """One training process per socket: each keeps its threads and memory on its own NUMA node, and DDP over
+    gloo averages the gradients (transformers perf_train_cpu_many.md; rules.md 3.24)."""
+    processes = requested or cpu.sockets
+    if global_batch % processes:
+        from ..errors import ConflictingConstraintsError
+
+        raise ConflictingConstraintsError(f"global batch {global_batch} does not split over {processes} CPU processes; "
+                                          f"use a multiple of {processes}")
+    if processes == 1:
+        reason = "one socket: a single process uses every core without crossing a NUMA boundary"
+    else:
+        reason = (f"{processes} processes ({cpu.sockets} socket(s)): DDP over gloo, each process with its own threads "
+                  "and memory; launch with accelerate or torchrun, never several thread pools in one process")
+    return processes, Decision(setting="cpu_processes", value=processes, reason=reason, number=cpu.sockets, unit="sockets",
+                               source="transformers perf_train_cpu_many.md; rules.md 3.24")

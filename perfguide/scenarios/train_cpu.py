@@ -1,4 +1,5 @@
-"""Train on the CPU (rules.md 3.24, 4.3): bf16 only with native support, threads = physical cores.
+"""Train on the CPU (rules.md 3.24, 4.3): bf16 only with native support, one process per socket (DDP over
+gloo), threads = physical cores per process.
 
 Memory is host RAM (what is available now, minus the headroom); the ladder is the GPU one. QLoRA is not
 offered: bitsandbytes' 4-bit training path targets CUDA.
@@ -7,7 +8,7 @@ offered: bitsandbytes' 4-bit training path targets CUDA.
 from __future__ import annotations
 
 from ..setup import Setup
-from .host import cpu_dataloader, cpu_threads
+from .host import cpu_dataloader, cpu_processes, cpu_threads
 from .precision import cpu_precision
 from .search import SearchResult, gib, least_memory
 from .train_gpu_one import attention, check_optimizer, plan_training
@@ -19,12 +20,15 @@ def plan(request: Request) -> Plan:
     check_optimizer(cons.optimizer)
     prec = cpu_precision(spec, hw.cpu, cons.precision)
     impl, attn_dec = attention(cons, prec, None)
-    threads, threads_dec = cpu_threads(hw.cpu)
+    processes, proc_dec = cpu_processes(hw.cpu, cons.num_gpus, request.global_batch_size)
+    threads, threads_dec = cpu_threads(hw.cpu, processes=processes)
     workers, pin, host_decs = cpu_dataloader(hw.cpu)
+    per_rank = request.global_batch_size // processes
     base = Setup(task="train", device="cpu", seq_len=request.seq_len, attn_implementation=impl, cpu_threads=threads,
-                 dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
-    return plan_training(request, base, prec, (*prec.decisions, attn_dec, threads_dec, *host_decs),
-                         per_rank_batch=request.global_batch_size, adapter_kinds=("lora",), suggest=_what_would_fit)
+                 num_gpus=processes, strategy="ddp" if processes > 1 else "single",
+                 dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=per_rank)
+    return plan_training(request, base, prec, (*prec.decisions, attn_dec, proc_dec, threads_dec, *host_decs),
+                         per_rank_batch=per_rank, adapter_kinds=("lora",), suggest=_what_would_fit)
 
 
 def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str) -> tuple[str, ...]:
