@@ -34,8 +34,9 @@ OUT = ROOT / "bench" / "results" / "accuracy.md"
 
 UNITS = {"GB": 1e9, "MB": 1e6, "GiB": 2**30, "MiB": 2**20}
 GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100", "a100-40gb"), ("a10g", "a10g"),
-        ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "rtx3090"), ("rtx3080ti", "rtx3090"),
+        ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4")]
+# TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
 GPU_MEMORY = {"rtx3080ti": 16 * 2**30, "rtx 2060": 8 * 2**30, "titan rtx": 24 * 2**30, "h100 96gb": 96 * 2**30}
 
 
@@ -266,6 +267,22 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     return None
 
 
+BNB_RELEASES = (("2024-07-16", "0.43.2"),)  # bitsandbytes 0.43.2 (PyPI, 2024-07-16): MatMul4Bit stops saving inputs
+
+
+def _bnb_version(row: dict[str, str]) -> str | None:
+    """The bitsandbytes release of a quantized row: as the row states it, else the one current at its date."""
+    if not row["quantization"].startswith("bnb"):
+        return None
+    m = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", row["notes"] + " " + row["method"])
+    if m:
+        return m.group(1)
+    date = re.search(r"\d{4}-\d{2}(-\d{2})?", row["commit_or_date"])
+    if date and all(date.group() < day for day, _ in BNB_RELEASES):
+        return "0.43.1"
+    return None
+
+
 def accelerate_anchor(spec: ModelSpec, setup: Setup) -> int:
     """accelerate estimate-memory: fp32 size S (AutoModel, no untied head), training = max stage = 4S (fp32)
     or 2S ("float16" mixed); inference = S / k."""
@@ -301,9 +318,9 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
             raise Skip("load-only rows are not a training/inference step")
         setup = _infer_setup(row) if task.startswith("infer") else _train_setup(row, spec)
         hw = _hardware(row["gpu_type"], setup.num_gpus)
-        loss = _loss_bytes(row, spec, setup)
+        loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()
-        est = estimate_memory(spec, setup, hw) if loss is None else estimate_memory(spec, setup, hw, loss_bytes=loss)
+        est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb)
         timings.append(time.perf_counter() - t0)
     except Skip as exc:
         return Result(row, "skip", str(exc))
@@ -315,7 +332,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         if kind == "oom":
             return Result(row, "verdict", verdict_ok=not est.fits, reason="published OOM")
         up = setup.model_copy(update={"micro_batch_size": setup.micro_batch_size + 1})
-        bigger = estimate_memory(spec, up, hw, loss_bytes=_loss_bytes(row, spec, up)) if loss is not None else estimate_memory(spec, up, hw)
+        bigger = estimate_memory(spec, up, hw, loss_bytes=_loss_bytes(row, spec, up), bnb_version=bnb)
         return Result(row, "verdict", verdict_ok=est.fits and not bigger.fits, reason="published max batch that fits")
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])

@@ -29,32 +29,53 @@ SEQ, BATCHES, VOCAB = 64, (2, 4), 4096
 Dims = dict[str, int]
 
 
-def _llama(d: Dims) -> dict[str, Any]:
+def _llama(d: Dims, drop: float = 0.0) -> dict[str, Any]:
     hd = 16
     return dict(model_type="llama", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["q"] // hd,
                 num_key_value_heads=d["kv"] // hd, head_dim=hd, num_hidden_layers=2, vocab_size=VOCAB,
-                tie_word_embeddings=False, max_position_embeddings=1024)
+                tie_word_embeddings=False, max_position_embeddings=1024, attention_dropout=drop)
 
 
-def _gpt2(d: Dims) -> dict[str, Any]:
-    return dict(model_type="gpt2", n_embd=d["h"], n_inner=d["i"], n_head=d["h"] // 16, n_layer=2, vocab_size=VOCAB, n_positions=1024)
+def _gpt2(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    return dict(model_type="gpt2", n_embd=d["h"], n_inner=d["i"], n_head=d["h"] // 16, n_layer=2, vocab_size=VOCAB,
+                n_positions=1024, resid_pdrop=drop, embd_pdrop=drop, attn_pdrop=drop)
 
 
-def _bert(d: Dims) -> dict[str, Any]:
+def _bert(d: Dims, drop: float = 0.0) -> dict[str, Any]:
     return dict(model_type="bert", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["h"] // 16,
-                num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024, architectures=["BertForMaskedLM"])
+                num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024, architectures=["BertForMaskedLM"],
+                hidden_dropout_prob=drop, attention_probs_dropout_prob=drop)
+
+
+def _gpt_neox(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    return dict(model_type="gpt_neox", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["h"] // 16,
+                num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024, hidden_dropout=drop, attention_dropout=drop)
+
+
+def _opt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    return dict(model_type="opt", hidden_size=d["h"], ffn_dim=d["i"], num_attention_heads=d["h"] // 16, num_hidden_layers=2,
+                word_embed_proj_dim=d["h"], vocab_size=VOCAB, max_position_embeddings=1024, dropout=drop, attention_dropout=drop)
 
 
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
-FAMILIES: dict[str, tuple[Callable[[Dims], dict[str, Any]], tuple[str, ...]]] = {
+FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
     "gpt2": (_gpt2, ("h", "i")),
     "bert": (_bert, ("h", "i")),
+    # their own tables: eager attention upcasts the softmax to fp32 in 16-bit models (GPT-2/BERT do not)
+    "gpt_neox": (_gpt_neox, ("h", "i")),
+    "opt": (_opt, ("h", "i")),
 }
 #: kv stays below q at every point: GQA and MHA models differ in which K/V copies SDPA keeps (fp32 expands them),
 #: and for MHA (q == kv) the GQA form gives the same total, so fitting on GQA shapes is exact for both.
 FAMILIES_FREE = {build: free for build, free in FAMILIES.values()}
 BASE: Dims = {"h": 64, "i": 128, "q": 128, "kv": 32}
+DROP = 0.1       # the HF default hidden/attention dropout of GPT-2 and BERT configs
+LORA_R = 8
+#: config keys (HF names) holding a block's hidden-state and attention-probability dropout, and the model types
+#: whose config-class defaults are recorded (catalog configs often omit these keys and inherit the defaults)
+DROPOUT_KEYS = {"hidden": ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout", "dropout_rate"),
+                "attention": ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attn_dropout")}
 
 
 def block_bytes(config: dict[str, Any], setup: Setup, phase: str = "head", part: str = "activations") -> int:
@@ -70,26 +91,30 @@ def token_slope(config: dict[str, Any], regime: dict[str, Any], **extra: Any) ->
     return (b - a) / ((BATCHES[1] - BATCHES[0]) * SEQ)
 
 
-def per_token(build: Callable[[Dims], dict[str, Any]], free: tuple[str, ...], regime: dict[str, Any]) -> dict[str, float]:
-    """Solve bytes/token/block = sum(coef[d] * dim[d]) + coef['1'] from one-at-a-time dimension steps."""
+def per_token(build: Callable[..., dict[str, Any]], free: tuple[str, ...], regime: dict[str, Any],
+              slope: Callable[[dict[str, Any]], float] | None = None) -> dict[str, float]:
+    """Solve bytes/token/block = sum(coef[d] * dim[d]) + coef['1'] from one-at-a-time dimension steps.
+
+    ``slope`` maps a config to its bytes per token per block (default: the plain traced slope)."""
     import numpy as np
 
+    slope = slope or (lambda cfg: token_slope(cfg, regime))
     points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in free]
     rows, ys = [], []
     for dims in points:
         full = {**dims, **({} if "q" in free else {"q": dims["h"], "kv": dims["h"]})}
-        ys.append(token_slope(build(full), regime))
+        ys.append(slope(build(full)))
         rows.append([full[d] for d in free] + [1])
     coef = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)[0]
     out = {d: round(float(c), 3) for d, c in zip((*free, "1"), coef)}
     return {k: v for k, v in out.items() if abs(v) > 1e-6}
 
 
-def eager_s2(build: Callable[[Dims], dict[str, Any]], regime: dict[str, Any]) -> tuple[float, float]:
+def eager_s2(build: Callable[..., dict[str, Any]], regime: dict[str, Any], drop: float = 0.0) -> tuple[float, float]:
     """(bytes per batch*head*s^2, leftover bytes per token) that eager attention adds over SDPA, from two lengths."""
     import numpy as np
 
-    cfg = build(BASE if "q" in FAMILIES_FREE[build] else {**BASE, "q": BASE["h"], "kv": BASE["h"]})
+    cfg = build(_base_dims(build), drop)
     heads = cfg.get("num_attention_heads") or cfg.get("n_head")
     rows, ys = [], []
     for seq in (64, 128):
@@ -101,22 +126,65 @@ def eager_s2(build: Callable[[Dims], dict[str, Any]], regime: dict[str, Any]) ->
     return round(float(alpha), 3), round(float(beta), 3)
 
 
+def _base_dims(build: Callable[..., dict[str, Any]]) -> Dims:
+    return BASE if "q" in FAMILIES_FREE[build] else {**BASE, "q": BASE["h"], "kv": BASE["h"]}
+
+
+def frozen_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
+    """Bytes per token per block that full fine-tuning keeps and a frozen (LoRA) base does not.
+
+    Full-FT slope minus the LoRA slope (all-linear, r=LORA_R), plus back the adapters' own tensors as
+    ``activations.lora_layer_bytes`` counts them, so that analytic = full - frozen + lora_layer_bytes holds."""
+    from perfguide.memory.activations import lora_layer_bytes
+    from perfguide.memory.analytic import ledger
+    from perfguide.model.types import ModelSpec
+    from perfguide.setup import LoraSpec
+
+    lora = LoraSpec(r=LORA_R, alpha=2 * LORA_R, target_modules="all-linear")
+    setup = Setup(micro_batch_size=1, seq_len=1, optimizer="sgd", lora=lora, **regime)
+    led = ledger(ModelSpec.from_any(dict(config)), setup)
+    adapters = lora_layer_bytes(ModelSpec.from_any(dict(config)), setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
+    return token_slope(config, regime) - token_slope(config, regime, lora=lora) + adapters
+
+
+def dropout_defaults() -> dict[str, dict[str, float]]:
+    """Hidden/attention dropout of each known model type's HF config class, as the config omits them."""
+    from transformers import AutoConfig
+
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    out: dict[str, dict[str, float]] = {}
+    for model_type in sorted(set(data["aliases"]) | set(FAMILIES)):
+        try:
+            cfg = AutoConfig.for_model(model_type).to_dict()
+        except (ValueError, KeyError):
+            continue
+        out[model_type] = {kind: float(next((cfg[k] for k in keys if isinstance(cfg.get(k), (int, float))), 0.0))
+                           for kind, keys in DROPOUT_KEYS.items()}
+    return out
+
+
 def fit_family(name: str) -> tuple[dict[str, Any], list[str]]:
     build, free = FAMILIES[name]
     regimes, remarks = {}, []
     for regime, kw in REGIMES.items():
         t0 = time.perf_counter()
-        base = build({**BASE, **({} if "q" in free else {"q": BASE["h"], "kv": BASE["h"]})})
+        dims = _base_dims(build)
+        base, dropped = build(dims), build(dims, DROP)
         tokens = BATCHES[1] * SEQ
         setup = Setup(micro_batch_size=BATCHES[1], seq_len=SEQ, optimizer="sgd", **kw)
         ckpt = token_slope(base, kw, gradient_checkpointing=True) / BASE["h"]
         logits = run_step(base, setup).phases["backward_head"].parts["logits"] / (tokens * VOCAB)
         alpha, beta = eager_s2(build, kw)
+        alpha_drop, _ = eager_s2(build, kw, DROP)
+        drop_h = (token_slope(dropped, kw) - token_slope(base, kw)) / BASE["h"]
         regimes[regime] = {
             "per_token": per_token(build, free, kw),
             "eager_per_head_s2": alpha,
             "ckpt_per_token": {"h": round(ckpt, 3)},
             "logits_per_token_vocab": round(logits, 3),
+            "dropout_per_token": {"h": round(drop_h, 3)},
+            "eager_dropout_per_head_s2": round(alpha_drop - alpha, 3),
+            "frozen_linear_inputs_per_token": per_token(build, free, kw, slope=lambda cfg: frozen_slope(cfg, kw)),
         }
         if abs(beta) > 0.5:
             remarks.append(f"{name}/{regime}: eager also changes per-token bytes by {beta:+.1f} B/token/block "
@@ -139,13 +207,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tracing {name} ...", flush=True)
         regimes, notes = fit_family(name)
         remarks += notes
-        data["families"][name]["regimes"] = regimes
+        data["families"].setdefault(name, {})["regimes"] = regimes
+        data["aliases"].pop(name, None)
         data["families"][name]["source"] = (
             f"scripts/fit_activations.py: fake-tensor traces of HF {name} blocks (torch {torch.__version__}, transformers "
             f"{transformers.__version__}), one-minus-two-block differences at h/i/q/kv steps around {BASE} and "
             f"b*s in {[b * SEQ for b in BATCHES]}, CUDA SDPA kernel choice and autocast lists emulated, 512 B allocator rounding. "
-            "amp per-token terms exclude autocast's cached 16-bit weight copies (a per-block constant of 2 bytes per Linear weight)."
+            "amp per-token terms exclude autocast's cached 16-bit weight copies (a per-block constant of 2 bytes per Linear weight). "
+            f"Base terms traced with dropout off; dropout terms = traces at p={DROP} minus p=0 (CUDA fused native_dropout: "
+            f"1-byte masks); frozen_linear_inputs = full fine-tuning minus PEFT LoRA all-linear r={LORA_R}, plus the adapters' "
+            "own tensors as activations.lora_layer_bytes counts them."
         )
+    if not args.family:
+        data["dropout"] = {"keys": DROPOUT_KEYS, "defaults": dropout_defaults(),
+                           "source": f"HF config-class defaults (transformers {transformers.__version__}, AutoConfig.for_model); "
+                                     "a model's own config value wins"}
     for r in remarks:
         print("note:", r)
     if not args.dry_run:

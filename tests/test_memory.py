@@ -191,3 +191,57 @@ def test_training_with_inference_strategy_is_rejected() -> None:
 
     with pytest.raises(InvalidSetupError, match="for inference"):
         estimate_memory(tiny(), Setup(strategy="tp", num_gpus=2))
+
+
+def test_loss_bytes_replace_the_loss_path_buffers() -> None:
+    """A framework loss path (litgpt chunked CE, a benchmark's logits.sum()) swaps HF's fp32 CE buffers out:
+    the peak is then resident state + activations + exactly those bytes, in the forward/loss phase."""
+    setup = Setup(micro_batch_size=4, seq_len=256, weights_dtype="bf16", optimizer="sgd")
+    small, big = 4 * 4 * 256 * V, 64 * 4 * 256 * V     # 2+2 bytes per b*s*V (16-bit logits + their grad), and 16x that
+    a, b = (estimate_memory(tiny(), setup, loss_bytes=x) for x in (small, big))
+    assert a.logits == small and b.logits == big
+    assert b.peak_allocated - a.peak_allocated == big - small  # both peak with the loss buffers alive
+    # hand count of the rest: bf16 weights, SGD without momentum keeps no state, the lm_head grad (bf16) is born
+    # while the loss buffers live
+    assert a.peak_allocated == 2 * TOTAL + a.activations + small + 2 * V * H
+    assert estimate_memory(tiny(), setup).logits != small  # the default is HF's fp32 cross-entropy path
+
+
+def test_checkpoint_recompute_and_loss_buffers_never_coincide() -> None:
+    """Non-reentrant checkpointing recomputes the top block when backward first unpacks its saved tensors, after
+    the loss and head backward freed their buffers: peak = max(boundaries + loss, boundaries + one block)."""
+    setup = Setup(micro_batch_size=4, seq_len=256, weights_dtype="bf16", optimizer="sgd", gradient_checkpointing=True)
+    plain = setup.model_copy(update={"gradient_checkpointing": False})
+    block = estimate_memory(tiny(), plain, loss_bytes=0).activations // L   # one block's full activations
+    boundaries = L * 4 * 256 * H * 2                                          # each block's bf16 input
+    for loss in (0, 10 * block):
+        est = estimate_memory(tiny(), setup, loss_bytes=loss)
+        assert est.activations == boundaries + block
+        assert est.peak_allocated == 2 * TOTAL + boundaries + max(loss, block) + 2 * V * H
+
+
+def test_fsdp_lora_frozen_weights_get_sharded_grads_and_keep_inputs() -> None:
+    """FSDP use_orig_params with LoRA: each block's FlatParameter requires grad, so every frozen weight gets a
+    (sharded) gradient and every frozen Linear keeps its input, as in full fine-tuning."""
+    n, r = 2, 4
+    lora = LoraSpec(r=r, target_modules=("q_proj",))
+    fsdp = estimate_memory(tiny(), Setup(weights_dtype="bf16", strategy="fsdp", num_gpus=n, lora=lora, micro_batch_size=2, seq_len=64))
+    adapters = L * (r * H + H * r)                   # lora_A (r x 64) + lora_B (64 x r) per block
+    assert fsdp.gradients == (adapters * 4 + TOTAL * 2) // n  # fp32 adapter grads + bf16 grads of every weight
+    ddp = estimate_memory(tiny(), Setup(weights_dtype="bf16", strategy="ddp", num_gpus=n, lora=lora, micro_batch_size=2, seq_len=64))
+    assert ddp.gradients == adapters * 4                 # DDP: only the adapters
+    full = estimate_memory(tiny(), Setup(weights_dtype="bf16", micro_batch_size=2, seq_len=64))
+    # full fine-tuning's activations plus the adapter branch: PEFT casts q_proj's input to fp32 for lora_A and
+    # keeps the r-wide lora_A output (fp32) for lora_B
+    assert fsdp.activations == full.activations + L * 2 * 64 * (H + r) * 4
+
+
+def test_old_bitsandbytes_4bit_keeps_frozen_inputs() -> None:
+    """bnb MatMul4Bit saved its input A for backward until 0.43.2 (PR #1270); int8 MatMul8bitLt still does."""
+    setup = Setup(weights_dtype="nf4", micro_batch_size=2, seq_len=64, lora=LoraSpec(r=4, target_modules=("q_proj",)))
+    new, old = estimate_memory(tiny(), setup), estimate_memory(tiny(), setup, bnb_version="0.41.1")
+    assert estimate_memory(tiny(), setup, bnb_version="0.43.2").activations == new.activations
+    bf16 = estimate_memory(tiny(), setup.model_copy(update={"weights_dtype": "bf16"}))
+    assert old.activations > new.activations == bf16.activations
+    int8 = estimate_memory(tiny(), setup.model_copy(update={"weights_dtype": "int8"}))
+    assert int8.activations == old.activations

@@ -16,16 +16,27 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; engineer D'
               "eager_per_head_s2": f,        # extra BYTES per (batch * heads * seq^2) with eager attention
               "ckpt_per_token": {"h": g},    # BYTES per token per block kept under full checkpointing
               "logits_per_token_vocab": k,   # BYTES per (batch * seq * vocab) at the loss peak
-              "frozen_linear_inputs_per_token": {"h": ..., "q": ..., "i": ...}
+              "frozen_linear_inputs_per_token": {"h": ..., "q": ..., "i": ...},
                   # BYTES per token per block that are saved ONLY for block Linears' weight gradients;
                   # dropped when the base is frozen (LoRA/QLoRA), where autograd keeps no input of a
                   # frozen Linear (adapted Linears' LoRA branches keep theirs, see lora_layer_bytes)
+              "dropout_per_token": {"h": m},     # BYTES per token per block of hidden-state dropout masks,
+                                                 # when the model's hidden dropout is > 0 (training mode)
+              "eager_dropout_per_head_s2": n     # extra BYTES per (batch * heads * seq^2) of the attention-
+                                                 # probability dropout (mask + output) with eager attention
             }
           }
         } | {"same_as": "<family>"},
       },
-      "aliases": {"<HF model_type>": "<family>"}
+      "aliases": {"<HF model_type>": "<family>"},
+      "dropout": {"keys": {"hidden": [...], "attention": [...]},   # HF config keys, first present wins
+                  "defaults": {"<HF model_type>": {"hidden": p, "attention": p}}}   # config-class defaults
     }
+
+``per_token`` and ``eager_per_head_s2`` are traced with dropout off; the dropout terms are added only when the
+model's config (or, when the key is absent, its HF config class) sets a dropout probability. On CUDA dropout
+runs ``native_dropout``, which keeps a 1-byte bool mask (ATen Dropout.cpp); flash / memory-efficient SDPA apply
+attention dropout inside the kernel from an RNG seed, so only eager attention keeps a probability-sized mask.
 
 Regimes: ``fp32`` = fp32 weights without autocast; ``amp`` = fp32 weights with fp16/bf16 autocast (residual
 stream and norms stay fp32, each Linear keeps its own 16-bit cast of its input); ``half`` = 16-bit weights
@@ -95,17 +106,41 @@ def _attention_span(spec: ModelSpec, seq_len: int) -> int:
     return min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
 
 
-def layer_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """Bytes one block keeps for backward for one micro-batch (no checkpointing)."""
+def dropout_rates(spec: ModelSpec) -> tuple[float, float]:
+    """(hidden, attention) dropout probability of the model in training mode.
+
+    The model's own config wins; catalog configs often omit the keys, and HF then applies its config class's
+    default (GPT-2 and BERT: 0.1; Llama: 0.0), which data/activations.json records per model type.
+    """
+    table = load("activations").get("dropout") or {}
+    config = spec.config or {}
+    default = (table.get("defaults") or {}).get(spec.model_type) or {}
+    out = []
+    for kind in ("hidden", "attention"):
+        value = next((config[k] for k in (table.get("keys") or {}).get(kind, ()) if isinstance(config.get(k), (int, float))), None)
+        out.append(float(default.get(kind, 0.0) if value is None else value))
+    return out[0], out[1]
+
+
+def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:
+    """Bytes one block keeps for backward for one micro-batch (no checkpointing).
+
+    ``keeps_frozen_inputs``: the frozen Linears still keep their inputs (bitsandbytes before 0.43.2, see
+    analytic.quantized_matmul_keeps_inputs), so LoRA does not drop them.
+    """
     c = _coefs(spec, setup)
     b, s = setup.micro_batch_size, setup.seq_len
     dims = _dims(spec)
+    hidden_p, attn_p = dropout_rates(spec)
     per_token = _linear(c["per_token"], dims)
-    if setup.lora is not None:
+    if hidden_p > 0:
+        per_token += _linear(c.get("dropout_per_token") or {}, dims)
+    if setup.lora is not None and not keeps_frozen_inputs:
         per_token -= _linear(c.get("frozen_linear_inputs_per_token") or frozen_linear_inputs(setup), dims)
     total = b * s * per_token
     if setup.attn_implementation == "eager":
-        total += b * spec.num_attention_heads * s * _attention_span(spec, s) * float(c["eager_per_head_s2"])
+        s2 = float(c["eager_per_head_s2"]) + (float(c.get("eager_dropout_per_head_s2", 0.0)) if attn_p > 0 else 0.0)
+        total += b * spec.num_attention_heads * s * _attention_span(spec, s) * s2
     return int(total)
 
 
@@ -117,7 +152,7 @@ def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
     q/k/v and gate/up), the attention output (``q``) and the MLP inner activation (``i``), in the dtype the
     matmul runs in (16-bit casts under autocast and in pure half precision, fp32 otherwise). These are the
     values the hand-derived tables carried (gpt2/bert: h 8, q 4, i 4 in fp32; h 4, q 2, i 2 at 16 bit); the
-    fake-tensor regeneration of activations.json traces full fine-tuning only and has no such entry.
+    fitted tables trace LoRA and carry their own entry, so this is only a fallback for hand-written families.
     """
     nbytes = 4 if regime(setup) == "fp32" else 2
     return {"h": 2 * nbytes, "q": nbytes, "i": nbytes}
@@ -143,13 +178,14 @@ def lora_layer_bytes(spec: ModelSpec, setup: Setup, lora_inputs_per_layer: int, 
     return int(tokens * (lora_inputs_per_layer + lora_rank_total) * nbytes)
 
 
-def activation_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0) -> tuple[int, int]:
+def activation_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0,
+                     keeps_frozen_inputs: bool = False) -> tuple[int, int]:
     """(bytes held at the end of forward, bytes of one block's recompute) over all blocks.
 
     With full checkpointing only each block's input survives the forward; during backward one block at a
     time is recomputed, so its full activations come back on top of the boundaries.
     """
-    per_layer = layer_bytes(spec, setup) + lora_extra_per_layer
+    per_layer = layer_bytes(spec, setup, keeps_frozen_inputs) + lora_extra_per_layer
     layers = spec.total_layers
     if setup.gradient_checkpointing:
         return checkpoint_boundary_bytes(spec, setup) * layers, per_layer

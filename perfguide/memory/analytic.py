@@ -7,6 +7,10 @@ layers (overhead.py). The peak is the maximum over the step's phases, not the su
 
 * end of forward / start of backward: weights + optimizer state + activations + loss buffers
   (+ gradients when accumulating over several micro-batches: they survive between micro-batches);
+* with checkpointing, the first recompute in backward: the same minus the loss buffers plus one block's full
+  activations. The loss buffers die with the head's backward, before autograd reaches the top block and
+  re-runs it (torch.utils.checkpoint recomputes lazily, on the first unpack of a saved tensor); traced
+  steps show the two never coincide;
 * end of backward: weights + optimizer state + all gradients (+ the last checkpointed block's recompute);
 * optimizer step: weights + gradients + state + the step's temporaries (foreach AdamW: a parameter-sized
   sqrt buffer). On the first step the state is created here, so steady state and first step coincide.
@@ -158,6 +162,29 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes), cost
 
 
+#: bitsandbytes release whose MatMul4Bit stops saving the input of a frozen 4-bit Linear (bnb PR #1270,
+#: "delete useless buffered activation", merged 2024-07-16; before it ``ctx.tensors = (A, B)``)
+BNB_4BIT_DROPS_INPUTS = (0, 43, 2)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def quantized_matmul_keeps_inputs(setup: Setup, bnb_version: str | None) -> bool:
+    """Whether a frozen int8/nf4 Linear keeps its 16-bit input for backward although no weight grad needs it.
+
+    bnb's MatMul8bitLt saves ``(CAt, subA, A)`` whenever an input needs grad (bitsandbytes/autograd/
+    _functions.py, still in 0.50); MatMul4Bit saved ``(A, B)`` up to 0.43.1 and ``(None, B)`` since 0.43.2.
+    ``bnb_version`` None means a current release.
+    """
+    if setup.lora is None or setup.weights_dtype not in ("int8", "nf4"):
+        return False
+    if setup.weights_dtype == "int8":
+        return True
+    return bnb_version is not None and _version(bnb_version) < BNB_4BIT_DROPS_INPUTS
+
+
 def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
     """int8/nf4 Linears dequantize one 16-bit weight at a time in forward and again in backward."""
     if setup.weights_dtype not in ("int8", "nf4"):
@@ -166,12 +193,14 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
 
 
 def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
-                    loss_bytes: int | None = None) -> MemoryEstimate:
+                    loss_bytes: int | None = None, bnb_version: str | None = None) -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
     ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
     activations.logits_bytes) for training loops that compute their loss differently, e.g. a benchmark's
     ``logits.sum()`` or litgpt's chunked cross-entropy; the phase maximum is then taken with it.
+    ``bnb_version`` is the bitsandbytes release of a quantized run (None: a current one), see
+    quantized_matmul_keeps_inputs.
     """
     if setup.task == "infer":
         try:
@@ -189,7 +218,7 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     lora_extra = act.lora_layer_bytes(spec, setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = setup.model_copy(update={"lora": None}) if frozen_params_get_grads(setup) else setup
-    acts, recompute = act.activation_bytes(spec, act_setup, lora_extra)
+    acts, recompute = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
     if setup.autocast and setup.weights_dtype == "fp32":
         casts = _linear_params(spec) * 2
         acts += casts // spec.total_layers if setup.gradient_checkpointing else casts
@@ -200,12 +229,16 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     resident = dev.weights + dev.optimizer + dev.buffers
     held_grads = dev.grads if setup.gradient_accumulation_steps > 1 else 0
     head_grad = min(dev.grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
-    forward = resident + held_grads + acts + recompute + logits + max(head_grad - held_grads, 0) + dequant
+    early_grads = held_grads + max(head_grad - held_grads, 0)
+    forward = resident + early_grads + acts + logits + dequant
+    # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
+    backward_start = resident + early_grads + acts + recompute + dequant
     backward_end = resident + dev.grads + recompute + dequant
     step = resident + dev.grads + step_temp
-    peak = max(forward, backward_end, step)
+    peak = max(forward, backward_start, backward_end, step)
 
-    phase = "forward/loss" if peak == forward else ("end of backward" if peak == backward_end else "optimizer step")
+    phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
+             else "end of backward" if peak == backward_end else "optimizer step")
     notes = (f"peak in {phase}",) + dev.notes
     if cost.paged:
         notes += ("paged optimizer: state can be evicted to CPU under memory pressure",)

@@ -7,6 +7,8 @@
 * **SDPA kernel.** On a GPU ``scaled_dot_product_attention`` picks flash (fp16/bf16, no mask) or memory-efficient
   attention, which keep O(s) per head, while the CPU path we would otherwise trace materialises b*h*s*s scores.
   We call the same fused aten ops explicitly; their fake kernels give the real output and logsumexp shapes.
+* **Dropout.** CUDA runs the fused ``native_dropout`` kernel (1-byte bool mask kept for backward), the CPU
+  the unfused one (a mask in the input's dtype); we call the fused op explicitly.
 * **Scalars.** ``.item()`` on a fake tensor has no value; optimizers that branch on a norm get 1, which never
   changes which tensors are allocated.
 """
@@ -120,6 +122,16 @@ def make_cuda_emulation(autocast_dtype: Any | None, emulate_sdpa: bool) -> Any:
             self.kernels["math"] += 1
             return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale)
 
+        def _dropout(self, x: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+            """CUDA's fused dropout: ``at::dropout`` takes ``native_dropout`` for CUDA inputs (ATen Dropout.cpp,
+            ``is_fused_kernel_acceptable``), which saves a 1-byte bool mask for backward; the CPU path we would
+            trace instead multiplies by a saved noise tensor of the input's dtype (2-4x the bytes)."""
+            if not training or p <= 0.0 or inplace:
+                return F.dropout(x, p, training, inplace)
+            if p >= 1.0:
+                return x * 0.0
+            return torch.ops.aten.native_dropout(x, p, True)[0]
+
         def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             kwargs = kwargs or {}
             name = _name(func)
@@ -127,6 +139,8 @@ def make_cuda_emulation(autocast_dtype: Any | None, emulate_sdpa: bool) -> Any:
                 if self.casting:
                     args, kwargs = tree_map(lambda v: self._cast(v, autocast_dtype), (args, kwargs))
                 return self._sdpa(*args, **kwargs)
+            if name == "dropout" and emulate_sdpa:
+                return self._dropout(*args, **kwargs)
             if self.casting:
                 args, kwargs = self._autocast(name, args, kwargs)
             return func(*args, **kwargs)
