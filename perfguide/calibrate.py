@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import warnings
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -165,9 +166,16 @@ def main(args: argparse.Namespace) -> int:
     model = AutoModelForCausalLM.from_config(config, **{k: v for k, v in rec.model_kwargs().items() if k == "dtype"})
     if hw.has_gpu:
         model = model.to("cuda")
-    result = verify(model, rec, steps=args.steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the comparisons are printed below; the callback's warnings would repeat them
+        result = verify(model, rec, steps=args.steps)
+    if result.oom:
+        print(f"out of memory: {result.error}; nothing recorded")
+        return 1
     path = record(rec, result)
     for c in result.comparisons:
-        print(f"{c.quantity:>15}: predicted {c.predicted:.4g} {c.unit}, measured {c.measured:.4g} {c.unit} (x{c.ratio:.2f})")
+        used = "" if SANE_RATIO[0] <= c.ratio <= SANE_RATIO[1] else (
+            "  (ignored: outside 0.33-3x; fixed per-step overheads dominate a model this small, calibrate a larger one)")
+        print(f"{c.quantity:>15}: predicted {c.predicted:.4g} {c.unit}, measured {c.measured:.4g} {c.unit} (x{c.ratio:.2f}){used}")
     print(f"recorded in {path}")
     return 0

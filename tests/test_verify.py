@@ -108,3 +108,21 @@ def test_recorded_calibration_changes_later_estimates_on_this_machine(rec, monke
     # a named target is somebody else's machine: never calibrated
     named = perfguide.estimate(rec.model, rec.setup, hardware=hardware("a100"))
     assert not any("calibrated" in n for n in named.notes)
+
+
+def test_calibrate_cli_runs_real_steps_and_records(tmp_path, monkeypatch, capsys):
+    """`perfguide calibrate <config dir>`: plan here, train a few real steps, store the ratios."""
+    import json
+
+    from perfguide.cli import main
+
+    monkeypatch.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = tmp_path / "tiny"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"], **TINY_LLAMA}))
+    code = main(["calibrate", str(model_dir), "--steps", "2", "--seq-len", "16", "--global-batch-size", "2"])
+    out = capsys.readouterr().out
+    assert code == 0 and "step_time_s: predicted" in out and "recorded in" in out
+    stored = json.loads((tmp_path / "cache" / "calibration.json").read_text())
+    runs = [r for m in stored["machines"].values() for r in m["runs"]]
+    assert len(runs) == 1 and runs[0]["step_time_s"] > 0

@@ -79,7 +79,7 @@ class PerfGuideCallback(TrainerCallback):
                 warnings.warn(
                     f"perfguide: measured {c.quantity} differs from the prediction by {c.error_pct:.0f}% "
                     f"(predicted {c.predicted:.4g} {c.unit}, measured {c.measured:.4g} {c.unit}); "
-                    "run `perfguide calibrate` to refine estimates for this machine",
+                    "PerfGuideCallback(record=True) or `perfguide calibrate` feeds such runs to later estimates on this machine",
                     stacklevel=2,
                 )
         if self.record:
