@@ -131,9 +131,20 @@ def train_steps(rec: Recommendation, config: dict[str, Any], overrides: dict[str
     if warmup < 1 or steps < 1:
         raise ValueError(f"warmup and steps must be >= 1 (a step is timed from the previous step's end), got {warmup}, {steps}")
     import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _timed_training(rec, config, overrides, warmup, steps, seed)
+    finally:
+        torch.set_num_threads(before)  # a caller (or a test process) keeps its own setting
+
+
+def _timed_training(rec: Recommendation, config: dict[str, Any], overrides: dict[str, Any], warmup: int, steps: int,
+                    seed: int) -> tuple[float, ...]:
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, PrinterCallback, Trainer
 
-    torch.set_num_threads(threads)
     torch.manual_seed(seed)
     hf_config = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "architectures"})
     model = AutoModelForCausalLM.from_config(hf_config, **rec.model_kwargs())

@@ -70,9 +70,13 @@ def test_grid_skips_bf16_without_native_support_and_says_why(cpu_train: ModuleTy
     assert any(s.startswith("micro-batch 8") for s in skipped)
 
 
-def test_cpu_train_runs_one_grid_point_and_renders(cpu_train: ModuleType, tmp_path: Path) -> None:
+def test_cpu_train_runs_one_grid_point_and_renders(cpu_train: ModuleType) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
     result = cpu_train.run(warmup=1, steps=1, micro_batches=(2,), max_points=1, seq_len=16, global_batch=4,
                            config=TINY, hardware=_cpu_box(native_bf16=False), log=lambda _: None)
+    assert torch.get_num_threads() == threads   # each setup's thread count is undone afterwards
     rows = result["rows"]
     assert [r.name for r in rows] == ["recommended", "grid"]
     assert rows[0].recommended and not rows[1].recommended
