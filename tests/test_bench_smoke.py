@@ -134,4 +134,5 @@ def test_cpu_train_flags_a_disturbed_run(cpu_train: ModuleType) -> None:
 
     assert cpu_train.busy_machine(result((1.0, 1.05, 1.02), load=0.1)) is None
     assert "disturbed" in cpu_train.busy_machine(result((1.0, 3.0, 1.02), load=0.1))   # steps 200% apart
-    assert "disturbed" in cpu_train.busy_machine(result((1.0, 1.05, 1.02), load=4.0))  # busy before it started
+    mild = cpu_train.busy_machine(result((1.0, 1.05, 1.02), load=4.0))                # busy, yet steps agree
+    assert "Other processes were running" in mild and "disturbed" not in mild
