@@ -58,11 +58,11 @@ def _saturation(x: float, half: float) -> float:
     return x / (x + half)
 
 
-def efficiency(asymptote: float, tokens: int, hidden: int) -> float:
+def efficiency(asymptote: float, tokens: int, hidden: int, half_saturation: str = "hidden_half_saturation") -> float:
     """Fraction of peak the matmuls reach: asymptote x width saturation x tile fill of the GEMM M dimension."""
     tile = int(_value("gemm_tile"))
     fill = tokens / (math.ceil(tokens / tile) * tile)
-    return asymptote * _saturation(hidden, _value("hidden_half_saturation")) * fill
+    return asymptote * _saturation(hidden, _value(half_saturation)) * fill
 
 
 def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
@@ -274,7 +274,7 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = setup.micro_batch_size * setup.seq_len
-    eff = efficiency(_value("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size)
+    eff = efficiency(_value("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size, "cpu_hidden_half_saturation")
     rate = peak_g * 1e9 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
