@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import perfguide  # noqa: E402
+from bench._report import publish  # noqa: E402
 from perfguide.measure.verify import random_token_dataset  # noqa: E402
 from perfguide.recommendation import Recommendation  # noqa: E402
 from perfguide.speed import estimate_speed  # noqa: E402
@@ -355,10 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     result = run(warmup=a.warmup, steps=a.steps)
     text = render(result)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    return publish(text, a.out)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import perfguide  # noqa: E402
+from bench._report import publish  # noqa: E402
 from perfguide.model.catalog import config_of  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "recommend_speed.md"
@@ -282,10 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     cold = None if a.no_cold else cold_start(COLD_MODEL)
     mem = memory_error()
     text = render(speed, cold, mem, a.repeats, SCENARIOS)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(text, encoding="utf-8")
-    print(text)
-    return 0
+    return publish(text, a.out)
 
 
 if __name__ == "__main__":
