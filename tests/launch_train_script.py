@@ -38,3 +38,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if torch.distributed.is_initialized():  # a clean teardown: gloo threads left alive can abort the exit
+        torch.distributed.destroy_process_group()

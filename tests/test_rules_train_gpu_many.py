@@ -73,8 +73,6 @@ HAND_STATES = {
     # 16-bit unsharded copy kept from forward to backward is a buffer on top
     "fsdp_shard_grad_op": (4 + 4 + 8) * P / N,
 }
-SGO_XFAIL = pytest.mark.xfail(strict=True, reason="memory/sharding.py keeps SHARD_GRAD_OP's fp32 params whole (4P) and also adds the "
-                              "16-bit unsharded copy (2P); FSDP2 holds 4P/N + 2P. Reported to the memory owner.")
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +80,7 @@ def gpt2_plan() -> Plan:
     return run(gpt2(), box(8))
 
 
-@pytest.mark.parametrize("strategy", [pytest.param(s, marks=SGO_XFAIL) if s == "fsdp_shard_grad_op" else s for s in HAND_STATES])
+@pytest.mark.parametrize("strategy", list(HAND_STATES))
 def test_candidates_carry_hand_derived_per_gpu_model_states(gpt2_plan: Plan, strategy: str) -> None:
     assert states(layout_candidate(gpt2_plan, strategy)) == pytest.approx(HAND_STATES[strategy], rel=1e-3)
 

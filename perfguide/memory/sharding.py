@@ -78,7 +78,10 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     """
     n = setup.world_size
     strat = setup.strategy
-    w_div = n if strat in SHARD_PARAMS else 1
+    # FSDP shards parameters at rest under either strategy; SHARD_GRAD_OP only skips resharding between forward
+    # and backward, holding the unsharded compute-dtype copy instead (torch FSDP docs; accelerate
+    # concept_guides/fsdp_and_deepspeed.md). ZeRO-1/2 keep the full 16-bit parameters on every rank.
+    w_div = n if strat in SHARD_PARAMS or strat == "fsdp_shard_grad_op" else 1
     g_div = n if strat in SHARD_GRADS else 1
     o_div = n if strat in SHARD_OPTIMIZER else 1
     weights, grads, opt = states.weights // w_div, states.grads // g_div, states.optimizer // o_div
