@@ -96,7 +96,7 @@ def planned_limit(rec: "Recommendation") -> int | None:
     """The bytes the search allowed itself (capacity, or what a probe saw free, less the headroom): the rules' own number."""
     from ..scenarios.search import usable_bytes
 
-    return usable_bytes(rec.memory, rec.hardware, rec.request.constraints.headroom)
+    return usable_bytes(rec.memory, rec.request.constraints.headroom)
 
 
 def _usable_memory(rec: "Recommendation") -> str:

@@ -17,6 +17,7 @@ from ..memory.types import MemoryEstimate
 from ..setup import Setup
 from ..speed.inference import estimate_inference_speed
 from ..speed.types import Throughput
+from .search import usable_bytes
 from .types import Candidate, Plan, Request
 
 GB = 1e9
@@ -28,10 +29,6 @@ SRC_CACHE = "transformers docs llm_optims.md: static cache + torch.compile up to
 
 def prompt_len(request: Request) -> int:
     return request.constraints.prompt_len or request.seq_len
-
-
-def usable_bytes(mem: MemoryEstimate, headroom: float) -> int | None:
-    return None if mem.capacity is None else int(mem.capacity * (1 - headroom))
 
 
 def fits(mem: MemoryEstimate, request: Request) -> bool:

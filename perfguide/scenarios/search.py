@@ -72,8 +72,9 @@ def gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def usable_bytes(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> int | None:
-    """Device memory a plan may fill: capacity (already what a probe saw free) minus the headroom fraction."""
+def usable_bytes(memory: MemoryEstimate, headroom: float) -> int | None:
+    """Device memory a plan may fill: capacity (already what a probe saw free) minus the headroom fraction.
+    Training and inference rules both judge 'fits' by it, so a plan and its report never disagree."""
     return None if memory.capacity is None else int(memory.capacity * (1 - headroom))
 
 
@@ -88,7 +89,7 @@ def fits_ram(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> boo
 
 
 def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
-    usable = usable_bytes(memory, hardware, headroom)
+    usable = usable_bytes(memory, headroom)
     return (usable is None or memory.device_total <= usable) and fits_ram(memory, hardware, headroom)
 
 
@@ -203,7 +204,7 @@ def candidates(result: SearchResult, hardware: Hardware, headroom: float) -> tup
 
 def not_fitting_why(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> str:
     """Which limit a setup breaks: device memory, or (offload) the node's host RAM."""
-    usable = usable_bytes(memory, hardware, headroom)
+    usable = usable_bytes(memory, headroom)
     if (usable is None or memory.device_total <= usable) and not fits_ram(memory, hardware, headroom):
         return f"offload needs {gib(memory.cpu_ram)} host RAM per node > {gib(usable_ram(hardware, headroom))} usable"
     return f"needs {gib(memory.device_total)} > {gib(usable or 0)} usable"

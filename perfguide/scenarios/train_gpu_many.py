@@ -167,7 +167,7 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
     failed = [(o, opt) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is None
               and level_index(levels(s.world_size, True), o) < level_index(levels(s.world_size, True), lay)]
     cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
-    usable = gib(usable_bytes(chosen.memory, request.hardware, cons.headroom) or 0)
+    usable = gib(usable_bytes(chosen.memory, cons.headroom) or 0)
     if s.strategy in ("ddp", "single"):
         return (f"a full replica (model states + activations) fits one GPU ({gib(chosen.memory.device_total)} of {usable} usable): "
                 f"DDP syncs once per step and sharding would only add communication; {where}: {numbers}")

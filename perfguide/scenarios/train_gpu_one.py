@@ -99,7 +99,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 # --- decisions --------------------------------------------------------------------------------------
 
 def _usable(p: Priced, request: Request) -> int:
-    return usable_bytes(p.memory, request.hardware, request.constraints.headroom) or 0
+    return usable_bytes(p.memory, request.constraints.headroom) or 0
 
 
 def ladder_decisions(request: Request, result: SearchResult, chosen: Priced, mode: str,
