@@ -164,7 +164,7 @@ def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
     return int(setup.micro_batch_size * setup.seq_len * _linear(c["ckpt_per_token"], _dims(spec)))
 
 
-def lora_layer_bytes(spec: ModelSpec, setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int) -> int:
+def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int) -> int:
     """Adapter tensors per block: the input each adapted Linear's ``lora_A`` keeps, plus its r-wide output.
 
     PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so

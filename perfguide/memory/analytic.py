@@ -215,7 +215,7 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     gather, unsharded = _gather_bytes(spec, setup)
     dev = per_device(states, setup, gather, unsharded)
 
-    lora_extra = act.lora_layer_bytes(spec, setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
+    lora_extra = act.lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = setup.model_copy(update={"lora": None}) if frozen_params_get_grads(setup) else setup
     acts, recompute = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))

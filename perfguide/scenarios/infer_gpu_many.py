@@ -95,7 +95,7 @@ def plan(request: Request) -> Plan:
     decisions = [d_dtype, d_attn]
     if chosen is None and request.constraints.allow_offload:
         split = 1 if any(g.mig for g in request.hardware.gpus) else gpus  # a MIG slice offloads alone
-        off = R.candidate(request, offload_option(request, base).model_copy(update={"num_gpus": split}), "offload")
+        off = R.candidate(request, offload_option(base).model_copy(update={"num_gpus": split}), "offload")
         priced.append(off)
         if off.verdict == "fits":
             chosen = off

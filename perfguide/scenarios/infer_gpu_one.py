@@ -18,14 +18,15 @@ def base_setup(request: Request, dtype: str, attn: str, device: str = "cuda") ->
 def tune(request: Request, chosen: Candidate, on_gpu: bool) -> tuple[Candidate, list[Decision]]:
     """Batch (largest that fits, reported) and cache implementation for a layout that already fits."""
     max_b = R.largest_batch(request, chosen.setup)
-    b, d_batch = R.choose_batch(request, chosen.setup, max_b)
+    b, d_batch = R.choose_batch(request, max_b)
     setup = chosen.setup.model_copy(update={"micro_batch_size": b})
     speed = R.price(request, setup)[1]
     setup, d_cache = R.cache_decision(request, setup, speed, on_gpu)
     return R.candidate(request, setup, chosen.why), [R.kv_decision(request, setup, max_b), d_batch, d_cache]
 
 
-def offload_option(request: Request, base: Setup) -> Setup:
+def offload_option(base: Setup) -> Setup:
+    """When no quantization fits: accelerate's device_map='auto' spills weights to CPU RAM (slow, but it runs)."""
     return base.model_copy(update={"strategy": "device_map", "offload_params": True})
 
 
@@ -36,7 +37,7 @@ def plan(request: Request) -> Plan:
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn]
     if chosen is None and request.constraints.allow_offload:
-        off = R.candidate(request, offload_option(request, base), "device_map='auto' with CPU offload")
+        off = R.candidate(request, offload_option(base), "device_map='auto' with CPU offload")
         tried.append(off)
         if off.verdict == "fits":
             chosen = off

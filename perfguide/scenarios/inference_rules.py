@@ -154,7 +154,7 @@ def kv_decision(request: Request, setup: Setup, max_batch: int) -> Decision:
                     source="rules.md 2.4 / 3.30")
 
 
-def choose_batch(request: Request, setup: Setup, max_batch: int) -> tuple[int, Decision]:
+def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
     """The requested concurrency; with none given and throughput preferred, the largest power of 2 that fits."""
     asked = request.constraints.batch_size
     if asked is not None or request.constraints.prefer == "latency" or max_batch <= 1:

@@ -101,7 +101,7 @@ def _mp_alternatives(spec: ModelSpec, gpu: GPU, chosen: str | None) -> tuple[Alt
     return tuple(out)
 
 
-def cpu_precision(spec: ModelSpec, cpu: CPU, forced: str | None) -> Precision:
+def cpu_precision(cpu: CPU, forced: str | None) -> Precision:
     """CPU: bf16 autocast only pays with AVX512-BF16/AMX; fp16 autocast is a silent no-op on CPU, so refused."""
     if forced == "fp16":
         raise ConflictingConstraintsError(

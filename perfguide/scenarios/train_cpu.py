@@ -16,9 +16,9 @@ from .types import Plan, Request
 
 
 def plan(request: Request) -> Plan:
-    hw, spec, cons = request.hardware, request.model, request.constraints
+    hw, cons = request.hardware, request.constraints
     check_optimizer(cons.optimizer)
-    prec = cpu_precision(spec, hw.cpu, cons.precision)
+    prec = cpu_precision(hw.cpu, cons.precision)
     impl, attn_dec = attention(cons, prec, None)
     processes, proc_dec = cpu_processes(hw.cpu, cons.num_gpus, request.global_batch_size)
     threads, threads_dec = cpu_threads(hw.cpu, processes=processes)

@@ -86,7 +86,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     warnings = list(prec.warnings)
     adapters = {} if mode != "full" or cons.from_scratch else {k: run(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters, per_rank_batch)]
+    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw)
     suggestions = () if result.chosen else (suggest or what_would_fit)(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
@@ -103,7 +103,7 @@ def _usable(p: Priced, request: Request) -> int:
 
 
 def ladder_decisions(request: Request, result: SearchResult, chosen: Priced, mode: str,
-                     adapters: dict[str, SearchResult], per_rank_batch: int) -> list[Decision]:
+                     adapters: dict[str, SearchResult]) -> list[Decision]:
     s = chosen.setup
     return [
         _micro_decision(request, result, chosen),
