@@ -9,10 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfguide import CPU, GPU, Hardware, MemoryEstimate, ModelSpec, Recommendation, Setup, Throughput
+import pytest
+
+from perfguide import CPU, GPU, Hardware, MemoryEstimate, ModelSpec, PerfGuideError, Recommendation, Setup, Throughput
 from perfguide.scenarios.types import Constraints, Request
 
 GiB = 1024**3
+
+# words that point the user at what is accepted
+POINTERS = ("accepted", "use ", "e.g.", "pick ", "pass ", "expected", "must be", "did you mean", "supported", "needs ", "should be")
 
 TINY_LLAMA = dict(
     vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -101,3 +106,14 @@ def reset_accelerate_state() -> None:
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def one_line(exc: pytest.ExceptionInfo[BaseException], *named: str) -> str:
+    """The message is one line, names each of ``named`` and points at what is accepted."""
+    msg = str(exc.value)
+    assert isinstance(exc.value, PerfGuideError), type(exc.value)
+    assert "\n" not in msg and msg.strip() == msg and msg, msg
+    for text in named:
+        assert text.lower() in msg.lower(), (text, msg)
+    assert any(p in msg.lower() for p in POINTERS), msg
+    return msg
