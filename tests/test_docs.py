@@ -247,11 +247,13 @@ def _update_console(source: str, page: Path) -> str:
 
 if __name__ == "__main__":  # python tests/test_docs.py --update: rewrite shown output from the current code
     import sys
+    import tempfile
 
     os.environ["HF_HUB_OFFLINE"] = "1"
 
     if sys.argv[1:] != ["--update"]:
         sys.exit("usage: python tests/test_docs.py --update   (then review `git diff docs/`)")
+    os.chdir(tempfile.mkdtemp(prefix="perfguide-docs-"))  # as in test_console_examples: files the examples write stay out of the repo
     for page in PAGES:
         before = page.read_text(encoding="utf-8")
         updated = _update_console(_update_python(page), page)
