@@ -7,6 +7,8 @@
 Heavy libraries (torch, transformers, accelerate, bitsandbytes) are imported only where used.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
 from .api import estimate, recommend
 from .decisions import Alternative, Decision
@@ -20,6 +22,9 @@ from .scenarios.types import SCENARIOS, Constraints
 from .setup import LoraSpec, Setup
 from .speed.types import Throughput
 
+if TYPE_CHECKING:
+    from .measure.types import Verification
+
 __all__ = [
     "__version__", "recommend", "estimate", "probe", "verify",
     "Hardware", "GPU", "CPU", "ModelSpec", "Setup", "LoraSpec", "Constraints", "SCENARIOS",
@@ -27,8 +32,11 @@ __all__ = [
 ]
 
 
-def verify(model, rec, steps: int = 3, dataset=None, **kwargs):  # noqa: ANN001,ANN003 - thin lazy wrapper
-    """Run a few real steps of ``rec`` and return measured vs predicted (see perfguide.measure.verify)."""
+def verify(model: Any, rec: Recommendation, steps: int = 3, dataset: Any = None, **kwargs: Any) -> "Verification":
+    """Run a few real steps of ``rec`` and return measured vs predicted (see perfguide.measure.verify).
+
+    A wrapper, so that ``import perfguide`` stays light: the Trainer is imported only when a run is asked for.
+    """
     from .measure.verify import verify as _verify
 
     return _verify(model, rec, steps=steps, dataset=dataset, **kwargs)
