@@ -107,3 +107,17 @@ def test_cpu_dtype_by_isa_threads_and_ram() -> None:
     assert small.setup.weights_dtype in ("int8", "nf4") and small.fits
     none = run("infer_cpu", LLAMA2_70B, cpu(ram_gib=8))
     assert not none.fits and none.suggestions
+
+
+def test_batch_of_one_says_why_latency_or_room() -> None:
+    """batch_size=1 has two reasons that must not be confused: prefer='latency', or no room for a second
+    sequence's KV cache (13B in nf4 on a 15 GiB T4 with 3996-token sequences: 3.3 GB of fp16 KV cache each,
+    2 x 40 layers x 5120 x 2 bytes x 3996 tokens)."""
+    from perfguide import recommend
+
+    full = recommend("13b", "infer_gpu_one", hardware="t4", quantization="nf4", prompt_len=3900, max_new_tokens=96)
+    d = full.decision("batch_size")
+    assert d.value == 1 and d.number == 1, d
+    assert "latency" not in d.reason and "fit" in d.reason, d.reason
+    fast = recommend("gpt2", "infer_gpu_one", hardware="a100-80gb", prefer="latency").decision("batch_size")
+    assert fast.value == 1 and fast.number > 1 and "latency" in fast.reason

@@ -159,8 +159,13 @@ def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
     asked = request.constraints.batch_size
     if asked is not None or request.constraints.prefer == "latency" or max_batch <= 1:
         b = asked or 1
-        return b, Decision(setting="batch_size", value=b, reason="requested concurrency" if asked else
-                           "one sequence at a time: lowest latency per token", number=float(max_batch), unit="largest batch that fits")
+        if asked:
+            reason = "requested concurrency"
+        elif request.constraints.prefer == "latency":
+            reason = "one sequence at a time: lowest latency per token (prefer='latency')"
+        else:  # throughput preferred, but the cache of a second sequence does not fit beside the weights
+            reason = f"{max_batch} sequence(s) fit beside the weights: no room to batch for throughput"
+        return b, Decision(setting="batch_size", value=b, reason=reason, number=float(max_batch), unit="largest batch that fits")
     b = min(MAX_AUTO_BATCH, 2 ** int(math.log2(max_batch)))
     return b, Decision(setting="batch_size", value=b, number=float(max_batch), unit="largest batch that fits",
                        reason=f"decode is memory-bandwidth bound: one weight read serves all {b} sequences, so tokens/s grows "
