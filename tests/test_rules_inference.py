@@ -121,3 +121,17 @@ def test_batch_of_one_says_why_latency_or_room() -> None:
     assert "latency" not in d.reason and "fit" in d.reason, d.reason
     fast = recommend("gpt2", "infer_gpu_one", hardware="a100-80gb", prefer="latency").decision("batch_size")
     assert fast.value == 1 and fast.number > 1 and "latency" in fast.reason
+
+
+def test_offloaded_weights_keep_the_ram_headroom_like_training() -> None:
+    """device_map offload needs the offloaded bytes within RAM less the headroom (as training offload does):
+    5% spare RAM fails the default 10% headroom, and fits once the headroom is 0."""
+    from perfguide import Hardware, recommend
+
+    t4 = Hardware.from_name("t4")
+    need = recommend("70b", "infer_gpu_one", hardware=t4).memory.cpu_ram
+    assert need > 0
+    ram = int(need * 1.05)
+    tight = t4.model_copy(update={"cpu": t4.cpu.model_copy(update={"ram_available": ram, "ram_total": ram})})
+    assert not recommend("70b", "infer_gpu_one", hardware=tight).fits
+    assert recommend("70b", "infer_gpu_one", hardware=tight, headroom=0.0).fits

@@ -17,6 +17,7 @@ from ..memory.types import MemoryEstimate
 from ..setup import Setup
 from ..speed.inference import estimate_inference_speed
 from ..speed.types import Throughput
+from . import search
 from .search import usable_bytes
 from .types import Candidate, Plan, Request
 
@@ -32,10 +33,8 @@ def prompt_len(request: Request) -> int:
 
 
 def fits(mem: MemoryEstimate, request: Request) -> bool:
-    """Device memory within capacity less the requested headroom, and any offloaded part within free RAM."""
-    limit = usable_bytes(mem, request.constraints.headroom)
-    ram_ok = mem.cpu_ram <= request.hardware.cpu.ram_available or mem.cpu_ram == 0
-    return (limit is None or mem.device_total <= limit) and ram_ok
+    """The training rule, headroom on host RAM included: offloaded weights share the RAM with the process itself."""
+    return search.fits(mem, request.hardware, request.constraints.headroom)
 
 
 def price(request: Request, setup: Setup) -> tuple[MemoryEstimate, Throughput]:
