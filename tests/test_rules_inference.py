@@ -133,5 +133,6 @@ def test_offloaded_weights_keep_the_ram_headroom_like_training() -> None:
     assert need > 0
     ram = int(need * 1.05)
     tight = t4.model_copy(update={"cpu": t4.cpu.model_copy(update={"ram_available": ram, "ram_total": ram})})
-    assert not recommend("70b", "infer_gpu_one", hardware=tight).fits
+    short = recommend("70b", "infer_gpu_one", hardware=tight)
+    assert not short.fits and "to CPU RAM" in short.suggestions[0] and "10% headroom" in short.suggestions[0]
     assert recommend("70b", "infer_gpu_one", hardware=tight, headroom=0.0).fits

@@ -7,7 +7,7 @@ number is host RAM rather than GPU memory; the user needs the limit that was hit
 from __future__ import annotations
 
 from . import inference_rules as R
-from .search import _named_gpus  # single-GPU named targets, smallest first
+from .search import _named_gpus, fits_ram, usable_ram  # _named_gpus: single-GPU named targets, smallest first
 from .types import Candidate, Request
 
 
@@ -20,8 +20,9 @@ def what_would_fit(request: Request, best: Candidate) -> tuple[str, ...]:
     mem, cons, hw, s = best.memory, request.constraints, request.hardware, best.setup
     on_gpu = s.device == "cuda"
     out: list[str] = []
-    if on_gpu and mem.cpu_ram > hw.cpu.ram_available:
-        out.append(f"the leanest layout ({s.label}) offloads {_gb(mem.cpu_ram)} to CPU RAM but {_gb(hw.cpu.ram_available)} is free")
+    if on_gpu and not fits_ram(mem, hw, cons.headroom):
+        out.append(f"the leanest layout ({s.label}) offloads {_gb(mem.cpu_ram)} to CPU RAM but {_gb(usable_ram(hw, cons.headroom))} "
+                   f"is usable ({cons.headroom:.0%} headroom kept free)")
     else:
         usable = R.usable_bytes(mem, cons.headroom) or 0
         where = "per GPU" if on_gpu else "of RAM"
