@@ -31,7 +31,7 @@ class Constraints(Model):
     gradient_checkpointing: bool | None = None
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
     micro_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
-    headroom: float = Field(default=0.10, ge=0, lt=1, description="fraction of device memory kept free")
+    headroom: float = Field(default=0.10, ge=0, lt=1, description="fraction of device memory (and of host RAM for offload) kept free")
     nodes: int = Field(default=1, ge=1, le=100_000)
     num_gpus: int | None = Field(default=None, ge=1, le=100_000, description="GPUs (or CPU processes) per node to use")
     strategy: str | None = None
