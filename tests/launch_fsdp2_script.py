@@ -8,8 +8,6 @@ environment that ``accelerate launch`` exported from the YAML, and shards the mo
 argv: <recommendation.json> <out_dir>. Writes rank<N>.json with what actually ran.
 """
 
-import json
-import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,6 +20,8 @@ from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from perfguide import Recommendation
+
+from launch_common import finish  # tests/ is the script's directory, so it is importable
 
 
 def main() -> None:
@@ -57,15 +57,8 @@ def main() -> None:
         "local_numel": sum(p.to_local().numel() for p in params), "full_numel": full_numel,
         "wrapper": type(model).__name__,
     }
-    (out / f"rank{acc.process_index}.json").write_text(json.dumps(report))
+    finish(out, acc.process_index, report)
 
 
 if __name__ == "__main__":
     main()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    # The rank's report is written: leave without C++ static destructors, which on this torch CPU build can abort
-    # a gloo process at interpreter exit ("terminate called without an active exception") after the work is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

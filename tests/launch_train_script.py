@@ -5,7 +5,6 @@ prepares a tiny Llama with the plan, trains 2 steps with a real Trainer, writes 
 actually ran (world size, wrapper class, steps) so the test can check it.
 """
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer
 
 from perfguide import Recommendation
+
+from launch_common import finish  # tests/ is the script's directory, so it is importable
 
 
 def main() -> None:
@@ -33,15 +34,8 @@ def main() -> None:
         "wrapper": type(trainer.model_wrapped).__name__, "distributed_type": str(trainer.accelerator.distributed_type),
         "omp_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
     }
-    (out / f"rank{args.process_index}.json").write_text(json.dumps(report))
+    finish(out, args.process_index, report)
 
 
 if __name__ == "__main__":
     main()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    # The rank's report is written: leave without C++ static destructors, which on this torch CPU build can abort
-    # a gloo process at interpreter exit ("terminate called without an active exception") after the work is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
