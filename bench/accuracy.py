@@ -22,12 +22,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from perfguide.errors import PerfGuideError  # noqa: E402
-from perfguide.hardware.types import Hardware  # noqa: E402
-from perfguide.memory.analytic import estimate_memory  # noqa: E402
-from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate  # noqa: E402
-from perfguide.model.types import ModelSpec  # noqa: E402
-from perfguide.setup import LoraSpec, Setup  # noqa: E402
+from perfguide.errors import PerfGuideError
+from perfguide.hardware.types import Hardware
+from perfguide.memory.analytic import estimate_memory
+from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
 
 CSV = ROOT / "bench" / "data" / "published_measurements.csv"
 OUT = ROOT / "bench" / "results" / "accuracy.md"
@@ -357,7 +357,7 @@ def _stats(errs: list[float]) -> str:
     if not errs:
         return "n=0 | - | -"
     s = sorted(errs)
-    p90 = s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+    p90 = s[min(len(s) - 1, round(0.9 * (len(s) - 1)))]
     return f"n={len(s)} | {statistics.median(s):.1f}% | {p90:.1f}%"
 
 
@@ -377,7 +377,7 @@ def report(results: list[Result], timings: list[float]) -> str:
              "## Summary (trust A/B measured rows, absolute % error)", "",
              "| source | n | perfguide median | perfguide p90 | accelerate median | accelerate p90 | deepspeed median | deepspeed p90 |",
              "|---|---|---|---|---|---|---|---|"]
-    groups = sorted({r.row["source_group"] for r in ab}) + ["ALL"]
+    groups = [*sorted({r.row["source_group"] for r in ab}), "ALL"]
     for g in groups:
         rs = ab if g == "ALL" else [r for r in ab if r.row["source_group"] == g]
         acc = [r.anchors["accelerate"] for r in rs if "accelerate" in r.anchors]

@@ -30,11 +30,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import perfguide  # noqa: E402
-from bench._report import publish  # noqa: E402
-from perfguide.measure.verify import random_token_dataset  # noqa: E402
-from perfguide.recommendation import Recommendation  # noqa: E402
-from perfguide.speed import estimate_speed  # noqa: E402
+import perfguide
+from bench._report import publish
+from perfguide.measure.verify import random_token_dataset
+from perfguide.recommendation import Recommendation
+from perfguide.speed import estimate_speed
 
 OUT = ROOT / "bench" / "results" / "cpu_train.md"
 COMMAND = ".venv/bin/python bench/cpu_train.py"
@@ -120,7 +120,7 @@ def _step_timer() -> Any:
         def __init__(self) -> None:
             self.ends: list[float] = []
 
-        def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001,ANN003,ANN201 - Trainer hook
+        def on_step_end(self, args, state, control, **kwargs):
             self.ends.append(time.perf_counter())
 
     return StepTimer()

@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import perfguide  # noqa: E402
-from bench._report import publish  # noqa: E402
-from perfguide.model.catalog import config_of  # noqa: E402
+import perfguide
+from bench._report import publish
+from perfguide.model.catalog import config_of
 
 OUT = ROOT / "bench" / "results" / "recommend_speed.md"
 COMMAND = ".venv/bin/python bench/recommend_speed.py"
@@ -120,9 +120,9 @@ def speed_rows(models: tuple[str, ...], scenarios: tuple[tuple[str, str], ...], 
         config = config_of(hub_id)
         row: dict[str, Any] = {"model": hub_id, "recommend": {}}
         for scenario, hw in scenarios:
-            first, median, rec = time_call(lambda: perfguide_recommend(config, scenario, hw), repeats)
+            first, median, rec = time_call(lambda config=config, scenario=scenario, hw=hw: perfguide_recommend(config, scenario, hw), repeats)
             row["recommend"][scenario] = {"first": first, "median": median, "fits": rec.fits, "setup": rec.setup.label}
-        first, median, est = time_call(lambda: perfguide_estimate(config, scenarios[0][1]), repeats)
+        first, median, est = time_call(lambda config=config: perfguide_estimate(config, scenarios[0][1]), repeats)
         row["estimate"] = {"first": first, "median": median, "peak": est.peak_allocated}
         with local_model_dir(config) as d:
             first, median, data = time_call(lambda: accelerate_estimate(d), repeats)
@@ -177,7 +177,7 @@ def _load_accuracy() -> Any:
 def p90(values: list[float]) -> float:
     """90th percentile as bench/accuracy.md reports it: the sorted value at index round(0.9 * (n - 1))."""
     s = sorted(values)
-    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+    return s[min(len(s) - 1, round(0.9 * (len(s) - 1)))]
 
 
 def memory_error(trust: tuple[str, ...] = ("A", "B"), max_rows: int | None = None) -> dict[str, Any]:

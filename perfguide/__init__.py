@@ -26,9 +26,25 @@ if TYPE_CHECKING:
     from .measure.types import Verification
 
 __all__ = [
-    "__version__", "recommend", "estimate", "probe", "verify",
-    "Hardware", "GPU", "CPU", "ModelSpec", "Setup", "LoraSpec", "Constraints", "SCENARIOS",
-    "MemoryEstimate", "Throughput", "Recommendation", "Decision", "Alternative", "PerfGuideError",
+    "CPU",
+    "GPU",
+    "SCENARIOS",
+    "Alternative",
+    "Constraints",
+    "Decision",
+    "Hardware",
+    "LoraSpec",
+    "MemoryEstimate",
+    "ModelSpec",
+    "PerfGuideError",
+    "Recommendation",
+    "Setup",
+    "Throughput",
+    "__version__",
+    "estimate",
+    "probe",
+    "recommend",
+    "verify",
 ]
 
 

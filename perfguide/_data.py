@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str) -> Any:
     """Parse ``perfguide/data/<name>.json``; cached so every caller shares one copy."""
     text = resources.files("perfguide.data").joinpath(f"{name}.json").read_text(encoding="utf-8")

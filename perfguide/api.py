@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-
 from ._base import build_strict
 from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, unknown_value
 from .hardware.types import Hardware
@@ -167,7 +166,7 @@ def _trace(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> MemoryEstimate
         return trace_memory(spec, setup, hw)
     except PerfGuideError:
         raise
-    except Exception as exc:  # noqa: BLE001 - third-party model code under fake tensors
+    except Exception as exc:
         reason = (str(exc).strip().splitlines() or [""])[0][:160]
         raise PerfGuideError(f"the exact trace of {spec.name} failed ({type(exc).__name__}: {reason}); "
                              "use method='analytic' for this model") from exc

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import warnings
 import time
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -126,7 +126,7 @@ def apply_memory(est: MemoryEstimate, setup: Setup, hw: Hardware | None) -> Memo
     note = f"calibrated on this machine ({f.samples} verified run(s)): memory x{f.memory:.2f}"
     return est.model_copy(update={"peak_allocated": alloc, "peak_reserved": reserved, "cuda_context": context,
                                   "device_total": total, "fits": est.capacity is None or total <= est.capacity,
-                                  "notes": est.notes + (note,)})
+                                  "notes": (*est.notes, note)})
 
 
 def apply_speed(tp: Throughput, setup: Setup, hw: Hardware | None) -> Throughput:

@@ -43,7 +43,7 @@ class Recommendation(Plan):
 
         return training_args_dict(self, **overrides)
 
-    def training_args(self, **overrides: Any) -> "transformers.TrainingArguments":
+    def training_args(self, **overrides: Any) -> transformers.TrainingArguments:
         from .integrations.transformers import training_args
 
         return training_args(self, **overrides)
@@ -71,7 +71,7 @@ class Recommendation(Plan):
 
         return accelerator_kwargs(self)
 
-    def accelerator(self, **overrides: Any) -> "accelerate.Accelerator":
+    def accelerator(self, **overrides: Any) -> accelerate.Accelerator:
         from .integrations.accelerate import accelerator
 
         return accelerator(self, **overrides)

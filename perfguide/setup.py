@@ -68,7 +68,7 @@ class Setup(Model):
     cpu_threads: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _consistent(self) -> "Setup":
+    def _consistent(self) -> Setup:
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}.{did_you_mean(self.optimizer, OPTIMIZERS)} Accepted: {', '.join(OPTIMIZERS)}")
         if self.weights_dtype in ("int8", "nf4") and self.task == "train" and self.lora is None:
@@ -121,7 +121,7 @@ class Setup(Model):
         return " ".join(parts)
 
     @classmethod
-    def parse(cls, value: "Setup | dict[str, Any]") -> "Setup":
+    def parse(cls, value: Setup | dict[str, Any]) -> Setup:
         """Accept a Setup or a plain dict; unknown keys or values give one clear line."""
         if isinstance(value, Setup):
             return value

@@ -14,14 +14,15 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from perfguide.memory.tracing.build import with_depth  # noqa: E402
-from perfguide.memory.tracing.step import run_step  # noqa: E402
-from perfguide.setup import Setup  # noqa: E402
+from perfguide.memory.tracing.build import with_depth
+from perfguide.memory.tracing.step import run_step
+from perfguide.setup import Setup
 
 DATA = Path(__file__).resolve().parents[1] / "perfguide" / "data" / "activations.json"
 REGIMES = {"fp32": {}, "amp": {"autocast": "bf16"}, "half": {"weights_dtype": "bf16"}}
@@ -184,7 +185,7 @@ def fit_family(name: str) -> tuple[dict[str, Any], list[str]]:
             "logits_per_token_vocab": round(logits, 3),
             "dropout_per_token": {"h": round(drop_h, 3)},
             "eager_dropout_per_head_s2": round(alpha_drop - alpha, 3),
-            "frozen_linear_inputs_per_token": per_token(build, free, kw, slope=lambda cfg: frozen_slope(cfg, kw)),
+            "frozen_linear_inputs_per_token": per_token(build, free, kw, slope=lambda cfg, kw=kw: frozen_slope(cfg, kw)),
         }
         if abs(beta) > 0.5:
             remarks.append(f"{name}/{regime}: eager also changes per-token bytes by {beta:+.1f} B/token/block "

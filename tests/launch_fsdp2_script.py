@@ -16,12 +16,11 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from launch_common import finish  # tests/ is the script's directory, so it is importable
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from perfguide import Recommendation
-
-from launch_common import finish  # tests/ is the script's directory, so it is importable
 
 
 def main() -> None:

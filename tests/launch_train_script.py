@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import torch
+from launch_common import finish  # tests/ is the script's directory, so it is importable
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer
 
 from perfguide import Recommendation
-
-from launch_common import finish  # tests/ is the script's directory, so it is importable
 
 
 def main() -> None:

@@ -5,13 +5,20 @@ Setup, sequence lengths) ends in ONE line that names the bad value and says what
 from __future__ import annotations
 
 import pytest
+from helpers import one_line
 
 import perfguide
 from perfguide import Hardware, ModelSpec, PerfGuideError, estimate, recommend
-from perfguide.errors import (ConflictingConstraintsError, InvalidModelError, InvalidSetupError, OfflineError,
-                              UnknownHardwareError, UnknownScenarioError, WrongMachineError)
+from perfguide.errors import (
+    ConflictingConstraintsError,
+    InvalidModelError,
+    InvalidSetupError,
+    OfflineError,
+    UnknownHardwareError,
+    UnknownScenarioError,
+    WrongMachineError,
+)
 from perfguide.hardware.named import known_names
-from helpers import one_line
 
 
 @pytest.fixture(autouse=True)
@@ -148,7 +155,7 @@ def test_config_missing_or_bad_fields(config: dict, named: str) -> None:
     assert "\n" not in msg and named in msg and ("config" in msg or "must be" in msg)
 
 
-def test_local_paths_that_are_not_configs(tmp_path) -> None:  # noqa: ANN001
+def test_local_paths_that_are_not_configs(tmp_path) -> None:
     with pytest.raises(InvalidModelError) as exc:
         recommend(str(tmp_path), hardware="a100")
     one_line(exc, str(tmp_path), "config.json")

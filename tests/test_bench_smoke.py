@@ -48,7 +48,7 @@ def recommend_speed() -> ModuleType:
     return _bench("recommend_speed")
 
 
-def _rec(hw: Hardware, global_batch: int = 8):  # noqa: ANN202
+def _rec(hw: Hardware, global_batch: int = 8):
     import perfguide
 
     return perfguide.recommend(TINY, scenario="train_cpu", hardware=hw, seq_len=16, global_batch_size=global_batch)

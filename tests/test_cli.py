@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from importlib import metadata
 import os
 import subprocess
 import sys
+from importlib import metadata
 
 import pytest
 
@@ -16,7 +16,7 @@ from perfguide.cli import build_parser, main
 from perfguide.cli_setup import setup_from_args
 
 
-def needs(*modules: str):  # noqa: ANN201 - a pytest mark
+def needs(*modules: str):
     """Skip until the engine parts these tests exercise exist (they are built in parallel)."""
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     return pytest.mark.skipif(bool(missing), reason=f"not built yet: {', '.join(missing)}")
@@ -132,7 +132,7 @@ def test_probe_and_env_text(capsys):
     code, out, _ = run(capsys, "env")
     assert code == 0 and out.startswith("Copy-and-paste")
     assert f"- Python: {sys.version.split()[0]}" in out
-    import torch   # env imported it already, to name the accelerator torch was built for
+    import torch  # env imported it already, to name the accelerator torch was built for
 
     assert f"- torch: {torch.__version__}" in out and f"- transformers: {metadata.version('transformers')}" in out
     assert "- PyTorch accelerator: " in out

@@ -207,7 +207,7 @@ class _Collect(doctest.DocTestRunner):
         super().__init__(optionflags=FLAGS)
         self.fixes: list[tuple[doctest.Example, str]] = []
 
-    def report_failure(self, out, test, example, got):  # noqa: ANN001, ANN201 - doctest's hook signature
+    def report_failure(self, out, test, example, got):
         self.fixes.append((example, got))
 
 

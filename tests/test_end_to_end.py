@@ -10,9 +10,9 @@ import math
 import warnings
 
 import pytest
+from helpers import tiny_model, token_dataset
 
 import perfguide
-from helpers import tiny_model, token_dataset
 
 GB = 1e9
 GiB = 2**30

@@ -23,7 +23,7 @@ BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_lay
 PROMPT, NEW, BATCH = 7, 5, 3
 
 
-def spec_from_module(model: "torch.nn.Module", config: "transformers.PretrainedConfig") -> ModelSpec:
+def spec_from_module(model: torch.nn.Module, config: transformers.PretrainedConfig) -> ModelSpec:
     """Counts taken from the real module (independent of perfguide's own resolver)."""
     layer0 = model.model.layers[0]
     linears = {name: (m.in_features, m.out_features) for name, m in layer0.named_modules() if isinstance(m, torch.nn.Linear)}

@@ -54,7 +54,7 @@ def test_weights_7b_bf16_vs_nf4() -> None:
     assert weight_bytes(LLAMA2_7B, "int8") == linear + 4 * 32 * (4 * 4096 + 2 * 11008 + 4096) + 2 * rest
 
 
-def test_bnb_storage_matches_real_bitsandbytes(tmp_path) -> None:  # noqa: ANN001
+def test_bnb_storage_matches_real_bitsandbytes(tmp_path) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("bitsandbytes")

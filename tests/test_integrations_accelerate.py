@@ -16,6 +16,7 @@ accelerate = pytest.importorskip("accelerate")
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file  # noqa: E402
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser  # noqa: E402
 from accelerate.utils import DistributedType  # noqa: E402
+
 try:  # tests/ as a plain folder or as a package
     from helpers import hardware, make_rec, reset_accelerate_state, tiny_spec
 except ImportError:  # pragma: no cover

@@ -60,12 +60,12 @@ PUBLISHED = {
 }
 
 
-def _hf_config(name: str):  # noqa: ANN202
+def _hf_config(name: str):
     config = config_of(lookup(name))
     return transformers.AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
 
 
-def _meta_model(name: str):  # noqa: ANN202
+def _meta_model(name: str):
     with torch.device("meta"):
         model = getattr(transformers, REPRESENTATIVE[name]).from_config(_hf_config(name))
     if not config_of(lookup(name)).get("tie_word_embeddings", True) and model.config.model_type == "t5":
@@ -80,11 +80,11 @@ def meta_models() -> dict:
     return {name: _meta_model(name) for name in REPRESENTATIVE}
 
 
-def _unique_params(model) -> int:  # noqa: ANN001
+def _unique_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for _, p in model.named_parameters(remove_duplicate=False)}.values())
 
 
-def _block_linear_weights(model) -> int:  # noqa: ANN001
+def _block_linear_weights(model) -> int:
     """Every Linear/Conv1D weight and MoE expert tensor inside the transformer blocks of ``model``."""
     lists = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList)}
     outermost = [m for n, m in lists.items() if not any(n.startswith(f"{other}.") for other in lists)]
@@ -93,7 +93,7 @@ def _block_linear_weights(model) -> int:  # noqa: ANN001
         for name, p in blocks.named_parameters():
             owner = blocks.get_submodule(name.rsplit(".", 1)[0])
             is_linear = isinstance(owner, torch.nn.Linear) or type(owner).__name__ in {"Conv1D", "MixtralTopKRouter"}
-            if name.endswith("weight") and is_linear and "relative_attention_bias" not in name or "experts." in name:
+            if (name.endswith("weight") and is_linear and "relative_attention_bias" not in name) or "experts." in name:
                 total += p.numel()
     return total
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import test_probe
+from helpers import one_line
+from test_probe import MIB, a100, mig_a100, t4
 
 import perfguide
 from perfguide import recommend
 from perfguide.errors import ConflictingConstraintsError, WrongMachineError
 from perfguide.hardware.probe import ProbeWarning
-import test_probe
-from helpers import one_line
-from test_probe import MIB, a100, mig_a100, t4
 
 fake = test_probe.fake  # the fixture, requested by name as a test argument (an import would read as unused)
 
@@ -62,7 +62,7 @@ def _probe_recommend(scenario: str = "train_gpu_one", model: str = "125m", **kw:
         return recommend(model, scenario, hardware=None, seq_len=512, global_batch_size=8, **kw)
 
 
-def test_recommend_on_a_mixed_box_plans_for_the_smallest_gpu(fake) -> None:  # noqa: ANN001
+def test_recommend_on_a_mixed_box_plans_for_the_smallest_gpu(fake) -> None:
     fake([a100(0), t4(1)])
     rec = _probe_recommend()
     assert rec.hardware.gpu_count == 2 and rec.hardware.source == "probe"
@@ -73,14 +73,14 @@ def test_recommend_on_a_mixed_box_plans_for_the_smallest_gpu(fake) -> None:  # n
     assert rec_a100.setup.autocast == "bf16"  # the same request on the A100 alone would pick bf16
 
 
-def test_recommend_on_a_mixed_box_does_not_promise_the_big_gpu(fake) -> None:  # noqa: ANN001
+def test_recommend_on_a_mixed_box_does_not_promise_the_big_gpu(fake) -> None:
     fake([a100(0), t4(1)])
     rec = _probe_recommend(model="7b", allow_offload=False, finetune="full")
     assert rec.memory.capacity == 15360 * MIB
     assert not rec.fits or rec.memory.device_total <= 15360 * MIB
 
 
-def test_recommend_on_a_mig_slice(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_recommend_on_a_mig_slice(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     fake([mig_a100()])
     rec = _probe_recommend()
     assert rec.memory.capacity == 4864 * MIB  # the 1g.5gb slice is the smallest device
@@ -89,7 +89,7 @@ def test_recommend_on_a_mig_slice(fake, monkeypatch: pytest.MonkeyPatch) -> None
     assert rec.hardware.gpu_count == 1 and rec.memory.capacity == 19968 * MIB and rec.setup.autocast == "bf16"
 
 
-def test_recommend_with_visible_uuid_picks_that_gpu(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_recommend_with_visible_uuid_picks_that_gpu(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     fake([t4(0), a100(1)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-a100000")
     rec = _probe_recommend()
@@ -97,7 +97,7 @@ def test_recommend_with_visible_uuid_picks_that_gpu(fake, monkeypatch: pytest.Mo
 
 
 @pytest.mark.parametrize("value", ["", "-1"])
-def test_recommend_with_every_gpu_hidden(fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:  # noqa: ANN001
+def test_recommend_with_every_gpu_hidden(fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     fake([a100(0)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     with pytest.raises(WrongMachineError) as exc:
@@ -107,7 +107,7 @@ def test_recommend_with_every_gpu_hidden(fake, monkeypatch: pytest.MonkeyPatch, 
 
 
 @pytest.mark.parametrize("kw", [{"init_error": RuntimeError("NVML Shared Library Not Found")}, {"count_error": True}])
-def test_recommend_when_nvml_fails_plans_cpu_only(fake, kw: dict) -> None:  # noqa: ANN001
+def test_recommend_when_nvml_fails_plans_cpu_only(fake, kw: dict) -> None:
     fake([a100(0)], **kw)
     with pytest.warns(ProbeWarning):
         hw = perfguide.probe()
@@ -115,7 +115,7 @@ def test_recommend_when_nvml_fails_plans_cpu_only(fake, kw: dict) -> None:  # no
     assert _probe_recommend("infer_cpu").setup.device == "cpu"
 
 
-def test_recommend_when_one_gpu_errors_on_queries(fake) -> None:  # noqa: ANN001
+def test_recommend_when_one_gpu_errors_on_queries(fake) -> None:
     fake([a100(0, fail={"handle"}), t4(1, fail={"memory", "cc"})])
     rec = _probe_recommend()
     # the A100 cannot be opened and is left out; the T4 falls back to its spec sheet (16 GB board, 15360 MiB)
@@ -123,7 +123,7 @@ def test_recommend_when_one_gpu_errors_on_queries(fake) -> None:  # noqa: ANN001
     assert any("could not be read" in w for w in rec.hardware.warnings)
 
 
-def test_busy_gpu_counts_only_its_free_memory_in_every_scenario(fake) -> None:  # noqa: ANN001
+def test_busy_gpu_counts_only_its_free_memory_in_every_scenario(fake) -> None:
     fake([a100(0, free_mib=1000)])  # another job holds all but 1000 MiB
     for scenario in ("train_gpu_one", "infer_gpu_one", "infer_gpu_many"):
         rec = _probe_recommend(scenario)
@@ -131,7 +131,7 @@ def test_busy_gpu_counts_only_its_free_memory_in_every_scenario(fake) -> None:  
         assert not rec.fits or rec.memory.device_total <= 0.9 * 1000 * MIB, scenario
 
 
-def test_cpu_training_on_a_box_with_a_busy_gpu_plans_for_ram(fake) -> None:  # noqa: ANN001
+def test_cpu_training_on_a_box_with_a_busy_gpu_plans_for_ram(fake) -> None:
     fake([a100(0, free_mib=1000)])
     rec = _probe_recommend("train_cpu")
     assert rec.setup.device == "cpu" and rec.memory.capacity == rec.hardware.cpu.ram_available
@@ -149,14 +149,14 @@ def test_70b_on_a_t4_names_a_gpu_where_qlora_fits() -> None:
 
 # --- MIG slices: one CUDA process sees one slice; only independent replicas span several ------------
 
-def test_training_across_mig_slices_is_refused(fake) -> None:  # noqa: ANN001
+def test_training_across_mig_slices_is_refused(fake) -> None:
     fake([mig_a100()])
     with pytest.raises(ConflictingConstraintsError) as exc:
         _probe_recommend("train_gpu_many")
     one_line(exc, "MIG", "train_gpu_one", "CUDA_VISIBLE_DEVICES=MIG-")
 
 
-def test_serving_across_mig_slices_uses_replicas_only(fake) -> None:  # noqa: ANN001
+def test_serving_across_mig_slices_uses_replicas_only(fake) -> None:
     fake([mig_a100()])
     rec = _probe_recommend("infer_gpu_many", model="125m")
     assert rec.setup.strategy == "single" and rec.setup.num_gpus == 2

@@ -72,7 +72,7 @@ def test_missing_folder_is_a_clear_error(rec, tmp_path):
         rec.plot(tmp_path / "nope" / "mem.png")
 
 
-def _labels(fig) -> str:  # noqa: ANN001
+def _labels(fig) -> str:
     texts = [fig.get_suptitle()] + [ax.get_ylabel() for ax in fig.axes]
     texts += [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     return "\n".join(texts)

@@ -75,55 +75,55 @@ class FakeNVML:
             raise NVMLError(f"Unknown Error in {call}")
         return board
 
-    def nvmlInit(self) -> None:  # noqa: N802
+    def nvmlInit(self) -> None:
         if self.init_error is not None:
             raise self.init_error
         self.initialised = True
 
-    def nvmlShutdown(self) -> None:  # noqa: N802
+    def nvmlShutdown(self) -> None:
         self.shut_down = True
 
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+    def nvmlDeviceGetCount(self) -> int:
         if self.count_error:
             raise NVMLError("GPU is lost")
         return len(self.boards)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> Board:  # noqa: N802
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Board:
         return self._check(self.boards[index], "handle")
 
-    def nvmlDeviceGetName(self, h: Board) -> str:  # noqa: N802
+    def nvmlDeviceGetName(self, h: Board) -> str:
         return self._check(h, "name").name
 
-    def nvmlDeviceGetUUID(self, h: Board) -> str:  # noqa: N802
+    def nvmlDeviceGetUUID(self, h: Board) -> str:
         return self._check(h, "uuid").uuid
 
-    def nvmlDeviceGetMemoryInfo(self, h: Board) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetMemoryInfo(self, h: Board) -> SimpleNamespace:
         self._check(h, "memory")
         free = h.total_mib if h.free_mib is None else h.free_mib
         return SimpleNamespace(total=h.total_mib * MIB, free=free * MIB, used=(h.total_mib - free) * MIB)
 
-    def nvmlDeviceGetCudaComputeCapability(self, h: Board) -> tuple[int, int]:  # noqa: N802
+    def nvmlDeviceGetCudaComputeCapability(self, h: Board) -> tuple[int, int]:
         return self._check(h, "cc").cc
 
-    def nvmlDeviceGetAttributes(self, h: Board) -> SimpleNamespace:  # noqa: N802
+    def nvmlDeviceGetAttributes(self, h: Board) -> SimpleNamespace:
         if h.sms is None:
             raise NVMLError_NotSupported("Not Supported")
         return SimpleNamespace(multiprocessorCount=h.sms)
 
-    def nvmlDeviceGetMigMode(self, h: Board) -> list[int]:  # noqa: N802
+    def nvmlDeviceGetMigMode(self, h: Board) -> list[int]:
         if h.migs is None:
             raise NVMLError_NotSupported("Not Supported")
         return [1, 1]
 
-    def nvmlDeviceGetMaxMigDeviceCount(self, h: Board) -> int:  # noqa: N802
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: Board) -> int:
         return 7
 
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Board, index: int) -> Board:  # noqa: N802
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: Board, index: int) -> Board:
         if h.migs is None or index >= len(h.migs):
             raise NVMLError_NotFound("Not Found")
         return h.migs[index]
 
-    def nvmlDeviceGetNvLinkState(self, h: Board, link: int) -> int:  # noqa: N802
+    def nvmlDeviceGetNvLinkState(self, h: Board, link: int) -> int:
         if h.nvlinks is None:
             raise NVMLError_NotSupported("Not Supported")
         if link >= 12:  # an A100 has 12 links; beyond them NVML says Invalid Argument
@@ -202,28 +202,28 @@ def test_pynvml_not_importable(monkeypatch: pytest.MonkeyPatch) -> None:
 
 # --- NVML faults ------------------------------------------------------------------------------
 
-def test_library_missing(fake) -> None:  # noqa: ANN001
+def test_library_missing(fake) -> None:
     nvml = fake([a100(0)], init_error=NVMLError_LibraryNotFound())
     with pytest.warns(ProbeWarning, match="no NVIDIA driver"):
         hw = perfguide.probe()
     assert hw.gpus == () and "libnvidia-ml" in hw.warnings[0] and not nvml.shut_down
 
 
-def test_init_failure(fake) -> None:  # noqa: ANN001
+def test_init_failure(fake) -> None:
     fake([a100(0)], init_error=NVMLError("Insufficient Permissions"))
     with pytest.warns(ProbeWarning, match="failed to initialise .*Insufficient Permissions"):
         hw = perfguide.probe()
     assert not hw.has_gpu
 
 
-def test_count_failure_still_shuts_nvml_down(fake) -> None:  # noqa: ANN001
+def test_count_failure_still_shuts_nvml_down(fake) -> None:
     nvml = fake([a100(0)], count_error=True)
     with pytest.warns(ProbeWarning, match="could not count"):
         hw = perfguide.probe()
     assert not hw.has_gpu and nvml.shut_down
 
 
-def test_unexpected_binding_behaviour_never_raises(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_unexpected_binding_behaviour_never_raises(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake([a100(0)])
     monkeypatch.setattr(nvml, "nvmlDeviceGetMemoryInfo", lambda h: object(), raising=False)  # no .total
     with pytest.warns(ProbeWarning, match="failed unexpectedly"):
@@ -231,7 +231,7 @@ def test_unexpected_binding_behaviour_never_raises(fake, monkeypatch: pytest.Mon
     assert not hw.has_gpu and nvml.shut_down
 
 
-def test_one_gpu_failing_is_left_out_and_others_kept(fake) -> None:  # noqa: ANN001
+def test_one_gpu_failing_is_left_out_and_others_kept(fake) -> None:
     nvml = fake([a100(0), a100(1, fail={"handle"}), a100(2)])
     with pytest.warns(ProbeWarning, match="GPU 1: NVML could not open it"):
         hw = perfguide.probe()
@@ -240,7 +240,7 @@ def test_one_gpu_failing_is_left_out_and_others_kept(fake) -> None:  # noqa: ANN
     assert any("could not be read" in w for w in hw.warnings)
 
 
-def test_failed_fields_fall_back_to_the_spec_sheet(fake) -> None:  # noqa: ANN001
+def test_failed_fields_fall_back_to_the_spec_sheet(fake) -> None:
     fake([a100(0, fail={"memory", "cc", "uuid"})])
     with pytest.warns(ProbeWarning, match="memory .*compute capability|compute capability"):
         hw = perfguide.probe()
@@ -250,7 +250,7 @@ def test_failed_fields_fall_back_to_the_spec_sheet(fake) -> None:  # noqa: ANN00
     assert gpu.compute_capability == (8, 0) and gpu.uuid is None and gpu.bf16_tflops == 312
 
 
-def test_unknown_model_keeps_nvml_facts_without_speeds(fake) -> None:  # noqa: ANN001
+def test_unknown_model_keeps_nvml_facts_without_speeds(fake) -> None:
     fake([Board("NVIDIA Imaginary X1", "GPU-x1", 32768, (10, 0), 200)])
     with pytest.warns(ProbeWarning, match="no spec-sheet entry"):
         hw = perfguide.probe()
@@ -259,7 +259,7 @@ def test_unknown_model_keeps_nvml_facts_without_speeds(fake) -> None:  # noqa: A
     assert gpu.bf16_tflops is None and gpu.supports_bf16
 
 
-def test_healthy_gpu_reads_nvml_values(fake) -> None:  # noqa: ANN001
+def test_healthy_gpu_reads_nvml_values(fake) -> None:
     nvml = fake([t4(0, free_mib=15000)])
     hw = quiet_probe()
     (gpu,) = hw.gpus
@@ -281,7 +281,7 @@ def mig_a100() -> Board:
     return Board("NVIDIA A100-SXM4-40GB", "GPU-mig00000-1111-2222-3333-444444444444", 40960, (8, 0), 108, migs=slices)
 
 
-def test_mig_instances_reported_with_their_own_memory(fake) -> None:  # noqa: ANN001
+def test_mig_instances_reported_with_their_own_memory(fake) -> None:
     fake([mig_a100()])
     hw = quiet_probe()
     assert [g.mig for g in hw.gpus] == [True, True]
@@ -293,14 +293,14 @@ def test_mig_instances_reported_with_their_own_memory(fake) -> None:  # noqa: AN
     assert hw.smallest_gpu is hw.gpus[1] and hw.interconnect == "pcie"
 
 
-def test_mig_uuid_in_cuda_visible_devices(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_mig_uuid_in_cuda_visible_devices(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     fake([mig_a100()])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-bbbb")
     (gpu,) = quiet_probe().gpus
     assert gpu.uuid == "MIG-bbbb2222-0000-0000-0000-000000000000" and gpu.memory_total == 4864 * MIB and gpu.index == 0
 
 
-def test_mig_mode_without_instances_is_unusable(fake) -> None:  # noqa: ANN001
+def test_mig_mode_without_instances_is_unusable(fake) -> None:
     board = mig_a100()
     board.migs = []
     fake([board, a100(1)])
@@ -309,7 +309,7 @@ def test_mig_mode_without_instances_is_unusable(fake) -> None:  # noqa: ANN001
     assert [g.name for g in hw.gpus] == ["NVIDIA A100-SXM4-80GB"]
 
 
-def test_mixed_models_keep_all_and_smallest_gpu_is_the_t4(fake) -> None:  # noqa: ANN001
+def test_mixed_models_keep_all_and_smallest_gpu_is_the_t4(fake) -> None:
     fake([a100(0), t4(1)])
     hw = quiet_probe()
     assert sorted(g.name for g in hw.gpus) == ["NVIDIA A100-SXM4-80GB", "Tesla T4"]
@@ -318,7 +318,7 @@ def test_mixed_models_keep_all_and_smallest_gpu_is_the_t4(fake) -> None:  # noqa
     assert hw.intra_node_bandwidth_gbps == 16  # T4: PCIe Gen3 x16, 32 GB/s both ways; the slowest link decides
 
 
-def test_mixed_indices_guess_fastest_first_and_say_so(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_mixed_indices_guess_fastest_first_and_say_so(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     fake([t4(0), a100(1)])  # PCI order: T4 first
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     with pytest.warns(ProbeWarning, match="CUDA_DEVICE_ORDER=PCI_BUS_ID"):
@@ -330,7 +330,7 @@ def test_mixed_indices_guess_fastest_first_and_say_so(fake, monkeypatch: pytest.
 
 # --- CUDA_VISIBLE_DEVICES ---------------------------------------------------------------------
 
-def test_visible_indices_select_and_reorder(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_visible_indices_select_and_reorder(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake([a100(i) for i in range(4)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
     hw = quiet_probe()
@@ -338,7 +338,7 @@ def test_visible_indices_select_and_reorder(fake, monkeypatch: pytest.MonkeyPatc
     assert [g.index for g in hw.gpus] == [0, 1]
 
 
-def test_visible_index_out_of_range_stops_the_list(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_visible_index_out_of_range_stops_the_list(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake([a100(i) for i in range(2)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,7,0")
     hw = quiet_probe()
@@ -346,7 +346,7 @@ def test_visible_index_out_of_range_stops_the_list(fake, monkeypatch: pytest.Mon
     assert any("GPU 7" in w for w in hw.warnings)
 
 
-def test_visible_uuid_prefixes(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_visible_uuid_prefixes(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     nvml = fake([a100(0), t4(1)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-74,GPU-a100000")
     hw = quiet_probe()
@@ -357,7 +357,7 @@ def test_visible_uuid_prefixes(fake, monkeypatch: pytest.MonkeyPatch) -> None:  
 
 
 @pytest.mark.parametrize("value", ["", "-1", "0,0"])
-def test_visible_hides_everything(fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:  # noqa: ANN001
+def test_visible_hides_everything(fake, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     nvml = fake([a100(0), a100(1)])
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
     hw = quiet_probe()  # a deliberate choice, not a degraded probe: no ProbeWarning
@@ -375,20 +375,20 @@ def test_parse_visible_devices_like_cuda(value: str | None, parsed: list | None)
 
 # --- NVLink -----------------------------------------------------------------------------------
 
-def test_nvlink_detected(fake) -> None:  # noqa: ANN001
+def test_nvlink_detected(fake) -> None:
     fake([a100(i, nvlinks=12) for i in range(8)])
     hw = quiet_probe()
     assert hw.gpu_count == 8 and hw.interconnect == "nvlink"
     assert hw.intra_node_bandwidth_gbps == 300  # A100 SXM: 600 GB/s NVLink both ways
 
 
-def test_links_present_but_down_is_pcie(fake) -> None:  # noqa: ANN001
+def test_links_present_but_down_is_pcie(fake) -> None:
     fake([a100(i, nvlinks=0) for i in range(2)])
     hw = quiet_probe()
     assert hw.interconnect == "pcie" and hw.intra_node_bandwidth_gbps == 32  # A100: PCIe Gen4 64 GB/s both ways
 
 
-def test_nvlink_errors_mean_pcie_and_one_gpu_means_none(fake, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_nvlink_errors_mean_pcie_and_one_gpu_means_none(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     fake([t4(0), t4(1)])
     assert quiet_probe().interconnect == "pcie"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")

@@ -64,7 +64,7 @@ def requests(draw: st.DrawFn) -> dict:
     return {"model": model, "scenario": scenario, "hardware": hardware, **kw}
 
 
-def _recommend(req: dict):  # noqa: ANN202
+def _recommend(req: dict):
     """recommend(), with the documented errors mapped to None; anything else propagates and fails the test."""
     try:
         return recommend(**req)
@@ -131,7 +131,7 @@ def setups(draw: st.DrawFn) -> tuple[str, Setup, str | None]:
     return model, Setup(**fields), hardware
 
 
-def _estimate(model: str, setup: Setup, hardware: str | None, **update: int):  # noqa: ANN202
+def _estimate(model: str, setup: Setup, hardware: str | None, **update: int):
     return estimate(model, setup.model_copy(update=update), hardware=hardware)
 
 
@@ -225,7 +225,7 @@ def test_any_hardware_string_is_a_target_or_a_one_line_error(name: str) -> None:
     try:
         hw = Hardware.from_name(name)
     except UnknownHardwareError as exc:
-        assert "\n" not in str(exc) and repr(name.strip()) in str(exc) or "hardware" in str(exc)
+        assert ("\n" not in str(exc) and repr(name.strip()) in str(exc)) or "hardware" in str(exc)
         return
     assert hw.gpu_count >= 1 or hw.name == "cpu"
 

@@ -45,7 +45,7 @@ def memory(activations: int = 12 * GiB, fits: bool = True) -> MemoryEstimate:
                           capacity=80 * GiB, fits=fits)
 
 
-def make_recommendation(gpus: int = 1, fits: bool = True, **update) -> Recommendation:  # noqa: ANN003
+def make_recommendation(gpus: int = 1, fits: bool = True, **update) -> Recommendation:
     setup = Setup(micro_batch_size=4, gradient_accumulation_steps=8 // gpus, seq_len=2048, weights_dtype="bf16",
                   gradient_checkpointing=True, num_gpus=gpus, strategy="fsdp" if gpus > 1 else "single")
     scenario = "train_gpu_many" if gpus > 1 else "train_gpu_one"

@@ -5,7 +5,6 @@ from __future__ import annotations
 from perfguide.hardware.types import CPU, GPU, Hardware
 from perfguide.scenarios import planner
 from perfguide.scenarios.types import Constraints, Request
-
 from tests.test_inference_memory import LLAMA2_7B, LLAMA2_70B, LLAMA31_8B, a100
 
 
@@ -19,11 +18,11 @@ def cpu(flags: tuple[str, ...] = (), ram_gib: int = 64) -> Hardware:
     return Hardware(cpu=CPU(physical_cores=16, logical_cores=32, ram_total=ram_gib * 2**30, ram_available=ram_gib * 2**30, flags=flags))
 
 
-def dec(plan, setting: str):  # noqa: ANN001, ANN201
+def dec(plan, setting: str):
     return next((d for d in plan.decisions if d.setting == setting), None)
 
 
-def run(scenario: str, spec, hw: Hardware, **cons):  # noqa: ANN001, ANN201
+def run(scenario: str, spec, hw: Hardware, **cons):
     c = Constraints(prompt_len=512, max_new_tokens=256, **cons)
     return planner(scenario)(Request(scenario=scenario, model=spec, hardware=hw, seq_len=512, global_batch_size=1, constraints=c))
 

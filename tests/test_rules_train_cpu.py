@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from test_speed import LLAMA_TOTAL, GiB, gpt2, llama7b
 
 from perfguide.errors import ConflictingConstraintsError
 from perfguide.hardware.types import CPU, Hardware
 from perfguide.scenarios.train_cpu import plan
 from perfguide.scenarios.types import Constraints, Request
-from test_speed import LLAMA_TOTAL, GiB, gpt2, llama7b
 
 AVX2 = CPU(model_name="EPYC 7B13", physical_cores=16, logical_cores=32, ram_total=128 * GiB, ram_available=120 * GiB, flags=("avx2", "fma"))
 SPR = CPU(model_name="Xeon 8480", physical_cores=56, logical_cores=112, ram_total=512 * GiB, ram_available=500 * GiB,
           flags=("avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
 
 
-def run(cpu: CPU, spec=None, seq: int = 256, batch: int = 16, **cons):  # noqa: ANN001,ANN201
+def run(cpu: CPU, spec=None, seq: int = 256, batch: int = 16, **cons):
     return plan(Request(scenario="train_cpu", model=spec or gpt2(), hardware=Hardware(cpu=cpu), seq_len=seq,
                         global_batch_size=batch, constraints=Constraints(**cons)))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_speed import A100, CPU32, GPT2_TOTAL, LLAMA_TOTAL, GiB, gpt2, llama7b
 
 import perfguide
 from perfguide.errors import ConflictingConstraintsError, PerfGuideError
@@ -20,7 +21,6 @@ from perfguide.model.types import ModelSpec
 from perfguide.scenarios.strategies import comm_bytes
 from perfguide.scenarios.train_gpu_many import plan
 from perfguide.scenarios.types import Constraints, Plan, Request
-from test_speed import A100, CPU32, GPT2_TOTAL, LLAMA_TOTAL, GiB, gpt2, llama7b
 
 # Llama-2-70B by hand: embed + head 2 x 32000 x 8192; 80 blocks of q,o 8192^2, k,v 8192x1024 (GQA 8 heads), 3 MLP 8192x28672,
 # 2 RMSNorms; final norm
@@ -45,15 +45,15 @@ def run(spec: ModelSpec | None = None, hw: Hardware | None = None, seq: int = 10
                         global_batch_size=batch, constraints=Constraints(**cons)))
 
 
-def decision(p, setting: str):  # noqa: ANN001,ANN201
+def decision(p, setting: str):
     return next(d for d in p.decisions if d.setting == setting)
 
 
-def states(c) -> int:  # noqa: ANN001
+def states(c) -> int:
     return c.memory.weights + c.memory.gradients + c.memory.optimizer_states
 
 
-def layout_candidate(p: Plan, strategy: str, offload: bool = False):  # noqa: ANN201
+def layout_candidate(p: Plan, strategy: str, offload: bool = False):
     """The exact-AMP fused-AdamW candidate of a layout (the one the strategy comparison prices)."""
     return next(c for c in p.candidates if c.setup.strategy == strategy and c.setup.offload_optimizer == offload
                 and c.setup.optimizer == "adamw_torch_fused" and c.setup.weights_dtype == "fp32" and c.setup.lora is None

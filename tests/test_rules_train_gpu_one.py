@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_speed import A100, CPU32, LLAMA_TOTAL, T4, GiB, gpt2, llama7b
 
 import perfguide
 from perfguide.errors import ConflictingConstraintsError, PerfGuideError
 from perfguide.hardware.types import GPU, Hardware
 from perfguide.scenarios.train_gpu_one import plan
 from perfguide.scenarios.types import Constraints, Request
-from test_speed import A100, CPU32, GiB, LLAMA_TOTAL, T4, gpt2, llama7b
 
 A100_40 = A100.model_copy(update={"name": "A100-SXM4-40GB", "memory_total": 40 * GiB, "memory_free": 40 * GiB, "memory_bandwidth_gbps": 1555})
 
@@ -24,12 +24,12 @@ def hw(gpu: GPU = A100) -> Hardware:
     return Hardware(gpus=(gpu,), cpu=CPU32, source="named", name=gpu.name)
 
 
-def run(spec=None, gpu: GPU = A100, seq: int = 1024, batch: int = 32, **cons):  # noqa: ANN001,ANN201
+def run(spec=None, gpu: GPU = A100, seq: int = 1024, batch: int = 32, **cons):
     return plan(Request(scenario="train_gpu_one", model=spec or gpt2(), hardware=hw(gpu), seq_len=seq,
                         global_batch_size=batch, constraints=Constraints(**cons)))
 
 
-def decision(p, setting: str):  # noqa: ANN001,ANN201
+def decision(p, setting: str):
     return next(d for d in p.decisions if d.setting == setting)
 
 
@@ -45,7 +45,7 @@ def test_gpt2_on_a100_is_bf16_amp_tf32_fused_adamw_no_checkpointing() -> None:
     assert decision(p, "activation_checkpointing").value is False
     # 124M params x 16 B (fp32 weights + grads + 2 AdamW states) = 2.0 GB: states never limit gpt2 on 80 GB
     assert p.memory.weights + p.memory.gradients + p.memory.optimizer_states == 16 * 124_439_808
-    assert [c for c in p.candidates if c.verdict == "chosen"][0].setup == s
+    assert next(c for c in p.candidates if c.verdict == "chosen").setup == s
 
 
 def test_7b_full_finetune_on_a100_80gb_needs_the_ladder() -> None:

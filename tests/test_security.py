@@ -93,7 +93,7 @@ def assert_nothing_ran(root: Path, repo: Path, events: list[tuple[str, tuple]]) 
 
 
 @pytest.mark.parametrize("trust", [False, True])
-def test_known_model_type_with_auto_map_is_read_as_json_only(tmp_path: Path, watch, trust: bool) -> None:  # noqa: ANN001
+def test_known_model_type_with_auto_map_is_read_as_json_only(tmp_path: Path, watch, trust: bool) -> None:
     """model_type 'llama' with an auto_map: the built-in counter is used; the remote class is never imported."""
     repo = hostile_repo(tmp_path, "llama")
     watch.clear()  # from here on, everything is perfguide's doing
@@ -112,7 +112,7 @@ def test_known_model_type_with_auto_map_is_read_as_json_only(tmp_path: Path, wat
 
 
 @pytest.mark.parametrize("trust", [False, True])
-def test_unknown_model_type_with_auto_map_never_runs_its_code(tmp_path: Path, watch, trust: bool) -> None:  # noqa: ANN001
+def test_unknown_model_type_with_auto_map_never_runs_its_code(tmp_path: Path, watch, trust: bool) -> None:
     """A remote-code-only architecture from a local folder is refused in one line instead of imported."""
     repo = hostile_repo(tmp_path, "evil_arch")
     watch.clear()
@@ -124,7 +124,7 @@ def test_unknown_model_type_with_auto_map_never_runs_its_code(tmp_path: Path, wa
     assert_nothing_ran(tmp_path, repo, watch)
 
 
-def test_config_json_path_directly(tmp_path: Path, watch) -> None:  # noqa: ANN001
+def test_config_json_path_directly(tmp_path: Path, watch) -> None:
     repo = hostile_repo(tmp_path, "llama")
     watch.clear()
     mem = estimate(repo / "config.json", {"micro_batch_size": 1, "seq_len": 16}, hardware="a100")
@@ -133,7 +133,7 @@ def test_config_json_path_directly(tmp_path: Path, watch) -> None:  # noqa: ANN0
 
 
 def test_trace_mode_builds_from_the_config_without_remote_code(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
-                                                               monkeypatch: pytest.MonkeyPatch, watch) -> None:  # noqa: ANN001
+                                                               monkeypatch: pytest.MonkeyPatch, watch) -> None:
     """The exact (fake-tensor) mode instantiates the architecture from transformers' own classes only."""
     monkeypatch.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))  # trace for real, not from cache
     repo = hostile_repo(tmp_path, "llama")

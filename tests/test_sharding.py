@@ -8,12 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from test_memory import TOTAL, tiny  # the same hand-counted tiny Llama
 
 from perfguide.memory.analytic import estimate_memory
 from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate, zero_paper_bytes
 from perfguide.setup import LoraSpec, Setup
-
-from test_memory import TOTAL, tiny  # the same hand-counted tiny Llama
 
 CSV = Path(__file__).resolve().parents[1] / "bench" / "data" / "published_measurements.csv"
 GB = 1e9

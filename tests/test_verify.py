@@ -7,13 +7,12 @@ import warnings
 
 import pytest
 import torch
+from helpers import TINY_LLAMA, hardware, tiny_model, token_dataset
 
 import perfguide
 from perfguide.calibrate import Factors, factors, record
 from perfguide.integrations.callback import PerfGuideCallback
 from perfguide.measure.batch_finder import find_micro_batch, torch_try_step
-
-from helpers import TINY_LLAMA, hardware, tiny_model, token_dataset
 
 SEQ = 32
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from .types import CPU
 
@@ -106,7 +107,7 @@ def cgroup_cpu_limit() -> float | None:
     """CPUs the cgroup quota allows (v2 cpu.max, else v1 cfs quota/period), or None if unlimited."""
     v2 = _read("/sys/fs/cgroup/cpu.max")
     if v2:
-        quota, period = (v2.split() + ["100000"])[:2]
+        quota, period = ([*v2.split(), "100000"])[:2]
         return int(quota) / int(period) if quota.isdigit() and period.isdigit() and int(period) else None
     quota_s = (_read("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") or "").strip()
     period_s = (_read("/sys/fs/cgroup/cpu/cpu.cfs_period_us") or "").strip()
@@ -149,7 +150,7 @@ def _usable_logical() -> int:
     return max(1, logical)
 
 
-def _clock_mhz(psutil_module, info_mhz: float | None) -> float:
+def _clock_mhz(psutil_module: Any, info_mhz: float | None) -> float:
     """Max advertised clock if psutil knows it, else the current one, else cpuinfo, else 2.5 GHz."""
     try:
         freq = psutil_module.cpu_freq()

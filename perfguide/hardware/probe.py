@@ -108,7 +108,7 @@ def _probe_gpus(env: Mapping[str, str], notes: list[str], degraded: list[str]) -
     finally:
         try:
             nvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.debug("nvmlShutdown failed", exc_info=True)
 
 

@@ -7,7 +7,7 @@ The table is the only place GPU numbers live; named targets and the probe both b
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from .._base import MiB
@@ -32,7 +32,7 @@ def normalize(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _alias_index() -> dict[str, str]:
     """normalized key/alias -> canonical key. Built once; collisions are data bugs, so fail loudly."""
     index: dict[str, str] = {}
@@ -45,7 +45,7 @@ def _alias_index() -> dict[str, str]:
     return index
 
 
-@lru_cache(maxsize=None)
+@cache
 def _nvml_index() -> dict[str, str]:
     return {_fold_nvml(n): key for key, entry in _table().items() for n in entry.get("nvml_names", ())}
 

@@ -110,14 +110,14 @@ class Hardware(Model):
         return min(self.gpus, key=lambda g: g.memory_total) if self.gpus else None
 
     @classmethod
-    def from_name(cls, name: str) -> "Hardware":
+    def from_name(cls, name: str) -> Hardware:
         """Named target for planning, e.g. ``"a100-80gb:8"``, ``"h100-80gb"``, ``"cpu"``."""
         from .named import hardware_from_name
 
         return hardware_from_name(name)
 
     @classmethod
-    def probe(cls) -> "Hardware":
+    def probe(cls) -> Hardware:
         from .probe import probe
 
         return probe()

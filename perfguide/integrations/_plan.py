@@ -24,25 +24,25 @@ ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
 LAUNCHED_ENV = ("LOCAL_RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
-def is_fsdp(setup: "Setup") -> bool:
+def is_fsdp(setup: Setup) -> bool:
     return setup.strategy in FSDP_STRATEGIES
 
 
-def zero_stage(setup: "Setup") -> int | None:
+def zero_stage(setup: Setup) -> int | None:
     return ZERO_STAGES.get(setup.strategy)
 
 
-def mixed_precision(setup: "Setup") -> str:
+def mixed_precision(setup: Setup) -> str:
     """accelerate's word for the autocast dtype: 'bf16', 'fp16' or 'no'."""
     return setup.autocast or "no"
 
 
-def is_multi_process(setup: "Setup") -> bool:
+def is_multi_process(setup: Setup) -> bool:
     """Data-parallel training plans with more than one rank need a launcher; inference 'device_map' is one process."""
     return setup.task == "train" and setup.world_size > 1
 
 
-def require_training(rec: "Recommendation", what: str) -> "Setup":
+def require_training(rec: Recommendation, what: str) -> Setup:
     if rec.setup.task != "train":
         raise InvalidSetupError(
             f"{what} needs a training plan, but this plan is for inference (task='infer'); use rec.model_kwargs() and rec.generation_kwargs()"
@@ -50,7 +50,7 @@ def require_training(rec: "Recommendation", what: str) -> "Setup":
     return rec.setup
 
 
-def target_label(rec: "Recommendation") -> str:
+def target_label(rec: Recommendation) -> str:
     """How to name the machine a plan targets in one-line errors, e.g. '8x NVIDIA A100-SXM4-80GB'."""
     hw = rec.hardware
     if rec.setup.device == "cpu" or not hw.has_gpu:
@@ -61,12 +61,12 @@ def target_label(rec: "Recommendation") -> str:
     return hw.name or f"{count}{gpu.name}{nodes}"
 
 
-def target_supports_tf32(rec: "Recommendation") -> bool:
+def target_supports_tf32(rec: Recommendation) -> bool:
     gpu = rec.hardware.smallest_gpu
     return rec.setup.device == "cuda" and gpu is not None and gpu.supports_tf32
 
 
-def half_dtype_name(rec: "Recommendation") -> str:
+def half_dtype_name(rec: Recommendation) -> str:
     """The 16-bit dtype for compute on the target: the plan's autocast, else bf16 where native, else fp16."""
     if rec.setup.autocast:
         return rec.setup.autocast
@@ -76,7 +76,7 @@ def half_dtype_name(rec: "Recommendation") -> str:
     return "bf16"
 
 
-def fsdp_settings(rec: "Recommendation") -> dict[str, Any]:
+def fsdp_settings(rec: Recommendation) -> dict[str, Any]:
     """The FSDP2 plan, once, in the Trainer's ``fsdp_config`` words; accelerate's YAML spells the same keys with
     an ``fsdp_`` prefix. Both adapters build from this so the TrainingArguments and the YAML of one plan agree."""
     s = rec.setup
@@ -98,7 +98,7 @@ def fsdp_settings(rec: "Recommendation") -> dict[str, Any]:
     return cfg
 
 
-def decoder_layer_class(rec: "Recommendation") -> str | None:
+def decoder_layer_class(rec: Recommendation) -> str | None:
     """The block class FSDP should wrap, read from the transformers model class's ``_no_split_modules``.
 
     Reading the class attribute imports the modeling file but builds nothing; unknown architectures
@@ -123,7 +123,7 @@ def launched() -> bool:
     return any(os.environ.get(k) for k in LAUNCHED_ENV)
 
 
-def check_cuda_machine(rec: "Recommendation", needs_ampere: bool) -> None:
+def check_cuda_machine(rec: Recommendation, needs_ampere: bool) -> None:
     """One-line refusal when a CUDA plan is built where it cannot run (no GPU, or no bf16/tf32 on it).
 
     Cheap (no CUDA kernels), and done before the libraries' own checks, whose messages do not say which

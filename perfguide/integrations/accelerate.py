@@ -44,12 +44,12 @@ CPU_FSDP_WARNING = (
 )
 
 
-def _warn_cpu_fsdp(rec: "Recommendation") -> None:
+def _warn_cpu_fsdp(rec: Recommendation) -> None:
     if is_fsdp(rec.setup) and rec.setup.device == "cpu":
         warnings.warn(CPU_FSDP_WARNING, stacklevel=3)
 
 
-def fsdp_plugin(rec: "Recommendation") -> Any:
+def fsdp_plugin(rec: Recommendation) -> Any:
     """FullyShardedDataParallelPlugin for FSDP2; ``fsdp_version=2`` explicitly, the plugin default is 1."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
@@ -66,7 +66,7 @@ def fsdp_plugin(rec: "Recommendation") -> Any:
     )
 
 
-def accelerator_kwargs(rec: "Recommendation") -> dict[str, Any]:
+def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
     """kwargs for ``accelerate.Accelerator``: precision, accumulation, device, sharding plugin."""
     s = rec.setup
     kw: dict[str, Any] = {"mixed_precision": mixed_precision(s), "gradient_accumulation_steps": s.gradient_accumulation_steps}
@@ -88,7 +88,7 @@ def accelerator_kwargs(rec: "Recommendation") -> dict[str, Any]:
     return kw
 
 
-def accelerator(rec: "Recommendation", **overrides: Any) -> "accelerate.Accelerator":
+def accelerator(rec: Recommendation, **overrides: Any) -> accelerate.Accelerator:
     """A real Accelerator for this plan; WrongMachineError when this machine lacks the plan's GPU."""
     kw = {**accelerator_kwargs(rec), **overrides}
     if not kw.get("cpu"):
@@ -98,7 +98,7 @@ def accelerator(rec: "Recommendation", **overrides: Any) -> "accelerate.Accelera
     return Accelerator(**kw)
 
 
-def _distributed_type(rec: "Recommendation") -> str:
+def _distributed_type(rec: Recommendation) -> str:
     s = rec.setup
     if zero_stage(s) is not None:
         return "DEEPSPEED"
@@ -107,7 +107,7 @@ def _distributed_type(rec: "Recommendation") -> str:
     return "MULTI_GPU" if s.world_size > 1 else "NO"
 
 
-def accelerate_config(rec: "Recommendation", deepspeed_config_file: str = "ds_config.json") -> dict[str, Any]:
+def accelerate_config(rec: Recommendation, deepspeed_config_file: str = "ds_config.json") -> dict[str, Any]:
     """The dict ``accelerate launch --config_file`` reads (``ClusterConfig`` fields only)."""
     s = require_training(rec, "accelerate_config")
     dist_type = _distributed_type(rec)
@@ -143,14 +143,14 @@ def accelerate_config(rec: "Recommendation", deepspeed_config_file: str = "ds_co
     return cfg
 
 
-def _fsdp_yaml(rec: "Recommendation") -> dict[str, Any]:
+def _fsdp_yaml(rec: Recommendation) -> dict[str, Any]:
     """The shared FSDP settings in accelerate's spelling, plus the launcher's own sync_module_states."""
     cfg = {"fsdp_offload_params" if key == "cpu_offload" else f"fsdp_{key}": value for key, value in fsdp_settings(rec).items()}
     cfg["fsdp_sync_module_states"] = True  # required by the launcher with cpu_ram_efficient_loading
     return cfg
 
 
-def write_accelerate_config(rec: "Recommendation", path: str | Path) -> Path:
+def write_accelerate_config(rec: Recommendation, path: str | Path) -> Path:
     """Write the YAML (and, for ZeRO plans, the DeepSpeed JSON beside it); returns the YAML path."""
     import yaml
 

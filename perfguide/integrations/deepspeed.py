@@ -20,7 +20,7 @@ _OFFLOAD = {"device": "cpu", "pin_memory": True}
 _ADAMW = ("adamw_torch", "adamw_torch_fused", None)
 
 
-def _zero_block(rec: "Recommendation", stage: int) -> dict[str, Any]:
+def _zero_block(rec: Recommendation, stage: int) -> dict[str, Any]:
     s = rec.setup
     if s.offload_params and stage < 3:
         raise InvalidSetupError(f"offload_params needs ZeRO stage 3 (strategy 'zero3'), got {s.strategy!r}")
@@ -45,7 +45,7 @@ def _zero_block(rec: "Recommendation", stage: int) -> dict[str, Any]:
     return zo
 
 
-def deepspeed_config(rec: "Recommendation") -> dict[str, Any] | None:
+def deepspeed_config(rec: Recommendation) -> dict[str, Any] | None:
     """The ZeRO config for zero1/zero2/zero3 plans, None for every other strategy."""
     stage = zero_stage(rec.setup)
     if stage is None:
@@ -68,7 +68,7 @@ def deepspeed_config(rec: "Recommendation") -> dict[str, Any] | None:
     return cfg
 
 
-def resolved_deepspeed_config(rec: "Recommendation") -> dict[str, Any] | None:
+def resolved_deepspeed_config(rec: Recommendation) -> dict[str, Any] | None:
     """The config with every ``"auto"`` replaced by the plan's number, for loops without the Trainer."""
     cfg = deepspeed_config(rec)
     if cfg is None:

@@ -25,14 +25,14 @@ _TYPE_FLAGS = {"MULTI_GPU": "--multi_gpu", "FSDP": "--use_fsdp", "DEEPSPEED": "-
 _NODE_ARGS = ["--machine_rank", '"$MACHINE_RANK"', "--main_process_ip", '"$MAIN_PROCESS_IP"']
 
 
-def needs_launcher(rec: "Recommendation") -> bool:
+def needs_launcher(rec: Recommendation) -> bool:
     s = rec.setup
     if s.task == "infer":  # tensor parallel and one replica per GPU start one process per GPU; device_map is one
         return s.strategy == "tp" or (s.strategy == "single" and s.world_size > 1)
     return s.world_size > 1 or zero_stage(s) is not None or is_fsdp(s)
 
 
-def _threads_env(rec: "Recommendation") -> list[str]:
+def _threads_env(rec: Recommendation) -> list[str]:
     s = rec.setup
     if s.device != "cpu":
         return []
@@ -44,7 +44,7 @@ def _flag_value(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else shlex.quote(str(value))
 
 
-def _inline_flags(rec: "Recommendation") -> list[str]:
+def _inline_flags(rec: Recommendation) -> list[str]:
     """The YAML spelled as ``accelerate launch`` flags (the sub-dict keys are the flag names)."""
     cfg = accelerate_config(rec)
     flags = [_TYPE_FLAGS[cfg["distributed_type"]]] if cfg["distributed_type"] in _TYPE_FLAGS else []
@@ -63,7 +63,7 @@ def _inline_flags(rec: "Recommendation") -> list[str]:
     return flags
 
 
-def launch_command(rec: "Recommendation", script: str, *script_args: str, config_file: str | None = None) -> str:
+def launch_command(rec: Recommendation, script: str, *script_args: str, config_file: str | None = None) -> str:
     """``python script`` for one process, else ``accelerate launch`` with the YAML (or the same as flags)."""
     env = _threads_env(rec)
     tail = [shlex.quote(script), *map(shlex.quote, script_args)]
@@ -76,7 +76,7 @@ def launch_command(rec: "Recommendation", script: str, *script_args: str, config
     return " ".join([*env, "accelerate", "launch", *how, *nodes, *tail])
 
 
-def _inference_command(rec: "Recommendation", tail: list[str]) -> str:
+def _inference_command(rec: Recommendation, tail: list[str]) -> str:
     """tp_plan="auto" needs one torchrun process per GPU; replicas split the prompts with accelerate
     (``accelerator.split_between_processes``), one process per GPU."""
     s = rec.setup
@@ -85,7 +85,7 @@ def _inference_command(rec: "Recommendation", tail: list[str]) -> str:
     return " ".join(["accelerate", "launch", "--multi_gpu", "--num_processes", str(s.world_size), *tail])
 
 
-def torchrun_command(rec: "Recommendation", script: str, *script_args: str) -> str:
+def torchrun_command(rec: Recommendation, script: str, *script_args: str) -> str:
     """The same run started by torchrun (Trainer scripts, or loops built on ``rec.accelerator()``)."""
     tail = [shlex.quote(script), *map(shlex.quote, script_args)]
     if not needs_launcher(rec):
@@ -93,7 +93,7 @@ def torchrun_command(rec: "Recommendation", script: str, *script_args: str) -> s
     return _torchrun(rec, tail)
 
 
-def _torchrun(rec: "Recommendation", tail: list[str]) -> str:
+def _torchrun(rec: Recommendation, tail: list[str]) -> str:
     s = rec.setup
     env = _threads_env(rec)
     parts = ["torchrun", "--nproc_per_node", str(s.num_gpus)]

@@ -28,7 +28,7 @@ def enable_checkpointing(model: Any) -> None:
     model.activation_checkpointing_enable()
 
 
-def add_lora(rec: "Recommendation", model: Any) -> Any:
+def add_lora(rec: Recommendation, model: Any) -> Any:
     """Wrap the model with PEFT LoRA adapters from ``rec.setup.lora`` (QLoRA: after kbit preparation)."""
     from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
 
@@ -82,7 +82,7 @@ def use_stable_embedding(model: Any) -> None:
     logger.info("replaced %s with bnb.nn.StableEmbedding (training from scratch)", type(old).__name__)
 
 
-def prepare_model(rec: "Recommendation", model: Any) -> Any:
+def prepare_model(rec: Recommendation, model: Any) -> Any:
     """Apply checkpointing, adapters and 8-bit-optimizer embedding rules; returns the (maybe wrapped) model."""
     s = rec.setup
     if s.task == "train" and s.gradient_checkpointing and not is_fsdp(s):

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def fsdp_config(rec: "Recommendation") -> dict[str, Any]:
+def fsdp_config(rec: Recommendation) -> dict[str, Any]:
     """Trainer ``fsdp_config`` for FSDP2: sharding depth from the strategy, wrap class from the model."""
     cfg = fsdp_settings(rec)
     if "transformer_layer_cls_to_wrap" in cfg:
@@ -42,7 +42,7 @@ def fsdp_config(rec: "Recommendation") -> dict[str, Any]:
     return cfg
 
 
-def training_args_dict(rec: "Recommendation", **overrides: Any) -> dict[str, Any]:
+def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     """TrainingArguments kwargs as plain data; ``overrides`` (output_dir, learning_rate...) win."""
     s = require_training(rec, "training_args_dict")
     kw: dict[str, Any] = {
@@ -85,7 +85,7 @@ def training_args_dict(rec: "Recommendation", **overrides: Any) -> dict[str, Any
     return kw
 
 
-def _check_machine(rec: "Recommendation", kw: dict[str, Any]) -> None:
+def _check_machine(rec: Recommendation, kw: dict[str, Any]) -> None:
     """Refuse early, in one line, what TrainingArguments would refuse (or silently degrade) on this machine."""
     if not kw.get("use_cpu"):
         check_cuda_machine(rec, needs_ampere=bool(kw.get("bf16") or kw.get("tf32")))
@@ -96,7 +96,7 @@ def _check_machine(rec: "Recommendation", kw: dict[str, Any]) -> None:
         )
 
 
-def training_args(rec: "Recommendation", **overrides: Any) -> "transformers.TrainingArguments":
+def training_args(rec: Recommendation, **overrides: Any) -> transformers.TrainingArguments:
     """A real TrainingArguments; WrongMachineError when this machine cannot run the plan."""
     kw = training_args_dict(rec, **overrides)
     _check_machine(rec, kw)
@@ -112,7 +112,7 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, _TORCH_DTYPES[name])
 
 
-def quantization_config(rec: "Recommendation") -> Any:
+def quantization_config(rec: Recommendation) -> Any:
     """BitsAndBytesConfig for int8/nf4 weights, None otherwise."""
     s = rec.setup
     if s.weights_dtype not in ("int8", "nf4"):
@@ -135,7 +135,7 @@ def quantization_config(rec: "Recommendation") -> Any:
     )
 
 
-def _device_map(rec: "Recommendation") -> Any:
+def _device_map(rec: Recommendation) -> Any:
     """Only where the rules call for one: big-model inference, and quantized bases on one GPU per rank."""
     s = rec.setup
     if s.task == "infer" and (s.strategy == "device_map" or s.offload_params):
@@ -146,7 +146,7 @@ def _device_map(rec: "Recommendation") -> Any:
     return None
 
 
-def model_kwargs(rec: "Recommendation") -> dict[str, Any]:
+def model_kwargs(rec: Recommendation) -> dict[str, Any]:
     """from_pretrained kwargs: dtype (torch dtype), attn_implementation, quantization_config, device_map/tp_plan."""
     s = rec.setup
     if s.weights_dtype in ("int8", "nf4"):
@@ -170,7 +170,7 @@ def model_kwargs(rec: "Recommendation") -> dict[str, Any]:
     return kw
 
 
-def generation_kwargs(rec: "Recommendation") -> dict[str, Any]:
+def generation_kwargs(rec: Recommendation) -> dict[str, Any]:
     """generate() kwargs: how many tokens the plan was sized for, and which KV cache."""
     s = rec.setup
     return {

@@ -107,7 +107,7 @@ def find_micro_batch(rec: Recommendation, try_step: TryStep, *, headroom: float 
         mb = queue.pop(0)
         try:
             probes.append(Probe(micro_batch_size=mb, peak_bytes=int(try_step(mb))))
-        except Exception as exc:  # noqa: BLE001 - only OOMs are data; anything else propagates
+        except Exception as exc:
             if not _is_oom(exc):
                 raise
             logger.info("batch finder: micro-batch %d ran out of memory", mb)

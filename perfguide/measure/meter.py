@@ -28,7 +28,7 @@ class RssSampler:
             self.peak = max(self.peak, self._proc.memory_info().rss)
             self._stop.wait(self.interval)
 
-    def start(self) -> "RssSampler":
+    def start(self) -> RssSampler:
         self._thread.start()
         return self
 

@@ -13,9 +13,9 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from .types import Verification
 from ..recommendation import Recommendation
 from ..setup import Setup
+from .types import Verification
 
 logger = logging.getLogger("perfguide.verify")
 
@@ -67,7 +67,7 @@ class _Fault:
         from transformers import TrainerCallback
 
         class _Cb(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 fault(state.global_step)
 
         self.callback = _Cb()
@@ -105,7 +105,7 @@ def verify(
         trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
         try:
             trainer.train()
-        except Exception as exc:  # noqa: BLE001 - only OOMs are turned into a result
+        except Exception as exc:
             if not _is_oom(exc):
                 raise
             logger.warning("verify: out of memory with %s", s.label)

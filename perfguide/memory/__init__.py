@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..setup import Setup
 
 
-def estimate_memory(spec: "ModelSpec", setup: "Setup", hardware: "Hardware | None" = None) -> MemoryEstimate:
+def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None) -> MemoryEstimate:
     from ..calibrate import apply_memory
     from .analytic import estimate_memory as analytic
 

@@ -239,7 +239,7 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
-    notes = (f"peak in {phase}",) + dev.notes
+    notes = (f"peak in {phase}", *dev.notes)
     if cost.paged:
         notes += ("paged optimizer: state can be evicted to CPU under memory pressure",)
     return to_estimate(

@@ -84,7 +84,7 @@ class ModelSpec(Model):
         return self.total_params - (self._linear_params(self.num_experts) - self._linear_params(self.num_experts_per_tok))
 
     @classmethod
-    def from_any(cls, model: Any, **kwargs: Any) -> "ModelSpec":
+    def from_any(cls, model: Any, **kwargs: Any) -> ModelSpec:
         """Build from an nn.Module, PretrainedConfig, dict, local path, hub id, catalog name or size ("7b")."""
         from .resolve import spec_from_any
 

@@ -38,7 +38,7 @@ def text_bar(fraction: float, width: int = DEFAULT_WIDTH) -> str:
         return FULL * (width - 1) + OVER
     cells = max(0.0, fraction) * width
     full = int(cells)
-    part = int(round((cells - full) * 8))
+    part = round((cells - full) * 8)
     if part == 8:
         full, part = full + 1, 0
     partial = _EIGHTHS[part] if part and full < width else ""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from io import StringIO
-from typing import Union
 
 from .bars import DEFAULT_WIDTH, BarRow, text_bar_lines
 
@@ -41,7 +40,7 @@ class Bullets:
     headed: bool = False
 
 
-Block = Union[Fields, Table, Bars, Bullets]
+Block = Fields | Table | Bars | Bullets
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def variants(setup: Setup) -> tuple[Curve, ...]:
     return tuple(curves)
 
 
-def _price(rec: "Recommendation", setup: Setup) -> int | None:
+def _price(rec: Recommendation, setup: Setup) -> int | None:
     """Device total of one point; a combination the model cannot price is a gap in the curve, not an error."""
     from ..memory import estimate_memory
 
@@ -90,7 +90,7 @@ def _price(rec: "Recommendation", setup: Setup) -> int | None:
         return None
 
 
-def sweep(rec: "Recommendation", field: str, xs: tuple[int, ...]) -> tuple[Series, ...]:
+def sweep(rec: Recommendation, field: str, xs: tuple[int, ...]) -> tuple[Series, ...]:
     """Each variant priced at every x of one Setup field (``micro_batch_size`` or ``seq_len``)."""
     return tuple(
         Series(c.label, xs, tuple(_price(rec, c.setup.model_copy(update={field: x})) for x in xs), c.chosen)
@@ -98,7 +98,7 @@ def sweep(rec: "Recommendation", field: str, xs: tuple[int, ...]) -> tuple[Serie
     )
 
 
-def _draw_limits(ax: Any, rec: "Recommendation") -> None:
+def _draw_limits(ax: Any, rec: Recommendation) -> None:
     capacity, planned = rec.memory.capacity, planned_limit(rec)
     if capacity is None or planned is None:
         return
@@ -107,7 +107,7 @@ def _draw_limits(ax: Any, rec: "Recommendation") -> None:
     ax.axhline(planned / GiB, color="black", linestyle="--", linewidth=1, label=f"planned limit ({fmt_bytes(planned)})")
 
 
-def _draw_panel(ax: Any, rec: "Recommendation", series: tuple[Series, ...], chosen_x: int, xlabel: str) -> None:
+def _draw_panel(ax: Any, rec: Recommendation, series: tuple[Series, ...], chosen_x: int, xlabel: str) -> None:
     for s in series:
         points = [(x, y / GiB) for x, y in zip(s.xs, s.ys) if y is not None]
         if not points:
@@ -126,7 +126,7 @@ def _draw_panel(ax: Any, rec: "Recommendation", series: tuple[Series, ...], chos
     ax.grid(True, alpha=0.3)
 
 
-def y_top(rec: "Recommendation", series: tuple[Series, ...]) -> float:
+def y_top(rec: Recommendation, series: tuple[Series, ...]) -> float:
     """Show the highest point, but never more than twice the device: the region near the limit must stay readable."""
     highest = max((y for s in series for y in s.ys if y is not None), default=0) * 1.05
     capacity = rec.memory.capacity
@@ -144,7 +144,7 @@ def _import_matplotlib() -> tuple[Any, Any]:
     return Figure, FigureCanvasAgg
 
 
-def memory_figure(rec: "Recommendation") -> Any:
+def memory_figure(rec: Recommendation) -> Any:
     """The two-panel matplotlib Figure (vs micro-batch, vs sequence length), on an Agg canvas, not yet saved."""
     Figure, FigureCanvasAgg = _import_matplotlib()
     setup = rec.setup
@@ -163,7 +163,7 @@ def memory_figure(rec: "Recommendation") -> Any:
     return fig
 
 
-def plot_memory(rec: "Recommendation", path: str | Path) -> Path:
+def plot_memory(rec: Recommendation, path: str | Path) -> Path:
     """Write a two-panel PNG (vs micro-batch, vs sequence length) and return its path."""
     path = Path(path)
     if not path.parent.is_dir():

@@ -92,14 +92,14 @@ def _global_batch(setup: Setup) -> tuple[str, str]:
                             f"{setup.gradient_accumulation_steps} accumulation x {setup.world_size} process(es)")
 
 
-def planned_limit(rec: "Recommendation") -> int | None:
+def planned_limit(rec: Recommendation) -> int | None:
     """The bytes the search allowed itself (capacity, or what a probe saw free, less the headroom): the rules' own number."""
     from ..scenarios.search import usable_bytes
 
     return usable_bytes(rec.memory, rec.request.constraints.headroom)
 
 
-def _usable_memory(rec: "Recommendation") -> str:
+def _usable_memory(rec: Recommendation) -> str:
     capacity, limit = rec.memory.capacity, planned_limit(rec)
     if capacity is None or limit is None:
         return "unknown (no device)"
@@ -107,7 +107,7 @@ def _usable_memory(rec: "Recommendation") -> str:
     return f"{fmt_bytes(capacity)} {usable}, planned to {fmt_bytes(limit)} ({fmt_percent(headroom)} kept free)"
 
 
-def _request_section(rec: "Recommendation") -> Section:
+def _request_section(rec: Recommendation) -> Section:
     spec, setup = rec.model, rec.setup
     rows = (
         ("model", f"{spec.name} ({fmt_count(spec.total_params, ' params')}, {spec.model_type}, {spec.total_layers} layers, hidden {spec.hidden_size})"),
@@ -223,12 +223,12 @@ def _throughput_section(t: Throughput) -> Section:
     return Section("Throughput (predicted)", (Fields(tuple(_throughput_rows(t))),))
 
 
-def _candidate_row(c: "Candidate") -> tuple[str, ...]:
+def _candidate_row(c: Candidate) -> tuple[str, ...]:
     return (c.verdict, c.setup.label, fmt_bytes(c.memory.device_total), fmt_seconds(c.throughput.step_time_s),
             fmt_number(c.throughput.tokens_per_s, "tokens/s"), c.why)
 
 
-def _candidates_section(candidates: tuple["Candidate", ...]) -> Section | None:
+def _candidates_section(candidates: tuple[Candidate, ...]) -> Section | None:
     if not candidates:
         return None
     headers = ("verdict", "setup", "memory/device", "step time", "throughput", "why")
@@ -245,7 +245,7 @@ def is_multi_process(setup: Setup) -> bool:
     return setup.world_size > 1 and setup.strategy not in ("single", "device_map")
 
 
-def _launch_command(rec: "Recommendation") -> str | None:
+def _launch_command(rec: Recommendation) -> str | None:
     """The launch adapter is optional (built separately); without it the report still renders."""
     if importlib.util.find_spec("perfguide.integrations.launch") is None:
         return None
@@ -256,7 +256,7 @@ def _launch_command(rec: "Recommendation") -> str | None:
         return None
 
 
-def _launch_section(rec: "Recommendation") -> Section | None:
+def _launch_section(rec: Recommendation) -> Section | None:
     if not is_multi_process(rec.setup):
         return None
     dataparallel_risk = rec.setup.device == "cuda" and rec.setup.task == "train"
@@ -267,12 +267,12 @@ def _launch_section(rec: "Recommendation") -> Section | None:
     return Section("Launch", (Bullets(tuple(items), headed=True),)) if items else None
 
 
-def _warnings_section(rec: "Recommendation") -> Section | None:
+def _warnings_section(rec: Recommendation) -> Section | None:
     warnings = list(dict.fromkeys((*rec.warnings, *rec.hardware.warnings)))
     return Section("Warnings", (Bullets(tuple((0, w) for w in warnings)),)) if warnings else None
 
 
-def _suggestions_section(rec: "Recommendation") -> Section | None:
+def _suggestions_section(rec: Recommendation) -> Section | None:
     if rec.fits and not rec.suggestions:
         return None
     items = [(0, s) for s in rec.suggestions] or [(0, "no suggestion available: try a larger GPU, more GPUs or QLoRA")]
@@ -280,7 +280,7 @@ def _suggestions_section(rec: "Recommendation") -> Section | None:
     return Section(title, (Bullets(tuple(items)),))
 
 
-def report_document(rec: "Recommendation") -> Document:
+def report_document(rec: Recommendation) -> Document:
     title = f"perfguide {rec.scenario}: {rec.model.name} on {rec.hardware.name or 'this machine'}"
     sections = (
         _request_section(rec), _setup_section(rec.setup), _decisions_section(rec.decisions),
@@ -295,7 +295,7 @@ def _check_rich(fmt: str) -> None:
         raise PerfGuideError("fmt='rich' needs the rich library: pip install perfguide[rich] (or use fmt='text')")
 
 
-def render(rec: "Recommendation", fmt: str = "text") -> str:
+def render(rec: Recommendation, fmt: str = "text") -> str:
     """Render a Recommendation as 'text', 'markdown' or 'rich' (ANSI); rich must be installed for the last."""
     _check_rich(fmt)
     return render_document(report_document(rec), fmt)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
-from typing import Callable
 
-from ..errors import unknown_value, UnknownScenarioError
+from ..errors import UnknownScenarioError, unknown_value
 from .types import SCENARIOS, Plan, Request
 
 

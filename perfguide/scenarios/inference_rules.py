@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError

@@ -17,10 +17,35 @@ from ..memory.sharding import DEEPSPEED, FSDP
 from ..setup import Setup
 from .host import gpu_dataloader
 from .precision import gpu_precision
-from .search import (Option, Priced, SearchResult, best_for_template, bigger_gpu, fits, gib, least_memory,
-                     micro_batch_choices, not_fitting_why, price, usable_bytes, usable_ram)
-from .strategies import (FSDP_TIE_TOLERANCE, Layout, Level, allowed_levels, check_forced, comm_bytes, expand, incompatible,
-                         layout_of, level_index, levels, prefer_fsdp)
+from .search import (
+    Option,
+    Priced,
+    SearchResult,
+    best_for_template,
+    bigger_gpu,
+    fits,
+    gib,
+    least_memory,
+    micro_batch_choices,
+    not_fitting_why,
+    price,
+    usable_bytes,
+    usable_ram,
+)
+from .strategies import (
+    FSDP_TIE_TOLERANCE,
+    Layout,
+    Level,
+    allowed_levels,
+    check_forced,
+    comm_bytes,
+    expand,
+    incompatible,
+    layout_of,
+    level_index,
+    levels,
+    prefer_fsdp,
+)
 from .train_gpu_one import attention, check_optimizer, finetune_mode, plan_training
 from .types import Candidate, Plan, Request
 

@@ -15,8 +15,21 @@ from ..hardware.types import GPU
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .host import gpu_dataloader
 from .precision import Precision, gpu_precision
-from .search import (Priced, Rung, SearchResult, bigger_gpu, candidates, gib, least_memory, micro_batch_choices, search,
-                     sharded_gpus_needed, speed_warnings, training_rungs, usable_bytes)
+from .search import (
+    Priced,
+    Rung,
+    SearchResult,
+    bigger_gpu,
+    candidates,
+    gib,
+    least_memory,
+    micro_batch_choices,
+    search,
+    sharded_gpus_needed,
+    speed_warnings,
+    training_rungs,
+    usable_bytes,
+)
 from .types import Constraints, Plan, Request
 
 _LADDER_SOURCE = "rules.md 4.1 (fit ladder), 3.2 (fill the GPU, accumulate second), 3.3, 3.8, 3.17; anchors.md 13"

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..setup import Setup
 
 
-def estimate_speed(spec: "ModelSpec", setup: "Setup", hardware: "Hardware") -> Throughput:
+def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
     from ..calibrate import apply_speed
     from .model import estimate_speed as model
 

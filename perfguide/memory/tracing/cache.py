@@ -12,12 +12,11 @@ import json
 import logging
 import os
 from pathlib import Path
-
-from ..._cache import cache_root
 from typing import Any
 
 from pydantic import ValidationError
 
+from ..._cache import cache_root
 from .step import StepTrace
 
 logger = logging.getLogger("perfguide.memory.trace")

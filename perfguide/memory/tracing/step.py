@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from pydantic import Field
+
 from ..._base import Model
 from ...setup import Setup
 from .build import build_on_meta
@@ -35,7 +37,7 @@ class StepTrace(Model):
     trainable_params: int
     sdpa_kernels: dict[str, int]
     optimizer_traced: bool
-    trainable_groups: list[tuple[int, int, str, int]] = []  # (rows, cols, kind, count) of trainable tensors
+    trainable_groups: list[tuple[int, int, str, int]] = Field(default_factory=list)  # (rows, cols, kind, count) of trainable tensors
     trainable_bytes_per_param: int = 4
 
 
