@@ -1,0 +1,153 @@
+"""perfguide's training speed model against published throughput, out of sample.
+
+Run: ``.venv/bin/python bench/throughput.py`` (writes bench/results/throughput.md). Every row of
+bench/data/published_throughput.csv is either priced (tokens/s per GPU, predicted vs published) or listed with
+the reason perfguide cannot express it. Figures are leave-one-source-out: the constants fitted from the rows
+(perfguide/data/efficiency.json, see ``bench/throughput_fit.py``) are refitted without the source being
+predicted, so no row is predicted by constants it helped choose. Beside each row: the usual hand estimate
+(6·N·tokens at a fixed 40% MFU), on the same rows.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import publish
+from throughput_rows import Case, load
+
+from perfguide.speed.model import estimate_speed, gpu_peak_tflops
+
+OUT = ROOT / "bench" / "results" / "throughput.md"
+HAND_MFU = 0.40
+
+Predictor = Callable[[Case], float]
+
+
+def predict(case: Case) -> float:
+    """perfguide's tokens/s per GPU for the case (the raw cost model: no machine calibration)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp = estimate_speed(case.spec, case.setup, case.hardware)
+    return tp.tokens_per_s / case.setup.world_size
+
+
+def hand(case: Case) -> float:
+    """The anchors' rule of thumb: 6 * N FLOPs per token at 40% of the compute dtype's peak."""
+    gpu = case.hardware.smallest_gpu
+    assert gpu is not None
+    peak, _ = gpu_peak_tflops(gpu, case.setup.compute_dtype)
+    return HAND_MFU * peak * 1e12 / (6 * case.spec.total_params)
+
+
+def err(pred: float, pub: float) -> float:
+    """Signed relative error of the predicted throughput, in percent."""
+    return 100.0 * (pred - pub) / pub
+
+
+def p90(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    k = 0.9 * (len(ordered) - 1)
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Spearman's rho: Pearson correlation of the ranks (ties averaged)."""
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = statistics.fmean(rx), statistics.fmean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def summary(cases: Sequence[Case], preds: dict[str, float]) -> dict[str, float]:
+    errors = [abs(err(preds[c.row_id], c.published)) for c in cases]
+    return {"n": len(errors), "median": statistics.median(errors) if errors else float("nan"), "p90": p90(errors)}
+
+
+def by(cases: Sequence[Case], key: Callable[[Case], str]) -> dict[str, list[Case]]:
+    out: dict[str, list[Case]] = {}
+    for c in cases:
+        out.setdefault(key(c), []).append(c)
+    return out
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x != x else f"{x:.0f}%"
+
+
+def report(cases: list[Case], skipped: list, preds: dict[str, float], hands: dict[str, float], how: str) -> str:
+    model, anchor = summary(cases, preds), summary(cases, hands)
+    lines = [
+        "# Training throughput: perfguide vs published measurements", "",
+        "Regenerate: `.venv/bin/python bench/throughput.py`. Rows: bench/data/published_throughput.csv (sources in "
+        "its `source`/`source_path`/`commit` columns). Metric: tokens/s per GPU. Error = (predicted - published) / published.",
+        "", how, "",
+        f"- rows priced: {len(cases)}; rows perfguide cannot express: {len(skipped)} (listed at the end)",
+        f"- **perfguide, out of sample: median |error| {_fmt(model['median'])}, p90 {_fmt(model['p90'])}**",
+        f"- hand estimate (6·N·tokens at {HAND_MFU:.0%} MFU): median |error| {_fmt(anchor['median'])}, p90 {_fmt(anchor['p90'])}",
+        "", "## By source (the unit left out)", "",
+        "| source | rows | perfguide median | perfguide p90 | hand median | hand p90 |", "|---|---|---|---|---|---|",
+    ]
+    for group, rows in sorted(by(cases, lambda c: c.group).items()):
+        m, h = summary(rows, preds), summary(rows, hands)
+        lines.append(f"| {group} | {m['n']} | {_fmt(m['median'])} | {_fmt(m['p90'])} | {_fmt(h['median'])} | {_fmt(h['p90'])} |")
+    lines += ["", "## Rank correlation inside each table (tables of >= 5 rows)", "",
+              "| table | rows | Spearman perfguide | Spearman hand |", "|---|---|---|---|"]
+    for table, rows in sorted(by(cases, lambda c: c.table).items()):
+        if len(rows) < 5:
+            continue
+        pub = [c.published for c in rows]
+        rho = spearman([preds[c.row_id] for c in rows], pub)
+        rho_h = spearman([hands[c.row_id] for c in rows], pub)
+        lines.append(f"| {table} | {len(rows)} | {rho:.3f} | {rho_h:.3f} |")
+    lines += ["", "## Every row", "",
+              "| row | source | framework | setup | GPU | published | perfguide | error | hand | hand error |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in cases:
+        p, h = preds[c.row_id], hands[c.row_id]
+        lines.append(f"| {c.row_id} | {c.group} | {c.framework} | {c.label} | {c.hardware.name} | {c.published:.0f} | "
+                     f"{p:.0f} | {err(p, c.published):+.0f}% | {h:.0f} | {err(h, c.published):+.0f}% |")
+    lines += ["", "## Rows not priced", "", "| row | source | model | reason |", "|---|---|---|---|"]
+    for row, why in skipped:
+        lines.append(f"| {row['row_id']} | {row['source']} | {row['model']} | {why} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    cases, skipped = load()
+    preds = {c.row_id: predict(c) for c in cases}
+    hands = {c.row_id: hand(c) for c in cases}
+    how = ("Constants: perfguide/data/efficiency.json as shipped; none of them was fitted to these rows, so every "
+           "figure is out of sample.")
+    return publish(report(cases, skipped, preds, hands, how), OUT)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

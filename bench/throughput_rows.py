@@ -1,0 +1,256 @@
+"""Published training-throughput rows as perfguide cases: (ModelSpec, Setup, Hardware, published tokens/s per GPU).
+
+Every row of bench/data/published_throughput.csv (a copy of the project's shared ground truth) either becomes a
+``Case`` or is listed with the reason perfguide's Setup cannot express it (fp8 / tensor / pipeline / context
+parallelism, vision models, unknown GPUs, unstated batch sizes). Nothing here knows what the model predicts:
+the mapping reads only what the source states (and the inferences its ``notes`` column records).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from perfguide.hardware.types import Hardware
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV = ROOT / "bench" / "data" / "published_throughput.csv"
+
+
+class Skip(Exception):
+    """A row perfguide cannot express; the message is the reason shown in the report."""
+
+
+@dataclass(frozen=True)
+class Case:
+    row_id: str
+    group: str            # the unit left out in cross-validation (one published table file)
+    table: str            # the unit rank correlation is computed in (one published table)
+    framework: str        # framework class: hf, composer, torchtitan, plain, unsloth
+    label: str
+    spec: ModelSpec
+    setup: Setup
+    hardware: Hardware
+    published: float      # tokens/s per GPU
+
+
+# MPT shapes from llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (d_model, n_layers, n_heads); the
+# bench checks each against the row's exact NumParams (12*L*d^2 + vocab*d + seq*d learned positions).
+MPT = {"mpt-125m": (768, 12, 12), "mpt-350m": (1024, 24, 16), "mpt-760m": (1536, 24, 12), "mpt-1b": (2048, 24, 16),
+       "mpt-3b": (2560, 32, 20), "mpt-7b": (4096, 32, 32), "mpt-13b": (5120, 40, 40), "mpt-30b": (7168, 48, 56),
+       "mpt-70b": (8192, 80, 64)}
+MPT_VOCAB = 50368
+
+GROUPS = [  # (source, path prefix) -> group name
+    ("mosaicml/llm-foundry", "", "llm-foundry"),
+    ("microsoft/DeepSpeedExamples", "", "deepspeed-autotuning"),
+    ("pytorch/torchtitan", "benchmarks/llama3_h100_202412", "torchtitan-202412"),
+    ("pytorch/torchtitan", "benchmarks/asyncTP", "torchtitan-asynctp"),
+    ("pytorch/torchtitan", "benchmarks/llama3-8b_h200", "torchtitan-h200"),
+    ("pytorch/torchtitan", "torchtitan/components/quantization/mxfp8", "torchtitan-mxfp8"),
+    ("pytorch/torchtitan", "torchtitan/components/quantization/nvfp4", "torchtitan-nvfp4"),
+    ("pytorch/ao", "docs/source/workflows/training", "torchao-float8"),
+    ("pytorch/ao", "torchao/optim", "torchao-optim"),
+    ("pytorch/ao", "torchao/prototype/quantized_training", "torchao-qt"),
+    ("hiyouga/LLaMA-Factory (GitHub wiki)", "", "llama-factory"),
+    ("linkedin/Liger-Kernel", "", "liger"),
+    ("huggingface/blog", "", "hf-blog-fsdp-deepspeed"),
+]
+
+# Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
+# 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
+GPU_NAMES = [("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
+             ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090")]
+
+
+def group_of(row: dict[str, str]) -> str:
+    for source, prefix, name in GROUPS:
+        if row["source"] == source and row["source_path"].startswith(prefix):
+            return name
+    return row["source"]
+
+
+def table_of(row: dict[str, str], group: str) -> str:
+    m = re.search(r"table '([^']+)'", row["notes"])
+    if group == "llm-foundry" and m:
+        return f"llm-foundry: {m.group(1)}"
+    m = re.search(r"Table (\d+)", row["notes"])
+    if group.startswith("torchtitan") and m:
+        return f"{group} table {m.group(1)}"
+    if group == "deepspeed-autotuning":
+        return group
+    return group
+
+
+def framework_of(row: dict[str, str]) -> str:
+    fw = row["framework"].lower()
+    if "unsloth" in fw:
+        return "unsloth"
+    if "composer" in fw:
+        return "composer"
+    if "torchtitan" in fw:
+        return "torchtitan"
+    if "plain pytorch" in fw or "torchtune" in fw:
+        return "plain"
+    return "hf"  # HF Trainer, DeepSpeed + HF Trainer, Accelerate, LLaMA-Factory
+
+
+def _int(text: str) -> int | None:
+    m = re.match(r"\s*(\d+)", text or "")
+    return int(m.group(1)) if m else None
+
+
+@lru_cache(maxsize=64)
+def mpt_spec(name: str, seq_len: int) -> ModelSpec:
+    d, layers, heads = MPT[name]
+    config = {"model_type": "mpt", "d_model": d, "n_layers": layers, "n_heads": heads, "vocab_size": MPT_VOCAB,
+              "expansion_ratio": 4, "max_seq_len": seq_len, "_name_or_path": name}
+    return ModelSpec.from_any(config)
+
+
+LLAMA2_1B_TORCHAO = {  # torchao quantized_training README: "Llama2-1B (24 layers, dim 1536)"; the rest is
+    # Llama-2's ModelArgs rule (FFN 4*dim*2/3 rounded up to 256 -> 4096), 32000 vocab, head_dim 128 (inferred)
+    "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 1536, "num_hidden_layers": 24,
+    "num_attention_heads": 12, "num_key_value_heads": 12, "intermediate_size": 4096, "vocab_size": 32000,
+    "max_position_embeddings": 2048, "_name_or_path": "llama2-1b (torchao)"}
+
+CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "bert-base-cased": "google-bert/bert-base-cased",
+           "bert-large-uncased": "google-bert/bert-large-uncased", "gpt2": "openai-community/gpt2",
+           "gpt2-medium": "openai-community/gpt2-medium", "gpt2-large": "openai-community/gpt2-large",
+           "gpt2-xl": "openai-community/gpt2-xl", "llama 3.1 8b": "meta-llama/Llama-3.1-8B",
+           "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama 3-8b": "meta-llama/Meta-Llama-3-8B",
+           "llama 3 8b": "meta-llama/Meta-Llama-3-8B",
+           "llama2-7b": "meta-llama/Llama-2-7b-hf",
+           # granite-7b-base has Llama-2-7B's shape (32 x 4096, FFN 11008, 32k vocab; its model card)
+           "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf"}
+
+
+@lru_cache(maxsize=64)
+def _catalog(name: str) -> ModelSpec:
+    return ModelSpec.from_any(name)
+
+
+def _spec(row: dict[str, str], seq_len: int) -> ModelSpec:
+    name = row["model"].strip()
+    key = name.lower()
+    if key in MPT:
+        return mpt_spec(key, seq_len)
+    if key.startswith("llama2-1b"):
+        return ModelSpec.from_any(LLAMA2_1B_TORCHAO)
+    if key.startswith(("timm/", "vit")):
+        raise Skip("vision transformer (image patches): perfguide prices token sequences")
+    if key in CATALOG:
+        return _catalog(CATALOG[key])
+    raise Skip(f"model {name!r} not in perfguide's catalog")
+
+
+def _hardware(row: dict[str, str], num_gpus: int, nodes: int) -> Hardware:
+    gpu = row["gpu_type"].lower()
+    for needle, name in GPU_NAMES:
+        if needle in gpu:
+            per_node = num_gpus // nodes
+            hw = Hardware.from_name(f"{name}:{per_node}" + (f"x{nodes}" if nodes > 1 else ""))
+            m = re.search(r"(\d+) Gbps node-node", row["notes"])
+            if m and nodes > 1:   # llm-foundry's A100 tables state the cluster's network
+                hw = hw.model_copy(update={"inter_node_bandwidth_gbps": int(m.group(1)) / 8})
+            return hw
+    raise Skip(f"GPU {row['gpu_type']!r} is not a perfguide named GPU")
+
+
+def _precision(row: dict[str, str]) -> dict[str, Any]:
+    p = row["precision"].lower()
+    if any(k in p for k in ("fp8", "float8", "mxfp8", "nvfp4", "int8")):
+        raise Skip("fp8 / fp4 / int8 matmuls: not a Setup precision")
+    if row["finetune"].lower().startswith("yes (qlora"):
+        return {"weights_dtype": "nf4"}
+    if ("amp" in p and "fp16" in p) or p.startswith("fp16"):
+        return {"weights_dtype": "fp32", "autocast": "fp16"}
+    if p.startswith("fp32"):
+        return {"weights_dtype": "fp32"}
+    if "full bf16" in p or ("pure" in p and "bf16 (fsdp" not in p) or p in ("bf16 weights",):
+        return {"weights_dtype": "bf16"}
+    # composer amp_bf16 / FSDP PURE, FSDP2 mixed precision, "bf16 AMP", accelerate bf16 mixed: fp32 master + bf16 compute
+    return {"weights_dtype": "fp32", "autocast": "bf16"}
+
+
+def _strategy(row: dict[str, str], num_gpus: int) -> dict[str, Any]:
+    s = row["sharding"].lower()
+    if any(k in s for k in ("tp ", "tp\u00a0", "+ tp", "pp ", "cp 2", "cp 4", "cp 8", "ep ")) or re.search(r"\btp\b|\bpp\b", s):
+        raise Skip("tensor / pipeline / context / expert parallelism: not a training Setup strategy")
+    if num_gpus == 1:
+        return {"strategy": "single"}
+    if "zero stage 0" in s or s.startswith("ddp"):
+        return {"strategy": "ddp"}
+    if "zero stage 1" in s or "zero-1" in s:
+        return {"strategy": "zero1"}
+    if "zero-3" in s or "zero stage 3" in s:
+        return {"strategy": "zero3"}
+    if "fsdp" in s:
+        return {"strategy": "fsdp"}
+    raise Skip(f"sharding {row['sharding']!r} not mapped")
+
+
+def _optimizer(row: dict[str, str]) -> str:
+    o = row["optimizer"].lower()
+    if "8-bit" in o or "4-bit" in o or "offload" in o or "wrapped in torchao" in o:
+        raise Skip(f"optimizer {row['optimizer']!r} not priced by this bench")
+    if "fused" in o or row["framework"].lower().startswith("deepspeed"):
+        return "adamw_torch_fused"   # torch fused; DeepSpeed replaces the HF optimizer with its FusedAdam
+    return "adamw_torch"             # HF AdamW / torch foreach / composer DecoupledAdamW
+
+
+def case_of(row: dict[str, str]) -> Case:
+    group = group_of(row)
+    seq = _int(row["seq_len"])
+    mb = _int(row["micro_batch"])
+    if not seq or not mb:
+        raise Skip("sequence length or micro-batch not stated")
+    ga = _int(row["grad_accum"]) or 1
+    num_gpus = _int(row["num_gpus"]) or 1
+    nodes = _int(row["nodes"]) or max(1, num_gpus // 8)
+    if row["activation_offload"].lower().startswith("true"):
+        raise Skip("activation offload: not a Setup field")
+    spec = _spec(row, seq)
+    prec = _precision(row)
+    strat = _strategy(row, num_gpus)
+    ckpt = row["activation_checkpointing"].lower()
+    lora = None
+    if row["finetune"].lower().startswith("yes (qlora") or row["lora_rank"]:
+        lora = LoraSpec(r=_int(row["lora_rank"]) or 8, alpha=16)
+    attn = row["attn_impl"].lower()
+    attn_impl = "flash_attention_2" if "flash" in attn else ("eager" if attn.startswith("eager") else "sdpa")
+    setup = Setup(micro_batch_size=mb, seq_len=seq, gradient_accumulation_steps=ga, optimizer=_optimizer(row),
+                  gradient_checkpointing=ckpt.startswith(("true", "full")) or (group == "llama-factory"),
+                  attn_implementation=attn_impl, lora=lora, num_gpus=num_gpus // nodes, nodes=nodes,
+                  torch_compile=row["torch_compile"].lower().startswith("yes"), **prec, **strat)
+    hw = _hardware(row, num_gpus, nodes)
+    published = _published(row, seq, num_gpus)
+    label = f"{row['model']} s{seq} mb{mb} {row['precision'][:14]} {setup.strategy} x{num_gpus}"
+    return Case(row["row_id"], group, table_of(row, group), framework_of(row), label, spec, setup, hw, published)
+
+
+def _published(row: dict[str, str], seq: int, num_gpus: int) -> float:
+    if row["tokens_per_s_per_gpu"]:
+        return float(row["tokens_per_s_per_gpu"])
+    if row["tokens_per_s_total"]:
+        return float(row["tokens_per_s_total"]) / num_gpus
+    if row["samples_per_s"]:
+        return float(row["samples_per_s"]) * seq / num_gpus
+    raise Skip("no throughput column")
+
+
+def load(path: Path = CSV) -> tuple[list[Case], list[tuple[dict[str, str], str]]]:
+    cases, skipped = [], []
+    with path.open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            try:
+                cases.append(case_of(row))
+            except Skip as why:
+                skipped.append((row, str(why)))
+    return cases, skipped

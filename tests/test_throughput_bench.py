@@ -1,0 +1,74 @@
+"""bench/throughput.py: the published rows are mapped to the setups their sources state, and the statistics are right.
+
+The row mapping is checked against the publishers' own numbers (llm-foundry's exact NumParams column), the
+statistics against hand-computed values. No test compares a predicted speed with anything here.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench(name: str) -> ModuleType:
+    sys.path.insert(0, str(ROOT / "bench"))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rows() -> ModuleType:
+    return _bench("throughput_rows")
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return _bench("throughput")
+
+
+def test_mpt_shapes_reproduce_llm_foundry_num_params(rows: ModuleType) -> None:
+    """Each MPT shape (d_model, layers) plus learned positions gives the row's published NumParams within 0.1%."""
+    with rows.CSV.open(newline="", encoding="utf-8") as f:
+        foundry = [r for r in csv.DictReader(f) if r["source"] == "mosaicml/llm-foundry"]
+    assert len(foundry) > 200
+    for r in foundry:
+        spec = rows.mpt_spec(r["model"], int(r["seq_len"]))
+        with_positions = spec.total_params + int(r["seq_len"]) * spec.hidden_size
+        assert with_positions == pytest.approx(int(r["num_params"]), rel=1e-3), r["row_id"]
+
+
+def test_rows_keep_the_published_setup(rows: ModuleType) -> None:
+    cases, skipped = rows.load()
+    by_id = {c.row_id: c for c in cases}
+    ds = by_id["226"]   # gpt2, HF Trainer --fp16, mbs 8, 16 V100, samples/s 284.142 over all GPUs
+    assert (ds.setup.autocast, ds.setup.micro_batch_size, ds.setup.world_size, ds.setup.strategy) == ("fp16", 8, 16, "ddp")
+    assert ds.published == pytest.approx(284.142 * 1024 / 16)
+    qlora = by_id["315"]
+    assert qlora.setup.weights_dtype == "nf4" and qlora.setup.lora is not None and qlora.framework == "hf"
+    assert by_id["321"].framework == "unsloth"
+    assert all(why for _, why in skipped)
+    assert all(c.published > 0 for c in cases)
+
+
+def test_spearman_by_hand(bench: ModuleType) -> None:
+    # d = rank differences (-1, 1, -1, 1, 0): rho = 1 - 6 * 4 / (5 * (25 - 1)) = 0.8
+    assert bench.spearman([1, 2, 3, 4, 5], [2, 1, 4, 3, 5]) == pytest.approx(0.8)
+    assert bench.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+
+
+def test_p90_interpolates(bench: ModuleType) -> None:
+    assert bench.p90(list(range(11))) == pytest.approx(9.0)
+    assert bench.p90([0.0, 10.0]) == pytest.approx(9.0)
