@@ -164,7 +164,7 @@ def _candidate(device: _Device | None, nvml_index: int, ref: int) -> Candidate:
     return Candidate(
         nvml_index=nvml_index,
         uuid=device.uuid if device is not None else None,
-        rank_key=float(specs.entry(key)["fp32_tflops"] or 0.0) if key else 0.0,
+        rank_key=float(specs.entry(key).fp32_tflops or 0.0) if key else 0.0,
         mig_of=device.mig_of if device is not None else None,
         ref=ref,
     )
@@ -219,12 +219,12 @@ def _fill(nvml: ModuleType, handle: Any, name: str, key: str | None, parent: _De
         cc = parent.compute_capability
     else:
         cc = _ask(nvml.nvmlDeviceGetCudaComputeCapability, handle, failures=failures, what="compute capability")
-        cc = tuple(cc) if cc else (tuple(specs.entry(key)["compute_capability"]) if key else (0, 0))
+        cc = tuple(cc) if cc else (specs.entry(key).compute_capability if key else (0, 0))
     attributes = _ask(getattr(nvml, "nvmlDeviceGetAttributes", None), handle)  # absent or NotSupported before Ampere
     sms = int(getattr(attributes, "multiprocessorCount", 0) or 0) or None
     if sms is None and key is not None and parent is None:
-        sms = specs.entry(key)["multiprocessors"]
-    return _Device(name, uuid, total, free, cc, sms, key, handle=handle)  # type: ignore[arg-type]
+        sms = specs.entry(key).multiprocessors
+    return _Device(name, uuid, total, free, cc, sms, key, handle=handle)
 
 
 def _mig_enabled(nvml: ModuleType, handle: Any) -> bool:
@@ -275,6 +275,7 @@ def _to_gpu(device: _Device, ordinal: int, wholes: list[_Device | None]) -> GPU:
         compute_capability=device.compute_capability,
         multiprocessors=device.multiprocessors,
         mig=device.mig_of is not None,
+        **({"capabilities": specs.entry(device.key).capabilities} if device.key else {}),  # else: the NVIDIA rule on cc
         **numbers,
     )
 

@@ -10,15 +10,45 @@ import re
 from functools import cache
 from typing import Any
 
-from .._base import MiB
+from pydantic import Field, ValidationError
+
+from .._base import MiB, Model
 from .._data import load
-from .types import CPU, GPU, Interconnect
+from .types import CPU, GPU, Capabilities, Interconnect, Vendor
 
 _SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps")
 
 
-def _table() -> dict[str, dict[str, Any]]:
-    return load("gpus")["gpus"]
+class GpuRow(Model):
+    """One datasheet row of data/gpus.json, checked at load so a typo fails at import, not mid-plan."""
+
+    aliases: tuple[str, ...] = ()
+    nvml_names: tuple[str, ...] = ()
+    memory_mib: int = Field(gt=0)
+    vendor: Vendor
+    compute_capability: tuple[int, int]
+    capabilities: Capabilities
+    multiprocessors: int | None = Field(default=None, gt=0)
+    bf16_tflops: float | None = Field(default=None, gt=0)
+    fp16_tflops: float | None = Field(default=None, gt=0)
+    tf32_tflops: float | None = Field(default=None, gt=0)
+    fp32_tflops: float | None = Field(default=None, gt=0)
+    fp8_tflops: float | None = Field(default=None, gt=0)
+    memory_bandwidth_gbps: float = Field(gt=0)
+    link: Interconnect
+    nvlink_gbps: float | None = Field(default=None, gt=0)
+    pcie_gbps: float | None = Field(default=None, gt=0)
+    source: str = Field(min_length=1)
+    memory_source: str = Field(min_length=1)
+
+
+@cache
+def _table() -> dict[str, GpuRow]:
+    raw = load("gpus")["gpus"]
+    try:
+        return {key: GpuRow.model_validate(row) for key, row in raw.items()}
+    except ValidationError as exc:
+        raise ValueError(f"perfguide/data/gpus.json is invalid: {exc}") from exc
 
 
 def normalize(name: str) -> str:
@@ -37,7 +67,7 @@ def _alias_index() -> dict[str, str]:
     """normalized key/alias -> canonical key. Built once; collisions are data bugs, so fail loudly."""
     index: dict[str, str] = {}
     for key, entry in _table().items():
-        for spelling in (key, *entry.get("aliases", ())):
+        for spelling in (key, *entry.aliases):
             folded = normalize(spelling)
             if index.get(folded, key) != key:
                 raise ValueError(f"gpus.json: {spelling!r} names both {index[folded]!r} and {key!r}")
@@ -47,7 +77,7 @@ def _alias_index() -> dict[str, str]:
 
 @cache
 def _nvml_index() -> dict[str, str]:
-    return {_fold_nvml(n): key for key, entry in _table().items() for n in entry.get("nvml_names", ())}
+    return {_fold_nvml(n): key for key, entry in _table().items() for n in entry.nvml_names}
 
 
 def _fold_nvml(name: str) -> str:
@@ -76,18 +106,24 @@ def resolve_nvml(nvml_name: str) -> str | None:
     return _nvml_index().get(_fold_nvml(base))
 
 
-def entry(key: str) -> dict[str, Any]:
+def entry(key: str) -> GpuRow:
     return _table()[key]
 
 
 def memory_bytes(key: str) -> int:
-    return int(entry(key)["memory_mib"]) * MiB
+    return entry(key).memory_mib * MiB
 
 
 def spec_numbers(key: str) -> dict[str, Any]:
     """The throughput/bandwidth fields of one row, ready to pass to :class:`GPU`."""
     row = entry(key)
-    return {field: row[field] for field in _SPEC_FIELDS}
+    return {field: getattr(row, field) for field in _SPEC_FIELDS}
+
+
+def identity(key: str) -> dict[str, Any]:
+    """Vendor, compute capability and capability flags of one row: what a probed card of this model inherits."""
+    row = entry(key)
+    return {"vendor": row.vendor, "compute_capability": row.compute_capability, "capabilities": row.capabilities}
 
 
 def gpu_from_spec(key: str, index: int = 0) -> GPU:
@@ -99,8 +135,8 @@ def gpu_from_spec(key: str, index: int = 0) -> GPU:
         index=index,
         memory_total=total,
         memory_free=total,
-        compute_capability=tuple(row["compute_capability"]),
-        multiprocessors=row["multiprocessors"],
+        multiprocessors=row.multiprocessors,
+        **identity(key),
         **spec_numbers(key),
     )
 
@@ -109,12 +145,13 @@ def link_bandwidth_gbps(key: str, link: Interconnect) -> float | None:
     """One-direction GB/s per GPU over ``link``: the datasheet's both-directions figure halved."""
     if link == "none":
         return None
-    both = entry(key).get("nvlink_gbps" if link == "nvlink" else "pcie_gbps")
+    row = entry(key)
+    both = row.nvlink_gbps if link == "nvlink" else row.pcie_gbps
     return None if both is None else both / 2
 
 
 def default_link(key: str) -> Interconnect:
-    return entry(key)["link"]
+    return entry(key).link
 
 
 def default_cpu() -> CPU:

@@ -2,13 +2,38 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .._base import Model
 
 Interconnect = Literal["nvlink", "pcie", "none"]
+Vendor = Literal["nvidia", "amd"]
+
+
+class Capabilities(Model):
+    """What the software stack runs natively on a card, so rules ask the card rather than its CUDA generation.
+
+    Each flag is a fact of (card, library) written in data/gpus.json with its source; an AMD card is then just a
+    row with different flags. Cards the table does not know get the NVIDIA rule of :meth:`from_compute_capability`.
+    """
+
+    bf16: bool = Field(default=False, description="native bf16 matrix cores (emulation does not count)")
+    fp16: bool = Field(default=False, description="fp16 tensor/matrix cores: half precision pays")
+    tf32: bool = Field(default=False, description="TrainingArguments(tf32=True) is accepted (transformers is_torch_tf32_available)")
+    fp8: bool = Field(default=False, description="fp8 matmuls in hardware")
+    flash_attention: bool = Field(default=False, description="the flash-attn 2 package builds and runs on it")
+    bitsandbytes: bool = Field(default=False, description="bitsandbytes NF4/FP4 and 8-bit optimizers run on it")
+    llm_int8: bool = Field(default=False, description="bitsandbytes LLM.int8() matmuls run on it")
+
+    @classmethod
+    def from_compute_capability(cls, cc: tuple[int, int]) -> Capabilities:
+        """The NVIDIA rule for a card the table lacks: bf16/tf32/FA2 from Ampere (8.0), fp8 from Ada (8.9), fp16 tensor
+        cores from Volta (7.0), bitsandbytes 4-bit/8-bit optimizers from 6.0 and LLM.int8() from 7.5 (bitsandbytes
+        installation guide)."""
+        return cls(bf16=cc >= (8, 0), fp16=cc >= (7, 0), tf32=cc >= (8, 0), fp8=cc >= (8, 9),
+                   flash_attention=cc >= (8, 0), bitsandbytes=cc >= (6, 0), llm_int8=cc >= (7, 5))
 
 
 class GPU(Model):
@@ -19,7 +44,9 @@ class GPU(Model):
     index: int = 0
     memory_total: int = Field(ge=0, description="bytes")
     memory_free: int = Field(ge=0, description="bytes")
-    compute_capability: tuple[int, int] = (0, 0)
+    vendor: Vendor = "nvidia"
+    compute_capability: tuple[int, int] = Field(default=(0, 0), description="CUDA compute capability; (0, 0) off NVIDIA")
+    capabilities: Capabilities = Field(default_factory=Capabilities, description="from the spec row; else the NVIDIA rule on compute_capability")
     multiprocessors: int | None = None
     # spec-sheet peaks (dense, no sparsity); None when unknown
     bf16_tflops: float | None = None
@@ -30,18 +57,45 @@ class GPU(Model):
     memory_bandwidth_gbps: float | None = Field(default=None, description="GB/s (1e9 bytes)")
     mig: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _capabilities_from_cc(cls, data: Any) -> Any:
+        """An NVIDIA card built without flags (a probe of an unknown board, a hand-made GPU) gets its generation's."""
+        if isinstance(data, dict) and data.get("capabilities") is None:
+            if data.get("vendor", "nvidia") != "nvidia":
+                raise ValueError(f"GPU {data.get('name')!r} of vendor {data['vendor']!r} needs explicit capabilities")
+            data = {**data, "capabilities": Capabilities.from_compute_capability(tuple(data.get("compute_capability", (0, 0))))}
+        return data
+
     @property
     def supports_bf16(self) -> bool:
-        """Native bf16 tensor cores only from Ampere (cc 8.0); emulation does not count."""
-        return self.compute_capability >= (8, 0)
+        return self.capabilities.bf16
 
     @property
     def supports_tf32(self) -> bool:
-        return self.compute_capability >= (8, 0)
+        return self.capabilities.tf32
 
     @property
     def supports_fp8(self) -> bool:
-        return self.compute_capability >= (8, 9)
+        return self.capabilities.fp8
+
+    @property
+    def has_tensor_cores(self) -> bool:
+        """Half precision only pays with fp16 matrix cores (Volta+ / CDNA); without them fp32 is as fast."""
+        return self.capabilities.fp16
+
+    @property
+    def supports_flash_attention(self) -> bool:
+        return self.capabilities.flash_attention
+
+    @property
+    def supports_bitsandbytes(self) -> bool:
+        return self.capabilities.bitsandbytes
+
+    @property
+    def generation(self) -> str:
+        """How reports name the card's generation: 'cc 8.0' on NVIDIA, the vendor elsewhere."""
+        return f"cc {self.compute_capability[0]}.{self.compute_capability[1]}" if self.vendor == "nvidia" else self.vendor.upper()
 
     def half_tflops(self, dtype: str) -> float | None:
         """Peak dense TFLOP/s for a compute dtype ('bf16', 'fp16', 'tf32', 'fp32', 'fp8')."""

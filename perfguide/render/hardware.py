@@ -31,7 +31,7 @@ def _tflops(value: float | None) -> str:
 
 
 def _gpu_row(gpu: GPU) -> tuple[str, ...]:
-    cc = ".".join(map(str, gpu.compute_capability))
+    cc = ".".join(map(str, gpu.compute_capability)) if gpu.vendor == "nvidia" else gpu.vendor.upper()
     flags = [f for f, on in (("bf16", gpu.supports_bf16), ("tf32", gpu.supports_tf32), ("fp8", gpu.supports_fp8), ("MIG", gpu.mig)) if on]
     bandwidth = "-" if gpu.memory_bandwidth_gbps is None else f"{gpu.memory_bandwidth_gbps:g}"
     return (

@@ -50,29 +50,29 @@ def candidate(request: Request, setup: Setup, why: str = "") -> Candidate:
 
 # --- dtype and attention ---------------------------------------------------------------------------
 def gpu_dtype(request: Request) -> tuple[str, Decision, list[str]]:
-    """bf16 from compute capability 8.0; fp16 below (warn for bf16-trained models); a forced precision wins."""
+    """bf16 where the card has bf16 matrix cores; fp16 otherwise (warn for bf16-trained models); a forced precision wins."""
     gpu = request.hardware.smallest_gpu
-    cc = gpu.compute_capability
+    assert gpu is not None, "gpu_dtype is only asked for GPU plans"
     warnings: list[str] = []
     forced = request.constraints.precision
     if forced:
         if forced == "bf16" and not gpu.supports_bf16:
-            warnings.append(f"bf16 on compute capability {cc[0]}.{cc[1]} is emulated (torch.cuda.is_bf16_supported() says yes "
+            warnings.append(f"bf16 on {gpu.name} ({gpu.generation}) is emulated (torch.cuda.is_bf16_supported() says yes "
                             "by emulation): expect fp32-or-slower speed; fp16 or fp32 are the native choices")
         if forced == "fp16":
             warnings += _fp16_overflow_warning(request)
         return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE), warnings
     if gpu.supports_bf16:
         return "bf16", Decision(
-            setting="dtype", value="bf16", number=float(cc[0] + cc[1] / 10), unit="compute capability", source=SRC_DTYPE,
-            reason="native bf16 tensor cores (compute capability >= 8.0): half the bytes of fp32 and no fp16 overflow risk",
+            setting="dtype", value="bf16", number=gpu.bf16_tflops, unit="bf16 TFLOP/s (dense peak)", source=SRC_DTYPE,
+            reason=f"native bf16 tensor cores on {gpu.name} ({gpu.generation}): half the bytes of fp32 and no fp16 overflow risk",
             alternatives=(Alternative(value="fp16", why_not="same speed, but overflows on bf16-trained checkpoints"),
                           Alternative(value="fp32", why_not="2x the weight bytes and ~2x slower decode"))), warnings
-    alts = (Alternative(value="bf16", why_not=f"no native bf16 below compute capability 8.0 (this GPU: {cc[0]}.{cc[1]}); emulated and slow"),
+    alts = (Alternative(value="bf16", why_not=f"no native bf16 on {gpu.name} ({gpu.generation}); emulated and slow"),
             Alternative(value="fp32", why_not="2x the memory and slower; the safe choice only if fp16 overflows"))
     warnings += _fp16_overflow_warning(request)
-    return "fp16", Decision(setting="dtype", value="fp16", number=float(cc[0] + cc[1] / 10), unit="compute capability",
-                            reason="pre-Ampere GPU: fp16 tensor cores are native, bf16 is not", source=SRC_DTYPE, alternatives=alts), warnings
+    return "fp16", Decision(setting="dtype", value="fp16", number=gpu.fp16_tflops, unit="fp16 TFLOP/s (dense peak)", reason=f"{gpu.name} ({gpu.generation}) has native fp16 tensor cores, not bf16",
+                            source=SRC_DTYPE, alternatives=alts), warnings
 
 
 def _fp16_overflow_warning(request: Request) -> list[str]:
@@ -104,22 +104,23 @@ def flash_attn_available() -> bool:
 
 
 def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
-    """SDPA by default; flash_attention_2 only with the package, compute capability >= 8.0 and 16-bit weights."""
+    """SDPA by default; flash_attention_2 only with the package, a card flash-attn supports and 16-bit weights."""
     forced = request.constraints.attn_implementation
-    cc = request.hardware.smallest_gpu.compute_capability if on_gpu else (0, 0)
-    if forced == "flash_attention_2" and (cc < (8, 0) or dtype == "fp32"):
-        where = f"compute capability {cc[0]}.{cc[1]}" if on_gpu else "the CPU"
-        raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs an Ampere-or-newer GPU (cc >= 8.0) and "
-                                          f"16-bit weights, but the plan runs on {where} in {dtype}; use 'sdpa'")
+    gpu = request.hardware.smallest_gpu if on_gpu else None
+    fa_card = gpu is not None and gpu.supports_flash_attention
+    if forced == "flash_attention_2" and (not fa_card or dtype == "fp32"):
+        where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
+        raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
+                                          f"AMD MI200/MI300) and 16-bit weights, but the plan runs on {where} in {dtype}; use 'sdpa'")
     if forced:
         return Decision(setting="attn_implementation", value=forced, reason="given as a constraint")
-    ok = on_gpu and flash_attn_available() and cc >= (8, 0) and dtype in ("bf16", "fp16", "int8", "nf4")
+    ok = fa_card and flash_attn_available() and dtype in ("bf16", "fp16", "int8", "nf4")
     if ok:
         return Decision(setting="attn_implementation", value="flash_attention_2", source="rules.md 3.13",
-                        reason="flash-attn is installed, the GPU is Ampere+ and weights are 16-bit: no s*s scores, fastest prefill",
+                        reason="flash-attn is installed, supports the GPU and weights are 16-bit: no s*s scores, fastest prefill",
                         alternatives=(Alternative(value="sdpa", why_not="slower at long prompts; fine otherwise"),))
     why = ("flash-attn is not installed" if on_gpu and not flash_attn_available() else
-           "needs compute capability >= 8.0" if on_gpu and cc < (8, 0) else "needs a CUDA GPU" if not on_gpu else "needs 16-bit weights")
+           "flash-attn does not support this GPU" if on_gpu and not fa_card else "needs a CUDA GPU" if not on_gpu else "needs 16-bit weights")
     return Decision(setting="attn_implementation", value="sdpa", source="rules.md 3.13",
                     reason="PyTorch SDPA (the transformers default) never materialises the s*s attention scores",
                     alternatives=(Alternative(value="flash_attention_2", why_not=why),

@@ -1,7 +1,7 @@
 """Which dtype the matmuls run in, and what the weights are stored in (rules.md 0.5-0.8, 3.4-3.6, 3.24).
 
-bf16 needs native tensor cores (cc >= 8.0; transformers' own check accepts emulation, so perfguide gates it
-itself). fp16 below that, unless the checkpoint was trained in bf16: fp16's range overflows on those, so fp32.
+bf16 needs native matrix cores (the card's ``bf16`` capability flag; transformers' own check accepts emulation,
+so perfguide gates it itself). fp16 below that, unless the checkpoint was trained in bf16: fp16's range overflows on those, so fp32.
 Full fine-tuning keeps fp32 master weights under autocast (true AMP); pure half weights are a later rung of
 the memory ladder, chosen by the scenario, never here.
 """
@@ -30,10 +30,6 @@ class Precision:
     warnings: tuple[str, ...] = ()
 
 
-def _cc(gpu: GPU) -> str:
-    return f"{gpu.compute_capability[0]}.{gpu.compute_capability[1]}"
-
-
 def _ratio(gpu: GPU, fast: str, slow: str = "fp32") -> float | None:
     a, b = gpu.half_tflops(fast), gpu.half_tflops(slow)
     return round(a / b, 2) if a and b else None
@@ -42,25 +38,25 @@ def _ratio(gpu: GPU, fast: str, slow: str = "fp32") -> float | None:
 def _check_forced_gpu(spec: ModelSpec, gpu: GPU, forced: str | None) -> None:
     if forced == "bf16" and not gpu.supports_bf16:
         raise ConflictingConstraintsError(
-            f"precision='bf16' needs bf16 tensor cores (compute capability >= 8.0) but {gpu.name} is cc {_cc(gpu)}; "
+            f"precision='bf16' needs bf16 tensor cores but {gpu.name} ({gpu.generation}) has none; "
             "use precision='fp16' or 'fp32', or plan for an Ampere-or-newer GPU")
     if forced == "fp16" and spec.native_dtype == "bf16":
         raise ConflictingConstraintsError(
             f"precision='fp16' conflicts with {spec.name}, which was trained in bf16 and overflows to NaN in fp16; "
-            "use precision='bf16' (cc >= 8.0) or 'fp32'")
+            "use precision='bf16' (on a GPU with bf16 tensor cores) or 'fp32'")
 
 
 def _auto_gpu_dtype(spec: ModelSpec, gpu: GPU) -> tuple[str | None, str, list[str]]:
     """(autocast, reason, warnings) when the user left precision open."""
     if gpu.supports_bf16:
-        return "bf16", f"{gpu.name} (cc {_cc(gpu)}) has bf16 tensor cores: fp32's range, no loss scaling, half the activation bytes", []
-    if gpu.compute_capability < (7, 0):
-        return None, f"{gpu.name} (cc {_cc(gpu)}) has no tensor cores: half precision buys little, fp32 keeps it simple", []
+        return "bf16", f"{gpu.name} ({gpu.generation}) has bf16 tensor cores: fp32's range, no loss scaling, half the activation bytes", []
+    if not gpu.has_tensor_cores:
+        return None, f"{gpu.name} ({gpu.generation}) has no tensor cores: half precision buys little, fp32 keeps it simple", []
     if spec.native_dtype == "bf16":
         warn = (f"{spec.name} was trained in bf16 and {gpu.name} has no bf16 tensor cores: training in fp32 (slow); "
                 "fp16 would overflow to NaN. An Ampere-or-newer GPU (A10, A100, L4, RTX 30xx+) runs it in bf16")
-        return None, f"{gpu.name} (cc {_cc(gpu)}) lacks bf16, and fp16 overflows on this bf16-trained model, so fp32", [warn]
-    return "fp16", f"{gpu.name} (cc {_cc(gpu)}) lacks bf16 but has fp16 tensor cores; AMP with loss scaling keeps fp32 master weights", []
+        return None, f"{gpu.name} ({gpu.generation}) lacks bf16, and fp16 overflows on this bf16-trained model, so fp32", [warn]
+    return "fp16", f"{gpu.name} ({gpu.generation}) lacks bf16 but has fp16 tensor cores; AMP with loss scaling keeps fp32 master weights", []
 
 
 def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
@@ -77,7 +73,7 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
                      source=_AMP_SOURCE, alternatives=alternatives)
     tf32 = gpu.supports_tf32
     tf32_reason = ("TF32 runs the matmuls autocast leaves in fp32 on tensor cores (same range, 10-bit mantissa)" if tf32 else
-                   f"TF32 needs Ampere or newer (cc >= 8.0); transformers raises ValueError on {gpu.name} (cc {_cc(gpu)})")
+                   f"TF32 needs a CUDA GPU of Ampere or newer; transformers raises ValueError on {gpu.name} ({gpu.generation})")
     tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else None,
                         unit="x fp32 peak" if tf32 else None, source="rules.md 3.6; transformers TrainingArguments(tf32=...)")
     half = "bf16" if gpu.supports_bf16 and forced != "fp16" else ("fp16" if autocast == "fp16" else None)
@@ -88,7 +84,7 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
 def _mp_alternatives(spec: ModelSpec, gpu: GPU, chosen: str | None) -> tuple[Alternative, ...]:
     out = []
     if chosen != "bf16":
-        why = ("needs cc >= 8.0 bf16 tensor cores; emulated bf16 is slower than fp32" if not gpu.supports_bf16
+        why = ("needs bf16 tensor cores; emulated bf16 is slower than fp32" if not gpu.supports_bf16
                else "bf16 is as fast as fp16 here without fp16's overflow risk; chosen only if requested")
         out.append(Alternative(value="bf16", why_not=why))
     if chosen != "fp16":

@@ -49,8 +49,10 @@ def attention(cons: Constraints, prec: Precision, gpu: GPU | None) -> tuple[str,
     """SDPA by default (flash/mem-efficient kernels without extra packages); FA2 only when asked and possible."""
     impl = cons.attn_implementation or "sdpa"
     if impl == "flash_attention_2":
-        if gpu is None or gpu.compute_capability < (8, 0):
-            raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs an Ampere-or-newer GPU (cc >= 8.0); use 'sdpa'")
+        if gpu is None or not gpu.supports_flash_attention:
+            where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "no GPU"
+            raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
+                                              f"AMD MI200/MI300), not {where}; use 'sdpa'")
         if prec.autocast is None:
             raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs fp16/bf16 compute, but the plan trains in fp32; use 'sdpa'")
     reason = (f"attn_implementation={impl!r} was requested" if cons.attn_implementation else

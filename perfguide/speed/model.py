@@ -79,7 +79,7 @@ def gpu_peak_tflops(gpu: GPU, compute_dtype: str) -> tuple[float, str | None]:
     emulated = _value("bf16_emulation_fraction")
     if compute_dtype == "bf16" and not gpu.supports_bf16:
         return ((fp32 or _value("unknown_gpu_peak_tflops")) * emulated,
-                f"{gpu.name} (cc {gpu.compute_capability[0]}.{gpu.compute_capability[1]}) has no bf16 tensor cores: bf16 is emulated and slow")
+                f"{gpu.name} ({gpu.generation}) has no bf16 tensor cores: bf16 is emulated and slow")
     if compute_dtype == "tf32" and not gpu.supports_tf32:
         compute_dtype = "fp32"
     chain = {"bf16": ("bf16", "fp16"), "fp16": ("fp16",), "tf32": ("tf32",), "fp32": ("fp32",)}[compute_dtype]
