@@ -23,6 +23,8 @@ Strategy = Literal[
     "device_map", "tp",                                                         # inference across GPUs
 ]
 Device = Literal["cuda", "cpu"]
+Engine = Literal["transformers", "vllm", "sglang"]
+WeightFormat = Literal["bf16", "fp16", "fp8", "awq", "gptq", "bitsandbytes"]
 
 #: Every TrainingArguments ``optim`` value perfguide can price (transformers 5.x names).
 OPTIMIZERS: tuple[str, ...] = (
@@ -36,6 +38,24 @@ class LoraSpec(Model):
     r: int = Field(default=16, gt=0)
     alpha: int = Field(default=32, gt=0)
     target_modules: tuple[str, ...] | Literal["all-linear"] = "all-linear"
+
+
+class ServingSetup(Model):
+    """A serving engine's layout and budget (vLLM / SGLang): what ``vllm serve`` and ``sglang.launch_server``
+    are told. ``num_gpus`` of the Setup is tensor x pipeline x data parallel."""
+
+    engine: Literal["vllm", "sglang"] = "vllm"
+    weight_format: WeightFormat = "bf16"
+    tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
+    pipeline_parallel_size: int = Field(default=1, ge=1, le=1024)
+    data_parallel_size: int = Field(default=1, ge=1, le=100_000)
+    max_model_len: int = Field(default=4096, ge=1, le=10_000_000)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: int = Field(default=256, ge=1, le=1_000_000)
+    max_num_batched_tokens: int = Field(default=8192, ge=1, le=10_000_000)
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
 
 
 class Setup(Model):
@@ -62,6 +82,7 @@ class Setup(Model):
     new_tokens: int = Field(default=0, ge=0, le=10_000_000)
     cache_implementation: Literal["dynamic", "static"] = "dynamic"
     torch_compile: bool = False
+    serving: ServingSetup | None = None   # set when a serving engine (vLLM / SGLang) runs the model
     # host side
     dataloader_num_workers: int = Field(default=0, ge=0)
     dataloader_pin_memory: bool = True
@@ -82,6 +103,10 @@ class Setup(Model):
         if self.offload_optimizer and self.strategy not in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op"):
             raise ValueError(f"offload_optimizer needs a sharded strategy (zero1/zero2/zero3/fsdp/fsdp_shard_grad_op), not {self.strategy!r}")
         return self
+
+    @property
+    def engine(self) -> Engine:
+        return self.serving.engine if self.serving is not None else "transformers"
 
     @property
     def world_size(self) -> int:
