@@ -12,7 +12,9 @@ from .scenarios.types import Plan, Request
 
 if TYPE_CHECKING:  # heavy types only for annotations
     import accelerate
+    import peft
     import transformers
+    import trl
 
 
 class Recommendation(Plan):
@@ -64,6 +66,25 @@ class Recommendation(Plan):
         from .integrations.transformers import generation_kwargs
 
         return generation_kwargs(self)
+
+    # --- TRL / PEFT ----------------------------------------------------------------------------
+    def sft_config_dict(self, **overrides: Any) -> dict[str, Any]:
+        """``trl.SFTConfig`` kwargs as plain data: every memory/speed setting explicit, so TRL's defaults
+        (checkpointing on, bf16 on, max_length=1024) never change the planned run."""
+        from .integrations.trl import sft_config_dict
+
+        return sft_config_dict(self, **overrides)
+
+    def sft_config(self, **overrides: Any) -> trl.SFTConfig:
+        from .integrations.trl import sft_config
+
+        return sft_config(self, **overrides)
+
+    def lora_config(self, **overrides: Any) -> peft.LoraConfig:
+        """The plan's adapter as a ``peft.LoraConfig`` (task type of the model's head, the priced targets)."""
+        from .integrations.lora import lora_config
+
+        return lora_config(self, **overrides)
 
     # --- accelerate / deepspeed / launching ---------------------------------------------------
     def accelerator_kwargs(self) -> dict[str, Any]:

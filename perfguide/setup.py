@@ -35,9 +35,14 @@ OPTIMIZERS: tuple[str, ...] = (
 
 
 class LoraSpec(Model):
+    """The adapter a plan trains, in PEFT's terms (``peft.LoraConfig``: r, lora_alpha, target_modules, ...)."""
+
     r: int = Field(default=16, gt=0)
     alpha: int = Field(default=32, gt=0)
     target_modules: tuple[str, ...] | Literal["all-linear"] = "all-linear"
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="lora_dropout; above 0 each adapted Linear keeps a dropout mask")
+    use_dora: bool = Field(default=False, description="DoRA (weight-decomposed LoRA): a magnitude vector per adapted Linear")
+    use_rslora: bool = Field(default=False, description="rank-stabilized scaling alpha/sqrt(r) instead of alpha/r; same memory")
 
 
 class ServingSetup(Model):

@@ -91,6 +91,16 @@ def make_rec(setup: dict[str, Any] | Setup, hw: Hardware | None = None, scenario
     return Recommendation(request=request, setup=setup, memory=zero, throughput=Throughput(step_time_s=0, tokens_per_s=0), decisions=())
 
 
+def tiny_tokenizer() -> Any:
+    """A real fast tokenizer over the tiny models' 128 ids (t0..t127), built locally: SFTTrainer needs one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel(vocab={f"t{i}": i for i in range(TINY_LLAMA["vocab_size"])}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t1", eos_token="t2")
+
+
 def token_dataset(n: int = 16, seed: int = 0) -> list[dict[str, Any]]:
     """Random token rows for causal-LM training (labels = inputs)."""
     import torch

@@ -10,7 +10,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..errors import InvalidSetupError
 from ._plan import is_fsdp
+from .lora import lora_config
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
@@ -29,19 +31,61 @@ def enable_checkpointing(model: Any) -> None:
 
 
 def add_lora(rec: Recommendation, model: Any) -> Any:
-    """Wrap the model with PEFT LoRA adapters from ``rec.setup.lora`` (QLoRA: after kbit preparation)."""
-    from peft import LoraConfig, PeftModel, TaskType, get_peft_model, prepare_model_for_kbit_training
+    """Wrap the model with the plan's ``LoraConfig`` (QLoRA: after kbit preparation).
 
+    A model that already carries adapters is kept only when they are the plan's (a plan made from that
+    PeftModel); other adapters would train a run the plan did not price, so they are refused in one line.
+    """
+    from peft import PeftModel, get_peft_model, prepare_model_for_kbit_training
+
+    config = lora_config(rec)
     if isinstance(model, PeftModel):
+        check_same_adapter(model, config)
         return model
-    spec = rec.setup.lora
     if rec.setup.weights_dtype in ("int8", "nf4"):
         # norms to fp32, base frozen; checkpointing is enabled above through the 5.x method instead,
         # because peft's own switch calls the deprecated gradient_checkpointing_enable
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    targets = spec.target_modules if isinstance(spec.target_modules, str) else list(spec.target_modules)
-    config = LoraConfig(r=spec.r, lora_alpha=spec.alpha, target_modules=targets, task_type=TaskType.CAUSAL_LM)
     return get_peft_model(model, config)
+
+
+def check_same_adapter(model: Any, config: Any) -> None:
+    """The PeftModel's active LoRA adapts the same modules with the same rank and options as ``config``."""
+    have = model.peft_config[model.active_adapter]
+    fields = ("r", "lora_alpha", "lora_dropout", "use_dora", "use_rslora")
+    differs = [f"{f} {getattr(have, f, None)} vs {getattr(config, f)}" for f in fields if getattr(have, f, None) != getattr(config, f)]
+    adapted, planned = _adapted_and_planned(model.get_base_model(), config)
+    if adapted != planned:
+        differs.append(f"adapts {len(adapted)} modules, the plan {len(planned)}")
+    if differs:
+        raise InvalidSetupError(
+            f"this model already has a LoRA adapter that differs from the plan's ({'; '.join(differs)}): plan from this model "
+            "(recommend(peft_model, ...) prices the adapter it has), or pass the base model (model.get_base_model(), or "
+            "merge_and_unload() to keep the trained weights) to get the plan's adapter")
+
+
+def _adapted_and_planned(base: Any, config: Any) -> tuple[set[str], set[str]]:
+    """Names of the modules holding adapters now, and of those ``config`` would adapt (PEFT's own name matching)."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    tuner_parts: list[str] = []
+    outer: dict[str, Any] = {}
+    for name, module in base.named_modules():
+        if not name or any(name.startswith(p + ".") for p in tuner_parts):
+            continue  # base_layer / lora_A inside an adapted module
+        outer[name] = module
+        if isinstance(module, LoraLayer):
+            tuner_parts.append(name)
+    adapted = set(tuner_parts)
+    if config.target_modules == "all-linear":
+        head = base.get_output_embeddings() if callable(getattr(base, "get_output_embeddings", None)) else None
+        linear = (torch.nn.Linear, LoraLayer)
+        planned = {n for n, m in outer.items() if (isinstance(m, linear) or type(m).__name__ == "Conv1D") and m is not head}
+    else:
+        planned = {n for n in outer if bool(check_target_module_exists(config, n))}
+    return adapted, planned
 
 
 def register_bnb_embedding_overrides(model: Any) -> int:

@@ -85,7 +85,7 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     return kw
 
 
-def _check_machine(rec: Recommendation, kw: dict[str, Any]) -> None:
+def check_machine(rec: Recommendation, kw: dict[str, Any]) -> None:
     """Refuse early, in one line, what TrainingArguments would refuse (or silently degrade) on this machine."""
     if not kw.get("use_cpu"):
         check_cuda_machine(rec, needs_ampere=bool(kw.get("bf16") or kw.get("tf32")))
@@ -99,7 +99,7 @@ def _check_machine(rec: Recommendation, kw: dict[str, Any]) -> None:
 def training_args(rec: Recommendation, **overrides: Any) -> transformers.TrainingArguments:
     """A real TrainingArguments; WrongMachineError when this machine cannot run the plan."""
     kw = training_args_dict(rec, **overrides)
-    _check_machine(rec, kw)
+    check_machine(rec, kw)
     from transformers import TrainingArguments
 
     # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched

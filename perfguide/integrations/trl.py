@@ -1,0 +1,76 @@
+"""Setup -> ``trl.SFTConfig``: the TrainingArguments of the plan plus TRL's own keys, every one written out.
+
+``SFTConfig`` is a TrainingArguments subclass with other defaults (trl 1.16, trainer/base_config.py and
+sft_config.py): checkpointing on (``gradient_checkpointing=True``), ``bf16=True`` unless fp16 is set, and
+``max_length=1024`` truncation. ``SFTConfig(**rec.training_args_dict())`` therefore trains another run than the
+one priced whenever the plan says checkpointing off, fp32, or a sequence length other than 1024. Here every
+setting that changes memory or speed is written both ways, so no default of either library decides it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PerfGuideError
+from ._plan import is_fsdp, require_training, target_supports_tf32
+from .transformers import check_machine, training_args_dict
+
+if TYPE_CHECKING:
+    import trl
+
+    from ..recommendation import Recommendation
+    from ..setup import Setup
+
+TRL_HINT = "pip install 'perfguide[trl]' (trl>=1.0), or use rec.sft_config_dict() for the plain kwargs"
+
+
+def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
+    """The TrainingArguments settings ``training_args_dict`` leaves out when off, spelled out for SFTConfig."""
+    s = rec.setup
+    return {
+        "bf16": s.autocast == "bf16",
+        "fp16": s.autocast == "fp16",
+        "tf32": bool(s.tf32 and target_supports_tf32(rec)),
+        # under FSDP the plugin checkpoints (fsdp_config); the flag would add a second, redundant pass
+        "activation_checkpointing": s.gradient_checkpointing and not is_fsdp(s),
+        "torch_compile": s.torch_compile,
+    }
+
+
+def technique_keys(setup: Setup) -> dict[str, Any]:
+    """The SFTConfig-only keys, the one place they are decided: a Setup never packs, pads free, offloads
+    activations or patches Liger kernels unless a technique says so, and the sequence length is the priced one.
+
+    ``packing=False`` pads each batch to its longest row (at most ``max_length``), which the plan's
+    ``seq_len``-per-sample pricing bounds; ``padding_free`` needs FlashAttention (trl sft_config.py).
+    """
+    return {
+        "max_length": setup.seq_len,
+        "packing": False,
+        "padding_free": False,
+        "activation_offloading": False,
+        "use_liger_kernel": False,
+    }
+
+
+def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
+    """``SFTConfig`` kwargs as plain data (plan on a laptop, run on the target); ``overrides`` win."""
+    s = require_training(rec, "sft_config_dict")
+    kw = training_args_dict(rec)
+    kw.update(explicit_training_keys(rec))
+    kw.update(technique_keys(s))
+    kw.update(overrides)
+    return kw
+
+
+def sft_config(rec: Recommendation, **overrides: Any) -> trl.SFTConfig:
+    """A real ``trl.SFTConfig`` for this plan; WrongMachineError when this machine cannot run it."""
+    kw = sft_config_dict(rec, **overrides)
+    check_machine(rec, kw)
+    try:
+        from trl import SFTConfig
+    except ImportError as exc:
+        raise PerfGuideError(f"rec.sft_config() needs TRL, which is not installed here ({exc}): {TRL_HINT}") from None
+    # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched
+    return SFTConfig(**copy.deepcopy(kw))
