@@ -4,9 +4,9 @@ serving model, naming the field, instead of surfacing as a wrong number in a pla
 from __future__ import annotations
 
 from functools import cache
-from typing import Literal
+from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ._base import Model
 from ._data import load
@@ -35,6 +35,7 @@ class FormatFacts(Model):
     vllm: str | None          # the engine's ``quantization`` value; None = unquantized
     sglang: str | None
     checkpoint: bool          # True: needs a checkpoint quantized in this format (AWQ/GPTQ repos)
+    engines: tuple[EngineName, ...] = ("vllm", "sglang")   # the engines of the pinned versions that run it
     decode_efficiency: float = Field(gt=0, le=1)
     compute: Literal["bf16", "fp16", "fp8"]
     min_cc: tuple[int, int]
@@ -58,12 +59,22 @@ class LinkTable(Model):
 
 
 class ServingFacts(Model):
-    engines: dict[EngineName, EngineFacts]
-    formats: dict[FormatName, FormatFacts]
+    engines: dict[str, EngineFacts]
+    formats: dict[str, FormatFacts]
     acceptable_quality_cost_pct: Sourced
+    quality_trade_speedup: Sourced
     decode_bandwidth_efficiency: Sourced
     compute_efficiency: Sourced
     tp_allreduce: LinkTable
+
+
+    @model_validator(mode="after")
+    def _known_names(self) -> ServingFacts:
+        """Keys are looked up by Setup values: every engine and format Setup can name must have its row."""
+        for kind, rows, names in (("engine", self.engines, get_args(EngineName)), ("format", self.formats, get_args(FormatName))):
+            if set(rows) != set(names):
+                raise ValueError(f"serving.json {kind}s {sorted(rows)} must be exactly {sorted(names)}")
+        return self
 
 
 @cache

@@ -118,6 +118,30 @@ class Recommendation(Plan):
 
         return launch_command(self, script, *script_args, config_file=config_file)
 
+    # --- serving engines (vLLM / SGLang) ------------------------------------------------------
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """What vLLM logs as 'GPU KV cache size: N tokens' (SGLang: max_total_num_tokens); None without an engine."""
+        return self.engine_memory.kv_cache_tokens if self.engine_memory is not None else None
+
+    @property
+    def max_concurrency(self) -> float | None:
+        """Sequences of max_model_len tokens the engine's KV cache holds at once."""
+        return self.engine_memory.max_concurrency if self.engine_memory is not None else None
+
+    def vllm_args(self) -> dict[str, Any]:
+        """Kwargs for ``vllm.LLM`` / ``vllm.EngineArgs`` (plan with ``engine='vllm'``)."""
+        from .integrations.vllm import vllm_args
+
+        return vllm_args(self)
+
+    def serve_command(self) -> str:
+        """The server command line: ``vllm serve MODEL ...`` or ``python -m sglang.launch_server ...``."""
+        from .integrations.sglang import sglang_command
+        from .integrations.vllm import vllm_command
+
+        return sglang_command(self) if self.setup.engine == "sglang" else vllm_command(self)
+
     # --- rendering -----------------------------------------------------------------------------
     def report(self, fmt: str = "text") -> str:
         """Every choice with its reason and numbers. fmt: 'text', 'rich' (ANSI) or 'markdown'."""

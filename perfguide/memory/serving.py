@@ -83,7 +83,7 @@ def kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
 def format_weight_bytes(spec: ModelSpec, fmt: str) -> int:
     """The whole model's weights in one format: only the blocks' Linears are quantized; embeddings, lm_head and
     norms stay 16-bit. Int4 group formats add one fp16 scale and one packed 4-bit zero point per group."""
-    facts = serving_facts().formats[fmt]  # type: ignore[index]
+    facts = serving_facts().formats[fmt]
     if fmt == "bitsandbytes":
         return weight_bytes(spec, "nf4")
     if facts.bits == 16:

@@ -14,7 +14,7 @@ from ..hardware.types import Hardware
 from .types import Constraints
 
 TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch")
-INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer")
+INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine")
 INFER_STRATEGIES = ("single", "tp", "device_map")
 _HINTS = {
     "quantization": "to train on a 4-bit base use finetune='qlora'",
@@ -45,6 +45,10 @@ def check_applicable(scenario: str, cons: Constraints, hardware: Hardware) -> No
     if scenario == "train_cpu" and cons.finetune == "qlora":
         raise ConflictingConstraintsError("finetune='qlora' needs a CUDA GPU (bitsandbytes 4-bit training); "
                                           "use finetune='lora' on the CPU, or scenario='train_gpu_one'")
+    if not training:
+        from .serving_plan import check_engine
+
+        check_engine(scenario, cons.engine, cons.quantization, cons.strategy)
     if scenario.endswith("gpu_many"):
         _check_many(scenario, cons, hardware)
     else:

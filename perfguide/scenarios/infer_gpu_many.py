@@ -7,6 +7,7 @@ from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..setup import Setup
 from . import inference_rules as R
+from . import serving_plan
 from .infer_gpu_one import base_setup, offload_option, tune
 from .types import Candidate, Plan, Request
 
@@ -79,6 +80,8 @@ def launcher(setup: Setup) -> Decision:
 
 
 def plan(request: Request) -> Plan:
+    if request.constraints.engine in ("vllm", "sglang"):
+        return serving_plan.plan(request)
     gpus = min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
     dtype, d_dtype, warnings = R.gpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..decisions import Decision
 from ..setup import Setup
 from . import inference_rules as R
+from . import serving_plan
 from .types import Candidate, Plan, Request
 
 
@@ -31,6 +32,8 @@ def offload_option(base: Setup) -> Setup:
 
 
 def plan(request: Request) -> Plan:
+    if request.constraints.engine in ("vllm", "sglang"):
+        return serving_plan.plan(request)
     dtype, d_dtype, warnings = R.gpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=True)
     base = base_setup(request, dtype, d_attn.value)

@@ -9,6 +9,7 @@ from pydantic import Field
 from .._base import Model
 from ..decisions import Decision
 from ..hardware.types import Hardware
+from ..memory.serving import EngineMemory
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..setup import LoraSpec, Setup
@@ -41,7 +42,8 @@ class Constraints(Model):
     prompt_len: int | None = Field(default=None, ge=1, le=10_000_000)
     max_new_tokens: int = Field(default=256, ge=1, le=10_000_000)
     batch_size: int | None = Field(default=None, ge=1, le=1_000_000, description="inference concurrency target")
-    quantization: Literal["int8", "nf4"] | None = None
+    quantization: Literal["int8", "nf4", "fp8", "awq", "gptq"] | None = None   # fp8/awq/gptq: serving engines only
+    engine: Literal["transformers", "vllm", "sglang"] | None = None   # None: transformers
     prefer: Literal["latency", "throughput"] = "throughput"
     trust_remote_code: bool = False
 
@@ -78,3 +80,4 @@ class Plan(Model):
     warnings: tuple[str, ...] = ()
     fits: bool = True
     suggestions: tuple[str, ...] = ()   # when nothing fits: what would (bigger GPU, more GPUs, QLoRA...)
+    engine_memory: EngineMemory | None = None   # a serving engine's start-up account (vLLM / SGLang plans)

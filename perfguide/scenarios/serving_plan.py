@@ -1,0 +1,301 @@
+"""infer_gpu_one / infer_gpu_many with a serving engine (vLLM, SGLang): weight format, tensor-parallel degree
+and replicas, and the engine's memory budget, each priced by the engine memory and speed models.
+
+The transformers plan stops at ``generate``; a server runs continuous batching over a paged KV cache, so the
+questions differ: which format (16-bit, FP8, int4 Marlin, bitsandbytes) fits with room for the cache and at
+what published quality cost, and whether G GPUs serve faster as one TP-G engine or G/t replicas of TP-t.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from .._serving_data import serving_facts
+from ..decisions import Alternative, Decision
+from ..errors import ConflictingConstraintsError
+from ..memory.serving import EngineMemory, describe, estimate_engine_memory, sglang_mem_fraction
+from ..memory.types import MemoryEstimate
+from ..setup import ServingSetup, Setup
+from ..speed.serving import ServingSpeed, estimate_serving_speed
+from ..speed.types import Throughput
+from .types import Candidate, Plan, Request
+
+ENGINE_FORMATS = ("fp8", "awq", "gptq")
+SRC_VLLM = "vLLM 0.33 docs: configuration/optimization.md, serving/parallelism_scaling.md; vllm/engine/arg_utils.py"
+SRC_SGLANG = "SGLang 0.5.23 docs: advanced_features/server_arguments.md; python/sglang/srt/server_args.py"
+MAX_SEQS = 256
+BATCHED_TOKENS = 8192
+
+
+class Priced(NamedTuple):
+    serving: ServingSetup
+    memory: EngineMemory
+    speed: ServingSpeed | None
+
+
+def engine_of(request: Request) -> str:
+    return request.constraints.engine or "transformers"
+
+
+def check_engine(scenario: str, engine: str | None, quantization: str | None, strategy: str | None) -> None:
+    """One-line refusals for engine constraints a plan cannot honour (never a quiet substitute)."""
+    if engine in ("vllm", "sglang") and not scenario.startswith("infer_gpu"):
+        raise ConflictingConstraintsError(f"engine={engine!r} serves on GPUs; scenario {scenario!r} does not: "
+                                          "use scenario='infer_gpu_one' or 'infer_gpu_many', or engine='transformers'")
+    if engine in (None, "transformers") and quantization in ENGINE_FORMATS:
+        raise ConflictingConstraintsError(f"quantization={quantization!r} is planned for the serving engines here; "
+                                          "use engine='vllm' or 'sglang', or quantization='int8'/'nf4' with transformers")
+    if engine in ("vllm", "sglang") and quantization == "int8":
+        raise ConflictingConstraintsError(f"quantization='int8' (bitsandbytes LLM.int8) is not an in-flight format of {engine}; "
+                                          "use quantization='fp8' (8-bit, quantized at load), 'nf4' (bitsandbytes 4-bit), 'awq' or 'gptq'")
+    if engine in ("vllm", "sglang") and strategy == "device_map":
+        raise ConflictingConstraintsError(f"strategy='device_map' is transformers' layer split; with engine={engine!r} "
+                                          "use strategy='tp' (tensor parallel) or 'single' (one replica per GPU)")
+
+
+def _formats(request: Request, engine: str) -> list[str]:
+    """Formats the engine and GPU run, cheapest in quality first; a named quantization is the only one tried."""
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    formats = serving_facts().formats
+    named = request.constraints.quantization
+    if named:
+        fmt = "bitsandbytes" if named == "nf4" else named
+        if engine not in formats[fmt].engines:
+            raise ConflictingConstraintsError(f"quantization={named!r} is not a format of {engine} {serving_facts().engines[engine].version} "
+                                              f"({'bitsandbytes is not among' if fmt == 'bitsandbytes' else 'not among'} its quantization choices); "
+                                              "use 'fp8', 'awq' or 'gptq', or engine='sglang'")
+        return [fmt]
+    half = "bf16" if gpu.supports_bf16 else "fp16"
+    ok = [f for f in (half, "fp8", "awq", "gptq", "bitsandbytes")
+          if gpu.compute_capability >= formats[f].min_cc and engine in formats[f].engines]
+    return sorted(ok, key=lambda f: formats[f].quality_cost_pct)
+
+
+def _degrees(request: Request, gpus: int) -> list[int]:
+    """TP degrees vLLM accepts: dividing the GPUs and the query heads; KV heads divide or are replicated."""
+    spec = request.model
+    kv = spec.num_key_value_heads
+    ok = [t for t in range(1, gpus + 1) if gpus % t == 0 and spec.num_attention_heads % t == 0 and (kv % t == 0 or t % kv == 0)]
+    forced = request.constraints.strategy
+    if forced == "single" or any(g.mig for g in request.hardware.gpus):
+        return [1]
+    if forced == "tp":
+        wide = [t for t in ok if t > 1]
+        if not wide:
+            raise ConflictingConstraintsError(f"strategy='tp' is not possible on {gpus} GPU(s): no degree > 1 divides both the GPUs and "
+                                              f"{spec.num_attention_heads} query heads; use strategy='single'")
+        return wide
+    return ok
+
+
+def _utilization(request: Request, engine: str, serving: ServingSetup) -> float:
+    """vLLM: 1 - headroom, below what the CUDA context leaves free. SGLang: its own default, capped the same way."""
+    from ..memory.overhead import cuda_context_bytes
+
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    room = 1 - request.constraints.headroom
+    if engine == "sglang":
+        return min(room, sglang_mem_fraction(gpu.memory_total, serving))
+    free = (gpu.memory_total - cuda_context_bytes(request.hardware)) / gpu.memory_total
+    return round(min(room, int(free * 100) / 100), 2)
+
+
+def _workload(request: Request) -> tuple[int, int]:
+    return request.constraints.prompt_len or request.seq_len, request.constraints.max_new_tokens
+
+
+def _sized(request: Request, engine: str, fmt: str, tp: int, gpus: int, eager: bool = False) -> ServingSetup:
+    prompt, output = _workload(request)
+    limit = request.model.max_position_embeddings or (prompt + output)
+    base = ServingSetup(engine=engine, weight_format=fmt, tensor_parallel_size=tp, data_parallel_size=gpus // tp,
+                        max_model_len=min(prompt + output, limit), max_num_seqs=request.constraints.batch_size or MAX_SEQS,
+                        max_num_batched_tokens=BATCHED_TOKENS, enforce_eager=eager,
+                        kv_cache_dtype="auto", enable_prefix_caching=True)
+    return base.model_copy(update={"gpu_memory_utilization": _utilization(request, engine, base)})
+
+
+def _batch(request: Request, mem: EngineMemory, serving: ServingSetup) -> int:
+    """Sequences one replica decodes at once: the requested concurrency split over replicas, else as many
+    workload-length sequences as the KV cache holds (up to max_num_seqs); latency preference runs one."""
+    prompt, output = _workload(request)
+    fit = max(1, mem.kv_cache_tokens // (prompt + output))
+    asked = request.constraints.batch_size
+    if asked:
+        return max(1, min(fit, -(-asked // serving.data_parallel_size)))
+    if request.constraints.prefer == "latency":
+        return 1
+    return min(fit, serving.max_num_seqs)
+
+
+def _price(request: Request, serving: ServingSetup) -> Priced:
+    mem = estimate_engine_memory(request.model, serving, request.hardware)
+    if not mem.fits:
+        return Priced(serving, mem, None)
+    prompt, output = _workload(request)
+    speed = estimate_serving_speed(request.model, serving, request.hardware, prompt, output, _batch(request, mem, serving))
+    return Priced(serving, mem, speed)
+
+
+def _score(request: Request, p: Priced) -> float:
+    assert p.speed is not None
+    return -p.speed.time_per_output_token_ms if request.constraints.prefer == "latency" else p.speed.output_tokens_per_s
+
+
+def _layouts(request: Request, engine: str, fmt: str, gpus: int) -> list[Priced]:
+    """Every TP degree for one format; a layout that only fits without CUDA graphs is priced eager."""
+    priced = []
+    for tp in _degrees(request, gpus):
+        p = _price(request, _sized(request, engine, fmt, tp, gpus))
+        if p.speed is None:
+            eager = _price(request, _sized(request, engine, fmt, tp, gpus, eager=True))
+            p = eager if eager.speed is not None else p
+        priced.append(p)
+    return priced
+
+
+def _choose(request: Request, engine: str, gpus: int) -> tuple[Priced | None, list[Priced]]:
+    """Formats within the acceptable quality cost compete on speed; a costlier tier is priced only when none of
+    the cheaper ones fits, and its fastest fitting layout wins."""
+    formats = serving_facts().formats
+    acceptable = serving_facts().acceptable_quality_cost_pct.value
+    tiers: dict[float, list[str]] = {}
+    for f in _formats(request, engine):
+        tiers.setdefault(max(formats[f].quality_cost_pct, acceptable), []).append(f)
+    priced = {tier: [p for f in tiers[tier] for p in _layouts(request, engine, f, gpus)] for tier in sorted(tiers)}
+    tried = [p for tier in sorted(priced) for p in priced[tier]]   # every format is priced: the report compares them all
+    best: Priced | None = None
+    for tier in sorted(priced):
+        fits = [p for p in priced[tier] if p.speed is not None]
+        if not fits:
+            continue
+        top = max(fits, key=lambda p: _score(request, p))
+        if best is None or _gain(request, top, best) >= serving_facts().quality_trade_speedup.value:
+            best = top
+    return best, tried
+
+
+def _gain(request: Request, new: Priced, old: Priced) -> float:
+    """How many times faster ``new`` is than ``old`` for the preference."""
+    assert new.speed is not None and old.speed is not None
+    if request.constraints.prefer == "latency":
+        return old.speed.time_per_output_token_ms / new.speed.time_per_output_token_ms
+    return new.speed.output_tokens_per_s / old.speed.output_tokens_per_s
+
+
+def _rank(request: Request, p: Priced) -> tuple[bool, float]:
+    return (p.speed is not None, _score(request, p) if p.speed is not None else p.memory.max_concurrency)
+
+
+def _row(p: Priced) -> str:
+    s = p.serving
+    where = f"TP{s.tensor_parallel_size} x {s.data_parallel_size} replica(s), {s.weight_format}"
+    if p.speed is None:
+        return f"{where}: does not fit ({p.memory.max_concurrency:.2f}x max_model_len in the KV cache)"
+    return (f"{where}: {p.speed.output_tokens_per_s:,.0f} tok/s at batch {p.speed.batch}/replica, "
+            f"{p.speed.time_per_output_token_ms:.1f} ms/token, KV {p.memory.kv_cache_tokens:,} tokens")
+
+
+def _format_decision(request: Request, chosen: Priced, tried: list[Priced]) -> Decision:
+    formats = serving_facts().formats
+    f = chosen.serving.weight_format
+    facts = formats[f]
+    best: dict[str, Priced] = {}
+    for p in tried:  # each other format's best layout (a fitting one over one that does not)
+        k = p.serving.weight_format
+        if k != f and (k not in best or _rank(request, p) > _rank(request, best[k])):
+            best[k] = p
+    alts = tuple(Alternative(value=k, number=formats[k].quality_cost_pct, unit="% quality cost",
+                             why_not=_row(p) + f"; published quality cost ~{formats[k].quality_cost_pct}%")
+                 for k, p in best.items())
+    ckpt = f" Needs a {f.upper()} checkpoint of {request.model.name} (pass its repo as model)." if facts.checkpoint else ""
+    acceptable, trade = serving_facts().acceptable_quality_cost_pct.value, serving_facts().quality_trade_speedup.value
+    why = ("named by the quantization constraint" if request.constraints.quantization else
+           f"the fastest fitting format within {acceptable}% published quality cost"
+           if facts.quality_cost_pct <= acceptable else
+           f"no format within {acceptable}% quality cost fits, or this one is at least {trade}x faster than the best that does")
+    assert chosen.speed is not None
+    return Decision(setting="quantization", value=facts.vllm if chosen.serving.engine == "vllm" else facts.sglang,
+                    number=facts.quality_cost_pct, unit="% quality cost", source=facts.source, alternatives=alts,
+                    reason=f"{f}: {why}; {chosen.speed.output_tokens_per_s:,.0f} tok/s, published quality cost ~{facts.quality_cost_pct}%.{ckpt}")
+
+
+def _layout_decision(request: Request, chosen: Priced, tried: list[Priced]) -> Decision:
+    s = chosen.serving
+    same = [p for p in tried if p.serving.weight_format == s.weight_format and p.serving != s]
+    alts = tuple(Alternative(value=f"tp={p.serving.tensor_parallel_size} dp={p.serving.data_parallel_size}", why_not=_row(p))
+                 for p in same)
+    return Decision(setting="tensor_parallel_size", value=s.tensor_parallel_size, number=_score(request, chosen),
+                    unit="ms/token (negative)" if request.constraints.prefer == "latency" else "tokens/s",
+                    reason=f"best predicted {request.constraints.prefer} of the layouts that fit: {_row(chosen)}; tensor parallel "
+                           "cuts per-token latency but pays two all-reduces per layer, replicas multiply throughput",
+                    source="Lambda vllm-benchmark (data parallel beats tensor parallel once the model fits); " + SRC_VLLM,
+                    alternatives=alts)
+
+
+def _memory_decision(chosen: Priced) -> Decision:
+    m, s = chosen.memory, chosen.serving
+    setting = "gpu_memory_utilization" if s.engine == "vllm" else "mem_fraction_static"
+    eager = " CUDA graphs are off (enforce_eager): their memory is what lets max_model_len fit." if s.enforce_eager else ""
+    return Decision(setting=setting, value=s.gpu_memory_utilization, number=float(m.kv_cache_tokens), unit="KV cache tokens",
+                    reason=f"{describe(m)}.{eager}",
+                    source="vllm 0.33 vllm/v1/worker/gpu_worker.py determine_available_memory" if s.engine == "vllm" else
+                    "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes")
+
+
+def _to_memory(m: EngineMemory, request: Request) -> MemoryEstimate:
+    kv = max(0, m.kv_cache_bytes)
+    peak = m.weights + m.activation_peak + kv
+    total = m.budget + m.cuda_context
+    return MemoryEstimate(weights=m.weights, gradients=0, optimizer_states=0, activations=m.activation_peak, kv_cache=kv,
+                          other=m.non_torch + m.cuda_graphs, cuda_context=m.cuda_context, peak_allocated=peak,
+                          peak_reserved=peak + m.non_torch + m.cuda_graphs, device_total=total, capacity=m.total,
+                          fits=m.fits and total <= m.total, notes=(describe(m),))
+
+
+def _to_throughput(p: Priced) -> Throughput:
+    if p.speed is None:
+        return Throughput(step_time_s=0.0, tokens_per_s=0.0)
+    sp = p.speed
+    return Throughput(step_time_s=sp.time_per_output_token_ms / 1000, tokens_per_s=sp.output_tokens_per_s,
+                      prefill_time_s=sp.ttft_ms / 1000, decode_tokens_per_s=1000 / sp.time_per_output_token_ms,
+                      time_per_output_token_ms=sp.time_per_output_token_ms, bound=sp.bound, comm_time_s=sp.comm_ms / 1000)
+
+
+def _setup(request: Request, p: Priced) -> Setup:
+    prompt, output = _workload(request)
+    s = p.serving
+    dtype = "fp16" if s.weight_format == "fp16" else "bf16"
+    return Setup(task="infer", micro_batch_size=p.speed.batch if p.speed else 1,
+                 seq_len=prompt, new_tokens=output, weights_dtype=dtype, strategy="tp" if s.tensor_parallel_size > 1 else "single",
+                 num_gpus=s.tensor_parallel_size * s.data_parallel_size, serving=s)
+
+
+def plan(request: Request) -> Plan:
+    """The engine plan: format, layout, budget; a layout nothing fits comes back with fits=False and why."""
+    engine = engine_of(request)
+    gpus = min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
+    if request.scenario == "infer_gpu_one":
+        gpus = 1
+    chosen, tried = _choose(request, engine, gpus)
+    engine_decision = Decision(setting="engine", value=engine, reason=f"{engine} named by the engine constraint: continuous batching "
+                               "over a paged KV cache", source=SRC_VLLM if engine == "vllm" else SRC_SGLANG)
+    candidates = tuple(Candidate(setup=_setup(request, p), memory=_to_memory(p.memory, request), throughput=_to_throughput(p),
+                                 verdict="chosen" if chosen is not None and p is chosen else "fits" if p.speed else "does-not-fit",
+                                 why=_row(p)) for p in tried)
+    if chosen is None:
+        best = max(tried, key=lambda p: p.memory.max_concurrency)
+        return Plan(setup=_setup(request, best), memory=_to_memory(best.memory, request), throughput=_to_throughput(best),
+                    decisions=(engine_decision,), candidates=candidates, fits=False, engine_memory=best.memory,
+                    suggestions=(f"no format and layout leaves room for one {best.serving.max_model_len}-token sequence; best: {_row(best)}. "
+                                 "Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU",))
+    decisions = [engine_decision, _format_decision(request, chosen, tried), _memory_decision(chosen)]
+    if gpus > 1:
+        decisions.append(_layout_decision(request, chosen, tried))
+    warnings: tuple[str, ...] = ()
+    if serving_facts().formats[chosen.serving.weight_format].checkpoint:
+        warnings = (f"{chosen.serving.weight_format.upper()} needs a pre-quantized checkpoint: serve an {chosen.serving.weight_format.upper()} "
+                    f"repo of {request.model.name}, not the 16-bit one",)
+    return Plan(setup=_setup(request, chosen), memory=_to_memory(chosen.memory, request), throughput=_to_throughput(chosen),
+                decisions=tuple(decisions), candidates=candidates, warnings=warnings, fits=True, engine_memory=chosen.memory)

@@ -1,0 +1,122 @@
+"""Speed of a serving engine under continuous batching: bandwidth-bound decode until the batch makes it
+compute-bound, chunked prefill, tensor-parallel all-reduces, replicas, MoE routing and quantized kernels.
+
+One decode step of ``batch`` running sequences reads the weights once (an MoE layer only the experts some
+token was routed to), every sequence's KV cache, and does 2 x active params FLOPs per token; it takes the
+longer of the two at the achieved bandwidth / FLOP rate (roofline), plus two all-reduces per layer under
+tensor parallelism (latency + ring bytes over the link) and the scheduler's per-step cost. Quantized formats
+read fewer bytes at their kernel's efficiency (Marlin int4, FP8) and compute in FP8 only where the GPU has it.
+Prefill is compute bound; with chunked prefill it shares steps with decode, which costs its FLOPs once.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from .._base import Model
+from .._serving_data import FormatFacts, serving_facts
+from ..hardware.types import GPU, Hardware
+from ..memory.serving import format_weight_bytes, kv_bytes_per_token
+from ..model.types import ModelSpec, linear_weight_count
+from ..setup import ServingSetup
+
+
+class ServingSpeed(Model):
+    """One engine replica layout (all its replicas together) on a fixed workload."""
+
+    batch: int = Field(ge=1, description="sequences decoding together in one replica")
+    time_per_output_token_ms: float = Field(gt=0, description="one decode step at that batch")
+    ttft_ms: float = Field(gt=0, description="prefill of one prompt, alone")
+    output_tokens_per_s: float = Field(gt=0, description="all replicas, steady state")
+    bound: str
+    weight_bytes_read: int = Field(ge=0, description="per rank per decode step")
+    comm_ms: float = Field(ge=0, description="all-reduce time per decode step")
+
+
+def _compute_rate(gpu: GPU, fmt: FormatFacts) -> float:
+    """Achieved FLOP/s: FP8 tensor cores only where the GPU has them, else the 16-bit rate (weight-only kernels)."""
+    eff = serving_facts().compute_efficiency.value
+    if fmt.compute == "fp8" and gpu.supports_fp8 and gpu.fp8_tflops:
+        return gpu.fp8_tflops * 1e12 * eff
+    return (gpu.half_tflops("bf16" if gpu.supports_bf16 else "fp16") or gpu.fp32_tflops or 15.0) * 1e12 * eff
+
+
+def routed_expert_fraction(spec: ModelSpec, batch: int) -> float:
+    """Expected share of an MoE layer's experts a decode step touches: each of ``batch`` tokens picks k of E,
+    so an expert stays cold with probability (1 - k/E)^batch. Batch 1 reads k/E of them; large batches all."""
+    if not spec.is_moe:
+        return 1.0
+    return 1.0 - (1.0 - spec.num_experts_per_tok / spec.num_experts) ** batch
+
+
+def weight_bytes_read(spec: ModelSpec, serving: ServingSetup, batch: int) -> int:
+    """Bytes of weights one rank streams per decode step (cold experts are skipped)."""
+    total = format_weight_bytes(spec, serving.weight_format)
+    if spec.is_moe:
+        expert = linear_weight_count({k: v for k, v in spec.block_linears.items() if k.startswith("experts.")}, spec.num_experts)
+        expert_bytes = total * expert * spec.total_layers / spec.total_params
+        total = int(total - expert_bytes * (1.0 - routed_expert_fraction(spec, batch)))
+    return total // (serving.tensor_parallel_size * serving.pipeline_parallel_size)
+
+
+def allreduce_s(hardware: Hardware, tp: int, message_bytes: float) -> float:
+    """One ring all-reduce over ``tp`` ranks: a latency term plus 2(t-1)/t of the message over the bus."""
+    if tp < 2:
+        return 0.0
+    link = serving_facts().tp_allreduce.value.get(hardware.interconnect) or serving_facts().tp_allreduce.value["pcie"]
+    return link.latency_s + 2 * (tp - 1) / tp * message_bytes / (link.bus_gbps * 1e9)
+
+
+def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int) -> tuple[float, str, int, float]:
+    """(seconds, bound, weight bytes read, comm seconds) of one decode step of ``batch`` sequences at ``context``."""
+    gpu = hardware.smallest_gpu
+    assert gpu is not None
+    facts = serving_facts()
+    fmt = facts.formats[serving.weight_format]
+    engine = facts.engines[serving.engine]
+    tp = serving.tensor_parallel_size
+    bandwidth = (gpu.memory_bandwidth_gbps or 900.0) * 1e9 * facts.decode_bandwidth_efficiency.value
+    weights = weight_bytes_read(spec, serving, batch)
+    kv = batch * context * kv_bytes_per_token(spec, serving)
+    memory_s = weights / (bandwidth * fmt.decode_efficiency) + kv / bandwidth
+    attn = 4 * (spec.num_decoder_layers or spec.num_layers) * spec.num_attention_heads * spec.head_dim * context
+    compute_s = batch * (2 * spec.active_params + attn) / tp / _compute_rate(gpu, fmt)
+    comm_s = 2 * spec.total_layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
+    overhead = engine.step_overhead_s + (spec.total_layers * 1.5e-4 if serving.enforce_eager else 0.0)
+    bound = "memory-bandwidth" if memory_s >= compute_s else "compute"
+    if comm_s > max(memory_s, compute_s):
+        bound = "communication"
+    return max(memory_s, compute_s) + comm_s + overhead, bound, weights, comm_s
+
+
+def prefill_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt: int) -> float:
+    """One prompt's prefill: compute bound (2 x active params per token + causal attention), chunked into
+    ``max_num_batched_tokens`` pieces, each with its all-reduces of chunk x hidden activations."""
+    gpu = hardware.smallest_gpu
+    assert gpu is not None
+    fmt = serving_facts().formats[serving.weight_format]
+    tp = serving.tensor_parallel_size
+    layers = spec.num_decoder_layers or spec.num_layers
+    flops = 2 * spec.active_params * prompt + 2 * layers * spec.num_attention_heads * spec.head_dim * prompt * prompt
+    chunks = math.ceil(prompt / serving.max_num_batched_tokens)
+    chunk = min(prompt, serving.max_num_batched_tokens)
+    comm = chunks * 2 * spec.total_layers * allreduce_s(hardware, tp, chunk * spec.hidden_size * 2)
+    return flops / tp / _compute_rate(gpu, fmt) + comm
+
+
+def estimate_serving_speed(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt: int, output: int, batch: int) -> ServingSpeed:
+    """Steady state of ``batch`` concurrent requests per replica, each ``prompt`` in and ``output`` out.
+
+    Serving ``batch`` requests takes ``output`` decode steps (at the mean context) plus every prompt's
+    prefill FLOPs (chunked prefill folds them into the same steps, so they add their compute once).
+    """
+    mean_context = prompt + max(output - 1, 0) // 2
+    step, bound, read, comm = decode_step_s(spec, serving, hardware, batch, mean_context)
+    first = prefill_s(spec, serving, hardware, prompt)
+    cycle = output * step + batch * first
+    replicas = serving.data_parallel_size
+    return ServingSpeed(batch=batch, time_per_output_token_ms=step * 1000, ttft_ms=first * 1000,
+                        output_tokens_per_s=replicas * batch * output / cycle, bound=bound,
+                        weight_bytes_read=read, comm_ms=comm * 1000)
