@@ -8,6 +8,7 @@ from typing import Any
 from ._base import build_strict
 from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, unknown_value
 from .hardware.types import Hardware
+from .memory.factors import Factors
 from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
 from .recommendation import Recommendation
@@ -123,12 +124,20 @@ def recommend(
         seq_len=seq_len,
         global_batch_size=global_batch_size or _default_global_batch(scenario, cons, hw),
         constraints=cons,
+        calibration=_calibration(hw, spec) if scenario.startswith("train") else None,
     )
     logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")
     plan = planner(scenario)(request)
     if context_warnings:
         plan = plan.model_copy(update={"warnings": (*context_warnings, *plan.warnings)})
     return Recommendation(request=request, **dict(plan))
+
+
+def _calibration(hw: Hardware | None, spec: ModelSpec) -> Factors | None:
+    """The one place the calibration store is read: the cost model below only ever receives the factors."""
+    from .measure.calibration import factors_for
+
+    return factors_for(hw, spec)
 
 
 def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
@@ -151,7 +160,7 @@ def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | 
     if method == "analytic":
         from .memory import estimate_memory
 
-        return estimate_memory(spec, s, hw)
+        return estimate_memory(spec, s, hw, _calibration(hw, spec) if s.task == "train" else None)
     if method == "trace":
         return _trace(spec, s, hw)
     raise unknown_value("estimate method", method, ("analytic", "trace"))

@@ -151,13 +151,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    if importlib.util.find_spec("perfguide.calibrate") is None:
-        _note("error: `perfguide calibrate` is not available in this version of perfguide yet")
-        return 2
-    from . import calibrate
+    from . import cli_calibrate
 
     with progress("calibrating: running a few real training steps on this machine"):
-        return int(calibrate.main(args) or 0)
+        return cli_calibrate.main(args)
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -224,10 +221,9 @@ def _add_estimate(subs: Any, common: argparse.ArgumentParser) -> None:
 def _add_calibrate(subs: Any, common: argparse.ArgumentParser) -> None:
     p = _subparser(subs, "calibrate", cmd_calibrate, "Run a few real steps here and refine later estimates for this machine.",
                    parents=[common])
-    if importlib.util.find_spec("perfguide.calibrate") is not None:
-        from .calibrate import add_arguments
+    from .cli_calibrate import add_arguments
 
-        add_arguments(p)
+    add_arguments(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

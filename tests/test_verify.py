@@ -10,9 +10,10 @@ import torch
 from helpers import TINY_LLAMA, hardware, tiny_model, token_dataset
 
 import perfguide
-from perfguide.calibrate import Factors, factors, record
-from perfguide.integrations.callback import PerfGuideCallback
+from perfguide.measure import PerfGuideCallback, record
 from perfguide.measure.batch_finder import find_micro_batch, torch_try_step
+from perfguide.measure.calibration import factors_for
+from perfguide.memory import Factors
 
 SEQ = 32
 
@@ -68,12 +69,12 @@ def test_calibration_round_trip(rec, tmp_path):
     result = perfguide.verify(tiny_model(), rec, steps=2)
     record(rec, result, path=path)
     record(rec, result, path=path)
-    f = factors(rec.hardware, path=path)
+    f = factors_for(rec.hardware, rec.model, path=path)
     assert isinstance(f, Factors) and f.samples == 2
     step = result.comparison("step_time_s")
     if 0.33 <= step.ratio <= 3:
         assert f.step_time == pytest.approx(step.ratio)
-    assert factors(hardware("a100"), path=path) is None  # named hardware is never calibrated by this machine
+    assert factors_for(hardware("a100"), rec.model, path=path) is None  # named hardware is never calibrated by this machine
 
 
 def test_real_batch_finder_keeps_global_batch(rec):
@@ -100,9 +101,13 @@ def test_recorded_calibration_changes_later_estimates_on_this_machine(rec, monke
     assert any("calibrated" in n for n in after.notes)
     from perfguide.speed import estimate_speed
 
-    named_twin = rec.hardware.model_copy(update={"source": "named"})  # same machine, never calibrated
-    assert estimate_speed(rec.model, rec.setup, rec.hardware).step_time_s == pytest.approx(
-        estimate_speed(rec.model, rec.setup, named_twin).step_time_s * 2.0)
+    # the cost model itself is pure: it scales only by the factors it is handed
+    f = factors_for(rec.hardware, rec.model)
+    assert f is not None and f.step_time == pytest.approx(2.0)
+    assert estimate_speed(rec.model, rec.setup, rec.hardware, f).step_time_s == pytest.approx(
+        estimate_speed(rec.model, rec.setup, rec.hardware).step_time_s * 2.0)
+    again = perfguide.recommend(rec.model, "train_cpu", hardware=rec.hardware, seq_len=SEQ, global_batch_size=4)
+    assert again.request.calibration == f and any("calibrated" in n for n in again.memory.notes)
     # a named target is somebody else's machine: never calibrated
     named = perfguide.estimate(rec.model, rec.setup, hardware=hardware("a100"))
     assert not any("calibrated" in n for n in named.notes)
@@ -122,5 +127,39 @@ def test_calibrate_cli_runs_real_steps_and_records(tmp_path, monkeypatch, capsys
     out = capsys.readouterr().out
     assert code == 0 and "step_time_s: predicted" in out and "recorded in" in out
     stored = json.loads((tmp_path / "cache" / "calibration.json").read_text())
-    runs = [r for m in stored["machines"].values() for r in m["runs"]]
-    assert len(runs) == 1 and runs[0]["step_time_s"] > 0
+    runs = stored["runs"]
+    assert len(runs) == 1 and runs[0]["ratios"]["step_time_s"] > 0 and runs[0]["family"] == "llama"
+
+
+def test_calibrate_refuses_a_plan_that_does_not_fit(tmp_path, monkeypatch, capsys):
+    """Training a plan whose own verdict is "does not fit" would record an OOM as calibration."""
+    from perfguide.cli import main
+
+    monkeypatch.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path))
+    code = main(["calibrate", "llama-3.1-70b", "--seq-len", "2048", "--global-batch-size", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "does not fit" in err and "Traceback" not in err
+    assert not (tmp_path / "calibration.json").exists()
+
+
+@pytest.mark.slow
+def test_calibrate_an_encoder_decoder(tmp_path, monkeypatch, capsys):
+    """`perfguide calibrate t5-small` used to die inside T5's forward (no decoder_start_token_id in the config)."""
+    import json
+
+    from perfguide.cli import main
+
+    monkeypatch.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path))
+    code = main(["calibrate", "t5-small", "--steps", "1", "--seq-len", "8", "--global-batch-size", "1"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    (run,) = json.loads((tmp_path / "calibration.json").read_text())["runs"]
+    assert run["family"] == "t5" and run["ratios"]
+
+
+def test_verify_with_a_smaller_vocabulary_than_the_plan_is_one_line(rec):
+    from helpers import one_line
+
+    with pytest.raises(perfguide.PerfGuideError) as exc:
+        perfguide.verify(tiny_model(vocab_size=64), rec, steps=1)
+    one_line(exc, "vocab_size=128", "64")

@@ -53,6 +53,25 @@ def cuda_device_used(index: int = 0) -> int | None:
         return None
 
 
+def cuda_device_processes(index: int = 0) -> int | None:
+    """Processes (compute and graphics) holding memory on the device; None when NVML cannot say.
+
+    A CUDA context is only measurable as "used minus reserved" when this process is alone on the device;
+    with another tenant the difference is that tenant's memory."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            procs = [*pynvml.nvmlDeviceGetComputeRunningProcesses(handle), *pynvml.nvmlDeviceGetGraphicsRunningProcesses(handle)]
+            return len({p.pid for p in procs})
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - a missing driver must not break a measurement
+        return None
+
+
 class StepTimer:
     """Times steps; the first ``warmup`` steps (allocations, compilation) are not averaged."""
 

@@ -20,6 +20,7 @@ class Measurement(Model):
     peak_allocated: int | None = None     # torch.cuda.max_memory_allocated
     peak_reserved: int | None = None      # torch.cuda.max_memory_reserved
     device_total: int | None = None       # NVML used memory at the peak
+    device_processes: int | None = None   # processes NVML saw on the device (1 = this one alone); None = unknown
     rss_baseline: int | None = None       # CPU: RSS when training started (model already loaded)
     rss_peak: int | None = None
     rss_growth: int | None = None         # CPU: peak - baseline = grads + optimizer + activations

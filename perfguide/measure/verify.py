@@ -43,6 +43,20 @@ def smaller_setup(setup: Setup) -> Setup | None:
     return None
 
 
+def _check_vocabulary(model: Any, rec: Recommendation) -> None:
+    """Random rows use token ids up to the plan's vocabulary; a smaller embedding would fail inside the forward
+    with an index error, so say which two numbers disagree instead."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    rows = getattr(emb, "num_embeddings", None)
+    if isinstance(rows, int) and rows < rec.model.vocab_size:
+        from ..errors import PerfGuideError
+
+        raise PerfGuideError(f"the model's input embedding has {rows} rows but the plan is for {rec.model.name!r} with "
+                             f"vocab_size={rec.model.vocab_size}; verify the model the plan was made for, or pass dataset= "
+                             "with token ids below the model's vocabulary")
+
+
 def _is_oom(exc: BaseException) -> bool:
     import torch
 
@@ -86,12 +100,14 @@ def verify(
     """Measured vs predicted peak memory and step time for ``steps`` optimizer steps of ``rec``."""
     from transformers import Trainer
 
-    from ..integrations.callback import PerfGuideCallback
+    from .callback import PerfGuideCallback
 
     if steps < 1:
         from ..errors import PerfGuideError
 
         raise PerfGuideError(f"steps must be >= 1, got {steps}")
+    if dataset is None:
+        _check_vocabulary(model, rec)
     if prepare:
         model = rec.prepare_model(model)
     s = rec.setup

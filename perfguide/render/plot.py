@@ -85,7 +85,7 @@ def _price(rec: Recommendation, setup: Setup) -> int | None:
     from ..memory import estimate_memory
 
     try:
-        return estimate_memory(rec.model, setup, rec.hardware).device_total
+        return estimate_memory(rec.model, setup, rec.hardware, rec.request.calibration).device_total
     except (PerfGuideError, NotImplementedError):
         return None
 

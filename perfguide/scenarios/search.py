@@ -16,7 +16,7 @@ from functools import lru_cache
 from .._base import GiB
 from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..hardware.types import GPU, Hardware
-from ..memory import estimate_memory
+from ..memory import Factors, estimate_memory
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..setup import Setup
@@ -93,22 +93,23 @@ def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
     return (usable is None or memory.device_total <= usable) and fits_ram(memory, hardware, headroom)
 
 
-def quiet_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+def quiet_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Throughput:
     """Speed of a candidate without its warnings: only the chosen setup's warnings reach the plan."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return estimate_speed(spec, setup, hardware)
+        return estimate_speed(spec, setup, hardware, factors)
 
 
-def speed_warnings(spec: ModelSpec, setup: Setup, hardware: Hardware) -> list[str]:
+def speed_warnings(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        estimate_speed(spec, setup, hardware)
+        estimate_speed(spec, setup, hardware, factors)
     return list(dict.fromkeys(str(w.message) for w in caught))
 
 
-def price(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Priced:
-    return Priced(setup, estimate_memory(spec, setup, hardware), quiet_speed(spec, setup, hardware))
+def price(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Priced:
+    """``factors``: this machine's calibration for this model (Request.calibration); None for other machines."""
+    return Priced(setup, estimate_memory(spec, setup, hardware, factors), quiet_speed(spec, setup, hardware, factors))
 
 
 def divisors(n: int) -> list[int]:
@@ -139,14 +140,14 @@ def _speed_key(p: Priced) -> tuple[float, int, str]:
 
 
 def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int,
-                      choices: list[int], headroom: float) -> Option:
+                      choices: list[int], headroom: float, factors: Factors | None = None) -> Option:
     """Binary-search the largest fitting micro-batch (memory grows with it), then take the fastest fitting one."""
     lo, hi = 0, len(choices) - 1
     largest: Priced | None = None
     too_big: Priced | None = None
     while lo <= hi:
         mid = (lo + hi) // 2
-        p = price(spec, with_micro(template, choices[mid], per_rank_batch), hardware)
+        p = price(spec, with_micro(template, choices[mid], per_rank_batch), hardware, factors)
         if fits(p.memory, hardware, headroom):
             largest, lo = p, mid + 1
         else:
@@ -154,11 +155,11 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
     if largest is None:
         return Option(template, None, too_big)
     smaller = [c for c in choices if c < largest.setup.micro_batch_size]
-    timed = [(quiet_speed(spec, s, hardware), s) for s in (with_micro(template, c, per_rank_batch) for c in smaller)]
+    timed = [(quiet_speed(spec, s, hardware, factors), s) for s in (with_micro(template, c, per_rank_batch) for c in smaller)]
     faster = [(t, s) for t, s in timed if t.step_time_s < largest.step_time]
     if faster:
         t, s = min(faster, key=lambda ts: ts[0].step_time_s)
-        largest = Priced(s, estimate_memory(spec, s, hardware), t)
+        largest = Priced(s, estimate_memory(spec, s, hardware, factors), t)
     return Option(template, largest, too_big)
 
 
@@ -167,11 +168,12 @@ def rank(priced: list[Priced]) -> list[Priced]:
 
 
 def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batch: int,
-           choices: list[int], headroom: float, choose: Callable[[list[Priced]], Priced] | None = None) -> SearchResult:
+           choices: list[int], headroom: float, choose: Callable[[list[Priced]], Priced] | None = None,
+           factors: Factors | None = None) -> SearchResult:
     """Walk the rungs; stop at the first with a fitting candidate and choose its fastest (or what ``choose`` picks)."""
     result = SearchResult(chosen=None, rung=None)
     for rung in rungs:
-        opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom) for t in rung.templates]
+        opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom, factors) for t in rung.templates]
         result.options += [(rung, o) for o in opts]
         fitting = [o.best for o in opts if o.best is not None]
         if fitting:

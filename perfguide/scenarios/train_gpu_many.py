@@ -108,7 +108,8 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
                 why = "allow_offload=False"
             if why is None and cons.strategy is not None and lay.strategy != cons.strategy:
                 why = f"strategy={cons.strategy!r} was requested"
-            opt = best_for_template(request.model, lay.apply(template), request.hardware, batch, choices, cons.headroom)
+            opt = best_for_template(request.model, lay.apply(template), request.hardware, batch, choices, cons.headroom,
+                                    request.calibration)
             out.append((lay, lv, opt, why))
     return out
 

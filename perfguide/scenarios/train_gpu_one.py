@@ -95,14 +95,15 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     def run(kind: str) -> SearchResult:
         rungs = training_rungs(base, prec.autocast, prec.half, prec.pure_half_allowed, finetune=kind, lora=lora,
                                optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing)
-        return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose)
+        return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose,
+                      factors=request.calibration)
 
     result = run(mode)
     warnings = list(prec.warnings)
     adapters = {} if mode != "full" or cons.from_scratch else {k: run(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
     decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters)]
-    warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw)
+    warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     suggestions = () if result.chosen else (suggest or what_would_fit)(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
                                                           if c.verdict != "does-not-fit" or r.chosen is None)

@@ -9,6 +9,7 @@ from pydantic import Field
 from .._base import Model
 from ..decisions import Decision
 from ..hardware.types import Hardware
+from ..memory.factors import Factors
 from ..memory.serving import EngineMemory
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
@@ -57,6 +58,7 @@ class Request(Model):
     seq_len: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
     constraints: Constraints = Constraints()
+    calibration: Factors | None = None   # this machine's measured ratios for this model's family / size band
 
 
 class Candidate(Model):

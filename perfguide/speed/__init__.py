@@ -1,4 +1,5 @@
-"""Speed cost model: FLOPs, achievable TFLOP/s, communication and offload time (refined by calibration)."""
+"""Speed cost model: FLOPs, achievable TFLOP/s, communication and offload time (scaled by calibration
+factors when the caller passes them)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,26 @@ from .types import Throughput
 
 if TYPE_CHECKING:
     from ..hardware.types import Hardware
+    from ..memory.factors import Factors
     from ..model.types import ModelSpec
     from ..setup import Setup
 
 
-def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
-    from ..calibrate import apply_speed
+def apply_speed(tp: Throughput, setup: Setup, factors: Factors | None) -> Throughput:
+    """Scale step time by the measured/predicted ratio of similar verified runs on this machine."""
+    from ..memory.factors import applies, clamp
+
+    if factors is None or not applies(factors, setup) or factors.step_time == 1.0:
+        return tp
+    k = clamp(factors.step_time)
+    return tp.model_copy(update={"step_time_s": tp.step_time_s * k, "tokens_per_s": tp.tokens_per_s / k,
+                                 "achievable_tflops": tp.achievable_tflops / k, "mfu": tp.mfu / k})
+
+
+def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Throughput:
     from .model import estimate_speed as model
 
-    return apply_speed(model(spec, setup, hardware), setup, hardware)
+    return apply_speed(model(spec, setup, hardware), setup, factors)
 
 
-__all__ = ["Throughput", "estimate_speed"]
+__all__ = ["Throughput", "apply_speed", "estimate_speed"]
