@@ -61,6 +61,7 @@ class LinkTable(Model):
 class ServingFacts(Model):
     engines: dict[str, EngineFacts]
     formats: dict[str, FormatFacts]
+    driver_reserved_bytes: Sourced
     acceptable_quality_cost_pct: Sourced
     quality_trade_speedup: Sourced
     decode_bandwidth_efficiency: Sourced

@@ -144,7 +144,8 @@ def estimate_engine_memory(spec: ModelSpec, serving: ServingSetup, hardware: Har
     if gpu is None:
         raise ValueError("a serving engine needs a GPU")
     facts = serving_facts().engines[serving.engine]
-    total, context = gpu.memory_total, cuda_context_bytes(hardware)
+    # the engines budget from the total CUDA reports, a little under the board total the datasheet row holds
+    total, context = gpu.memory_total - int(serving_facts().driver_reserved_bytes.value), cuda_context_bytes(hardware)
     weights = rank_weight_bytes(spec, serving)
     per_token = kv_bytes_per_token(spec, serving)
     graphs = len(cuda_graph_sizes(serving, facts)) * facts.cuda_graph_bytes_per_size
