@@ -62,6 +62,22 @@ class Recommendation(Plan):
 
         return prepare_model(self, model)
 
+    def optimizers(self, model: Any, args: Any) -> tuple[Any, Any]:
+        """``Trainer(optimizers=...)``: the plan's optimizer stepped inside backward when ``optimizer_in_backward``,
+        else ``(None, None)`` (the Trainer builds its own from ``optim``)."""
+        if not self.setup.optimizer_in_backward:
+            return None, None
+        from .integrations.optim_in_backward import trainer_optimizers
+
+        return trainer_optimizers(self, model, args)
+
+    def data_collator(self, tokenizer: Any = None) -> Any:
+        """The collator the plan's tokens/s assume: ``DataCollatorWithFlattening`` when padding-free, else None
+        (the Trainer's default)."""
+        from .integrations.collate import data_collator
+
+        return data_collator(self, tokenizer)
+
     def generation_kwargs(self) -> dict[str, Any]:
         from .integrations.transformers import generation_kwargs
 

@@ -16,7 +16,7 @@ from .errors import InvalidSetupError, did_you_mean
 
 Task = Literal["train", "infer"]
 WeightsDtype = Literal["fp32", "bf16", "fp16", "int8", "nf4"]
-Autocast = Literal["bf16", "fp16"]
+Autocast = Literal["bf16", "fp16", "fp8"]
 AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
 Strategy = Literal[
     "single", "ddp", "fsdp", "fsdp_shard_grad_op", "zero1", "zero2", "zero3",  # training
@@ -92,6 +92,19 @@ class Setup(Model):
     dataloader_num_workers: int = Field(default=0, ge=0)
     dataloader_pin_memory: bool = True
     cpu_threads: int | None = Field(default=None, ge=1)
+    # the modern technique stack (perfguide/techniques/; each field's rules live with its technique)
+    liger_kernel: bool = Field(default=False, description="Liger Triton kernels: fused linear cross-entropy (no full logits), RMSNorm, RoPE, SwiGLU")
+    optimizer_in_backward: bool = Field(default=False, description="each parameter steps as its gradient is ready; gradients are never all held")
+    activation_offloading: bool = Field(default=False, description="checkpointed activations kept in pinned host RAM during forward")
+    padding_free: bool = Field(default=False, description="samples concatenated without padding (DataCollatorWithFlattening / TRL padding_free)")
+    avg_seq_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample (None: every sample fills seq_len)")
+
+    @model_validator(mode="after")
+    def _techniques(self) -> Setup:
+        problem = technique_conflict(self)
+        if problem:
+            raise ValueError(problem)
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Setup:
@@ -124,6 +137,8 @@ class Setup(Model):
     @property
     def compute_dtype(self) -> str:
         """The dtype matmuls run in: autocast wins, else the (de)quantized weight dtype."""
+        if self.autocast == "fp8":
+            return "bf16"  # only the block Linears' GEMMs run in fp8; everything else (and the dtype names) stays bf16
         if self.autocast:
             return self.autocast
         if self.weights_dtype in ("int8", "nf4"):
@@ -148,6 +163,9 @@ class Setup(Model):
             parts.append(self.strategy)
         if self.offload_optimizer or self.offload_params:
             parts.append("offload")
+        parts += [word for on, word in ((self.optimizer_in_backward, "optim-in-bwd"), (self.liger_kernel, "liger"),
+                                        (self.activation_offloading, "act-offload"), (self.padding_free, "padding-free"),
+                                        (self.torch_compile and self.task == "train", "compile")) if on]
         return " ".join(parts)
 
     @classmethod
@@ -158,3 +176,26 @@ class Setup(Model):
         if not isinstance(value, dict):
             raise InvalidSetupError(f"setup must be a perfguide.Setup or a dict, got {type(value).__name__}")
         return build_strict(cls, value, "setup", InvalidSetupError, key=" key")
+
+
+def technique_conflict(s: Setup) -> str | None:
+    """Why these technique fields cannot run together (None: they can); one sentence naming what is accepted."""
+    if s.task != "train" and (s.liger_kernel or s.optimizer_in_backward or s.activation_offloading or s.padding_free):
+        return "liger_kernel, optimizer_in_backward, activation_offloading and padding_free are training techniques; use task='train'"
+    if s.autocast == "fp8" and s.device != "cuda":
+        return "autocast='fp8' needs an fp8-capable CUDA GPU (Hopper/Ada: H100, H200, L4, L40S, RTX 40xx); use 'bf16' on CPU"
+    if (s.liger_kernel or s.activation_offloading) and s.device != "cuda":
+        return "liger_kernel and activation_offloading need a CUDA GPU (Triton kernels / pinned-memory streams); set them False on CPU"
+    if s.optimizer_in_backward:
+        if s.optimizer is None:
+            return "optimizer_in_backward needs an optimizer (optimizer='adamw_torch_fused', 'paged_adamw_8bit', ...)"
+        if s.gradient_accumulation_steps != 1:
+            return ("optimizer_in_backward steps each parameter as its gradient arrives, so gradient_accumulation_steps must be 1 "
+                    f"(got {s.gradient_accumulation_steps}); use a larger micro_batch_size instead")
+        if s.world_size > 1 or s.strategy != "single":
+            return f"optimizer_in_backward runs on one process without sharding: use strategy='single' and num_gpus=1, not {s.strategy!r} x {s.world_size}"
+        if s.autocast == "fp16":
+            return "optimizer_in_backward cannot use fp16 loss scaling (GradScaler checks all gradients before one step); use bf16 or fp32"
+    if s.avg_seq_len is not None and s.avg_seq_len > s.seq_len:
+        return f"avg_seq_len={s.avg_seq_len} exceeds seq_len={s.seq_len}; the mean real length of a sample is at most seq_len"
+    return None

@@ -66,6 +66,11 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
         kw["use_cpu"] = True
     if s.torch_compile:
         kw["torch_compile"] = True
+    if s.optimizer_in_backward:
+        # no moment holds every gradient: global-norm clipping cannot run (the Trainer default is 1.0)
+        kw["max_grad_norm"] = 0.0
+    if s.liger_kernel:
+        kw["use_liger_kernel"] = True
     if is_multi_process(s):
         # only valid inside a launched process (else "Default process group has not been initialized")
         kw["ddp_backend"] = "gloo" if s.device == "cpu" else "nccl"

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._base import GiB
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import activations as act
+from . import techniques as tech
 from .optimizers import OptimizerCost, TensorGroup, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_half, per_device
@@ -61,6 +63,11 @@ def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
                 for k, (i, o) in spec.block_linears.items()]
     rest = max(0, spec.total_params - spec.embedding_params - spec.lm_head_params - 2 * spec.hidden_size * layers)
     return [("block", spec.hidden_size, max(1, rest // (layers * spec.hidden_size)), layers)]
+
+
+def block_linear_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
+    """(in, out, count over the model) of every block Linear: what fp8 / quantization act on."""
+    return [(i, o, n) for _, i, o, n in _linear_shapes(spec)]
 
 
 def _linear_params(spec: ModelSpec) -> int:
@@ -215,35 +222,61 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     gather, unsharded = _gather_bytes(spec, setup)
     dev = per_device(states, setup, gather, unsharded)
 
-    lora_extra = act.lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
+    shape = tech.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
+    lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
-    act_setup = setup.model_copy(update={"lora": None}) if frozen_params_get_grads(setup) else setup
+    act_setup = shape.model_copy(update={"lora": None}) if frozen_params_get_grads(setup) else shape
     acts, recompute = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
+    cpu_ram = dev.cpu_ram
+    if setup.activation_offloading:
+        acts, to_host = tech.offloaded_boundary_bytes(acts, spec.total_layers)
+        cpu_ram += to_host
     if setup.autocast and setup.weights_dtype == "fp32":
         casts = _linear_params(spec) * 2
         acts += casts // spec.total_layers if setup.gradient_checkpointing else casts
-    logits = act.logits_bytes(spec, setup) if loss_bytes is None else loss_bytes
+    acts += tech.packed_mask_bytes(setup)
+    if loss_bytes is not None:
+        logits = loss_bytes
+    else:
+        logits = tech.liger_loss_bytes(spec, setup) if setup.liger_kernel else act.logits_bytes(spec, shape)
     dequant = _transient_dequant(spec, setup)
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
 
-    resident = dev.weights + dev.optimizer + dev.buffers
-    held_grads = dev.grads if setup.gradient_accumulation_steps > 1 else 0
-    head_grad = min(dev.grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
+    grads = dev.grads
+    if setup.optimizer_in_backward:
+        # each gradient is stepped and freed as it completes: only the largest exists at once (one tensor's step temp)
+        largest = max((g.numel for g in led.trainable), default=0)
+        grads = min(grads, tech.grads_in_backward(largest, states.grad_elem_bytes))
+        step_temp = min(step_temp, largest * 4 * 2)
+    optimizer_on_device = dev.optimizer
+    if cost.paged and dev.optimizer and setup.device == "cuda":
+        # unified memory outside torch's allocator: the allocator peak holds one tensor's pages; the host backs the rest
+        working = max((g.numel for g in led.trainable), default=0) * max(1, round(cost.states / max(1, led.trainable_params)))
+        optimizer_on_device = min(dev.optimizer, working)
+        cpu_ram += dev.optimizer
+    resident = dev.weights + optimizer_on_device + dev.buffers
+    held_grads = grads if setup.gradient_accumulation_steps > 1 else 0
+    head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
     forward = resident + early_grads + acts + logits + dequant
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     backward_start = resident + early_grads + acts + recompute + dequant
-    backward_end = resident + dev.grads + recompute + dequant
-    step = resident + dev.grads + step_temp
+    backward_end = resident + grads + recompute + dequant
+    step = resident + grads + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     notes = (f"peak in {phase}", *dev.notes)
     if cost.paged:
-        notes += ("paged optimizer: state can be evicted to CPU under memory pressure",)
+        notes += (f"paged optimizer: {dev.optimizer / GiB:.1f} GiB of state in CUDA unified memory (outside torch's allocator), "
+                  "evicted to host RAM under memory pressure",)
+    if setup.optimizer_in_backward:
+        notes += ("optimizer step inside backward: at most one gradient alive",)
+    if setup.activation_offloading:
+        notes += ("checkpointed activations offloaded to pinned host RAM",)
     return to_estimate(
-        setup=setup, hardware=hardware, weights=dev.weights, gradients=dev.grads, optimizer_states=dev.optimizer,
+        setup=setup, hardware=hardware, weights=dev.weights, gradients=grads, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),
-        peak_allocated=peak, cpu_ram=dev.cpu_ram, notes=notes,
+        peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
     )

@@ -17,6 +17,7 @@ from .._data import load
 from ..hardware.types import CPU, GPU, Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
+from . import techniques as tech
 from .types import Throughput
 
 _DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
@@ -196,10 +197,10 @@ def offload(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tupl
 
 def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     """(matmul FLOPs, attention FLOPs, model FLOPs without recompute) of one micro-step on one device."""
-    tokens = setup.micro_batch_size * setup.seq_len
+    tokens = tech.matmul_tokens(setup)
     n = matmul_params(spec)
     fwd_mm = 2.0 * n * tokens
-    fwd_attn = attention_flops_fwd(spec, setup.micro_batch_size, setup.seq_len)
+    fwd_attn = attention_flops_fwd(spec, *tech.attention_shape(setup))
     if setup.task == "infer":
         return fwd_mm, fwd_attn, fwd_mm + fwd_attn
     weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * trainable_params(spec, setup) * tokens
@@ -213,7 +214,7 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
 
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
-    per_layer = _value("cuda_ops_per_layer") * (4 / 3 if setup.gradient_checkpointing else 1)
+    per_layer = _value("cuda_ops_per_layer") * (4 / 3 if setup.gradient_checkpointing else 1) * tech.compiled_launch_fraction(setup)
     return per_layer * spec.total_layers
 
 
@@ -233,15 +234,17 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
     if note:
         warnings.warn(note, stacklevel=3)
-    tokens = setup.micro_batch_size * setup.seq_len
+    tokens = tech.matmul_tokens(setup)
     fractions = _value("peak_fraction")
-    eff = efficiency(fractions.get(setup.compute_dtype, fractions["fp32"]), tokens, spec.hidden_size)
+    asymptote = fractions.get(setup.compute_dtype, fractions["fp32"])
+    eff = efficiency(asymptote, tokens, spec.hidden_size)
     rate = peak * 1e12 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
     attn_eff = _value("attention_efficiency").get(setup.attn_implementation, 1.0)
     gpu_time = mm * slow / rate + attn / (rate * attn_eff)
     bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
+    gpu_time += _technique_compute(spec, setup, gpu, peak, asymptote, rate, bw)
     if bw:
         gpu_time += weight_traffic_bytes(spec, setup) / bw
         if setup.autocast and setup.weights_dtype == "fp32":
@@ -254,7 +257,9 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     exposed_micro = max(0.0, comm_micro - overlap * micro)
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
     off_micro, off_step = offload(spec, setup, hardware, gpu)
-    off_micro = max(0.0, off_micro - overlap * micro)
+    act_off, paged = _technique_transfers(spec, setup, hardware, gpu)
+    off_micro = max(0.0, off_micro + act_off - overlap * micro)
+    off_step += paged
     opt = 0.0 if setup.offload_optimizer else (optimizer_bytes(spec, setup) / bw if bw else 0.0)
     ga = setup.gradient_accumulation_steps
     parts = {
@@ -290,7 +295,7 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
 def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops: float, peak_tflops: float, eff: float) -> Throughput:
     """Assemble the Throughput; ``bound`` names the largest part of the step."""
     step = sum(parts.values())
-    tokens = setup.micro_batch_size * setup.seq_len * setup.gradient_accumulation_steps * setup.world_size
+    tokens = tech.real_tokens_per_micro(setup) * setup.gradient_accumulation_steps * setup.world_size
     mfu = model_flops / (step * peak_tflops * 1e12) if step > 0 else 0.0
     return Throughput(
         step_time_s=step,
@@ -303,3 +308,48 @@ def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops
         mfu=min(1.0, mfu),
         bound=max(parts, key=lambda k: parts[k]),
     )
+
+
+def _technique_compute(spec: ModelSpec, setup: Setup, gpu: GPU, peak: float, asymptote: float, rate: float, bw: float) -> float:
+    """Seconds per micro-step the compute-side techniques add (+) or save (-): Liger's loss path, fp8 Linears."""
+    extra = 0.0
+    tokens = tech.matmul_tokens(setup)
+    if setup.liger_kernel and setup.task == "train":
+        from ..memory.techniques import liger_chunk_rows
+
+        chunk_rate = peak * 1e12 * efficiency(asymptote, liger_chunk_rows(spec, tokens), spec.hidden_size)
+        extra += tech.liger_delta(spec, setup, rate, chunk_rate, bw)
+    if setup.autocast == "fp8" and tech.fp8_capable(gpu) and gpu.fp8_tflops:
+        from ..memory.analytic import block_linear_shapes
+
+        linears = block_linear_shapes(spec)
+        fp8_rate = gpu.fp8_tflops * 1e12 * efficiency(tech._c("fp8_peak_fraction"), tokens, spec.hidden_size)
+        fwd_bwd = 4 / 3 if setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
+        extra += fwd_bwd * (tech.fp8_linear_time(linears, tokens, fp8_rate, bw) - tech.bf16_linear_time(linears, tokens, rate))
+    return extra
+
+
+def _technique_transfers(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
+    """(seconds per micro-step, per step) over PCIe: offloaded activations, evicted paged optimizer state."""
+    if not (setup.activation_offloading or (setup.optimizer or "").startswith("paged_")):
+        return 0.0, 0.0
+    from ..memory.analytic import estimate_memory
+
+    mem = estimate_memory(spec, setup, hardware)
+    pcie = pcie_gbps(gpu) * 1e9
+    act = 0.0
+    if setup.activation_offloading:
+        from ..memory.techniques import offloaded_boundary_bytes
+
+        act = tech.activation_offload_seconds(offloaded_boundary_bytes(_held_activations(spec, setup), spec.total_layers)[1], pcie)
+    paged = 0.0
+    if (setup.optimizer or "").startswith("paged_"):
+        paged = tech.paged_seconds(mem.optimizer_states, tech.free_device_bytes(hardware, mem.device_total), pcie)
+    return act, paged
+
+
+def _held_activations(spec: ModelSpec, setup: Setup) -> int:
+    from ..memory import activations
+    from ..memory.techniques import shaped
+
+    return activations.activation_bytes(spec, shaped(setup))[0]
