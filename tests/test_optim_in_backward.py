@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 try:
-    from helpers import make_rec, one_line, tiny_model, tiny_spec, token_dataset
+    from helpers import make_rec, one_line, tiny_model, token_dataset
 except ImportError:  # run from the repo root
-    from tests.helpers import make_rec, one_line, tiny_model, tiny_spec, token_dataset
+    from tests.helpers import make_rec, one_line, tiny_model, token_dataset
 
 torch = pytest.importorskip("torch")
 
@@ -144,7 +144,7 @@ def _trainer_run(tmp_path: object, optim: str, **args: object) -> tuple[object, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("optim", ["adamw_torch", "paged_adamw_8bit"])
+@pytest.mark.parametrize("optim", ["adamw_torch", "paged_adamw_8bit", "adamw_torch_8bit"])
 def test_plan_trains_in_a_real_trainer_and_the_scheduler_reaches_the_hooks(tmp_path, optim):
     trainer, before, model = _trainer_run(tmp_path, optim)
     moved = [not torch.equal(b, p.detach()) for b, p in zip(before, model.parameters())]

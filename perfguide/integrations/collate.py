@@ -4,7 +4,10 @@ restarts ``position_ids`` at every sample, so no token is padding.
 Which attention keeps samples apart (no cross-sample contamination): flash_attention_2 reads the sequence
 boundaries (``cu_seq_lens``) from the position ids; in transformers 5.x SDPA and eager detect the packed
 ``position_ids`` too and build a block-diagonal causal mask (masking_utils.find_packed_sequence_indices),
-at the price of a [T, T] mask. Models whose attention ignores both (custom remote code) would mix samples.
+at the price of a [T, T] mask. That detection runs only without a KV cache (masking_utils: ``position_ids is
+not None and attention_mask is None and cache is None``), and a 5.x decoder builds a ``DynamicCache`` whenever
+``use_cache`` is on, in training mode too: with the config default (``use_cache=True``) the flattened samples
+attend to each other. ``prepare_model`` therefore turns ``use_cache`` off for padding-free plans (tested).
 """
 
 from __future__ import annotations
@@ -30,3 +33,10 @@ def data_collator(rec: Recommendation, tokenizer: Any = None) -> Any:
     from transformers import DataCollatorWithFlattening
 
     return DataCollatorWithFlattening(return_flash_attn_kwargs=s.attn_implementation == "flash_attention_2")
+
+
+def disable_cache(model: Any) -> None:
+    """Training needs no KV cache, and with one the packed-sequence mask is never built (see the module docstring)."""
+    config = getattr(model, "config", None)
+    if config is not None and getattr(config, "use_cache", False):
+        config.use_cache = False

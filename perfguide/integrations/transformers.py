@@ -172,6 +172,8 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
         kw["tp_plan"] = "auto"
     if rec.request.constraints.trust_remote_code:
         kw["trust_remote_code"] = True
+    if s.padding_free and s.task == "train":
+        kw["use_cache"] = False  # with a KV cache transformers skips the packed-sequence mask (integrations/collate.py)
     return kw
 
 
