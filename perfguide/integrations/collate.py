@@ -34,9 +34,3 @@ def data_collator(rec: Recommendation, tokenizer: Any = None) -> Any:
 
     return DataCollatorWithFlattening(return_flash_attn_kwargs=s.attn_implementation == "flash_attention_2")
 
-
-def disable_cache(model: Any) -> None:
-    """Training needs no KV cache, and with one the packed-sequence mask is never built (see the module docstring)."""
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "use_cache", False):
-        config.use_cache = False

@@ -136,10 +136,8 @@ def prepare_model(rec: Recommendation, model: Any) -> Any:
             use_stable_embedding(model)
         else:
             register_bnb_embedding_overrides(model)
-    if s.padding_free and s.task == "train":
-        from .collate import disable_cache
-
-        disable_cache(model)
+    if s.padding_free and s.task == "train" and getattr(model.config, "use_cache", False):
+        model.config.use_cache = False  # with a KV cache transformers skips the packed mask (integrations/collate.py)
     if s.lora is not None and s.task == "train":
         model = add_lora(rec, model)
     return model
