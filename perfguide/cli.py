@@ -49,7 +49,8 @@ examples:
   perfguide estimate gpt2 --method trace --json            # exact bytes from a fake-tensor trace (slower)
 """
 #: recommend flags passed on as ``recommend(**constraints)`` when given
-CONSTRAINT_FLAGS = ("precision", "optimizer", "finetune", "max_new_tokens", "batch_size", "nodes", "num_gpus", "headroom")
+CONSTRAINT_FLAGS = ("precision", "optimizer", "finetune", "max_new_tokens", "batch_size", "nodes", "num_gpus", "headroom",
+                    "engine", "quantization", "prefer", "prompt_len")
 PROBE_WORD = "probe"
 
 
@@ -130,6 +131,8 @@ def cmd_recommend(args: argparse.Namespace) -> int:
         _emit(rec.to_json())
     elif args.training_args:
         _print_json(rec.training_args_dict())
+    elif args.serve_command:
+        _emit(rec.serve_command())
     else:
         _emit(rec.report(_report_format(args)))
     return 0
@@ -198,10 +201,15 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--headroom", type=float, metavar="F", help="fraction of device memory kept free (default 0.10)")
     p.add_argument("--max-new-tokens", type=int, metavar="N", help="inference: tokens generated per request (default 256)")
     p.add_argument("--batch-size", type=int, metavar="N", help="inference: concurrent sequences")
+    p.add_argument("--prompt-len", type=int, metavar="N", help="inference: prompt tokens per request (default: --seq-len)")
+    p.add_argument("--prefer", metavar="P", help="inference: throughput (default) or latency")
+    p.add_argument("--engine", metavar="E", help="inference: transformers (default), vllm or sglang")
+    p.add_argument("--quantization", metavar="Q", help="inference: int8 or nf4 (transformers); fp8, awq, gptq or nf4 (vllm/sglang)")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the whole Recommendation as JSON")
     out.add_argument("--markdown", action="store_true", help="print the report as Markdown")
     out.add_argument("--training-args", action="store_true", help="print the TrainingArguments kwargs as JSON")
+    out.add_argument("--serve-command", action="store_true", help="print the vllm serve / sglang.launch_server command (with --engine)")
     p.add_argument("--plot", metavar="PNG", help="also draw peak memory vs micro-batch and sequence length (needs matplotlib)")
     p.add_argument("--write-accelerate-config", metavar="PATH", help="also write the accelerate launch config (YAML)")
 

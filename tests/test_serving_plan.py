@@ -155,3 +155,33 @@ def test_engine_plan_survives_json_round_trip() -> None:
     with pytest.raises(PerfGuideError) as e:
         rec("meta-llama/Llama-3.1-8B", "infer_gpu_one", "a100-80gb").vllm_args()
     one_line(e, "engine='vllm'")
+
+
+def test_transformers_plan_names_the_vllm_alternative_with_its_speed() -> None:
+    """The default stays transformers (and unchanged); its report says what vLLM would serve at what speed."""
+    r = rec("meta-llama/Llama-3.1-70B", "infer_gpu_one", "h100-80gb")
+    assert r.setup.serving is None and r.setup.weights_dtype in ("int8", "nf4")
+    d = r.decision("engine")
+    assert d is not None and d.value == "transformers"
+    vllm = rec("meta-llama/Llama-3.1-70B", "infer_gpu_one", "h100-80gb", engine="vllm")
+    assert d.alternatives[0].number == pytest.approx(vllm.throughput.tokens_per_s)
+    assert d.alternatives[0].number > 10 * r.throughput.tokens_per_s
+
+
+def test_report_launches_with_the_engine_command() -> None:
+    r = rec("meta-llama/Llama-3.1-70B", "infer_gpu_many", "h100-80gb:8", engine="vllm")
+    text = r.report()
+    assert r.serve_command() in text and "torchrun" not in text
+    assert f"{r.kv_cache_tokens:,} tokens" in text                              # the memory decision's account
+
+
+def test_cli_prints_the_serve_command(capsys) -> None:
+    from perfguide.cli import main
+
+    code = main(["recommend", "meta-llama/Llama-3.1-8B", "--scenario", "infer_gpu_many", "--hardware", "h100-80gb:4",
+                 "--engine", "sglang", "--quantization", "fp8", "--serve-command"])
+    out = capsys.readouterr().out.strip()
+    assert code == 0 and out.startswith("python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B")
+    assert "--quantization fp8" in out
+    code = main(["recommend", "meta-llama/Llama-3.1-8B", "--scenario", "infer_gpu_one", "--hardware", "a100-80gb", "--serve-command"])
+    assert code == 2 and "engine='vllm'" in capsys.readouterr().err

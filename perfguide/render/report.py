@@ -257,6 +257,8 @@ def _launch_command(rec: Recommendation) -> str | None:
 
 
 def _launch_section(rec: Recommendation) -> Section | None:
+    if rec.setup.serving is not None:  # an engine plan is started by the engine's own server, whatever its layout
+        return Section("Launch", (Bullets(((0, "serve with:"), (1, rec.serve_command())), headed=True),))
     if not is_multi_process(rec.setup):
         return None
     dataparallel_risk = rec.setup.device == "cuda" and rec.setup.task == "train"

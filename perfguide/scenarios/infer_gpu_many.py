@@ -82,6 +82,10 @@ def launcher(setup: Setup) -> Decision:
 def plan(request: Request) -> Plan:
     if request.constraints.engine in ("vllm", "sglang"):
         return serving_plan.plan(request)
+    return serving_plan.with_engine_hint(request, transformers_plan(request))
+
+
+def transformers_plan(request: Request) -> Plan:
     gpus = min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
     dtype, d_dtype, warnings = R.gpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=True)

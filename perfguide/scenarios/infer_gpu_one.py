@@ -34,6 +34,10 @@ def offload_option(base: Setup) -> Setup:
 def plan(request: Request) -> Plan:
     if request.constraints.engine in ("vllm", "sglang"):
         return serving_plan.plan(request)
+    return serving_plan.with_engine_hint(request, transformers_plan(request))
+
+
+def transformers_plan(request: Request) -> Plan:
     dtype, d_dtype, warnings = R.gpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=True)
     base = base_setup(request, dtype, d_attn.value)

@@ -299,3 +299,26 @@ def plan(request: Request) -> Plan:
                     f"repo of {request.model.name}, not the 16-bit one",)
     return Plan(setup=_setup(request, chosen), memory=_to_memory(chosen.memory, request), throughput=_to_throughput(chosen),
                 decisions=tuple(decisions), candidates=candidates, warnings=warnings, fits=True, engine_memory=chosen.memory)
+
+
+def with_engine_hint(request: Request, plan_: Plan) -> Plan:
+    """A transformers GPU plan names what vLLM would do with the same request, so a user who is serving
+    people sees the continuous-batching alternative and its predicted speed; the plan itself is unchanged."""
+    asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": "vllm"})})
+    try:
+        check_engine(request.scenario, "vllm", request.constraints.quantization, request.constraints.strategy)
+        gpus = 1 if request.scenario == "infer_gpu_one" else min(request.constraints.num_gpus or request.hardware.gpu_count,
+                                                                 request.hardware.gpu_count)
+        best, _ = _choose(asked, "vllm", gpus)
+    except ConflictingConstraintsError:
+        return plan_
+    if best is None or best.speed is None:
+        return plan_
+    here = plan_.throughput.tokens_per_s if plan_.fits else 0.0
+    hint = Decision(setting="engine", value="transformers", number=best.speed.output_tokens_per_s, unit="tokens/s with vLLM",
+                    reason="the default: this plan's model_kwargs() / generation_kwargs() run transformers' generate, which "
+                           "verify() and the callback can check on this machine", source=SRC_VLLM,
+                    alternatives=(Alternative(value="vllm", number=best.speed.output_tokens_per_s, unit="tokens/s",
+                                              why_not=f"not asked for; for serving many requests pass engine='vllm': predicted {_row(best)} "
+                                                      f"vs {here:,.0f} tok/s here"),))
+    return plan_.model_copy(update={"decisions": (*plan_.decisions, hint)})
