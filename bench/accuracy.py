@@ -331,7 +331,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
         if kind == "oom":
             return Result(row, "verdict", verdict_ok=not est.fits, reason="published OOM")
-        up = setup.model_copy(update={"micro_batch_size": setup.micro_batch_size + 1})
+        up = setup.replace(micro_batch_size=setup.micro_batch_size + 1)
         bigger = estimate_memory(spec, up, hw, loss_bytes=_loss_bytes(row, spec, up), bnb_version=bnb)
         return Result(row, "verdict", verdict_ok=est.fits and not bigger.fits, reason="published max batch that fits")
     try:

@@ -100,12 +100,7 @@ def grid(rec: Recommendation, micro_batches: tuple[int, ...] = MICRO_BATCHES) ->
 
 def predicted_tokens_per_s(rec: Recommendation, point: Point) -> float:
     """perfguide's speed model on the recommended setup with the three knobs turned to ``point``."""
-    s = rec.setup.model_copy(update={
-        "micro_batch_size": point.micro_batch,
-        "gradient_accumulation_steps": rec.request.global_batch_size // point.micro_batch,
-        "autocast": "bf16" if point.precision == "bf16" else None,
-        "cpu_threads": point.threads,
-    })
+    s = rec.setup.replace(micro_batch_size=point.micro_batch, gradient_accumulation_steps=rec.request.global_batch_size // point.micro_batch, autocast="bf16" if point.precision == "bf16" else None, cpu_threads=point.threads)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return estimate_speed(rec.model, s, rec.hardware).tokens_per_s

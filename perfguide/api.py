@@ -6,21 +6,20 @@ import logging
 from typing import Any
 
 from ._base import build_strict
-from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, UnknownScenarioError, WrongMachineError, unknown_value
+from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, WrongMachineError, unknown_value
 from .hardware.types import Hardware
 from .memory.factors import Factors
 from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
 from .recommendation import Recommendation
-from .scenarios import planner
+from .scenarios import registry
 from .scenarios.applicable import check_applicable
-from .scenarios.types import SCENARIOS, Constraints, Request
+from .scenarios.registry import DEFAULT_GLOBAL_BATCH, DEFAULT_PROMPT_LEN, DEFAULT_TRAIN_SEQ_LEN, ScenarioInfo
+from .scenarios.types import Constraints, Request
 from .setup import Setup
 
 logger = logging.getLogger("perfguide")
 
-DEFAULT_TRAIN_SEQ_LEN = 2048
-DEFAULT_GLOBAL_BATCH = 32
 # Setup's own bounds: on one device the whole global batch may become accumulation steps (<= 1,000,000).
 MAX_SEQ_LEN = 10_000_000
 MAX_GLOBAL_BATCH = 1_000_000
@@ -51,30 +50,30 @@ def _generates(spec: ModelSpec) -> bool:
     return spec.is_encoder_decoder or (spec.architecture or "").endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
 
 
-def _default_seq_len(spec: ModelSpec, scenario: str, new_tokens: int) -> int:
+def _default_seq_len(spec: ModelSpec, info: ScenarioInfo, new_tokens: int) -> int:
     """Training: up to 2048. Serving: a 1024-token prompt, shortened so prompt + new tokens stay within the positions."""
     limit = spec.max_position_embeddings or DEFAULT_TRAIN_SEQ_LEN
-    if scenario.startswith("train"):
+    if info.training:
         return min(limit, DEFAULT_TRAIN_SEQ_LEN)
     room = limit - new_tokens if _generates(spec) and limit > new_tokens else limit
-    return min(room, 1024)
+    return min(room, DEFAULT_PROMPT_LEN)
 
 
-def _default_global_batch(scenario: str, cons: Constraints, hw: Hardware) -> int:
+def _default_global_batch(info: ScenarioInfo, cons: Constraints, hw: Hardware) -> int:
     """Serving: the concurrency asked for. Training: 32, rounded up to a multiple of the world size, so that a
     default never conflicts with the machine (32 on 6 GPUs would not split evenly; 36 does)."""
-    if scenario.startswith("infer"):
+    if not info.training:
         return cons.batch_size or 1
-    world = (cons.num_gpus or hw.gpu_count) * hw.nodes if scenario == "train_gpu_many" else 1
+    world = (cons.num_gpus or hw.gpu_count) * hw.nodes if info.multi_gpu else 1
     return -(-DEFAULT_GLOBAL_BATCH // world) * world
 
 
-def _check_context(spec: ModelSpec, scenario: str, seq_len: int, cons: Constraints) -> list[str]:
+def _check_context(spec: ModelSpec, info: ScenarioInfo, seq_len: int, cons: Constraints) -> list[str]:
     """Sequences past the model's position table fail (learned positions) or degrade (RoPE): refuse or warn."""
     limit = spec.max_position_embeddings
     if not limit:
         return []
-    train = scenario.startswith("train")
+    train = info.training
     length, field = (seq_len, "seq_len") if train else (cons.prompt_len or seq_len, "prompt_len" if cons.prompt_len else "seq_len")
     if length > limit:
         raise ConflictingConstraintsError(
@@ -100,34 +99,34 @@ def recommend(
 
     ``global_batch_size`` is kept fixed: micro-batch x accumulation x world size always equals it.
     """
-    if scenario not in SCENARIOS:
-        raise unknown_value("scenario", scenario, SCENARIOS, UnknownScenarioError)
+    info = registry.get(scenario)
     _positive("seq_len", seq_len, MAX_SEQ_LEN)
     _positive("global_batch_size", global_batch_size, MAX_GLOBAL_BATCH)
     cons = _constraints(constraints)
     spec = ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code)
     hw = resolve_hardware(hardware)
-    if scenario.endswith(("gpu_one", "gpu_many")) and not hw.has_gpu:
-        kind = "train_cpu" if scenario.startswith("train") else "infer_cpu"
+    if info.device == "cuda" and not hw.has_gpu:
+        cpu = registry.find(info.task, "cpu", False)
+        instead = f"use scenario={cpu.name!r}, or " if cpu else ""
         raise WrongMachineError(
-            f"scenario {scenario!r} needs a GPU but this machine has none; use scenario={kind!r}, "
-            "or plan for a GPU you do not have with hardware='a100-80gb' (see perfguide.hardware names)")
-    check_applicable(scenario, cons, hw)
+            f"scenario {scenario!r} needs a GPU but this machine has none; {instead}"
+            "plan for a GPU you do not have with hardware='a100-80gb' (see perfguide.hardware names)")
+    check_applicable(info, cons, hw)
     if cons.nodes > 1 and hw.nodes != cons.nodes:
         hw = hw.model_copy(update={"nodes": cons.nodes})
-    seq_len = seq_len or _default_seq_len(spec, scenario, cons.max_new_tokens)
-    context_warnings = _check_context(spec, scenario, seq_len, cons)
+    seq_len = seq_len or _default_seq_len(spec, info, cons.max_new_tokens)
+    context_warnings = _check_context(spec, info, seq_len, cons)
     request = Request(
         scenario=scenario,
         model=spec,
         hardware=hw,
         seq_len=seq_len,
-        global_batch_size=global_batch_size or _default_global_batch(scenario, cons, hw),
+        global_batch_size=global_batch_size or _default_global_batch(info, cons, hw),
         constraints=cons,
         calibration=_calibration(hw, spec) if scenario.startswith("train") else None,
     )
     logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")
-    plan = planner(scenario)(request)
+    plan = info.plan(request)
     if context_warnings:
         plan = plan.model_copy(update={"warnings": (*context_warnings, *plan.warnings)})
     return Recommendation(request=request, **dict(plan))

@@ -7,7 +7,7 @@ re-derives a decision, so every knob a plan can turn lives here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field, model_validator
 
@@ -25,6 +25,39 @@ Strategy = Literal[
 Device = Literal["cuda", "cpu"]
 Engine = Literal["transformers", "vllm", "sglang"]
 WeightFormat = Literal["bf16", "fp16", "fp8", "awq", "gptq", "bitsandbytes"]
+
+#: Bytes per element of each weight dtype (nf4 packs two weights per byte); the one table every module reads.
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
+QUANTIZED: frozenset[str] = frozenset({"int8", "nf4"})
+
+
+class StrategyFacts(NamedTuple):
+    """What a strategy divides over the data-parallel ranks (ZeRO paper, Rajbhandari et al. 2019, arXiv:1910.02054;
+    torch FSDP docs: FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2 with parameters sharded at rest)."""
+
+    shards_optimizer: bool
+    shards_grads: bool
+    shards_params: bool          # parameters divided at rest
+    gathers_params: bool         # full parameters gathered layer by layer in forward and backward (ZeRO-3 / FULL_SHARD)
+    zero_stage: int | None       # DeepSpeed ZeRO stage
+    fsdp: bool
+    offloads_optimizer: bool     # offload_optimizer is accepted (DeepSpeed zero/offload_config.py: stages 1-3; FSDP)
+    offloads_params: bool        # offload_params is accepted (DeepSpeed: stage 3 only; FSDP; device_map for inference)
+    train: bool                  # a training (data-parallel) strategy
+
+
+STRATEGIES: dict[str, StrategyFacts] = {
+    "single": StrategyFacts(False, False, False, False, None, False, False, False, True),
+    "ddp": StrategyFacts(False, False, False, False, None, False, False, False, True),
+    "zero1": StrategyFacts(True, False, False, False, 1, False, True, False, True),
+    "zero2": StrategyFacts(True, True, False, False, 2, False, True, False, True),
+    "zero3": StrategyFacts(True, True, True, True, 3, False, True, True, True),
+    "fsdp": StrategyFacts(True, True, True, True, None, True, True, True, True),
+    "fsdp_shard_grad_op": StrategyFacts(True, True, True, False, None, True, True, True, True),
+    "device_map": StrategyFacts(False, False, False, False, None, False, False, True, False),
+    "tp": StrategyFacts(False, False, False, False, None, False, False, False, False),
+}
+TRAIN_STRATEGIES: tuple[str, ...] = tuple(k for k, f in STRATEGIES.items() if f.train)
 
 #: Every TrainingArguments ``optim`` value perfguide can price (transformers 5.x names).
 OPTIMIZERS: tuple[str, ...] = (
@@ -110,17 +143,68 @@ class Setup(Model):
     def _consistent(self) -> Setup:
         if self.optimizer is not None and self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}.{did_you_mean(self.optimizer, OPTIMIZERS)} Accepted: {', '.join(OPTIMIZERS)}")
-        if self.weights_dtype in ("int8", "nf4") and self.task == "train" and self.lora is None:
+        if self.weights_dtype in QUANTIZED and self.task == "train" and self.lora is None:
             raise ValueError("training a purely quantized (int8/nf4) model needs LoRA adapters (lora={...}); transformers refuses it otherwise")
         if self.autocast == "fp16" and self.device == "cpu":
             raise ValueError("fp16 autocast does nothing on CPU (accelerate silently trains in fp32); use autocast='bf16' or None")
         # DeepSpeed: param offload is stage 3 only, optimizer offload stages 1-3 (zero/offload_config.py);
         # FSDP offloads params, grads and optimizer together whatever the sharding; device_map offloads weights.
-        if self.offload_params and self.strategy not in ("zero3", "fsdp", "fsdp_shard_grad_op", "device_map"):
+        if self.offload_params and not self.facts.offloads_params:
             raise ValueError(f"offload_params needs strategy 'zero3', 'fsdp', 'fsdp_shard_grad_op' or 'device_map' (inference), not {self.strategy!r}")
-        if self.offload_optimizer and self.strategy not in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op"):
+        if self.offload_optimizer and not self.facts.offloads_optimizer:
             raise ValueError(f"offload_optimizer needs a sharded strategy (zero1/zero2/zero3/fsdp/fsdp_shard_grad_op), not {self.strategy!r}")
         return self
+
+    def replace(self, **changes: Any) -> Setup:
+        """A copy with ``changes`` applied and validated again: ``model_copy(update=...)`` would skip the checks
+        above and build a Setup that cannot run (an offloaded DDP, an unknown optimizer) without a word."""
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        data.update(changes)
+        return type(self).model_validate(data)
+
+    # --- facts derived from the strategy and dtypes: written here once, read everywhere ---------------
+    @property
+    def facts(self) -> StrategyFacts:
+        return STRATEGIES[self.strategy]
+
+    @property
+    def shards_optimizer(self) -> bool:
+        return self.facts.shards_optimizer
+
+    @property
+    def shards_grads(self) -> bool:
+        return self.facts.shards_grads
+
+    @property
+    def shards_params(self) -> bool:
+        """Parameters divided over the ranks at rest (ZeRO-3, FSDP FULL_SHARD and SHARD_GRAD_OP)."""
+        return self.facts.shards_params
+
+    @property
+    def gathers_params(self) -> bool:
+        """Parameters all-gathered layer by layer in forward and backward (ZeRO-3, FSDP FULL_SHARD)."""
+        return self.facts.gathers_params
+
+    @property
+    def zero_stage(self) -> int | None:
+        return self.facts.zero_stage
+
+    @property
+    def is_deepspeed(self) -> bool:
+        return self.facts.zero_stage is not None
+
+    @property
+    def is_fsdp(self) -> bool:
+        return self.facts.fsdp
+
+    @property
+    def quantized(self) -> bool:
+        return self.weights_dtype in QUANTIZED
+
+    @property
+    def weight_bytes(self) -> float:
+        """Bytes per stored weight element (0.5 for nf4)."""
+        return DTYPE_BYTES[self.weights_dtype]
 
     @property
     def engine(self) -> Engine:
@@ -141,7 +225,7 @@ class Setup(Model):
             return "bf16"  # only the block Linears' GEMMs run in fp8; everything else (and the dtype names) stays bf16
         if self.autocast:
             return self.autocast
-        if self.weights_dtype in ("int8", "nf4"):
+        if self.weights_dtype in QUANTIZED:
             return "bf16"
         if self.weights_dtype == "fp32" and self.tf32:
             return "tf32"

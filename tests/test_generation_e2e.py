@@ -92,7 +92,7 @@ def test_static_cache_bytes_exact(kind: str, kv_heads: int) -> None:
     config = tiny(kind, kv_heads)
     spec = spec_of(config)
     plan = plan_for(spec)
-    static = plan.setup.model_copy(update={"cache_implementation": "static"})
+    static = plan.setup.replace(cache_implementation="static")
     plan = plan.model_copy(update={"setup": static, "memory": estimate_inference(spec, static, None)})
     assert generation_kwargs(plan)["cache_implementation"] == "static"
     _, measured = generate(config, plan)

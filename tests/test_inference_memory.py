@@ -92,7 +92,7 @@ def test_sliding_window_caps_the_cache() -> None:
 
 def test_eager_attention_adds_the_score_matrix() -> None:
     s = infer(seq_len=4096, new_tokens=1)
-    sdpa, eager = estimate_inference(LLAMA2_7B, s), estimate_inference(LLAMA2_7B, s.model_copy(update={"attn_implementation": "eager"}))
+    sdpa, eager = estimate_inference(LLAMA2_7B, s), estimate_inference(LLAMA2_7B, s.replace(attn_implementation="eager"))
     # 32 heads x 4096^2 scores in bf16 + the fp32 softmax: the rules.md 2.4 ~2*h*N^2 bytes order of magnitude
     assert eager.activations - sdpa.activations > 32 * 4096**2 * 2
 
@@ -126,8 +126,8 @@ def test_decode_is_bandwidth_bound_and_tp_is_faster() -> None:
     single = estimate_inference_speed(LLAMA2_7B, s, a100())
     assert single.bound in ("memory-bandwidth", "launch-overhead")
     assert single.prefill_time_s < single.step_time_s
-    tp = estimate_inference_speed(LLAMA2_7B, s.model_copy(update={"strategy": "tp", "num_gpus": 4}), a100(4))
-    dm = estimate_inference_speed(LLAMA2_7B, s.model_copy(update={"strategy": "device_map", "num_gpus": 4}), a100(4))
+    tp = estimate_inference_speed(LLAMA2_7B, s.replace(strategy="tp", num_gpus=4), a100(4))
+    dm = estimate_inference_speed(LLAMA2_7B, s.replace(strategy="device_map", num_gpus=4), a100(4))
     assert tp.time_per_output_token_ms < single.time_per_output_token_ms <= dm.time_per_output_token_ms * 1.01
-    nf4 = estimate_inference_speed(LLAMA2_7B, s.model_copy(update={"weights_dtype": "nf4"}), a100())
+    nf4 = estimate_inference_speed(LLAMA2_7B, s.replace(weights_dtype="nf4"), a100())
     assert nf4.time_per_output_token_ms > single.time_per_output_token_ms   # bnb dequantization is not free

@@ -162,8 +162,8 @@ def test_gradient_accumulation_holds_grads_through_forward() -> None:
 def test_checkpointing_and_eager_attention_direction() -> None:
     base = Setup(micro_batch_size=8, seq_len=512, weights_dtype="bf16", autocast="bf16")
     plain = estimate_memory(tiny(), base)
-    ckpt = estimate_memory(tiny(), base.model_copy(update={"gradient_checkpointing": True}))
-    eager = estimate_memory(tiny(), base.model_copy(update={"attn_implementation": "eager"}))
+    ckpt = estimate_memory(tiny(), base.replace(gradient_checkpointing=True))
+    eager = estimate_memory(tiny(), base.replace(attn_implementation="eager"))
     assert ckpt.activations < plain.activations < eager.activations
     assert ckpt.logits == plain.logits  # checkpointing leaves the loss buffers alone
 
@@ -211,7 +211,7 @@ def test_checkpoint_recompute_and_loss_buffers_never_coincide() -> None:
     """Non-reentrant checkpointing recomputes the top block when backward first unpacks its saved tensors, after
     the loss and head backward freed their buffers: peak = max(boundaries + loss, boundaries + one block)."""
     setup = Setup(micro_batch_size=4, seq_len=256, weights_dtype="bf16", optimizer="sgd", gradient_checkpointing=True)
-    plain = setup.model_copy(update={"gradient_checkpointing": False})
+    plain = setup.replace(gradient_checkpointing=False)
     block = estimate_memory(tiny(), plain, loss_bytes=0).activations // L   # one block's full activations
     boundaries = L * 4 * 256 * H * 2                                          # each block's bf16 input
     for loss in (0, 10 * block):
@@ -241,7 +241,7 @@ def test_old_bitsandbytes_4bit_keeps_frozen_inputs() -> None:
     setup = Setup(weights_dtype="nf4", micro_batch_size=2, seq_len=64, lora=LoraSpec(r=4, target_modules=("q_proj",)))
     new, old = estimate_memory(tiny(), setup), estimate_memory(tiny(), setup, bnb_version="0.41.1")
     assert estimate_memory(tiny(), setup, bnb_version="0.43.2").activations == new.activations
-    bf16 = estimate_memory(tiny(), setup.model_copy(update={"weights_dtype": "bf16"}))
+    bf16 = estimate_memory(tiny(), setup.replace(weights_dtype="bf16"))
     assert old.activations > new.activations == bf16.activations
-    int8 = estimate_memory(tiny(), setup.model_copy(update={"weights_dtype": "int8"}))
+    int8 = estimate_memory(tiny(), setup.replace(weights_dtype="int8"))
     assert int8.activations == old.activations

@@ -52,7 +52,7 @@ def make_recommendation(gpus: int = 1, fits: bool = True, **update) -> Recommend
     request = Request(scenario=scenario, model=LLAMA_8B, hardware=hardware(gpus), seq_len=2048, global_batch_size=32)
     mem = memory(fits=fits)
     speed = Throughput(step_time_s=1.7, tokens_per_s=38_554, mfu=0.42, bound="compute")
-    big = setup.model_copy(update={"micro_batch_size": 8, "gradient_accumulation_steps": max(1, 4 // gpus)})
+    big = setup.replace(micro_batch_size=8, gradient_accumulation_steps=max(1, 4 // gpus))
     candidates = (
         Candidate(setup=setup, memory=mem, throughput=speed, verdict="chosen", why="fastest that fits"),
         Candidate(setup=big, memory=memory(activations=60 * GiB, fits=False), throughput=speed, verdict="does-not-fit",

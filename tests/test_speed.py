@@ -173,7 +173,7 @@ def test_single_gpu_has_no_communication_and_ddp_costs_time() -> None:
 
 def test_offload_adds_pcie_time() -> None:
     base = amp(strategy="zero3", num_gpus=8)
-    on = estimate_speed(llama7b(), base.model_copy(update={"offload_optimizer": True, "offload_params": True}), machine(n=8))
+    on = estimate_speed(llama7b(), base.replace(offload_optimizer=True, offload_params=True), machine(n=8))
     assert on.offload_time_s > 0
     assert estimate_speed(llama7b(), base, machine(n=8)).offload_time_s == 0
 
@@ -189,13 +189,13 @@ def test_cpu_bf16_needs_native_support_and_threads_scale() -> None:
     plain = CPU(model_name="avx2", physical_cores=16, logical_cores=32, ram_total=64 * GiB, ram_available=60 * GiB, flags=("avx2",))
     amx = plain.model_copy(update={"flags": ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")})
     fp32 = Setup(device="cpu", seq_len=256, micro_batch_size=2)
-    bf16 = fp32.model_copy(update={"autocast": "bf16"})
+    bf16 = fp32.replace(autocast="bf16")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         emulated = estimate_speed(gpt2(), bf16, Hardware(cpu=plain))
     assert emulated.step_time_s > estimate_speed(gpt2(), fp32, Hardware(cpu=plain)).step_time_s
     assert estimate_speed(gpt2(), bf16, Hardware(cpu=amx)).step_time_s < estimate_speed(gpt2(), fp32, Hardware(cpu=amx)).step_time_s
-    half = estimate_speed(gpt2(), fp32.model_copy(update={"cpu_threads": 8}), Hardware(cpu=plain))
+    half = estimate_speed(gpt2(), fp32.replace(cpu_threads=8), Hardware(cpu=plain))
     assert half.step_time_s > estimate_speed(gpt2(), fp32, Hardware(cpu=plain)).step_time_s
 
 

@@ -10,7 +10,9 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from .. import techniques
 from ..errors import InvalidSetupError, WrongMachineError
+from ..techniques import EmitContext
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
@@ -18,18 +20,35 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("perfguide.integrations")
 
-FSDP_STRATEGIES = ("fsdp", "fsdp_shard_grad_op")
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+#: How the Trainer docs (fsdp.md) list the fsdp_config keys; the YAML spells them with an ``fsdp_`` prefix.
+FSDP_KEY_ORDER = ("version", "reshard_after_forward", "auto_wrap_policy", "cpu_offload", "state_dict_type",
+                  "cpu_ram_efficient_loading", "activation_checkpointing")
 #: Launcher environment variables: any of them set means we run inside torchrun / accelerate launch / mpirun.
 LAUNCHED_ENV = ("LOCAL_RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 
 
 def is_fsdp(setup: Setup) -> bool:
-    return setup.strategy in FSDP_STRATEGIES
+    return setup.is_fsdp
 
 
 def zero_stage(setup: Setup) -> int | None:
-    return ZERO_STAGES.get(setup.strategy)
+    return setup.zero_stage
+
+
+def emit_context(rec: Recommendation) -> EmitContext:
+    """What the techniques need to write their adapter keys: the Setup and the target it runs on."""
+    return EmitContext(setup=rec.setup, hardware=rec.hardware, model=rec.model, from_scratch=rec.request.constraints.from_scratch)
+
+
+def in_order(values: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
+    """``values`` with the keys of ``order`` first, in that order (the shown configs keep a stable, readable
+    layout whichever technique wrote a key); keys not listed follow in their own order."""
+    return {**{k: values[k] for k in order if k in values}, **{k: v for k, v in values.items() if k not in order}}
+
+
+def emitted(rec: Recommendation, kind: str) -> dict[str, Any]:
+    """One adapter's keys from every technique the plan uses (perfguide.techniques.emit)."""
+    return techniques.emit(kind, emit_context(rec))
 
 
 def mixed_precision(setup: Setup) -> str:
@@ -83,15 +102,15 @@ def fsdp_settings(rec: Recommendation) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "version": 2,
         # FULL_SHARD (ZeRO-3-like) reshards after forward; SHARD_GRAD_OP (ZeRO-2-like) keeps params gathered
-        "reshard_after_forward": s.strategy == "fsdp",
+        "reshard_after_forward": s.gathers_params,
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        "cpu_offload": s.offload_params or s.offload_optimizer,  # FSDP offload is all-or-nothing
         "state_dict_type": "FULL_STATE_DICT",
         # rank 0 loads the checkpoint, the others start on meta: N ranks x full model would not fit host RAM
         "cpu_ram_efficient_loading": True,
-        # FSDP's own checkpointing; the TrainingArguments flag would add a redundant all-gather (and both raise)
-        "activation_checkpointing": s.gradient_checkpointing,
     }
+    # technique keys: cpu_offload (all-or-nothing under FSDP), activation_checkpointing (FSDP's own: the
+    # TrainingArguments flag would add a redundant all-gather, and both at once raise)
+    cfg = in_order({**cfg, **emitted(rec, "fsdp_config")}, FSDP_KEY_ORDER)
     layer = decoder_layer_class(rec)
     if layer:
         cfg["transformer_layer_cls_to_wrap"] = layer

@@ -10,14 +10,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSetupError
-from ._plan import zero_stage
+from ._plan import emitted, in_order, zero_stage
+
+_ZERO_KEY_ORDER = ("stage", "overlap_comm", "contiguous_gradients", "allgather_partitions", "reduce_scatter", "allgather_bucket_size",
+                   "reduce_bucket_size", "offload_optimizer", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                   "sub_group_size", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                   "stage3_gather_16bit_weights_on_model_save", "offload_param")
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
-
-_OFFLOAD = {"device": "cpu", "pin_memory": True}
-#: Optimizers DeepSpeed's own (CPU) AdamW replaces when the optimizer state is offloaded.
-_ADAMW = ("adamw_torch", "adamw_torch_fused", None)
 
 
 def _zero_block(rec: Recommendation, stage: int) -> dict[str, Any]:
@@ -27,8 +28,6 @@ def _zero_block(rec: Recommendation, stage: int) -> dict[str, Any]:
     zo: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
     if stage >= 2:
         zo.update(allgather_partitions=True, reduce_scatter=True, allgather_bucket_size=5e8, reduce_bucket_size=5e8)
-    if s.offload_optimizer:
-        zo["offload_optimizer"] = dict(_OFFLOAD)
     if stage == 3:
         zo.update(
             reduce_bucket_size="auto",  # hidden^2, filled by the Trainer from the model config
@@ -40,9 +39,8 @@ def _zero_block(rec: Recommendation, stage: int) -> dict[str, Any]:
             stage3_max_reuse_distance=1e9,
             stage3_gather_16bit_weights_on_model_save=True,
         )
-        if s.offload_params:
-            zo["offload_param"] = dict(_OFFLOAD)
-    return zo
+    # offload_optimizer / offload_param (perfguide.techniques.cpu_offload), placed as deepspeed.md's templates do
+    return in_order({**zo, **emitted(rec, "deepspeed_zero")}, _ZERO_KEY_ORDER)
 
 
 def deepspeed_config(rec: Recommendation) -> dict[str, Any] | None:
@@ -59,12 +57,7 @@ def deepspeed_config(rec: Recommendation) -> dict[str, Any] | None:
         "fp16": {"enabled": "auto"},
         "zero_optimization": _zero_block(rec, stage),
     }
-    if rec.setup.offload_optimizer and rec.setup.optimizer in _ADAMW:
-        # an offloaded optimizer must step on the CPU: DeepSpeed's CPU AdamW does, torch's fused CUDA one cannot
-        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
-    elif rec.setup.offload_optimizer:
-        # keep the plan's optimizer; DeepSpeed otherwise insists on its own CPU optimizer with offload
-        cfg["zero_force_ds_cpu_optimizer"] = False
+    cfg.update(emitted(rec, "deepspeed_top"))  # the CPU optimizer of an offloaded plan (cpu_offload)
     return cfg
 
 

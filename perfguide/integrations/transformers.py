@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 from ..errors import WrongMachineError
 from ._plan import (
     check_cuda_machine,
+    emitted,
     fsdp_settings,
     half_dtype_name,
     is_fsdp,
     is_multi_process,
     launched,
     require_training,
-    target_supports_tf32,
 )
 
 if TYPE_CHECKING:
@@ -52,20 +52,9 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
         # use_cpu forces pin_memory off anyway; say so in the data instead of leaving a misleading True
         "dataloader_pin_memory": s.dataloader_pin_memory and s.device == "cuda",
     }
-    if s.autocast == "bf16":
-        kw["bf16"] = True
-    elif s.autocast == "fp16":
-        kw["fp16"] = True
-    if s.tf32 and target_supports_tf32(rec):
-        kw["tf32"] = True  # raises without an Ampere+ GPU, so only for such targets
-    if s.optimizer is not None:
-        kw["optim"] = s.optimizer
-    if s.gradient_checkpointing and not is_fsdp(s):
-        kw["activation_checkpointing"] = True
+    kw.update(emitted(rec, "training_args"))  # precision, optim, checkpointing, torch_compile... (perfguide.techniques)
     if s.device == "cpu":
         kw["use_cpu"] = True
-    if s.torch_compile:
-        kw["torch_compile"] = True
     if s.optimizer_in_backward:
         # no moment holds every gradient: global-norm clipping cannot run (the Trainer default is 1.0)
         kw["max_grad_norm"] = 0.0
@@ -118,26 +107,14 @@ def _torch_dtype(name: str) -> Any:
 
 
 def quantization_config(rec: Recommendation) -> Any:
-    """BitsAndBytesConfig for int8/nf4 weights, None otherwise."""
-    s = rec.setup
-    if s.weights_dtype not in ("int8", "nf4"):
-        return None
-    from transformers import BitsAndBytesConfig
+    """BitsAndBytesConfig for int8/nf4 weights, None otherwise (perfguide.techniques.qlora)."""
+    from ..techniques.qlora import bnb_config
 
-    if s.weights_dtype == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    compute = _torch_dtype(half_dtype_name(rec))
-    extra: dict[str, Any] = {}
-    if s.strategy in ("fsdp", "fsdp_shard_grad_op", "zero3"):
-        # sharding flattens/shards the packed 4-bit storage: it must share the dtype of the other params
-        extra["bnb_4bit_quant_storage"] = compute
-    return BitsAndBytesConfig(
-        load_in_4bit=True,
-        bnb_4bit_quant_type="nf4",
-        bnb_4bit_use_double_quant=True,
-        bnb_4bit_compute_dtype=compute,
-        **extra,
-    )
+    s = rec.setup
+    compute = half_dtype_name(rec)
+    # sharding flattens/shards the packed 4-bit storage: it must share the dtype of the other params
+    storage = compute if s.shards_params else None
+    return bnb_config(s.weights_dtype, compute, storage)
 
 
 def _device_map(rec: Recommendation) -> Any:
@@ -145,7 +122,7 @@ def _device_map(rec: Recommendation) -> Any:
     s = rec.setup
     if s.task == "infer" and (s.strategy == "device_map" or s.offload_params):
         return "auto"
-    if s.weights_dtype in ("int8", "nf4") and s.device == "cuda" and s.strategy not in ("fsdp", "fsdp_shard_grad_op", "zero3", "tp"):
+    if s.quantized and s.device == "cuda" and not s.shards_params and s.strategy != "tp":
         # bnb weights are quantized while loading, on the GPU this rank owns (not "auto": that is for inference)
         return {"": int(os.environ.get("LOCAL_RANK", "0"))}
     return None
@@ -154,7 +131,7 @@ def _device_map(rec: Recommendation) -> Any:
 def model_kwargs(rec: Recommendation) -> dict[str, Any]:
     """from_pretrained kwargs: dtype (torch dtype), attn_implementation, quantization_config, device_map/tp_plan."""
     s = rec.setup
-    if s.weights_dtype in ("int8", "nf4"):
+    if s.quantized:
         dtype_name = half_dtype_name(rec)  # the non-quantized modules (norms, embeddings, head)
     else:
         dtype_name = s.weights_dtype  # fp32 for AMP full fine-tunes, bf16 for pure bf16 / LoRA / inference

@@ -36,10 +36,9 @@ def random_token_dataset(rec: Recommendation, rows: int, seed: int = 0) -> list[
 def smaller_setup(setup: Setup) -> Setup | None:
     """The next rung down the memory ladder that keeps the global batch: halve the micro-batch, then checkpoint."""
     if setup.micro_batch_size > 1 and setup.micro_batch_size % 2 == 0:
-        return setup.model_copy(update={"micro_batch_size": setup.micro_batch_size // 2,
-                                        "gradient_accumulation_steps": setup.gradient_accumulation_steps * 2})
+        return setup.replace(micro_batch_size=setup.micro_batch_size // 2, gradient_accumulation_steps=setup.gradient_accumulation_steps * 2)
     if not setup.gradient_checkpointing:
-        return setup.model_copy(update={"gradient_checkpointing": True})
+        return setup.replace(gradient_checkpointing=True)
     return None
 
 

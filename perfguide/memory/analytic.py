@@ -29,6 +29,7 @@ from .._base import GiB
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
+from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from . import activations as act
 from . import techniques as tech
@@ -37,7 +38,8 @@ from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_half, per_device
 from .types import MemoryEstimate
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: Bytes of the unquantized weight dtypes, as ints (setup.DTYPE_BYTES is the one table).
+DTYPE_BYTES = {d: int(SETUP_DTYPE_BYTES[d]) for d in ("fp32", "bf16", "fp16")}
 NF4_BLOCK, NF4_DQ_BLOCK = 64, 256   # bnb 4-bit absmax block; double-quant block of the absmax values
 LORA_ADAPTER_BYTES = 4              # PEFT autocast_adapter_dtype=True keeps adapters fp32 on 16-bit bases
 
@@ -155,7 +157,7 @@ def frozen_params_get_grads(setup: Setup) -> bool:
     frozen and trainable parameters in one unit makes "the gradient memory usage ... equivalent to not
     freezing those parameters". Measured: litgpt LoRA + FSDP rows (resource-tables.md) barely drop with N.
     """
-    return setup.lora is not None and setup.strategy in ("fsdp", "fsdp_shard_grad_op") and setup.weights_dtype in DTYPE_BYTES
+    return setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES
 
 
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
@@ -225,7 +227,7 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     shape = tech.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
-    act_setup = shape.model_copy(update={"lora": None}) if frozen_params_get_grads(setup) else shape
+    act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
     acts, recompute = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
     cpu_ram = dev.cpu_ram
     if setup.activation_offloading:

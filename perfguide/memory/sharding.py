@@ -10,13 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._data import load
-from ..setup import Setup
+from ..setup import STRATEGIES, Setup
 
-SHARD_OPTIMIZER = frozenset({"zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op"})
-SHARD_GRADS = frozenset({"zero2", "zero3", "fsdp", "fsdp_shard_grad_op"})
-SHARD_PARAMS = frozenset({"zero3", "fsdp"})
-DEEPSPEED = frozenset({"zero1", "zero2", "zero3"})
-FSDP = frozenset({"fsdp", "fsdp_shard_grad_op"})
+#: Strategy families, derived from the one table in setup.py (Setup.is_deepspeed / Setup.is_fsdp per Setup).
+DEEPSPEED = frozenset(k for k, f in STRATEGIES.items() if f.zero_stage is not None)
+FSDP = frozenset(k for k, f in STRATEGIES.items() if f.fsdp)
 
 
 @dataclass(frozen=True)
@@ -63,7 +61,7 @@ def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
     if setup.strategy == "ddp":
         # DDP (accelerate default gradient_as_bucket_view=False) keeps flat bucket copies of all gradients
         return trainable * grad_elem_bytes
-    if setup.strategy in ("zero1", "zero2"):
+    if setup.is_deepspeed and not setup.gathers_params:
         elems = min(trainable, int(_const("deepspeed_bucket_elements")))
         return int(elems * grad_elem_bytes * _const("deepspeed_bucket_copies"))
     return 0
@@ -77,30 +75,29 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     FSDP SHARD_GRAD_OP keeps between forward and backward.
     """
     n = setup.world_size
-    strat = setup.strategy
     # FSDP shards parameters at rest under either strategy; SHARD_GRAD_OP only skips resharding between forward
     # and backward, holding the unsharded compute-dtype copy instead (torch FSDP docs; accelerate
     # concept_guides/fsdp_and_deepspeed.md). ZeRO-1/2 keep the full 16-bit parameters on every rank.
-    w_div = n if strat in SHARD_PARAMS or strat == "fsdp_shard_grad_op" else 1
-    g_div = n if strat in SHARD_GRADS else 1
-    o_div = n if strat in SHARD_OPTIMIZER else 1
+    w_div = n if setup.shards_params else 1
+    g_div = n if setup.shards_grads else 1
+    o_div = n if setup.shards_optimizer else 1
     weights, grads, opt = states.weights // w_div, states.grads // g_div, states.optimizer // o_div
     buffers = bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)
     notes: list[str] = []
-    if strat in SHARD_PARAMS:
+    if setup.gathers_params:
         buffers += gather_bytes
-    if strat == "fsdp_shard_grad_op":
+    elif setup.shards_params:
         buffers += unsharded_weights
     cpu = 0
-    offload_all = strat in FSDP and (setup.offload_optimizer or setup.offload_params)
-    if (setup.offload_optimizer and strat in SHARD_OPTIMIZER) or offload_all:
+    offload_all = setup.is_fsdp and (setup.offload_optimizer or setup.offload_params)
+    if (setup.offload_optimizer and setup.shards_optimizer) or offload_all:
         cpu += opt
         opt = 0
-        if strat in DEEPSPEED or offload_all:
+        if setup.is_deepspeed or offload_all:
             cpu += grads  # reduced gradient partitions are copied to pinned host buffers for the CPU step
             grads = 0
         notes.append("optimizer states offloaded to CPU RAM")
-    if (setup.offload_params and strat in SHARD_PARAMS) or offload_all:
+    if (setup.offload_params and setup.gathers_params) or offload_all:
         cpu += weights
         weights = 0
         notes.append("parameters offloaded to CPU RAM")

@@ -42,7 +42,7 @@ def trace_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None
     config = spec.config if spec.config else _config_from_spec(spec, notes)
     traced_setup = setup
     if setup.optimizer is not None and setup.optimizer not in TRACED_OPTIMIZERS:
-        traced_setup = setup.model_copy(update={"optimizer": None})
+        traced_setup = setup.replace(optimizer=None)
     if setup.weights_dtype in ("int8", "nf4"):
         traced_setup = traced_setup.model_copy(update={"weights_dtype": "bf16"})
     step = traced_step(config, traced_setup, notes)

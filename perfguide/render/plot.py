@@ -70,12 +70,12 @@ def variants(setup: Setup) -> tuple[Curve, ...]:
     curves = [Curve(f"chosen ({setup.label})", setup, chosen=True)]
     if setup.task != "train":
         quantizable = setup.weights_dtype in ("bf16", "fp16", "fp32")
-        return tuple(curves + [Curve(f"{w} weights", setup.model_copy(update={"weights_dtype": w}))
+        return tuple(curves + [Curve(f"{w} weights", setup.replace(weights_dtype=w))
                                for w in ALTERNATIVE_WEIGHTS if quantizable])
     flipped = not setup.gradient_checkpointing
     curves.append(Curve(f"{'with' if flipped else 'without'} gradient checkpointing",
-                        setup.model_copy(update={"gradient_checkpointing": flipped})))
-    curves += [Curve(f"optimizer {name}", setup.model_copy(update={"optimizer": name}))
+                        setup.replace(gradient_checkpointing=flipped)))
+    curves += [Curve(f"optimizer {name}", setup.replace(optimizer=name))
                for name in ALTERNATIVE_OPTIMIZERS if name != setup.optimizer and setup.optimizer is not None]
     return tuple(curves)
 

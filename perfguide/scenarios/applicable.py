@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import Hardware
+from .registry import ScenarioInfo, find
 from .types import Constraints
 
 TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch")
@@ -30,9 +31,9 @@ def _given(cons: Constraints, field: str) -> Any:
     return None if value == Constraints.model_fields[field].default else value
 
 
-def check_applicable(scenario: str, cons: Constraints, hardware: Hardware) -> None:
-    """Raise ConflictingConstraintsError for the first constraint ``scenario`` would ignore."""
-    training = scenario.startswith("train")
+def check_applicable(info: ScenarioInfo, cons: Constraints, hardware: Hardware) -> None:
+    """Raise ConflictingConstraintsError for the first constraint the scenario ``info`` would ignore."""
+    scenario, training = info.name, info.training
     kind, other = ("training", "inference") if training else ("inference", "training")
     for field in INFERENCE_ONLY if training else TRAINING_ONLY:
         value = _given(cons, field)
@@ -42,23 +43,29 @@ def check_applicable(scenario: str, cons: Constraints, hardware: Hardware) -> No
     if training and cons.lora is not None and cons.finetune == "full":
         raise ConflictingConstraintsError("lora=... describes adapters but finetune='full' trains every weight; "
                                           "use finetune='lora' or 'qlora', or drop lora")
-    if scenario == "train_cpu" and cons.finetune == "qlora":
+    if training and info.device == "cpu" and cons.finetune == "qlora":
         raise ConflictingConstraintsError("finetune='qlora' needs a CUDA GPU (bitsandbytes 4-bit training); "
                                           "use finetune='lora' on the CPU, or scenario='train_gpu_one'")
     if not training:
         from .serving_plan import check_engine
 
         check_engine(scenario, cons.engine, cons.quantization, cons.strategy)
-    if scenario.endswith("gpu_many"):
-        _check_many(scenario, cons, hardware)
+    if info.multi_gpu:
+        _check_many(info, cons, hardware)
     else:
-        _check_one_device(scenario, cons)
+        _check_one_device(info, cons)
 
 
-def _check_one_device(scenario: str, cons: Constraints) -> None:
-    many = scenario.replace("_one", "_many") if scenario.endswith("gpu_one") else "train_gpu_many' or 'infer_gpu_many"
+def _many_gpu_names(info: ScenarioInfo) -> str:
+    """The multi-GPU scenario(s) to point at: the same task's from a GPU scenario, every multi-GPU one from the CPU."""
+    tasks = (info.task,) if info.device == "cuda" else ("train", "infer")
+    return "' or '".join(s.name for s in (find(t, "cuda", True) for t in tasks) if s is not None)
+
+
+def _check_one_device(info: ScenarioInfo, cons: Constraints) -> None:
+    scenario, many = info.name, _many_gpu_names(info)
     # train_cpu reads num_gpus as the number of CPU processes (one per socket by default)
-    for field in ("nodes",) if scenario == "train_cpu" else ("num_gpus", "nodes"):
+    for field in ("nodes",) if info.processes else ("num_gpus", "nodes"):
         value = getattr(cons, field)
         if value is not None and value > 1:
             raise ConflictingConstraintsError(f"{field}={value} asks for several devices but scenario {scenario!r} plans one; "
@@ -68,15 +75,15 @@ def _check_one_device(scenario: str, cons: Constraints) -> None:
                                           f"accepted here: 'single', or use scenario='{many}'")
 
 
-def _check_many(scenario: str, cons: Constraints, hardware: Hardware) -> None:
+def _check_many(info: ScenarioInfo, cons: Constraints, hardware: Hardware) -> None:
     if hardware.gpu_count > 1 and any(g.mig for g in hardware.gpus):
-        _check_mig(scenario, cons)
-    if scenario != "infer_gpu_many":
+        _check_mig(info, cons)
+    if info.training:
         return  # train_gpu_many validates its own layout (strategies.check_forced, world_of)
     if cons.strategy is not None and cons.strategy not in INFER_STRATEGIES:
         raise unknown_value("inference strategy", cons.strategy, INFER_STRATEGIES, ConflictingConstraintsError)
     if cons.nodes > 1:
-        raise ConflictingConstraintsError(f"nodes={cons.nodes}: infer_gpu_many plans the GPUs of one node; "
+        raise ConflictingConstraintsError(f"nodes={cons.nodes}: {info.name} plans the GPUs of one node; "
                                           "use nodes=1 and run one server per node")
     if cons.num_gpus is not None and cons.num_gpus > hardware.gpu_count:
         raise ConflictingConstraintsError(f"num_gpus={cons.num_gpus} but the hardware has {hardware.gpu_count} GPU(s); "
@@ -84,16 +91,17 @@ def _check_many(scenario: str, cons: Constraints, hardware: Hardware) -> None:
                                           f"hardware='{(hardware.name or 'a100-80gb').split(':')[0]}:{cons.num_gpus}'")
 
 
-def _check_mig(scenario: str, cons: Constraints) -> None:
+def _check_mig(info: ScenarioInfo, cons: Constraints) -> None:
     """MIG slices only work side by side as independent processes.
 
     CUDA enumerates a single MIG instance per process and slices have no peer-to-peer path, so one job cannot
     shard, tensor-parallelise or data-parallelise across them; independent serving replicas (one process per
     slice, CUDA_VISIBLE_DEVICES=MIG-<uuid>) are the one multi-slice layout.
     """
-    if scenario == "train_gpu_many":
+    if info.training:
+        one = find(info.task, "cuda", False)
         raise ConflictingConstraintsError("the visible GPUs are MIG slices, which one training job cannot use together (CUDA sees "
-                                          "one slice per process; no NCCL peer path between slices); use scenario='train_gpu_one' "
+                                          f"one slice per process; no NCCL peer path between slices); use scenario='{one.name if one else ''}' "
                                           "and CUDA_VISIBLE_DEVICES=MIG-<uuid> of one slice")
     if cons.strategy in ("tp", "device_map"):
         raise ConflictingConstraintsError(f"strategy={cons.strategy!r} cannot span MIG slices (CUDA sees one slice per process); "

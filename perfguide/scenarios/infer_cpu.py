@@ -13,7 +13,7 @@ def plan(request: Request) -> Plan:
     dtype, d_dtype = R.cpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=False)
     _, d_threads = cpu_threads(request.hardware.cpu, source="rules.md 3.32")
-    base = base_setup(request, dtype, d_attn.value, device="cpu").model_copy(update={"cpu_threads": d_threads.value})
+    base = base_setup(request, dtype, d_attn.value, device="cpu").replace(cpu_threads=d_threads.value)
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn, d_threads]
     warnings: list[str] = []

@@ -27,13 +27,13 @@ def tp_size(request: Request, gpus: int) -> int:
 
 def layouts(request: Request, base: Setup, gpus: int) -> list[Setup]:
     forced = request.constraints.strategy
-    options = [base.model_copy(update={"strategy": "single", "num_gpus": gpus})]
+    options = [base.replace(strategy="single", num_gpus=gpus)]
     if any(g.mig for g in request.hardware.gpus):  # one MIG slice per process: only independent replicas (applicable.py)
         return options
     t = tp_size(request, gpus)
     if t > 1:
-        options.append(base.model_copy(update={"strategy": "tp", "num_gpus": t}))
-    options.append(base.model_copy(update={"strategy": "device_map", "num_gpus": gpus}))
+        options.append(base.replace(strategy="tp", num_gpus=t))
+    options.append(base.replace(strategy="device_map", num_gpus=gpus))
     if forced is None:
         return options
     kept = [s for s in options if s.strategy == forced]
@@ -102,7 +102,7 @@ def transformers_plan(request: Request) -> Plan:
     decisions = [d_dtype, d_attn]
     if chosen is None and request.constraints.allow_offload:
         split = 1 if any(g.mig for g in request.hardware.gpus) else gpus  # a MIG slice offloads alone
-        off = R.candidate(request, offload_option(base).model_copy(update={"num_gpus": split}), "offload")
+        off = R.candidate(request, offload_option(base).replace(num_gpus=split), "offload")
         priced.append(off)
         if off.verdict == "fits":
             chosen = off

@@ -20,7 +20,7 @@ def tune(request: Request, chosen: Candidate, on_gpu: bool) -> tuple[Candidate, 
     """Batch (largest that fits, reported) and cache implementation for a layout that already fits."""
     max_b = R.largest_batch(request, chosen.setup)
     b, d_batch = R.choose_batch(request, max_b)
-    setup = chosen.setup.model_copy(update={"micro_batch_size": b})
+    setup = chosen.setup.replace(micro_batch_size=b)
     speed = R.price(request, setup)[1]
     setup, d_cache = R.cache_decision(request, setup, speed, on_gpu)
     return R.candidate(request, setup, chosen.why), [R.kv_decision(request, setup, max_b), d_batch, d_cache]
@@ -28,7 +28,7 @@ def tune(request: Request, chosen: Candidate, on_gpu: bool) -> tuple[Candidate, 
 
 def offload_option(base: Setup) -> Setup:
     """When no quantization fits: accelerate's device_map='auto' spills weights to CPU RAM (slow, but it runs)."""
-    return base.model_copy(update={"strategy": "device_map", "offload_params": True})
+    return base.replace(strategy="device_map", offload_params=True)
 
 
 def plan(request: Request) -> Plan:

@@ -7,6 +7,7 @@ number is host RAM rather than GPU memory; the user needs the limit that was hit
 from __future__ import annotations
 
 from . import inference_rules as R
+from .registry import find
 from .search import _named_gpus, fits_ram, usable_ram  # _named_gpus: single-GPU named targets, smallest first
 from .types import Candidate, Request
 
@@ -30,8 +31,9 @@ def what_would_fit(request: Request, best: Candidate) -> tuple[str, ...]:
                    f"({cons.headroom:.0%} headroom kept free)")
     if on_gpu:
         out += _bigger_gpu(request, best)
-        if request.scenario == "infer_gpu_one":
-            out.append("several GPUs: scenario='infer_gpu_many' splits the weights (tensor parallel or device_map)")
+        many = find(request.info.task, "cuda", True)
+        if not request.info.multi_gpu and many is not None:
+            out.append(f"several GPUs: scenario='{many.name}' splits the weights (tensor parallel or device_map)")
     else:
         out.append("a GPU plan: scenario='infer_gpu_one' with hardware='a100-80gb' (or your GPU)")
     if mem.kv_cache > mem.weights / 4:
@@ -43,7 +45,7 @@ def what_would_fit(request: Request, best: Candidate) -> tuple[str, ...]:
 
 def _bigger_gpu(request: Request, best: Candidate) -> list[str]:
     """The smallest named GPU with more memory on which the leanest layout fits whole, on one GPU."""
-    lean = best.setup.model_copy(update={"offload_params": False, "strategy": "single", "num_gpus": 1})
+    lean = best.setup.replace(offload_params=False, strategy="single", num_gpus=1)
     current = request.hardware.smallest_gpu.memory_total if request.hardware.smallest_gpu else 0
     for name, hw in _named_gpus():
         if hw.gpus[0].memory_total <= current:

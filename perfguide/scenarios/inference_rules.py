@@ -131,7 +131,7 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
 def largest_batch(request: Request, setup: Setup, limit: int = 4096) -> int:
     """Largest micro_batch_size that fits (memory grows monotonically with it); 0 if even 1 does not."""
     def ok(b: int) -> bool:
-        return fits(estimate_inference(request.model, setup.model_copy(update={"micro_batch_size": b}), request.hardware), request)
+        return fits(estimate_inference(request.model, setup.replace(micro_batch_size=b), request.hardware), request)
     if not ok(1):
         return 0
     lo, hi = 1, 2
@@ -178,11 +178,11 @@ def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[
     """16-bit first; bnb 8-bit then 4-bit NF4 only when needed (or forced by the quantization constraint)."""
     forced = request.constraints.quantization
     if forced:
-        yield base.model_copy(update={"weights_dtype": forced}), "quantization given as a constraint"
+        yield base.replace(weights_dtype=forced), "quantization given as a constraint"
         return
-    yield base.model_copy(update={"weights_dtype": dtype16}), f"{dtype16} weights"
+    yield base.replace(weights_dtype=dtype16), f"{dtype16} weights"
     for q in ("int8", "nf4"):
-        yield base.model_copy(update={"weights_dtype": q}), f"bitsandbytes {q}"
+        yield base.replace(weights_dtype=q), f"bitsandbytes {q}"
 
 
 def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> Decision:
@@ -222,7 +222,7 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
                "no CUDA graphs on CPU / with layer-split or offloaded models")
         return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE, alternatives=(
             Alternative(value="static + torch.compile", why_not=why),))
-    fast = setup.model_copy(update={"cache_implementation": "static", "torch_compile": True})
+    fast = setup.replace(cache_implementation="static", torch_compile=True)
     after = estimate_inference_speed(request.model, fast, request.hardware)
     gain = speed.time_per_output_token_ms / after.time_per_output_token_ms
     return fast, Decision(setting="cache_implementation", value="static", number=round(gain, 2), unit="x faster per token",

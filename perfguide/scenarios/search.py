@@ -13,15 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from .. import techniques
 from .._base import GiB
 from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..hardware.types import GPU, Hardware
 from ..memory import Factors, estimate_memory
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
-from ..setup import Setup
+from ..setup import LoraSpec, Setup
 from ..speed import estimate_speed
 from ..speed.types import Throughput
+from ..techniques import LadderContext, Rung
 from .types import Candidate
 
 TENSOR_CORE_MULTIPLE = 8
@@ -45,13 +47,6 @@ class Option:
     template: Setup
     best: Priced | None
     too_big: Priced | None
-
-
-@dataclass(frozen=True)
-class Rung:
-    name: str
-    tradeoff: str
-    templates: tuple[Setup, ...]
 
 
 @dataclass
@@ -129,7 +124,7 @@ def micro_batch_choices(per_rank_batch: int, forced: int | None) -> list[int]:
 
 
 def with_micro(template: Setup, micro: int, per_rank_batch: int) -> Setup:
-    return template.model_copy(update={"micro_batch_size": micro, "gradient_accumulation_steps": per_rank_batch // micro})
+    return template.replace(micro_batch_size=micro, gradient_accumulation_steps=per_rank_batch // micro)
 
 
 def _speed_key(p: Priced) -> tuple[float, int, str]:
@@ -245,7 +240,7 @@ def sharded_gpus_needed(spec: ModelSpec, setup: Setup, gpu: GPU, hardware: Hardw
     while n <= max_gpus:
         nodes = max(1, n // per_node)
         hw = hardware.model_copy(update={"gpus": (gpu,) * min(n, per_node), "nodes": nodes})
-        s = setup.model_copy(update={"strategy": strategy, "num_gpus": min(n, per_node), "nodes": nodes})
+        s = setup.replace(strategy=strategy, num_gpus=min(n, per_node), nodes=nodes)
         p = price(spec, s, hw)
         if fits(p.memory, hw, headroom):
             return n, p
@@ -255,32 +250,12 @@ def sharded_gpus_needed(spec: ModelSpec, setup: Setup, gpu: GPU, hardware: Hardw
 
 # --- the training ladder ----------------------------------------------------------------------------
 
-DEFAULT_OPTIMIZER = "adamw_torch_fused"
-LIGHT_OPTIMIZERS = ("adamw_bnb_8bit", "adafactor")
-
-
-def _each(template: Setup, ckpts: list[bool], optimizers: list[str], **update: object) -> tuple[Setup, ...]:
-    return tuple(template.model_copy(update={**update, "optimizer": o, "gradient_checkpointing": c}) for o in optimizers for c in ckpts)
-
-
 def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_half_allowed: bool, *, finetune: str,
-                   lora: object, optimizer: str | None, checkpointing: bool | None) -> list[Rung]:
-    """The memory-saving ladder in order of what each rung gives up (rules.md 4.1.2, anchors.md 13.5).
-
-    Micro-batch (with more accumulation) and checkpointing are searched inside every rung, so they are tried
-    before the optimizer or the weights change; LoRA/QLoRA rungs only appear when asked for.
-    """
-    ckpts = [checkpointing] if checkpointing is not None else [False, True]
-    opt = [optimizer or DEFAULT_OPTIMIZER]
-    if finetune == "lora":
-        return [Rung("LoRA", "trains low-rank adapters on a frozen base", _each(base, ckpts, opt, weights_dtype=half or "fp32", autocast=autocast, lora=lora))]
-    if finetune == "qlora":
-        return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", _each(base, ckpts, opt, weights_dtype="nf4", autocast=autocast, lora=lora))]
-    exact = "exact AMP" if autocast else "fp32"
-    rungs = [Rung(exact, "fp32 master weights, grads and AdamW states: the reference semantics", _each(base, ckpts, opt, weights_dtype="fp32", autocast=autocast))]
-    if optimizer is None:
-        rungs.append(Rung("lighter optimizer", "8-bit AdamW states (bnb) or Adafactor's factored moments", _each(base, ckpts, list(LIGHT_OPTIMIZERS), weights_dtype="fp32", autocast=autocast)))
-    if pure_half_allowed:
-        opts = [optimizer] if optimizer else [DEFAULT_OPTIMIZER, "adamw_bnb_8bit"]
-        rungs.append(Rung("pure bf16", "bf16 weights, grads and optimizer states: updates lose precision at small learning rates", _each(base, ckpts, opts, weights_dtype="bf16", autocast="bf16")))
-    return rungs
+                   lora: LoraSpec, optimizer: str | None, checkpointing: bool | None) -> list[Rung]:
+    """The memory-saving ladder in order of what each rung gives up, composed from the technique registry
+    (each technique's ``ladder_order`` and ``rungs``; axis techniques such as checkpointing are searched inside
+    every rung, so they are tried before the optimizer or the weights change). Sources: the transformers
+    guide https://huggingface.co/docs/transformers/perf_train_gpu_one (fill the GPU, then trade memory)."""
+    ctx = LadderContext(base=base, autocast=autocast, half=half, pure_half_allowed=pure_half_allowed,
+                        finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing)
+    return techniques.ladder(ctx)

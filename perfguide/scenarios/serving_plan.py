@@ -18,6 +18,7 @@ from ..memory.types import MemoryEstimate
 from ..setup import ServingSetup, Setup
 from ..speed.serving import ServingSpeed, estimate_serving_speed
 from ..speed.types import Throughput
+from . import registry
 from .types import Candidate, Plan, Request
 
 ENGINE_FORMATS = ("fp8", "awq", "gptq")
@@ -39,7 +40,8 @@ def engine_of(request: Request) -> str:
 
 def check_engine(scenario: str, engine: str | None, quantization: str | None, strategy: str | None) -> None:
     """One-line refusals for engine constraints a plan cannot honour (never a quiet substitute)."""
-    if engine in ("vllm", "sglang") and not scenario.startswith("infer_gpu"):
+    info = registry.get(scenario)
+    if engine in ("vllm", "sglang") and not (info.task == "infer" and info.device == "cuda"):
         raise ConflictingConstraintsError(f"engine={engine!r} serves on GPUs; scenario {scenario!r} does not: "
                                           "use scenario='infer_gpu_one' or 'infer_gpu_many', or engine='transformers'")
     if engine in (None, "transformers") and quantization in ENGINE_FORMATS:
@@ -276,7 +278,7 @@ def plan(request: Request) -> Plan:
     """The engine plan: format, layout, budget; a layout nothing fits comes back with fits=False and why."""
     engine = engine_of(request)
     gpus = min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
-    if request.scenario == "infer_gpu_one":
+    if not request.info.multi_gpu:
         gpus = 1
     chosen, tried = _choose(request, engine, gpus)
     engine_decision = Decision(setting="engine", value=engine, reason=f"{engine} named by the engine constraint: continuous batching "

@@ -12,20 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConflictingConstraintsError, unknown_value
-from ..memory.sharding import DEEPSPEED, FSDP
 from ..model.types import ModelSpec
-from ..setup import Setup
+from ..setup import STRATEGIES, TRAIN_STRATEGIES, Setup
 from ..speed.model import trainable_params
+from ..techniques.cpu_offload import LAYOUTS as OFFLOAD_LAYOUTS
 from .search import Priced, Rung, rank
 
-#: Strategies a training plan can name (inference's device_map/tp excluded).
-TRAIN_STRATEGIES = ("single", "ddp", "fsdp", "fsdp_shard_grad_op", "zero1", "zero2", "zero3")
 #: FSDP2 is preferred over a DeepSpeed layout of the same level unless the latter is predicted this much faster:
 #: the speed model's communication terms are not more accurate than that, and FSDP2 is native torch, the
 #: Trainer's default FSDP version, and needs no extra package or JSON config.
 FSDP_TIE_TOLERANCE = 0.10
 ADAMW = ("adamw_torch", "adamw_torch_fused")
-_ELEM = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
 
 
 @dataclass(frozen=True)
@@ -41,11 +38,11 @@ class Layout:
 
     @property
     def backend(self) -> str:
-        return "DeepSpeed ZeRO" if self.strategy in DEEPSPEED else "FSDP2" if self.strategy in FSDP else "torch DDP"
+        facts = STRATEGIES[self.strategy]
+        return "DeepSpeed ZeRO" if facts.zero_stage is not None else "FSDP2" if facts.fsdp else "torch DDP"
 
     def apply(self, s: Setup) -> Setup:
-        return s.model_copy(update={"strategy": self.strategy, "offload_optimizer": self.offload_optimizer,
-                                    "offload_params": self.offload_params})
+        return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params)
 
 
 def layout_of(s: Setup) -> Layout:
@@ -74,14 +71,14 @@ def levels(world: int, allow_offload: bool) -> tuple[Level, ...]:
                          (Layout("fsdp"), Layout("zero3"))))
     if allow_offload:
         out.append(Level("CPU offload", "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
-                         (Layout("fsdp", True, True), Layout("zero2", True), Layout("zero3", True), Layout("zero3", True, True))))
+                         tuple(Layout(*lay) for lay in OFFLOAD_LAYOUTS)))
     return tuple(out)
 
 
 def incompatible(t: Setup, lay: Layout, forced: str | None = None) -> str | None:
     """Why ``lay`` cannot run the semantics of template ``t`` (None when it can)."""
     qlora = t.weights_dtype in ("nf4", "int8")
-    if qlora and lay.strategy in DEEPSPEED and not (forced == lay.strategy == "zero3"):
+    if qlora and STRATEGIES[lay.strategy].zero_stage is not None and not (forced == lay.strategy == "zero3"):
         return ("QLoRA under DeepSpeed: ZeRO-1/2 cast the module to 16 bit, and ZeRO-3 needs bnb_4bit_quant_storage (PEFT's recipe) "
                 "while perfguide prices its 4-bit storage only under DDP/FSDP; ask strategy='zero3' to force it")
     if qlora and (lay.offload_optimizer or lay.offload_params):
@@ -92,7 +89,7 @@ def incompatible(t: Setup, lay: Layout, forced: str | None = None) -> str | None
     if t.optimizer not in ADAMW and t.optimizer is not None:
         if lay.offload_optimizer or lay.offload_params:
             return f"an offloaded optimizer steps on the CPU (DeepSpeed CPU AdamW / torch AdamW); {t.optimizer} needs CUDA tensors"
-        if lay.strategy in FSDP:
+        if STRATEGIES[lay.strategy].fsdp:
             return f"{t.optimizer} is offered only where it sees plain tensors (DDP, DeepSpeed's flat partitions), not FSDP2's DTensor shards"
     return None
 
@@ -138,7 +135,7 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
 def prefer_fsdp(fitting: list[Priced]) -> Priced:
     """The fastest fitting option, unless an FSDP2 one is within FSDP_TIE_TOLERANCE of it."""
     ranked = rank(fitting)
-    fsdp = next((p for p in ranked if p.setup.strategy in FSDP), None)
+    fsdp = next((p for p in ranked if p.setup.is_fsdp), None)
     if fsdp is not None and fsdp.step_time <= ranked[0].step_time * (1 + FSDP_TIE_TOLERANCE):
         return fsdp
     return ranked[0]
@@ -163,7 +160,7 @@ def comm_bytes(spec: ModelSpec, s: Setup) -> float:
     n, ga = s.world_size, s.gradient_accumulation_steps
     if n == 1 or s.strategy in ("single", "device_map", "tp"):
         return 0.0
-    wbytes = _ELEM[s.weights_dtype]
+    wbytes = s.weight_bytes
     half = 2 if s.autocast else min(4, wbytes)
     trainable = trainable_params(spec, s)
     grads = trainable * ((4 if s.lora else wbytes) if s.strategy == "ddp" else (2 if s.autocast else wbytes))

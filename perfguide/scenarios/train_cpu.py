@@ -11,7 +11,7 @@ from ..setup import Setup
 from .host import cpu_dataloader, cpu_processes, cpu_threads
 from .precision import cpu_precision
 from .search import SearchResult, gib, least_memory
-from .train_gpu_one import attention, check_optimizer, plan_training
+from .training import attention, check_optimizer, plan_training
 from .types import Plan, Request
 
 

@@ -13,7 +13,6 @@ from functools import partial
 
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
-from ..memory.sharding import DEEPSPEED, FSDP
 from ..setup import Setup
 from .host import gpu_dataloader
 from .precision import gpu_precision
@@ -46,7 +45,7 @@ from .strategies import (
     levels,
     prefer_fsdp,
 )
-from .train_gpu_one import attention, check_optimizer, finetune_mode, plan_training
+from .training import attention, check_optimizer, finetune_mode, plan_training
 from .types import Candidate, Plan, Request
 
 _SOURCE = "rules.md 3.18-3.21, 4.2; DeepSpeed docs' ZeRO escalation order; anchors.md 2 (ZeRO estimators)"
@@ -235,7 +234,7 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
 
 
 def quant_storage_decision(s: Setup) -> list[Decision]:
-    if s.weights_dtype != "nf4" or s.strategy not in ("fsdp", "fsdp_shard_grad_op", "zero3"):
+    if s.weights_dtype != "nf4" or not s.shards_params:
         return []
     dtype = s.autocast or "bf16"
     return [Decision(setting="bnb_4bit_quant_storage", value=dtype,
@@ -283,10 +282,10 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
     if s.nodes > 1 and hw.inter_node_bandwidth_gbps is None:
         out.append("the network between nodes is unknown: step time assumes a default inter-node bandwidth; "
                    "ZeRO/FSDP across nodes needs a fast fabric (InfiniBand / EFA)")
-    if s.strategy in DEEPSPEED:
+    if s.is_deepspeed:
         out.append("DeepSpeed: install it on every node and build TrainingArguments(deepspeed=...) before from_pretrained, "
                    "so ZeRO-3 partitions the weights while loading")
-    if s.strategy in FSDP and s.gradient_checkpointing:
+    if s.is_fsdp and s.gradient_checkpointing:
         out.append("with FSDP use fsdp_config['activation_checkpointing']=True, not TrainingArguments(activation_checkpointing=True): both raise")
     if s.weights_dtype == "nf4" and s.strategy == "zero3":
         out.append("QLoRA + ZeRO-3: perfguide prices the 4-bit base as 16-bit under DeepSpeed, so per-GPU memory is overestimated")
@@ -300,7 +299,7 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
     out = [f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
            for kind, r in adapters.items() if r.chosen is not None]
-    lean = least_memory(result).setup.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 1})
+    lean = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
     more = more_nodes(request, lean)
     if more:
         n, p = more
@@ -324,7 +323,7 @@ def more_nodes(request: Request, lean: Setup) -> tuple[int, Priced] | None:
     while nodes <= MAX_NODES:
         bigger = hw.model_copy(update={"nodes": nodes})
         for lay in lays:
-            p = price(request.model, lay.apply(lean).model_copy(update={"nodes": nodes}), bigger)
+            p = price(request.model, lay.apply(lean).replace(nodes=nodes), bigger)
             if fits(p.memory, bigger, h):
                 return nodes, p
         nodes *= 2

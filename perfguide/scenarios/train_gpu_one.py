@@ -1,66 +1,20 @@
-"""Train on one GPU: the fastest setup that fits, the global batch kept fixed (rules.md 4.1).
+"""Train on one GPU: the fastest setup that fits, the global batch kept fixed.
 
 Order: precision (from the GPU and the checkpoint's dtype) -> for each rung of the memory ladder, the
-micro-batch and checkpointing that fit with headroom -> rank what fits by predicted step time. When nothing
-fits, the plan says so and prices what would: LoRA, QLoRA, a bigger named GPU, or N GPUs with FSDP.
+micro-batch and checkpointing that fit with headroom -> rank what fits by predicted step time (the shared
+planner, training.py). When nothing fits, the plan says so and prices what would: LoRA, QLoRA, a bigger
+named GPU, or N GPUs with FSDP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from ..decisions import Alternative, Decision
-from ..errors import ConflictingConstraintsError, unknown_value
-from ..hardware.types import GPU
-from ..setup import OPTIMIZERS, LoraSpec, Setup
+from ..errors import ConflictingConstraintsError
+from ..setup import Setup
 from .host import gpu_dataloader
-from .precision import Precision, gpu_precision
-from .search import (
-    Priced,
-    Rung,
-    SearchResult,
-    bigger_gpu,
-    candidates,
-    gib,
-    least_memory,
-    micro_batch_choices,
-    search,
-    sharded_gpus_needed,
-    speed_warnings,
-    training_rungs,
-    usable_bytes,
-)
-from .types import Constraints, Plan, Request
-
-_LADDER_SOURCE = "rules.md 4.1 (fit ladder), 3.2 (fill the GPU, accumulate second), 3.3, 3.8, 3.17; anchors.md 13"
-
-
-def check_optimizer(name: str | None) -> None:
-    if name is not None and name not in OPTIMIZERS:
-        raise unknown_value("optimizer", name, OPTIMIZERS, ConflictingConstraintsError)
-
-
-def finetune_mode(cons: Constraints) -> str:
-    """None means full fine-tuning; a LoRA spec without a mode means LoRA."""
-    return cons.finetune or ("lora" if cons.lora is not None else "full")
-
-
-def attention(cons: Constraints, prec: Precision, gpu: GPU | None) -> tuple[str, Decision]:
-    """SDPA by default (flash/mem-efficient kernels without extra packages); FA2 only when asked and possible."""
-    impl = cons.attn_implementation or "sdpa"
-    if impl == "flash_attention_2":
-        if gpu is None or not gpu.supports_flash_attention:
-            where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "no GPU"
-            raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
-                                              f"AMD MI200/MI300), not {where}; use 'sdpa'")
-        if prec.autocast is None:
-            raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs fp16/bf16 compute, but the plan trains in fp32; use 'sdpa'")
-    reason = (f"attn_implementation={impl!r} was requested" if cons.attn_implementation else
-              "SDPA is the default and picks a flash / memory-efficient kernel: no s x s score matrix, no extra package")
-    alts = () if cons.attn_implementation else (
-        Alternative(value="flash_attention_2", why_not="needs the flash-attn package on the target; pays off for long sequences with packed batches"),
-        Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory"))
-    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source="rules.md 3.13", alternatives=alts)
+from .precision import gpu_precision
+from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
+from .training import attention, check_optimizer, plan_training
+from .types import Plan, Request
 
 
 def plan(request: Request) -> Plan:
@@ -74,202 +28,8 @@ def plan(request: Request) -> Plan:
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
     base = Setup(task="train", device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
-    return plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size)
-
-
-def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,
-                  adapter_kinds: tuple[str, ...] = ("lora", "qlora"), suggest: Callable[..., tuple[str, ...]] | None = None,
-                  expand: Callable[[list[Rung]], list[Rung]] | None = None,
-                  choose: Callable[[list[Priced]], Priced] | None = None) -> Plan:
-    """Search the ladder for one device type and assemble the Plan; shared by the training scenarios.
-
-    ``suggest(request, result, adapters, mode)`` says what would fit when nothing does (default: what_would_fit).
-    ``expand(rungs)`` turns the ladder's rungs into the rungs searched (multi-GPU: each rung x sharding level);
-    ``choose(fitting)`` picks among a rung's fitting options (default: the fastest).
-    """
-    hw, spec, cons = request.hardware, request.model, request.constraints
-    mode = finetune_mode(cons)
-    lora = cons.lora or LoraSpec()
-    choices = micro_batch_choices(per_rank_batch, cons.micro_batch_size)
-
-    def run(kind: str) -> SearchResult:
-        rungs = training_rungs(base, prec.autocast, prec.half, prec.pure_half_allowed, finetune=kind, lora=lora,
-                               optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing)
-        return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose,
-                      factors=request.calibration)
-
-    result = run(mode)
-    warnings = list(prec.warnings)
-    adapters = {} if mode != "full" or cons.from_scratch else {k: run(k) for k in adapter_kinds}
-    chosen = result.chosen or least_memory(result)
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters)]
-    warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
-    suggestions = () if result.chosen else (suggest or what_would_fit)(request, result, adapters, mode)
-    cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
-                                                          if c.verdict != "does-not-fit" or r.chosen is None)
-    cands = tuple(c.model_copy(update={"verdict": "fits"}) if c.verdict == "chosen" and c.setup != chosen.setup else c for c in cands)
-    return Plan(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, decisions=tuple(decisions),
-                candidates=cands, warnings=tuple(warnings), fits=result.chosen is not None, suggestions=suggestions)
-
-
-# --- decisions --------------------------------------------------------------------------------------
-
-def _usable(p: Priced, request: Request) -> int:
-    return usable_bytes(p.memory, request.constraints.headroom) or 0
-
-
-def ladder_decisions(request: Request, result: SearchResult, chosen: Priced, mode: str,
-                     adapters: dict[str, SearchResult]) -> list[Decision]:
-    s = chosen.setup
-    return [
-        _micro_decision(request, result, chosen),
-        Decision(setting="gradient_accumulation_steps", value=s.gradient_accumulation_steps,
-                 reason=f"keeps the global batch fixed: {s.micro_batch_size} x {s.gradient_accumulation_steps} x {s.world_size} device(s) "
-                        f"= {s.global_batch_size}", number=s.global_batch_size, unit="samples", source="rules.md 3.2"),
-        _weights_decision(result, chosen),
-        _optimizer_decision(request, result, chosen),
-        _checkpointing_decision(request, result, chosen),
-        _finetune_decision(request, chosen, mode, adapters),
-    ]
-
-
-def _option_of(result: SearchResult, p: Priced):  # noqa: ANN202 - Option
-    return next((o for _, o in result.options if o.best is p or o.too_big is p), None)
-
-
-def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> Decision:
-    cons, s = request.constraints, chosen.setup
-    opt = _option_of(result, chosen)
-    usable = _usable(chosen, request)
-    alts = []
-    if opt is not None and opt.too_big is not None and opt.too_big is not chosen:
-        alts.append(Alternative(value=opt.too_big.setup.micro_batch_size, number=opt.too_big.memory.device_total, unit="bytes",
-                                why_not=f"needs {gib(opt.too_big.memory.device_total)} > {gib(usable)} usable ({cons.headroom:.0%} headroom)"))
-    if cons.micro_batch_size:
-        reason = f"micro_batch_size={cons.micro_batch_size} was requested"
-    elif result.chosen is None:
-        reason = f"even the smallest micro-batch does not fit: {gib(chosen.memory.device_total)} > {gib(usable)} usable"
-    else:
-        reason = (f"fastest micro-batch dividing the per-device batch {per_rank(s)} that fits with {cons.headroom:.0%} headroom: "
-                  f"{gib(chosen.memory.device_total)} of {gib(usable)} usable")
-    return Decision(setting="per_device_train_batch_size", value=s.micro_batch_size, reason=reason,
-                    number=chosen.memory.device_total, unit="bytes", source=_LADDER_SOURCE, alternatives=tuple(alts))
-
-
-def per_rank(s: Setup) -> int:
-    return s.micro_batch_size * s.gradient_accumulation_steps
-
-
-def _weights_decision(result: SearchResult, chosen: Priced) -> Decision:
-    s, m = chosen.setup, chosen.memory
-    static = m.weights + m.gradients + m.optimizer_states
-    if s.lora is not None:
-        reason = f"the frozen base is stored in {s.weights_dtype}; only the fp32 adapters train"
-    elif s.weights_dtype == "bf16":
-        exact = [o for r, o in result.options if r.name.startswith(("exact", "lighter"))]
-        need = min((o.too_big.memory.device_total for o in exact if o.too_big), default=0)
-        reason = (f"no fp32-master setup fits (the smallest needs {gib(need)}); pure bf16 stores weights, grads and optimizer "
-                  "states in bf16: less than half the bytes, but updates lose precision at small learning rates")
-    elif s.autocast:
-        reason = f"true AMP: fp32 master weights, grads and optimizer states; autocast runs the matmuls in {s.autocast}"
-    else:
-        reason = "fp32 weights and compute"
-    alts = () if s.weights_dtype != "fp32" or s.lora else (
-        Alternative(value="bf16", why_not="pure bf16 saves memory but its optimizer update is lossy; only used when fp32 masters do not fit"),)
-    return Decision(setting="weights_dtype", value=s.weights_dtype, reason=reason, number=static, unit="bytes",
-                    source="rules.md 2.1, 2.2, 0.8 (load with dtype=torch.float32 for AMP)", alternatives=alts)
-
-
-def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) -> Decision:
-    s = chosen.setup
-    others: dict[str, Alternative] = {}
-    for rung, o in result.options:
-        t = o.template
-        if t.optimizer == s.optimizer or t.optimizer in others or t.weights_dtype != s.weights_dtype or _layout(t) != _layout(s):
-            continue
-        if o.best is None and o.too_big is not None:
-            others[t.optimizer] = Alternative(value=t.optimizer, number=o.too_big.memory.device_total, unit="bytes",
-                                              why_not=f"does not fit: {gib(o.too_big.memory.device_total)} > {gib(_usable(o.too_big, request))}")
-        elif o.best is not None:
-            others[t.optimizer] = Alternative(value=t.optimizer, number=o.best.step_time, unit="s",
-                                              why_not=f"{rung.name}: {o.best.step_time:.3g} s/step vs {chosen.step_time:.3g}")
-    if request.constraints.optimizer:
-        reason = f"optimizer={s.optimizer!r} was requested"
-    elif s.optimizer == "adamw_torch_fused":
-        reason = "fused AdamW: one kernel for the whole update, the transformers 5.x default"
-    elif s.optimizer == "adamw_bnb_8bit":
-        reason = "32-bit AdamW states do not fit; bnb 8-bit AdamW keeps 2 B/param of state (embeddings stay 32-bit under Trainer)"
-    else:
-        reason = f"{s.optimizer} is the fastest optimizer whose states fit"
-    return Decision(setting="optim", value=s.optimizer, reason=reason, number=chosen.memory.optimizer_states, unit="bytes",
-                    source="rules.md 3.8, 3.9, 2.3", alternatives=tuple(others.values()))
-
-
-def _layout(s: Setup) -> tuple[str, bool, bool]:
-    """How states are spread over devices; alternatives are only compared within one layout."""
-    return s.strategy, s.offload_optimizer, s.offload_params
-
-
-def _checkpointing_decision(request: Request, result: SearchResult, chosen: Priced) -> Decision:
-    s = chosen.setup
-    flip = result.option(optimizer=s.optimizer, weights_dtype=s.weights_dtype, lora=s.lora, strategy=s.strategy,
-                         offload_optimizer=s.offload_optimizer, offload_params=s.offload_params, gradient_checkpointing=not s.gradient_checkpointing)
-    alts = []
-    if flip is not None:
-        if flip.best is None:
-            alts.append(Alternative(value=not s.gradient_checkpointing, number=flip.too_big.memory.device_total if flip.too_big else None,
-                                    unit="bytes", why_not="does not fit even at the smallest micro-batch"))
-        else:
-            alts.append(Alternative(value=not s.gradient_checkpointing, number=flip.best.step_time, unit="s",
-                                    why_not=f"{flip.best.step_time:.3g} s/step (micro-batch {flip.best.setup.micro_batch_size}) vs {chosen.step_time:.3g}"))
-    if request.constraints.gradient_checkpointing is not None:
-        reason = f"gradient_checkpointing={s.gradient_checkpointing} was requested"
-    elif s.gradient_checkpointing:
-        reason = ("activations do not fit otherwise, or the larger micro-batch it allows outweighs re-running the forward "
-                  "(+1 forward = +33% matmul FLOPs; docs measure ~20% slower)")
-    else:
-        reason = "activations fit without it, so no forward is recomputed"
-    return Decision(setting="activation_checkpointing", value=s.gradient_checkpointing, reason=reason, number=chosen.memory.activations,
-                    unit="bytes", source="rules.md 3.3 (TrainingArguments(activation_checkpointing=True))", alternatives=tuple(alts))
-
-
-def _finetune_decision(request: Request, chosen: Priced, mode: str, adapters: dict[str, SearchResult]) -> Decision:
-    alts = []
-    for kind, r in adapters.items():
-        if r.chosen is not None:
-            c = r.chosen
-            priced = f"{gib(c.memory.device_total)} per device, {c.step_time:.3g} s/step"
-            full_fits = mode == "full" and _fits(chosen, request)
-            alts.append(Alternative(value=kind, number=c.memory.device_total, unit="bytes",
-                                    why_not=f"full fine-tuning fits, and trains every weight ({kind}: {priced})" if full_fits
-                                    else f"offered in the suggestions: {priced}"))
-    reason = (f"finetune={mode!r} was requested" if request.constraints.finetune or request.constraints.lora else
-              "full fine-tuning preferred: every weight trains; LoRA/QLoRA are offered when it does not fit")
-    if mode != "full":
-        lora = chosen.setup.lora
-        reason += f" (r={lora.r}, alpha={lora.alpha}, targets={lora.target_modules})" if lora else ""
-    return Decision(setting="finetune", value=mode, reason=reason, number=chosen.memory.device_total, unit="bytes",
-                    source="rules.md 3.17", alternatives=tuple(alts))
-
-
-def _fits(p: Priced, request: Request) -> bool:
-    return p.memory.device_total <= _usable(p, request)
-
-
-def rung_warnings(result: SearchResult, cons: Constraints) -> list[str]:
-    s = result.chosen.setup if result.chosen else None
-    if s is None:
-        return []
-    out = []
-    if s.weights_dtype == "bf16" and s.lora is None:
-        out.append("pure bf16 training: weights, grads and optimizer states in bf16 lose small updates; "
-                   "watch the loss, or use a bigger GPU / LoRA to keep fp32 master weights")
-    if s.optimizer and "8bit" in s.optimizer:
-        out.append(f"optim={s.optimizer!r} needs bitsandbytes >= 0.46.1 on the training machine"
-                   + ("; training from scratch: use bnb.nn.StableEmbedding for the embeddings" if cons.from_scratch else ""))
-    if s.optimizer == "adafactor":
-        out.append("Adafactor may converge differently from AdamW; re-tune the learning rate")
-    return out
+    return plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
+                         suggest=what_would_fit)
 
 
 def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str) -> tuple[str, ...]:
@@ -282,7 +42,7 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
             c = r.chosen
             out.append(f"finetune={kind!r} fits on {gpu.name}: {gib(c.memory.device_total)} per device, "
                        f"{c.step_time:.3g} s/step ({c.setup.label})")
-    reference = least_memory(result).setup.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 1})
+    reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
     big = bigger_gpu(spec, reference, hw, h)
     if big:
         name, p = big
@@ -300,7 +60,7 @@ def _adapters_on_bigger_gpu(request: Request, adapters: dict[str, SearchResult])
     out = []
     for kind, r in adapters.items():
         if r.chosen is None and r.options:
-            lean = least_memory(r).setup.model_copy(update={"micro_batch_size": 1, "gradient_accumulation_steps": 1})
+            lean = least_memory(r).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
             big = bigger_gpu(request.model, lean, request.hardware, request.constraints.headroom)
             if big:
                 name, p = big

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from .._base import Model
 from ..decisions import Decision
@@ -15,9 +15,17 @@ from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..setup import LoraSpec, Setup
 from ..speed.types import Throughput
+from . import registry
 
-Scenario = Literal["train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu"]
-SCENARIOS: tuple[str, ...] = ("train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu")
+SCENARIOS: tuple[str, ...] = registry.names()
+
+
+def _known_scenario(name: str) -> str:
+    registry.get(name)
+    return name
+
+
+Scenario = Annotated[str, AfterValidator(_known_scenario)]
 
 
 class Constraints(Model):
@@ -59,6 +67,11 @@ class Request(Model):
     global_batch_size: int = Field(ge=1)
     constraints: Constraints = Constraints()
     calibration: Factors | None = None   # this machine's measured ratios for this model's family / size band
+
+    @property
+    def info(self) -> registry.ScenarioInfo:
+        """The scenario's registry entry (task, device, one or many GPUs)."""
+        return registry.get(self.scenario)
 
 
 class Candidate(Model):

@@ -20,8 +20,6 @@ from ..setup import Setup
 from . import techniques as tech
 from .types import Throughput
 
-_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
-
 
 def _eff(name: str) -> dict:
     return load("efficiency")[name]
@@ -126,7 +124,7 @@ def pcie_gbps(gpu: GPU) -> float:
 # --- step parts -----------------------------------------------------------------------------------
 
 def _weights_bytes(setup: Setup) -> float:
-    return _DTYPE_BYTES[setup.weights_dtype]
+    return setup.weight_bytes
 
 
 def _half_bytes(setup: Setup) -> float:

@@ -1,0 +1,86 @@
+"""Techniques as a registry: one module per technique, each declaring what it owns and emits (base.py).
+
+``names()`` lists them, ``get(name)`` returns one; the search builds its fit ladder with ``ladder(ctx)`` and
+the adapters merge what the techniques a Setup uses emit with ``emit(kind, ctx)``. Modules in this package
+are discovered, so a new technique is one file here (plus its Setup field).
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from functools import cache
+from importlib import import_module
+from itertools import product
+from typing import TYPE_CHECKING, Any
+
+from ..errors import PerfGuideError, unknown_value
+from .base import EmitContext, LadderContext, Requires, Rung, Technique
+
+if TYPE_CHECKING:
+    from ..setup import Setup
+
+__all__ = ["EmitContext", "LadderContext", "Requires", "Rung", "Technique", "active", "emit", "get", "ladder", "names", "registry"]
+
+_NOT_TECHNIQUES = frozenset({"base"})
+
+
+@cache
+def registry() -> tuple[Technique, ...]:
+    """Every technique, in emission order; each module lists its instances in ``TECHNIQUES``."""
+    found: list[Technique] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name in _NOT_TECHNIQUES:
+            continue
+        found += list(getattr(import_module(f"{__name__}.{info.name}"), "TECHNIQUES", ()))
+    seen: dict[str, Technique] = {}
+    owner: dict[str, str] = {}
+    for t in found:
+        if t.name in seen:
+            raise PerfGuideError(f"two techniques are named {t.name!r}")
+        for f in t.fields:
+            if f in owner:
+                raise PerfGuideError(f"Setup field {f!r} is owned by both {owner[f]!r} and {t.name!r}")
+            owner[f] = t.name
+        seen[t.name] = t
+    return tuple(sorted(found, key=lambda t: (t.order, t.name)))
+
+
+def names() -> list[str]:
+    """The registered technique names, in emission order."""
+    return [t.name for t in registry()]
+
+
+def get(name: str) -> Technique:
+    for t in registry():
+        if t.name == name:
+            return t
+    raise unknown_value("technique", name, names())
+
+
+def active(setup: Setup) -> list[Technique]:
+    """The techniques ``setup`` uses, in emission order."""
+    return [t for t in registry() if t.active(setup)]
+
+
+def emit(kind: str, ctx: EmitContext) -> dict[str, Any]:
+    """Merge one adapter's keys (``kind`` is a Technique method: training_args, model_kwargs, fsdp_config...)
+    from every technique, in emission order. Every technique is asked: one that is off may still emit a
+    key (fsdp_config's activation_checkpointing=False)."""
+    out: dict[str, Any] = {}
+    for t in registry():
+        out.update(getattr(t, kind)(ctx))
+    return out
+
+
+def ladder(ctx: LadderContext) -> list[Rung]:
+    """The fit ladder: every rung techniques add, in ``ladder_order``, each template crossed with the axes
+    (e.g. checkpointing off/on) so axes are tried inside a rung before the next rung gives more up."""
+    axes = [t.axis_values(ctx) for t in registry() if t.axis]
+    combos = [dict(kv for part in parts for kv in part.items()) for parts in product(*axes)]
+    rung_makers = sorted((t for t in registry() if t.ladder_order is not None), key=lambda t: (t.ladder_order, t.name))
+    out: list[Rung] = []
+    for t in rung_makers:
+        for rung in t.rungs(ctx):
+            templates = tuple(s.replace(**c) for s in rung.templates for c in combos)
+            out.append(Rung(rung.name, rung.tradeoff, templates))
+    return out

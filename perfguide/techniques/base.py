@@ -1,0 +1,145 @@
+"""What a technique declares, in one place: the Setup fields it owns, when it applies, its place in the fit
+ladder, what it emits to each adapter, and the public source its decision cites.
+
+Adapters (integrations/) and the search (scenarios/) read these declarations instead of hard-coding each
+technique, so adding one is a module here plus its Setup field. This layer sits below the planners: it may
+read setup, model, hardware and memory types, never api/scenarios/integrations/render/cli/measure/calibrate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from ..hardware.types import Hardware
+    from ..model.types import ModelSpec
+    from ..setup import LoraSpec, Setup
+
+
+@dataclass(frozen=True)
+class Requires:
+    """When a technique can run at all; ``why_not`` turns a miss into one line."""
+
+    devices: tuple[str, ...] = ("cuda", "cpu")
+    tasks: tuple[str, ...] = ("train", "infer")
+    packages: tuple[str, ...] = ()            # pip names the *target* machine needs (not perfguide)
+    gpu_capability: str | None = None         # a GPU property that must be true, e.g. "supports_bf16"
+    conflicts: tuple[str, ...] = ()           # techniques it cannot be combined with
+    finetune: tuple[str, ...] = ("full", "lora", "qlora")
+
+
+@dataclass(frozen=True)
+class Rung:
+    """Setup templates with the same training semantics; the search tries rungs in ladder order."""
+
+    name: str
+    tradeoff: str
+    templates: tuple[Setup, ...]
+
+
+@dataclass(frozen=True)
+class LadderContext:
+    """What the fit ladder is built from: the base Setup, the precision plan and the user's constraints."""
+
+    base: Setup
+    autocast: str | None
+    half: str | None
+    pure_half_allowed: bool
+    finetune: str
+    lora: LoraSpec
+    optimizer: str | None            # the requested optimizer, None: perfguide picks
+    checkpointing: bool | None       # the requested checkpointing, None: searched
+
+
+@dataclass(frozen=True)
+class EmitContext:
+    """What an adapter knows when it asks a technique for its keys: the Setup and the target it runs on."""
+
+    setup: Setup
+    hardware: Hardware | None = None
+    model: ModelSpec | None = None
+    from_scratch: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def target_supports_tf32(self) -> bool:
+        gpu = self.hardware.smallest_gpu if self.hardware is not None else None
+        return self.setup.device == "cuda" and gpu is not None and gpu.supports_tf32
+
+
+class Technique:
+    """Base class: every method has the do-nothing default, so a technique overrides only what it changes."""
+
+    name: ClassVar[str] = ""
+    #: Setup fields this technique owns (no other technique writes them).
+    fields: ClassVar[tuple[str, ...]] = ()
+    summary: ClassVar[str] = ""
+    #: public references (docs URLs, papers, code paths in public repositories) its decisions cite
+    sources: ClassVar[tuple[str, ...]] = ()
+    requires: ClassVar[Requires] = Requires()
+    #: emission and listing order (adapters merge technique keys in this order)
+    order: ClassVar[int] = 100
+    #: position of its rung(s) in the fit ladder; None: contributes no rung
+    ladder_order: ClassVar[float | None] = None
+    #: True: searched inside every rung (both values tried) instead of forming a rung of its own
+    axis: ClassVar[bool] = False
+
+    @property
+    def source(self) -> str:
+        return "; ".join(self.sources)
+
+    # --- state and applicability -----------------------------------------------------------------
+    def active(self, setup: Setup) -> bool:
+        """Whether ``setup`` uses this technique."""
+        return False
+
+    def why_not(self, setup: Setup, hardware: Hardware | None = None, model: ModelSpec | None = None) -> str | None:
+        """Why the technique cannot run for ``setup`` on ``hardware`` (None: it can)."""
+        req = self.requires
+        if setup.device not in req.devices:
+            return f"{self.name} needs a {' or '.join(req.devices)} device, not {setup.device!r}"
+        if setup.task not in req.tasks:
+            return f"{self.name} applies to {' and '.join(req.tasks)}, not {setup.task!r}"
+        gpu = hardware.smallest_gpu if hardware is not None else None
+        if req.gpu_capability and setup.device == "cuda" and gpu is not None and not getattr(gpu, req.gpu_capability):
+            return f"{self.name} needs {req.gpu_capability.replace('supports_', '')} on the GPU; {gpu.name} lacks it"
+        return None
+
+    # --- the fit ladder ----------------------------------------------------------------------------
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        """The rung(s) this technique adds to the ladder for ``ctx`` (none by default)."""
+        return []
+
+    def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
+        """Field updates tried inside every rung (axis techniques only)."""
+        return [{}]
+
+    # --- adapters ------------------------------------------------------------------------------------
+    def training_args(self, ctx: EmitContext) -> dict[str, Any]:
+        """``transformers.TrainingArguments`` keys."""
+        return {}
+
+    def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
+        """Keys only TRL's ``SFTConfig`` has (on top of the TrainingArguments keys)."""
+        return {}
+
+    def model_kwargs(self, ctx: EmitContext) -> dict[str, Any]:
+        """``from_pretrained`` kwargs."""
+        return {}
+
+    def fsdp_config(self, ctx: EmitContext) -> dict[str, Any]:
+        """FSDP2 settings in the Trainer's ``fsdp_config`` words (accelerate's YAML and plugin derive from them)."""
+        return {}
+
+    def deepspeed_zero(self, ctx: EmitContext) -> dict[str, Any]:
+        """Keys of DeepSpeed's ``zero_optimization`` block."""
+        return {}
+
+    def deepspeed_top(self, ctx: EmitContext) -> dict[str, Any]:
+        """Top-level DeepSpeed config keys."""
+        return {}
+
+    def prepare(self, ctx: EmitContext, model: Any) -> Any:
+        """The ``prepare_model`` step: what must be done to the model object itself (idempotent)."""
+        return model

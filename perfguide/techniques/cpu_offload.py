@@ -1,0 +1,60 @@
+"""CPU offload: optimizer states (and parameters) live in pinned host RAM; the CPU runs the optimizer step.
+
+The last layout level of the multi-GPU ladder: every step moves the states over PCIe, and host RAM becomes
+the limit (checked per node). DeepSpeed offloads the optimizer at ZeRO stages 1-3 and parameters at stage 3
+(zero/offload_config.py); FSDP2 offloads parameters, gradients and optimizer together (CPUOffloadPolicy).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import EmitContext, Technique
+
+SOURCES = (
+    "Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840)",
+    "https://www.deepspeed.ai/docs/config-json/#parameter-offloading",
+    "https://huggingface.co/docs/accelerate/usage_guides/fsdp",
+)
+_OFFLOAD = {"device": "cpu", "pin_memory": True}
+#: Optimizers DeepSpeed's own (CPU) AdamW replaces when the optimizer state is offloaded.
+DS_CPU_ADAMW_REPLACES = ("adamw_torch", "adamw_torch_fused", None)
+#: (strategy, offload_optimizer, offload_params) layouts of the ladder's "CPU offload" level, FSDP2 first.
+LAYOUTS: tuple[tuple[str, bool, bool], ...] = (("fsdp", True, True), ("zero2", True, False), ("zero3", True, False), ("zero3", True, True))
+
+
+class CpuOffload(Technique):
+    name = "cpu_offload"
+    fields = ("offload_optimizer", "offload_params")
+    summary = "optimizer states (and parameters) in pinned host RAM, stepped by the CPU"
+    sources = SOURCES
+    order = 60
+
+    def active(self, setup: Any) -> bool:
+        return setup.offload_optimizer or setup.offload_params
+
+    def fsdp_config(self, ctx: EmitContext) -> dict[str, Any]:
+        # FSDP offload is all-or-nothing: params, grads and optimizer together
+        return {"cpu_offload": self.active(ctx.setup)} if ctx.setup.is_fsdp else {}
+
+    def deepspeed_zero(self, ctx: EmitContext) -> dict[str, Any]:
+        s = ctx.setup
+        out: dict[str, Any] = {}
+        if s.offload_optimizer:
+            out["offload_optimizer"] = dict(_OFFLOAD)
+        if s.offload_params and s.zero_stage == 3:
+            out["offload_param"] = dict(_OFFLOAD)
+        return out
+
+    def deepspeed_top(self, ctx: EmitContext) -> dict[str, Any]:
+        s = ctx.setup
+        if not s.offload_optimizer:
+            return {}
+        if s.optimizer in DS_CPU_ADAMW_REPLACES:
+            # an offloaded optimizer must step on the CPU: DeepSpeed's CPU AdamW does, torch's fused CUDA one cannot
+            return {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}}
+        # keep the plan's optimizer; DeepSpeed otherwise insists on its own CPU optimizer with offload
+        return {"zero_force_ds_cpu_optimizer": False}
+
+
+TECHNIQUES = (CpuOffload(),)

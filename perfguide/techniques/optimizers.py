@@ -1,0 +1,102 @@
+"""The optimizer (TrainingArguments ``optim``): the default fused AdamW, and lighter ones when states do not fit.
+
+A lighter optimizer changes the training semantics less than pure 16-bit weights do, so its rung comes
+before pure bf16: 8-bit AdamW (bitsandbytes blockwise quantized states, Dettmers et al. 2022) or Adafactor's
+factored second moments (Shazeer & Stern 2018).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .base import EmitContext, LadderContext, Requires, Rung, Technique
+
+logger = logging.getLogger("perfguide.techniques")
+
+DEFAULT_OPTIMIZER = "adamw_torch_fused"
+LIGHT_OPTIMIZERS = ("adamw_bnb_8bit", "adafactor")
+OPTIM_DOCS = "https://huggingface.co/docs/transformers/optimizers"
+BNB_PAPER = "Dettmers et al. 2022, 8-bit Optimizers via Block-wise Quantization (arXiv:2110.02861)"
+ADAFACTOR_PAPER = "Shazeer & Stern 2018, Adafactor (arXiv:1804.04235)"
+
+
+def chosen_optimizer(ctx: LadderContext) -> str:
+    """The requested optimizer, else the default."""
+    return ctx.optimizer or DEFAULT_OPTIMIZER
+
+
+class Optimizer(Technique):
+    name = "optimizer"
+    fields = ("optimizer",)
+    summary = "which optimizer keeps which states: fused AdamW by default, 8-bit AdamW or Adafactor when states do not fit"
+    sources = (OPTIM_DOCS, BNB_PAPER, ADAFACTOR_PAPER)
+    requires = Requires(tasks=("train",))
+    order = 20
+    ladder_order = 20
+
+    def active(self, setup: Any) -> bool:
+        return setup.task == "train" and setup.optimizer is not None
+
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        if ctx.finetune != "full" or ctx.optimizer is not None:
+            return []
+        templates = tuple(ctx.base.replace(weights_dtype="fp32", autocast=ctx.autocast, optimizer=o) for o in LIGHT_OPTIMIZERS)
+        return [Rung("lighter optimizer", "8-bit AdamW states (bnb) or Adafactor's factored moments", templates)]
+
+    def training_args(self, ctx: EmitContext) -> dict[str, Any]:
+        return {"optim": ctx.setup.optimizer} if ctx.setup.optimizer is not None else {}
+
+    def prepare(self, ctx: EmitContext, model: Any) -> Any:
+        """8-bit bnb states: embeddings get 32-bit state (pretrained) or a StableEmbedding (from scratch)."""
+        if ctx.setup.task == "train" and ctx.setup.optimizer in BNB_8BIT_OPTIMIZERS:
+            if ctx.from_scratch:
+                use_stable_embedding(model)
+            else:
+                register_bnb_embedding_overrides(model)
+        return model
+
+
+#: Optimizers whose state bnb keeps in 8 bits (Trainer registers embeddings for 32-bit state for these).
+BNB_8BIT_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "paged_lion_8bit", "ademamix_8bit")
+
+
+def register_bnb_embedding_overrides(model: Any) -> int:
+    """Give every nn.Embedding weight 32-bit optimizer state, as Trainer.create_optimizer does.
+
+    bnb reads the overrides lazily at the first ``step()``, so this must run before it; an 8-bit state
+    for embeddings makes training unstable (Dettmers, transformers#14819). Returns how many were added.
+    """
+    import bitsandbytes as bnb
+    import torch
+
+    manager = bnb.optim.GlobalOptimManager.get_instance()
+    known = {(id(m), name) for m, name, _ in manager.module_weight_config_triple}
+    added = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and (id(module), "weight") not in known:
+            manager.register_module_override(module, "weight", {"optim_bits": 32})
+            added += 1
+    return added
+
+
+def use_stable_embedding(model: Any) -> None:
+    """From-scratch models only: bnb StableEmbedding (Xavier init + LayerNorm, 32-bit state by itself).
+
+    Never for pretrained weights: the extra LayerNorm made fine-tuning worse (transformers#14819).
+    """
+    import bitsandbytes as bnb
+
+    old = model.get_input_embeddings()
+    if isinstance(old, bnb.nn.StableEmbedding):
+        return
+    # no device=/dtype= here: bnb 0.50 passes them positionally into torch 2.13's nn.Embedding, one slot off
+    new = bnb.nn.StableEmbedding(old.num_embeddings, old.embedding_dim, padding_idx=old.padding_idx)
+    new = new.to(device=old.weight.device, dtype=old.weight.dtype)
+    model.set_input_embeddings(new)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    logger.info("replaced %s with bnb.nn.StableEmbedding (training from scratch)", type(old).__name__)
+
+
+TECHNIQUES = (Optimizer(),)

@@ -1,0 +1,74 @@
+"""Precision modes: mixed precision (autocast + TF32) and pure 16-bit weights.
+
+True AMP keeps fp32 master weights, grads and optimizer states and runs the matmuls in bf16/fp16 (the
+reference semantics, so the first rung of the ladder). Pure bf16 stores everything in bf16: less than half
+the bytes, but updates below bf16's resolution are lost, so it is a later rung, only offered with bf16
+(fp16 needs fp32 masters for its GradScaler).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import EmitContext, LadderContext, Rung, Technique
+
+AMP_DOCS = "https://huggingface.co/docs/transformers/perf_train_gpu_one#mixed-precision"
+AMP_PAPER = "Micikevicius et al. 2018, Mixed Precision Training (arXiv:1710.03740)"
+TF32_DOCS = "https://docs.pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
+BF16_PAPER = "Kalamkar et al. 2019, A Study of BFLOAT16 for Deep Learning Training (arXiv:1905.12322)"
+
+
+class MixedPrecision(Technique):
+    name = "mixed_precision"
+    fields = ("autocast", "tf32")
+    summary = "autocast the matmuls to bf16/fp16 over fp32 master weights; TF32 for the matmuls left in fp32"
+    sources = (AMP_DOCS, AMP_PAPER, TF32_DOCS)
+    order = 10
+    ladder_order = 10
+
+    def active(self, setup: Any) -> bool:
+        return setup.autocast is not None
+
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        if ctx.finetune != "full":
+            return []
+        from .optimizers import chosen_optimizer
+
+        name = "exact AMP" if ctx.autocast else "fp32"
+        template = ctx.base.replace(weights_dtype="fp32", autocast=ctx.autocast, optimizer=chosen_optimizer(ctx))
+        return [Rung(name, "fp32 master weights, grads and AdamW states: the reference semantics", (template,))]
+
+    def training_args(self, ctx: EmitContext) -> dict[str, Any]:
+        s = ctx.setup
+        out: dict[str, Any] = {}
+        if s.autocast == "bf16":
+            out["bf16"] = True
+        elif s.autocast == "fp16":
+            out["fp16"] = True
+        if s.tf32 and ctx.target_supports_tf32:
+            out["tf32"] = True  # TrainingArguments raises without an Ampere+ GPU, so only for such targets
+        return out
+
+
+class PureHalf(Technique):
+    name = "pure_bf16"
+    fields = ("weights_dtype",)
+    summary = "bf16 weights, grads and optimizer states (no fp32 master copy)"
+    sources = (BF16_PAPER, "https://huggingface.co/docs/transformers/perf_train_gpu_one#bf16")
+    order = 11
+    ladder_order = 30
+
+    def active(self, setup: Any) -> bool:
+        return setup.task == "train" and setup.lora is None and setup.weights_dtype in ("bf16", "fp16")
+
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        if ctx.finetune != "full" or not ctx.pure_half_allowed:
+            return []
+        from .optimizers import DEFAULT_OPTIMIZER
+
+        optimizers = [ctx.optimizer] if ctx.optimizer else [DEFAULT_OPTIMIZER, "adamw_bnb_8bit"]
+        templates = tuple(ctx.base.replace(weights_dtype="bf16", autocast="bf16", optimizer=o) for o in optimizers)
+        return [Rung("pure bf16", "bf16 weights, grads and optimizer states: updates lose precision at small learning rates", templates)]
+
+
+TECHNIQUES = (MixedPrecision(), PureHalf())

@@ -1,0 +1,64 @@
+"""QLoRA: LoRA adapters on a 4-bit NF4 base (bitsandbytes), dequantized per matmul.
+
+The base takes ~0.5 byte per weight (plus double-quantized absmax), so models several times the GPU's
+memory train; each matmul pays a dequantization. The same bitsandbytes config serves quantized inference
+(int8 / nf4), so this module is where ``quantization_config`` comes from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import LadderContext, Requires, Rung, Technique
+
+SOURCES = (
+    "Dettmers et al. 2023, QLoRA: Efficient Finetuning of Quantized LLMs (arXiv:2305.14314)",
+    "https://huggingface.co/docs/transformers/quantization/bitsandbytes",
+)
+_TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+class QLora(Technique):
+    name = "qlora"
+    fields = ()
+    summary = "LoRA adapters on a 4-bit NF4 base; also the bitsandbytes config of int8/nf4 inference"
+    sources = SOURCES
+    requires = Requires(devices=("cuda",), packages=("bitsandbytes", "peft"), finetune=("qlora",))
+    order = 51
+    ladder_order = 50
+
+    def active(self, setup: Any) -> bool:
+        return setup.quantized
+
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        if ctx.finetune != "qlora":
+            return []
+        from .optimizers import chosen_optimizer
+
+        template = ctx.base.replace(weights_dtype="nf4", autocast=ctx.autocast, lora=ctx.lora, optimizer=chosen_optimizer(ctx))
+        return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", (template,))]
+
+
+def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None = None) -> Any:
+    """``BitsAndBytesConfig`` for int8 / nf4 weights (None for any other dtype).
+
+    ``quant_storage``: under FSDP / ZeRO-3 the packed 4-bit storage is flattened with the other parameters,
+    so it must share their dtype (accelerate utils/fsdp_utils.py; PEFT's FSDP+QLoRA guide).
+    """
+    if weights_dtype not in ("int8", "nf4"):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if weights_dtype == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    import torch
+
+    compute = getattr(torch, _TORCH_DTYPES[compute_dtype])
+    extra: dict[str, Any] = {"bnb_4bit_quant_storage": getattr(torch, _TORCH_DTYPES[quant_storage])} if quant_storage else {}
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=compute, **extra)
+
+
+
+
+TECHNIQUES = (QLora(),)
