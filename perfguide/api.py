@@ -123,7 +123,7 @@ def recommend(
         seq_len=seq_len,
         global_batch_size=global_batch_size or _default_global_batch(info, cons, hw),
         constraints=cons,
-        calibration=_calibration(hw, spec) if scenario.startswith("train") else None,
+        calibration=_calibration(hw, spec) if info.training else None,
     )
     logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")
     plan = info.plan(request)
