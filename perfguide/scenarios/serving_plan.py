@@ -309,7 +309,7 @@ def with_engine_hint(request: Request, plan_: Plan) -> Plan:
     asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": "vllm"})})
     try:
         check_engine(request.scenario, "vllm", request.constraints.quantization, request.constraints.strategy)
-        gpus = 1 if request.scenario == "infer_gpu_one" else min(request.constraints.num_gpus or request.hardware.gpu_count,
+        gpus = 1 if not request.info.multi_gpu else min(request.constraints.num_gpus or request.hardware.gpu_count,
                                                                  request.hardware.gpu_count)
         best, _ = _choose(asked, "vllm", gpus)
     except ConflictingConstraintsError:
