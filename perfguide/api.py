@@ -144,6 +144,10 @@ def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
     where = f"hardware {hw.name!r}" if hw.name else "this machine"
     if setup.device == "cuda" and not hw.has_gpu:
         raise WrongMachineError(f"setup device='cuda' but {where} has no GPU; use device='cpu', or a GPU target such as hardware='a100-80gb'")
+    if setup.nodes > hw.nodes:
+        name = hw.name.split(":")[0] if hw.name else "NAME"
+        raise InvalidSetupError(f"setup nodes={setup.nodes} but {where} describes {hw.nodes} node(s); use nodes <= {hw.nodes}, "
+                                f"or hardware='{name}:{max(1, hw.gpu_count)}x{setup.nodes}' (GPUs per node x nodes)")
     if setup.device == "cuda" and setup.num_gpus > hw.gpu_count:
         raise InvalidSetupError(f"setup num_gpus={setup.num_gpus} but {where} has {hw.gpu_count} GPU(s) per node; "
                                 f"use num_gpus <= {hw.gpu_count}, or hardware='NAME:{setup.num_gpus}'")

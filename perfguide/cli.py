@@ -57,7 +57,9 @@ PROBE_WORD = "probe"
 # --- small shared helpers ---------------------------------------------------------------------
 
 def _note(message: str) -> None:
-    print(message, file=sys.stderr)
+    from .render.safe import clean
+
+    print(clean(message, keep_newlines=True), file=sys.stderr)
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,

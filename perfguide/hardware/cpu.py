@@ -98,7 +98,7 @@ def parse_cpuinfo(text: str) -> dict[str, object]:
 
 def _read(path: str) -> str | None:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8", errors="replace")  # a stray non-UTF-8 byte must not cost the RAM figure
     except OSError:
         return None
 

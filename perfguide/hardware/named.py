@@ -18,6 +18,7 @@ from . import specs
 from .types import Hardware
 
 MAX_GPUS_PER_NODE = 16  # DGX-2 / HGX-2 boards; larger counts are several nodes
+MAX_NODES = 100_000      # Setup.nodes' own bound
 _COUNT = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?:[x*]\s*(?P<nodes>[+-]?\d+)\s*)?$", re.IGNORECASE)
 _EXAMPLE = "e.g. 'a100-80gb', 'h100:8' or 'h100:8x4' (8 GPUs per node, 4 nodes)"
 
@@ -51,11 +52,18 @@ def _parse_count(name: str, text: str) -> tuple[int, int]:
     match = _COUNT.match(text)
     if match is None:
         raise UnknownHardwareError(f"hardware {name!r}: GPU count {text!r} is not a whole number; {_EXAMPLE}.")
+    digits = max(len(match["count"]), len(match["nodes"] or ""))
+    if digits > 9:  # int() of a 4,300+ digit string raises; nothing that long is a machine
+        raise UnknownHardwareError(f"hardware {name[:40]!r}...: a count of {digits} digits is not a machine; GPUs per node are "
+                                   f"1..{MAX_GPUS_PER_NODE} and nodes 1..{MAX_NODES:,}; {_EXAMPLE}.")
     count, nodes = int(match["count"]), int(match["nodes"] or 1)
     if count < 1:
         raise UnknownHardwareError(f"hardware {name!r}: GPU count must be >= 1, got {count}; {_EXAMPLE}.")
     if nodes < 1:
         raise UnknownHardwareError(f"hardware {name!r}: node count must be >= 1, got {nodes}; {_EXAMPLE}.")
+    if nodes > MAX_NODES:
+        raise UnknownHardwareError(f"hardware {name!r}: {nodes:,} nodes is more than the {MAX_NODES:,} a plan can describe; "
+                                   f"use 1..{MAX_NODES:,} nodes; {_EXAMPLE}.")
     if count > MAX_GPUS_PER_NODE:
         raise UnknownHardwareError(
             f"hardware {name!r}: {count} GPUs in one node is more than {MAX_GPUS_PER_NODE}; "

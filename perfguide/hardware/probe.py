@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from .._text import clean
 from . import specs
 from .cpu import probe_cpu
 from .types import CPU, GPU, Hardware, Interconnect
@@ -129,7 +130,7 @@ def _enumerate(
     except Exception as exc:  # noqa: BLE001
         degraded.append(f"NVML could not count GPUs ({type(exc).__name__}: {exc}); planning CPU-only")
         return (), "none", None
-    wholes: list[_Device | None] = [_query_gpu(nvml, index, degraded) for index in range(count)]
+    wholes: list[_Device | None] = [_query_gpu_alone(nvml, index, degraded) for index in range(count)]
     slices: list[_Device] = []
     for index, device in enumerate(wholes):
         if device is not None and _mig_enabled(nvml, device.handle):
@@ -183,7 +184,21 @@ def _ask(fn: Callable[..., Any] | None, *args: Any, failures: list[str] | None =
 
 
 def _text(value: Any) -> str | None:
-    return value.decode() if isinstance(value, bytes) else (str(value) if value is not None else None)
+    """An NVML string as text: undecodable bytes replaced, escapes and controls dropped, at most 200 characters;
+    None when nothing printable is left (the caller names the device by its index then)."""
+    if value is None:
+        return None
+    text = value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+    return clean(text).strip()[:200] or None
+
+
+def _query_gpu_alone(nvml: ModuleType, index: int, degraded: list[str]) -> _Device | None:
+    """One GPU that NVML answers oddly is left out with a warning; it never takes the other GPUs down with it."""
+    try:
+        return _query_gpu(nvml, index, degraded)
+    except Exception as exc:  # noqa: BLE001 - a probe never raises, and one device's oddity stays that device's
+        degraded.append(f"GPU {index}: probing it failed unexpectedly ({type(exc).__name__}: {str(exc)[:120]}); left out")
+        return None
 
 
 def _query_gpu(nvml: ModuleType, index: int, degraded: list[str]) -> _Device | None:

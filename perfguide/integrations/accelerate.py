@@ -154,12 +154,18 @@ def write_accelerate_config(rec: Recommendation, path: str | Path) -> Path:
     """Write the YAML (and, for ZeRO plans, the DeepSpeed JSON beside it); returns the YAML path."""
     import yaml
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from .._files import output_path, write_atomic
+
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # a new run folder is made, as before
+        except OSError:
+            pass  # output_path names what is wrong with it
+    path = output_path(path, "accelerate config")
     ds = deepspeed_config(rec)
     ds_path = path.with_name(f"{path.stem}_deepspeed.json")
     cfg = accelerate_config(rec, deepspeed_config_file=str(ds_path.resolve()))
     if ds is not None:
-        ds_path.write_text(json.dumps(ds, indent=2) + "\n", encoding="utf-8")
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
-    return path
+        write_atomic(ds_path, json.dumps(ds, indent=2) + "\n", "DeepSpeed config")
+    return write_atomic(path, yaml.safe_dump(cfg, sort_keys=False), "accelerate config")

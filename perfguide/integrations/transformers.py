@@ -124,8 +124,21 @@ def _device_map(rec: Recommendation) -> Any:
         return "auto"
     if s.quantized and s.device == "cuda" and not s.shards_params and s.strategy != "tp":
         # bnb weights are quantized while loading, on the GPU this rank owns (not "auto": that is for inference)
-        return {"": int(os.environ.get("LOCAL_RANK", "0"))}
+        return {"": local_rank()}
     return None
+
+
+def local_rank() -> int:
+    """This process's GPU under a launcher; unset or empty (as ``launched()`` reads it) means not launched: 0."""
+    raw = os.environ.get("LOCAL_RANK", "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        from ..errors import PerfGuideError
+
+        raise PerfGuideError(f"LOCAL_RANK={raw[:40]!r} is not a GPU index; accepted: unset, or the 0-based index "
+                             "torchrun / accelerate launch set")
+    return int(raw[:9])
 
 
 def model_kwargs(rec: Recommendation) -> dict[str, Any]:
@@ -144,7 +157,8 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
         kw["device_map"] = device_map
     budget = next((d.value for d in rec.decisions if d.setting == "max_memory"), None)
     if device_map == "auto" and budget:  # per-GPU weight budgets the inference rules sized (KV cache kept free)
-        kw["max_memory"] = budget
+        # JSON turns the GPU indices into "0", "1"; accelerate wants ints for GPUs and the words "cpu"/"disk"
+        kw["max_memory"] = {int(k) if str(k).isdigit() else k: v for k, v in budget.items()}
     if s.task == "infer" and s.strategy == "tp":
         kw["tp_plan"] = "auto"
     if rec.request.constraints.trust_remote_code:

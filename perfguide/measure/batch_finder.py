@@ -97,6 +97,10 @@ def find_micro_batch(rec: Recommendation, try_step: TryStep, *, headroom: float 
         raise PerfGuideError(f"global batch {global_batch} is not divisible by the world size {world}")
     per_rank = global_batch // world
     headroom = rec.request.constraints.headroom if headroom is None else headroom
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 <= headroom < 1:
+        raise PerfGuideError(f"headroom must be a fraction of device memory in [0, 1), got {headroom!r}; e.g. headroom=0.1")
+    if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1):
+        raise PerfGuideError(f"limit_bytes must be a positive number of bytes, got {limit_bytes!r}")
     if limit_bytes is None:
         if rec.memory.capacity is None:
             raise PerfGuideError("the recommendation has no device capacity; pass limit_bytes=")

@@ -155,16 +155,19 @@ def _reserved_ratio() -> float:
     return load("calibration")["reserved_over_allocated"]["value"]
 
 
-def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, rest: int) -> tuple[int, int]:
-    """With offload allowed, the GPU keeps what fits beside the cache and transients; the rest goes to CPU RAM."""
+def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, rest: int,
+                   headroom: float = OFFLOAD_HEADROOM) -> tuple[int, int]:
+    """With offload allowed, the GPU keeps what fits beside the cache and transients (less the caller's headroom,
+    the same fraction its fit check keeps free); the rest goes to CPU RAM."""
     if not setup.offload_params or hardware is None or not hardware.has_gpu:
         return gpu_weights, 0
-    budget = capacity_bytes(hardware, setup) * (1 - OFFLOAD_HEADROOM) - cuda_context_bytes(hardware)
+    budget = capacity_bytes(hardware, setup) * (1 - headroom) - cuda_context_bytes(hardware)
     on_gpu = max(0, min(gpu_weights, int(budget / _reserved_ratio()) - rest))
     return on_gpu, gpu_weights - on_gpu
 
 
-def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None) -> MemoryEstimate:
+def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None,
+                       headroom: float = OFFLOAD_HEADROOM) -> MemoryEstimate:
     """Bytes on the most loaded device for one ``generate`` call with ``micro_batch_size`` sequences."""
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
@@ -195,7 +198,7 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     decode_transient = 0 if static else per_layer_kv  # torch.cat copies one layer's cache per step
     logits = logits_bytes(spec, setup, act)
     rest = max(kv_prompt + transient, kv_full + decode_transient) + logits
-    weights, offloaded = _offload_split(setup, hardware, weights, rest)
+    weights, offloaded = _offload_split(setup, hardware, weights, rest, headroom)
     if offloaded:
         notes.append(f"{offloaded / 1e9:.1f} GB of weights offloaded to CPU RAM (moved to the GPU every forward)")
     peak = weights + rest

@@ -34,6 +34,13 @@ _SPEC_KEYS = {"hidden_size": "hidden_size", "intermediate_size": "intermediate_s
 
 def trace_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None) -> MemoryEstimate:
     """Per-device memory of one steady-state training step of ``spec`` under ``setup``, traced on fake tensors."""
+    from .._interrupt import deferred_sigint
+
+    with deferred_sigint():  # Ctrl-C stops the trace between ops, never inside a finalizer (see perfguide._interrupt)
+        return _trace_memory(spec, setup, hardware)
+
+
+def _trace_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> MemoryEstimate:
     setup = Setup.parse(setup)
     if setup.task != "train" or setup.strategy not in ("single", "ddp"):
         return _analytic(spec, setup, hardware, f"trace mode covers single-device and DDP training; task={setup.task!r}, "

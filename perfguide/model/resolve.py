@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidModelError, OfflineError, did_you_mean
+from pydantic import ValidationError
+
+from ..errors import InvalidModelError, OfflineError, PerfGuideError, did_you_mean
 from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
 from .sizes import is_size_like, parse_size, spec_for_size
@@ -54,10 +56,12 @@ def _from_path(path: Path) -> ModelSpec:
         raise InvalidModelError(f"{str(path)!r} has no config.json; accepted: a directory with config.json or a .json file.")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidModelError(f"cannot read {str(file)!r} as a JSON config: {exc}.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidModelError(f"cannot read {str(file)!r} as a JSON config: {str(exc)[:160]}; accepted: a config.json "
+                                "as transformers writes it (a JSON object, sub-configs a few levels deep).") from None
     if not isinstance(config, dict):
         raise InvalidModelError(f"{str(file)!r} holds a JSON {type(config).__name__}, not a config object.")
+    check_config_values(config)
     return spec_from_config(config, str(config.get("_name_or_path") or path), "path")
 
 
@@ -77,16 +81,26 @@ def _from_hub(hub_id: str, trust_remote_code: bool) -> ModelSpec:
     return _from_hf_config(config, hub_id, "hub", trust_remote_code)
 
 
+def _existing_path(text: str) -> Path | None:
+    """``text`` as an existing local path, else None. A name too long for the filesystem, a ``~user`` that does
+    not exist or a NUL byte is simply not a path (then the catalog and hub rules decide), never an OSError."""
+    try:
+        path = Path(text).expanduser()
+        return path if path.exists() else None
+    except (OSError, RuntimeError, ValueError):
+        return None
+
+
 def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
     if not text.strip():
         raise InvalidModelError(f"empty model name; accepted: {_ACCEPTED}.")
-    path = Path(text).expanduser()
-    if path.exists():
+    path = _existing_path(text)
+    if path is not None:
         return _from_path(path)
     if parse_size(text) is not None:
         return spec_for_size(text)
     if is_size_like(text):
-        raise InvalidModelError(f"model size {text.strip()!r} must be more than zero; accepted: a size like '125m', '7b' or '1.5B'.")
+        raise InvalidModelError(f"model size {text.strip()!r} must be more than zero (at least one parameter); accepted: a size like '125m', '7b' or '1.5B'.")
     hub_id = catalog.lookup(text)
     if hub_id is not None:
         return spec_from_config(catalog.config_of(hub_id), hub_id, "catalog")
@@ -96,8 +110,58 @@ def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
     return _from_hub(text.strip(), trust_remote_code)
 
 
+#: Config values transformers itself would reject or misread; checked once, at the door.
+_POSITIVE_OR_NONE = ("sliding_window",)
+_NON_NEGATIVE_OR_NONE = ("max_position_embeddings", "n_positions")
+
+
+def check_config_values(config: dict[str, Any]) -> None:
+    """Refuse shape values a config can carry but no model can have (a NaN or negative context, a window of 0)."""
+    for key in (*_POSITIVE_OR_NONE, *_NON_NEGATIVE_OR_NONE):
+        value = config.get(key)
+        if value is None:
+            continue
+        low = 1 if key in _POSITIVE_OR_NONE else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            what = "a positive integer or null (no window)" if low else "a non-negative integer or null"
+            raise InvalidModelError(f"config key {key!r} must be {what}, got {_short(value)}.")
+    heads, hidden = config.get("num_attention_heads"), config.get("hidden_size")
+    if isinstance(heads, int) and isinstance(hidden, int) and 0 < hidden < heads and not config.get("head_dim"):
+        raise InvalidModelError(f"config has num_attention_heads={heads} > hidden_size={hidden}, so a head would be 0 wide; "
+                                "use num_attention_heads <= hidden_size (or give head_dim).")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _validation_message(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    field = ".".join(str(p) for p in err["loc"]) or "config"
+    return f"the model's {field} is {_short(err.get('input'))}, which is not valid ({err['msg'].lower()})"
+
+
 def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
-    """Resolve any accepted model description to a ModelSpec (see the module docstring for the order)."""
+    """Resolve any accepted model description to a ModelSpec (see the module docstring for the order).
+
+    Whatever a config holds, the result is a spec or one InvalidModelError line: reading a user's model is an
+    input boundary, so a failure inside a counter or a meta-device build is reported, not raised through."""
+    try:
+        return _spec_from_any(model, trust_remote_code)
+    except PerfGuideError:
+        raise
+    except ValidationError as exc:
+        raise InvalidModelError(f"{_validation_message(exc)}; accepted: {_ACCEPTED}, with positive shape values.") from None
+    except RecursionError:
+        raise InvalidModelError(f"the model's config is nested too deeply to read; accepted: {_ACCEPTED}.") from None
+    except Exception as exc:  # noqa: BLE001 - see the docstring: one line instead of a traceback from a counter
+        reason = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise InvalidModelError(f"cannot read this model's shape ({type(exc).__name__}: {reason}); accepted: {_ACCEPTED}, "
+                                "with architectures[0] a model class of the config's own model_type.") from None
+
+
+def _spec_from_any(model: Any, trust_remote_code: bool) -> ModelSpec:
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, str):
@@ -106,6 +170,7 @@ def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
         return _from_path(Path(model))
     if isinstance(model, dict):
         config = dict(model)
+        check_config_values(config)
         return spec_from_config(config, str(config.get("_name_or_path") or config.get("model_type") or "config"), "config")
     if _is_instance(model, "torch.nn", "Module"):
         from .from_module import spec_from_module

@@ -29,7 +29,8 @@ def is_size_like(text: str) -> bool:
 def parse_size(text: str) -> int | None:
     """'7b' -> 7_000_000_000; None when ``text`` is not a bare size."""
     match = _SIZE.match(text)
-    return int(float(match[1]) * _SCALE[match[2].lower()]) if match and float(match[1]) > 0 else None
+    value = int(float(match[1]) * _SCALE[match[2].lower()]) if match else 0
+    return value if value >= 1 else None  # '0.0000000001k' rounds to no parameters at all
 
 
 def _total(config: dict[str, Any]) -> int:

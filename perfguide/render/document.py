@@ -188,4 +188,6 @@ def render_document(doc: Document, fmt: str) -> str:
     writers = {"text": to_text, "rich": to_rich, "markdown": to_markdown}
     if fmt not in writers:
         raise unknown_value("report format", fmt, FORMATS)
-    return writers[fmt](doc)
+    from .safe import clean_document
+
+    return writers[fmt](clean_document(doc))

@@ -59,4 +59,6 @@ def env_report(hw: Hardware) -> dict[str, str]:
 
 
 def render_env(info: dict[str, str]) -> str:
-    return "\n".join([HEADER, "", *(f"- {k}: {v}" for k, v in info.items())]) + "\n"
+    from .safe import clean
+
+    return "\n".join([HEADER, "", *(f"- {clean(k)}: {clean(v)}" for k, v in info.items())]) + "\n"

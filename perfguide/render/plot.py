@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._base import GiB
-from ..errors import InvalidSetupError, PerfGuideError
+from ..errors import PerfGuideError
 from ..setup import Setup
 from .report import memory_labels, planned_limit
 from .units import fmt_bytes
@@ -165,8 +165,11 @@ def memory_figure(rec: Recommendation) -> Any:
 
 def plot_memory(rec: Recommendation, path: str | Path) -> Path:
     """Write a two-panel PNG (vs micro-batch, vs sequence length) and return its path."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise InvalidSetupError(f"cannot write the plot to {path}: folder {path.parent} does not exist")
-    memory_figure(rec).savefig(path, format="png")
-    return path
+    import io
+
+    from .._files import output_path, write_atomic
+
+    target = output_path(path, "plot")  # refused before the (slow) figure is drawn
+    buf = io.BytesIO()
+    memory_figure(rec).savefig(buf, format="png")
+    return write_atomic(target, buf.getvalue(), "plot")

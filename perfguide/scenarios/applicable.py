@@ -43,6 +43,10 @@ def check_applicable(info: ScenarioInfo, cons: Constraints, hardware: Hardware) 
     if training and cons.lora is not None and cons.finetune == "full":
         raise ConflictingConstraintsError("lora=... describes adapters but finetune='full' trains every weight; "
                                           "use finetune='lora' or 'qlora', or drop lora")
+    if training and cons.finetune == "qlora" and cons.precision == "fp32":
+        raise ConflictingConstraintsError("precision='fp32' with finetune='qlora': the 4-bit base dequantizes into a 16-bit compute "
+                                          "dtype (its norms and embeddings stay 16-bit), so it cannot be fp32; use precision='bf16' "
+                                          "or 'fp16' with QLoRA, or finetune='lora' for an fp32 base")
     if training and info.device == "cpu" and cons.finetune == "qlora":
         raise ConflictingConstraintsError("finetune='qlora' needs a CUDA GPU (bitsandbytes 4-bit training); "
                                           "use finetune='lora' on the CPU, or scenario='train_gpu_one'")

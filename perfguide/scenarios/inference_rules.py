@@ -40,7 +40,8 @@ def fits(mem: MemoryEstimate, request: Request) -> bool:
 
 def price(request: Request, setup: Setup) -> tuple[MemoryEstimate, Throughput]:
     spec, hw = request.model, request.hardware
-    return estimate_inference(spec, setup, hw), estimate_inference_speed(spec, setup, hw)
+    room = request.constraints.headroom  # offloaded plans split GPU/CPU by the same headroom the fit check keeps
+    return estimate_inference(spec, setup, hw, room), estimate_inference_speed(spec, setup, hw, room)
 
 
 def candidate(request: Request, setup: Setup, why: str = "") -> Candidate:
@@ -131,7 +132,8 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
 def largest_batch(request: Request, setup: Setup, limit: int = 4096) -> int:
     """Largest micro_batch_size that fits (memory grows monotonically with it); 0 if even 1 does not."""
     def ok(b: int) -> bool:
-        return fits(estimate_inference(request.model, setup.replace(micro_batch_size=b), request.hardware), request)
+        return fits(estimate_inference(request.model, setup.replace(micro_batch_size=b), request.hardware,
+                                       request.constraints.headroom), request)
     if not ok(1):
         return 0
     lo, hi = 1, 2
@@ -223,7 +225,7 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
         return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE, alternatives=(
             Alternative(value="static + torch.compile", why_not=why),))
     fast = setup.replace(cache_implementation="static", torch_compile=True)
-    after = estimate_inference_speed(request.model, fast, request.hardware)
+    after = estimate_inference_speed(request.model, fast, request.hardware, request.constraints.headroom)
     gain = speed.time_per_output_token_ms / after.time_per_output_token_ms
     return fast, Decision(setting="cache_implementation", value="static", number=round(gain, 2), unit="x faster per token",
                           reason=f"latency preferred and decode is {speed.bound} bound: a static cache lets torch.compile "
@@ -264,7 +266,7 @@ def max_memory_map(request: Request, setup: Setup, mem: MemoryEstimate) -> dict[
     keep = mem.peak_allocated - mem.weights  # cache + transients + logits stay on every GPU
     per_gpu = {g.index: f"{max(0, int(g.memory_total * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
                for g in hw.gpus[: setup.num_gpus]}
-    per_gpu["cpu"] = f"{int(hw.cpu.ram_available * 0.9) // 2**20}MiB"
+    per_gpu["cpu"] = f"{int(hw.cpu.ram_available * (1 - request.constraints.headroom)) // 2**20}MiB"
     return per_gpu
 
 

@@ -76,7 +76,8 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
                    f"TF32 needs a CUDA GPU of Ampere or newer; transformers raises ValueError on {gpu.name} ({gpu.generation})")
     tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else None,
                         unit="x fp32 peak" if tf32 else None, source="rules.md 3.6; transformers TrainingArguments(tf32=...)")
-    half = "bf16" if gpu.supports_bf16 and forced != "fp16" else ("fp16" if autocast == "fp16" else None)
+    # precision='fp32' is honoured for a LoRA base too: no 16-bit storage (it would compute in bf16 while saying fp32)
+    half = None if forced == "fp32" else "bf16" if gpu.supports_bf16 and forced != "fp16" else ("fp16" if autocast == "fp16" else None)
     return Precision(autocast=autocast, half=half, pure_half_allowed=autocast == "bf16", tf32=tf32,
                      decisions=(mixed, tf32_dec), warnings=tuple(warns))
 

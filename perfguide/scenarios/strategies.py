@@ -129,6 +129,12 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
             ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay, forced) is None)
             if ts:
                 out.append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
+    if not out:  # every layout left is incompatible with what was asked: say why instead of searching nothing
+        why = next((w for r in rungs for t in r.templates for lv in ladder for lay in lv.layouts
+                    if (w := incompatible(t, lay, forced))), "no layout can run these settings")
+        asked = f"strategy={forced!r}" if forced else "these constraints"
+        raise ConflictingConstraintsError(f"{asked} cannot train what was asked: {why}; use another strategy "
+                                          f"(accepted: {', '.join(TRAIN_STRATEGIES)}) or drop the conflicting constraint")
     return out
 
 

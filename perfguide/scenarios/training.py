@@ -86,7 +86,14 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     result = run(mode)
     warnings = list(prec.warnings)
-    adapters = {} if mode != "full" or cons.from_scratch else {k: run(k) for k in adapter_kinds}
+    def alternative(kind: str) -> SearchResult:
+        """An adapter alternative the forced layout cannot run is simply not offered (the asked mode raised already)."""
+        try:
+            return run(kind)
+        except ConflictingConstraintsError:
+            return SearchResult(chosen=None, rung=None)
+
+    adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
     decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, Strict, StrictBool, StrictInt
 
 from .._base import Model
 from ..decisions import Decision
@@ -28,33 +28,39 @@ def _known_scenario(name: str) -> str:
 Scenario = Annotated[str, AfterValidator(_known_scenario)]
 
 
+#: int accepted, bool and strings refused
+StrictFloat = Annotated[float, Strict()]
+
+
 class Constraints(Model):
     """Optional user constraints (``recommend(..., **constraints)``); None means 'perfguide decides'.
 
     Upper bounds match Setup's, so any accepted constraint can become a Setup field without a late crash.
+    Numbers and switches are strict: ``micro_batch_size=True`` or ``"8"`` is refused like ``seq_len="8"``, not
+    quietly read as 1 or 8.
     """
 
     precision: Literal["bf16", "fp16", "fp32"] | None = None
     optimizer: str | None = None
     finetune: Literal["full", "lora", "qlora"] | None = None   # None: full, LoRA/QLoRA offered only as alternatives
     lora: LoraSpec | None = None
-    gradient_checkpointing: bool | None = None
+    gradient_checkpointing: StrictBool | None = None
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
-    micro_batch_size: int | None = Field(default=None, ge=1, le=1_000_000)
-    headroom: float = Field(default=0.10, ge=0, lt=1, description="fraction of device memory (and of host RAM for offload) kept free")
-    nodes: int = Field(default=1, ge=1, le=100_000)
-    num_gpus: int | None = Field(default=None, ge=1, le=100_000, description="GPUs (or CPU processes) per node to use")
+    micro_batch_size: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    headroom: StrictFloat = Field(default=0.10, ge=0, lt=1, description="fraction of device memory (and of host RAM for offload) kept free")
+    nodes: StrictInt = Field(default=1, ge=1, le=100_000)
+    num_gpus: StrictInt | None = Field(default=None, ge=1, le=100_000, description="GPUs (or CPU processes) per node to use")
     strategy: str | None = None
-    allow_offload: bool = True
-    from_scratch: bool = False
+    allow_offload: StrictBool = True
+    from_scratch: StrictBool = False
     # inference
-    prompt_len: int | None = Field(default=None, ge=1, le=10_000_000)
-    max_new_tokens: int = Field(default=256, ge=1, le=10_000_000)
-    batch_size: int | None = Field(default=None, ge=1, le=1_000_000, description="inference concurrency target")
+    prompt_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000)
+    max_new_tokens: StrictInt = Field(default=256, ge=1, le=10_000_000)
+    batch_size: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="inference concurrency target")
     quantization: Literal["int8", "nf4", "fp8", "awq", "gptq"] | None = None   # fp8/awq/gptq: serving engines only
     engine: Literal["transformers", "vllm", "sglang"] | None = None   # None: transformers
     prefer: Literal["latency", "throughput"] = "throughput"
-    trust_remote_code: bool = False
+    trust_remote_code: StrictBool = False
 
 
 class Request(Model):

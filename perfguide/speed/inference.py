@@ -74,7 +74,7 @@ def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> floa
     return 2 * spec.total_layers * _const("tp_allreduce_latency_s")[link]
 
 
-def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float | None = None) -> Throughput:
     """Prefill + (new_tokens - 1) decode steps; tokens/s counts every sequence of every replica."""
     on_gpu = setup.device == "cuda" and hardware.has_gpu
     dev = _gpu_device(spec, setup, hardware) if on_gpu else _cpu_device(setup, hardware)
@@ -107,7 +107,8 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) 
     if setup.offload_params and on_gpu:
         from ..memory.inference import estimate_inference
 
-        offloaded = estimate_inference(spec, setup, hardware).cpu_ram
+        offloaded = (estimate_inference(spec, setup, hardware) if headroom is None
+                     else estimate_inference(spec, setup, hardware, headroom)).cpu_ram
         offload_time = offloaded / offload_bw
     step = (max(mem_time, compute_time) + dev.overhead_s) * q_decode + comm + offload_time
     decode = step * (new - 1)

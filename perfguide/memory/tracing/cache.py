@@ -60,7 +60,11 @@ def store(key: str, trace: StepTrace) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = directory / f".{key}.{os.getpid()}.tmp"
-        tmp.write_text(trace.model_dump_json(), encoding="utf-8")
-        tmp.replace(directory / f"{key}.json")
+        try:
+            tmp.write_text(trace.model_dump_json(), encoding="utf-8")
+            tmp.replace(directory / f"{key}.json")
+        except BaseException:  # Ctrl-C or a full disk: no half-written temp file is left behind
+            tmp.unlink(missing_ok=True)
+            raise
     except OSError as exc:
         logger.warning("could not write trace cache in %s: %s", directory, exc)

@@ -13,6 +13,8 @@ import math
 import weakref
 from typing import Any
 
+from ..._interrupt import check as check_interrupt
+
 #: Categories of live bytes. ``logits`` collects the output head and loss path (forward and its gradients).
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer_states", "activations", "logits", "temporaries", "optimizer_temporaries")
 
@@ -73,6 +75,7 @@ def make_tracker(round_to: int) -> Any:
             self._note_peak()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            check_interrupt()  # a deferred Ctrl-C surfaces here, before an op, where raising is safe
             out = func(*args, **(kwargs or {}))
             for t in tree_flatten(out)[0]:
                 self.charge(t)

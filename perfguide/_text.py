@@ -1,0 +1,18 @@
+"""Text that came from outside (a config, NVML, /proc) made safe to show: no escapes, controls or bidi overrides.
+
+Lives below every layer so the hardware probe can clean a device name as it reads it and the renderers can
+clean whatever reaches a report; see perfguide.render.safe for why it matters.
+"""
+
+from __future__ import annotations
+
+import re
+
+# ESC-introduced sequences (CSI ... final byte, OSC ... BEL/ST, and two-byte escapes), then any lone control char.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+def clean(text: str, keep_newlines: bool = False) -> str:
+    """``text`` without escape sequences, control characters or bidi overrides (tabs become spaces)."""
+    out = _CONTROLS.sub("", _ESCAPES.sub("", str(text)).replace("\t", " "))
+    return out if keep_newlines else out.replace("\n", " ")
