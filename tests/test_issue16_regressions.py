@@ -245,11 +245,15 @@ def test_escape_codes_never_reach_cli_messages(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [3.0, 8.0])
+@pytest.mark.parametrize("delay", [0.5, 3.0])
 def test_ctrl_c_during_a_trace_exits_130_and_leaves_no_partial_file(tmp_path, delay):
     env = dict(os.environ, PERFGUIDE_CACHE_DIR=str(tmp_path))
     proc = subprocess.Popen([sys.executable, "-m", "perfguide", "estimate", "gpt2", "--method", "trace", "--seq-len", "512"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = [proc.stderr.readline() for _ in range(1)]
+    while "tracing" not in seen[-1] and seen[-1] and len(seen) < 50:  # "tracing gpt2 on fake tensors ...": it started
+        seen.append(proc.stderr.readline())
+    assert "tracing" in seen[-1], seen
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=300)
