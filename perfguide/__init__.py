@@ -10,7 +10,7 @@ Heavy libraries (torch, transformers, accelerate, bitsandbytes) are imported onl
 from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
-from .api import estimate, recommend
+from .api import estimate, estimate_speed, recommend
 from .decisions import Alternative, Decision
 from .errors import PerfGuideError
 from .hardware import probe
@@ -42,6 +42,7 @@ __all__ = [
     "Throughput",
     "__version__",
     "estimate",
+    "estimate_speed",
     "probe",
     "recommend",
     "verify",

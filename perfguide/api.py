@@ -17,6 +17,7 @@ from .scenarios.applicable import check_applicable
 from .scenarios.registry import DEFAULT_GLOBAL_BATCH, DEFAULT_PROMPT_LEN, DEFAULT_TRAIN_SEQ_LEN, ScenarioInfo
 from .scenarios.types import Constraints, Request
 from .setup import Setup
+from .speed.types import Throughput
 
 logger = logging.getLogger("perfguide")
 
@@ -167,6 +168,18 @@ def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | 
     if method == "trace":
         return _trace(spec, s, hw)
     raise unknown_value("estimate method", method, ("analytic", "trace"))
+
+
+def estimate_speed(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None) -> Throughput:
+    """Predicted step time, tokens/s and MFU of one Setup (same keys as ``estimate``) on ``hardware``: a named
+    target, a Hardware, or None to probe this machine (whose recorded calibration then refines the rate)."""
+    s = Setup.parse(setup)
+    spec = ModelSpec.from_any(model)
+    hw = resolve_hardware(hardware)
+    _check_setup_fits_machine(s, hw)
+    from .speed import estimate_speed as price
+
+    return price(spec, s, hw)
 
 
 def _trace(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> MemoryEstimate:

@@ -141,7 +141,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    from .api import estimate
+    from .api import estimate, estimate_speed
     from .cli_setup import setup_from_args
     from .render.report import render_estimate
     from .setup import Setup
@@ -151,7 +151,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     busy = progress(f"tracing {args.model} on fake tensors") if args.method == "trace" else nullcontext()
     with busy:
         memory = estimate(args.model, setup, hardware=hardware, method=args.method)
-    _emit(memory.to_json() if args.json else render_estimate(args.model, setup, memory, _report_format(args)))
+    if args.json:   # the JSON stays a MemoryEstimate; perfguide.estimate_speed gives the Throughput object
+        _emit(memory.to_json())
+        return 0
+    speed = estimate_speed(args.model, setup, hardware=hardware) if hardware is not None else None
+    _emit(render_estimate(args.model, setup, memory, _report_format(args), speed))
     return 0
 
 

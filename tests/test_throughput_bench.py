@@ -57,7 +57,7 @@ def test_rows_keep_the_published_setup(rows: ModuleType) -> None:
     assert (ds.setup.autocast, ds.setup.micro_batch_size, ds.setup.world_size, ds.setup.strategy) == ("fp16", 8, 16, "ddp")
     assert ds.published == pytest.approx(284.142 * 1024 / 16)
     qlora = by_id["315"]
-    assert qlora.setup.weights_dtype == "nf4" and qlora.setup.lora is not None and qlora.framework == "hf"
+    assert qlora.setup.weights_dtype == "nf4" and qlora.setup.lora is not None and qlora.framework == "hf_trainer"
     assert by_id["321"].framework == "unsloth"
     assert all(why for _, why in skipped)
     assert all(c.published > 0 for c in cases)

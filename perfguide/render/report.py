@@ -303,8 +303,12 @@ def render(rec: Recommendation, fmt: str = "text") -> str:
     return render_document(report_document(rec), fmt)
 
 
-def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: str = "text") -> str:
-    """What ``perfguide estimate`` prints: the priced Setup and its memory, without decisions (nothing was chosen)."""
+def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: str = "text",
+                    speed: Throughput | None = None) -> str:
+    """What ``perfguide estimate`` prints: the priced Setup, its memory and (given hardware) its speed; no decisions."""
     _check_rich(fmt)
-    doc = Document(title=f"perfguide estimate: {model_name}", sections=(_setup_section(setup, "Setup"), _memory_section(memory, setup.device)))
+    sections = (_setup_section(setup, "Setup"), _memory_section(memory, setup.device))
+    if speed is not None:
+        sections = (*sections, _throughput_section(speed))
+    doc = Document(title=f"perfguide estimate: {model_name}", sections=sections)
     return render_document(doc, fmt)

@@ -15,9 +15,11 @@ import warnings
 
 from .._data import load
 from ..hardware.types import CPU, GPU, Hardware
+from ..memory.analytic import ledger
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import techniques as tech
+from . import terms
 from .types import Throughput
 
 
@@ -39,8 +41,6 @@ def matmul_params(spec: ModelSpec) -> int:
 
 def trainable_params(spec: ModelSpec, setup: Setup) -> int:
     """Parameters the optimizer updates (all, or the LoRA adapters), counted by the memory ledger."""
-    from ..memory.analytic import ledger
-
     return ledger(spec, setup).trainable_params
 
 
@@ -57,11 +57,11 @@ def _saturation(x: float, half: float) -> float:
     return x / (x + half)
 
 
-def efficiency(asymptote: float, tokens: int, hidden: int, half_saturation: str = "hidden_half_saturation") -> float:
+def efficiency(asymptote: float, tokens: int, hidden: int, half: float) -> float:
     """Fraction of peak the matmuls reach: asymptote x width saturation x tile fill of the GEMM M dimension."""
     tile = int(_value("gemm_tile"))
     fill = tokens / (math.ceil(tokens / tile) * tile)
-    return asymptote * _saturation(hidden, _value(half_saturation)) * fill
+    return asymptote * _saturation(hidden, half) * fill
 
 
 def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
@@ -216,37 +216,45 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
     return per_layer * spec.total_layers
 
 
-def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
-    """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer'."""
+def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer") -> Throughput:
+    """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer'.
+
+    ``framework`` is the training stack the step runs under (perfguide's plans: HF Trainer / accelerate); the
+    throughput bench passes the stack each published row was measured with (efficiency.json framework_efficiency).
+    """
     if setup.task == "infer":
         from .inference import estimate_inference_speed
 
         return estimate_inference_speed(spec, setup, hardware)
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
-    return _gpu_training(spec, setup, hardware)
+    return _gpu_training(spec, setup, hardware, framework)
 
 
-def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
+def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str) -> Throughput:
     gpu = hardware.smallest_gpu
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = tech.matmul_tokens(setup)
-    fractions = _value("peak_fraction")
-    asymptote = fractions.get(setup.compute_dtype, fractions["fp32"])
-    eff = efficiency(asymptote, tokens, spec.hidden_size)
+    asymptote = terms.asymptote(gpu, setup)
+    eff = efficiency(asymptote, tokens, spec.hidden_size, terms.half_saturation(setup))
+    stack = terms.framework_efficiency(framework)
     rate = peak * 1e12 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
-    attn_eff = _value("attention_efficiency").get(setup.attn_implementation, 1.0)
-    gpu_time = mm * slow / rate + attn / (rate * attn_eff)
+    gpu_time = mm * slow / rate + attn / (rate * terms.attention_efficiency(setup))
     bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
     gpu_time += _technique_compute(spec, setup, gpu, peak, asymptote, rate, bw)
     if bw:
-        gpu_time += weight_traffic_bytes(spec, setup) / bw
+        led = ledger(spec, setup)
+        moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup) + terms.eager_score_bytes(spec, setup)
+        moved += terms.dequant_bytes(spec, setup, matmul_params(spec))
+        moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
         if setup.autocast and setup.weights_dtype == "fp32":
-            gpu_time += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1) / bw   # fp32->half weight casts
+            moved += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1)   # fp32->half weight casts
+        gpu_time += moved / bw
+    gpu_time /= stack
     launch = _launch_ops(spec, setup) * _value("kernel_launch_s")
     micro = max(gpu_time, launch)
     comm_micro, comm_step = communication(spec, setup, hardware, gpu)
@@ -277,7 +285,7 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = setup.micro_batch_size * setup.seq_len
-    eff = efficiency(_value("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size, "cpu_hidden_half_saturation")
+    eff = efficiency(_value("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size, _value("cpu_hidden_half_saturation"))
     rate = peak_g * 1e9 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
@@ -315,13 +323,13 @@ def _technique_compute(spec: ModelSpec, setup: Setup, gpu: GPU, peak: float, asy
     if setup.liger_kernel and setup.task == "train":
         from ..memory.techniques import liger_chunk_rows
 
-        chunk_rate = peak * 1e12 * efficiency(asymptote, liger_chunk_rows(spec, tokens), spec.hidden_size)
+        chunk_rate = peak * 1e12 * efficiency(asymptote, liger_chunk_rows(spec, tokens), spec.hidden_size, terms.half_saturation(setup))
         extra += tech.liger_delta(spec, setup, rate, chunk_rate, bw)
     if setup.autocast == "fp8" and tech.fp8_capable(gpu) and gpu.fp8_tflops:
         from ..memory.analytic import block_linear_shapes
 
         linears = block_linear_shapes(spec)
-        fp8_rate = gpu.fp8_tflops * 1e12 * efficiency(tech._c("fp8_peak_fraction"), tokens, spec.hidden_size)
+        fp8_rate = gpu.fp8_tflops * 1e12 * efficiency(tech._c("fp8_peak_fraction"), tokens, spec.hidden_size, terms.half_saturation(setup))
         fwd_bwd = 4 / 3 if setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
         extra += fwd_bwd * (tech.fp8_linear_time(linears, tokens, fp8_rate, bw) - tech.bf16_linear_time(linears, tokens, rate))
     return extra

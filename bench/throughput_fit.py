@@ -1,0 +1,215 @@
+"""Fit the speed model's free constants to published throughput rows, and cross-validate leaving one source out.
+
+``.venv/bin/python bench/throughput_fit.py --write`` fits on every row and stores the constants in
+perfguide/data/efficiency.json (each with the rows and sources it came from); perfguide never fits at import.
+``bench/throughput.py`` calls ``loso`` so every figure it reports is predicted by constants fitted without the
+row's own source. A constant only the held-out source informs (e.g. the fp32 CUDA-core rate when the V100 fp32
+rows are out) keeps its prior: the physical default written in ``PRIORS``, never a value from the rows.
+
+The fit minimises the mean |log(predicted / published)|, each row weighted 1/sqrt(rows of its source) so one
+large table (llm-foundry: 209 rows) does not decide everything alone. Coordinate descent in log space: for each
+constant, try x*k and x/k, keep what lowers the loss, halve log k when neither does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from throughput_rows import Case
+
+from perfguide._data import load
+
+DATA = ROOT / "perfguide" / "data" / "efficiency.json"
+
+
+@dataclass(frozen=True)
+class Param:
+    key: tuple[str, ...]                 # path under efficiency.json's "value"
+    prior: float                         # physical default, used when no training row informs it
+    informed_by: Callable[[Case], bool]  # rows whose prediction depends on it
+    lo: float
+    hi: float
+
+
+def _half(c: Case) -> bool:
+    return c.setup.compute_dtype != "fp32"
+
+
+def _cls(c: Case) -> str:
+    from perfguide.speed.terms import gpu_class
+
+    gpu = c.hardware.smallest_gpu
+    assert gpu is not None
+    return gpu_class(gpu)
+
+
+def _fw(name: str) -> Callable[[Case], bool]:
+    return lambda c: c.framework == name
+
+
+PARAMS = [
+    # NVIDIA's matmul guide: large fp16/bf16 GEMMs reach ~70-80% of tensor-core peak in isolation; a training
+    # step's matmuls less. Prior 0.5 (Megatron-LM reports 52% of A100 peak end to end, Narayanan et al. 2021).
+    Param(("peak_fraction_by_class", "tensor", "datacenter"), 0.5, lambda c: _half(c) and _cls(c) == "datacenter", 0.15, 0.95),
+    Param(("peak_fraction_by_class", "tensor", "volta"), 0.5, lambda c: _half(c) and _cls(c) == "volta", 0.1, 0.95),
+    Param(("peak_fraction_by_class", "tensor", "graphics"), 0.5, lambda c: _half(c) and _cls(c) == "graphics", 0.15, 1.2),
+    # cuBLAS SGEMM on FMA units runs near peak (~85%) at moderate sizes: it is not fed through tensor cores
+    Param(("peak_fraction_by_class", "cuda", "volta"), 0.85, lambda c: not _half(c) and _cls(c) == "volta", 0.3, 1.0),
+    Param(("hidden_half_saturation_by_path", "tensor"), 256, _half, 16, 4096),
+    Param(("hidden_half_saturation_by_path", "cuda"), 64, lambda c: not _half(c), 4, 2048),
+    # each saved activation written once and read once in forward/backward, plus its gradient: ~3 passes
+    Param(("elementwise_passes",), 3.0, lambda c: True, 0.5, 20),
+    # counted kernel by kernel (fp16 scores under autocast): forward QK^T write 2, scale r/w 4, mask r/w 4,
+    # softmax read 2 write 4 (fp32), dropout r/w 6 + mask 1, cast 6 = ~29 B; backward about twice that: ~72 B
+    Param(("eager_score_bytes_per_element",), 72.0, lambda c: c.setup.attn_implementation == "eager", 4, 400),
+    # Inductor fuses pointwise chains: roughly half the traffic (torchtitan paper, arXiv 2410.06511, compile gains)
+    Param(("compile_elementwise_factor",), 0.5, lambda c: c.setup.torch_compile, 0.3, 1.0),
+    Param(("dequant_traffic_factor",), 1.0, lambda c: c.setup.weights_dtype in ("nf4", "int8"), 0.1, 10),
+    Param(("attention_efficiency", "fused"), 1.0, lambda c: c.setup.attn_implementation != "eager", 0.1, 3),
+    Param(("framework_efficiency", "composer"), 1.0, _fw("composer"), 0.5, 3),
+    Param(("framework_efficiency", "torchtitan"), 1.0, _fw("torchtitan"), 0.5, 3),
+    Param(("framework_efficiency", "unsloth"), 1.0, _fw("unsloth"), 0.5, 3),
+    Param(("protocol", "run_overhead_s"), 0.0, lambda c: c.steps is not None, 0.0, 300),
+]
+def _get(table: dict, key: tuple[str, ...]) -> float:
+    if key[0] == "protocol":
+        return float(_protocol()[key[1]])
+    node = table[key[0]]["value"]
+    for k in key[1:]:
+        node = node[k]
+    return float(node)
+
+
+def _protocol() -> dict[str, float]:
+    from throughput_rows import PROTOCOL
+
+    return PROTOCOL
+
+
+def _set(table: dict, key: tuple[str, ...], value: float) -> None:
+    if key[0] == "protocol":
+        _protocol()[key[1]] = value
+        return
+    node = table[key[0]]["value"]
+    if len(key) == 1:
+        table[key[0]]["value"] = value
+        return
+    for k in key[1:-1]:
+        node = node[k]
+    node[key[-1]] = value
+
+
+@contextmanager
+def constants(values: dict[tuple[str, ...], float]) -> Iterator[None]:
+    """Temporarily replace constants in the loaded efficiency table (what the model reads)."""
+    table = load("efficiency")
+    saved = {k: _get(table, k) for k in values}
+    try:
+        for k, v in values.items():
+            _set(table, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            _set(table, k, v)
+
+
+def loss(cases: Sequence[Case], predict: Callable[[Case], float]) -> float:
+    sizes: dict[str, int] = {}
+    for c in cases:
+        sizes[c.group] = sizes.get(c.group, 0) + 1
+    total = weight = 0.0
+    for c in cases:
+        w = 1 / math.sqrt(sizes[c.group])
+        total += w * abs(math.log(max(predict(c), 1e-9) / c.published))
+        weight += w
+    return total / weight
+
+
+def fit(cases: Sequence[Case], predict: Callable[[Case], float], sweeps: int = 4) -> dict[tuple[str, ...], float]:
+    """Constants that minimise the loss on ``cases``; uninformed ones keep their prior."""
+    free = [p for p in PARAMS if any(p.informed_by(c) for c in cases)]
+    values = {p.key: p.prior for p in PARAMS}
+    values.update({p.key: p.prior or 1.0 for p in free})   # a zero prior starts the search at 1 (log steps)
+    steps = {p.key: math.log(2.0) for p in free}
+
+    def score() -> float:
+        with constants(values):
+            return loss(cases, predict)
+
+    best = score()
+    for _ in range(sweeps):
+        for p in free:
+            while steps[p.key] > math.log(1.03):
+                improved = False
+                for sign in (1, -1):
+                    old = values[p.key]
+                    trial = min(max(old * math.exp(sign * steps[p.key]), p.lo), p.hi)
+                    if trial == old:
+                        continue
+                    values[p.key] = trial
+                    s = score()
+                    if s < best - 1e-6:
+                        best, improved = s, True
+                        break
+                    values[p.key] = old
+                if not improved:
+                    steps[p.key] /= 2
+                    break
+            steps[p.key] = max(steps[p.key], math.log(1.1))
+    return values
+
+
+def loso(cases: Sequence[Case], predict: Callable[[Case], float]) -> tuple[dict[str, float], dict[str, dict]]:
+    """Each source's rows predicted with constants fitted on all the other sources."""
+    preds: dict[str, float] = {}
+    folds: dict[str, dict] = {}
+    for group in sorted({c.group for c in cases}):
+        train = [c for c in cases if c.group != group]
+        values = fit(train, predict)
+        folds[group] = values
+        with constants(values):
+            for c in cases:
+                if c.group == group:
+                    preds[c.row_id] = predict(c)
+    return preds, folds
+
+
+def write(values: dict[tuple[str, ...], float], cases: Sequence[Case]) -> None:
+    """Store the all-rows fit in efficiency.json, each constant's source naming the rows that informed it."""
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    for p in (p for p in PARAMS if p.key[0] != "protocol"):
+        rows = [c for c in cases if p.informed_by(c)]
+        _set(data, p.key, round(values[p.key], 4 if values[p.key] < 10 else 1))
+        groups = sorted({c.group for c in rows})
+        note = (f"fitted by bench/throughput_fit.py on {len(rows)} published rows of bench/data/published_throughput.csv "
+                f"({', '.join(groups)})" if rows else "prior (no published row informs it)")
+        data[p.key[0]].setdefault("fitted", {})[".".join(p.key[1:]) or "value"] = f"{note}; prior {p.prior}"
+    DATA.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def main() -> int:
+    from throughput import predict
+    from throughput_rows import load as load_rows
+
+    cases, _ = load_rows()
+    values = fit(cases, predict)
+    for k, v in values.items():
+        print(".".join(k), round(v, 4))
+    if "--write" in sys.argv:
+        write(values, cases)
+        print(f"wrote {DATA}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

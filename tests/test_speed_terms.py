@@ -1,0 +1,124 @@
+"""The GPU step's memory-bound terms against bytes counted by hand, and the fitted constants against their rows.
+
+Hand counts: eager attention moves ``bytes_per_element`` for every element of the b x heads x s x s scores in
+every layer; a 4-bit base is read (0.5 B/param) and written as 16 bit (2 B/param) once per matmul pass; each
+LoRA-adapted Linear copies its input (4 B per element) ``lora_passes`` times. No wall-clock time is asserted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+from test_speed import A100, T4, gpt2, llama7b
+
+from perfguide._data import load
+from perfguide.hardware.types import GPU
+from perfguide.memory.activations import layer_bytes, logits_bytes
+from perfguide.setup import LoraSpec, Setup
+from perfguide.speed import terms
+from perfguide.speed.model import matmul_params
+
+ROOT = Path(__file__).resolve().parents[1]
+GiB = 1024**3
+V100 = GPU(name="Tesla V100-SXM2-32GB", memory_total=32 * GiB, memory_free=32 * GiB, compute_capability=(7, 0), fp16_tflops=125,
+           fp32_tflops=15.7, memory_bandwidth_gbps=900)
+RTX4090 = GPU(name="NVIDIA GeForce RTX 4090", memory_total=24 * GiB, memory_free=24 * GiB, compute_capability=(8, 9), bf16_tflops=165.2,
+              fp16_tflops=165.2, fp32_tflops=82.6, memory_bandwidth_gbps=1008)
+
+
+def _const(name: str):
+    return load("efficiency")[name]["value"]
+
+
+def test_gpu_classes() -> None:
+    assert [terms.gpu_class(g) for g in (A100, V100, T4, RTX4090)] == ["datacenter", "volta", "graphics", "graphics"]
+
+
+def test_fp32_runs_on_cuda_cores_and_amp_on_tensor_cores() -> None:
+    assert terms.matmul_path(Setup(weights_dtype="fp32")) == "cuda"
+    assert terms.matmul_path(Setup(weights_dtype="fp32", autocast="fp16")) == "tensor"
+    assert terms.matmul_path(Setup(weights_dtype="fp32", tf32=True)) == "tensor"
+
+
+def test_eager_score_bytes_by_hand() -> None:
+    setup = Setup(micro_batch_size=2, seq_len=1024, attn_implementation="eager", weights_dtype="fp32", autocast="fp16")
+    elements = 2 * 12 * 1024 * 1024 * 12                          # b x heads x s x s x layers
+    assert terms.eager_score_bytes(gpt2(), setup) == pytest.approx(elements * _const("eager_score_bytes_per_element"))
+    ckpt = setup.model_copy(update={"gradient_checkpointing": True})
+    assert terms.eager_score_bytes(gpt2(), ckpt) == pytest.approx(elements * _const("eager_score_bytes_per_element") * 4 / 3)
+    assert terms.eager_score_bytes(gpt2(), setup.model_copy(update={"attn_implementation": "sdpa"})) == 0
+
+
+def test_elementwise_bytes_count_saved_activations_and_loss_buffers() -> None:
+    setup = Setup(micro_batch_size=4, seq_len=512, weights_dtype="bf16")
+    saved = 12 * layer_bytes(gpt2(), setup, keeps_frozen_inputs=True) + logits_bytes(gpt2(), setup)
+    passes = _const("elementwise_passes")
+    assert terms.elementwise_bytes(gpt2(), setup) == pytest.approx(passes * saved)
+    assert terms.elementwise_bytes(gpt2(), setup.model_copy(update={"gradient_checkpointing": True})) == pytest.approx(passes * saved * 4 / 3)
+    compiled = setup.model_copy(update={"torch_compile": True})
+    assert terms.elementwise_bytes(gpt2(), compiled) == pytest.approx(passes * saved * _const("compile_elementwise_factor"))
+    # eager's s x s tensors are priced by eager_score_bytes, not twice
+    eager = setup.model_copy(update={"attn_implementation": "eager"})
+    assert terms.elementwise_bytes(gpt2(), eager) == pytest.approx(terms.elementwise_bytes(gpt2(), setup))
+
+
+def test_nf4_dequant_reads_half_a_byte_and_writes_two_per_pass() -> None:
+    spec = llama7b()
+    n = matmul_params(spec)
+    qlora = Setup(weights_dtype="nf4", lora=LoraSpec(r=8), seq_len=1024)
+    factor = _const("dequant_traffic_factor")
+    assert terms.dequant_bytes(spec, qlora, n) == pytest.approx(2 * n * 2.5 * factor)      # forward + input-grad pass
+    ckpt = qlora.model_copy(update={"gradient_checkpointing": True})
+    assert terms.dequant_bytes(spec, ckpt, n) == pytest.approx(3 * n * 2.5 * factor)       # + the recompute
+    assert terms.dequant_bytes(spec, Setup(weights_dtype="bf16"), n) == 0
+
+
+def test_lora_adapter_copies_by_hand() -> None:
+    setup = Setup(weights_dtype="bf16", lora=LoraSpec(r=16), micro_batch_size=2, seq_len=256)
+    inputs = 6 * 4096 + 11008                                      # q,k,v,o,gate,up read 4096 wide; down reads 11008
+    expected = _const("lora_passes") * 2 * 256 * inputs * 32 * 4
+    assert terms.lora_bytes(setup, inputs, 32) == pytest.approx(expected)
+    assert terms.lora_bytes(Setup(weights_dtype="bf16"), inputs, 32) == 0
+
+
+def test_framework_term_is_one_for_hf_trainer_and_unknown_stacks() -> None:
+    assert terms.framework_efficiency("hf_trainer") == 1.0
+    assert terms.framework_efficiency("something-else") == 1.0
+
+
+def _bench(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def test_fitted_constants_reproduce_the_rows_they_came_from() -> None:
+    """The stored constants (bench/throughput_fit.py --write) price the rows they were fitted on: every fitted
+    constant names its rows' sources, and on the two largest sources the in-sample median error is small. A
+    constant edited by hand without refitting, or a model change that breaks the fit, fails here."""
+    rows = _bench("throughput_rows")
+    bench = _bench("throughput")
+    fit = _bench("throughput_fit")
+    cases, _ = rows.load()
+    groups = {c.group for c in cases}
+    data = load("efficiency")
+    for p in fit.PARAMS:
+        if p.key[0] == "protocol":
+            continue
+        note = data[p.key[0]]["fitted"][".".join(p.key[1:]) or "value"]
+        named = [g for g in groups if g in note]
+        assert named or note.startswith("prior"), p.key
+    errors: dict[str, list[float]] = {}
+    for c in cases:
+        errors.setdefault(c.group, []).append(abs(bench.err(bench.predict(c), c.published)))
+    assert statistics.median(errors["llm-foundry"]) < 15
+    assert statistics.median(errors["llama-factory"]) < 25
