@@ -179,7 +179,7 @@ def estimate_speed(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardw
     _check_setup_fits_machine(s, hw)
     from .speed import estimate_speed as price
 
-    return price(spec, s, hw)
+    return price(spec, s, hw, _calibration(hw, spec) if s.task == "train" else None)
 
 
 def _trace(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> MemoryEstimate:

@@ -122,3 +122,21 @@ def test_fitted_constants_reproduce_the_rows_they_came_from() -> None:
         errors.setdefault(c.group, []).append(abs(bench.err(bench.predict(c), c.published)))
     assert statistics.median(errors["llm-foundry"]) < 15
     assert statistics.median(errors["llama-factory"]) < 25
+
+
+def test_estimate_speed_api_prices_the_setup_like_the_cost_model() -> None:
+    """Named hardware carries no calibration, so the API returns the cost model's own Throughput; flops by hand."""
+    import perfguide
+    from perfguide.hardware.types import Hardware
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.model import estimate_speed as model
+
+    setup = {"micro_batch_size": 4, "seq_len": 512, "weights_dtype": "bf16"}
+    got = perfguide.estimate_speed("gpt2", setup, hardware="a100-80gb")
+    want = model(ModelSpec.from_any("gpt2"), Setup(**setup), Hardware.from_name("a100-80gb"))
+    assert got == want
+    n = matmul_params(ModelSpec.from_any("gpt2"))
+    attention = 3 * 4 * 12 * 768 * 512 * 512 * 4                  # fwd 4*L*d*s*s*b, backward twice that
+    assert got.flops_per_step == pytest.approx(6 * n * 4 * 512 + attention)
+    with pytest.raises(perfguide.PerfGuideError, match="num_gpus"):
+        perfguide.estimate_speed("gpt2", {**setup, "num_gpus": 2, "strategy": "ddp"}, hardware="a100-80gb")
