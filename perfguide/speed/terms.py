@@ -31,10 +31,11 @@ def gpu_class(gpu: GPU) -> str:
     They reach different fractions of their spec-sheet peak: graphics dies boost well above the clock their
     datasheet TFLOP/s assume; Volta's tensor cores are fed by an older memory system and cuBLAS generation.
     """
-    major, minor = gpu.compute_capability
-    if minor != 0:
+    if gpu.vendor != "nvidia":
+        return "datacenter"   # AMD Instinct (CDNA) parts are training dies
+    if gpu.compute_capability[1] != 0:
         return "graphics"
-    return "volta" if major < 8 else "datacenter"
+    return "datacenter" if gpu.supports_bf16 else "volta"
 
 
 def matmul_path(setup: Setup) -> str:
@@ -45,7 +46,8 @@ def matmul_path(setup: Setup) -> str:
 def asymptote(gpu: GPU, setup: Setup) -> float:
     """Fraction of the dtype's peak that large matmuls reach inside a training step, by GPU class and path."""
     table = _value("peak_fraction_by_class")
-    return float(table[matmul_path(setup)][gpu_class(gpu)])
+    path = matmul_path(setup) if gpu.has_tensor_cores else "cuda"
+    return float(table[path][gpu_class(gpu)])
 
 
 def half_saturation(setup: Setup) -> float:
