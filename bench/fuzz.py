@@ -1,0 +1,97 @@
+"""Bounded fuzzing of every input family -> bench/results/fuzz.md: counts per outcome.
+
+Run: ``.venv/bin/python bench/fuzz.py [--examples N]``. The generators are tests/fuzz_inputs.py's (the same
+ones the CI fuzz tests draw a few of); here each family gets N examples (configs N/3: each unknown model type
+is built on the meta device). An outcome is "result" (a plan, an estimate, a Hardware, factors), "PerfGuideError"
+(one line naming what was wrong and what is accepted), or the name of any other exception, which is a bug.
+Seeded (derandomize), so a rerun draws the same inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import fuzz_inputs as F
+from _report import publish
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+OUT = ROOT / "bench" / "results" / "fuzz.md"
+OUTCOMES = ("result", "PerfGuideError")
+
+
+def run_family(strategy: Any, check: Callable[..., str], examples: int) -> tuple[Counter[str], list[str], float]:
+    """Draw ``examples`` inputs, classify each call; keep a few reprs of inputs that escaped as another exception."""
+    counts: Counter[str] = Counter()
+    escaped: list[str] = []
+
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategy)
+    def body(args: tuple[Any, ...]) -> None:
+        got = check(*args)
+        counts[got] += 1
+        if got not in OUTCOMES and len(escaped) < 3:
+            escaped.append(f"{got}: {repr(args)[:160]}")
+
+    start = time.perf_counter()
+    body()
+    return counts, escaped, time.perf_counter() - start
+
+
+def families(tmp: Path) -> list[tuple[str, Any, Callable[..., str], float]]:
+    """(name, strategy of argument tuples, check, share of N)."""
+    return [
+        ("model names", st.tuples(F.model_names), F.check_name, 1.0),
+        ("hardware names", st.tuples(F.hardware_names), F.check_hardware, 1.0),
+        ("configs (train)", st.tuples(F.configs), lambda c: F.check_config(c, "train_gpu_one"), 1 / 3),
+        ("configs (infer)", st.tuples(F.configs), lambda c: F.check_config(c, "infer_gpu_one"), 1 / 3),
+        ("constraints", st.tuples(F.constraints, st.sampled_from(["train_gpu_one", "train_gpu_many", "infer_gpu_one", "infer_gpu_many",
+                                                                  "train_cpu"])), F.check_constraints, 1.0),
+        ("setups", st.tuples(F.setups, st.sampled_from([None, "a100-80gb:2", "cpu"])), F.check_setup, 1.0),
+        ("probes (fake NVML boards)", st.tuples(F.boards), F.check_probe, 1.0),
+        ("cpuinfo text", st.tuples(F.cpuinfo_texts), F.check_cpuinfo, 1.0),
+        ("calibration store files", st.tuples(F.cache_bytes), lambda b: F.check_store(b, Path(tempfile.mkdtemp(dir=tmp))), 1.0),
+        ("trace cache files", st.tuples(F.cache_bytes), lambda b: F.check_trace_cache(b, Path(tempfile.mkdtemp(dir=tmp))), 1.0),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=300, help="examples per family (default 300)")
+    args = parser.parse_args(argv)
+    rows, bugs = [], []
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["PERFGUIDE_CACHE_DIR"] = d  # never the user's own calibration store
+        for name, strategy, check, share in families(Path(d)):
+            n = max(10, int(args.examples * share))
+            counts, escaped, seconds = run_family(strategy, check, n)
+            other = sum(v for k, v in counts.items() if k not in OUTCOMES)
+            rows.append(f"| {name} | {sum(counts.values())} | {counts['result']} | {counts['PerfGuideError']} | {other} | {seconds:.0f} s |")
+            bugs += [f"- {name}: {e}" for e in escaped]
+    lines = ["# Fuzzing: every input ends in a result or one PerfGuideError", "",
+             f"`bench/fuzz.py --examples {args.examples}` (seeded). Generators: tests/fuzz_inputs.py. "
+             "\"other\" counts any other exception escaping (a bug); it must be 0.", "",
+             "| family | inputs | result | PerfGuideError | other | time |", "|---|---|---|---|---|---|", *rows, "",
+             "## Other exceptions", "", *(bugs or ["none"]), ""]
+    publish("\n".join(lines), OUT)
+    return 1 if bugs else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

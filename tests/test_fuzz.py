@@ -1,0 +1,77 @@
+"""Fuzz targets, one per input family (names, hardware names, configs, constraints, setups, probes, cache files):
+whatever comes in, perfguide answers with a result or one PerfGuideError, never another exception.
+
+Examples are few per family (CI time); bench/fuzz.py runs the same generators longer and counts outcomes.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import fuzz_inputs as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FUZZ = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+
+
+def ok(result: str) -> None:
+    assert result in ("result", "PerfGuideError"), result
+
+
+@FUZZ
+@given(F.model_names)
+def test_fuzz_model_names(name):
+    ok(F.check_name(name))
+
+
+@FUZZ
+@given(F.hardware_names)
+def test_fuzz_hardware_names(name):
+    ok(F.check_hardware(name))
+
+
+@settings(FUZZ, max_examples=15)  # configs of unknown types are counted on the meta device: slower per example
+@given(F.configs, st.sampled_from(["train_gpu_one", "infer_gpu_one"]))
+def test_fuzz_configs(config, scenario):
+    ok(F.check_config(config, scenario))
+
+
+@FUZZ
+@given(F.constraints, st.sampled_from(["train_gpu_one", "train_gpu_many", "infer_gpu_one", "infer_gpu_many", "train_cpu"]))
+def test_fuzz_constraints(cons, scenario):
+    ok(F.check_constraints(cons, scenario))
+
+
+@FUZZ
+@given(F.setups, st.sampled_from([None, "a100-80gb:2", "cpu"]))
+def test_fuzz_setups(setup, hardware):
+    ok(F.check_setup(setup, hardware))
+
+
+@FUZZ
+@given(F.boards)
+def test_fuzz_probes(boards):
+    assert F.check_probe(boards) == "result"
+
+
+@FUZZ
+@given(F.cpuinfo_texts)
+def test_fuzz_cpuinfo(text):
+    assert F.check_cpuinfo(text) == "result"
+
+
+@FUZZ
+@given(F.cache_bytes)
+def test_fuzz_calibration_store_files(blob):
+    with tempfile.TemporaryDirectory() as d:
+        assert F.check_store(blob, Path(d)) == "result"  # an unreadable store is set aside, never raised
+
+
+@FUZZ
+@given(F.cache_bytes)
+def test_fuzz_trace_cache_files(blob):
+    with tempfile.TemporaryDirectory() as d:
+        assert F.check_trace_cache(blob, Path(d)) == "result"
