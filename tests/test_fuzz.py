@@ -75,3 +75,20 @@ def test_fuzz_calibration_store_files(blob):
 def test_fuzz_trace_cache_files(blob):
     with tempfile.TemporaryDirectory() as d:
         assert F.check_trace_cache(blob, Path(d)) == "result"
+
+
+def test_the_fuzz_bench_counts_escapes_as_bugs():
+    """bench/fuzz.py's counter must see an exception that is not a PerfGuideError, or its 0 would mean nothing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_fuzz", Path(__file__).resolve().parents[1] / "bench" / "fuzz.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def broken(text: str) -> str:
+        return F.outcome(lambda: {}[text])  # a KeyError escaping a "planner"
+
+    counts, escaped, _ = bench.run_family(st.tuples(st.text(max_size=3)), broken, 5)
+    assert counts == {"KeyError": 5} and escaped
+    counts, escaped, _ = bench.run_family(st.tuples(F.hardware_names), F.check_hardware, 5)
+    assert sum(counts.values()) == 5 and set(counts) <= {"result", "PerfGuideError"} and not escaped
