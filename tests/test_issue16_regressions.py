@@ -279,3 +279,13 @@ def test_a_partial_output_file_is_never_left(tmp_path, monkeypatch):
         _files.write_atomic(tmp_path / "out.yaml", "a: 1\n", "accelerate config")
     monkeypatch.setattr(_files.os, "replace", real)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_escape_codes_never_reach_python_warnings_either():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rec = perfguide.recommend({**TINY, "_name_or_path": EVIL, "architectures": ["LlamaForCausalLM"]}, "infer_gpu_one", hardware="a100-80gb",
+                                  prompt_len=250, max_new_tokens=100)
+    assert rec.model.name.startswith("evil") and "\x1b" not in rec.model.name
+    assert rec.warnings and all("\x1b" not in w and "\u202e" not in w for w in rec.warnings)
+    assert all("\x1b" not in str(w.message) for w in caught)

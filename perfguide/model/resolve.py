@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .._text import clean
 from ..errors import InvalidModelError, OfflineError, PerfGuideError, did_you_mean
 from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
@@ -148,7 +149,7 @@ def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
     Whatever a config holds, the result is a spec or one InvalidModelError line: reading a user's model is an
     input boundary, so a failure inside a counter or a meta-device build is reported, not raised through."""
     try:
-        return _spec_from_any(model, trust_remote_code)
+        spec = _spec_from_any(model, trust_remote_code)
     except PerfGuideError:
         raise
     except ValidationError as exc:
@@ -159,6 +160,9 @@ def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
         reason = (str(exc).strip().splitlines() or [""])[0][:160]
         raise InvalidModelError(f"cannot read this model's shape ({type(exc).__name__}: {reason}); accepted: {_ACCEPTED}, "
                                 "with architectures[0] a model class of the config's own model_type.") from None
+    # a config's _name_or_path is shown in reports, warnings and plots: never as terminal escapes
+    name = clean(spec.name).strip() or spec.model_type
+    return spec if name == spec.name else spec.model_copy(update={"name": name})
 
 
 def _spec_from_any(model: Any, trust_remote_code: bool) -> ModelSpec:
