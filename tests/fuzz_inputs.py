@@ -182,5 +182,27 @@ def check_probe(spec: list[dict[str, Any]]) -> str:
     return "result" if got == "result" else f"probe raised {got}"
 
 
+TRAIN_CHOICES = dict(precision=["bf16", "fp16", "fp32"], optimizer=["adamw_torch", "adafactor", "adamw_bnb_8bit", "sgd"],
+                     gradient_checkpointing=[True, False], attn_implementation=["eager", "sdpa"], micro_batch_size=[1, 2, 4],
+                     strategy=["ddp", "fsdp", "zero2", "zero3"], finetune=["full", "lora", "qlora"])
+train_constraints = st.dictionaries(st.sampled_from(sorted(TRAIN_CHOICES)), st.just(None), min_size=1, max_size=3).flatmap(
+    lambda keys: st.fixed_dictionaries({k: st.sampled_from(TRAIN_CHOICES[k]) for k in keys}))
+
+
+def not_honoured(setup: Any, cons: dict[str, Any]) -> list[str]:
+    """The constraints a plan's setup does not carry (a plan must honour every one it was given, or refuse)."""
+    bad = []
+    if "precision" in cons:
+        p = cons["precision"]
+        ok = (setup.autocast == p or setup.weights_dtype == p) if p != "fp32" else setup.autocast is None and setup.weights_dtype == "fp32"
+        bad += [] if ok else [f"precision={p!r} -> weights {setup.weights_dtype}, autocast {setup.autocast}"]
+    bad += [f"{k}={cons[k]!r} -> {getattr(setup, k)!r}" for k in ("optimizer", "gradient_checkpointing", "attn_implementation",
+                                                                  "micro_batch_size", "strategy") if k in cons and getattr(setup, k) != cons[k]]
+    if "finetune" in cons:
+        got = "qlora" if setup.lora and setup.weights_dtype in ("nf4", "int8") else "lora" if setup.lora else "full"
+        bad += [] if got == cons["finetune"] else [f"finetune={cons['finetune']!r} -> {got}"]
+    return bad
+
+
 def tally(results: list[str]) -> Counter[str]:
     return Counter(results)

@@ -92,3 +92,28 @@ def test_the_fuzz_bench_counts_escapes_as_bugs():
     assert counts == {"KeyError": 5} and escaped
     counts, escaped, _ = bench.run_family(st.tuples(F.hardware_names), F.check_hardware, 5)
     assert sum(counts.values()) == 5 and set(counts) <= {"result", "PerfGuideError"} and not escaped
+
+
+@FUZZ
+@given(F.train_constraints, st.sampled_from(["gpt2", "llama-3-8b", "1.3b"]), st.sampled_from(["a100-80gb", "t4", "h100"]),
+       st.booleans())
+def test_fuzz_constraints_are_honoured_or_refused(cons, model, gpu, many):
+    """Never a constraint quietly replaced: the plan carries each one given, or recommend refuses in one line."""
+    if not many:
+        cons = {k: v for k, v in cons.items() if k != "strategy"}
+    scenario, hw = ("train_gpu_many", f"{gpu}:4") if many else ("train_gpu_one", gpu)
+    try:
+        with F.warnings.catch_warnings():
+            F.warnings.simplefilter("ignore")
+            rec = F.perfguide.recommend(model, scenario, hardware=hw, global_batch_size=16, seq_len=512, **cons)
+    except F.PerfGuideError:
+        return
+    assert F.not_honoured(rec.setup, cons) == []
+
+
+def test_the_honoured_check_sees_a_replaced_constraint():
+    from perfguide import Setup
+
+    lora_bf16 = Setup(task="train", weights_dtype="bf16", lora={"r": 8}, optimizer="adamw_torch")
+    assert F.not_honoured(lora_bf16, {"precision": "fp32"}) and F.not_honoured(lora_bf16, {"optimizer": "adafactor"})
+    assert F.not_honoured(lora_bf16, {"finetune": "full"}) and not F.not_honoured(lora_bf16, {"finetune": "lora"})
