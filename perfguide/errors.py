@@ -38,6 +38,10 @@ class ConflictingConstraintsError(PerfGuideError):
     pass
 
 
+class DataFileError(PerfGuideError):
+    """A bundled data file (perfguide/data/*.json) does not match its schema: a packaging bug, named in one line."""
+
+
 class WrongMachineError(PerfGuideError):
     """Raised when an object can only be built on the hardware the plan targets."""
 

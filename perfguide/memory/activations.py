@@ -46,14 +46,58 @@ not elements, because one block mixes dtypes (HF RMSNorm upcasts to fp32 even in
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Literal
 
-from .._data import load
+from pydantic import Field
+
+from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import Setup
 
 DIMS = ("h", "i", "q", "kv", "1")
+Dim = Literal["h", "i", "q", "kv", "1"]
+RegimeName = Literal["fp32", "amp", "half"]
+
+
+class Regime(DataModel):
+    """Bytes per token (linear forms over the block dims) one block keeps for backward in one dtype regime."""
+
+    per_token: dict[Dim, float]
+    eager_per_head_s2: float
+    ckpt_per_token: dict[Dim, float]
+    logits_per_token_vocab: float
+    dropout_per_token: dict[Dim, float]
+    eager_dropout_per_head_s2: float
+    frozen_linear_inputs_per_token: dict[Dim, float]
+
+
+class Family(DataModel):
+    source: str = Field(min_length=10)
+    regimes: dict[RegimeName, Regime] | None = None
+    same_as: str | None = None
+
+
+class Dropout(DataModel):
+    source: str = Field(min_length=10)
+    keys: dict[Literal["hidden", "attention"], tuple[str, ...]]
+    defaults: dict[str, dict[Literal["hidden", "attention"], float]]
+
+
+class ActivationsData(DataModel):
+    """data/activations.json; every family names all three regimes (or points at one that does)."""
+
+    format_version: Literal[1]
+    dims: tuple[Dim, ...]
+    regimes: tuple[RegimeName, ...]
+    families: dict[str, Family]
+    aliases: dict[str, str]
+    dropout: Dropout
+
+
+def activations_data() -> ActivationsData:
+    return validated("activations", ActivationsData)
 
 
 def regime(setup: Setup) -> str:
@@ -64,22 +108,25 @@ def regime(setup: Setup) -> str:
 
 
 @lru_cache(maxsize=256)
-def family_coefficients(family: str, model_type: str = "") -> dict[str, Any]:
-    """Resolve a family (or HF model_type) to its regime table, following aliases and ``same_as``."""
-    data = load("activations")
-    families, aliases = data["families"], data["aliases"]
+def family_coefficients(family: str, model_type: str = "") -> dict[RegimeName, Regime]:
+    """Resolve a family (or HF model_type) to its regime table, following aliases and ``same_as``.
+    Families without coefficients of their own use the generic entry (an unknown family is not a data error)."""
+    data = activations_data()
+    families, aliases = data.families, data.aliases
     # the HF model_type is the more specific key (OPT's ReLU block is BERT-like, not GPT-2's gelu_new)
     candidates = [n if n in families else aliases.get(n) for n in (model_type, family)]
     name = next((n for n in candidates if n), "generic")
     entry = families[name]
     seen = {name}
-    while "same_as" in entry:
-        name = entry["same_as"]
-        if name in seen:
-            break
+    while entry.same_as is not None and entry.same_as not in seen:
+        name = entry.same_as
         seen.add(name)
         entry = families[name]
-    return entry["regimes"]
+    if entry.regimes is None:
+        from ..errors import DataFileError
+
+        raise DataFileError(f"perfguide/data/activations.json: family {name!r} has no regimes and no same_as target that has")
+    return entry.regimes
 
 
 def _dims(spec: ModelSpec) -> dict[str, int]:
@@ -93,11 +140,11 @@ def _dims(spec: ModelSpec) -> dict[str, int]:
     }
 
 
-def _linear(coef: dict[str, float], dims: dict[str, int]) -> float:
+def _linear(coef: Mapping[str, float] | Mapping[Dim, float], dims: dict[str, int]) -> float:
     return sum(float(v) * dims[k] for k, v in coef.items())
 
 
-def _coefs(spec: ModelSpec, setup: Setup) -> dict[str, Any]:
+def _coefs(spec: ModelSpec, setup: Setup) -> Regime:
     return family_coefficients(spec.family, spec.model_type)[regime(setup)]
 
 
@@ -112,12 +159,13 @@ def dropout_rates(spec: ModelSpec) -> tuple[float, float]:
     The model's own config wins; catalog configs often omit the keys, and HF then applies its config class's
     default (GPT-2 and BERT: 0.1; Llama: 0.0), which data/activations.json records per model type.
     """
-    table = load("activations").get("dropout") or {}
+    table = activations_data().dropout
     config = spec.config or {}
-    default = (table.get("defaults") or {}).get(spec.model_type) or {}
+    # a model type the table does not list has no dropout default recorded: its config decides, else none
+    default = table.defaults.get(spec.model_type, {})
     out = []
     for kind in ("hidden", "attention"):
-        value = next((config[k] for k in (table.get("keys") or {}).get(kind, ()) if isinstance(config.get(k), (int, float))), None)
+        value = next((config[k] for k in table.keys[kind] if isinstance(config.get(k), (int, float))), None)
         out.append(float(default.get(kind, 0.0) if value is None else value))
     return out[0], out[1]
 
@@ -132,14 +180,14 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     b, s = setup.micro_batch_size, setup.seq_len
     dims = _dims(spec)
     hidden_p, attn_p = dropout_rates(spec)
-    per_token = _linear(c["per_token"], dims)
+    per_token = _linear(c.per_token, dims)
     if hidden_p > 0:
-        per_token += _linear(c.get("dropout_per_token") or {}, dims)
+        per_token += _linear(c.dropout_per_token, dims)
     if setup.lora is not None and not keeps_frozen_inputs:
-        per_token -= _linear(c.get("frozen_linear_inputs_per_token") or frozen_linear_inputs(setup), dims)
+        per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
     total = b * s * per_token
     if setup.attn_implementation == "eager":
-        s2 = float(c["eager_per_head_s2"]) + (float(c.get("eager_dropout_per_head_s2", 0.0)) if attn_p > 0 else 0.0)
+        s2 = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if attn_p > 0 else 0.0)
         total += b * spec.num_attention_heads * s * _attention_span(spec, s) * s2
     return int(total)
 
@@ -161,7 +209,7 @@ def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
 def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Bytes one checkpointed block keeps between forward and backward: its input hidden states."""
     c = _coefs(spec, setup)
-    return int(setup.micro_batch_size * setup.seq_len * _linear(c["ckpt_per_token"], _dims(spec)))
+    return int(setup.micro_batch_size * setup.seq_len * _linear(c.ckpt_per_token, _dims(spec)))
 
 
 def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int) -> int:
@@ -199,4 +247,4 @@ def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
     gradients of the same size coexist. Checkpointing does not touch them (they live outside the blocks).
     """
     c = _coefs(spec, setup)
-    return int(setup.micro_batch_size * setup.seq_len * spec.vocab_size * float(c["logits_per_token_vocab"]))
+    return int(setup.micro_batch_size * setup.seq_len * spec.vocab_size * c.logits_per_token_vocab)

@@ -9,8 +9,9 @@ sliding-window layers keep ``window - 1`` positions (dynamic) or ``min(max_len, 
 from __future__ import annotations
 
 import math
+from typing import Literal
 
-from .._data import load
+from .._data import DataModel, Fact, load, validated
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
@@ -22,8 +23,25 @@ FP32 = 4
 OFFLOAD_HEADROOM = 0.10  # the Constraints default: max_memory leaves this fraction of each GPU free
 
 
-def _const(name: str):  # noqa: ANN202 - values are numbers or small dicts
-    return load("inference")[name]["value"]
+class InferenceData(DataModel):
+    """data/inference.json: the constants of the inference memory and speed models, each with its source."""
+
+    nf4_blocksize: Fact[int]
+    nf4_nested_blocksize: Fact[int]
+    decode_bandwidth_efficiency: Fact[float]
+    prefill_compute_efficiency: Fact[float]
+    eager_overhead_s_per_layer: Fact[float]
+    static_compile_overhead_factor: Fact[float]
+    quant_decode_slowdown: Fact[dict[Literal["int8", "nf4"], float]]
+    quant_prefill_slowdown: Fact[dict[Literal["int8", "nf4"], float]]
+    tp_allreduce_latency_s: Fact[dict[Literal["nvlink", "pcie", "none"], float]]
+    pcie_offload_bandwidth_gbps: Fact[float]
+    cpu_bandwidth_efficiency: Fact[float]
+    default_gpu_bandwidth_gbps: Fact[float]
+
+
+def inference_data() -> InferenceData:
+    return validated("inference", InferenceData)
 
 
 def activation_bytes_per_element(setup: Setup) -> int:
@@ -37,9 +55,9 @@ def _linear_weight_bytes(in_f: int, out_f: int, dtype: str, double_quant: bool) 
     if dtype == "int8":
         return n + FP32 * out_f  # int8 codes + one fp32 scale (SCB) per output row
     if dtype == "nf4":
-        block = _const("nf4_blocksize")
+        block = inference_data().nf4_blocksize.value
         if double_quant:  # uint8 absmax per block + fp32 absmax per nested block
-            return n / 2 + n / block + FP32 * n / (block * _const("nf4_nested_blocksize"))
+            return n / 2 + n / block + FP32 * n / (block * inference_data().nf4_nested_blocksize.value)
         return n / 2 + FP32 * n / block
     return n * (FP32 if dtype == "fp32" else HALF)
 

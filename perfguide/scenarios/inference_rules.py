@@ -13,7 +13,7 @@ from typing import Any
 
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
-from ..memory.inference import activation_bytes_per_element, cached_tokens, estimate_inference, kv_cache_bytes
+from ..memory.inference import activation_bytes_per_element, cached_tokens, estimate_inference, inference_data, kv_cache_bytes
 from ..memory.types import MemoryEstimate
 from ..setup import Setup
 from ..speed.inference import estimate_inference_speed
@@ -188,9 +188,7 @@ def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[
 
 
 def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> Decision:
-    from .._data import load
-
-    slow = load("inference")["quant_decode_slowdown"]["value"]
+    slow = inference_data().quant_decode_slowdown.value
     q = chosen.weights_dtype
     alts = tuple(Alternative(value=c.setup.weights_dtype, why_not=f"needs {c.memory.device_total / GB:.1f} GB, over the "
                              f"{(usable_bytes(c.memory, request.constraints.headroom) or 0) / GB:.1f} GB usable",

@@ -18,15 +18,15 @@ from typing import NamedTuple
 
 from .._data import load
 from ..hardware.types import Hardware
-from ..memory.inference import activation_bytes_per_element, kv_cache_bytes, weight_bytes
+from ..memory.inference import InferenceData, activation_bytes_per_element, inference_data, kv_cache_bytes, weight_bytes
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .model import cpu_path, cpu_peak_gflops, host_bandwidth_gbps
 from .types import Throughput
 
 
-def _const(name: str):  # noqa: ANN202 - numbers or small dicts
-    return load("inference")[name]["value"]
+def _facts() -> InferenceData:
+    return inference_data()
 
 
 class Device(NamedTuple):
@@ -40,15 +40,15 @@ class Device(NamedTuple):
 
 def _gpu_device(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Device:
     gpu = hardware.smallest_gpu
-    bw = (gpu.memory_bandwidth_gbps or _const("default_gpu_bandwidth_gbps")) * 1e9
+    bw = (gpu.memory_bandwidth_gbps or _facts().default_gpu_bandwidth_gbps.value) * 1e9
     dtype = setup.compute_dtype if setup.compute_dtype != "fp32" else ("tf32" if setup.tf32 and gpu.supports_tf32 else "fp32")
     if dtype == "bf16" and not gpu.supports_bf16:
         dtype = "fp32"  # emulated bf16 runs at fp32-or-worse rates
     peak = (gpu.half_tflops(dtype) or gpu.fp32_tflops or 15.0) * 1e12
-    overhead = spec.total_layers * _const("eager_overhead_s_per_layer")
+    overhead = spec.total_layers * _facts().eager_overhead_s_per_layer.value
     if setup.cache_implementation == "static" and setup.torch_compile:
-        overhead *= _const("static_compile_overhead_factor")
-    return Device(bw * _const("decode_bandwidth_efficiency"), peak * _const("prefill_compute_efficiency"), peak, overhead)
+        overhead *= _facts().static_compile_overhead_factor.value
+    return Device(bw * _facts().decode_bandwidth_efficiency.value, peak * _facts().prefill_compute_efficiency.value, peak, overhead)
 
 
 def cpu_threads(setup: Setup, hardware: Hardware) -> int:
@@ -62,7 +62,7 @@ def _cpu_device(setup: Setup, hardware: Hardware) -> Device:
     sixteen_bit = setup.weights_dtype != "fp32"  # bf16/fp16 weights, or bnb weights dequantized to 16-bit
     peak = cpu_peak_gflops(cpu, sixteen_bit, setup.cpu_threads)[0] * 1e9
     achieved = peak * load("efficiency")["cpu_peak_fraction"]["value"][cpu_path(cpu, sixteen_bit)]
-    bw = host_bandwidth_gbps(cpu) * 1e9 * share * _const("cpu_bandwidth_efficiency")
+    bw = host_bandwidth_gbps(cpu) * 1e9 * share * _facts().cpu_bandwidth_efficiency.value
     return Device(bw, achieved, peak, 0.0)
 
 
@@ -71,7 +71,7 @@ def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> floa
     if setup.strategy != "tp" or setup.num_gpus < 2:
         return 0.0
     link = hardware.interconnect if hardware is not None else "pcie"
-    return 2 * spec.total_layers * _const("tp_allreduce_latency_s")[link]
+    return 2 * spec.total_layers * _facts().tp_allreduce_latency_s.value[link]
 
 
 def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float | None = None) -> Throughput:
@@ -83,11 +83,11 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, 
     act = activation_bytes_per_element(setup)
     weights = weight_bytes(spec, setup.weights_dtype)
     quant = setup.weights_dtype if setup.weights_dtype in ("int8", "nf4") else None
-    q_decode = _const("quant_decode_slowdown")[quant] if quant else 1.0
-    q_prefill = _const("quant_prefill_slowdown")[quant] if quant else 1.0
+    q_decode = _facts().quant_decode_slowdown.value[quant] if quant else 1.0
+    q_prefill = _facts().quant_prefill_slowdown.value[quant] if quant else 1.0
     attn_unit = 2 * spec.num_attention_heads * spec.head_dim * (spec.num_decoder_layers or spec.num_layers)
     comm = _tp_comm_s(spec, setup, hardware)
-    offload_bw = _const("pcie_offload_bandwidth_gbps") * 1e9
+    offload_bw = _facts().pcie_offload_bandwidth_gbps.value * 1e9
 
     # prefill: compute-bound matmuls (2 * active params per token) plus causal attention
     prefill_flops = 2 * spec.active_params * b * s + attn_unit * b * s * s

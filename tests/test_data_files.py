@@ -1,0 +1,59 @@
+"""Bundled data files are validated into pydantic models at load: a missing row or a mistyped value is one
+DataFileError line naming the file and the field, never a KeyError or a silent default later."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+
+from perfguide import _data
+from perfguide.errors import DataFileError, PerfGuideError
+from perfguide.memory.activations import ActivationsData
+from perfguide.memory.inference import InferenceData
+
+
+@pytest.fixture
+def damaged(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
+    """Serve a mutable copy of a data file through ``_data.load``; ``validated``'s cache is cleared around it."""
+    files: dict[str, object] = {}
+    real = _data.load
+    monkeypatch.setattr(_data, "load", lambda name: files[name] if name in files else real(name))
+    _data.validated.cache_clear()
+    yield files
+    _data.validated.cache_clear()
+
+
+@pytest.mark.parametrize(("name", "schema"), [("inference", InferenceData), ("activations", ActivationsData)])
+def test_shipped_files_validate(name: str, schema: type) -> None:
+    assert isinstance(_data.validated(name, schema), schema)
+
+
+def test_missing_row_is_one_line_naming_it(damaged: dict[str, object]) -> None:
+    raw = copy.deepcopy(_data.load("inference"))
+    del raw["nf4_blocksize"]
+    damaged["inference"] = raw
+    with pytest.raises(DataFileError, match=r"inference\.json .*nf4_blocksize: Field required"):
+        _data.validated("inference", InferenceData)
+
+
+def test_mistyped_value_and_unknown_key_are_refused(damaged: dict[str, object]) -> None:
+    raw = copy.deepcopy(_data.load("activations"))
+    raw["families"]["llama"]["regimes"]["amp"]["per_token"]["h"] = "twenty"
+    damaged["activations"] = raw
+    with pytest.raises(DataFileError, match=r"families\.llama\.regimes\.amp\.per_token\.h"):
+        _data.validated("activations", ActivationsData)
+    raw = copy.deepcopy(_data.load("inference"))
+    raw["decode_bandwidth_efficency"] = {"value": 0.8, "source": "a typo of an existing key"}
+    damaged["inference"] = raw
+    with pytest.raises(DataFileError, match="decode_bandwidth_efficency"):
+        _data.validated("inference", InferenceData)
+
+
+def test_a_fact_needs_its_source(damaged: dict[str, object]) -> None:
+    raw = copy.deepcopy(_data.load("inference"))
+    raw["pcie_offload_bandwidth_gbps"] = {"value": 12.0, "source": ""}
+    damaged["inference"] = raw
+    with pytest.raises(PerfGuideError, match="pcie_offload_bandwidth_gbps.source"):
+        _data.validated("inference", InferenceData)
