@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from ._base import Model, build_strict
 from .errors import InvalidSetupError, did_you_mean
+from .optimizer_facts import names as optimizer_names
 
 Task = Literal["train", "infer"]
 WeightsDtype = Literal["fp32", "bf16", "fp16", "int8", "nf4"]
@@ -59,12 +60,8 @@ STRATEGIES: dict[str, StrategyFacts] = {
 }
 TRAIN_STRATEGIES: tuple[str, ...] = tuple(k for k, f in STRATEGIES.items() if f.train)
 
-#: Every TrainingArguments ``optim`` value perfguide can price (transformers 5.x names).
-OPTIMIZERS: tuple[str, ...] = (
-    "adamw_torch", "adamw_torch_fused", "adafactor", "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit",
-    "paged_adamw_32bit", "sgd", "lion_32bit", "lion_8bit", "paged_lion_32bit", "paged_lion_8bit",
-    "adagrad", "rmsprop", "ademamix", "ademamix_8bit", "adamw_torch_8bit", "adamw_torch_4bit",
-)
+#: Every TrainingArguments ``optim`` value perfguide can price (transformers 5.x names): the rows of data/optimizers.json.
+OPTIMIZERS: tuple[str, ...] = optimizer_names()
 
 
 class LoraSpec(Model):

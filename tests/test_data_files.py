@@ -57,3 +57,36 @@ def test_a_fact_needs_its_source(damaged: dict[str, object]) -> None:
     damaged["inference"] = raw
     with pytest.raises(PerfGuideError, match="pcie_offload_bandwidth_gbps.source"):
         _data.validated("inference", InferenceData)
+
+
+def test_optimizer_rows_are_transformers_names_and_cover_setup() -> None:
+    from transformers.training_args import OptimizerNames
+
+    from perfguide.optimizer_facts import rows
+    from perfguide.setup import OPTIMIZERS
+
+    accepted = {o.value for o in OptimizerNames}
+    assert set(rows()) <= accepted  # every priced name is one TrainingArguments(optim=...) accepts
+    assert OPTIMIZERS == tuple(rows())
+
+
+def test_optimizer_state_facts_agree_with_each_other() -> None:
+    """The streamed bytes the speed model uses and the states x bits the memory model uses are two rows of facts;
+    for a large matrix they must agree (Adafactor's factored state is the exception: it is not per element)."""
+    from perfguide.memory.optimizers import state_bytes_per_param
+    from perfguide.optimizer_facts import rows
+
+    for name, facts in rows().items():
+        assert facts.paged == name.startswith("paged_")
+        if facts.family == "adafactor":
+            assert state_bytes_per_param(name) < 0.01
+            continue
+        assert state_bytes_per_param(name) == pytest.approx(facts.streamed_state_bytes, rel=0.07), name
+        assert facts.streamed_state_bytes == pytest.approx(facts.states * facts.bits / 8, rel=0.07), name
+
+
+def test_unknown_optimizer_is_one_line() -> None:
+    from perfguide.optimizer_facts import row
+
+    with pytest.raises(PerfGuideError, match="unknown optimizer 'adamw_torh'.*adamw_torch"):
+        row("adamw_torh")

@@ -3,7 +3,8 @@
 States are counted per tensor shape because the rules differ by shape: bitsandbytes keeps tensors under
 4096 elements (and, under the Trainer, every nn.Embedding) in 32-bit; Adafactor factors the second moment
 of >=2-D tensors into row + column vectors; torch optimizers keep state in the parameter's dtype while
-bitsandbytes 32-bit optimizers always use fp32. Sources: shared/reference/rules.md sections 2.3, 3.8, 3.9.
+bitsandbytes 32-bit optimizers always use fp32. The per-optimizer facts (family, state tensors, bits) are the
+rows of data/optimizers.json (perfguide.optimizer_facts), each with its public source.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import InvalidSetupError, unknown_value
-from ..setup import OPTIMIZERS
+from ..optimizer_facts import row
 
 Kind = Literal["linear", "embedding", "other"]
 
@@ -49,19 +49,6 @@ class OptimizerCost:
     paged: bool = False
 
 
-# name -> (family, number of state tensors per element, bits)
-_TABLE: dict[str, tuple[str, int, int]] = {
-    "adamw_torch": ("torch", 2, 32), "adamw_torch_fused": ("torch", 2, 32),
-    "adagrad": ("torch", 1, 32), "rmsprop": ("torch", 1, 32), "sgd": ("torch", 0, 32),
-    "adafactor": ("adafactor", 1, 32),
-    "adamw_bnb_8bit": ("bnb", 2, 8), "adamw_8bit": ("bnb", 2, 8), "paged_adamw_8bit": ("bnb", 2, 8),
-    "paged_adamw_32bit": ("bnb", 2, 32), "lion_32bit": ("bnb", 1, 32), "paged_lion_32bit": ("bnb", 1, 32),
-    "lion_8bit": ("bnb", 1, 8), "paged_lion_8bit": ("bnb", 1, 8),
-    "ademamix": ("bnb", 3, 32), "ademamix_8bit": ("bnb", 3, 8),
-    "adamw_torch_8bit": ("torchao", 2, 8), "adamw_torch_4bit": ("torchao", 2, 4),
-}
-_FOREACH_SQRT = frozenset({"adamw_torch", "rmsprop", "adagrad"})
-assert set(_TABLE) == set(OPTIMIZERS), "every Setup optimizer must be priced"
 
 
 def _bnb_state_bytes(g: TensorGroup, states: int, bits: int) -> int:
@@ -94,9 +81,8 @@ def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int
     """State and step-temporary bytes for ``groups`` of trainable tensors whose dtype has ``param_bytes``."""
     if name is None:
         return OptimizerCost(0, 0)
-    if name not in _TABLE:
-        raise unknown_value("optimizer", name, OPTIMIZERS, InvalidSetupError)
-    family, states, bits = _TABLE[name]
+    facts = row(name)
+    family, states, bits = facts.family, facts.states, facts.bits
     largest = max((g.numel for g in groups), default=0)
     if family == "torch":
         total = sum(g.total for g in groups)
@@ -104,7 +90,7 @@ def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int
         # the default foreach step of AdamW / RMSprop / Adagrad builds a parameter-sized temporary (_foreach_sqrt
         # of the second moment) for the whole group (fake-tracing.md 3b: 20N peak for 7B); fused AdamW and
         # momentum-free SGD update in place.
-        temp = total * param_bytes if name in _FOREACH_SQRT else 0
+        temp = total * param_bytes if facts.foreach_temp else 0
         return OptimizerCost(state, temp)
     if family == "adafactor":
         state = sum(_adafactor_state_bytes(g, param_bytes) for g in groups)
@@ -112,7 +98,7 @@ def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int
         return OptimizerCost(state, largest * 4 * 2)
     if family == "bnb":
         state = sum(_bnb_state_bytes(g, states, bits) for g in groups)
-        return OptimizerCost(state, 0, paged=name.startswith("paged_"))
+        return OptimizerCost(state, 0, paged=facts.paged)
     state = sum(_torchao_state_bytes(g, states, bits, param_bytes) for g in groups)
     return OptimizerCost(state, largest * 4 * states)
 

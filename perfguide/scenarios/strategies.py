@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..model.types import ModelSpec
+from ..optimizer_facts import row as optimizer_row
 from ..setup import STRATEGIES, TRAIN_STRATEGIES, Setup
 from ..speed.model import trainable_params
 from ..techniques.cpu_offload import LAYOUTS as OFFLOAD_LAYOUTS
@@ -22,7 +23,6 @@ from .search import Priced, Rung, rank
 #: the speed model's communication terms are not more accurate than that, and FSDP2 is native torch, the
 #: Trainer's default FSDP version, and needs no extra package or JSON config.
 FSDP_TIE_TOLERANCE = 0.10
-ADAMW = ("adamw_torch", "adamw_torch_fused")
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,11 @@ def incompatible(t: Setup, lay: Layout, forced: str | None = None) -> str | None
     if t.weights_dtype in ("bf16", "fp16") and t.lora is None and lay.strategy not in ("ddp", "single"):
         return ("pure 16-bit training exists only under DDP: accelerate's FSDP2 upcasts trainable 16-bit params to fp32 under "
                 "mixed precision, and DeepSpeed always keeps fp32 master weights")
-    if t.optimizer not in ADAMW and t.optimizer is not None:
-        if lay.offload_optimizer or lay.offload_params:
+    facts = optimizer_row(t.optimizer) if t.optimizer is not None else None
+    if facts is not None:
+        if (lay.offload_optimizer or lay.offload_params) and not facts.offloadable:
             return f"an offloaded optimizer steps on the CPU (DeepSpeed CPU AdamW / torch AdamW); {t.optimizer} needs CUDA tensors"
-        if STRATEGIES[lay.strategy].fsdp:
+        if STRATEGIES[lay.strategy].fsdp and not facts.fsdp2:
             return f"{t.optimizer} is offered only where it sees plain tensors (DDP, DeepSpeed's flat partitions), not FSDP2's DTensor shards"
     return None
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import GPU
+from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .precision import Precision
 from .search import (
@@ -257,9 +258,12 @@ def rung_warnings(result: SearchResult, cons: Constraints) -> list[str]:
     if s.weights_dtype == "bf16" and s.lora is None:
         out.append("pure bf16 training: weights, grads and optimizer states in bf16 lose small updates; "
                    "watch the loss, or use a bigger GPU / LoRA to keep fp32 master weights")
-    if s.optimizer and "8bit" in s.optimizer:
+    facts = optimizer_row(s.optimizer) if s.optimizer else None
+    if facts is not None and facts.package == "bitsandbytes":
         out.append(f"optim={s.optimizer!r} needs bitsandbytes >= 0.46.1 on the training machine"
-                   + ("; training from scratch: use bnb.nn.StableEmbedding for the embeddings" if cons.from_scratch else ""))
+                   + ("; training from scratch: use bnb.nn.StableEmbedding for the embeddings" if cons.from_scratch and facts.bnb_8bit else ""))
+    elif facts is not None and facts.package is not None:
+        out.append(f"optim={s.optimizer!r} needs {facts.package} on the training machine")
     if s.optimizer == "adafactor":
         out.append("Adafactor may converge differently from AdamW; re-tune the learning rate")
     return out

@@ -17,6 +17,7 @@ from .._data import load
 from ..hardware.types import CPU, GPU, Hardware
 from ..memory.analytic import ledger
 from ..model.types import ModelSpec
+from ..optimizer_facts import row as optimizer_row
 from ..setup import Setup
 from . import techniques as tech
 from . import terms
@@ -139,11 +140,12 @@ def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     lora = setup.lora is not None
     weight = 4 if lora else _weights_bytes(setup)          # PEFT adapters are created in fp32
     grad = weight
-    state = _value("optimizer_state_bytes").get(setup.optimizer, 8)
-    if weight == 2 and not setup.optimizer.endswith(("8bit", "4bit")):
+    facts = optimizer_row(setup.optimizer)                 # data/optimizers.json
+    state = facts.streamed_state_bytes
+    if weight == 2 and not facts.low_bit:
         state /= 2                                         # 32-bit states follow the (bf16) parameter dtype
-    passes = _value("optimizer_passes").get(setup.optimizer, 1.0)
-    shards = setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1
+    passes = facts.passes
+    shards = setup.world_size if setup.shards_optimizer else 1
     per_param = passes * (2 * weight + grad + 2 * state) + grad
     return per_param * trainable_params(spec, setup) / shards
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..optimizer_facts import row
 from .base import EmitContext, Technique
 
 SOURCES = (
@@ -17,8 +18,6 @@ SOURCES = (
     "https://huggingface.co/docs/accelerate/usage_guides/fsdp",
 )
 _OFFLOAD = {"device": "cpu", "pin_memory": True}
-#: Optimizers DeepSpeed's own (CPU) AdamW replaces when the optimizer state is offloaded.
-DS_CPU_ADAMW_REPLACES = ("adamw_torch", "adamw_torch_fused", None)
 #: (strategy, offload_optimizer, offload_params) layouts of the ladder's "CPU offload" level, FSDP2 first.
 LAYOUTS: tuple[tuple[str, bool, bool], ...] = (("fsdp", True, True), ("zero2", True, False), ("zero3", True, False), ("zero3", True, True))
 
@@ -50,7 +49,7 @@ class CpuOffload(Technique):
         s = ctx.setup
         if not s.offload_optimizer:
             return {}
-        if s.optimizer in DS_CPU_ADAMW_REPLACES:
+        if s.optimizer is None or row(s.optimizer).offloadable:
             # an offloaded optimizer must step on the CPU: DeepSpeed's CPU AdamW does, torch's fused CUDA one cannot
             return {"optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}}
         # keep the plan's optimizer; DeepSpeed otherwise insists on its own CPU optimizer with offload

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..optimizer_facts import rows
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
 
 logger = logging.getLogger("perfguide.techniques")
@@ -58,7 +59,7 @@ class Optimizer(Technique):
 
 
 #: Optimizers whose state bnb keeps in 8 bits (Trainer registers embeddings for 32-bit state for these).
-BNB_8BIT_OPTIMIZERS = ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "lion_8bit", "paged_lion_8bit", "ademamix_8bit")
+BNB_8BIT_OPTIMIZERS = tuple(name for name, facts in rows().items() if facts.bnb_8bit)
 
 
 def register_bnb_embedding_overrides(model: Any) -> int:
