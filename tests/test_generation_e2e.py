@@ -14,8 +14,8 @@ transformers = pytest.importorskip("transformers")
 from perfguide.hardware.types import CPU, Hardware  # noqa: E402
 from perfguide.memory.inference import estimate_inference  # noqa: E402
 from perfguide.model.types import ModelSpec  # noqa: E402
+from perfguide.recommendation import Recommendation  # noqa: E402
 from perfguide.scenarios import planner  # noqa: E402
-from perfguide.scenarios.inference_rules import generation_kwargs, inference_model_kwargs  # noqa: E402
 from perfguide.scenarios.types import Constraints, Request  # noqa: E402
 
 BASE = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -42,19 +42,20 @@ def cache_bytes(cache: object) -> int:
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
 
 
-def plan_for(spec: ModelSpec, flags: tuple[str, ...] = ()) -> object:
+def plan_for(spec: ModelSpec, flags: tuple[str, ...] = ()) -> Recommendation:
     cpu = CPU(physical_cores=2, logical_cores=2, ram_total=8 * 2**30, ram_available=4 * 2**30, flags=flags)
     cons = Constraints(prompt_len=PROMPT, max_new_tokens=NEW, batch_size=BATCH)
-    return planner("infer_cpu")(Request(scenario="infer_cpu", model=spec, hardware=Hardware(cpu=cpu), seq_len=PROMPT,
-                                        global_batch_size=BATCH, constraints=cons))
+    request = Request(scenario="infer_cpu", model=spec, hardware=Hardware(cpu=cpu), seq_len=PROMPT,
+                      global_batch_size=BATCH, constraints=cons)
+    return Recommendation(request=request, **dict(planner("infer_cpu")(request)))
 
 
-def generate(config: object, plan: object) -> tuple[object, int]:
+def generate(config: object, plan: Recommendation) -> tuple[object, int]:
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, **inference_model_kwargs(plan)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, **plan.model_kwargs()).eval()
     ids = torch.randint(0, config.vocab_size, (BATCH, PROMPT))
     out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=NEW,
-                         return_dict_in_generate=True, **generation_kwargs(plan))
+                         return_dict_in_generate=True, **plan.generation_kwargs())
     assert out.sequences.shape == (BATCH, PROMPT + NEW)
     return model, cache_bytes(out.cache)
 
@@ -94,7 +95,7 @@ def test_static_cache_bytes_exact(kind: str, kv_heads: int) -> None:
     plan = plan_for(spec)
     static = plan.setup.replace(cache_implementation="static")
     plan = plan.model_copy(update={"setup": static, "memory": estimate_inference(spec, static, None)})
-    assert generation_kwargs(plan)["cache_implementation"] == "static"
+    assert plan.generation_kwargs()["cache_implementation"] == "static"
     _, measured = generate(config, plan)
     assert plan.memory.kv_cache == measured
 
@@ -102,6 +103,6 @@ def test_static_cache_bytes_exact(kind: str, kv_heads: int) -> None:
 def test_model_kwargs_follow_the_plan() -> None:
     config = tiny("llama", 2)
     plan = plan_for(spec_of(config), ("avx512_bf16",))
-    kwargs = inference_model_kwargs(plan)
+    kwargs = plan.model_kwargs()
     assert kwargs["dtype"] is torch.bfloat16 and kwargs["attn_implementation"] == "sdpa"
-    assert generation_kwargs(plan) == {"max_new_tokens": NEW}
+    assert plan.generation_kwargs() == {"max_new_tokens": NEW, "cache_implementation": "dynamic"}

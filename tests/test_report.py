@@ -6,8 +6,6 @@ the inputs (e.g. 12 GiB out of 80 GiB on a 24-cell bar is 3.6 cells), never read
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from perfguide import CPU, GPU, Alternative, Decision, Hardware, MemoryEstimate, ModelSpec, Recommendation, Setup, Throughput
@@ -158,7 +156,6 @@ def test_single_gpu_has_no_launch_section_but_multi_gpu_warns_about_dataparallel
     assert "global batch: 32 = 4 micro-batch x 1 accumulation x 8 process(es)" in many
 
 
-@pytest.mark.skipif(importlib.util.find_spec("perfguide.integrations.launch") is None, reason="launch adapter not built yet")
 def test_multi_gpu_report_shows_the_launch_command():
     many = make_recommendation(gpus=8).report("text")
     command = many.split("launch with:")[1].splitlines()[1]
@@ -233,8 +230,7 @@ def test_tensor_parallel_inference_has_no_dataparallel_warning():
     rec = make_recommendation(gpus=2, setup=setup, request=base.request.model_copy(update={"scenario": "infer_gpu_many"}))
     text = rec.report("text")
     assert "nn.DataParallel" not in text
-    if importlib.util.find_spec("perfguide.integrations.launch") is not None:
-        assert "launch with:" in text
+    assert "launch with:" in text
 
 
 def cpu_recommendation() -> Recommendation:

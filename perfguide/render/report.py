@@ -246,9 +246,7 @@ def is_multi_process(setup: Setup) -> bool:
 
 
 def _launch_command(rec: Recommendation) -> str | None:
-    """The launch adapter is optional (built separately); without it the report still renders."""
-    if importlib.util.find_spec("perfguide.integrations.launch") is None:
-        return None
+    """The command the report shows; a plan the launcher cannot start (one line why) shows none."""
     try:
         return rec.launch_command("train.py" if rec.setup.task == "train" else "generate.py")
     except PerfGuideError as exc:
