@@ -67,6 +67,23 @@ def speed_rows() -> list[tuple[str, str, float, float, str]]:
     return rows
 
 
+def layout_rows() -> list[str]:
+    """Published orderings, not numbers: Lambda's vLLM benchmark found data parallel beating tensor parallel
+    whenever the model fits one GPU; the plan's predicted throughput per layout should rank them the same way."""
+    import perfguide
+
+    lines = []
+    for model in ("meta-llama/Llama-3.1-8B", "mistralai/Mistral-7B-v0.1"):
+        r = perfguide.recommend(model, scenario="infer_gpu_many", hardware="h100-80gb:8", engine="vllm")
+        s = r.setup.serving
+        ranked = sorted((c for c in r.candidates if c.verdict in ("fits", "chosen") and c.setup.serving.weight_format == s.weight_format),
+                        key=lambda c: -c.throughput.tokens_per_s)
+        order = " > ".join(f"TP{c.setup.serving.tensor_parallel_size}x{c.setup.serving.data_parallel_size}" for c in ranked)
+        agrees = ranked[0].setup.serving.tensor_parallel_size == 1
+        lines.append(f"| {model}, 8x H100, {s.weight_format} | {order} | {'yes' if agrees else 'no'} |")
+    return lines
+
+
 def main() -> int:
     rows = kv_rows() + speed_rows()
     lines = ["# Serving engines: predicted vs published", "",
@@ -86,7 +103,12 @@ def main() -> int:
               "Notes: the KV rows are vLLM 0.6 logs (no CUDA-graph deduction then); the pinned vLLM 0.33 also subtracts",
               "its CUDA graph estimate, which perfguide adds for plans. The MLPerf row is a throughput-tuned submission",
               "(offline scenario, mean lengths), so the prediction uses the mean input/output and the largest batch the",
-              "predicted KV cache holds.", ""]
+              "predicted KV cache holds.", "",
+              "## Replicas vs tensor parallel (published ordering)", "",
+              "Lambda's vLLM benchmark (github.com/LambdaLabsML/vllm-benchmark, benchmark_v0.md): data parallelism outperforms",
+              "tensor parallelism when the model fits within the system. Predicted throughput order of the layouts priced:", "",
+              "| model, GPUs, format | predicted order (TP x replicas) | replicas first, as published |", "|---|---|---|",
+              *layout_rows(), ""]
     return publish("\n".join(lines), OUT)
 
 

@@ -178,6 +178,17 @@ def _choose(request: Request, engine: str, gpus: int) -> tuple[Priced | None, li
     return best, tried
 
 
+def _beaten(request: Request, chosen: Priced, tried: list[Priced]) -> str:
+    """The cheaper-in-quality format the chosen one displaced, with the speed-up that paid for it."""
+    formats = serving_facts().formats
+    cost = formats[chosen.serving.weight_format].quality_cost_pct
+    cheaper = [p for p in tried if p.speed is not None and formats[p.serving.weight_format].quality_cost_pct < cost]
+    if not cheaper:
+        return ""
+    best = max(cheaper, key=lambda p: _score(request, p))
+    return f" ({_gain(request, chosen, best):.1f}x the best of {best.serving.weight_format}, which fits at {_row(best)})"
+
+
 def _gain(request: Request, new: Priced, old: Priced) -> float:
     """How many times faster ``new`` is than ``old`` for the preference."""
     assert new.speed is not None and old.speed is not None
@@ -216,7 +227,8 @@ def _format_decision(request: Request, chosen: Priced, tried: list[Priced]) -> D
     why = ("named by the quantization constraint" if request.constraints.quantization else
            f"the fastest fitting format within {acceptable}% published quality cost"
            if facts.quality_cost_pct <= acceptable else
-           f"no format within {acceptable}% quality cost fits, or this one is at least {trade}x faster than the best that does")
+           f"no format within {acceptable}% quality cost fits, or this one is at least {trade}x faster than the best that does"
+           + _beaten(request, chosen, tried))
     assert chosen.speed is not None
     return Decision(setting="quantization", value=facts.vllm if chosen.serving.engine == "vllm" else facts.sglang,
                     number=facts.quality_cost_pct, unit="% quality cost", source=facts.source, alternatives=alts,
