@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
-from perfguide.memory.analytic import estimate_memory
+from perfguide.memory.analytic import training_memory as estimate_memory
 from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup

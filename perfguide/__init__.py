@@ -12,7 +12,17 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .api import estimate, estimate_speed, recommend
 from .decisions import Alternative, Decision
-from .errors import PerfGuideError
+from .errors import (
+    ConflictingConstraintsError,
+    DataFileError,
+    InvalidModelError,
+    InvalidSetupError,
+    OfflineError,
+    PerfGuideError,
+    UnknownHardwareError,
+    UnknownScenarioError,
+    WrongMachineError,
+)
 from .hardware import probe
 from .hardware.types import CPU, GPU, Hardware
 from .memory.types import MemoryEstimate
@@ -23,28 +33,66 @@ from .setup import LoraSpec, Setup
 from .speed.types import Throughput
 
 if TYPE_CHECKING:
+    from .measure.batch_finder import find_micro_batch, torch_try_step
+    from .measure.calibration import record
+    from .measure.callback import PerfGuideCallback
     from .measure.types import Verification
+
+#: public names whose modules pull in torch / transformers or the calibration store: imported on first use
+_LAZY = {
+    "PerfGuideCallback": "measure.callback",
+    "find_micro_batch": "measure.batch_finder",
+    "torch_try_step": "measure.batch_finder",
+    "record": "measure.calibration",
+    "catalog_names": "model.catalog",
+    "techniques": "techniques",
+    "Verification": "measure.types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        return module if name == _LAZY[name] else getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "CPU",
     "GPU",
     "SCENARIOS",
     "Alternative",
+    "ConflictingConstraintsError",
     "Constraints",
+    "DataFileError",
     "Decision",
     "Hardware",
+    "InvalidModelError",
+    "InvalidSetupError",
     "LoraSpec",
     "MemoryEstimate",
     "ModelSpec",
+    "OfflineError",
+    "PerfGuideCallback",
     "PerfGuideError",
     "Recommendation",
     "Setup",
     "Throughput",
+    "UnknownHardwareError",
+    "UnknownScenarioError",
+    "Verification",
+    "WrongMachineError",
     "__version__",
+    "catalog_names",
     "estimate",
     "estimate_speed",
+    "find_micro_batch",
     "probe",
     "recommend",
+    "record",
+    "techniques",
+    "torch_try_step",
     "verify",
 ]
 

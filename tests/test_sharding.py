@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_memory import TOTAL, tiny  # the same hand-counted tiny Llama
 
-from perfguide.memory.analytic import estimate_memory
+from perfguide.memory.analytic import training_memory as estimate_memory
 from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate, zero_paper_bytes
 from perfguide.setup import LoraSpec, Setup
 

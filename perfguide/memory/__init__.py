@@ -1,6 +1,6 @@
 """Memory cost model: analytic (fast, default) and traced (exact, on fake tensors).
 
-``estimate_memory`` is the entry every caller uses: the analytic model, scaled by calibration ``factors``
+``estimate_memory`` is the entry every caller uses (training and inference): the analytic model, scaled by calibration ``factors``
 when the caller passes them (the API reads them from this machine's store; the cost model never does).
 """
 
@@ -17,11 +17,19 @@ if TYPE_CHECKING:
     from ..setup import Setup
 
 
-def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, factors: Factors | None = None) -> MemoryEstimate:
-    from .analytic import estimate_memory as analytic
+def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, factors: Factors | None = None,
+                    headroom: float | None = None) -> MemoryEstimate:
+    """The one way into the memory model, for training and for inference (``setup.task``). ``headroom``: the
+    fraction of each device an offloaded inference plan keeps free when it splits weights (its fit check's)."""
     from .factors import apply_memory
 
-    return apply_memory(analytic(spec, setup, hardware), setup, factors)
+    if setup.task == "infer":
+        from .inference import OFFLOAD_HEADROOM, estimate_inference
+
+        return apply_memory(estimate_inference(spec, setup, hardware, OFFLOAD_HEADROOM if headroom is None else headroom), setup, factors)
+    from .analytic import training_memory
+
+    return apply_memory(training_memory(spec, setup, hardware), setup, factors)
 
 
 __all__ = ["Factors", "MemoryEstimate", "estimate_memory"]

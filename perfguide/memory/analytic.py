@@ -201,7 +201,7 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
     return max(i * o for _, i, o, _ in _linear_shapes(spec)) * 2
 
 
-def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
+def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
                     loss_bytes: int | None = None, bnb_version: str | None = None) -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
@@ -212,10 +212,8 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     quantized_matmul_keeps_inputs.
     """
     if setup.task == "infer":
-        try:
-            from .inference import estimate_inference
-        except ImportError:
-            raise NotImplementedError("inference memory (perfguide.memory.inference) is not available yet") from None
+        from .inference import estimate_inference
+
         return estimate_inference(spec, setup, hardware)
     if setup.strategy in ("device_map", "tp"):
         raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")

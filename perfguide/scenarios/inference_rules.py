@@ -13,10 +13,11 @@ from typing import Any
 
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
-from ..memory.inference import activation_bytes_per_element, cached_tokens, estimate_inference, inference_data, kv_cache_bytes
+from ..memory import estimate_memory
+from ..memory.inference import activation_bytes_per_element, cached_tokens, inference_data, kv_cache_bytes
 from ..memory.types import MemoryEstimate
 from ..setup import Setup
-from ..speed.inference import estimate_inference_speed
+from ..speed import estimate_speed
 from ..speed.types import Throughput
 from . import search
 from .search import usable_bytes
@@ -41,7 +42,7 @@ def fits(mem: MemoryEstimate, request: Request) -> bool:
 def price(request: Request, setup: Setup) -> tuple[MemoryEstimate, Throughput]:
     spec, hw = request.model, request.hardware
     room = request.constraints.headroom  # offloaded plans split GPU/CPU by the same headroom the fit check keeps
-    return estimate_inference(spec, setup, hw, room), estimate_inference_speed(spec, setup, hw, room)
+    return estimate_memory(spec, setup, hw, headroom=room), estimate_speed(spec, setup, hw, headroom=room)
 
 
 def candidate(request: Request, setup: Setup, why: str = "") -> Candidate:
@@ -132,8 +133,8 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
 def largest_batch(request: Request, setup: Setup, limit: int = 4096) -> int:
     """Largest micro_batch_size that fits (memory grows monotonically with it); 0 if even 1 does not."""
     def ok(b: int) -> bool:
-        return fits(estimate_inference(request.model, setup.replace(micro_batch_size=b), request.hardware,
-                                       request.constraints.headroom), request)
+        return fits(estimate_memory(request.model, setup.replace(micro_batch_size=b), request.hardware,
+                                    headroom=request.constraints.headroom), request)
     if not ok(1):
         return 0
     lo, hi = 1, 2
@@ -223,7 +224,7 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
         return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE, alternatives=(
             Alternative(value="static + torch.compile", why_not=why),))
     fast = setup.replace(cache_implementation="static", torch_compile=True)
-    after = estimate_inference_speed(request.model, fast, request.hardware, request.constraints.headroom)
+    after = estimate_speed(request.model, fast, request.hardware, headroom=request.constraints.headroom)
     gain = speed.time_per_output_token_ms / after.time_per_output_token_ms
     return fast, Decision(setting="cache_implementation", value="static", number=round(gain, 2), unit="x faster per token",
                           reason=f"latency preferred and decode is {speed.bound} bound: a static cache lets torch.compile "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import techniques
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import GPU
@@ -33,7 +34,8 @@ from .types import Constraints, Plan, Request
 
 Suggest = Callable[[Request, SearchResult, dict[str, SearchResult], str], tuple[str, ...]]
 
-_LADDER_SOURCE = "rules.md 4.1 (fit ladder), 3.2 (fill the GPU, accumulate second), 3.3, 3.8, 3.17; anchors.md 13"
+_GUIDE = "https://huggingface.co/docs/transformers/perf_train_gpu_one"
+_LADDER_SOURCE = f"{_GUIDE} (batch size first, then gradient accumulation; checkpointing, optimizer and precision trade memory)"
 
 
 def check_optimizer(name: str | None) -> None:
@@ -61,7 +63,9 @@ def attention(cons: Constraints, prec: Precision, gpu: GPU | None) -> tuple[str,
     alts = () if cons.attn_implementation else (
         Alternative(value="flash_attention_2", why_not="needs the flash-attn package on the target; pays off for long sequences with packed batches"),
         Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory"))
-    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source="rules.md 3.13", alternatives=alts)
+    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source="https://huggingface.co/docs/transformers/attention_interface; "
+                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
+                          alternatives=alts)
 
 
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,
@@ -119,7 +123,7 @@ def ladder_decisions(request: Request, result: SearchResult, chosen: Priced, mod
         _micro_decision(request, result, chosen),
         Decision(setting="gradient_accumulation_steps", value=s.gradient_accumulation_steps,
                  reason=f"keeps the global batch fixed: {s.micro_batch_size} x {s.gradient_accumulation_steps} x {s.world_size} device(s) "
-                        f"= {s.global_batch_size}", number=s.global_batch_size, unit="samples", source="rules.md 3.2"),
+                        f"= {s.global_batch_size}", number=s.global_batch_size, unit="samples", source=f"{_GUIDE}#gradient-accumulation"),
         _weights_decision(result, chosen),
         _optimizer_decision(request, result, chosen),
         _checkpointing_decision(request, result, chosen),
@@ -171,7 +175,7 @@ def _weights_decision(result: SearchResult, chosen: Priced) -> Decision:
     alts = () if s.weights_dtype != "fp32" or s.lora else (
         Alternative(value="bf16", why_not="pure bf16 saves memory but its optimizer update is lossy; only used when fp32 masters do not fit"),)
     return Decision(setting="weights_dtype", value=s.weights_dtype, reason=reason, number=static, unit="bytes",
-                    source="rules.md 2.1, 2.2, 0.8 (load with dtype=torch.float32 for AMP)", alternatives=alts)
+                    source=techniques.get("mixed_precision").source, alternatives=alts)
 
 
 def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) -> Decision:
@@ -196,7 +200,7 @@ def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) 
     else:
         reason = f"{s.optimizer} is the fastest optimizer whose states fit"
     return Decision(setting="optim", value=s.optimizer, reason=reason, number=chosen.memory.optimizer_states, unit="bytes",
-                    source="rules.md 3.8, 3.9, 2.3", alternatives=tuple(others.values()))
+                    source=techniques.get("optimizer").source, alternatives=tuple(others.values()))
 
 
 def _layout(s: Setup) -> tuple[str, bool, bool]:
@@ -224,7 +228,7 @@ def _checkpointing_decision(request: Request, result: SearchResult, chosen: Pric
     else:
         reason = "activations fit without it, so no forward is recomputed"
     return Decision(setting="activation_checkpointing", value=s.gradient_checkpointing, reason=reason, number=chosen.memory.activations,
-                    unit="bytes", source="rules.md 3.3 (TrainingArguments(activation_checkpointing=True))", alternatives=tuple(alts))
+                    unit="bytes", source=techniques.get("gradient_checkpointing").source, alternatives=tuple(alts))
 
 
 def _finetune_decision(request: Request, chosen: Priced, mode: str, adapters: dict[str, SearchResult]) -> Decision:
@@ -243,7 +247,7 @@ def _finetune_decision(request: Request, chosen: Priced, mode: str, adapters: di
         lora = chosen.setup.lora
         reason += f" (r={lora.r}, alpha={lora.alpha}, targets={lora.target_modules})" if lora else ""
     return Decision(setting="finetune", value=mode, reason=reason, number=chosen.memory.device_total, unit="bytes",
-                    source="rules.md 3.17", alternatives=tuple(alts))
+                    source=techniques.get("lora").source, alternatives=tuple(alts))
 
 
 def _fits(p: Priced, request: Request) -> bool:

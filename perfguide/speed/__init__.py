@@ -25,7 +25,14 @@ def apply_speed(tp: Throughput, setup: Setup, factors: Factors | None) -> Throug
                                  "achievable_tflops": tp.achievable_tflops / k, "mfu": tp.mfu / k})
 
 
-def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Throughput:
+def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None,
+                   headroom: float | None = None) -> Throughput:
+    """The one way into the speed model, for training and for inference (``setup.task``); ``headroom`` as in
+    perfguide.memory.estimate_memory (an offloaded inference plan's GPU/CPU split)."""
+    if setup.task == "infer":
+        from .inference import estimate_inference_speed
+
+        return apply_speed(estimate_inference_speed(spec, setup, hardware, headroom), setup, factors)
     from .model import estimate_speed as model
 
     return apply_speed(model(spec, setup, hardware), setup, factors)

@@ -341,7 +341,7 @@ def _technique_transfers(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu:
     """(seconds per micro-step, per step) over PCIe: offloaded activations, evicted paged optimizer state."""
     if not (setup.activation_offloading or (setup.optimizer or "").startswith("paged_")):
         return 0.0, 0.0
-    from ..memory.analytic import estimate_memory
+    from ..memory.analytic import training_memory as estimate_memory
 
     mem = estimate_memory(spec, setup, hardware)
     pcie = pcie_gbps(gpu) * 1e9
