@@ -100,7 +100,7 @@ def activations_data() -> ActivationsData:
     return validated("activations", ActivationsData)
 
 
-def regime(setup: Setup) -> str:
+def regime(setup: Setup) -> RegimeName:
     """Which coefficient set applies: what dtype the saved tensors are in follows weights x autocast."""
     if setup.weights_dtype == "fp32":
         return "amp" if setup.autocast else "fp32"

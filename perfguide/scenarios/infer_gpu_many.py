@@ -47,7 +47,9 @@ def layouts(request: Request, base: Setup, gpus: int) -> list[Setup]:
 
 def score(request: Request, c: Candidate) -> float:
     if request.constraints.prefer == "latency":
-        return -c.throughput.time_per_output_token_ms
+        ms = c.throughput.time_per_output_token_ms
+        assert ms is not None, "inference estimates always carry time per output token"
+        return -ms
     return c.throughput.tokens_per_s
 
 

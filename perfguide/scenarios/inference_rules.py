@@ -225,7 +225,9 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
             Alternative(value="static + torch.compile", why_not=why),))
     fast = setup.replace(cache_implementation="static", torch_compile=True)
     after = estimate_speed(request.model, fast, request.hardware, headroom=request.constraints.headroom)
-    gain = speed.time_per_output_token_ms / after.time_per_output_token_ms
+    before_ms, after_ms = speed.time_per_output_token_ms, after.time_per_output_token_ms
+    assert before_ms is not None and after_ms is not None, "inference estimates always carry time per output token"
+    gain = before_ms / after_ms
     return fast, Decision(setting="cache_implementation", value="static", number=round(gain, 2), unit="x faster per token",
                           reason=f"latency preferred and decode is {speed.bound} bound: a static cache lets torch.compile "
                                  "(mode='reduce-overhead') replay CUDA graphs; pad prompts to a few lengths to avoid recompiles",
@@ -263,7 +265,7 @@ def max_memory_map(request: Request, setup: Setup, mem: MemoryEstimate) -> dict[
     """Per-GPU weight budgets for device_map='auto': capacity less headroom, context, KV cache and transients."""
     hw = request.hardware
     keep = mem.peak_allocated - mem.weights  # cache + transients + logits stay on every GPU
-    per_gpu = {g.index: f"{max(0, int(g.memory_total * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
+    per_gpu: dict[Any, str] = {g.index: f"{max(0, int(g.memory_total * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
                for g in hw.gpus[: setup.num_gpus]}
     per_gpu["cpu"] = f"{int(hw.cpu.ram_available * (1 - request.constraints.headroom)) // 2**20}MiB"
     return per_gpu

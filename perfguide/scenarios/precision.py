@@ -64,7 +64,7 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     _check_forced_gpu(spec, gpu, forced)
     if forced:
         autocast = None if forced == "fp32" else forced
-        reason, warns = f"precision={forced!r} was requested", []
+        reason, warns = f"precision={forced!r} was requested", list[str]()
     else:
         autocast, reason, warns = _auto_gpu_dtype(spec, gpu)
     alternatives = _mp_alternatives(spec, gpu, autocast)
@@ -115,7 +115,7 @@ def cpu_precision(cpu: CPU, forced: str | None) -> Precision:
         autocast, reason = "bf16", f"{cpu.model_name} has native bf16 ({'AMX' if cpu.amx else 'AVX512-BF16'}): bf16 autocast is faster and halves activation bytes"
     else:
         autocast, reason = None, f"{cpu.model_name} has no AVX512-BF16/AMX: bf16 would be emulated (slower than fp32)"
-    alts = (Alternative(value="fp16", why_not="a silent no-op on CPU in transformers 5.x / accelerate 1.x (stays fp32)"),)
+    alts: tuple[Alternative, ...] = (Alternative(value="fp16", why_not="a silent no-op on CPU in transformers 5.x / accelerate 1.x (stays fp32)"),)
     if autocast is None:
         alts += (Alternative(value="bf16", why_not="emulated without AVX512-BF16/AMX"),)
     mixed = Decision(setting="mixed_precision", value=autocast or "no", reason=reason,

@@ -179,7 +179,7 @@ def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batc
 
 def least_memory(result: SearchResult) -> Priced:
     """What to show when nothing fits: the evaluated setup closest to fitting."""
-    pool = [o.best or o.too_big for _, o in result.options if (o.best or o.too_big) is not None]
+    pool = [p for _, o in result.options if (p := o.best or o.too_big) is not None]
     return min(pool, key=lambda p: (p.memory.device_total, p.setup.label))
 
 

@@ -99,7 +99,7 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
     """Every layout of the full ladder priced for the chosen semantics (micro-batch searched for each)."""
     cons = request.constraints
     choices = micro_batch_choices(batch, cons.micro_batch_size)
-    out = []
+    out: list[tuple[Layout, Level, Option | None, str | None]] = []
     for lv in levels(template.world_size, True):
         for lay in lv.layouts:
             why = incompatible(template, lay, cons.strategy)
@@ -122,7 +122,7 @@ def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
     decisions.append(launcher_decision(p.setup))
     seen = {c.setup for c in p.candidates}
     extra = tuple(_candidate(request, lay, opt, why) for lay, _, opt, why in compared
-                  if opt is not None and (opt.best or opt.too_big) is not None and (opt.best or opt.too_big).setup not in seen)
+                  if opt is not None and (shown := opt.best or opt.too_big) is not None and shown.setup not in seen)
     return p.model_copy(update={"decisions": tuple(decisions), "candidates": p.candidates + extra,
                                 "warnings": p.warnings + tuple(layout_warnings(request, chosen))})
 
@@ -130,6 +130,7 @@ def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
 def _candidate(request: Request, lay: Layout, opt: Option, why: str | None) -> Candidate:
     h = request.constraints.headroom
     shown = opt.best or opt.too_big
+    assert shown is not None, "only options with a priced setup become candidates (_add_layout filters)"
     if why is not None:
         verdict, text = "incompatible", why
     elif opt.best is not None:
@@ -310,7 +311,7 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
         name, p = big
         out.append(f"hardware='{name}:{per_node}" + (f"x{hw.nodes}'" if hw.nodes > 1 else "'") +
                    f" fits {layout_of(lean).name}: {gib(p.memory.device_total)} per GPU")
-    return tuple(out) or (f"{spec.name} does not fit on up to {MAX_NODES} nodes of {per_node} x {hw.smallest_gpu.name}; "
+    return tuple(out) or (f"{spec.name} does not fit on up to {MAX_NODES} nodes of {per_node} x {hw.smallest_gpu.name if hw.smallest_gpu else 'GPU'}; "
                           "try finetune='qlora' or bigger GPUs",)
 
 

@@ -36,6 +36,7 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     """Nothing fits here: price LoRA/QLoRA, the smallest bigger named GPU, and a sharded N-GPU run."""
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
     gpu = hw.smallest_gpu
+    assert gpu is not None, "train_gpu_one plans only for machines with a GPU (plan() checked)"
     out = []
     for kind, r in adapters.items():
         if r.chosen is not None:

@@ -183,7 +183,7 @@ def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) 
     others: dict[str, Alternative] = {}
     for rung, o in result.options:
         t = o.template
-        if t.optimizer == s.optimizer or t.optimizer in others or t.weights_dtype != s.weights_dtype or _layout(t) != _layout(s):
+        if t.optimizer is None or t.optimizer == s.optimizer or t.optimizer in others or t.weights_dtype != s.weights_dtype or _layout(t) != _layout(s):
             continue
         if o.best is None and o.too_big is not None:
             others[t.optimizer] = Alternative(value=t.optimizer, number=o.too_big.memory.device_total, unit="bytes",
