@@ -264,7 +264,7 @@ class _CurrentStderr(logging.StreamHandler):
     """Writes to whatever sys.stderr is now (tests and notebooks swap it), not the one seen at setup."""
 
     @property
-    def stream(self) -> Any:  # type: ignore[override]
+    def stream(self) -> Any:
         return sys.stderr
 
     @stream.setter

@@ -100,9 +100,9 @@ def select(
         order = cuda_order(gpus, pci_bus_order)
         chosen: list[Candidate] = []
         for ordinal in visible:
-            if ordinal >= len(order):  # type: ignore[operator]
+            if ordinal >= len(order):
                 return chosen, [f"CUDA_VISIBLE_DEVICES names GPU {ordinal} but only {len(order)} exist; ignoring it and later entries"]
-            chosen.extend(expand(order[ordinal]))  # type: ignore[index]
+            chosen.extend(expand(order[ordinal]))
         return chosen, []
     pool = list(migs) if str(visible[0]).startswith("MIG-") else list(gpus)
     return _by_uuid(pool, [str(v) for v in visible], expand)

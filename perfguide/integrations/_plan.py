@@ -77,7 +77,7 @@ def target_label(rec: Recommendation) -> str:
     gpu = hw.smallest_gpu
     count = f"{hw.gpu_count}x " if hw.gpu_count > 1 else ""
     nodes = f" on {hw.nodes} nodes" if hw.nodes > 1 else ""
-    return hw.name or f"{count}{gpu.name}{nodes}"
+    return hw.name or f"{count}{gpu.name if gpu else 'GPU'}{nodes}"
 
 
 def target_supports_tf32(rec: Recommendation) -> bool:

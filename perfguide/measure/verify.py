@@ -113,7 +113,7 @@ def verify(
     rows = s.micro_batch_size * s.gradient_accumulation_steps * steps
     data = dataset if dataset is not None else random_token_dataset(rec, rows)
     meter = PerfGuideCallback(rec, measure_after_steps=steps, threshold=tolerance)
-    callbacks = [meter] + ([_Fault(fault).callback] if fault else [])
+    callbacks: list[Any] = [meter] + ([_Fault(fault).callback] if fault else [])
     with tempfile.TemporaryDirectory(prefix="perfguide-verify-") as out:
         args = rec.training_args(output_dir=out, max_steps=steps, save_strategy="no", logging_strategy="no",
                                  report_to="none", disable_tqdm=True)

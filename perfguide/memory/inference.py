@@ -179,7 +179,9 @@ def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, re
     the same fraction its fit check keeps free); the rest goes to CPU RAM."""
     if not setup.offload_params or hardware is None or not hardware.has_gpu:
         return gpu_weights, 0
-    budget = capacity_bytes(hardware, setup) * (1 - headroom) - cuda_context_bytes(hardware)
+    capacity = capacity_bytes(hardware, setup)
+    assert capacity is not None, "a machine with a GPU has a capacity"
+    budget = capacity * (1 - headroom) - cuda_context_bytes(hardware)
     on_gpu = max(0, min(gpu_weights, int(budget / _reserved_ratio()) - rest))
     return on_gpu, gpu_weights - on_gpu
 

@@ -41,6 +41,7 @@ def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
     if setup.device == "cpu" or not hardware.has_gpu:
         return hardware.cpu.ram_available // max(1, setup.num_gpus)
     gpu = hardware.smallest_gpu
+    assert gpu is not None, "has_gpu was checked above"
     if hardware.source == "probe" and 0 < gpu.memory_free < gpu.memory_total:
         return gpu.memory_free
     return gpu.memory_total

@@ -149,10 +149,10 @@ def _rich_block(block: Block):  # noqa: ANN202 - returns a rich renderable; rich
         grid.add_column(no_wrap=True)
         grid.add_column(width=DEFAULT_WIDTH + 8)
         grid.add_column(justify="right", no_wrap=True)
-        for row in block.rows:
-            color = "red" if row.over else "green"
-            bar = Bar(size=1.0, begin=0.0, end=min(row.fraction, 1.0), width=DEFAULT_WIDTH + 8, color=color, bgcolor="grey23")
-            grid.add_row(Text(row.label), bar, Text(row.text, style="red" if row.over else ""))
+        for bar_row in block.rows:
+            color = "red" if bar_row.over else "green"
+            bar = Bar(size=1.0, begin=0.0, end=min(bar_row.fraction, 1.0), width=DEFAULT_WIDTH + 8, color=color, bgcolor="grey23")
+            grid.add_row(Text(bar_row.label), bar, Text(bar_row.text, style="red" if bar_row.over else ""))
         return grid
     text = Text()
     for level, item in block.items:

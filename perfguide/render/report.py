@@ -305,7 +305,7 @@ def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: 
                     speed: Throughput | None = None) -> str:
     """What ``perfguide estimate`` prints: the priced Setup, its memory and (given hardware) its speed; no decisions."""
     _check_rich(fmt)
-    sections = (_setup_section(setup, "Setup"), _memory_section(memory, setup.device))
+    sections: tuple[Section, ...] = (_setup_section(setup, "Setup"), _memory_section(memory, setup.device))
     if speed is not None:
         sections = (*sections, _throughput_section(speed))
     doc = Document(title=f"perfguide estimate: {model_name}", sections=sections)

@@ -40,6 +40,7 @@ class Device(NamedTuple):
 
 def _gpu_device(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Device:
     gpu = hardware.smallest_gpu
+    assert gpu is not None, "called only when the hardware has a GPU"
     bw = (gpu.memory_bandwidth_gbps or _facts().default_gpu_bandwidth_gbps.value) * 1e9
     dtype = setup.compute_dtype if setup.compute_dtype != "fp32" else ("tf32" if setup.tf32 and gpu.supports_tf32 else "fp32")
     if dtype == "bf16" and not gpu.supports_bf16:

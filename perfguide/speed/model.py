@@ -235,6 +235,7 @@ def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
 
 def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str) -> Throughput:
     gpu = hardware.smallest_gpu
+    assert gpu is not None, "estimate_speed routes GPU-less machines to the CPU model"
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
     if note:
         warnings.warn(note, stacklevel=3)

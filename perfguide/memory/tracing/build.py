@@ -119,6 +119,7 @@ def _add_lora(model: Any, setup: Setup) -> Any:
     from peft import LoraConfig, get_peft_model
 
     lora = setup.lora
+    assert lora is not None, "called only for LoRA setups"
     targets = lora.target_modules if lora.target_modules == "all-linear" else list(lora.target_modules)
     cfg = LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=targets, lora_dropout=0.0, task_type=None)
     return get_peft_model(model, cfg)
