@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,7 @@ from throughput_rows import Case
 from perfguide._data import load
 
 DATA = ROOT / "perfguide" / "data" / "efficiency.json"
+PRIOR_WEIGHT = float(os.environ.get("PERFGUIDE_FIT_PRIOR_WEIGHT", "0.05"))
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,12 @@ def loss(cases: Sequence[Case], predict: Callable[[Case], float]) -> float:
     return total / weight
 
 
+def penalty(values: dict[tuple[str, ...], float], free: Sequence[Param]) -> float:
+    """Log-normal prior on each free constant (a MAP fit): a constant few rows inform stays near its physical
+    prior instead of absorbing another term's error; many rows outweigh it."""
+    return PRIOR_WEIGHT * sum(math.log(values[p.key] / p.prior) ** 2 for p in free if p.prior > 0)
+
+
 def fit(cases: Sequence[Case], predict: Callable[[Case], float], sweeps: int = 4) -> dict[tuple[str, ...], float]:
     """Constants that minimise the loss on ``cases``; uninformed ones keep their prior."""
     free = [p for p in PARAMS if any(p.informed_by(c) for c in cases)]
@@ -144,7 +152,7 @@ def fit(cases: Sequence[Case], predict: Callable[[Case], float], sweeps: int = 4
 
     def score() -> float:
         with constants(values):
-            return loss(cases, predict)
+            return loss(cases, predict) + penalty(values, free)
 
     best = score()
     for _ in range(sweeps):

@@ -99,7 +99,9 @@ def test_tiny_micro_batches_are_less_efficient() -> None:
     times = [estimate_speed(gpt2(), amp(micro_batch_size=m, gradient_accumulation_steps=32 // m), machine()).step_time_s
              for m in (1, 2, 4, 8, 16, 32)]
     assert times == sorted(times, reverse=True)
-    assert times[0] > 1.1 * times[-1]
+    # the fixed per-micro-step part (weight streaming, launches) is a few % of a 1024-token GPT-2 step once the
+    # token-proportional elementwise traffic is priced (efficiency.json elementwise_passes)
+    assert times[0] > 1.05 * times[-1]
 
 
 def test_precision_orders_speed_on_ampere() -> None:

