@@ -47,13 +47,13 @@ def _positive(name: str, value: int | None, limit: int) -> None:
 
 
 def _generates(spec: ModelSpec) -> bool:
-    """Decoder LMs append new tokens to the prompt; encoders (BERT-style) only read it."""
-    return spec.is_encoder_decoder or (spec.architecture or "").endswith(("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"))
+    """Decoder LMs append new tokens to the prompt; encoders and task heads only read it (ModelSpec.generates)."""
+    return spec.generates
 
 
 def _default_seq_len(spec: ModelSpec, info: ScenarioInfo, new_tokens: int) -> int:
     """Training: up to 2048. Serving: a 1024-token prompt, shortened so prompt + new tokens stay within the positions."""
-    limit = spec.max_position_embeddings or DEFAULT_TRAIN_SEQ_LEN
+    limit = spec.usable_positions or DEFAULT_TRAIN_SEQ_LEN
     if info.training:
         return min(limit, DEFAULT_TRAIN_SEQ_LEN)
     room = limit - new_tokens if _generates(spec) and limit > new_tokens else limit
@@ -71,14 +71,17 @@ def _default_global_batch(info: ScenarioInfo, cons: Constraints, hw: Hardware) -
 
 def _check_context(spec: ModelSpec, info: ScenarioInfo, seq_len: int, cons: Constraints) -> list[str]:
     """Sequences past the model's position table fail (learned positions) or degrade (RoPE): refuse or warn."""
-    limit = spec.max_position_embeddings
+    limit = spec.usable_positions
     if not limit:
         return []
     train = info.training
     length, field = (seq_len, "seq_len") if train else (cons.prompt_len or seq_len, "prompt_len" if cons.prompt_len else "seq_len")
     if length > limit:
         raise ConflictingConstraintsError(
-            f"{field}={length} exceeds {spec.name}'s max_position_embeddings={limit}; use {field} <= {limit}, "
+            f"{field}={length} exceeds {spec.name}'s "
+            + (f"max_position_embeddings={limit}" if spec.max_position_embeddings == limit else
+               f"{limit} usable positions (max_position_embeddings={spec.max_position_embeddings}, "
+               f"{(spec.max_position_embeddings or limit) - limit} reserved for the padding offset)") + f"; use {field} <= {limit}, "
             "or a config with a longer context (rope_scaling / a larger max_position_embeddings)")
     if not train and _generates(spec) and length + cons.max_new_tokens > limit:
         return [f"prompt {length} + max_new_tokens {cons.max_new_tokens} = {length + cons.max_new_tokens} tokens exceeds "

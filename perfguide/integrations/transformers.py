@@ -169,8 +169,13 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
 
 
 def generation_kwargs(rec: Recommendation) -> dict[str, Any]:
-    """generate() kwargs: how many tokens the plan was sized for, and which KV cache."""
+    """generate() kwargs: how many tokens the plan was sized for, and which KV cache.
+
+    Empty for a model that does not generate (an encoder or a task head): it is served by one forward pass.
+    """
     s = rec.setup
+    if not rec.model.generates:
+        return {}
     return {
         "max_new_tokens": s.new_tokens or rec.request.constraints.max_new_tokens,
         "cache_implementation": s.cache_implementation,

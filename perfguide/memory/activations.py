@@ -133,7 +133,7 @@ def _dims(spec: ModelSpec) -> dict[str, int]:
     """Dimension values of one block; MoE blocks keep activations of the experts each token visits."""
     return {
         "h": spec.hidden_size,
-        "i": spec.intermediate_size * max(1, spec.num_experts_per_tok if spec.is_moe else 1),
+        "i": spec.active_intermediate_size,
         "q": spec.num_attention_heads * spec.head_dim,
         "kv": spec.num_key_value_heads * spec.head_dim,
         "1": 1,
@@ -245,6 +245,9 @@ def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
 
     HF's ForCausalLMLoss upcasts logits to fp32; at the start of backward the log-softmax output and two
     gradients of the same size coexist. Checkpointing does not touch them (they live outside the blocks).
+    The width is the head's (``ModelSpec.logits_width``: the vocabulary, or a classifier's labels), over every
+    position, or one per sequence for sequence classification; a bare model has no logits.
     """
     c = _coefs(spec, setup)
-    return int(setup.micro_batch_size * setup.seq_len * spec.vocab_size * c.logits_per_token_vocab)
+    positions = 1 if spec.logits_per_sequence else setup.seq_len
+    return int(setup.micro_batch_size * positions * spec.logits_width * c.logits_per_token_vocab)

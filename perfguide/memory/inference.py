@@ -77,40 +77,50 @@ def _expert_count(spec: ModelSpec, key: str) -> int:
 
 
 def _layer_windows(spec: ModelSpec) -> list[int | None]:
-    """Sliding window of each decoder layer (None = full attention), as transformers builds the cache."""
-    layers = spec.num_decoder_layers or spec.num_layers
-    types = (spec.config or {}).get("layer_types")
-    window = spec.sliding_window
-    if types and len(types) == layers:
-        return [window if t in ("sliding_attention", "chunked_attention") else None for t in types]
-    return [window] * layers
+    """Positions each decoder layer may keep (None = all, 0 = stores nothing), as transformers builds the cache:
+    sliding layers their window, Llama-4's chunked layers their chunk (cache_utils.get_layer_types_and_kwargs)."""
+    windows = {"sliding_attention": spec.sliding_window, "chunked_attention": spec.attention_chunk_size, "dummy": 0}
+    return [windows.get(kind) for kind in spec.cache_layer_types()]
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *, static: bool = False,
-                   kv_heads: int | None = None) -> int:
-    """K and V of every layer after ``tokens`` positions went through the model.
+                   kv_heads: int | None = None, cross_tokens: int = 0) -> int:
+    """What every layer's cache holds after ``tokens`` positions went through the (decoder) model.
 
     Sliding layers keep ``window - 1`` positions in the dynamic cache and ``min(tokens, window)`` in the static
-    one (transformers 5.24 DynamicSlidingWindowLayer / StaticSlidingWindowLayer). ``kv_heads`` overrides the
-    head count, e.g. the heads one tensor-parallel rank holds.
+    one (transformers 5.24 DynamicSlidingWindowLayer / StaticSlidingWindowLayer). Elements per position are
+    ``ModelSpec.kv_elements_per_token`` (K and V per KV head, or MLA's compressed latent). ``kv_heads``
+    overrides the head count, e.g. the heads one tensor-parallel rank holds. ``cross_tokens``: encoder positions
+    each decoder layer of an encoder-decoder caches for cross-attention (EncoderDecoderCache).
     """
-    heads = spec.num_key_value_heads if kv_heads is None else kv_heads
-    per_position = 2 * heads * spec.head_dim * dtype_bytes * batch
+    per_position = spec.kv_elements_per_token(kv_heads) * dtype_bytes * batch
     total = 0
     for window in _layer_windows(spec):
-        kept = tokens if window is None else min(tokens, window if static else window - 1)
-        total += per_position * kept
+        kept = tokens if window is None else 0 if window == 0 else min(tokens, window if static else window - 1)
+        total += per_position * (kept + cross_tokens)
     return total
 
 
-def cached_tokens(setup: Setup) -> int:
-    """Positions in the cache when ``generate`` returns: the prompt plus every new token but the last."""
+def cached_tokens(setup: Setup, spec: ModelSpec | None = None) -> int:
+    """Positions in the self-attention cache when ``generate`` returns: every fed token but the last sampled one.
+
+    Decoder-only: the prompt plus the new tokens. Encoder-decoder: the prompt goes to the encoder, the decoder
+    starts from one start token, so its cache holds ``new_tokens`` positions. Encoders keep no cache.
+    """
+    if spec is not None and not spec.generates:
+        return 0
+    if spec is not None and spec.is_encoder_decoder:
+        return max(setup.new_tokens, 1)
     return setup.seq_len + max(setup.new_tokens, 1) - 1
 
 
 def logits_bytes(spec: ModelSpec, setup: Setup, dtype_bytes: int) -> int:
-    """Last-position logits (``logits_to_keep=1``) plus the fp32 copy ``generate`` takes for the processors."""
-    return setup.micro_batch_size * spec.vocab_size * (dtype_bytes + FP32)
+    """Generation: last-position logits (``logits_to_keep=1``) plus the fp32 copy ``generate`` takes for the
+    processors. One forward pass of an encoder or task head: the head's output for every position it scores."""
+    if spec.generates:
+        return setup.micro_batch_size * spec.vocab_size * (dtype_bytes + FP32)
+    positions = 1 if spec.logits_per_sequence else setup.seq_len
+    return setup.micro_batch_size * positions * spec.logits_width * dtype_bytes
 
 
 def prefill_transient_bytes(spec: ModelSpec, setup: Setup, dtype_bytes: int, shards: int = 1) -> int:
@@ -129,7 +139,7 @@ def prefill_transient_bytes(spec: ModelSpec, setup: Setup, dtype_bytes: int, sha
     attention = q_and_out + repeated_kv
     if setup.attn_implementation == "eager":
         attention += b * heads * s * s * (dtype_bytes + FP32) + b * s * s * dtype_bytes
-    mlp_width = math.ceil(spec.intermediate_size * max(1, spec.num_experts_per_tok if spec.is_moe else 1) / shards)
+    mlp_width = math.ceil(spec.active_intermediate_size / shards)
     mlp = (3 if spec.gated_mlp else 2) * tokens * mlp_width * dtype_bytes
     return residual + max(attention, mlp)
 
@@ -192,19 +202,21 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
     weights = weight_bytes(spec, setup.weights_dtype)
-    b, tokens = setup.micro_batch_size, cached_tokens(setup)
-    notes: list[str] = []
+    b, tokens = setup.micro_batch_size, cached_tokens(setup, spec)
+    prompt_tokens = min(tokens, 1 if spec.is_encoder_decoder else setup.seq_len)
+    cross = setup.seq_len if spec.is_encoder_decoder else 0
+    notes: list[str] = [] if spec.generates else ["one forward pass: an encoder / task head keeps no KV cache"]
     shards = 1
     if setup.strategy == "tp" and setup.num_gpus > 1:
         shards = setup.num_gpus
         kv_heads = max(1, spec.num_key_value_heads // shards)
-        kv_full = kv_cache_bytes(spec, b, tokens, act, static=static, kv_heads=kv_heads)
-        kv_prompt = kv_cache_bytes(spec, b, setup.seq_len, act, static=static, kv_heads=kv_heads)
+        kv_full = kv_cache_bytes(spec, b, tokens, act, static=static, kv_heads=kv_heads, cross_tokens=cross)
+        kv_prompt = kv_cache_bytes(spec, b, prompt_tokens, act, static=static, kv_heads=kv_heads, cross_tokens=cross)
         weights = _tp_weights(spec, setup, weights, shards)
         notes.append(f"tensor parallel over {shards} GPUs: per-rank weights, heads and KV cache")
     else:
-        kv_full = kv_cache_bytes(spec, b, tokens, act, static=static)
-        kv_prompt = kv_cache_bytes(spec, b, setup.seq_len, act, static=static)
+        kv_full = kv_cache_bytes(spec, b, tokens, act, static=static, cross_tokens=cross)
+        kv_prompt = kv_cache_bytes(spec, b, prompt_tokens, act, static=static, cross_tokens=cross)
         if setup.strategy == "device_map" and setup.num_gpus > 1:
             weights, kv_full_share, n_layers = _device_map_share(spec, setup, weights, kv_full)
             kv_prompt = kv_prompt * n_layers // max(1, spec.num_decoder_layers or spec.num_layers)

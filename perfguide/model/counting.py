@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import fields
+from . import fields, shape
 from .fields import need, optional
 from .types import Linears, ModelSpec, linear_weight_count
 
@@ -40,6 +40,13 @@ class Counted:
     def total(self) -> int:
         layers = sum((linear_weight_count(lin, self.experts) + extra) * n for lin, extra, n in self.blocks)
         return self.embedding + self.lm_head + self.other + layers
+
+    @property
+    def expert_params(self) -> int:
+        """Routed-expert weights (``experts.*`` Linears, each counted once per expert) over all blocks."""
+        if self.experts <= 1:
+            return 0
+        return sum((linear_weight_count(lin, self.experts) - linear_weight_count(lin, 0)) * n for lin, _, n in self.blocks)
 
 
 def _lm_head(config: dict[str, Any], head: str, vocab: int, hidden: int, tied_default: bool) -> int:
@@ -159,10 +166,9 @@ def build_spec(config: dict[str, Any], counted: Counted, name: str, source: str,
     """Assemble the ModelSpec from a counter's result plus what every config says the same way."""
     model_type = str(config.get("model_type", "unknown"))
     blocks = counted.blocks
+    layers = counted.dims.get("num_decoder_layers") or counted.dims["num_layers"]
     dims = {"max_position_embeddings": config.get("max_position_embeddings"),
-            # Qwen2 configs name a window but switch it off with use_sliding_window=false
-            "sliding_window": config.get("sliding_window") if config.get("use_sliding_window", True) else None,
-            **counted.dims}
+            **shape.read_all(config, model_type, layers), "expert_params": counted.expert_params, **counted.dims}
     values: dict[str, Any] = dict(
         name=name, model_type=model_type, architecture=fields.architecture(config), family=fields.family(model_type),
         tie_word_embeddings=counted.lm_head == 0 and counted.head != "base", total_params=counted.total, embedding_params=counted.embedding,

@@ -9,7 +9,7 @@ from typing import Any
 
 from .._data import load
 from ..errors import InvalidModelError
-from .types import Dtype
+from .types import Dtype, Head
 
 _DTYPES: dict[str, Dtype] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16",
                              "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -44,21 +44,37 @@ def architecture(config: dict[str, Any]) -> str | None:
     return str(archs[0]) if archs else None
 
 
-def head_kind(config: dict[str, Any]) -> str:
-    """Which head the counters must include: from ``architectures[0]``, else the LM head.
+_TASK_HEADS: tuple[tuple[str, Head], ...] = (
+    ("ForSequenceClassification", "sequence_classification"), ("ForTokenClassification", "token_classification"),
+    ("ForQuestionAnswering", "question_answering"), ("ForPreTraining", "pretraining"),
+)
 
-    Returns ``"lm"`` (CausalLM / LMHeadModel / MaskedLM / ConditionalGeneration), ``"base"`` (the bare
-    ``...Model``), ``"pretraining"`` (BERT's MLM + NSP) or ``"other"`` (classification heads and the rest,
-    which are counted by instantiating the class on the meta device).
+
+def head_kind(config: dict[str, Any]) -> Head:
+    """Which head sits on the blocks, from ``architectures[0]``; no architecture means the LM head.
+
+    ``"lm"`` (CausalLM / LMHeadModel / MaskedLM / ConditionalGeneration), the three task heads, ``"base"`` (the
+    bare ``...Model``), ``"pretraining"`` (BERT's MLM + NSP) or ``"other"``. The analytic counters know ``lm`` and
+    ``base`` (BERT also ``pretraining``); every other head is counted by building its class on the meta device.
     """
     arch = architecture(config)
     if arch is None or arch.endswith(_LM_SUFFIXES):
         return "lm"
-    if arch.endswith("ForPreTraining"):
-        return "pretraining"
+    for suffix, head in _TASK_HEADS:
+        if arch.endswith(suffix):
+            return head
     if arch.endswith("Model") and not any(t in arch for t in ("For", "Head", "Encoder", "Decoder")):
         return "base"  # not T5EncoderModel / GPT2DoubleHeadsModel, whose trees differ
     return "other"
+
+
+def num_labels(config: dict[str, Any]) -> int | None:
+    """Classifier width: ``num_labels`` if given, else the size of ``id2label`` (transformers' own rule), else None."""
+    value = config.get("num_labels")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    labels = config.get("id2label")
+    return len(labels) if isinstance(labels, dict) and labels else None
 
 
 def native_dtype(config: dict[str, Any]) -> Dtype:

@@ -11,7 +11,7 @@ import io
 from typing import Any
 
 from ..errors import InvalidModelError
-from . import fields
+from . import fields, shape
 from .counting import analytic_count, build_spec
 from .types import Linears, ModelSpec
 
@@ -40,12 +40,42 @@ def count_parameters(module: Any) -> tuple[int, int]:
     return total, trainable
 
 
-def _blocks(module: Any) -> Any | None:
-    """The ModuleList holding the most parameters: the transformer blocks in every HF architecture."""
+def _block_lists(module: Any) -> list[tuple[str, Any]]:
+    """(path, ModuleList) of every non-empty ModuleList, largest (by parameters) first."""
     import torch
 
-    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+    lists = [(n, m) for n, m in module.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    return sorted(lists, key=lambda nm: -sum(p.numel() for p in nm[1].parameters()))
+
+
+def _blocks(module: Any) -> Any | None:
+    """The ModuleList holding the most parameters: the transformer blocks in every HF architecture."""
+    lists = _block_lists(module)
+    return lists[0][1] if lists else None
+
+
+def _stacks(module: Any) -> tuple[Any, Any] | None:
+    """(encoder blocks, decoder blocks) of an encoder-decoder (BART, Whisper, T5...), by the lists' paths."""
+    lists = _block_lists(module)
+    enc = next((m for n, m in lists if "encoder" in n.split(".")), None)
+    dec = next((m for n, m in lists if "decoder" in n.split(".")), None)
+    return (enc, dec) if enc is not None and dec is not None and enc is not dec else None
+
+
+def _experts(module: Any) -> tuple[int, int]:
+    """(routed-expert parameters, blocks that hold them): parameters under a module named ``experts``.
+
+    transformers 5 keeps each MoE layer's routed experts in one ``experts`` module (fused 3-D tensors or a list);
+    shared experts are named ``shared_expert(s)`` and count as always active.
+    """
+    total, layers = 0, set()
+    for name, p in module.named_parameters():
+        parts = name.split(".")
+        if "experts" in parts:
+            total += p.numel()
+            at = parts.index("experts")
+            layers.add(".".join(parts[: at - 1]))
+    return total, len(layers)
 
 
 def _linears(block: Any) -> Linears:
@@ -75,9 +105,12 @@ def _find_heads(block: Any) -> int | None:
     return None
 
 
-def _inferred_dims(module: Any, config: dict[str, Any]) -> tuple[dict[str, Any], Linears, int]:
-    """Shape from config aliases, else from the module tree; (dims, block linears, embedding params)."""
-    blocks = _blocks(module)
+def _inferred_dims(module: Any, full_config: dict[str, Any]) -> tuple[dict[str, Any], Linears, int]:
+    """Shape from config aliases (the language model's own config in a multimodal wrapper), else from the module
+    tree; (dims, block linears, embedding params). Encoder-decoders count both stacks."""
+    config = shape.decoder_config(full_config)
+    stacks = _stacks(module) if full_config.get("is_encoder_decoder") else None
+    blocks = stacks[0] if stacks else _blocks(module)
     embeddings = _embeddings(module, blocks)
     if blocks is None or not embeddings:
         raise InvalidModelError(f"cannot infer the shape of {type(module).__name__}: it has no "
@@ -93,10 +126,17 @@ def _inferred_dims(module: Any, config: dict[str, Any]) -> tuple[dict[str, Any],
                                 f"{'/'.join(_HEAD_ATTRS)} attribute or config key; pass its transformers config.")
     h, heads = dims["hidden_size"], dims["num_attention_heads"]
     wider = [o for i, o in linears.values() if i == h and o > h]
-    dims |= dict(num_key_value_heads=config.get("num_key_value_heads") or heads,
-                 head_dim=config.get("head_dim") or h // heads,
-                 intermediate_size=config.get("intermediate_size") or (min(wider) if wider else 4 * h),
+    mla = isinstance(config.get("kv_lora_rank"), int)
+    head_dim = (config["qk_nope_head_dim"] + config["qk_rope_head_dim"]) if mla else (config.get("head_dim") or h // heads)
+    dims |= dict(num_key_value_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim,
+                 intermediate_size=config.get("intermediate_size") or config.get("ffn_dim") or config.get("encoder_ffn_dim")
+                 or (min(wider) if wider else 4 * h),
                  gated_mlp=sum(1 for k in linears if "gate" in k or "wi_0" in k) > 0)
+    if stacks:
+        dims |= dict(is_encoder_decoder=True, num_layers=len(stacks[0]), num_decoder_layers=len(stacks[1]),
+                     decoder_block_linears=_linears(stacks[1][0]))
+    else:
+        linears = _linears(blocks[-1])  # the last block: an MoE layer where the first ones are dense
     return dims, linears, sum(e.weight.numel() for e in embeddings)
 
 
@@ -127,24 +167,62 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
     config = _config_dict(module)
     name = name or str(config.get("_name_or_path") or type(module).__name__)
     base = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module  # PEFT wrapper
-    exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__)
+    exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__,
+                 **shape.head_fields({**config, "architectures": [type(base).__name__]}))
     counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
     if counted is not None:
         return build_spec(config, counted, name, source, **exact, **_output_head(module))
     dims, linears, embedding = _inferred_dims(module, config)
     model_type = str(config.get("model_type", "unknown"))
+    decoder = shape.decoder_config(config)
+    layers = dims.get("num_decoder_layers") or dims["num_layers"]
+    read = {k: v for k, v in shape.read_all(config, model_type, layers).items() if k not in exact}
+    expert_params, moe_layers = _experts(module)
+    if expert_params and read.get("num_experts", 1) > 1:
+        read |= {"expert_params": expert_params, "num_moe_layers": moe_layers}
     return ModelSpec(name=name, model_type=model_type, family=fields.family(model_type), **dims, **exact,
-                     embedding_params=embedding, block_linears=linears, **_output_head(module),
-                     max_position_embeddings=config.get("max_position_embeddings"),
+                     embedding_params=embedding, block_linears=linears, **_output_head(module), **read,
+                     max_position_embeddings=decoder.get("max_position_embeddings") or config.get("max_position_embeddings"),
                      native_dtype=fields.native_dtype(config) if config else "fp32", source=source,
                      config=config or None)
 
 
+#: keys that set a parameter count or a cached tensor's shape: a config class's default for one of them is a
+#: 7B-or-671B guess, never a fact about the user's model
+SHAPE_KEYS = ("hidden_size", "d_model", "n_embd", "num_hidden_layers", "n_layer", "num_layers", "encoder_layers",
+              "decoder_layers", "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads",
+              "decoder_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size", "ffn_dim",
+              "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "d_kv", "vocab_size", *shape.EXPERT_KEYS, *shape.TOPK_KEYS,
+              "moe_intermediate_size", "shared_expert_intermediate_size", *shape.SHARED_KEYS, "first_k_dense_replace",
+              *shape.MLA_KEYS)
+
+
+def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
+    """Shape keys the config class would fill from its defaults because ``config`` lacks them (nested text configs too)."""
+    parts: list[tuple[str, dict[str, Any], Any]] = [("", config, config_class)]
+    text_class = (getattr(config_class, "sub_configs", None) or {}).get("text_config")
+    if text_class is not None and hasattr(text_class, "model_type"):
+        text = config.get("text_config")
+        parts.append(("text_config.", text if isinstance(text, dict) else {}, text_class))
+    return [prefix + key for prefix, part, cls in parts for key in SHAPE_KEYS
+            if key not in part and isinstance(getattr(cls, key, None), int)]  # a property (Falcon's head_dim) is derived
+
+
 def _hf_config(config: dict[str, Any]) -> Any:
-    """A transformers config object for ``config``, built from transformers' own classes only."""
+    """A transformers config object for ``config``, built from transformers' own classes only.
+
+    A key that sets the model's shape and is missing is refused with the full list: transformers would fill it
+    from its config class (DeepSeek-V3's 671B defaults for ``{"model_type": "deepseek_v3"}``).
+    """
     import transformers
 
     model_type = str(config.get("model_type"))
+    # the lazy mapping's .get() answers None for every key; indexing loads the class
+    config_class = transformers.CONFIG_MAPPING[model_type] if model_type in transformers.CONFIG_MAPPING else None
+    missing = missing_shape_keys(config, config_class) if config_class is not None else []
+    if missing:
+        raise InvalidModelError(f"config for model_type {model_type!r} is missing required keys {', '.join(map(repr, missing))}; "
+                                "give them (the values in the checkpoint's config.json), or pass a hub id or local path.")
     try:
         return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
     except (ValueError, KeyError, TypeError) as exc:

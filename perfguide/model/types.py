@@ -10,6 +10,10 @@ from .._base import Model
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 Linears = dict[str, tuple[int, int]]
+#: what sits on top of the blocks, from ``architectures[0]``: it decides the logits width and whether the model generates
+Head = Literal["lm", "sequence_classification", "token_classification", "question_answering", "base", "pretraining", "other"]
+#: cache layer kinds as transformers names them in ``config.layer_types``
+LayerType = Literal["full_attention", "sliding_attention", "chunked_attention", "dummy"]
 
 
 def linear_weight_count(linears: Linears, experts: int = 1) -> int:
@@ -17,6 +21,13 @@ def linear_weight_count(linears: Linears, experts: int = 1) -> int:
     dense = sum(i * o for k, (i, o) in linears.items() if not k.startswith("experts."))
     expert = sum(i * o for k, (i, o) in linears.items() if k.startswith("experts."))
     return dense + expert * experts
+
+
+#: encoder-only model types: they never generate, whatever their head
+_ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "deberta", "deberta-v2", "distilbert", "electra",
+                       "albert", "modernbert", "mpnet", "xlm", "ernie"})
+#: rows of the position table held back for the padding offset (RoBERTa family: padding_idx 1 -> 2 rows)
+_POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2, "data2vec-text": 2}
 
 
 class ModelSpec(Model):
@@ -43,11 +54,28 @@ class ModelSpec(Model):
     max_position_embeddings: int | None = None
     tie_word_embeddings: bool = False
     gated_mlp: bool = True                 # SwiGLU/GeGLU (3 matrices) vs classic 2-matrix MLP
-    num_experts: int = 1                   # MoE experts per layer (1 = dense)
+    num_experts: int = 1                   # routed MoE experts per MoE layer (1 = dense)
     num_experts_per_tok: int = 1
+    num_shared_experts: int = Field(default=0, ge=0)  # always-on experts beside the routed ones (DeepSeek, Qwen2-MoE)
+    moe_intermediate_size: int | None = None  # one routed expert's width (None: intermediate_size)
+    shared_expert_intermediate_size: int | None = None  # total width of the shared expert(s) (None: shared x expert width)
+    num_moe_layers: int | None = Field(default=None, ge=0)  # layers with routed experts (None: all, when MoE)
+    expert_params: int = Field(default=0, ge=0)  # routed-expert weights over the whole model (exact count)
+    # multi-head latent attention (DeepSeek-V2/V3 and kin); None when the model has plain attention
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    head: Head = "lm"
+    num_labels: int | None = Field(default=None, gt=0)  # classification / QA heads: logits per position
     is_encoder_decoder: bool = False
     num_decoder_layers: int = 0            # encoder-decoder only; num_layers counts the encoder then
     sliding_window: int | None = None
+    attention_chunk_size: int | None = None  # Llama-4 chunked attention: the window of its chunked layers
+    layer_types: tuple[LayerType, ...] | None = None  # per (decoder) layer; None = every layer full, or all sliding if a window is set
+    attn_logit_softcapping: float | None = None  # Gemma-2: soft-capped scores, which SDPA cannot do
+    supports_sdpa: bool = True             # False: the model class refuses attn_implementation="sdpa" (eager / flash only)
     # exact counts
     total_params: int = Field(gt=0)
     embedding_params: int = Field(ge=0)    # input (and position) embeddings
@@ -62,6 +90,70 @@ class ModelSpec(Model):
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def active_intermediate_size(self) -> int:
+        """MLP width one token passes through: k routed experts plus the shared ones (the dense width otherwise)."""
+        if not self.is_moe:
+            return self.intermediate_size
+        expert = self.moe_intermediate_size or self.intermediate_size
+        shared = self.shared_expert_intermediate_size or expert * self.num_shared_experts
+        return expert * self.num_experts_per_tok + shared
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    @property
+    def generates(self) -> bool:
+        """Decoder LMs and encoder-decoders append tokens; encoders and task heads answer in one forward pass."""
+        if self.head in ("sequence_classification", "token_classification", "question_answering", "pretraining"):
+            return False
+        if self.is_encoder_decoder:
+            return True
+        return self.head == "lm" and not (self.architecture or "").endswith("ForMaskedLM") and self.model_type not in _ENCODERS
+
+    @property
+    def logits_width(self) -> int:
+        """Columns of the head's output per position: the vocabulary for LM heads, the labels for task heads."""
+        if self.head in ("sequence_classification", "token_classification"):
+            return self.num_labels or 2
+        if self.head == "question_answering":
+            return 2  # start and end logits
+        return 0 if self.head == "base" else self.vocab_size
+
+    @property
+    def logits_per_sequence(self) -> bool:
+        """Sequence classification scores one position per sequence (the pooled / last token), not every one."""
+        return self.head == "sequence_classification"
+
+    @property
+    def usable_positions(self) -> int | None:
+        """Positions a sequence may really use: RoBERTa-style tables reserve ``padding_idx + 1`` rows (514 -> 512)."""
+        limit = self.max_position_embeddings
+        if limit is None:
+            return None
+        return limit - _POSITION_OFFSET.get(self.model_type, 0)
+
+    def cache_layer_types(self) -> tuple[LayerType, ...]:
+        """What each (decoder) layer stores in transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs)."""
+        layers = self.num_decoder_layers or self.num_layers
+        if self.layer_types is not None and len(self.layer_types) == layers:
+            return self.layer_types
+        kind: LayerType = ("sliding_attention" if self.sliding_window is not None else
+                           "chunked_attention" if self.attention_chunk_size is not None else "full_attention")
+        return (kind,) * layers
+
+    def kv_elements_per_token(self, kv_heads: int | None = None) -> int:
+        """Cached elements per token in one attention layer, as transformers stores them.
+
+        Plain attention keeps K and V per KV head; MLA keeps the compressed latent (``kv_lora_rank``) and the
+        shared rope key (``qk_rope_head_dim``) as two one-head tensors (modeling_deepseek_v3.py: "Cache read /
+        write is performed while latent KV is still compressed"), so tensor parallelism does not split it.
+        """
+        if self.is_mla:
+            return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0)
+        return 2 * (self.num_key_value_heads if kv_heads is None else kv_heads) * self.head_dim
 
     @property
     def total_layers(self) -> int:
@@ -80,7 +172,10 @@ class ModelSpec(Model):
 
     @property
     def active_params(self) -> int:
-        """Parameters touched per token (less than total for MoE); drives FLOPs."""
+        """Parameters touched per token (less than total for MoE): routed experts count k of E; drives FLOPs."""
+        if self.expert_params and self.num_experts > 1:
+            idle = self.expert_params * (self.num_experts - min(self.num_experts_per_tok, self.num_experts)) // self.num_experts
+            return self.total_params - idle
         return self.total_params - (self._linear_params(self.num_experts) - self._linear_params(self.num_experts_per_tok))
 
     @classmethod

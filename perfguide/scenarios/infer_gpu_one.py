@@ -13,7 +13,7 @@ from .types import Candidate, Plan, Request
 def base_setup(request: Request, dtype: str, attn: str, device: str = "cuda") -> Setup:
     c = request.constraints
     return Setup(task="infer", device=device, micro_batch_size=c.batch_size or 1, seq_len=R.prompt_len(request),
-                 new_tokens=c.max_new_tokens, weights_dtype=dtype, attn_implementation=attn, num_gpus=1)
+                 new_tokens=c.max_new_tokens if request.model.generates else 0, weights_dtype=dtype, attn_implementation=attn, num_gpus=1)
 
 
 def tune(request: Request, chosen: Candidate, on_gpu: bool) -> tuple[Candidate, list[Decision]]:

@@ -114,6 +114,10 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
         where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
         raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
                                           f"AMD MI200/MI300) and 16-bit weights, but the plan runs on {where} in {dtype}; use 'sdpa'")
+    spec = request.model
+    if forced == "sdpa" and not spec.supports_sdpa:
+        raise ConflictingConstraintsError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class "
+                                          "(soft-capped or sink attention); use 'eager' or 'flash_attention_2'")
     if forced:
         return Decision(setting="attn_implementation", value=forced, reason="given as a constraint")
     ok = fa_card and flash_attn_available() and dtype in ("bf16", "fp16", "int8", "nf4")
@@ -123,6 +127,12 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
                         alternatives=(Alternative(value="sdpa", why_not="slower at long prompts; fine otherwise"),))
     why = ("flash-attn is not installed" if on_gpu and not flash_attn_available() else
            "flash-attn does not support this GPU" if on_gpu and not fa_card else "needs a CUDA GPU" if not on_gpu else "needs 16-bit weights")
+    if not spec.supports_sdpa:
+        return Decision(setting="attn_implementation", value="eager", source="https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
+                        "(_supports_sdpa = False: sdpa does not support softcapping)",
+                        reason=f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager",
+                        alternatives=(Alternative(value="flash_attention_2", why_not=why),
+                                      Alternative(value="sdpa", why_not="refused by this model class")))
     return Decision(setting="attn_implementation", value="sdpa", source="rules.md 3.13",
                     reason="PyTorch SDPA (the transformers default) never materialises the s*s attention scores",
                     alternatives=(Alternative(value="flash_attention_2", why_not=why),
@@ -149,12 +159,23 @@ def largest_batch(request: Request, setup: Setup, limit: int = 4096) -> int:
 
 def kv_decision(request: Request, setup: Setup, max_batch: int) -> Decision:
     spec = request.model
-    tokens = cached_tokens(setup)
-    one = kv_cache_bytes(spec, 1, tokens, activation_bytes_per_element(setup), static=setup.cache_implementation == "static")
-    gqa = f"{spec.num_key_value_heads} KV heads for {spec.num_attention_heads} query heads"
+    tokens = cached_tokens(setup, spec)
+    cross = setup.seq_len if spec.is_encoder_decoder else 0
+    one = kv_cache_bytes(spec, 1, tokens, activation_bytes_per_element(setup), static=setup.cache_implementation == "static",
+                         cross_tokens=cross)
+    if not spec.generates:
+        what = "no KV cache (one forward pass)"
+    elif spec.is_mla:
+        what = (f"KV cache = {spec.num_decoder_layers or spec.num_layers} layers x (latent {spec.kv_lora_rank} + rope key "
+                f"{spec.qk_rope_head_dim}) x {tokens} tokens per sequence (MLA, compressed as transformers caches it)")
+    else:
+        gqa = f"{spec.num_key_value_heads} KV heads for {spec.num_attention_heads} query heads"
+        kinds = spec.cache_layer_types()
+        slide = sum(k != "full_attention" for k in kinds)
+        windowed = f" ({slide} of {len(kinds)} layers keep only their window)" if slide else ""
+        what = f"KV cache = 2 x {len(kinds)} layers x {gqa} x {spec.head_dim} x {tokens} tokens per sequence{windowed}"
     return Decision(setting="max_batch_size", value=max_batch, number=float(one), unit="bytes KV cache per sequence",
-                    reason=f"KV cache = 2 x {spec.num_layers} layers x {gqa} x {spec.head_dim} x {tokens} tokens per sequence; "
-                           f"{max_batch} concurrent sequences fit beside the weights",
+                    reason=f"{what}; {max_batch} concurrent sequences fit beside the weights",
                     source="rules.md 2.4 / 3.30")
 
 

@@ -81,7 +81,7 @@ def plan(request: Request) -> Plan:
     check_forced(cons.strategy, world, finetune_mode(cons))
     batch = per_rank_batch(request.global_batch_size, world)
     prec = gpu_precision(spec, gpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, gpu)
+    impl, attn_dec = attention(cons, prec, gpu, request.model)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
     base = Setup(task="train", device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,

@@ -13,6 +13,7 @@ from .. import techniques
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import GPU
+from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .precision import Precision
@@ -48,9 +49,14 @@ def finetune_mode(cons: Constraints) -> str:
     return cons.finetune or ("lora" if cons.lora is not None else "full")
 
 
-def attention(cons: Constraints, prec: Precision, gpu: GPU | None) -> tuple[str, Decision]:
-    """SDPA by default (flash/mem-efficient kernels without extra packages); FA2 only when asked and possible."""
-    impl = cons.attn_implementation or "sdpa"
+def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSpec | None = None) -> tuple[str, Decision]:
+    """SDPA by default (flash/mem-efficient kernels without extra packages); FA2 only when asked and possible.
+    Models whose class refuses SDPA (Gemma-2's soft-capped scores, GPT-OSS's sinks) get eager attention."""
+    sdpa_ok = spec is None or spec.supports_sdpa
+    impl = cons.attn_implementation or ("sdpa" if sdpa_ok else "eager")
+    if impl == "sdpa" and not sdpa_ok:
+        raise ConflictingConstraintsError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class "  # type: ignore[union-attr]
+                                          "(soft-capped or sink attention); use 'eager' or 'flash_attention_2'")
     if impl == "flash_attention_2":
         if gpu is None or not gpu.supports_flash_attention:
             where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "no GPU"
@@ -59,13 +65,18 @@ def attention(cons: Constraints, prec: Precision, gpu: GPU | None) -> tuple[str,
         if prec.autocast is None:
             raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs fp16/bf16 compute, but the plan trains in fp32; use 'sdpa'")
     reason = (f"attn_implementation={impl!r} was requested" if cons.attn_implementation else
-              "SDPA is the default and picks a flash / memory-efficient kernel: no s x s score matrix, no extra package")
+              "SDPA is the default and picks a flash / memory-efficient kernel: no s x s score matrix, no extra package" if sdpa_ok else
+              f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager, "  # type: ignore[union-attr]
+              "which materialises the s x s scores")
     alts = () if cons.attn_implementation else (
         Alternative(value="flash_attention_2", why_not="needs the flash-attn package on the target; pays off for long sequences with packed batches"),
-        Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory"))
-    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source="https://huggingface.co/docs/transformers/attention_interface; "
-                          "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html",
-                          alternatives=alts)
+        Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory") if sdpa_ok else
+        Alternative(value="sdpa", why_not="refused by this model class in transformers 5.24 (_supports_sdpa = False)"))
+    source = ("https://huggingface.co/docs/transformers/attention_interface; "
+              "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html" if sdpa_ok else
+              "https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
+              "(_supports_sdpa = False: sdpa does not support softcapping)")
+    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source=source, alternatives=alts)
 
 
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,

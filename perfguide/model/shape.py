@@ -1,0 +1,132 @@
+"""Reading what a config says about experts, latent attention, the attention pattern and the head, for any family.
+
+transformers spells the same fact differently per family (``num_local_experts`` in Mixtral and GPT-OSS,
+``num_experts`` in Qwen-MoE and OLMoE, ``n_routed_experts`` in DeepSeek and GLM-MoE); the alias tables here are
+the one place perfguide knows those spellings. Everything is plain dict reading: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._data import load
+from . import fields
+from .types import LayerType
+
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
+TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
+SHARED_KEYS = ("n_shared_experts", "num_shared_experts")
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+_LAYER_TYPES: frozenset[str] = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
+#: every ``sliding_window_pattern``-th layer is global, the others slide (the config classes' __post_init__)
+_PATTERN_DEFAULTS = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
+
+
+def decoder_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's own config: ``text_config`` of a multimodal wrapper (Gemma-3, Llama-4), else itself."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) and text else config
+
+
+def _first_int(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _moe_layer_count(config: dict[str, Any], layers: int) -> int:
+    """Layers whose MLP is routed, by the family's rule (dense-first layers, sparse steps, interleaving)."""
+    first_dense = _first_int(config, ("first_k_dense_replace", "num_dense_layers")) or 0
+    step = _first_int(config, ("decoder_sparse_step", "interleave_moe_layer_step", "moe_layer_freq")) or 1
+    dense_only = set(config.get("mlp_only_layers") or ())
+    moe_layers = [i for i in range(layers) if i >= first_dense and i not in dense_only and (i + 1) % max(step, 1) == 0]
+    explicit = config.get("moe_layers")
+    if isinstance(explicit, list) and explicit:
+        return len(explicit)
+    return len(moe_layers)
+
+
+def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """ModelSpec MoE fields from the config; empty for a dense model."""
+    experts = _first_int(config, EXPERT_KEYS) or 1
+    if experts <= 1:
+        return {}
+    topk = _first_int(config, TOPK_KEYS) or 1
+    shared = _first_int(config, SHARED_KEYS)
+    shared_width = _first_int(config, ("shared_expert_intermediate_size",)) or None  # Qwen2-MoE: one wide shared expert
+    if shared is None:
+        shared = 1 if shared_width else 0
+    return {"num_experts": experts, "num_experts_per_tok": min(topk, experts), "num_shared_experts": shared,
+            "moe_intermediate_size": _first_int(config, ("moe_intermediate_size", "expert_intermediate_size")),
+            "shared_expert_intermediate_size": shared_width if shared else None,
+            "num_moe_layers": _moe_layer_count(config, layers)}
+
+
+def mla_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """Latent-attention ranks and head dims; empty unless the config has ``kv_lora_rank``."""
+    if not isinstance(config.get("kv_lora_rank"), int):
+        return {}
+    return {key: config.get(key) for key in MLA_KEYS}
+
+
+def _sliding_window(config: dict[str, Any]) -> int | None:
+    """Qwen2/Qwen3 name a window but switch it off with ``use_sliding_window: false``."""
+    window = config.get("sliding_window")
+    if config.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return None
+    return window
+
+
+def _derived_layer_types(config: dict[str, Any], model_type: str, layers: int, window: int | None) -> list[str] | None:
+    """What the family's config class computes when ``layer_types`` is absent (transformers 5.24 __post_init__)."""
+    if model_type in _PATTERN_DEFAULTS and window is not None:
+        pattern = _first_int(config, ("sliding_window_pattern",)) or _PATTERN_DEFAULTS[model_type]
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and window is not None:
+        first = _first_int(config, ("max_window_layers",)) or 28
+        return ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+    if model_type in ("llama4", "llama4_text"):
+        chunk = config.get("attention_chunk_size", 8192)
+        interval = _first_int(config, ("no_rope_layer_interval",)) or 4
+        rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        return ["chunked_attention" if r and chunk is not None else "full_attention" for r in rope]
+    if model_type == "smollm3":
+        interval = _first_int(config, ("no_rope_layer_interval",)) or 4
+        rope = config.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        slide = bool(config.get("use_sliding_window")) and window is not None
+        return ["sliding_attention" if slide and not r else "full_attention" for r in rope]
+    return None
+
+
+def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """Sliding window, Llama-4 chunk size, per-layer types and score soft-capping of the (decoder) config."""
+    window = _sliding_window(config)
+    chunk = config.get("attention_chunk_size") if model_type.startswith("llama4") else None
+    if model_type.startswith("llama4") and "attention_chunk_size" not in config:
+        chunk = 8192  # Llama4TextConfig's default
+    types = config.get("layer_types")
+    if not (isinstance(types, list) and len(types) == layers and set(types) <= _LAYER_TYPES):
+        types = _derived_layer_types(config, model_type, layers, window)
+    if types is not None and "sliding_attention" in types and window is None:
+        types = ["full_attention" if t == "sliding_attention" else t for t in types]
+    cap = config.get("attn_logit_softcapping")
+    layer_types: tuple[LayerType, ...] | None = tuple(types) if types else None  # type: ignore[arg-type]
+    softcap = float(cap) if isinstance(cap, (int, float)) and cap else None
+    sdpa = softcap is None and model_type not in load("architectures")["no_sdpa_model_types"]["value"]
+    return {"sliding_window": window, "attention_chunk_size": chunk if isinstance(chunk, int) else None,
+            "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa}
+
+
+def head_fields(config: dict[str, Any]) -> dict[str, Any]:
+    head = fields.head_kind(config)
+    labels = fields.num_labels(config) if head in ("sequence_classification", "token_classification") else None
+    return {"head": head, "num_labels": labels}
+
+
+def read_all(config: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """Every family-independent ModelSpec field this module reads, for ``layers`` decoder layers."""
+    text = decoder_config(config)
+    inner_type = str(text.get("model_type") or model_type)
+    return {**moe_fields(text, layers), **mla_fields(text), **attention_fields(text, inner_type, layers), **head_fields(config)}
