@@ -55,8 +55,9 @@ def weight_bytes_read(spec: ModelSpec, serving: ServingSetup, batch: int) -> int
     """Bytes of weights one rank streams per decode step (cold experts are skipped)."""
     total = format_weight_bytes(spec, serving.weight_format)
     if spec.is_moe:
-        expert = linear_weight_count({k: v for k, v in spec.block_linears.items() if k.startswith("experts.")}, spec.num_experts)
-        expert_bytes = total * expert * spec.total_layers / spec.total_params
+        expert = spec.expert_params or linear_weight_count(
+            {k: v for k, v in spec.block_linears.items() if k.startswith("experts.")}, spec.num_experts) * spec.total_layers
+        expert_bytes = total * expert / spec.total_params
         total = int(total - expert_bytes * (1.0 - routed_expert_fraction(spec, batch)))
     return total // (serving.tensor_parallel_size * serving.pipeline_parallel_size)
 
