@@ -207,12 +207,14 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     return Setup(**fields)  # type: ignore[arg-type]
 
 
-def _infer_setup(row: dict[str, str]) -> Setup:
+def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     if row["quantization"].startswith("GPTQ"):
         raise Skip("GPTQ weights are not expressible")
     text = row["seq_len"]
     nums = [int(x) for x in re.findall(r"\d+", text)]
-    if "short prompt" in text:
+    if spec is not None and not spec.generates and text.strip().isdigit():
+        seq, new = nums[0], 0  # an encoder is served by one forward pass over the stated length: nothing is generated
+    elif "short prompt" in text:
         seq, new = 8, nums[0]
     elif "generated" in text:
         seq, new = nums[0], nums[1]
@@ -316,7 +318,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         task = row["task"]
         if task.startswith("load"):
             raise Skip("load-only rows are not a training/inference step")
-        setup = _infer_setup(row) if task.startswith("infer") else _train_setup(row, spec)
+        setup = _infer_setup(row, spec) if task.startswith("infer") else _train_setup(row, spec)
         hw = _hardware(row["gpu_type"], setup.num_gpus)
         loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()

@@ -26,8 +26,18 @@ MAX_SEQ_LEN = 10_000_000
 MAX_GLOBAL_BATCH = 1_000_000
 
 
-def resolve_hardware(hardware: Hardware | str | None) -> Hardware:
-    """None probes this machine; a string is a named target ("a100-80gb:8"); a Hardware is used as is."""
+def resolve_hardware(hardware: Hardware | str | None, host_ram: int | float | str | None = None) -> Hardware:
+    """None probes this machine; a string is a named target ("a100-80gb:8", "dgx-h100"); a Hardware is used as is.
+    ``host_ram`` (GiB, or a size such as "1.5TB") replaces the machine's RAM: a named host is a guess."""
+    hw = _resolve_hardware(hardware)
+    if host_ram is None:
+        return hw
+    from .hardware.named import with_host_ram
+
+    return with_host_ram(hw, host_ram)
+
+
+def _resolve_hardware(hardware: Hardware | str | None) -> Hardware:
     if hardware is None:
         return Hardware.probe()
     if isinstance(hardware, Hardware):
@@ -97,6 +107,7 @@ def recommend(
     hardware: Hardware | str | None = None,
     seq_len: int | None = None,
     global_batch_size: int | None = None,
+    host_ram: int | float | str | None = None,
     **constraints: Any,
 ) -> Recommendation:
     """Pick the fastest setup that fits, and say why.
@@ -108,7 +119,7 @@ def recommend(
     _positive("global_batch_size", global_batch_size, MAX_GLOBAL_BATCH)
     cons = _constraints(constraints)
     spec = ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code)
-    hw = resolve_hardware(hardware)
+    hw = resolve_hardware(hardware, host_ram)
     if info.device == "cuda" and not hw.has_gpu:
         cpu = registry.find(info.task, "cpu", False)
         instead = f"use scenario={cpu.name!r}, or " if cpu else ""
@@ -157,11 +168,12 @@ def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
                                 f"use num_gpus <= {hw.gpu_count}, or hardware='NAME:{setup.num_gpus}'")
 
 
-def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None = None, method: str = "analytic") -> MemoryEstimate:
+def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None = None, method: str = "analytic",
+             host_ram: int | float | str | None = None) -> MemoryEstimate:
     """Price one Setup the user wrote. ``hardware=None`` gives bytes with ``fits`` judged on no device."""
     s = Setup.parse(setup)
     spec = ModelSpec.from_any(model)
-    hw = resolve_hardware(hardware) if hardware is not None else None
+    hw = resolve_hardware(hardware, host_ram) if hardware is not None else None
     if hw is not None:
         _check_setup_fits_machine(s, hw)
     if method == "analytic":

@@ -121,7 +121,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     from .api import recommend
 
     constraints = {name: getattr(args, name) for name in CONSTRAINT_FLAGS if getattr(args, name) is not None}
-    rec = recommend(args.model, args.scenario, hardware=_hardware(args.hardware),
+    rec = recommend(args.model, args.scenario, hardware=_hardware(args.hardware), host_ram=args.host_ram,
                     seq_len=args.seq_len, global_batch_size=args.global_batch_size, **constraints)
     if args.plot:
         with progress("drawing the memory plot"):
@@ -148,6 +148,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     setup = Setup.parse(setup_from_args(args))
     hardware = _hardware(args.hardware)
+    if hardware is not None and args.host_ram is not None:
+        from .api import resolve_hardware
+
+        hardware = resolve_hardware(hardware, args.host_ram)
     busy = progress(f"tracing {args.model} on fake tensors") if args.method == "trace" else nullcontext()
     with busy:
         memory = estimate(args.model, setup, hardware=hardware, method=args.method)
@@ -196,7 +200,8 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
     p = _subparser(subs, "recommend", cmd_recommend, "Pick the fastest setup that fits, and say why.", RECOMMEND_EXAMPLES, [common])
     p.add_argument("model", help="catalog name (llama-3-8b), size (7b), local config path or hub id")
     p.add_argument("--scenario", default="train_gpu_one", metavar="NAME", help=f"one of {', '.join(SCENARIOS)} (default train_gpu_one)")
-    p.add_argument("--hardware", metavar="NAME[:N]", help="plan for a named target, e.g. a100-80gb:8 (default: probe this machine)")
+    p.add_argument("--hardware", metavar="NAME[:N]", help="plan for a named target, e.g. a100-80gb:8 or dgx-h100 (default: probe this machine)")
+    p.add_argument("--host-ram", metavar="SIZE", help="the target's host RAM, e.g. 2TB or 768GiB (default: what the named node ships with)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample (default: min(2048, model limit) for training)")
     p.add_argument("--global-batch-size", type=int, metavar="N", help="samples per optimizer step, kept fixed (default 32)")
     p.add_argument("--nodes", type=int, metavar="N", help="identical machines (default 1)")
@@ -226,6 +231,7 @@ def _add_estimate(subs: Any, common: argparse.ArgumentParser) -> None:
     p = _subparser(subs, "estimate", cmd_estimate, "Price one setup you wrote: memory per device.", ESTIMATE_EXAMPLES, [common])
     p.add_argument("model", help="catalog name (llama-3-8b), size (7b), local config path or hub id")
     p.add_argument("--hardware", metavar="NAME[:N]", help=f"judge the fit on a named target, or '{PROBE_WORD}' for this machine (default: none)")
+    p.add_argument("--host-ram", metavar="SIZE", help="the target's host RAM, e.g. 2TB or 768GiB (default: what the named node ships with)")
     p.add_argument("--method", default="analytic", metavar="M", help="analytic (fast, default) or trace (exact, fake tensors)")
     p.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON")
     p.add_argument("--markdown", action="store_true", help="print the estimate as Markdown")

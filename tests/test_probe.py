@@ -57,6 +57,7 @@ class Board:
     free_mib: int | None = None
     nvlinks: int | None = None  # active links; None: NVLink not supported
     migs: list[Board] | None = None  # MIG mode on with these instances
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, MiB) of other processes on the board
     fail: set[str] = field(default_factory=set)  # NVML calls that raise for this board
 
 
@@ -104,6 +105,9 @@ class FakeNVML:
 
     def nvmlDeviceGetCudaComputeCapability(self, h: Board) -> tuple[int, int]:
         return self._check(h, "cc").cc
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Board) -> list[SimpleNamespace]:
+        return [SimpleNamespace(pid=pid, usedGpuMemory=mib * MIB) for pid, mib in h.processes]
 
     def nvmlDeviceGetAttributes(self, h: Board) -> SimpleNamespace:
         if h.sms is None:
@@ -394,3 +398,24 @@ def test_nvlink_errors_mean_pcie_and_one_gpu_means_none(fake, monkeypatch: pytes
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     hw = quiet_probe()
     assert hw.interconnect == "none" and hw.intra_node_bandwidth_gbps is None and hw.gpu_count == 1
+
+
+# --- GPUs other processes already use ----------------------------------------------------------
+
+@pytest.mark.parametrize("free_mib", [0, 1024])
+def test_a_busy_gpu_is_planned_on_what_is_free_and_says_who_holds_the_rest(fake, free_mib: int) -> None:
+    used = 81920 - free_mib
+    fake([a100(0, free_mib=free_mib, processes=[(4242, used - 512), (777, 512)])])
+    hw = quiet_probe()
+    (note,) = [w for w in hw.warnings if "in use" in w]
+    assert "pid 4242" in note and "pid 777" in note and f"{used / 1024:.1f} GiB of 80.0 GiB" in note
+    assert ("nothing fits" in note) == (free_mib == 0)
+    from perfguide.memory.overhead import capacity_bytes
+    from perfguide.setup import Setup
+
+    # free memory reading 0 is a full GPU, not an empty one
+    assert capacity_bytes(hw, Setup()) == free_mib * MIB
+    rec = perfguide.recommend("gpt2", "train_gpu_one", hardware=hw)
+    assert rec.memory.capacity == free_mib * MIB
+    if free_mib == 0:
+        assert not rec.fits

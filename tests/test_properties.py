@@ -203,8 +203,9 @@ def test_any_machine_plans_for_its_smallest_gpu(hw: Hardware, scenario: str, mod
         assert rec.setup.global_batch_size == (gbs or rec.setup.global_batch_size)
     if rec.setup.device == "cuda":
         small = hw.smallest_gpu
-        expected = small.memory_free if hw.source == "probe" and 0 < small.memory_free < small.memory_total else small.memory_total
-        assert rec.memory.capacity == expected  # every rank must fit the smallest (or busiest-smallest) card
+        # every rank must fit the smallest card, and on a probed machine the one with the least free memory (0 free: full)
+        expected = min(small.memory_total, *(g.memory_free for g in hw.gpus)) if hw.source == "probe" else small.memory_total
+        assert rec.memory.capacity == expected
         if rec.fits:
             assert rec.memory.device_total <= expected * (1 - rec.request.constraints.headroom) + 1
         assert rec.setup.autocast != "bf16" or small.compute_capability >= (8, 0)

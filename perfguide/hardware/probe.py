@@ -25,6 +25,8 @@ from .types import CPU, GPU, Hardware, Interconnect
 from .visible import Candidate, parse_visible_devices, select
 
 log = logging.getLogger("perfguide.hardware")
+#: NVML 'used' on an idle board stays below this (driver reserve); more means other processes hold memory
+BUSY_BYTES = 512 * 2**20
 
 
 class ProbeWarning(UserWarning):
@@ -155,6 +157,7 @@ def _enumerate(
     if not usable and not dropped:
         degraded.append("NVML reported no usable GPU; planning CPU-only")
     gpus = tuple(_to_gpu(d, ordinal, wholes) for ordinal, d in enumerate(usable))
+    notes.extend(n for n in (_busy_note(nvml, d, ordinal) for ordinal, d in enumerate(usable)) if n)
     link = _interconnect(nvml, usable)
     return gpus, link, _link_bandwidth(usable, link)
 
@@ -240,6 +243,21 @@ def _fill(nvml: ModuleType, handle: Any, name: str, key: str | None, parent: _De
     if sms is None and key is not None and parent is None:
         sms = specs.entry(key).multiprocessors
     return _Device(name, uuid, total, free, cc, sms, key, handle=handle)
+
+
+def _busy_note(nvml: ModuleType, device: _Device, ordinal: int) -> str | None:
+    """A GPU other processes already use is planned on what is free (capacity_bytes); say so, naming them."""
+    used = device.memory_total - min(device.memory_free, device.memory_total)
+    if used < BUSY_BYTES:
+        return None
+    procs = _ask(getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None), device.handle) or []
+    listed = [f"pid {p.pid}: {p.usedGpuMemory / 2**30:.1f} GiB" for p in procs if getattr(p, "usedGpuMemory", None)]
+    who = ", ".join(listed) if listed else "processes NVML does not list (another container, or graphics)"
+    free = device.memory_free / 2**30
+    tail = (f"planning on the {free:.1f} GiB free" if device.memory_free > 0
+            else "no memory is free, so nothing fits until they exit")
+    return (f"GPU {ordinal} ({device.name}) is in use: {used / 2**30:.1f} GiB of {device.memory_total / 2**30:.1f} GiB held by "
+            f"other processes ({who}); {tail}")
 
 
 def _mig_enabled(nvml: ModuleType, handle: Any) -> bool:

@@ -37,9 +37,61 @@ class GpuRow(Model):
     memory_bandwidth_gbps: float = Field(gt=0)
     link: Interconnect
     nvlink_gbps: float | None = Field(default=None, gt=0)
+    infinity_fabric_gbps: float | None = Field(default=None, gt=0)
     pcie_gbps: float | None = Field(default=None, gt=0)
     source: str = Field(min_length=1)
     memory_source: str = Field(min_length=1)
+
+
+class HostRow(Model):
+    """The CPU side of a named target: what offload and dataloader rules plan against."""
+
+    model_name: str
+    physical_cores: int = Field(ge=1)
+    logical_cores: int = Field(ge=1)
+    sockets: int = Field(default=1, ge=1)
+    ram_gib: float = Field(gt=0)
+    flags: tuple[str, ...] = ()
+    clock_ghz: float = Field(gt=0)
+    vendor: str
+    source: str | None = None
+
+
+class NodeRow(Model):
+    """A named node type: ``gpus`` cards of one gpus.json row on the host those machines ship with."""
+
+    gpu: str
+    gpus: int = Field(ge=1)
+    cpu: HostRow
+    inter_node_bandwidth_gbps: float = Field(gt=0)
+    source: str = Field(min_length=1)
+
+
+@cache
+def _nodes() -> dict[str, NodeRow]:
+    raw = {k: v for k, v in load("gpus").get("nodes", {}).items() if not k.startswith("_")}
+    try:
+        rows = {key: NodeRow.model_validate(row) for key, row in raw.items()}
+    except ValidationError as exc:
+        raise ValueError(f"perfguide/data/gpus.json 'nodes' is invalid: {exc}") from exc
+    unknown = [f"{k} -> {r.gpu}" for k, r in rows.items() if r.gpu not in _table()]
+    if unknown:
+        raise ValueError(f"perfguide/data/gpus.json nodes name GPUs it does not have: {', '.join(unknown)}")
+    return rows
+
+
+def node_names() -> list[str]:
+    return sorted(_nodes())
+
+
+def resolve_node(name: str) -> str | None:
+    """Canonical node type for a name ('DGX-H100', 'p5.48xlarge'), or None."""
+    folded = normalize(name)
+    return next((key for key in _nodes() if normalize(key) == folded), None)
+
+
+def node(key: str) -> NodeRow:
+    return _nodes()[key]
 
 
 @cache
@@ -146,7 +198,7 @@ def link_bandwidth_gbps(key: str, link: Interconnect) -> float | None:
     if link == "none":
         return None
     row = entry(key)
-    both = row.nvlink_gbps if link == "nvlink" else row.pcie_gbps
+    both = {"nvlink": row.nvlink_gbps, "infinity_fabric": row.infinity_fabric_gbps}.get(link, row.pcie_gbps)
     return None if both is None else both / 2
 
 
@@ -154,24 +206,28 @@ def default_link(key: str) -> Interconnect:
     return entry(key).link
 
 
-def default_cpu() -> CPU:
-    """The host a named target is assumed to have (data/gpus.json 'cpu'), with its estimated peaks."""
+def cpu_from_row(row: HostRow, ram_bytes: int | None = None) -> CPU:
+    """A :class:`CPU` with the estimated peaks of ``row``; ``ram_bytes`` replaces its RAM (``host_ram=``)."""
     from .cpu import peak_gflops
 
-    row = load("gpus")["cpu"]
-    fp32, bf16 = peak_gflops(row["physical_cores"], row["clock_ghz"] * 1e3, frozenset(row["flags"]), row["vendor"])
-    ram = int(row["ram_gib"]) * 1024 * MiB
+    fp32, bf16 = peak_gflops(row.physical_cores, row.clock_ghz * 1e3, frozenset(row.flags), row.vendor)
+    ram = int(row.ram_gib * 1024 * MiB) if ram_bytes is None else ram_bytes
     return CPU(
-        model_name=row["model_name"],
-        physical_cores=row["physical_cores"],
-        logical_cores=row["logical_cores"],
-        sockets=row["sockets"],
+        model_name=row.model_name,
+        physical_cores=row.physical_cores,
+        logical_cores=row.logical_cores,
+        sockets=row.sockets,
         ram_total=ram,
         ram_available=ram,
-        flags=tuple(sorted(row["flags"])),
+        flags=tuple(sorted(row.flags)),
         fp32_gflops=fp32,
         bf16_gflops=bf16,
     )
+
+
+def default_cpu() -> CPU:
+    """The host a bare GPU name is assumed to have (data/gpus.json 'cpu'), with its estimated peaks."""
+    return cpu_from_row(HostRow.model_validate(load("gpus")["cpu"]))
 
 
 def inter_node_bandwidth_gbps() -> float:

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from .._base import Model
 
-Interconnect = Literal["nvlink", "pcie", "none"]
+Interconnect = Literal["nvlink", "infinity_fabric", "pcie", "none"]  # infinity_fabric: AMD xGMI between Instinct GPUs
 Vendor = Literal["nvidia", "amd"]
 
 
@@ -147,6 +147,11 @@ class Hardware(Model):
     warnings: tuple[str, ...] = ()
 
     @property
+    def fast_link(self) -> bool:
+        """GPU-to-GPU links of their own (NVLink, AMD Infinity Fabric), not PCIe through the host."""
+        return self.interconnect in ("nvlink", "infinity_fabric")
+
+    @property
     def gpu_count(self) -> int:
         return len(self.gpus)
 
@@ -164,11 +169,14 @@ class Hardware(Model):
         return min(self.gpus, key=lambda g: g.memory_total) if self.gpus else None
 
     @classmethod
-    def from_name(cls, name: str) -> Hardware:
-        """Named target for planning, e.g. ``"a100-80gb:8"``, ``"h100-80gb"``, ``"cpu"``."""
+    def from_name(cls, name: str, host_ram: int | float | str | None = None) -> Hardware:
+        """Named target for planning, e.g. ``"a100-80gb:8"``, ``"dgx-h100"``, ``"p5.48xlarge:8x2"``, ``"cpu"``.
+
+        ``host_ram`` (GiB, or a size such as ``"1.5TB"``) replaces the RAM the target is assumed to have.
+        """
         from .named import hardware_from_name
 
-        return hardware_from_name(name)
+        return hardware_from_name(name, host_ram)
 
     @classmethod
     def probe(cls) -> Hardware:

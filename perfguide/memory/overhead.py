@@ -34,7 +34,8 @@ def reserved_from_allocated(peak_allocated: int) -> int:
 def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
     """Memory one process may use: the smallest GPU's total (cuda), or available RAM (cpu).
 
-    A probed GPU that other processes already fill offers only what NVML saw free, for every scenario alike.
+    A probed GPU that other processes already fill offers only what NVML saw free, for every scenario alike;
+    free memory reading 0 means a full GPU, not an empty one. Of several GPUs, the one with the least free.
     """
     if hardware is None:
         return None
@@ -42,8 +43,8 @@ def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
         return hardware.cpu.ram_available // max(1, setup.num_gpus)
     gpu = hardware.smallest_gpu
     assert gpu is not None, "has_gpu was checked above"
-    if hardware.source == "probe" and 0 < gpu.memory_free < gpu.memory_total:
-        return gpu.memory_free
+    if hardware.source == "probe":
+        return min(gpu.memory_total, *(g.memory_free for g in hardware.gpus))
     return gpu.memory_total
 
 

@@ -277,7 +277,7 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
     s, hw = chosen.setup, request.hardware
     out = [DATAPARALLEL_WARNING] if s.world_size > 1 else []
     t = chosen.throughput
-    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and hw.interconnect != "nvlink":
+    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and not hw.fast_link:
         out.append(f"the GPUs talk over {hw.interconnect} (no NVLink): {s.strategy}'s collectives take {t.comm_time_s:.3g} s of the "
                    f"{t.step_time_s:.3g} s step; DDP (or LoRA to make DDP fit) keeps communication to one all-reduce per step")
     if s.nodes > 1 and hw.inter_node_bandwidth_gbps is None:

@@ -1,0 +1,63 @@
+"""Today's checkpoints in the offline catalog: totals and active parameters against what their model cards publish,
+and, where perfguide counts by hand (Phi-4 is phi3, Mistral-Small-3 is mistral), exactly against the module
+transformers builds on the meta device."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide import ModelSpec
+from perfguide.model.catalog import config_of, lookup
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# (hub id, published total, published active or None); model cards on the Hugging Face Hub
+PUBLISHED = [
+    ("Qwen/Qwen3-0.6B", 0.6e9, None), ("Qwen/Qwen3-1.7B", 1.7e9, None), ("Qwen/Qwen3-4B", 4.0e9, None),
+    ("Qwen/Qwen3-8B", 8.2e9, None), ("Qwen/Qwen3-14B", 14.8e9, None), ("Qwen/Qwen3-32B", 32.8e9, None),
+    ("Qwen/Qwen3-30B-A3B", 30.5e9, 3.3e9), ("Qwen/Qwen3-235B-A22B", 235e9, 22e9),
+    ("deepseek-ai/DeepSeek-V3", 671e9, 37e9), ("deepseek-ai/DeepSeek-R1", 671e9, 37e9),
+    ("google/gemma-3-1b-pt", 1.0e9, None), ("microsoft/phi-4", 14.7e9, None),
+    ("allenai/OLMo-2-1124-7B", 7.3e9, None), ("allenai/OLMo-2-1124-13B", 13.7e9, None), ("allenai/OLMo-2-0325-32B", 32.2e9, None),
+    ("HuggingFaceTB/SmolLM3-3B", 3.08e9, None), ("mistralai/Mistral-Small-24B-Base-2501", 23.6e9, None),
+]
+
+
+@pytest.mark.parametrize(("hub", "total", "active"), PUBLISHED, ids=[p[0] for p in PUBLISHED])
+def test_catalog_matches_model_cards(hub: str, total: float, active: float | None) -> None:
+    spec = ModelSpec.from_any(hub)
+    assert spec.total_params == pytest.approx(total, rel=0.03)
+    if active is not None:
+        assert spec.is_moe and spec.active_params == pytest.approx(active, rel=0.05)
+
+
+@pytest.mark.parametrize("hub", ["openai/gpt-oss-20b", "openai/gpt-oss-120b"])
+def test_gpt_oss_active_as_openai_counts_it(hub: str) -> None:
+    """OpenAI's card: 20b 20.9B total / 3.6B active, 120b 116.8B / 5.1B, active counting the unembedding, not the embedding."""
+    total, active = {"openai/gpt-oss-20b": (20.9e9, 3.6e9), "openai/gpt-oss-120b": (116.8e9, 5.1e9)}[hub]
+    spec = ModelSpec.from_any(hub)
+    assert spec.total_params == pytest.approx(total, rel=0.01)
+    assert spec.active_params - spec.embedding_params == pytest.approx(active, rel=0.02)
+    assert not spec.supports_sdpa and set(spec.cache_layer_types()) == {"sliding_attention", "full_attention"}
+
+
+@pytest.mark.parametrize("hub", ["microsoft/phi-4", "mistralai/Mistral-Small-24B-Base-2501", "Qwen/Qwen3-30B-A3B",
+                                 "deepseek-ai/DeepSeek-V3", "google/gemma-3-1b-pt"])
+def test_catalog_counts_equal_the_meta_module(hub: str) -> None:
+    config = config_of(hub)
+    hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "_name_or_path")})
+    with torch.device("meta"):
+        module = getattr(transformers, config["architectures"][0])._from_config(hf)
+    assert ModelSpec.from_any(hub).total_params == sum(p.numel() for p in module.parameters())
+
+
+def test_short_names_resolve() -> None:
+    assert lookup("qwen3-30b-a3b") == "Qwen/Qwen3-30B-A3B" and lookup("deepseek-r1") == "deepseek-ai/DeepSeek-R1"
+    assert lookup("gpt-oss-120b") == "openai/gpt-oss-120b" and lookup("mistral-small-3") == "mistralai/Mistral-Small-24B-Base-2501"
+
+
+def test_deepseek_kv_cache_is_the_latent() -> None:
+    spec = ModelSpec.from_any("deepseek-ai/DeepSeek-V3")
+    # 61 layers x (512 latent + 64 rope) x 2 bytes = 70,272 B per token, vs 61 x 2 x 128 heads x 192 for expanded K/V
+    assert spec.kv_elements_per_token() * 2 * spec.num_layers == 61 * 576 * 2
