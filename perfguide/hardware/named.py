@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import UnknownHardwareError, unknown_value
+from ..errors import UnknownHardwareError, did_you_mean
 from . import specs
 from .types import CPU, Hardware
 
@@ -82,7 +82,9 @@ def _from_name(name: str) -> Hardware:
         return _build_node(name, node_key, gpus_per_node if sep else None, nodes)
     key = specs.resolve(base)
     if key is None:
-        raise unknown_value("hardware", base, known_names(), UnknownHardwareError)
+        raise UnknownHardwareError(  # every name, grouped: the list outgrew unknown_value's 30
+            f"unknown hardware {base!r}.{did_you_mean(base, known_names())} Accepted: GPUs {', '.join(specs.canonical_names())}; "
+            f"node types {', '.join(specs.node_names())}; or 'cpu'. {_EXAMPLE[0].upper() + _EXAMPLE[1:]}.")
     return _build(key, gpus_per_node, nodes)
 
 

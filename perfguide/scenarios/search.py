@@ -218,15 +218,16 @@ def _named_gpus() -> tuple[tuple[str, Hardware], ...]:
         hws = [(n, Hardware.from_name(n)) for n in known_names() if n != "cpu"]
     except (PerfGuideError, ImportError):
         return ()
-    return tuple(sorted(((n, h) for n, h in hws if h.has_gpu), key=lambda nh: (nh[1].gpus[0].memory_total, nh[0])))
+    # node types (dgx-h100, p5.48xlarge) are several GPUs: not a "bigger GPU"
+    return tuple(sorted(((n, h) for n, h in hws if h.gpu_count == 1), key=lambda nh: (nh[1].gpus[0].memory_total, nh[0])))
 
 
 def bigger_gpu(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float) -> tuple[str, Priced] | None:
     """The smallest named GPU with more memory than this one on which ``setup`` fits."""
     gpu = hardware.smallest_gpu
     for name, hw in _named_gpus():
-        if gpu is not None and hw.gpus[0].memory_total <= gpu.memory_total:
-            continue
+        if gpu is not None and (hw.gpus[0].memory_total <= gpu.memory_total or hw.gpus[0].vendor != gpu.vendor):
+            continue  # a bigger card of the same vendor: the user's software stack stays the same
         p = price(spec, setup, hw)
         if fits(p.memory, hw, headroom):
             return name, p
