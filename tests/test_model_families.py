@@ -225,3 +225,25 @@ def test_serving_an_encoder_is_one_forward_pass() -> None:
     rec = recommend(_bert_large("BertForSequenceClassification", num_labels=2), "infer_gpu_one", hardware="a100-80gb")
     assert rec.memory.kv_cache == 0 and rec.setup.new_tokens == 0
     assert rec.generation_kwargs() == {}
+
+
+def test_bart_activations_cover_both_stacks_against_the_trace() -> None:
+    """Traced on fake tensors (the real module's saved tensors): counting only the decoder halved the activations."""
+    from perfguide import estimate
+
+    config = {**BART, "d_model": 128, "encoder_layers": 3, "decoder_layers": 3, "encoder_ffn_dim": 512, "decoder_ffn_dim": 512,
+              "vocab_size": 1024, "max_position_embeddings": 256}
+    setup = {"micro_batch_size": 4, "seq_len": 128, "weights_dtype": "fp32"}
+    analytic, traced = estimate(config, setup, method="analytic"), estimate(config, setup, method="trace")
+    assert analytic.activations == pytest.approx(traced.activations, rel=0.35)
+    assert analytic.peak_allocated == pytest.approx(traced.peak_allocated, rel=0.15)
+
+
+def test_whisper_counts_both_stacks() -> None:
+    config = dict(model_type="whisper", d_model=64, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, vocab_size=V, num_mel_bins=16,
+                  max_source_positions=32, max_target_positions=32, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  decoder_start_token_id=1, architectures=["WhisperForConditionalGeneration"])
+    spec = ModelSpec.from_any(config)
+    assert spec.total_params == _numel(_module(config))
+    assert (spec.is_encoder_decoder, spec.num_layers, spec.num_decoder_layers, spec.generates) == (True, 2, 3, True)
