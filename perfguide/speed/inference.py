@@ -72,8 +72,8 @@ def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> floa
     if setup.strategy != "tp" or setup.num_gpus < 2:
         return 0.0
     link = hardware.interconnect if hardware is not None else "pcie"
-    table = _facts().tp_allreduce_latency_s.value
-    return 2 * spec.total_layers * table.get(link, table["pcie"])  # no measured figure for a link: PCIe's (the slow side)
+    table: dict[str, float] = {str(k): v for k, v in _facts().tp_allreduce_latency_s.value.items()}
+    return 2 * spec.total_layers * table.get(str(link), table["pcie"])  # no measured figure for a link: PCIe's (the slow side)
 
 
 def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float | None = None) -> Throughput:
