@@ -172,9 +172,9 @@ def test_local_paths_that_are_not_configs(tmp_path) -> None:
 
 # --- conflicting constraints ----------------------------------------------------------------------
 
-def test_fp16_forced_on_a_bf16_native_model() -> None:
+def test_fp16_forced_on_a_bf16_native_model_whose_family_overflows() -> None:
     with pytest.raises(ConflictingConstraintsError) as exc:
-        recommend("meta-llama/Llama-3.1-8B", hardware="a100-80gb", precision="fp16")
+        recommend("google/gemma-2-2b", hardware="a100-80gb", precision="fp16")
     one_line(exc, "precision='fp16'", "bf16")
 
 
