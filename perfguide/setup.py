@@ -128,6 +128,7 @@ class Setup(Model):
     activation_offloading: bool = Field(default=False, description="checkpointed activations kept in pinned host RAM during forward")
     padding_free: bool = Field(default=False, description="samples concatenated without padding (DataCollatorWithFlattening / TRL padding_free)")
     avg_seq_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample (None: every sample fills seq_len)")
+    fsdp_version: Literal[1, 2] = Field(default=2, description="FSDP2 (fully_shard, per-parameter: what perfguide's plans emit) or FSDP1 (FlatParameter, use_orig_params)")
 
     @model_validator(mode="after")
     def _techniques(self) -> Setup:
