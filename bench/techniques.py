@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
-from _report import publish  # noqa: E402
+from _report import publish
 
-from perfguide import Hardware, ModelSpec, Setup  # noqa: E402
-from perfguide.memory import estimate_memory  # noqa: E402
-from perfguide.speed import estimate_speed  # noqa: E402
+from perfguide import Hardware, ModelSpec, Setup
+from perfguide.memory import estimate_memory
+from perfguide.speed import estimate_speed
 
 GiB, GB, MB = 1024**3, 1e9, 1e6
 DATA = ROOT / "data" / "techniques_published.csv"

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decisions import Alternative, Decision
 from .._technique_data import fp16_verdict
+from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import CPU, GPU
 from ..model.types import ModelSpec
