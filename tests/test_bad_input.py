@@ -235,7 +235,7 @@ def test_largest_accepted_values_give_an_answer(scenario: str, kw: dict) -> None
 @pytest.mark.parametrize(("scenario", "hw", "kw", "named"), [
     ("train_gpu_one", "a100", {"num_gpus": 4}, ("num_gpus=4", "train_gpu_many")),
     ("train_gpu_one", "a100", {"nodes": 2}, ("nodes=2", "train_gpu_many")),
-    ("train_gpu_one", "a100", {"strategy": "zero3"}, ("'zero3'", "train_gpu_many")),
+    ("train_gpu_one", "a100", {"strategy": "fsdp"}, ("'fsdp'", "train_gpu_many", "'zero2'")),  # ZeRO-Offload is one-GPU; FSDP is not
     ("infer_gpu_one", "a100", {"strategy": "tp"}, ("'tp'", "infer_gpu_many")),
     ("train_cpu", "cpu", {"strategy": "ddp"}, ("'ddp'", "'single'")),
     ("train_gpu_one", "a100", {"quantization": "nf4"}, ("quantization='nf4'", "finetune='qlora'")),

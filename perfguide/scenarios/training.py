@@ -43,6 +43,15 @@ def check_optimizer(name: str | None) -> None:
         raise unknown_value("optimizer", name, OPTIMIZERS, ConflictingConstraintsError)
 
 
+TECHNIQUE_CONSTRAINTS = ("liger_kernel", "optimizer_in_backward", "activation_offloading", "padding_free", "fp8", "master_weights",
+                         "strategy", "allow_offload")
+
+
+def technique_wants(cons: Constraints) -> dict[str, object]:
+    """What the user forced per technique (the ladder's techniques read it; None means the search decides)."""
+    return {k: getattr(cons, k) for k in TECHNIQUE_CONSTRAINTS if getattr(cons, k) is not None}
+
+
 def finetune_mode(cons: Constraints) -> str:
     """None means full fine-tuning; a LoRA spec without a mode means LoRA."""
     return cons.finetune or ("lora" if cons.lora is not None else "full")
@@ -85,7 +94,8 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     def run(kind: str) -> SearchResult:
         rungs = training_rungs(base, prec.autocast, prec.half, prec.pure_half_allowed, finetune=kind, lora=lora,
-                               optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing)
+                               optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing, model=spec, hardware=hw,
+                               wants=technique_wants(cons))
         return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose,
                       factors=request.calibration)
 
