@@ -30,6 +30,7 @@ from .search import (
     training_rungs,
     usable_bytes,
 )
+from .technique_decisions import technique_decisions
 from .types import Constraints, Plan, Request
 
 Suggest = Callable[[Request, SearchResult, dict[str, SearchResult], str], tuple[str, ...]]
@@ -110,7 +111,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters)]
+    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *technique_decisions(request, chosen)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
