@@ -166,8 +166,9 @@ def zero_offload(row: dict[str, str]) -> Compared:
     off = estimate_memory(spec, Setup(device="cuda", seq_len=512, weights_dtype="fp32", autocast="fp16", gradient_checkpointing=True,
                                       strategy="zero2", offload_optimizer=True), hw)
     verdict = "fits" if off.device_total <= usable else "does not fit"
-    return Compared(row["row_id"], row["technique"], "largest model without offload (B params); 13B with ZeRO-Offload",
-                    "1.4; 13B fits", f"{biggest:.1f}; 13B {verdict} ({off.device_total / GiB:.1f} GiB)", _err(biggest, 1.4))
+    return Compared(row["row_id"], row["technique"], "largest model without offload (B params); 13B with ZeRO-2 Offload at s=512",
+                    "1.4; 13B fits", f"{biggest:.1f}; 13B {verdict} ({off.device_total / GiB:.1f} GiB, host {off.cpu_ram / GiB:.0f} GiB)",
+                    _err(biggest, 1.4))
 
 
 def padding_free(row: dict[str, str]) -> Compared:
