@@ -45,7 +45,7 @@ def check_optimizer(name: str | None) -> None:
 
 
 TECHNIQUE_CONSTRAINTS = ("liger_kernel", "optimizer_in_backward", "activation_offloading", "padding_free", "fp8", "master_weights",
-                         "strategy", "allow_offload")
+                         "strategy", "allow_offload", "precision")
 
 
 def technique_wants(cons: Constraints) -> dict[str, object]:

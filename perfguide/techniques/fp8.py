@@ -37,7 +37,8 @@ class Fp8(Technique):
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         gpu = ctx.hardware.smallest_gpu if ctx.hardware is not None else None
         wanted = ctx.wants.get("fp8")
-        if ctx.autocast != "bf16" or gpu is None or not gpu.supports_fp8 or wanted is False:
+        # a requested precision is honoured as given: fp8 only where perfguide picks the precision (or fp8=True)
+        if ctx.autocast != "bf16" or gpu is None or not gpu.supports_fp8 or wanted is False or (ctx.wants.get("precision") and not wanted):
             return [{}]
         return [{}, {"autocast": "fp8"}]
 
