@@ -81,7 +81,7 @@ def ladder(ctx: LadderContext) -> list[Rung]:
     out: list[Rung] = []
     for t in rung_makers:
         for rung in t.rungs(ctx):
-            templates = tuple(t for s in rung.templates for c in combos if (t := _combined(s, c)) is not None)
+            templates = tuple(combined for s in rung.templates for c in combos if (combined := _combined(s, c)) is not None)
             out.append(Rung(rung.name, rung.tradeoff, templates))
     return out
 
