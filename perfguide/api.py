@@ -130,6 +130,9 @@ def recommend(
     if cons.nodes > 1 and hw.nodes != cons.nodes:
         hw = hw.model_copy(update={"nodes": cons.nodes})
     seq_len = seq_len or _default_seq_len(spec, info, cons.max_new_tokens)
+    if cons.avg_seq_len is not None and cons.avg_seq_len > seq_len:
+        raise ConflictingConstraintsError(f"avg_seq_len={cons.avg_seq_len} exceeds seq_len={seq_len}: it is the mean real tokens per "
+                                          f"sample, at most seq_len; use avg_seq_len <= {seq_len}")
     context_warnings = _check_context(spec, info, seq_len, cons)
     request = Request(
         scenario=scenario,

@@ -128,6 +128,7 @@ class Setup(Model):
     activation_offloading: bool = Field(default=False, description="checkpointed activations kept in pinned host RAM during forward")
     padding_free: bool = Field(default=False, description="samples concatenated without padding (DataCollatorWithFlattening / TRL padding_free)")
     avg_seq_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample (None: every sample fills seq_len)")
+    fsdp_version: int = Field(default=2, ge=1, le=2, description="FSDP2 (fully_shard, per-parameter: what perfguide's plans emit) or FSDP1 (FlatParameter, use_orig_params)")
 
     @model_validator(mode="after")
     def _techniques(self) -> Setup:
@@ -265,6 +266,10 @@ def technique_conflict(s: Setup) -> str | None:
         return "liger_kernel, optimizer_in_backward, activation_offloading and padding_free are training techniques; use task='train'"
     if s.autocast == "fp8" and s.device != "cuda":
         return "autocast='fp8' needs an fp8-capable CUDA GPU (Hopper/Ada: H100, H200, L4, L40S, RTX 40xx); use 'bf16' on CPU"
+    if s.autocast == "fp8" and (s.lora is not None or s.weights_dtype in ("int8", "nf4")):
+        return "autocast='fp8' converts full-precision nn.Linear layers (torchao Float8Linear) for full fine-tuning; use bf16 for LoRA/QLoRA"
+    if s.autocast == "fp8" and s.strategy in ("zero1", "zero2", "zero3"):
+        return "autocast='fp8' runs through accelerate's torchao backend, which DeepSpeed plans do not use; use bf16 with ZeRO, or FSDP/DDP with fp8"
     if (s.liger_kernel or s.activation_offloading) and s.device != "cuda":
         return "liger_kernel and activation_offloading need a CUDA GPU (Triton kernels / pinned-memory streams); set them False on CPU"
     if s.optimizer_in_backward:

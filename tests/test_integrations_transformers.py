@@ -153,8 +153,11 @@ def test_model_kwargs_nf4_config():
     qc = make_rec({"weights_dtype": "nf4", "lora": {}, "autocast": "bf16"}).model_kwargs()["quantization_config"]
     assert qc.load_in_4bit and qc.bnb_4bit_quant_type == "nf4" and qc.bnb_4bit_use_double_quant
     assert qc.bnb_4bit_compute_dtype is torch.bfloat16
-    t4 = make_rec({"weights_dtype": "nf4", "lora": {}}, hw=hardware("t4")).model_kwargs()
+    t4 = make_rec({"weights_dtype": "nf4", "lora": {}, "autocast": "fp16"}, hw=hardware("t4")).model_kwargs()
     assert t4["quantization_config"].bnb_4bit_compute_dtype is torch.float16 and t4["dtype"] is torch.float16
+    # no autocast on a GPU without bf16: the plan trains in fp32, and so do the quantized base's matmuls
+    fp32 = make_rec({"weights_dtype": "nf4", "lora": {}}, hw=hardware("t4")).model_kwargs()
+    assert fp32["quantization_config"].bnb_4bit_compute_dtype is torch.float32 and fp32["dtype"] is torch.float32
     assert t4["device_map"] == {"": 0}  # quantized while loading, onto this rank's GPU
     fsdp = make_rec({"weights_dtype": "nf4", "lora": {}, "strategy": "fsdp", "num_gpus": 2}).model_kwargs()
     assert fsdp["quantization_config"].bnb_4bit_quant_storage is torch.bfloat16 and "device_map" not in fsdp

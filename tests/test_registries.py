@@ -49,19 +49,25 @@ def _ladder(finetune: str = "full", optimizer: str | None = None, ckpt: bool | N
 
 def test_full_ladder_gives_up_the_least_first() -> None:
     rungs = _ladder()
-    assert [r.name for r in rungs] == ["exact AMP", "lighter optimizer", "pure bf16"]
+    assert [r.name for r in rungs] == ["exact AMP", "lighter optimizer", "pure bf16", "step in backward", "CPU offload (one GPU)"]
     exact = rungs[0].templates
     # checkpointing is an axis: both values inside the first rung, before any optimizer change
     assert [(t.optimizer, t.gradient_checkpointing) for t in exact] == [("adamw_torch_fused", False), ("adamw_torch_fused", True)]
     assert {t.optimizer for t in rungs[1].templates} == {"adamw_bnb_8bit", "adafactor"}
     assert {t.weights_dtype for t in rungs[2].templates} == {"bf16"}
     assert all(t.weights_dtype == "fp32" for r in rungs[:2] for t in r.templates)
+    # stepping inside backward gives up accumulation: one micro-batch of the whole per-device batch
+    assert all(t.optimizer_in_backward and t.gradient_accumulation_steps == 1 for t in rungs[3].templates)
+    # the last one-GPU rung keeps exact AMP (fp32 masters on the CPU) and gives up speed: ZeRO-Offload
+    assert {(t.strategy, t.offload_optimizer, t.offload_params) for t in rungs[4].templates} == {("zero2", True, False), ("zero3", True, True)}
 
 
 def test_ladder_honours_requests() -> None:
     rungs = _ladder(optimizer="sgd", ckpt=True, pure=False)
-    assert [r.name for r in rungs] == ["exact AMP"]  # no lighter optimizer when one was asked for, no pure bf16 without it
+    # no lighter optimizer when one was asked for, no pure bf16 without it; the asked optimizer everywhere
+    assert [r.name for r in rungs] == ["exact AMP", "step in backward", "CPU offload (one GPU)"]
     assert [(t.optimizer, t.gradient_checkpointing) for t in rungs[0].templates] == [("sgd", True)]
+    assert all(t.optimizer == "sgd" and t.gradient_checkpointing for r in rungs for t in r.templates)
     (qlora,) = _ladder(finetune="qlora")
     assert qlora.name == "QLoRA" and all(t.weights_dtype == "nf4" and t.lora is not None for t in qlora.templates)
     (lora,) = _ladder(finetune="lora")

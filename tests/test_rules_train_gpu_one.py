@@ -69,10 +69,11 @@ def test_7b_on_a100_40gb_goes_past_lighter_optimizers() -> None:
     # 8-bit AdamW with fp32 masters: 4 + 4 + 2 = 10 B/param = 67 GB > 40 GiB; pure bf16 + 8-bit: 2 + 2 + 2 = 6 B = 40.4 GB > 36 GiB usable
     assert 10 * LLAMA_TOTAL > 40 * GiB and 6 * LLAMA_TOTAL > 0.9 * 40 * GiB
     p = run(llama7b(), gpu=A100_40, seq=2048)
-    assert not p.fits
-    assert p.suggestions
-    text = " ".join(p.suggestions)
-    assert "lora" in text and "FSDP" in text
+    # ... so the ladder goes on: pure bf16 with the optimizer step inside backward (no gradients held beyond one
+    # tensor; no accumulation, so the whole batch is one micro-batch) and the techniques that make it fit
+    assert p.fits and p.setup.optimizer_in_backward and p.setup.weights_dtype == "bf16"
+    assert (p.setup.micro_batch_size, p.setup.gradient_accumulation_steps) == (32, 1)
+    assert p.memory.gradients < 0.02 * 2 * LLAMA_TOTAL      # one gradient alive, not 2 B/param
     assert p.setup.micro_batch_size * p.setup.gradient_accumulation_steps == 32
 
 
@@ -98,9 +99,13 @@ def test_bf16_forced_on_t4_conflicts(cons: dict, match: str) -> None:
         run(gpu=T4, **cons)
 
 
-def test_fp16_forced_on_bf16_native_model_conflicts() -> None:
+def test_fp16_forced_on_bf16_native_model_conflicts_only_where_the_family_overflows() -> None:
+    gemma_like = llama7b().model_copy(update={"model_type": "gemma", "family": "gemma"})
     with pytest.raises(ConflictingConstraintsError, match="bf16"):
-        run(llama7b(), seq=512, precision="fp16")
+        run(gemma_like, seq=512, precision="fp16")
+    # Llama-family checkpoints fine-tune in fp16 AMP (issue 11): honoured, with a warning to watch for NaN
+    p = run(llama7b(), seq=512, precision="fp16")
+    assert p.setup.autocast == "fp16" and any("inf/NaN" in w for w in p.warnings)
 
 
 def test_micro_batch_that_does_not_divide_global_conflicts() -> None:
@@ -134,7 +139,8 @@ def test_lora_and_qlora_modes() -> None:
 
 
 def test_nothing_fits_never_raises_and_says_what_would() -> None:
-    p = run(llama7b(), gpu=T4, seq=2048)
+    # with ZeRO-Offload a 7B trains on a T4 (host RAM allowing); without offload nothing fits there
+    p = run(llama7b(), gpu=T4, seq=2048, allow_offload=False)
     assert p.fits is False
     assert any("qlora" in s for s in p.suggestions)
     assert any("FSDP" in s or "hardware=" in s for s in p.suggestions)

@@ -86,12 +86,14 @@ def target_supports_tf32(rec: Recommendation) -> bool:
 
 
 def half_dtype_name(rec: Recommendation) -> str:
-    """The 16-bit dtype for compute on the target: the plan's autocast, else bf16 where native, else fp16."""
+    """The dtype quantized bases compute in and keep their other modules in: the plan's autocast (fp8 plans keep
+    bf16 outside the fp8 GEMMs), else bf16 where native; on a GPU without bf16 a plan without autocast trains
+    in fp32, and so does its compute (serving keeps fp16): one precision per plan (decision, setup, model_kwargs, bnb compute dtype)."""
     if rec.setup.autocast:
-        return rec.setup.autocast
+        return "bf16" if rec.setup.autocast == "fp8" else rec.setup.autocast
     gpu = rec.hardware.smallest_gpu
     if rec.setup.device == "cuda" and gpu is not None and not gpu.supports_bf16:
-        return "fp16"
+        return "fp32" if rec.setup.task == "train" else "fp16"
     return "bf16"
 
 

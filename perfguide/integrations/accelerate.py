@@ -126,6 +126,8 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str = "ds_conf
         "enable_cpu_affinity": False,
         "downcast_bf16": False,
     }
+    if s.autocast == "fp8":
+        cfg["fp8_config"] = {"backend": "AO"}   # torchao Float8Linear (accelerate ClusterConfig.fp8_config)
     if s.nodes > 1:
         # every node runs the same file; launch_command passes the real rank/ip per node
         cfg.update(main_process_ip=MAIN_PROCESS_IP, main_process_port=MULTI_NODE_PORT)

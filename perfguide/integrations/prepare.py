@@ -85,8 +85,6 @@ def prepare_model(rec: Recommendation, model: Any) -> Any:
     ctx = emit_context(rec)
     for technique in techniques.registry():
         model = technique.prepare(ctx, model)
-    if s.padding_free and getattr(model.config, "use_cache", False):
-        model.config.use_cache = False  # with a KV cache transformers skips the packed mask (integrations/collate.py)
     if s.lora is not None:
         model = add_lora(rec, model)
     return model

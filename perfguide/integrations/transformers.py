@@ -55,11 +55,6 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     kw.update(emitted(rec, "training_args"))  # precision, optim, checkpointing, torch_compile... (perfguide.techniques)
     if s.device == "cpu":
         kw["use_cpu"] = True
-    if s.optimizer_in_backward:
-        # no moment holds every gradient: global-norm clipping cannot run (the Trainer default is 1.0)
-        kw["max_grad_norm"] = 0.0
-    if s.liger_kernel:
-        kw["use_liger_kernel"] = True
     if is_multi_process(s):
         # only valid inside a launched process (else "Default process group has not been initialized")
         kw["ddp_backend"] = "gloo" if s.device == "cpu" else "nccl"
@@ -163,8 +158,8 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
         kw["tp_plan"] = "auto"
     if rec.request.constraints.trust_remote_code:
         kw["trust_remote_code"] = True
-    if s.padding_free and s.task == "train":
-        kw["use_cache"] = False  # with a KV cache transformers skips the packed-sequence mask (integrations/collate.py)
+    if s.task == "train":
+        kw.update(emitted(rec, "model_kwargs"))  # e.g. padding-free turns the KV cache off (perfguide.techniques)
     return kw
 
 

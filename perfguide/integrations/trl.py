@@ -45,13 +45,18 @@ def technique_keys(setup: Setup) -> dict[str, Any]:
     ``packing=False`` pads each batch to its longest row (at most ``max_length``), which the plan's
     ``seq_len``-per-sample pricing bounds; ``padding_free`` needs FlashAttention (trl sft_config.py).
     """
-    return {
+    keys = {
         "max_length": setup.seq_len,
         "packing": False,
         "padding_free": False,
         "activation_offloading": False,
         "use_liger_kernel": False,
     }
+    from .. import techniques
+
+    keys.update(techniques.emit("trl_args", techniques.EmitContext(setup=setup)))   # what the plan's techniques turn on
+    keys.update({k: v for k, v in techniques.emit("training_args", techniques.EmitContext(setup=setup)).items() if k in keys})
+    return keys
 
 
 def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:

@@ -143,12 +143,19 @@ def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
     per_block = sum(i * o * n for _, i, o, n in _linear_shapes(spec)) // spec.total_layers
     largest = max(per_block, spec.embedding_params, spec.lm_head_params)
     cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
+    if setup.fsdp_version == 2 and setup.lora is not None and setup.strategy in ("fsdp", "fsdp_shard_grad_op"):
+        # FSDP2 gathers each parameter as stored: NF4 stays packed (0.5 B + absmax per 64), frozen weights get no
+        # unsharded gradient; only the unit's adapters do (torch distributed/fsdp/_fully_shard, per-parameter DTensor)
+        stored = (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
+        adapters = ledger(spec, setup).trainable_params // max(1, spec.total_layers)
+        return int(2 * per_block * stored) + 2 * max(spec.embedding_params, spec.lm_head_params) * 2 + adapters * 4, int(spec.total_params * stored)
     # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
 
 
 def frozen_params_get_grads(setup: Setup) -> bool:
-    """FSDP with ``use_orig_params=True`` (accelerate's and Lightning's default) and LoRA: frozen weights get grads.
+    """FSDP1 with ``use_orig_params=True`` (Lightning's and older accelerate's default) and LoRA: frozen weights get
+    grads. FSDP2 (``fully_shard``, perfguide's plans) shards each parameter on its own, so frozen ones get none.
 
     The frozen base and the adapters share each block's FlatParameter, which then requires grad; in forward
     FSDP hands the module plain views of it (``_use_unsharded_views(as_params=False)``, torch
@@ -157,7 +164,7 @@ def frozen_params_get_grads(setup: Setup) -> bool:
     frozen and trainable parameters in one unit makes "the gradient memory usage ... equivalent to not
     freezing those parameters". Measured: litgpt LoRA + FSDP rows (resource-tables.md) barely drop with N.
     """
-    return setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES
+    return setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES and setup.fsdp_version == 1
 
 
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:

@@ -13,6 +13,9 @@ from .._data import load
 from ..setup import STRATEGIES, Setup
 
 #: Strategy families, derived from the one table in setup.py (Setup.is_deepspeed / Setup.is_fsdp per Setup).
+#: ZeRO-1/2 bucket (elements) perfguide emits for one-GPU ZeRO-Offload: the gradient buckets only stage copies to
+#: the CPU there (no collective to amortise), so 5e7 instead of DeepSpeed's 5e8 default saves ~1.7 GiB of fp16 buffers
+ONE_GPU_BUCKET = 50_000_000
 DEEPSPEED = frozenset(k for k, f in STRATEGIES.items() if f.zero_stage is not None)
 FSDP = frozenset(k for k, f in STRATEGIES.items() if f.fsdp)
 
@@ -62,7 +65,9 @@ def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
         # DDP (accelerate default gradient_as_bucket_view=False) keeps flat bucket copies of all gradients
         return trainable * grad_elem_bytes
     if setup.is_deepspeed and not setup.gathers_params:
-        elems = min(trainable, int(_const("deepspeed_bucket_elements")))
+        # one GPU reduces nothing: the plan emits small buckets there (techniques/cpu_offload.py ONE_GPU_BUCKET)
+        cap = ONE_GPU_BUCKET if setup.world_size == 1 else int(_const("deepspeed_bucket_elements"))
+        elems = min(trainable, cap)
         return int(elems * grad_elem_bytes * _const("deepspeed_bucket_copies"))
     return 0
 

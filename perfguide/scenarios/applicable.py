@@ -14,7 +14,8 @@ from ..hardware.types import Hardware
 from .registry import ScenarioInfo, find
 from .types import Constraints
 
-TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch")
+TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "liger_kernel",
+                 "optimizer_in_backward", "activation_offloading", "padding_free", "fp8", "avg_seq_len", "master_weights")
 INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine")
 INFER_STRATEGIES = ("single", "tp", "device_map")
 _HINTS = {
@@ -74,9 +75,11 @@ def _check_one_device(info: ScenarioInfo, cons: Constraints) -> None:
         if value is not None and value > 1:
             raise ConflictingConstraintsError(f"{field}={value} asks for several devices but scenario {scenario!r} plans one; "
                                               f"use scenario='{many}'")
-    if cons.strategy not in (None, "single"):
+    # ZeRO-Offload on one GPU (DeepSpeed stage 2/3 with the optimizer, and at stage 3 the weights, on the CPU)
+    one_gpu = ("single", "zero2", "zero3") if info.training and info.device == "cuda" else ("single",)
+    if cons.strategy not in (None, *one_gpu):
         raise ConflictingConstraintsError(f"strategy={cons.strategy!r} needs several devices but scenario {scenario!r} plans one; "
-                                          f"accepted here: 'single', or use scenario='{many}'")
+                                          f"accepted here: {', '.join(repr(s) for s in one_gpu)}, or use scenario='{many}'")
 
 
 def _check_many(info: ScenarioInfo, cons: Constraints, hardware: Hardware) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .._technique_data import fp16_verdict
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import CPU, GPU
@@ -40,9 +41,11 @@ def _check_forced_gpu(spec: ModelSpec, gpu: GPU, forced: str | None) -> None:
         raise ConflictingConstraintsError(
             f"precision='bf16' needs bf16 tensor cores but {gpu.name} ({gpu.generation}) has none; "
             "use precision='fp16' or 'fp32', or plan for an Ampere-or-newer GPU")
-    if forced == "fp16" and spec.native_dtype == "bf16":
+    if forced == "fp16" and spec.native_dtype == "bf16" and fp16_verdict(spec.model_type)[0] != "fine":
+        verdict, source = fp16_verdict(spec.model_type)
+        why = f"its family overflows to NaN in fp16 ({source})" if verdict == "overflows" else "perfguide knows no fp16 fine-tuning record for its family"
         raise ConflictingConstraintsError(
-            f"precision='fp16' conflicts with {spec.name}, which was trained in bf16 and overflows to NaN in fp16; "
+            f"precision='fp16' conflicts with {spec.name}, which was trained in bf16 and {why}; "
             "use precision='bf16' (on a GPU with bf16 tensor cores) or 'fp32'")
 
 
@@ -53,9 +56,16 @@ def _auto_gpu_dtype(spec: ModelSpec, gpu: GPU) -> tuple[str | None, str, list[st
     if not gpu.has_tensor_cores:
         return None, f"{gpu.name} ({gpu.generation}) has no tensor cores: half precision buys little, fp32 keeps it simple", []
     if spec.native_dtype == "bf16":
-        warn = (f"{spec.name} was trained in bf16 and {gpu.name} has no bf16 tensor cores: training in fp32 (slow); "
-                "fp16 would overflow to NaN. An Ampere-or-newer GPU (A10, A100, L4, RTX 30xx+) runs it in bf16")
-        return None, f"{gpu.name} ({gpu.generation}) lacks bf16, and fp16 overflows on this bf16-trained model, so fp32", [warn]
+        verdict, source = fp16_verdict(spec.model_type)
+        if verdict == "fine":
+            warn = (f"{spec.name} was trained in bf16 and {gpu.name} has no bf16 tensor cores: training with fp16 AMP (loss scaling), "
+                    f"which fine-tunes {spec.model_type} models well ({source}); watch the loss for inf/NaN and lower the learning rate if it appears")
+            return "fp16", (f"{gpu.name} ({gpu.generation}) lacks bf16; {spec.model_type} checkpoints fine-tune in fp16 AMP with loss scaling "
+                            "(fp32 would run at a fraction of the tensor-core peak)"), [warn]
+        why = "its family overflows to NaN in fp16" if verdict == "overflows" else "no fp16 fine-tuning record is known for its family"
+        warn = (f"{spec.name} was trained in bf16 and {gpu.name} has no bf16 tensor cores: training in fp32 (slow), because {why} "
+                f"({source}). An Ampere-or-newer GPU (A10, A100, L4, RTX 30xx+) runs it in bf16")
+        return None, f"{gpu.name} ({gpu.generation}) lacks bf16, and {why} (bf16-trained), so fp32", [warn]
     return "fp16", f"{gpu.name} ({gpu.generation}) lacks bf16 but has fp16 tensor cores; AMP with loss scaling keeps fp32 master weights", []
 
 
@@ -65,6 +75,9 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     if forced:
         autocast = None if forced == "fp32" else forced
         reason, warns = f"precision={forced!r} was requested", list[str]()
+        if forced == "fp16" and spec.native_dtype == "bf16":
+            warns = [f"{spec.name} was trained in bf16: fp16 AMP usually fine-tunes {spec.model_type} well ({fp16_verdict(spec.model_type)[1]}); "
+                     "watch the loss for inf/NaN"]
     else:
         autocast, reason, warns = _auto_gpu_dtype(spec, gpu)
     alternatives = _mp_alternatives(spec, gpu, autocast)
@@ -89,7 +102,7 @@ def _mp_alternatives(spec: ModelSpec, gpu: GPU, chosen: str | None) -> tuple[Alt
                else "bf16 is as fast as fp16 here without fp16's overflow risk; chosen only if requested")
         out.append(Alternative(value="bf16", why_not=why))
     if chosen != "fp16":
-        why = ("overflows to NaN on a bf16-trained model" if spec.native_dtype == "bf16"
+        why = ("overflows to NaN on this bf16-trained family" if spec.native_dtype == "bf16" and fp16_verdict(spec.model_type)[0] != "fine"
                else "same speed as bf16 on this GPU but needs loss scaling and overflows more easily")
         out.append(Alternative(value="fp16", why_not=why, number=_ratio(gpu, "fp16"), unit="x fp32 peak"))
     if chosen is not None:

@@ -137,6 +137,10 @@ def _speed_key(p: Priced) -> tuple[float, int, str]:
 def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int,
                       choices: list[int], headroom: float, factors: Factors | None = None) -> Option:
     """Binary-search the largest fitting micro-batch (memory grows with it), then take the fastest fitting one."""
+    if template.optimizer_in_backward:   # no accumulation: the micro-batch is the whole per-device batch
+        choices = [c for c in choices if c == per_rank_batch]
+        if not choices:
+            return Option(template, None, None)
     lo, hi = 0, len(choices) - 1
     largest: Priced | None = None
     too_big: Priced | None = None
@@ -241,7 +245,8 @@ def sharded_gpus_needed(spec: ModelSpec, setup: Setup, gpu: GPU, hardware: Hardw
     while n <= max_gpus:
         nodes = max(1, n // per_node)
         hw = hardware.model_copy(update={"gpus": (gpu,) * min(n, per_node), "nodes": nodes})
-        s = setup.replace(strategy=strategy, num_gpus=min(n, per_node), nodes=nodes)
+        # a sharded run steps after the reduce-scatter: no optimizer step inside backward there
+        s = setup.replace(strategy=strategy, num_gpus=min(n, per_node), nodes=nodes, optimizer_in_backward=False)
         p = price(spec, s, hw)
         if fits(p.memory, hw, headroom):
             return n, p
@@ -252,11 +257,31 @@ def sharded_gpus_needed(spec: ModelSpec, setup: Setup, gpu: GPU, hardware: Hardw
 # --- the training ladder ----------------------------------------------------------------------------
 
 def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_half_allowed: bool, *, finetune: str,
-                   lora: LoraSpec, optimizer: str | None, checkpointing: bool | None) -> list[Rung]:
+                   lora: LoraSpec, optimizer: str | None, checkpointing: bool | None, model: ModelSpec | None = None,
+                   hardware: Hardware | None = None, wants: dict[str, object] | None = None) -> list[Rung]:
     """The memory-saving ladder in order of what each rung gives up, composed from the technique registry
     (each technique's ``ladder_order`` and ``rungs``; axis techniques such as checkpointing are searched inside
     every rung, so they are tried before the optimizer or the weights change). Sources: the transformers
     guide https://huggingface.co/docs/transformers/perf_train_gpu_one (fill the GPU, then trade memory)."""
     ctx = LadderContext(base=base, autocast=autocast, half=half, pure_half_allowed=pure_half_allowed,
-                        finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing)
-    return techniques.ladder(ctx)
+                        finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing,
+                        model=model, hardware=hardware, wants=dict(wants or {}))
+    rungs = master_weights_filter(techniques.ladder(ctx), ctx)
+    forced = ctx.wants.get("strategy")
+    if base.world_size == 1 and forced in ("zero2", "zero3"):   # one GPU, ZeRO-Offload asked for: only its layouts
+        rungs = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == forced)) for r in rungs]
+        rungs = [r for r in rungs if r.templates]
+    return rungs
+
+
+def master_weights_filter(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:
+    """``master_weights='fp32'`` keeps only fp32-master full fine-tunes, ``'bf16'`` only pure-bf16 ones."""
+    want = ctx.wants.get("master_weights")
+    if want is None or ctx.finetune != "full":
+        return rungs
+    if want == "bf16" and not ctx.pure_half_allowed:
+        raise ConflictingConstraintsError("master_weights='bf16' needs bf16 compute (a GPU with bf16 tensor cores); "
+                                          "use master_weights='fp32' or None")
+    keep = "fp32" if want == "fp32" else "bf16"
+    out = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.weights_dtype == keep)) for r in rungs]
+    return [r for r in out if r.templates]

@@ -42,7 +42,12 @@ class Layout:
         return "DeepSpeed ZeRO" if facts.zero_stage is not None else "FSDP2" if facts.fsdp else "torch DDP"
 
     def apply(self, s: Setup) -> Setup:
-        return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params)
+        # what a layout cannot carry falls back: DeepSpeed runs bf16, not accelerate's fp8; a sharded step follows
+        # the reduce-scatter, so it is never inside backward
+        keep: dict[str, object] = {"optimizer_in_backward": False} if self.strategy != "single" else {}
+        if s.autocast == "fp8" and STRATEGIES[self.strategy].zero_stage is not None:
+            keep["autocast"] = "bf16"
+        return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params, **keep)
 
 
 def layout_of(s: Setup) -> Layout:

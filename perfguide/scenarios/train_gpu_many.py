@@ -83,7 +83,7 @@ def plan(request: Request) -> Plan:
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, request.model)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
-    base = Setup(task="train", device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
     ladder = allowed_levels(world, cons.allow_offload, cons.strategy)

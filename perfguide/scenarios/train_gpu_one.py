@@ -26,7 +26,7 @@ def plan(request: Request) -> Plan:
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, spec)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
-    base = Setup(task="train", device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     return plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
                          suggest=what_would_fit)
@@ -43,7 +43,9 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
             c = r.chosen
             out.append(f"finetune={kind!r} fits on {gpu.name}: {gib(c.memory.device_total)} per device, "
                        f"{c.step_time:.3g} s/step ({c.setup.label})")
-    reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
+    # what a bigger GPU or N GPUs would run: the leanest on-GPU setup (host offload already failed here)
+    reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1, strategy="single",
+                                                    offload_optimizer=False, offload_params=False, activation_offloading=False)
     big = bigger_gpu(spec, reference, hw, h)
     if big:
         name, p = big

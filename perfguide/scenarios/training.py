@@ -31,6 +31,7 @@ from .search import (
     training_rungs,
     usable_bytes,
 )
+from .technique_decisions import technique_decisions
 from .types import Constraints, Plan, Request
 
 Suggest = Callable[[Request, SearchResult, dict[str, SearchResult], str], tuple[str, ...]]
@@ -42,6 +43,15 @@ _LADDER_SOURCE = f"{_GUIDE} (batch size first, then gradient accumulation; check
 def check_optimizer(name: str | None) -> None:
     if name is not None and name not in OPTIMIZERS:
         raise unknown_value("optimizer", name, OPTIMIZERS, ConflictingConstraintsError)
+
+
+TECHNIQUE_CONSTRAINTS = ("liger_kernel", "optimizer_in_backward", "activation_offloading", "padding_free", "fp8", "master_weights",
+                         "strategy", "allow_offload", "precision")
+
+
+def technique_wants(cons: Constraints) -> dict[str, object]:
+    """What the user forced per technique (the ladder's techniques read it; None means the search decides)."""
+    return {k: getattr(cons, k) for k in TECHNIQUE_CONSTRAINTS if getattr(cons, k) is not None}
 
 
 def finetune_mode(cons: Constraints) -> str:
@@ -96,7 +106,8 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     def run(kind: str) -> SearchResult:
         rungs = training_rungs(base, prec.autocast, prec.half, prec.pure_half_allowed, finetune=kind, lora=lora,
-                               optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing)
+                               optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing, model=spec, hardware=hw,
+                               wants=technique_wants(cons))
         return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose,
                       factors=request.calibration)
 
@@ -111,7 +122,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters)]
+    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *technique_decisions(request, chosen)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)

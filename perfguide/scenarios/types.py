@@ -53,6 +53,14 @@ class Constraints(Model):
     strategy: str | None = None
     allow_offload: StrictBool = True
     from_scratch: StrictBool = False
+    # the technique stack (perfguide.techniques): None lets the search decide, True/False forces
+    liger_kernel: StrictBool | None = None
+    optimizer_in_backward: StrictBool | None = None
+    activation_offloading: StrictBool | None = None
+    padding_free: StrictBool | None = None
+    fp8: StrictBool | None = None
+    avg_seq_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample; None: samples fill seq_len")
+    master_weights: Literal["fp32", "bf16"] | None = None   # None: the plan picks (fp32 masters first) and says what it traded
     # inference
     prompt_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000)
     max_new_tokens: StrictInt = Field(default=256, ge=1, le=10_000_000)

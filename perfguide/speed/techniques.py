@@ -14,40 +14,10 @@ achievable rate, bytes over a bandwidth); constants live in data/techniques.json
 
 from __future__ import annotations
 
-from functools import cache
-
-from pydantic import BaseModel, ConfigDict
-
-from .._data import load
+from .._technique_data import constants
 from ..hardware.types import GPU, Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
-
-
-class _Constant(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    value: float
-    source: str
-
-
-class TechniqueConstants(BaseModel):
-    """data/techniques.json, validated once: a missing constant or a misspelt key fails at load."""
-
-    model_config = ConfigDict(extra="forbid")
-    hf_loss_bytes_per_logit: _Constant
-    fp8_cast_bytes_per_element: _Constant
-    fp8_peak_fraction: _Constant
-    compile_kernel_fraction: _Constant
-    compile_seconds_per_layer_type: _Constant
-    compile_seconds_base: _Constant
-    paged_pcie_passes: _Constant
-    activation_offload_pcie_passes: _Constant
-
-
-@cache
-def constants() -> TechniqueConstants:
-    data = {k: v for k, v in load("techniques").items() if not k.startswith("_")}
-    return TechniqueConstants.model_validate(data)
 
 
 def _c(name: str) -> float:

@@ -81,6 +81,17 @@ def ladder(ctx: LadderContext) -> list[Rung]:
     out: list[Rung] = []
     for t in rung_makers:
         for rung in t.rungs(ctx):
-            templates = tuple(s.replace(**c) for s in rung.templates for c in combos)
+            templates = tuple(combined for s in rung.templates for c in combos if (combined := _combined(s, c)) is not None)
             out.append(Rung(rung.name, rung.tradeoff, templates))
     return out
+
+
+def _combined(template: Setup, update: dict[str, Any]) -> Setup | None:
+    """The template with one combination of axis values, or None where the Setup refuses it (fp8 under DeepSpeed,
+    Liger on a model type it does not patch...): such a combination is not a candidate."""
+    if not update:
+        return template
+    try:
+        return template.replace(**update)
+    except ValueError:
+        return None

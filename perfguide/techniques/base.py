@@ -50,6 +50,11 @@ class LadderContext:
     lora: LoraSpec
     optimizer: str | None            # the requested optimizer, None: perfguide picks
     checkpointing: bool | None       # the requested checkpointing, None: searched
+    model: ModelSpec | None = None   # what techniques gated on the model family read (Liger's model types)
+    hardware: Hardware | None = None  # what techniques gated on the GPU read (fp8)
+    #: the user's constraint per technique field (liger_kernel, optimizer_in_backward, padding_free,
+    #: activation_offloading, fp8, master_weights); absent or None: perfguide decides
+    wants: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

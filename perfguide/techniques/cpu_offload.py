@@ -10,13 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from ..optimizer_facts import row
-from .base import EmitContext, Technique
+from .base import EmitContext, LadderContext, Rung, Technique
 
 SOURCES = (
     "Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840)",
     "https://www.deepspeed.ai/docs/config-json/#parameter-offloading",
     "https://huggingface.co/docs/accelerate/usage_guides/fsdp",
+    "https://www.deepspeed.ai/tutorials/zero-offload/ (13B on a single V100)",
 )
+#: one GPU: ZeRO-Offload (stage 2: optimizer states, fp32 master and the update on the CPU) before ZeRO-3 with the
+#: weights offloaded too (every layer's weights cross PCIe twice per micro-step)
+ONE_GPU_LAYOUTS: tuple[tuple[str, bool, bool], ...] = (("zero2", True, False), ("zero3", True, True))
 _OFFLOAD = {"device": "cpu", "pin_memory": True}
 #: (strategy, offload_optimizer, offload_params) layouts of the ladder's "CPU offload" level, FSDP2 first.
 LAYOUTS: tuple[tuple[str, bool, bool], ...] = (("fsdp", True, True), ("zero2", True, False), ("zero3", True, False), ("zero3", True, True))
@@ -28,9 +32,26 @@ class CpuOffload(Technique):
     summary = "optimizer states (and parameters) in pinned host RAM, stepped by the CPU"
     sources = SOURCES
     order = 60
+    ladder_order = 45
 
     def active(self, setup: Any) -> bool:
         return setup.offload_optimizer or setup.offload_params
+
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        """One GPU (train_gpu_one): the last full fine-tuning rung keeps exact AMP semantics (fp32 masters on the
+        CPU) and gives up speed: the CPU steps the optimizer and the states cross PCIe every step."""
+        b = ctx.base
+        forced = ctx.wants.get("strategy")
+        if (ctx.finetune != "full" or b.device != "cuda" or b.world_size != 1 or b.strategy != "single"
+                or ctx.wants.get("allow_offload") is False):
+            return []
+        layouts = [lay for lay in ONE_GPU_LAYOUTS if forced in (None, lay[0])]
+        acts = (False, True) if ctx.wants.get("activation_offloading") is not False else (False,)
+        autocast = "bf16" if ctx.autocast == "fp8" else ctx.autocast
+        templates = tuple(b.replace(weights_dtype="fp32", autocast=autocast, optimizer=ctx.optimizer or "adamw_torch", strategy=st,
+                                    offload_optimizer=oo, offload_params=op, activation_offloading=a)
+                          for st, oo, op in layouts for a in acts)
+        return [Rung("CPU offload (one GPU)", "optimizer states, fp32 masters and the update on the CPU (ZeRO-Offload): exact AMP, slower", templates)]
 
     def fsdp_config(self, ctx: EmitContext) -> dict[str, Any]:
         # FSDP offload is all-or-nothing: params, grads and optimizer together
@@ -43,6 +64,10 @@ class CpuOffload(Technique):
             out["offload_optimizer"] = dict(_OFFLOAD)
         if s.offload_params and s.zero_stage == 3:
             out["offload_param"] = dict(_OFFLOAD)
+        if s.world_size == 1 and s.zero_stage == 2:
+            from ..memory.sharding import ONE_GPU_BUCKET
+
+            out.update(allgather_bucket_size=ONE_GPU_BUCKET, reduce_bucket_size=ONE_GPU_BUCKET)
         return out
 
     def deepspeed_top(self, ctx: EmitContext) -> dict[str, Any]:

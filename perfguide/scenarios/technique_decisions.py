@@ -1,0 +1,62 @@
+"""Decisions for the technique stack: each technique the chosen Setup uses says what it bought, priced against the
+same plan without it (memory, step time), with its public sources; the report shows them next to the ladder's.
+"""
+
+from __future__ import annotations
+
+from .. import techniques
+from ..decisions import Alternative, Decision
+from ..setup import Setup
+from .search import Priced, gib, price
+from .types import Request
+
+#: technique -> the Setup change that turns it off (the comparison each decision prices)
+_WITHOUT: dict[str, dict[str, object]] = {
+    "liger_kernel": {"liger_kernel": False},
+    "optimizer_in_backward": {"optimizer_in_backward": False},
+    "activation_offloading": {"activation_offloading": False},
+    "padding_free": {"padding_free": False},
+    "fp8": {"autocast": "bf16"},
+    "cpu_offload": {"strategy": "single", "offload_optimizer": False, "offload_params": False},
+}
+
+
+def _without(setup: Setup, name: str) -> Setup | None:
+    try:
+        return setup.replace(**_WITHOUT[name])
+    except ValueError:
+        return None
+
+
+def _reason(name: str, chosen: Priced, other: Priced | None) -> str:
+    s, m, t = chosen.setup, chosen.memory, chosen.throughput
+    extra = ""
+    if name == "cpu_offload":
+        extra = f"; host RAM {gib(m.cpu_ram)} per node, {t.offload_time_s:.3g} s/step over PCIe and the CPU optimizer"
+    elif name == "activation_offloading" and other is not None:
+        extra = f"; {gib(max(0, m.cpu_ram - other.memory.cpu_ram))} of activations in pinned host RAM"
+    elif name == "padding_free":
+        extra = f"; pays for {s.avg_seq_len} real tokens per sample instead of seq_len={s.seq_len}"
+    elif name == "optimizer_in_backward":
+        extra = "; needs gradient_accumulation_steps=1 and max_grad_norm=0 (Trainer(optimizers=rec.optimizers(model, args)))"
+    if other is None:
+        return f"{techniques.get(name).summary}{extra}"
+    return (f"{techniques.get(name).summary}: {gib(m.device_total)} and {t.step_time_s:.3g} s/step, against "
+            f"{gib(other.memory.device_total)} and {other.step_time:.3g} s/step without it{extra}")
+
+
+def technique_decisions(request: Request, chosen: Priced) -> list[Decision]:
+    """One Decision per technique of ``_WITHOUT`` the chosen Setup uses."""
+    out = []
+    for t in techniques.active(chosen.setup):
+        if t.name not in _WITHOUT:
+            continue
+        off = _without(chosen.setup, t.name)
+        other = price(request.model, off, request.hardware, request.calibration) if off is not None else None
+        alts = () if other is None else (Alternative(
+            value=False, number=other.memory.device_total, unit="bytes",
+            why_not=f"{gib(other.memory.device_total)} per device, {other.step_time:.3g} s/step"),)
+        saved = None if other is None else other.memory.device_total - chosen.memory.device_total
+        out.append(Decision(setting=t.name, value=True, reason=_reason(t.name, chosen, other), number=saved,
+                            unit="bytes saved" if saved is not None else None, source=t.source, alternatives=alts))
+    return out

@@ -1,0 +1,61 @@
+"""Optimizer step inside backward: each parameter steps as soon as its gradient is complete and the gradient is
+freed, so the full set of gradients never exists (saves ~all gradient bytes: 2 B/param in pure bf16).
+
+Routes: transformers' own ``optim="lomo"/"adalomo"`` and the ``*_layerwise`` GaLore/APOLLO optimizers (their
+optimizers fuse the update into backward), and for every other ``optim`` perfguide's hooks for the plain Trainer /
+accelerate loop (integrations/optim_in_backward.py: ``Trainer(optimizers=rec.optimizers(model, args))``), the
+pattern of torchtune's ``optimizer_in_bwd``. Gradient accumulation and global-norm clipping cannot work with it
+(a parameter would step every micro-batch; no moment holds all gradients), nor fp16 loss scaling; the Setup
+refuses those. The rung comes after pure bf16: it gives up clipping and accumulation, so the micro-batch must
+be the whole per-device batch; activation offloading is tried with it, since that micro-batch is large.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import EmitContext, LadderContext, Requires, Rung, Technique
+
+SOURCES = (
+    "https://pytorch.org/tutorials/intermediate/optimizer_step_in_backward_tutorial.html",
+    "https://pytorch.org/torchtune/main/tutorials/memory_optimizations.html#fusing-optimizer-step-into-backward-pass",
+    "https://github.com/pytorch/torchtune/blob/main/recipes/configs/llama3_1/8B_full_single_device.yaml (optimizer_in_bwd, PagedAdamW8bit)",
+)
+#: optimizers tried in the rung, lightest state first: paged 8-bit state can even leave the GPU under pressure
+RUNG_OPTIMIZERS = ("paged_adamw_8bit", "adamw_bnb_8bit", "adamw_torch_fused")
+
+
+class OptimizerInBackward(Technique):
+    name = "optimizer_in_backward"
+    fields = ("optimizer_in_backward",)
+    summary = "each parameter steps as its gradient is ready: gradients are never all held"
+    sources = SOURCES
+    requires = Requires(tasks=("train",), finetune=("full",))
+    order = 22
+    ladder_order = 35
+
+    def active(self, setup: Any) -> bool:
+        return bool(setup.optimizer_in_backward)
+
+    def rungs(self, ctx: LadderContext) -> list[Rung]:
+        wanted = ctx.wants.get("optimizer_in_backward")
+        if ctx.finetune != "full" or wanted is False or ctx.autocast == "fp16" or ctx.base.world_size > 1:
+            return []
+        per_rank = ctx.base.micro_batch_size * ctx.base.gradient_accumulation_steps
+        weights = ("bf16",) if ctx.pure_half_allowed and ctx.wants.get("master_weights") != "fp32" else ("fp32",)
+        if ctx.wants.get("master_weights") == "bf16" and not ctx.pure_half_allowed:
+            return []
+        optimizers = (ctx.optimizer,) if ctx.optimizer else RUNG_OPTIMIZERS
+        offload = (False, True) if ctx.base.device == "cuda" and ctx.wants.get("activation_offloading") is not False else (False,)
+        templates = tuple(
+            ctx.base.replace(weights_dtype=w, autocast=ctx.autocast, optimizer=o, optimizer_in_backward=True,
+                             micro_batch_size=per_rank, gradient_accumulation_steps=1, activation_offloading=a)
+            for w in weights for o in optimizers for a in offload)
+        return [Rung("step in backward", "each parameter steps inside backward: no gradient accumulation, no global-norm clipping", templates)]
+
+    def training_args(self, ctx: EmitContext) -> dict[str, Any]:
+        # no moment holds every gradient, so the Trainer's default clipping (max_grad_norm=1.0) must be off
+        return {"max_grad_norm": 0.0} if self.active(ctx.setup) else {}
+
+
+TECHNIQUES = (OptimizerInBackward(),)
