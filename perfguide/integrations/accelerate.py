@@ -161,24 +161,27 @@ def _fsdp_yaml(rec: Recommendation) -> dict[str, Any]:
     return cfg
 
 
-def write_accelerate_config(rec: Recommendation, path: str | Path = DEFAULT_CONFIG_FILE, *, overwrite: bool = False) -> Path:
-    """Write the YAML (and, for ZeRO plans, ``<stem>_deepspeed.json`` beside it); returns the YAML path.
+def accelerate_files(rec: Recommendation, path: str | Path = DEFAULT_CONFIG_FILE) -> dict[Path, str]:
+    """``{path: text}`` of the YAML and, for ZeRO plans, ``<stem>_deepspeed.json`` beside it (nothing written).
 
     The YAML names the JSON by its bare file name, relative to the directory both are written to, so the pair
     carries from the machine that planned to the one that runs (accelerate resolves it against the launch
-    directory; ``rec.launch_command(config_file=...)`` also passes the JSON's path explicitly). Existing files are
-    kept (OutputExistsError) unless ``overwrite=True``; symlinks are replaced, never written through.
+    directory; ``rec.launch_command(config_file=...)`` also passes the JSON's path explicitly).
     """
     import yaml
-
-    from .files import write_files
 
     path = Path(path)
     ds = deepspeed_config(rec)
     ds_path = deepspeed_file_for(path)
-    cfg = accelerate_config(rec, deepspeed_config_file=ds_path.name)
-    files = {path: yaml.safe_dump(cfg, sort_keys=False)}
+    files = {path: yaml.safe_dump(accelerate_config(rec, deepspeed_config_file=ds_path.name), sort_keys=False)}
     if ds is not None:
         files[ds_path] = json.dumps(ds, indent=2) + "\n"
-    write_files(files, overwrite)
-    return path
+    return files
+
+
+def write_accelerate_config(rec: Recommendation, path: str | Path = DEFAULT_CONFIG_FILE, *, overwrite: bool = False) -> Path:
+    """Write ``accelerate_files``; returns the YAML path. Existing files are kept (OutputExistsError) unless
+    ``overwrite=True``; symlinks are replaced, never written through; the set is written all or nothing."""
+    from .files import write_files
+
+    return write_files(accelerate_files(rec, path), overwrite)[0]
