@@ -10,6 +10,7 @@ setting that changes memory or speed is written both ways, so no default of eith
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError
@@ -39,18 +40,20 @@ def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
 
 
 def technique_keys(setup: Setup) -> dict[str, Any]:
-    """The SFTConfig-only keys, the one place they are decided: a Setup never packs, pads free, offloads
-    activations or patches Liger kernels unless a technique says so, and the sequence length is the priced one.
+    """The SFTConfig-only keys, the one place they are decided, each from its Setup field (off unless the plan
+    uses the technique); the sequence length is the priced one.
 
-    ``packing=False`` pads each batch to its longest row (at most ``max_length``), which the plan's
-    ``seq_len``-per-sample pricing bounds; ``padding_free`` needs FlashAttention (trl sft_config.py).
+    ``packing`` stays off: packing fills every row to ``max_length``, more tokens per micro-batch than a plan
+    prices. Without it TRL pads each batch to its longest row (at most ``max_length``), which the plan's
+    ``seq_len``-per-sample pricing bounds. TRL refuses ``padding_free`` without packing unless ``max_length`` is
+    None (sft_trainer.py: "max_length is not enforced"), so a padding-free plan's rows must arrive truncated.
     """
     return {
-        "max_length": setup.seq_len,
+        "max_length": None if setup.padding_free else setup.seq_len,
         "packing": False,
-        "padding_free": False,
-        "activation_offloading": False,
-        "use_liger_kernel": False,
+        "padding_free": setup.padding_free,
+        "activation_offloading": setup.activation_offloading,
+        "use_liger_kernel": setup.liger_kernel,
     }
 
 
@@ -60,6 +63,9 @@ def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     kw = training_args_dict(rec)
     kw.update(explicit_training_keys(rec))
     kw.update(technique_keys(s))
+    if s.padding_free and "max_length" not in overrides:
+        warnings.warn(f"padding-free plan: TRL enforces no max_length without packing, so truncate each sample to the planned "
+                      f"seq_len={s.seq_len} tokens before training (rows longer than that were not priced)", stacklevel=3)
     kw.update(overrides)
     return kw
 
