@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError
-from ._plan import is_fsdp, require_training, target_supports_tf32
+from ._plan import emitted, is_fsdp, require_training, target_supports_tf32
 from .transformers import check_machine, training_args_dict
 
 if TYPE_CHECKING:
@@ -40,8 +40,9 @@ def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
 
 
 def technique_keys(setup: Setup) -> dict[str, Any]:
-    """The SFTConfig-only keys, the one place they are decided, each from its Setup field (off unless the plan
-    uses the technique); the sequence length is the priced one.
+    """The SFTConfig-only keys, each from its Setup field (off unless the plan uses the technique), with the
+    priced sequence length. A technique that declares ``trl_args`` (perfguide.techniques) overrides its keys here,
+    so a key is decided by its technique module once it has one, and written out both ways either way.
 
     ``packing`` stays off: packing fills every row to ``max_length``, more tokens per micro-batch than a plan
     prices. Without it TRL pads each batch to its longest row (at most ``max_length``), which the plan's
@@ -63,6 +64,7 @@ def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     kw = training_args_dict(rec)
     kw.update(explicit_training_keys(rec))
     kw.update(technique_keys(s))
+    kw.update(emitted(rec, "trl_args"))
     if s.padding_free and "max_length" not in overrides:
         warnings.warn(f"padding-free plan: TRL enforces no max_length without packing, so truncate each sample to the planned "
                       f"seq_len={s.seq_len} tokens before training (rows longer than that were not priced)", stacklevel=3)
