@@ -21,12 +21,20 @@ from .setup import Setup
 NONE_WORD = "none"
 
 
+def _plain(annotation: Any) -> Any:
+    """``Annotated[int, Strict()]`` (pydantic's StrictInt inside a union) -> ``int``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
 def _split_optional(annotation: Any) -> tuple[Any, bool]:
     """``X | None`` -> (X, True); anything else -> (annotation, False)."""
+    annotation = _plain(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
         if len(args) < len(typing.get_args(annotation)):
-            return (args[0] if len(args) == 1 else typing.Union[tuple(args)]), True  # noqa: UP007 - built at run time
+            return (_plain(args[0]) if len(args) == 1 else typing.Union[tuple(args)]), True  # noqa: UP007 - built at run time
     return annotation, False
 
 
