@@ -14,6 +14,7 @@ from .model.types import ModelSpec
 from .recommendation import Recommendation
 from .scenarios import registry
 from .scenarios.applicable import check_applicable
+from .scenarios.module_state import as_the_module_is
 from .scenarios.registry import DEFAULT_GLOBAL_BATCH, DEFAULT_PROMPT_LEN, DEFAULT_TRAIN_SEQ_LEN, ScenarioInfo
 from .scenarios.types import Constraints, Request
 from .setup import Setup
@@ -119,6 +120,7 @@ def recommend(
     _positive("global_batch_size", global_batch_size, MAX_GLOBAL_BATCH)
     cons = _constraints(constraints)
     spec = ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code)
+    cons = as_the_module_is(info.task, spec, cons)
     hw = resolve_hardware(hardware, host_ram)
     if info.device == "cuda" and not hw.has_gpu:
         cpu = registry.find(info.task, "cpu", False)

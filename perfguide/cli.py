@@ -2,7 +2,9 @@
 
 Every command prints something copy-pasteable on stdout (a report, or JSON with ``--json``) and keeps
 messages, progress and errors on stderr, so ``perfguide recommend ... --json | jq`` always works.
-A PerfGuideError becomes ``error: <one line>`` and exit status 2, never a traceback.
+A PerfGuideError (or a usage error) becomes ``error: <one line>`` and exit status 2, never a traceback; with
+``--json`` stdout also gets ``{"error": {"type": ..., "message": ...}}``. ``recommend`` exits 3 when nothing fits
+(the report, with what would fit, is still printed).
 """
 
 from __future__ import annotations
@@ -48,10 +50,31 @@ examples:
   perfguide estimate llama-3-8b --hardware a100-80gb --weights-dtype nf4 --lora-r 16 --gradient-checkpointing
   perfguide estimate gpt2 --method trace --json            # exact bytes from a fake-tensor trace (slower)
 """
-#: recommend flags passed on as ``recommend(**constraints)`` when given
-CONSTRAINT_FLAGS = ("precision", "optimizer", "finetune", "max_new_tokens", "batch_size", "nodes", "num_gpus", "headroom",
-                    "engine", "quantization", "prefer", "prompt_len")
 PROBE_WORD = "probe"
+#: exit statuses: 0 done, 1 unexpected failure (a bug: the traceback is shown), 2 bad input or usage, 3 nothing fits
+EXIT_OK, EXIT_ERROR, EXIT_NO_FIT = 0, 2, 3
+#: help for Constraints fields whose pydantic description is missing or too terse for a --help line
+CONSTRAINT_HELP = {
+    "precision": "(default: the best the GPU supports)",
+    "nodes": "identical machines (default 1)",
+    "headroom": "fraction of device memory (and of host RAM for offload) kept free (default 0.10)",
+    "optimizer": "a TrainingArguments optim value (default: perfguide decides)",
+    "finetune": "(default: full, with LoRA/QLoRA suggested when it does not fit)",
+    "gradient_checkpointing": "force activation checkpointing on or off (default: perfguide decides)",
+    "micro_batch_size": "force the per-device micro-batch (default: the largest that fits)",
+    "strategy": "force a multi-GPU strategy: ddp, fsdp, fsdp_shard_grad_op, zero1, zero2, zero3 (default: perfguide decides)",
+    "attn_implementation": "force an attention kernel (default: perfguide decides)",
+    "num_gpus": "GPUs (or CPU processes) per node to use (default: all)",
+    "batch_size": "inference: concurrent sequences (default 1)",
+    "allow_offload": "allow CPU offload when nothing else fits",
+    "from_scratch": "training from random weights (8-bit optimizers then use bnb StableEmbedding)",
+    "max_new_tokens": "inference: tokens generated per request",
+    "prompt_len": "inference: prompt tokens (default: the sequence length)",
+    "quantization": "inference: quantized weights (int8/nf4 with transformers; fp8, awq, gptq or nf4 with vllm/sglang)",
+    "prefer": "inference: optimise for latency or throughput",
+    "trust_remote_code": "allow a hub config's own code when reading the model",
+    "engine": "inference: serving engine (default: transformers)",
+}
 
 
 # --- small shared helpers ---------------------------------------------------------------------
@@ -97,6 +120,11 @@ def _print_json(data: Any) -> None:
     _emit(json.dumps(data, indent=2, default=str))
 
 
+def _error_json(kind: str, message: str, code: int) -> None:
+    """What ``--json`` users read on stdout when a command fails: the same one line, as data."""
+    _print_json({"error": {"type": kind, "message": message, "exit_code": code}})
+
+
 def _hardware(value: str | None) -> Any:
     """``--hardware`` passes a name ("a100-80gb:8") straight to the API; the word "probe" means this machine."""
     if value == PROBE_WORD:
@@ -117,27 +145,56 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _constraints_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    from .cli_setup import values_from_args
+    from .scenarios.types import Constraints
+
+    return values_from_args(args, Constraints)
+
+
+def _write_configs(rec: Any, directory: str, force: bool) -> list[str]:
+    """Every file the printed launch command names, plus the plan's kwargs as JSON, in ``directory``, all or none."""
+    from pathlib import Path
+
+    from .integrations.accelerate import accelerate_files
+    from .integrations.files import write_files
+
+    root = Path(directory)
+    files = accelerate_files(rec, root / "accelerate.yaml")
+    files[root / "training_args.json"] = json.dumps(rec.training_args_dict(), indent=2, default=str) + "\n"
+    files[root / "sft_config.json"] = json.dumps(rec.sft_config_dict(), indent=2, default=str) + "\n"
+    written = write_files(files, overwrite=force)
+    _note(f"launch with: {rec.launch_command('train.py', config_file=str(root / 'accelerate.yaml'))}")
+    return [str(p) for p in written]
+
+
 def cmd_recommend(args: argparse.Namespace) -> int:
     from .api import recommend
 
-    constraints = {name: getattr(args, name) for name in CONSTRAINT_FLAGS if getattr(args, name) is not None}
     rec = recommend(args.model, args.scenario, hardware=_hardware(args.hardware), host_ram=args.host_ram,
-                    seq_len=args.seq_len, global_batch_size=args.global_batch_size, **constraints)
+                    seq_len=args.seq_len, global_batch_size=args.global_batch_size, **_constraints_from_args(args))
     if args.plot:
         with progress("drawing the memory plot"):
             path = rec.plot(args.plot)
         _note(f"wrote the memory plot to {path}")
     if args.write_accelerate_config:
-        _note(f"wrote the accelerate config to {rec.write_accelerate_config(args.write_accelerate_config)}")
+        _note(f"wrote the accelerate config to {rec.write_accelerate_config(args.write_accelerate_config, overwrite=args.force)}")
+    if args.write_configs:
+        _note(f"wrote {', '.join(_write_configs(rec, args.write_configs, args.force))}")
     if args.json:
         _emit(rec.to_json())
     elif args.training_args:
         _print_json(rec.training_args_dict())
     elif args.serve_command:
         _emit(rec.serve_command())
+    elif args.sft_config:
+        _print_json(rec.sft_config_dict())
     else:
         _emit(rec.report(_report_format(args)))
-    return 0
+    if not rec.fits:
+        _note(f"nothing fits: exit status {EXIT_NO_FIT} (the report above says what would)")
+        return EXIT_NO_FIT
+    return EXIT_OK
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
@@ -191,7 +248,7 @@ def _subparser(subs: Any, name: str, func: Callable[[argparse.Namespace], int], 
 
 def _common() -> argparse.ArgumentParser:
     """Options every subcommand accepts after its name too (``perfguide recommend gpt2 -vv``)."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, help="more logging (-vv: debug)")
     return common
 
@@ -204,25 +261,22 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--host-ram", metavar="SIZE", help="the target's host RAM, e.g. 2TB or 768GiB (default: what the named node ships with)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample (default: min(2048, model limit) for training)")
     p.add_argument("--global-batch-size", type=int, metavar="N", help="samples per optimizer step, kept fixed (default 32)")
-    p.add_argument("--nodes", type=int, metavar="N", help="identical machines (default 1)")
-    p.add_argument("--num-gpus", type=int, metavar="N", help="GPUs per node to use (default: all)")
-    p.add_argument("--precision", metavar="P", help="bf16, fp16 or fp32 (default: best the GPU supports)")
-    p.add_argument("--optimizer", metavar="NAME", help="a TrainingArguments optim value (default: perfguide decides)")
-    p.add_argument("--finetune", metavar="KIND", help="full, lora or qlora (default full)")
-    p.add_argument("--headroom", type=float, metavar="F", help="fraction of device memory kept free (default 0.10)")
-    p.add_argument("--max-new-tokens", type=int, metavar="N", help="inference: tokens generated per request (default 256)")
-    p.add_argument("--batch-size", type=int, metavar="N", help="inference: concurrent sequences")
-    p.add_argument("--prompt-len", type=int, metavar="N", help="inference: prompt tokens per request (default: --seq-len)")
-    p.add_argument("--prefer", metavar="P", help="inference: throughput (default) or latency")
-    p.add_argument("--engine", metavar="E", help="inference: transformers (default), vllm or sglang")
-    p.add_argument("--quantization", metavar="Q", help="inference: int8 or nf4 (transformers); fp8, awq, gptq or nf4 (vllm/sglang)")
+    from .cli_setup import add_model_flags
+    from .scenarios.types import Constraints
+
+    add_model_flags(p, Constraints, "constraints (perfguide recommend(**constraints); unset ones: perfguide decides)",
+                    help_text=CONSTRAINT_HELP)
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the whole Recommendation as JSON")
     out.add_argument("--markdown", action="store_true", help="print the report as Markdown")
     out.add_argument("--training-args", action="store_true", help="print the TrainingArguments kwargs as JSON")
     out.add_argument("--serve-command", action="store_true", help="print the vllm serve / sglang.launch_server command (with --engine)")
+    out.add_argument("--sft-config", action="store_true", help="print the trl.SFTConfig kwargs as JSON")
     p.add_argument("--plot", metavar="PNG", help="also draw peak memory vs micro-batch and sequence length (needs matplotlib)")
     p.add_argument("--write-accelerate-config", metavar="PATH", help="also write the accelerate launch config (YAML)")
+    p.add_argument("--write-configs", metavar="DIR", help="also write accelerate.yaml (+ accelerate_deepspeed.json for ZeRO), "
+                   "training_args.json and sft_config.json into DIR, and print the launch command that uses them")
+    p.add_argument("--force", action="store_true", help="replace files --write-* would write that already exist (default: refuse)")
 
 
 def _add_estimate(subs: Any, common: argparse.ArgumentParser) -> None:
@@ -248,7 +302,7 @@ def _add_calibrate(subs: Any, common: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="perfguide", description="Train or serve a transformer fast on your hardware without running out of memory, and know why.",
         epilog=MAIN_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"perfguide {__version__}")
@@ -287,29 +341,48 @@ def configure_logging(verbosity: int) -> None:
         logger.addHandler(handler)
 
 
+class UsageError(Exception):
+    """A command line argparse refused; raised instead of argparse's exit so ``--json`` can report it too."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        raise UsageError(f"{self.prog}: {message}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``perfguide`` and ``python -m perfguide``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --version, usage errors: argparse already printed
-        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+    except UsageError as exc:
+        _note(f"error: {exc}")
+        if "--json" in argv:
+            _error_json("UsageError", str(exc), EXIT_ERROR)
+        return EXIT_ERROR
+    except SystemExit as exc:  # --help, --version: argparse already printed
+        return exc.code if isinstance(exc.code, int) else 0 if exc.code is None else EXIT_ERROR
     configure_logging(getattr(args, "verbose", 0))
     if not hasattr(args, "func"):
         parser.print_help(sys.stderr)
-        return 2
+        return EXIT_ERROR
     return run_command(args)
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Run the chosen command: PerfGuideError -> ``error: ...`` and 2, warnings -> ``warning: ...``, no tracebacks."""
+    """Run the chosen command: PerfGuideError -> ``error: ...`` and 2 (plus a JSON error object on stdout with
+    ``--json``), warnings -> ``warning: ...``, no tracebacks."""
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
             return args.func(args)
     except PerfGuideError as exc:
         _note(f"error: {exc}")
-        return 2
+        if getattr(args, "json", False):
+            _error_json(type(exc).__name__, str(exc), EXIT_ERROR)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         _note("interrupted")
         return 130

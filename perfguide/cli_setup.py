@@ -1,7 +1,10 @@
-"""``perfguide estimate`` flags generated from the Setup fields, so the CLI can never drift from the API.
+"""CLI flags generated from the pydantic models (``Setup`` for ``estimate``, ``Constraints`` for ``recommend``), so the
+CLI can never drift from the API: a field added to either model is a flag without touching the parser.
 
-Values are parsed loosely here (strings, ints, on/off) and validated by ``Setup.parse``, which gives the
-same one-line errors the Python API gives.
+Values are parsed loosely here (strings, numbers, on/off, comma lists) and validated by the models themselves,
+which give the same one-line errors the Python API gives. A nested model field (``lora``) becomes prefixed flags
+(``--lora-r``, ``--lora-use-dora``); setting any of them sets the nested object. Unset flags leave no value,
+so the model's own default (or "perfguide decides") applies.
 """
 
 from __future__ import annotations
@@ -11,18 +14,27 @@ import types
 import typing
 from typing import Any, Literal
 
-from .setup import LoraSpec, Setup
+from pydantic import BaseModel
+
+from .setup import Setup
 
 NONE_WORD = "none"
-LORA_FLAGS = ("r", "alpha")  # LoraSpec fields exposed as --lora-r / --lora-alpha
+
+
+def _plain(annotation: Any) -> Any:
+    """``Annotated[int, Strict()]`` (pydantic's StrictInt inside a union) -> ``int``."""
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
 
 
 def _split_optional(annotation: Any) -> tuple[Any, bool]:
     """``X | None`` -> (X, True); anything else -> (annotation, False)."""
+    annotation = _plain(annotation)
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0], True
+        if len(args) < len(typing.get_args(annotation)):
+            return (_plain(args[0]) if len(args) == 1 else typing.Union[tuple(args)]), True  # noqa: UP007 - built at run time
     return annotation, False
 
 
@@ -30,45 +42,107 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _optional_str(value: str) -> str | None:
-    return None if value.lower() == NONE_WORD else value
+def _none_or(convert: Any) -> Any:
+    def parse(value: str) -> Any:
+        return None if value.lower() == NONE_WORD else convert(value)
+
+    parse.__name__ = getattr(convert, "__name__", "value")  # argparse names the type in its error message
+    return parse
 
 
-def _optional_int(value: str) -> int | None:
-    return None if value.lower() == NONE_WORD else int(value)
+def _names(value: str) -> str | tuple[str, ...]:
+    """``q_proj,v_proj`` -> a tuple; a single word (``all-linear``) stays a word."""
+    parts = tuple(p.strip() for p in value.split(",") if p.strip())
+    return parts if len(parts) > 1 or "," in value else value
 
 
-def _add_field(group: argparse._ArgumentGroup, name: str, annotation: Any, default: Any, description: str | None) -> None:
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _kind(inner: Any) -> str | None:
+    """bool / int / float / str / names (tuple of str, maybe or a word) / model / None (not a flag)."""
+    if inner in (bool, int, float, str):
+        return inner.__name__
+    if typing.get_origin(inner) is Literal:
+        return "str"
+    if _is_model(inner):
+        return "model"
+    members = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, types.UnionType) else (inner,)
+    if any(typing.get_origin(m) is tuple for m in members):
+        return "names"
+    return None
+
+
+def _choices(inner: Any) -> list[str]:
+    members = typing.get_args(inner) if typing.get_origin(inner) in (typing.Union, types.UnionType) else (inner,)
+    return [str(c) for m in members if typing.get_origin(m) is Literal for c in typing.get_args(m)]
+
+
+def _add_field(group: argparse._ArgumentGroup, dest: str, annotation: Any, default: Any, about: str) -> None:
     inner, nullable = _split_optional(annotation)
-    about = f"{description}; " if description else ""
+    kind = _kind(inner)
     unset = argparse.SUPPRESS  # flags not given leave no attribute, so "none" can mean None
-    if inner is bool:
-        group.add_argument(_flag(name), action=argparse.BooleanOptionalAction, default=unset, help=f"{about}default {default}")
-    elif inner is int:
-        group.add_argument(_flag(name), type=_optional_int if nullable else int, default=unset, metavar="N",
-                           help=f"{about}default {default}")
-    elif typing.get_origin(inner) is Literal or inner is str:
-        choices = list(typing.get_args(inner)) + ([NONE_WORD] if nullable else [])
-        shown = f"one of {', '.join(choices)}; " if inner is not str else f"'{NONE_WORD}' for None; " if nullable else ""
-        group.add_argument(_flag(name), type=_optional_str if nullable else str, default=unset, metavar=name.upper(),
-                           help=f"{about}{shown}default {default}")
+    shown = f"{about}; " if about else ""
+    if kind == "bool":
+        group.add_argument(_flag(dest), dest=dest, action=argparse.BooleanOptionalAction, default=unset,
+                           help=about if "default" in about else f"{shown}default {default}")
+        return
+    choices = _choices(inner)
+    if choices:
+        listed = f"one of {', '.join(choices + ([NONE_WORD] if nullable else []))}"
+    else:
+        listed = f"'{NONE_WORD}' for None" if nullable else ""
+    if kind == "names":
+        listed = "comma-separated module names, or all-linear"
+    said_default = "default" in about
+    tail = "; ".join(part for part in (listed, "" if said_default else f"default {default}") if part)
+    convert: Any = {"int": int, "float": float, "str": str, "names": _names}[kind]  # type: ignore[index]
+    metavar = {"int": "N", "float": "F", "names": "A,B"}.get(kind or "", dest.upper())
+    group.add_argument(_flag(dest), dest=dest, type=_none_or(convert) if nullable else convert, default=unset,
+                       metavar=metavar, help=f"{shown}{tail}" if tail else about)
+
+
+def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel], title: str, *, skip: tuple[str, ...] = (),
+                    help_text: dict[str, str] | None = None) -> None:
+    """One flag per field of ``model`` (nested models: one per their fields, prefixed), except ``skip``."""
+    group = parser.add_argument_group(title)
+    help_text = help_text or {}
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        inner, _ = _split_optional(field.annotation)
+        if _kind(inner) == "model":
+            for sub, subfield in inner.model_fields.items():
+                dest = f"{name}_{sub}"
+                if _kind(_split_optional(subfield.annotation)[0]) not in (None, "model"):
+                    _add_field(group, dest, subfield.annotation, subfield.default,
+                               help_text.get(dest, subfield.description or f"{name}.{sub}; setting any --{name}-* adds {name}"))
+        elif _kind(inner) is not None:
+            _add_field(group, name, field.annotation, field.default, help_text.get(name, field.description or ""))
+
+
+def values_from_args(args: argparse.Namespace, model: type[BaseModel], *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of ``model`` the user actually gave, nested ones as a dict when any of their flags was set."""
+    values: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        if name in skip:
+            continue
+        inner, _ = _split_optional(field.annotation)
+        if _kind(inner) == "model":
+            nested = {sub: getattr(args, f"{name}_{sub}") for sub in inner.model_fields if hasattr(args, f"{name}_{sub}")}
+            if nested:
+                values[name] = nested
+        elif hasattr(args, name):
+            values[name] = getattr(args, name)
+    return values
 
 
 def add_setup_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per Setup field (``--micro-batch-size``, ``--gradient-checkpointing/--no-...``), plus LoRA's r/alpha."""
-    group = parser.add_argument_group("setup (perfguide.Setup fields; unset ones keep the Setup default)")
-    for name, field in Setup.model_fields.items():
-        if name != "lora":
-            _add_field(group, name, field.annotation, field.default, field.description)
-    for name in LORA_FLAGS:
-        group.add_argument(f"--lora-{name}", type=int, default=None, metavar="N",
-                           help=f"add LoRA adapters with this {name} (default {LoraSpec.model_fields[name].default})")
+    """One flag per Setup field (``--micro-batch-size``, ``--gradient-checkpointing/--no-...``, ``--lora-r``...)."""
+    add_model_flags(parser, Setup, "setup (perfguide.Setup fields; unset ones keep the Setup default)")
 
 
 def setup_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The Setup dict of the flags the user actually gave; LoRA appears when any --lora-* flag is set."""
-    values = {name: getattr(args, name) for name in Setup.model_fields if name != "lora" and hasattr(args, name)}
-    lora = {name: getattr(args, f"lora_{name}") for name in LORA_FLAGS if getattr(args, f"lora_{name}") is not None}
-    if lora:
-        values["lora"] = lora
-    return values
+    return values_from_args(args, Setup)

@@ -46,6 +46,10 @@ class WrongMachineError(PerfGuideError):
     """Raised when an object can only be built on the hardware the plan targets."""
 
 
+class OutputExistsError(PerfGuideError):
+    """A file perfguide would write is already there (or is a symlink); it is kept unless overwriting was asked."""
+
+
 def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:
     """Return ' Did you mean: a, b?' (or '') for the closest accepted values."""
     close = difflib.get_close_matches(str(word).lower(), [c.lower() for c in choices], n=n, cutoff=0.5)

@@ -119,10 +119,11 @@ class Recommendation(Plan):
 
         return accelerate_config(self)
 
-    def write_accelerate_config(self, path: str | Path) -> Path:
+    def write_accelerate_config(self, path: str | Path = "accelerate.yaml", *, overwrite: bool = False) -> Path:
+        """The YAML (+ ``<stem>_deepspeed.json`` for ZeRO plans); existing files are kept unless ``overwrite=True``."""
         from .integrations.accelerate import write_accelerate_config
 
-        return write_accelerate_config(self, path)
+        return write_accelerate_config(self, path, overwrite=overwrite)
 
     def deepspeed_config(self) -> dict[str, Any] | None:
         from .integrations.deepspeed import deepspeed_config

@@ -91,7 +91,8 @@ def test_deepspeed_yaml_and_trainer_config_pass_accelerates_checks(tmp_path, mon
     path = rec.write_accelerate_config(tmp_path / "acc.yaml")
     cfg = load_config_from_file(str(path))
     assert cfg.distributed_type == DistributedType.DEEPSPEED and cfg.deepspeed_config["zero3_init_flag"] is True
-    assert json.loads(open(cfg.deepspeed_config["deepspeed_config_file"]).read()) == rec.deepspeed_config()
+    ds_file = path.parent / cfg.deepspeed_config["deepspeed_config_file"]  # named relative to the YAML's directory
+    assert json.loads(ds_file.read_text()) == rec.deepspeed_config()
     args, defaults, mp_from_config = launcher_args(path)
     fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
     args.deepspeed_fields_from_accelerate_config = ",".join(fields)

@@ -42,16 +42,16 @@ def assert_effective_args_equal_plan(args, rec):
     assert args.gradient_checkpointing is s.gradient_checkpointing  # TRL reads the old name
     assert args.bf16 is (s.autocast == "bf16") and args.fp16 is (s.autocast == "fp16")
     assert args.optim == s.optimizer
-    assert args.max_length == s.seq_len
-    assert args.packing is False and args.padding_free is False
-    assert args.use_liger_kernel is False and args.activation_offloading is False
+    assert args.max_length == (None if s.padding_free else s.seq_len)
+    assert args.packing is False and args.padding_free is s.padding_free
+    assert args.use_liger_kernel is s.liger_kernel and args.activation_offloading is s.activation_offloading
     assert args.use_cpu is (s.device == "cpu")
     assert args.torch_compile is s.torch_compile
 
 
-def sft_run(rec, model, tmp_path, peft_config=None, steps=2):
+def sft_run(rec, model, tmp_path, peft_config=None, steps=2, data=None):
     args = rec.sft_config(output_dir=str(tmp_path / "out"), max_steps=steps, **QUIET)
-    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=rows(), processing_class=tiny_tokenizer(), peft_config=peft_config)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data or rows(), processing_class=tiny_tokenizer(), peft_config=peft_config)
     batch = next(iter(trainer.get_train_dataloader()))
     trainer.train()
     assert trainer.state.global_step == steps
@@ -92,6 +92,26 @@ def test_lora_sft_trainer_wraps_exactly_the_priced_linears(tmp_path):
     per_block = r * ((h + h) + (h + kv) * 2 + (h + h) + (h + i) * 2 + (i + h))  # q, k+v, o, gate+up, down
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     assert trainable == per_block * TINY_LLAMA["num_hidden_layers"]
+
+
+@pytest.mark.slow
+def test_padding_free_plan_flattens_the_batch_in_sft_trainer(tmp_path):
+    rec = make_rec({"device": "cpu", "optimizer": "adamw_torch", "micro_batch_size": 4, "seq_len": 16, "padding_free": True})
+    model = rec.prepare_model(tiny_model())
+    with pytest.warns(UserWarning, match="truncate each sample"):
+        trainer, batch = sft_run(rec, model, tmp_path, data=rows(length=16))
+    assert_effective_args_equal_plan(trainer.args, rec)
+    # four 16-token samples in one row, positions restarting at every sample: no padding token anywhere
+    assert tuple(batch["input_ids"].shape) == (1, 4 * 16)
+    assert batch["position_ids"][0].tolist() == list(range(16)) * 4
+
+
+def test_technique_fields_reach_trl_keys():
+    rec = make_rec({"autocast": "bf16", "liger_kernel": True, "activation_offloading": True, "gradient_checkpointing": True})
+    d = rec.sft_config_dict()
+    assert (d["use_liger_kernel"], d["activation_offloading"], d["padding_free"], d["max_length"]) == (True, True, False, rec.setup.seq_len)
+    off = make_rec({"autocast": "bf16"}).sft_config_dict()
+    assert (off["use_liger_kernel"], off["activation_offloading"], off["padding_free"], off["packing"]) == (False, False, False, False)
 
 
 def test_sft_config_differs_from_naive_training_args_where_trl_defaults_differ():

@@ -62,7 +62,7 @@ def test_amp_fp32_master_is_16_bytes_per_param_of_model_states() -> None:
 
 
 def test_int8_and_nf4_weight_bytes() -> None:
-    rest = (TOTAL - LINEAR_PARAMS) * 2  # embeddings, lm_head, norms stay 16-bit
+    rest = (TOTAL - LINEAR_PARAMS) * 4  # embeddings, lm_head, norms: fp32 after prepare_model_for_kbit_training
     rows = L * (4 * 64 + 2 * 128 + 64)  # one fp32 scale per output row of each Linear
     lora = LoraSpec(r=4, target_modules=("q_proj",))
     adapters = L * 4 * (64 + 64) * 4  # fp32 adapters
@@ -73,11 +73,18 @@ def test_int8_and_nf4_weight_bytes() -> None:
     assert nf4.weight_bytes == LINEAR_PARAMS // 2 + blocks + (-(-blocks // 256)) * 4 + rest + adapters
 
 
+def test_lora_dropout_keeps_a_one_byte_mask_per_adapted_input() -> None:
+    base = Setup(weights_dtype="bf16", micro_batch_size=2, seq_len=64, lora=LoraSpec(r=4, target_modules=("q_proj", "o_proj")))
+    dropped = base.replace(lora=base.lora.model_copy(update={"dropout": 0.05}))
+    diff = estimate_memory(tiny(), dropped).activations - estimate_memory(tiny(), base).activations
+    assert diff == L * 2 * 64 * (H + H)  # tokens x (q_proj + o_proj inputs) x 1 byte, every block
+
+
 def test_nf4_double_quant_is_about_4_127_bits() -> None:
     big = tiny(block_linears={"w": (8192, 8192)}, num_layers=1, total_params=8192 * 8192 + 1, embedding_params=0,
                lm_head_params=0)
     led = ledger(big, Setup(weights_dtype="nf4", lora=LoraSpec(r=1, target_modules=("w",))))
-    bits = (led.weight_bytes - 2 - (8192 + 8192) * 4) * 8 / (8192 * 8192)
+    bits = (led.weight_bytes - 4 - (8192 + 8192) * 4) * 8 / (8192 * 8192)  # minus the fp32 rest and adapters
     assert bits == pytest.approx(4.127, abs=0.001)
 
 

@@ -107,7 +107,17 @@ def _distributed_type(rec: Recommendation) -> str:
     return "MULTI_GPU" if s.world_size > 1 else "NO"
 
 
-def accelerate_config(rec: Recommendation, deepspeed_config_file: str = "ds_config.json") -> dict[str, Any]:
+#: The YAML ``write_accelerate_config()`` writes without a path, and the name inline launch commands assume.
+DEFAULT_CONFIG_FILE = "accelerate.yaml"
+
+
+def deepspeed_file_for(config_file: str | Path) -> Path:
+    """The DeepSpeed JSON that belongs to an accelerate YAML: ``<stem>_deepspeed.json`` in the same directory."""
+    config_file = Path(config_file)
+    return config_file.with_name(f"{config_file.stem}_deepspeed.json")
+
+
+def accelerate_config(rec: Recommendation, deepspeed_config_file: str | None = None) -> dict[str, Any]:
     """The dict ``accelerate launch --config_file`` reads (``ClusterConfig`` fields only)."""
     s = require_training(rec, "accelerate_config")
     dist_type = _distributed_type(rec)
@@ -138,7 +148,8 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str = "ds_conf
         cfg["fsdp_config"] = _fsdp_yaml(rec)
     elif dist_type == "DEEPSPEED":
         del cfg["mixed_precision"]  # the DeepSpeed JSON owns precision ("auto" from TrainingArguments)
-        ds: dict[str, Any] = {"deepspeed_config_file": deepspeed_config_file, "zero3_init_flag": zero_stage(s) == 3}
+        ds_file = deepspeed_config_file or deepspeed_file_for(DEFAULT_CONFIG_FILE).name
+        ds: dict[str, Any] = {"deepspeed_config_file": ds_file, "zero3_init_flag": zero_stage(s) == 3}
         if s.nodes > 1:
             ds["deepspeed_multinode_launcher"] = "standard"
         cfg["deepspeed_config"] = ds
@@ -152,22 +163,27 @@ def _fsdp_yaml(rec: Recommendation) -> dict[str, Any]:
     return cfg
 
 
-def write_accelerate_config(rec: Recommendation, path: str | Path) -> Path:
-    """Write the YAML (and, for ZeRO plans, the DeepSpeed JSON beside it); returns the YAML path."""
+def accelerate_files(rec: Recommendation, path: str | Path = DEFAULT_CONFIG_FILE) -> dict[Path, str]:
+    """``{path: text}`` of the YAML and, for ZeRO plans, ``<stem>_deepspeed.json`` beside it (nothing written).
+
+    The YAML names the JSON by its bare file name, relative to the directory both are written to, so the pair
+    carries from the machine that planned to the one that runs (accelerate resolves it against the launch
+    directory; ``rec.launch_command(config_file=...)`` also passes the JSON's path explicitly).
+    """
     import yaml
 
-    from .._files import output_path, write_atomic
-
-    path = Path(path).expanduser()
-    if not path.is_dir():
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)  # a new run folder is made, as before
-        except OSError:
-            pass  # output_path names what is wrong with it
-    path = output_path(path, "accelerate config")
+    path = Path(path)
     ds = deepspeed_config(rec)
-    ds_path = path.with_name(f"{path.stem}_deepspeed.json")
-    cfg = accelerate_config(rec, deepspeed_config_file=str(ds_path.resolve()))
+    ds_path = deepspeed_file_for(path)
+    files = {path: yaml.safe_dump(accelerate_config(rec, deepspeed_config_file=ds_path.name), sort_keys=False)}
     if ds is not None:
-        write_atomic(ds_path, json.dumps(ds, indent=2) + "\n", "DeepSpeed config")
-    return write_atomic(path, yaml.safe_dump(cfg, sort_keys=False), "accelerate config")
+        files[ds_path] = json.dumps(ds, indent=2) + "\n"
+    return files
+
+
+def write_accelerate_config(rec: Recommendation, path: str | Path = DEFAULT_CONFIG_FILE, *, overwrite: bool = False) -> Path:
+    """Write ``accelerate_files``; returns the YAML path. Existing files are kept (OutputExistsError) unless
+    ``overwrite=True``; symlinks are replaced, never written through; the set is written all or nothing."""
+    from .files import write_files
+
+    return write_files(accelerate_files(rec, path), overwrite)[0]

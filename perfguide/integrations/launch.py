@@ -8,6 +8,10 @@ CPU runs pin ``OMP_NUM_THREADS`` per process: ranks sharing a socket otherwise o
 ``torchrun_command`` is the torchrun spelling of the same run. It suits Trainer scripts (the
 TrainingArguments carry the FSDP/DeepSpeed settings); loops built on ``rec.accelerator()`` need nothing
 else either, but scripts that rely on an accelerate YAML must use ``launch_command``.
+
+Every file a command names is one ``rec.write_accelerate_config()`` writes: inline ZeRO commands name
+``accelerate_deepspeed.json`` (what it writes by default, in the launch directory), and commands for a
+``config_file`` name that YAML and the JSON beside it, by the same route the caller gave.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from ._plan import is_fsdp, zero_stage
-from .accelerate import accelerate_config
+from .accelerate import accelerate_config, deepspeed_file_for
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
@@ -63,6 +67,15 @@ def _inline_flags(rec: Recommendation) -> list[str]:
     return flags
 
 
+def _config_file_flags(rec: Recommendation, config_file: str) -> list[str]:
+    """``--config_file`` plus, for ZeRO plans, the JSON beside it by the same relative route: the YAML names it
+    relative to its own directory, which is the launch directory only when launched from there."""
+    flags = ["--config_file", shlex.quote(str(config_file))]
+    if zero_stage(rec.setup) is not None:
+        flags += ["--deepspeed_config_file", shlex.quote(str(deepspeed_file_for(config_file)))]
+    return flags
+
+
 def launch_command(rec: Recommendation, script: str, *script_args: str, config_file: str | None = None) -> str:
     """``python script`` for one process, else ``accelerate launch`` with the YAML (or the same as flags)."""
     env = _threads_env(rec)
@@ -71,7 +84,7 @@ def launch_command(rec: Recommendation, script: str, *script_args: str, config_f
         return " ".join([*env, "python", *tail])
     if rec.setup.task == "infer":
         return _inference_command(rec, tail)
-    how = ["--config_file", shlex.quote(str(config_file))] if config_file is not None else _inline_flags(rec)
+    how = _config_file_flags(rec, config_file) if config_file is not None else _inline_flags(rec)
     nodes = _NODE_ARGS if rec.setup.nodes > 1 else []
     return " ".join([*env, "accelerate", "launch", *how, *nodes, *tail])
 

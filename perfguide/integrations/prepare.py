@@ -18,6 +18,7 @@ from .lora import lora_config
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
 
+
 def add_lora(rec: Recommendation, model: Any) -> Any:
     """Wrap the model with the plan's ``LoraConfig`` (QLoRA: after kbit preparation).
 

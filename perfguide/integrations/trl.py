@@ -10,10 +10,11 @@ setting that changes memory or speed is written both ways, so no default of eith
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError
-from ._plan import is_fsdp, require_training, target_supports_tf32
+from ._plan import emitted, is_fsdp, require_training, target_supports_tf32
 from .transformers import check_machine, training_args_dict
 
 if TYPE_CHECKING:
@@ -39,18 +40,21 @@ def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
 
 
 def technique_keys(setup: Setup) -> dict[str, Any]:
-    """The SFTConfig-only keys, the one place they are decided: a Setup never packs, pads free, offloads
-    activations or patches Liger kernels unless a technique says so, and the sequence length is the priced one.
+    """The SFTConfig-only keys, each from its Setup field (off unless the plan uses the technique), with the
+    priced sequence length. A technique that declares ``trl_args`` (perfguide.techniques) overrides its keys here,
+    so a key is decided by its technique module once it has one, and written out both ways either way.
 
-    ``packing=False`` pads each batch to its longest row (at most ``max_length``), which the plan's
-    ``seq_len``-per-sample pricing bounds; ``padding_free`` needs FlashAttention (trl sft_config.py).
+    ``packing`` stays off: packing fills every row to ``max_length``, more tokens per micro-batch than a plan
+    prices. Without it TRL pads each batch to its longest row (at most ``max_length``), which the plan's
+    ``seq_len``-per-sample pricing bounds. TRL refuses ``padding_free`` without packing unless ``max_length`` is
+    None (sft_trainer.py: "max_length is not enforced"), so a padding-free plan's rows must arrive truncated.
     """
-    keys = {
-        "max_length": setup.seq_len,
+    keys: dict[str, Any] = {
+        "max_length": None if setup.padding_free else setup.seq_len,
         "packing": False,
-        "padding_free": False,
-        "activation_offloading": False,
-        "use_liger_kernel": False,
+        "padding_free": setup.padding_free,
+        "activation_offloading": setup.activation_offloading,
+        "use_liger_kernel": setup.liger_kernel,
     }
     from .. import techniques
 
@@ -65,6 +69,10 @@ def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     kw = training_args_dict(rec)
     kw.update(explicit_training_keys(rec))
     kw.update(technique_keys(s))
+    kw.update(emitted(rec, "trl_args"))
+    if s.padding_free and "max_length" not in overrides:
+        warnings.warn(f"padding-free plan: TRL enforces no max_length without packing, so truncate each sample to the planned "
+                      f"seq_len={s.seq_len} tokens before training (rows longer than that were not priced)", stacklevel=3)
     kw.update(overrides)
     return kw
 

@@ -217,13 +217,16 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
 
     PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so
     on a 16-bit base each adapted Linear keeps a 4-byte copy of its input; under autocast lora_A keeps its
-    own 16-bit cast; in fp32 the (shared) input itself, counted per target (a small overcount).
+    own 16-bit cast; in fp32 the (shared) input itself, counted per target (a small overcount). With
+    ``lora_dropout`` > 0 the dropout (peft ``lora_A(dropout(x))``) also keeps its mask: one byte per input element
+    (native_dropout's bool mask, ATen Dropout.cpp), and lora_A keeps the dropped copy instead of the input.
     """
     if not lora_inputs_per_layer:
         return 0
     nbytes = 2 if regime(setup) == "amp" else 4
+    mask = 1 if setup.lora is not None and setup.lora.dropout > 0 else 0
     tokens = setup.micro_batch_size * setup.seq_len
-    return int(tokens * (lora_inputs_per_layer + lora_rank_total) * nbytes)
+    return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask))
 
 
 def activation_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0,

@@ -109,15 +109,33 @@ def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
     return chosen
 
 
+#: bytes per non-quantized parameter (embeddings, head, norms) of a quantized base being trained: prepare_model runs
+#: peft's prepare_model_for_kbit_training, which casts every fp16/bf16 parameter that is not Params4bit to fp32
+#: (peft utils/other.py); measured on a real bnb 4-bit / 8-bit CPU model (tests/test_adapted_models.py)
+KBIT_PREPARED_REST_BYTES = 4
+
+
 def _quantized_weight_bytes(spec: ModelSpec, dtype: str) -> int:
-    """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest stays 16-bit."""
+    """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest: fp32 after the kbit
+    preparation (training plans are always LoRA on the quantized base)."""
     shapes = _linear_shapes(spec)
     linear = _linear_params(spec)
-    rest = (spec.total_params - linear) * 2
+    rest = (spec.total_params - linear) * KBIT_PREPARED_REST_BYTES
     if dtype == "int8":
         return rest + linear + sum(o * n for _, _, o, n in shapes) * 4
     blocks = -(-linear // NF4_BLOCK)
     return rest + linear // 2 + blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4
+
+
+def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
+    """A module with frozen parameters (``requires_grad=False``) trains only the rest: gradients and optimizer
+    state exist for ``trainable`` elements. Which tensors they are is not recorded, so they are priced as
+    hidden-wide matrices (exact for element-wise optimizers; factored/8-bit states are approximate)."""
+    h = spec.hidden_size
+    groups = [TensorGroup(1, trainable // h, h, "linear")] if trainable >= h else []
+    if trainable % h:
+        groups.append(TensorGroup(1, trainable % h, 1, "other"))
+    return tuple(groups)
 
 
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
@@ -125,8 +143,9 @@ def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     wd = setup.weights_dtype
     base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else _quantized_weight_bytes(spec, wd)
     if setup.lora is None:
-        groups = tuple(full_groups(spec))
-        return Ledger(base, spec.total_params, groups, spec.total_params, DTYPE_BYTES[wd])
+        trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)
+        groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)
+        return Ledger(base, spec.total_params, groups, trainable, DTYPE_BYTES[wd])
     r = setup.lora.r
     chosen = _targets(spec, setup)
     groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))

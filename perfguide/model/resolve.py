@@ -177,9 +177,10 @@ def _spec_from_any(model: Any, trust_remote_code: bool) -> ModelSpec:
         check_config_values(config)
         return spec_from_config(config, str(config.get("_name_or_path") or config.get("model_type") or "config"), "config")
     if _is_instance(model, "torch.nn", "Module"):
+        from .adapted import with_module_state
         from .from_module import spec_from_module
 
-        return spec_from_module(model)
+        return with_module_state(spec_from_module(model), model)
     if _is_instance(model, "transformers", "PretrainedConfig"):
         name = getattr(model, "_name_or_path", "") or getattr(model, "model_type", "") or type(model).__name__
         return _from_hf_config(model, name, "config", trust_remote_code)

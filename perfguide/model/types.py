@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .._base import Model
+from ..setup import LoraSpec
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 Linears = dict[str, tuple[int, int]]
@@ -86,6 +87,9 @@ class ModelSpec(Model):
     native_dtype: Dtype = "fp32"
     source: str = "unknown"                # "catalog", "config", "module", "size", "path", "hub"
     config: dict[str, Any] | None = Field(default=None, repr=False)  # raw HF config dict, for tracing
+    # what a live module arrives with (model/adapted.py): planned as it is
+    adapter: LoraSpec | None = None        # the LoRA adapter of a PeftModel (the counts above are its base's)
+    quantization: Literal["int8", "nf4"] | None = None  # bitsandbytes-quantized Linears of a loaded model
 
     @property
     def is_moe(self) -> bool:

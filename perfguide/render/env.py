@@ -1,25 +1,31 @@
 """``perfguide env``: what a bug report needs, in the ``- key: value`` style of ``accelerate env``.
 
-Library versions come from package metadata (no import, so a broken install still reports); only torch is
-imported, to say which accelerator it was built for.
+It reports what ``accelerate env`` and ``transformers env`` do (versions of the HF stack incl. huggingface_hub,
+safetensors and numpy, where the ``accelerate`` launcher is, the accelerate default config) plus the probed
+machine and the launcher/visibility variables. Library versions come from package metadata (no import, so a
+broken install still reports); only torch is imported, to say which accelerator it was built for, and the
+accelerate default config is read as YAML from where accelerate keeps it, without importing accelerate.
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import shutil
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from .._version import __version__
 from ..hardware.types import Hardware
 from .hardware import gpu_summary
 from .units import fmt_bytes
 
-LIBRARIES = ("torch", "transformers", "accelerate", "peft", "bitsandbytes", "deepspeed", "flash-attn", "trl",
-             "nvidia-ml-py", "pydantic", "rich", "matplotlib")
+LIBRARIES = ("torch", "transformers", "accelerate", "peft", "trl", "bitsandbytes", "deepspeed", "flash-attn",
+             "liger-kernel", "huggingface_hub", "safetensors", "tokenizers", "datasets", "numpy", "nvidia-ml-py",
+             "pydantic", "psutil", "rich", "matplotlib")
 ENV_VARS = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF", "WORLD_SIZE", "LOCAL_RANK",
-            "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")
+            "HF_HOME", "HF_HUB_OFFLINE", "TOKENIZERS_PARALLELISM")
 HEADER = "Copy-and-paste the text below in your GitHub issue."
 
 
@@ -40,6 +46,31 @@ def torch_accelerator() -> str:
     return f"{build}, device available: {torch.cuda.is_available()}"
 
 
+def accelerate_default_config_path() -> Path:
+    """Where ``accelerate config`` saves and ``accelerate launch`` reads its default (accelerate
+    commands/config/config_args.py: ``$HF_HOME/accelerate/default_config.yaml``, HF_HOME defaulting to
+    ``$XDG_CACHE_HOME/huggingface``, that to ``~/.cache``)."""
+    cache = os.environ.get("XDG_CACHE_HOME", "~/.cache")
+    home = os.environ.get("HF_HOME", os.path.join(cache, "huggingface"))
+    return Path(os.path.expanduser(home)) / "accelerate" / "default_config.yaml"
+
+
+def accelerate_default_config() -> str:
+    """The default config as ``key=value, ...`` (what ``accelerate env`` prints), or why there is none."""
+    path = accelerate_default_config_path()
+    if not path.is_file():
+        return f"not found ({path})"
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return f"unreadable ({path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+    if not isinstance(data, dict):
+        return f"not a mapping ({path})"
+    return f"{path}: " + ", ".join(f"{k}={v}" for k, v in data.items())
+
+
 def hardware_summary(hw: Hardware) -> dict[str, str]:
     return {
         "GPUs": gpu_summary(hw),
@@ -54,6 +85,9 @@ def env_report(hw: Hardware) -> dict[str, str]:
     info = {"perfguide": __version__, "Platform": platform.platform(), "Python": sys.version.split()[0]}
     info |= {name: library_version(name) for name in LIBRARIES}
     info["PyTorch accelerator"] = torch_accelerator()
+    beside_python = str(Path(sys.executable).parent)  # a venv used without activating it
+    info["`accelerate` bash location"] = shutil.which("accelerate") or shutil.which("accelerate", path=beside_python) or "not found"
+    info["Accelerate default config"] = accelerate_default_config()
     info |= {name: os.environ.get(name, "not set") for name in ENV_VARS}
     return info | hardware_summary(hw)
 

@@ -1,0 +1,81 @@
+"""A live module's training state, read once: the LoRA adapter a PeftModel carries and bnb-quantized Linears.
+
+A model that arrives adapted or quantized is planned as it is: pricing a PeftModel as a full fine-tune (or a
+4-bit model as 16-bit) describes a run that cannot happen with that object, and ``prepare_model`` would then
+have to keep an adapter the plan does not describe.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..errors import InvalidModelError
+from ..setup import LoraSpec
+from .types import ModelSpec
+
+logger = logging.getLogger("perfguide.model")
+
+#: parameter-name parts of PEFT's LoRA tensors (peft/tuners/lora/layer.py adapter_layer_names) and of the trainable
+#: head copies ``modules_to_save`` adds: none of them is a weight of the base model
+ADAPTER_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B", "lora_magnitude_vector", "modules_to_save")
+#: bitsandbytes Linear classes -> the Setup weights_dtype they store
+BNB_LINEARS = {"Linear4bit": "nf4", "Linear8bitLt": "int8"}
+
+
+def is_adapter_param(name: str) -> bool:
+    return any(f".{part}." in f".{name}." for part in ADAPTER_PARTS)
+
+
+def quantization(module: Any) -> str | None:
+    """'nf4' / 'int8' when the module holds bitsandbytes Linears, else None."""
+    found = {BNB_LINEARS[type(m).__name__] for m in module.modules() if type(m).__name__ in BNB_LINEARS}
+    if len(found) > 1:
+        raise InvalidModelError(f"{type(module).__name__} mixes 4-bit and 8-bit bitsandbytes Linears; perfguide prices one weight format")
+    return found.pop() if found else None
+
+
+def _block_path(name: str, paths: list[str]) -> str | None:
+    """The block-relative path (``self_attn.q_proj``) an adapted module's full name ends with, longest first."""
+    return next((p for p in sorted(paths, key=len, reverse=True) if name == p or name.endswith("." + p)), None)
+
+
+def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
+    """The active LoRA adapter of a PeftModel as a LoraSpec (its rank, alpha, options and the block Linears it adapts)."""
+    configs = getattr(module, "peft_config", None)
+    active = getattr(module, "active_adapter", None)
+    if not isinstance(configs, dict) or active not in configs:
+        return None
+    cfg = configs[active]
+    kind = type(cfg).__name__
+    if kind != "LoraConfig":
+        raise InvalidModelError(f"the model carries a {kind} adapter; perfguide plans LoRA adapters only: merge it "
+                                "(merge_and_unload()) or pass the base model")
+    if getattr(cfg, "rank_pattern", None) or getattr(cfg, "alpha_pattern", None):
+        raise InvalidModelError("the model's LoRA adapter uses rank_pattern/alpha_pattern (per-module ranks); perfguide prices "
+                                "one rank: pass the base model and plan lora={'r': ...}")
+    adapted = [n for n, m in module.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    targets = sorted({p for p in (_block_path(n, block_paths) for n in adapted) if p})
+    outside = [n for n in adapted if _block_path(n, block_paths) is None]
+    if outside:
+        logger.warning("LoRA adapters outside the transformer blocks are not priced: %s", ", ".join(outside[:3]))
+    if not targets:
+        raise InvalidModelError("the model's LoRA adapter adapts no Linear inside the transformer blocks; perfguide prices block adapters")
+    alpha = cfg.lora_alpha
+    return LoraSpec(r=cfg.r, alpha=int(alpha) if float(alpha).is_integer() else max(1, round(alpha)), target_modules=tuple(targets),
+                    dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora))
+
+
+def with_module_state(spec: ModelSpec, module: Any) -> ModelSpec:
+    """``spec`` of a live module with its adapter and weight format; a PeftModel's counts become its base's."""
+    adapter = lora_adapter(module, [*spec.block_linears, *spec.decoder_block_linears])
+    quant = quantization(module)
+    if adapter is None and quant is None:
+        return spec
+    update: dict[str, Any] = {"adapter": adapter, "quantization": quant}
+    if adapter is not None:
+        extra = [p for n, p in module.named_parameters() if is_adapter_param(n)]
+        update["total_params"] = spec.total_params - sum(p.numel() for p in extra)
+        if spec.trainable_params is not None:
+            update["trainable_params"] = spec.trainable_params - sum(p.numel() for p in extra if p.requires_grad)
+    return spec.model_copy(update=update)

@@ -1,0 +1,39 @@
+"""Constraints for a model that arrives adapted or quantized: it is planned as it is.
+
+A PeftModel trains the adapter it carries (its rank, targets and options), so the plan is a LoRA plan with that
+adapter; a bitsandbytes 4-bit module is a QLoRA base. Asking for something else (a full fine-tune, another
+adapter) describes a run this object cannot do, so it is refused in one line instead of quietly replaced.
+"""
+
+from __future__ import annotations
+
+from ..errors import ConflictingConstraintsError
+from ..model.types import ModelSpec
+from .types import Constraints
+
+
+def as_the_module_is(task: str, spec: ModelSpec, cons: Constraints) -> Constraints:
+    """``cons`` with the module's own adapter / weight format filled in; conflicts raise."""
+    if task != "train":
+        if spec.quantization is not None and cons.quantization is None:
+            return cons.model_copy(update={"quantization": spec.quantization})
+        return cons
+    if spec.adapter is None and spec.quantization is None:
+        return cons
+    if spec.quantization == "int8":
+        raise ConflictingConstraintsError(
+            "the model arrives 8-bit quantized (bitsandbytes LLM.int8); perfguide plans adapter training on 4-bit (QLoRA) "
+            "bases: load it with BitsAndBytesConfig(load_in_4bit=True), pass the unquantized model, or price this one with "
+            "perfguide.estimate(model, {'weights_dtype': 'int8', 'lora': {...}})")
+    finetune = "qlora" if spec.quantization == "nf4" else "lora"
+    what = "with a LoRA adapter (a PeftModel)" if spec.adapter is not None else "4-bit quantized (bitsandbytes)"
+    if cons.finetune not in (None, finetune):
+        raise ConflictingConstraintsError(f"finetune={cons.finetune!r} but the model arrives {what}, which trains as "
+                                          f"finetune={finetune!r}; drop finetune, or pass the base model (model.get_base_model())")
+    if spec.adapter is not None and cons.lora is not None and cons.lora != spec.adapter:
+        have = spec.adapter
+        raise ConflictingConstraintsError(
+            f"lora={cons.lora.model_dump()} differs from the adapter the model has (r={have.r}, alpha={have.alpha}, "
+            f"targets {list(have.target_modules)}); drop lora= to plan the adapter it has, or pass the base model "
+            "(model.get_base_model()) for a new one")
+    return cons.model_copy(update={"finetune": finetune, "lora": spec.adapter or cons.lora})
