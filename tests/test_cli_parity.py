@@ -46,7 +46,7 @@ def test_every_constraint_and_request_argument_is_a_recommend_flag():
     assert field_flags(Constraints) <= have, field_flags(Constraints) - have
     arguments = [p for p in inspect.signature(recommend).parameters.values() if p.kind is not p.VAR_KEYWORD and p.name != "model"]
     wanted = {"--" + p.name.replace("_", "-") for p in arguments}
-    assert wanted == {"--scenario", "--hardware", "--seq-len", "--global-batch-size"} and wanted <= have
+    assert wanted == {"--scenario", "--hardware", "--host-ram", "--seq-len", "--global-batch-size"} and wanted <= have
 
 
 def test_every_setup_field_is_an_estimate_flag():
