@@ -7,6 +7,10 @@ built from a config (never downloaded), small enough to train a few steps on one
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -127,3 +131,20 @@ def one_line(exc: pytest.ExceptionInfo[BaseException], *named: str) -> str:
         assert text.lower() in msg.lower(), (text, msg)
     assert any(p in msg.lower() for p in POINTERS), msg
     return msg
+
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def load_bench(name: str) -> ModuleType:
+    """A bench script as a module (bench/ is not a package; its scripts import their siblings), loaded once."""
+    if str(BENCH) not in sys.path:
+        sys.path.insert(0, str(BENCH))
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -6,12 +6,11 @@ on who else is using it, so no test compares a duration with anything.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import load_bench
 
 from perfguide import CPU, Hardware
 
@@ -21,15 +20,7 @@ TINY = dict(model_type="llama", architectures=["LlamaForCausalLM"], vocab_size=1
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 
 
-def _bench(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_bench = load_bench
 
 
 def _cpu_box(native_bf16: bool, cores: int = 2) -> Hardware:

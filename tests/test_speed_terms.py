@@ -7,12 +7,11 @@ LoRA-adapted Linear copies its input (4 B per element) ``lora_passes`` times. No
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import load_bench
 from test_speed import A100, T4, gpt2, llama7b
 
 from perfguide._data import load
@@ -90,15 +89,7 @@ def test_framework_term_is_one_for_hf_trainer_and_unknown_stacks() -> None:
     assert terms.framework_efficiency("something-else") == 1.0
 
 
-def _bench(name: str):
-    sys.path.insert(0, str(ROOT / "bench"))
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+_bench = load_bench
 
 
 def test_fitted_constants_reproduce_the_rows_they_came_from() -> None:

@@ -7,26 +7,16 @@ statistics against hand-computed values. No test compares a predicted speed with
 from __future__ import annotations
 
 import csv
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bench(name: str) -> ModuleType:
-    sys.path.insert(0, str(ROOT / "bench"))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+_bench = load_bench
 
 
 @pytest.fixture(scope="module")
