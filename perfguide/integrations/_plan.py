@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from .. import techniques
 from ..errors import InvalidSetupError, WrongMachineError
 from ..techniques import EmitContext
+from ..techniques.precision import accelerate_mixed_precision
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
@@ -52,8 +53,8 @@ def emitted(rec: Recommendation, kind: str) -> dict[str, Any]:
 
 
 def mixed_precision(setup: Setup) -> str:
-    """accelerate's word for the autocast dtype: 'bf16', 'fp16' or 'no'."""
-    return setup.autocast or "no"
+    """accelerate's word for the autocast dtype: 'bf16', 'fp16' or 'no' ('no' for pure bf16 under FSDP2)."""
+    return accelerate_mixed_precision(setup)
 
 
 def is_multi_process(setup: Setup) -> bool:

@@ -17,6 +17,7 @@ from ..optimizer_facts import row as optimizer_row
 from ..setup import STRATEGIES, TRAIN_STRATEGIES, Setup
 from ..speed.model import trainable_params
 from ..techniques.cpu_offload import LAYOUTS as OFFLOAD_LAYOUTS
+from ..techniques.precision import pure_half
 from .search import Priced, Rung, rank
 
 #: FSDP2 is preferred over a DeepSpeed layout of the same level unless the latter is predicted this much faster:
@@ -88,15 +89,35 @@ def incompatible(t: Setup, lay: Layout, forced: str | None = None) -> str | None
                 "while perfguide prices its 4-bit storage only under DDP/FSDP; ask strategy='zero3' to force it")
     if qlora and (lay.offload_optimizer or lay.offload_params):
         return "QLoRA's 4-bit base is already small and its bnb matmuls need the weights on the GPU: offload buys nothing"
-    if t.weights_dtype in ("bf16", "fp16") and t.lora is None and lay.strategy not in ("ddp", "single"):
-        return ("pure 16-bit training exists only under DDP: accelerate's FSDP2 upcasts trainable 16-bit params to fp32 under "
-                "mixed precision, and DeepSpeed always keeps fp32 master weights")
+    if pure_half(t) and lay.strategy not in ("ddp", "single"):
+        why = pure_half_unsupported(t, lay)
+        if why:
+            return why
     facts = optimizer_row(t.optimizer) if t.optimizer is not None else None
     if facts is not None:
         if (lay.offload_optimizer or lay.offload_params) and not facts.offloadable:
             return f"an offloaded optimizer steps on the CPU (DeepSpeed CPU AdamW / torch AdamW); {t.optimizer} needs CUDA tensors"
         if STRATEGIES[lay.strategy].fsdp and not facts.fsdp2:
             return f"{t.optimizer} is offered only where it sees plain tensors (DDP, DeepSpeed's flat partitions), not FSDP2's DTensor shards"
+    return None
+
+
+def pure_half_unsupported(t: Setup, lay: Layout) -> str | None:
+    """Why a sharded layout cannot keep pure 16-bit weights (None: it can).
+
+    FSDP2 keeps bf16 shards, gradients and optimizer states when accelerate's mixed precision is "no" (it
+    upcasts to fp32 only under a mixed-precision policy: fsdp2_prepare_model); perfguide emits exactly that.
+    DeepSpeed 0.19 has ``bf16.bf16_master_weights_and_grads`` + ``bf16_optimizer_states`` (runtime/precision_config.py),
+    but perfguide neither prices nor emits them, so ZeRO stays fp32-master here.
+    """
+    if t.weights_dtype == "fp16":
+        return "pure fp16 weights need fp32 masters for the GradScaler; only bf16 weights train without a master copy"
+    if STRATEGIES[lay.strategy].zero_stage is not None:
+        return ("DeepSpeed ZeRO keeps fp32 master weights and fp32 optimizer partitions under its bf16 mode (its "
+                "bf16_master_weights_and_grads option is not priced or emitted by perfguide); pure bf16 is planned under "
+                "DDP or FSDP2 (fsdp, fsdp_shard_grad_op)")
+    if STRATEGIES[lay.strategy].fsdp and t.fsdp_version != 2:
+        return "pure bf16 under FSDP is planned for FSDP2 (fully_shard keeps each bf16 parameter as its own DTensor shard), not FSDP1"
     return None
 
 

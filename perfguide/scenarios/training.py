@@ -16,6 +16,7 @@ from ..hardware.types import GPU
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
+from .master_weights import check_master_weights, master_weights_decision
 from .precision import Precision
 from .search import (
     Option,
@@ -101,6 +102,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     """
     hw, spec, cons = request.hardware, request.model, request.constraints
     mode = finetune_mode(cons)
+    check_master_weights(cons.master_weights, mode)
     lora = cons.lora or LoraSpec()
     choices = micro_batch_choices(per_rank_batch, cons.micro_batch_size)
 
@@ -122,7 +124,8 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in adapter_kinds}
     chosen = result.chosen or least_memory(result)
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *technique_decisions(request, chosen)]
+    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen),
+                 *technique_decisions(request, chosen)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
@@ -146,7 +149,7 @@ def ladder_decisions(request: Request, result: SearchResult, chosen: Priced, mod
         Decision(setting="gradient_accumulation_steps", value=s.gradient_accumulation_steps,
                  reason=f"keeps the global batch fixed: {s.micro_batch_size} x {s.gradient_accumulation_steps} x {s.world_size} device(s) "
                         f"= {s.global_batch_size}", number=s.global_batch_size, unit="samples", source=f"{_GUIDE}#gradient-accumulation"),
-        _weights_decision(result, chosen),
+        _weights_decision(result, chosen, request.constraints.master_weights),
         _optimizer_decision(request, result, chosen),
         _checkpointing_decision(request, result, chosen),
         _finetune_decision(request, chosen, mode, adapters),
@@ -180,11 +183,14 @@ def per_rank(s: Setup) -> int:
     return s.micro_batch_size * s.gradient_accumulation_steps
 
 
-def _weights_decision(result: SearchResult, chosen: Priced) -> Decision:
+def _weights_decision(result: SearchResult, chosen: Priced, asked: str | None = None) -> Decision:
     s, m = chosen.setup, chosen.memory
     static = m.weights + m.gradients + m.optimizer_states
     if s.lora is not None:
         reason = f"the frozen base is stored in {s.weights_dtype}; only the fp32 adapters train"
+    elif asked is not None:
+        reason = (f"master_weights={asked!r} was requested: " + ("bf16 weights, grads and optimizer states (no fp32 copy)"
+                  if s.weights_dtype == "bf16" else f"fp32 master weights, grads and optimizer states, autocast {s.autocast or 'off'}"))
     elif s.weights_dtype == "bf16":
         exact = [o for r, o in result.options if r.name.startswith(("exact", "lighter"))]
         need = min((o.too_big.memory.device_total for o in exact if o.too_big), default=0)

@@ -16,6 +16,30 @@ AMP_DOCS = "https://huggingface.co/docs/transformers/perf_train_gpu_one#mixed-pr
 AMP_PAPER = "Micikevicius et al. 2018, Mixed Precision Training (arXiv:1710.03740)"
 TF32_DOCS = "https://docs.pytorch.org/docs/stable/notes/cuda.html#tensorfloat-32-tf32-on-ampere-and-later-devices"
 BF16_PAPER = "Kalamkar et al. 2019, A Study of BFLOAT16 for Deep Learning Training (arXiv:1905.12322)"
+#: nearest rounding of bf16 weight updates cancels small updates; stochastic rounding / Kahan summation recover fp32 accuracy
+BF16_UPDATE_PAPER = "Zamirai et al. 2020, Revisiting BFloat16 Training (arXiv:2010.06192)"
+#: public full fine-tunes that store weights and AdamW states in bf16 (dtype: bf16, no fp32 master copy)
+BF16_RECIPE = "https://github.com/pytorch/torchtune/blob/main/recipes/configs/llama3_1/8B_full_single_device.yaml (dtype: bf16)"
+#: accelerate upcasts trainable low-precision params to fp32 only when mixed precision is set
+FSDP2_UPCAST = "https://github.com/huggingface/accelerate/blob/main/src/accelerate/utils/fsdp_utils.py (fsdp2_prepare_model: upcast only if mixed_precision != 'no')"
+
+
+def pure_half(setup: Any) -> bool:
+    """bf16/fp16 weights, grads and optimizer states with no fp32 master copy (a full fine-tune, not a LoRA base)."""
+    return setup.task == "train" and setup.lora is None and setup.weights_dtype in ("bf16", "fp16")
+
+
+def accelerate_mixed_precision(setup: Any) -> str:
+    """accelerate's ``mixed_precision`` word for a Setup: the autocast dtype, except for pure bf16 under FSDP2.
+
+    accelerate's ``fsdp2_prepare_model`` upcasts every trainable low-precision parameter to fp32 when mixed
+    precision is on (FSDP2_UPCAST), which would quietly turn pure bf16 back into fp32 masters. With "no" and a
+    model loaded in bfloat16 the shards, their gradients and the optimizer states stay bf16; the matmuls run
+    in bf16 because the weights are bf16, so no autocast is needed.
+    """
+    if pure_half(setup) and setup.is_fsdp:
+        return "no"
+    return setup.autocast or "no"
 
 
 class MixedPrecision(Technique):
@@ -41,7 +65,9 @@ class MixedPrecision(Technique):
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         s = ctx.setup
         out: dict[str, Any] = {}
-        if s.autocast == "bf16":
+        if accelerate_mixed_precision(s) == "no":
+            pass  # pure bf16 under FSDP2: bf16=True would make accelerate upcast the shards to fp32
+        elif s.autocast == "bf16":
             out["bf16"] = True
         elif s.autocast == "fp16":
             out["fp16"] = True
@@ -54,12 +80,12 @@ class PureHalf(Technique):
     name = "pure_bf16"
     fields = ("weights_dtype",)
     summary = "bf16 weights, grads and optimizer states (no fp32 master copy)"
-    sources = (BF16_PAPER, "https://huggingface.co/docs/transformers/perf_train_gpu_one#bf16")
+    sources = (BF16_PAPER, BF16_UPDATE_PAPER, BF16_RECIPE, "https://huggingface.co/docs/transformers/perf_train_gpu_one#bf16")
     order = 11
     ladder_order = 30
 
     def active(self, setup: Any) -> bool:
-        return setup.task == "train" and setup.lora is None and setup.weights_dtype in ("bf16", "fp16")
+        return bool(pure_half(setup))
 
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         if ctx.finetune != "full" or not ctx.pure_half_allowed:
