@@ -34,13 +34,14 @@ def test_new_nvidia_cards_match_their_sheets(name: str, smi_mib: int, bf16: floa
     assert gpu.supports_fp8 == (cc >= (8, 9)) and gpu.vendor == "nvidia"
 
 
-@pytest.mark.parametrize(("name", "gib"), [("mi300x", 205_822_885_888 / GIB), ("mi325x", 255.6)])
-def test_amd_instinct_is_data_with_its_own_link(name: str, gib: float) -> None:
+@pytest.mark.parametrize(("name", "gib", "tbps"), [("mi300x", 205_822_885_888 / GIB, 5.3), ("mi325x", 255.6, 6.0)])
+def test_amd_instinct_is_data_with_its_own_link(name: str, gib: float, tbps: float) -> None:
     hw = Hardware.from_name(f"{name}:8")
     gpu = hw.gpus[0]
     # AMD data sheet: 1,307.4 dense BF16 TFLOP/s, 2,614.9 FP8, 896 GB/s Infinity Fabric aggregate per GPU
     assert (gpu.vendor, gpu.bf16_tflops, gpu.fp8_tflops) == ("amd", 1307.4, 2614.9)
-    assert gpu.memory_total / GIB == pytest.approx(gib, rel=0.002)
+    assert gpu.memory_total / GIB == pytest.approx(gib, rel=0.002)  # MI325X: 256 GB HBM3E, MI300X: 192 GB HBM3
+    assert gpu.memory_bandwidth_gbps == tbps * 1000  # data sheets: 6 TB/s (MI325X), 5.3 TB/s (MI300X) peak
     assert hw.interconnect == "infinity_fabric" and hw.fast_link and hw.intra_node_bandwidth_gbps == 896 / 2
     assert gpu.supports_bf16 and not gpu.supports_tf32 and gpu.generation == "AMD"
 

@@ -180,8 +180,11 @@ def test_deepspeed_plugin_and_moe_ddp_kwargs():
     plugin = kw["deepspeed_plugin"]
     assert plugin.zero_stage == 2 and plugin.offload_optimizer_device == "cpu" and plugin.zero3_init_flag is False
     assert plugin.deepspeed_config["train_batch_size"] == 4 * 2 * 8
-    moe = make_rec({**GPU8, "strategy": "ddp"}, spec=tiny_spec(num_experts=8, num_experts_per_tok=2)).accelerator_kwargs()
+    separate = tiny_spec(num_experts=8, num_experts_per_tok=2, separate_expert_modules=True)
+    moe = make_rec({**GPU8, "strategy": "ddp"}, spec=separate).accelerator_kwargs()
     assert moe["kwargs_handlers"][0].find_unused_parameters is True
+    fused = make_rec({**GPU8, "strategy": "ddp"}, spec=tiny_spec(num_experts=8, num_experts_per_tok=2)).accelerator_kwargs()
+    assert "kwargs_handlers" not in fused  # accelerate's own default, find_unused_parameters=False
 
 
 # --- DeepSpeed config --------------------------------------------------------------------------------------

@@ -80,11 +80,14 @@ def test_moe_shared_experts_and_width() -> None:
     assert spec.active_intermediate_size == 32 * 2 + 32  # two routed + one shared expert of the expert width
 
 
-def test_moe_plans_ddp_with_unused_parameters() -> None:
+def test_moe_ddp_flag_follows_how_the_experts_are_stored() -> None:
+    """transformers 5 fuses a layer's experts (tests/test_moe_ddp.py runs them under real DDP): no unused-parameter walk."""
     from perfguide import recommend
 
-    rec = recommend(QWEN3_MOE, "train_gpu_many", hardware="a100-80gb:2", seq_len=64, global_batch_size=8)
-    assert rec.setup.strategy != "ddp" or rec.training_args_dict().get("ddp_find_unused_parameters") is not False
+    spec = ModelSpec.from_any(QWEN3_MOE)
+    assert spec.is_moe and not spec.separate_expert_modules
+    rec = recommend(QWEN3_MOE, "train_gpu_many", hardware="a100-80gb:2", seq_len=64, global_batch_size=8, strategy="ddp")
+    assert rec.setup.strategy == "ddp" and rec.training_args_dict()["ddp_find_unused_parameters"] is False
 
 
 # --- dense families without a hand counter -----------------------------------------------------------------------

@@ -80,10 +80,11 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
         from accelerate.utils import DeepSpeedPlugin
 
         kw["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=resolved_deepspeed_config(rec), zero3_init_flag=stage == 3)
-    elif s.world_size > 1 and rec.model.is_moe:
+    elif s.world_size > 1 and rec.model.separate_expert_modules:
         from accelerate.utils import DistributedDataParallelKwargs
 
-        # experts a micro-batch did not route to get no gradient; DDP must look for them
+        # experts that are modules of their own get no gradient when no token reaches them; DDP must look for them
+        # (transformers 5's fused experts always get one: accelerate's default find_unused_parameters=False holds)
         kw["kwargs_handlers"] = [DistributedDataParallelKwargs(find_unused_parameters=True)]
     return kw
 

@@ -58,10 +58,11 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     if is_multi_process(s):
         # only valid inside a launched process (else "Default process group has not been initialized")
         kw["ddp_backend"] = "gloo" if s.device == "cpu" else "nccl"
-        if s.strategy in ("ddp", "single") and not rec.model.is_moe:
-            # the Trainer's default (True for HF models without checkpointing) walks the graph every step;
-            # dense transformers use every parameter. MoE keeps the default: unrouted experts get no grad
-            kw["ddp_find_unused_parameters"] = False
+        if s.strategy in ("ddp", "single"):
+            # the Trainer's default (True for HF models without checkpointing, else False) walks the graph every step
+            # or guesses; dense models and transformers 5's fused MoE experts give every parameter a gradient each
+            # step. Only experts that are modules of their own (remote code) can miss one: DDP must look for them
+            kw["ddp_find_unused_parameters"] = rec.model.separate_expert_modules
     if is_fsdp(s):
         kw["fsdp"] = True
         kw["fsdp_config"] = fsdp_config(rec)

@@ -62,20 +62,22 @@ def _stacks(module: Any) -> tuple[Any, Any] | None:
     return (enc, dec) if enc is not None and dec is not None and enc is not dec else None
 
 
-def _experts(module: Any) -> tuple[int, int]:
-    """(routed-expert parameters, blocks that hold them): parameters under a module named ``experts``.
+def _experts(module: Any) -> tuple[int, int, bool]:
+    """(routed-expert parameters, blocks that hold them, whether each expert is a module of its own).
 
-    transformers 5 keeps each MoE layer's routed experts in one ``experts`` module (fused 3-D tensors or a list);
-    shared experts are named ``shared_expert(s)`` and count as always active.
+    transformers 5 keeps each MoE layer's routed experts in one ``experts`` module (fused 3-D tensors; remote code
+    and transformers 4 a ModuleList, ``experts.0.w1``); shared experts are named ``shared_expert(s)`` and count as
+    always active.
     """
-    total, layers = 0, set()
+    total, layers, separate = 0, set(), False
     for name, p in module.named_parameters():
         parts = name.split(".")
         if "experts" in parts:
             total += p.numel()
             at = parts.index("experts")
             layers.add(".".join(parts[: at - 1]))
-    return total, len(layers)
+            separate = separate or (at + 1 < len(parts) and parts[at + 1].isdigit())
+    return total, len(layers), separate
 
 
 def _linears(block: Any) -> Linears:
@@ -169,6 +171,8 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
     base = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module  # PEFT wrapper
     exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__,
                  **shape.head_fields({**config, "architectures": [type(base).__name__]}))
+    expert_params, moe_layers, separate = _experts(module)
+    exact["separate_expert_modules"] = separate
     counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
     if counted is not None:
         return build_spec(config, counted, name, source, **exact, **_output_head(module))
@@ -177,7 +181,6 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
     decoder = shape.decoder_config(config)
     layers = dims.get("num_decoder_layers") or dims["num_layers"]
     read = {k: v for k, v in shape.read_all(config, model_type, layers).items() if k not in exact}
-    expert_params, moe_layers = _experts(module)
     if expert_params and read.get("num_experts", 1) > 1:
         read |= {"expert_params": expert_params, "num_moe_layers": moe_layers}
     return ModelSpec(name=name, model_type=model_type, family=fields.family(model_type), **dims, **exact,

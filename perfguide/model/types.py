@@ -62,6 +62,10 @@ class ModelSpec(Model):
     shared_expert_intermediate_size: int | None = None  # total width of the shared expert(s) (None: shared x expert width)
     num_moe_layers: int | None = Field(default=None, ge=0)  # layers with routed experts (None: all, when MoE)
     expert_params: int = Field(default=0, ge=0)  # routed-expert weights over the whole model (exact count)
+    #: each routed expert is a module of its own (``experts.0.w1`` ...: remote code, transformers 4): an expert no token
+    #: reaches gets no gradient, so DDP must look for unused parameters. transformers 5 fuses a layer's experts into
+    #: 3-D tensors (``experts.gate_up_proj``) that get a gradient whenever any expert of the layer is used.
+    separate_expert_modules: bool = False
     # multi-head latent attention (DeepSeek-V2/V3 and kin); None when the model has plain attention
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None

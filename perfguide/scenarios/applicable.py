@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import Hardware
+from .bnb_gate import check_bnb_constraints
 from .registry import ScenarioInfo, find
 from .types import Constraints
 
@@ -51,6 +52,8 @@ def check_applicable(info: ScenarioInfo, cons: Constraints, hardware: Hardware) 
     if training and info.device == "cpu" and cons.finetune == "qlora":
         raise ConflictingConstraintsError("finetune='qlora' needs a CUDA GPU (bitsandbytes 4-bit training); "
                                           "use finetune='lora' on the CPU, or scenario='train_gpu_one'")
+    if info.device == "cuda":
+        check_bnb_constraints(cons.finetune, cons.optimizer, cons.quantization, hardware)
     if not training:
         from .serving_plan import check_engine
 

@@ -20,6 +20,7 @@ from ..setup import Setup
 from ..speed import estimate_speed
 from ..speed.types import Throughput
 from . import search
+from .bnb_gate import quantization_runs
 from .search import usable_bytes
 from .types import Candidate, Plan, Request
 
@@ -206,7 +207,8 @@ def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[
         return
     yield base.replace(weights_dtype=dtype16), f"{dtype16} weights"
     for q in ("int8", "nf4"):
-        yield base.replace(weights_dtype=q), f"bitsandbytes {q}"
+        if base.device != "cuda" or quantization_runs(q, request.hardware):  # the GPUs' bnb capability flags
+            yield base.replace(weights_dtype=q), f"bitsandbytes {q}"
 
 
 def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> Decision:

@@ -19,6 +19,7 @@ from ..setup import ServingSetup, Setup
 from ..speed.serving import ServingSpeed, estimate_serving_speed
 from ..speed.types import Throughput
 from . import registry
+from .bnb_gate import quantization_runs
 from .types import Candidate, Plan, Request
 
 ENGINE_FORMATS = ("fp8", "awq", "gptq")
@@ -70,7 +71,8 @@ def _formats(request: Request, engine: str) -> list[str]:
         return [fmt]
     half = "bf16" if gpu.supports_bf16 else "fp16"
     ok = [f for f in (half, "fp8", "awq", "gptq", "bitsandbytes")
-          if gpu.compute_capability >= formats[f].min_cc and engine in formats[f].engines]
+          if gpu.compute_capability >= formats[f].min_cc and engine in formats[f].engines
+          and (f != "bitsandbytes" or quantization_runs("nf4", request.hardware))]
     return sorted(ok, key=lambda f: formats[f].quality_cost_pct)
 
 

@@ -16,6 +16,7 @@ from ..hardware.types import GPU
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
+from .bnb_gate import quantization_runs, runnable_rungs
 from .master_weights import check_master_weights, master_weights_decision
 from .precision import Precision
 from .search import (
@@ -110,6 +111,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
         rungs = training_rungs(base, prec.autocast, prec.half, prec.pure_half_allowed, finetune=kind, lora=lora,
                                optimizer=cons.optimizer, checkpointing=cons.gradient_checkpointing, model=spec, hardware=hw,
                                wants=technique_wants(cons))
+        rungs = runnable_rungs(rungs, hw)  # no bnb rung where the target's capability flags say it cannot run
         return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose,
                       factors=request.calibration)
 
@@ -122,7 +124,8 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
         except ConflictingConstraintsError:
             return SearchResult(chosen=None, rung=None)
 
-    adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in adapter_kinds}
+    kinds = [k for k in adapter_kinds if k != "qlora" or quantization_runs("nf4", hw)]
+    adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in kinds}
     chosen = result.chosen or least_memory(result)
     decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen),
                  *technique_decisions(request, chosen)]
