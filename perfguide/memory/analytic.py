@@ -25,14 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._base import GiB
+from .. import techniques
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from . import activations as act
-from . import techniques as tech
 from .optimizers import OptimizerCost, TensorGroup, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_half, per_device
@@ -248,38 +247,24 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     gather, unsharded = _gather_bytes(spec, setup)
     dev = per_device(states, setup, gather, unsharded)
 
-    shape = tech.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
+    shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
     acts, recompute = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
-    cpu_ram = dev.cpu_ram
-    if setup.activation_offloading:
-        acts, to_host = tech.offloaded_boundary_bytes(acts, spec.total_layers)
-        cpu_ram += to_host
+    step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
+    largest = max((g.numel for g in led.trainable), default=0)
+    ctx = techniques.MemoryContext(spec, setup, shape, largest, states.grad_elem_bytes, led.trainable_params, cost.states, dev.optimizer)
+    terms = techniques.memory_terms(ctx, techniques.MemoryTerms(
+        activations=acts, extra_activations=0, logits=act.logits_bytes(spec, shape), grads=dev.grads, step_temp=step_temp,
+        optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram))
+    acts = terms.activations + terms.extra_activations
     if setup.autocast and setup.weights_dtype == "fp32":
         casts = _linear_params(spec) * 2
         acts += casts // spec.total_layers if setup.gradient_checkpointing else casts
-    acts += tech.packed_mask_bytes(setup)
-    if loss_bytes is not None:
-        logits = loss_bytes
-    else:
-        logits = tech.liger_loss_bytes(spec, setup) if setup.liger_kernel else act.logits_bytes(spec, shape)
+    logits = loss_bytes if loss_bytes is not None else terms.logits
     dequant = _transient_dequant(spec, setup)
-    step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
-
-    grads = dev.grads
-    if setup.optimizer_in_backward:
-        # each gradient is stepped and freed as it completes: only the largest exists at once (one tensor's step temp)
-        largest = max((g.numel for g in led.trainable), default=0)
-        grads = min(grads, tech.grads_in_backward(largest, states.grad_elem_bytes))
-        step_temp = min(step_temp, largest * 4 * 2)
-    optimizer_on_device = dev.optimizer
-    if cost.paged and dev.optimizer and setup.device == "cuda":
-        # unified memory outside torch's allocator: the allocator peak holds one tensor's pages; the host backs the rest
-        working = max((g.numel for g in led.trainable), default=0) * max(1, round(cost.states / max(1, led.trainable_params)))
-        optimizer_on_device = min(dev.optimizer, working)
-        cpu_ram += dev.optimizer
+    grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     resident = dev.weights + optimizer_on_device + dev.buffers
     held_grads = grads if setup.gradient_accumulation_steps > 1 else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
@@ -293,14 +278,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
-    notes = (f"peak in {phase}", *dev.notes)
-    if cost.paged:
-        notes += (f"paged optimizer: {dev.optimizer / GiB:.1f} GiB of state in CUDA unified memory (outside torch's allocator), "
-                  "evicted to host RAM under memory pressure",)
-    if setup.optimizer_in_backward:
-        notes += ("optimizer step inside backward: at most one gradient alive",)
-    if setup.activation_offloading:
-        notes += ("checkpointed activations offloaded to pinned host RAM",)
+    notes = (f"peak in {phase}", *dev.notes, *terms.notes)
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=grads, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),

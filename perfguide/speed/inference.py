@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from .. import techniques
 from .._data import load
 from ..hardware.types import Hardware
 from ..memory.inference import InferenceData, activation_bytes_per_element, inference_data, kv_cache_bytes, weight_bytes
@@ -47,8 +48,7 @@ def _gpu_device(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Device:
         dtype = "fp32"  # emulated bf16 runs at fp32-or-worse rates
     peak = (gpu.half_tflops(dtype) or gpu.fp32_tflops or 15.0) * 1e12
     overhead = spec.total_layers * _facts().eager_overhead_s_per_layer.value
-    if setup.cache_implementation == "static" and setup.torch_compile:
-        overhead *= _facts().static_compile_overhead_factor.value
+    overhead *= techniques.kernel_factors(setup).decode_overhead   # torch.compile + static cache: CUDA graphs
     return Device(bw * _facts().decode_bandwidth_efficiency.value, peak * _facts().prefill_compute_efficiency.value, peak, overhead)
 
 

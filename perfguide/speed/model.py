@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import cache
 
+from .. import techniques
 from .._data import load
 from ..hardware.types import CPU, GPU, Hardware
-from ..memory.analytic import ledger
+from ..memory.analytic import ledger, training_memory
+from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import Setup
-from . import techniques as tech
 from . import terms
 from .types import Throughput
 
@@ -197,10 +199,11 @@ def offload(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tupl
 
 def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     """(matmul FLOPs, attention FLOPs, model FLOPs without recompute) of one micro-step on one device."""
-    tokens = tech.matmul_tokens(setup)
+    shape = techniques.step_shape(setup)
+    tokens = shape.matmul_tokens
     n = matmul_params(spec)
     fwd_mm = 2.0 * n * tokens
-    fwd_attn = attention_flops_fwd(spec, *tech.attention_shape(setup))
+    fwd_attn = attention_flops_fwd(spec, *shape.attention)
     if setup.task == "infer":
         return fwd_mm, fwd_attn, fwd_mm + fwd_attn
     weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * trainable_params(spec, setup) * tokens
@@ -214,7 +217,7 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
 
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
-    per_layer = _value("cuda_ops_per_layer") * (4 / 3 if setup.gradient_checkpointing else 1) * tech.compiled_launch_fraction(setup)
+    per_layer = _value("cuda_ops_per_layer") * (4 / 3 if setup.gradient_checkpointing else 1) * techniques.kernel_factors(setup).launches
     return per_layer * spec.total_layers
 
 
@@ -239,16 +242,27 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
     if note:
         warnings.warn(note, stacklevel=3)
-    tokens = tech.matmul_tokens(setup)
+    tokens = techniques.step_shape(setup).matmul_tokens
     asymptote = terms.asymptote(gpu, setup)
-    eff = efficiency(asymptote, tokens, spec.hidden_size, terms.half_saturation(setup))
+    half = terms.half_saturation(setup)
+    eff = efficiency(asymptote, tokens, spec.hidden_size, half)
     stack = terms.framework_efficiency(framework)
     rate = peak * 1e12 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
     gpu_time = mm * slow / rate + attn / (rate * terms.attention_efficiency(setup))
     bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
-    gpu_time += _technique_compute(spec, setup, gpu, peak, asymptote, rate, bw)
+    pcie = pcie_gbps(gpu) * 1e9
+
+    def gemm_rate(peak_tflops: float, fraction: float, rows: int) -> float:
+        return peak_tflops * 1e12 * efficiency(fraction, rows, spec.hidden_size, half)
+
+    @cache
+    def memory() -> MemoryEstimate:
+        return training_memory(spec, setup, hardware)
+
+    extra = techniques.step_seconds(techniques.SpeedContext(spec, setup, hardware, gpu, tokens, peak, asymptote, rate, bw, pcie, gemm_rate, memory))
+    gpu_time += extra.compute
     if bw:
         led = ledger(spec, setup)
         moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup) + terms.eager_score_bytes(spec, setup)
@@ -266,9 +280,8 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     exposed_micro = max(0.0, comm_micro - overlap * micro)
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
     off_micro, off_step = offload(spec, setup, hardware, gpu)
-    act_off, paged = _technique_transfers(spec, setup, hardware, gpu)
-    off_micro = max(0.0, off_micro + act_off - overlap * micro)
-    off_step += paged
+    off_micro = max(0.0, off_micro + extra.transfer - overlap * micro)
+    off_step += extra.per_step
     opt = 0.0 if setup.offload_optimizer else (optimizer_bytes(spec, setup) / bw if bw else 0.0)
     ga = setup.gradient_accumulation_steps
     parts = {
@@ -304,7 +317,7 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
 def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops: float, peak_tflops: float, eff: float) -> Throughput:
     """Assemble the Throughput; ``bound`` names the largest part of the step."""
     step = sum(parts.values())
-    tokens = tech.real_tokens_per_micro(setup) * setup.gradient_accumulation_steps * setup.world_size
+    tokens = techniques.step_shape(setup).real_tokens * setup.gradient_accumulation_steps * setup.world_size
     mfu = model_flops / (step * peak_tflops * 1e12) if step > 0 else 0.0
     return Throughput(
         step_time_s=step,
@@ -317,48 +330,3 @@ def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops
         mfu=min(1.0, mfu),
         bound=max(parts, key=lambda k: parts[k]),
     )
-
-
-def _technique_compute(spec: ModelSpec, setup: Setup, gpu: GPU, peak: float, asymptote: float, rate: float, bw: float) -> float:
-    """Seconds per micro-step the compute-side techniques add (+) or save (-): Liger's loss path, fp8 Linears."""
-    extra = 0.0
-    tokens = tech.matmul_tokens(setup)
-    if setup.liger_kernel and setup.task == "train":
-        from ..memory.techniques import liger_chunk_rows
-
-        chunk_rate = peak * 1e12 * efficiency(asymptote, liger_chunk_rows(spec, tokens), spec.hidden_size, terms.half_saturation(setup))
-        extra += tech.liger_delta(spec, setup, rate, chunk_rate, bw)
-    if setup.autocast == "fp8" and tech.fp8_capable(gpu) and gpu.fp8_tflops:
-        from ..memory.analytic import block_linear_shapes
-
-        linears = block_linear_shapes(spec)
-        fp8_rate = gpu.fp8_tflops * 1e12 * efficiency(tech._c("fp8_peak_fraction"), tokens, spec.hidden_size, terms.half_saturation(setup))
-        fwd_bwd = 4 / 3 if setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
-        extra += fwd_bwd * (tech.fp8_linear_time(linears, tokens, fp8_rate, bw) - tech.bf16_linear_time(linears, tokens, rate))
-    return extra
-
-
-def _technique_transfers(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
-    """(seconds per micro-step, per step) over PCIe: offloaded activations, evicted paged optimizer state."""
-    if not (setup.activation_offloading or (setup.optimizer or "").startswith("paged_")):
-        return 0.0, 0.0
-    from ..memory.analytic import training_memory as estimate_memory
-
-    mem = estimate_memory(spec, setup, hardware)
-    pcie = pcie_gbps(gpu) * 1e9
-    act = 0.0
-    if setup.activation_offloading:
-        from ..memory.techniques import offloaded_boundary_bytes
-
-        act = tech.activation_offload_seconds(offloaded_boundary_bytes(_held_activations(spec, setup), spec.total_layers)[1], pcie)
-    paged = 0.0
-    if (setup.optimizer or "").startswith("paged_"):
-        paged = tech.paged_seconds(mem.optimizer_states, tech.free_device_bytes(hardware, mem.device_total), pcie)
-    return act, paged
-
-
-def _held_activations(spec: ModelSpec, setup: Setup) -> int:
-    from ..memory import activations
-    from ..memory.techniques import shaped
-
-    return activations.activation_bytes(spec, shaped(setup))[0]

@@ -10,6 +10,7 @@ perfguide/data/efficiency.json, each with its source (the fitted ones name the p
 
 from __future__ import annotations
 
+from .. import techniques
 from .._data import load
 from ..hardware.types import GPU
 from ..memory.activations import layer_bytes, logits_bytes
@@ -77,7 +78,7 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
     """Bytes the memory-bound kernels of one micro-step move: every saved activation (what the memory model
     counts per block, eager attention's s x s scores included) and the fp32 loss buffers are written and read
     ``elementwise_passes`` times over forward and backward; checkpointing re-runs the forward's share (1/3);
-    ``torch.compile`` fuses chains of them (its factor)."""
+    fused or compiled kernels cut the passes (``Technique.kernel_factors``)."""
     if setup.task != "train":
         return 0.0
     fused = setup.model_copy(update={"attn_implementation": "sdpa"})   # eager's s x s part: eager_score_bytes
@@ -85,8 +86,7 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
     passes = float(_value("elementwise_passes"))
     if setup.gradient_checkpointing:
         passes *= 4 / 3
-    if setup.torch_compile:
-        passes *= float(_value("compile_elementwise_factor"))
+    passes *= techniques.kernel_factors(setup).elementwise
     return passes * saved
 
 

@@ -1,8 +1,9 @@
 """Techniques as a registry: one module per technique, each declaring what it owns and emits (base.py).
 
 ``names()`` lists them, ``get(name)`` returns one; the search builds its fit ladder with ``ladder(ctx)`` and
-the adapters merge what the techniques a Setup uses emit with ``emit(kind, ctx)``. Modules in this package
-are discovered, so a new technique is one file here (plus its Setup field).
+the adapters merge what the techniques a Setup uses emit with ``emit(kind, ctx)``; the cost model folds their
+effects with ``shaped``, ``step_shape``, ``memory_terms``, ``kernel_factors`` and ``step_seconds``. Modules in
+this package are discovered, so a new technique is one file here (plus its Setup field).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError, unknown_value
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
+from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, StepSeconds, StepShape
 
 if TYPE_CHECKING:
     from ..setup import Setup
 
-__all__ = ["EmitContext", "LadderContext", "Requires", "Rung", "Technique", "active", "emit", "get", "ladder", "names", "registry"]
+__all__ = ["EmitContext", "KernelFactors", "LadderContext", "MemoryContext", "MemoryTerms", "Requires", "Rung",
+           "SpeedContext", "StepSeconds", "StepShape", "Technique", "active", "emit", "get", "kernel_factors", "ladder",
+           "memory_terms", "names", "registry", "shaped", "step_seconds", "step_shape"]
 
-_NOT_TECHNIQUES = frozenset({"base"})
+_NOT_TECHNIQUES = frozenset({"base", "effects"})
 
 
 @cache
@@ -95,3 +99,48 @@ def _combined(template: Setup, update: dict[str, Any]) -> Setup | None:
         return template.replace(**update)
     except ValueError:
         return None
+
+
+# --- the cost model's view: every technique's effect, folded in emission order ------------------------
+
+def shaped(setup: Setup) -> Setup:
+    """The Setup whose (batch, sequence) the model really computes on, for the memory model."""
+    for t in registry():
+        setup = t.shape(setup)
+    return setup
+
+
+def step_shape(setup: Setup) -> StepShape:
+    """Matmul tokens, attention shape and real tokens of one micro-step, for the speed model."""
+    padded = setup.micro_batch_size * setup.seq_len
+    real = setup.micro_batch_size * (setup.avg_seq_len or setup.seq_len)   # tokens/s counts tokens with signal
+    shape = StepShape(padded, (setup.micro_batch_size, setup.seq_len), real)
+    for t in registry():
+        shape = t.step_shape(setup, shape)
+    return shape
+
+
+def memory_terms(ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+    for t in registry():
+        terms = t.memory(ctx, terms)
+    return terms
+
+
+def kernel_factors(setup: Setup) -> KernelFactors:
+    launches = elementwise = decode = 1.0
+    for t in registry():
+        f = t.kernel_factors(setup)
+        launches *= f.launches
+        elementwise *= f.elementwise
+        decode *= f.decode_overhead
+    return KernelFactors(launches, elementwise, decode)
+
+
+def step_seconds(ctx: SpeedContext) -> StepSeconds:
+    compute = transfer = per_step = 0.0
+    for t in registry():
+        s = t.speed(ctx)
+        compute += s.compute
+        transfer += s.transfer
+        per_step += s.per_step
+    return StepSeconds(compute, transfer, per_step)

@@ -2,9 +2,9 @@
 tensors backward needs (with checkpointing: each layer's input) go to pinned host RAM as forward leaves a layer
 and come back for its backward, on a side stream that overlaps the copy with compute.
 
-Memory: the GPU keeps only the layers in flight; host RAM takes the rest (memory/techniques.py). Speed: twice
-the offloaded bytes over PCIe per micro-step, hidden behind compute up to the overlap fraction
-(speed/techniques.py). For the plain Trainer the prepare step wraps the model's forward in torch's own
+Memory: the GPU keeps only the layers in flight (the one computing and the one copying); host RAM takes the
+rest (``memory``). Speed: twice the offloaded bytes over PCIe per micro-step, hidden behind compute up to the
+overlap fraction (``speed``). For the plain Trainer the prepare step wraps the model's forward in torch's own
 ``torch.autograd.graph.save_on_cpu`` (pinned), which is the same mechanism without the side stream.
 """
 
@@ -12,7 +12,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._technique_data import constants
+from ..memory.activations import activation_bytes
 from .base import EmitContext, Requires, Technique
+from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
+
+#: layers whose checkpointed inputs stay on the GPU while offloading: the one computing and the one copying
+LAYERS_IN_FLIGHT = 2
 
 SOURCES = (
     "https://huggingface.co/docs/trl/reducing_memory_usage#activation-offloading",
@@ -32,6 +38,21 @@ class ActivationOffloading(Technique):
     def active(self, setup: Any) -> bool:
         return bool(setup.activation_offloading)
 
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        if not self.active(ctx.setup):
+            return terms
+        on_gpu, to_host = split_boundaries(terms.activations, ctx.spec.total_layers)
+        return terms.changed("checkpointed activations offloaded to pinned host RAM", activations=on_gpu, cpu_ram=terms.cpu_ram + to_host)
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        if not self.active(ctx.setup):
+            return StepSeconds()
+        from . import shaped
+
+        held = activation_bytes(ctx.spec, shaped(ctx.setup))[0]
+        to_host = split_boundaries(held, ctx.spec.total_layers)[1]
+        return StepSeconds(transfer=constants().activation_offload_pcie_passes.value * to_host / ctx.pcie)
+
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"activation_offloading": True} if self.active(ctx.setup) else {}
 
@@ -39,6 +60,13 @@ class ActivationOffloading(Technique):
         if self.active(ctx.setup):
             offload_saved_tensors(model, pin_memory=ctx.setup.device == "cuda")
         return model
+
+
+def split_boundaries(boundaries: int, layers: int) -> tuple[int, int]:
+    """(bytes kept on the GPU, bytes moved to host RAM) of the checkpointed layer inputs under activation offloading."""
+    per_layer = boundaries // max(1, layers)
+    on_gpu = per_layer * min(layers, LAYERS_IN_FLIGHT)
+    return on_gpu, boundaries - on_gpu
 
 
 _HOOKED = "_perfguide_activation_offloading"

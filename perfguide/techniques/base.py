@@ -2,14 +2,18 @@
 ladder, what it emits to each adapter, and the public source its decision cites.
 
 Adapters (integrations/) and the search (scenarios/) read these declarations instead of hard-coding each
-technique, so adding one is a module here plus its Setup field. This layer sits below the planners: it may
-read setup, model, hardware and memory types, never api/scenarios/integrations/render/cli/measure/calibrate.
+technique, and the cost model (memory/analytic.py, speed/model.py) asks every technique how it changes the
+step's terms through the hooks below (contexts in effects.py), so adding one is a module here plus its Setup
+field. This layer sits below the planners: it may read setup, model, hardware and memory/speed helpers, never
+api/scenarios/integrations/render/cli/measure/calibrate.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, StepSeconds, StepShape
 
 if TYPE_CHECKING:
     from ..hardware.types import Hardware
@@ -148,3 +152,24 @@ class Technique:
     def prepare(self, ctx: EmitContext, model: Any) -> Any:
         """The ``prepare_model`` step: what must be done to the model object itself (idempotent)."""
         return model
+
+    # --- the cost model ------------------------------------------------------------------------------
+    def shape(self, setup: Setup) -> Setup:
+        """The (batch, sequence) Setup the memory model counts activations on (padding-free flattens the batch)."""
+        return setup
+
+    def step_shape(self, setup: Setup, shape: StepShape) -> StepShape:
+        """What the speed model counts per micro-step: matmul tokens, attention shape, real tokens."""
+        return shape
+
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        """The step's memory terms with this technique's effect (called for every technique, active or not)."""
+        return terms
+
+    def kernel_factors(self, setup: Setup) -> KernelFactors:
+        """Multipliers on kernel launches and memory-bound passes (fused or compiled kernels)."""
+        return KernelFactors()
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        """Seconds this technique adds or saves on a GPU training step."""
+        return StepSeconds()

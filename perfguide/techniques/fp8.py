@@ -4,7 +4,7 @@ fp8; weights, norms, attention and the loss stay bf16.
 
 Its gain depends on GEMM size: every operand is cast (amax + scale + fp8 copy, memory-bound) around each GEMM,
 so small shapes get slower (torchao's float8 README says so and lists the speedup per shape). The speed model
-prices the fp8 GEMMs at the fp8 peak plus those casts per model (speed/techniques.py), and the search tries fp8
+prices the fp8 GEMMs at the fp8 peak plus those casts per model (``speed``), and the search tries fp8
 next to bf16 wherever the GPU has it, taking it only where the priced step is faster. Memory: unchanged
 (the published torchtitan/torchao A/B runs differ by < 0.5%).
 """
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._technique_data import constants
 from .base import EmitContext, LadderContext, Requires, Technique
+from .effects import SpeedContext, StepSeconds
 
 SOURCES = (
     "https://huggingface.co/docs/accelerate/usage_guides/low_precision_training",
@@ -42,9 +44,42 @@ class Fp8(Technique):
             return [{}]
         return [{}, {"autocast": "fp8"}]
 
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        gpu = ctx.gpu
+        if not (self.active(ctx.setup) and capable(gpu) and gpu.fp8_tflops):
+            return StepSeconds()
+        from ..memory.analytic import block_linear_shapes  # the memory model's Linear shapes (it imports this package)
+
+        linears = block_linear_shapes(ctx.spec)
+        fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, constants().fp8_peak_fraction.value, ctx.tokens)
+        fwd_bwd = 4 / 3 if ctx.setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
+        delta = linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth) - half_linear_seconds(linears, ctx.tokens, ctx.rate)
+        return StepSeconds(compute=fwd_bwd * delta)
+
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         # the Trainer's own switch stays bf16; fp8 comes from accelerate (mixed_precision: fp8, fp8_backend: ao)
         return {"bf16": True} if self.active(ctx.setup) else {}
+
+
+def capable(gpu: Any) -> bool:
+    """fp8 tensor cores: the GPU's capability flag where the hardware table has one, else its fp8 peak."""
+    flag = getattr(gpu, "supports_fp8", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(gpu.fp8_tflops)
+
+
+def linear_seconds(linears: list[tuple[int, int, int]], tokens: int, fp8_rate: float, bandwidth: float) -> float:
+    """Seconds per micro-step of the block Linears in fp8: 3 GEMMs (fwd, grad-input, grad-weight) per Linear at
+    the fp8 rate, plus casting its three operands (input T x in, weight in x out, grad-output T x out)."""
+    gemm = sum(6.0 * tokens * i * o * n for i, o, n in linears) / fp8_rate
+    cast_elems = sum((tokens * i + i * o + tokens * o) * n for i, o, n in linears)
+    return gemm + (cast_elems * constants().fp8_cast_bytes_per_element.value / bandwidth if bandwidth else 0.0)
+
+
+def half_linear_seconds(linears: list[tuple[int, int, int]], tokens: int, rate: float) -> float:
+    """The same GEMMs at the 16-bit rate: what fp8 replaces."""
+    return sum(6.0 * tokens * i * o * n for i, o, n in linears) / rate
 
 
 TECHNIQUES = (Fp8(),)

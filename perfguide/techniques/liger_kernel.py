@@ -1,9 +1,11 @@
 """Liger kernels (``TrainingArguments(use_liger_kernel=True)``, also TRL): Triton kernels that fuse the LM head
 with the cross-entropy (no full-vocabulary logits: one chunk of rows at a time), plus RMSNorm, RoPE and SwiGLU.
 
-Memory: the loss path shrinks from ~b*s*V*16 bytes to one [chunk, V] tile (memory/techniques.py). Speed: the
-head GEMMs run on smaller chunks (lower efficiency at small batch, where Liger's own issues report slowdowns)
-but the fp32 logits never stream through memory (speed/techniques.py); both are priced, so the search takes it
+Memory: the loss path shrinks from ~b*s*V*16 bytes to one [chunk, V] tile (``memory``): the chunk is
+``next_pow2(ceil(BT / ceil(V / H)))`` rows (src/liger_kernel/ops/fused_linear_cross_entropy.py), so the live tile is
+about the size of the [BT, H] hidden states. Speed: the head GEMMs run on smaller chunks (lower efficiency at small
+batch, where Liger's own issues report slowdowns) but the fp32 logits never stream through memory (``speed``);
+both are priced, so the search takes it
 only where it pays or where it is what fits. Liger patches only the model types in its dispatch table
 (liger_kernel/transformers/monkey_patch.py ``MODEL_TYPE_TO_APPLY_LIGER_FN``); for any other type it logs and
 does nothing, so perfguide never counts its savings there. The fused RMSNorm/SwiGLU activation savings are not
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._technique_data import constants
 from .base import EmitContext, LadderContext, Requires, Technique
+from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 
 SOURCES = (
     "https://github.com/linkedin/Liger-Kernel (src/liger_kernel/ops/fused_linear_cross_entropy.py, transformers/monkey_patch.py)",
@@ -54,6 +58,15 @@ class LigerKernel(Technique):
             return f"liger-kernel has no kernels for model type {model.model_type!r} (it patches {', '.join(sorted(MODEL_TYPES)[:8])}, ...)"
         return None
 
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        return terms.changed(logits=loss_bytes(ctx.spec, ctx.shape)) if self.active(ctx.setup) else terms
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        if not (self.active(ctx.setup) and ctx.setup.task == "train"):
+            return StepSeconds()
+        chunk_rate = ctx.gemm_rate(ctx.peak_tflops, ctx.asymptote, chunk_rows(ctx.spec, ctx.tokens))
+        return StepSeconds(compute=loss_seconds(ctx.spec, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth))
+
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         wanted = ctx.wants.get("liger_kernel")
         if wanted is False or ctx.base.device != "cuda" or ctx.base.task != "train" or (ctx.model is None and not wanted):
@@ -69,6 +82,33 @@ class LigerKernel(Technique):
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"use_liger_kernel": True} if self.active(ctx.setup) else {}
+
+
+def chunk_rows(spec: Any, tokens: int) -> int:
+    """Rows of logits Liger's fused linear cross-entropy materialises at once."""
+    inc = -(-spec.vocab_size // max(1, spec.hidden_size))
+    rows = -(-tokens // max(1, inc))
+    return min(tokens, 1 << max(0, (rows - 1).bit_length()))
+
+
+def loss_bytes(spec: Any, shape: Any) -> int:
+    """Loss-path bytes under Liger FLCE for the computed ``shape``: one [chunk, V] logits tile and its in-place
+    gradient in the compute dtype, the [BT, H] input gradient computed in forward, and the fp32 per-token loss.
+    The head's weight gradient is produced here too; it is the head gradient the ledger already counts."""
+    tokens = shape.micro_batch_size * shape.seq_len
+    cbytes = 4 if shape.compute_dtype in ("fp32", "tf32") else 2
+    return chunk_rows(spec, tokens) * spec.vocab_size * cbytes * 2 + tokens * spec.hidden_size * cbytes + tokens * 4
+
+
+def loss_seconds(spec: Any, tokens: int, rate_at: float, rate_chunk: float, bandwidth: float) -> float:
+    """Seconds per micro-step Liger FLCE adds (positive) or saves (negative) against HF's loss path.
+
+    ``rate_at`` / ``rate_chunk``: achievable FLOP/s of the head GEMMs at the full token count and at Liger's chunk.
+    """
+    head_flops = 6.0 * tokens * spec.hidden_size * spec.vocab_size
+    gemm = head_flops / rate_chunk - head_flops / rate_at
+    traffic = tokens * spec.vocab_size * constants().hf_loss_bytes_per_logit.value / bandwidth if bandwidth else 0.0
+    return gemm - traffic
 
 
 TECHNIQUES = (LigerKernel(),)

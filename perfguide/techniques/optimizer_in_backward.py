@@ -8,6 +8,9 @@ pattern of torchtune's ``optimizer_in_bwd``. Gradient accumulation and global-no
 (a parameter would step every micro-batch; no moment holds all gradients), nor fp16 loss scaling; the Setup
 refuses those. The rung comes after pure bf16: it gives up clipping and accumulation, so the micro-batch must
 be the whole per-device batch; activation offloading is tried with it, since that micro-batch is large.
+
+Memory: each gradient is stepped and freed as it completes, so only the largest exists at once, with one
+tensor's step temporaries (``memory``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
+from .effects import MemoryContext, MemoryTerms
 
 SOURCES = (
     "https://pytorch.org/tutorials/intermediate/optimizer_step_in_backward_tutorial.html",
@@ -52,6 +56,13 @@ class OptimizerInBackward(Technique):
                              micro_batch_size=per_rank, gradient_accumulation_steps=1, activation_offloading=a)
             for w in weights for o in optimizers for a in offload)
         return [Rung("step in backward", "each parameter steps inside backward: no gradient accumulation, no global-norm clipping", templates)]
+
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        if not self.active(ctx.setup):
+            return terms
+        largest = ctx.largest_trainable
+        return terms.changed("optimizer step inside backward: at most one gradient alive",
+                             grads=min(terms.grads, largest * ctx.grad_elem_bytes), step_temp=min(terms.step_temp, largest * 4 * 2))
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         # no moment holds every gradient, so the Trainer's default clipping (max_grad_norm=1.0) must be off

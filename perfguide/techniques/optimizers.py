@@ -3,6 +3,10 @@
 A lighter optimizer changes the training semantics less than pure 16-bit weights do, so its rung comes
 before pure bf16: 8-bit AdamW (bitsandbytes blockwise quantized states, Dettmers et al. 2022) or Adafactor's
 factored second moments (Shazeer & Stern 2018).
+
+Paged optimizers (bitsandbytes ``paged_*``): state lives in CUDA unified memory from ``cudaMallocManaged``, outside
+torch's caching allocator (bitsandbytes functional.get_paged), evicted to the host under pressure. Memory: the
+allocator peak holds one tensor's pages, host RAM backs the rest; speed: evicted state pages over PCIe each step.
 """
 
 from __future__ import annotations
@@ -10,8 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..optimizer_facts import rows
+from .._base import GiB
+from .._technique_data import constants
+from ..optimizer_facts import row, rows
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
+from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 
 logger = logging.getLogger("perfguide.techniques")
 
@@ -45,6 +52,22 @@ class Optimizer(Technique):
         templates = tuple(ctx.base.replace(weights_dtype="fp32", autocast=ctx.autocast, optimizer=o) for o in LIGHT_OPTIMIZERS)
         return [Rung("lighter optimizer", "8-bit AdamW states (bnb) or Adafactor's factored moments", templates)]
 
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        if not paged(ctx.setup):
+            return terms
+        note = (f"paged optimizer: {ctx.optimizer_bytes / GiB:.1f} GiB of state in CUDA unified memory (outside torch's allocator), "
+                "evicted to host RAM under memory pressure")
+        if not (ctx.optimizer_bytes and ctx.setup.device == "cuda"):
+            return terms.changed(note)
+        working = ctx.largest_trainable * max(1, round(ctx.state_bytes / max(1, ctx.trainable_params)))
+        return terms.changed(note, optimizer_on_device=min(ctx.optimizer_bytes, working), cpu_ram=terms.cpu_ram + ctx.optimizer_bytes)
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        if not paged(ctx.setup):
+            return StepSeconds()
+        mem = ctx.memory()
+        return StepSeconds(per_step=paged_seconds(mem.optimizer_states, free_device_bytes(ctx.hardware, mem.device_total), ctx.pcie))
+
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"optim": ctx.setup.optimizer} if ctx.setup.optimizer is not None else {}
 
@@ -56,6 +79,25 @@ class Optimizer(Technique):
             else:
                 register_bnb_embedding_overrides(model)
         return model
+
+
+def paged(setup: Any) -> bool:
+    """Whether the optimizer keeps its state in CUDA unified memory (data/optimizers.json ``paged``)."""
+    return setup.task == "train" and setup.optimizer is not None and row(setup.optimizer).paged
+
+
+def paged_seconds(states: int, free_device: int, pcie_bytes_per_s: float) -> float:
+    """Seconds per optimizer step of paging evicted optimizer state in and out; nothing when it all stays on the GPU."""
+    evicted = max(0, states - max(0, free_device))
+    return constants().paged_pcie_passes.value * evicted / pcie_bytes_per_s
+
+
+def free_device_bytes(hardware: Any, device_total: int, headroom: float = 0.10) -> int:
+    """What unified-memory pages may fill on the GPU besides the allocator's own peak."""
+    gpu = hardware.smallest_gpu
+    if gpu is None:
+        return 0
+    return int(gpu.memory_total * (1 - headroom)) - device_total
 
 
 #: Optimizers whose state bnb keeps in 8 bits (Trainer registers embeddings for 32-bit state for these).

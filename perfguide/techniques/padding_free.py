@@ -6,6 +6,12 @@ Which attention keeps samples apart: flash_attention_2 (cu_seq_lens from the pos
 through transformers' packed-sequence mask (a [T, T] block-diagonal mask, priced), which transformers builds
 only without a KV cache, so the plan turns ``use_cache`` off (integrations/collate.py, tested on CPU). The search
 tries it whenever ``avg_seq_len`` is below ``seq_len`` and takes it when it is faster.
+
+Memory: activations follow the real tokens (``shape``: one row of ``micro_batch x avg_seq_len`` tokens, the shape
+``DataCollatorWithFlattening`` returns), plus for SDPA / eager the one bool [T, T] mask (transformers' masking_utils
+detects packed ``position_ids``); flash_attention_2 takes ``cu_seq_lens`` and needs none. Speed: the Linears pay for
+real tokens only; flash_attention_2 runs attention per sample (sum of l^2), SDPA / eager over the flattened row
+with a block mask (T^2, nothing skipped).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import EmitContext, LadderContext, Requires, Technique
+from .effects import MemoryContext, MemoryTerms, StepShape
 
 SOURCES = (
     "https://huggingface.co/blog/packing-with-FA2",
@@ -43,6 +50,24 @@ class PaddingFree(Technique):
             return [{}]
         return [{}, {"padding_free": True}]
 
+    def shape(self, setup: Any) -> Any:
+        if not setup.padding_free:
+            return setup
+        return setup.model_copy(update={"micro_batch_size": 1, "seq_len": real_tokens(setup), "padding_free": False, "avg_seq_len": None})
+
+    def step_shape(self, setup: Any, shape: StepShape) -> StepShape:
+        if not (setup.padding_free and setup.avg_seq_len):
+            return shape
+        tokens = setup.micro_batch_size * setup.avg_seq_len
+        if setup.attn_implementation == "flash_attention_2":
+            attention = (setup.micro_batch_size, setup.avg_seq_len)   # varlen: each sample attends to itself only
+        else:
+            attention = (1, tokens)                                     # one row with a block-diagonal mask
+        return StepShape(tokens, attention, shape.real_tokens)
+
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        return terms.changed(extra_activations=terms.extra_activations + packed_mask_bytes(ctx.setup))
+
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"padding_free": True} if self.active(ctx.setup) else {}
 
@@ -54,6 +79,18 @@ class PaddingFree(Technique):
         if self.active(ctx.setup):
             disable_cache(model)
         return model
+
+
+def real_tokens(setup: Any) -> int:
+    """Real (non-padding) tokens of one micro-batch; without ``avg_seq_len`` every sample fills ``seq_len``."""
+    return int(setup.micro_batch_size * (setup.avg_seq_len or setup.seq_len))
+
+
+def packed_mask_bytes(setup: Any) -> int:
+    """The [T, T] bool block-diagonal mask SDPA / eager need for a flattened row; none for flash_attention_2."""
+    if not setup.padding_free or setup.attn_implementation == "flash_attention_2":
+        return 0
+    return real_tokens(setup) ** 2
 
 
 def disable_cache(model: Any) -> None:

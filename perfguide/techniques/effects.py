@@ -1,0 +1,106 @@
+"""What a technique's cost hooks see and return: small typed contexts handed down by the cost model.
+
+The memory and speed models (memory/analytic.py, speed/model.py) compute the core terms of a step, then let every
+technique adjust the terms it changes (``Technique.memory``, ``Technique.speed``, ``Technique.shape``,
+``Technique.step_shape``, ``Technique.kernel_factors``). The contexts carry numbers and callables, never the cost
+model's modules, so a technique module imports nothing above the lower layers and the cost model names no technique.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..hardware.types import GPU, Hardware
+    from ..memory.types import MemoryEstimate
+    from ..model.types import ModelSpec
+    from ..setup import Setup
+
+
+@dataclass(frozen=True)
+class MemoryContext:
+    """Facts of one training step a memory hook reads; byte counts are per device unless named otherwise."""
+
+    spec: ModelSpec
+    setup: Setup                 # the Setup as planned
+    shape: Setup                 # the (batch, sequence) the model really computes on (after every ``shape`` hook)
+    largest_trainable: int       # elements of the largest trainable tensor
+    grad_elem_bytes: int         # bytes per gradient element
+    trainable_params: int
+    state_bytes: int             # optimizer state of the whole model, before sharding
+    optimizer_bytes: int         # optimizer state on this device (after sharding and offload)
+
+
+@dataclass(frozen=True)
+class MemoryTerms:
+    """The terms of the step's phases a technique may change; the cost model takes the phase maximum after."""
+
+    activations: int             # saved activations held on the device between forward and backward
+    extra_activations: int       # device bytes that live beside them (a packed-sequence mask...)
+    logits: int                  # loss-path buffers
+    grads: int                   # gradients alive at the end of backward
+    step_temp: int               # the optimizer step's temporaries
+    optimizer_on_device: int     # optimizer state inside torch's allocator
+    cpu_ram: int                 # host RAM the step needs
+    notes: tuple[str, ...] = ()
+
+    def changed(self, note: str | None = None, **changes: int) -> MemoryTerms:
+        """A copy with ``changes`` applied and ``note`` appended (techniques return this)."""
+        notes = (*self.notes, note) if note else self.notes
+        return replace(self, notes=notes, **changes)
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the speed model counts per micro-step: tokens through the Linear layers, the shape attention runs
+    over, and the tokens that carry training signal (what tokens/s reports)."""
+
+    matmul_tokens: int
+    attention: tuple[int, int]   # (sequences, length)
+    real_tokens: int
+
+
+@dataclass(frozen=True)
+class KernelFactors:
+    """Multipliers on the step's kernel counts: training launches per layer, passes of the memory-bound kernels,
+    and the per-token launch overhead of a decode loop."""
+
+    launches: float = 1.0
+    elementwise: float = 1.0
+    decode_overhead: float = 1.0
+
+
+@dataclass(frozen=True)
+class SpeedContext:
+    """What a GPU training step's speed hook reads: the rates and bandwidths the core model already derived."""
+
+    spec: ModelSpec
+    setup: Setup
+    hardware: Hardware
+    gpu: GPU
+    tokens: int                  # matmul tokens per micro-step
+    peak_tflops: float           # dense peak of the compute dtype
+    asymptote: float             # fraction of peak large GEMMs reach here
+    rate: float                  # achievable FLOP/s of the step's GEMMs
+    bandwidth: float             # achieved device memory bytes/s (0: unknown)
+    pcie: float                  # host<->device bytes/s
+    #: achievable FLOP/s of a GEMM with ``tokens`` rows at ``peak_tflops`` and ``asymptote`` (the core's efficiency curve)
+    gemm_rate: Callable[[float, float, int], float]
+    #: the step's memory estimate, computed on first use (paged state needs what is free on the device)
+    memory: Callable[[], MemoryEstimate] = field(repr=False, default=lambda: _no_memory())
+
+
+def _no_memory() -> MemoryEstimate:
+    raise LookupError("this SpeedContext was built without a memory estimate")
+
+
+@dataclass(frozen=True)
+class StepSeconds:
+    """Seconds a technique adds (+) or saves (-): per micro-step on the GPU, per micro-step over PCIe (hidden behind
+    compute up to the overlap fraction), and per optimizer step."""
+
+    compute: float = 0.0
+    transfer: float = 0.0
+    per_step: float = 0.0

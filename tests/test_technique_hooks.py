@@ -1,0 +1,117 @@
+"""A technique's memory and speed effects live in its own module: the cost model (memory/, speed/) folds the
+techniques' hooks and never reads a technique's Setup switch itself. Parsed with ast, so the rule is enforced,
+not just followed; the checker is tested on a fake file so it cannot pass by looking at nothing."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+try:
+    from helpers import hardware, tiny_spec
+except ImportError:  # pragma: no cover - run from the repository root
+    from tests.helpers import hardware, tiny_spec
+
+from perfguide import techniques
+from perfguide.setup import Setup
+from perfguide.techniques.activation_offloading import split_boundaries
+from perfguide.techniques.base import Technique
+from perfguide.techniques.liger_kernel import chunk_rows
+
+PACKAGE = Path(techniques.__file__).resolve().parents[1]
+COST_MODEL = sorted(p for layer in ("memory", "speed") for p in (PACKAGE / layer).rglob("*.py"))
+HOOKS = ("shape", "step_shape", "memory", "kernel_factors", "speed")
+#: fields a hooked technique owns that the core physics prices for every setup: which optimizer (its state is the
+#: optimizer ledger, memory/optimizers.py), the KV cache layout of inference, the data's mean sample length
+CORE_FIELDS = frozenset({"optimizer", "cache_implementation", "avg_seq_len"})
+
+
+def hooked(t: Technique) -> bool:
+    return any(getattr(type(t), h) is not getattr(Technique, h) for h in HOOKS)
+
+
+def forbidden_fields() -> set[str]:
+    return {f for t in techniques.registry() if hooked(t) for f in t.fields} - CORE_FIELDS
+
+
+def violations(path: Path, fields: set[str]) -> list[str]:
+    """Reads of a hooked technique's field (attribute or string key) and ``x.autocast == "fp8"`` tests."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Attribute) and node.attr in fields:
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Constant) and node.value in fields:
+            found.append(f"line {node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "autocast" for s in sides) and \
+                    any(isinstance(s, ast.Constant) and s.value == "fp8" for s in sides):
+                found.append(f"line {node.lineno}: autocast == 'fp8'")
+    return found
+
+
+def test_the_hooked_techniques_own_the_switches() -> None:
+    """Guard against the scan below passing because the registry lost its hooks."""
+    assert {"liger_kernel", "padding_free", "activation_offloading", "optimizer_in_backward", "torch_compile"} <= forbidden_fields()
+    assert {t.name for t in techniques.registry() if hooked(t)} >= {"fp8", "optimizer", "liger_kernel", "padding_free"}
+
+
+@pytest.mark.parametrize("path", COST_MODEL, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_cost_model_reads_no_technique_switch(path: Path) -> None:
+    bad = violations(path, forbidden_fields())
+    assert not bad, f"{path.relative_to(PACKAGE)} reads a technique's field; move the effect into its hook: " + ", ".join(bad)
+
+
+def test_the_checker_sees_attributes_keys_and_fp8(tmp_path: Path) -> None:
+    fake = tmp_path / "probe.py"
+    fake.write_text("def f(setup):\n    a = setup.liger_kernel\n    b = setup.model_copy(update={'padding_free': False})\n"
+                    "    return setup.autocast == 'fp8' or a or b\n")
+    assert len(violations(fake, forbidden_fields())) == 3
+
+
+def _plain() -> Setup:
+    return Setup(device="cuda", task="train", autocast="bf16", optimizer="adamw_torch_fused", micro_batch_size=4, seq_len=512)
+
+
+def test_a_technique_that_is_off_changes_no_term() -> None:
+    """Every hook is called for every technique: the inactive ones must hand the terms back untouched."""
+    spec, setup, hw = tiny_spec(), _plain(), hardware("a100")
+    gpu_ = hw.smallest_gpu
+    assert gpu_ is not None
+    ctx = techniques.MemoryContext(spec, setup, setup, 1000, 2, 10_000, 80_000, 80_000)
+    terms = techniques.MemoryTerms(activations=5000, extra_activations=0, logits=700, grads=20_000, step_temp=300,
+                                   optimizer_on_device=80_000, cpu_ram=0)
+    speed = techniques.SpeedContext(spec, setup, hw, gpu_, 2048, 312.0, 0.7, 1e14, 1.5e12, 2.5e10, lambda p, f, n: p * 1e12 * f)
+    for t in techniques.registry():
+        if t.active(setup):
+            continue
+        assert t.shape(setup) is setup, t.name
+        assert t.memory(ctx, terms) == terms, t.name
+        assert t.speed(speed) == techniques.StepSeconds(), t.name
+        assert t.kernel_factors(setup) == techniques.KernelFactors(), t.name
+
+
+def test_padding_free_shapes_by_hand() -> None:
+    """8 samples of 100 real tokens padded to 512: the Linears see 800 tokens, SDPA one row of 800, FA2 8 x 100."""
+    base = _plain().replace(micro_batch_size=8, avg_seq_len=100)
+    assert techniques.step_shape(base).matmul_tokens == 8 * 512
+    assert techniques.step_shape(base).real_tokens == 800
+    packed = base.replace(padding_free=True)
+    assert techniques.step_shape(packed).matmul_tokens == 800
+    assert techniques.step_shape(packed).attention == (1, 800)
+    assert techniques.step_shape(packed.replace(attn_implementation="flash_attention_2")).attention == (8, 100)
+    shaped = techniques.shaped(packed)
+    assert (shaped.micro_batch_size, shaped.seq_len) == (1, 800)
+
+
+def test_offloading_keeps_two_layers_and_liger_chunks_by_hand() -> None:
+    # 10 layers' boundaries of 100 bytes each: the computing and the copying layer stay, 8 go to the host
+    assert split_boundaries(1000, 10) == (200, 800)
+    # Llama-2 head (V=32000, H=4096): ceil(V/H) = 8, 4096 tokens -> 512 rows, already a power of two
+    spec = tiny_spec(vocab_size=32000, hidden_size=4096)
+    assert chunk_rows(spec, 4096) == 512
+    assert chunk_rows(spec, 4000) == 512     # ceil(4000/8) = 500 -> next power of two
+    assert chunk_rows(spec, 4) == 1
+
