@@ -21,6 +21,9 @@ PUBLISHED = [
     ("google/gemma-3-1b-pt", 1.0e9, None), ("microsoft/phi-4", 14.7e9, None),
     ("allenai/OLMo-2-1124-7B", 7.3e9, None), ("allenai/OLMo-2-1124-13B", 13.7e9, None), ("allenai/OLMo-2-0325-32B", 32.2e9, None),
     ("HuggingFaceTB/SmolLM3-3B", 3.08e9, None), ("mistralai/Mistral-Small-24B-Base-2501", 23.6e9, None),
+    # Llama-4 cards: 17B active / 109B and 400B total; Gemma-3 cards (hub file sizes): 4.3B, 12.2B, 27.4B
+    ("meta-llama/Llama-4-Scout-17B-16E", 109e9, 17e9), ("meta-llama/Llama-4-Maverick-17B-128E", 400e9, 17e9),
+    ("google/gemma-3-4b-pt", 4.3e9, None), ("google/gemma-3-12b-pt", 12.2e9, None), ("google/gemma-3-27b-pt", 27.4e9, None),
 ]
 
 
@@ -43,7 +46,8 @@ def test_gpt_oss_active_as_openai_counts_it(hub: str) -> None:
 
 
 @pytest.mark.parametrize("hub", ["microsoft/phi-4", "mistralai/Mistral-Small-24B-Base-2501", "Qwen/Qwen3-30B-A3B",
-                                 "deepseek-ai/DeepSeek-V3", "google/gemma-3-1b-pt"])
+                                 "deepseek-ai/DeepSeek-V3", "google/gemma-3-1b-pt", "meta-llama/Llama-4-Scout-17B-16E",
+                                 "meta-llama/Llama-4-Maverick-17B-128E", "google/gemma-3-27b-pt"])
 def test_catalog_counts_equal_the_meta_module(hub: str) -> None:
     config = config_of(hub)
     hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "_name_or_path")})
@@ -54,6 +58,8 @@ def test_catalog_counts_equal_the_meta_module(hub: str) -> None:
 
 def test_short_names_resolve() -> None:
     assert lookup("qwen3-30b-a3b") == "Qwen/Qwen3-30B-A3B" and lookup("deepseek-r1") == "deepseek-ai/DeepSeek-R1"
+    assert lookup("google/gemma-3-27b-it") == "google/gemma-3-27b-pt" and lookup("llama-4-scout") == "meta-llama/Llama-4-Scout-17B-16E"
+    assert lookup("meta-llama/Llama-4-Maverick-17B-128E-Instruct") == "meta-llama/Llama-4-Maverick-17B-128E"
     assert lookup("gpt-oss-120b") == "openai/gpt-oss-120b" and lookup("mistral-small-3") == "mistralai/Mistral-Small-24B-Base-2501"
 
 

@@ -91,10 +91,27 @@ def _linears(block: Any) -> Linears:
     return out
 
 
+#: submodules of a multimodal model that hold its vision encoder and projector (transformers' names)
+VISION_MODULES = frozenset({"vision_tower", "vision_model", "multi_modal_projector", "visual"})
+
+
+def _vision(module: Any) -> list[Any]:
+    """The vision encoder / projector submodules (outermost only): Gemma-3, Llama-4, LLaVA, Qwen-VL."""
+    found = [m for n, m in module.named_modules() if n.rsplit(".", 1)[-1] in VISION_MODULES]
+    inner = {id(s) for m in found for s in m.modules() if s is not m}
+    return [m for m in found if id(m) not in inner]
+
+
+def _vision_params(module: Any) -> int:
+    return sum(p.numel() for m in _vision(module) for p in m.parameters())
+
+
 def _embeddings(module: Any, blocks: Any) -> list[Any]:
+    """The text model's embedding tables: not those inside the blocks, not a vision tower's position table."""
     import torch
 
-    inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
+    skip = [blocks] if blocks is not None else []
+    inside = {id(m) for part in (*skip, *_vision(module)) for m in part.modules()}
     return [m for m in module.modules() if isinstance(m, torch.nn.Embedding) and id(m) not in inside]
 
 
@@ -172,7 +189,7 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
     exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__,
                  **shape.head_fields({**config, "architectures": [type(base).__name__]}))
     expert_params, moe_layers, separate = _experts(module)
-    exact["separate_expert_modules"] = separate
+    exact |= {"separate_expert_modules": separate, "vision_params": _vision_params(module)}
     counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
     if counted is not None:
         return build_spec(config, counted, name, source, **exact, **_output_head(module))

@@ -66,6 +66,9 @@ class ModelSpec(Model):
     #: reaches gets no gradient, so DDP must look for unused parameters. transformers 5 fuses a layer's experts into
     #: 3-D tensors (``experts.gate_up_proj``) that get a gradient whenever any expert of the layer is used.
     separate_expert_modules: bool = False
+    #: vision tower and projector of a multimodal checkpoint (Gemma-3's SigLIP, Llama-4's encoder): loaded, so in
+    #: total_params; a text token never passes through them, so not in active_params (text FLOPs)
+    vision_params: int = Field(default=0, ge=0)
     # multi-head latent attention (DeepSeek-V2/V3 and kin); None when the model has plain attention
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
@@ -180,11 +183,13 @@ class ModelSpec(Model):
 
     @property
     def active_params(self) -> int:
-        """Parameters touched per token (less than total for MoE): routed experts count k of E; drives FLOPs."""
+        """Parameters a text token touches (less than total for MoE: routed experts count k of E; never the vision
+        tower); drives FLOPs."""
+        text = self.total_params - self.vision_params
         if self.expert_params and self.num_experts > 1:
             idle = self.expert_params * (self.num_experts - min(self.num_experts_per_tok, self.num_experts)) // self.num_experts
-            return self.total_params - idle
-        return self.total_params - (self._linear_params(self.num_experts) - self._linear_params(self.num_experts_per_tok))
+            return text - idle
+        return text - (self._linear_params(self.num_experts) - self._linear_params(self.num_experts_per_tok))
 
     @classmethod
     def from_any(cls, model: Any, **kwargs: Any) -> ModelSpec:
