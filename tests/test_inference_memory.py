@@ -93,7 +93,7 @@ def test_sliding_window_caps_the_cache() -> None:
 def test_eager_attention_adds_the_score_matrix() -> None:
     s = infer(seq_len=4096, new_tokens=1)
     sdpa, eager = estimate_inference(LLAMA2_7B, s), estimate_inference(LLAMA2_7B, s.replace(attn_implementation="eager"))
-    # 32 heads x 4096^2 scores in bf16 + the fp32 softmax: the rules.md 2.4 ~2*h*N^2 bytes order of magnitude
+    # 32 heads x 4096^2 scores in bf16 + the fp32 softmax: the ~2*h*N^2 bytes order of magnitude of llm_tutorial_optimization (transformers docs)
     assert eager.activations - sdpa.activations > 32 * 4096**2 * 2
 
 

@@ -2,7 +2,7 @@
 
 Values shared with the Trainer are ``"auto"`` so the Trainer fills them from its own arguments: two
 sources of truth for batch size or precision fail in ways that are hard to debug (DeepSpeed docs).
-Blocks follow the ZeRO-2/ZeRO-3 templates of transformers' deepspeed.md (rules.md §3.21).
+Blocks follow the ZeRO-2/ZeRO-3 templates of https://huggingface.co/docs/transformers/deepspeed.
 """
 
 from __future__ import annotations

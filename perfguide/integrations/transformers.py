@@ -1,7 +1,8 @@
 """Setup -> transformers objects: TrainingArguments kwargs, from_pretrained kwargs, generate kwargs.
 
 Every name here was checked against transformers 5.24 (``activation_checkpointing``, ``dtype``,
-``fsdp=True`` + ``fsdp_config`` version 2, ``use_cpu``); see rules.md §1. The plain-dict form exists
+``fsdp=True`` + ``fsdp_config`` version 2, ``use_cpu``); see the TrainingArguments reference,
+https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments. The plain-dict form exists
 because a plan is often made on one machine (a laptop) and run on another (an A100 box), and
 ``TrainingArguments`` validates against the machine it is built on.
 """

@@ -17,7 +17,7 @@ layers (overhead.py). The peak is the maximum over the step's phases, not the su
 
 Autocast with fp32 weights: torch autocast casts each weight per op; the 16-bit copy is saved for backward
 by the matmul, so without checkpointing every block's Linear copies stay alive until backward
-(fake-tracing.md 5: +6.6 GiB forward peak for a 7B model). We count them as activations; with
+(a FakeTensor trace of the step, memory/trace.py: +6.6 GiB forward peak for a 7B model). We count them as activations; with
 checkpointing only the recomputed block's copies exist.
 """
 
@@ -180,7 +180,7 @@ def frozen_params_get_grads(setup: Setup) -> bool:
     distributed/fsdp/_flat_param.py), so autograd computes and FSDP reduce-scatters a gradient for every
     weight, and each frozen Linear keeps its input for that weight gradient. The FSDP docs say it: mixing
     frozen and trainable parameters in one unit makes "the gradient memory usage ... equivalent to not
-    freezing those parameters". Measured: litgpt LoRA + FSDP rows (resource-tables.md) barely drop with N.
+    freezing those parameters". Measured: litgpt LoRA + FSDP rows (https://github.com/Lightning-AI/litgpt/blob/main/tutorials/resource-tables.md) barely drop with N.
     """
     return setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES and setup.fsdp_version == 1
 

@@ -88,7 +88,7 @@ def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int
         total = sum(g.total for g in groups)
         state = total * param_bytes * states
         # the default foreach step of AdamW / RMSprop / Adagrad builds a parameter-sized temporary (_foreach_sqrt
-        # of the second moment) for the whole group (fake-tracing.md 3b: 20N peak for 7B); fused AdamW and
+        # of the second moment) for the whole group (FakeTensor trace, memory/trace.py: 20N peak for 7B); fused AdamW and
         # momentum-free SGD update in place.
         temp = total * param_bytes if facts.foreach_temp else 0
         return OptimizerCost(state, temp)

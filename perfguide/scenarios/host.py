@@ -1,4 +1,5 @@
-"""Host-side knobs: dataloader workers, pinned memory, CPU threads (rules.md 3.10, 3.24, 4.1.5, 4.3).
+"""Host-side knobs: dataloader workers, pinned memory, CPU threads (the transformers guides perf_train_gpu_one
+"Data preloading", perf_train_cpu and perf_train_cpu_many).
 
 Workers only have to keep the accelerator fed; every worker is a process holding a copy of the dataset
 handle, so more is not faster once the GPU is busy. On CPU training the cores are the compute, so workers
@@ -7,12 +8,13 @@ are few and threads equal the physical cores.
 
 from __future__ import annotations
 
+from .. import sources
 from ..decisions import Alternative, Decision
 from ..hardware.types import CPU
 
-GPU_WORKERS_CAP = 4      # the transformers docs' starting value (perf_train_gpu_one.md, "Data preloading")
-CPU_WORKERS_CAP = 2      # rules.md 4.3: 0-2 workers when the cores do the training
-_SOURCE = "transformers perf_train_gpu_one.md (dataloader_num_workers, pin_memory); rules.md 3.10"
+GPU_WORKERS_CAP = 4      # the transformers docs' starting value (perf_train_gpu_one, "Data preloading")
+CPU_WORKERS_CAP = 2      # 0-2 workers when the cores do the training: every worker takes a core from the matmuls
+_SOURCE = f"{sources.TRAIN_GPU_ONE}#data-preloading"
 
 
 def gpu_dataloader(cpu: CPU, gpus_per_node: int) -> tuple[int, bool, tuple[Decision, ...]]:
@@ -35,17 +37,17 @@ def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
     reason = (f"{cpu.physical_cores} physical cores do the training; "
               + ("no worker processes to compete with them" if workers == 0 else f"{workers} worker(s) prefetch without starving the matmuls"))
     workers_dec = Decision(setting="dataloader_num_workers", value=workers, reason=reason, number=cpu.physical_cores, unit="cores",
-                           source="rules.md 3.24, 4.3")
+                           source=f"{sources.TRAIN_CPU}; {sources.TRAINING_ARGUMENTS}.dataloader_num_workers")
     pin_dec = Decision(setting="dataloader_pin_memory", value=False,
-                       reason="there is no device copy to speed up on CPU (use_cpu=True turns it off anyway)", source="rules.md 3.10 [V]")
+                       reason="there is no device copy to speed up on CPU (use_cpu=True turns it off anyway)", source=f"{sources.TRAINING_ARGUMENTS}.dataloader_pin_memory")
     return workers, False, (workers_dec, pin_dec)
 
 
-def cpu_threads(cpu: CPU, source: str = "transformers perf_train_cpu.md; rules.md 3.24", processes: int = 1) -> tuple[int, Decision]:
+def cpu_threads(cpu: CPU, source: str = sources.TRAIN_CPU, processes: int = 1) -> tuple[int, Decision]:
     """Threads = physical cores (split between processes): hyper-threads share the FMA units, so they add
     contention, not FLOPs.
 
-    The same rule for training and serving on CPU; only the source differs (rules.md 3.32 for inference).
+    The same rule for training and serving on CPU; only the source differs (perf_infer_cpu for inference).
     """
     threads = max(1, cpu.physical_cores // max(1, processes))
     per = f" / {processes} processes" if processes > 1 else ""
@@ -64,7 +66,7 @@ def cpu_threads(cpu: CPU, source: str = "transformers perf_train_cpu.md; rules.m
 
 def cpu_processes(cpu: CPU, requested: int | None, global_batch: int) -> tuple[int, Decision]:
     """One training process per socket: each keeps its threads and memory on its own NUMA node, and DDP over
-    gloo averages the gradients (transformers perf_train_cpu_many.md; rules.md 3.24)."""
+    gloo averages the gradients (transformers perf_train_cpu_many)."""
     processes = requested or cpu.sockets
     if global_batch % processes:
         from ..errors import ConflictingConstraintsError
@@ -77,4 +79,4 @@ def cpu_processes(cpu: CPU, requested: int | None, global_batch: int) -> tuple[i
         reason = (f"{processes} processes ({cpu.sockets} socket(s)): DDP over gloo, each process with its own threads "
                   "and memory; launch with accelerate or torchrun, never several thread pools in one process")
     return processes, Decision(setting="cpu_processes", value=processes, reason=reason, number=cpu.sockets, unit="sockets",
-                               source="transformers perf_train_cpu_many.md; rules.md 3.24")
+                               source=sources.TRAIN_CPU_MANY)

@@ -3,6 +3,7 @@ RAM check, bnb quantization only if RAM is short."""
 
 from __future__ import annotations
 
+from .. import sources
 from . import inference_rules as R
 from .host import cpu_threads
 from .infer_gpu_one import base_setup, tune
@@ -12,7 +13,7 @@ from .types import Plan, Request
 def plan(request: Request) -> Plan:
     dtype, d_dtype = R.cpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=False)
-    _, d_threads = cpu_threads(request.hardware.cpu, source="rules.md 3.32")
+    _, d_threads = cpu_threads(request.hardware.cpu, source=sources.INFER_CPU)
     base = base_setup(request, dtype, d_attn.value, device="cpu").replace(cpu_threads=d_threads.value)
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn, d_threads]

@@ -3,6 +3,7 @@ across GPUs (device_map="auto"); each priced for per-GPU memory and speed, chose
 
 from __future__ import annotations
 
+from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..setup import Setup
@@ -65,7 +66,7 @@ def strategy_decision(request: Request, chosen: Candidate, priced: list[Candidat
     return Decision(setting="strategy", value=chosen.setup.strategy, number=float(score(request, chosen)),
                     unit="ms/token (negative)" if request.constraints.prefer == "latency" else "tokens/s",
                     reason=f"{LAYOUT_WHY[chosen.setup.strategy]}; best fitting layout for {request.constraints.prefer}: {_row(chosen)}",
-                    source="rules.md 3.27 / 3.33 / 4.6", alternatives=alts)
+                    source=f"{sources.INFER_GPU_MANY}; {sources.BIG_MODEL_INFERENCE}", alternatives=alts)
 
 
 def launcher(setup: Setup) -> Decision:

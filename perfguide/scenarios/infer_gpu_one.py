@@ -3,6 +3,7 @@ offload as the last resort, then batch and cache rules (scenarios/inference_rule
 
 from __future__ import annotations
 
+from .. import sources
 from ..decisions import Decision
 from ..setup import Setup
 from . import inference_rules as R
@@ -51,7 +52,7 @@ def transformers_plan(request: Request) -> Plan:
             decisions.append(Decision(setting="device_map", value="auto", number=float(off.memory.cpu_ram), unit="bytes offloaded",
                                         reason="even 4-bit weights do not fit: accelerate keeps what fits on the GPU and streams the "
                                                f"rest from CPU RAM every forward ({off.throughput.time_per_output_token_ms:.0f} ms/token)",
-                                        source="rules.md 3.27"))
+                                        source=sources.BIG_MODEL_INFERENCE))
             decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, off.setup, off.memory),
                                         reason="GPU budget leaves room for the KV cache and prefill transients"))
             warnings.append("CPU offload moves offloaded weights over PCIe for every token: expect seconds per token")

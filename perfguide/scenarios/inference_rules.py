@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..memory import estimate_memory
@@ -26,9 +27,9 @@ from .types import Candidate, Plan, Request
 
 GB = 1e9
 MAX_AUTO_BATCH = 64
-SRC_DTYPE = "transformers docs llm_tutorial_optimization.md / perf_infer_gpu_one.md (rules.md 3.26)"
+SRC_DTYPE = f"{sources.LLM_TUTORIAL_OPTIMIZATION}; {sources.INFER_GPU_ONE}"
 SRC_QUANT = "transformers docs quantization/bitsandbytes.md; litgpt quantize + resource tables (data/inference.json)"
-SRC_CACHE = "transformers docs llm_optims.md: static cache + torch.compile up to 4x (rules.md 3.29)"
+SRC_CACHE = f"{sources.LLM_OPTIMS}#static-kv-cache-and-torchcompile (static cache + torch.compile: up to 4x)"
 
 
 def prompt_len(request: Request) -> int:
@@ -95,10 +96,10 @@ def cpu_dtype(request: Request) -> tuple[str, Decision]:
         return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint (fp16 maps to fp32 on CPU)")
     if cpu.native_bf16:
         return "bf16", Decision(setting="dtype", value="bf16", reason="the CPU has AVX512-BF16/AMX: bf16 halves the bytes decode reads "
-                                "from RAM and runs natively", source="rules.md 3.32", alternatives=(
+                                "from RAM and runs natively", source=sources.INFER_CPU, alternatives=(
                                     Alternative(value="fp32", why_not="2x the RAM traffic per token"),))
     return "fp32", Decision(setting="dtype", value="fp32", reason="no AVX512-BF16/AMX on this CPU: bf16 matmuls would be emulated, "
-                            "slower than fp32", source="rules.md 3.32", alternatives=(
+                            "slower than fp32", source=sources.INFER_CPU, alternatives=(
                                 Alternative(value="bf16", why_not="emulated without avx512_bf16/amx_bf16 flags"),))
 
 
@@ -123,18 +124,17 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
         return Decision(setting="attn_implementation", value=forced, reason="given as a constraint")
     ok = fa_card and flash_attn_available() and dtype in ("bf16", "fp16", "int8", "nf4")
     if ok:
-        return Decision(setting="attn_implementation", value="flash_attention_2", source="rules.md 3.13",
+        return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE,
                         reason="flash-attn is installed, supports the GPU and weights are 16-bit: no s*s scores, fastest prefill",
                         alternatives=(Alternative(value="sdpa", why_not="slower at long prompts; fine otherwise"),))
     why = ("flash-attn is not installed" if on_gpu and not flash_attn_available() else
            "flash-attn does not support this GPU" if on_gpu and not fa_card else "needs a CUDA GPU" if not on_gpu else "needs 16-bit weights")
     if not spec.supports_sdpa:
-        return Decision(setting="attn_implementation", value="eager", source="https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
-                        "(_supports_sdpa = False: sdpa does not support softcapping)",
+        return Decision(setting="attn_implementation", value="eager", source=sources.NO_SDPA,
                         reason=f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager",
                         alternatives=(Alternative(value="flash_attention_2", why_not=why),
                                       Alternative(value="sdpa", why_not="refused by this model class")))
-    return Decision(setting="attn_implementation", value="sdpa", source="rules.md 3.13",
+    return Decision(setting="attn_implementation", value="sdpa", source=sources.SDPA,
                     reason="PyTorch SDPA (the transformers default) never materialises the s*s attention scores",
                     alternatives=(Alternative(value="flash_attention_2", why_not=why),
                                   Alternative(value="eager", why_not="stores b*h*s*s scores: memory grows with the prompt squared")))
@@ -177,7 +177,7 @@ def kv_decision(request: Request, setup: Setup, max_batch: int) -> Decision:
         what = f"KV cache = 2 x {len(kinds)} layers x {gqa} x {spec.head_dim} x {tokens} tokens per sequence{windowed}"
     return Decision(setting="max_batch_size", value=max_batch, number=float(one), unit="bytes KV cache per sequence",
                     reason=f"{what}; {max_batch} concurrent sequences fit beside the weights",
-                    source="rules.md 2.4 / 3.30")
+                    source=f"{sources.LLM_TUTORIAL_OPTIMIZATION} (KV cache bytes per token)")
 
 
 def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
@@ -196,7 +196,7 @@ def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
     return b, Decision(setting="batch_size", value=b, number=float(max_batch), unit="largest batch that fits",
                        reason=f"decode is memory-bandwidth bound: one weight read serves all {b} sequences, so tokens/s grows "
                               f"almost linearly with batch (capped at {MAX_AUTO_BATCH} to keep per-token latency sane)",
-                       source="rules.md 3.30")
+                       source=sources.LLM_TUTORIAL_OPTIMIZATION)
 
 
 def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[Setup, str]]:

@@ -1,4 +1,5 @@
-"""Which dtype the matmuls run in, and what the weights are stored in (rules.md 0.5-0.8, 3.4-3.6, 3.24).
+"""Which dtype the matmuls run in, and what the weights are stored in (the transformers performance guides
+perf_train_gpu_one "Mixed precision" and perf_train_cpu; ``torch.cuda.is_bf16_supported`` counts emulation).
 
 bf16 needs native matrix cores (the card's ``bf16`` capability flag; transformers' own check accepts emulation,
 so perfguide gates it itself). fp16 below that, unless the checkpoint was trained in bf16: fp16's range overflows on those, so fp32.
@@ -10,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import sources
 from .._technique_data import fp16_verdict
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import CPU, GPU
 from ..model.types import ModelSpec
 
-_AMP_SOURCE = "transformers docs perf_train_gpu_one.md (bf16/fp16/tf32); rules.md 3.4-3.6"
+_AMP_SOURCE = f"{sources.TRAIN_GPU_ONE}#mixed-precision (bf16/fp16/tf32)"
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     tf32_reason = ("TF32 runs the matmuls autocast leaves in fp32 on tensor cores (same range, 10-bit mantissa)" if tf32 else
                    f"TF32 needs a CUDA GPU of Ampere or newer; transformers raises ValueError on {gpu.name} ({gpu.generation})")
     tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else None,
-                        unit="x fp32 peak" if tf32 else None, source="rules.md 3.6; transformers TrainingArguments(tf32=...)")
+                        unit="x fp32 peak" if tf32 else None, source=f"{sources.TRAIN_GPU_ONE}#tf32; {sources.TRAINING_ARGUMENTS}.tf32")
     # precision='fp32' is honoured for a LoRA base too: no 16-bit storage (it would compute in bf16 while saying fp32)
     half = None if forced == "fp32" else "bf16" if gpu.supports_bf16 and forced != "fp16" else ("fp16" if autocast == "fp16" else None)
     return Precision(autocast=autocast, half=half, pure_half_allowed=autocast == "bf16", tf32=tf32,
@@ -132,6 +134,6 @@ def cpu_precision(cpu: CPU, forced: str | None) -> Precision:
     if autocast is None:
         alts += (Alternative(value="bf16", why_not="emulated without AVX512-BF16/AMX"),)
     mixed = Decision(setting="mixed_precision", value=autocast or "no", reason=reason,
-                     source="rules.md 3.24, 0.5; transformers perf_train_cpu.md", alternatives=alts)
+                     source=f"{sources.TRAIN_CPU}#mixed-precision", alternatives=alts)
     return Precision(autocast=autocast, half="bf16" if autocast else None, pure_half_allowed=autocast == "bf16",
                      tf32=False, decisions=(mixed,), warnings=tuple(warns))

@@ -1,7 +1,7 @@
 """Data-parallel layouts for multi-GPU training: which ones a setup may use, in which order, and what they cost.
 
 A *layout* is a strategy plus its offload flags. Layouts come in levels ordered by what they cost in
-communication (rules.md 3.18-3.21, 4.2; DeepSpeed's escalation order): replicate (DDP) -> shard gradients and
+communication (transformers perf_train_gpu_many and deepspeed "ZeRO stage" guides: DeepSpeed's escalation order): replicate (DDP) -> shard gradients and
 optimizer states (FSDP SHARD_GRAD_OP, ZeRO-2, ZeRO-1) -> shard everything (FSDP FULL_SHARD, ZeRO-3) -> CPU
 offload. Every layout keeps the training semantics, so the multi-GPU ladder tries all levels of a semantics
 rung (exact AMP, lighter optimizer, ...) before giving up precision: sharding costs time, not accuracy.

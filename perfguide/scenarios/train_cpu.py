@@ -1,4 +1,4 @@
-"""Train on the CPU (rules.md 3.24, 4.3): bf16 only with native support, one process per socket (DDP over
+"""Train on the CPU (transformers perf_train_cpu and perf_train_cpu_many): bf16 only with native support, one process per socket (DDP over
 gloo), threads = physical cores per process.
 
 Memory is host RAM (what is available now, minus the headroom); the ladder is the GPU one. QLoRA is not

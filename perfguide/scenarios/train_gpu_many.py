@@ -1,4 +1,4 @@
-"""Train on several GPUs (and nodes): the fastest layout that fits, the global batch kept fixed (rules.md 4.2).
+"""Train on several GPUs (and nodes): the fastest layout that fits, the global batch kept fixed (transformers perf_train_gpu_many).
 
 World size = GPUs per node x nodes; each rank gets global / world samples, split into micro-batch x
 accumulation. The train_gpu_one ladder (precision, optimizer, checkpointing, LoRA/QLoRA) is searched with
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..setup import Setup
@@ -48,7 +49,7 @@ from .strategies import (
 from .training import attention, check_optimizer, finetune_mode, plan_training
 from .types import Candidate, Plan, Request
 
-_SOURCE = "rules.md 3.18-3.21, 4.2; DeepSpeed docs' ZeRO escalation order; anchors.md 2 (ZeRO estimators)"
+_SOURCE = f"{sources.TRAIN_GPU_MANY}; {sources.DEEPSPEED} (ZeRO stage escalation order); {sources.ZERO_ESTIMATORS} (ZeRO estimators)"
 MAX_NODES = 64
 
 
@@ -231,7 +232,7 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
     else:
         outcome = "ZeRO chosen: no FSDP2 layout of this sharding level fits or can run this setup"
     return Decision(setting="sharding_backend", value=lay.backend, reason=f"{outcome}; tie-break: {rule}", number=chosen.step_time,
-                    unit="s/step", source="rules.md 3.19-3.21; transformers fsdp.md (FSDP2 is the Trainer default)", alternatives=tuple(alts))
+                    unit="s/step", source=f"{sources.TRAIN_GPU_MANY}; {sources.FSDP} (FSDP2 is the Trainer default)", alternatives=tuple(alts))
 
 
 def quant_storage_decision(s: Setup) -> list[Decision]:
@@ -252,7 +253,7 @@ def offload_decision(request: Request, chosen: Priced) -> list[Decision]:
     return [Decision(setting="offload", value=layout_of(s).name, number=chosen.memory.cpu_ram, unit="bytes host RAM per node",
                      reason=(f"no layout fits on the GPUs alone; the offloaded states of the node's {s.num_gpus} ranks take "
                              f"{gib(chosen.memory.cpu_ram)} of {gib(ram)} usable host RAM"),
-                     source="rules.md 3.21, 4.2 step 4; anchors.md 2 (DeepSpeed CPU bytes)")]
+                     source=f"{sources.DEEPSPEED} (ZeRO-Offload); {sources.ZERO_ESTIMATORS} (DeepSpeed CPU bytes)")]
 
 
 def launcher_decision(s: Setup) -> Decision:
@@ -263,7 +264,7 @@ def launcher_decision(s: Setup) -> Decision:
     return Decision(setting="launcher", value=f"{cmd} train.py", number=world, unit="processes",
                     reason=(f"one process per GPU ({s.num_gpus} per node x {s.nodes} node(s)); a plain `python train.py` makes the "
                             "Trainer wrap the model in nn.DataParallel instead; rec.launch_command('train.py') gives the full command"),
-                    source="rules.md 3.18, 4.2 step 1",
+                    source=f"{sources.TRAIN_GPU_MANY} (DataParallel vs DistributedDataParallel)",
                     alternatives=(Alternative(value="python train.py", why_not="nn.DataParallel: one process, GPU 0 gathers everything"),
                                   Alternative(value=f"torchrun --nproc_per_node {s.num_gpus}", why_not="equivalent for Trainer scripts; "
                                               "accelerate also reads the FSDP/DeepSpeed YAML")))

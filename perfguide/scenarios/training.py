@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import techniques
+from .. import sources, techniques
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import GPU
@@ -38,7 +38,7 @@ from .types import Constraints, Plan, Request
 
 Suggest = Callable[[Request, SearchResult, dict[str, SearchResult], str], tuple[str, ...]]
 
-_GUIDE = "https://huggingface.co/docs/transformers/perf_train_gpu_one"
+_GUIDE = sources.TRAIN_GPU_ONE
 _LADDER_SOURCE = f"{_GUIDE} (batch size first, then gradient accumulation; checkpointing, optimizer and precision trade memory)"
 
 
@@ -84,11 +84,8 @@ def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSp
         Alternative(value="flash_attention_2", why_not="needs the flash-attn package on the target; pays off for long sequences with packed batches"),
         Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory") if sdpa_ok else
         Alternative(value="sdpa", why_not="refused by this model class in transformers 5.24 (_supports_sdpa = False)"))
-    source = ("https://huggingface.co/docs/transformers/attention_interface; "
-              "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html" if sdpa_ok else
-              "https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
-              "(_supports_sdpa = False: sdpa does not support softcapping)")
-    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source=source, alternatives=alts)
+    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source=sources.SDPA if sdpa_ok else sources.NO_SDPA,
+                          alternatives=alts)
 
 
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,

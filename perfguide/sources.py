@@ -1,0 +1,30 @@
+"""Public references the recommendations cite, each written once (docs pages, not files that do not ship).
+
+Decisions carry these in ``source``; every one must be readable by a user without perfguide's repository.
+"""
+
+from __future__ import annotations
+
+_HF = "https://huggingface.co/docs/transformers/"
+
+TRAIN_GPU_ONE = _HF + "perf_train_gpu_one"
+TRAIN_GPU_MANY = _HF + "perf_train_gpu_many"
+TRAIN_CPU = _HF + "perf_train_cpu"
+TRAIN_CPU_MANY = _HF + "perf_train_cpu_many"
+INFER_GPU_ONE = _HF + "perf_infer_gpu_one"
+INFER_GPU_MANY = _HF + "perf_infer_gpu_multi"
+INFER_CPU = _HF + "perf_infer_cpu"
+LLM_OPTIMS = _HF + "llm_optims"
+LLM_TUTORIAL_OPTIMIZATION = _HF + "llm_tutorial_optimization"
+DEEPSPEED = _HF + "deepspeed"
+FSDP = _HF + "fsdp"
+TRAINING_ARGUMENTS = _HF + "main_classes/trainer#transformers.TrainingArguments"
+MEMORY_ANATOMY = _HF + "model_memory_anatomy"
+#: SDPA, transformers' default attention, and the model classes that refuse it
+SDPA = (_HF + "attention_interface; "
+        "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html")
+NO_SDPA = ("https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
+           "(_supports_sdpa = False: sdpa does not support softcapping)")
+BIG_MODEL_INFERENCE = "https://huggingface.co/docs/accelerate/usage_guides/big_modeling"
+ZERO_ESTIMATORS = "https://deepspeed.readthedocs.io/en/latest/memory.html"
+BF16_EMULATION = "https://docs.pytorch.org/docs/stable/generated/torch.cuda.is_bf16_supported.html"
