@@ -129,6 +129,7 @@ class Setup(Model):
     padding_free: bool = Field(default=False, description="samples concatenated without padding (DataCollatorWithFlattening / TRL padding_free)")
     avg_seq_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample (None: every sample fills seq_len)")
     fsdp_version: int = Field(default=2, ge=1, le=2, description="FSDP2 (fully_shard, per-parameter: what perfguide's plans emit) or FSDP1 (FlatParameter, use_orig_params)")
+    hybrid_shard: bool = Field(default=False, description="FSDP2 HSDP: shard over the GPUs of a node, replicate across nodes (a 2-D device mesh)")
 
     @model_validator(mode="after")
     def _techniques(self) -> Setup:
@@ -213,6 +214,11 @@ class Setup(Model):
         return self.num_gpus * self.nodes
 
     @property
+    def shard_degree(self) -> int:
+        """Ranks one copy of the model states is divided over: the node's GPUs under HSDP, else every rank."""
+        return self.num_gpus if self.hybrid_shard else self.world_size
+
+    @property
     def global_batch_size(self) -> int:
         return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
 
@@ -242,7 +248,7 @@ class Setup(Model):
         if self.lora:
             parts.append(f"lora-r{self.lora.r}")
         if self.strategy != "single":
-            parts.append(self.strategy)
+            parts.append(self.strategy + ("-hybrid" if self.hybrid_shard else ""))
         if self.offload_optimizer or self.offload_params:
             parts.append("offload")
         parts += [word for on, word in ((self.optimizer_in_backward, "optim-in-bwd"), (self.liger_kernel, "liger"),
@@ -282,6 +288,9 @@ def technique_conflict(s: Setup) -> str | None:
             return f"optimizer_in_backward runs on one process without sharding: use strategy='single' and num_gpus=1, not {s.strategy!r} x {s.world_size}"
         if s.autocast == "fp16":
             return "optimizer_in_backward cannot use fp16 loss scaling (GradScaler checks all gradients before one step); use bf16 or fp32"
+    if s.hybrid_shard and not (s.strategy == "fsdp" and s.fsdp_version == 2 and s.nodes > 1 and s.num_gpus > 1):
+        return ("hybrid_shard (HSDP) shards within a node and replicates across nodes: it needs strategy='fsdp' with FSDP2, "
+                f"nodes > 1 and several GPUs per node, not {s.strategy!r} on {s.nodes} node(s) x {s.num_gpus} GPU(s)")
     if s.avg_seq_len is not None and s.avg_seq_len > s.seq_len:
         return f"avg_seq_len={s.avg_seq_len} exceeds seq_len={s.seq_len}; the mean real length of a sample is at most seq_len"
     return None

@@ -57,6 +57,11 @@ def mixed_precision(setup: Setup) -> str:
     return accelerate_mixed_precision(setup)
 
 
+def hsdp_sizes(setup: Setup) -> dict[str, int] | None:
+    """accelerate ParallelismConfig sizes of an HSDP plan (replicas across nodes x shards within a node), else None."""
+    return {"dp_replicate_size": setup.nodes, "dp_shard_size": setup.num_gpus} if setup.hybrid_shard else None
+
+
 def is_multi_process(setup: Setup) -> bool:
     """Data-parallel training plans with more than one rank need a launcher; inference 'device_map' is one process."""
     return setup.task == "train" and setup.world_size > 1

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._plan import (
     check_cuda_machine,
     fsdp_settings,
+    hsdp_sizes,
     is_fsdp,
     mixed_precision,
     require_training,
@@ -76,6 +77,10 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
     if is_fsdp(s):
         _warn_cpu_fsdp(rec)
         kw["fsdp_plugin"] = fsdp_plugin(rec)
+        if (sizes := hsdp_sizes(s)) is not None:
+            from accelerate import ParallelismConfig
+
+            kw["parallelism_config"] = ParallelismConfig(**sizes)
     elif stage is not None:
         from accelerate.utils import DeepSpeedPlugin
 
@@ -147,6 +152,10 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str | None = N
     if dist_type == "FSDP":
         _warn_cpu_fsdp(rec)
         cfg["fsdp_config"] = _fsdp_yaml(rec)
+        if (sizes := hsdp_sizes(s)) is not None:
+            # the launcher copies these keys to its --parallelism_config_* arguments and exports PARALLELISM_CONFIG_*,
+            # which the Trainer's Accelerator reads (accelerate commands/launch.py, utils/launch.py)
+            cfg["parallelism_config"] = {f"parallelism_config_{k}": v for k, v in sizes.items()}
     elif dist_type == "DEEPSPEED":
         del cfg["mixed_precision"]  # the DeepSpeed JSON owns precision ("auto" from TrainingArguments)
         ds_file = deepspeed_config_file or deepspeed_file_for(DEFAULT_CONFIG_FILE).name

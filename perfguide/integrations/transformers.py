@@ -19,6 +19,7 @@ from ._plan import (
     emitted,
     fsdp_settings,
     half_dtype_name,
+    hsdp_sizes,
     is_fsdp,
     is_multi_process,
     launched,
@@ -93,8 +94,12 @@ def training_args(rec: Recommendation, **overrides: Any) -> transformers.Trainin
     check_machine(rec, kw)
     from transformers import TrainingArguments
 
-    # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched
-    return TrainingArguments(**copy.deepcopy(kw))
+    kw = copy.deepcopy(kw)  # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched
+    if (sizes := hsdp_sizes(rec.setup)) is not None and "parallelism_config" not in kw:
+        from accelerate import ParallelismConfig
+
+        kw["parallelism_config"] = ParallelismConfig(**sizes)  # an object, so not in the plain-data dict
+    return TrainingArguments(**kw)
 
 
 def _torch_dtype(name: str) -> Any:

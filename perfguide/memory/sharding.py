@@ -79,7 +79,7 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     (the current and the prefetched unit). ``unsharded_weights``: the full compute-dtype parameter set that
     FSDP SHARD_GRAD_OP keeps between forward and backward.
     """
-    n = setup.world_size
+    n = setup.shard_degree   # HSDP: one copy per node, sharded over that node's GPUs
     # FSDP shards parameters at rest under either strategy; SHARD_GRAD_OP only skips resharding between forward
     # and backward, holding the unsharded compute-dtype copy instead (torch FSDP docs; accelerate
     # concept_guides/fsdp_and_deepspeed.md). ZeRO-1/2 keep the full 16-bit parameters on every rank.

@@ -31,9 +31,12 @@ class Layout:
     strategy: str
     offload_optimizer: bool = False
     offload_params: bool = False
+    hybrid: bool = False        # FSDP2 HSDP: shard within each node, replicate across nodes
 
     @property
     def name(self) -> str:
+        if self.hybrid:
+            return f"{self.strategy} hybrid (HSDP)"
         off = ("optimizer+params" if self.offload_params else "optimizer") if self.offload_optimizer else ("params" if self.offload_params else "")
         return self.strategy + (f" + offload {off}" if off else "")
 
@@ -48,11 +51,12 @@ class Layout:
         keep: dict[str, object] = {"optimizer_in_backward": False} if self.strategy != "single" else {}
         if s.autocast == "fp8" and STRATEGIES[self.strategy].zero_stage is not None:
             keep["autocast"] = "bf16"
-        return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params, **keep)
+        return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
+                         hybrid_shard=self.hybrid, **keep)
 
 
 def layout_of(s: Setup) -> Layout:
-    return Layout(s.strategy, s.offload_optimizer, s.offload_params)
+    return Layout(s.strategy, s.offload_optimizer, s.offload_params, s.hybrid_shard)
 
 
 @dataclass(frozen=True)
@@ -62,17 +66,22 @@ class Level:
     layouts: tuple[Layout, ...]
 
 
-def levels(world: int, allow_offload: bool) -> tuple[Level, ...]:
-    """The layout ladder for ``world`` ranks; FSDP2 first inside a level (the tie-break keeps it on near-ties).
+def levels(world: int, allow_offload: bool, nodes: int = 1) -> tuple[Level, ...]:
+    """The layout ladder for ``world`` ranks on ``nodes`` nodes; FSDP2 first inside a level (the tie-break keeps it
+    on near-ties).
 
-    FSDP offload is all-or-nothing (params, grads and optimizer together), so it carries both flags.
+    Several nodes add HSDP to the first sharding level: FULL_SHARD inside each node (NVLink), replicas across nodes,
+    so only an all-reduce of 1/g of the gradients crosses the network, less than even DDP sends; it is ranked by
+    predicted step time against the layouts that shard across every rank. FSDP offload is all-or-nothing (params,
+    grads and optimizer together), so it carries both flags.
     """
     sharded = world > 1
     out = [Level("replicate", "a full replica per GPU, one gradient all-reduce per step",
                  (Layout("ddp" if sharded else "single"),))]
     if sharded:
-        out.append(Level("shard grads+optimizer", "parameters stay whole on every GPU; gradients and optimizer states are sharded",
-                         (Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1"))))
+        hsdp = (Layout("fsdp", hybrid=True),) if nodes > 1 and world > nodes else ()
+        out.append(Level("shard grads+optimizer", "parameters stay whole on every GPU (or, HSDP, within each node); gradients and "
+                         "optimizer states are sharded", (*hsdp, Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1"))))
         out.append(Level("shard everything", "parameters are sharded too and all-gathered layer by layer in forward and backward",
                          (Layout("fsdp"), Layout("zero3"))))
     if allow_offload:
@@ -138,10 +147,10 @@ def check_forced(forced: str | None, world: int, mode: str) -> None:
                                           "use ddp, fsdp, fsdp_shard_grad_op or zero3")
 
 
-def allowed_levels(world: int, allow_offload: bool, forced: str | None) -> tuple[Level, ...]:
-    """The ladder, cut to the requested strategy (its offload variants included when offload is allowed)."""
+def allowed_levels(world: int, allow_offload: bool, forced: str | None, nodes: int = 1) -> tuple[Level, ...]:
+    """The ladder, cut to the requested strategy (its offload variants, and HSDP for 'fsdp', included)."""
     out = []
-    for lv in levels(world, allow_offload):
+    for lv in levels(world, allow_offload, nodes):
         lays = tuple(lay for lay in lv.layouts if forced is None or lay.strategy == forced)
         if lays:
             out.append(Level(lv.name, lv.tradeoff, lays))
@@ -193,6 +202,10 @@ def comm_bytes(spec: ModelSpec, s: Setup) -> float:
     n, ga = s.world_size, s.gradient_accumulation_steps
     if n == 1 or s.strategy in ("single", "device_map", "tp"):
         return 0.0
+    if s.hybrid_shard:  # intra-node FULL_SHARD collectives, then an all-reduce of the 1/g gradient shard across nodes
+        g, half = s.num_gpus, (2 if s.autocast else min(4, s.weight_bytes))
+        grads, params = trainable_params(spec, s) * half, spec.total_params * half
+        return ga * ((2 * params + grads) * (g - 1) / g + 2 * grads / g * (s.nodes - 1) / s.nodes)
     wbytes = s.weight_bytes
     half = 2 if s.autocast else min(4, wbytes)
     trainable = trainable_params(spec, s)

@@ -16,6 +16,7 @@ from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..setup import Setup
 from .host import gpu_dataloader
+from .hybrid import hybrid_decision
 from .precision import gpu_precision
 from .search import (
     Option,
@@ -87,7 +88,7 @@ def plan(request: Request) -> Plan:
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
-    ladder = allowed_levels(world, cons.allow_offload, cons.strategy)
+    ladder = allowed_levels(world, cons.allow_offload, cons.strategy, nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
                       suggest=partial(_what_would_fit, per_node=per_node),
                       expand=lambda rungs: expand(rungs, ladder, cons.strategy), choose=prefer_fsdp)
@@ -101,7 +102,7 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
     cons = request.constraints
     choices = micro_batch_choices(batch, cons.micro_batch_size)
     out: list[tuple[Layout, Level, Option | None, str | None]] = []
-    for lv in levels(template.world_size, True):
+    for lv in levels(template.world_size, True, template.nodes):
         for lay in lv.layouts:
             why = incompatible(template, lay, cons.strategy)
             if why is None and (lay.offload_optimizer or lay.offload_params) and not cons.allow_offload:
@@ -118,6 +119,7 @@ def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
     chosen = Priced(p.setup, p.memory, p.throughput)
     compared = compare_layouts(request, p.setup, batch)
     decisions = [*p.decisions, strategy_decision(request, chosen, compared, p.fits), backend_decision(request, chosen, compared)]
+    decisions += hybrid_decision(request, chosen, compared)
     decisions += quant_storage_decision(p.setup)
     decisions += offload_decision(request, chosen)
     decisions.append(launcher_decision(p.setup))
@@ -157,7 +159,7 @@ def _link(request: Request) -> str:
 def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: bool) -> Decision:
     s, cons = chosen.setup, request.constraints
     lay = layout_of(s)
-    ladder = levels(s.world_size, True)
+    ladder = levels(s.world_size, True, s.nodes)
     mine = level_index(ladder, lay)
     alts = []
     for other, lv, opt, why in compared:
@@ -192,7 +194,7 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
     if cons.strategy:
         return f"strategy={cons.strategy!r} was requested; {lay.name} on {where}: {numbers}"
     failed = [(o, opt) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is None
-              and level_index(levels(s.world_size, True), o) < level_index(levels(s.world_size, True), lay)]
+              and level_index(levels(s.world_size, True, s.nodes), o) < level_index(levels(s.world_size, True, s.nodes), lay)]
     cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
     usable = gib(usable_bytes(chosen.memory, cons.headroom) or 0)
     if s.strategy in ("ddp", "single"):
@@ -205,7 +207,7 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
     """FSDP2 vs DeepSpeed: the tie-break between layouts of the same sharding level, stated with both step times."""
     s, h = chosen.setup, request.constraints.headroom
     lay = layout_of(s)
-    ladder = levels(s.world_size, True)
+    ladder = levels(s.world_size, True, s.nodes)
     rule = (f"FSDP2 (native torch, the Trainer's default FSDP version, no extra package or JSON) is kept over DeepSpeed ZeRO of the "
             f"same sharding level unless ZeRO is predicted more than {FSDP_TIE_TOLERANCE:.0%} faster")
     alts, fitting_fsdp = [], []

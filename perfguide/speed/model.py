@@ -147,7 +147,7 @@ def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     if weight == 2 and not facts.low_bit:
         state /= 2                                         # 32-bit states follow the (bf16) parameter dtype
     passes = facts.passes
-    shards = setup.world_size if setup.shards_optimizer else 1
+    shards = setup.shard_degree if setup.shards_optimizer else 1
     per_param = passes * (2 * weight + grad + 2 * state) + grad
     return per_param * trainable_params(spec, setup) / shards
 
@@ -162,6 +162,18 @@ def _ring_time(nbytes: float, setup: Setup, hardware: Hardware, gpu: GPU, factor
         inter_bw = hardware.inter_node_bandwidth_gbps or _value("unknown_inter_node_gbps")
         t += factor * (setup.nodes - 1) / setup.nodes * nbytes / (inter_bw * 1e9 * bus)
     return t
+
+
+def _hybrid_time(params: float, grads: float, setup: Setup, hardware: Hardware, gpu: GPU) -> float:
+    """HSDP per micro-step: FULL_SHARD's gathers and reduce-scatter run inside the node (its ring only), then each rank
+    all-reduces its 1/g gradient shard with the same shard of the other nodes' replicas (torch fully_shard with a
+    2-D (replicate, shard) mesh reduce-scatters in the shard group, then all-reduces in the replicate group)."""
+    bus = _value("comm_bus_fraction")
+    g, n = setup.num_gpus, setup.nodes
+    intra_bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
+    inter_bw = hardware.inter_node_bandwidth_gbps or _value("unknown_inter_node_gbps")
+    intra = (2 * params + grads) * (g - 1) / g / (intra_bw * 1e9 * bus)
+    return intra + 2 * (n - 1) / n * (grads / g) / (inter_bw * 1e9 * bus)
 
 
 def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
@@ -181,6 +193,8 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
         return ring(grads, 1), ring(params, 1)
     if setup.strategy == "fsdp_shard_grad_op":
         return ring(params, 1) + ring(grads, 1), 0.0
+    if setup.hybrid_shard:
+        return _hybrid_time(params, grads, setup, hardware, gpu), 0.0
     return 2 * ring(params, 1) + ring(grads, 1), 0.0      # zero3 / fsdp: gather fwd + bwd, scatter grads
 
 
