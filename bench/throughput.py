@@ -155,8 +155,8 @@ def main() -> int:
     how = ("Out of sample: each source's rows are predicted with the constants of bench/throughput_fit.py refitted on "
            f"the other {len(folds) - 1} sources (leave one source out); constants no remaining row informs keep their "
            "physical prior. The fit is a MAP fit (log-normal prior on each constant, weight "
-           f"{PRIOR_WEIGHT}); that weight was chosen among 0.01 / 0.02 / 0.05 / 0.1 by this very figure (LOSO median/p90 "
-           "14/63, 20/41, 15/33, 25/36 %), so the figure below is slightly optimistic. `--as-shipped` prices the rows "
+           f"{PRIOR_WEIGHT}); that weight was chosen earlier among 0.01 / 0.02 / 0.05 / 0.1 by this same out-of-sample "
+           "figure, so the figure below is slightly optimistic. `--as-shipped` prices the rows "
            "with the all-rows fit stored in efficiency.json instead (in sample).")
     return publish(report(cases, skipped, preds, hands, how) + _folds(folds), OUT)
 

@@ -55,6 +55,20 @@ def _cls(c: Case) -> str:
     return gpu_class(gpu)
 
 
+def _fused(c: Case) -> bool:
+    from perfguide.speed.terms import fused_attention
+
+    return fused_attention(c.setup)
+
+
+def _arch(c: Case) -> str:
+    from perfguide.speed.terms import attention_arch
+
+    gpu = c.hardware.smallest_gpu
+    assert gpu is not None
+    return attention_arch(gpu)
+
+
 def _fw(name: str) -> Callable[[Case], bool]:
     return lambda c: c.framework == name
 
@@ -64,6 +78,7 @@ PARAMS = [
     # step's matmuls less. Prior 0.5 (Megatron-LM reports 52% of A100 peak end to end, Narayanan et al. 2021).
     Param(("peak_fraction_by_class", "tensor", "datacenter"), 0.5, lambda c: _half(c) and _cls(c) == "datacenter", 0.15, 0.95),
     Param(("peak_fraction_by_class", "tensor", "volta"), 0.5, lambda c: _half(c) and _cls(c) == "volta", 0.1, 0.95),
+    Param(("peak_fraction_by_class", "tensor", "cdna"), 0.35, lambda c: _half(c) and _cls(c) == "cdna", 0.1, 0.95),
     Param(("peak_fraction_by_class", "tensor", "graphics"), 0.5, lambda c: _half(c) and _cls(c) == "graphics", 0.15, 1.2),
     # cuBLAS SGEMM on FMA units runs near peak (~85%) at moderate sizes: it is not fed through tensor cores
     Param(("peak_fraction_by_class", "cuda", "volta"), 0.85, lambda c: not _half(c) and _cls(c) == "volta", 0.3, 1.0),
@@ -77,10 +92,11 @@ PARAMS = [
     # Inductor fuses pointwise chains: roughly half the traffic (torchtitan paper, arXiv 2410.06511, compile gains)
     Param(("compile_elementwise_factor",), 0.5, lambda c: c.setup.torch_compile, 0.3, 1.0),
     Param(("dequant_traffic_factor",), 1.0, lambda c: c.setup.weights_dtype in ("nf4", "int8"), 0.1, 10),
-    Param(("attention_efficiency", "fused"), 1.0, lambda c: c.setup.attn_implementation != "eager", 0.1, 3),
+    # FlashAttention-2: ~60% of A100 peak fwd+bwd (Dao 2023, arXiv 2307.08691); 35% of H100 (FA3 paper, arXiv 2407.08608)
+    Param(("attention_peak_fraction", "ampere"), 0.6, lambda c: _fused(c) and _arch(c) == "ampere", 0.1, 1.0),
+    Param(("attention_peak_fraction", "hopper"), 0.35, lambda c: _fused(c) and _arch(c) == "hopper", 0.1, 1.0),
     Param(("framework_efficiency", "composer"), 1.0, _fw("composer"), 0.5, 3),
     Param(("framework_efficiency", "torchtitan"), 1.0, _fw("torchtitan"), 0.5, 3),
-    Param(("framework_efficiency", "unsloth"), 1.0, _fw("unsloth"), 0.5, 3),
     Param(("protocol", "run_overhead_s"), 0.0, lambda c: c.steps is not None, 0.0, 300),
 ]
 def _get(table: dict, key: tuple[str, ...]) -> float:

@@ -39,7 +39,7 @@ class Case:
     row_id: str
     group: str            # the unit left out in cross-validation (one published table file)
     table: str            # the unit rank correlation is computed in (one published table)
-    framework: str        # framework class: hf, composer, torchtitan, plain, unsloth
+    framework: str        # framework class: hf_trainer, composer, torchtitan, plain_pytorch
     label: str
     spec: ModelSpec
     setup: Setup
@@ -74,7 +74,13 @@ GROUPS = [  # (source, path prefix) -> group name
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
 # 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
 GPU_NAMES = [("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
-             ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090")]
+             ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
+             ("mi300x", "mi300x"), ("b200", "b200")]
+# Multi-node rows that do not state their network: every 8-GPU H100 / H200 / B200 SXM platform ships one
+# 400 Gb/s NIC per GPU (DGX H100 / H200 / B200 datasheets, AWS p5, Azure ND H100 v5: 3,200 Gb/s per node), so
+# those rows get the named DGX node's network (perfguide/data/gpus.json "nodes") instead of the one-port default.
+STATED_NETWORK = re.compile(r"(\d+) Gbps node-node")
+DGX_NODE = {"h100-80gb": "dgx-h100", "h200": "dgx-h200", "b200": "dgx-b200"}
 
 
 def group_of(row: dict[str, str]) -> str:
@@ -164,10 +170,15 @@ def _hardware(row: dict[str, str], num_gpus: int, nodes: int) -> Hardware:
     for needle, name in GPU_NAMES:
         if needle in gpu:
             per_node = num_gpus // nodes
+            if "power limited" in gpu:
+                raise Skip(f"GPU {row['gpu_type']!r}: its power cap is not stated, so its clocks are unknown")
             hw = Hardware.from_name(f"{name}:{per_node}" + (f"x{nodes}" if nodes > 1 else ""))
-            m = re.search(r"(\d+) Gbps node-node", row["notes"])
+            m = STATED_NETWORK.search(row["notes"])
             if m and nodes > 1:   # llm-foundry's A100 tables state the cluster's network
                 hw = hw.model_copy(update={"inter_node_bandwidth_gbps": int(m.group(1)) / 8})
+            elif nodes > 1 and name in DGX_NODE and per_node == 8:
+                node = Hardware.from_name(f"{DGX_NODE[name]}:8x{nodes}")
+                hw = hw.model_copy(update={"inter_node_bandwidth_gbps": node.inter_node_bandwidth_gbps})
             return hw
     raise Skip(f"GPU {row['gpu_type']!r} is not a perfguide named GPU")
 
@@ -214,7 +225,20 @@ def _optimizer(row: dict[str, str]) -> str:
     return "adamw_torch"             # HF AdamW / torch foreach / composer DecoupledAdamW
 
 
+def _expressible(row: dict[str, str]) -> None:
+    """Rows whose step perfguide's Setup cannot state, whatever its constants."""
+    if framework_of(row) == "unsloth":
+        raise Skip("Unsloth: hand-written Triton kernels (fused LoRA MLP / attention projections, RoPE, RMSNorm, "
+                   "cross-entropy) and its own offloaded checkpointing replace the HF + PEFT step perfguide prices")
+    if "column = max length" in row["notes"]:
+        raise Skip("the column is a max length (cutoff_len) on an unstated dataset, not the tokens per sample, so the "
+                   "real sample lengths (attention cost, per-sample overheads) are unknown; read as full-length "
+                   "samples, the cutoff-16384 rate would need ~65% of the A100's 312 TFLOP/s on executed FLOPs "
+                   "(6N + causal attention, with the recompute LLaMA-Factory enables) under HF Trainer + PEFT + bnb")
+
+
 def case_of(row: dict[str, str]) -> Case:
+    _expressible(row)
     group = group_of(row)
     seq = _int(row["seq_len"])
     mb = _int(row["micro_batch"])

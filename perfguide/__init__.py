@@ -31,7 +31,7 @@ from .model.types import ModelSpec
 from .recommendation import Recommendation
 from .scenarios.types import SCENARIOS, Constraints
 from .setup import LoraSpec, Setup
-from .speed.types import Throughput
+from .speed.types import SetupEstimate, Throughput
 
 if TYPE_CHECKING:
     from .measure.batch_finder import find_micro_batch, torch_try_step
@@ -80,6 +80,7 @@ __all__ = [
     "PerfGuideError",
     "Recommendation",
     "Setup",
+    "SetupEstimate",
     "Throughput",
     "UnknownHardwareError",
     "UnknownScenarioError",

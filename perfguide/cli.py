@@ -212,10 +212,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     busy = progress(f"tracing {args.model} on fake tensors") if args.method == "trace" else nullcontext()
     with busy:
         memory = estimate(args.model, setup, hardware=hardware, method=args.method)
-    if args.json:   # the JSON stays a MemoryEstimate; perfguide.estimate_speed gives the Throughput object
-        _emit(memory.to_json())
-        return 0
     speed = estimate_speed(args.model, setup, hardware=hardware) if hardware is not None else None
+    if args.json:
+        from .speed.types import SetupEstimate
+
+        _emit(SetupEstimate(memory=memory, speed=speed).to_json())
+        return 0
     _emit(render_estimate(args.model, setup, memory, _report_format(args), speed))
     return 0
 
@@ -287,7 +289,7 @@ def _add_estimate(subs: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--hardware", metavar="NAME[:N]", help=f"judge the fit on a named target, or '{PROBE_WORD}' for this machine (default: none)")
     p.add_argument("--host-ram", metavar="SIZE", help="the target's host RAM, e.g. 2TB or 768GiB (default: what the named node ships with)")
     p.add_argument("--method", default="analytic", metavar="M", help="analytic (fast, default) or trace (exact, fake tensors)")
-    p.add_argument("--json", action="store_true", help="print the MemoryEstimate as JSON")
+    p.add_argument("--json", action="store_true", help="print the memory and (with --hardware) the speed as JSON: {\"memory\": MemoryEstimate, \"speed\": Throughput or null}")
     p.add_argument("--markdown", action="store_true", help="print the estimate as Markdown")
     add_setup_flags(p)
 

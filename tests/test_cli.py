@@ -165,12 +165,25 @@ def test_recommend_training_args_are_json(capsys):
 
 
 @needs("perfguide.model.resolve", "perfguide.hardware.named", "perfguide.memory.analytic")
-def test_estimate_json_is_a_memory_estimate(capsys):
-    code, out, _ = run(capsys, "estimate", "gpt2", "--hardware", "a100-80gb", "--micro-batch-size", "2", "--seq-len", "256", "--json")
+def test_estimate_json_has_the_memory_and_the_speed(capsys):
+    import perfguide
+    from perfguide.speed.types import SetupEstimate
+
+    flags = ("--micro-batch-size", "2", "--seq-len", "256")
+    code, out, _ = run(capsys, "estimate", "gpt2", "--hardware", "a100-80gb", *flags, "--json")
     assert code == 0
-    est = MemoryEstimate.model_validate_json(out)
+    got = SetupEstimate.model_validate_json(out)
+    est = got.memory
+    assert isinstance(est, MemoryEstimate)
     # gpt2 has 124,439,808 parameters; fp32 weights are 4 bytes each
     assert est.weights >= 124_439_808 * 4 and est.capacity is not None
+    # the speed is the API's Throughput for the same Setup: 2 x 256 tokens per step on one GPU
+    want = perfguide.estimate_speed("gpt2", {"micro_batch_size": 2, "seq_len": 256}, hardware="a100-80gb")
+    assert got.speed == want
+    assert got.speed.tokens_per_s == pytest.approx(2 * 256 / got.speed.step_time_s)
+    assert 0 < got.speed.mfu < 1
+    code, out, _ = run(capsys, "estimate", "gpt2", *flags, "--json")       # no hardware: no speed
+    assert code == 0 and SetupEstimate.model_validate_json(out).speed is None
 
 
 # --- subprocess smoke ---------------------------------------------------------------------------

@@ -264,7 +264,8 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     rate = peak * 1e12 * eff
     mm, attn, model = _compute_split(spec, setup)
     slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
-    gpu_time = mm * slow / rate + attn / (rate * terms.attention_efficiency(setup))
+    gemm_attn = 0.0 if terms.fused_attention(setup) else attn * terms.causal_fraction(spec, setup) / terms.attention_efficiency(setup)
+    gpu_time = mm * slow / rate + gemm_attn / rate
     bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
     pcie = pcie_gbps(gpu) * 1e9
 
@@ -285,7 +286,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         if setup.autocast and setup.weights_dtype == "fp32":
             moved += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1)   # fp32->half weight casts
         gpu_time += moved / bw
-    gpu_time /= stack
+    gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn)
     launch = _launch_ops(spec, setup) * _value("kernel_launch_s")
     micro = max(gpu_time, launch)
     comm_micro, comm_step = communication(spec, setup, hardware, gpu)

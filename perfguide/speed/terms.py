@@ -27,13 +27,14 @@ def _value(name: str):  # noqa: ANN202 - numbers or small dicts straight from th
 def gpu_class(gpu: GPU) -> str:
     """'datacenter' for the big training dies of Ampere and later (A100, H100/H200, B200: compute capability
     8.0+ with minor 0), 'volta' for the V100 (7.0: first-generation, fp16-only tensor cores), 'graphics' for the
-    GeForce / workstation / inference dies (T4, A10, RTX 3090/4090, A6000, L4, L40S: x.5-x.9).
+    GeForce / workstation / inference dies (T4, A10, RTX 3090/4090, A6000, L4, L40S: x.5-x.9), 'cdna' for AMD
+    Instinct (MI300X/MI325X).
 
     They reach different fractions of their spec-sheet peak: graphics dies boost well above the clock their
     datasheet TFLOP/s assume; Volta's tensor cores are fed by an older memory system and cuBLAS generation.
     """
     if gpu.vendor != "nvidia":
-        return "datacenter"   # AMD Instinct (CDNA) parts are training dies
+        return "cdna"         # AMD Instinct: training dies, but ROCm's GEMMs reach a smaller share of their spec
     if gpu.compute_capability[1] != 0:
         return "graphics"
     return "datacenter" if gpu.supports_bf16 else "volta"
@@ -57,11 +58,46 @@ def half_saturation(setup: Setup) -> float:
 
 
 def attention_efficiency(setup: Setup) -> float:
-    """Attention matmul rate relative to the model's GEMMs. SDPA dispatches to the FlashAttention-2 kernels on
-    Ampere and later (PyTorch 2.2+), so SDPA and flash_attention_2 share one 'fused' value; eager attention's
-    matmuls are plain batched GEMMs and its real cost, the s x s traffic, is ``eager_score_bytes``."""
-    table = _value("attention_efficiency")
-    return float(table["eager"] if setup.attn_implementation == "eager" else table["fused"])
+    """Rate of attention matmuls that run as plain GEMMs (eager attention, and the fp32 kernels on CUDA cores)
+    relative to the model's GEMMs; eager's real cost, the s x s traffic, is ``eager_score_bytes``. Fused kernels
+    on tensor cores are priced by ``fused_attention_seconds`` instead, at their own rate."""
+    return float(_value("attention_efficiency")["eager"])
+
+
+def fused_attention(setup: Setup) -> bool:
+    """SDPA / flash_attention_2 on tensor cores: one kernel with its own achievable rate, not a GEMM."""
+    return setup.attn_implementation != "eager" and matmul_path(setup) == "tensor"
+
+
+def attention_arch(gpu: GPU) -> str:
+    """The flash-kernel generation a GPU runs: FlashAttention-2 is written for Ampere's mma.sync (sm80, also
+    Ada sm89), and does not use Hopper's wgmma/TMA - FlashAttention-3 does -, so on an H100 the same kernel
+    reaches a much smaller fraction of peak; Volta/Turing get the memory-efficient (cutlass) SDPA kernel."""
+    if gpu.vendor != "nvidia":
+        return "cdna"
+    major = gpu.compute_capability[0]
+    return {7: "volta_turing", 8: "ampere", 9: "hopper"}.get(major, "blackwell" if major >= 10 else "volta_turing")
+
+
+def causal_fraction(spec: ModelSpec, setup: Setup) -> float:
+    """Share of the b x s x s_attended score tiles a fused kernel really computes. A causal decoder's kernels
+    skip the tiles above the diagonal (FlashAttention-2 ``causal=True``, SDPA ``is_causal``): about half, or
+    ``1 - w / 2s`` with a sliding window w < s. Encoders attend both ways (all of it); eager attention builds the
+    full s x s matrix and masks it afterwards. The MFU convention (no causal halving) is unchanged."""
+    if setup.attn_implementation == "eager" or not spec.generates or spec.is_encoder_decoder:
+        return 1.0
+    attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
+    return 1.0 - attended / (2.0 * setup.seq_len)
+
+
+def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops: float, attn_flops: float) -> float:
+    """Seconds the fused attention kernels of one micro-step take: the executed (causal) share of the counted
+    FLOPs at the kernel's own fraction of peak. The stack term does not apply: Composer, torchtitan and HF
+    Trainer call the same flash kernel."""
+    if not fused_attention(setup) or attn_flops <= 0:
+        return 0.0
+    fraction = float(_value("attention_peak_fraction")[attention_arch(gpu)])
+    return attn_flops * causal_fraction(spec, setup) / (peak_tflops * 1e12 * fraction)
 
 
 def framework_efficiency(framework: str) -> float:

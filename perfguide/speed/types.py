@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from .._base import Model
+from ..memory.types import MemoryEstimate
 
 
 class Throughput(Model):
@@ -22,3 +23,11 @@ class Throughput(Model):
     decode_tokens_per_s: float | None = Field(default=None, description="per sequence")
     time_per_output_token_ms: float | None = None
     bound: str | None = Field(default=None, description="'compute', 'memory-bandwidth', 'communication', 'offload'")
+
+
+class SetupEstimate(Model):
+    """What ``perfguide estimate --json`` prints: one Setup's memory and, given hardware, its speed - the same two
+    things the text report shows, so a script reads step time, tokens/s and MFU next to the bytes."""
+
+    memory: MemoryEstimate
+    speed: Throughput | None = Field(default=None, description="None when no hardware was named: speed needs a device")
