@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ._data import DataModel, validated
 
-Family = Literal["torch", "adafactor", "bnb", "torchao"]
+Family = Literal["torch", "adafactor", "bnb", "torchao", "lomo", "adalomo", "galore", "apollo"]
 
 
 class OptimizerRow(DataModel):
@@ -28,7 +28,9 @@ class OptimizerRow(DataModel):
     paged: bool
     offloadable: bool = Field(description="DeepSpeed's CPU AdamW can run it when the optimizer state is offloaded")
     fsdp2: bool = Field(description="runs on FSDP2's DTensor shards")
-    package: Literal["bitsandbytes", "torchao"] | None
+    package: Literal["bitsandbytes", "torchao", "lomo-optim", "galore-torch", "apollo-torch", "schedulefree"] | None
+    in_backward: bool = Field(default=False, description="the Trainer fuses the update into backward (LOMO, *_layerwise)")
+    rank: int | None = Field(default=None, ge=1, description="projection rank of GaLore/APOLLO target matrices")
     source: str = Field(min_length=10)
 
     @property
@@ -53,6 +55,11 @@ def rows() -> dict[str, OptimizerRow]:
 def names() -> tuple[str, ...]:
     """Every optimizer name perfguide can price, in the data file's order."""
     return tuple(rows())
+
+
+def steps_in_backward(name: str | None) -> bool:
+    """Whether ``name`` is one of transformers' optimizers that step inside backward themselves (LOMO, *_layerwise)."""
+    return name is not None and name in rows() and rows()[name].in_backward
 
 
 def row(name: str) -> OptimizerRow:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .decisions import Decision
 from .hardware.types import Hardware
 from .model.types import ModelSpec
+from .optimizer_facts import steps_in_backward
 from .scenarios.types import Plan, Request
 
 if TYPE_CHECKING:  # heavy types only for annotations
@@ -65,8 +66,8 @@ class Recommendation(Plan):
     def optimizers(self, model: Any, args: Any) -> tuple[Any, Any]:
         """``Trainer(optimizers=...)``: the plan's optimizer stepped inside backward when ``optimizer_in_backward``,
         else ``(None, None)`` (the Trainer builds its own from ``optim``)."""
-        if not self.setup.optimizer_in_backward:
-            return None, None
+        if not self.setup.optimizer_in_backward or steps_in_backward(self.setup.optimizer):
+            return None, None   # the Trainer builds it from ``optim`` (LOMO / layer-wise optimizers step inside backward themselves)
         from .integrations.optim_in_backward import trainer_optimizers
 
         return trainer_optimizers(self, model, args)

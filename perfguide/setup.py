@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from ._base import Model, build_strict
 from .errors import InvalidSetupError, did_you_mean
 from .optimizer_facts import names as optimizer_names
+from .optimizer_facts import steps_in_backward
 
 Task = Literal["train", "infer"]
 WeightsDtype = Literal["fp32", "bf16", "fp16", "int8", "nf4"]
@@ -278,6 +279,9 @@ def technique_conflict(s: Setup) -> str | None:
         return "autocast='fp8' runs through accelerate's torchao backend, which DeepSpeed plans do not use; use bf16 with ZeRO, or FSDP/DDP with fp8"
     if (s.liger_kernel or s.activation_offloading) and s.device != "cuda":
         return "liger_kernel and activation_offloading need a CUDA GPU (Triton kernels / pinned-memory streams); set them False on CPU"
+    if steps_in_backward(s.optimizer) and (not s.optimizer_in_backward or s.lora is not None):
+        return (f"optim={s.optimizer!r} steps inside backward through the Trainer itself (LOMO / layer-wise hooks): a full fine-tune "
+                "with optimizer_in_backward=True (one process, gradient_accumulation_steps=1), not with LoRA or a separate step")
     if s.optimizer_in_backward:
         if s.optimizer is None:
             return "optimizer_in_backward needs an optimizer (optimizer='adamw_torch_fused', 'paged_adamw_8bit', ...)"

@@ -78,10 +78,13 @@ def test_optimizer_state_facts_agree_with_each_other() -> None:
 
     for name, facts in rows().items():
         assert facts.paged == name.startswith("paged_")
-        if facts.family == "adafactor":
+        if facts.family in ("adafactor", "adalomo"):
             assert state_bytes_per_param(name) < 0.01
             continue
         assert state_bytes_per_param(name) == pytest.approx(facts.streamed_state_bytes, rel=0.07), name
+        if facts.rank is not None:   # GaLore / APOLLO: states of the rank-r projection, not per element
+            assert facts.streamed_state_bytes < facts.states * facts.bits / 8, name
+            continue
         assert facts.streamed_state_bytes == pytest.approx(facts.states * facts.bits / 8, rel=0.07), name
 
 

@@ -85,7 +85,7 @@ def full_groups(spec: ModelSpec) -> list[TensorGroup]:
     if spec.embedding_params > tok:  # learned position embeddings and the like
         groups.append(TensorGroup(1, max(1, (spec.embedding_params - tok) // h), h, "embedding"))
     if spec.lm_head_params:
-        groups.append(TensorGroup(1, max(1, spec.lm_head_params // h), h, "linear"))
+        groups.append(TensorGroup(1, max(1, spec.lm_head_params // h), h, "head"))
     groups += [TensorGroup(n, o, i, "linear") for _, i, o, n in _linear_shapes(spec)]
     rest = spec.total_params - spec.embedding_params - spec.lm_head_params - _linear_params(spec)
     if rest > 0:

@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..optimizer_facts import row
 
-Kind = Literal["linear", "embedding", "other"]
+Kind = Literal["linear", "head", "embedding", "other"]
 
 BNB_MIN_8BIT_SIZE = 4096      # bitsandbytes Optimizer8bit min_8bit_size default
 BNB_BLOCK = 2048              # blockwise quantization block of bnb 8-bit optimizer states (fp32 absmax each)
@@ -77,6 +77,24 @@ def _adafactor_state_bytes(g: TensorGroup, param_bytes: int) -> int:
     return g.count * (per * param_bytes + 4)
 
 
+def _factored_fp32_bytes(g: TensorGroup) -> int:
+    """AdaLomo: fp32 row + column second moments of a matrix, a full fp32 one for a vector (lomo_optim adalomo.py)."""
+    per = (g.rows + g.cols) if g.cols > 1 else g.rows
+    return g.count * per * 4
+
+
+def _projected_state_bytes(g: TensorGroup, states: int, bits: int, rank: int, param_bytes: int) -> int:
+    """GaLore / APOLLO on a target matrix (m x n): ``states`` moments of the projected r x max(m, n) gradient plus the
+    min(m, n) x r projection, in the gradient's dtype; 8-bit moments are bnb blocks. Any other tensor: plain AdamW
+    (8-bit for embeddings too: the Trainer's 32-bit embedding override is only registered for bitsandbytes' own classes)."""
+    if g.kind != "linear" or g.cols == 1:
+        return _bnb_state_bytes(TensorGroup(g.count, g.rows, g.cols), states, bits) if bits == 8 else g.total * param_bytes * states
+    r = min(rank, g.rows, g.cols)
+    low = r * max(g.rows, g.cols)
+    moments = _bnb_state_bytes(TensorGroup(g.count, r, max(g.rows, g.cols)), states, 8) if bits == 8 else g.count * low * param_bytes * states
+    return moments + g.count * r * min(g.rows, g.cols) * param_bytes
+
+
 def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int) -> OptimizerCost:
     """State and step-temporary bytes for ``groups`` of trainable tensors whose dtype has ``param_bytes``."""
     if name is None:
@@ -99,6 +117,14 @@ def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int
     if family == "bnb":
         state = sum(_bnb_state_bytes(g, states, bits) for g in groups)
         return OptimizerCost(state, 0, paged=facts.paged)
+    if family == "lomo":
+        return OptimizerCost(0, 0)   # plain SGD fused into backward: no state, the update reuses the gradient
+    if family == "adalomo":
+        return OptimizerCost(sum(_factored_fp32_bytes(g) for g in groups), largest * 4 * 2)
+    if family in ("galore", "apollo"):
+        rank = facts.rank or 128
+        state = sum(_projected_state_bytes(g, states, bits, rank, param_bytes) for g in groups)
+        return OptimizerCost(state, largest * 4 * 2)   # one tensor's projection + update temporaries in fp32
     state = sum(_torchao_state_bytes(g, states, bits, param_bytes) for g in groups)
     return OptimizerCost(state, largest * 4 * states)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from .. import techniques
@@ -20,7 +20,8 @@ from ..hardware.types import GPU, Hardware
 from ..memory import Factors, estimate_memory
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
-from ..setup import LoraSpec, Setup
+from ..optimizer_facts import steps_in_backward
+from ..setup import OPTIMIZERS, LoraSpec, Setup
 from ..speed import estimate_speed
 from ..speed.types import Throughput
 from ..techniques import LadderContext, Rung
@@ -241,6 +242,8 @@ def bigger_gpu(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: floa
 def sharded_gpus_needed(spec: ModelSpec, setup: Setup, gpu: GPU, hardware: Hardware, headroom: float,
                         strategy: str = "fsdp", max_gpus: int = 64, per_node: int = 8) -> tuple[int, Priced] | None:
     """Fewest identical GPUs (powers of two) over which a fully sharded ``setup`` fits per device."""
+    if steps_in_backward(setup.optimizer):
+        return None   # LOMO / layer-wise optimizers step inside backward on one process: they cannot shard
     n = 2
     while n <= max_gpus:
         nodes = max(1, n // per_node)
@@ -266,12 +269,31 @@ def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_hal
     ctx = LadderContext(base=base, autocast=autocast, half=half, pure_half_allowed=pure_half_allowed,
                         finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing,
                         model=model, hardware=hardware, wants=dict(wants or {}))
-    rungs = master_weights_filter(techniques.ladder(ctx), ctx)
+    rungs = in_backward_only(ctx) if steps_in_backward(optimizer) else techniques.ladder(ctx)
+    rungs = master_weights_filter(rungs, ctx)
     forced = ctx.wants.get("strategy")
     if base.world_size == 1 and forced in ("zero2", "zero3"):   # one GPU, ZeRO-Offload asked for: only its layouts
         rungs = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == forced)) for r in rungs]
         rungs = [r for r in rungs if r.templates]
     return rungs
+
+
+def in_backward_only(ctx: LadderContext) -> list[Rung]:
+    """``optim='lomo'``, ``'adalomo'`` or a ``*_layerwise`` name: transformers steps it inside backward, so only the
+    step-in-backward rung can run it (one process, no accumulation, full fine-tuning); refused in one line otherwise."""
+    name = ctx.optimizer
+    if ctx.finetune != "full" or ctx.wants.get("optimizer_in_backward") is False or ctx.base.world_size > 1:
+        raise ConflictingConstraintsError(
+            f"optim={name!r} steps each parameter inside backward (transformers: LOMO fused_backward / layer-wise hooks, "
+            "no DDP, no gradient accumulation): it needs a full fine-tune on one GPU with optimizer_in_backward not False; "
+            f"use scenario='train_gpu_one', or an optimizer that steps after backward (accepted: {', '.join(n for n in OPTIMIZERS if not steps_in_backward(n))})")
+    plain = replace(ctx, optimizer=None)
+    out = []
+    for r in techniques.ladder(plain):
+        ts = tuple(dict.fromkeys(t.replace(optimizer=name) for t in r.templates if t.optimizer_in_backward))
+        if ts:
+            out.append(Rung(r.name, r.tradeoff, ts))
+    return out
 
 
 def master_weights_filter(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:

@@ -23,6 +23,9 @@ from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 logger = logging.getLogger("perfguide.techniques")
 
 DEFAULT_OPTIMIZER = "adamw_torch_fused"
+#: optim_target_modules for GaLore/APOLLO: attention and MLP Linears (the transformers optimizers guide's example);
+#: embeddings, head and norms keep plain AdamW state
+LOW_RANK_TARGETS = (r".*.attn.*", r".*.mlp.*")
 LIGHT_OPTIMIZERS = ("adamw_bnb_8bit", "adafactor")
 OPTIM_DOCS = "https://huggingface.co/docs/transformers/optimizers"
 BNB_PAPER = "Dettmers et al. 2022, 8-bit Optimizers via Block-wise Quantization (arXiv:2110.02861)"
@@ -69,7 +72,11 @@ class Optimizer(Technique):
         return StepSeconds(per_step=paged_seconds(mem.optimizer_states, free_device_bytes(ctx.hardware, mem.device_total), ctx.pcie))
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
-        return {"optim": ctx.setup.optimizer} if ctx.setup.optimizer is not None else {}
+        name = ctx.setup.optimizer
+        if name is None:
+            return {}
+        # GaLore/APOLLO project the block Linears' gradients; the Trainer raises without optim_target_modules
+        return {"optim": name, "optim_target_modules": list(LOW_RANK_TARGETS)} if row(name).rank else {"optim": name}
 
     def prepare(self, ctx: EmitContext, model: Any) -> Any:
         """8-bit bnb states: embeddings get 32-bit state (pretrained) or a StableEmbedding (from scratch)."""
