@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _report import publish
 from throughput_rows import PROTOCOL, Case, load
 
-from perfguide.speed.model import estimate_speed, gpu_peak_tflops
+from perfguide.speed.model import gpu_peak_tflops, training_speed
 
 OUT = ROOT / "bench" / "results" / "throughput.md"
 HAND_MFU = 0.40
@@ -37,7 +37,7 @@ def predict(case: Case) -> float:
     """perfguide's tokens/s per GPU for the case (the raw cost model: no machine calibration)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tp = estimate_speed(case.spec, case.setup, case.hardware, framework=case.framework)
+        tp = training_speed(case.spec, case.setup, case.hardware, framework=case.framework)
     step = tp.step_time_s + (PROTOCOL["run_overhead_s"] / case.steps if case.steps else 0.0)
     return tp.tokens_per_s * tp.step_time_s / step / case.setup.world_size
 

@@ -182,7 +182,7 @@ def test_estimate_speed_api_prices_the_setup_like_the_cost_model() -> None:
     import perfguide
     from perfguide.hardware.types import Hardware
     from perfguide.model.types import ModelSpec
-    from perfguide.speed.model import estimate_speed as model
+    from perfguide.speed.model import training_speed as model
 
     setup = {"micro_batch_size": 4, "seq_len": 512, "weights_dtype": "bf16"}
     got = perfguide.estimate_speed("gpt2", setup, hardware="a100-80gb")

@@ -115,3 +115,26 @@ def test_offloading_keeps_two_layers_and_liger_chunks_by_hand() -> None:
     assert chunk_rows(spec, 4000) == 512     # ceil(4000/8) = 500 -> next power of two
     assert chunk_rows(spec, 4) == 1
 
+
+
+def test_switches_are_constraints_and_off_changes_are_setup_fields() -> None:
+    """The scenarios derive their constraint lists and the 'priced without it' Decisions from these declarations."""
+    from perfguide.scenarios.applicable import TRAINING_ONLY
+    from perfguide.scenarios.training import TECHNIQUE_CONSTRAINTS
+    from perfguide.scenarios.types import Constraints
+
+    switched = [t for t in techniques.registry() if t.switch]
+    assert {t.switch for t in switched} >= {"liger_kernel", "optimizer_in_backward", "activation_offloading", "padding_free", "fp8"}
+    for t in switched:
+        assert t.switch in Constraints.model_fields, t.name
+        assert t.switch in TECHNIQUE_CONSTRAINTS, t.name
+        assert (t.switch in TRAINING_ONLY) == (t.requires.tasks == ("train",)), t.name
+    for t in techniques.registry():
+        assert set(t.off()) <= set(Setup.model_fields), t.name
+
+
+def test_off_turns_the_technique_off() -> None:
+    on = _plain().replace(liger_kernel=True, padding_free=True, avg_seq_len=100, activation_offloading=True)
+    for name in ("liger_kernel", "padding_free", "activation_offloading"):
+        t = techniques.get(name)
+        assert t.active(on) and not t.active(on.replace(**t.off())), name

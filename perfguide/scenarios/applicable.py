@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import techniques
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import Hardware
 from .bnb_gate import check_bnb_constraints
 from .registry import ScenarioInfo, find
 from .types import Constraints
 
-TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "liger_kernel",
-                 "optimizer_in_backward", "activation_offloading", "padding_free", "fp8", "avg_seq_len", "master_weights")
+#: training constraints, with the switch of every training-only technique
+TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "avg_seq_len",
+                 *(t.switch for t in techniques.registry() if t.switch and t.requires.tasks == ("train",)))
 INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine")
 INFER_STRATEGIES = ("single", "tp", "device_map")
 _HINTS = {

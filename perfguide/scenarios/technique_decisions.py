@@ -10,20 +10,11 @@ from ..setup import Setup
 from .search import Priced, gib, price
 from .types import Request
 
-#: technique -> the Setup change that turns it off (the comparison each decision prices)
-_WITHOUT: dict[str, dict[str, object]] = {
-    "liger_kernel": {"liger_kernel": False},
-    "optimizer_in_backward": {"optimizer_in_backward": False},
-    "activation_offloading": {"activation_offloading": False},
-    "padding_free": {"padding_free": False},
-    "fp8": {"autocast": "bf16"},
-    "cpu_offload": {"strategy": "single", "offload_optimizer": False, "offload_params": False},
-}
 
-
-def _without(setup: Setup, name: str) -> Setup | None:
+def _without(setup: Setup, t: techniques.Technique) -> Setup | None:
+    """The chosen Setup with ``t`` turned off (``Technique.off``), None where the Setup refuses that combination."""
     try:
-        return setup.replace(**_WITHOUT[name])
+        return setup.replace(**t.off())
     except ValueError:
         return None
 
@@ -46,12 +37,12 @@ def _reason(name: str, chosen: Priced, other: Priced | None) -> str:
 
 
 def technique_decisions(request: Request, chosen: Priced) -> list[Decision]:
-    """One Decision per technique of ``_WITHOUT`` the chosen Setup uses."""
+    """One Decision per technique the chosen Setup uses that can be turned off (``Technique.off``)."""
     out = []
     for t in techniques.active(chosen.setup):
-        if t.name not in _WITHOUT:
+        if not t.off():
             continue
-        off = _without(chosen.setup, t.name)
+        off = _without(chosen.setup, t)
         other = price(request.model, off, request.hardware, request.calibration) if off is not None else None
         alts = () if other is None else (Alternative(
             value=False, number=other.memory.device_total, unit="bytes",

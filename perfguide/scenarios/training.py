@@ -47,8 +47,8 @@ def check_optimizer(name: str | None) -> None:
         raise unknown_value("optimizer", name, OPTIMIZERS, ConflictingConstraintsError)
 
 
-TECHNIQUE_CONSTRAINTS = ("liger_kernel", "optimizer_in_backward", "activation_offloading", "padding_free", "fp8", "master_weights",
-                         "strategy", "allow_offload", "precision")
+#: constraints the ladder's techniques read: each technique's own switch, and the layout/precision ones several read
+TECHNIQUE_CONSTRAINTS = (*(t.switch for t in techniques.registry() if t.switch), "strategy", "allow_offload", "precision")
 
 
 def technique_wants(cons: Constraints) -> dict[str, object]:

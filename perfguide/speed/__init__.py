@@ -33,9 +33,9 @@ def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: F
         from .inference import estimate_inference_speed
 
         return apply_speed(estimate_inference_speed(spec, setup, hardware, headroom), setup, factors)
-    from .model import estimate_speed as model
+    from .model import training_speed
 
-    return apply_speed(model(spec, setup, hardware), setup, factors)
+    return apply_speed(training_speed(spec, setup, hardware), setup, factors)
 
 
 __all__ = ["Throughput", "apply_speed", "estimate_speed"]

@@ -235,8 +235,9 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
     return per_layer * spec.total_layers
 
 
-def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer") -> Throughput:
-    """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer'.
+def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer") -> Throughput:
+    """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer', before
+    calibration: the way in is ``perfguide.speed.estimate_speed``, which applies the calibration factors.
 
     ``framework`` is the training stack the step runs under (perfguide's plans: HF Trainer / accelerate); the
     throughput bench passes the stack each published row was measured with (efficiency.json framework_efficiency).
@@ -252,7 +253,7 @@ def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
 
 def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str) -> Throughput:
     gpu = hardware.smallest_gpu
-    assert gpu is not None, "estimate_speed routes GPU-less machines to the CPU model"
+    assert gpu is not None, "training_speed routes GPU-less machines to the CPU model"
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
     if note:
         warnings.warn(note, stacklevel=3)

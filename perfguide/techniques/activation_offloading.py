@@ -34,9 +34,13 @@ class ActivationOffloading(Technique):
     sources = SOURCES
     requires = Requires(devices=("cuda",), tasks=("train",))
     order = 32
+    switch = "activation_offloading"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.activation_offloading)
+
+    def off(self) -> dict[str, Any]:
+        return {"activation_offloading": False}
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not self.active(ctx.setup):

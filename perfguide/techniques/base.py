@@ -93,6 +93,8 @@ class Technique:
     ladder_order: ClassVar[float | None] = None
     #: True: searched inside every rung (both values tried) instead of forming a rung of its own
     axis: ClassVar[bool] = False
+    #: the ``recommend(...)`` keyword (a scenarios Constraints field) that forces it; the ladder reads it in ``ctx.wants``
+    switch: ClassVar[str | None] = None
 
     @property
     def source(self) -> str:
@@ -123,6 +125,10 @@ class Technique:
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         """Field updates tried inside every rung (axis techniques only)."""
         return [{}]
+
+    def off(self) -> dict[str, Any]:
+        """The Setup change that turns it off, so a Decision can price what it bought ({}: not priced on its own)."""
+        return {}
 
     # --- adapters ------------------------------------------------------------------------------------
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:

@@ -37,6 +37,9 @@ class CpuOffload(Technique):
     def active(self, setup: Any) -> bool:
         return setup.offload_optimizer or setup.offload_params
 
+    def off(self) -> dict[str, Any]:
+        return {"strategy": "single", "offload_optimizer": False, "offload_params": False}
+
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         """One GPU (train_gpu_one): the last full fine-tuning rung keeps exact AMP semantics (fp32 masters on the
         CPU) and gives up speed: the CPU steps the optimizer and the states cross PCIe every step."""

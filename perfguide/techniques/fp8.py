@@ -32,6 +32,7 @@ class Fp8(Technique):
     requires = Requires(devices=("cuda",), tasks=("train",), packages=("torchao",), gpu_capability="supports_fp8")
     order = 12
     axis = True
+    switch = "fp8"
 
     def active(self, setup: Any) -> bool:
         return setup.autocast == "fp8"
@@ -43,6 +44,9 @@ class Fp8(Technique):
         if ctx.autocast != "bf16" or gpu is None or not gpu.supports_fp8 or wanted is False or (ctx.wants.get("precision") and not wanted):
             return [{}]
         return [{}, {"autocast": "fp8"}]
+
+    def off(self) -> dict[str, Any]:
+        return {"autocast": "bf16"}
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         gpu = ctx.gpu

@@ -46,6 +46,7 @@ class LigerKernel(Technique):
     requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",))
     order = 36
     axis = True
+    switch = "liger_kernel"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.liger_kernel)
@@ -57,6 +58,9 @@ class LigerKernel(Technique):
         if model is not None and not supported(model.model_type):
             return f"liger-kernel has no kernels for model type {model.model_type!r} (it patches {', '.join(sorted(MODEL_TYPES)[:8])}, ...)"
         return None
+
+    def off(self) -> dict[str, Any]:
+        return {"liger_kernel": False}
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         return terms.changed(logits=loss_bytes(ctx.spec, ctx.shape)) if self.active(ctx.setup) else terms

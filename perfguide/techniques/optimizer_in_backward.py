@@ -37,6 +37,7 @@ class OptimizerInBackward(Technique):
     requires = Requires(tasks=("train",), finetune=("full",))
     order = 22
     ladder_order = 35
+    switch = "optimizer_in_backward"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.optimizer_in_backward)
@@ -56,6 +57,9 @@ class OptimizerInBackward(Technique):
                              micro_batch_size=per_rank, gradient_accumulation_steps=1, activation_offloading=a)
             for w in weights for o in optimizers for a in offload)
         return [Rung("step in backward", "each parameter steps inside backward: no gradient accumulation, no global-norm clipping", templates)]
+
+    def off(self) -> dict[str, Any]:
+        return {"optimizer_in_backward": False}
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not self.active(ctx.setup):

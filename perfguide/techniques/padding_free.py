@@ -37,6 +37,7 @@ class PaddingFree(Technique):
     requires = Requires(tasks=("train",))
     order = 34
     axis = True
+    switch = "padding_free"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.padding_free)
@@ -49,6 +50,9 @@ class PaddingFree(Technique):
         if wanted is False or avg is None or avg >= ctx.base.seq_len or ctx.base.task != "train":
             return [{}]
         return [{}, {"padding_free": True}]
+
+    def off(self) -> dict[str, Any]:
+        return {"padding_free": False}
 
     def shape(self, setup: Any) -> Any:
         if not setup.padding_free:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import EmitContext, LadderContext, Rung, Technique
+from .base import EmitContext, LadderContext, Requires, Rung, Technique
 
 AMP_DOCS = "https://huggingface.co/docs/transformers/perf_train_gpu_one#mixed-precision"
 AMP_PAPER = "Micikevicius et al. 2018, Mixed Precision Training (arXiv:1710.03740)"
@@ -81,8 +81,10 @@ class PureHalf(Technique):
     fields = ("weights_dtype",)
     summary = "bf16 weights, grads and optimizer states (no fp32 master copy)"
     sources = (BF16_PAPER, BF16_UPDATE_PAPER, BF16_RECIPE, "https://huggingface.co/docs/transformers/perf_train_gpu_one#bf16")
+    requires = Requires(tasks=("train",))
     order = 11
     ladder_order = 30
+    switch = "master_weights"
 
     def active(self, setup: Any) -> bool:
         return bool(pure_half(setup))
