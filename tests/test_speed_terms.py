@@ -131,16 +131,16 @@ def test_fused_attention_enters_the_step_at_its_own_rate() -> None:
     """Doubling the attention kernel's fraction of peak removes exactly half of its seconds from the step."""
     from test_speed import machine
 
-    from perfguide.speed.model import _compute_split, estimate_speed
+    from perfguide.speed.model import _compute_split, training_speed
 
     spec, setup = llama7b(), Setup(seq_len=8192, weights_dtype="bf16", attn_implementation="sdpa", gradient_checkpointing=True)
     attn = _compute_split(spec, setup)[1]
-    base = estimate_speed(spec, setup, machine()).step_time_s
+    base = training_speed(spec, setup, machine()).step_time_s
     fractions = load("efficiency")["attention_peak_fraction"]["value"]
     saved = fractions["ampere"]
     try:
         fractions["ampere"] = 2 * saved
-        faster = estimate_speed(spec, setup, machine()).step_time_s
+        faster = training_speed(spec, setup, machine()).step_time_s
     finally:
         fractions["ampere"] = saved
     assert base - faster == pytest.approx(attn * 0.5 / (312e12 * saved) / 2, rel=1e-6)
