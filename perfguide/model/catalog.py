@@ -6,6 +6,7 @@ from functools import lru_cache
 from typing import Any
 
 from .._data import load
+from .facts import ModuleFacts
 
 _VARIANT_TOKENS = frozenset({"instruct", "chat", "it"})
 
@@ -17,6 +18,12 @@ def normalize(name: str) -> str:
 
 def _models() -> dict[str, dict[str, Any]]:
     return load("architectures")["models"]
+
+
+def counted_of(hub_id: str) -> ModuleFacts | None:
+    """The meta-device facts recorded for this entry (never inherited through ``extends``: a count is per model)."""
+    counted = _models()[hub_id].get("counted")
+    return ModuleFacts.model_validate(counted) if counted is not None else None
 
 
 def config_of(hub_id: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InvalidModelError
 from . import fields, shape
 from .counting import analytic_count, build_spec
+from .facts import ModuleFacts, spec_from_facts
 from .types import Linears, ModelSpec
 
 _ALIASES = {
@@ -185,26 +186,25 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
         raise InvalidModelError(f"{type(module).__name__} has no parameters; pass the model itself, not a wrapper.")
     config = _config_dict(module)
     name = name or str(config.get("_name_or_path") or type(module).__name__)
-    base = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module  # PEFT wrapper
-    exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__,
-                 **shape.head_fields({**config, "architectures": [type(base).__name__]}))
-    expert_params, moe_layers, separate = _experts(module)
-    exact |= {"separate_expert_modules": separate, "vision_params": _vision_params(module)}
     counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
     if counted is not None:
+        base = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module  # PEFT wrapper
+        exact = dict(total_params=total, trainable_params=trainable, architecture=type(base).__name__,
+                     separate_expert_modules=_experts(module)[2], vision_params=_vision_params(module),
+                     **shape.head_fields({**config, "architectures": [type(base).__name__]}))
         return build_spec(config, counted, name, source, **exact, **_output_head(module))
+    return spec_from_facts(config, module_facts(module, config), name, source)
+
+
+def module_facts(module: Any, config: dict[str, Any]) -> ModuleFacts:
+    """What ``module`` itself says beyond its config: exact counts, one block's Linears, tying, experts, vision."""
+    total, trainable = count_parameters(module)
+    base = module.get_base_model() if callable(getattr(module, "get_base_model", None)) else module  # PEFT wrapper
     dims, linears, embedding = _inferred_dims(module, config)
-    model_type = str(config.get("model_type", "unknown"))
-    decoder = shape.decoder_config(config)
-    layers = dims.get("num_decoder_layers") or dims["num_layers"]
-    read = {k: v for k, v in shape.read_all(config, model_type, layers).items() if k not in exact}
-    if expert_params and read.get("num_experts", 1) > 1:
-        read |= {"expert_params": expert_params, "num_moe_layers": moe_layers}
-    return ModelSpec(name=name, model_type=model_type, family=fields.family(model_type), **dims, **exact,
-                     embedding_params=embedding, block_linears=linears, **_output_head(module), **read,
-                     max_position_embeddings=decoder.get("max_position_embeddings") or config.get("max_position_embeddings"),
-                     native_dtype=fields.native_dtype(config) if config else "fp32", source=source,
-                     config=config or None)
+    expert_params, moe_layers, separate = _experts(module)
+    return ModuleFacts(total_params=total, trainable_params=trainable, architecture=type(base).__name__, dims=dims,
+                       block_linears=linears, embedding_params=embedding, **_output_head(module), expert_params=expert_params,
+                       num_moe_layers=moe_layers, separate_expert_modules=separate, vision_params=_vision_params(module))
 
 
 #: keys that set a parameter count or a cached tensor's shape: a config class's default for one of them is a

@@ -19,6 +19,7 @@ from .._text import clean
 from ..errors import InvalidModelError, OfflineError, PerfGuideError, did_you_mean
 from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
+from .facts import spec_from_facts
 from .sizes import is_size_like, parse_size, spec_for_size
 from .types import ModelSpec
 
@@ -104,7 +105,9 @@ def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
         raise InvalidModelError(f"model size {text.strip()!r} must be more than zero (at least one parameter); accepted: a size like '125m', '7b' or '1.5B'.")
     hub_id = catalog.lookup(text)
     if hub_id is not None:
-        return spec_from_config(catalog.config_of(hub_id), hub_id, "catalog")
+        facts = catalog.counted_of(hub_id)  # recorded meta-device counts: no transformers import for catalogued models
+        config = catalog.config_of(hub_id)
+        return spec_from_facts(config, facts, hub_id, "catalog") if facts else spec_from_config(config, hub_id, "catalog")
     if not _HUB_ID.match(text.strip()):
         kind = "path does not exist" if text.startswith(("/", ".", "~")) or text.endswith(".json") else "is not a hub id"
         raise InvalidModelError(f"model {text!r}: {kind}; accepted: {_ACCEPTED}.")
