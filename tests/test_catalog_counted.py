@@ -50,3 +50,24 @@ def test_catalogued_models_resolve_without_importing_torch_or_transformers() -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"HF_HUB_OFFLINE": "1", "PATH": ""})
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [len(catalog_names()), False, False]
+
+
+@pytest.mark.parametrize(("edit", "where"), [
+    (lambda m: m["Qwen/Qwen3-8B"].update(extends="Qwen/Qwen9-1T"), "Qwen9-1T"),
+    (lambda m: m["Qwen/Qwen3-8B"]["counted"].update(total_params=-1), "total_params"),
+    (lambda m: m["Qwen/Qwen3-8B"].update(alias=["typo"]), "alias"),
+])
+def test_a_damaged_catalog_fails_at_load(monkeypatch: pytest.MonkeyPatch, edit: object, where: str) -> None:
+    from perfguide import _data
+    from perfguide.errors import DataFileError
+    from perfguide.model.catalog import CatalogFile
+
+    raw = json.loads(json.dumps(_data.load("architectures")))
+    edit(raw["models"])  # type: ignore[operator]
+    monkeypatch.setattr(_data, "load", lambda name: raw)
+    _data.validated.cache_clear()
+    try:
+        with pytest.raises(DataFileError, match=where):
+            _data.validated("architectures", CatalogFile)
+    finally:
+        _data.validated.cache_clear()

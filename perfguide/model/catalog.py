@@ -5,7 +5,9 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from .._data import load
+from pydantic import Field, model_validator
+
+from .._data import DataModel, Fact, load, validated
 from .facts import ModuleFacts
 
 _VARIANT_TOKENS = frozenset({"instruct", "chat", "it"})
@@ -16,7 +18,34 @@ def normalize(name: str) -> str:
     return "-".join(t for t in name.strip().lower().split("-") if t not in _VARIANT_TOKENS)
 
 
+class CatalogEntry(DataModel):
+    """One hub id: its config.json values, the entry it extends, its aliases, where the values come from, and the
+    recorded meta-device facts (entries without an analytic counter)."""
+
+    aliases: list[str] = Field(default_factory=list)
+    extends: str | None = None
+    source: str | None = Field(default=None, min_length=10)
+    config: dict[str, Any]
+    counted: ModuleFacts | None = None
+
+
+class CatalogFile(DataModel):
+    bf16_native_model_types: Fact[list[str]]
+    no_sdpa_model_types: Fact[list[str]]
+    families: dict[str, str]
+    size_rule: dict[str, Any]
+    models: dict[str, CatalogEntry]
+
+    @model_validator(mode="after")
+    def _extends_known(self) -> CatalogFile:
+        for hub_id, entry in self.models.items():
+            if entry.extends is not None and entry.extends not in self.models:
+                raise ValueError(f"{hub_id} extends {entry.extends!r}, which is not an entry")
+        return self
+
+
 def _models() -> dict[str, dict[str, Any]]:
+    validated("architectures", CatalogFile)  # a damaged catalog fails here, naming the entry and the field
     return load("architectures")["models"]
 
 
