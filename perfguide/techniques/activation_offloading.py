@@ -5,11 +5,13 @@ and come back for its backward, on a side stream that overlaps the copy with com
 Memory: the GPU keeps only the layers in flight (the one computing and the one copying); host RAM takes the
 rest (``memory``). Speed: twice the offloaded bytes over PCIe per micro-step, hidden behind compute up to the
 overlap fraction (``speed``). For the plain Trainer the prepare step wraps the model's forward in torch's own
-``torch.autograd.graph.save_on_cpu`` (pinned), which is the same mechanism without the side stream.
+saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``, pinned host copies), the mechanism of torch's
+``save_on_cpu`` without its copies of the weights and without the side stream.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .._technique_data import constants
@@ -23,7 +25,7 @@ LAYERS_IN_FLIGHT = 2
 SOURCES = (
     "https://huggingface.co/docs/trl/reducing_memory_usage#activation-offloading",
     "https://pytorch.org/torchtune/main/tutorials/memory_optimizations.html#activation-offloading",
-    "https://docs.pytorch.org/docs/stable/autograd.html#torch.autograd.graph.save_on_cpu",
+    "https://docs.pytorch.org/docs/stable/autograd.html#torch.autograd.graph.saved_tensors_hooks",
 )
 
 
@@ -74,20 +76,55 @@ def split_boundaries(boundaries: int, layers: int) -> tuple[int, int]:
 
 
 _HOOKED = "_perfguide_activation_offloading"
+#: saved tensors smaller than this stay on the device: the copy would cost more than it frees (torchtune's
+#: OffloadActivations keeps tensors under its min_offload_size on the GPU for the same reason)
+MIN_OFFLOAD_BYTES = 1024
 
 
-def offload_saved_tensors(model: Any, pin_memory: bool) -> None:
-    """Every tensor autograd saves during the model's forward goes to (pinned) host RAM; idempotent."""
-    if getattr(model, _HOOKED, False):
-        return
+@dataclass
+class OffloadStats:
+    """What the hooks did during the model's forwards: bytes copied to host RAM, bytes left in place."""
+
+    moved_bytes: int = 0
+    kept_bytes: int = 0
+
+
+def offload_saved_tensors(model: Any, pin_memory: bool) -> OffloadStats:
+    """Every activation autograd saves during the model's forward goes to (pinned) host RAM; idempotent.
+
+    Parameters are left in place (autograd saves a Linear's weight for its input gradient; copying it would send
+    the weights over PCIe every micro-step and pin a second copy in host RAM), as are tensors under
+    MIN_OFFLOAD_BYTES. torch's own ``save_on_cpu`` copies every saved tensor, weights included, hence these hooks.
+    """
+    stats = getattr(model, _HOOKED, None)
+    if isinstance(stats, OffloadStats):
+        return stats
     import torch
+
+    stats = OffloadStats()
+
+    def pack(t: Any) -> Any:
+        nbytes = t.numel() * t.element_size()
+        if isinstance(t, torch.nn.Parameter) or nbytes < MIN_OFFLOAD_BYTES:
+            stats.kept_bytes += nbytes
+            return t
+        stats.moved_bytes += nbytes
+        host = torch.empty(t.size(), dtype=t.dtype, layout=t.layout, pin_memory=pin_memory)
+        host.copy_(t, non_blocking=pin_memory)
+        return (t.device, host)
+
+    def unpack(packed: Any) -> Any:
+        if isinstance(packed, tuple):
+            device, host = packed
+            return host.to(device, non_blocking=pin_memory)
+        return packed
 
     stack: list[Any] = []
 
     def enter(_module: Any, _args: Any) -> None:
-        ctx = torch.autograd.graph.save_on_cpu(pin_memory=pin_memory)
-        ctx.__enter__()
-        stack.append(ctx)
+        hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+        hooks.__enter__()
+        stack.append(hooks)
 
     def leave(_module: Any, _args: Any, _out: Any) -> None:
         if stack:
@@ -95,7 +132,8 @@ def offload_saved_tensors(model: Any, pin_memory: bool) -> None:
 
     model.register_forward_pre_hook(enter)
     model.register_forward_hook(leave)
-    setattr(model, _HOOKED, True)
+    setattr(model, _HOOKED, stats)
+    return stats
 
 
 TECHNIQUES = (ActivationOffloading(),)
