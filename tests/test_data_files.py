@@ -21,8 +21,10 @@ def damaged(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
     real = _data.load
     monkeypatch.setattr(_data, "load", lambda name: files[name] if name in files else real(name))
     _data.validated.cache_clear()
+    _data.facts.cache_clear()
     yield files
     _data.validated.cache_clear()
+    _data.facts.cache_clear()
 
 
 @pytest.mark.parametrize(("name", "schema"), [("inference", InferenceData), ("activations", ActivationsData)])
@@ -93,3 +95,31 @@ def test_unknown_optimizer_is_one_line() -> None:
 
     with pytest.raises(PerfGuideError, match="unknown optimizer 'adamw_torh'.*adamw_torch"):
         row("adamw_torh")
+
+
+@pytest.mark.parametrize("name", ["efficiency", "calibration"])
+def test_fact_tables_validate_and_keep_ints(name: str) -> None:
+    rows = _data.facts(name)
+    assert rows and all(len(r.source) >= 10 for r in rows.values())
+    assert "_doc" not in rows
+    if name == "efficiency":
+        assert isinstance(rows["gemm_tile"].value, int)   # 64, not 64.0: the step model's integer arithmetic is unchanged
+
+
+def test_fact_tables_refuse_damage(damaged: dict[str, object]) -> None:
+    shipped = copy.deepcopy(_data.load("efficiency"))   # before any damage: _data.load serves the damaged copies after
+    raw = copy.deepcopy(shipped)
+    raw["comm_overlap"]["sorce"] = raw["comm_overlap"].pop("source")
+    damaged["efficiency"] = raw
+    with pytest.raises(DataFileError, match=r"efficiency\.json .*comm_overlap"):
+        _data.facts("efficiency")
+    raw = copy.deepcopy(_data.load("calibration"))
+    del raw["reserved_over_allocated"]
+    damaged["calibration"] = raw
+    with pytest.raises(DataFileError, match=r"calibration\.json has no row 'reserved_over_allocated'"):
+        _data.fact_value("calibration", "reserved_over_allocated")
+    raw = copy.deepcopy(shipped)
+    del raw["host_memory_gbps_per_core"]["cap"]
+    damaged["efficiency"] = raw
+    with pytest.raises(DataFileError, match="'host_memory_gbps_per_core' lacks its 'cap'"):
+        _data.fact_extra("efficiency", "host_memory_gbps_per_core", "cap")

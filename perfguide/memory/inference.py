@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from .._data import DataModel, Fact, load, validated
+from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
@@ -180,7 +180,7 @@ def _tp_weights(spec: ModelSpec, setup: Setup, weights: int, tp: int) -> int:
 
 
 def _reserved_ratio() -> float:
-    return load("calibration")["reserved_over_allocated"]["value"]
+    return fact_value("calibration", "reserved_over_allocated")
 
 
 def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, rest: int,

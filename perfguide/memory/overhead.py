@@ -5,23 +5,25 @@ Constants live in data/calibration.json with their sources; bench/accuracy.py is
 
 from __future__ import annotations
 
-from .._data import load
+from typing import Any
+
+from .._data import fact_extra, fact_value
 from ..hardware.types import Hardware
 from ..setup import Setup
 from .types import MemoryEstimate
 
 
-def _const(name: str) -> float:
-    return load("calibration")[name]["value"]
+def _const(name: str) -> Any:
+    return fact_value("calibration", name)
 
 
 def cuda_context_bytes(hardware: Hardware | None) -> int:
     """Per-process CUDA context + kernels; depends on GPU generation (eager vs lazy module loading)."""
-    table = load("calibration")["cuda_context_bytes"]
+    default = int(_const("cuda_context_bytes"))
     gpu = hardware.smallest_gpu if hardware is not None else None
     if gpu is None:
-        return int(table["value"])
-    return int(table["by_cc_major"].get(str(gpu.compute_capability[0]), table["value"]))
+        return default
+    return int(fact_extra("calibration", "cuda_context_bytes", "by_cc_major").get(str(gpu.compute_capability[0]), default))
 
 
 def reserved_from_allocated(peak_allocated: int) -> int:

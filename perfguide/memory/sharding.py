@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .._data import load
+from .._data import fact_value
 from ..setup import STRATEGIES, Setup
 
 #: Strategy families, derived from the one table in setup.py (Setup.is_deepspeed / Setup.is_fsdp per Setup).
@@ -42,7 +42,7 @@ class PerDevice:
 
 
 def _const(name: str) -> float:
-    return float(load("calibration")[name]["value"])
+    return float(fact_value("calibration", name))
 
 
 def deepspeed_half(param_count: int, trainable: int, optimizer_state_fp32: int) -> States:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from .. import techniques
-from .._data import load
+from .._data import fact_value
 from ..hardware.types import Hardware
 from ..memory.inference import InferenceData, activation_bytes_per_element, inference_data, kv_cache_bytes, weight_bytes
 from ..model.types import ModelSpec
@@ -62,7 +62,7 @@ def _cpu_device(setup: Setup, hardware: Hardware) -> Device:
     share = min(1.0, cpu_threads(setup, hardware) / cpu.physical_cores)
     sixteen_bit = setup.weights_dtype != "fp32"  # bf16/fp16 weights, or bnb weights dequantized to 16-bit
     peak = cpu_peak_gflops(cpu, sixteen_bit, setup.cpu_threads)[0] * 1e9
-    achieved = peak * load("efficiency")["cpu_peak_fraction"]["value"][cpu_path(cpu, sixteen_bit)]
+    achieved = peak * fact_value("efficiency", "cpu_peak_fraction")[cpu_path(cpu, sixteen_bit)]
     bw = host_bandwidth_gbps(cpu) * 1e9 * share * _facts().cpu_bandwidth_efficiency.value
     return Device(bw, achieved, peak, 0.0)
 

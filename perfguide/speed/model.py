@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import warnings
 from functools import cache
+from typing import Any
 
 from .. import techniques
-from .._data import load
+from .._data import fact_extra, fact_value
 from ..hardware.types import CPU, GPU, Hardware
 from ..memory.analytic import ledger, training_memory
 from ..memory.types import MemoryEstimate
@@ -26,12 +27,9 @@ from . import terms
 from .types import Throughput
 
 
-def _eff(name: str) -> dict:
-    return load("efficiency")[name]
-
-
-def _value(name: str):  # noqa: ANN202 - numbers or small dicts straight from the data file
-    return _eff(name)["value"]
+def _value(name: str) -> Any:
+    """A number or a small table from data/efficiency.json (validated rows, see perfguide._data)."""
+    return fact_value("efficiency", name)
 
 
 # --- model-side counts ---------------------------------------------------------------------------
@@ -115,13 +113,12 @@ def cpu_peak_gflops(cpu: CPU, bf16: bool, threads: int | None) -> tuple[float, s
 
 
 def host_bandwidth_gbps(cpu: CPU) -> float:
-    spec = _eff("host_memory_gbps_per_core")
-    return min(spec["value"] * cpu.physical_cores, spec["cap"])
+    return min(_value("host_memory_gbps_per_core") * cpu.physical_cores, fact_extra("efficiency", "host_memory_gbps_per_core", "cap"))
 
 
 def pcie_gbps(gpu: GPU) -> float:
-    spec = _eff("pcie_gbps_by_cc_major")
-    return float(spec["value"].get(str(gpu.compute_capability[0]), spec["default"]))
+    default = fact_extra("efficiency", "pcie_gbps_by_cc_major", "default")
+    return float(_value("pcie_gbps_by_cc_major").get(str(gpu.compute_capability[0]), default))
 
 
 # --- step parts -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ perfguide/data/efficiency.json, each with its source (the fitted ones name the p
 from __future__ import annotations
 
 from .. import techniques
-from .._data import load
+from .._data import fact_value
 from ..hardware.types import GPU
 from ..memory.activations import layer_bytes, logits_bytes
 from ..model.types import ModelSpec
@@ -21,7 +21,7 @@ _QUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
 
 
 def _value(name: str):  # noqa: ANN202 - numbers or small dicts straight from the data file
-    return load("efficiency")[name]["value"]
+    return fact_value("efficiency", name)
 
 
 def gpu_class(gpu: GPU) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._data import load
+from .._data import fact_value
 from .._technique_data import constants
 from ..memory.inference import inference_data
 from .base import EmitContext, Technique
@@ -37,7 +37,7 @@ class TorchCompile(Technique):
             return KernelFactors()
         decode = inference_data().static_compile_overhead_factor.value if setup.cache_implementation == "static" else 1.0
         return KernelFactors(launches=constants().compile_kernel_fraction.value,
-                             elementwise=float(load("efficiency")["compile_elementwise_factor"]["value"]), decode_overhead=decode)
+                             elementwise=float(fact_value("efficiency", "compile_elementwise_factor")), decode_overhead=decode)
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"torch_compile": True} if ctx.setup.torch_compile else {}
