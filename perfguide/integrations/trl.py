@@ -40,22 +40,14 @@ def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
 
 
 def technique_keys(setup: Setup) -> dict[str, Any]:
-    """The SFTConfig-only keys, each from its Setup field (off unless the plan uses the technique), with the
-    priced sequence length. A technique that declares ``trl_args`` (perfguide.techniques) overrides its keys here,
-    so a key is decided by its technique module once it has one, and written out both ways either way.
+    """The SFTConfig-only keys: the priced sequence length, then what each technique's ``trl_args`` says
+    (perfguide.techniques: padding-free, activation offloading and Liger write theirs out both ways).
 
     ``packing`` stays off: packing fills every row to ``max_length``, more tokens per micro-batch than a plan
     prices. Without it TRL pads each batch to its longest row (at most ``max_length``), which the plan's
-    ``seq_len``-per-sample pricing bounds. TRL refuses ``padding_free`` without packing unless ``max_length`` is
-    None (sft_trainer.py: "max_length is not enforced"), so a padding-free plan's rows must arrive truncated.
+    ``seq_len``-per-sample pricing bounds.
     """
-    keys: dict[str, Any] = {
-        "max_length": None if setup.padding_free else setup.seq_len,
-        "packing": False,
-        "padding_free": setup.padding_free,
-        "activation_offloading": setup.activation_offloading,
-        "use_liger_kernel": setup.liger_kernel,
-    }
+    keys: dict[str, Any] = {"max_length": setup.seq_len, "packing": False}
     from .. import techniques
 
     keys.update(techniques.emit("trl_args", techniques.EmitContext(setup=setup)))   # what the plan's techniques turn on

@@ -60,7 +60,7 @@ class ActivationOffloading(Technique):
         return StepSeconds(transfer=constants().activation_offload_pcie_passes.value * to_host / ctx.pcie)
 
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
-        return {"activation_offloading": True} if self.active(ctx.setup) else {}
+        return {"activation_offloading": self.active(ctx.setup)}   # written out both ways: the config says what runs
 
     def prepare(self, ctx: EmitContext, model: Any) -> Any:
         if self.active(ctx.setup):

@@ -87,6 +87,9 @@ class LigerKernel(Technique):
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"use_liger_kernel": True} if self.active(ctx.setup) else {}
 
+    def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
+        return {"use_liger_kernel": self.active(ctx.setup)}   # SFTConfig: written out both ways
+
 
 def chunk_rows(spec: Any, tokens: int) -> int:
     """Rows of logits Liger's fused linear cross-entropy materialises at once."""

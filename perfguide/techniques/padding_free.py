@@ -73,7 +73,9 @@ class PaddingFree(Technique):
         return terms.changed(extra_activations=terms.extra_activations + packed_mask_bytes(ctx.setup))
 
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
-        return {"padding_free": True} if self.active(ctx.setup) else {}
+        # TRL refuses padding_free without packing unless max_length is None (sft_trainer.py: "max_length is not
+        # enforced"), so a padding-free plan's rows must arrive truncated (sft_config_dict warns)
+        return {"padding_free": True, "max_length": None} if self.active(ctx.setup) else {"padding_free": False}
 
     def model_kwargs(self, ctx: EmitContext) -> dict[str, Any]:
         # with a KV cache transformers 5.x skips the packed-sequence mask and flattened samples attend to each other
