@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._plan import (
     check_cuda_machine,
+    emitted,
     fsdp_settings,
     hsdp_sizes,
     is_fsdp,
@@ -142,8 +143,7 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str | None = N
         "enable_cpu_affinity": False,
         "downcast_bf16": False,
     }
-    if s.autocast == "fp8":
-        cfg["fp8_config"] = {"backend": "AO"}   # torchao Float8Linear (accelerate ClusterConfig.fp8_config)
+    cfg.update(emitted(rec, "accelerate_config"))   # what the plan's techniques add (fp8: its backend)
     if s.nodes > 1:
         # every node runs the same file; launch_command passes the real rank/ip per node
         cfg.update(main_process_ip=MAIN_PROCESS_IP, main_process_port=MULTI_NODE_PORT)

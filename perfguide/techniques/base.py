@@ -147,6 +147,10 @@ class Technique:
         """FSDP2 settings in the Trainer's ``fsdp_config`` words (accelerate's YAML and plugin derive from them)."""
         return {}
 
+    def accelerate_config(self, ctx: EmitContext) -> dict[str, Any]:
+        """Keys of the ``accelerate launch`` config file (accelerate's ``ClusterConfig`` fields)."""
+        return {}
+
     def deepspeed_zero(self, ctx: EmitContext) -> dict[str, Any]:
         """Keys of DeepSpeed's ``zero_optimization`` block."""
         return {}

@@ -60,6 +60,10 @@ class Fp8(Technique):
         delta = linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth) - half_linear_seconds(linears, ctx.tokens, ctx.rate)
         return StepSeconds(compute=fwd_bwd * delta)
 
+    def accelerate_config(self, ctx: EmitContext) -> dict[str, Any]:
+        # torchao Float8Linear (accelerate ClusterConfig.fp8_config); mixed_precision 'fp8' is the precision's word
+        return {"fp8_config": {"backend": "AO"}} if self.active(ctx.setup) else {}
+
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         # the Trainer's own switch stays bf16; fp8 comes from accelerate (mixed_precision: fp8, fp8_backend: ao)
         return {"bf16": True} if self.active(ctx.setup) else {}
