@@ -69,6 +69,7 @@ GROUPS = [  # (source, path prefix) -> group name
     ("hiyouga/LLaMA-Factory (GitHub wiki)", "", "llama-factory"),
     ("linkedin/Liger-Kernel", "", "liger"),
     ("huggingface/blog", "", "hf-blog-fsdp-deepspeed"),
+    ("QwenLM/Qwen", "", "qwen-finetune"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
@@ -135,6 +136,21 @@ LLAMA2_1B_TORCHAO = {  # torchao quantized_training README: "Llama2-1B (24 layer
     "num_attention_heads": 12, "num_key_value_heads": 12, "intermediate_size": 4096, "vocab_size": 32000,
     "max_position_embeddings": 2048, "_name_or_path": "llama2-1b (torchao)"}
 
+def _qwen_v1(hidden: int, layers: int, heads: int, ffn: int, vocab: int) -> dict[str, Any]:
+    """Qwen (v1) as its Llama-shaped equivalent: RMSNorm, RoPE, SwiGLU (config.json's intermediate_size counts both
+    SwiGLU halves, so the FFN width is half of it), untied head. Its fused c_attn (qkv) is priced as q/k/v."""
+    return {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": heads, "intermediate_size": ffn, "vocab_size": vocab,
+            "max_position_embeddings": 8192, "tie_word_embeddings": False}
+
+
+QWEN_V1 = {  # huggingface.co/Qwen/Qwen-{1_8B,7B,14B}-Chat config.json: hidden_size, num_hidden_layers, num_attention_heads,
+    # intermediate_size (11008 / 22016 / 27392, both SwiGLU halves), vocab_size; 1.84B / 7.72B / 14.17B parameters
+    "qwen-1.8b-chat": _qwen_v1(2048, 24, 16, 5504, 151936),
+    "qwen-7b-chat": _qwen_v1(4096, 32, 32, 11008, 151936),
+    "qwen-14b-chat": _qwen_v1(5120, 40, 40, 13696, 152064),
+}
+
 CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "bert-base-cased": "google-bert/bert-base-cased",
            "bert-large-uncased": "google-bert/bert-large-uncased", "gpt2": "openai-community/gpt2",
            "gpt2-medium": "openai-community/gpt2-medium", "gpt2-large": "openai-community/gpt2-large",
@@ -158,6 +174,8 @@ def _spec(row: dict[str, str], seq_len: int) -> ModelSpec:
         return mpt_spec(key, seq_len)
     if key.startswith("llama2-1b"):
         return ModelSpec.from_any(LLAMA2_1B_TORCHAO)
+    if key in QWEN_V1:
+        return ModelSpec.from_any({**QWEN_V1[key], "_name_or_path": name})
     if key.startswith(("timm/", "vit")):
         raise Skip("vision transformer (image patches): perfguide prices token sequences")
     if key in CATALOG:
@@ -230,6 +248,8 @@ def _expressible(row: dict[str, str]) -> None:
     if framework_of(row) == "unsloth":
         raise Skip("Unsloth: hand-written Triton kernels (fused LoRA MLP / attention projections, RoPE, RMSNorm, "
                    "cross-entropy) and its own offloaded checkpointing replace the HF + PEFT step perfguide prices")
+    if "gptq" in row["precision"].lower():
+        raise Skip("GPTQ int4 base (AutoGPTQ kernels, fp16 under DeepSpeed): perfguide prices bitsandbytes nf4 / int8 bases")
     if "column = max length" in row["notes"]:
         raise Skip("the column is a max length (cutoff_len) on an unstated dataset, not the tokens per sample, so the "
                    "real sample lengths (attention cost, per-sample overheads) are unknown; read as full-length "

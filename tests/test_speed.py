@@ -105,10 +105,13 @@ def test_tiny_micro_batches_are_less_efficient() -> None:
 
 
 def test_precision_orders_speed_on_ampere() -> None:
-    bf16 = estimate_speed(gpt2(), amp(), machine())
-    tf32 = estimate_speed(gpt2(), amp(autocast=None, tf32=True), machine())
-    fp32 = estimate_speed(gpt2(), amp(autocast=None, tf32=False), machine())
+    # 8 x S tokens: compute-bound (one 1 x S micro-batch of gpt2 is launch-bound: no precision makes the CPU faster)
+    bf16 = estimate_speed(gpt2(), amp(micro_batch_size=8), machine())
+    tf32 = estimate_speed(gpt2(), amp(micro_batch_size=8, autocast=None, tf32=True), machine())
+    fp32 = estimate_speed(gpt2(), amp(micro_batch_size=8, autocast=None, tf32=False), machine())
     assert bf16.step_time_s < tf32.step_time_s < fp32.step_time_s
+    tiny = [estimate_speed(gpt2(), amp(autocast=a, tf32=True), machine()) for a in ("bf16", None)]
+    assert tiny[0].step_time_s == tiny[1].step_time_s and tiny[0].bound == "launch-overhead"
     assert 0 < bf16.mfu < 0.6
 
 

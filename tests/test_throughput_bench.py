@@ -66,3 +66,42 @@ def test_spearman_by_hand(bench: ModuleType) -> None:
 def test_p90_interpolates(bench: ModuleType) -> None:
     assert bench.p90(list(range(11))) == pytest.approx(9.0)
     assert bench.p90([0.0, 10.0]) == pytest.approx(9.0)
+
+
+def test_qwen_shapes_reproduce_the_published_sizes(rows: ModuleType) -> None:
+    """Qwen (v1) 1.8B / 7B / 14B: the Llama-shaped stand-ins count the models' published parameter totals."""
+    sizes = {"qwen-1.8b-chat": 1.84e9, "qwen-7b-chat": 7.72e9, "qwen-14b-chat": 14.17e9}
+    from perfguide.model.types import ModelSpec
+
+    for key, total in sizes.items():
+        assert ModelSpec.from_any(rows.QWEN_V1[key]).total_params == pytest.approx(total, rel=0.005), key
+
+
+def test_qwen_rows_are_exact_lengths_and_tokens_from_step_time(rows: ModuleType) -> None:
+    cases, skipped = rows.load()
+    by_id = {c.row_id: c for c in cases}
+    lora = by_id["339"]     # Qwen-7B-Chat LoRA, column 256: '20.1G / 1.2s/it', batch 1 x grad accum 8
+    assert lora.published == pytest.approx(256 * 8 / 1.2, rel=1e-3)
+    assert (lora.setup.seq_len, lora.setup.micro_batch_size, lora.setup.gradient_accumulation_steps) == (256, 1, 8)
+    assert lora.setup.lora is not None and lora.setup.lora.r == 64 and lora.setup.gradient_checkpointing
+    assert lora.setup.weights_dtype == "bf16" and lora.framework == "hf_trainer"
+    why = {row["row_id"]: reason for row, reason in skipped}
+    assert "GPTQ" in why["351"]      # Q-LoRA rows run a GPTQ int4 base
+
+
+def test_fit_reprices_only_the_rows_a_constant_informs(rows: ModuleType) -> None:
+    """bench/throughput_fit.py caches every row a constant does not inform: moving any constant by 1.5x must leave
+    exactly those rows' predictions unchanged, or the cached fit would be wrong."""
+    fit = _bench("throughput_fit")
+    bench = _bench("throughput")
+    cases, _ = rows.load()
+    sample = cases[::4]
+    base = [bench.predict(c) for c in sample]
+    table = fit.load("efficiency")
+    for p in fit.PARAMS:
+        value = fit._get(table, p.key)
+        with fit.constants({p.key: (value or 1.0) * 1.5}):
+            moved = [bench.predict(c) for c in sample]
+        for c, before, after in zip(sample, base, moved, strict=True):
+            if not p.informed_by(c):
+                assert after == pytest.approx(before, rel=1e-12), (p.key, c.row_id)

@@ -228,7 +228,9 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
 
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
-    per_layer = _value("cuda_ops_per_layer") * (4 / 3 if setup.gradient_checkpointing else 1) * techniques.kernel_factors(setup).launches
+    """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops."""
+    per_layer = _value("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, ledger(spec, setup).lora_rank_per_layer)
+    per_layer *= (_value("recompute_ops_factor") if setup.gradient_checkpointing else 1) * techniques.kernel_factors(setup).launches
     return per_layer * spec.total_layers
 
 

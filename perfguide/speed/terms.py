@@ -155,3 +155,13 @@ def lora_bytes(setup: Setup, lora_inputs_per_layer: int, layers: int) -> float:
         return 0.0
     tokens = setup.micro_batch_size * setup.seq_len
     return float(_value("lora_passes")) * tokens * lora_inputs_per_layer * layers * 4
+
+
+def lora_ops_per_layer(setup: Setup, lora_rank_per_layer: int) -> float:
+    """Extra eager ops per block a PEFT LoRA adds: every adapted Linear runs dropout, lora_A, lora_B, the scaling
+    multiply and the add in forward, and their gradients (A's and B's weight grads included) in backward -
+    ``lora_ops_per_adapted_linear`` host dispatches each, whatever the tensor size (counted by bench/host_ops.py).
+    ``lora_rank_per_layer`` is r x adapted Linears of one block (the memory ledger's count)."""
+    if setup.lora is None or not lora_rank_per_layer:
+        return 0.0
+    return float(_value("lora_ops_per_adapted_linear")) * lora_rank_per_layer / setup.lora.r

@@ -1,0 +1,112 @@
+"""How many eager ops the host dispatches per decoder layer and micro-step: the count behind the launch floor.
+
+Run: ``.venv/bin/python bench/host_ops.py`` (writes bench/results/host_ops.md; CPU only, a few seconds). A small
+micro-batch is launch-bound when the GPU finishes each kernel before the CPU has dispatched the next one, so the
+step cannot be shorter than ops x host cost per op. perfguide/data/efficiency.json keeps the op counts measured
+here (``cuda_ops_per_layer``, ``recompute_ops_factor``, ``lora_ops_per_adapted_linear``); the host cost per op
+(``kernel_launch_s``) is a prior fitted on published rows by bench/throughput_fit.py.
+
+Method: a ``TorchDispatchMode`` counts every aten op of one forward + backward of a tiny transformers
+``LlamaForCausalLM`` (SDPA attention, loss on the labels), for 1 and 3 decoder layers; the difference / 2 is one
+layer's share. The count does not depend on the tensor sizes (the same modules run), so a tiny model on the CPU
+counts what a 7B model dispatches on a GPU. Variants: PEFT LoRA on all Linears, gradient checkpointing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+OUT = ROOT / "bench" / "results" / "host_ops.md"
+LINEARS_PER_LAYER = 7   # q, k, v, o, gate, up, down: what target_modules="all-linear" adapts in a Llama block
+
+
+def count_ops(layers: int, lora: bool, checkpointing: bool) -> int:
+    """Aten ops dispatched by one training micro-step (forward, loss, backward) of a tiny Llama."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+                         num_key_value_heads=4, vocab_size=128, attn_implementation="sdpa")
+    model: Any = LlamaForCausalLM(config)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules="all-linear"))
+    if checkpointing:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if lora:
+            model.enable_input_require_grads()
+    model.train()
+    ids = torch.randint(0, 128, (1, 16))
+    model(input_ids=ids, labels=ids).loss.backward()          # first call: lazy inits out of the count
+    counter = Count()
+    with counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return counter.n
+
+
+def per_layer(lora: bool, checkpointing: bool) -> float:
+    return (count_ops(3, lora, checkpointing) - count_ops(1, lora, checkpointing)) / 2
+
+
+def measure() -> dict[str, float]:
+    full, full_ckpt = per_layer(False, False), per_layer(False, True)
+    lora, lora_ckpt = per_layer(True, False), per_layer(True, True)
+    return {"full": full, "full_ckpt": full_ckpt, "lora": lora, "lora_ckpt": lora_ckpt,
+            "recompute_factor": (full_ckpt / full + lora_ckpt / lora) / 2,
+            "lora_per_linear": (lora - full) / LINEARS_PER_LAYER}
+
+
+def report(m: dict[str, float]) -> str:
+    import peft
+    import torch
+    import transformers
+
+    from perfguide._data import load
+
+    eff = load("efficiency")
+    lines = [
+        "# Eager ops per decoder layer (the launch floor's count)", "",
+        "Regenerate: `.venv/bin/python bench/host_ops.py`. Counted with a TorchDispatchMode around one forward + "
+        f"backward of a tiny transformers LlamaForCausalLM (transformers {transformers.__version__}, torch "
+        f"{torch.__version__}, peft {peft.__version__}); per layer = (3 layers - 1 layer) / 2.", "",
+        "| variant | aten ops per layer and micro-step |", "|---|---|",
+        f"| full fine-tune | {m['full']:.0f} |", f"| + gradient checkpointing | {m['full_ckpt']:.0f} |",
+        f"| LoRA on all {LINEARS_PER_LAYER} Linears | {m['lora']:.0f} |", f"| LoRA + gradient checkpointing | {m['lora_ckpt']:.0f} |", "",
+        f"- recompute factor (with / without checkpointing, mean of full and LoRA): {m['recompute_factor']:.2f}",
+        f"- ops one LoRA Linear adds: {m['lora_per_linear']:.1f}", "",
+        "efficiency.json as shipped: "
+        f"cuda_ops_per_layer {eff['cuda_ops_per_layer']['value']}, recompute_ops_factor {eff['recompute_ops_factor']['value']}, "
+        f"lora_ops_per_adapted_linear {eff['lora_ops_per_adapted_linear']['value']} (tests/test_host_ops.py checks they match this count).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    from _report import publish
+
+    return publish(report(measure()), OUT)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

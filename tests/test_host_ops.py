@@ -1,0 +1,41 @@
+"""The op counts behind the launch floor (efficiency.json) against a real count of a transformers Llama's
+forward + backward on the CPU (bench/host_ops.py), and the floor itself against ops x host cost by hand."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import load_bench
+
+from perfguide._data import load
+from perfguide.setup import LoraSpec, Setup
+
+
+def _const(name: str) -> float:
+    return float(load("efficiency")[name]["value"])
+
+
+@pytest.fixture(scope="module")
+def counted() -> dict[str, float]:
+    return load_bench("host_ops").measure()
+
+
+def test_shipped_op_counts_match_a_real_count(counted: dict[str, float]) -> None:
+    assert _const("cuda_ops_per_layer") == pytest.approx(counted["full"], rel=0.1)
+    assert _const("recompute_ops_factor") == pytest.approx(counted["recompute_factor"], rel=0.05)
+    assert _const("lora_ops_per_adapted_linear") == pytest.approx(counted["lora_per_linear"], rel=0.1)
+
+
+def test_launch_floor_by_hand() -> None:
+    """A micro-step dispatches layers x (block ops + LoRA ops per adapted Linear x adapted Linears) x recompute."""
+    from test_speed import llama7b
+
+    from perfguide.speed.model import _launch_ops
+
+    spec = llama7b()
+    base = Setup(weights_dtype="bf16", seq_len=256)
+    assert _launch_ops(spec, base) == pytest.approx(32 * _const("cuda_ops_per_layer"))
+    lora = base.model_copy(update={"lora": LoraSpec(r=64), "gradient_checkpointing": True})
+    per_layer = (_const("cuda_ops_per_layer") + 7 * _const("lora_ops_per_adapted_linear")) * _const("recompute_ops_factor")
+    assert _launch_ops(spec, lora) == pytest.approx(32 * per_layer)
+    only_qv = lora.model_copy(update={"lora": LoraSpec(r=64, target_modules=("q_proj", "v_proj"))})
+    assert _launch_ops(spec, only_qv) == pytest.approx(32 * (_const("cuda_ops_per_layer") + 2 * _const("lora_ops_per_adapted_linear")) * _const("recompute_ops_factor"))
