@@ -86,3 +86,22 @@ def test_inference_without_any_bnb_never_quantizes_with_it() -> None:
     rec = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware=_without_bnb("mi300x"), prompt_len=512, max_new_tokens=64)
     assert rec.setup.weights_dtype not in BNB_WEIGHTS
     assert all(c.setup.weights_dtype not in BNB_WEIGHTS for c in rec.candidates)
+
+
+def test_vllm_on_amd_plans_the_formats_its_rocm_kernels_run() -> None:
+    """vLLM's quantization hardware table, AMD GPU column: FP8 runs, AWQ / GPTQ / bitsandbytes do not."""
+    rec = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="mi300x", engine="vllm")
+    formats = {c.setup.serving.weight_format for c in rec.candidates if c.setup.serving}
+    assert formats == {"bf16", "fp8"} and rec.fits
+    for q in ("awq", "gptq"):
+        with pytest.raises(ConflictingConstraintsError, match=r"does not run on mi300x \(AMD\)"):
+            recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="mi300x", engine="vllm", quantization=q)
+
+
+def test_vllm_bitsandbytes_format_follows_the_flag() -> None:
+    """70B on one 48 GB card under SGLang (vLLM 0.33 has no bitsandbytes format): with the flag bitsandbytes 4-bit
+    is among the formats priced; without it, never."""
+    with_flag = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="a6000", engine="sglang")
+    without = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware=_without_bnb("a6000"), engine="sglang")
+    assert "bitsandbytes" in {c.setup.serving.weight_format for c in with_flag.candidates if c.setup.serving}
+    assert "bitsandbytes" not in {c.setup.serving.weight_format for c in without.candidates if c.setup.serving}

@@ -13,6 +13,7 @@ from typing import NamedTuple
 from .._serving_data import serving_facts
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
+from ..hardware.types import GPU
 from ..memory.serving import EngineMemory, describe, estimate_engine_memory, sglang_mem_fraction
 from ..memory.types import MemoryEstimate
 from ..setup import ServingSetup, Setup
@@ -56,6 +57,20 @@ def check_engine(scenario: str, engine: str | None, quantization: str | None, st
                                           "use strategy='tp' (tensor parallel) or 'single' (one replica per GPU)")
 
 
+#: what vLLM runs on AMD GPUs (its quantization hardware table, AMD GPU column: FP8 yes; AWQ, GPTQ, bitsandbytes no);
+#: SGLang tabulates no ROCm support per format, so the same set is assumed for it (the conservative reading).
+#: NVIDIA cards are gated by each format's minimum compute capability instead
+AMD_FORMATS = ("bf16", "fp16", "fp8")
+SRC_AMD_FORMATS = "https://docs.vllm.ai/en/v0.14.0/features/quantization/ (Supported Hardware table, AMD GPU column)"
+
+
+def _runs_on(gpu: GPU, fmt: str) -> bool:
+    """Whether the engines' ``fmt`` kernels run on ``gpu``: by its flags off NVIDIA, by compute capability on it."""
+    if gpu.vendor != "nvidia":
+        return fmt in AMD_FORMATS and (fmt != "fp8" or gpu.supports_fp8) and (fmt != "bf16" or gpu.supports_bf16)
+    return gpu.compute_capability >= serving_facts().formats[fmt].min_cc
+
+
 def _formats(request: Request, engine: str) -> list[str]:
     """Formats the engine and GPU run, cheapest in quality first; a named quantization is the only one tried."""
     gpu = request.hardware.smallest_gpu
@@ -68,10 +83,13 @@ def _formats(request: Request, engine: str) -> list[str]:
             raise ConflictingConstraintsError(f"quantization={named!r} is not a format of {engine} {serving_facts().engines[engine].version} "
                                               f"({'bitsandbytes is not among' if fmt == 'bitsandbytes' else 'not among'} its quantization choices); "
                                               "use 'fp8', 'awq' or 'gptq', or engine='sglang'")
+        if gpu.vendor != "nvidia" and not _runs_on(gpu, fmt):
+            raise ConflictingConstraintsError(f"quantization={named!r} ({fmt}) does not run on {gpu.name} ({gpu.vendor.upper()}) in "
+                                              f"{engine}, per {SRC_AMD_FORMATS}; use quantization='fp8' or none (16-bit weights)")
         return [fmt]
     half = "bf16" if gpu.supports_bf16 else "fp16"
     ok = [f for f in (half, "fp8", "awq", "gptq", "bitsandbytes")
-          if gpu.compute_capability >= formats[f].min_cc and engine in formats[f].engines
+          if _runs_on(gpu, f) and engine in formats[f].engines
           and (f != "bitsandbytes" or quantization_runs("nf4", request.hardware))]
     return sorted(ok, key=lambda f: formats[f].quality_cost_pct)
 
