@@ -8,8 +8,8 @@ batch, where Liger's own issues report slowdowns) but the fp32 logits never stre
 both are priced, so the search takes it
 only where it pays or where it is what fits. Liger patches only the model types in its dispatch table
 (liger_kernel/transformers/monkey_patch.py ``MODEL_TYPE_TO_APPLY_LIGER_FN``); for any other type it logs and
-does nothing, so perfguide never counts its savings there. The fused RMSNorm/SwiGLU activation savings are not
-priced (a conservative estimate).
+does nothing, so perfguide never counts its savings there. The fused RMSNorm/SwiGLU kernels keep fewer tensors for
+backward (``fused_activation_savings``), priced on the blocks that are not checkpointed.
 """
 
 from __future__ import annotations
@@ -63,7 +63,11 @@ class LigerKernel(Technique):
         return {"liger_kernel": False}
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
-        return terms.changed(logits=loss_bytes(ctx.spec, ctx.shape)) if self.active(ctx.setup) else terms
+        if not self.active(ctx.setup):
+            return terms
+        saved = fused_activation_savings(ctx.spec, ctx.shape)
+        return terms.changed("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward" if saved else None,
+                             logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved))
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not (self.active(ctx.setup) and ctx.setup.task == "train"):
@@ -89,6 +93,26 @@ class LigerKernel(Technique):
 
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"use_liger_kernel": self.active(ctx.setup)}   # SFTConfig: written out both ways
+
+
+def fused_activation_savings(spec: Any, shape: Any) -> int:
+    """Bytes per micro-step Liger's fused RMSNorm and SwiGLU/GeGLU keep less for backward than HF's eager modules.
+
+    HF ``LlamaRMSNorm`` upcasts its input to fp32 and autograd keeps that fp32 copy (for ``pow``/``mul``) plus the
+    normalised tensor the weight multiplies; Liger's RMSNorm keeps its input in the model dtype and one fp32 rstd per
+    row (src/liger_kernel/ops/rms_norm.py ``save_for_backward(X, RSTD)``): 4 bytes per element less per norm in the
+    16-bit, AMP and fp32 regimes alike, two norms per block. HF's MLP keeps ``act(gate)`` for the multiply; Liger's
+    ``LigerSiLUMulFunction`` keeps only gate and up and recomputes the activation in backward (ops/swiglu.py): one
+    intermediate-sized tensor less (2 bytes, 4 in fp32). RoPE saves nothing per layer either way (cos/sin are
+    shared). Checkpointed blocks keep only their input, so nothing changes there (the recomputed block is not priced).
+    """
+    if shape.gradient_checkpointing or not supported(spec.model_type):
+        return 0
+    from ..memory.activations import regime
+
+    tokens = shape.micro_batch_size * shape.seq_len
+    mlp = (4 if regime(shape) == "fp32" else 2) * spec.active_intermediate_size if spec.gated_mlp else 0
+    return tokens * spec.total_layers * (2 * 4 * spec.hidden_size + mlp)
 
 
 def chunk_rows(spec: Any, tokens: int) -> int:
