@@ -154,17 +154,21 @@ class _Probe(Technique):
 
 
 def test_a_new_technique_reaches_the_cost_model_through_its_hooks_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_speed import llama7b
+
     from perfguide.memory import estimate_memory
     from perfguide.speed import estimate_speed
 
-    spec, hw = tiny_spec(), hardware("a100")
+    tiny, big, hw = tiny_spec(), llama7b(), hardware("a100")
     setup = _plain().replace(gradient_accumulation_steps=4)
-    before_mem, before_speed = estimate_memory(spec, setup, hw), estimate_speed(spec, setup, hw)
+    before_mem, before_speed = estimate_memory(tiny, setup, hw), estimate_speed(big, setup, hw)
     real = techniques.registry()
     monkeypatch.setattr(techniques, "registry", lambda: (*real, _Probe()))
-    after_mem, after_speed = estimate_memory(spec, setup, hw), estimate_speed(spec, setup, hw)
+    after_mem, after_speed = estimate_memory(tiny, setup, hw), estimate_speed(big, setup, hw)
     # the tiny model's peak is in forward, where the activations live: the probe's bytes land on it one for one
     assert after_mem.peak_allocated - before_mem.peak_allocated == 2**30
     assert "probe was here" in after_mem.notes
-    # 4 micro-steps x 0.5 s + 2 s per step, on a step far shorter than that (compute bound, one GPU, nothing to overlap)
-    assert after_speed.step_time_s - before_speed.step_time_s == pytest.approx(4 * 0.5 + 2.0, rel=1e-3)
+    # a 7B step is compute bound (not under the kernel-launch floor) on one GPU with nothing to overlap:
+    # 4 micro-steps x 0.5 s + 2 s per step
+    assert before_speed.bound == "compute"
+    assert after_speed.step_time_s - before_speed.step_time_s == pytest.approx(4 * 0.5 + 2.0, rel=1e-9)
