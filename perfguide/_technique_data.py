@@ -31,6 +31,9 @@ class TechniqueConstants(BaseModel):
     model_config = ConfigDict(extra="forbid")
     hf_loss_bytes_per_logit: _Constant
     fp8_cast_bytes_per_element: _Constant
+    fp8_cast_bytes_per_element_eager: _Constant
+    fp8_cast_kernels_per_linear: _Constant
+    fp8_cast_kernels_per_linear_compiled: _Constant
     fp8_peak_fraction: _Constant
     compile_kernel_fraction: _Constant
     compile_seconds_per_layer_type: _Constant

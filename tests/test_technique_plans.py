@@ -46,7 +46,10 @@ def test_all_three_cases_fit_as_full_fine_tunes(plans):
 
 def test_8b_on_a_4090_is_torchtunes_recipe_and_its_memory(plans):
     s, m = plans["4090"].setup, plans["4090"].memory
-    assert s.weights_dtype == "bf16" and s.optimizer_in_backward and s.gradient_checkpointing and s.liger_kernel
+    assert s.weights_dtype == "bf16" and s.optimizer_in_backward and s.liger_kernel
+    # activations leave the GPU either way: recomputed (torchtune's checkpointing) or all sent to pinned host RAM, which
+    # the step-time model prices faster here once fp8's eager casts are paid on the recomputed forward too
+    assert s.gradient_checkpointing or s.activation_offloading
     assert s.optimizer.startswith("paged_") and (s.micro_batch_size, s.gradient_accumulation_steps) == (2, 1)
     # torch's peak (the paged state lives in unified memory, outside the allocator), vs the published 18.9 GiB
     assert abs(m.peak_allocated / GiB / TORCHTUNE_4090_GIB - 1) < 0.15

@@ -4,7 +4,9 @@ fp8; weights, norms, attention and the loss stay bf16.
 
 Its gain depends on GEMM size: every operand is cast (amax + scale + fp8 copy, memory-bound) around each GEMM,
 so small shapes get slower (torchao's float8 README says so and lists the speedup per shape). The speed model
-prices the fp8 GEMMs at the fp8 peak plus those casts per model (``speed``), and the search tries fp8
+prices the fp8 GEMMs at the fp8 peak plus those casts per model (``speed``): fused under torch.compile, op by op
+(25 bytes per element, 9 kernels per cast) in eager, which is how accelerate's AO backend runs without
+``torch_compile``; the extra kernels count against launch-bound small steps (``kernel_factors``). The search tries fp8
 next to bf16 wherever the GPU has it, taking it only where the priced step is faster. Memory: unchanged
 (the published torchtitan/torchao A/B runs differ by < 0.5%).
 """
@@ -13,9 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._data import fact_value
 from .._technique_data import constants
 from .base import EmitContext, LadderContext, Requires, Technique
-from .effects import SpeedContext, StepSeconds
+from .effects import KernelFactors, SpeedContext, StepSeconds
+
+#: Linears of a gated-MLP transformer block (q, k, v, o, gate, up, down); a hook on the Setup alone cannot see the spec
+LINEARS_PER_BLOCK = 7
 
 SOURCES = (
     "https://huggingface.co/docs/accelerate/usage_guides/low_precision_training",
@@ -55,14 +61,24 @@ class Fp8(Technique):
         from ..memory.analytic import block_linear_shapes  # the memory model's Linear shapes (it imports this package)
 
         linears = block_linear_shapes(ctx.spec)
-        fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, constants().fp8_peak_fraction.value, ctx.tokens)
+        fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constants().fp8_peak_fraction.value, ctx.tokens)
         fwd_bwd = 4 / 3 if ctx.setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
-        delta = linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth) - half_linear_seconds(linears, ctx.tokens, ctx.rate)
+        delta = (linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth, cast_bytes(ctx.setup))
+                 - half_linear_seconds(linears, ctx.tokens, ctx.rate))
         return StepSeconds(compute=fwd_bwd * delta)
 
     def accelerate_config(self, ctx: EmitContext) -> dict[str, Any]:
         # torchao Float8Linear (accelerate ClusterConfig.fp8_config); mixed_precision 'fp8' is the precision's word
         return {"fp8_config": {"backend": "AO"}} if self.active(ctx.setup) else {}
+
+    def kernel_factors(self, setup: Any) -> KernelFactors:
+        """The casts' own kernels: launch-bound small steps pay them even where the GEMMs got faster."""
+        if not self.active(setup):
+            return KernelFactors()
+        c = constants()
+        per_linear = (c.fp8_cast_kernels_per_linear_compiled if setup.torch_compile else c.fp8_cast_kernels_per_linear).value
+        base = float(fact_value("efficiency", "cuda_ops_per_layer"))
+        return KernelFactors(launches=1 + LINEARS_PER_BLOCK * per_linear / base)
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         # the Trainer's own switch stays bf16; fp8 comes from accelerate (mixed_precision: fp8, fp8_backend: ao)
@@ -77,12 +93,21 @@ def capable(gpu: Any) -> bool:
     return bool(gpu.fp8_tflops)
 
 
-def linear_seconds(linears: list[tuple[int, int, int]], tokens: int, fp8_rate: float, bandwidth: float) -> float:
+def cast_bytes(setup: Any) -> float:
+    """Bytes streamed per operand element to scale and cast it: fused under torch.compile, op by op in eager."""
+    c = constants()
+    return (c.fp8_cast_bytes_per_element if setup.torch_compile else c.fp8_cast_bytes_per_element_eager).value
+
+
+def linear_seconds(linears: list[tuple[int, int, int]], tokens: int, fp8_rate: float, bandwidth: float,
+                   bytes_per_element: float | None = None) -> float:
     """Seconds per micro-step of the block Linears in fp8: 3 GEMMs (fwd, grad-input, grad-weight) per Linear at
-    the fp8 rate, plus casting its three operands (input T x in, weight in x out, grad-output T x out)."""
+    the fp8 rate, plus casting its three operands (input T x in, weight in x out, grad-output T x out) at
+    ``bytes_per_element`` each (default: the compiled, fused cast)."""
+    per = constants().fp8_cast_bytes_per_element.value if bytes_per_element is None else bytes_per_element
     gemm = sum(6.0 * tokens * i * o * n for i, o, n in linears) / fp8_rate
     cast_elems = sum((tokens * i + i * o + tokens * o) * n for i, o, n in linears)
-    return gemm + (cast_elems * constants().fp8_cast_bytes_per_element.value / bandwidth if bandwidth else 0.0)
+    return gemm + (cast_elems * per / bandwidth if bandwidth else 0.0)
 
 
 def half_linear_seconds(linears: list[tuple[int, int, int]], tokens: int, rate: float) -> float:
