@@ -205,6 +205,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     fields.update(_strategy(row))
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
+        # litgpt quantizes the Linears only and never runs peft's prepare_model_for_kbit_training (no fp32 cast)
+        fields["kbit_upcast"] = "litgpt" not in row["source"].lower()
     fields["lora"] = _lora(row, spec)
     return Setup(**fields)  # type: ignore[arg-type]
 
@@ -236,6 +238,8 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     q = row["quantization"]
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
+        # litgpt quantizes the Linears only and never runs peft's prepare_model_for_kbit_training (no fp32 cast)
+        fields["kbit_upcast"] = "litgpt" not in row["source"].lower()
     return Setup(**fields)  # type: ignore[arg-type]
 
 

@@ -130,6 +130,7 @@ class Setup(Model):
     padding_free: bool = Field(default=False, description="samples concatenated without padding (DataCollatorWithFlattening / TRL padding_free)")
     avg_seq_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample (None: every sample fills seq_len)")
     fsdp_version: int = Field(default=2, ge=1, le=2, description="FSDP2 (fully_shard, per-parameter: what perfguide's plans emit) or FSDP1 (FlatParameter, use_orig_params)")
+    kbit_upcast: bool = Field(default=True, description="a quantized base's non-quantized parameters (embeddings, head, norms) in fp32: peft's prepare_model_for_kbit_training, which prepare_model runs; False: they stay 16-bit (frameworks that skip it, e.g. litgpt)")
     hybrid_shard: bool = Field(default=False, description="FSDP2 HSDP: shard over the GPUs of a node, replicate across nodes (a 2-D device mesh)")
 
     @model_validator(mode="after")

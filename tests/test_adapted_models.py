@@ -71,8 +71,8 @@ def test_frozen_parameters_get_no_gradients_or_optimizer_state():
     assert full.gradients == spec.total_params * 4  # control: nothing frozen, everything priced
 
 
-def _quantized(tmp_path, weights_dtype, spec):
-    rec = make_rec({"device": "cpu", "weights_dtype": weights_dtype, "lora": {"r": 4}, "optimizer": "adamw_torch"}, spec=spec)
+def _quantized(tmp_path, weights_dtype, spec, **setup):
+    rec = make_rec({"device": "cpu", "weights_dtype": weights_dtype, "lora": {"r": 4}, "optimizer": "adamw_torch", **setup}, spec=spec)
     return rec, transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", **rec.model_kwargs())
 
 
@@ -112,6 +112,26 @@ def test_qlora_memory_is_what_prepare_model_leaves(tmp_path, weights_dtype):
     # nf4: absmax blocks are rounded per tensor in bnb, over all Linears at once here (a few bytes)
     assert abs(measured - priced) <= 64, (measured, priced)
     assert priced - rest * 2 < measured * 0.7  # control: 16-bit non-quantized weights would miss a third
+
+
+@pytest.mark.parametrize("weights_dtype", ["nf4", "int8"])
+def test_a_run_without_kbit_preparation_keeps_the_rest_16_bit(tmp_path, weights_dtype):
+    """kbit_upcast=False (litgpt-style runs): prepare_model freezes the base without peft's fp32 cast, and the plan
+    prices exactly the bytes that leaves, the non-quantized parameters at their loaded 16 bits."""
+    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128)
+    base.save_pretrained(tmp_path / "base")
+    spec = ModelSpec.from_any(base)
+    rec, model = _quantized(tmp_path, weights_dtype, spec, kbit_upcast=False)
+    loaded = _bytes(model)
+    prepared = rec.prepare_model(model)
+    adapters = sum(p.numel() * p.element_size() for n, p in prepared.named_parameters() if "lora_" in n)
+    assert _bytes(prepared) - adapters == loaded  # nothing upcast
+    assert {p.dtype for n, p in prepared.named_parameters() if "norm" in n} == {torch.bfloat16}
+    priced = ledger(spec, rec.setup).weight_bytes
+    assert abs(_bytes(prepared) - priced) <= 64, (_bytes(prepared), priced)
+    upcast = ledger(spec, rec.setup.replace(kbit_upcast=True)).weight_bytes
+    linear = sum(m.weight.numel() for m in base.modules() if isinstance(m, torch.nn.Linear) and m is not base.lm_head)
+    assert upcast - priced == (spec.total_params - linear) * 2  # control: the cast doubles every other parameter
 
 
 def test_a_quantized_module_is_planned_quantized(tmp_path):

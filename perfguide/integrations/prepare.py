@@ -31,10 +31,14 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
     if isinstance(model, PeftModel):
         check_same_adapter(model, config)
         return model
-    if rec.setup.quantized:
+    if rec.setup.quantized and rec.setup.kbit_upcast:
         # norms to fp32, base frozen; checkpointing is enabled by its technique through the 5.x method instead,
         # because peft's own switch calls the deprecated gradient_checkpointing_enable
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    elif rec.setup.quantized:
+        # the plan priced the non-quantized parameters in 16 bits: freeze the base without peft's fp32 cast
+        for p in model.parameters():
+            p.requires_grad_(False)
     return get_peft_model(model, config)
 
 
