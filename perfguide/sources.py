@@ -25,6 +25,8 @@ SDPA = (_HF + "attention_interface; "
         "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html")
 NO_SDPA = ("https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
            "(_supports_sdpa = False: sdpa does not support softcapping)")
+BNB_QUANTIZATION = _HF + "quantization/bitsandbytes"
+LITGPT_RESOURCE_TABLES = "https://github.com/Lightning-AI/litgpt/blob/main/tutorials/resource-tables.md"
 BIG_MODEL_INFERENCE = "https://huggingface.co/docs/accelerate/usage_guides/big_modeling"
 ZERO_ESTIMATORS = "https://deepspeed.readthedocs.io/en/latest/memory.html"
 BF16_EMULATION = "https://docs.pytorch.org/docs/stable/generated/torch.cuda.is_bf16_supported.html"

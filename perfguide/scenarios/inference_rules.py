@@ -28,7 +28,7 @@ from .types import Candidate, Plan, Request
 GB = 1e9
 MAX_AUTO_BATCH = 64
 SRC_DTYPE = f"{sources.LLM_TUTORIAL_OPTIMIZATION}; {sources.INFER_GPU_ONE}"
-SRC_QUANT = "transformers docs quantization/bitsandbytes.md; litgpt quantize + resource tables (data/inference.json)"
+SRC_QUANT = f"{sources.BNB_QUANTIZATION}; {sources.LITGPT_RESOURCE_TABLES} (quantized decode rows, data/inference.json)"
 SRC_CACHE = f"{sources.LLM_OPTIMS}#static-kv-cache-and-torchcompile (static cache + torch.compile: up to 4x)"
 
 
