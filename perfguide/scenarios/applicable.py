@@ -18,6 +18,7 @@ from .types import Constraints
 
 #: training constraints, with the switch of every training-only technique
 TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "avg_seq_len",
+                 "torch_compile", "max_steps",
                  *(t.switch for t in techniques.registry() if t.switch and t.requires.tasks == ("train",)))
 INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine")
 INFER_STRATEGIES = ("single", "tp", "device_map")

@@ -17,6 +17,7 @@ from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .bnb_gate import quantization_runs, runnable_rungs
+from .compile_choice import compile_choice
 from .master_weights import check_master_weights, master_weights_decision
 from .precision import Precision
 from .search import (
@@ -34,7 +35,7 @@ from .search import (
     usable_bytes,
 )
 from .technique_decisions import technique_decisions
-from .types import Constraints, Plan, Request
+from .types import Candidate, Constraints, Plan, Request
 
 Suggest = Callable[[Request, SearchResult, dict[str, SearchResult], str], tuple[str, ...]]
 
@@ -124,13 +125,17 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     kinds = [k for k in adapter_kinds if k != "qlora" or quantization_runs("nf4", hw)]
     adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in kinds}
     chosen = result.chosen or least_memory(result)
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen),
+    chosen, compile_decs = compile_choice(request, chosen) if result.chosen is not None else (chosen, [])
+    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen), *compile_decs,
                  *technique_decisions(request, chosen)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
                                                           if c.verdict != "does-not-fit" or r.chosen is None)
     cands = tuple(c.model_copy(update={"verdict": "fits"}) if c.verdict == "chosen" and c.setup != chosen.setup else c for c in cands)
+    if result.chosen is not None and all(c.setup != chosen.setup for c in cands):   # torch.compile turned on after the search
+        cands += (Candidate(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, verdict="chosen",
+                            why="the fastest fitting setup, compiled (see the torch_compile decision)"),)
     return Plan(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, decisions=tuple(decisions),
                 candidates=cands, warnings=tuple(warnings), fits=result.chosen is not None, suggestions=suggestions)
 
