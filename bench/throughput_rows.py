@@ -76,6 +76,7 @@ GROUPS = [  # (source, path prefix) -> group name
 # 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
 GPU_NAMES = [("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
              ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
+             ("rtx 4070 ti super", "rtx4070tisuper"),
              ("mi300x", "mi300x"), ("b200", "b200")]
 # Multi-node rows that do not state their network: every 8-GPU H100 / H200 / B200 SXM platform ships one
 # 400 Gb/s NIC per GPU (DGX H100 / H200 / B200 datasheets, AWS p5, Azure ND H100 v5: 3,200 Gb/s per node), so

@@ -24,6 +24,7 @@ MIB, GIB = 2**20, 2**30
     ("rtx-pro-6000", 97887, 4000 / 8, 4000 / 4, 1792, (12, 0)),               # 4,000 AI TOPS = sparse FP4
     ("l40", 46068, 362.1 / 2, 724 / 2, 864, (8, 9)),
     ("a40", 46068, 299.4 / 2, None, 696, (8, 6)),
+    ("rtx4070tisuper", 16376, 706 / 8, 706 / 4, 256 * 21 / 8, (8, 9)),        # 706 AI TOPS = sparse FP8, FP16 acc.
 ])
 def test_new_nvidia_cards_match_their_sheets(name: str, smi_mib: int, bf16: float, fp8: float | None, gbps: float,
                                              cc: tuple[int, int]) -> None:

@@ -118,10 +118,14 @@ def test_fused_attention_seconds_by_hand() -> None:
     """Executed FLOPs (half the counted ones for a causal decoder) at the kernel's fraction of the 16-bit peak; the
     stack term is not applied (the same flash kernel under every stack)."""
     setup = Setup(seq_len=8192, weights_dtype="bf16", attn_implementation="sdpa")
-    counted = 4.0 * 32 * 4096 * 8192 * 8192 * 3                                  # fwd 4*L*d*s*s, backward twice that
+    fwd = 4.0 * 32 * 4096 * 8192 * 8192                                          # 4*L*d*s*s
+    counted = 3 * fwd                                                             # MFU convention: backward 2x forward
+    executed = (1 + 2.5) * fwd * 0.5          # flash backward: 5 matmuls to the forward's 2; causal: half the tiles
     fractions = _const("attention_peak_fraction")
-    assert terms.fused_attention_seconds(llama7b(), setup, A100, 312, counted) == pytest.approx(counted * 0.5 / (312e12 * fractions["ampere"]))
-    assert terms.fused_attention_seconds(llama7b(), setup, H100, 989, counted) == pytest.approx(counted * 0.5 / (989e12 * fractions["hopper"]))
+    assert terms.fused_attention_seconds(llama7b(), setup, A100, 312, counted) == pytest.approx(executed / (312e12 * fractions["ampere"]))
+    assert terms.fused_attention_seconds(llama7b(), setup, H100, 989, counted) == pytest.approx(executed / (989e12 * fractions["hopper"]))
+    ckpt = setup.model_copy(update={"gradient_checkpointing": True})            # + one recomputed forward
+    assert terms.fused_attention_seconds(llama7b(), ckpt, A100, 312, 4 * fwd) == pytest.approx((1 + 2.5 + 1) * fwd * 0.5 / (312e12 * fractions["ampere"]))
     assert terms.fused_attention_seconds(llama7b(), setup.model_copy(update={"attn_implementation": "eager"}), A100, 312, counted) == 0
     fp32 = Setup(seq_len=8192, weights_dtype="fp32")                              # no flash kernel on CUDA cores: a GEMM
     assert not terms.fused_attention(fp32) and terms.fused_attention_seconds(llama7b(), fp32, A100, 19.5, counted) == 0
@@ -143,7 +147,7 @@ def test_fused_attention_enters_the_step_at_its_own_rate() -> None:
         faster = training_speed(spec, setup, machine()).step_time_s
     finally:
         fractions["ampere"] = saved
-    assert base - faster == pytest.approx(attn * 0.5 / (312e12 * saved) / 2, rel=1e-6)
+    assert base - faster == pytest.approx(attn * 0.5 * (1 + 2.5 + 1) / 4 / (312e12 * saved) / 2, rel=1e-6)
 
 
 def test_framework_term_is_one_for_hf_trainer_and_unknown_stacks() -> None:

@@ -51,6 +51,8 @@ def test_rows_keep_the_published_setup(rows: ModuleType) -> None:
     assert "power cap" in why["286"]                                    # B200 (power limited)
     mi300x = by_id["282"]   # torchtitan Llama3-8B bf16 on 8 MI300X, FSDP2, compiled
     assert mi300x.hardware.smallest_gpu.vendor == "amd" and mi300x.setup.world_size == 8 and mi300x.setup.torch_compile
+    consumer = by_id["309"]  # torchao Llama2-1B pretraining, BF16 eager, on an RTX 4070 Ti SUPER
+    assert consumer.hardware.name == "rtx4070tisuper" and consumer.setup.weights_dtype == "bf16" and not consumer.setup.torch_compile
     big = by_id["30"]       # llm-foundry H100 table, 64 GPUs, network unstated: the DGX H100's 8 x 400 Gb/s per node
     assert big.hardware.inter_node_bandwidth_gbps == 400
     assert all(why for _, why in skipped)

@@ -97,7 +97,17 @@ def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops
     if not fused_attention(setup) or attn_flops <= 0:
         return 0.0
     fraction = float(_value("attention_peak_fraction")[attention_arch(gpu)])
-    return attn_flops * causal_fraction(spec, setup) / (peak_tflops * 1e12 * fraction)
+    return attn_flops * causal_fraction(spec, setup) * flash_backward_factor(setup) / (peak_tflops * 1e12 * fraction)
+
+
+def flash_backward_factor(setup: Setup) -> float:
+    """Executed over counted attention FLOPs of a training micro-step: a flash kernel keeps no s x s matrix, so its
+    backward recomputes the scores and runs 5 matmuls where the forward ran 2 (``flash_backward_ratio`` = 2.5 x the
+    forward, not the 2x the MFU convention counts): (1 + 2.5 [+ 1 recompute]) / (1 + 2 [+ 1])."""
+    if setup.task != "train":
+        return 1.0
+    recompute = 1.0 if setup.gradient_checkpointing else 0.0
+    return (1.0 + float(_value("flash_backward_ratio")) + recompute) / (3.0 + recompute)
 
 
 def framework_efficiency(framework: str) -> float:
