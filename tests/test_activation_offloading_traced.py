@@ -10,7 +10,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from perfguide import Setup  # noqa: E402
-from perfguide.memory.activations import activation_bytes  # noqa: E402
 from perfguide.model.from_module import spec_from_module  # noqa: E402
 from perfguide.techniques.activation_offloading import (  # noqa: E402
     LAYERS_IN_FLIGHT,
@@ -18,6 +17,7 @@ from perfguide.techniques.activation_offloading import (  # noqa: E402
     offload_saved_tensors,
     split_boundaries,
 )
+from perfguide.techniques.gradient_checkpointing import held_activations  # noqa: E402
 
 try:
     from helpers import tiny_config
@@ -69,7 +69,7 @@ def test_checkpointed_boundaries_match_the_trace():
     acts, _ = _saved_between_blocks(model)
     spec = spec_from_module(model)
     setup = Setup(task="train", device="cuda", micro_batch_size=BATCH, seq_len=SEQ, gradient_checkpointing=True, optimizer=None)
-    held, _ = activation_bytes(spec, setup)
+    held = held_activations(spec, setup)
     # the trace sees each block's input hidden states (fp32 here): b * s * h * 4 per block
     assert acts == BATCH * SEQ * model.config.hidden_size * 4 * LAYERS
     assert held == pytest.approx(acts, rel=0.05)

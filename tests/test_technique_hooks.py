@@ -54,8 +54,10 @@ def violations(path: Path, fields: set[str]) -> list[str]:
 
 def test_the_hooked_techniques_own_the_switches() -> None:
     """Guard against the scan below passing because the registry lost its hooks."""
-    assert {"liger_kernel", "padding_free", "activation_offloading", "optimizer_in_backward", "torch_compile"} <= forbidden_fields()
-    assert {t.name for t in techniques.registry() if hooked(t)} >= {"fp8", "optimizer", "liger_kernel", "padding_free"}
+    assert {"liger_kernel", "padding_free", "activation_offloading", "optimizer_in_backward", "torch_compile",
+            "gradient_checkpointing"} <= forbidden_fields()
+    assert {t.name for t in techniques.registry() if hooked(t)} >= {"fp8", "optimizer", "liger_kernel", "padding_free",
+                                                                     "gradient_checkpointing"}
 
 
 @pytest.mark.parametrize("path", COST_MODEL, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -67,8 +69,9 @@ def test_cost_model_reads_no_technique_switch(path: Path) -> None:
 def test_the_checker_sees_attributes_keys_and_fp8(tmp_path: Path) -> None:
     fake = tmp_path / "probe.py"
     fake.write_text("def f(setup):\n    a = setup.liger_kernel\n    b = setup.model_copy(update={'padding_free': False})\n"
-                    "    return setup.autocast == 'fp8' or a or b\n")
-    assert len(violations(fake, forbidden_fields())) == 3
+                    "    c = 4 / 3 if setup.gradient_checkpointing else 1\n"
+                    "    return setup.autocast == 'fp8' or a or b or c\n")
+    assert len(violations(fake, forbidden_fields())) == 4
 
 
 def _plain() -> Setup:

@@ -231,16 +231,13 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
 
 def activation_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0,
                      keeps_frozen_inputs: bool = False) -> tuple[int, int]:
-    """(bytes held at the end of forward, bytes of one block's recompute) over all blocks.
+    """(bytes every block keeps at the end of forward, bytes one block keeps), nothing recomputed.
 
-    With full checkpointing only each block's input survives the forward; during backward one block at a
-    time is recomputed, so its full activations come back on top of the boundaries.
+    Checkpointing (techniques/gradient_checkpointing.py) replaces the first by the blocks' inputs and brings the
+    second back, one block at a time, during backward.
     """
     per_layer = layer_bytes(spec, setup, keeps_frozen_inputs) + lora_extra_per_layer
-    layers = spec.total_layers
-    if setup.gradient_checkpointing:
-        return checkpoint_boundary_bytes(spec, setup) * layers, per_layer
-    return per_layer * layers, 0
+    return per_layer * spec.total_layers, per_layer
 
 
 def logits_bytes(spec: ModelSpec, setup: Setup) -> int:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from .. import techniques
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
+from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
@@ -56,25 +57,6 @@ class Ledger:
     lora_rank_per_layer: int = 0
 
 
-def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
-    """(name, in, out, count over the model) for every block Linear; a fallback when the spec has none."""
-    layers = spec.total_layers
-    if spec.block_linears:
-        return [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1))
-                for k, (i, o) in spec.block_linears.items()]
-    rest = max(0, spec.total_params - spec.embedding_params - spec.lm_head_params - 2 * spec.hidden_size * layers)
-    return [("block", spec.hidden_size, max(1, rest // (layers * spec.hidden_size)), layers)]
-
-
-def block_linear_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
-    """(in, out, count over the model) of every block Linear: what fp8 / quantization act on."""
-    return [(i, o, n) for _, i, o, n in _linear_shapes(spec)]
-
-
-def _linear_params(spec: ModelSpec) -> int:
-    return sum(i * o * n for _, i, o, n in _linear_shapes(spec))
-
-
 def full_groups(spec: ModelSpec) -> list[TensorGroup]:
     """Every parameter tensor of the model grouped by shape: embeddings, head, block Linears, 1-D rest."""
     h = spec.hidden_size
@@ -86,8 +68,8 @@ def full_groups(spec: ModelSpec) -> list[TensorGroup]:
         groups.append(TensorGroup(1, max(1, (spec.embedding_params - tok) // h), h, "embedding"))
     if spec.lm_head_params:
         groups.append(TensorGroup(1, max(1, spec.lm_head_params // h), h, "head"))
-    groups += [TensorGroup(n, o, i, "linear") for _, i, o, n in _linear_shapes(spec)]
-    rest = spec.total_params - spec.embedding_params - spec.lm_head_params - _linear_params(spec)
+    groups += [TensorGroup(n, o, i, "linear") for _, i, o, n in linear_shapes(spec)]
+    rest = spec.total_params - spec.embedding_params - spec.lm_head_params - linear_params(spec)
     if rest > 0:
         groups.append(TensorGroup(rest // h, h, 1, "other"))
         if rest % h:
@@ -97,7 +79,7 @@ def full_groups(spec: ModelSpec) -> list[TensorGroup]:
 
 def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
     """Block Linears LoRA adapts: PEFT matches a target when the module name equals it or ends with '.<target>'."""
-    shapes = _linear_shapes(spec)
+    shapes = linear_shapes(spec)
     targets = setup.lora.target_modules  # type: ignore[union-attr]
     if targets == "all-linear":
         return shapes
@@ -117,8 +99,8 @@ KBIT_PREPARED_REST_BYTES = 4
 def _quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True) -> int:
     """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest: fp32 after the kbit
     preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it."""
-    shapes = _linear_shapes(spec)
-    linear = _linear_params(spec)
+    shapes = linear_shapes(spec)
+    linear = linear_params(spec)
     rest = (spec.total_params - linear) * (KBIT_PREPARED_REST_BYTES if upcast else 2)
     if dtype == "int8":
         return rest + linear + sum(o * n for _, _, o, n in shapes) * 4
@@ -158,7 +140,7 @@ def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
 
 def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
     """(ZeRO-3/FSDP per-rank gathered bytes, full unsharded 16-bit weights for SHARD_GRAD_OP)."""
-    per_block = sum(i * o * n for _, i, o, n in _linear_shapes(spec)) // spec.total_layers
+    per_block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // spec.total_layers
     largest = max(per_block, spec.embedding_params, spec.lm_head_params)
     cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
     if setup.fsdp_version == 2 and setup.lora is not None and setup.strategy in ("fsdp", "fsdp_shard_grad_op"):
@@ -223,7 +205,7 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
     """int8/nf4 Linears dequantize one 16-bit weight at a time in forward and again in backward."""
     if setup.weights_dtype not in ("int8", "nf4"):
         return 0
-    return max(i * o for _, i, o, _ in _linear_shapes(spec)) * 2
+    return max(i * o for _, i, o, _ in linear_shapes(spec)) * 2
 
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
@@ -251,17 +233,17 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
-    acts, recompute = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
+    acts, per_layer = act.activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
     largest = max((g.numel for g in led.trainable), default=0)
-    ctx = techniques.MemoryContext(spec, setup, shape, largest, states.grad_elem_bytes, led.trainable_params, cost.states, dev.optimizer)
+    ctx = techniques.MemoryContext(spec, setup, shape, largest, states.grad_elem_bytes, led.trainable_params, cost.states,
+                                   dev.optimizer, per_layer)
     terms = techniques.memory_terms(ctx, techniques.MemoryTerms(
         activations=acts, extra_activations=0, logits=act.logits_bytes(spec, shape), grads=dev.grads, step_temp=step_temp,
-        optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram))
-    acts = terms.activations + terms.extra_activations
-    if setup.autocast and setup.weights_dtype == "fp32":
-        casts = _linear_params(spec) * 2
-        acts += casts // spec.total_layers if setup.gradient_checkpointing else casts
+        optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
+        weight_casts=linear_params(spec) * 2 if setup.autocast and setup.weights_dtype == "fp32" else 0))
+    acts = terms.activations + terms.extra_activations + terms.weight_casts
+    recompute = terms.recompute
     logits = loss_bytes if loss_bytes is not None else terms.logits
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram

@@ -15,6 +15,7 @@ from typing import Any
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
+from ..techniques.gradient_checkpointing import GradientCheckpointing
 from .overhead import to_estimate
 from .tracing import cache
 from .tracing.build import depth_keys, depth_period, with_depth
@@ -24,7 +25,8 @@ from .types import MemoryEstimate
 logger = logging.getLogger("perfguide.memory.trace")
 
 #: Setup fields that change what a single device holds; the rest (world size, host knobs) do not.
-_SHAPE_FIELDS = ("micro_batch_size", "seq_len", "weights_dtype", "autocast", "optimizer", "gradient_checkpointing",
+#: The traced model is built as its techniques prepare it (tracing/build.py), so their fields are part of the key.
+_SHAPE_FIELDS = ("micro_batch_size", "seq_len", "weights_dtype", "autocast", "optimizer", *GradientCheckpointing.fields,
                  "attn_implementation", "lora", "device")
 #: Model types whose HF config keys match the ModelSpec fields, for specs that arrive without a raw config.
 _SPEC_KEYS = {"hidden_size": "hidden_size", "intermediate_size": "intermediate_size", "num_hidden_layers": "num_layers",

@@ -3,7 +3,7 @@
 Conventions (so numbers can be compared with papers): a token costs 2*N FLOPs forward and 4*N backward
 (input grads 2*N + weight grads 2*N) over the matmul parameters N; attention scores and values cost
 4*L*d_attn*s per token forward (the PaLM/Megatron count, no causal halving), twice that backward.
-Checkpointing re-runs the forward once. LoRA skips the weight-grad half for frozen weights (~4*N).
+A recomputed forward (checkpointing, ``KernelFactors.recompute``) costs a forward's FLOPs again. LoRA skips the weight-grad half for frozen weights (~4*N).
 The step is ``GA x (micro-step compute + exposed micro-step communication/offload) + step-level
 communication + optimizer step``; communication hides behind compute only up to ``comm_overlap``.
 """
@@ -68,7 +68,7 @@ def efficiency(asymptote: float, tokens: int, hidden: int, half: float) -> float
 def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
     """Weight bytes one micro-step streams through the GEMMs (the memory side of the roofline)."""
     passes = _value("weight_passes")
-    n = passes["lora" if setup.lora is not None else "train"] + (passes["recompute"] if setup.gradient_checkpointing else 0)
+    n = passes["lora" if setup.lora is not None else "train"] + passes["recompute"] * techniques.kernel_factors(setup).recompute
     cbytes = 4 if setup.compute_dtype in ("fp32", "tf32") else 2
     return n * matmul_params(spec) * cbytes
 
@@ -221,16 +221,17 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     mm = fwd_mm + 2.0 * n * tokens + weight_grads
     attn = 3.0 * fwd_attn
     model = mm + attn
-    if setup.gradient_checkpointing:
-        mm += fwd_mm
-        attn += fwd_attn
+    recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
+    mm += recompute * fwd_mm
+    attn += recompute * fwd_attn
     return mm, attn, model
 
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
     """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops."""
     per_layer = _value("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, ledger(spec, setup).lora_rank_per_layer)
-    per_layer *= (_value("recompute_ops_factor") if setup.gradient_checkpointing else 1) * techniques.kernel_factors(setup).launches
+    kernels = techniques.kernel_factors(setup)
+    per_layer *= _value("recompute_ops_factor") ** kernels.recompute * kernels.launches
     return per_layer * spec.total_layers
 
 
@@ -284,7 +285,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         moved += terms.dequant_bytes(spec, setup, matmul_params(spec))
         moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
         if setup.autocast and setup.weights_dtype == "fp32":
-            moved += 6 * matmul_params(spec) * (2 if setup.gradient_checkpointing else 1)   # fp32->half weight casts
+            moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
         gpu_time += moved / bw
     gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn)
     launch = _launch_ops(spec, setup) * _value("kernel_launch_s")

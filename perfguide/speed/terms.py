@@ -129,10 +129,10 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
         return 0.0
     fused = setup.model_copy(update={"attn_implementation": "sdpa"})   # eager's s x s part: eager_score_bytes
     saved = spec.total_layers * layer_bytes(spec, fused, keeps_frozen_inputs=True) + logits_bytes(spec, setup)
+    kernels = techniques.kernel_factors(setup)
     passes = float(_value("elementwise_passes"))
-    if setup.gradient_checkpointing:
-        passes *= 4 / 3
-    passes *= techniques.kernel_factors(setup).elementwise
+    passes *= (3 + kernels.recompute) / 3
+    passes *= kernels.elementwise
     return passes * saved
 
 
@@ -144,7 +144,7 @@ def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
         return 0.0
     attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
     elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len * attended * spec.total_layers
-    recompute = 4 / 3 if setup.gradient_checkpointing else 1.0
+    recompute = (3 + techniques.kernel_factors(setup).recompute) / 3
     return elements * float(_value("eager_score_bytes_per_element")) * recompute
 
 
@@ -154,7 +154,7 @@ def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: int) -> float:
     q = _QUANT_BYTES.get(setup.weights_dtype)
     if q is None:
         return 0.0
-    passes = 2 + (1 if setup.gradient_checkpointing else 0)
+    passes = 2 + techniques.kernel_factors(setup).recompute
     return passes * matmul_params * (q + 2) * float(_value("dequant_traffic_factor"))
 
 

@@ -128,12 +128,14 @@ def memory_terms(ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
 
 def kernel_factors(setup: Setup) -> KernelFactors:
     launches = elementwise = decode = 1.0
+    recompute = 0.0
     for t in registry():
         f = t.kernel_factors(setup)
         launches *= f.launches
         elementwise *= f.elementwise
         decode *= f.decode_overhead
-    return KernelFactors(launches, elementwise, decode)
+        recompute += f.recompute
+    return KernelFactors(launches, elementwise, decode, recompute)
 
 
 def step_seconds(ctx: SpeedContext) -> StepSeconds:

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._technique_data import constants
-from ..memory.activations import activation_bytes
 from .base import EmitContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
+from .gradient_checkpointing import held_activations
 
 #: layers whose checkpointed inputs stay on the GPU while offloading: the one computing and the one copying
 LAYERS_IN_FLIGHT = 2
@@ -55,7 +55,7 @@ class ActivationOffloading(Technique):
             return StepSeconds()
         from . import shaped
 
-        held = activation_bytes(ctx.spec, shaped(ctx.setup))[0]
+        held = held_activations(ctx.spec, shaped(ctx.setup))
         to_host = split_boundaries(held, ctx.spec.total_layers)[1]
         return StepSeconds(transfer=constants().activation_offload_pcie_passes.value * to_host / ctx.pcie)
 

@@ -31,6 +31,7 @@ class MemoryContext:
     trainable_params: int
     state_bytes: int             # optimizer state of the whole model, before sharding
     optimizer_bytes: int         # optimizer state on this device (after sharding and offload)
+    layer_activations: int = 0   # bytes one block keeps for backward when nothing is recomputed
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class MemoryTerms:
     step_temp: int               # the optimizer step's temporaries
     optimizer_on_device: int     # optimizer state inside torch's allocator
     cpu_ram: int                 # host RAM the step needs
+    recompute: int = 0           # bytes a recomputed block brings back during backward (on top of ``activations``)
+    weight_casts: int = 0        # 16-bit copies of fp32 weights autocast saves for backward
     notes: tuple[str, ...] = ()
 
     def changed(self, note: str | None = None, **changes: int) -> MemoryTerms:
@@ -65,11 +68,14 @@ class StepShape:
 @dataclass(frozen=True)
 class KernelFactors:
     """Multipliers on the step's kernel counts: training launches per layer, passes of the memory-bound kernels,
-    and the per-token launch overhead of a decode loop."""
+    and the per-token launch overhead of a decode loop; plus the forward passes a micro-step re-runs in backward
+    (``recompute``, added up), which the speed model prices like a forward: its GEMM FLOPs, weight reads,
+    memory-bound passes, launches and dequantization."""
 
     launches: float = 1.0
     elementwise: float = 1.0
     decode_overhead: float = 1.0
+    recompute: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._data import fact_value
 from .._technique_data import constants
+from ..model.linears import block_linear_shapes
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import KernelFactors, SpeedContext, StepSeconds
 
@@ -58,8 +59,6 @@ class Fp8(Technique):
         gpu = ctx.gpu
         if not (self.active(ctx.setup) and capable(gpu) and gpu.fp8_tflops):
             return StepSeconds()
-        from ..memory.analytic import block_linear_shapes  # the memory model's Linear shapes (it imports this package)
-
         linears = block_linear_shapes(ctx.spec)
         fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constants().fp8_peak_fraction.value, ctx.tokens)
         fwd_bwd = 4 / 3 if ctx.setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again

@@ -11,6 +11,8 @@ from typing import Any
 
 from ...errors import InvalidModelError
 from ...setup import Setup
+from ...techniques.gradient_checkpointing import GRADIENT_CHECKPOINTING
+from ...techniques.gradient_checkpointing import enable as enable_checkpointing
 
 #: Config keys holding the number of blocks, per stack. Encoder-decoder models list both stacks.
 DEPTH_KEYS: tuple[tuple[str, ...], ...] = (
@@ -109,9 +111,8 @@ def build_on_meta(config: dict[str, Any], setup: Setup) -> Any:
     model.train()
     if setup.lora is not None:
         model = _add_lora(model, setup)
-    if setup.gradient_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
-        enable()  # transformers 5 default: non-reentrant torch.utils.checkpoint per block
+    if GRADIENT_CHECKPOINTING.active(setup):
+        enable_checkpointing(model)  # transformers 5 default: non-reentrant torch.utils.checkpoint per block
     return model
 
 

@@ -1,0 +1,26 @@
+"""The block Linears of a model, by shape: what quantization packs, LoRA adapts, fp8 casts and the memory ledger
+stores. A fact about the model's shapes, so the cost model and the techniques read it from here."""
+
+from __future__ import annotations
+
+from .types import ModelSpec
+
+
+def linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
+    """(name, in, out, count over the model) for every block Linear; a fallback when the spec has none."""
+    layers = spec.total_layers
+    if spec.block_linears:
+        return [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1))
+                for k, (i, o) in spec.block_linears.items()]
+    rest = max(0, spec.total_params - spec.embedding_params - spec.lm_head_params - 2 * spec.hidden_size * layers)
+    return [("block", spec.hidden_size, max(1, rest // (layers * spec.hidden_size)), layers)]
+
+
+def block_linear_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
+    """(in, out, count over the model) of every block Linear: what fp8 / quantization act on."""
+    return [(i, o, n) for _, i, o, n in linear_shapes(spec)]
+
+
+def linear_params(spec: ModelSpec) -> int:
+    """Parameters in the block Linears over the whole model."""
+    return sum(i * o * n for _, i, o, n in linear_shapes(spec))
