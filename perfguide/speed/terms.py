@@ -106,7 +106,7 @@ def flash_backward_factor(setup: Setup) -> float:
     forward, not the 2x the MFU convention counts): (1 + 2.5 [+ 1 recompute]) / (1 + 2 [+ 1])."""
     if setup.task != "train":
         return 1.0
-    recompute = 1.0 if setup.gradient_checkpointing else 0.0
+    recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
     return (1.0 + float(_value("flash_backward_ratio")) + recompute) / (3.0 + recompute)
 
 
