@@ -105,3 +105,14 @@ def test_in_backward_names_refused_on_several_gpus():
 def test_in_backward_names_refused_with_lora():
     with pytest.raises(ConflictingConstraintsError, match="full fine-tune"):
         pg.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_one", hardware="a100-80gb", optimizer="lomo", finetune="lora")
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_training_arguments_accept_every_new_name_without_its_package(name, tmp_path):
+    """TrainingArguments validates the name at init (an OptimizerNames member) but imports the optimizer's package only
+    when the Trainer builds it, so a plan naming lomo-optim / galore-torch / apollo-torch / schedulefree constructs here;
+    the plan's warning names the package the target needs."""
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), optim=name, use_cpu=True)
+    assert args.optim.value == name

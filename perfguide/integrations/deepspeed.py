@@ -72,7 +72,7 @@ def resolved_deepspeed_config(rec: Recommendation) -> dict[str, Any] | None:
         gradient_accumulation_steps=s.gradient_accumulation_steps,
         train_batch_size=s.global_batch_size,
         gradient_clipping=1.0,  # the Trainer's max_grad_norm default
-        bf16={"enabled": s.autocast == "bf16"},
+        bf16={**cfg["bf16"], "enabled": s.autocast == "bf16"},   # pure bf16 keeps its master-weights switches
         fp16={"enabled": s.autocast == "fp16"},
     )
     zo = cfg["zero_optimization"]

@@ -35,7 +35,7 @@ from ..setup import Setup
 from . import activations as act
 from .optimizers import OptimizerCost, TensorGroup, optimizer_cost
 from .overhead import to_estimate
-from .sharding import DEEPSPEED, States, deepspeed_half, per_device
+from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, per_device
 from .types import MemoryEstimate
 
 #: Bytes of the unquantized weight dtypes, as ints (setup.DTYPE_BYTES is the one table).
@@ -168,6 +168,9 @@ def frozen_params_get_grads(setup: Setup) -> bool:
 
 
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
+    if setup.strategy in DEEPSPEED and setup.lora is None and setup.weights_dtype == "bf16":   # pure bf16, bf16 masters
+        cost = optimizer_cost(setup.optimizer, list(led.trainable), 2)
+        return deepspeed_bf16_master(led.param_count, led.trainable_params, cost.states, setup.zero_stage or 1), cost
     if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
         cost = optimizer_cost(setup.optimizer, list(led.trainable), 4)
         return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost

@@ -57,6 +57,19 @@ def deepspeed_half(param_count: int, trainable: int, optimizer_state_fp32: int) 
                   trainable_params=trainable, grad_elem_bytes=2)
 
 
+def deepspeed_bf16_master(param_count: int, trainable: int, optimizer_state_bf16: int, stage: int) -> States:
+    """DeepSpeed with ``bf16.bf16_master_weights_and_grads`` and ``bf16_optimizer_states`` (deepspeed 0.19,
+    runtime/precision_config.py): the optimizer's master partition, its gradient and its states are bf16.
+
+    ZeRO-1/2 still clone the rank's bf16 partition as the flat master the optimizer steps (stage_1_and_2.py
+    ``weights_partition = ...clone().to(master_weights_and_grads_dtype)``): 2 bytes per trainable parameter, divided
+    with the optimizer; ZeRO-3 reuses its 16-bit partition when the dtypes match (stage3.py), so no copy.
+    """
+    master = 0 if stage == 3 else 2 * trainable
+    return States(weights=2 * param_count, grads=2 * trainable, optimizer=optimizer_state_bf16 + master,
+                  trainable_params=trainable, grad_elem_bytes=2)
+
+
 def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
     """Communication buffers allocated through the caching allocator on each rank."""
     if setup.world_size == 1 and setup.strategy in ("single", "ddp"):

@@ -275,6 +275,12 @@ def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_hal
     if base.world_size == 1 and forced in ("zero2", "zero3"):   # one GPU, ZeRO-Offload asked for: only its layouts
         rungs = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == forced)) for r in rungs]
         rungs = [r for r in rungs if r.templates]
+        if not rungs:
+            why = ("its offloaded optimizer keeps fp32 masters: DeepSpeed's bf16 master weights with ZeRO-Offload need "
+                   "DeepSpeedCPUAdam(fp32_optimizer_states=False), which the Trainer does not build"
+                   if ctx.wants.get("master_weights") == "bf16" else "no ZeRO-Offload plan matches the other constraints")
+            raise ConflictingConstraintsError(f"strategy={forced!r} on one GPU means ZeRO-Offload, and {why}; "
+                                              "drop strategy (or master_weights='bf16'), or use scenario='train_gpu_many'")
     return rungs
 
 

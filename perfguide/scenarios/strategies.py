@@ -116,15 +116,16 @@ def pure_half_unsupported(t: Setup, lay: Layout) -> str | None:
 
     FSDP2 keeps bf16 shards, gradients and optimizer states when accelerate's mixed precision is "no" (it
     upcasts to fp32 only under a mixed-precision policy: fsdp2_prepare_model); perfguide emits exactly that.
-    DeepSpeed 0.19 has ``bf16.bf16_master_weights_and_grads`` + ``bf16_optimizer_states`` (runtime/precision_config.py),
-    but perfguide neither prices nor emits them, so ZeRO stays fp32-master here.
+    DeepSpeed 0.19 keeps bf16 masters, gradients and optimizer states with ``bf16.bf16_master_weights_and_grads`` +
+    ``bf16_optimizer_states`` (runtime/precision_config.py), which perfguide emits; with ZeRO-Offload it then needs
+    DeepSpeedCPUAdam built with ``fp32_optimizer_states=False`` (runtime/base_optimizer.py), which the Trainer's
+    DeepSpeed optimizer block does not build, so offloaded layouts keep fp32 masters.
     """
     if t.weights_dtype == "fp16":
         return "pure fp16 weights need fp32 masters for the GradScaler; only bf16 weights train without a master copy"
-    if STRATEGIES[lay.strategy].zero_stage is not None:
-        return ("DeepSpeed ZeRO keeps fp32 master weights and fp32 optimizer partitions under its bf16 mode (its "
-                "bf16_master_weights_and_grads option is not priced or emitted by perfguide); pure bf16 is planned under "
-                "DDP or FSDP2 (fsdp, fsdp_shard_grad_op)")
+    if STRATEGIES[lay.strategy].zero_stage is not None and (lay.offload_optimizer or lay.offload_params):
+        return ("DeepSpeed's bf16 master weights with ZeRO-Offload need DeepSpeedCPUAdam(fp32_optimizer_states=False), which the "
+                "Trainer does not build (deepspeed runtime/base_optimizer.py); pure bf16 under ZeRO is planned without offload")
     if STRATEGIES[lay.strategy].fsdp and t.fsdp_version != 2:
         return "pure bf16 under FSDP is planned for FSDP2 (fully_shard keeps each bf16 parameter as its own DTensor shard), not FSDP1"
     return None

@@ -98,5 +98,13 @@ class PureHalf(Technique):
         templates = tuple(ctx.base.replace(weights_dtype="bf16", autocast="bf16", optimizer=o) for o in optimizers)
         return [Rung("pure bf16", "bf16 weights, grads and optimizer states: updates lose precision at small learning rates", templates)]
 
+    def deepspeed_top(self, ctx: EmitContext) -> dict[str, Any]:
+        """Pure bf16 under ZeRO: DeepSpeed's own switches keep its master copy, gradients and optimizer states in bf16
+        (deepspeed runtime/precision_config.py); without them the engine builds fp32 masters whatever the load dtype."""
+        s = ctx.setup
+        if not (pure_half(s) and s.is_deepspeed and s.weights_dtype == "bf16"):
+            return {}
+        return {"bf16": {"enabled": "auto", "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}}
+
 
 TECHNIQUES = (MixedPrecision(), PureHalf())
