@@ -175,3 +175,19 @@ def test_every_decision_has_a_reason() -> None:
 def test_public_recommend_on_named_hardware() -> None:
     rec = perfguide.recommend("gpt2", hardware="a100-80gb", seq_len=1024, global_batch_size=64)
     assert rec.setup.autocast == "bf16" and rec.setup.global_batch_size == 64 and rec.fits
+
+
+def test_a_rejected_micro_batch_names_the_limit_it_breaks():
+    """8B full fine-tune on an L4 offloads to host RAM: a bigger micro-batch that still fits the GPU is refused for
+    the node's RAM, and the reason must say so with numbers that really exceed the limit (not 'needs 18.5 GiB >
+    20.2 GiB usable')."""
+    from perfguide.hardware.named import hardware_from_name
+    from perfguide.scenarios.search import usable_bytes, usable_ram
+
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_one", hardware="l4")
+    hw = hardware_from_name("l4")
+    alts = rec.decision("per_device_train_batch_size").alternatives
+    assert alts, "a bigger micro-batch was tried and refused"
+    for alt in alts:
+        limit = usable_ram(hw, 0.10) if "host RAM" in alt.why_not else usable_bytes(rec.memory, 0.10)
+        assert limit is not None and alt.number > limit, (alt.why_not, alt.number, limit)

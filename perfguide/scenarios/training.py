@@ -29,6 +29,7 @@ from .search import (
     gib,
     least_memory,
     micro_batch_choices,
+    not_fitting_why,
     search,
     speed_warnings,
     training_rungs,
@@ -171,8 +172,10 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
     usable = _usable(chosen, request)
     alts = []
     if opt is not None and opt.too_big is not None and opt.too_big is not chosen:
-        alts.append(Alternative(value=opt.too_big.setup.micro_batch_size, number=opt.too_big.memory.device_total, unit="bytes",
-                                why_not=f"needs {gib(opt.too_big.memory.device_total)} > {gib(usable)} usable ({cons.headroom:.0%} headroom)"))
+        big = opt.too_big.memory
+        device_fits = big.device_total <= usable   # then it is the host RAM the offload fills
+        alts.append(Alternative(value=opt.too_big.setup.micro_batch_size, number=big.cpu_ram if device_fits else big.device_total,
+                                unit="bytes", why_not=f"{not_fitting_why(big, request.hardware, cons.headroom)} ({cons.headroom:.0%} headroom)"))
     if cons.micro_batch_size:
         reason = f"micro_batch_size={cons.micro_batch_size} was requested"
     elif result.chosen is None:
