@@ -230,7 +230,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     led = ledger(spec, setup)
     states, cost = _states(spec, setup, led)
     gather, unsharded = _gather_bytes(spec, setup)
-    dev = per_device(states, setup, gather, unsharded)
+    dev = techniques.placed(setup, per_device(states, setup, gather, unsharded))   # CPU offload moves states to host RAM
 
     shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)

@@ -1,4 +1,5 @@
-"""Per-device division of model states under DDP, ZeRO-1/2/3, FSDP and CPU offload, plus their buffers.
+"""Per-device division of model states under DDP, ZeRO-1/2/3 and FSDP, plus their buffers (CPU offload then moves
+parts of them to host RAM: techniques/cpu_offload.py's ``place`` hook).
 
 Two things live here: ``per_device`` (what perfguide believes each rank holds, used by the estimate) and
 exact re-implementations of the published formulas (ZeRO paper; DeepSpeed's own
@@ -86,7 +87,7 @@ def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
 
 
 def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weights: int) -> PerDevice:
-    """Divide ``states`` over the data-parallel ranks and move offloaded parts to host RAM.
+    """Divide ``states`` over the data-parallel ranks (all on the device: offload is the techniques' ``place``).
 
     ``gather_bytes``: parameters (and their gradients) one rank materialises at once under ZeRO-3 / FSDP
     (the current and the prefetched unit). ``unsharded_weights``: the full compute-dtype parameter set that
@@ -101,25 +102,11 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     o_div = n if setup.shards_optimizer else 1
     weights, grads, opt = states.weights // w_div, states.grads // g_div, states.optimizer // o_div
     buffers = bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)
-    notes: list[str] = []
     if setup.gathers_params:
         buffers += gather_bytes
     elif setup.shards_params:
         buffers += unsharded_weights
-    cpu = 0
-    offload_all = setup.is_fsdp and (setup.offload_optimizer or setup.offload_params)
-    if (setup.offload_optimizer and setup.shards_optimizer) or offload_all:
-        cpu += opt
-        opt = 0
-        if setup.is_deepspeed or offload_all:
-            cpu += grads  # reduced gradient partitions are copied to pinned host buffers for the CPU step
-            grads = 0
-        notes.append("optimizer states offloaded to CPU RAM")
-    if (setup.offload_params and setup.gathers_params) or offload_all:
-        cpu += weights
-        weights = 0
-        notes.append("parameters offloaded to CPU RAM")
-    return PerDevice(weights, grads, opt, buffers, cpu * setup.num_gpus, tuple(notes))
+    return PerDevice(weights, grads, opt, buffers, 0)
 
 
 # ---- published formulas (anchors) -------------------------------------------------------------------------

@@ -127,7 +127,7 @@ def _weights_bytes(setup: Setup) -> float:
     return setup.weight_bytes
 
 
-def _half_bytes(setup: Setup) -> float:
+def half_bytes(setup: Setup) -> float:
     """Bytes per parameter of what moves between GPUs (the compute copy under AMP, else the stored weights)."""
     return 2 if setup.autocast else min(4, _weights_bytes(setup))
 
@@ -179,7 +179,7 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
         return 0.0, 0.0
     sharded_grads = 2 if setup.autocast else _weights_bytes(setup)
     grads = trainable_params(spec, setup) * (sharded_grads if setup.strategy != "ddp" else (4 if setup.lora else _weights_bytes(setup)))
-    params = spec.total_params * _half_bytes(setup)
+    params = spec.total_params * half_bytes(setup)
 
     def ring(nbytes: float, factor: float) -> float:
         return _ring_time(nbytes, setup, hardware, gpu, factor)
@@ -193,19 +193,6 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
     if setup.hybrid_shard:
         return _hybrid_time(params, grads, setup, hardware, gpu), 0.0
     return 2 * ring(params, 1) + ring(grads, 1), 0.0      # zero3 / fsdp: gather fwd + bwd, scatter grads
-
-
-def offload(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
-    """(seconds per micro-step, per step) moving params/grads over PCIe and running the CPU optimizer."""
-    shards = setup.world_size if setup.strategy != "single" else 1
-    pcie = pcie_gbps(gpu) * 1e9
-    per_micro = 2 * spec.total_params * _half_bytes(setup) / shards / pcie if setup.offload_params else 0.0
-    per_step = 0.0
-    if setup.offload_optimizer:
-        trainable = trainable_params(spec, setup) / shards
-        per_step = trainable * (4 + _half_bytes(setup)) / pcie              # fp32 grads down, updated params up
-        per_step += optimizer_bytes(spec, setup) / (host_bandwidth_gbps(hardware.cpu) * 1e9)
-    return per_micro, per_step
 
 
 def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
@@ -295,10 +282,9 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     backward = micro * 2 / 3
     exposed_micro = max(0.0, comm_micro - overlap * micro)
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
-    off_micro, off_step = offload(spec, setup, hardware, gpu)
-    off_micro = max(0.0, off_micro + extra.transfer - overlap * micro)
-    off_step += extra.per_step
-    opt = 0.0 if setup.offload_optimizer else (optimizer_bytes(spec, setup) / bw if bw else 0.0)
+    off_micro = max(0.0, extra.transfer - overlap * micro)   # PCIe traffic of offloading techniques
+    off_step = extra.per_step
+    opt = optimizer_bytes(spec, setup) / bw * techniques.kernel_factors(setup).device_optimizer if bw else 0.0
     ga = setup.gradient_accumulation_steps
     parts = {
         "compute": ga * gpu_time,

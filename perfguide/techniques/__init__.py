@@ -19,11 +19,12 @@ from .base import EmitContext, LadderContext, Requires, Rung, Technique
 from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, StepSeconds, StepShape
 
 if TYPE_CHECKING:
+    from ..memory.sharding import PerDevice
     from ..setup import Setup
 
 __all__ = ["EmitContext", "KernelFactors", "LadderContext", "MemoryContext", "MemoryTerms", "Requires", "Rung",
            "SpeedContext", "StepSeconds", "StepShape", "Technique", "active", "emit", "get", "kernel_factors", "ladder",
-           "memory_terms", "names", "registry", "shaped", "step_seconds", "step_shape"]
+           "memory_terms", "names", "placed", "registry", "shaped", "step_seconds", "step_shape"]
 
 _NOT_TECHNIQUES = frozenset({"base", "effects"})
 
@@ -103,6 +104,13 @@ def _combined(template: Setup, update: dict[str, Any]) -> Setup | None:
 
 # --- the cost model's view: every technique's effect, folded in emission order ------------------------
 
+def placed(setup: Setup, dev: PerDevice) -> PerDevice:
+    """The per-device model states after every technique placed them (offloaded parts in host RAM)."""
+    for t in registry():
+        dev = t.place(setup, dev)
+    return dev
+
+
 def shaped(setup: Setup) -> Setup:
     """The Setup whose (batch, sequence) the model really computes on, for the memory model."""
     for t in registry():
@@ -127,7 +135,7 @@ def memory_terms(ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
 
 
 def kernel_factors(setup: Setup) -> KernelFactors:
-    launches = elementwise = decode = 1.0
+    launches = elementwise = decode = device_optimizer = 1.0
     recompute = 0.0
     for t in registry():
         f = t.kernel_factors(setup)
@@ -135,7 +143,8 @@ def kernel_factors(setup: Setup) -> KernelFactors:
         elementwise *= f.elementwise
         decode *= f.decode_overhead
         recompute += f.recompute
-    return KernelFactors(launches, elementwise, decode, recompute)
+        device_optimizer *= f.device_optimizer
+    return KernelFactors(launches, elementwise, decode, recompute, device_optimizer)
 
 
 def step_seconds(ctx: SpeedContext) -> StepSeconds:

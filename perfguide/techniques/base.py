@@ -17,6 +17,7 @@ from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, St
 
 if TYPE_CHECKING:
     from ..hardware.types import Hardware
+    from ..memory.sharding import PerDevice
     from ..model.types import ModelSpec
     from ..setup import LoraSpec, Setup
 
@@ -164,6 +165,11 @@ class Technique:
         return model
 
     # --- the cost model ------------------------------------------------------------------------------
+    def place(self, setup: Setup, dev: PerDevice) -> PerDevice:
+        """Where the per-device model states live (CPU offload moves parts to host RAM); runs before ``memory``,
+        so the memory hooks see the states as placed."""
+        return dev
+
     def shape(self, setup: Setup) -> Setup:
         """The (batch, sequence) Setup the memory model counts activations on (padding-free flattens the batch)."""
         return setup

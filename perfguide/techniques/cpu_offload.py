@@ -3,14 +3,26 @@
 The last layout level of the multi-GPU ladder: every step moves the states over PCIe, and host RAM becomes
 the limit (checked per node). DeepSpeed offloads the optimizer at ZeRO stages 1-3 and parameters at stage 3
 (zero/offload_config.py); FSDP2 offloads parameters, gradients and optimizer together (CPUOffloadPolicy).
+
+Memory (``place``): the offloaded states leave the device for pinned host RAM (per node). Speed (``speed``): the
+offloaded parameters cross PCIe twice per micro-step, the fp32 gradients go down and the updated parameters come up
+once per step, and the CPU streams the optimizer step at host memory bandwidth (``kernel_factors``: the GPU does not).
+The sharding itself (what each rank holds) is memory/sharding.py's.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
+from ..memory.sharding import ONE_GPU_BUCKET
 from ..optimizer_facts import row
+from ..speed.model import half_bytes, host_bandwidth_gbps, optimizer_bytes, trainable_params
 from .base import EmitContext, LadderContext, Rung, Technique
+from .effects import KernelFactors, SpeedContext, StepSeconds
+
+if TYPE_CHECKING:
+    from ..memory.sharding import PerDevice
 
 SOURCES = (
     "Ren et al. 2021, ZeRO-Offload (arXiv:2101.06840)",
@@ -56,6 +68,40 @@ class CpuOffload(Technique):
                           for st, oo, op in layouts for a in acts)
         return [Rung("CPU offload (one GPU)", "optimizer states, fp32 masters and the update on the CPU (ZeRO-Offload): exact AMP, slower", templates)]
 
+    def place(self, setup: Any, dev: PerDevice) -> PerDevice:
+        if not self.active(setup):
+            return dev
+        weights, grads, opt, cpu = dev.weights, dev.grads, dev.optimizer, 0
+        notes = list(dev.notes)
+        offload_all = setup.is_fsdp   # FSDP offload is all-or-nothing: params, grads and optimizer together
+        if (setup.offload_optimizer and setup.shards_optimizer) or offload_all:
+            cpu, opt = cpu + opt, 0
+            if setup.is_deepspeed or offload_all:
+                cpu, grads = cpu + grads, 0   # reduced gradient partitions are copied to pinned host buffers for the CPU step
+            notes.append("optimizer states offloaded to CPU RAM")
+        if (setup.offload_params and setup.gathers_params) or offload_all:
+            cpu, weights = cpu + weights, 0
+            notes.append("parameters offloaded to CPU RAM")
+        return replace(dev, weights=weights, grads=grads, optimizer=opt, cpu_ram=dev.cpu_ram + cpu * setup.num_gpus,
+                       notes=tuple(notes))
+
+    def kernel_factors(self, setup: Any) -> KernelFactors:
+        return KernelFactors(device_optimizer=0.0) if setup.task == "train" and setup.offload_optimizer else KernelFactors()
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        """Seconds per micro-step moving parameters over PCIe, per step moving grads/params and running the CPU optimizer."""
+        s = ctx.setup
+        if not self.active(s):
+            return StepSeconds()
+        shards = s.world_size if s.strategy != "single" else 1
+        per_micro = 2 * ctx.spec.total_params * half_bytes(s) / shards / ctx.pcie if s.offload_params else 0.0
+        per_step = 0.0
+        if s.offload_optimizer:
+            trainable = trainable_params(ctx.spec, s) / shards
+            per_step = trainable * (4 + half_bytes(s)) / ctx.pcie              # fp32 grads down, updated params up
+            per_step += optimizer_bytes(ctx.spec, s) / (host_bandwidth_gbps(ctx.hardware.cpu) * 1e9)
+        return StepSeconds(transfer=per_micro, per_step=per_step)
+
     def fsdp_config(self, ctx: EmitContext) -> dict[str, Any]:
         # FSDP offload is all-or-nothing: params, grads and optimizer together
         return {"cpu_offload": self.active(ctx.setup)} if ctx.setup.is_fsdp else {}
@@ -68,8 +114,6 @@ class CpuOffload(Technique):
         if s.offload_params and s.zero_stage == 3:
             out["offload_param"] = dict(_OFFLOAD)
         if s.world_size == 1 and s.zero_stage == 2:
-            from ..memory.sharding import ONE_GPU_BUCKET
-
             out.update(allgather_bucket_size=ONE_GPU_BUCKET, reduce_bucket_size=ONE_GPU_BUCKET)
         return out
 

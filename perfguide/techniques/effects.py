@@ -70,12 +70,14 @@ class KernelFactors:
     """Multipliers on the step's kernel counts: training launches per layer, passes of the memory-bound kernels,
     and the per-token launch overhead of a decode loop; plus the forward passes a micro-step re-runs in backward
     (``recompute``, added up), which the speed model prices like a forward: its GEMM FLOPs, weight reads,
-    memory-bound passes, launches and dequantization."""
+    memory-bound passes, launches and dequantization; and the share of the optimizer step the GPU streams
+    (``device_optimizer``: 0 where the CPU steps the optimizer)."""
 
     launches: float = 1.0
     elementwise: float = 1.0
     decode_overhead: float = 1.0
     recompute: float = 0.0
+    device_optimizer: float = 1.0
 
 
 @dataclass(frozen=True)
