@@ -29,7 +29,8 @@ def test_short_run_compile_loses_and_says_both_totals():
 
 
 def test_long_run_compiles_and_emits_the_trainer_flag():
-    rec = pg.recommend(MODEL, scenario="train_gpu_one", hardware=HW, max_steps=100_000)
+    # precision pinned: only compile changes (test_compiled_plan_compares_fp8_again covers fp8 once compiled)
+    rec = pg.recommend(MODEL, scenario="train_gpu_one", hardware=HW, max_steps=100_000, precision="bf16")
     d = _decision(rec)
     assert d.value is True and rec.setup.torch_compile and "compile pays" in d.reason
     assert rec.training_args_dict()["torch_compile"] is True
@@ -61,3 +62,13 @@ def test_training_arguments_accept_it(tmp_path):
 def test_max_steps_refused_for_inference():
     with pytest.raises(pg.PerfGuideError, match="max_steps"):
         pg.recommend(MODEL, scenario="infer_gpu_one", hardware=HW, max_steps=10)
+
+
+def test_compiled_plan_compares_fp8_again_with_fused_casts():
+    """The search priced fp8 with eager casts; once compiled, fp8 and bf16 are compared again (8B on 8 H100s)."""
+    kw = dict(scenario="train_gpu_many", hardware="h100-80gb:8", max_steps=100_000)
+    rec = pg.recommend("meta-llama/Llama-3.1-8B", **kw)
+    assert rec.setup.torch_compile and rec.setup.autocast == "fp8" and "fuses fp8's scaling casts" in _decision(rec).reason
+    bf16 = pg.recommend("meta-llama/Llama-3.1-8B", fp8=False, **kw)
+    assert bf16.setup.torch_compile and bf16.setup.autocast == "bf16" and rec.throughput.step_time_s < bf16.throughput.step_time_s
+    assert pg.recommend("meta-llama/Llama-3.1-8B", precision="bf16", **kw).setup.autocast == "bf16"

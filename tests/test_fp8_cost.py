@@ -73,3 +73,14 @@ def test_small_model_never_gets_fp8(hw):
     rec = pg.recommend("gpt2", scenario="train_gpu_one", hardware=hw)
     assert rec.setup.autocast != "fp8"
     assert _ratio("gpt2", hw, rec.setup.micro_batch_size, False) < 1.0   # and it would lose there
+
+
+def test_width_penalty_hand_formula():
+    """sat(x) = x / (x + half): fp8 at width h fills like bf16 at h/2, so the ratio is sat(h/2) / sat(h)."""
+    from perfguide.techniques.fp8 import width_penalty
+
+    half = 256.0
+    for h in (768, 4096, 16384):
+        sat = lambda x: x / (x + half)  # noqa: E731
+        assert width_penalty(h, half) == pytest.approx(sat(h / 2) / sat(h))
+    assert width_penalty(768, half) < width_penalty(4096, half) < 1.0

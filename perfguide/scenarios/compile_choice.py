@@ -23,6 +23,23 @@ def _runs(steps: int, eager: float, compiled: float, once: float) -> str:
     return f"{steps} steps take {steps * eager:,.0f} s eager vs {once + steps * compiled:,.0f} s compiled ({once:.0f} s compile included)"
 
 
+def _fp8_once_compiled(request: Request, compiled: Priced, reason: str) -> tuple[Priced, str]:
+    """The search priced fp8 with eager casts; compiled, its casts fuse, so fp8 and bf16 are compared again here
+    (only where perfguide picks the precision: the GPU has fp8, no precision or fp8 constraint, a full fine-tune)."""
+    s, cons, gpu = compiled.setup, request.constraints, request.hardware.smallest_gpu
+    if cons.fp8 is not None or cons.precision is not None or gpu is None or not gpu.supports_fp8 or s.autocast not in ("bf16", "fp8"):
+        return compiled, reason
+    try:
+        flipped = s.replace(autocast="bf16" if s.autocast == "fp8" else "fp8")
+    except ValueError:   # fp8 cannot run this layout or fine-tuning mode (DeepSpeed, LoRA)
+        return compiled, reason
+    other = price(request.model, flipped, request.hardware, request.calibration)
+    if other.step_time < compiled.step_time and fits(other.memory, request.hardware, cons.headroom):
+        return other, (f"{reason}; compiled, {other.setup.autocast} matmuls are faster ({other.step_time:.3g} vs "
+                       f"{compiled.step_time:.3g} s/step with {s.autocast}: torch.compile fuses fp8's scaling casts)")
+    return compiled, reason
+
+
 def compile_choice(request: Request, chosen: Priced) -> tuple[Priced, list[Decision]]:
     """The plan with torch.compile on or off, and the Decision stating the gain, the compile time and the run length."""
     s, cons = chosen.setup, request.constraints
@@ -49,6 +66,8 @@ def compile_choice(request: Request, chosen: Priced) -> tuple[Priced, list[Decis
         use = breakeven is not None and steps > breakeven
         reason = f"{'compile pays' if use else 'a short run: compile loses'}: {_runs(steps, off.step_time, on.step_time, once)}; {pays}"
     pick = on if use else off
+    if use:
+        pick, reason = _fp8_once_compiled(request, pick, reason)
     if pick.setup == s or not fits(pick.memory, hw, cons.headroom):
         pick = chosen   # the searched object itself: the ladder's decisions find their option by identity
     other = off if use else on

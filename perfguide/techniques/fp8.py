@@ -60,7 +60,10 @@ class Fp8(Technique):
         if not (self.active(ctx.setup) and capable(gpu) and gpu.fp8_tflops):
             return StepSeconds()
         linears = block_linear_shapes(ctx.spec)
+        from ..speed.terms import half_saturation  # the speed layer imports this package: lazily
+
         fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constants().fp8_peak_fraction.value, ctx.tokens)
+        fp8_rate *= width_penalty(ctx.spec.hidden_size, half_saturation(ctx.setup))
         fwd_bwd = 4 / 3 if ctx.setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
         delta = (linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth, cast_bytes(ctx.setup))
                  - half_linear_seconds(linears, ctx.tokens, ctx.rate))
@@ -90,6 +93,14 @@ def capable(gpu: Any) -> bool:
     if isinstance(flag, bool):
         return flag
     return bool(gpu.fp8_tflops)
+
+
+def width_penalty(hidden: int, half: float) -> float:
+    """fp8's share of the width-saturation curve relative to bf16's: an fp8 tensor-core instruction does twice the
+    multiply-adds per cycle, so an fp8 GEMM of width h spends as long in its main loop as a bf16 one of width h/2,
+    against the same fixed per-tile prologue and epilogue; with saturation x / (x + half) that is
+    sat(h/2) / sat(h) = (h + half) / (h + 2 half): near 1 for wide models, well below for narrow ones (gpt2)."""
+    return (hidden + half) / (hidden + 2 * half)
 
 
 def cast_bytes(setup: Any) -> float:
