@@ -3,13 +3,14 @@
 Run: ``.venv/bin/python bench/host_ops.py`` (writes bench/results/host_ops.md; CPU only, a few seconds). A small
 micro-batch is launch-bound when the GPU finishes each kernel before the CPU has dispatched the next one, so the
 step cannot be shorter than ops x host cost per op. perfguide/data/efficiency.json keeps the op counts measured
-here (``cuda_ops_per_layer``, ``recompute_ops_factor``, ``lora_ops_per_adapted_linear``); the host cost per op
+here (``cuda_ops_per_layer``, ``recompute_ops_factor``, ``autocast_ops_factor``,
+``lora_ops_per_adapted_linear``); the host cost per op
 (``kernel_launch_s``) is a prior fitted on published rows by bench/throughput_fit.py.
 
 Method: a ``TorchDispatchMode`` counts every aten op of one forward + backward of a tiny transformers
 ``LlamaForCausalLM`` (SDPA attention, loss on the labels), for 1 and 3 decoder layers; the difference / 2 is one
 layer's share. The count does not depend on the tensor sizes (the same modules run), so a tiny model on the CPU
-counts what a 7B model dispatches on a GPU. Variants: PEFT LoRA on all Linears, gradient checkpointing.
+counts what a 7B model dispatches on a GPU. Variants: PEFT LoRA on all Linears, gradient checkpointing, autocast.
 """
 
 from __future__ import annotations
@@ -28,9 +29,14 @@ OUT = ROOT / "bench" / "results" / "host_ops.md"
 LINEARS_PER_LAYER = 7   # q, k, v, o, gate, up, down: what target_modules="all-linear" adapts in a Llama block
 
 
-def count_ops(layers: int, lora: bool, checkpointing: bool) -> int:
-    """Aten ops dispatched by one training micro-step (forward, loss, backward) of a tiny Llama."""
+def count_ops(layers: int, lora: bool, checkpointing: bool, autocast: bool = False) -> int:
+    """Aten ops dispatched by one training micro-step (forward, loss, backward) of a tiny Llama; ``autocast``: under
+    torch.autocast (bf16, the CPU twin of CUDA AMP: the same cast insertion), which adds the casts."""
     import torch
+
+    if autocast:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return count_ops(layers, lora, checkpointing)
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -65,15 +71,17 @@ def count_ops(layers: int, lora: bool, checkpointing: bool) -> int:
     return counter.n
 
 
-def per_layer(lora: bool, checkpointing: bool) -> float:
-    return (count_ops(3, lora, checkpointing) - count_ops(1, lora, checkpointing)) / 2
+def per_layer(lora: bool, checkpointing: bool, autocast: bool = False) -> float:
+    return (count_ops(3, lora, checkpointing, autocast) - count_ops(1, lora, checkpointing, autocast)) / 2
 
 
 def measure() -> dict[str, float]:
     full, full_ckpt = per_layer(False, False), per_layer(False, True)
     lora, lora_ckpt = per_layer(True, False), per_layer(True, True)
-    return {"full": full, "full_ckpt": full_ckpt, "lora": lora, "lora_ckpt": lora_ckpt,
+    full_amp, lora_amp = per_layer(False, False, True), per_layer(True, False, True)
+    return {"full": full, "full_ckpt": full_ckpt, "lora": lora, "lora_ckpt": lora_ckpt, "full_amp": full_amp, "lora_amp": lora_amp,
             "recompute_factor": (full_ckpt / full + lora_ckpt / lora) / 2,
+            "autocast_factor": (full_amp / full + lora_amp / lora) / 2,
             "lora_per_linear": (lora - full) / LINEARS_PER_LAYER}
 
 
@@ -92,11 +100,14 @@ def report(m: dict[str, float]) -> str:
         f"{torch.__version__}, peft {peft.__version__}); per layer = (3 layers - 1 layer) / 2.", "",
         "| variant | aten ops per layer and micro-step |", "|---|---|",
         f"| full fine-tune | {m['full']:.0f} |", f"| + gradient checkpointing | {m['full_ckpt']:.0f} |",
-        f"| LoRA on all {LINEARS_PER_LAYER} Linears | {m['lora']:.0f} |", f"| LoRA + gradient checkpointing | {m['lora_ckpt']:.0f} |", "",
+        f"| LoRA on all {LINEARS_PER_LAYER} Linears | {m['lora']:.0f} |", f"| LoRA + gradient checkpointing | {m['lora_ckpt']:.0f} |",
+        f"| full, under autocast (bf16) | {m['full_amp']:.0f} |", f"| LoRA, under autocast (bf16) | {m['lora_amp']:.0f} |", "",
         f"- recompute factor (with / without checkpointing, mean of full and LoRA): {m['recompute_factor']:.2f}",
+        f"- autocast factor (the casts AMP inserts, mean of full and LoRA): {m['autocast_factor']:.2f}",
         f"- ops one LoRA Linear adds: {m['lora_per_linear']:.1f}", "",
         "efficiency.json as shipped: "
         f"cuda_ops_per_layer {eff['cuda_ops_per_layer']['value']}, recompute_ops_factor {eff['recompute_ops_factor']['value']}, "
+        f"autocast_ops_factor {eff['autocast_ops_factor']['value']}, "
         f"lora_ops_per_adapted_linear {eff['lora_ops_per_adapted_linear']['value']} (tests/test_host_ops.py checks they match this count).",
     ]
     return "\n".join(lines) + "\n"

@@ -23,6 +23,7 @@ def test_shipped_op_counts_match_a_real_count(counted: dict[str, float]) -> None
     assert _const("cuda_ops_per_layer") == pytest.approx(counted["full"], rel=0.1)
     assert _const("recompute_ops_factor") == pytest.approx(counted["recompute_factor"], rel=0.05)
     assert _const("lora_ops_per_adapted_linear") == pytest.approx(counted["lora_per_linear"], rel=0.1)
+    assert _const("autocast_ops_factor") == pytest.approx(counted["autocast_factor"], rel=0.05)
 
 
 def test_launch_floor_by_hand() -> None:
@@ -38,4 +39,6 @@ def test_launch_floor_by_hand() -> None:
     per_layer = (_const("cuda_ops_per_layer") + 7 * _const("lora_ops_per_adapted_linear")) * _const("recompute_ops_factor")
     assert _launch_ops(spec, lora) == pytest.approx(32 * per_layer)
     only_qv = lora.model_copy(update={"lora": LoraSpec(r=64, target_modules=("q_proj", "v_proj"))})
+    amp = base.model_copy(update={"weights_dtype": "fp32", "autocast": "bf16"})
+    assert _launch_ops(spec, amp) == pytest.approx(32 * _const("cuda_ops_per_layer") * _const("autocast_ops_factor"))
     assert _launch_ops(spec, only_qv) == pytest.approx(32 * (_const("cuda_ops_per_layer") + 2 * _const("lora_ops_per_adapted_linear")) * _const("recompute_ops_factor"))

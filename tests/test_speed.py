@@ -110,8 +110,9 @@ def test_precision_orders_speed_on_ampere() -> None:
     tf32 = estimate_speed(gpt2(), amp(micro_batch_size=8, autocast=None, tf32=True), machine())
     fp32 = estimate_speed(gpt2(), amp(micro_batch_size=8, autocast=None, tf32=False), machine())
     assert bf16.step_time_s < tf32.step_time_s < fp32.step_time_s
-    tiny = [estimate_speed(gpt2(), amp(autocast=a, tf32=True), machine()) for a in ("bf16", None)]
-    assert tiny[0].step_time_s == tiny[1].step_time_s and tiny[0].bound == "launch-overhead"
+    # one 1 x S micro-batch is launch-bound: the host's dispatch sets its time, so 8x the tokens cost far less than 8x
+    tiny = estimate_speed(gpt2(), amp(), machine())
+    assert tiny.bound == "launch-overhead" and bf16.step_time_s < 8 * tiny.step_time_s and bf16.tokens_per_s > tiny.tokens_per_s
     assert 0 < bf16.mfu < 0.6
 
 

@@ -219,6 +219,7 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
     per_layer = _value("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, ledger(spec, setup).lora_rank_per_layer)
     kernels = techniques.kernel_factors(setup)
     per_layer *= _value("recompute_ops_factor") ** kernels.recompute * kernels.launches
+    per_layer *= _value("autocast_ops_factor") if setup.autocast else 1.0
     return per_layer * spec.total_layers
 
 
