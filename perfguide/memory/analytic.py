@@ -2,7 +2,8 @@
 
 Every term follows from the Setup: weight storage from ``weights_dtype`` (int8/nf4 only for block Linears),
 trainable tensors from ``lora``, optimizer state from ``optimizer`` (optimizers.py), activations from the
-per-family coefficients (activations.py), then sharding/offload (sharding.py) and the allocator/context
+per-family coefficients (activations.py), then sharding (sharding.py), the techniques' hooks (CPU offload's
+``place``, checkpointing's and the others' ``memory``: techniques/) and the allocator/context
 layers (overhead.py). The peak is the maximum over the step's phases, not the sum of components:
 
 * end of forward / start of backward: weights + optimizer state + activations + loss buffers

@@ -18,6 +18,8 @@ from typing import Any
 from .._data import fact_value
 from .._technique_data import constants
 from ..model.linears import block_linear_shapes
+from ..speed.terms import half_saturation
+from . import kernel_factors
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import KernelFactors, SpeedContext, StepSeconds
 
@@ -60,11 +62,9 @@ class Fp8(Technique):
         if not (self.active(ctx.setup) and capable(gpu) and gpu.fp8_tflops):
             return StepSeconds()
         linears = block_linear_shapes(ctx.spec)
-        from ..speed.terms import half_saturation  # the speed layer imports this package: lazily
-
         fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constants().fp8_peak_fraction.value, ctx.tokens)
         fp8_rate *= width_penalty(ctx.spec.hidden_size, half_saturation(ctx.setup))
-        fwd_bwd = 4 / 3 if ctx.setup.gradient_checkpointing else 1.0   # the recomputed forward runs its GEMMs again
+        fwd_bwd = (3 + kernel_factors(ctx.setup).recompute) / 3   # a recomputed forward runs its GEMMs again
         delta = (linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth, cast_bytes(ctx.setup))
                  - half_linear_seconds(linears, ctx.tokens, ctx.rate))
         return StepSeconds(compute=fwd_bwd * delta)
