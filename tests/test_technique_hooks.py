@@ -182,3 +182,34 @@ def test_a_new_technique_reaches_the_cost_model_through_its_hooks_alone(monkeypa
     # 4 micro-steps x 0.5 s + 2 s per step
     assert before_speed.bound == "compute"
     assert after_speed.step_time_s - before_speed.step_time_s == pytest.approx(4 * 0.5 + 2.0, rel=1e-9)
+
+
+def test_cpu_offload_places_the_states_by_hand() -> None:
+    """DeepSpeed offloads the optimizer (and, gathering at stage 3, the parameters); its reduced gradient partitions
+    go to pinned host buffers for the CPU step; FSDP2's CPUOffloadPolicy moves all three. Host RAM is per node."""
+    t = techniques.get("cpu_offload")
+    dev = PerDevice(weights=4000, grads=2000, optimizer=8000, buffers=100, cpu_ram=0)
+    base = _plain().replace(num_gpus=2, optimizer="adamw_torch")
+    zero2 = t.place(base.replace(strategy="zero2", offload_optimizer=True), dev)
+    assert (zero2.weights, zero2.grads, zero2.optimizer, zero2.buffers, zero2.cpu_ram) == (4000, 0, 0, 100, 2 * (2000 + 8000))
+    zero3 = t.place(base.replace(strategy="zero3", offload_optimizer=True, offload_params=True), dev)
+    assert (zero3.weights, zero3.grads, zero3.optimizer, zero3.cpu_ram) == (0, 0, 0, 2 * 14000)
+    fsdp = t.place(base.replace(strategy="fsdp", offload_params=True), dev)
+    assert (fsdp.weights, fsdp.grads, fsdp.optimizer, fsdp.cpu_ram) == (0, 0, 0, 2 * 14000)
+    assert "parameters offloaded to CPU RAM" in fsdp.notes
+
+
+def test_checkpointing_keeps_boundaries_and_one_block_by_hand() -> None:
+    """The hook swaps all blocks' activations for their inputs, brings one block back for the recompute, and keeps
+    autocast's 16-bit weight copies for that block only; speed/ is told of one recomputed forward."""
+    spec, setup = tiny_spec(), _plain().replace(gradient_checkpointing=True)
+    layers = spec.total_layers
+    ctx = techniques.MemoryContext(spec, setup, setup, 1000, 2, 10_000, 80_000, 80_000, layer_activations=7000)
+    terms = techniques.MemoryTerms(activations=7000 * layers, extra_activations=0, logits=700, grads=20_000, step_temp=300,
+                                   optimizer_on_device=80_000, cpu_ram=0, weight_casts=600 * layers)
+    out = techniques.get("gradient_checkpointing").memory(ctx, terms)
+    assert (out.recompute, out.weight_casts) == (7000, 600)
+    # each block keeps its input: b x s x hidden of the residual stream, fp32 under autocast with fp32 weights
+    assert out.activations == layers * setup.micro_batch_size * setup.seq_len * spec.hidden_size * 4
+    assert techniques.kernel_factors(setup).recompute == 1.0
+    assert techniques.kernel_factors(_plain()).recompute == 0.0
