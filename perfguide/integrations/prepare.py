@@ -35,10 +35,7 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
         # norms to fp32, base frozen; checkpointing is enabled by its technique through the 5.x method instead,
         # because peft's own switch calls the deprecated gradient_checkpointing_enable
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    elif rec.setup.quantized:
-        # the plan priced the non-quantized parameters in 16 bits: freeze the base without peft's fp32 cast
-        for p in model.parameters():
-            p.requires_grad_(False)
+    # kbit_upcast=False: the plan priced the non-quantized parameters in 16 bits; get_peft_model freezes the base
     return get_peft_model(model, config)
 
 

@@ -204,12 +204,17 @@ def candidates(result: SearchResult, hardware: Hardware, headroom: float) -> tup
     return tuple(out)
 
 
-def not_fitting_why(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> str:
-    """Which limit a setup breaks: device memory, or (offload) the node's host RAM."""
+def broken_limit(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> tuple[str, int]:
+    """Which limit a setup breaks, in words and as the bytes that break it: device memory, or (offload) the
+    node's host RAM."""
     usable = usable_bytes(memory, headroom)
     if (usable is None or memory.device_total <= usable) and not fits_ram(memory, hardware, headroom):
-        return f"offload needs {gib(memory.cpu_ram)} host RAM per node > {gib(usable_ram(hardware, headroom))} usable"
-    return f"needs {gib(memory.device_total)} > {gib(usable or 0)} usable"
+        return f"offload needs {gib(memory.cpu_ram)} host RAM per node > {gib(usable_ram(hardware, headroom))} usable", memory.cpu_ram
+    return f"needs {gib(memory.device_total)} > {gib(usable or 0)} usable", memory.device_total
+
+
+def not_fitting_why(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> str:
+    return broken_limit(memory, hardware, headroom)[0]
 
 
 # --- "does not fit here: here is what would" ------------------------------------------------------

@@ -25,11 +25,11 @@ from .search import (
     Priced,
     Rung,
     SearchResult,
+    broken_limit,
     candidates,
     gib,
     least_memory,
     micro_batch_choices,
-    not_fitting_why,
     search,
     speed_warnings,
     training_rungs,
@@ -172,10 +172,9 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
     usable = _usable(chosen, request)
     alts = []
     if opt is not None and opt.too_big is not None and opt.too_big is not chosen:
-        big = opt.too_big.memory
-        device_fits = big.device_total <= usable   # then it is the host RAM the offload fills
-        alts.append(Alternative(value=opt.too_big.setup.micro_batch_size, number=big.cpu_ram if device_fits else big.device_total,
-                                unit="bytes", why_not=f"{not_fitting_why(big, request.hardware, cons.headroom)} ({cons.headroom:.0%} headroom)"))
+        why, number = broken_limit(opt.too_big.memory, request.hardware, cons.headroom)
+        alts.append(Alternative(value=opt.too_big.setup.micro_batch_size, number=number, unit="bytes",
+                                why_not=f"{why} ({cons.headroom:.0%} headroom)"))
     if cons.micro_batch_size:
         reason = f"micro_batch_size={cons.micro_batch_size} was requested"
     elif result.chosen is None:
