@@ -256,8 +256,10 @@ def test_ctrl_c_during_a_trace_exits_130_and_leaves_no_partial_file(tmp_path, de
     assert "tracing" in seen[-1], seen
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=300)
-    if proc.returncode == 0:
+    out, err = proc.communicate(timeout=300)
+    if proc.returncode == 0 or "perfguide estimate" in out:
+        # the estimate was printed: the signal came after the trace (on a fast machine, during interpreter shutdown,
+        # where Python has restored SIGINT's default action and the process dies of it, -2)
         pytest.skip("the trace finished before the signal")
     assert proc.returncode == 130, err[-500:]
     assert "what()" not in err and "Traceback" not in err
