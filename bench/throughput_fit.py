@@ -55,6 +55,22 @@ def _cls(c: Case) -> str:
     return gpu_class(gpu)
 
 
+def _measured(c: Case) -> bool:
+    """The GPU's matmul rate is its published MAMF (terms.asymptote), not a class constant."""
+    from perfguide.speed.terms import asymptote, gpu_class
+
+    gpu = c.hardware.smallest_gpu
+    assert gpu is not None
+    table = _class_table()
+    return _half(c) and asymptote(gpu, c.setup) != table["tensor"][gpu_class(gpu)]
+
+
+def _class_table() -> dict:
+    from perfguide._data import fact_value
+
+    return fact_value("efficiency", "peak_fraction_by_class")
+
+
 def _fused(c: Case) -> bool:
     from perfguide.speed.terms import fused_attention
 
@@ -74,18 +90,20 @@ def _fw(name: str) -> Callable[[Case], bool]:
 
 
 PARAMS = [
-    # NVIDIA's matmul guide: large fp16/bf16 GEMMs reach ~70-80% of tensor-core peak in isolation; a training
-    # step's matmuls less. Prior 0.5 (Megatron-LM reports 52% of A100 peak end to end, Narayanan et al. 2021).
-    Param(("peak_fraction_by_class", "tensor", "datacenter"), 0.5, lambda c: _half(c) and _cls(c) == "datacenter", 0.15, 0.95),
+    # GPUs with a published maximum achievable matmul rate (gpus.json matmul_tflops) use it; the class constants
+    # price the others. Priors from the same MAMF table: Hopper-class 0.80 (H100 SXM 80.1%, GH200 83.0%),
+    # AMD Instinct 0.6 (MI300X 60.1%); Volta 0.5 (no measurement: Megatron-LM's 52% of peak end to end).
+    Param(("peak_fraction_by_class", "tensor", "datacenter"), 0.8,
+          lambda c: _half(c) and _cls(c) == "datacenter" and not _measured(c), 0.15, 0.95),
     Param(("peak_fraction_by_class", "tensor", "volta"), 0.5, lambda c: _half(c) and _cls(c) == "volta", 0.1, 0.95),
-    Param(("peak_fraction_by_class", "tensor", "cdna"), 0.35, lambda c: _half(c) and _cls(c) == "cdna", 0.1, 0.95),
+    Param(("peak_fraction_by_class", "tensor", "cdna"), 0.6, lambda c: _half(c) and _cls(c) == "cdna" and not _measured(c), 0.1, 0.95),
     Param(("peak_fraction_by_class", "tensor", "graphics"), 0.5, lambda c: _half(c) and _cls(c) == "graphics", 0.15, 1.2),
     # cuBLAS SGEMM on FMA units runs near peak (~85%) at moderate sizes: it is not fed through tensor cores
     Param(("peak_fraction_by_class", "cuda", "volta"), 0.85, lambda c: not _half(c) and _cls(c) == "volta", 0.3, 1.0),
     Param(("hidden_half_saturation_by_path", "tensor"), 256, _half, 16, 4096),
     Param(("hidden_half_saturation_by_path", "cuda"), 64, lambda c: not _half(c), 4, 2048),
-    # each saved activation written once and read once in forward/backward, plus its gradient: ~3 passes
-    Param(("elementwise_passes",), 3.0, lambda c: True, 0.5, 20),
+    # the traced bytes of the memory-bound kernels at the streaming rate (data/traffic.json): prior 1
+    Param(("elementwise_traffic_factor",), 1.0, lambda c: True, 0.1, 10),
     # counted kernel by kernel (fp16 scores under autocast): forward QK^T write 2, scale r/w 4, mask r/w 4,
     # softmax read 2 write 4 (fp32), dropout r/w 6 + mask 1, cast 6 = ~29 B; backward about twice that: ~72 B
     Param(("eager_score_bytes_per_element",), 72.0, lambda c: c.setup.attn_implementation == "eager", 4, 400),

@@ -46,6 +46,7 @@ class Case:
     hardware: Hardware
     published: float      # tokens/s per GPU
     steps: int | None = None  # optimizer steps the published rate averages over, when it times a whole run
+    attention_kernel: str | None = None  # a fused attention kernel older than FlashAttention-2 (efficiency.json)
 
 
 # MPT shapes from llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (d_model, n_layers, n_heads); the
@@ -83,6 +84,22 @@ GPU_NAMES = [("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200")
 # those rows get the named DGX node's network (perfguide/data/gpus.json "nodes") instead of the one-port default.
 STATED_NETWORK = re.compile(r"(\d+) Gbps node-node")
 DGX_NODE = {"h100-80gb": "dgx-h100", "h200": "dgx-h200", "b200": "dgx-b200"}
+
+
+# llm-foundry's tables do not print the attention kernel; its benchmark launcher sets it. At the commits that added
+# the A100 tables (300cc5c58, 2023-05) and the H100 BF16 table with the A100 80GB refresh (b2a43a147, 2023-10),
+# scripts/train/benchmarking/submit_benchmarks.py defaults to ``--attn_impl triton`` (the Triton FlashAttention
+# kernel); the large-scale H100 table (5e85bd62d, 2024-01) comes from sweep.py, which passes ``--attn_impl flash``
+# (flash-attn 2.4.2 via '.[gpu-flash2]': FlashAttention-2) for 1b/3b/7b/70b and ``triton`` for 13b/30b.
+LARGE_SCALE_TRITON = ("mpt-13b", "mpt-30b")
+
+
+def attention_kernel_of(row: dict[str, str], table: str) -> str | None:
+    if row["source"] != "mosaicml/llm-foundry":
+        return None
+    if "Large Scale" in table:
+        return "triton_flash" if row["model"].strip().lower() in LARGE_SCALE_TRITON else None
+    return "triton_flash"
 
 
 def group_of(row: dict[str, str]) -> str:
@@ -290,8 +307,9 @@ def case_of(row: dict[str, str]) -> Case:
     published = _published(row, seq, num_gpus)
     label = f"{row['model']} s{seq} mb{mb} {row['precision'][:14]} {setup.strategy} x{num_gpus}"
     m = re.search(r"steps per run: (\d+)", row["notes"])   # HF Trainer train_samples_per_second: whole train()
-    return Case(row["row_id"], group, table_of(row, group), framework_of(row), label, spec, setup, hw, published,
-                int(m.group(1)) if m else None)
+    table = table_of(row, group)
+    return Case(row["row_id"], group, table, framework_of(row), label, spec, setup, hw, published,
+                int(m.group(1)) if m else None, attention_kernel_of(row, table))
 
 
 def _published(row: dict[str, str], seq: int, num_gpus: int) -> float:

@@ -199,6 +199,13 @@ class Setup(Model):
         return self.facts.fsdp
 
     @property
+    def computes_on_16bit_copy(self) -> bool:
+        """Mixed precision under FSDP or DeepSpeed ZeRO runs the model on a 16-bit copy of its fp32 weights (FSDP
+        MixedPrecision param_dtype, DeepSpeed's bf16/fp16 modes): activations are 16-bit from the embedding on and
+        autocast casts no weight per op. Plain AMP (single GPU, DDP) computes on the fp32 weights through autocast."""
+        return self.autocast in ("bf16", "fp16") and self.weights_dtype == "fp32" and (self.is_fsdp or self.is_deepspeed)
+
+    @property
     def quantized(self) -> bool:
         return self.weights_dtype in QUANTIZED
 

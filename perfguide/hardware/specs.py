@@ -10,13 +10,14 @@ import re
 from functools import cache
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from .._base import MiB, Model
 from .._data import load
 from .types import CPU, GPU, Capabilities, Interconnect, Vendor
 
-_SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps")
+_SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps",
+                "matmul_tflops")
 
 
 class GpuRow(Model):
@@ -41,6 +42,15 @@ class GpuRow(Model):
     pcie_gbps: float | None = Field(default=None, gt=0)
     source: str = Field(min_length=1)
     memory_source: str = Field(min_length=1)
+    #: measured maximum achievable bf16 matmul TFLOP/s (MAMF), where a public measurement exists
+    matmul_tflops: float | None = Field(default=None, gt=0)
+    matmul_source: str | None = Field(default=None, min_length=10)
+
+    @model_validator(mode="after")
+    def _measured_has_source(self) -> GpuRow:
+        if (self.matmul_tflops is None) != (self.matmul_source is None):
+            raise ValueError("matmul_tflops and matmul_source come together")
+        return self
 
 
 class HostRow(Model):

@@ -55,6 +55,7 @@ class GPU(Model):
     fp32_tflops: float | None = None
     fp8_tflops: float | None = None
     memory_bandwidth_gbps: float | None = Field(default=None, description="GB/s (1e9 bytes)")
+    matmul_tflops: float | None = Field(default=None, description="measured max achievable bf16 matmul TFLOP/s (MAMF)")
     mig: bool = False
 
     @model_validator(mode="before")

@@ -129,7 +129,7 @@ def family_coefficients(family: str, model_type: str = "") -> dict[RegimeName, R
     return entry.regimes
 
 
-def _dims(spec: ModelSpec) -> dict[str, int]:
+def block_dims(spec: ModelSpec) -> dict[str, int]:
     """Dimension values of one block; MoE blocks keep activations of the experts each token visits."""
     return {
         "h": spec.hidden_size,
@@ -178,7 +178,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     """
     c = _coefs(spec, setup)
     b, s = setup.micro_batch_size, setup.seq_len
-    dims = _dims(spec)
+    dims = block_dims(spec)
     hidden_p, attn_p = dropout_rates(spec)
     per_token = _linear(c.per_token, dims)
     if hidden_p > 0:
@@ -209,7 +209,7 @@ def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
 def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Bytes one checkpointed block keeps between forward and backward: its input hidden states."""
     c = _coefs(spec, setup)
-    return int(setup.micro_batch_size * setup.seq_len * _linear(c.ckpt_per_token, _dims(spec)))
+    return int(setup.micro_batch_size * setup.seq_len * _linear(c.ckpt_per_token, block_dims(spec)))
 
 
 def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int) -> int:

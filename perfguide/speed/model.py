@@ -223,12 +223,15 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
     return per_layer * spec.total_layers
 
 
-def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer") -> Throughput:
+def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer",
+                   attention_kernel: str | None = None) -> Throughput:
     """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer', before
     calibration: the way in is ``perfguide.speed.estimate_speed``, which applies the calibration factors.
 
     ``framework`` is the training stack the step runs under (perfguide's plans: HF Trainer / accelerate); the
     throughput bench passes the stack each published row was measured with (efficiency.json framework_efficiency).
+    ``attention_kernel`` names a fused attention kernel other than the FlashAttention-2 class that HF's sdpa and
+    flash_attention_2 run (efficiency.json attention_kernel_speed): the bench's rows measured with older kernels.
     """
     if setup.task == "infer":
         from .inference import estimate_inference_speed
@@ -236,10 +239,10 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
         return estimate_inference_speed(spec, setup, hardware)
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
-    return _gpu_training(spec, setup, hardware, framework)
+    return _gpu_training(spec, setup, hardware, framework, attention_kernel)
 
 
-def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str) -> Throughput:
+def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str, kernel: str | None) -> Throughput:
     gpu = hardware.smallest_gpu
     assert gpu is not None, "training_speed routes GPU-less machines to the CPU model"
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
@@ -272,10 +275,10 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup) + terms.eager_score_bytes(spec, setup)
         moved += terms.dequant_bytes(spec, setup, matmul_params(spec))
         moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
-        if setup.autocast and setup.weights_dtype == "fp32":
+        if setup.autocast and setup.weights_dtype == "fp32" and not setup.computes_on_16bit_copy:
             moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
         gpu_time += moved / bw
-    gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn)
+    gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn, kernel)
     launch = _launch_ops(spec, setup) * _value("kernel_launch_s")
     micro = max(gpu_time, launch)
     comm_micro, comm_step = communication(spec, setup, hardware, gpu)

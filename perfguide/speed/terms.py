@@ -13,9 +13,9 @@ from __future__ import annotations
 from .. import techniques
 from .._data import fact_value
 from ..hardware.types import GPU
-from ..memory.activations import layer_bytes, logits_bytes
 from ..model.types import ModelSpec
 from ..setup import Setup
+from . import traffic
 
 _QUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
 
@@ -46,10 +46,14 @@ def matmul_path(setup: Setup) -> str:
 
 
 def asymptote(gpu: GPU, setup: Setup) -> float:
-    """Fraction of the dtype's peak that large matmuls reach inside a training step, by GPU class and path."""
-    table = _value("peak_fraction_by_class")
+    """Fraction of the dtype's peak that large matmuls reach inside a training step: the GPU's measured maximum
+    achievable matmul rate (``GPU.matmul_tflops``, bf16/fp16 on tensor cores) where one is published, else its
+    class's constant (by GPU class and matmul path)."""
     path = matmul_path(setup) if gpu.has_tensor_cores else "cuda"
-    return float(table[path][gpu_class(gpu)])
+    peak = gpu.half_tflops(setup.compute_dtype)
+    if path == "tensor" and setup.compute_dtype in ("bf16", "fp16") and gpu.matmul_tflops and peak:
+        return min(1.0, gpu.matmul_tflops / peak)
+    return float(_value("peak_fraction_by_class")[path][gpu_class(gpu)])
 
 
 def half_saturation(setup: Setup) -> float:
@@ -90,13 +94,16 @@ def causal_fraction(spec: ModelSpec, setup: Setup) -> float:
     return 1.0 - attended / (2.0 * setup.seq_len)
 
 
-def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops: float, attn_flops: float) -> float:
+def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops: float, attn_flops: float,
+                            kernel: str | None = None) -> float:
     """Seconds the fused attention kernels of one micro-step take: the executed (causal) share of the counted
-    FLOPs at the kernel's own fraction of peak. The stack term does not apply: Composer, torchtitan and HF
-    Trainer call the same flash kernel."""
+    FLOPs at the kernel's own fraction of peak (FlashAttention-2's by GPU generation; ``kernel`` names an older
+    one, priced relative to it). The stack term does not apply: the kernel, not the stack, decides its speed."""
     if not fused_attention(setup) or attn_flops <= 0:
         return 0.0
     fraction = float(_value("attention_peak_fraction")[attention_arch(gpu)])
+    if kernel is not None:
+        fraction *= float(_value("attention_kernel_speed")[kernel])
     return attn_flops * causal_fraction(spec, setup) * flash_backward_factor(setup) / (peak_tflops * 1e12 * fraction)
 
 
@@ -121,19 +128,17 @@ def framework_efficiency(framework: str) -> float:
 
 
 def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
-    """Bytes the memory-bound kernels of one micro-step move: every saved activation (what the memory model
-    counts per block, eager attention's s x s scores included) and the fp32 loss buffers are written and read
-    ``elementwise_passes`` times over forward and backward; checkpointing re-runs the forward's share (1/3);
-    fused or compiled kernels cut the passes (``Technique.kernel_factors``)."""
+    """Bytes the memory-bound kernels of one micro-step move: every block's non-GEMM ops and the head's loss
+    path, as traced on the real modules (perfguide/speed/traffic.py, data/traffic.json), times
+    ``elementwise_traffic_factor`` (such small kernels reach less of the bandwidth than a streaming copy);
+    checkpointing re-runs the forward's share; fused or compiled kernels cut it (``Technique.kernel_factors``).
+    Eager attention's s x s chain is ``eager_score_bytes``."""
     if setup.task != "train":
         return 0.0
-    fused = setup.model_copy(update={"attn_implementation": "sdpa"})   # eager's s x s part: eager_score_bytes
-    saved = spec.total_layers * layer_bytes(spec, fused, keeps_frozen_inputs=True) + logits_bytes(spec, setup)
     kernels = techniques.kernel_factors(setup)
-    passes = float(_value("elementwise_passes"))
-    passes *= (3 + kernels.recompute) / 3
-    passes *= kernels.elementwise
-    return passes * saved
+    tokens = setup.micro_batch_size * setup.seq_len
+    moved = traffic.block_bytes(spec, setup, tokens, kernels.recompute) + traffic.head_bytes(spec, setup)
+    return moved * kernels.elementwise * float(_value("elementwise_traffic_factor"))
 
 
 def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:

@@ -39,6 +39,7 @@ class StepTrace(Model):
     optimizer_traced: bool
     trainable_groups: list[tuple[int, int, str, int]] = Field(default_factory=list)  # (rows, cols, kind, count) of trainable tensors
     trainable_bytes_per_param: int = 4
+    traffic: dict[str, int] = Field(default_factory=dict)  # bytes memory-bound ops read + write, by phase (tracker)
 
 
 def _trainable_groups(model: Any) -> list[tuple[int, int, str, int]]:
@@ -157,7 +158,7 @@ def run_step(config: dict[str, Any], setup: Setup) -> StepTrace:
     return StepTrace(
         phases=phases, params=n_meta, trainable_params=sum(p.numel() for p in trainable),
         sdpa_kernels=dict(emulation.kernels), optimizer_traced=opt is not None,
-        trainable_groups=groups, trainable_bytes_per_param=elem_bytes,
+        trainable_groups=groups, trainable_bytes_per_param=elem_bytes, traffic=dict(tracker.traffic),
     )
 
 

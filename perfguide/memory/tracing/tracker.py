@@ -5,6 +5,11 @@ is what the CUDA caching allocator reports as ``allocated`` once every request i
 Categories are decided by *when* a storage is born (forward -> activation, backward -> temporary, optimizer
 step -> optimizer temporary) and relabelled when we learn more (a gradient lands in ``.grad``), the accounting
 that ``torch.distributed._tools.MemTracker`` uses, at a fraction of its cost.
+
+The same pass counts **traffic**: the bytes each memory-bound op reads and writes (its tensor inputs and outputs),
+by phase. GEMMs and fused attention kernels are left out (they are compute-bound and priced by FLOPs), and so are
+views and allocations, which move nothing. The speed model prices those bytes at memory bandwidth
+(perfguide.speed.terms.elementwise_bytes), so the count is of what the real modules dispatch, not a guess.
 """
 
 from __future__ import annotations
@@ -27,6 +32,27 @@ _BORN_AS = {
 }
 
 
+#: aten ops (overload packet names) that are not memory-bound: GEMMs and the fused attention kernels
+COMPUTE_BOUND: frozenset[str] = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "_scaled_mm", "convolution", "convolution_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward", "_efficient_attention_backward",
+})
+#: ops that allocate or describe without reading their inputs' data
+NO_TRAFFIC: frozenset[str] = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                                        "detach", "alias", "lift_fresh", "_local_scalar_dense", "_unsafe_view"})
+
+
+def moves_memory(func: Any) -> bool:
+    """True for an aten op that reads/writes tensor data at memory bandwidth (not a GEMM, view or allocation;
+    ``prim`` queries such as ``prim.device`` take a tensor but read none of it)."""
+    if getattr(func, "namespace", "") != "aten" or getattr(func, "is_view", False):
+        return False
+    return func.overloadpacket.__name__ not in COMPUTE_BOUND | NO_TRAFFIC
+
+
 def make_tracker(round_to: int) -> Any:
     """Build the dispatch-mode tracker; a factory so that torch is imported only when tracing."""
     import torch
@@ -41,6 +67,7 @@ def make_tracker(round_to: int) -> Any:
             self.total = 0
             self.phase = "forward"
             self.peaks: dict[str, tuple[int, dict[str, int]]] = {}
+            self.traffic: dict[str, int] = {}
 
         def charge(self, tensor: Any, category: str | None = None) -> None:
             if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
@@ -77,8 +104,13 @@ def make_tracker(round_to: int) -> Any:
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             check_interrupt()  # a deferred Ctrl-C surfaces here, before an op, where raising is safe
             out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
+            outs = tree_flatten(out)[0]
+            for t in outs:
                 self.charge(t)
+            if moves_memory(func):
+                moved = sum(t.numel() * t.element_size() for t in (*tree_flatten((args, kwargs))[0], *outs)
+                            if isinstance(t, torch.Tensor) and t.device.type != "meta")
+                self.traffic[self.phase] = self.traffic.get(self.phase, 0) + moved
             return out
 
     return LiveBytes()

@@ -1,0 +1,134 @@
+"""Regenerate perfguide/data/traffic.json: the bytes a block's memory-bound kernels move, traced on fake tensors.
+
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_traffic.py [--dry-run]``. The speed model prices the kernels
+around the matmuls (norms, activations, rotary embeddings, residual adds, dropout, casts, the loss) as bytes at
+memory bandwidth; how many bytes depends on the model's code (transformers' Llama upcasts RMSNorm to fp32 and
+runs rotary embeddings as a dozen small ops; an MPT block is one LayerNorm, one GELU and two adds), so the bytes
+are counted, not assumed: the tracer of perfguide.memory (one real training step of the HF modules on fake
+tensors, CUDA autocast lists and SDPA kernels emulated) sums every non-GEMM, non-view op's input and output bytes
+by phase. As in scripts/fit_activations.py, one block = two-block minus one-block trace, per token = the slope
+between two batch sizes, and the per-token linear form over (h, i, q, kv) is solved from one-at-a-time steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fit_activations import BASE, BATCHES, FAMILIES, REGIMES, SEQ, VOCAB, Dims, per_token  # noqa: E402
+
+from perfguide.memory.tracing.build import with_depth  # noqa: E402
+from perfguide.memory.tracing.step import run_step  # noqa: E402
+from perfguide.setup import Setup  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "perfguide" / "data" / "traffic.json"
+#: phases whose traffic belongs to the blocks and the head (the optimizer step is priced per parameter)
+STEP_PHASES = ("forward", "head", "backward_head", "backward")
+
+
+def _mpt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    return dict(model_type="mpt", d_model=d["h"], n_heads=d["h"] // 16, n_layers=2, expansion_ratio=d["i"] // d["h"],
+                vocab_size=VOCAB, max_seq_len=1024, no_bias=True)
+
+
+#: family -> (config builder, free dims, attention the HF class runs): transformers' MPT port is eager-only, so its
+#: s^2 chain is separated by tracing two lengths (the per-token form is the zero-length intercept)
+TRAFFIC_FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...], str]] = {
+    **{name: (build, free, "sdpa") for name, (build, free) in FAMILIES.items()},
+    "mpt": (_mpt, ("h", "i"), "eager"),
+}
+
+
+def traffic(config: dict[str, Any], setup: Setup, phases: tuple[str, ...]) -> int:
+    """Bytes memory-bound ops read and write in ``phases`` (the tracker's traffic count)."""
+    step = run_step(config, setup)
+    return sum(step.traffic.get(ph, 0) for ph in phases)
+
+
+def slope(config: dict[str, Any], regime: dict[str, Any], seq: int, phases: tuple[str, ...], attn: str) -> float:
+    """Traffic bytes per token per block: two-minus-one-block traffic at two batch sizes (per-block constants,
+    such as the weights' gradient reductions and autocast's weight casts, cancel)."""
+    def block(bs: int) -> int:
+        setup = Setup(micro_batch_size=bs, seq_len=seq, optimizer="sgd", attn_implementation=attn, **regime)
+        return traffic(with_depth(config, 2), setup, phases) - traffic(with_depth(config, 1), setup, phases)
+
+    return (block(BATCHES[1]) - block(BATCHES[0])) / ((BATCHES[1] - BATCHES[0]) * seq)
+
+
+def block_form(name: str, regime: dict[str, Any], phases: tuple[str, ...] = STEP_PHASES) -> tuple[dict[str, float], float]:
+    """(per-token linear form, bytes per batch*head*s^2) of one block's traffic in ``phases``."""
+    build, free, attn = TRAFFIC_FAMILIES[name]
+    if attn == "sdpa":
+        return per_token(build, free, regime, slope=lambda cfg: slope(cfg, regime, SEQ, phases, attn)), 0.0
+    short = per_token(build, free, regime, slope=lambda cfg: slope(cfg, regime, SEQ, phases, attn))
+    long = per_token(build, free, regime, slope=lambda cfg: slope(cfg, regime, 2 * SEQ, phases, attn))
+    intercept = {k: round(2 * short.get(k, 0.0) - long.get(k, 0.0), 3) for k in sorted({*short, *long})}
+    s2 = (long.get("h", 0.0) - short.get("h", 0.0)) / (SEQ / 16)      # the builders use 16-wide heads
+    return {k: v for k, v in intercept.items() if abs(v) > 1e-6}, round(s2, 3)
+
+
+def logits_form(name: str, regime: dict[str, Any]) -> float:
+    """Traffic bytes per token and vocabulary entry of the head and the loss (forward and backward)."""
+    build, free, attn = TRAFFIC_FAMILIES[name]
+    dims = BASE if "q" in free else {**BASE, "q": BASE["h"], "kv": BASE["h"]}
+    small = build(dims)
+    big = {**small, "vocab_size": 2 * VOCAB}
+
+    def per_tok(config: dict[str, Any]) -> float:
+        def at(bs: int) -> int:
+            setup = Setup(micro_batch_size=bs, seq_len=SEQ, optimizer="sgd", attn_implementation=attn, **regime)
+            return traffic(with_depth(config, 1), setup, ("head", "backward_head"))
+        return (at(BATCHES[1]) - at(BATCHES[0])) / ((BATCHES[1] - BATCHES[0]) * SEQ)
+
+    return round((per_tok(big) - per_tok(small)) / VOCAB, 3)
+
+
+def fit_family(name: str) -> dict[str, Any]:
+    regimes = {}
+    for regime, kw in REGIMES.items():
+        t0 = time.perf_counter()
+        step, s2 = block_form(name, kw)
+        forward, _ = block_form(name, kw, ("forward",))
+        regimes[regime] = {"per_token": step, "forward_per_token": forward, "eager_per_head_s2": s2,
+                           "logits_per_token_vocab": logits_form(name, kw)}
+        print(f"  {name}/{regime}: {json.dumps(regimes[regime])} ({time.perf_counter() - t0:.1f}s)", flush=True)
+    return regimes
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="print the coefficients without writing the data file")
+    ap.add_argument("--family", action="append", choices=sorted(TRAFFIC_FAMILIES), help="only these families")
+    args = ap.parse_args(argv)
+    import torch
+    import transformers
+
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    for name in args.family or sorted(TRAFFIC_FAMILIES):
+        print(f"tracing {name} ...", flush=True)
+        data["families"][name] = {
+            "source": f"scripts/fit_traffic.py: fake-tensor traces of transformers' {name} blocks (torch {torch.__version__}, "
+                      f"transformers {transformers.__version__}), memory-bound ops' input + output bytes (GEMMs, fused "
+                      f"attention, views and allocations excluded), one-minus-two-block differences at h/i/q/kv steps "
+                      f"around {BASE}, slope between b*s = {[b * SEQ for b in BATCHES]}, CUDA autocast lists and SDPA "
+                      "kernels emulated" + ("; eager-only class: zero-length intercept of traces at s = "
+                                             f"{SEQ} and {2 * SEQ}" if TRAFFIC_FAMILIES[name][2] == "eager" else ""),
+            "regimes": fit_family(name),
+        }
+    if not args.dry_run:
+        DATA.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {DATA}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
