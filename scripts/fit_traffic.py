@@ -24,11 +24,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_activations import BASE, BATCHES, FAMILIES, REGIMES, SEQ, VOCAB, Dims, per_token  # noqa: E402
+from fit_activations import BASE, BATCHES, FAMILIES, REGIMES, SEQ, VOCAB, Dims, per_token
 
-from perfguide.memory.tracing.build import with_depth  # noqa: E402
-from perfguide.memory.tracing.step import run_step  # noqa: E402
-from perfguide.setup import Setup  # noqa: E402
+from perfguide.memory.tracing.build import with_depth
+from perfguide.memory.tracing.step import run_step
+from perfguide.setup import Setup
 
 DATA = Path(__file__).resolve().parents[1] / "perfguide" / "data" / "traffic.json"
 #: phases whose traffic belongs to the blocks and the head (the optimizer step is priced per parameter)

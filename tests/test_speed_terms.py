@@ -16,7 +16,6 @@ from test_speed import A100, T4, gpt2, llama7b
 
 from perfguide._data import load
 from perfguide.hardware.types import GPU
-from perfguide.memory.activations import layer_bytes, logits_bytes
 from perfguide.setup import LoraSpec, Setup
 from perfguide.speed import terms
 from perfguide.speed.model import matmul_params
@@ -56,17 +55,61 @@ def test_eager_score_bytes_by_hand() -> None:
     assert terms.eager_score_bytes(gpt2(), setup.model_copy(update={"attn_implementation": "sdpa"})) == 0
 
 
-def test_elementwise_bytes_count_saved_activations_and_loss_buffers() -> None:
+def test_elementwise_bytes_are_the_traced_traffic_of_every_block_and_the_head() -> None:
+    """By hand from data/traffic.json's gpt2 'half' row: per token and block sum(coef x width), x tokens x layers,
+    plus the loss path's bytes per token and vocabulary entry; checkpointing adds the forward's share once."""
+    row = load("traffic")["families"]["gpt2"]["regimes"]["half"]
     setup = Setup(micro_batch_size=4, seq_len=512, weights_dtype="bf16")
-    saved = 12 * layer_bytes(gpt2(), setup, keeps_frozen_inputs=True) + logits_bytes(gpt2(), setup)
-    passes = _const("elementwise_passes")
-    assert terms.elementwise_bytes(gpt2(), setup) == pytest.approx(passes * saved)
-    assert terms.elementwise_bytes(gpt2(), setup.model_copy(update={"gradient_checkpointing": True})) == pytest.approx(passes * saved * 4 / 3)
+    widths = {"h": 768, "i": 3072, "q": 768, "kv": 768, "1": 1}
+    per_token = sum(v * widths[k] for k, v in row["per_token"].items())
+    forward = sum(v * widths[k] for k, v in row["forward_per_token"].items())
+    tokens, factor = 4 * 512, _const("elementwise_traffic_factor")
+    head = tokens * 50257 * row["logits_per_token_vocab"]
+    assert terms.elementwise_bytes(gpt2(), setup) == pytest.approx(factor * (12 * tokens * per_token + head))
+    ckpt = setup.model_copy(update={"gradient_checkpointing": True})
+    assert terms.elementwise_bytes(gpt2(), ckpt) == pytest.approx(factor * (12 * tokens * (per_token + forward) + head))
     compiled = setup.model_copy(update={"torch_compile": True})
-    assert terms.elementwise_bytes(gpt2(), compiled) == pytest.approx(passes * saved * _const("compile_elementwise_factor"))
-    # eager's s x s tensors are priced by eager_score_bytes, not twice
+    assert terms.elementwise_bytes(gpt2(), compiled) == pytest.approx(
+        factor * (12 * tokens * per_token + head) * _const("compile_elementwise_factor"))
+    # eager's s x s chain is priced by eager_score_bytes, not twice
     eager = setup.model_copy(update={"attn_implementation": "eager"})
     assert terms.elementwise_bytes(gpt2(), eager) == pytest.approx(terms.elementwise_bytes(gpt2(), setup))
+
+
+def test_traffic_follows_the_model_code_and_the_compute_copy() -> None:
+    """Llama's block (fp32 RMSNorm, rotary) moves several times an MPT block's bytes per hidden unit; a model type
+    the memory model aliases to llama is priced as llama; FSDP mixed precision computes on a 16-bit copy."""
+    from perfguide.speed import traffic
+
+    families = load("traffic")["families"]
+    llama, mpt = families["llama"]["regimes"]["half"]["per_token"], families["mpt"]["regimes"]["half"]["per_token"]
+    # an MPT block of width h has a 4h MLP; a Llama-2-7B-shaped block (i = 2.69h, q = kv = h)
+    llama_per_h = llama["h"] + 2.6875 * llama["i"] + llama["q"] + llama["kv"]
+    assert llama_per_h > 2.5 * mpt["h"]
+    assert traffic.family_of(llama7b().model_copy(update={"model_type": "mistral", "family": "generic"})) == "llama"
+    amp = Setup(weights_dtype="fp32", autocast="bf16")
+    assert traffic.traffic_regime(amp) == "amp"
+    assert traffic.traffic_regime(amp.model_copy(update={"strategy": "fsdp", "num_gpus": 8})) == "half"
+    assert traffic.traffic_regime(amp.model_copy(update={"strategy": "zero3", "num_gpus": 8})) == "half"
+
+
+def test_measured_matmul_rate_sets_the_asymptote_where_published() -> None:
+    from perfguide.hardware.types import Hardware
+
+    bf16 = Setup(weights_dtype="bf16")
+    h100 = Hardware.from_name("h100-80gb").smallest_gpu
+    assert h100 is not None and h100.matmul_tflops == 792.1
+    assert terms.asymptote(h100, bf16) == pytest.approx(792.1 / 989.5)
+    # no measurement: the class constant; fp32 on CUDA cores never uses the bf16 measurement
+    assert terms.asymptote(V100, Setup(weights_dtype="fp32", autocast="fp16")) == _const("peak_fraction_by_class")["tensor"]["volta"]
+    assert terms.asymptote(h100, Setup(weights_dtype="fp32")) == _const("peak_fraction_by_class")["cuda"]["datacenter"]
+
+
+def test_an_older_attention_kernel_takes_longer_by_its_published_ratio() -> None:
+    setup = Setup(micro_batch_size=2, seq_len=4096, weights_dtype="bf16")
+    fa2 = terms.fused_attention_seconds(llama7b(), setup, A100, 312, 1e15)
+    triton = terms.fused_attention_seconds(llama7b(), setup, A100, 312, 1e15, "triton_flash")
+    assert triton == pytest.approx(fa2 / _const("attention_kernel_speed")["triton_flash"])
 
 
 def test_nf4_dequant_reads_half_a_byte_and_writes_two_per_pass() -> None:
