@@ -304,12 +304,27 @@ def case_of(row: dict[str, str]) -> Case:
                   attn_implementation=attn_impl, lora=lora, num_gpus=num_gpus // nodes, nodes=nodes,
                   torch_compile=row["torch_compile"].lower().startswith("yes"), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
+    if not ckpt and not setup.gradient_checkpointing:
+        setup = _checkpointing_if_needed(spec, setup, hw)
     published = _published(row, seq, num_gpus)
     label = f"{row['model']} s{seq} mb{mb} {row['precision'][:14]} {setup.strategy} x{num_gpus}"
     m = re.search(r"steps per run: (\d+)", row["notes"])   # HF Trainer train_samples_per_second: whole train()
     table = table_of(row, group)
     return Case(row["row_id"], group, table, framework_of(row), label, spec, setup, hw, published,
                 int(m.group(1)) if m else None, attention_kernel_of(row, table))
+
+
+def _checkpointing_if_needed(spec: ModelSpec, setup: Setup, hw: Hardware) -> Setup:
+    """A row that does not state activation checkpointing ran, so it fit: where perfguide's memory model puts the
+    step over the GPU's memory without checkpointing and under it with checkpointing, the row is read as
+    checkpointed (HF's blog FSDP/ZeRO-3 rows: a 7B model at 8 x 4096 tokens per GPU needs ~280 GiB of
+    activations without it)."""
+    from perfguide.memory.analytic import training_memory
+
+    if training_memory(spec, setup, hw).fits:
+        return setup
+    ckpt = setup.model_copy(update={"gradient_checkpointing": True})
+    return ckpt if training_memory(spec, ckpt, hw).fits else setup
 
 
 def _published(row: dict[str, str], seq: int, num_gpus: int) -> float:
