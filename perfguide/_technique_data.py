@@ -29,7 +29,10 @@ class TechniqueConstants(BaseModel):
     """data/techniques.json, validated once: a missing constant or a misspelt key fails at load."""
 
     model_config = ConfigDict(extra="forbid")
-    hf_loss_bytes_per_logit: _Constant
+    liger_flce_bytes_per_logit: _Constant
+    liger_rmsnorm_bytes_per_element: _Constant
+    liger_rope_bytes_per_element: _Constant
+    liger_swiglu_bytes_per_element: _Constant
     fp8_cast_bytes_per_element: _Constant
     fp8_cast_bytes_per_element_eager: _Constant
     fp8_cast_kernels_per_linear: _Constant

@@ -92,6 +92,57 @@ def logits_form(name: str, regime: dict[str, Any]) -> float:
     return round((per_tok(big) - per_tok(small)) / VOCAB, 3)
 
 
+def _component_traffic(fn: Callable[..., Any], shapes: list[tuple[int, ...]], regime: dict[str, Any]) -> float:
+    """Bytes one call of ``fn`` on fresh inputs moves forward + backward (the tracker's count), under the regime's
+    dtypes: 16-bit activations and weights ('half'), fp32 activations under CUDA autocast ('amp'), fp32 ('fp32')."""
+    import torch
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+    from perfguide.memory.tracing.tracker import make_tracker
+
+    dtype = torch.bfloat16 if regime.get("weights_dtype") == "bf16" else torch.float32
+    inputs = [torch.randn(shape, dtype=dtype, requires_grad=True) for shape in shapes]
+    emulation = make_cuda_emulation(torch.bfloat16 if regime.get("autocast") else None, emulate_sdpa=True)
+    tracker = make_tracker(1)
+    with tracker, emulation:
+        out = fn(*inputs)
+        grad = torch.ones_like(out)
+        tracker.traffic.clear()                     # the gradient seed is not part of the op
+        tracker.set_phase("forward")
+        out = fn(*inputs)
+        out.backward(grad)
+    return float(sum(tracker.traffic.values()))
+
+
+def llama_components(regime: dict[str, Any]) -> dict[str, float]:
+    """Bytes per element, forward + backward, of transformers' Llama RMSNorm (per hidden element), rotary
+    embedding (per element of q and k) and SwiGLU product ``act(gate) * up`` (per intermediate element): the
+    eager chains Liger's fused kernels replace (perfguide/techniques/liger_kernel.py)."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama as llama
+
+    tokens, h, heads, hd, i = 256, 64, 4, 16, 128
+    norm = llama.LlamaRMSNorm(h)
+    if regime.get("weights_dtype") == "bf16":
+        norm = norm.to(torch.bfloat16)
+    rope = llama.LlamaRotaryEmbedding(LlamaConfig(hidden_size=heads * hd, num_attention_heads=heads, head_dim=hd))
+    position_ids = torch.arange(tokens)[None]
+    act = torch.nn.SiLU()
+
+    def rotary(q: Any, k: Any) -> Any:
+        cos, sin = rope(q, position_ids)
+        q2, k2 = llama.apply_rotary_pos_emb(q, k, cos.to(q.dtype), sin.to(q.dtype))
+        return torch.cat([q2.flatten(), k2.flatten()])
+
+    # under autocast the residual stream (the norms' input) stays fp32, while q, k, gate and up leave 16-bit Linears
+    sixteen = {"weights_dtype": "bf16"} if regime.get("autocast") else regime
+    per_norm = _component_traffic(norm, [(tokens, h)], regime) / (tokens * h)
+    per_rope = _component_traffic(rotary, [(1, heads, tokens, hd)] * 2, sixteen) / (2 * tokens * heads * hd)
+    per_glu = _component_traffic(lambda g, u: act(g) * u, [(tokens, i)] * 2, sixteen) / (tokens * i)
+    return {"rmsnorm_per_h": round(per_norm, 3), "rope_per_qk": round(per_rope, 3), "swiglu_per_i": round(per_glu, 3)}
+
+
 def fit_family(name: str) -> dict[str, Any]:
     regimes = {}
     for regime, kw in REGIMES.items():
@@ -100,6 +151,8 @@ def fit_family(name: str) -> dict[str, Any]:
         forward, _ = block_form(name, kw, ("forward",))
         regimes[regime] = {"per_token": step, "forward_per_token": forward, "eager_per_head_s2": s2,
                            "logits_per_token_vocab": logits_form(name, kw)}
+        if name == "llama":
+            regimes[regime]["components"] = llama_components(kw)
         print(f"  {name}/{regime}: {json.dumps(regimes[regime])} ({time.perf_counter() - t0:.1f}s)", flush=True)
     return regimes
 

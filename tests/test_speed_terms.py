@@ -240,3 +240,27 @@ def test_estimate_speed_api_prices_the_setup_like_the_cost_model() -> None:
     assert got.flops_per_step == pytest.approx(6 * n * 4 * 512 + attention)
     with pytest.raises(perfguide.PerfGuideError, match="num_gpus"):
         perfguide.estimate_speed("gpt2", {**setup, "num_gpus": 2, "strategy": "ddp"}, hardware="a100-80gb")
+
+
+def test_liger_saves_the_traced_eager_chains_less_its_kernels_bytes() -> None:
+    """By hand: per token and block, two RMSNorms, rotary on q and k, and the SwiGLU product, each HF's traced bytes
+    per element minus Liger's kernel bytes (data/techniques.json), over every layer; nothing under torch.compile
+    (Inductor fuses the same chains); the loss path saves HF's traced logits bytes net of Liger's chunk logits."""
+    from perfguide.speed import traffic
+    from perfguide.techniques.liger_kernel import block_seconds_saved, loss_seconds
+
+    spec, setup = llama7b(), Setup(micro_batch_size=2, seq_len=1024, weights_dtype="bf16", liger_kernel=True)
+    parts = load("traffic")["families"]["llama"]["regimes"]["half"]["components"]
+    tech = load("techniques")
+    norm, rope, glu = (tech[f"liger_{k}_bytes_per_element"]["value"] for k in ("rmsnorm", "rope", "swiglu"))
+    per_token = (2 * 4096 * (parts["rmsnorm_per_h"] - norm) + 2 * 4096 * (parts["rope_per_qk"] - rope)
+                 + 11008 * (parts["swiglu_per_i"] - glu))
+    bw = 1.6e12
+    factor = _const("elementwise_traffic_factor")
+    assert block_seconds_saved(spec, setup, bw) == pytest.approx(per_token * 2048 * 32 * factor / bw)
+    assert block_seconds_saved(spec, setup.model_copy(update={"torch_compile": True}), bw) == 0
+    hf = 2048 * 32000 * load("traffic")["families"]["llama"]["regimes"]["half"]["logits_per_token_vocab"]
+    liger = 2048 * 32000 * tech["liger_flce_bytes_per_logit"]["value"]
+    same_rate = loss_seconds(spec, setup, 2048, 1e14, 1e14, bw)        # no GEMM penalty when the chunk runs as fast
+    assert same_rate == pytest.approx(-(hf - liger) * factor / bw)
+    assert traffic.head_bytes(spec, setup) == pytest.approx(hf)

@@ -53,3 +53,15 @@ def test_data_file_matches_a_fresh_trace(family: str, regime: str) -> None:
     stored = load("traffic")["families"][family]["regimes"][regime]
     assert per_token == pytest.approx(stored["per_token"])
     assert s2 == pytest.approx(stored["eager_per_head_s2"])
+
+
+def test_llama_components_match_a_fresh_trace() -> None:
+    """The eager chains Liger replaces, traced in isolation now (real CPU tensors, CUDA autocast lists emulated)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import fit_traffic
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    for regime in ("half", "amp"):
+        stored = load("traffic")["families"]["llama"]["regimes"][regime]["components"]
+        assert fit_traffic.llama_components(fit_traffic.REGIMES[regime]) == pytest.approx(stored)

@@ -138,7 +138,7 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
     kernels = techniques.kernel_factors(setup)
     tokens = setup.micro_batch_size * setup.seq_len
     moved = traffic.block_bytes(spec, setup, tokens, kernels.recompute) + traffic.head_bytes(spec, setup)
-    return moved * kernels.elementwise * float(_value("elementwise_traffic_factor"))
+    return moved * kernels.elementwise * float(_value("elementwise_traffic_factor"))   # priced like traffic.seconds
 
 
 def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:

@@ -16,10 +16,12 @@ from typing import Literal
 
 from pydantic import Field
 
-from .._data import DataModel, validated
+from .._data import DataModel, fact_value, validated
 from ..memory.activations import Dim, RegimeName, activations_data, block_dims, regime
 from ..model.types import ModelSpec
 from ..setup import Setup
+
+Component = Literal["rmsnorm_per_h", "rope_per_qk", "swiglu_per_i"]
 
 
 class TrafficRegime(DataModel):
@@ -27,6 +29,8 @@ class TrafficRegime(DataModel):
     forward_per_token: dict[Dim, float]
     eager_per_head_s2: float = Field(ge=0)
     logits_per_token_vocab: float = Field(ge=0)
+    #: bytes per element of the eager chains fused kernels replace (traced in isolation; Llama family only)
+    components: dict[Component, float] | None = None
 
 
 class TrafficFamily(DataModel):
@@ -84,3 +88,9 @@ def head_bytes(spec: ModelSpec, setup: Setup) -> float:
     the positions that get logits (``ModelSpec.logits_width``: the vocabulary or a classifier's labels)."""
     positions = 1 if spec.logits_per_sequence else setup.seq_len
     return setup.micro_batch_size * positions * spec.logits_width * coefficients(spec, setup).logits_per_token_vocab
+
+
+def seconds(nbytes: float, bandwidth: float) -> float:
+    """Time memory-bound kernels take to move ``nbytes`` at ``bandwidth`` (B/s, already the streaming fraction):
+    small kernels reach less of it than a copy (``elementwise_traffic_factor``, fitted on published rows)."""
+    return nbytes * float(fact_value("efficiency", "elementwise_traffic_factor")) / bandwidth if bandwidth else 0.0

@@ -73,7 +73,8 @@ class LigerKernel(Technique):
         if not (self.active(ctx.setup) and ctx.setup.task == "train"):
             return StepSeconds()
         chunk_rate = ctx.gemm_rate(ctx.peak_tflops, ctx.asymptote, chunk_rows(ctx.spec, ctx.tokens))
-        return StepSeconds(compute=loss_seconds(ctx.spec, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth))
+        loss = loss_seconds(ctx.spec, ctx.setup, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth)
+        return StepSeconds(compute=loss - block_seconds_saved(ctx.spec, ctx.setup, ctx.bandwidth))
 
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         wanted = ctx.wants.get("liger_kernel")
@@ -131,15 +132,42 @@ def loss_bytes(spec: Any, shape: Any) -> int:
     return chunk_rows(spec, tokens) * spec.vocab_size * cbytes * 2 + tokens * spec.hidden_size * cbytes + tokens * 4
 
 
-def loss_seconds(spec: Any, tokens: int, rate_at: float, rate_chunk: float, bandwidth: float) -> float:
-    """Seconds per micro-step Liger FLCE adds (positive) or saves (negative) against HF's loss path.
+def loss_seconds(spec: Any, setup: Any, tokens: int, rate_at: float, rate_chunk: float, bandwidth: float) -> float:
+    """Seconds per micro-step Liger FLCE adds (positive) or saves (negative) against HF's loss path: the head GEMMs
+    on chunks instead of all rows, minus HF's traced loss-path bytes (data/traffic.json) net of the chunk logits
+    Liger writes and rewrites in place. ``rate_at`` / ``rate_chunk``: achievable FLOP/s at the full token count and
+    at Liger's chunk."""
+    from ..speed import traffic
 
-    ``rate_at`` / ``rate_chunk``: achievable FLOP/s of the head GEMMs at the full token count and at Liger's chunk.
-    """
     head_flops = 6.0 * tokens * spec.hidden_size * spec.vocab_size
     gemm = head_flops / rate_chunk - head_flops / rate_at
-    traffic = tokens * spec.vocab_size * constants().hf_loss_bytes_per_logit.value / bandwidth if bandwidth else 0.0
-    return gemm - traffic
+    liger = tokens * spec.vocab_size * constants().liger_flce_bytes_per_logit.value
+    return gemm - traffic.seconds(max(0.0, traffic.head_bytes(spec, setup) - liger), bandwidth)
+
+
+def block_seconds_saved(spec: Any, setup: Any, bandwidth: float) -> float:
+    """Seconds per micro-step Liger's fused RMSNorm, RoPE and SwiGLU save: the bytes HF's eager chains move (traced
+    in isolation, data/traffic.json ``components``) minus what each fused kernel reads and writes (counted from its
+    source, data/techniques.json), over two norms, q and k, and the MLP's intermediate per block. A block that is
+    checkpointed re-runs its forward with either implementation; that share is not counted (a small underestimate).
+    Under ``torch.compile`` Inductor already fuses the same pointwise and reduction chains into one kernel each, so
+    nothing is saved (Liger's README: compile 3780 vs compile + Liger 3702 tokens/s on Llama-3-8B)."""
+    from ..memory.activations import regime
+    from ..speed import traffic
+
+    parts = traffic.coefficients(spec, setup).components
+    if not parts or not supported(spec.model_type) or setup.torch_compile:
+        return 0.0
+    c = constants()
+    wide = 2.0 if regime(setup) in ("fp32", "amp") else 1.0      # the norms see the fp32 residual stream under AMP
+    narrow = 2.0 if regime(setup) == "fp32" else 1.0             # q, k, gate and up leave 16-bit Linears under AMP
+    qk = (spec.num_attention_heads + spec.num_key_value_heads) * spec.head_dim
+    per_token = (2 * spec.hidden_size * (parts["rmsnorm_per_h"] - wide * c.liger_rmsnorm_bytes_per_element.value)
+                 + qk * (parts["rope_per_qk"] - narrow * c.liger_rope_bytes_per_element.value)
+                 + (spec.active_intermediate_size if spec.gated_mlp else 0)
+                 * (parts["swiglu_per_i"] - narrow * c.liger_swiglu_bytes_per_element.value))
+    tokens = setup.micro_batch_size * setup.seq_len
+    return traffic.seconds(max(0.0, per_token) * tokens * spec.total_layers, bandwidth)
 
 
 TECHNIQUES = (LigerKernel(),)
