@@ -30,9 +30,9 @@ class TechniqueConstants(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     liger_flce_bytes_per_logit: _Constant
-    liger_rmsnorm_bytes_per_element: _Constant
-    liger_rope_bytes_per_element: _Constant
-    liger_swiglu_bytes_per_element: _Constant
+    fused_rmsnorm_bytes_per_element: _Constant
+    fused_rope_bytes_per_element: _Constant
+    fused_swiglu_bytes_per_element: _Constant
     fp8_cast_bytes_per_element: _Constant
     fp8_cast_bytes_per_element_eager: _Constant
     fp8_cast_kernels_per_linear: _Constant

@@ -247,18 +247,24 @@ def test_liger_saves_the_traced_eager_chains_less_its_kernels_bytes() -> None:
     per element minus Liger's kernel bytes (data/techniques.json), over every layer; nothing under torch.compile
     (Inductor fuses the same chains); the loss path saves HF's traced logits bytes net of Liger's chunk logits."""
     from perfguide.speed import traffic
-    from perfguide.techniques.liger_kernel import block_seconds_saved, loss_seconds
+    from perfguide.techniques.fused import chain_seconds_saved as block_seconds_saved
+    from perfguide.techniques.liger_kernel import loss_seconds
 
     spec, setup = llama7b(), Setup(micro_batch_size=2, seq_len=1024, weights_dtype="bf16", liger_kernel=True)
     parts = load("traffic")["families"]["llama"]["regimes"]["half"]["components"]
     tech = load("techniques")
-    norm, rope, glu = (tech[f"liger_{k}_bytes_per_element"]["value"] for k in ("rmsnorm", "rope", "swiglu"))
+    norm, rope, glu = (tech[f"fused_{k}_bytes_per_element"]["value"] for k in ("rmsnorm", "rope", "swiglu"))
     per_token = (2 * 4096 * (parts["rmsnorm_per_h"] - norm) + 2 * 4096 * (parts["rope_per_qk"] - rope)
                  + 11008 * (parts["swiglu_per_i"] - glu))
     bw = 1.6e12
     factor = _const("elementwise_traffic_factor")
     assert block_seconds_saved(spec, setup, bw) == pytest.approx(per_token * 2048 * 32 * factor / bw)
-    assert block_seconds_saved(spec, setup.model_copy(update={"torch_compile": True}), bw) == 0
+    # compiled, the step model already charges the chains at compile_elementwise_factor of their eager bytes, and
+    # Liger (opaque to Inductor) saves the rest down to one fused pass
+    k = _const("compile_elementwise_factor")
+    compiled = (2 * 4096 * (k * parts["rmsnorm_per_h"] - norm) + 2 * 4096 * (k * parts["rope_per_qk"] - rope)
+                + 11008 * (k * parts["swiglu_per_i"] - glu))
+    assert block_seconds_saved(spec, setup, bw, eager_scale=k) == pytest.approx(compiled * 2048 * 32 * factor / bw)
     hf = 2048 * 32000 * load("traffic")["families"]["llama"]["regimes"]["half"]["logits_per_token_vocab"]
     liger = 2048 * 32000 * tech["liger_flce_bytes_per_logit"]["value"]
     same_rate = loss_seconds(spec, setup, 2048, 1e14, 1e14, bw)        # no GEMM penalty when the chunk runs as fast

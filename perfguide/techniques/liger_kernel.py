@@ -19,6 +19,7 @@ from typing import Any
 from .._technique_data import constants
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
+from .fused import chain_seconds_saved
 
 SOURCES = (
     "https://github.com/linkedin/Liger-Kernel (src/liger_kernel/ops/fused_linear_cross_entropy.py, transformers/monkey_patch.py)",
@@ -74,7 +75,13 @@ class LigerKernel(Technique):
             return StepSeconds()
         chunk_rate = ctx.gemm_rate(ctx.peak_tflops, ctx.asymptote, chunk_rows(ctx.spec, ctx.tokens))
         loss = loss_seconds(ctx.spec, ctx.setup, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth)
-        return StepSeconds(compute=loss - block_seconds_saved(ctx.spec, ctx.setup, ctx.bandwidth))
+        # under torch.compile the step model already charges the chains at compile_elementwise_factor of their eager
+        # bytes; Liger's kernels (opaque to Inductor) bring them the rest of the way to one fused pass
+        from . import kernel_factors   # the folded factors of every active technique (compile's among them)
+
+        scale = kernel_factors(ctx.setup).elementwise
+        fused = chain_seconds_saved(ctx.spec, ctx.setup, ctx.bandwidth, eager_scale=scale) if supported(ctx.spec.model_type) else 0.0
+        return StepSeconds(compute=loss - fused)
 
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         wanted = ctx.wants.get("liger_kernel")
@@ -143,31 +150,6 @@ def loss_seconds(spec: Any, setup: Any, tokens: int, rate_at: float, rate_chunk:
     gemm = head_flops / rate_chunk - head_flops / rate_at
     liger = tokens * spec.vocab_size * constants().liger_flce_bytes_per_logit.value
     return gemm - traffic.seconds(max(0.0, traffic.head_bytes(spec, setup) - liger), bandwidth)
-
-
-def block_seconds_saved(spec: Any, setup: Any, bandwidth: float) -> float:
-    """Seconds per micro-step Liger's fused RMSNorm, RoPE and SwiGLU save: the bytes HF's eager chains move (traced
-    in isolation, data/traffic.json ``components``) minus what each fused kernel reads and writes (counted from its
-    source, data/techniques.json), over two norms, q and k, and the MLP's intermediate per block. A block that is
-    checkpointed re-runs its forward with either implementation; that share is not counted (a small underestimate).
-    Under ``torch.compile`` Inductor already fuses the same pointwise and reduction chains into one kernel each, so
-    nothing is saved (Liger's README: compile 3780 vs compile + Liger 3702 tokens/s on Llama-3-8B)."""
-    from ..memory.activations import regime
-    from ..speed import traffic
-
-    parts = traffic.coefficients(spec, setup).components
-    if not parts or not supported(spec.model_type) or setup.torch_compile:
-        return 0.0
-    c = constants()
-    wide = 2.0 if regime(setup) in ("fp32", "amp") else 1.0      # the norms see the fp32 residual stream under AMP
-    narrow = 2.0 if regime(setup) == "fp32" else 1.0             # q, k, gate and up leave 16-bit Linears under AMP
-    qk = (spec.num_attention_heads + spec.num_key_value_heads) * spec.head_dim
-    per_token = (2 * spec.hidden_size * (parts["rmsnorm_per_h"] - wide * c.liger_rmsnorm_bytes_per_element.value)
-                 + qk * (parts["rope_per_qk"] - narrow * c.liger_rope_bytes_per_element.value)
-                 + (spec.active_intermediate_size if spec.gated_mlp else 0)
-                 * (parts["swiglu_per_i"] - narrow * c.liger_swiglu_bytes_per_element.value))
-    tokens = setup.micro_batch_size * setup.seq_len
-    return traffic.seconds(max(0.0, per_token) * tokens * spec.total_layers, bandwidth)
 
 
 TECHNIQUES = (LigerKernel(),)
