@@ -77,7 +77,7 @@ class LigerKernel(Technique):
         loss = loss_seconds(ctx.spec, ctx.setup, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth)
         # under torch.compile the step model already charges the chains at compile_elementwise_factor of their eager
         # bytes; Liger's kernels (opaque to Inductor) bring them the rest of the way to one fused pass
-        from . import kernel_factors   # the folded factors of every active technique (compile's among them)
+        from . import kernel_factors  # the folded factors of every active technique (compile's among them)
 
         scale = kernel_factors(ctx.setup).elementwise
         fused = chain_seconds_saved(ctx.spec, ctx.setup, ctx.bandwidth, eager_scale=scale) if supported(ctx.spec.model_type) else 0.0
