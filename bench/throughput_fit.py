@@ -104,9 +104,6 @@ PARAMS = [
     Param(("hidden_half_saturation_by_path", "cuda"), 64, lambda c: not _half(c), 4, 2048),
     # the traced bytes of the memory-bound kernels at the streaming rate (data/traffic.json): prior 1
     Param(("elementwise_traffic_factor",), 1.0, lambda c: True, 0.1, 10),
-    # counted kernel by kernel (fp16 scores under autocast): forward QK^T write 2, scale r/w 4, mask r/w 4,
-    # softmax read 2 write 4 (fp32), dropout r/w 6 + mask 1, cast 6 = ~29 B; backward about twice that: ~72 B
-    Param(("eager_score_bytes_per_element",), 72.0, lambda c: c.setup.attn_implementation == "eager", 4, 400),
     # Inductor fuses pointwise chains: roughly half the traffic (torchtitan paper, arXiv 2410.06511, compile gains)
     Param(("compile_elementwise_factor",), 0.5, lambda c: c.setup.torch_compile, 0.3, 1.0),
     Param(("dequant_traffic_factor",), 1.0, lambda c: c.setup.weights_dtype in ("nf4", "int8"), 0.1, 10),

@@ -24,7 +24,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_activations import BASE, BATCHES, FAMILIES, REGIMES, SEQ, VOCAB, Dims, per_token
+from fit_activations import BASE, BATCHES, DROP, FAMILIES, REGIMES, SEQ, VOCAB, Dims, per_token
 
 from perfguide.memory.tracing.build import with_depth
 from perfguide.memory.tracing.step import run_step
@@ -74,6 +74,17 @@ def block_form(name: str, regime: dict[str, Any], phases: tuple[str, ...] = STEP
     intercept = {k: round(2 * short.get(k, 0.0) - long.get(k, 0.0), 3) for k in sorted({*short, *long})}
     s2 = (long.get("h", 0.0) - short.get("h", 0.0)) / (SEQ / 16)      # the builders use 16-wide heads
     return {k: v for k, v in intercept.items() if abs(v) > 1e-6}, round(s2, 3)
+
+
+def eager_s2(name: str, regime: dict[str, Any], drop: float = 0.0) -> float:
+    """Bytes per batch*head*s^2 eager attention's score chain moves (QK^T output, scale, mask, softmax, dropout,
+    their backward) over the fused kernel, from the eager-minus-SDPA traffic at two lengths (per-token terms cancel)."""
+    build, free, attn = TRAFFIC_FAMILIES[name]
+    dims = BASE if "q" in free else {**BASE, "q": BASE["h"], "kv": BASE["h"]}
+    cfg = build(dims, drop)
+    heads = dims["q"] // 16
+    diff = [slope(cfg, regime, seq, STEP_PHASES, "eager") - slope(cfg, regime, seq, STEP_PHASES, "sdpa") for seq in (SEQ, 2 * SEQ)]
+    return round((diff[1] - diff[0]) / (heads * SEQ), 3)
 
 
 def logits_form(name: str, regime: dict[str, Any]) -> float:
@@ -149,8 +160,12 @@ def fit_family(name: str) -> dict[str, Any]:
         t0 = time.perf_counter()
         step, s2 = block_form(name, kw)
         forward, _ = block_form(name, kw, ("forward",))
+        drop_s2 = 0.0
+        if TRAFFIC_FAMILIES[name][2] == "sdpa":
+            s2 = eager_s2(name, kw)
+            drop_s2 = round(eager_s2(name, kw, DROP) - s2, 3)
         regimes[regime] = {"per_token": step, "forward_per_token": forward, "eager_per_head_s2": s2,
-                           "logits_per_token_vocab": logits_form(name, kw)}
+                           "eager_dropout_per_head_s2": drop_s2, "logits_per_token_vocab": logits_form(name, kw)}
         if name == "llama":
             regimes[regime]["components"] = llama_components(kw)
         print(f"  {name}/{regime}: {json.dumps(regimes[regime])} ({time.perf_counter() - t0:.1f}s)", flush=True)

@@ -144,13 +144,12 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
 def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
     """Eager attention runs a chain of kernels over the b x heads x s x s scores (QK^T output, scale, mask,
     softmax - in fp32 under autocast -, dropout, the cast back for AV, and each one's backward), every one a
-    full read and write of the score tensor; fused kernels (SDPA, flash) keep the scores on chip."""
+    full read and write of the score tensor; fused kernels (SDPA, flash) keep the scores on chip. The bytes per
+    score element are traced (eager minus SDPA, data/traffic.json) and priced like the other memory-bound kernels."""
     if setup.attn_implementation != "eager" or setup.task != "train":
         return 0.0
-    attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
-    elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len * attended * spec.total_layers
-    recompute = (3 + techniques.kernel_factors(setup).recompute) / 3
-    return elements * float(_value("eager_score_bytes_per_element")) * recompute
+    moved = traffic.eager_score_bytes(spec, setup, techniques.kernel_factors(setup).recompute)
+    return moved * float(_value("elementwise_traffic_factor"))
 
 
 def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: int) -> float:

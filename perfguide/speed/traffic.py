@@ -28,6 +28,7 @@ class TrafficRegime(DataModel):
     per_token: dict[Dim, float]
     forward_per_token: dict[Dim, float]
     eager_per_head_s2: float = Field(ge=0)
+    eager_dropout_per_head_s2: float = Field(ge=0)
     logits_per_token_vocab: float = Field(ge=0)
     #: bytes per element of the eager chains fused kernels replace (traced in isolation; Llama family only)
     components: dict[Component, float] | None = None
@@ -88,6 +89,18 @@ def head_bytes(spec: ModelSpec, setup: Setup) -> float:
     the positions that get logits (``ModelSpec.logits_width``: the vocabulary or a classifier's labels)."""
     positions = 1 if spec.logits_per_sequence else setup.seq_len
     return setup.micro_batch_size * positions * spec.logits_width * coefficients(spec, setup).logits_per_token_vocab
+
+
+def eager_score_bytes(spec: ModelSpec, setup: Setup, recompute: float = 0.0) -> float:
+    """Bytes eager attention's chain over the b x heads x s x s scores moves (traced: eager minus SDPA), plus the
+    attention-probability dropout's when the model trains with one; a checkpointed forward re-runs a third."""
+    from ..memory.activations import dropout_rates
+
+    c = coefficients(spec, setup)
+    attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
+    elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len * attended * spec.total_layers
+    per_element = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if dropout_rates(spec)[1] > 0 else 0.0)
+    return elements * per_element * (3 + recompute) / 3
 
 
 def seconds(nbytes: float, bandwidth: float) -> float:
