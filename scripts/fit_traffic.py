@@ -79,7 +79,7 @@ def block_form(name: str, regime: dict[str, Any], phases: tuple[str, ...] = STEP
 def eager_s2(name: str, regime: dict[str, Any], drop: float = 0.0) -> float:
     """Bytes per batch*head*s^2 eager attention's score chain moves (QK^T output, scale, mask, softmax, dropout,
     their backward) over the fused kernel, from the eager-minus-SDPA traffic at two lengths (per-token terms cancel)."""
-    build, free, attn = TRAFFIC_FAMILIES[name]
+    build, free, _ = TRAFFIC_FAMILIES[name]
     dims = BASE if "q" in free else {**BASE, "q": BASE["h"], "kv": BASE["h"]}
     cfg = build(dims, drop)
     heads = dims["q"] // 16
