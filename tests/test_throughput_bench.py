@@ -107,3 +107,30 @@ def test_fit_reprices_only_the_rows_a_constant_informs(rows: ModuleType) -> None
         for c, before, after in zip(sample, base, moved, strict=True):
             if not p.informed_by(c):
                 assert after == pytest.approx(before, rel=1e-12), (p.key, c.row_id)
+
+
+def test_llm_foundry_attention_kernel_follows_its_launcher(rows: ModuleType) -> None:
+    """The tables' kernel is the one submit_benchmarks.py / sweep.py set at the commits that added them: Triton
+    FlashAttention for the A100 and H100 BF16 tables, FlashAttention-2 for the large-scale sweep's 1b/3b/7b/70b."""
+    cases, _ = rows.load()
+    foundry = [c for c in cases if c.group == "llm-foundry"]
+    assert foundry and all(c.attention_kernel == "triton_flash" for c in foundry if "Large Scale" not in c.table)
+    large = {c.label.split()[0]: c.attention_kernel for c in foundry if "Large Scale" in c.table}
+    assert large == {"mpt-70b": None, "mpt-30b": "triton_flash", "mpt-13b": "triton_flash", "mpt-7b": None,
+                     "mpt-3b": None, "mpt-1b": None}
+    assert all(c.attention_kernel is None for c in cases if c.group != "llm-foundry")
+
+
+def test_unstated_checkpointing_is_inferred_only_when_the_row_cannot_fit_without_it(rows: ModuleType) -> None:
+    """HF's blog FSDP / ZeRO-3 rows (7B, 8 x 4096 tokens per A100) do not fit without checkpointing in perfguide's
+    memory model and do with it; rows that state their checkpointing keep it as stated."""
+    from perfguide.memory.analytic import training_memory
+
+    cases, _ = rows.load()
+    blog = [c for c in cases if c.group == "hf-blog-fsdp-deepspeed"]
+    assert len(blog) == 2 and all(c.setup.gradient_checkpointing for c in blog)
+    for c in blog:
+        plain = c.setup.model_copy(update={"gradient_checkpointing": False})
+        assert not training_memory(c.spec, plain, c.hardware).fits and training_memory(c.spec, c.setup, c.hardware).fits
+    stated_off = [c for c in cases if c.group == "llm-foundry" and "mb6" in c.label and "mpt-7b s2048" in c.label]
+    assert stated_off and not any(c.setup.gradient_checkpointing for c in stated_off)
