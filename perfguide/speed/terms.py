@@ -52,7 +52,7 @@ def asymptote(gpu: GPU, setup: Setup) -> float:
     path = matmul_path(setup) if gpu.has_tensor_cores else "cuda"
     peak = gpu.half_tflops(setup.compute_dtype)
     if path == "tensor" and setup.compute_dtype in ("bf16", "fp16") and gpu.matmul_tflops and peak:
-        return min(1.0, gpu.matmul_tflops / peak)
+        return gpu.matmul_tflops / peak        # above 1 where a card boosts past its datasheet clock (RTX 4090)
     return float(_value("peak_fraction_by_class")[path][gpu_class(gpu)])
 
 
