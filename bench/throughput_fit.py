@@ -56,19 +56,11 @@ def _cls(c: Case) -> str:
 
 
 def _measured(c: Case) -> bool:
-    """The GPU's matmul rate is its published MAMF (terms.asymptote), not a class constant."""
-    from perfguide.speed.terms import asymptote, gpu_class
-
+    """The GPU's matmul rate is its published MAMF (``GPU.matmul_tflops``, 16-bit tensor-core matmuls:
+    terms.asymptote), not a class constant."""
     gpu = c.hardware.smallest_gpu
     assert gpu is not None
-    table = _class_table()
-    return _half(c) and asymptote(gpu, c.setup) != table["tensor"][gpu_class(gpu)]
-
-
-def _class_table() -> dict:
-    from perfguide._data import fact_value
-
-    return fact_value("efficiency", "peak_fraction_by_class")
+    return _half(c) and gpu.matmul_tflops is not None and c.setup.compute_dtype in ("bf16", "fp16")
 
 
 def _fused(c: Case) -> bool:
