@@ -14,7 +14,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -194,11 +194,16 @@ def fit_family(name: str) -> tuple[dict[str, Any], list[str]]:
     return regimes, remarks
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def family_args(doc: str, families: Iterable[str], argv: list[str] | None) -> argparse.Namespace:
+    """``--dry-run`` and ``--family`` (repeatable), the options both fit scripts take."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="print the coefficients without writing the data file")
-    ap.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only these families")
-    args = ap.parse_args(argv)
+    ap.add_argument("--family", action="append", choices=sorted(families), help="only these families")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = family_args(__doc__, FAMILIES, argv)
     import torch
     import transformers
 

@@ -12,7 +12,6 @@ between two batch sizes, and the per-token linear form over (h, i, q, kv) is sol
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_activations import BASE, BATCHES, DROP, FAMILIES, REGIMES, SEQ, VOCAB, Dims, per_token
+from fit_activations import BASE, BATCHES, DROP, FAMILIES, REGIMES, SEQ, VOCAB, Dims, family_args, per_token
 
 from perfguide.memory.tracing.build import with_depth
 from perfguide.memory.tracing.step import run_step
@@ -173,10 +172,7 @@ def fit_family(name: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dry-run", action="store_true", help="print the coefficients without writing the data file")
-    ap.add_argument("--family", action="append", choices=sorted(TRAFFIC_FAMILIES), help="only these families")
-    args = ap.parse_args(argv)
+    args = family_args(__doc__, TRAFFIC_FAMILIES, argv)
     import torch
     import transformers
 
