@@ -269,6 +269,9 @@ def test_liger_saves_the_traced_eager_chains_less_its_kernels_bytes() -> None:
     compiled = (2 * 4096 * (k * parts["rmsnorm_per_h"] - norm) + 2 * 4096 * (k * parts["rope_per_qk"] - rope)
                 + 11008 * (k * parts["swiglu_per_i"] - glu))
     assert block_seconds_saved(spec, setup, bw, eager_scale=k) == pytest.approx(compiled * 2048 * 32 * factor / bw)
+    # FSDP mixed precision computes on a 16-bit copy: the half-precision eager bytes against 16-bit fused kernels
+    fsdp = setup.model_copy(update={"weights_dtype": "fp32", "autocast": "bf16", "strategy": "fsdp", "num_gpus": 8})
+    assert block_seconds_saved(spec, fsdp, bw) == pytest.approx(per_token * 2048 * 32 * factor / bw)
     hf = 2048 * 32000 * load("traffic")["families"]["llama"]["regimes"]["half"]["logits_per_token_vocab"]
     liger = 2048 * 32000 * tech["liger_flce_bytes_per_logit"]["value"]
     same_rate = loss_seconds(spec, setup, 2048, 1e14, 1e14, bw)        # no GEMM penalty when the chunk runs as fast

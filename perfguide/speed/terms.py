@@ -138,7 +138,7 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
     kernels = techniques.kernel_factors(setup)
     tokens = setup.micro_batch_size * setup.seq_len
     moved = traffic.block_bytes(spec, setup, tokens, kernels.recompute) + traffic.head_bytes(spec, setup)
-    return moved * kernels.elementwise * float(_value("elementwise_traffic_factor"))   # priced like traffic.seconds
+    return traffic.priced(moved * kernels.elementwise)
 
 
 def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
@@ -148,8 +148,7 @@ def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
     score element are traced (eager minus SDPA, data/traffic.json) and priced like the other memory-bound kernels."""
     if setup.attn_implementation != "eager" or setup.task != "train":
         return 0.0
-    moved = traffic.eager_score_bytes(spec, setup, techniques.kernel_factors(setup).recompute)
-    return moved * float(_value("elementwise_traffic_factor"))
+    return traffic.priced(traffic.eager_score_bytes(spec, setup, techniques.kernel_factors(setup).recompute))
 
 
 def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: int) -> float:

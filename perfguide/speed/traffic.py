@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from .._data import DataModel, fact_value, validated
-from ..memory.activations import Dim, RegimeName, activations_data, block_dims, regime
+from ..memory.activations import Dim, RegimeName, activations_data, block_dims, dropout_rates, regime
 from ..model.types import ModelSpec
 from ..setup import Setup
 
@@ -94,8 +94,6 @@ def head_bytes(spec: ModelSpec, setup: Setup) -> float:
 def eager_score_bytes(spec: ModelSpec, setup: Setup, recompute: float = 0.0) -> float:
     """Bytes eager attention's chain over the b x heads x s x s scores moves (traced: eager minus SDPA), plus the
     attention-probability dropout's when the model trains with one; a checkpointed forward re-runs a third."""
-    from ..memory.activations import dropout_rates
-
     c = coefficients(spec, setup)
     attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
     elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len * attended * spec.total_layers
@@ -103,7 +101,12 @@ def eager_score_bytes(spec: ModelSpec, setup: Setup, recompute: float = 0.0) -> 
     return elements * per_element * (3 + recompute) / 3
 
 
+def priced(nbytes: float) -> float:
+    """Traced bytes as the bytes of a streaming copy that takes as long: small kernels reach less of the bandwidth
+    than a copy (``elementwise_traffic_factor``, fitted on published rows)."""
+    return nbytes * float(fact_value("efficiency", "elementwise_traffic_factor"))
+
+
 def seconds(nbytes: float, bandwidth: float) -> float:
-    """Time memory-bound kernels take to move ``nbytes`` at ``bandwidth`` (B/s, already the streaming fraction):
-    small kernels reach less of it than a copy (``elementwise_traffic_factor``, fitted on published rows)."""
-    return nbytes * float(fact_value("efficiency", "elementwise_traffic_factor")) / bandwidth if bandwidth else 0.0
+    """Time memory-bound kernels take to move ``nbytes`` at ``bandwidth`` (B/s, already the streaming fraction)."""
+    return priced(nbytes) / bandwidth if bandwidth else 0.0

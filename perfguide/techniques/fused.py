@@ -1,5 +1,5 @@
 """Seconds saved when the eager chains of a Llama-family block (RMSNorm, rotary embedding, SwiGLU) run as one
-fused kernel each: Liger's Triton kernels, or the kernels torch.compile's Inductor generates for the same chains.
+fused kernel each (Liger's Triton kernels; under torch.compile, from the share of the eager bytes still charged).
 
 transformers runs each chain as a dozen small ops (the fp32 upcast, pow, mean, rsqrt, the casts back...): their bytes
 are traced in isolation (``data/traffic.json`` ``components``, scripts/fit_traffic.py). A fused kernel reads its inputs
@@ -17,15 +17,15 @@ def chain_seconds_saved(spec: Any, setup: Any, bandwidth: float, eager_scale: fl
     """Seconds per micro-step saved by running the three chains fused: per token and block, two norms, rotary on q
     and k, and the MLP's intermediate, each the eager bytes per element (times ``eager_scale``, the share of them
     the step model still charges) minus the fused kernel's. A checkpointed block's re-run forward is not counted."""
-    from ..memory.activations import regime
     from ..speed import traffic
 
     parts = traffic.coefficients(spec, setup).components
     if not parts:
         return 0.0
     c = constants()
-    wide = 2.0 if regime(setup) in ("fp32", "amp") else 1.0      # the norms see the fp32 residual stream under AMP
-    narrow = 2.0 if regime(setup) == "fp32" else 1.0             # q, k, gate and up leave 16-bit Linears under AMP
+    regime = traffic.traffic_regime(setup)                       # the regime the eager bytes were read in
+    wide = 2.0 if regime in ("fp32", "amp") else 1.0             # the norms see the fp32 residual stream under AMP
+    narrow = 2.0 if regime == "fp32" else 1.0                    # q, k, gate and up leave 16-bit Linears under AMP
     qk = (spec.num_attention_heads + spec.num_key_value_heads) * spec.head_dim
     glu = spec.active_intermediate_size if spec.gated_mlp else 0
     per_token = (2 * spec.hidden_size * (eager_scale * parts["rmsnorm_per_h"] - wide * c.fused_rmsnorm_bytes_per_element.value)

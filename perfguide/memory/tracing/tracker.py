@@ -43,6 +43,7 @@ COMPUTE_BOUND: frozenset[str] = frozenset({
 #: ops that allocate or describe without reading their inputs' data
 NO_TRAFFIC: frozenset[str] = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
                                         "detach", "alias", "lift_fresh", "_local_scalar_dense", "_unsafe_view"})
+_NOT_COUNTED = COMPUTE_BOUND | NO_TRAFFIC
 
 
 def moves_memory(func: Any) -> bool:
@@ -50,7 +51,7 @@ def moves_memory(func: Any) -> bool:
     ``prim`` queries such as ``prim.device`` take a tensor but read none of it)."""
     if getattr(func, "namespace", "") != "aten" or getattr(func, "is_view", False):
         return False
-    return func.overloadpacket.__name__ not in COMPUTE_BOUND | NO_TRAFFIC
+    return func.overloadpacket.__name__ not in _NOT_COUNTED
 
 
 def make_tracker(round_to: int) -> Any:
