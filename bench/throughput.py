@@ -25,7 +25,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _report import publish
 from throughput_rows import PROTOCOL, Case, load
 
-from perfguide.speed.model import gpu_peak_tflops, training_speed
+from perfguide.speed.rates import gpu_peak_tflops
+from perfguide.speed.training import training_speed
 
 OUT = ROOT / "bench" / "results" / "throughput.md"
 HAND_MFU = 0.40

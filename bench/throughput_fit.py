@@ -48,7 +48,7 @@ def _half(c: Case) -> bool:
 
 
 def _cls(c: Case) -> str:
-    from perfguide.speed.terms import gpu_class
+    from perfguide.speed.rates import gpu_class
 
     gpu = c.hardware.smallest_gpu
     assert gpu is not None
@@ -64,13 +64,13 @@ def _measured(c: Case) -> bool:
 
 
 def _fused(c: Case) -> bool:
-    from perfguide.speed.terms import fused_attention
+    from perfguide.speed.rates import fused_attention
 
     return fused_attention(c.setup)
 
 
 def _arch(c: Case) -> str:
-    from perfguide.speed.terms import attention_arch
+    from perfguide.speed.rates import attention_arch
 
     gpu = c.hardware.smallest_gpu
     assert gpu is not None

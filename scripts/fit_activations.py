@@ -137,7 +137,7 @@ def frozen_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
     Full-FT slope minus the LoRA slope (all-linear, r=LORA_R), plus back the adapters' own tensors as
     ``activations.lora_layer_bytes`` counts them, so that analytic = full - frozen + lora_layer_bytes holds."""
     from perfguide.memory.activations import lora_layer_bytes
-    from perfguide.memory.analytic import ledger
+    from perfguide.memory.ledger import ledger
     from perfguide.model.types import ModelSpec
     from perfguide.setup import LoraSpec
 

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover
 import perfguide  # noqa: E402
 from perfguide import ModelSpec, Setup  # noqa: E402
 from perfguide.errors import ConflictingConstraintsError  # noqa: E402
-from perfguide.memory.analytic import ledger  # noqa: E402
+from perfguide.memory.ledger import ledger  # noqa: E402
 
 QV = dict(r=8, lora_alpha=16, lora_dropout=0.1, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
 

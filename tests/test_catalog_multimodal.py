@@ -16,7 +16,7 @@ from perfguide import ModelSpec, recommend
 from perfguide.memory.inference import cached_tokens, kv_cache_bytes
 from perfguide.model.catalog import config_of
 from perfguide.setup import Setup
-from perfguide.speed.model import matmul_params
+from perfguide.speed.rates import matmul_params
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,16 +13,6 @@ import pytest
 from perfguide import Hardware, MemoryEstimate, PerfGuideError, Recommendation
 from perfguide.cli import build_parser, main
 from perfguide.cli_setup import setup_from_args
-
-
-def needs(*modules: str):
-    """Skip until the engine parts these tests exercise exist (they are built in parallel)."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"not built yet: {', '.join(missing)}")
-
-
-ENGINE = needs("perfguide.model.resolve", "perfguide.hardware.named", "perfguide.scenarios.train_gpu_one",
-               "perfguide.memory.analytic", "perfguide.speed.model")
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -111,13 +100,11 @@ def test_calibrate_is_wired(capsys):
 
 # --- real engine ------------------------------------------------------------------------------
 
-@needs("perfguide.model.resolve", "perfguide.hardware.named")
 def test_unknown_hardware_is_one_line_exit_2(capsys):
     code, out, err = run(capsys, "recommend", "gpt2", "--hardware", "a100-90gb")
     assert_one_line_error(code, out, err, "a100-90gb")
 
 
-@needs("perfguide.hardware.probe")
 def test_probe_json_parses_as_hardware(capsys):
     code, out, _ = run(capsys, "probe", "--json")
     assert code == 0
@@ -125,7 +112,6 @@ def test_probe_json_parses_as_hardware(capsys):
     assert hw.cpu.logical_cores == os.cpu_count()
 
 
-@needs("perfguide.hardware.probe")
 def test_probe_and_env_text(capsys):
     code, out, _ = run(capsys, "probe")
     assert code == 0 and "- CPU:" in out and "- RAM:" in out
@@ -138,7 +124,6 @@ def test_probe_and_env_text(capsys):
     assert "- PyTorch accelerator: " in out
 
 
-@ENGINE
 def test_recommend_json_round_trips(capsys):
     code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "512", "--global-batch-size", "16", "--json")
     assert code == 0
@@ -147,7 +132,6 @@ def test_recommend_json_round_trips(capsys):
     assert json.loads(rec.to_json()) == json.loads(out)
 
 
-@ENGINE
 def test_recommend_text_report(capsys):
     code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "512")
     assert code == 0
@@ -155,8 +139,6 @@ def test_recommend_text_report(capsys):
     assert "Decisions" in out and "Memory per device" in out and "█" in out
 
 
-@ENGINE
-@needs("perfguide.integrations.transformers")
 def test_recommend_training_args_are_json(capsys):
     code, out, _ = run(capsys, "recommend", "gpt2", "--hardware", "a100-80gb", "--training-args")
     assert code == 0
@@ -164,7 +146,6 @@ def test_recommend_training_args_are_json(capsys):
     assert kwargs["per_device_train_batch_size"] >= 1
 
 
-@needs("perfguide.model.resolve", "perfguide.hardware.named", "perfguide.memory.analytic")
 def test_estimate_json_has_the_memory_and_the_speed(capsys):
     import perfguide
     from perfguide.speed.types import SetupEstimate
@@ -196,8 +177,6 @@ def test_python_dash_m_perfguide_help():
     assert "usage: perfguide" in done.stdout and "recommend" in done.stdout
 
 
-@ENGINE
-@needs("perfguide.integrations.accelerate")
 def test_recommend_writes_plot_and_accelerate_config(capsys, tmp_path):
     import yaml
 

@@ -30,7 +30,7 @@ def test_launch_floor_by_hand() -> None:
     """A micro-step dispatches layers x (block ops + LoRA ops per adapted Linear x adapted Linears) x recompute."""
     from test_speed import llama7b
 
-    from perfguide.speed.model import _launch_ops
+    from perfguide.speed.training import _launch_ops
 
     spec = llama7b()
     base = Setup(weights_dtype="bf16", seq_len=256)

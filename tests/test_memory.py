@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from perfguide.memory.analytic import ledger
 from perfguide.memory.analytic import training_memory as estimate_memory
+from perfguide.memory.ledger import ledger
 from perfguide.memory.optimizers import TensorGroup, optimizer_cost, state_bytes_per_param
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup

@@ -15,7 +15,8 @@ from perfguide.hardware.types import CPU, GPU, Hardware
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 from perfguide.speed import estimate_speed
-from perfguide.speed.model import communication, optimizer_bytes
+from perfguide.speed.rates import optimizer_bytes
+from perfguide.speed.training import communication
 
 GiB = 1024**3
 h, L, V, P, S = 768, 12, 50257, 1024, 1024

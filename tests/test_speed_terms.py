@@ -17,8 +17,8 @@ from test_speed import A100, T4, gpt2, llama7b
 from perfguide._data import load
 from perfguide.hardware.types import GPU
 from perfguide.setup import LoraSpec, Setup
-from perfguide.speed import terms
-from perfguide.speed.model import matmul_params
+from perfguide.speed import rates, terms
+from perfguide.speed.rates import matmul_params
 
 ROOT = Path(__file__).resolve().parents[1]
 GiB = 1024**3
@@ -33,17 +33,17 @@ def _const(name: str):
 
 
 def test_gpu_classes() -> None:
-    assert [terms.gpu_class(g) for g in (A100, V100, T4, RTX4090)] == ["datacenter", "volta", "graphics", "graphics"]
+    assert [rates.gpu_class(g) for g in (A100, V100, T4, RTX4090)] == ["datacenter", "volta", "graphics", "graphics"]
     from perfguide.hardware.types import Hardware
 
     mi300x = Hardware.from_name("mi300x").smallest_gpu
-    assert mi300x is not None and terms.gpu_class(mi300x) == "cdna"
+    assert mi300x is not None and rates.gpu_class(mi300x) == "cdna"
 
 
 def test_fp32_runs_on_cuda_cores_and_amp_on_tensor_cores() -> None:
-    assert terms.matmul_path(Setup(weights_dtype="fp32")) == "cuda"
-    assert terms.matmul_path(Setup(weights_dtype="fp32", autocast="fp16")) == "tensor"
-    assert terms.matmul_path(Setup(weights_dtype="fp32", tf32=True)) == "tensor"
+    assert rates.matmul_path(Setup(weights_dtype="fp32")) == "cuda"
+    assert rates.matmul_path(Setup(weights_dtype="fp32", autocast="fp16")) == "tensor"
+    assert rates.matmul_path(Setup(weights_dtype="fp32", tf32=True)) == "tensor"
 
 
 def test_eager_score_bytes_by_hand() -> None:
@@ -103,10 +103,10 @@ def test_measured_matmul_rate_sets_the_asymptote_where_published() -> None:
     bf16 = Setup(weights_dtype="bf16")
     h100 = Hardware.from_name("h100-80gb").smallest_gpu
     assert h100 is not None and h100.matmul_tflops == 792.1
-    assert terms.asymptote(h100, bf16) == pytest.approx(792.1 / 989.5)
+    assert rates.asymptote(h100, bf16) == pytest.approx(792.1 / 989.5)
     # no measurement: the class constant; fp32 on CUDA cores never uses the bf16 measurement
-    assert terms.asymptote(V100, Setup(weights_dtype="fp32", autocast="fp16")) == _const("peak_fraction_by_class")["tensor"]["volta"]
-    assert terms.asymptote(h100, Setup(weights_dtype="fp32")) == _const("peak_fraction_by_class")["cuda"]["datacenter"]
+    assert rates.asymptote(V100, Setup(weights_dtype="fp32", autocast="fp16")) == _const("peak_fraction_by_class")["tensor"]["volta"]
+    assert rates.asymptote(h100, Setup(weights_dtype="fp32")) == _const("peak_fraction_by_class")["cuda"]["datacenter"]
 
 
 def test_an_older_attention_kernel_takes_longer_by_its_published_ratio() -> None:
@@ -140,25 +140,25 @@ H100 = GPU(name="NVIDIA H100 80GB HBM3", memory_total=80 * GiB, memory_free=80 *
 
 
 def test_flash_kernel_generation_by_compute_capability() -> None:
-    assert [terms.attention_arch(g) for g in (A100, RTX4090, H100, V100, T4)] == ["ampere", "ampere", "hopper", "volta_turing", "volta_turing"]
+    assert [rates.attention_arch(g) for g in (A100, RTX4090, H100, V100, T4)] == ["ampere", "ampere", "hopper", "volta_turing", "volta_turing"]
     from perfguide.hardware.types import Hardware
 
     mi300x = Hardware.from_name("mi300x").smallest_gpu
-    assert mi300x is not None and terms.attention_arch(mi300x) == "cdna"
+    assert mi300x is not None and rates.attention_arch(mi300x) == "cdna"
 
 
 def test_causal_kernels_compute_half_the_score_tiles() -> None:
     setup = Setup(seq_len=4096, weights_dtype="bf16")
-    assert terms.causal_fraction(llama7b(), setup) == 0.5                                   # decoder, full causal
-    assert terms.causal_fraction(llama7b(), setup.model_copy(update={"attn_implementation": "eager"})) == 1.0   # masks after
+    assert rates.causal_fraction(llama7b(), setup) == 0.5                                   # decoder, full causal
+    assert rates.causal_fraction(llama7b(), setup.model_copy(update={"attn_implementation": "eager"})) == 1.0   # masks after
     window = llama7b().model_copy(update={"sliding_window": 1024})
     # query i attends min(i, 1024) keys: sum over 4096 queries ~ 1024 * 4096 - 1024^2 / 2 of the 1024 * 4096 counted
-    assert terms.causal_fraction(window, setup) == pytest.approx(1 - 1024 / (2 * 4096))
+    assert rates.causal_fraction(window, setup) == pytest.approx(1 - 1024 / (2 * 4096))
     from perfguide.model.types import ModelSpec
 
     bert = ModelSpec.from_any({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 768, "num_hidden_layers": 12,
                                "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522, "max_position_embeddings": 512})
-    assert terms.causal_fraction(bert, setup) == 1.0                                         # encoders attend both ways
+    assert rates.causal_fraction(bert, setup) == 1.0                                         # encoders attend both ways
 
 
 def test_fused_attention_seconds_by_hand() -> None:
@@ -175,14 +175,14 @@ def test_fused_attention_seconds_by_hand() -> None:
     assert terms.fused_attention_seconds(llama7b(), ckpt, A100, 312, 4 * fwd) == pytest.approx((1 + 2.5 + 1) * fwd * 0.5 / (312e12 * fractions["ampere"]))
     assert terms.fused_attention_seconds(llama7b(), setup.model_copy(update={"attn_implementation": "eager"}), A100, 312, counted) == 0
     fp32 = Setup(seq_len=8192, weights_dtype="fp32")                              # no flash kernel on CUDA cores: a GEMM
-    assert not terms.fused_attention(fp32) and terms.fused_attention_seconds(llama7b(), fp32, A100, 19.5, counted) == 0
+    assert not rates.fused_attention(fp32) and terms.fused_attention_seconds(llama7b(), fp32, A100, 19.5, counted) == 0
 
 
 def test_fused_attention_enters_the_step_at_its_own_rate() -> None:
     """Doubling the attention kernel's fraction of peak removes exactly half of its seconds from the step."""
     from test_speed import machine
 
-    from perfguide.speed.model import _compute_split, training_speed
+    from perfguide.speed.training import _compute_split, training_speed
 
     spec, setup = llama7b(), Setup(seq_len=8192, weights_dtype="bf16", attn_implementation="sdpa", gradient_checkpointing=True)
     attn = _compute_split(spec, setup)[1]
@@ -198,8 +198,8 @@ def test_fused_attention_enters_the_step_at_its_own_rate() -> None:
 
 
 def test_framework_term_is_one_for_hf_trainer_and_unknown_stacks() -> None:
-    assert terms.framework_efficiency("hf_trainer") == 1.0
-    assert terms.framework_efficiency("something-else") == 1.0
+    assert rates.framework_efficiency("hf_trainer") == 1.0
+    assert rates.framework_efficiency("something-else") == 1.0
 
 
 _bench = load_bench
@@ -233,7 +233,7 @@ def test_estimate_speed_api_prices_the_setup_like_the_cost_model() -> None:
     import perfguide
     from perfguide.hardware.types import Hardware
     from perfguide.model.types import ModelSpec
-    from perfguide.speed.model import training_speed as model
+    from perfguide.speed.training import training_speed as model
 
     setup = {"micro_batch_size": 4, "seq_len": 512, "weights_dtype": "bf16"}
     got = perfguide.estimate_speed("gpt2", setup, hardware="a100-80gb")

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from .._base import Model
 from ..errors import PerfGuideError
-from ..recommendation import Recommendation
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
 
 logger = logging.getLogger("perfguide.batch_finder")
 

@@ -25,7 +25,7 @@ import time
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError
 
@@ -34,8 +34,10 @@ from .._cache import cache_root
 from ..hardware.types import Hardware
 from ..memory.factors import SANE_RATIO, Factors
 from ..model.types import ModelSpec
-from ..recommendation import Recommendation
 from .types import Verification
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
 
 logger = logging.getLogger("perfguide.calibration")
 

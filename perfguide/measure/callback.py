@@ -9,14 +9,16 @@ from __future__ import annotations
 import logging
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback
 
-from ..recommendation import Recommendation
 from .compare import compare, tokens_per_step
 from .meter import RssSampler, StepTimer, cuda_device_processes, cuda_device_used
 from .types import Measurement, Verification
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
 
 logger = logging.getLogger("perfguide.callback")
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from ..recommendation import Recommendation
+from typing import TYPE_CHECKING
+
 from .types import Comparison, Measurement, Verification
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
 
 
 def _pair(quantity: str, predicted: float | None, measured: float | None, unit: str) -> Comparison | None:

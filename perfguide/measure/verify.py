@@ -11,11 +11,13 @@ import gc
 import logging
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..recommendation import Recommendation
 from ..setup import Setup
 from .types import Verification
+
+if TYPE_CHECKING:
+    from ..recommendation import Recommendation
 
 logger = logging.getLogger("perfguide.verify")
 

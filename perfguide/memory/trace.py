@@ -15,7 +15,7 @@ from typing import Any
 from ..hardware.types import Hardware
 from ..model.types import ModelSpec
 from ..setup import Setup
-from ..techniques.gradient_checkpointing import GradientCheckpointing
+from ..techniques import traced_fields
 from .overhead import to_estimate
 from .tracing import cache
 from .tracing.build import depth_keys, depth_period, with_depth
@@ -25,9 +25,9 @@ from .types import MemoryEstimate
 logger = logging.getLogger("perfguide.memory.trace")
 
 #: Setup fields that change what a single device holds; the rest (world size, host knobs) do not.
-#: The traced model is built as its techniques prepare it (tracing/build.py), so their fields are part of the key.
-_SHAPE_FIELDS = ("micro_batch_size", "seq_len", "weights_dtype", "autocast", "optimizer", *GradientCheckpointing.fields,
-                 "attn_implementation", "lora", "device")
+#: The traced model is built as its techniques prepare it (tracing/build.py), so their fields join the key (shape_of).
+_SHAPE_FIELDS = ("micro_batch_size", "seq_len", "weights_dtype", "autocast", "optimizer", "attn_implementation", "lora",
+                 "device")
 #: Model types whose HF config keys match the ModelSpec fields, for specs that arrive without a raw config.
 _SPEC_KEYS = {"hidden_size": "hidden_size", "intermediate_size": "intermediate_size", "num_hidden_layers": "num_layers",
               "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_key_value_heads",
@@ -114,7 +114,7 @@ def extrapolate(one: StepTrace, two: StepTrace, n: int) -> StepTrace:
 
 def shape_of(setup: Setup) -> dict[str, Any]:
     """The part of a Setup that a single-device trace depends on (the cache key's setup half)."""
-    shape = {k: getattr(setup, k) for k in _SHAPE_FIELDS}
+    shape = {k: getattr(setup, k) for k in (*_SHAPE_FIELDS, *traced_fields())}
     shape["lora"] = setup.lora.model_dump(mode="json") if setup.lora else None
     shape["accumulating"] = setup.gradient_accumulation_steps > 1
     return shape

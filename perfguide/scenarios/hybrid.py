@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..decisions import Alternative, Decision
 from ..model.types import ModelSpec
 from ..setup import Setup
-from ..speed.model import trainable_params
+from ..speed.rates import trainable_params
 from .search import Option, Priced, gib, not_fitting_why
 from .strategies import Layout, Level, layout_of
 from .types import Request

@@ -15,7 +15,7 @@ from ..errors import ConflictingConstraintsError, unknown_value
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import STRATEGIES, TRAIN_STRATEGIES, Setup
-from ..speed.model import trainable_params
+from ..speed.rates import trainable_params
 from ..techniques.cpu_offload import LAYOUTS as OFFLOAD_LAYOUTS
 from ..techniques.precision import pure_half
 from .search import Priced, Rung, rank

@@ -33,7 +33,7 @@ def estimate_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: F
         from .inference import estimate_inference_speed
 
         return apply_speed(estimate_inference_speed(spec, setup, hardware, headroom), setup, factors)
-    from .model import training_speed
+    from .training import training_speed
 
     return apply_speed(training_speed(spec, setup, hardware), setup, factors)
 

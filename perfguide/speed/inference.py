@@ -22,7 +22,7 @@ from ..hardware.types import Hardware
 from ..memory.inference import InferenceData, activation_bytes_per_element, inference_data, kv_cache_bytes, weight_bytes
 from ..model.types import ModelSpec
 from ..setup import Setup
-from .model import cpu_path, cpu_peak_gflops, host_bandwidth_gbps
+from .rates import cpu_path, cpu_peak_gflops, host_bandwidth_gbps
 from .types import Throughput
 
 

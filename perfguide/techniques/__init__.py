@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EmitContext", "KernelFactors", "LadderContext", "MemoryContext", "MemoryTerms", "Requires", "Rung",
            "SpeedContext", "StepSeconds", "StepShape", "Technique", "active", "emit", "get", "kernel_factors", "ladder",
-           "memory_terms", "names", "placed", "registry", "shaped", "step_seconds", "step_shape"]
+           "memory_terms", "names", "placed", "registry", "shaped", "step_seconds", "step_shape", "traced_fields",
+           "traced_model"]
 
 _NOT_TECHNIQUES = frozenset({"base", "effects"})
 
@@ -155,3 +156,15 @@ def step_seconds(ctx: SpeedContext) -> StepSeconds:
         transfer += s.transfer
         per_step += s.per_step
     return StepSeconds(compute, transfer, per_step)
+
+
+def traced_model(setup: Setup, model: Any) -> Any:
+    """The memory tracer's meta model as every technique ``setup`` uses would change it (``Technique.trace_model``)."""
+    for t in registry():
+        model = t.trace_model(setup, model)
+    return model
+
+
+def traced_fields() -> tuple[str, ...]:
+    """Setup fields that change the traced model: those of every technique with a ``trace_model`` hook."""
+    return tuple(f for t in registry() if type(t).trace_model is not Technique.trace_model for f in t.fields)

@@ -2,10 +2,10 @@
 ladder, what it emits to each adapter, and the public source its decision cites.
 
 Adapters (integrations/) and the search (scenarios/) read these declarations instead of hard-coding each
-technique, and the cost model (memory/analytic.py, speed/model.py) asks every technique how it changes the
+technique, and the cost model (memory/analytic.py, speed/training.py) asks every technique how it changes the
 step's terms through the hooks below (contexts in effects.py), so adding one is a module here plus its Setup
-field. This layer sits below the planners: it may read setup, model, hardware and memory/speed helpers, never
-api/scenarios/integrations/render/cli/measure/calibrate.
+field. This layer sits above the memory and speed primitives (memory/ledger, sharding, activations; speed/rates,
+traffic) and below the cost-model fold that calls these hooks (tests/test_layering.py).
 """
 
 from __future__ import annotations
@@ -162,6 +162,12 @@ class Technique:
 
     def prepare(self, ctx: EmitContext, model: Any) -> Any:
         """The ``prepare_model`` step: what must be done to the model object itself (idempotent)."""
+        return model
+
+    def trace_model(self, setup: Setup, model: Any) -> Any:
+        """What the memory tracer's meta model (memory/tracing/build.py) must carry for a traced step to see this
+        technique (checkpointing wraps the blocks). A technique that overrides it has its fields in the trace
+        cache's key."""
         return model
 
     # --- the cost model ------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..memory.sharding import ONE_GPU_BUCKET
 from ..optimizer_facts import row
-from ..speed.model import half_bytes, host_bandwidth_gbps, optimizer_bytes, trainable_params
+from ..speed.rates import half_bytes, host_bandwidth_gbps, optimizer_bytes, trainable_params
 from .base import EmitContext, LadderContext, Rung, Technique
 from .effects import KernelFactors, SpeedContext, StepSeconds
 

@@ -1,6 +1,6 @@
 """What a technique's cost hooks see and return: small typed contexts handed down by the cost model.
 
-The memory and speed models (memory/analytic.py, speed/model.py) compute the core terms of a step, then let every
+The memory and speed models (memory/analytic.py, speed/training.py) compute the core terms of a step, then let every
 technique adjust the terms it changes (``Technique.memory``, ``Technique.speed``, ``Technique.shape``,
 ``Technique.step_shape``, ``Technique.kernel_factors``). The contexts carry numbers and callables, never the cost
 model's modules, so a technique module imports nothing above the lower layers and the cost model names no technique.

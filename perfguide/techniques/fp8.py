@@ -18,7 +18,7 @@ from typing import Any
 from .._data import fact_value
 from .._technique_data import constants
 from ..model.linears import block_linear_shapes
-from ..speed.terms import half_saturation
+from ..speed.rates import half_saturation
 from . import kernel_factors
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import KernelFactors, SpeedContext, StepSeconds

@@ -64,6 +64,11 @@ class GradientCheckpointing(Technique):
             enable(model)  # under FSDP the plugin checkpoints; both at once raises in the Trainer
         return model
 
+    def trace_model(self, setup: Any, model: Any) -> Any:
+        if self.active(setup):
+            enable(model)  # transformers 5 default: non-reentrant torch.utils.checkpoint per block
+        return model
+
 
 def held_activations(spec: ModelSpec, setup: Setup) -> int:
     """Bytes the blocks keep between forward and backward: their inputs when checkpointed, else everything."""

@@ -11,8 +11,7 @@ from typing import Any
 
 from ...errors import InvalidModelError
 from ...setup import Setup
-from ...techniques.gradient_checkpointing import GRADIENT_CHECKPOINTING
-from ...techniques.gradient_checkpointing import enable as enable_checkpointing
+from ...techniques import traced_model
 
 #: Config keys holding the number of blocks, per stack. Encoder-decoder models list both stacks.
 DEPTH_KEYS: tuple[tuple[str, ...], ...] = (
@@ -99,7 +98,8 @@ def _model_class(hf_config: Any) -> Any:
 
 
 def build_on_meta(config: dict[str, Any], setup: Setup) -> Any:
-    """The model a Trainer would train under ``setup``: dtype, attention, LoRA adapters, checkpointing; on meta."""
+    """The model a Trainer would train under ``setup``: dtype, attention, LoRA adapters, and what the techniques it
+    uses change in the module graph (their ``trace_model`` hooks); on meta."""
     import torch
 
     hf_config = _hf_config(config)
@@ -111,9 +111,7 @@ def build_on_meta(config: dict[str, Any], setup: Setup) -> Any:
     model.train()
     if setup.lora is not None:
         model = _add_lora(model, setup)
-    if GRADIENT_CHECKPOINTING.active(setup):
-        enable_checkpointing(model)  # transformers 5 default: non-reentrant torch.utils.checkpoint per block
-    return model
+    return traced_model(setup, model)
 
 
 def _add_lora(model: Any, setup: Setup) -> Any:

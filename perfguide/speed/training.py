@@ -10,153 +10,52 @@ communication + optimizer step``; communication hides behind compute only up to 
 
 from __future__ import annotations
 
-import math
 import warnings
 from functools import cache
-from typing import Any
 
 from .. import techniques
-from .._data import fact_extra, fact_value
-from ..hardware.types import CPU, GPU, Hardware
-from ..memory.analytic import ledger, training_memory
+from ..hardware.types import GPU, Hardware
+from ..memory.analytic import training_memory
+from ..memory.ledger import ledger
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
-from ..optimizer_facts import row as optimizer_row
 from ..setup import Setup
-from . import terms
+from . import rates, terms
+from .rates import (
+    attention_flops_fwd,
+    constant,
+    cpu_path,
+    cpu_peak_gflops,
+    efficiency,
+    gpu_peak_tflops,
+    half_bytes,
+    host_bandwidth_gbps,
+    matmul_params,
+    optimizer_bytes,
+    pcie_gbps,
+    trainable_params,
+)
 from .types import Throughput
-
-
-def _value(name: str) -> Any:
-    """A number or a small table from data/efficiency.json (validated rows, see perfguide._data)."""
-    return fact_value("efficiency", name)
-
-
-# --- model-side counts ---------------------------------------------------------------------------
-
-def matmul_params(spec: ModelSpec) -> int:
-    """Parameters that take part in matmuls per token: active params minus embedding lookups, plus a tied head."""
-    tied_head = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings and spec.lm_head_params == 0 else 0
-    return max(1, spec.active_params - spec.embedding_params + tied_head)
-
-
-def trainable_params(spec: ModelSpec, setup: Setup) -> int:
-    """Parameters the optimizer updates (all, or the LoRA adapters), counted by the memory ledger."""
-    return ledger(spec, setup).trainable_params
-
-
-def attention_flops_fwd(spec: ModelSpec, micro_batch: int, seq_len: int) -> float:
-    """QK^T and AV of one micro-batch, forward: 4 * layers * d_attn * s * s_attended * b."""
-    attended = min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
-    d_attn = spec.num_attention_heads * spec.head_dim
-    return 4.0 * spec.total_layers * d_attn * seq_len * attended * micro_batch
-
-
-# --- device rates ---------------------------------------------------------------------------------
-
-def _saturation(x: float, half: float) -> float:
-    return x / (x + half)
-
-
-def efficiency(asymptote: float, tokens: int, hidden: int, half: float) -> float:
-    """Fraction of peak the matmuls reach: asymptote x width saturation x tile fill of the GEMM M dimension."""
-    tile = int(_value("gemm_tile"))
-    fill = tokens / (math.ceil(tokens / tile) * tile)
-    return asymptote * _saturation(hidden, half) * fill
 
 
 def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
     """Weight bytes one micro-step streams through the GEMMs (the memory side of the roofline)."""
-    passes = _value("weight_passes")
+    passes = constant("weight_passes")
     n = passes["lora" if setup.lora is not None else "train"] + passes["recompute"] * techniques.kernel_factors(setup).recompute
     cbytes = 4 if setup.compute_dtype in ("fp32", "tf32") else 2
     return n * matmul_params(spec) * cbytes
 
 
-def gpu_peak_tflops(gpu: GPU, compute_dtype: str) -> tuple[float, str | None]:
-    """Dense peak for the dtype matmuls really run in, with emulation and missing specs handled."""
-    fp32 = gpu.fp32_tflops
-    emulated = _value("bf16_emulation_fraction")
-    if compute_dtype == "bf16" and not gpu.supports_bf16:
-        return ((fp32 or _value("unknown_gpu_peak_tflops")) * emulated,
-                f"{gpu.name} ({gpu.generation}) has no bf16 tensor cores: bf16 is emulated and slow")
-    if compute_dtype == "tf32" and not gpu.supports_tf32:
-        compute_dtype = "fp32"
-    chain = {"bf16": ("bf16", "fp16"), "fp16": ("fp16",), "tf32": ("tf32",), "fp32": ("fp32",)}[compute_dtype]
-    for name in (*chain, "fp32"):
-        peak = gpu.half_tflops(name)
-        if peak:
-            return peak, None
-    return _value("unknown_gpu_peak_tflops"), f"no TFLOP/s known for {gpu.name}: step time is a rough guess"
-
-
-def cpu_path(cpu: CPU, bf16: bool) -> str:
-    """The kernel family CPU matmuls use: 'bf16_amx', 'bf16_avx512' or 'fp32'."""
-    return ("bf16_amx" if cpu.amx else "bf16_avx512") if bf16 and cpu.native_bf16 else "fp32"
-
-
-def cpu_peak_gflops(cpu: CPU, bf16: bool, threads: int | None) -> tuple[float, str | None]:
-    """All-core peak for fp32 or bf16 autocast; fallbacks from the ISA flags when the probe had no number."""
-    per_core = _value("cpu_gflops_per_core")
-    note = None
-    path = cpu_path(cpu, bf16)
-    if path != "fp32":
-        peak = cpu.bf16_gflops or cpu.physical_cores * per_core[path]
-    else:
-        avx512 = any(f.startswith("avx512f") for f in cpu.flags)
-        peak = cpu.fp32_gflops or cpu.physical_cores * per_core["fp32_avx512" if avx512 else "fp32"]
-        if bf16:
-            peak *= _value("bf16_emulation_fraction")
-            note = "this CPU has no AVX512-BF16/AMX: bf16 autocast is emulated and slower than fp32"
-    used = min(threads or cpu.physical_cores, cpu.physical_cores)
-    return peak * used / cpu.physical_cores, note
-
-
-def host_bandwidth_gbps(cpu: CPU) -> float:
-    return min(_value("host_memory_gbps_per_core") * cpu.physical_cores, fact_extra("efficiency", "host_memory_gbps_per_core", "cap"))
-
-
-def pcie_gbps(gpu: GPU) -> float:
-    default = fact_extra("efficiency", "pcie_gbps_by_cc_major", "default")
-    return float(_value("pcie_gbps_by_cc_major").get(str(gpu.compute_capability[0]), default))
-
-
 # --- step parts -----------------------------------------------------------------------------------
-
-def _weights_bytes(setup: Setup) -> float:
-    return setup.weight_bytes
-
-
-def half_bytes(setup: Setup) -> float:
-    """Bytes per parameter of what moves between GPUs (the compute copy under AMP, else the stored weights)."""
-    return 2 if setup.autocast else min(4, _weights_bytes(setup))
-
-
-def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
-    """Bytes the optimizer step streams per device: read weights, grads, states; write weights, states; grad-norm read."""
-    if setup.optimizer is None:
-        return 0.0
-    lora = setup.lora is not None
-    weight = 4 if lora else _weights_bytes(setup)          # PEFT adapters are created in fp32
-    grad = weight
-    facts = optimizer_row(setup.optimizer)                 # data/optimizers.json
-    state = facts.streamed_state_bytes
-    if weight == 2 and not facts.low_bit:
-        state /= 2                                         # 32-bit states follow the (bf16) parameter dtype
-    passes = facts.passes
-    shards = setup.shard_degree if setup.shards_optimizer else 1
-    per_param = passes * (2 * weight + grad + 2 * state) + grad
-    return per_param * trainable_params(spec, setup) / shards
-
 
 def _ring_time(nbytes: float, setup: Setup, hardware: Hardware, gpu: GPU, factor: float) -> float:
     """factor=2 for all-reduce, 1 for all-gather / reduce-scatter: intra-node ring then inter-node ring."""
-    bus = _value("comm_bus_fraction")
+    bus = constant("comm_bus_fraction")
     per_node = setup.num_gpus
     intra_bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
     t = factor * (per_node - 1) / per_node * nbytes / (intra_bw * 1e9 * bus) if per_node > 1 else 0.0
     if setup.nodes > 1:
-        inter_bw = hardware.inter_node_bandwidth_gbps or _value("unknown_inter_node_gbps")
+        inter_bw = hardware.inter_node_bandwidth_gbps or constant("unknown_inter_node_gbps")
         t += factor * (setup.nodes - 1) / setup.nodes * nbytes / (inter_bw * 1e9 * bus)
     return t
 
@@ -165,10 +64,10 @@ def _hybrid_time(params: float, grads: float, setup: Setup, hardware: Hardware, 
     """HSDP per micro-step: FULL_SHARD's gathers and reduce-scatter run inside the node (its ring only), then each rank
     all-reduces its 1/g gradient shard with the same shard of the other nodes' replicas (torch fully_shard with a
     2-D (replicate, shard) mesh reduce-scatters in the shard group, then all-reduces in the replicate group)."""
-    bus = _value("comm_bus_fraction")
+    bus = constant("comm_bus_fraction")
     g, n = setup.num_gpus, setup.nodes
     intra_bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
-    inter_bw = hardware.inter_node_bandwidth_gbps or _value("unknown_inter_node_gbps")
+    inter_bw = hardware.inter_node_bandwidth_gbps or constant("unknown_inter_node_gbps")
     intra = (2 * params + grads) * (g - 1) / g / (intra_bw * 1e9 * bus)
     return intra + 2 * (n - 1) / n * (grads / g) / (inter_bw * 1e9 * bus)
 
@@ -177,8 +76,8 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
     """(seconds per micro-step, seconds per optimizer step) of data-parallel collectives, before overlap."""
     if setup.world_size == 1 or setup.strategy in ("single", "device_map", "tp"):
         return 0.0, 0.0
-    sharded_grads = 2 if setup.autocast else _weights_bytes(setup)
-    grads = trainable_params(spec, setup) * (sharded_grads if setup.strategy != "ddp" else (4 if setup.lora else _weights_bytes(setup)))
+    sharded_grads = 2 if setup.autocast else setup.weight_bytes
+    grads = trainable_params(spec, setup) * (sharded_grads if setup.strategy != "ddp" else (4 if setup.lora else setup.weight_bytes))
     params = spec.total_params * half_bytes(setup)
 
     def ring(nbytes: float, factor: float) -> float:
@@ -216,10 +115,10 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
     """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops."""
-    per_layer = _value("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, ledger(spec, setup).lora_rank_per_layer)
+    per_layer = constant("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, ledger(spec, setup).lora_rank_per_layer)
     kernels = techniques.kernel_factors(setup)
-    per_layer *= _value("recompute_ops_factor") ** kernels.recompute * kernels.launches
-    per_layer *= _value("autocast_ops_factor") if setup.autocast else 1.0
+    per_layer *= constant("recompute_ops_factor") ** kernels.recompute * kernels.launches
+    per_layer *= constant("autocast_ops_factor") if setup.autocast else 1.0
     return per_layer * spec.total_layers
 
 
@@ -249,16 +148,16 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = techniques.step_shape(setup).matmul_tokens
-    asymptote = terms.asymptote(gpu, setup)
-    half = terms.half_saturation(setup)
+    asymptote = rates.asymptote(gpu, setup)
+    half = rates.half_saturation(setup)
     eff = efficiency(asymptote, tokens, spec.hidden_size, half)
-    stack = terms.framework_efficiency(framework)
+    stack = rates.framework_efficiency(framework)
     rate = peak * 1e12 * eff
     mm, attn, model = _compute_split(spec, setup)
-    slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
-    gemm_attn = 0.0 if terms.fused_attention(setup) else attn * terms.causal_fraction(spec, setup) / terms.attention_efficiency(setup)
+    slow = constant("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
+    gemm_attn = 0.0 if rates.fused_attention(setup) else attn * rates.causal_fraction(spec, setup) / rates.attention_efficiency(setup)
     gpu_time = mm * slow / rate + gemm_attn / rate
-    bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * _value("memory_bandwidth_fraction")
+    bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * constant("memory_bandwidth_fraction")
     pcie = pcie_gbps(gpu) * 1e9
 
     def gemm_rate(peak_tflops: float, fraction: float, rows: int) -> float:
@@ -279,10 +178,10 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
             moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
         gpu_time += moved / bw
     gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn, kernel)
-    launch = _launch_ops(spec, setup) * _value("kernel_launch_s")
+    launch = _launch_ops(spec, setup) * constant("kernel_launch_s")
     micro = max(gpu_time, launch)
     comm_micro, comm_step = communication(spec, setup, hardware, gpu)
-    overlap = _value("comm_overlap")
+    overlap = constant("comm_overlap")
     backward = micro * 2 / 3
     exposed_micro = max(0.0, comm_micro - overlap * micro)
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
@@ -307,13 +206,13 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     if note:
         warnings.warn(note, stacklevel=3)
     tokens = setup.micro_batch_size * setup.seq_len
-    eff = efficiency(_value("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size, _value("cpu_hidden_half_saturation"))
+    eff = efficiency(constant("cpu_peak_fraction")[cpu_path(cpu, bf16)], tokens, spec.hidden_size, constant("cpu_hidden_half_saturation"))
     rate = peak_g * 1e9 * eff
     mm, attn, model = _compute_split(spec, setup)
-    slow = _value("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
-    compute = mm * slow / rate + attn / (rate * _value("attention_efficiency").get(setup.attn_implementation, 1.0))
+    slow = constant("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
+    compute = mm * slow / rate + attn / (rate * constant("attention_efficiency").get(setup.attn_implementation, 1.0))
     compute += weight_traffic_bytes(spec, setup) / (host_bandwidth_gbps(cpu) * 1e9)
-    overhead = _launch_ops(spec, setup) * _value("cpu_op_overhead_s")
+    overhead = _launch_ops(spec, setup) * constant("cpu_op_overhead_s")
     opt = optimizer_bytes(spec, setup) / (host_bandwidth_gbps(cpu) * 1e9)
     ga = setup.gradient_accumulation_steps
     parts = {"compute": ga * compute, "launch-overhead": ga * overhead, "communication": 0.0, "offload": 0.0, "memory-bandwidth": opt}

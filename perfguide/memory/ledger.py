@@ -1,0 +1,115 @@
+"""The parameter side of a training step: what the weights are stored as and which tensors train.
+
+Below the techniques: the speed model's optimizer and communication bytes and CPU offload's PCIe traffic count
+the same trainable tensors the memory model does, so they read them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidSetupError
+from ..model.linears import linear_params, linear_shapes
+from ..model.types import ModelSpec
+from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
+from ..setup import Setup
+from .optimizers import TensorGroup
+
+#: Bytes of the unquantized weight dtypes, as ints (setup.DTYPE_BYTES is the one table).
+DTYPE_BYTES = {d: int(SETUP_DTYPE_BYTES[d]) for d in ("fp32", "bf16", "fp16")}
+NF4_BLOCK, NF4_DQ_BLOCK = 64, 256   # bnb 4-bit absmax block; double-quant block of the absmax values
+LORA_ADAPTER_BYTES = 4              # PEFT autocast_adapter_dtype=True keeps adapters fp32 on 16-bit bases
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """Parameter-side facts of one (spec, setup): storage bytes and trainable tensors."""
+
+    weight_bytes: int
+    param_count: int
+    trainable: tuple[TensorGroup, ...]
+    trainable_params: int
+    param_bytes: int                 # bytes per element of trainable params, grads and torch optimizer state
+    lora_inputs_per_layer: int = 0   # sum of input widths of adapted Linears in one block
+    lora_rank_per_layer: int = 0
+
+
+def full_groups(spec: ModelSpec) -> list[TensorGroup]:
+    """Every parameter tensor of the model grouped by shape: embeddings, head, block Linears, 1-D rest."""
+    h = spec.hidden_size
+    groups: list[TensorGroup] = []
+    tok = min(spec.embedding_params, spec.vocab_size * h)
+    if tok:
+        groups.append(TensorGroup(1, tok // h, h, "embedding"))
+    if spec.embedding_params > tok:  # learned position embeddings and the like
+        groups.append(TensorGroup(1, max(1, (spec.embedding_params - tok) // h), h, "embedding"))
+    if spec.lm_head_params:
+        groups.append(TensorGroup(1, max(1, spec.lm_head_params // h), h, "head"))
+    groups += [TensorGroup(n, o, i, "linear") for _, i, o, n in linear_shapes(spec)]
+    rest = spec.total_params - spec.embedding_params - spec.lm_head_params - linear_params(spec)
+    if rest > 0:
+        groups.append(TensorGroup(rest // h, h, 1, "other"))
+        if rest % h:
+            groups.append(TensorGroup(1, rest % h, 1, "other"))
+    return groups
+
+
+def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
+    """Block Linears LoRA adapts: PEFT matches a target when the module name equals it or ends with '.<target>'."""
+    shapes = linear_shapes(spec)
+    targets = setup.lora.target_modules  # type: ignore[union-attr]
+    if targets == "all-linear":
+        return shapes
+    chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)]
+    if not chosen:
+        names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
+        raise InvalidSetupError(f"LoRA target_modules {list(targets)} match no Linear of {spec.name}; accepted: all-linear, {names}")
+    return chosen
+
+
+#: bytes per non-quantized parameter (embeddings, head, norms) of a quantized base being trained: prepare_model runs
+#: peft's prepare_model_for_kbit_training, which casts every fp16/bf16 parameter that is not Params4bit to fp32
+#: (peft utils/other.py); measured on a real bnb 4-bit / 8-bit CPU model (tests/test_adapted_models.py)
+KBIT_PREPARED_REST_BYTES = 4
+
+
+def _quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True) -> int:
+    """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest: fp32 after the kbit
+    preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it."""
+    shapes = linear_shapes(spec)
+    linear = linear_params(spec)
+    rest = (spec.total_params - linear) * (KBIT_PREPARED_REST_BYTES if upcast else 2)
+    if dtype == "int8":
+        return rest + linear + sum(o * n for _, _, o, n in shapes) * 4
+    blocks = -(-linear // NF4_BLOCK)
+    return rest + linear // 2 + blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4
+
+
+def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
+    """A module with frozen parameters (``requires_grad=False``) trains only the rest: gradients and optimizer
+    state exist for ``trainable`` elements. Which tensors they are is not recorded, so they are priced as
+    hidden-wide matrices (exact for element-wise optimizers; factored/8-bit states are approximate)."""
+    h = spec.hidden_size
+    groups = [TensorGroup(1, trainable // h, h, "linear")] if trainable >= h else []
+    if trainable % h:
+        groups.append(TensorGroup(1, trainable % h, 1, "other"))
+    return tuple(groups)
+
+
+def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
+    """Weight storage and trainable tensors for this setup."""
+    wd = setup.weights_dtype
+    base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else _quantized_weight_bytes(spec, wd, setup.kbit_upcast)
+    if setup.lora is None:
+        trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)
+        groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)
+        return Ledger(base, spec.total_params, groups, trainable, DTYPE_BYTES[wd])
+    r = setup.lora.r
+    chosen = _targets(spec, setup)
+    groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))
+    trainable = sum(g.total for g in groups)
+    layers = spec.total_layers
+    inputs = sum(i * n for _, i, _, n in chosen) // layers
+    ranks = sum(r * n for *_, n in chosen) // layers
+    return Ledger(base + trainable * LORA_ADAPTER_BYTES, spec.total_params + trainable, groups, trainable,
+                  LORA_ADAPTER_BYTES, inputs, ranks)

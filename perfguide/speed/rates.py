@@ -1,0 +1,204 @@
+"""Roofline primitives: what a device computes and moves per second, and the counts those rates divide.
+
+Peak and achievable matmul rates (by dtype, GPU class and GEMM width), the fused-attention kernels' class,
+host, PCIe and CPU rates, and the FLOP and byte counts of a step's matmuls and optimizer. This module sits
+below the techniques (a technique's speed hook prices its own seconds with these), so it reads the model, the
+hardware, the Setup and the data files only; the fold over the techniques' hooks is speed/training.py.
+Constants: perfguide/data/efficiency.json, each with its source.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .._data import fact_extra, fact_value
+from ..hardware.types import CPU, GPU
+from ..memory.ledger import ledger
+from ..model.types import ModelSpec
+from ..optimizer_facts import row as optimizer_row
+from ..setup import Setup
+
+
+def constant(name: str) -> Any:
+    """A number or a small table from data/efficiency.json (validated rows, see perfguide._data)."""
+    return fact_value("efficiency", name)
+
+
+def matmul_params(spec: ModelSpec) -> int:
+    """Parameters that take part in matmuls per token: active params minus embedding lookups, plus a tied head."""
+    tied_head = spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings and spec.lm_head_params == 0 else 0
+    return max(1, spec.active_params - spec.embedding_params + tied_head)
+
+
+def trainable_params(spec: ModelSpec, setup: Setup) -> int:
+    """Parameters the optimizer updates (all, or the LoRA adapters), counted by the memory ledger."""
+    return ledger(spec, setup).trainable_params
+
+
+def attention_flops_fwd(spec: ModelSpec, micro_batch: int, seq_len: int) -> float:
+    """QK^T and AV of one micro-batch, forward: 4 * layers * d_attn * s * s_attended * b."""
+    attended = min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
+    d_attn = spec.num_attention_heads * spec.head_dim
+    return 4.0 * spec.total_layers * d_attn * seq_len * attended * micro_batch
+
+
+def _saturation(x: float, half: float) -> float:
+    return x / (x + half)
+
+
+def efficiency(asymptote: float, tokens: int, hidden: int, half: float) -> float:
+    """Fraction of peak the matmuls reach: asymptote x width saturation x tile fill of the GEMM M dimension."""
+    tile = int(constant("gemm_tile"))
+    fill = tokens / (math.ceil(tokens / tile) * tile)
+    return asymptote * _saturation(hidden, half) * fill
+
+
+def gpu_peak_tflops(gpu: GPU, compute_dtype: str) -> tuple[float, str | None]:
+    """Dense peak for the dtype matmuls really run in, with emulation and missing specs handled."""
+    fp32 = gpu.fp32_tflops
+    emulated = constant("bf16_emulation_fraction")
+    if compute_dtype == "bf16" and not gpu.supports_bf16:
+        return ((fp32 or constant("unknown_gpu_peak_tflops")) * emulated,
+                f"{gpu.name} ({gpu.generation}) has no bf16 tensor cores: bf16 is emulated and slow")
+    if compute_dtype == "tf32" and not gpu.supports_tf32:
+        compute_dtype = "fp32"
+    chain = {"bf16": ("bf16", "fp16"), "fp16": ("fp16",), "tf32": ("tf32",), "fp32": ("fp32",)}[compute_dtype]
+    for name in (*chain, "fp32"):
+        peak = gpu.half_tflops(name)
+        if peak:
+            return peak, None
+    return constant("unknown_gpu_peak_tflops"), f"no TFLOP/s known for {gpu.name}: step time is a rough guess"
+
+
+def cpu_path(cpu: CPU, bf16: bool) -> str:
+    """The kernel family CPU matmuls use: 'bf16_amx', 'bf16_avx512' or 'fp32'."""
+    return ("bf16_amx" if cpu.amx else "bf16_avx512") if bf16 and cpu.native_bf16 else "fp32"
+
+
+def cpu_peak_gflops(cpu: CPU, bf16: bool, threads: int | None) -> tuple[float, str | None]:
+    """All-core peak for fp32 or bf16 autocast; fallbacks from the ISA flags when the probe had no number."""
+    per_core = constant("cpu_gflops_per_core")
+    note = None
+    path = cpu_path(cpu, bf16)
+    if path != "fp32":
+        peak = cpu.bf16_gflops or cpu.physical_cores * per_core[path]
+    else:
+        avx512 = any(f.startswith("avx512f") for f in cpu.flags)
+        peak = cpu.fp32_gflops or cpu.physical_cores * per_core["fp32_avx512" if avx512 else "fp32"]
+        if bf16:
+            peak *= constant("bf16_emulation_fraction")
+            note = "this CPU has no AVX512-BF16/AMX: bf16 autocast is emulated and slower than fp32"
+    used = min(threads or cpu.physical_cores, cpu.physical_cores)
+    return peak * used / cpu.physical_cores, note
+
+
+def host_bandwidth_gbps(cpu: CPU) -> float:
+    return min(constant("host_memory_gbps_per_core") * cpu.physical_cores, fact_extra("efficiency", "host_memory_gbps_per_core", "cap"))
+
+
+def pcie_gbps(gpu: GPU) -> float:
+    default = fact_extra("efficiency", "pcie_gbps_by_cc_major", "default")
+    return float(constant("pcie_gbps_by_cc_major").get(str(gpu.compute_capability[0]), default))
+
+
+def half_bytes(setup: Setup) -> float:
+    """Bytes per parameter of what moves between GPUs (the compute copy under AMP, else the stored weights)."""
+    return 2 if setup.autocast else min(4, setup.weight_bytes)
+
+
+def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """Bytes the optimizer step streams per device: read weights, grads, states; write weights, states; grad-norm read."""
+    if setup.optimizer is None:
+        return 0.0
+    lora = setup.lora is not None
+    weight = 4 if lora else setup.weight_bytes          # PEFT adapters are created in fp32
+    grad = weight
+    facts = optimizer_row(setup.optimizer)                 # data/optimizers.json
+    state = facts.streamed_state_bytes
+    if weight == 2 and not facts.low_bit:
+        state /= 2                                         # 32-bit states follow the (bf16) parameter dtype
+    passes = facts.passes
+    shards = setup.shard_degree if setup.shards_optimizer else 1
+    per_param = passes * (2 * weight + grad + 2 * state) + grad
+    return per_param * trainable_params(spec, setup) / shards
+
+
+def gpu_class(gpu: GPU) -> str:
+    """'datacenter' for the big training dies of Ampere and later (A100, H100/H200, B200: compute capability
+    8.0+ with minor 0), 'volta' for the V100 (7.0: first-generation, fp16-only tensor cores), 'graphics' for the
+    GeForce / workstation / inference dies (T4, A10, RTX 3090/4090, A6000, L4, L40S: x.5-x.9), 'cdna' for AMD
+    Instinct (MI300X/MI325X).
+
+    They reach different fractions of their spec-sheet peak: graphics dies boost well above the clock their
+    datasheet TFLOP/s assume; Volta's tensor cores are fed by an older memory system and cuBLAS generation.
+    """
+    if gpu.vendor != "nvidia":
+        return "cdna"         # AMD Instinct: training dies, but ROCm's GEMMs reach a smaller share of their spec
+    if gpu.compute_capability[1] != 0:
+        return "graphics"
+    return "datacenter" if gpu.supports_bf16 else "volta"
+
+
+def matmul_path(setup: Setup) -> str:
+    """'tensor' when matmuls run on tensor cores (fp16/bf16/tf32), 'cuda' for plain fp32 FMA units."""
+    return "cuda" if setup.compute_dtype == "fp32" else "tensor"
+
+
+def asymptote(gpu: GPU, setup: Setup) -> float:
+    """Fraction of the dtype's peak that large matmuls reach inside a training step: the GPU's measured maximum
+    achievable matmul rate (``GPU.matmul_tflops``, bf16/fp16 on tensor cores) where one is published, else its
+    class's constant (by GPU class and matmul path)."""
+    path = matmul_path(setup) if gpu.has_tensor_cores else "cuda"
+    peak = gpu.half_tflops(setup.compute_dtype)
+    if path == "tensor" and setup.compute_dtype in ("bf16", "fp16") and gpu.matmul_tflops and peak:
+        return gpu.matmul_tflops / peak        # above 1 where a card boosts past its datasheet clock (RTX 4090)
+    return float(constant("peak_fraction_by_class")[path][gpu_class(gpu)])
+
+
+def half_saturation(setup: Setup) -> float:
+    """Hidden size at which a GEMM reaches half its asymptote: tensor cores need far wider GEMMs to fill."""
+    return float(constant("hidden_half_saturation_by_path")[matmul_path(setup)])
+
+
+def attention_efficiency(setup: Setup) -> float:
+    """Rate of attention matmuls that run as plain GEMMs (eager attention, and the fp32 kernels on CUDA cores)
+    relative to the model's GEMMs; eager's real cost, the s x s traffic, is ``eager_score_bytes``. Fused kernels
+    on tensor cores are priced by ``fused_attention_seconds`` instead, at their own rate."""
+    return float(constant("attention_efficiency")["eager"])
+
+
+def fused_attention(setup: Setup) -> bool:
+    """SDPA / flash_attention_2 on tensor cores: one kernel with its own achievable rate, not a GEMM."""
+    return setup.attn_implementation != "eager" and matmul_path(setup) == "tensor"
+
+
+def attention_arch(gpu: GPU) -> str:
+    """The flash-kernel generation a GPU runs: FlashAttention-2 is written for Ampere's mma.sync (sm80, also
+    Ada sm89), and does not use Hopper's wgmma/TMA - FlashAttention-3 does -, so on an H100 the same kernel
+    reaches a much smaller fraction of peak; Volta/Turing get the memory-efficient (cutlass) SDPA kernel."""
+    if gpu.vendor != "nvidia":
+        return "cdna"
+    major = gpu.compute_capability[0]
+    return {7: "volta_turing", 8: "ampere", 9: "hopper"}.get(major, "blackwell" if major >= 10 else "volta_turing")
+
+
+def causal_fraction(spec: ModelSpec, setup: Setup) -> float:
+    """Share of the b x s x s_attended score tiles a fused kernel really computes. A causal decoder's kernels
+    skip the tiles above the diagonal (FlashAttention-2 ``causal=True``, SDPA ``is_causal``): about half, or
+    ``1 - w / 2s`` with a sliding window w < s. Encoders attend both ways (all of it); eager attention builds the
+    full s x s matrix and masks it afterwards. The MFU convention (no causal halving) is unchanged."""
+    if setup.attn_implementation == "eager" or not spec.generates or spec.is_encoder_decoder:
+        return 1.0
+    attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
+    return 1.0 - attended / (2.0 * setup.seq_len)
+
+
+def framework_efficiency(framework: str) -> float:
+    """How much faster than HF Trainer a training stack runs the same step (fused kernels, no Trainer overhead).
+
+    perfguide's own plans run under HF Trainer / accelerate, so it is 1.0 there; the bench passes the stack each
+    published row was measured with, so this term, not the GPU constants, absorbs the difference.
+    """
+    table = constant("framework_efficiency")
+    return float(table.get(framework, table["hf_trainer"]))
