@@ -38,6 +38,7 @@ Run `perfguide <command> --help` for the options of one command.
 RECOMMEND_EXAMPLES = """\
 examples:
   perfguide recommend gpt2                                      # plan for this machine
+  perfguide recommend llama-3-8b --hardware a100-80gb --brief   # only the headline: what to run and why it fits
   perfguide recommend llama-3-8b --hardware a100-80gb --finetune qlora --seq-len 4096
   perfguide recommend llama-3-8b --scenario train_gpu_many --hardware h100-80gb:8 \\
       --write-accelerate-config accelerate.yaml --plot memory.png
@@ -182,7 +183,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     if args.write_configs:
         _note(f"wrote {', '.join(_write_configs(rec, args.write_configs, args.force))}")
     if args.json:
-        _emit(rec.to_json())
+        _emit(rec.summary().to_json() if args.brief else rec.to_json())
     elif args.training_args:
         _print_json(rec.training_args_dict())
     elif args.serve_command:
@@ -190,7 +191,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
     elif args.sft_config:
         _print_json(rec.sft_config_dict())
     else:
-        _emit(rec.report(_report_format(args)))
+        _emit(rec.report(_report_format(args), brief=args.brief))
     if not rec.fits:
         _note(f"nothing fits: exit status {EXIT_NO_FIT} (the report above says what would)")
         return EXIT_NO_FIT
@@ -274,6 +275,8 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
     out.add_argument("--training-args", action="store_true", help="print the TrainingArguments kwargs as JSON")
     out.add_argument("--serve-command", action="store_true", help="print the vllm serve / sglang.launch_server command (with --engine)")
     out.add_argument("--sft-config", action="store_true", help="print the trl.SFTConfig kwargs as JSON")
+    p.add_argument("--brief", action="store_true", help="print only the headline: the plan, its verdict and binding limit, "
+                   "memory, speed and the command or code to run it (with --json: only the summary object)")
     p.add_argument("--plot", metavar="PNG", help="also draw peak memory vs micro-batch and sequence length (needs matplotlib)")
     p.add_argument("--write-accelerate-config", metavar="PATH", help="also write the accelerate launch config (YAML)")
     p.add_argument("--write-configs", metavar="DIR", help="also write accelerate.yaml (+ accelerate_deepspeed.json for ZeRO), "

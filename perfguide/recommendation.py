@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import model_validator
 
 from .decisions import Decision
 from .hardware.types import Hardware
@@ -16,6 +19,8 @@ if TYPE_CHECKING:  # heavy types only for annotations
     import peft
     import transformers
     import trl
+
+    from .render.headline import Summary
 
 
 class Recommendation(Plan):
@@ -161,11 +166,33 @@ class Recommendation(Plan):
         return sglang_command(self) if self.setup.engine == "sglang" else vllm_command(self)
 
     # --- rendering -----------------------------------------------------------------------------
-    def report(self, fmt: str = "text") -> str:
-        """Every choice with its reason and numbers. fmt: 'text', 'rich' (ANSI) or 'markdown'."""
+    def report(self, fmt: str = "text", brief: bool = False) -> str:
+        """Every choice with its reason and numbers. fmt: 'text', 'rich' (ANSI) or 'markdown'; ``brief=True``:
+        only the headline (plan, verdict, memory, speed, what to run)."""
         from .render.report import render
 
-        return render(self, fmt)
+        return render(self, fmt, brief)
+
+    def summary(self) -> Summary:
+        """The report's headline as data: plan, verdict and binding limit, memory, speed, and the lines to run."""
+        from .render.headline import summary
+
+        return summary(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON data, its headline first as ``summary`` (dropped again when read back)."""
+        return {"summary": self.summary().to_dict(), **super().to_dict()}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_summary(cls, data: Any) -> Any:
+        """``summary`` is derived from the fields, so JSON written by ``to_json`` reads back without it."""
+        if isinstance(data, dict) and "summary" in data:
+            return {k: v for k, v in data.items() if k != "summary"}
+        return data
 
     def _repr_markdown_(self) -> str:
         return self.report("markdown")

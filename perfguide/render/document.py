@@ -40,7 +40,15 @@ class Bullets:
     headed: bool = False
 
 
-Block = Fields | Table | Bars | Bullets
+@dataclass(frozen=True)
+class Code:
+    """Lines to paste as they are (a shell command, a few lines of Python): never indented, never wrapped."""
+
+    lines: tuple[str, ...]
+    language: str = "text"
+
+
+Block = Fields | Table | Bars | Bullets | Code
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,8 @@ def _text_block(block: Block) -> list[str]:
         return _text_table(block)
     if isinstance(block, Bars):
         return text_bar_lines(list(block.rows), DEFAULT_WIDTH)
+    if isinstance(block, Code):
+        return list(block.lines)
     return [f"{'  ' * level}- {text}" for level, text in block.items]
 
 
@@ -110,6 +120,8 @@ def _md_block(block: Block) -> list[str]:
         return _md_table(block)
     if isinstance(block, Bars):
         return ["```text", *text_bar_lines(list(block.rows), DEFAULT_WIDTH), "```"]
+    if isinstance(block, Code):
+        return [f"```{block.language}", *block.lines, "```"]
     return [_md_bullet(level, text, block.headed) for level, text in block.items]
 
 
@@ -154,6 +166,8 @@ def _rich_block(block: Block):  # noqa: ANN202 - returns a rich renderable; rich
             bar = Bar(size=1.0, begin=0.0, end=min(bar_row.fraction, 1.0), width=DEFAULT_WIDTH + 8, color=color, bgcolor="grey23")
             grid.add_row(Text(bar_row.label), bar, Text(bar_row.text, style="red" if bar_row.over else ""))
         return grid
+    if isinstance(block, Code):
+        return Text("\n".join(block.lines), style="green", no_wrap=True, overflow="ignore")
     text = Text()
     for level, item in block.items:
         heading = block.headed and level == 0

@@ -17,7 +17,7 @@ from ..memory.types import MemoryEstimate
 from ..setup import Setup
 from ..speed.types import Throughput
 from .bars import BarRow
-from .document import Bars, Bullets, Document, Fields, Section, Table, render_document
+from .document import Bars, Bullets, Code, Document, Fields, Section, Table, render_document
 from .hardware import describe_hardware
 from .units import fmt_bytes, fmt_count, fmt_number, fmt_percent, fmt_seconds, fmt_value
 
@@ -75,6 +75,7 @@ def memory_labels(device: str) -> MemoryLabels:
 TRAIN_ONLY = frozenset({"gradient_accumulation_steps", "optimizer", "gradient_checkpointing", "offload_optimizer", "lora"})
 INFER_ONLY = frozenset({"new_tokens", "cache_implementation"})
 MAX_CANDIDATES = 20
+HEADLINE_SUGGESTIONS = 3
 DATAPARALLEL_WARNING = (
     "do not start this with plain `python train.py`: with several visible GPUs and no launcher, "
     "transformers silently wraps the model in nn.DataParallel (slower, and GPU 0 carries extra memory)"
@@ -280,10 +281,36 @@ def _suggestions_section(rec: Recommendation) -> Section | None:
     return Section(title, (Bullets(tuple(items)),))
 
 
-def report_document(rec: Recommendation) -> Document:
-    title = f"perfguide {rec.scenario}: {rec.model.name} on {rec.hardware.name or 'this machine'}"
+def headline_section(rec: Recommendation) -> Section:
+    """The answer first: the plan, its verdict with the binding limit, memory, speed and what to run."""
+    from .headline import memory_line, plan_line, run_lines, speed_line, verdict_line
+
+    kind, lines = run_lines(rec)
+    fields = Fields((("plan", plan_line(rec)), ("verdict", verdict_line(rec)), ("memory", memory_line(rec)),
+                     ("speed", speed_line(rec))))
+    if kind == "none":
+        would = rec.suggestions[:HEADLINE_SUGGESTIONS] or ("no suggestion available: try a larger GPU, more GPUs or QLoRA",)
+        return Section("In short", (fields, Bullets(((0, "what would fit:"), *((1, s) for s in would)))))
+    label = {"launch": "launch with", "serve": "serve with", "trainer": "train with", "generate": "run with"}[kind]
+    code = Code(lines, "bash" if kind in ("launch", "serve") else "python")
+    return Section("In short", (fields, Bullets(((0, f"{label}:"),)), code))
+
+
+def report_title(rec: Recommendation) -> str:
+    """Names the target as planned: nodes asked for with ``nodes=`` (``--nodes 2``) show even when the hardware
+    name has none."""
+    where, nodes = rec.hardware.name or "this machine", rec.setup.nodes
+    if nodes > 1 and not where.endswith(f"x{nodes}"):   # "h100-80gb:8x2" already says it
+        where += f" x {nodes} nodes"
+    return f"perfguide {rec.scenario}: {rec.model.name} on {where}"
+
+
+def report_document(rec: Recommendation, brief: bool = False) -> Document:
+    title = report_title(rec)
+    if brief:
+        return Document(title=title, sections=(headline_section(rec),))
     sections = (
-        _request_section(rec), _setup_section(rec.setup), _decisions_section(rec.decisions),
+        headline_section(rec), _request_section(rec), _setup_section(rec.setup), _decisions_section(rec.decisions),
         _memory_section(rec.memory, rec.setup.device), _throughput_section(rec.throughput), _candidates_section(rec.candidates),
         _launch_section(rec), _warnings_section(rec), _suggestions_section(rec),
     )
@@ -295,10 +322,11 @@ def _check_rich(fmt: str) -> None:
         raise PerfGuideError("fmt='rich' needs the rich library: pip install perfguide[rich] (or use fmt='text')")
 
 
-def render(rec: Recommendation, fmt: str = "text") -> str:
-    """Render a Recommendation as 'text', 'markdown' or 'rich' (ANSI); rich must be installed for the last."""
+def render(rec: Recommendation, fmt: str = "text", brief: bool = False) -> str:
+    """Render a Recommendation as 'text', 'markdown' or 'rich' (ANSI); rich must be installed for the last.
+    ``brief``: the headline block only."""
     _check_rich(fmt)
-    return render_document(report_document(rec), fmt)
+    return render_document(report_document(rec, brief), fmt)
 
 
 def render_estimate(model_name: str, setup: Setup, memory: MemoryEstimate, fmt: str = "text",
