@@ -19,11 +19,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import publish
 
-from perfguide import Hardware
-from perfguide.memory.serving import estimate_engine_memory
+from perfguide import Hardware, engines
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
-from perfguide.speed.serving import estimate_serving_speed
 
 GiB = 1024**3
 OUT = Path(__file__).parent / "results" / "serving.md"
@@ -37,8 +35,8 @@ def kv_rows() -> list[tuple[str, str, float, float, str]]:
     for length, published in ((20000, 3.81), (29000, 2.89)):
         # vLLM 0.6 (the log's version) profiled at max_num_batched_tokens = max_model_len and did not deduct CUDA
         # graphs from the KV budget (graphs were captured afterwards); enforce_eager=True prices the same account.
-        s = ServingSetup(max_model_len=length, max_num_batched_tokens=length, max_num_seqs=256, gpu_memory_utilization=0.9, enforce_eager=True)
-        m = estimate_engine_memory(spec, s, hw)
+        s = ServingSetup(engine="vllm", max_model_len=length, max_num_batched_tokens=length, max_num_seqs=256, gpu_memory_utilization=0.9, enforce_eager=True)
+        m = engines.server("vllm").memory(spec, s, hw)
         rows.append((f"Llama-3.1-8B bf16, RTX 3090, util 0.90, max_model_len {length} (in-sample: its 23.58 GiB total sets half the driver reserve)", "KV cache GiB", published,
                      m.kv_cache_bytes / GiB, "github.com/vllm-project/vllm/issues/10517 (vLLM 0.6 profiler log)"))
     return rows
@@ -48,19 +46,19 @@ def speed_rows() -> list[tuple[str, str, float, float, str]]:
     rows = []
     spec8 = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
     a100 = Hardware.from_name("a100-40gb")
-    s = ServingSetup(max_model_len=1152, max_num_seqs=64, gpu_memory_utilization=0.9)
-    one = estimate_serving_speed(spec8, s, a100, 1024, 128, 1)
-    eight = estimate_serving_speed(spec8, s, a100, 1024, 128, 8)
+    s = ServingSetup(engine="vllm", max_model_len=1152, max_num_seqs=64, gpu_memory_utilization=0.9)
+    one = engines.server("vllm").speed(spec8, s, a100, 1024, 128, 1)
+    eight = engines.server("vllm").speed(spec8, s, a100, 1024, 128, 8)
     src = "johnmusgrave.com/p/vllm-throughput-latency-sweep-on (vLLM 0.23, random 1024 in / 128 out)"
     rows.append(("Llama-3.1-8B bf16, A100-40GB, concurrency 1 (in-sample: sets decode efficiency)", "decode tok/s", 75.0,
                  1000 / one.time_per_output_token_ms, src))
     rows.append(("Llama-3.1-8B bf16, A100-40GB, concurrency 8 vs 1", "throughput gain x", 6.6,
                  eight.output_tokens_per_s / one.output_tokens_per_s, src))
     h100 = Hardware.from_name("h100-80gb")
-    fp8 = ServingSetup(weight_format="fp8", max_model_len=2048, max_num_seqs=1024, max_num_batched_tokens=16384, gpu_memory_utilization=0.9)
-    mem = estimate_engine_memory(spec8, fp8, h100)
+    fp8 = ServingSetup(engine="vllm", weight_format="fp8", max_model_len=2048, max_num_seqs=1024, max_num_batched_tokens=16384, gpu_memory_utilization=0.9)
+    mem = engines.server("vllm").memory(spec8, fp8, h100)
     batch = min(1024, mem.kv_cache_tokens // (870 + 128))
-    offline = estimate_serving_speed(spec8, fp8, h100, 870, 128, batch)
+    offline = engines.server("vllm").speed(spec8, fp8, h100, 870, 128, batch)
     rows.append((f"Llama-3.1-8B FP8, H100, MLPerf v5.1 offline (CNN-DailyMail, ~870 in / <=128 out; batch {batch})", "tokens/s",
                  5777.0, offline.output_tokens_per_s,
                  "Red Hat MLPerf Inference v5.1 submission, vLLM 0.10 (redhat.com blog 'efficient and reproducible LLM inference')"))

@@ -1,18 +1,29 @@
 """data/serving.json as typed models, validated once at load: a malformed row fails at import of the
-serving model, naming the field, instead of surfacing as a wrong number in a plan."""
+serving model, naming the field, instead of surfacing as a wrong number in a plan.
+
+Engine rows are keyed by the engine modules' names (perfguide/engines/); nothing here knows which engines
+exist. A weight format's own facts (bits, kernel efficiency, quality cost) sit in ``formats``; how an engine
+runs it (its option value, at load or from a pre-quantized checkpoint, on which GPUs) sits in the engine's row.
+"""
 
 from __future__ import annotations
 
 from functools import cache
-from typing import Literal, get_args
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from ._base import Model
 from ._data import load
 
-EngineName = Literal["vllm", "sglang"]
-FormatName = Literal["bf16", "fp16", "fp8", "awq", "gptq", "bitsandbytes"]
+
+class EngineFormat(Model):
+    """One weight format as one engine runs it."""
+
+    choice: str | None = Field(description="the engine's quantization option value; None = unquantized")
+    at_load: bool = Field(description="True: the engine converts a 16-bit checkpoint at load; False: needs a pre-quantized one")
+    min_cc: tuple[int, int] = Field(description="lowest NVIDIA compute capability its kernels run on")
+    vendors: tuple[str, ...] = Field(min_length=1, description="GPU vendors the engine runs it on")
 
 
 class EngineFacts(Model):
@@ -25,20 +36,17 @@ class EngineFacts(Model):
     max_cuda_graph_size: int = Field(ge=1)
     step_overhead_s: float = Field(ge=0)
     source: str = Field(min_length=10)
+    formats: dict[str, EngineFormat] = Field(min_length=1)
+    formats_source: str = Field(min_length=10)
 
 
 class FormatFacts(Model):
-    """A weight format as the engines run it: bytes, kernel efficiency, the GPUs it needs, its quality cost."""
+    """A weight format: bytes, kernel efficiency, the precision its matmuls run in, its quality cost."""
 
     bits: int = Field(ge=1, le=16)
     group_size: int = Field(ge=0)
-    vllm: str | None          # the engine's ``quantization`` value; None = unquantized
-    sglang: str | None
-    checkpoint: bool          # True: needs a checkpoint quantized in this format (AWQ/GPTQ repos)
-    engines: tuple[EngineName, ...] = ("vllm", "sglang")   # the engines of the pinned versions that run it
     decode_efficiency: float = Field(gt=0, le=1)
     compute: Literal["bf16", "fp16", "fp8"]
-    min_cc: tuple[int, int]
     quality_cost_pct: float = Field(ge=0)
     source: str = Field(min_length=10)
 
@@ -68,13 +76,13 @@ class ServingFacts(Model):
     compute_efficiency: Sourced
     tp_allreduce: LinkTable
 
-
     @model_validator(mode="after")
-    def _known_names(self) -> ServingFacts:
-        """Keys are looked up by Setup values: every engine and format Setup can name must have its row."""
-        for kind, rows, names in (("engine", self.engines, get_args(EngineName)), ("format", self.formats, get_args(FormatName))):
-            if set(rows) != set(names):
-                raise ValueError(f"serving.json {kind}s {sorted(rows)} must be exactly {sorted(names)}")
+    def _known_formats(self) -> ServingFacts:
+        """Every format an engine row names must have its row of facts."""
+        for name, engine in self.engines.items():
+            unknown = set(engine.formats) - set(self.formats)
+            if unknown:
+                raise ValueError(f"serving.json engine {name!r} runs formats {sorted(unknown)} with no row in 'formats' ({sorted(self.formats)})")
         return self
 
 

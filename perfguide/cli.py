@@ -71,10 +71,10 @@ CONSTRAINT_HELP = {
     "from_scratch": "training from random weights (8-bit optimizers then use bnb StableEmbedding)",
     "max_new_tokens": "inference: tokens generated per request",
     "prompt_len": "inference: prompt tokens (default: the sequence length)",
-    "quantization": "inference: quantized weights (int8/nf4 with transformers; fp8, awq, gptq or nf4 with vllm/sglang)",
+    "quantization": "inference: quantized weights (each engine's own formats: perfguide.engines)",
     "prefer": "inference: optimise for latency or throughput",
     "trust_remote_code": "allow a hub config's own code when reading the model",
-    "engine": "inference: serving engine (default: transformers)",
+    "engine": "inference: the engine that runs the model, one of perfguide.engines.names() (default: generate in your script)",
 }
 
 
@@ -273,7 +273,7 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print the whole Recommendation as JSON")
     out.add_argument("--markdown", action="store_true", help="print the report as Markdown")
     out.add_argument("--training-args", action="store_true", help="print the TrainingArguments kwargs as JSON")
-    out.add_argument("--serve-command", action="store_true", help="print the vllm serve / sglang.launch_server command (with --engine)")
+    out.add_argument("--serve-command", action="store_true", help="print the serving engine's start command (with --engine NAME)")
     out.add_argument("--sft-config", action="store_true", help="print the trl.SFTConfig kwargs as JSON")
     p.add_argument("--brief", action="store_true", help="print only the headline: the plan, its verdict and binding limit, "
                    "memory, speed and the command or code to run it (with --json: only the summary object)")

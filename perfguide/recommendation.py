@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import model_validator
 
 from .decisions import Decision
+from .errors import PerfGuideError
 from .hardware.types import Hardware
 from .model.types import ModelSpec
 from .optimizer_facts import steps_in_backward
@@ -21,6 +22,8 @@ if TYPE_CHECKING:  # heavy types only for annotations
     import trl
 
     from .render.headline import Summary
+    from .engines import ServerEngine
+    from .setup import ServingSetup
 
 
 class Recommendation(Plan):
@@ -141,10 +144,10 @@ class Recommendation(Plan):
 
         return launch_command(self, script, *script_args, config_file=config_file)
 
-    # --- serving engines (vLLM / SGLang) ------------------------------------------------------
+    # --- serving engines (perfguide.engines) ---------------------------------------------------
     @property
     def kv_cache_tokens(self) -> int | None:
-        """What vLLM logs as 'GPU KV cache size: N tokens' (SGLang: max_total_num_tokens); None without an engine."""
+        """The KV-cache size the engine logs at start-up (vLLM: 'GPU KV cache size: N tokens'); None without one."""
         return self.engine_memory.kv_cache_tokens if self.engine_memory is not None else None
 
     @property
@@ -152,18 +155,31 @@ class Recommendation(Plan):
         """Sequences of max_model_len tokens the engine's KV cache holds at once."""
         return self.engine_memory.max_concurrency if self.engine_memory is not None else None
 
-    def vllm_args(self) -> dict[str, Any]:
-        """Kwargs for ``vllm.LLM`` / ``vllm.EngineArgs`` (plan with ``engine='vllm'``)."""
-        from .integrations.vllm import vllm_args
+    def _server(self) -> tuple[ServerEngine, ServingSetup]:
+        """The plan's serving engine; a plan that runs in the user's script is one line naming the servers."""
+        from .engines import default, server, servers
 
-        return vllm_args(self)
+        s = self.setup.serving
+        if s is None:
+            names = " or ".join(repr(e.name) for e in servers())
+            raise PerfGuideError(f"this plan runs in your script (engine={default().name!r}) and has no server settings; "
+                                 f"use recommend(..., scenario='infer_gpu_one' or 'infer_gpu_many', engine={names})")
+        return server(s.engine), s
+
+    def engine_args(self) -> dict[str, Any]:
+        """Kwargs of the serving engine's Python entry point (vLLM: ``vllm.LLM`` / ``EngineArgs``)."""
+        engine, s = self._server()
+        return engine.args(self.request_model_id, s)
 
     def serve_command(self) -> str:
-        """The server command line: ``vllm serve MODEL ...`` or ``python -m sglang.launch_server ...``."""
-        from .integrations.sglang import sglang_command
-        from .integrations.vllm import vllm_command
+        """The server command line of the plan's engine, with the model id as the user gave it."""
+        engine, s = self._server()
+        return engine.command(self.request_model_id, s)
 
-        return sglang_command(self) if self.setup.engine == "sglang" else vllm_command(self)
+    @property
+    def request_model_id(self) -> str:
+        """The model as the engine should load it."""
+        return self.model.name
 
     # --- rendering -----------------------------------------------------------------------------
     def report(self, fmt: str = "text", brief: bool = False) -> str:

@@ -25,8 +25,7 @@ Strategy = Literal[
     "device_map", "tp",                                                         # inference across GPUs
 ]
 Device = Literal["cuda", "cpu"]
-Engine = Literal["transformers", "vllm", "sglang"]
-WeightFormat = Literal["bf16", "fp16", "fp8", "awq", "gptq", "bitsandbytes"]
+WeightFormat = Literal["bf16", "fp16", "fp8", "awq", "gptq", "nf4"]
 
 #: Bytes per element of each weight dtype (nf4 packs two weights per byte); the one table every module reads.
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
@@ -77,10 +76,11 @@ class LoraSpec(Model):
 
 
 class ServingSetup(Model):
-    """A serving engine's layout and budget (vLLM / SGLang): what ``vllm serve`` and ``sglang.launch_server``
-    are told. ``num_gpus`` of the Setup is tensor x pipeline x data parallel."""
+    """A serving engine's layout and budget: what the engine's server command is told. ``num_gpus`` of the
+    Setup is tensor x pipeline x data parallel. ``engine`` names a module of perfguide/engines/ (checked there:
+    this vocabulary sits below the engines and knows none of them)."""
 
-    engine: Literal["vllm", "sglang"] = "vllm"
+    engine: str = Field(min_length=1, max_length=64)
     weight_format: WeightFormat = "bf16"
     tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=1024)
@@ -118,7 +118,7 @@ class Setup(Model):
     new_tokens: int = Field(default=0, ge=0, le=10_000_000)
     cache_implementation: Literal["dynamic", "static"] = "dynamic"
     torch_compile: bool = False
-    serving: ServingSetup | None = None   # set when a serving engine (vLLM / SGLang) runs the model
+    serving: ServingSetup | None = None   # set when a serving engine runs the model (None: transformers in the user's script)
     # host side
     dataloader_num_workers: int = Field(default=0, ge=0)
     dataloader_pin_memory: bool = True
@@ -213,10 +213,6 @@ class Setup(Model):
     def weight_bytes(self) -> float:
         """Bytes per stored weight element (0.5 for nf4)."""
         return DTYPE_BYTES[self.weights_dtype]
-
-    @property
-    def engine(self) -> Engine:
-        return self.serving.engine if self.serving is not None else "transformers"
 
     @property
     def world_size(self) -> int:

@@ -103,5 +103,5 @@ def test_vllm_bitsandbytes_format_follows_the_flag() -> None:
     is among the formats priced; without it, never."""
     with_flag = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="a6000", engine="sglang")
     without = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware=_without_bnb("a6000"), engine="sglang")
-    assert "bitsandbytes" in {c.setup.serving.weight_format for c in with_flag.candidates if c.setup.serving}
-    assert "bitsandbytes" not in {c.setup.serving.weight_format for c in without.candidates if c.setup.serving}
+    assert "nf4" in {c.setup.serving.weight_format for c in with_flag.candidates if c.setup.serving}
+    assert "nf4" not in {c.setup.serving.weight_format for c in without.candidates if c.setup.serving}

@@ -7,10 +7,10 @@ import math
 import pytest
 from test_inference_memory import LLAMA31_8B, llama
 
-from perfguide import Hardware
+from perfguide import Hardware, engines
 from perfguide._serving_data import serving_facts
 from perfguide.memory.overhead import cuda_context_bytes
-from perfguide.memory.serving import activation_peak_bytes, estimate_engine_memory, format_weight_bytes, kv_bytes_per_token
+from perfguide.memory.serving import activation_peak_bytes, format_weight_bytes, kv_bytes_per_token
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 
@@ -34,7 +34,7 @@ def test_8b_on_a100_kv_tokens_equal_the_published_budget_rule_by_hand() -> None:
     blocks = kv // block
     tokens = int(blocks / (8192 // 16) * 8192)
 
-    mem = estimate_engine_memory(LLAMA31_8B, s, hw)
+    mem = engines.server(s.engine).memory(LLAMA31_8B, s, hw)
     assert mem.kv_cache_bytes == kv
     assert mem.num_blocks == blocks
     assert mem.kv_cache_tokens == tokens == blocks * 16
@@ -44,7 +44,7 @@ def test_8b_on_a100_kv_tokens_equal_the_published_budget_rule_by_hand() -> None:
 
 def test_kv_bytes_per_token_matches_published_vllm_log() -> None:
     """github.com/vllm-project/vllm/issues/10517: Llama-3.1-8B, kv_cache_size=3.81GiB -> 1952 GPU blocks of 16 tokens."""
-    per_token = kv_bytes_per_token(LLAMA31_8B, ServingSetup())
+    per_token = kv_bytes_per_token(LLAMA31_8B, ServingSetup(engine="vllm"))
     assert per_token == 131072                                # 128 KiB: 32 layers x 2 x 8 heads x 128 x 2 bytes
     assert 3.81 * GiB / (16 * per_token) == pytest.approx(1952, rel=0.002)
 
@@ -53,16 +53,16 @@ def test_kv_bytes_per_token_matches_published_vllm_log() -> None:
 def test_activation_peak_close_to_published_profile(tokens: int, peak_torch_gib: float) -> None:
     """Same issue: profile runs at max_num_batched_tokens = 20000 / 29000 peaked at 17.06 / 17.98 GiB of torch
     memory with 14.9888 GiB of weights ('Loading model weights took 14.9888 GB', vLLM printed GiB as GB)."""
-    peak = activation_peak_bytes(LLAMA31_8B, ServingSetup(max_num_batched_tokens=tokens, max_num_seqs=256))
+    peak = activation_peak_bytes(LLAMA31_8B, ServingSetup(engine="vllm", max_num_batched_tokens=tokens, max_num_seqs=256))
     assert peak == pytest.approx((peak_torch_gib - 14.9888) * GiB, rel=0.10)
 
 
 def test_fp8_kv_halves_bytes_and_tp_splits_heads() -> None:
-    base = kv_bytes_per_token(LLAMA31_70B, ServingSetup())
-    assert kv_bytes_per_token(LLAMA31_70B, ServingSetup(kv_cache_dtype="fp8")) * 2 == base
-    assert kv_bytes_per_token(LLAMA31_70B, ServingSetup(tensor_parallel_size=8)) * 8 == base
+    base = kv_bytes_per_token(LLAMA31_70B, ServingSetup(engine="vllm"))
+    assert kv_bytes_per_token(LLAMA31_70B, ServingSetup(engine="vllm", kv_cache_dtype="fp8")) * 2 == base
+    assert kv_bytes_per_token(LLAMA31_70B, ServingSetup(engine="vllm", tensor_parallel_size=8)) * 8 == base
     # 16 ranks for 8 KV heads: each rank still keeps one whole head (replicated)
-    assert kv_bytes_per_token(LLAMA31_70B, ServingSetup(tensor_parallel_size=16)) * 8 == base
+    assert kv_bytes_per_token(LLAMA31_70B, ServingSetup(engine="vllm", tensor_parallel_size=16)) * 8 == base
 
 
 def test_mla_latent_cache_is_rank_plus_rope_and_not_split() -> None:
@@ -71,8 +71,8 @@ def test_mla_latent_cache_is_rank_plus_rope_and_not_split() -> None:
                      head_dim=192, intermediate_size=10944, vocab_size=102400, total_params=15_700_000_000,
                      embedding_params=102400 * 2048, lm_head_params=102400 * 2048,
                      config={"kv_lora_rank": 512, "qk_rope_head_dim": 64})
-    assert kv_bytes_per_token(spec, ServingSetup()) == 27 * 576 * 2
-    assert kv_bytes_per_token(spec, ServingSetup(tensor_parallel_size=4)) == 27 * 576 * 2
+    assert kv_bytes_per_token(spec, ServingSetup(engine="vllm")) == 27 * 576 * 2
+    assert kv_bytes_per_token(spec, ServingSetup(engine="vllm", tensor_parallel_size=4)) == 27 * 576 * 2
 
 
 def test_int4_group_weights_and_fp8_weights() -> None:
@@ -83,14 +83,14 @@ def test_int4_group_weights_and_fp8_weights() -> None:
     assert format_weight_bytes(LLAMA31_70B, "fp8") == int(linear * 1 + rest * 2)
     # ~37 GB: the 4-bit 70B leaves most of an H100 for the KV cache; 16-bit does not fit at all
     hw = Hardware.from_name("h100-80gb")
-    assert estimate_engine_memory(LLAMA31_70B, ServingSetup(weight_format="awq"), hw).fits
-    assert not estimate_engine_memory(LLAMA31_70B, ServingSetup(weight_format="bf16"), hw).fits
+    assert engines.server("vllm").memory(LLAMA31_70B, ServingSetup(engine="vllm", weight_format="awq"), hw).fits
+    assert not engines.server("vllm").memory(LLAMA31_70B, ServingSetup(engine="vllm", weight_format="bf16"), hw).fits
 
 
 def test_sglang_pool_is_fraction_of_free_memory_minus_weights() -> None:
     hw = Hardware.from_name("a100-80gb")
     s = ServingSetup(engine="sglang", gpu_memory_utilization=0.85, max_model_len=4096)
-    mem = estimate_engine_memory(LLAMA31_8B, s, hw)
+    mem = engines.server(s.engine).memory(LLAMA31_8B, s, hw)
     pool = int((81920 * 2**20 - int(serving_facts().driver_reserved_bytes.value) - cuda_context_bytes(hw)) * 0.85) - 8_030_261_248 * 2
     assert mem.kv_cache_bytes == pool
     assert mem.kv_cache_tokens == pool // 131072               # token granularity (page size 1)

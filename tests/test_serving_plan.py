@@ -31,7 +31,7 @@ def rec(model: str, scenario: str, hardware: str, **kw: object) -> Recommendatio
 
 
 def check_vllm_names(r: Recommendation) -> None:
-    kw = r.vllm_args()
+    kw = r.engine_args()
     vllm = FLAGS["vllm"]
     assert set(kw) <= set(vllm["engine_args"]), set(kw) - set(vllm["engine_args"])
     assert kw["quantization"] is None or kw["quantization"] in vllm["quantization"]
@@ -136,7 +136,7 @@ def test_named_constraints_are_used_or_refused_in_one_line() -> None:
     r = rec("meta-llama/Llama-3.1-8B", "infer_gpu_many", "h100-80gb:4", engine="vllm", strategy="single", quantization="awq")
     assert r.setup.serving.tensor_parallel_size == 1 and r.setup.serving.data_parallel_size == 4
     assert r.setup.serving.weight_format == "awq" and any("checkpoint" in w for w in r.warnings)
-    for kw, word in ((dict(engine="vllm", quantization="nf4"), "bitsandbytes"), (dict(engine="vllm", quantization="int8"), "int8"),
+    for kw, word in ((dict(engine="vllm", quantization="nf4"), "sglang"), (dict(engine="vllm", quantization="int8"), "int8"),
                      (dict(quantization="awq"), "engine='vllm'"), (dict(engine="vllm", strategy="device_map"), "device_map")):
         with pytest.raises(PerfGuideError) as e:
             rec("meta-llama/Llama-3.1-8B", "infer_gpu_many", "h100-80gb:4", **kw)
@@ -151,9 +151,9 @@ def test_named_constraints_are_used_or_refused_in_one_line() -> None:
 def test_engine_plan_survives_json_round_trip() -> None:
     r = rec("meta-llama/Llama-3.1-70B", "infer_gpu_many", "h100-80gb:8", engine="vllm")
     back = Recommendation.model_validate_json(r.to_json())
-    assert back.vllm_args() == r.vllm_args() and back.kv_cache_tokens == r.kv_cache_tokens
+    assert back.engine_args() == r.engine_args() and back.kv_cache_tokens == r.kv_cache_tokens
     with pytest.raises(PerfGuideError) as e:
-        rec("meta-llama/Llama-3.1-8B", "infer_gpu_one", "a100-80gb").vllm_args()
+        rec("meta-llama/Llama-3.1-8B", "infer_gpu_one", "a100-80gb").engine_args()
     one_line(e, "engine='vllm'")
 
 

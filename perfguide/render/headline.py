@@ -57,7 +57,7 @@ class Summary(Model):
 def _what(rec: Recommendation) -> str:
     s = rec.setup
     if s.task == "infer":
-        return f"{s.engine} serving" if s.serving is not None else "inference"
+        return f"{s.serving.engine} serving" if s.serving is not None else "inference"
     if s.lora is None:
         return "full fine-tune"
     return "QLoRA" if s.quantized else "LoRA"

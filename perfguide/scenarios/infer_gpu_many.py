@@ -83,9 +83,7 @@ def launcher(setup: Setup) -> Decision:
 
 
 def plan(request: Request) -> Plan:
-    if request.constraints.engine in ("vllm", "sglang"):
-        return serving_plan.plan(request)
-    return serving_plan.with_engine_hint(request, transformers_plan(request))
+    return serving_plan.dispatch(request, transformers_plan)
 
 
 def transformers_plan(request: Request) -> Plan:

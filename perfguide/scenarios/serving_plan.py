@@ -8,24 +8,23 @@ what published quality cost, and whether G GPUs serve faster as one TP-G engine 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
+from .. import engines
 from .._serving_data import serving_facts
 from ..decisions import Alternative, Decision
+from ..engines import Engine, ServerEngine
 from ..errors import ConflictingConstraintsError
-from ..hardware.types import GPU
-from ..memory.serving import EngineMemory, describe, estimate_engine_memory, sglang_mem_fraction
+from ..memory.serving import EngineMemory, describe
 from ..memory.types import MemoryEstimate
 from ..setup import ServingSetup, Setup
-from ..speed.serving import ServingSpeed, estimate_serving_speed
+from ..speed.serving import ServingSpeed
 from ..speed.types import Throughput
 from . import registry
 from .bnb_gate import quantization_runs
 from .types import Candidate, Plan, Request
 
-ENGINE_FORMATS = ("fp8", "awq", "gptq")
-SRC_VLLM = "vLLM 0.33 docs: configuration/optimization.md, serving/parallelism_scaling.md; vllm/engine/arg_utils.py"
-SRC_SGLANG = "SGLang 0.5.23 docs: advanced_features/server_arguments.md; python/sglang/srt/server_args.py"
 MAX_SEQS = 256
 BATCHED_TOKENS = 8192
 
@@ -36,61 +35,45 @@ class Priced(NamedTuple):
     speed: ServingSpeed | None
 
 
-def engine_of(request: Request) -> str:
-    return request.constraints.engine or "transformers"
+def engine_of(request: Request) -> Engine:
+    """The named engine, else the registry's default."""
+    name = request.constraints.engine
+    return engines.get(name) if name else engines.default()
 
 
 def check_engine(scenario: str, engine: str | None, quantization: str | None, strategy: str | None) -> None:
     """One-line refusals for engine constraints a plan cannot honour (never a quiet substitute)."""
     info = registry.get(scenario)
-    if engine in ("vllm", "sglang") and not (info.task == "infer" and info.device == "cuda"):
-        raise ConflictingConstraintsError(f"engine={engine!r} serves on GPUs; scenario {scenario!r} does not: "
-                                          "use scenario='infer_gpu_one' or 'infer_gpu_many', or engine='transformers'")
-    if engine in (None, "transformers") and quantization in ENGINE_FORMATS:
-        raise ConflictingConstraintsError(f"quantization={quantization!r} is planned for the serving engines here; "
-                                          "use engine='vllm' or 'sglang', or quantization='int8'/'nf4' with transformers")
-    if engine in ("vllm", "sglang") and quantization == "int8":
-        raise ConflictingConstraintsError(f"quantization='int8' (bitsandbytes LLM.int8) is not an in-flight format of {engine}; "
-                                          "use quantization='fp8' (8-bit, quantized at load), 'nf4' (bitsandbytes 4-bit), 'awq' or 'gptq'")
-    if engine in ("vllm", "sglang") and strategy == "device_map":
-        raise ConflictingConstraintsError(f"strategy='device_map' is transformers' layer split; with engine={engine!r} "
-                                          "use strategy='tp' (tensor parallel) or 'single' (one replica per GPU)")
+    e = engines.get(engine) if engine else engines.default()
+    if e.server and not (info.task == "infer" and info.device == "cuda"):
+        raise ConflictingConstraintsError(f"engine={e.name!r} serves on GPUs; scenario {scenario!r} does not: "
+                                          f"use scenario='infer_gpu_one' or 'infer_gpu_many', or engine={engines.default().name!r}")
+    if quantization is not None and quantization not in e.quantizations():
+        others = " or ".join(repr(o.name) for o in engines.registry() if quantization in o.quantizations())
+        raise ConflictingConstraintsError(f"quantization={quantization!r} is not a format engine={e.name!r} plans for; use one of "
+                                          f"{', '.join(e.quantizations()) or '(none)'}" + (f", or engine={others}" if others else ""))
+    if strategy is not None and info.multi_gpu and strategy not in e.strategies:
+        raise ConflictingConstraintsError(f"strategy={strategy!r} is not a layout of engine={e.name!r}; use one of {', '.join(e.strategies)}")
 
 
-#: what vLLM runs on AMD GPUs (its quantization hardware table, AMD GPU column: FP8 yes; AWQ, GPTQ, bitsandbytes no);
-#: SGLang tabulates no ROCm support per format, so the same set is assumed for it (the conservative reading).
-#: NVIDIA cards are gated by each format's minimum compute capability instead
-AMD_FORMATS = ("bf16", "fp16", "fp8")
-SRC_AMD_FORMATS = "https://docs.vllm.ai/en/v0.14.0/features/quantization/ (Supported Hardware table, AMD GPU column)"
-
-
-def _runs_on(gpu: GPU, fmt: str) -> bool:
-    """Whether the engines' ``fmt`` kernels run on ``gpu``: by its flags off NVIDIA, by compute capability on it."""
-    if gpu.vendor != "nvidia":
-        return fmt in AMD_FORMATS and (fmt != "fp8" or gpu.supports_fp8) and (fmt != "bf16" or gpu.supports_bf16)
-    return gpu.compute_capability >= serving_facts().formats[fmt].min_cc
-
-
-def _formats(request: Request, engine: str) -> list[str]:
+def _formats(request: Request, engine: ServerEngine) -> list[str]:
     """Formats the engine and GPU run, cheapest in quality first; a named quantization is the only one tried."""
     gpu = request.hardware.smallest_gpu
     assert gpu is not None
-    formats = serving_facts().formats
     named = request.constraints.quantization
     if named:
-        fmt = "bitsandbytes" if named == "nf4" else named
-        if engine not in formats[fmt].engines:
-            raise ConflictingConstraintsError(f"quantization={named!r} is not a format of {engine} {serving_facts().engines[engine].version} "
-                                              f"({'bitsandbytes is not among' if fmt == 'bitsandbytes' else 'not among'} its quantization choices); "
-                                              "use 'fp8', 'awq' or 'gptq', or engine='sglang'")
-        if gpu.vendor != "nvidia" and not _runs_on(gpu, fmt):
-            raise ConflictingConstraintsError(f"quantization={named!r} ({fmt}) does not run on {gpu.name} ({gpu.vendor.upper()}) in "
-                                              f"{engine}, per {SRC_AMD_FORMATS}; use quantization='fp8' or none (16-bit weights)")
-        return [fmt]
+        if not engine.runs(named, gpu):
+            row = engine.formats[named]
+            raise ConflictingConstraintsError(f"quantization={named!r} does not run on {gpu.name} ({gpu.vendor.upper()}) in {engine.name} "
+                                              f"{engine.version} (it needs {'/'.join(v.upper() for v in row.vendors)}, compute capability >= "
+                                              f"{row.min_cc[0]}.{row.min_cc[1]} on NVIDIA), per {engine.facts.formats_source}; "
+                                              f"use {' or '.join(repr(f) for f in engine.quantizations() if engine.runs(f, gpu)) or 'none'} "
+                                              "or no quantization (16-bit weights)")
+        return [named]
+    formats = serving_facts().formats
     half = "bf16" if gpu.supports_bf16 else "fp16"
-    ok = [f for f in (half, "fp8", "awq", "gptq", "bitsandbytes")
-          if _runs_on(gpu, f) and engine in formats[f].engines
-          and (f != "bitsandbytes" or quantization_runs("nf4", request.hardware))]
+    ok = [f for f in engine.formats if engine.runs(f, gpu) and (formats[f].bits < 16 or f == half)
+          and (f != "nf4" or quantization_runs("nf4", request.hardware))]
     return sorted(ok, key=lambda f: formats[f].quality_cost_pct)
 
 
@@ -111,31 +94,21 @@ def _degrees(request: Request, gpus: int) -> list[int]:
     return ok
 
 
-def _utilization(request: Request, engine: str, serving: ServingSetup) -> float:
-    """vLLM: 1 - headroom, below what the CUDA context leaves free. SGLang: its own default, capped the same way."""
-    from ..memory.overhead import cuda_context_bytes
-
-    gpu = request.hardware.smallest_gpu
-    assert gpu is not None
-    room = 1 - request.constraints.headroom
-    if engine == "sglang":
-        return min(room, sglang_mem_fraction(gpu.memory_total, serving))
-    free = (gpu.memory_total - cuda_context_bytes(request.hardware)) / gpu.memory_total
-    return round(min(room, int(free * 100) / 100), 2)
-
-
 def _workload(request: Request) -> tuple[int, int]:
     return request.constraints.prompt_len or request.seq_len, request.constraints.max_new_tokens
 
 
-def _sized(request: Request, engine: str, fmt: str, tp: int, gpus: int, eager: bool = False) -> ServingSetup:
+def _sized(request: Request, engine: ServerEngine, fmt: str, tp: int, gpus: int, eager: bool = False) -> ServingSetup:
     prompt, output = _workload(request)
     limit = request.model.max_position_embeddings or (prompt + output)
-    base = ServingSetup(engine=engine, weight_format=fmt, tensor_parallel_size=tp, data_parallel_size=gpus // tp,
+    base = ServingSetup(engine=engine.name, weight_format=fmt, tensor_parallel_size=tp, data_parallel_size=gpus // tp,
                         max_model_len=min(prompt + output, limit), max_num_seqs=request.constraints.batch_size or MAX_SEQS,
                         max_num_batched_tokens=BATCHED_TOKENS, enforce_eager=eager,
                         kv_cache_dtype="auto", enable_prefix_caching=True)
-    return base.model_copy(update={"gpu_memory_utilization": _utilization(request, engine, base)})
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    util = engine.utilization(gpu, request.hardware, base, request.constraints.headroom)
+    return base.model_copy(update={"gpu_memory_utilization": util})
 
 
 def _batch(request: Request, mem: EngineMemory, serving: ServingSetup) -> int:
@@ -151,12 +124,12 @@ def _batch(request: Request, mem: EngineMemory, serving: ServingSetup) -> int:
     return min(fit, serving.max_num_seqs)
 
 
-def _price(request: Request, serving: ServingSetup) -> Priced:
-    mem = estimate_engine_memory(request.model, serving, request.hardware)
+def _price(request: Request, engine: ServerEngine, serving: ServingSetup) -> Priced:
+    mem = engine.memory(request.model, serving, request.hardware)
     if not mem.fits:
         return Priced(serving, mem, None)
     prompt, output = _workload(request)
-    speed = estimate_serving_speed(request.model, serving, request.hardware, prompt, output, _batch(request, mem, serving))
+    speed = engine.speed(request.model, serving, request.hardware, prompt, output, _batch(request, mem, serving))
     return Priced(serving, mem, speed)
 
 
@@ -165,19 +138,19 @@ def _score(request: Request, p: Priced) -> float:
     return -p.speed.time_per_output_token_ms if request.constraints.prefer == "latency" else p.speed.output_tokens_per_s
 
 
-def _layouts(request: Request, engine: str, fmt: str, gpus: int) -> list[Priced]:
+def _layouts(request: Request, engine: ServerEngine, fmt: str, gpus: int) -> list[Priced]:
     """Every TP degree for one format; a layout that only fits without CUDA graphs is priced eager."""
     priced = []
     for tp in _degrees(request, gpus):
-        p = _price(request, _sized(request, engine, fmt, tp, gpus))
+        p = _price(request, engine, _sized(request, engine, fmt, tp, gpus))
         if p.speed is None:
-            eager = _price(request, _sized(request, engine, fmt, tp, gpus, eager=True))
+            eager = _price(request, engine, _sized(request, engine, fmt, tp, gpus, eager=True))
             p = eager if eager.speed is not None else p
         priced.append(p)
     return priced
 
 
-def _choose(request: Request, engine: str, gpus: int) -> tuple[Priced | None, list[Priced]]:
+def _choose(request: Request, engine: ServerEngine, gpus: int) -> tuple[Priced | None, list[Priced]]:
     """Formats within the acceptable quality cost compete on speed; a costlier tier is priced only when none of
     the cheaper ones fits, and its fastest fitting layout wins."""
     formats = serving_facts().formats
@@ -230,7 +203,7 @@ def _row(p: Priced) -> str:
             f"{p.speed.time_per_output_token_ms:.1f} ms/token, KV {p.memory.kv_cache_tokens:,} tokens")
 
 
-def _format_decision(request: Request, chosen: Priced, tried: list[Priced]) -> Decision:
+def _format_decision(request: Request, engine: ServerEngine, chosen: Priced, tried: list[Priced]) -> Decision:
     formats = serving_facts().formats
     f = chosen.serving.weight_format
     facts = formats[f]
@@ -242,7 +215,7 @@ def _format_decision(request: Request, chosen: Priced, tried: list[Priced]) -> D
     alts = tuple(Alternative(value=k, number=formats[k].quality_cost_pct, unit="% quality cost",
                              why_not=_row(p) + f"; published quality cost ~{formats[k].quality_cost_pct}%")
                  for k, p in best.items())
-    ckpt = f" Needs a {f.upper()} checkpoint of {request.model.name} (pass its repo as model)." if facts.checkpoint else ""
+    ckpt = f" Needs a {f.upper()} checkpoint of {request.model.name} (pass its repo as model)." if not engine.formats[f].at_load else ""
     acceptable, trade = serving_facts().acceptable_quality_cost_pct.value, serving_facts().quality_trade_speedup.value
     why = ("named by the quantization constraint" if request.constraints.quantization else
            f"the fastest fitting format within {acceptable}% published quality cost"
@@ -250,12 +223,12 @@ def _format_decision(request: Request, chosen: Priced, tried: list[Priced]) -> D
            f"no format within {acceptable}% quality cost fits, or this one is at least {trade}x faster than the best that does"
            + _beaten(request, chosen, tried))
     assert chosen.speed is not None
-    return Decision(setting="quantization", value=facts.vllm if chosen.serving.engine == "vllm" else facts.sglang,
+    return Decision(setting="quantization", value=engine.quantization_choice(chosen.serving),
                     number=facts.quality_cost_pct, unit="% quality cost", source=facts.source, alternatives=alts,
                     reason=f"{f}: {why}; {chosen.speed.output_tokens_per_s:,.0f} tok/s, published quality cost ~{facts.quality_cost_pct}%.{ckpt}")
 
 
-def _layout_decision(request: Request, chosen: Priced, tried: list[Priced]) -> Decision:
+def _layout_decision(request: Request, engine: ServerEngine, chosen: Priced, tried: list[Priced]) -> Decision:
     s = chosen.serving
     same = [p for p in tried if p.serving.weight_format == s.weight_format and p.serving != s]
     alts = tuple(Alternative(value=f"tp={p.serving.tensor_parallel_size} dp={p.serving.data_parallel_size}", why_not=_row(p))
@@ -264,18 +237,16 @@ def _layout_decision(request: Request, chosen: Priced, tried: list[Priced]) -> D
                     unit="ms/token (negative)" if request.constraints.prefer == "latency" else "tokens/s",
                     reason=f"best predicted {request.constraints.prefer} of the layouts that fit: {_row(chosen)}; tensor parallel "
                            "cuts per-token latency but pays two all-reduces per layer, replicas multiply throughput",
-                    source="Lambda vllm-benchmark (data parallel beats tensor parallel once the model fits); " + SRC_VLLM,
+                    source="Lambda vllm-benchmark (data parallel beats tensor parallel once the model fits); " + engine.docs_source,
                     alternatives=alts)
 
 
-def _memory_decision(chosen: Priced) -> Decision:
+def _memory_decision(engine: ServerEngine, chosen: Priced) -> Decision:
     m, s = chosen.memory, chosen.serving
-    setting = "gpu_memory_utilization" if s.engine == "vllm" else "mem_fraction_static"
     eager = " CUDA graphs are off (enforce_eager): their memory is what lets max_model_len fit." if s.enforce_eager else ""
-    return Decision(setting=setting, value=s.gpu_memory_utilization, number=float(m.kv_cache_tokens), unit="KV cache tokens",
+    return Decision(setting=engine.memory_setting, value=s.gpu_memory_utilization, number=float(m.kv_cache_tokens), unit="KV cache tokens",
                     reason=f"{describe(m)}.{eager}",
-                    source="vllm 0.33 vllm/v1/worker/gpu_worker.py determine_available_memory" if s.engine == "vllm" else
-                    "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes")
+                    source=engine.memory_source)
 
 
 def _to_memory(m: EngineMemory, request: Request) -> MemoryEstimate:
@@ -306,15 +277,27 @@ def _setup(request: Request, p: Priced) -> Setup:
                  num_gpus=s.tensor_parallel_size * s.data_parallel_size, serving=s)
 
 
-def plan(request: Request) -> Plan:
-    """The engine plan: format, layout, budget; a layout nothing fits comes back with fits=False and why."""
+def dispatch(request: Request, in_script: Callable[[Request], Plan]) -> Plan:
+    """A server engine plans here; the engine that runs in the user's script plans with ``in_script``, and its
+    plan names the first server's alternative."""
     engine = engine_of(request)
-    gpus = min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
+    if isinstance(engine, ServerEngine):
+        return plan(request, engine)
+    return with_engine_hint(request, in_script(request), engine)
+
+
+def _gpus(request: Request) -> int:
     if not request.info.multi_gpu:
-        gpus = 1
+        return 1
+    return min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
+
+
+def plan(request: Request, engine: ServerEngine) -> Plan:
+    """The engine plan: format, layout, budget; a layout nothing fits comes back with fits=False and why."""
+    gpus = _gpus(request)
     chosen, tried = _choose(request, engine, gpus)
-    engine_decision = Decision(setting="engine", value=engine, reason=f"{engine} named by the engine constraint: continuous batching "
-                               "over a paged KV cache", source=SRC_VLLM if engine == "vllm" else SRC_SGLANG)
+    engine_decision = Decision(setting="engine", value=engine.name, reason=f"{engine.title} named by the engine constraint: "
+                               f"{engine.summary}", source=engine.docs_source)
     candidates = tuple(Candidate(setup=_setup(request, p), memory=_to_memory(p.memory, request), throughput=_to_throughput(p),
                                  verdict="chosen" if chosen is not None and p is chosen else "fits" if p.speed else "does-not-fit",
                                  why=_row(p)) for p in tried)
@@ -324,35 +307,37 @@ def plan(request: Request) -> Plan:
                     decisions=(engine_decision,), candidates=candidates, fits=False, engine_memory=best.memory,
                     suggestions=(f"no format and layout leaves room for one {best.serving.max_model_len}-token sequence; best: {_row(best)}. "
                                  "Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU",))
-    decisions = [engine_decision, _format_decision(request, chosen, tried), _memory_decision(chosen)]
+    decisions = [engine_decision, _format_decision(request, engine, chosen, tried), _memory_decision(engine, chosen)]
     if gpus > 1:
-        decisions.append(_layout_decision(request, chosen, tried))
+        decisions.append(_layout_decision(request, engine, chosen, tried))
     warnings: tuple[str, ...] = ()
-    if serving_facts().formats[chosen.serving.weight_format].checkpoint:
-        warnings = (f"{chosen.serving.weight_format.upper()} needs a pre-quantized checkpoint: serve an {chosen.serving.weight_format.upper()} "
-                    f"repo of {request.model.name}, not the 16-bit one",)
+    fmt = chosen.serving.weight_format
+    if not engine.formats[fmt].at_load:
+        warnings = (f"{fmt.upper()} needs a pre-quantized checkpoint: serve an {fmt.upper()} repo of {request.model.name}, not the 16-bit one",)
     return Plan(setup=_setup(request, chosen), memory=_to_memory(chosen.memory, request), throughput=_to_throughput(chosen),
                 decisions=tuple(decisions), candidates=candidates, warnings=warnings, fits=True, engine_memory=chosen.memory)
 
 
-def with_engine_hint(request: Request, plan_: Plan) -> Plan:
-    """A transformers GPU plan names what vLLM would do with the same request, so a user who is serving
-    people sees the continuous-batching alternative and its predicted speed; the plan itself is unchanged."""
-    asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": "vllm"})})
+def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
+    """A plan run in the user's script names what the first serving engine would do with the same request, so
+    a user who is serving people sees the continuous-batching alternative and its predicted speed; the plan
+    itself is unchanged."""
+    servers = engines.servers()
+    if not servers:
+        return plan_
+    other = servers[0]
+    asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": other.name})})
     try:
-        check_engine(request.scenario, "vllm", request.constraints.quantization, request.constraints.strategy)
-        gpus = 1 if not request.info.multi_gpu else min(request.constraints.num_gpus or request.hardware.gpu_count,
-                                                                 request.hardware.gpu_count)
-        best, _ = _choose(asked, "vllm", gpus)
+        check_engine(request.scenario, other.name, request.constraints.quantization, request.constraints.strategy)
+        best, _ = _choose(asked, other, _gpus(request))
     except ConflictingConstraintsError:
         return plan_
     if best is None or best.speed is None:
         return plan_
-    here = plan_.throughput.tokens_per_s if plan_.fits else 0.0
-    hint = Decision(setting="engine", value="transformers", number=best.speed.output_tokens_per_s, unit="tokens/s with vLLM",
-                    reason="the default: this plan's model_kwargs() / generation_kwargs() run transformers' generate, which "
-                           "verify() and the callback can check on this machine", source=SRC_VLLM,
-                    alternatives=(Alternative(value="vllm", number=best.speed.output_tokens_per_s, unit="tokens/s",
-                                              why_not=f"not asked for; for serving many requests pass engine='vllm': predicted {_row(best)} "
-                                                      f"vs {here:,.0f} tok/s here"),))
+    speed = plan_.throughput.tokens_per_s if plan_.fits else 0.0
+    hint = Decision(setting="engine", value=here.name, number=best.speed.output_tokens_per_s, unit=f"tokens/s with {other.title}",
+                    reason=f"the default: {here.summary}", source=other.docs_source,
+                    alternatives=(Alternative(value=other.name, number=best.speed.output_tokens_per_s, unit="tokens/s",
+                                              why_not=f"not asked for; for serving many requests pass engine={other.name!r}: predicted {_row(best)} "
+                                                      f"vs {speed:,.0f} tok/s here"),))
     return plan_.model_copy(update={"decisions": (*plan_.decisions, hint)})

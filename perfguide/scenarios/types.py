@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, Strict, StrictBool, StrictInt
 
+from .. import engines
 from .._base import Model
 from ..decisions import Decision
 from ..hardware.types import Hardware
@@ -26,6 +27,11 @@ def _known_scenario(name: str) -> str:
 
 
 Scenario = Annotated[str, AfterValidator(_known_scenario)]
+
+
+def _known_engine(name: str) -> str:
+    engines.get(name)
+    return name
 
 
 #: int accepted, bool and strings refused
@@ -68,7 +74,7 @@ class Constraints(Model):
     max_new_tokens: StrictInt = Field(default=256, ge=1, le=10_000_000)
     batch_size: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="inference concurrency target")
     quantization: Literal["int8", "nf4", "fp8", "awq", "gptq"] | None = None   # fp8/awq/gptq: serving engines only
-    engine: Literal["transformers", "vllm", "sglang"] | None = None   # None: transformers
+    engine: Annotated[str, AfterValidator(_known_engine)] | None = None   # a name of perfguide.engines; None: the default
     prefer: Literal["latency", "throughput"] = "throughput"
     trust_remote_code: StrictBool = False
 
@@ -111,4 +117,4 @@ class Plan(Model):
     warnings: tuple[str, ...] = ()
     fits: bool = True
     suggestions: tuple[str, ...] = ()   # when nothing fits: what would (bigger GPU, more GPUs, QLoRA...)
-    engine_memory: EngineMemory | None = None   # a serving engine's start-up account (vLLM / SGLang plans)
+    engine_memory: EngineMemory | None = None   # a serving engine's start-up account

@@ -1,4 +1,4 @@
-"""Speed of a serving engine under continuous batching: bandwidth-bound decode until the batch makes it
+"""Speed of a serving engine under continuous batching (the engine's own traits come in as arguments): bandwidth-bound decode until the batch makes it
 compute-bound, chunked prefill, tensor-parallel all-reduces, replicas, MoE routing and quantized kernels.
 
 One decode step of ``batch`` running sequences reads the weights once (an MoE layer only the experts some
@@ -70,13 +70,14 @@ def allreduce_s(hardware: Hardware, tp: int, message_bytes: float) -> float:
     return link.latency_s + 2 * (tp - 1) / tp * message_bytes / (link.bus_gbps * 1e9)
 
 
-def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int) -> tuple[float, str, int, float]:
-    """(seconds, bound, weight bytes read, comm seconds) of one decode step of ``batch`` sequences at ``context``."""
+def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int,
+                  step_overhead_s: float) -> tuple[float, str, int, float]:
+    """(seconds, bound, weight bytes read, comm seconds) of one decode step of ``batch`` sequences at ``context``;
+    ``step_overhead_s`` is the engine's own scheduler + sampler time per step."""
     gpu = hardware.smallest_gpu
     assert gpu is not None
     facts = serving_facts()
     fmt = facts.formats[serving.weight_format]
-    engine = facts.engines[serving.engine]
     tp = serving.tensor_parallel_size
     bandwidth = (gpu.memory_bandwidth_gbps or 900.0) * 1e9 * facts.decode_bandwidth_efficiency.value
     weights = weight_bytes_read(spec, serving, batch)
@@ -85,7 +86,7 @@ def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, ba
     attn = 4 * (spec.num_decoder_layers or spec.num_layers) * spec.num_attention_heads * spec.head_dim * context
     compute_s = batch * (2 * spec.active_params + attn) / tp / _compute_rate(gpu, fmt)
     comm_s = 2 * spec.total_layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
-    overhead = engine.step_overhead_s + (spec.total_layers * 1.5e-4 if serving.enforce_eager else 0.0)
+    overhead = step_overhead_s + (spec.total_layers * 1.5e-4 if serving.enforce_eager else 0.0)
     bound = "memory-bandwidth" if memory_s >= compute_s else "compute"
     if comm_s > max(memory_s, compute_s):
         bound = "communication"
@@ -107,14 +108,15 @@ def prefill_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt
     return flops / tp / _compute_rate(gpu, fmt) + comm
 
 
-def estimate_serving_speed(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt: int, output: int, batch: int) -> ServingSpeed:
+def estimate_serving_speed(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt: int, output: int, batch: int,
+                           step_overhead_s: float) -> ServingSpeed:
     """Steady state of ``batch`` concurrent requests per replica, each ``prompt`` in and ``output`` out.
 
     Serving ``batch`` requests takes ``output`` decode steps (at the mean context) plus every prompt's
     prefill FLOPs (chunked prefill folds them into the same steps, so they add their compute once).
     """
     mean_context = prompt + max(output - 1, 0) // 2
-    step, bound, read, comm = decode_step_s(spec, serving, hardware, batch, mean_context)
+    step, bound, read, comm = decode_step_s(spec, serving, hardware, batch, mean_context, step_overhead_s)
     first = prefill_s(spec, serving, hardware, prompt)
     cycle = output * step + batch * first
     replicas = serving.data_parallel_size

@@ -1,0 +1,179 @@
+"""What an engine is: the program that runs the model at serving time, described once.
+
+An engine declares its memory rule (how its own source turns the GPU's memory into a KV-cache budget), its
+speed traits, the weight formats it runs and where (vendor, compute capability), which of them it converts
+at load and which need a pre-quantized checkpoint, and the names its parser registers for the settings a
+plan emits; it turns a ServingSetup into its arguments and its command line. The planning layer asks these
+questions of whichever engine the user named and never branches on a name.
+
+Two kinds: a *server* (continuous batching over a paged KV cache, started by its own command) and a
+*library* engine whose model runs inside the user's script (transformers ``generate``: its plan and memory
+are the inference rules', and its outputs are ``model_kwargs()`` / ``generation_kwargs()``).
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Any, ClassVar
+
+from .._serving_data import EngineFacts, EngineFormat, serving_facts
+from ..errors import PerfGuideError
+from ..hardware.types import GPU, Hardware
+from ..memory.overhead import cuda_context_bytes
+from ..memory.serving import (
+    EngineMemory,
+    activation_peak_bytes,
+    cuda_graph_sizes,
+    kv_bytes_per_token,
+    mla_dims,
+    non_torch_bytes,
+    rank_weight_bytes,
+)
+from ..model.types import ModelSpec
+from ..setup import ServingSetup
+from ..speed.serving import ServingSpeed, estimate_serving_speed
+
+#: a flag with no value (a switch); Flags are emitted in order
+Flag = tuple[str, str | None]
+
+
+class Engine:
+    """The traits every engine has; a subclass sets the class attributes and, for a server, the rules below."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]                  # as its users write it, for reports
+    server: ClassVar[bool] = True         # runs its own server (False: runs in the user's script)
+    default: ClassVar[bool] = False       # the engine a plan uses when none is named
+    order: ClassVar[int] = 100            # registry order: the first server is the alternative a library plan names
+    docs_source: ClassVar[str]            # public source of its settings and layouts
+    summary: ClassVar[str] = "continuous batching over a paged KV cache"   # what it does, for the engine decision
+    #: layouts (the ``strategy`` constraint) the engine accepts across several GPUs
+    strategies: ClassVar[tuple[str, ...]] = ("single", "tp")
+
+    def quantizations(self) -> tuple[str, ...]:
+        """The ``quantization`` constraint values it plans for."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
+
+
+class ServerEngine(Engine):
+    """A serving engine with its own memory rule, speed traits, formats and command line."""
+
+    memory_setting: ClassVar[str]         # the knob that sizes its memory budget (e.g. gpu_memory_utilization)
+    memory_source: ClassVar[str]          # where its memory rule is read in its source
+
+    @property
+    def facts(self) -> EngineFacts:
+        """Its row of data/serving.json; an engine defined outside the package may return its own facts."""
+        return serving_facts().engines[self.name]
+
+    @property
+    def version(self) -> str:
+        return self.facts.version
+
+    @property
+    def formats(self) -> dict[str, EngineFormat]:
+        return self.facts.formats
+
+    def quantizations(self) -> tuple[str, ...]:
+        """Every format of its own that quantizes (has a value for its quantization option)."""
+        return tuple(f for f, row in self.formats.items() if row.choice is not None)
+
+    def runs(self, fmt: str, gpu: GPU) -> bool:
+        """Whether its ``fmt`` kernels run on ``gpu``: by vendor, then by compute capability (NVIDIA) or the
+        GPU's own precision flags (other vendors, whose capability is (0, 0))."""
+        row = self.formats.get(fmt)
+        if row is None or gpu.vendor not in row.vendors:
+            return False
+        if gpu.vendor == "nvidia":
+            return gpu.compute_capability >= row.min_cc
+        compute = serving_facts().formats[fmt].compute
+        return (compute != "fp8" or gpu.supports_fp8) and (fmt != "bf16" or gpu.supports_bf16)
+
+    # --- memory rule ----------------------------------------------------------------------------
+    def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
+        """The value of its memory knob a plan sets, keeping ``headroom`` of the GPU free."""
+        raise NotImplementedError
+
+    def budget(self, total: int, context: int, serving: ServingSetup) -> int:
+        """Bytes its rule lets weights + KV cache (+ whatever it subtracts) use, from CUDA's total."""
+        raise NotImplementedError
+
+    def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
+        """What its rule leaves for KV blocks (negative: the weights do not leave room)."""
+        raise NotImplementedError
+
+    def cache_tokens(self, blocks: int, serving: ServingSetup) -> int:
+        """The KV-cache size in tokens as its start-up log prints it."""
+        return blocks * self.facts.block_size
+
+    def memory(self, spec: ModelSpec, serving: ServingSetup, hardware: Hardware) -> EngineMemory:
+        """Its start-up memory account on the smallest GPU of the layout."""
+        gpu = hardware.smallest_gpu
+        if gpu is None:
+            raise PerfGuideError(f"engine {self.name!r} serves on GPUs; use a GPU target such as hardware='a100-80gb'")
+        facts = self.facts
+        # the engines budget from the total CUDA reports, a little under the board total the datasheet row holds
+        total, context = gpu.memory_total - int(serving_facts().driver_reserved_bytes.value), cuda_context_bytes(hardware)
+        weights, per_token = rank_weight_bytes(spec, serving), kv_bytes_per_token(spec, serving)
+        graphs = len(cuda_graph_sizes(serving, facts)) * facts.cuda_graph_bytes_per_size
+        act, other = activation_peak_bytes(spec, serving), non_torch_bytes(serving, facts)
+        budget = self.budget(total, context, serving)
+        kv = self.kv_bytes(budget, weights, act, other, graphs)
+        block = facts.block_size
+        blocks = max(0, kv) // (block * per_token)
+        concurrency = blocks / math.ceil(serving.max_model_len / block)
+        return EngineMemory(
+            engine=self.name, total=total, budget=budget, weights=weights, activation_peak=act, non_torch=other,
+            cuda_graphs=graphs, cuda_context=context, kv_cache_bytes=kv, kv_bytes_per_token=per_token, block_size=block,
+            num_blocks=blocks, kv_cache_tokens=self.cache_tokens(blocks, serving), max_model_len=serving.max_model_len,
+            max_concurrency=concurrency, latent_cache=mla_dims(spec) is not None,
+        )
+
+    # --- speed ----------------------------------------------------------------------------------
+    def speed(self, spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt: int, output: int, batch: int) -> ServingSpeed:
+        """Steady-state speed of ``batch`` concurrent requests per replica, with its own per-step overhead."""
+        return estimate_serving_speed(spec, serving, hardware, prompt, output, batch, self.facts.step_overhead_s)
+
+    # --- arguments and command ------------------------------------------------------------------
+    def quantization_choice(self, serving: ServingSetup) -> str | None:
+        """The value of its quantization option for the plan's format (None: served as the checkpoint's dtype)."""
+        return self.formats[serving.weight_format].choice
+
+    def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
+        """Keyword arguments of its Python entry point."""
+        raise NotImplementedError
+
+    def flags(self, model: str, serving: ServingSetup) -> list[Flag]:
+        """(flag, value) pairs of its command line, by the names its parser registers; a None value is a switch."""
+        raise NotImplementedError
+
+    def launcher(self, model: str) -> list[str]:
+        """The words before the flags (the program, and the model where it is positional)."""
+        raise NotImplementedError
+
+    def command(self, model: str, serving: ServingSetup) -> str:
+        """The shell command that starts it with the plan's settings, every word quoted."""
+        parts = [shlex.quote(w) for w in self.launcher(model)]
+        for flag, value in self.flags(model, serving):
+            parts += [flag] if value is None else [flag, shlex.quote(value)]
+        return " ".join(parts)
+
+
+class LibraryEngine(Engine):
+    """An engine that runs inside the user's script: its plan is the inference rules', its outputs the
+    adapters' (``model_kwargs()``, ``generation_kwargs()``); it has no server command."""
+
+    server: ClassVar[bool] = False
+    strategies: ClassVar[tuple[str, ...]] = ("single", "tp", "device_map")
+    formats_in_script: ClassVar[tuple[str, ...]] = ()   # weight formats it loads in-flight
+
+    def quantizations(self) -> tuple[str, ...]:
+        return self.formats_in_script
+
+    def command(self, model: str, serving: ServingSetup | None) -> str:
+        raise PerfGuideError(f"engine={self.name!r} runs generate() in your own script and has no server command; "
+                             "use rec.model_kwargs() and rec.generation_kwargs(), or plan with a serving engine (see perfguide.engines.names())")

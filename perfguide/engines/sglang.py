@@ -1,0 +1,83 @@
+"""SGLang 0.5.23: its ``mem_fraction_static`` rule and the ``python -m sglang.launch_server`` command.
+
+Memory (python/sglang/srt/mem_cache/kv_cache_configurator.py ``_profile_available_bytes``): the KV pool is
+the memory free after loading less (1 - mem_fraction_static) of the memory free before it, so weights + pool
+= mem_fraction_static x the memory free before loading; the pool is counted in tokens (page size 1). Its
+default fraction (arg_groups/memory_hook.py) reserves room for activations, CUDA graphs and TP buffers.
+Flag names are SGLang's own (python/sglang/srt/arg_groups/fields/*.py), in full (``--tp-size``, not the
+``--tp`` prefix argparse would also accept) so the command never depends on prefix matching; tests check them
+against tests/data/engine_flags.json, extracted from that version's sources by scripts/engine_flags.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from .._base import MiB
+from ..hardware.types import GPU, Hardware
+from ..setup import ServingSetup
+from .base import Flag, ServerEngine
+
+_KV = {"fp8": "fp8_e4m3", "auto": "auto"}
+
+
+def default_mem_fraction(total: int, serving: ServingSetup) -> float:
+    """SGLang's own default (arg_groups/memory_hook.py): reserve 512 MB + 1.5 MB per chunked-prefill token +
+    1 GB per 8 TP ranks + 2 MB per decode graph batch, at least 10 GB on GPUs over 60 GB."""
+    gpu_mb = total / MiB
+    reserved = 512 + max(serving.max_num_batched_tokens, 2048) * 1.5 + serving.tensor_parallel_size * serving.pipeline_parallel_size / 8 * 1024
+    reserved += 0 if serving.enforce_eager else min(serving.max_num_seqs, 256) * 2
+    if gpu_mb > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mb - reserved) / gpu_mb, 3)
+
+
+class SGLang(ServerEngine):
+    name: ClassVar[str] = "sglang"
+    title: ClassVar[str] = "SGLang"
+    order: ClassVar[int] = 20
+    docs_source: ClassVar[str] = "SGLang 0.5.23 docs: advanced_features/server_arguments.md; python/sglang/srt/server_args.py"
+    memory_setting: ClassVar[str] = "mem_fraction_static"
+    memory_source: ClassVar[str] = "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes"
+
+    def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
+        """Its own default fraction, capped at 1 - headroom."""
+        return min(1 - headroom, default_mem_fraction(gpu.memory_total, serving))
+
+    def budget(self, total: int, context: int, serving: ServingSetup) -> int:
+        return int((total - context) * serving.gpu_memory_utilization)
+
+    def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
+        return budget - weights
+
+    def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
+        """Kwargs of ``sglang.Engine(**kw)`` (ServerArgs field names)."""
+        return {flag[2:].replace("-", "_"): True if value is None else value for flag, value in self.flags(model, serving)}
+
+    def launcher(self, model: str) -> list[str]:
+        return ["python", "-m", "sglang.launch_server"]
+
+    def flags(self, model: str, serving: ServingSetup) -> list[Flag]:
+        s = serving
+        flags: list[Flag] = [
+            ("--model-path", model),
+            ("--tp-size", str(s.tensor_parallel_size)),
+            ("--dp-size", str(s.data_parallel_size)),
+            ("--context-length", str(s.max_model_len)),
+            ("--mem-fraction-static", str(s.gpu_memory_utilization)),
+            ("--max-running-requests", str(s.max_num_seqs)),
+            ("--chunked-prefill-size", str(s.max_num_batched_tokens)),
+            ("--kv-cache-dtype", _KV[s.kv_cache_dtype]),
+            ("--dtype", "float16" if s.weight_format == "fp16" else "bfloat16"),
+        ]
+        quant = self.quantization_choice(s)
+        if quant:
+            flags.append(("--quantization", quant))
+        if s.enforce_eager:
+            flags.append(("--cuda-graph-backend-decode", "disabled"))
+        if not s.enable_prefix_caching:
+            flags.append(("--disable-radix-cache", None))
+        return flags
+
+
+ENGINE = SGLang()

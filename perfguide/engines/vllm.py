@@ -1,0 +1,84 @@
+"""vLLM 0.33: its profiler budget, its ``EngineArgs`` and ``vllm serve`` command.
+
+Memory (vllm/v1/worker/gpu_worker.py ``determine_available_memory``)::
+
+    KV = ceil(total x gpu_memory_utilization) - weights - non-torch memory - activation peak - CUDA graphs
+
+cut into blocks of 16 tokens (every layer's K and V for 16 positions); vllm/v1/core/kv_cache_utils.py logs
+``GPU KV cache size: N tokens`` = blocks / ceil(max_model_len / 16) x max_model_len, with the concurrency at
+max_model_len beside it. Argument names are those of vllm/engine/arg_utils.py; tests check every emitted one
+against the names that version's parser registers (tests/data/engine_flags.json, scripts/engine_flags.py),
+because vLLM pins a CUDA torch and cannot be installed beside this project's test environment.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from ..hardware.types import GPU, Hardware
+from ..memory.overhead import cuda_context_bytes
+from ..setup import ServingSetup
+from .base import Flag, ServerEngine
+
+_DTYPES = {"fp16": "float16"}
+
+
+class VLLM(ServerEngine):
+    name: ClassVar[str] = "vllm"
+    title: ClassVar[str] = "vLLM"
+    order: ClassVar[int] = 10
+    docs_source: ClassVar[str] = "vLLM 0.33 docs: configuration/optimization.md, serving/parallelism_scaling.md; vllm/engine/arg_utils.py"
+    memory_setting: ClassVar[str] = "gpu_memory_utilization"
+    memory_source: ClassVar[str] = "vllm 0.33 vllm/v1/worker/gpu_worker.py determine_available_memory"
+
+    def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
+        """1 - headroom, below what the CUDA context leaves free (vLLM refuses a budget above the free memory)."""
+        free = (gpu.memory_total - cuda_context_bytes(hardware)) / gpu.memory_total
+        return round(min(1 - headroom, int(free * 100) / 100), 2)
+
+    def budget(self, total: int, context: int, serving: ServingSetup) -> int:
+        return math.ceil(total * serving.gpu_memory_utilization)
+
+    def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
+        return budget - weights - non_torch - activation - graphs
+
+    def cache_tokens(self, blocks: int, serving: ServingSetup) -> int:
+        """'GPU KV cache size': whole max_model_len requests' worth of blocks, in tokens."""
+        per_request = math.ceil(serving.max_model_len / self.facts.block_size)
+        return int(blocks / per_request * serving.max_model_len)
+
+    def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
+        """Kwargs for ``vllm.LLM(**kw)`` / ``EngineArgs(**kw)``; data_parallel_size > 1 is for ``vllm serve``."""
+        s = serving
+        return {
+            "model": model,
+            "dtype": _DTYPES.get(s.weight_format, "bfloat16"),
+            "tensor_parallel_size": s.tensor_parallel_size,
+            "pipeline_parallel_size": s.pipeline_parallel_size,
+            "data_parallel_size": s.data_parallel_size,
+            "max_model_len": s.max_model_len,
+            "gpu_memory_utilization": s.gpu_memory_utilization,
+            "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+            "quantization": self.quantization_choice(s),
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "enforce_eager": s.enforce_eager,
+        }
+
+    def launcher(self, model: str) -> list[str]:
+        return ["vllm", "serve", model]
+
+    def flags(self, model: str, serving: ServingSetup) -> list[Flag]:
+        """``vllm serve MODEL --flag value ...``: the args as the CLI spells them (the model is positional)."""
+        kw = self.args(model, serving)
+        out: list[Flag] = []
+        for key, value in kw.items():
+            if key == "model" or value is None or value is False:  # False is the default of every switch a plan can turn off
+                continue
+            out.append(("--" + key.replace("_", "-"), None if value is True else str(value)))
+        return out
+
+
+ENGINE = VLLM()
