@@ -21,8 +21,8 @@ if TYPE_CHECKING:  # heavy types only for annotations
     import transformers
     import trl
 
-    from .render.headline import Summary
     from .engines import ServerEngine
+    from .render.headline import Summary
     from .setup import ServingSetup
 
 
