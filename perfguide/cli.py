@@ -153,20 +153,54 @@ def _constraints_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return values_from_args(args, Constraints)
 
 
-def _write_configs(rec: Any, directory: str, force: bool) -> list[str]:
-    """Every file the printed launch command names, plus the plan's kwargs as JSON, in ``directory``, all or none."""
+def _outputs(rec: Any, args: argparse.Namespace) -> dict[Any, str | bytes]:
+    """Every config file the --write-* flags ask for (the plot is drawn later, once every path is checked)."""
+    import os
     from pathlib import Path
 
     from .integrations.accelerate import accelerate_files
+
+    asked: list[dict[Any, str]] = []
+    if args.write_accelerate_config:
+        asked.append(accelerate_files(rec, Path(args.write_accelerate_config)))
+    if args.write_configs:
+        root = Path(args.write_configs)
+        asked.append({**accelerate_files(rec, root / "accelerate.yaml"),
+                      root / "training_args.json": json.dumps(rec.training_args_dict(), indent=2, default=str) + "\n",
+                      root / "sft_config.json": json.dumps(rec.sft_config_dict(), indent=2, default=str) + "\n"})
+    if args.plot:
+        asked.append({Path(args.plot): ""})
+    files: dict[Any, str | bytes] = {}
+    for group in asked:
+        for path, text in group.items():
+            if any(os.path.abspath(path) == os.path.abspath(p) for p in files):
+                raise PerfGuideError(f"{str(path)!r} was asked for twice; nothing was written: give each output its own path")
+            files[path] = text
+    return files
+
+
+def _write_outputs(rec: Any, args: argparse.Namespace) -> None:
+    """--plot, --write-accelerate-config and --write-configs as one write: every path checked first, then all
+    files or none (a refused path, a full disk or Ctrl-C leaves every folder as it was)."""
+    from pathlib import Path
+
+    from ._files import check_all
     from .integrations.files import write_files
 
-    root = Path(directory)
-    files = accelerate_files(rec, root / "accelerate.yaml")
-    files[root / "training_args.json"] = json.dumps(rec.training_args_dict(), indent=2, default=str) + "\n"
-    files[root / "sft_config.json"] = json.dumps(rec.sft_config_dict(), indent=2, default=str) + "\n"
-    written = write_files(files, overwrite=force)
-    _note(f"launch with: {rec.launch_command('train.py', config_file=str(root / 'accelerate.yaml'))}")
-    return [str(p) for p in written]
+    files = _outputs(rec, args)
+    plot = [Path(args.plot)] if args.plot else []
+    if not files:
+        return
+    check_all(files, "output", overwrite=args.force, replace=plot, make_folders=True)
+    if plot:
+        from .render.plot import memory_png
+
+        with progress("drawing the memory plot"):
+            files[plot[0]] = memory_png(rec)
+    written = write_files(files, args.force, "output", plot)
+    _note(f"wrote {', '.join(str(p) for p in written)}")
+    if args.write_configs:
+        _note(f"launch with: {rec.launch_command('train.py', config_file=str(Path(args.write_configs) / 'accelerate.yaml'))}")
 
 
 def cmd_recommend(args: argparse.Namespace) -> int:
@@ -174,14 +208,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
     rec = recommend(args.model, args.scenario, hardware=_hardware(args.hardware), host_ram=args.host_ram,
                     seq_len=args.seq_len, global_batch_size=args.global_batch_size, **_constraints_from_args(args))
-    if args.plot:
-        with progress("drawing the memory plot"):
-            path = rec.plot(args.plot)
-        _note(f"wrote the memory plot to {path}")
-    if args.write_accelerate_config:
-        _note(f"wrote the accelerate config to {rec.write_accelerate_config(args.write_accelerate_config, overwrite=args.force)}")
-    if args.write_configs:
-        _note(f"wrote {', '.join(_write_configs(rec, args.write_configs, args.force))}")
+    _write_outputs(rec, args)
     if args.json:
         _emit(rec.summary().to_json() if args.brief else rec.to_json())
     elif args.training_args:

@@ -192,3 +192,39 @@ def test_a_named_target_is_never_calibrated(store, tiny_rec):
     record(tiny_rec, cuda_run(mem_ratio=1.5))
     assert factors_for(probed(), tiny_rec.model) is not None
     assert factors_for(hardware("a100"), tiny_rec.model) is None
+
+
+# --- issue 26: set-aside names, symlinked stores, the reader's bounds -------------------------------------
+def test_two_stores_set_aside_in_the_same_second_both_survive(store, monkeypatch):
+    from perfguide.measure import calibration
+
+    monkeypatch.setattr(calibration.time, "strftime", lambda fmt, *a: "20260101-000000")  # the same second
+    for content in ("{first", "{second"):
+        store.write_text(content)
+        with pytest.warns(UserWarning, match="unreadable"):
+            calibration._load_or_set_aside(store)
+    kept = sorted(p.read_text() for p in store.parent.glob("calibration.json.unreadable-*"))
+    assert kept == ["{first", "{second"]
+
+
+def test_a_symlinked_store_is_written_through_to_its_target(store, tiny_rec, tmp_path):
+    shared = tmp_path / "shared" / "team-calibration.json"
+    shared.parent.mkdir()
+    shared.write_text(json.dumps({"version": 2, "runs": []}))
+    store.symlink_to(shared)
+    assert record(tiny_rec, cuda_run(step_ratio=1.2)) == shared
+    assert store.is_symlink() and Path(store.resolve()) == shared   # the link is still the link
+    assert [r["ratios"]["step_time_s"] for r in runs_in(shared)] == [1.2]
+    assert factors_for(probed(), tiny_rec.model).step_time == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("run", [{"cuda_context_bytes": 1e15}, {"cuda_context_bytes": 0}, {"ratios": {"step_time_s": -1.0}},
+                                 {"ratios": {"peak_allocated": float("inf")}}, {"time": float("nan")}])
+def test_the_reader_holds_a_store_to_the_writers_bounds(store, run):
+    """A value make_run would never store (a 1 PB CUDA context, a negative ratio) is not read as calibration."""
+    good = {"machine": "gpu:NVIDIA A100-SXM4-80GB:85899345920", "family": "llama", "band": "1e9.5-1e10", "model": "m",
+            "setup": "s", "time": 1.0, "ratios": {"step_time_s": 1.1}}
+    store.write_text(json.dumps({"version": 2, "runs": [{**good, **run}]}).replace("NaN", "1e400").replace("Infinity", "1e400"))
+    with pytest.warns(UserWarning, match="unreadable"):
+        rec = plan(LLAMA_8B, probed())
+    assert rec.request.calibration is None

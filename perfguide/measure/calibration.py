@@ -20,17 +20,18 @@ import logging
 import math
 import os
 import statistics
-import tempfile
 import time
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, ValidationError
 
 from .._base import GiB, Model
 from .._cache import cache_root
+from .._files import write_atomic
+from ..errors import PerfGuideError
 from ..hardware.types import Hardware
 from ..memory.factors import SANE_RATIO, Factors
 from ..model.types import ModelSpec
@@ -50,6 +51,10 @@ LOCK_TIMEOUT_S = 30.0
 MEMORY_QUANTITIES = ("peak_allocated", "rss_growth")
 
 
+#: what make_run stores: a finite positive measured/predicted ratio (the reader holds a file to the same bounds)
+Ratio = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class Run(Model):
     """One verified run: which machine and model it was, and what it measured relative to the prediction."""
 
@@ -58,9 +63,9 @@ class Run(Model):
     band: str = Field(min_length=1, max_length=40)
     model: str = Field(max_length=1000)
     setup: str = Field(max_length=1000)
-    time: float = Field(ge=0)
-    ratios: dict[str, float] = Field(default_factory=dict)
-    cuda_context_bytes: int | None = Field(default=None, ge=0)
+    time: float = Field(ge=0, allow_inf_nan=False)
+    ratios: dict[str, Ratio] = Field(default_factory=dict)
+    cuda_context_bytes: int | None = Field(default=None, gt=0, le=MAX_CUDA_CONTEXT)  # the bounds _cuda_context stores
 
     def scope(self) -> tuple[str, str, str]:
         return self.machine, self.family, self.band
@@ -73,6 +78,12 @@ class Store(Model):
 
 def cache_path() -> Path:
     return cache_root() / "calibration.json"
+
+
+def store_file(path: Path | None) -> Path:
+    """The file the store really is: a ``calibration.json`` symlinked to a shared store is read, locked and
+    written at its target (written through), never replaced by a private file."""
+    return Path(os.path.realpath(path or cache_path()))
 
 
 def machine_key(hw: Hardware) -> str:
@@ -117,9 +128,19 @@ def _load(path: Path) -> Store:
     return _parse(text)
 
 
+def _aside_name(path: Path) -> Path:
+    """A name next to ``path`` that nothing has: two stores set aside in the same second both survive."""
+    stem = f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    n = 0
+    while os.path.lexists(path.with_name(stem if n == 0 else f"{stem}-{n}")):
+        n += 1
+    return path.with_name(stem if n == 0 else f"{stem}-{n}")
+
+
 def _set_aside(path: Path, why: str) -> Path | None:
-    """Rename a store this version cannot read next to itself, so nothing in it is lost; warn with its new name."""
-    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    """Rename a store this version cannot read next to itself (under the store's lock, so the name chosen is
+    still free), so nothing in it is lost; warn with its new name."""
+    aside = _aside_name(path)
     try:
         os.replace(path, aside)
     except OSError as exc:
@@ -147,18 +168,10 @@ def _load_or_set_aside(path: Path) -> Store:
 
 
 # --- writing --------------------------------------------------------------------------------------
-def _write_atomic(path: Path, store: Store) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(store.model_dump_json(indent=1))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_store(path: Path, store: Store) -> None:
+    """Replace the store whole (a temporary file in its folder, then ``os.replace``; its mode kept), or raise
+    PerfGuideError leaving the old one as it was."""
+    write_atomic(path, store.model_dump_json(indent=1), "calibration store")
 
 
 def _cuda_context(verification: Verification) -> int | None:
@@ -197,14 +210,14 @@ def record(rec: Recommendation, verification: Verification, path: Path | None = 
     """
     if verification.oom or verification.measured is None:
         return None
-    path = path or cache_path()
+    path = store_file(path)
     run = make_run(rec, verification)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(path):
             store = _load_or_set_aside(path)
-            _write_atomic(path, Store(runs=_trim((*store.runs, run))))
-    except (OSError, TimeoutError) as exc:  # filelock.Timeout is a TimeoutError
+            write_store(path, Store(runs=_trim((*store.runs, run))))
+    except (OSError, TimeoutError, PerfGuideError) as exc:  # filelock.Timeout is a TimeoutError
         warnings.warn(f"perfguide: could not record the calibration run in {path} ({exc}); the measurement is still returned",
                       stacklevel=2)
         return None
@@ -240,7 +253,7 @@ def factors_for(hw: Hardware | None, spec: ModelSpec, path: Path | None = None) 
     when nothing similar was recorded, or when the store cannot be read (then with a warning)."""
     if hw is None or hw.source != "probe":
         return None
-    path = path or cache_path()
+    path = store_file(path)
     try:
         st = path.stat()
     except OSError:

@@ -163,13 +163,18 @@ def memory_figure(rec: Recommendation) -> Any:
     return fig
 
 
-def plot_memory(rec: Recommendation, path: str | Path) -> Path:
-    """Write a two-panel PNG (vs micro-batch, vs sequence length) and return its path."""
+def memory_png(rec: Recommendation) -> bytes:
+    """The two-panel plot as PNG bytes, for a caller that writes it together with other files."""
     import io
 
+    buf = io.BytesIO()
+    memory_figure(rec).savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def plot_memory(rec: Recommendation, path: str | Path) -> Path:
+    """Write a two-panel PNG (vs micro-batch, vs sequence length) and return its path."""
     from .._files import output_path, write_atomic
 
     target = output_path(path, "plot")  # refused before the (slow) figure is drawn
-    buf = io.BytesIO()
-    memory_figure(rec).savefig(buf, format="png")
-    return write_atomic(target, buf.getvalue(), "plot")
+    return write_atomic(target, memory_png(rec), "plot")
