@@ -30,3 +30,12 @@ LITGPT_RESOURCE_TABLES = "https://github.com/Lightning-AI/litgpt/blob/main/tutor
 BIG_MODEL_INFERENCE = "https://huggingface.co/docs/accelerate/usage_guides/big_modeling"
 ZERO_ESTIMATORS = "https://deepspeed.readthedocs.io/en/latest/memory.html"
 BF16_EMULATION = "https://docs.pytorch.org/docs/stable/generated/torch.cuda.is_bf16_supported.html"
+#: QLoRA with every state sharded and, where that is what fits, offloaded: the published 70B-on-two-24GB recipes
+FSDP_QLORA = ("https://www.answer.ai/posts/2024-03-06-fsdp-qlora.html; https://github.com/AnswerDotAI/fsdp_qlora "
+              "(--use_cpu_offload: Llama-2 70B on two 24 GB GPUs); "
+              "https://github.com/axolotl-ai-cloud/axolotl/blob/main/examples/llama-3/qlora-fsdp-70b.yaml (fsdp_offload_params: true); "
+              "https://huggingface.co/docs/peft/accelerate/fsdp (QLoRA + FSDP, bnb_4bit_quant_storage)")
+ZERO3_QLORA = "https://huggingface.co/docs/peft/accelerate/deepspeed (QLoRA + ZeRO-3: Llama 70B on 2x40GB, bnb_4bit_quant_storage)"
+#: DeepSpeed ZeRO-1/2 cast the whole module to the 16-bit training dtype before sharding optimizer states only
+ZERO12_CAST = ("https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/engine.py "
+               "(_configure_distributed_model: module.half() / module.bfloat16())")

@@ -29,9 +29,9 @@ from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
 from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
-from ..setup import Setup
+from ..setup import QUANTIZED, Setup
 from . import activations as act
-from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger
+from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, quantized_weight_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, per_device
@@ -43,7 +43,8 @@ def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
     per_block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // spec.total_layers
     largest = max(per_block, spec.embedding_params, spec.lm_head_params)
     cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
-    if setup.fsdp_version == 2 and setup.lora is not None and setup.strategy in ("fsdp", "fsdp_shard_grad_op"):
+    if setup.lora is not None and ((setup.fsdp_version == 2 and setup.strategy in ("fsdp", "fsdp_shard_grad_op"))
+                                   or (setup.strategy == "zero3" and setup.weights_dtype in QUANTIZED)):
         # FSDP2 gathers each parameter as stored: NF4 stays packed (0.5 B + absmax per 64), frozen weights get no
         # unsharded gradient; only the unit's adapters do (torch distributed/fsdp/_fully_shard, per-parameter DTensor)
         stored = (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
@@ -71,6 +72,14 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
     if setup.strategy in DEEPSPEED and setup.lora is None and setup.weights_dtype == "bf16":   # pure bf16, bf16 masters
         cost = optimizer_cost(setup.optimizer, list(led.trainable), 2)
         return deepspeed_bf16_master(led.param_count, led.trainable_params, cost.states, setup.zero_stage or 1), cost
+    if setup.strategy in DEEPSPEED and setup.weights_dtype in QUANTIZED and setup.lora is not None:
+        # QLoRA under ZeRO-3 (PEFT's recipe): the packed 4-bit storage (bnb_4bit_quant_storage=bf16) is partitioned as
+        # it is stored, the rest of the base and the adapters are cast to 16 bit, and the optimizer keeps fp32 masters
+        # and fp32 gradients of the adapters only (deepspeed_half's 2 + 4 + 4 + states per trainable parameter)
+        cost = optimizer_cost(setup.optimizer, list(led.trainable), 4)
+        base = quantized_weight_bytes(spec, setup.weights_dtype, upcast=False)
+        return States(base + 2 * led.trainable_params, 2 * led.trainable_params, cost.states + 8 * led.trainable_params,
+                      led.trainable_params, 2), cost
     if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
         cost = optimizer_cost(setup.optimizer, list(led.trainable), 4)
         return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost

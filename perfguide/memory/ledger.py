@@ -73,7 +73,7 @@ def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
 KBIT_PREPARED_REST_BYTES = 4
 
 
-def _quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True) -> int:
+def quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True) -> int:
     """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest: fp32 after the kbit
     preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it."""
     shapes = linear_shapes(spec)
@@ -99,7 +99,7 @@ def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup."""
     wd = setup.weights_dtype
-    base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else _quantized_weight_bytes(spec, wd, setup.kbit_upcast)
+    base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else quantized_weight_bytes(spec, wd, setup.kbit_upcast)
     if setup.lora is None:
         trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)
         groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import sources
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
-from ..setup import STRATEGIES, TRAIN_STRATEGIES, Setup
+from ..setup import QUANTIZED, STRATEGIES, TRAIN_STRATEGIES, Setup
 from ..speed.rates import trainable_params
 from ..techniques.cpu_offload import LAYOUTS as OFFLOAD_LAYOUTS
 from ..techniques.precision import pure_half
@@ -90,14 +91,17 @@ def levels(world: int, allow_offload: bool, nodes: int = 1) -> tuple[Level, ...]
     return tuple(out)
 
 
-def incompatible(t: Setup, lay: Layout, forced: str | None = None) -> str | None:
-    """Why ``lay`` cannot run the semantics of template ``t`` (None when it can)."""
-    qlora = t.weights_dtype in ("nf4", "int8")
-    if qlora and STRATEGIES[lay.strategy].zero_stage is not None and not (forced == lay.strategy == "zero3"):
-        return ("QLoRA under DeepSpeed: ZeRO-1/2 cast the module to 16 bit, and ZeRO-3 needs bnb_4bit_quant_storage (PEFT's recipe) "
-                "while perfguide prices its 4-bit storage only under DDP/FSDP; ask strategy='zero3' to force it")
-    if qlora and (lay.offload_optimizer or lay.offload_params):
-        return "QLoRA's 4-bit base is already small and its bnb matmuls need the weights on the GPU: offload buys nothing"
+def incompatible(t: Setup, lay: Layout) -> str | None:
+    """Why ``lay`` cannot run the semantics of template ``t`` (None when it can), with the public source that says so.
+
+    QLoRA runs fully sharded, and offloaded where that is what fits, as the published 70B-on-two-24GB recipes
+    run it (sources.FSDP_QLORA: FSDP + ``bnb_4bit_quant_storage`` + CPU offload; sources.ZERO3_QLORA: ZeRO-3);
+    only ZeRO-1/2, which cast the module to 16 bit, are refused for it.
+    """
+    qlora = t.weights_dtype in QUANTIZED
+    if qlora and STRATEGIES[lay.strategy].zero_stage in (1, 2):
+        return (f"QLoRA under DeepSpeed ZeRO-1/2: the engine casts the whole module, the 4-bit base included, to 16 bit "
+                f"(source: {sources.ZERO12_CAST}); ZeRO-3 and FSDP shard it with bnb_4bit_quant_storage ({sources.ZERO3_QLORA})")
     if pure_half(t) and lay.strategy not in ("ddp", "single"):
         why = pure_half_unsupported(t, lay)
         if why:
@@ -163,12 +167,12 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
     out = []
     for r in rungs:
         for lv in ladder:
-            ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay, forced) is None)
+            ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay) is None)
             if ts:
                 out.append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
     if not out:  # every layout left is incompatible with what was asked: say why instead of searching nothing
         why = next((w for r in rungs for t in r.templates for lv in ladder for lay in lv.layouts
-                    if (w := incompatible(t, lay, forced))), "no layout can run these settings")
+                    if (w := incompatible(t, lay))), "no layout can run these settings")
         asked = f"strategy={forced!r}" if forced else "these constraints"
         raise ConflictingConstraintsError(f"{asked} cannot train what was asked: {why}; use another strategy "
                                           f"(accepted: {', '.join(TRAIN_STRATEGIES)}) or drop the conflicting constraint")

@@ -14,7 +14,7 @@ from functools import partial
 from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
-from ..setup import Setup
+from ..setup import QUANTIZED, Setup
 from .host import gpu_dataloader
 from .hybrid import hybrid_decision
 from .precision import gpu_precision
@@ -104,7 +104,7 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
     out: list[tuple[Layout, Level, Option | None, str | None]] = []
     for lv in levels(template.world_size, True, template.nodes):
         for lay in lv.layouts:
-            why = incompatible(template, lay, cons.strategy)
+            why = incompatible(template, lay)
             if why is None and (lay.offload_optimizer or lay.offload_params) and not cons.allow_offload:
                 why = "allow_offload=False"
             if why is None and cons.strategy is not None and lay.strategy != cons.strategy:
@@ -255,7 +255,8 @@ def offload_decision(request: Request, chosen: Priced) -> list[Decision]:
     return [Decision(setting="offload", value=layout_of(s).name, number=chosen.memory.cpu_ram, unit="bytes host RAM per node",
                      reason=(f"no layout fits on the GPUs alone; the offloaded states of the node's {s.num_gpus} ranks take "
                              f"{gib(chosen.memory.cpu_ram)} of {gib(ram)} usable host RAM"),
-                     source=f"{sources.DEEPSPEED} (ZeRO-Offload); {sources.ZERO_ESTIMATORS} (DeepSpeed CPU bytes)")]
+                     source=f"{sources.DEEPSPEED} (ZeRO-Offload); {sources.ZERO_ESTIMATORS} (DeepSpeed CPU bytes)"
+                     + (f"; {sources.FSDP_QLORA}" if s.weights_dtype in QUANTIZED else ""))]
 
 
 def launcher_decision(s: Setup) -> Decision:
@@ -291,8 +292,6 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
                    "so ZeRO-3 partitions the weights while loading")
     if s.is_fsdp and s.gradient_checkpointing:
         out.append("with FSDP use fsdp_config['activation_checkpointing']=True, not TrainingArguments(activation_checkpointing=True): both raise")
-    if s.weights_dtype == "nf4" and s.strategy == "zero3":
-        out.append("QLoRA + ZeRO-3: perfguide prices the 4-bit base as 16-bit under DeepSpeed, so per-GPU memory is overestimated")
     return out
 
 
@@ -322,7 +321,7 @@ def more_nodes(request: Request, lean: Setup) -> tuple[int, Priced] | None:
     """Fewest nodes (doubling, up to MAX_NODES) on which a fully sharded layout of ``lean`` fits, RAM included."""
     hw, h, cons = request.hardware, request.constraints.headroom, request.constraints
     lays = [lay for lv in levels(2, cons.allow_offload) if lv.name in ("shard everything", "CPU offload") for lay in lv.layouts
-            if (cons.strategy is None or lay.strategy == cons.strategy) and incompatible(lean, lay, cons.strategy) is None]
+            if (cons.strategy is None or lay.strategy == cons.strategy) and incompatible(lean, lay) is None]
     nodes = hw.nodes * 2
     while nodes <= MAX_NODES:
         bigger = hw.model_copy(update={"nodes": nodes})
