@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from ._base import build_strict
+from .decisions import Decision
 from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideError, WrongMachineError, unknown_value
 from .hardware.types import Hardware
 from .memory.factors import Factors
@@ -149,7 +150,17 @@ def recommend(
     plan = info.plan(request)
     if context_warnings:
         plan = plan.model_copy(update={"warnings": (*context_warnings, *plan.warnings)})
+    hardware_decision = _hardware_name_decision(hardware)
+    if hardware_decision is not None:
+        plan = plan.model_copy(update={"decisions": (hardware_decision, *plan.decisions)})
     return Recommendation(request=request, **dict(plan))
+
+
+def _hardware_name_decision(hardware: Hardware | str | None) -> Decision | None:
+    """A family name ('a100') read as one of its cards: the plan says which, and names the others."""
+    from .hardware.named import name_decision
+
+    return name_decision(hardware) if isinstance(hardware, str) else None
 
 
 def _calibration(hw: Hardware | None, spec: ModelSpec) -> Factors | None:

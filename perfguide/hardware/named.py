@@ -1,12 +1,15 @@
 """Named targets: plan for a machine you do not have, e.g. ``"a100-80gb:8"`` or ``"h100:8x4"``.
 
-Grammar: ``NAME``, ``NAME:COUNT`` (GPUs per node) or ``NAME:COUNTxNODES``; case, spaces and
-underscores do not matter, and ``80g`` means ``80gb``. ``"cpu"`` is a GPU-less host.
+Grammar: ``NAME``, ``NAME:COUNT`` (GPUs per node) or ``NAME:COUNTxNODES``, and the way accelerate's docs and
+the clouds' consoles write a node, ``COUNTxNAME`` (``8xa100-80gb``, ``8x A100 80GB``); case, spaces,
+underscores and a vendor word (``NVIDIA A100``) do not matter, and ``80g`` means ``80gb``. ``"cpu"`` is a
+GPU-less host.
 
 Ambiguous short names resolve to the variant that cannot out-promise the real card, because
 the plan's job is to not run out of memory: ``a100`` -> ``a100-40gb``, ``v100`` -> ``v100-16gb``.
 ``h100`` -> ``h100-80gb`` (SXM): both H100 boards hold 80 GB, SXM is the common training part.
-The chosen key is kept in ``Hardware.name`` so reports show what was assumed.
+The chosen key is kept in ``Hardware.name``, and ``name_decision`` makes it a Decision naming the other
+variants, so a reader who meant the 80 GB card sees it on the plan, not after an OOM.
 
 Node types (``dgx-h100``, ``p5.48xlarge``, ``nd96isr-h100-v5``...) are GPUs on the host those machines ship
 with (cores, RAM, network); a bare GPU name gets a generic host. ``host_ram`` replaces the RAM of any target.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import re
 
+from ..decisions import Alternative, Decision
 from ..errors import UnknownHardwareError, did_you_mean
 from . import specs
 from .types import CPU, Hardware
@@ -23,7 +27,9 @@ from .types import CPU, Hardware
 MAX_GPUS_PER_NODE = 16  # DGX-2 / HGX-2 boards; larger counts are several nodes
 MAX_NODES = 100_000      # Setup.nodes' own bound
 _COUNT = re.compile(r"^\s*(?P<count>[+-]?\d+)\s*(?:[x*]\s*(?P<nodes>[+-]?\d+)\s*)?$", re.IGNORECASE)
-_EXAMPLE = "e.g. 'a100-80gb', 'h100:8' or 'h100:8x4' (8 GPUs per node, 4 nodes)"
+_EXAMPLE = "e.g. 'a100-80gb', 'h100:8', '8xh100' or 'h100:8x4' (8 GPUs per node, 4 nodes)"
+#: "8xa100-80gb", "8 x A100", "8*h100": a GPU count written before the name
+_LEADING_COUNT = re.compile(r"^\s*(?P<count>\d+)\s*[x*\u00d7]\s*(?P<name>\S.*)$", re.IGNORECASE)
 
 
 _BYTES = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[kmgtp]i?b?|b)?\s*$", re.IGNORECASE)
@@ -65,11 +71,51 @@ def hardware_from_name(name: str, host_ram: int | float | str | None = None) -> 
     return hardware if host_ram is None else with_host_ram(hardware, host_ram)
 
 
+def _split(name: str) -> tuple[str, str, str]:
+    """(base name, ':' or '', count text): ``COUNTxNAME`` is the same as ``NAME:COUNT``, given once."""
+    leading = _LEADING_COUNT.match(name)
+    if leading is None:
+        base, sep, count_text = name.strip().partition(":")
+        return base.strip(), sep, count_text
+    if ":" in leading["name"]:
+        raise UnknownHardwareError(f"hardware {name!r} gives the GPU count twice; use one count: "
+                                   f"'{leading['count']}x{leading['name'].partition(':')[0].strip()}' or "
+                                   f"'{leading['name'].partition(':')[0].strip()}:{leading['count']}'.")
+    base = leading["name"].strip()
+    if specs.resolve_node(base) is not None:
+        raise UnknownHardwareError(f"hardware {name!r}: a count before a node type is ambiguous (GPUs or nodes?); use "
+                                   f"'{base}:GPUSxNODES', e.g. '{base}:{specs.node(specs.resolve_node(base) or base).gpus}x{leading['count']}' "
+                                   f"for {leading['count']} nodes.")
+    return base, ":", leading["count"]
+
+
+def name_decision(name: str) -> Decision | None:
+    """For a family name several rows share (``a100``: 40 and 80 GB), the row it is read as and the others,
+    each with its memory; None when the name means one card."""
+    if not isinstance(name, str) or not name.strip():
+        return None
+    try:
+        base = _split(name)[0]
+    except UnknownHardwareError:
+        return None
+    key, others = specs.resolve(base), specs.variants(base)
+    if key is None or not others:
+        return None
+    gib = specs.memory_bytes(key) / 2**30
+    return Decision(
+        setting="hardware", value=key, number=specs.memory_bytes(key), unit="bytes",
+        reason=(f"{base!r} names {len(others) + 1} cards; it is read as {key} ({gib:.0f} GiB), the variant that cannot "
+                f"out-promise the card you have; name the card to plan for another ({', '.join(others)})"),
+        source=specs.entry(key).source,
+        alternatives=tuple(Alternative(value=other, why_not=f"not what {base!r} is read as: pass hardware={other!r} to plan for it",
+                                       number=specs.memory_bytes(other), unit="bytes") for other in others),
+    )
+
+
 def _from_name(name: str) -> Hardware:
     if not isinstance(name, str) or not name.strip():
         raise UnknownHardwareError(f"empty hardware name {name!r}; expected NAME or NAME:COUNT, {_EXAMPLE}.")
-    base, sep, count_text = name.strip().partition(":")
-    base = base.strip()
+    base, sep, count_text = _split(name)
     if not base:
         raise UnknownHardwareError(f"hardware {name!r} has no GPU name before ':'; {_EXAMPLE}.")
     gpus_per_node, nodes = _parse_count(name, count_text) if sep else (1, 1)

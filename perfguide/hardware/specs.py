@@ -120,6 +120,7 @@ def normalize(name: str) -> str:
     while 'a10g' (a product, not a size) stays itself because its 'g' does not follow a separator.
     """
     text = re.sub(r"[\s_]+", "-", name.strip().lower())
+    text = re.sub(r"^(?:nvidia|amd|tesla|geforce)-(?=.)", "", text)   # 'NVIDIA A100 80GB' as consoles print it
     text = re.sub(r"-(\d+)g(?=-|$)", r"-\1gb", text)
     return re.sub(r"[^a-z0-9]", "", text)
 
@@ -157,6 +158,16 @@ def canonical_names() -> list[str]:
 def resolve(name: str) -> str | None:
     """Canonical key for a perfguide name or alias, or None."""
     return _alias_index().get(normalize(name))
+
+
+def variants(name: str) -> list[str]:
+    """The other rows a family name also fits (``a100`` -> a100-80gb, a100-80gb-pcie), when the name is an alias
+    rather than a row's own key; [] for a name that means one card."""
+    key = resolve(name)
+    folded = normalize(name)
+    if key is None or normalize(key) == folded:
+        return []
+    return [k for k in canonical_names() if k != key and normalize(k.split("-")[0]) == folded]
 
 
 def resolve_nvml(nvml_name: str) -> str | None:
