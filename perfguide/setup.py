@@ -7,14 +7,15 @@ re-derives a decision, so every knob a plan can turn lives here.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple, Protocol
 
 from pydantic import Field, model_validator
+from pydantic.fields import FieldInfo
 
 from ._base import Model, build_strict
 from .errors import InvalidSetupError, did_you_mean
 from .optimizer_facts import names as optimizer_names
-from .optimizer_facts import steps_in_backward
 
 Task = Literal["train", "infer"]
 WeightsDtype = Literal["fp32", "bf16", "fp16", "int8", "nf4"]
@@ -30,6 +31,46 @@ WeightFormat = Literal["bf16", "fp16", "fp8", "awq", "gptq", "nf4"]
 #: Bytes per element of each weight dtype (nf4 packs two weights per byte); the one table every module reads.
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
 QUANTIZED: frozenset[str] = frozenset({"int8", "nf4"})
+
+
+class TechniqueRules(Protocol):
+    """What every Setup asks the techniques (perfguide/techniques/base.py Technique): whether the fields it sets
+    can run together, and its word in the label, listed in ``order``."""
+
+    @property
+    def order(self) -> int: ...
+
+    def conflict(self, setup: Setup) -> str | None: ...
+
+    def label_word(self, setup: Setup) -> str | None: ...
+
+
+#: The techniques whose rules every Setup obeys. perfguide.techniques hands its registry over when it is imported
+#: (``use_technique_rules``): setup.py sits below the techniques and names none of them.
+_technique_rules: Callable[[], Sequence[TechniqueRules]] = tuple
+
+
+def use_technique_rules(source: Callable[[], Sequence[TechniqueRules]]) -> None:
+    """Called once by perfguide.techniques with its registry (``import perfguide`` imports it)."""
+    global _technique_rules
+    _technique_rules = source
+
+
+def add_technique_field(name: str, annotation: Any, default: Any, description: str) -> None:
+    """A switch a technique module declares (``Technique.setup_fields``), added to Setup when the registry finds it:
+    a new technique is one module. Typed and validated like the fields written below; adding it twice is a no-op."""
+    fields = Setup.__pydantic_fields__
+    if name in fields:
+        if fields[name].annotation != annotation:
+            raise InvalidSetupError(f"Setup field {name!r} already exists with another type; a technique needs a new name")
+        return
+    fields[name] = FieldInfo.from_annotated_attribute(annotation, Field(default=default, description=description))
+    Setup.model_rebuild(force=True)
+
+
+#: Where the strategy's word sits among the techniques' words in ``Setup.label`` (their ``order``: after the
+#: adapters, before the offload that depends on it).
+_STRATEGY_LABEL_ORDER = 55
 
 
 class StrategyFacts(NamedTuple):
@@ -135,9 +176,9 @@ class Setup(Model):
 
     @model_validator(mode="after")
     def _techniques(self) -> Setup:
-        problem = technique_conflict(self)
-        if problem:
-            raise ValueError(problem)
+        for problem in (_own_conflict(self), *(t.conflict(self) for t in _technique_rules())):
+            if problem:
+                raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -148,12 +189,6 @@ class Setup(Model):
             raise ValueError("training a purely quantized (int8/nf4) model needs LoRA adapters (lora={...}); transformers refuses it otherwise")
         if self.autocast == "fp16" and self.device == "cpu":
             raise ValueError("fp16 autocast does nothing on CPU (accelerate silently trains in fp32); use autocast='bf16' or None")
-        # DeepSpeed: param offload is stage 3 only, optimizer offload stages 1-3 (zero/offload_config.py);
-        # FSDP offloads params, grads and optimizer together whatever the sharding; device_map offloads weights.
-        if self.offload_params and not self.facts.offloads_params:
-            raise ValueError(f"offload_params needs strategy 'zero3', 'fsdp', 'fsdp_shard_grad_op' or 'device_map' (inference), not {self.strategy!r}")
-        if self.offload_optimizer and not self.facts.offloads_optimizer:
-            raise ValueError(f"offload_optimizer needs a sharded strategy (zero1/zero2/zero3/fsdp/fsdp_shard_grad_op), not {self.strategy!r}")
         return self
 
     def replace(self, **changes: Any) -> Setup:
@@ -243,23 +278,11 @@ class Setup(Model):
     @property
     def label(self) -> str:
         """A short human label, used in reports and candidate tables."""
-        parts = [f"mb={self.micro_batch_size}", f"ga={self.gradient_accumulation_steps}", self.weights_dtype]
-        if self.autocast:
-            parts.append(f"amp-{self.autocast}")
-        if self.optimizer and self.task == "train":
-            parts.append(self.optimizer)
-        if self.gradient_checkpointing:
-            parts.append("ckpt")
-        if self.lora:
-            parts.append(f"lora-r{self.lora.r}")
+        words = [(0, f"mb={self.micro_batch_size}"), (0, f"ga={self.gradient_accumulation_steps}"), (0, self.weights_dtype)]
         if self.strategy != "single":
-            parts.append(self.strategy + ("-hybrid" if self.hybrid_shard else ""))
-        if self.offload_optimizer or self.offload_params:
-            parts.append("offload")
-        parts += [word for on, word in ((self.optimizer_in_backward, "optim-in-bwd"), (self.liger_kernel, "liger"),
-                                        (self.activation_offloading, "act-offload"), (self.padding_free, "padding-free"),
-                                        (self.torch_compile and self.task == "train", "compile")) if on]
-        return " ".join(parts)
+            words.append((_STRATEGY_LABEL_ORDER, self.strategy + ("-hybrid" if self.hybrid_shard else "")))
+        words += [(t.order, word) for t in _technique_rules() if (word := t.label_word(self))]
+        return " ".join(word for _, word in sorted(words, key=lambda w: w[0]))
 
     @classmethod
     def parse(cls, value: Setup | dict[str, Any]) -> Setup:
@@ -271,34 +294,9 @@ class Setup(Model):
         return build_strict(cls, value, "setup", InvalidSetupError, key=" key")
 
 
-def technique_conflict(s: Setup) -> str | None:
-    """Why these technique fields cannot run together (None: they can); one sentence naming what is accepted."""
-    if s.task != "train" and (s.liger_kernel or s.optimizer_in_backward or s.activation_offloading or s.padding_free):
-        return "liger_kernel, optimizer_in_backward, activation_offloading and padding_free are training techniques; use task='train'"
-    if s.autocast == "fp8" and s.device != "cuda":
-        return "autocast='fp8' needs an fp8-capable CUDA GPU (Hopper/Ada: H100, H200, L4, L40S, RTX 40xx); use 'bf16' on CPU"
-    if s.autocast == "fp8" and (s.lora is not None or s.weights_dtype in ("int8", "nf4")):
-        return "autocast='fp8' converts full-precision nn.Linear layers (torchao Float8Linear) for full fine-tuning; use bf16 for LoRA/QLoRA"
-    if s.autocast == "fp8" and s.strategy in ("zero1", "zero2", "zero3"):
-        return "autocast='fp8' runs through accelerate's torchao backend, which DeepSpeed plans do not use; use bf16 with ZeRO, or FSDP/DDP with fp8"
-    if (s.liger_kernel or s.activation_offloading) and s.device != "cuda":
-        return "liger_kernel and activation_offloading need a CUDA GPU (Triton kernels / pinned-memory streams); set them False on CPU"
-    if steps_in_backward(s.optimizer) and (not s.optimizer_in_backward or s.lora is not None):
-        return (f"optim={s.optimizer!r} steps inside backward through the Trainer itself (LOMO / layer-wise hooks): a full fine-tune "
-                "with optimizer_in_backward=True (one process, gradient_accumulation_steps=1), not with LoRA or a separate step")
-    if s.optimizer_in_backward:
-        if s.optimizer is None:
-            return "optimizer_in_backward needs an optimizer (optimizer='adamw_torch_fused', 'paged_adamw_8bit', ...)"
-        if s.gradient_accumulation_steps != 1:
-            return ("optimizer_in_backward steps each parameter as its gradient arrives, so gradient_accumulation_steps must be 1 "
-                    f"(got {s.gradient_accumulation_steps}); use a larger micro_batch_size instead")
-        if s.world_size > 1 or s.strategy != "single":
-            return f"optimizer_in_backward runs on one process without sharding: use strategy='single' and num_gpus=1, not {s.strategy!r} x {s.world_size}"
-        if s.autocast == "fp16":
-            return "optimizer_in_backward cannot use fp16 loss scaling (GradScaler checks all gradients before one step); use bf16 or fp32"
+def _own_conflict(s: Setup) -> str | None:
+    """The Setup's own cross-field rules (strategy layout, data shape); the techniques' are their modules'."""
     if s.hybrid_shard and not (s.strategy == "fsdp" and s.fsdp_version == 2 and s.nodes > 1 and s.num_gpus > 1):
         return ("hybrid_shard (HSDP) shards within a node and replicates across nodes: it needs strategy='fsdp' with FSDP2, "
                 f"nodes > 1 and several GPUs per node, not {s.strategy!r} on {s.nodes} node(s) x {s.num_gpus} GPU(s)")
-    if s.avg_seq_len is not None and s.avg_seq_len > s.seq_len:
-        return f"avg_seq_len={s.avg_seq_len} exceeds seq_len={s.seq_len}; the mean real length of a sample is at most seq_len"
     return None

@@ -47,6 +47,8 @@ def test_a_hand_built_nvidia_gpu_gets_its_generations_flags() -> None:
 def test_a_non_nvidia_gpu_must_say_what_it_can_do() -> None:
     with pytest.raises(ValidationError, match="explicit capabilities"):
         GPU(name="MI300X", vendor="amd", memory_total=2**30, memory_free=2**30)
+    with pytest.raises(ValidationError, match="needs its efficiency_class and attention_class"):
+        GPU(name="MI300X", vendor="amd", memory_total=2**30, memory_free=2**30, capabilities=Capabilities(bf16=True, fp16=True))
 
 
 def test_flags_decide_not_the_compute_capability() -> None:
@@ -61,7 +63,8 @@ def test_flags_decide_not_the_compute_capability() -> None:
 def test_an_amd_card_plans_bf16_without_tf32() -> None:
     # ROCm: bf16 matrix cores, but transformers refuses tf32=True without torch.version.cuda
     amd = GPU(name="mi-like", vendor="amd", memory_total=80 * 2**30, memory_free=80 * 2**30, bf16_tflops=1000, fp32_tflops=160,
-              capabilities=Capabilities(bf16=True, fp16=True, fp8=True, flash_attention=True))
+              capabilities=Capabilities(bf16=True, fp16=True, fp8=True, flash_attention=True), efficiency_class="cdna",
+              attention_class="cdna")
     s = _plan(amd).setup
     assert (s.autocast, s.tf32) == ("bf16", False)
     assert amd.generation == "AMD"

@@ -8,7 +8,7 @@ import pytest
 
 import perfguide as pg
 from perfguide import Hardware, ModelSpec, Setup
-from perfguide._technique_data import constants
+from perfguide.data.techniques import constant
 from perfguide.speed import estimate_speed
 
 torch = pytest.importorskip("torch")
@@ -44,11 +44,10 @@ def _trace_cast():
 
 def test_eager_cast_constants_match_torchaos_ops():
     kernels, per_element = _trace_cast()
-    c = constants()
-    assert c.fp8_cast_bytes_per_element_eager.value == pytest.approx(per_element, abs=0.5)
+    assert constant("fp8_cast_bytes_per_element_eager") == pytest.approx(per_element, abs=0.5)
     # three casts (input, weight, grad_output) per Linear plus the two transposed copies of the backward GEMMs
-    assert c.fp8_cast_kernels_per_linear.value == 3 * kernels + 2
-    assert c.fp8_cast_bytes_per_element.value < per_element   # fused under torch.compile
+    assert constant("fp8_cast_kernels_per_linear") == 3 * kernels + 2
+    assert constant("fp8_cast_bytes_per_element") < per_element   # fused under torch.compile
 
 
 def _ratio(model: str, hw: str, mb: int, compiled: bool) -> float:

@@ -45,11 +45,16 @@ class GpuRow(Model):
     #: measured maximum achievable bf16 matmul TFLOP/s (MAMF), where a public measurement exists
     matmul_tflops: float | None = Field(default=None, gt=0)
     matmul_source: str | None = Field(default=None, min_length=10)
+    #: efficiency.json classes its kernels reach (required off NVIDIA; NVIDIA's follow from the compute capability)
+    efficiency_class: str | None = None
+    attention_class: str | None = None
 
     @model_validator(mode="after")
     def _measured_has_source(self) -> GpuRow:
         if (self.matmul_tflops is None) != (self.matmul_source is None):
             raise ValueError("matmul_tflops and matmul_source come together")
+        if self.vendor != "nvidia" and (self.efficiency_class is None or self.attention_class is None):
+            raise ValueError(f"a {self.vendor} row needs efficiency_class and attention_class (NVIDIA's follow from compute_capability)")
         return self
 
 
@@ -196,7 +201,8 @@ def spec_numbers(key: str) -> dict[str, Any]:
 def identity(key: str) -> dict[str, Any]:
     """Vendor, compute capability and capability flags of one row: what a probed card of this model inherits."""
     row = entry(key)
-    return {"vendor": row.vendor, "compute_capability": row.compute_capability, "capabilities": row.capabilities}
+    return {"vendor": row.vendor, "compute_capability": row.compute_capability, "capabilities": row.capabilities,
+            "efficiency_class": row.efficiency_class, "attention_class": row.attention_class}
 
 
 def gpu_from_spec(key: str, index: int = 0) -> GPU:

@@ -9,7 +9,9 @@ from pydantic import Field, model_validator
 from .._base import Model
 
 Interconnect = Literal["nvlink", "infinity_fabric", "pcie", "none"]  # infinity_fabric: AMD xGMI between Instinct GPUs
-Vendor = Literal["nvidia", "amd"]
+#: Who makes the card ("nvidia", "amd", ...): a gpus.json column; what the cost model needs to know of a
+#: vendor's cards is in the efficiency_class and attention_class columns, never in code keyed on the vendor.
+Vendor = str
 
 
 class Capabilities(Model):
@@ -56,6 +58,10 @@ class GPU(Model):
     fp8_tflops: float | None = None
     memory_bandwidth_gbps: float | None = Field(default=None, description="GB/s (1e9 bytes)")
     matmul_tflops: float | None = Field(default=None, description="measured max achievable bf16 matmul TFLOP/s (MAMF)")
+    efficiency_class: str | None = Field(default=None, description="the class whose share of peak its matmuls reach "
+                                         "(efficiency.json peak_fraction_by_class); None on NVIDIA: from the compute capability")
+    attention_class: str | None = Field(default=None, description="its fused-attention kernel class (efficiency.json "
+                                        "attention_peak_fraction); None on NVIDIA: from the compute capability")
     mig: bool = False
 
     @model_validator(mode="before")
@@ -67,6 +73,14 @@ class GPU(Model):
                 raise ValueError(f"GPU {data.get('name')!r} of vendor {data['vendor']!r} needs explicit capabilities")
             data = {**data, "capabilities": Capabilities.from_compute_capability(tuple(data.get("compute_capability", (0, 0))))}
         return data
+
+    @model_validator(mode="after")
+    def _classes_off_nvidia(self) -> GPU:
+        """Only NVIDIA's classes follow from the compute capability; another vendor's card says which it is in."""
+        if self.vendor != "nvidia" and (self.efficiency_class is None or self.attention_class is None):
+            raise ValueError(f"GPU {self.name!r} of vendor {self.vendor!r} needs its efficiency_class and attention_class "
+                             "(gpus.json columns: which efficiency.json constants its matmuls and attention kernels reach)")
+        return self
 
     @property
     def supports_bf16(self) -> bool:

@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from .._data import fact_extra, fact_value
+from ..errors import DataFileError
 from ..hardware.types import CPU, GPU
 from ..memory.ledger import ledger
 from ..model.types import ModelSpec
@@ -124,6 +125,17 @@ def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     return per_param * trainable_params(spec, setup) / shards
 
 
+def class_constant(table: str, cls: str, gpu: GPU, path: str | None = None) -> float:
+    """efficiency.json's number for a GPU class (``path``: 'tensor' or 'cuda' first where the table has both); a
+    class a gpus.json row names but the table lacks is one line naming both, not a KeyError mid-plan."""
+    rows = constant(table)
+    rows = rows[path] if path is not None else rows
+    if cls not in rows:
+        raise DataFileError(f"perfguide/data/efficiency.json {table} has no class {cls!r} (the class of {gpu.name}); "
+                            f"it has {', '.join(sorted(rows))}")
+    return float(rows[cls])
+
+
 def gpu_class(gpu: GPU) -> str:
     """'datacenter' for the big training dies of Ampere and later (A100, H100/H200, B200: compute capability
     8.0+ with minor 0), 'volta' for the V100 (7.0: first-generation, fp16-only tensor cores), 'graphics' for the
@@ -133,8 +145,8 @@ def gpu_class(gpu: GPU) -> str:
     They reach different fractions of their spec-sheet peak: graphics dies boost well above the clock their
     datasheet TFLOP/s assume; Volta's tensor cores are fed by an older memory system and cuBLAS generation.
     """
-    if gpu.vendor != "nvidia":
-        return "cdna"         # AMD Instinct: training dies, but ROCm's GEMMs reach a smaller share of their spec
+    if gpu.efficiency_class is not None:
+        return gpu.efficiency_class   # a gpus.json column: AMD Instinct is 'cdna' (ROCm's GEMMs reach a smaller share)
     if gpu.compute_capability[1] != 0:
         return "graphics"
     return "datacenter" if gpu.supports_bf16 else "volta"
@@ -153,7 +165,7 @@ def asymptote(gpu: GPU, setup: Setup) -> float:
     peak = gpu.half_tflops(setup.compute_dtype)
     if path == "tensor" and setup.compute_dtype in ("bf16", "fp16") and gpu.matmul_tflops and peak:
         return gpu.matmul_tflops / peak        # above 1 where a card boosts past its datasheet clock (RTX 4090)
-    return float(constant("peak_fraction_by_class")[path][gpu_class(gpu)])
+    return class_constant("peak_fraction_by_class", gpu_class(gpu), gpu, path)
 
 
 def half_saturation(setup: Setup) -> float:
@@ -177,8 +189,8 @@ def attention_arch(gpu: GPU) -> str:
     """The flash-kernel generation a GPU runs: FlashAttention-2 is written for Ampere's mma.sync (sm80, also
     Ada sm89), and does not use Hopper's wgmma/TMA - FlashAttention-3 does -, so on an H100 the same kernel
     reaches a much smaller fraction of peak; Volta/Turing get the memory-efficient (cutlass) SDPA kernel."""
-    if gpu.vendor != "nvidia":
-        return "cdna"
+    if gpu.attention_class is not None:
+        return gpu.attention_class    # a gpus.json column (AMD Instinct: 'cdna')
     major = gpu.compute_capability[0]
     return {7: "volta_turing", 8: "ampere", 9: "hopper"}.get(major, "blackwell" if major >= 10 else "volta_turing")
 

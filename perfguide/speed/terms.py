@@ -29,7 +29,7 @@ def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops
     one, priced relative to it). The stack term does not apply: the kernel, not the stack, decides its speed."""
     if not rates.fused_attention(setup) or attn_flops <= 0:
         return 0.0
-    fraction = float(constant("attention_peak_fraction")[rates.attention_arch(gpu)])
+    fraction = rates.class_constant("attention_peak_fraction", rates.attention_arch(gpu), gpu)
     if kernel is not None:
         fraction *= float(constant("attention_kernel_speed")[kernel])
     return attn_flops * rates.causal_fraction(spec, setup) * flash_backward_factor(setup) / (peak_tflops * 1e12 * fraction)

@@ -15,6 +15,7 @@ from itertools import product
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError, unknown_value
+from ..setup import add_technique_field, use_technique_rules
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
 from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, StepSeconds, StepShape
 
@@ -48,6 +49,8 @@ def registry() -> tuple[Technique, ...]:
                 raise PerfGuideError(f"Setup field {f!r} is owned by both {owner[f]!r} and {t.name!r}")
             owner[f] = t.name
         seen[t.name] = t
+        for name, (annotation, default, description) in t.setup_fields.items():
+            add_technique_field(name, annotation, default, description)
     return tuple(sorted(found, key=lambda t: (t.order, t.name)))
 
 
@@ -168,3 +171,6 @@ def traced_model(setup: Setup, model: Any) -> Any:
 def traced_fields() -> tuple[str, ...]:
     """Setup fields that change the traced model: those of every technique with a ``trace_model`` hook."""
     return tuple(f for t in registry() if type(t).trace_model is not Technique.trace_model for f in t.fields)
+
+
+use_technique_rules(lambda: registry())   # every Setup obeys the techniques' conflicts and lists their label words

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._technique_data import constants
+from ..data.techniques import constant
 from .base import EmitContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 from .gradient_checkpointing import held_activations
@@ -34,12 +34,15 @@ class ActivationOffloading(Technique):
     fields = ("activation_offloading",)
     summary = "checkpointed activations kept in pinned host RAM between forward and backward"
     sources = SOURCES
-    requires = Requires(devices=("cuda",), tasks=("train",))
+    requires = Requires(devices=("cuda",), tasks=("train",), binding=True)
     order = 32
     switch = "activation_offloading"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.activation_offloading)
+
+    def label_word(self, setup: Any) -> str | None:
+        return "act-offload" if self.active(setup) else None
 
     def off(self) -> dict[str, Any]:
         return {"activation_offloading": False}
@@ -57,7 +60,7 @@ class ActivationOffloading(Technique):
 
         held = held_activations(ctx.spec, shaped(ctx.setup))
         to_host = split_boundaries(held, ctx.spec.total_layers)[1]
-        return StepSeconds(transfer=constants().activation_offload_pcie_passes.value * to_host / ctx.pcie)
+        return StepSeconds(transfer=constant("activation_offload_pcie_passes") * to_host / ctx.pcie)
 
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"activation_offloading": self.active(ctx.setup)}   # written out both ways: the config says what runs

@@ -32,6 +32,17 @@ class Requires:
     gpu_capability: str | None = None         # a GPU property that must be true, e.g. "supports_bf16"
     conflicts: tuple[str, ...] = ()           # techniques it cannot be combined with
     finetune: tuple[str, ...] = ("full", "lora", "qlora")
+    strategies: tuple[str, ...] | None = None  # the strategies it runs under (None: any)
+    #: True: a Setup that turns the technique on where the devices, tasks, fine-tuning or strategies above refuse
+    #: it is invalid (Setup validation asks ``Technique.conflict``); False: they only say where the planner offers it
+    binding: bool = False
+
+
+def finetune_of(setup: Setup) -> str:
+    """'full', 'lora' or 'qlora' (LoRA on a quantized base): the fine-tuning kind ``Requires.finetune`` names."""
+    if setup.lora is None:
+        return "full"
+    return "qlora" if setup.quantized else "lora"
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,9 @@ class Technique:
     name: ClassVar[str] = ""
     #: Setup fields this technique owns (no other technique writes them).
     fields: ClassVar[tuple[str, ...]] = ()
+    #: switches it adds to Setup, ``{name: (type, default, description)}``, when the registry finds it (a technique
+    #: outside this package is one module); the bundled techniques' fields are written in setup.py
+    setup_fields: ClassVar[dict[str, tuple[Any, Any, str]]] = {}
     summary: ClassVar[str] = ""
     #: public references (docs URLs, papers, code paths in public repositories) its decisions cite
     sources: ClassVar[tuple[str, ...]] = ()
@@ -106,16 +120,45 @@ class Technique:
         """Whether ``setup`` uses this technique."""
         return False
 
-    def why_not(self, setup: Setup, hardware: Hardware | None = None, model: ModelSpec | None = None) -> str | None:
-        """Why the technique cannot run for ``setup`` on ``hardware`` (None: it can)."""
+    def _device_or_task(self, setup: Setup) -> str | None:
         req = self.requires
         if setup.device not in req.devices:
             return f"{self.name} needs a {' or '.join(req.devices)} device, not {setup.device!r}"
         if setup.task not in req.tasks:
             return f"{self.name} applies to {' and '.join(req.tasks)}, not {setup.task!r}"
+        return None
+
+    def why_not(self, setup: Setup, hardware: Hardware | None = None, model: ModelSpec | None = None) -> str | None:
+        """Why the technique cannot run for ``setup`` on ``hardware`` (None: it can)."""
+        req = self.requires
+        problem = self._device_or_task(setup)
+        if problem:
+            return problem
         gpu = hardware.smallest_gpu if hardware is not None else None
         if req.gpu_capability and setup.device == "cuda" and gpu is not None and not getattr(gpu, req.gpu_capability):
             return f"{self.name} needs {req.gpu_capability.replace('supports_', '')} on the GPU; {gpu.name} lacks it"
+        return None
+
+    def conflict(self, setup: Setup) -> str | None:
+        """Why ``setup`` cannot run with this technique as it sets it (None: it can), for Setup's own validation:
+        with a binding ``requires``, the device, task, fine-tuning and strategy it names; a technique adds the
+        rules ``Requires`` cannot say. One sentence, ending with the Setup change that turns it off."""
+        if not (self.requires.binding and self.active(setup)):
+            return None
+        req = self.requires
+        problem = self._device_or_task(setup)
+        if problem is None and finetune_of(setup) not in req.finetune:
+            problem = f"{self.name} is for {' and '.join(req.finetune)} fine-tuning, not {finetune_of(setup)}"
+        if problem is None and req.strategies is not None and setup.strategy not in req.strategies:
+            problem = f"{self.name} runs under strategy {', '.join(req.strategies)}, not {setup.strategy!r}"
+        return self._refused(problem)
+
+    def _refused(self, problem: str | None) -> str | None:
+        off = ", ".join(f"{k}={v!r}" for k, v in self.off().items())
+        return f"{problem}; or turn it off ({off})" if problem and off else problem
+
+    def label_word(self, setup: Setup) -> str | None:
+        """Its word in ``Setup.label`` when ``setup`` uses it (None: it adds none); labels list them in ``order``."""
         return None
 
     # --- the fit ladder ----------------------------------------------------------------------------

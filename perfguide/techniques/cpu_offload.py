@@ -49,6 +49,18 @@ class CpuOffload(Technique):
     def active(self, setup: Any) -> bool:
         return setup.offload_optimizer or setup.offload_params
 
+    def conflict(self, setup: Any) -> str | None:
+        # DeepSpeed: param offload is stage 3 only, optimizer offload stages 1-3 (zero/offload_config.py);
+        # FSDP offloads params, grads and optimizer together whatever the sharding; device_map offloads weights.
+        if setup.offload_params and not setup.facts.offloads_params:
+            return f"offload_params needs strategy 'zero3', 'fsdp', 'fsdp_shard_grad_op' or 'device_map' (inference), not {setup.strategy!r}"
+        if setup.offload_optimizer and not setup.facts.offloads_optimizer:
+            return f"offload_optimizer needs a sharded strategy (zero1/zero2/zero3/fsdp/fsdp_shard_grad_op), not {setup.strategy!r}"
+        return None
+
+    def label_word(self, setup: Any) -> str | None:
+        return "offload" if self.active(setup) else None
+
     def off(self) -> dict[str, Any]:
         return {"strategy": "single", "offload_optimizer": False, "offload_params": False}
 

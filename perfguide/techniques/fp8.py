@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._data import fact_value
-from .._technique_data import constants
+from ..data.techniques import constant
 from ..model.linears import block_linear_shapes
 from ..speed.rates import half_saturation
 from . import kernel_factors
@@ -38,7 +38,10 @@ class Fp8(Technique):
     fields = ()
     summary = "block-Linear GEMMs in fp8 (torchao Float8Linear / Transformer Engine) over bf16 weights"
     sources = SOURCES
-    requires = Requires(devices=("cuda",), tasks=("train",), packages=("torchao",), gpu_capability="supports_fp8")
+    #: binding: torchao's Float8Linear converts full-precision nn.Linear layers (full fine-tuning only), through
+    #: accelerate's torchao backend, which DeepSpeed plans do not use
+    requires = Requires(devices=("cuda",), tasks=("train",), packages=("torchao",), gpu_capability="supports_fp8",
+                        finetune=("full",), strategies=("single", "ddp", "fsdp", "fsdp_shard_grad_op"), binding=True)
     order = 12
     axis = True
     switch = "fp8"
@@ -62,7 +65,7 @@ class Fp8(Technique):
         if not (self.active(ctx.setup) and capable(gpu) and gpu.fp8_tflops):
             return StepSeconds()
         linears = block_linear_shapes(ctx.spec)
-        fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constants().fp8_peak_fraction.value, ctx.tokens)
+        fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constant("fp8_peak_fraction"), ctx.tokens)
         fp8_rate *= width_penalty(ctx.spec.hidden_size, half_saturation(ctx.setup))
         fwd_bwd = (3 + kernel_factors(ctx.setup).recompute) / 3   # a recomputed forward runs its GEMMs again
         delta = (linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth, cast_bytes(ctx.setup))
@@ -77,8 +80,7 @@ class Fp8(Technique):
         """The casts' own kernels: launch-bound small steps pay them even where the GEMMs got faster."""
         if not self.active(setup):
             return KernelFactors()
-        c = constants()
-        per_linear = (c.fp8_cast_kernels_per_linear_compiled if setup.torch_compile else c.fp8_cast_kernels_per_linear).value
+        per_linear = constant("fp8_cast_kernels_per_linear_compiled" if setup.torch_compile else "fp8_cast_kernels_per_linear")
         base = float(fact_value("efficiency", "cuda_ops_per_layer"))
         return KernelFactors(launches=1 + LINEARS_PER_BLOCK * per_linear / base)
 
@@ -105,8 +107,7 @@ def width_penalty(hidden: int, half: float) -> float:
 
 def cast_bytes(setup: Any) -> float:
     """Bytes streamed per operand element to scale and cast it: fused under torch.compile, op by op in eager."""
-    c = constants()
-    return (c.fp8_cast_bytes_per_element if setup.torch_compile else c.fp8_cast_bytes_per_element_eager).value
+    return constant("fp8_cast_bytes_per_element" if setup.torch_compile else "fp8_cast_bytes_per_element_eager")
 
 
 def linear_seconds(linears: list[tuple[int, int, int]], tokens: int, fp8_rate: float, bandwidth: float,
@@ -114,7 +115,7 @@ def linear_seconds(linears: list[tuple[int, int, int]], tokens: int, fp8_rate: f
     """Seconds per micro-step of the block Linears in fp8: 3 GEMMs (fwd, grad-input, grad-weight) per Linear at
     the fp8 rate, plus casting its three operands (input T x in, weight in x out, grad-output T x out) at
     ``bytes_per_element`` each (default: the compiled, fused cast)."""
-    per = constants().fp8_cast_bytes_per_element.value if bytes_per_element is None else bytes_per_element
+    per = constant("fp8_cast_bytes_per_element") if bytes_per_element is None else bytes_per_element
     gemm = sum(6.0 * tokens * i * o * n for i, o, n in linears) / fp8_rate
     cast_elems = sum((tokens * i + i * o + tokens * o) * n for i, o, n in linears)
     return gemm + (cast_elems * per / bandwidth if bandwidth else 0.0)

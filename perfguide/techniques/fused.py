@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._technique_data import constants
+from ..data.techniques import constant
 
 
 def chain_seconds_saved(spec: Any, setup: Any, bandwidth: float, eager_scale: float = 1.0) -> float:
@@ -22,14 +22,13 @@ def chain_seconds_saved(spec: Any, setup: Any, bandwidth: float, eager_scale: fl
     parts = traffic.coefficients(spec, setup).components
     if not parts:
         return 0.0
-    c = constants()
     regime = traffic.traffic_regime(setup)                       # the regime the eager bytes were read in
     wide = 2.0 if regime in ("fp32", "amp") else 1.0             # the norms see the fp32 residual stream under AMP
     narrow = 2.0 if regime == "fp32" else 1.0                    # q, k, gate and up leave 16-bit Linears under AMP
     qk = (spec.num_attention_heads + spec.num_key_value_heads) * spec.head_dim
     glu = spec.active_intermediate_size if spec.gated_mlp else 0
-    per_token = (2 * spec.hidden_size * (eager_scale * parts["rmsnorm_per_h"] - wide * c.fused_rmsnorm_bytes_per_element.value)
-                 + qk * (eager_scale * parts["rope_per_qk"] - narrow * c.fused_rope_bytes_per_element.value)
-                 + glu * (eager_scale * parts["swiglu_per_i"] - narrow * c.fused_swiglu_bytes_per_element.value))
+    per_token = (2 * spec.hidden_size * (eager_scale * parts["rmsnorm_per_h"] - wide * constant("fused_rmsnorm_bytes_per_element"))
+                 + qk * (eager_scale * parts["rope_per_qk"] - narrow * constant("fused_rope_bytes_per_element"))
+                 + glu * (eager_scale * parts["swiglu_per_i"] - narrow * constant("fused_swiglu_bytes_per_element")))
     tokens = setup.micro_batch_size * setup.seq_len
     return traffic.seconds(max(0.0, per_token) * tokens * spec.total_layers, bandwidth)

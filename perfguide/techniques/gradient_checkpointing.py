@@ -39,6 +39,9 @@ class GradientCheckpointing(Technique):
     def active(self, setup: Any) -> bool:
         return setup.task == "train" and setup.gradient_checkpointing
 
+    def label_word(self, setup: Any) -> str | None:
+        return "ckpt" if setup.gradient_checkpointing else None
+
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         values = [ctx.checkpointing] if ctx.checkpointing is not None else [False, True]
         return [{"gradient_checkpointing": v} for v in values]

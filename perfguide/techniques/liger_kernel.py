@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._technique_data import constants
+from ..data.techniques import constant
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 from .fused import chain_seconds_saved
@@ -44,13 +44,16 @@ class LigerKernel(Technique):
     fields = ("liger_kernel",)
     summary = "fused linear cross-entropy (no full logits) and fused RMSNorm/RoPE/SwiGLU Triton kernels"
     sources = SOURCES
-    requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",))
+    requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",), binding=True)
     order = 36
     axis = True
     switch = "liger_kernel"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.liger_kernel)
+
+    def label_word(self, setup: Any) -> str | None:
+        return "liger" if self.active(setup) else None
 
     def why_not(self, setup: Any, hardware: Any = None, model: Any = None) -> str | None:
         base = super().why_not(setup, hardware, model)
@@ -148,7 +151,7 @@ def loss_seconds(spec: Any, setup: Any, tokens: int, rate_at: float, rate_chunk:
 
     head_flops = 6.0 * tokens * spec.hidden_size * spec.vocab_size
     gemm = head_flops / rate_chunk - head_flops / rate_at
-    liger = tokens * spec.vocab_size * constants().liger_flce_bytes_per_logit.value
+    liger = tokens * spec.vocab_size * constant("liger_flce_bytes_per_logit")
     return gemm - traffic.seconds(max(0.0, traffic.head_bytes(spec, setup) - liger), bandwidth)
 
 

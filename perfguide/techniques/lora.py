@@ -29,6 +29,9 @@ class Lora(Technique):
     def active(self, setup: Any) -> bool:
         return setup.task == "train" and setup.lora is not None
 
+    def label_word(self, setup: Any) -> str | None:
+        return f"lora-r{setup.lora.r}" if setup.lora is not None else None
+
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         if ctx.finetune != "lora":
             return []

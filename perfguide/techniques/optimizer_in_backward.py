@@ -34,13 +34,32 @@ class OptimizerInBackward(Technique):
     fields = ("optimizer_in_backward",)
     summary = "each parameter steps as its gradient is ready: gradients are never all held"
     sources = SOURCES
-    requires = Requires(tasks=("train",), finetune=("full",))
+    requires = Requires(tasks=("train",), finetune=("full",), binding=True)
     order = 22
     ladder_order = 35
     switch = "optimizer_in_backward"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.optimizer_in_backward)
+
+    def conflict(self, setup: Any) -> str | None:
+        problem = super().conflict(setup)
+        if problem or not self.active(setup):
+            return problem
+        if setup.optimizer is None:
+            return "optimizer_in_backward needs an optimizer (optimizer='adamw_torch_fused', 'paged_adamw_8bit', ...)"
+        if setup.gradient_accumulation_steps != 1:
+            return ("optimizer_in_backward steps each parameter as its gradient arrives, so gradient_accumulation_steps must be 1 "
+                    f"(got {setup.gradient_accumulation_steps}); use a larger micro_batch_size instead")
+        if setup.world_size > 1 or setup.strategy != "single":
+            return ("optimizer_in_backward runs on one process without sharding: use strategy='single' and num_gpus=1, "
+                    f"not {setup.strategy!r} x {setup.world_size}")
+        if setup.autocast == "fp16":
+            return "optimizer_in_backward cannot use fp16 loss scaling (GradScaler checks all gradients before one step); use bf16 or fp32"
+        return None
+
+    def label_word(self, setup: Any) -> str | None:
+        return "optim-in-bwd" if self.active(setup) else None
 
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         wanted = ctx.wants.get("optimizer_in_backward")

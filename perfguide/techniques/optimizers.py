@@ -15,8 +15,8 @@ import logging
 from typing import Any
 
 from .._base import GiB
-from .._technique_data import constants
-from ..optimizer_facts import row, rows
+from ..data.techniques import constant
+from ..optimizer_facts import row, rows, steps_in_backward
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 
@@ -48,6 +48,15 @@ class Optimizer(Technique):
 
     def active(self, setup: Any) -> bool:
         return setup.task == "train" and setup.optimizer is not None
+
+    def conflict(self, setup: Any) -> str | None:
+        if steps_in_backward(setup.optimizer) and (not setup.optimizer_in_backward or setup.lora is not None):
+            return (f"optim={setup.optimizer!r} steps inside backward through the Trainer itself (LOMO / layer-wise hooks): a full "
+                    "fine-tune with optimizer_in_backward=True (one process, gradient_accumulation_steps=1), not with LoRA or a separate step")
+        return None
+
+    def label_word(self, setup: Any) -> str | None:
+        return setup.optimizer if self.active(setup) else None
 
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         if ctx.finetune != "full" or ctx.optimizer is not None:
@@ -96,7 +105,7 @@ def paged(setup: Any) -> bool:
 def paged_seconds(states: int, free_device: int, pcie_bytes_per_s: float) -> float:
     """Seconds per optimizer step of paging evicted optimizer state in and out; nothing when it all stays on the GPU."""
     evicted = max(0, states - max(0, free_device))
-    return constants().paged_pcie_passes.value * evicted / pcie_bytes_per_s
+    return constant("paged_pcie_passes") * evicted / pcie_bytes_per_s
 
 
 def free_device_bytes(hardware: Any, device_total: int, headroom: float = 0.10) -> int:

@@ -34,13 +34,21 @@ class PaddingFree(Technique):
     fields = ("padding_free", "avg_seq_len")
     summary = "samples concatenated without padding; the step pays for real tokens only"
     sources = SOURCES
-    requires = Requires(tasks=("train",))
+    requires = Requires(tasks=("train",), binding=True)
     order = 34
     axis = True
     switch = "padding_free"
 
     def active(self, setup: Any) -> bool:
         return bool(setup.padding_free)
+
+    def conflict(self, setup: Any) -> str | None:
+        if setup.avg_seq_len is not None and setup.avg_seq_len > setup.seq_len:
+            return f"avg_seq_len={setup.avg_seq_len} exceeds seq_len={setup.seq_len}; the mean real length of a sample is at most seq_len"
+        return super().conflict(setup)
+
+    def label_word(self, setup: Any) -> str | None:
+        return "padding-free" if self.active(setup) else None
 
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         wanted = ctx.wants.get("padding_free")

@@ -53,6 +53,9 @@ class MixedPrecision(Technique):
     def active(self, setup: Any) -> bool:
         return setup.autocast is not None
 
+    def label_word(self, setup: Any) -> str | None:
+        return f"amp-{setup.autocast}" if setup.autocast else None
+
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         if ctx.finetune != "full":
             return []

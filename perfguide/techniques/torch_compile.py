@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._data import fact_value
-from .._technique_data import constants
+from ..data.techniques import constant
 from ..memory.inference import inference_data
 from .base import EmitContext, Technique
 from .effects import KernelFactors
@@ -32,11 +32,14 @@ class TorchCompile(Technique):
     def active(self, setup: Any) -> bool:
         return bool(setup.torch_compile)
 
+    def label_word(self, setup: Any) -> str | None:
+        return "compile" if setup.torch_compile and setup.task == "train" else None
+
     def kernel_factors(self, setup: Any) -> KernelFactors:
         if not setup.torch_compile:
             return KernelFactors()
         decode = inference_data().static_compile_overhead_factor.value if setup.cache_implementation == "static" else 1.0
-        return KernelFactors(launches=constants().compile_kernel_fraction.value,
+        return KernelFactors(launches=constant("compile_kernel_fraction"),
                              elementwise=float(fact_value("efficiency", "compile_elementwise_factor")), decode_overhead=decode)
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
@@ -48,7 +51,7 @@ def compile_seconds(spec: Any, setup: Any) -> float:
     if not setup.torch_compile:
         return 0.0
     layer_types = 2 if spec.sliding_window and spec.model_type in ("gemma2", "gemma3") else 1
-    return constants().compile_seconds_base.value + layer_types * constants().compile_seconds_per_layer_type.value
+    return constant("compile_seconds_base") + layer_types * constant("compile_seconds_per_layer_type")
 
 
 TECHNIQUES = (TorchCompile(),)
