@@ -149,9 +149,16 @@ class _HubCall(Exception):
     pass
 
 
+REMOTE_CODE_CONFIG = {"model_type": "custom-arch", "architectures": ["CustomForCausalLM"], "hidden_size": 64,
+                      "auto_map": {"AutoConfig": "configuration_custom.CustomConfig"}}
+
+
 @pytest.fixture
-def hub_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """Records the kwargs perfguide gives AutoConfig.from_pretrained (no network here), then fails like a hub error."""
+def hub_spy(monkeypatch: pytest.MonkeyPatch, tmp_path) -> list[dict]:
+    """The Hub answers a config that brings its own code; records the kwargs perfguide gives
+    AutoConfig.from_pretrained (the only way that code could run), which then fails like a hub error."""
+    import huggingface_hub.constants
+    import huggingface_hub.utils
     import transformers
 
     calls: list[dict] = []
@@ -160,23 +167,33 @@ def hub_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
         calls.append({"name": name, **kwargs})
         raise _HubCall("offline test: no hub")
 
+    class Session:
+        def get(self, url: str, **kwargs: object) -> object:
+            import importlib
+
+            http = importlib.import_module("httpx2") if importlib.util.find_spec("httpx2") else importlib.import_module("httpx")
+            return http.Response(200, json=REMOTE_CODE_CONFIG, request=http.Request("GET", url))
+
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", Session)
     monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", spy)
     return calls
 
 
-def test_hub_config_fetched_without_remote_code_by_default(hub_spy: list[dict]) -> None:
-    with pytest.raises(OfflineError) as exc:
+def test_hub_config_read_as_json_without_remote_code_by_default(hub_spy: list[dict]) -> None:
+    """Untrusted, a config's auto_map is never followed: the JSON is read as data and refused in one line."""
+    with pytest.raises(PerfGuideError) as exc:
         recommend("someorg/custom-arch", hardware="a100")
-    assert "\n" not in str(exc.value) and "'someorg/custom-arch'" in str(exc.value)
-    assert hub_spy == [{"name": "someorg/custom-arch", "trust_remote_code": False}]
+    assert "\n" not in str(exc.value)
+    assert hub_spy == []
 
 
 def test_hub_remote_code_only_when_the_user_passes_it(hub_spy: list[dict]) -> None:
     with pytest.raises(OfflineError):
         recommend("someorg/custom-arch", hardware="a100", trust_remote_code=True)
-    assert hub_spy[-1]["trust_remote_code"] is True
+    assert hub_spy == [{"name": "someorg/custom-arch", "trust_remote_code": True}]
 
 
 def test_model_kwargs_never_turn_on_remote_code_by_themselves() -> None:

@@ -1,7 +1,7 @@
 """``ModelSpec.from_any``: one entry point for every way a user names a model.
 
-Order for strings: an existing local path, a bare size ("7b"), the offline catalog, then the Hub (only when
-HF_HUB_OFFLINE is unset). Local paths are read as JSON only: no repository code runs and no weights load.
+Order for strings: an existing local path, a bare size ("7b"), the offline catalog, a config.json already in the
+local Hugging Face cache, then one bounded request to the Hub (only when HF_HUB_OFFLINE is unset; model/hub.py). Local paths are read as JSON only: no repository code runs and no weights load.
 """
 
 from __future__ import annotations
@@ -68,19 +68,32 @@ def _from_path(path: Path) -> ModelSpec:
 
 
 def _from_hub(hub_id: str, trust_remote_code: bool) -> ModelSpec:
+    """Offline first: a config.json in the local Hugging Face cache, else one bounded request (model/hub.py)."""
+    from .hub import cached_config, fetch_config
+
     hint = did_you_mean(hub_id, catalog.short_names() + catalog.catalog_names())
-    if _offline():
-        raise OfflineError(f"model {hub_id!r} is not in the offline catalog and HF_HUB_OFFLINE is set.{hint} "
-                           f"Offline, {_OFFLINE_OPTIONS}.")
+    config = cached_config(hub_id)
+    if config is None:
+        if _offline():
+            raise OfflineError(f"model {hub_id!r} is not in the offline catalog or the local Hugging Face cache, and "
+                               f"HF_HUB_OFFLINE is set.{hint} Offline, {_OFFLINE_OPTIONS}.")
+        config = fetch_config(hub_id, hint, _OFFLINE_OPTIONS)
+    if config.get("auto_map") and trust_remote_code:
+        return _from_remote_code(hub_id)
+    check_config_values(config)
+    return spec_from_config(config, hub_id, "hub")
+
+
+def _from_remote_code(hub_id: str) -> ModelSpec:
+    """A config with its own code, trusted by the caller: transformers builds it (it fetches the code files)."""
     try:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(hub_id, trust_remote_code=trust_remote_code)
-    except Exception as exc:  # noqa: BLE001 - network, auth, missing repo, remote code: all end the same way
+        config = AutoConfig.from_pretrained(hub_id, trust_remote_code=True)
+    except Exception as exc:  # noqa: BLE001 - network, auth, the repository's own code: all end the same way
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise OfflineError(f"could not fetch the config of {hub_id!r} from the Hugging Face Hub ({reason}).{hint} "
-                           f"Offline, {_OFFLINE_OPTIONS}.") from None
-    return _from_hf_config(config, hub_id, "hub", trust_remote_code)
+        raise OfflineError(f"could not load the remote-code config of {hub_id!r} ({reason}); {_OFFLINE_OPTIONS}.") from None
+    return _from_hf_config(config, hub_id, "hub", True)
 
 
 def _existing_path(text: str) -> Path | None:
