@@ -52,6 +52,26 @@ def test_unsupported_family_saves_nothing():
     assert fused_activation_savings(gpt2, _setup()) == 0
 
 
+@pytest.mark.parametrize("name", ["gpt2", "google-bert/bert-base-uncased"])
+def test_unpatched_families_are_priced_as_without_liger(name):
+    """apply_liger_kernel has no entry for gpt2 or bert (MODEL_TYPE_TO_APPLY_LIGER_FN): it logs and patches nothing,
+    so the run keeps HF's loss and modules; neither memory nor step time may change (issue 24: GPT-2 / BERT were
+    priced 10-19% faster with Liger)."""
+    from perfguide.speed import estimate_speed as estimate_throughput
+
+    spec, hw = ModelSpec.from_any(name), Hardware.from_name("a100-80gb")
+    off, on = _setup(liger_kernel=False, seq_len=512), _setup(liger_kernel=True, seq_len=512)
+    assert estimate_memory(spec, on, hw).peak_allocated == estimate_memory(spec, off, hw).peak_allocated
+    assert estimate_throughput(spec, on, hw).step_time_s == estimate_throughput(spec, off, hw).step_time_s
+
+
+def test_patched_family_still_changes_the_step(llama):
+    from perfguide.speed import estimate_speed as estimate_throughput
+
+    hw = Hardware.from_name("h100-80gb")
+    assert estimate_throughput(llama, _setup(liger_kernel=True), hw).step_time_s != estimate_throughput(llama, _setup(), hw).step_time_s
+
+
 def _norm_and_mlp_saved_bytes(dtype) -> tuple[int, int]:
     """Bytes HF's eager LlamaRMSNorm and LlamaMLP save for backward in one block of a real tiny Llama."""
     from transformers import AutoModelForCausalLM

@@ -67,15 +67,15 @@ class LigerKernel(Technique):
         return {"liger_kernel": False}
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
-        if not self.active(ctx.setup):
-            return terms
+        if not (self.active(ctx.setup) and supported(ctx.spec.model_type)):
+            return terms  # apply_liger_kernel logs and patches nothing for a model type it has no kernels for
         saved = fused_activation_savings(ctx.spec, ctx.shape)
         return terms.changed("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward" if saved else None,
                              logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved))
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
-        if not (self.active(ctx.setup) and ctx.setup.task == "train"):
-            return StepSeconds()
+        if not (self.active(ctx.setup) and ctx.setup.task == "train" and supported(ctx.spec.model_type)):
+            return StepSeconds()  # an unpatched model runs HF's own loss and modules: nothing changes
         chunk_rate = ctx.gemm_rate(ctx.peak_tflops, ctx.asymptote, chunk_rows(ctx.spec, ctx.tokens))
         loss = loss_seconds(ctx.spec, ctx.setup, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth)
         # under torch.compile the step model already charges the chains at compile_elementwise_factor of their eager
@@ -83,7 +83,7 @@ class LigerKernel(Technique):
         from . import kernel_factors  # the folded factors of every active technique (compile's among them)
 
         scale = kernel_factors(ctx.setup).elementwise
-        fused = chain_seconds_saved(ctx.spec, ctx.setup, ctx.bandwidth, eager_scale=scale) if supported(ctx.spec.model_type) else 0.0
+        fused = chain_seconds_saved(ctx.spec, ctx.setup, ctx.bandwidth, eager_scale=scale)
         return StepSeconds(compute=loss - fused)
 
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
