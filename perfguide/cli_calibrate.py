@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from .errors import PerfGuideError
+from .measure.calibration import sane, step_spread
 from .memory.factors import SANE_RATIO
 from .recommendation import Recommendation
 
@@ -56,6 +57,16 @@ def build_model(rec: Recommendation) -> Any:
                              "pass a catalog name or a config of a causal or masked LM") from exc
 
 
+def outlier_note(ratio: float) -> str:
+    """What a ratio outside the band of the model's own error means for the store: it is kept, not dropped."""
+    if sane(ratio):
+        return ""
+    lo, hi = SANE_RATIO
+    return (f"\n{'':>17}outlier: outside the {lo:g}-{hi:g}x band the model's own error spans (a loaded machine, or fixed "
+            f"per-step overheads dominating a small model); recorded and used as this machine's first measurement "
+            f"(capped at {lo:g}-{hi:g}x) until sane runs of this model size replace it")
+
+
 def refuse_if_not_fitting(rec: Recommendation) -> None:
     if rec.fits:
         return
@@ -96,10 +107,11 @@ def main(args: argparse.Namespace) -> int:
     if result.oom:
         print(f"out of memory: {result.error}; nothing recorded")
         return 1
+    spread = step_spread(result.measured.step_times_s) if result.measured else None
     for c in result.comparisons:
-        used = "" if SANE_RATIO[0] <= c.ratio <= SANE_RATIO[1] else (
-            "  (ignored: outside 0.33-3x; fixed per-step overheads dominate a model this small, calibrate a larger one)")
-        print(f"{c.quantity:>15}: predicted {c.predicted:.4g} {c.unit}, measured {c.measured:.4g} {c.unit} (x{c.ratio:.2f}){used}")
+        noise = f", steps spread +/-{spread:.0%}" if c.quantity == "step_time_s" and spread is not None else ""
+        print(f"{c.quantity:>15}: predicted {c.predicted:.4g} {c.unit}, measured {c.measured:.4g} {c.unit} (x{c.ratio:.2f}{noise})"
+              f"{outlier_note(c.ratio)}")
     path = record(rec, result)
     if path is None:
         print("not recorded: the calibration store could not be written (see the warning above)")

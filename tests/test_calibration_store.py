@@ -163,11 +163,30 @@ def test_size_bands_are_half_decades():
     assert size_band(8_030_261_248) == size_band(4_000_000_000) != size_band(1_000_000_000)
 
 
-def test_outliers_and_insane_ratios_are_ignored():
+def test_outliers_are_left_out_once_sane_runs_exist():
     # 2.9 is 3+ MADs out: the median of the other four (1.00-1.02), not of all five (1.02)
     assert robust_median([1.0, 1.05, 0.95, 1.02, 2.9]) == pytest.approx((1.0 * 1.02) ** 0.5)
-    assert robust_median([10.0, 0.01]) is None
+    assert robust_median([1.2, 6.2]) == pytest.approx(1.2)  # a sane run outweighs an outlier
     assert robust_median([1.2]) == pytest.approx(1.2)
+    assert robust_median([]) is None
+
+
+def test_a_first_outlier_is_kept_with_its_spread_not_discarded(store, tiny_rec):
+    """Issue 24: `perfguide calibrate` measured 6.2x the predicted step on a loaded CPU and recorded nothing usable.
+    The first measurement of a scope is now kept and used (capped at the sane band's 3x), its step spread stored."""
+    steps = (6.0, 6.4, 6.2)  # steady steps of one run: spread (6.4 - 6.0) / (2 * 6.2)
+    comps = (Comparison(quantity="step_time_s", predicted=1.0, measured=6.2, ratio=6.2, unit="s"),)
+    run = Verification(measured=Measurement(device="cpu", steps=4, step_time_s=6.2, step_times_s=steps), comparisons=comps)
+    record(tiny_rec, run)
+    stored = runs_in(store)[-1]
+    assert stored["ratios"]["step_time_s"] == pytest.approx(6.2)
+    assert stored["spread"]["step_time_s"] == pytest.approx(0.4 / (2 * 6.2))
+    factors = factors_for(probed(), tiny_rec.model)
+    assert factors is not None and factors.step_time == pytest.approx(6.2)
+    from perfguide.cli_calibrate import outlier_note
+
+    assert "outlier" in outlier_note(6.2) and "recorded and used" in outlier_note(6.2)
+    assert outlier_note(1.4) == ""
 
 
 def test_cuda_context_is_only_stored_when_the_device_was_otherwise_idle(store, tiny_rec):

@@ -10,8 +10,12 @@ training runs append to, so it is treated as state that must never break plannin
   (the measurement it came from is still returned to the caller);
 * scope: a run only calibrates later plans on the same machine for the same model family and size band
   (half a decade of parameters), so a tiny model's fixed overheads never rescale an 8B model;
-* robustness: ratios outside ``SANE_RATIO`` and outliers (3 median absolute deviations in log space) are
-  ignored; the CUDA context is stored only when the device had no other process on it during the run.
+* robustness: a ratio outside ``SANE_RATIO`` (the band the model's own error spans) or more than 3 median
+  absolute deviations (log space) from the others is an outlier: once sane runs of the scope exist it is left
+  out of the factor, but the first measurement of a scope is kept and used (capped by ``factors.clamp``) rather
+  than discarded, and the caller says it is an outlier; each run stores the spread of its step times, so a
+  noisy first measurement reads as one. The CUDA context is stored only when the device had no other process
+  on it during the run.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ MEMORY_QUANTITIES = ("peak_allocated", "rss_growth")
 
 #: what make_run stores: a finite positive measured/predicted ratio (the reader holds a file to the same bounds)
 Ratio = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Spread = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class Run(Model):
@@ -65,6 +70,8 @@ class Run(Model):
     setup: str = Field(max_length=1000)
     time: float = Field(ge=0, allow_inf_nan=False)
     ratios: dict[str, Ratio] = Field(default_factory=dict)
+    #: relative spread of a quantity over the run's steady steps: (max - min) / (2 * mean); step time only
+    spread: dict[str, Spread] = Field(default_factory=dict)
     cuda_context_bytes: int | None = Field(default=None, gt=0, le=MAX_CUDA_CONTEXT)  # the bounds _cuda_context stores
 
     def scope(self) -> tuple[str, str, str]:
@@ -183,11 +190,20 @@ def _cuda_context(verification: Verification) -> int | None:
     return context if 0 < context <= MAX_CUDA_CONTEXT else None
 
 
+def step_spread(times: tuple[float, ...]) -> float | None:
+    """Half the range of the steady step times over their mean: how far one step strays from the mean."""
+    if len(times) < 2 or sum(times) <= 0:
+        return None
+    return (max(times) - min(times)) / (2 * (sum(times) / len(times)))
+
+
 def make_run(rec: Recommendation, verification: Verification) -> Run:
     machine, family, band = scope_of(rec.hardware, rec.model)
     ratios = {c.quantity: c.ratio for c in verification.comparisons if math.isfinite(c.ratio) and c.ratio > 0}
+    spread = step_spread(verification.measured.step_times_s) if verification.measured else None
     return Run(machine=machine, family=family, band=band, model=rec.model.name[:1000], setup=rec.setup.label[:1000],
-               time=time.time(), ratios=ratios, cuda_context_bytes=_cuda_context(verification))
+               time=time.time(), ratios=ratios, spread={"step_time_s": spread} if spread is not None else {},
+               cuda_context_bytes=_cuda_context(verification))
 
 
 def _trim(runs: tuple[Run, ...]) -> tuple[Run, ...]:
@@ -226,9 +242,15 @@ def record(rec: Recommendation, verification: Verification, path: Path | None = 
 
 
 # --- turning runs into factors -----------------------------------------------------------------------
+def sane(ratio: float) -> bool:
+    return SANE_RATIO[0] <= ratio <= SANE_RATIO[1]
+
+
 def robust_median(values: list[float]) -> float | None:
-    """Median of the sane ratios after dropping outliers (> 3 MADs from the median in log space)."""
-    logs = [math.log(v) for v in values if SANE_RATIO[0] <= v <= SANE_RATIO[1]]
+    """Median of the sane ratios after dropping outliers (> 3 MADs from the median in log space); with no sane
+    ratio at all (a scope's first measurements), the median of what was measured: kept, not discarded."""
+    finite = [v for v in values if v > 0 and math.isfinite(v)]
+    logs = [math.log(v) for v in finite if sane(v)] or [math.log(v) for v in finite]
     if not logs:
         return None
     if len(logs) >= 3:

@@ -67,7 +67,8 @@ class PerfGuideCallback(TrainerCallback):
     def measurement(self, steps: int) -> Measurement:
         step = self._timer.mean
         tokens = tokens_per_step(self.rec) * self.rec.setup.world_size
-        common = {"device": self._device, "steps": steps, "step_time_s": step, "tokens_per_s": tokens / step if step else None}
+        common = {"device": self._device, "steps": steps, "step_time_s": step, "step_times_s": tuple(self._timer.steady),
+                  "tokens_per_s": tokens / step if step else None}
         if self._device == "cuda":
             import torch
 

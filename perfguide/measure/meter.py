@@ -89,6 +89,11 @@ class StepTimer:
             self._t0 = None
 
     @property
+    def steady(self) -> list[float]:
+        """The steps after warm-up (all of them when there were no more)."""
+        return self.durations[self.warmup:] or self.durations
+
+    @property
     def mean(self) -> float | None:
-        steady = self.durations[self.warmup:] or self.durations
+        steady = self.steady
         return sum(steady) / len(steady) if steady else None

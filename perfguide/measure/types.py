@@ -16,6 +16,7 @@ class Measurement(Model):
     device: Literal["cuda", "cpu"]
     steps: int = Field(ge=0)
     step_time_s: float | None = None
+    step_times_s: tuple[float, ...] = ()  # each steady (post-warm-up) step, for the spread of the mean
     tokens_per_s: float | None = None
     peak_allocated: int | None = None     # torch.cuda.max_memory_allocated
     peak_reserved: int | None = None      # torch.cuda.max_memory_reserved
