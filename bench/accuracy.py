@@ -12,20 +12,24 @@ from __future__ import annotations
 import csv
 import os
 import re
-import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+from accuracy_anchors import accelerate_anchor, deepspeed_anchor
+from accuracy_report import Result, report
+
+from perfguide._data import load
 from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
 from perfguide.memory.analytic import training_memory as estimate_memory
-from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 
@@ -33,7 +37,8 @@ CSV = ROOT / "bench" / "data" / "published_measurements.csv"
 OUT = ROOT / "bench" / "results" / "accuracy.md"
 
 UNITS = {"GB": 1e9, "MB": 1e6, "GiB": 2**30, "MiB": 2**20}
-GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100", "a100-40gb"), ("a10g", "a10g"),
+GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb", "a100-80gb"), ("a100", "a100-40gb"),
+        ("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("rtx 4090", "rtx4090"), ("a10g", "a10g"),
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4")]
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
@@ -42,18 +47,6 @@ GPU_MEMORY = {"rtx3080ti": 16 * 2**30, "rtx 2060": 8 * 2**30, "titan rtx": 24 * 
 
 class Skip(Exception):
     """A row perfguide's Setup cannot express; the message is the reason shown in the report."""
-
-
-@dataclass
-class Result:
-    row: dict[str, str]
-    kind: str                       # "value", "verdict", "skip"
-    reason: str = ""
-    predicted: float | None = None  # in the row's unit
-    published: float | None = None
-    err_pct: float | None = None
-    verdict_ok: bool | None = None
-    anchors: dict[str, float] = field(default_factory=dict)  # anchor name -> abs % error
 
 
 def _int(text: str, default: int | None = None) -> int:
@@ -84,13 +77,19 @@ def _metric(metric: str) -> str:
     raise Skip(f"metric {metric!r} is not a torch/nvidia-smi peak")
 
 
+#: a row that states only the card's memory ("24 GB GPU (model not stated)"): an Ampere datacenter spec with that
+#: memory (read as GiB, as boards are sized), so the CUDA context is cc-8's
+UNSTATED_GPU = re.compile(r"(\d+) GB GPU \(model not stated\)")
+
+
 def _hardware(gpu_type: str, num_gpus: int) -> Hardware | None:
     low = gpu_type.lower()
-    name = next((n for key, n in GPUS if key in low), None)
+    unstated = UNSTATED_GPU.search(gpu_type)
+    name = "a100-80gb" if unstated else next((n for key, n in GPUS if key in low), None)
     if name is None:
         return None
     hw = Hardware.from_name(f"{name}:{num_gpus}")
-    mem = next((v for k, v in GPU_MEMORY.items() if k in low), None)
+    mem = int(unstated.group(1)) * 2**30 if unstated else next((v for k, v in GPU_MEMORY.items() if k in low), None)
     if mem is not None:  # GPUs without an entry in gpus.json: borrow a same-generation spec, fix the memory
         gpus = tuple(g.model_copy(update={"memory_total": mem, "memory_free": mem}) for g in hw.gpus)
         hw = hw.model_copy(update={"gpus": gpus})
@@ -139,6 +138,8 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:
     par = row["parallelism"]
+    if par.startswith("DDP"):
+        return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
     if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):
         raise Skip(f"parallelism {par!r} (TP/PP/CP or pipeline) is not priced for training")
     if "SHARD_GRAD_OP" in par:
@@ -170,6 +171,10 @@ def _optimizer(row: dict[str, str]) -> str | None:
     opt = row["optimizer"].lower()
     if opt in ("none", ""):
         return None
+    if opt.startswith("adafactor"):
+        return "adafactor"
+    if "8bit" in opt or "8-bit" in opt:
+        return "adamw_bnb_8bit"  # bnb Adam8bit / TrainingArguments adamw_8bit: both moments in 8-bit blocks
     if "paged" in opt and row["quantization"]:
         return "paged_adamw_32bit"
     if _pre_torch2(row):
@@ -186,6 +191,12 @@ def _seq_len(text: str) -> int:
         if marker in text:
             return _int(text.split(marker)[-1])
     return _int(text)
+
+
+def _kbit_upcast(row: dict[str, str]) -> bool:
+    """litgpt and Answer.AI's fsdp_qlora quantize the Linears themselves and never run peft's
+    prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do."""
+    return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora"))
 
 
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
@@ -205,8 +216,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     fields.update(_strategy(row))
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
-        # litgpt quantizes the Linears only and never runs peft's prepare_model_for_kbit_training (no fp32 cast)
-        fields["kbit_upcast"] = "litgpt" not in row["source"].lower()
+        fields["kbit_upcast"] = _kbit_upcast(row)
     fields["lora"] = _lora(row, spec)
     return Setup(**fields)  # type: ignore[arg-type]
 
@@ -238,8 +248,7 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     q = row["quantization"]
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
-        # litgpt quantizes the Linears only and never runs peft's prepare_model_for_kbit_training (no fp32 cast)
-        fields["kbit_upcast"] = "litgpt" not in row["source"].lower()
+        fields["kbit_upcast"] = _kbit_upcast(row)
     return Setup(**fields)  # type: ignore[arg-type]
 
 
@@ -248,7 +257,9 @@ _SPECS: dict[str, ModelSpec] = {}
 # Community re-uploads of a catalog model (same config.json, same weights); the catalog deliberately does not
 # resolve unknown organisations, so the bench names the original here.
 REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
-             "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2"}
+             "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2",
+             # Llama 3.3 70B reuses Llama 3.1 70B's config.json shape (80 x 8192, FFN 28672, 128256 vocab, GQA 8)
+             "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B"}
 
 
 def _spec(hub_id: str) -> ModelSpec:
@@ -291,24 +302,6 @@ def _bnb_version(row: dict[str, str]) -> str | None:
     return None
 
 
-def accelerate_anchor(spec: ModelSpec, setup: Setup) -> int:
-    """accelerate estimate-memory: fp32 size S (AutoModel, no untied head), training = max stage = 4S (fp32)
-    or 2S ("float16" mixed); inference = S / k."""
-    s = 4 * (spec.total_params - spec.lm_head_params)
-    if setup.task == "infer":
-        return s // {"fp32": 1, "bf16": 2, "fp16": 2, "int8": 4, "nf4": 8}[setup.weights_dtype]
-    return 4 * s if setup.weights_dtype == "fp32" and not setup.autocast else 2 * s
-
-
-def deepspeed_anchor(spec: ModelSpec, setup: Setup) -> int:
-    """DeepSpeed model-states estimator (no activations): ZeRO-3 for sharded runs, ZeRO-2 formula otherwise."""
-    n = setup.world_size
-    if setup.strategy in ("zero3", "fsdp"):
-        largest = max(spec.embedding_params, spec.lm_head_params, max((i * o for i, o in spec.block_linears.values()), default=0))
-        return deepspeed_zero3_estimate(spec.total_params, largest, n, 1, setup.offload_optimizer, setup.offload_params)[1]
-    return deepspeed_zero2_estimate(spec.total_params, n, 1, setup.offload_optimizer)[1]
-
-
 def _pct(pred: float, pub: float) -> float:
     return abs(pred - pub) / pub * 100
 
@@ -321,6 +314,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         return Result(row, "skip", f"value_kind={kind}: no memory number ({row['notes'] or row['value_kind']})")
     try:
         spec = _spec(row["model_hf_id"])
+        if "SequenceClassification" in row["method"]:  # a 2-label classifier on the pooled token, not the MLM head
+            spec = spec.model_copy(update={"head": "sequence_classification", "num_labels": 2})
         task = row["task"]
         if task.startswith("load"):
             raise Skip("load-only rows are not a training/inference step")
@@ -334,14 +329,10 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         return Result(row, "skip", str(exc))
     except (PerfGuideError, NotImplementedError, ValueError) as exc:
         return Result(row, "skip", f"not expressible: {str(exc).splitlines()[0][:120]}")
-    if kind in ("oom", "max_batch_fit"):
+    if kind in ("oom", "max_batch_fit", "max_seq_fit"):
         if hw is None:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
-        if kind == "oom":
-            return Result(row, "verdict", verdict_ok=not est.fits, reason="published OOM")
-        up = setup.replace(micro_batch_size=setup.micro_batch_size + 1)
-        bigger = estimate_memory(spec, up, hw, loss_bytes=_loss_bytes(row, spec, up), bnb_version=bnb)
-        return Result(row, "verdict", verdict_ok=est.fits and not bigger.fits, reason="published max batch that fits")
+        return _boundary(row, spec, setup, hw, est.fits)
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])
         published = float(re.match(r"[\d.]+", row["peak_mem_value"]).group())  # type: ignore[union-attr]
@@ -361,60 +352,73 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     return Result(row, "value", predicted=pred, published=published, err_pct=_pct(pred, published), anchors=anchors)
 
 
-def _stats(errs: list[float]) -> str:
-    if not errs:
-        return "n=0 | - | -"
-    s = sorted(errs)
-    p90 = s[min(len(s) - 1, round(0.9 * (len(s) - 1)))]
-    return f"n={len(s)} | {statistics.median(s):.1f}% | {p90:.1f}%"
+def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> bool:
+    return estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row)).fits
 
 
-def report(results: list[Result], timings: list[float]) -> str:
-    values = [r for r in results if r.kind == "value"]
-    ab = [r for r in values if r.row["trust"] in ("A", "B")]
-    lines = ["# perfguide memory accuracy vs published measurements", "",
-             f"Generated by `bench/accuracy.py` from `{CSV.relative_to(ROOT)}` ({len(results)} rows).", "",
-             "Error = |predicted - published| / published in the metric the row reports (torch allocated, reserved, "
-             "or nvidia-smi device total) and in its unit. Anchors: accelerate estimate-memory's formula and "
-             "DeepSpeed's ZeRO model-states formula on the same rows.", "",
-             "Row reading: padded-per-batch rows use their longest sample; community re-uploads map to the original "
-             "(REUPLOADS); rows run before PyTorch 2.0 use eager attention and per-tensor AdamW (no SDPA, no foreach "
-             "default then); framework loss paths (logits.sum(), litgpt chunked CE) replace HF's fp32 CE buffers via "
-             "estimate_memory(loss_bytes=...); a training row whose published peak is below the model states of its "
-             "stated setup is listed as not comparable, with both numbers.", "",
-             "## Summary (trust A/B measured rows, absolute % error)", "",
-             "| source | n | perfguide median | perfguide p90 | accelerate median | accelerate p90 | deepspeed median | deepspeed p90 |",
-             "|---|---|---|---|---|---|---|---|"]
-    groups = [*sorted({r.row["source_group"] for r in ab}), "ALL"]
-    for g in groups:
-        rs = ab if g == "ALL" else [r for r in ab if r.row["source_group"] == g]
-        acc = [r.anchors["accelerate"] for r in rs if "accelerate" in r.anchors]
-        ds = [r.anchors["deepspeed"] for r in rs if "deepspeed" in r.anchors]
-        lines.append(f"| {g} | {_stats([r.err_pct for r in rs]).removeprefix('n=')} | {_stats(acc).split(' | ', 1)[1]} | {_stats(ds).split(' | ', 1)[1]} |")
-    verdicts = [r for r in results if r.kind == "verdict"]
-    ok = sum(1 for r in verdicts if r.verdict_ok)
-    lines += ["", f"Fits / does-not-fit verdicts (OOM and max-batch rows): {ok}/{len(verdicts)} correct.", ""]
-    if timings:
-        lines.append(f"Estimate latency: median {statistics.median(timings) * 1e3:.3f} ms, max {max(timings) * 1e3:.3f} ms "
-                     f"over {len(timings)} calls.")
-    lines += ["", "## Compared rows", "", "| row | model | setup | metric | published | perfguide | err % |", "|---|---|---|---|---|---|---|"]
-    for r in values:
-        row = r.row
-        desc = f"{row['task'][:18]} b={row['micro_batch']} s={row['seq_len'][:24]} {row['precision'][:20]} {row['parallelism'][:20]}"
-        lines.append(f"| {row['row_id']} | {row['model_hf_id']} | {desc} | {row['mem_metric'][:28]} | {r.published:g} | {r.predicted:.2f} | {r.err_pct:.1f} |")
-    lines += ["", "## Verdict rows", "", "| row | model | kind | correct |", "|---|---|---|---|"]
-    lines += [f"| {r.row['row_id']} | {r.row['model_hf_id']} | {r.reason} | {'yes' if r.verdict_ok else 'NO'} |" for r in verdicts]
-    skips = [r for r in results if r.kind == "skip"]
-    lines += ["", f"## Rows not compared ({len(skips)})", "", "| row | model | reason |", "|---|---|---|"]
-    lines += [f"| {r.row['row_id']} | {r.row['model_hf_id']} | {r.reason} |" for r in skips]
-    return "\n".join(lines) + "\n"
+def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> int:
+    """The longest sequence (to 16 tokens) the model says fits at the row's batch; 0 when none of 64 does."""
+    lo, hi = 64, 1 << 21
+    if not _fits(row, spec, setup.replace(seq_len=lo), hw):
+        return 0
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if _fits(row, spec, setup.replace(seq_len=mid), hw) else (lo, mid)
+    return lo
+
+
+def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, fits: bool) -> Result:
+    """Fit boundaries: an OOM must not fit; a max batch must fit and one more must not; a max context is
+    compared as a number (the longest sequence that fits), and its fits / does-not-fit verdict at the
+    published length is judged like any other."""
+    kind = row["value_kind"]
+    if kind == "oom":
+        return Result(row, "verdict", verdict_ok=not fits, reason="published OOM")
+    if kind == "max_batch_fit":
+        bigger = _fits(row, spec, setup.replace(micro_batch_size=setup.micro_batch_size + 1), hw)
+        return Result(row, "verdict", verdict_ok=fits and not bigger, reason="published max batch that fits")
+    longest = max_context(row, spec, setup, hw)
+    return Result(row, "context", predicted=longest, published=setup.seq_len, err_pct=_pct(longest, setup.seq_len),
+                  verdict_ok=fits, reason="published max context (fits at that length)")
+
+
+#: calibration.json constants read off rows of this CSV, and the value the OTHER sources' rows give for each: a
+#: source's rows are priced with that value (out of sample by source). reserved_over_allocated's source lists both:
+#: optimum GPTQ rows 562-575 give 1.037-1.052 (median 1.040), hf_blog_pytorch_fsdp row 647 gives 1.022.
+HELD_OUT: dict[str, dict[str, float]] = {
+    "optimum_gptq_benchmark": {"reserved_over_allocated": 1.022},
+    "hf_blog_pytorch_fsdp": {"reserved_over_allocated": 1.040},
+}
+
+
+@contextmanager
+def held_out(group: str) -> Iterator[None]:
+    """Price ``group``'s rows with the calibration constants the other sources give (HELD_OUT)."""
+    table = load("calibration")
+    values = HELD_OUT.get(group, {})
+    saved = {k: table[k]["value"] for k in values}
+    try:
+        for k, v in values.items():
+            table[k]["value"] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            table[k]["value"] = v
+
+
+def evaluate_all(rows: list[dict[str, str]], timings: list[float]) -> list[Result]:
+    out = []
+    for row in rows:
+        with held_out(row["source_group"]):
+            out.append(evaluate(row, timings))
+    return out
 
 
 def main() -> int:
     with CSV.open(encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     timings: list[float] = []
-    results = [evaluate(r, timings) for r in rows]
+    results = evaluate_all(rows, timings)
     text = report(results, timings)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(text, encoding="utf-8")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _report import publish
+from _report import SourceSummary, publish
 from throughput_rows import PROTOCOL, Case, load
 
 from perfguide.speed.rates import gpu_peak_tflops
@@ -30,6 +30,8 @@ from perfguide.speed.training import training_speed
 
 OUT = ROOT / "bench" / "results" / "throughput.md"
 HAND_MFU = 0.40
+#: issue 24's targets for the speed model: per-source median errors, and the rank correlation inside each table
+TARGET_MEDIAN, TARGET_WORST, TARGET_SPEARMAN = 15.0, 30.0, 0.9
 
 Predictor = Callable[[Case], float]
 
@@ -105,6 +107,20 @@ def _fmt(x: float) -> str:
     return "n/a" if x != x else f"{x:.0f}%"
 
 
+def _sources(cases: Sequence[Case], preds: dict[str, float]) -> SourceSummary:
+    return SourceSummary.of({g: [abs(err(preds[c.row_id], c.published)) for c in rows]
+                             for g, rows in by(cases, lambda c: c.group).items()})
+
+
+def _rank_line(cases: Sequence[Case], preds: dict[str, float]) -> str:
+    """Spearman's rho inside every table of >= 5 rows against the target; the tables below it by name."""
+    rhos = {t: spearman([preds[c.row_id] for c in rows], [c.published for c in rows])
+            for t, rows in by(cases, lambda c: c.table).items() if len(rows) >= 5}
+    low = sorted(t for t, rho in rhos.items() if not rho >= TARGET_SPEARMAN)
+    verdict = "met" if not low else f"NOT met ({', '.join(f'{t} {rhos[t]:.2f}' for t in low)})"
+    return f"Spearman >= {TARGET_SPEARMAN} in {len(rhos) - len(low)}/{len(rhos)} tables of >= 5 rows: {verdict}"
+
+
 def report(cases: list[Case], skipped: list, preds: dict[str, float], hands: dict[str, float], how: str,
            sample: str = "out of sample") -> str:
     model, anchor = summary(cases, preds), summary(cases, hands)
@@ -116,6 +132,8 @@ def report(cases: list[Case], skipped: list, preds: dict[str, float], hands: dic
         f"- rows priced: {len(cases)}; rows perfguide cannot express: {len(skipped)} (listed at the end)",
         f"- **perfguide, {sample}: median |error| {_fmt(model['median'])}, p90 {_fmt(model['p90'])}**",
         f"- hand estimate (6·N·tokens at {HAND_MFU:.0%} MFU): median |error| {_fmt(anchor['median'])}, p90 {_fmt(anchor['p90'])}",
+        f"- perfguide per source: {_sources(cases, preds).line(TARGET_MEDIAN, TARGET_WORST)}",
+        f"- rank correlation: {_rank_line(cases, preds)}",
         "", "## By source (the unit left out)", "",
         "| source | rows | perfguide median | perfguide p90 | hand median | hand p90 |", "|---|---|---|---|---|---|",
     ]

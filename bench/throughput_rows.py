@@ -71,11 +71,13 @@ GROUPS = [  # (source, path prefix) -> group name
     ("linkedin/Liger-Kernel", "", "liger"),
     ("huggingface/blog", "", "hf-blog-fsdp-deepspeed"),
     ("QwenLM/Qwen", "", "qwen-finetune"),
+    ("huggingface/transformers", "docs/source/en/perf_train_gpu_one", "transformers-perf-train-gpu-one"),
+    ("AnswerDotAI/fsdp_qlora", "", "answerai-fsdp-qlora"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
 # 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
-GPU_NAMES = [("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
+GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
              ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
              ("rtx 4070 ti super", "rtx4070tisuper"),
              ("mi300x", "mi300x"), ("b200", "b200")]
@@ -175,7 +177,7 @@ CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "ber
            "gpt2-xl": "openai-community/gpt2-xl", "llama 3.1 8b": "meta-llama/Llama-3.1-8B",
            "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama 3-8b": "meta-llama/Meta-Llama-3-8B",
            "llama 3 8b": "meta-llama/Meta-Llama-3-8B",
-           "llama2-7b": "meta-llama/Llama-2-7b-hf",
+           "llama2-7b": "meta-llama/Llama-2-7b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
            # granite-7b-base has Llama-2-7B's shape (32 x 4096, FFN 11008, 32k vocab; its model card)
            "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf"}
 
@@ -207,7 +209,7 @@ def _hardware(row: dict[str, str], num_gpus: int, nodes: int) -> Hardware:
         if needle in gpu:
             per_node = num_gpus // nodes
             if "power limited" in gpu:
-                raise Skip(f"GPU {row['gpu_type']!r}: its power cap is not stated, so its clocks are unknown")
+                raise Skip(f"GPU {row['gpu_type']!r}: run under a power cap, so its sustained clocks are unknown")
             hw = Hardware.from_name(f"{name}:{per_node}" + (f"x{nodes}" if nodes > 1 else ""))
             m = STATED_NETWORK.search(row["notes"])
             if m and nodes > 1:   # llm-foundry's A100 tables state the cluster's network
@@ -254,6 +256,10 @@ def _strategy(row: dict[str, str], num_gpus: int) -> dict[str, Any]:
 
 def _optimizer(row: dict[str, str]) -> str:
     o = row["optimizer"].lower()
+    if o.startswith("adafactor"):
+        return "adafactor"
+    if o.startswith("bnb adam8bit"):
+        return "adamw_bnb_8bit"   # bitsandbytes Adam8bit: both moments in 8-bit blocks, one fused kernel per tensor
     if "8-bit" in o or "4-bit" in o or "offload" in o or "wrapped in torchao" in o:
         raise Skip(f"optimizer {row['optimizer']!r} not priced by this bench")
     if "fused" in o or row["framework"].lower().startswith("deepspeed"):
@@ -287,7 +293,11 @@ def case_of(row: dict[str, str]) -> Case:
     nodes = _int(row["nodes"]) or max(1, num_gpus // 8)
     if row["activation_offload"].lower().startswith("true"):
         raise Skip("activation offload: not a Setup field")
+    if "cpuoffload" in row["sharding"].lower():
+        raise Skip("FSDP CPUOffload(offload_params=True): the speed model does not price parameter offload in training")
     spec = _spec(row, seq)
+    if "SequenceClassification" in row["finetune"]:  # a 2-label classifier on the pooled token, not the MLM head
+        spec = spec.model_copy(update={"head": "sequence_classification", "num_labels": 2})
     if "run_glue" in row["finetune"]:
         # GLUE fine-tuning puts a 3-way classifier on the encoder, not the tied masked-LM vocabulary head
         spec = spec.model_copy(update={"vocab_size": 3, "tie_word_embeddings": False})

@@ -174,7 +174,7 @@ def bench_summary() -> dict[str, str]:
     row = next(line for line in bench.splitlines() if line.startswith("| ALL |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     out = {"rows": cells[1], "median": cells[2], "p90": cells[3], "accelerate median": cells[4], "deepspeed median": cells[6]}
-    verdicts = re.search(r"verdicts \(OOM and max-batch rows\): (\d+/\d+) correct", bench)
+    verdicts = re.search(r"verdicts \(OOM, max-batch and max-context rows\): (\d+/\d+) correct", bench)
     if verdicts:
         out["verdicts"] = verdicts.group(1)
     return out
