@@ -28,6 +28,7 @@ from .hardware import probe
 from .hardware.types import CPU, GPU, Hardware
 from .memory.types import MemoryEstimate
 from .model.types import ModelSpec
+from .preflight import Check, check
 from .recommendation import Recommendation
 from .scenarios.types import SCENARIOS, Constraints
 from .setup import LoraSpec, Setup
@@ -64,6 +65,7 @@ __all__ = [
     "GPU",
     "SCENARIOS",
     "Alternative",
+    "Check",
     "ConflictingConstraintsError",
     "Constraints",
     "DataFileError",
@@ -88,6 +90,7 @@ __all__ = [
     "WrongMachineError",
     "__version__",
     "catalog_names",
+    "check",
     "estimate",
     "estimate_speed",
     "find_micro_batch",

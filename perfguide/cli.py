@@ -1,4 +1,4 @@
-"""The ``perfguide`` command: probe, recommend, estimate, calibrate, env.
+"""The ``perfguide`` command: probe, recommend, estimate, check, calibrate, env.
 
 Every command prints something copy-pasteable on stdout (a report, or JSON with ``--json``) and keeps
 messages, progress and errors on stderr, so ``perfguide recommend ... --json | jq`` always works.
@@ -324,6 +324,13 @@ def _add_estimate(subs: Any, common: argparse.ArgumentParser) -> None:
     add_setup_flags(p)
 
 
+def _add_check(subs: Any, common: argparse.ArgumentParser) -> None:
+    from .cli_check import CHECK_EXAMPLES, add_arguments, cmd_check
+
+    add_arguments(_subparser(subs, "check", cmd_check, "Price the config you already have (files or a launch command) before the run.",
+                             CHECK_EXAMPLES, [common]))
+
+
 def _add_calibrate(subs: Any, common: argparse.ArgumentParser) -> None:
     p = _subparser(subs, "calibrate", cmd_calibrate, "Run a few real steps here and refine later estimates for this machine.",
                    parents=[common])
@@ -346,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe_out.add_argument("--markdown", action="store_true", help="print as Markdown")
     _add_recommend(subs, common)
     _add_estimate(subs, common)
+    _add_check(subs, common)
     _add_calibrate(subs, common)
     env = _subparser(subs, "env", cmd_env, "Versions and machine summary to paste into a bug report.", parents=[common])
     env.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -1,0 +1,121 @@
+"""Readers of the configs practitioners already have, one module per format; ``read_file`` / ``read_object`` pick one.
+
+Each module has ``FORMAT``, ``SYNTAX`` (how a change is shown: kwargs, yaml, json, flags), ``read(data, collector)``
+and ``write(changes, setup) -> (keys, rest)``, which turns Setup changes back into the format's own keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .base import Collector, ConfigReadError, Reading
+
+#: format -> module (imported on first use); the order is the order detection tries them in
+MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "training_args": "training_args"}
+
+
+def module(fmt: str) -> ModuleType:
+    if fmt not in MODULES:
+        raise ConfigReadError(f"unknown config format {fmt!r}; accepted: {', '.join(MODULES)}")
+    return importlib.import_module(f".{MODULES[fmt]}", __name__)
+
+
+def load(path: str) -> dict[str, Any]:
+    """A JSON or YAML file as a dict; anything else (a missing file, a list, a syntax error) is one line."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigReadError(f"cannot read {path!r} ({exc.strerror or exc}); pass an existing config file") from None
+    except UnicodeDecodeError:
+        raise ConfigReadError(f"{path!r} is not a text file; pass a JSON or YAML config") from None
+    if p.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigReadError(f"{p.name} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise ConfigReadError(f"{p.name} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(data, dict) or not data:
+        raise ConfigReadError(f"{p.name} must hold a mapping of config keys, got {type(data).__name__ if data else 'nothing'}")
+    return data
+
+
+def detect(data: dict[str, Any]) -> str:
+    """Which format a parsed file is, from the keys only that format has."""
+    if "distributed_type" in data or "compute_environment" in data:
+        return "accelerate"
+    if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
+        return "deepspeed"
+    return "training_args"
+
+
+def read_file(path: str, fmt: str | None = None) -> Reading:
+    data = load(path)
+    fmt = fmt or detect(data)
+    col = Collector(fmt, Path(path).name)
+    base_dir = str(Path(path).expanduser().resolve().parent)
+    mod = module(fmt)
+    if fmt == "deepspeed":
+        mod.read(data, col)
+    else:
+        mod.read(data, col, base_dir=base_dir)
+    return col.reading()
+
+
+def read_object(obj: Any) -> Reading:
+    """A TrainingArguments / SFTConfig instance (every priced attribute read, plus what differs from the class
+    default), or a plain dict of their kwargs."""
+    from . import training_args
+
+    if isinstance(obj, dict):
+        col = Collector("training_args", "config")
+        training_args.read(obj, col)
+        return col.reading()
+    name = type(obj).__name__
+    col = Collector("training_args", name)
+    training_args.read(object_values(obj), col, sft=hasattr(obj, "packing") and hasattr(obj, "max_length"))
+    return col.reading()
+
+
+def object_values(obj: Any) -> dict[str, Any]:
+    """The kwargs an args dataclass instance stands for: priced fields always, the others where they differ from a
+    fresh instance (compared after ``__post_init__``, which normalises lists, enums and helper objects)."""
+    import dataclasses
+
+    from . import training_args
+
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        raise ConfigReadError(f"config must be a file path, a command, a dict or a TrainingArguments / SFTConfig, got {type(obj).__name__}")
+    fresh = _fresh(obj)
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        if f.name in ("gradient_checkpointing", "gradient_checkpointing_kwargs", "output_dir", "local_rank"):
+            continue  # deprecated mirrors of activation_checkpointing*, and where / which rank, not how
+        value = getattr(obj, f.name, None)
+        if f.name in training_args.PRICED or value != getattr(fresh, f.name, value):
+            out[f.name] = getattr(value, "value", value)  # enums (optim, strategies) as their words
+    return out
+
+
+def _fresh(obj: Any) -> Any:
+    """A default instance of the same class, built so that it constructs on any machine (use_cpu: no GPU checks)."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return type(obj)(output_dir=getattr(obj, "output_dir", None) or "out", use_cpu=True)
+    except Exception:  # noqa: BLE001 - a subclass with required fields: then every field counts as set
+        return None

@@ -1,0 +1,147 @@
+"""An ``accelerate launch`` config YAML (accelerate 1.15's ``ClusterConfig``) <-> Setup fields.
+
+``num_processes`` is the total over all machines (accelerate's ``--num_processes``), so GPUs per node are
+``num_processes / num_machines``. A DeepSpeed block either names a JSON (``deepspeed_config_file``, read by
+perfguide.integrations.readers.deepspeed) or carries accelerate's own short keys (``zero_stage``,
+``offload_optimizer_device``, ...); its "auto" precision comes from ``mixed_precision``, as accelerate fills it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Collector, ConfigReadError, as_bool, as_int, choice
+from .deepspeed import _OFFLOAD, merge_into
+from .deepspeed import load as load_deepspeed
+from .deepspeed import read as read_deepspeed
+
+FORMAT = "accelerate"
+SYNTAX = "yaml"
+#: accelerate 1.15 ClusterConfig fields (commands/config/config_args.py); tests check them against the dataclass
+KEYS = (
+    "command_file", "commands", "compute_environment", "debug", "deepspeed_config", "distributed_type", "downcast_bf16",
+    "dynamo_config", "enable_cpu_affinity", "fp8_config", "fsdp_config", "gpu_ids", "machine_rank", "main_process_ip",
+    "main_process_port", "main_training_function", "megatron_lm_config", "mixed_precision", "mpirun_config", "num_machines",
+    "num_processes", "parallelism_config", "rdzv_backend", "same_network", "tpu_env", "tpu_name", "tpu_use_cluster",
+    "tpu_use_sudo", "tpu_vm", "tpu_zone", "use_cpu",
+)
+PRICED = ("distributed_type", "num_processes", "num_machines", "mixed_precision", "use_cpu", "fsdp_config", "deepspeed_config",
+          "dynamo_config", "fp8_config")
+#: distributed_type -> (device, strategy); accelerate's other backends (XLA, Megatron-LM, XPU, ...) are not priced
+DISTRIBUTED = {"no": ("cuda", None), "multi_gpu": ("cuda", "ddp"), "fsdp": ("cuda", "fsdp"), "deepspeed": ("cuda", "deepspeed"),
+               "multi_cpu": ("cpu", "ddp")}
+PRECISION = {"no": None, "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"}
+DS_KEYS = ("deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device", "gradient_accumulation_steps",
+           "gradient_clipping", "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_multinode_launcher", "deepspeed_hostfile",
+           "deepspeed_exclusion_filter", "deepspeed_inclusion_filter", "offload_optimizer_nvme_path", "offload_param_nvme_path",
+           "deepspeed_moe_layer_cls_names")
+FSDP_KEYS = ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy", "fsdp_offload_params", "fsdp_activation_checkpointing",
+             "fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls_to_wrap", "fsdp_min_num_params", "fsdp_backward_prefetch",
+             "fsdp_forward_prefetch", "fsdp_state_dict_type", "fsdp_use_orig_params", "fsdp_cpu_ram_efficient_loading",
+             "fsdp_sync_module_states")
+
+
+def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
+    col.reject(sorted(k for k in data if k not in KEYS), KEYS)
+    col.ignore(*sorted(k for k in data if k in KEYS and k not in PRICED))
+    if "distributed_type" not in data:
+        raise ConfigReadError(f"{col.source} has no distributed_type; accelerate requires it (NO, MULTI_GPU, FSDP, DEEPSPEED, MULTI_CPU)")
+    device, strategy = choice(data["distributed_type"], col.where("distributed_type"), DISTRIBUTED)
+    if data.get("use_cpu") is not None and as_bool(data["use_cpu"], col.where("use_cpu")):
+        device = "cpu"
+    col.set("device", device, "use_cpu" if data.get("use_cpu") else "distributed_type")
+    machines = as_int(data.get("num_machines", 1), col.where("num_machines"))
+    total = as_int(data.get("num_processes", 1), col.where("num_processes"))
+    if total % machines:
+        raise ConfigReadError(f"{col.where('num_processes')}={total} is not a multiple of num_machines={machines}: "
+                              "accelerate's num_processes counts every process on every machine")
+    col.set("num_gpus", total // machines, "num_processes")
+    if machines > 1:
+        col.set("nodes", machines, "num_machines")
+    if strategy == "ddp" and total > 1:
+        col.set("strategy", "ddp", "distributed_type")
+    if data.get("mixed_precision") is not None:
+        col.set("autocast", choice(data["mixed_precision"], col.where("mixed_precision"), PRECISION), "mixed_precision")
+    dynamo = data.get("dynamo_config") or {}
+    if isinstance(dynamo, dict) and str(dynamo.get("dynamo_backend", "NO")).upper() != "NO":
+        col.set("torch_compile", True, "dynamo_config.dynamo_backend")
+    if strategy == "fsdp":
+        _fsdp(data.get("fsdp_config") or {}, col)
+    elif strategy == "deepspeed":
+        _deepspeed(data.get("deepspeed_config") or {}, col, base_dir)
+
+
+def _fsdp(cfg: dict[str, Any], col: Collector) -> None:
+    where = "fsdp_config."
+    col.reject([where + k for k in cfg if k not in FSDP_KEYS], FSDP_KEYS)
+    version = as_int(cfg.get("fsdp_version", 1), col.where(where + "fsdp_version"))
+    col.set("fsdp_version", version, where + "fsdp_version" if "fsdp_version" in cfg else where + "fsdp_version (accelerate default 1)")
+    if "fsdp_reshard_after_forward" in cfg:
+        raw, key = cfg["fsdp_reshard_after_forward"], "fsdp_reshard_after_forward"
+    else:
+        raw, key = cfg.get("fsdp_sharding_strategy", "FULL_SHARD"), "fsdp_sharding_strategy"
+    if isinstance(raw, str) and raw.upper() in ("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2", "NO_SHARD"):
+        reshard = raw.upper() in ("FULL_SHARD", "HYBRID_SHARD")
+    else:
+        reshard = as_bool(raw, col.where(where + key))
+    col.set("strategy", "fsdp" if reshard else "fsdp_shard_grad_op", where + key)
+    if cfg.get("fsdp_offload_params") is not None and as_bool(cfg["fsdp_offload_params"], col.where(where + "fsdp_offload_params")):
+        col.set("offload_params", True, where + "fsdp_offload_params")
+        col.set("offload_optimizer", True, where + "fsdp_offload_params")
+    if cfg.get("fsdp_activation_checkpointing") is not None:
+        col.set("gradient_checkpointing", as_bool(cfg["fsdp_activation_checkpointing"], col.where(where + "fsdp_activation_checkpointing")),
+                where + "fsdp_activation_checkpointing")
+    col.ignore(*(where + k for k in cfg if k in FSDP_KEYS and k not in ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strategy",
+                                                                         "fsdp_offload_params", "fsdp_activation_checkpointing")))
+
+
+def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> None:
+    where = "deepspeed_config."
+    col.reject([where + k for k in cfg if k not in DS_KEYS], DS_KEYS)
+    if cfg.get("deepspeed_config_file"):
+        data, name = load_deepspeed(str(cfg["deepspeed_config_file"]), base_dir)
+        inner = Collector("deepspeed", name)
+        read_deepspeed(data, inner)
+        merge_into(col, inner)
+        col.ignore(*(where + k for k in cfg if k != "deepspeed_config_file"))
+        return
+    stage = as_int(cfg.get("zero_stage", 2), col.where(where + "zero_stage"), 0)
+    if stage:
+        col.set("strategy", f"zero{stage}", where + "zero_stage")
+    else:
+        col.set("_zero0", True, where + "zero_stage")
+    for key, field in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):
+        if cfg.get(key) is not None:
+            col.set(field, choice(cfg[key], col.where(where + key), _OFFLOAD), where + key)
+    if cfg.get("gradient_accumulation_steps") is not None:
+        col.set("gradient_accumulation_steps", as_int(cfg["gradient_accumulation_steps"], col.where(where + "gradient_accumulation_steps")),
+                where + "gradient_accumulation_steps")
+    col.ignore(*(where + k for k in cfg if k not in ("zero_stage", "offload_optimizer_device", "offload_param_device",
+                                                     "gradient_accumulation_steps")))
+
+
+def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Setup changes as accelerate config keys; micro-batch and the like stay with the script's TrainingArguments."""
+    keys: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for field, value in changes.items():
+        if field == "strategy" and setup.is_deepspeed:
+            keys.update({"distributed_type": "DEEPSPEED", "deepspeed_config.zero_stage": setup.zero_stage})
+        elif field == "strategy" and setup.is_fsdp:
+            keys.update({"distributed_type": "FSDP", "fsdp_config.fsdp_version": setup.fsdp_version,
+                         "fsdp_config.fsdp_reshard_after_forward": setup.gathers_params})
+        elif field == "strategy":
+            keys["distributed_type"] = "MULTI_GPU" if value == "ddp" else "NO"
+        elif field == "num_gpus":
+            keys["num_processes"] = value * setup.nodes
+        elif field == "autocast":
+            keys["mixed_precision"] = value or "no"
+        elif field in ("offload_optimizer", "offload_params") and setup.is_fsdp:
+            keys["fsdp_config.fsdp_offload_params"] = value
+        elif field in ("offload_optimizer", "offload_params") and setup.is_deepspeed:
+            keys[f"deepspeed_config.{field.replace('params', 'param')}_device"] = "cpu" if value else "none"
+        elif field == "gradient_checkpointing" and setup.is_fsdp:
+            keys["fsdp_config.fsdp_activation_checkpointing"] = value
+        else:
+            rest[field] = value
+    return keys, rest

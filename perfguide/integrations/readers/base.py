@@ -1,0 +1,165 @@
+"""What a reader hands back: the Setup fields a foreign config sets, where each came from, and what it left unpriced.
+
+A user's config is read, not retyped (docs/check.md): every value perfguide prices is traced to the key it came
+from, every default it had to assume says so, and every key it read but cannot price is named, never dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import Field
+
+from ..._base import Model
+from ...errors import PerfGuideError, did_you_mean
+
+Syntax = Literal["kwargs", "yaml", "json", "flags"]
+
+
+class ConfigReadError(PerfGuideError):
+    """A config file or command perfguide cannot read: one line naming the file, the key and what is accepted."""
+
+
+class Setting(Model):
+    """One Setup field as priced: its value and where it came from (a file's key, or the default assumed and why)."""
+
+    field: str
+    value: Any
+    source: str
+    assumed: bool = False
+    format: str = ""   # the reader whose keys said it: a change to this field is written back in that format
+
+
+class Reading(Model):
+    """One foreign config (a file, an object or a command line) turned into Setup fields."""
+
+    format: str
+    source: str
+    settings: tuple[Setting, ...] = ()
+    auto: dict[str, str] = Field(default_factory=dict)   # Setup field -> the key left "auto" (DeepSpeed): filled from the other configs
+    ignored: tuple[str, ...] = ()   # "source: key" read but not priced
+    unknown: tuple[str, ...] = ()   # keys the format does not have
+    model: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+class Collector:
+    """Builds a Reading while a reader walks a config; the reader names keys, this keeps the bookkeeping."""
+
+    def __init__(self, fmt: str, source: str, prefix: str = "") -> None:
+        self.format, self.source, self.prefix = fmt, source, prefix  # prefix: where the format sits inside another file
+        self.settings: list[Setting] = []
+        self.auto: dict[str, str] = {}
+        self.ignored: list[str] = []
+        self.unknown: list[str] = []
+        self.notes: list[str] = []
+        self.model: str | None = None
+
+    def where(self, key: str) -> str:
+        return f"{self.source}: {self.prefix}{key}"
+
+    def set(self, field: str, value: Any, key: str) -> None:
+        self.settings = [s for s in self.settings if not (s.field == field and s.format == self.format)]
+        self.settings.append(Setting(field=field, value=value, source=self.where(key), format=self.format))
+
+    def set_model(self, name: Any, key: str) -> None:
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigReadError(f"{self.where(key)} must name a model (a hub id or a local path), got {name!r}")
+        self.model = name.strip()
+        self.settings.append(Setting(field="model", value=self.model, source=self.where(key), format=self.format))
+
+    def assume(self, field: str, value: Any, why: str) -> None:
+        self.settings.append(Setting(field=field, value=value, source=why, assumed=True, format=self.format))
+
+    def mark_auto(self, field: str, key: str) -> None:
+        self.auto[field] = self.where(key)
+
+    def ignore(self, *keys: str) -> None:
+        self.ignored += [self.where(k) for k in keys]
+
+    def reject(self, keys: Iterable[str], known: Iterable[str]) -> None:
+        """Keys the format does not have: listed with the closest real key, never silently read as something."""
+        known = tuple(known)
+        for key in keys:
+            hint = did_you_mean(key.rsplit(".", 1)[-1], known).strip()
+            self.unknown.append(self.where(key) + (f" ({hint[0].lower()}{hint[1:]})" if hint else ""))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def reading(self) -> Reading:
+        return Reading(format=self.format, source=self.source, settings=tuple(self.settings), auto=self.auto,
+                       ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes))
+
+
+# --- value parsing shared by the readers: one line naming the key when a value is not what the format takes -------
+
+def as_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.strip().lower() in ("true", "yes", "1")
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigReadError(f"{where} must be true or false, got {value!r}")
+
+
+def as_int(value: Any, where: str, low: int = 1) -> int:
+    if isinstance(value, bool):
+        raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}")
+    try:
+        number = int(str(value).strip()) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}") from None
+    if (isinstance(value, float) and number != value) or number < low:
+        raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}")
+    return number
+
+
+def as_float(value: Any, where: str) -> float:
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except (TypeError, ValueError):
+        raise ConfigReadError(f"{where} must be a number, got {value!r}") from None
+
+
+def choice(value: Any, where: str, mapping: Mapping[str, Any]) -> Any:
+    """A word the format accepts, mapped to perfguide's; anything else is one line listing the accepted words."""
+    key = str(value).strip().lower() if value is not None else "none"
+    if key not in mapping:
+        accepted = ", ".join(sorted(mapping))
+        raise ConfigReadError(f"{where}={value!r} is not a value perfguide can price.{did_you_mean(key, mapping)} Accepted: {accepted}")
+    return mapping[key]
+
+
+#: torch dtype spellings (from_pretrained ``dtype``, axolotl/LLaMA-Factory flags) -> Setup.weights_dtype
+DTYPE_WORDS = {"float32": "fp32", "fp32": "fp32", "torch.float32": "fp32", "float": "fp32",
+               "bfloat16": "bf16", "bf16": "bf16", "torch.bfloat16": "bf16",
+               "float16": "fp16", "fp16": "fp16", "half": "fp16", "torch.float16": "fp16"}
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``: how changes to nested keys are named."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`flatten`, for showing a change as the YAML / JSON block the user pastes."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out

@@ -1,0 +1,99 @@
+"""Several configs of one run (a script's TrainingArguments, the accelerate YAML, its DeepSpeed JSON) -> one Setup dict.
+
+Each reader says what its keys set; here they meet. The same value from two files is fine. Different values are
+resolved as the libraries resolve them: the script's TrainingArguments win over the accelerate config's precision
+(the Trainer builds its Accelerator from them), and a DeepSpeed value that contradicts another explicit one is an
+error, as transformers' ``HfTrainerDeepSpeedConfig`` raises on such a mismatch. DeepSpeed's "auto" takes the
+value the other files give, else the default the Trainer would fill in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ConfigReadError, Reading, Setting
+
+#: (winner, loser) -> the fields where the winner's explicit value overrides the loser's: the script's TrainingArguments
+#: over the launcher's config; DeepSpeed's optimizer block over ``optim`` (the Trainer then builds DeepSpeed's optimizer)
+OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "accelerate"): None,
+                                                          ("deepspeed", "training_args"): frozenset({"optimizer"})}
+
+
+def outranks(winner: Setting, loser: Setting) -> bool:
+    if (winner.format, loser.format) not in OUTRANKS:
+        return False
+    fields = OUTRANKS[(winner.format, loser.format)]
+    return fields is None or winner.field in fields
+
+
+class Combined:
+    """The merged fields, each with the Setting that decided it, plus what every reading left unpriced."""
+
+    def __init__(self, readings: list[Reading], overrides: dict[str, Any]) -> None:
+        self.readings = readings
+        self.notes: list[str] = [n for r in readings for n in r.notes]
+        self.chosen: dict[str, Setting] = {}
+        explicit = [s for r in readings for s in r.settings if not s.assumed and s.field != "model"]
+        for field in dict.fromkeys(s.field for s in explicit):
+            self.chosen[field] = self._resolve([s for s in explicit if s.field == field])
+        for r in readings:
+            for field, key in r.auto.items():
+                if field in self.chosen:
+                    self.notes.append(f"{key} is \"auto\": filled with {self.chosen[field].value!r} from {self.chosen[field].source}")
+        for s in (s for r in readings for s in r.settings if s.assumed):
+            self.chosen.setdefault(s.field, s)
+        for field, value in overrides.items():
+            self.chosen[field] = Setting(field=field, value=value, source="given to perfguide check (overrides the configs)")
+        models = [s for r in readings for s in r.settings if s.field == "model"]
+        self.model: Setting | None = models[0] if models else None
+        if len({m.value for m in models}) > 1:
+            raise ConfigReadError(f"the configs name different models: {models[0].source}={models[0].value!r}, "
+                                  f"{models[1].source}={models[1].value!r}; pass one config per run, or --model")
+
+    def _resolve(self, settings: list[Setting]) -> Setting:
+        first = settings[0]
+        for other in settings[1:]:
+            if other.value == first.value:
+                continue
+            if outranks(other, first):
+                first, other = other, first
+            elif not outranks(first, other):
+                raise ConfigReadError(f"{first.field} is set twice, differently: {first.source}={first.value!r} but "
+                                      f"{other.source}={other.value!r}; make them agree (the launcher refuses the mismatch)")
+            self.notes.append(f"{other.source}={other.value!r} is overridden by {first.source}={first.value!r}")
+        return first
+
+    def assume(self, field: str, value: Any, why: str) -> None:
+        """A default for a field no config set (kept out when one did)."""
+        if field not in self.chosen:
+            self.chosen[field] = Setting(field=field, value=value, source=why, assumed=True)
+
+    def value(self, field: str, default: Any = None) -> Any:
+        return self.chosen[field].value if field in self.chosen else default
+
+    def fields(self) -> dict[str, Any]:
+        """The Setup dict, with the strategy made whole from the world size and checked against DeepSpeed's batch rule."""
+        world = int(self.value("num_gpus", 1)) * int(self.value("nodes", 1))
+        if "strategy" not in self.chosen or (self.value("strategy") == "ddp" and world == 1):
+            zero0 = " (ZeRO stage 0 is plain data parallelism)" if "_zero0" in self.chosen else ""
+            word = "ddp" if world > 1 else "single"
+            self.chosen["strategy"] = Setting(field="strategy", value=word, assumed=True,
+                                              source=f"{world} process(es) without FSDP or ZeRO sharding{zero0}")
+        out = {f: s.value for f, s in self.chosen.items() if not f.startswith("_")}
+        if "_train_batch_size" in self.chosen:
+            total = int(out.get("micro_batch_size", 1)) * int(out.get("gradient_accumulation_steps", 1)) * world
+            said = self.chosen["_train_batch_size"]
+            if said.value != total:
+                raise ConfigReadError(f"{said.source}={said.value} but micro-batch {out.get('micro_batch_size', 1)} x accumulation "
+                                      f"{out.get('gradient_accumulation_steps', 1)} x {world} process(es) = {total}; DeepSpeed asserts they are equal")
+        return out
+
+    def settings(self) -> tuple[Setting, ...]:
+        shown = [s for f, s in self.chosen.items() if not f.startswith("_")]
+        return ((self.model,) if self.model else ()) + tuple(shown)
+
+    def ignored(self) -> tuple[str, ...]:
+        return tuple(k for r in self.readings for k in r.ignored)
+
+    def unknown(self) -> tuple[str, ...]:
+        return tuple(k for r in self.readings for k in r.unknown)

@@ -1,0 +1,236 @@
+"""TrainingArguments / SFTConfig (objects, and the JSON / YAML that ``HfArgumentParser`` reads) <-> Setup fields.
+
+Names are transformers 5.24's ``TrainingArguments`` and TRL 1.16's ``SFTConfig`` / ``ModelConfig`` (the dataclasses
+TRL's ``sft.py`` parses, so one script YAML may hold all three); transformers 4 names and the deprecated aliases
+(``gradient_checkpointing``) are read as the names they became, with a note. A key none of them has is listed as
+unknown; a key they have that does not change memory or speed (``learning_rate``) is listed as not priced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...optimizer_facts import names as optimizer_names
+from ...optimizer_facts import steps_in_backward
+from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .hf_keys import MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
+
+FORMAT = "training_args"
+SYNTAX = "kwargs"
+KNOWN = frozenset(TRAINING_ARGUMENTS + SFT_CONFIG + MODEL_CONFIG + SCRIPT_ARGUMENTS)
+#: keys whose default differs between TrainingArguments and SFTConfig (TRL: bf16 unless fp16, checkpointing on)
+TA_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "optim": "adamw_torch_fused",
+               "activation_checkpointing": False, "bf16": False}
+SFT_DEFAULTS = {**TA_DEFAULTS, "activation_checkpointing": True, "bf16": True, "max_length": 1024}
+#: keys read into Setup fields here (everything else known is named as not priced)
+PRICED = frozenset({
+    "per_device_train_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32", "optim", "activation_checkpointing",
+    "use_liger_kernel", "torch_compile", "use_cpu", "dataloader_num_workers", "dataloader_pin_memory", "fsdp", "fsdp_config",
+    "deepspeed", "max_length", "packing", "packing_strategy", "padding_free", "activation_offloading", "model_init_kwargs",
+    "model_name_or_path", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "use_dora", "use_rslora", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+})
+_ATTN = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2"}
+
+
+def is_sft(data: dict[str, Any]) -> bool:
+    """An SFTConfig's JSON has a key only TRL's SFTConfig has; without one the TrainingArguments defaults apply."""
+    return any(k in data for k in SFT_CONFIG)
+
+
+def canonical(data: dict[str, Any], col: Collector) -> dict[str, Any]:
+    """Old and deprecated names read as what they mean now (the new name wins when both are given, as transformers does)."""
+    out = dict(data)
+    for old, new in RENAMED.items():
+        if old in out:
+            value = out.pop(old)
+            col.note(f"{col.where(old)} is the transformers 4 / deprecated name of {new!r}; read as {new}")
+            out.setdefault(new, value)
+    return out
+
+
+def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, base_dir: str | None = None) -> None:
+    """Fill ``col`` from TrainingArguments / SFTConfig kwargs (plus TRL ModelConfig keys, as one script YAML holds them)."""
+    sft = is_sft(data) if sft is None else sft
+    data = canonical(data, col)
+    col.reject(sorted(k for k in data if k not in KNOWN and k not in REMOVED), KNOWN)
+    col.ignore(*sorted(k for k in data if (k in KNOWN or k in REMOVED) and k not in PRICED))
+    defaults = SFT_DEFAULTS if sft else TA_DEFAULTS
+    kind = "SFTConfig" if sft else "TrainingArguments"
+
+    def get(key: str) -> tuple[Any, str | None]:
+        """(value, key it came from) or (default, None) for a key the config leaves out."""
+        return (data[key], key) if key in data and data[key] is not None else (defaults.get(key), None)
+
+    def put(field: str, value: Any, key: str | None, why: str = "") -> None:
+        if key is not None:
+            col.set(field, value, key)
+        elif value is not None:
+            col.assume(field, value, why or f"{kind} default")
+
+    mb, key = get("per_device_train_batch_size")
+    put("micro_batch_size", as_int(mb, col.where("per_device_train_batch_size")), key)
+    ga, key = get("gradient_accumulation_steps")
+    put("gradient_accumulation_steps", as_int(ga, col.where("gradient_accumulation_steps")), key)
+    _precision(data, defaults, col, kind)
+    _optimizer(data, col, kind)
+    ckpt, key = get("activation_checkpointing")
+    put("gradient_checkpointing", as_bool(ckpt, col.where("activation_checkpointing")), key)
+    for src, field in (("use_liger_kernel", "liger_kernel"), ("torch_compile", "torch_compile"), ("padding_free", "padding_free"),
+                       ("activation_offloading", "activation_offloading"), ("dataloader_pin_memory", "dataloader_pin_memory")):
+        if data.get(src) is not None:
+            col.set(field, as_bool(data[src], col.where(src)), src)
+    if data.get("dataloader_num_workers") is not None:
+        col.set("dataloader_num_workers", as_int(data["dataloader_num_workers"], col.where("dataloader_num_workers"), 0), "dataloader_num_workers")
+    if data.get("use_cpu") is not None and as_bool(data["use_cpu"], col.where("use_cpu")):
+        col.set("device", "cpu", "use_cpu")
+    if sft:
+        _sft(data, defaults, col)
+    _model_config(data, col)
+    _fsdp(data.get("fsdp"), data.get("fsdp_config"), col)
+    if data.get("deepspeed"):
+        from . import deepspeed
+
+        deepspeed.read_nested(data["deepspeed"], col, base_dir)
+
+
+def _precision(data: dict[str, Any], defaults: dict[str, Any], col: Collector, kind: str) -> None:
+    fp16 = as_bool(data["fp16"], col.where("fp16")) if data.get("fp16") is not None else False
+    if data.get("bf16") is not None:
+        bf16, key = as_bool(data["bf16"], col.where("bf16")), "bf16"
+    else:  # TRL: bf16 unless fp16 (trl/trainer/base_config.py)
+        bf16, key = bool(defaults["bf16"]) and not fp16, None
+    if bf16 and fp16:
+        raise ConfigReadError(f"{col.source} sets both bf16 and fp16; TrainingArguments accepts one of them")
+    autocast = "bf16" if bf16 else "fp16" if fp16 else None
+    if data.get("fp16") is not None and fp16:
+        col.set("autocast", autocast, "fp16")
+    elif key is not None:
+        col.set("autocast", autocast, key)
+    else:
+        col.assume("autocast", autocast, f"{kind} default (bf16={bool(defaults['bf16'])}, fp16=False)")
+    if data.get("tf32") is not None:
+        col.set("tf32", as_bool(data["tf32"], col.where("tf32")), "tf32")
+
+
+def _optimizer(data: dict[str, Any], col: Collector, kind: str) -> None:
+    raw = data.get("optim")
+    if raw is None:
+        col.assume("optimizer", "adamw_torch_fused", f"{kind} default optim")
+        return
+    name = str(getattr(raw, "value", raw)).strip().lower()
+    accepted = optimizer_names()
+    if name not in accepted:
+        choice(name, col.where("optim"), dict.fromkeys(accepted))
+    col.set("optimizer", name, "optim")
+    if steps_in_backward(name):  # LOMO / *_layerwise step inside backward through the Trainer itself
+        col.set("optimizer_in_backward", True, "optim")
+
+
+def _sft(data: dict[str, Any], defaults: dict[str, Any], col: Collector) -> None:
+    if "max_length" in data:
+        if data["max_length"] is not None:
+            col.set("seq_len", as_int(data["max_length"], col.where("max_length")), "max_length")
+        else:
+            col.note(f"{col.where('max_length')} is null (no truncation): the sequence length comes from --seq-len")
+    else:
+        col.assume("seq_len", defaults["max_length"], "SFTConfig default max_length")
+    packing = as_bool(data["packing"], col.where("packing")) if data.get("packing") is not None else False
+    strategy = str(data.get("packing_strategy") or "bfd")
+    if packing and strategy in ("bfd", "bfd_split"):
+        # TRL sft_trainer.py: padding_free = args.padding_free or (packing and packing_strategy in {"bfd", "bfd_split"})
+        col.set("padding_free", True, "packing")
+    kwargs = data.get("model_init_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ConfigReadError(f"{col.where('model_init_kwargs')} must be a mapping of from_pretrained kwargs, got {kwargs!r}")
+    if kwargs.get("dtype", kwargs.get("torch_dtype")) not in (None, "auto"):
+        col.set("weights_dtype", choice(kwargs.get("dtype", kwargs.get("torch_dtype")), col.where("model_init_kwargs.dtype"), DTYPE_WORDS),
+                "model_init_kwargs.dtype")
+    if kwargs.get("attn_implementation"):
+        col.set("attn_implementation", choice(kwargs["attn_implementation"], col.where("model_init_kwargs.attn_implementation"), _ATTN),
+                "model_init_kwargs.attn_implementation")
+
+
+def _model_config(data: dict[str, Any], col: Collector) -> None:
+    """TRL ModelConfig keys: the model, its load dtype, attention, LoRA and bitsandbytes loading."""
+    if data.get("model_name_or_path"):
+        col.set_model(data["model_name_or_path"], "model_name_or_path")
+    if data.get("dtype") not in (None, "auto"):
+        col.set("weights_dtype", choice(data["dtype"], col.where("dtype"), DTYPE_WORDS), "dtype")
+    if data.get("attn_implementation"):
+        col.set("attn_implementation", choice(data["attn_implementation"], col.where("attn_implementation"), _ATTN), "attn_implementation")
+    if data.get("load_in_4bit") and as_bool(data["load_in_4bit"], col.where("load_in_4bit")):
+        quant = str(data.get("bnb_4bit_quant_type") or "nf4")
+        if quant != "nf4":
+            col.note(f"{col.where('bnb_4bit_quant_type')}={quant!r} is priced like nf4 (the same 4 bits per weight)")
+        col.set("weights_dtype", "nf4", "load_in_4bit")
+    elif data.get("load_in_8bit") and as_bool(data["load_in_8bit"], col.where("load_in_8bit")):
+        col.set("weights_dtype", "int8", "load_in_8bit")
+    if data.get("use_peft") and as_bool(data["use_peft"], col.where("use_peft")):
+        lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 16), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 32), col.where("lora_alpha")),
+                                "dropout": as_float(data.get("lora_dropout", 0.05), col.where("lora_dropout"))}
+        if data.get("lora_target_modules"):
+            targets = data["lora_target_modules"]
+            lora["target_modules"] = targets if targets == "all-linear" else tuple(targets if isinstance(targets, list) else [targets])
+        for flag in ("use_dora", "use_rslora"):
+            if data.get(flag) is not None:
+                lora[flag] = as_bool(data[flag], col.where(flag))
+        col.set("lora", lora, "use_peft")
+
+
+def _fsdp(fsdp: Any, config: Any, col: Collector) -> None:
+    """``fsdp=True`` (or transformers 4's "full_shard auto_wrap" words) plus ``fsdp_config`` -> FSDP fields."""
+    words = fsdp.split() if isinstance(fsdp, str) else [str(getattr(w, "value", w)) for w in fsdp] if isinstance(fsdp, list) else []
+    if not (fsdp is True or words):
+        return
+    cfg = {k.removeprefix("fsdp_"): v for k, v in (config or {}).items()} if isinstance(config, dict) else {}
+    version = as_int(cfg.get("version", 2), col.where("fsdp_config.version"))
+    reshard = cfg.get("reshard_after_forward", "shard_grad_op" not in words)
+    if isinstance(reshard, str):  # FSDP1 sharding-strategy words
+        reshard = reshard.upper() not in ("SHARD_GRAD_OP", "2", "NO_SHARD")
+    col.set("strategy", "fsdp" if as_bool(reshard, col.where("fsdp_config.reshard_after_forward")) else "fsdp_shard_grad_op", "fsdp")
+    col.set("fsdp_version", version, "fsdp_config.version" if "version" in cfg else "fsdp")
+    offload = cfg.get("cpu_offload", cfg.get("offload_params", "offload" in words))
+    if as_bool(offload, col.where("fsdp_config.cpu_offload")):
+        col.set("offload_params", True, "fsdp_config.cpu_offload")
+        col.set("offload_optimizer", True, "fsdp_config.cpu_offload")
+    if cfg.get("activation_checkpointing") is not None:
+        col.set("gradient_checkpointing", as_bool(cfg["activation_checkpointing"], col.where("fsdp_config.activation_checkpointing")),
+                "fsdp_config.activation_checkpointing")
+
+
+def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Setup field changes as TrainingArguments / SFTConfig keys; the second dict holds what these keys cannot say."""
+    keys: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    simple = {"micro_batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
+              "optimizer": "optim", "liger_kernel": "use_liger_kernel", "torch_compile": "torch_compile", "tf32": "tf32",
+              "padding_free": "padding_free", "activation_offloading": "activation_offloading", "seq_len": "max_length",
+              "dataloader_num_workers": "dataloader_num_workers", "dataloader_pin_memory": "dataloader_pin_memory",
+              "attn_implementation": "attn_implementation"}
+    for field, value in changes.items():
+        if field in simple:
+            keys[simple[field]] = value
+        elif field == "gradient_checkpointing":
+            keys["fsdp_config.activation_checkpointing" if setup.is_fsdp else "activation_checkpointing"] = value
+        elif field == "autocast" and value != "fp8":
+            keys.update(bf16=value == "bf16", fp16=value == "fp16")
+        elif field == "weights_dtype":
+            keys.update({"load_in_4bit": True} if value == "nf4" else {"load_in_8bit": True} if value == "int8" else
+                        {"dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[value]})
+        elif field == "strategy" and setup.is_deepspeed:
+            keys.update({"fsdp": False, "deepspeed.zero_optimization.stage": setup.zero_stage})
+        elif field == "strategy" and setup.is_fsdp:
+            keys.update({"deepspeed": None, "fsdp": True, "fsdp_config.version": setup.fsdp_version,
+                         "fsdp_config.reshard_after_forward": setup.gathers_params})
+        elif field == "strategy":
+            keys.update({"deepspeed": None, "fsdp": False})
+        elif field in ("offload_optimizer", "offload_params") and setup.is_fsdp:
+            keys["fsdp_config.cpu_offload"] = value
+        elif field in ("offload_optimizer", "offload_params") and setup.is_deepspeed:
+            keys[f"deepspeed.zero_optimization.{field.replace('params', 'param')}.device"] = "cpu" if value else "none"
+        elif field == "lora" and value is not None:
+            keys.update(use_peft=True, lora_r=value["r"], lora_alpha=value["alpha"])
+        else:
+            rest[field] = value
+    return keys, rest
