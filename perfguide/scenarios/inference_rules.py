@@ -202,10 +202,12 @@ def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
 def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[Setup, str]]:
     """16-bit first; bnb 8-bit then 4-bit NF4 only when needed (or forced by the quantization constraint)."""
     forced = request.constraints.quantization
-    if forced:
+    if forced not in (None, "none", "auto"):
         yield base.replace(weights_dtype=forced), "quantization given as a constraint"
         return
     yield base.replace(weights_dtype=dtype16), f"{dtype16} weights"
+    if forced == "none":  # the checkpoint as it is, never quantized
+        return
     for q in ("int8", "nf4"):
         if base.device != "cuda" or quantization_runs(q, request.hardware):  # the GPUs' bnb capability flags
             yield base.replace(weights_dtype=q), f"bitsandbytes {q}"
@@ -218,6 +220,10 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
                              f"{(usable_bytes(c.memory, request.constraints.headroom) or 0) / GB:.1f} GB usable",
                              number=float(c.memory.device_total), unit="bytes")
                  for c in tried if c.verdict == "does-not-fit")
+    alts += tuple(Alternative(value=c.setup.weights_dtype, number=c.throughput.tokens_per_s, unit="tokens/s",
+                              why_not=f"fits, but slower here: {c.throughput.tokens_per_s:,.1f} tok/s, "
+                                      f"{c.throughput.time_per_output_token_ms or 0:.0f} ms per token")
+                  for c in tried if c.verdict == "fits" and c.setup.weights_dtype != q)
     if chosen.offload_params:
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
                         reason="nothing fits on the GPU even in 4-bit; bnb 4-bit cannot be CPU-offloaded, so 16-bit weights are split")
@@ -225,13 +231,11 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
                         reason=f"{q} weights and the KV cache fit: bitsandbytes would only slow decoding "
                                f"(int8 ~{slow['int8']}x, nf4 ~{slow['nf4']}x time per token)")
-    if q == "int8" and not request.constraints.quantization:
-        alts += (Alternative(value="nf4", number=float(slow["nf4"]), unit="x time per token",
-                             why_not=f"faster here (~{slow['nf4']}x vs ~{slow['int8']}x time per token) and smaller, but 4-bit "
-                                     "weights lose more accuracy than 8-bit; pass quantization='nf4' to prefer speed"),)
+    why = ("named by the quantization constraint" if request.constraints.quantization not in (None, "auto") else
+           "16-bit does not fit; the faster of the bitsandbytes formats that fit, by this plan's speed model")
     return Decision(setting="quantization_config", value=q, number=float(slow[q]), unit="x time per token", source=SRC_QUANT,
-                    alternatives=alts, reason=f"bitsandbytes {q}: the smallest precision step that fits; it costs ~{slow[q]}x time "
-                                              "per token versus 16-bit (dequantization in every matmul)")
+                    alternatives=alts, reason=f"bitsandbytes {q}: {why}; it costs ~{slow[q]}x time per token versus 16-bit "
+                                              "(dequantization in every matmul)")
 
 
 def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bool) -> tuple[Setup, Decision]:
@@ -274,14 +278,19 @@ def finish(request: Request, chosen: Candidate, decisions: list[Decision], candi
                 candidates=marked, warnings=tuple(warns), fits=ok, suggestions=() if ok else no_fit_suggestions(request, chosen))
 
 
+def _speed_score(request: Request, c: Candidate) -> float:
+    ms = c.throughput.time_per_output_token_ms
+    return -(ms or 0.0) if request.constraints.prefer == "latency" else c.throughput.tokens_per_s
+
+
 def first_fit(request: Request, options: Iterable[tuple[Setup, str]]) -> tuple[Candidate | None, list[Candidate]]:
-    tried: list[Candidate] = []
-    for setup, why in options:
-        c = candidate(request, setup, why)
-        tried.append(c)
-        if c.verdict == "fits":
-            return c, tried
-    return None, tried
+    """The first option (the weights as they are) when it fits; else the fastest of the others that fit, by this
+    cost model's own speed (bitsandbytes nf4 dequantizes faster than int8's LLM.int8 matmuls on most GPUs)."""
+    tried = [candidate(request, setup, why) for setup, why in options]
+    if tried and tried[0].verdict == "fits":
+        return tried[0], tried[:1]
+    fits = [c for c in tried[1:] if c.verdict == "fits"]
+    return (max(fits, key=lambda c: _speed_score(request, c)) if fits else None), tried
 
 
 def max_memory_map(request: Request, setup: Setup, mem: MemoryEstimate) -> dict[Any, str]:
