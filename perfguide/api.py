@@ -144,6 +144,7 @@ def recommend(
         seq_len=seq_len,
         global_batch_size=global_batch_size or _default_global_batch(info, cons, hw),
         constraints=cons,
+        model_id=model if isinstance(model, str) else None,
         calibration=_calibration(hw, spec) if info.training else None,
     )
     logger.debug("planning %s for %s on %s", scenario, spec.name, hw.name or "probed hardware")
@@ -192,6 +193,8 @@ def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | 
     hw = resolve_hardware(hardware, host_ram) if hardware is not None else None
     if hw is not None:
         _check_setup_fits_machine(s, hw)
+    if s.serving is not None:
+        return _engine_estimate(spec, s, hw)
     if method == "analytic":
         from .memory import estimate_memory
 
@@ -199,6 +202,19 @@ def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | 
     if method == "trace":
         return _trace(spec, s, hw)
     raise unknown_value("estimate method", method, ("analytic", "trace"))
+
+
+def _engine_estimate(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> MemoryEstimate:
+    """A serving setup priced by its engine's own memory rule: the KV-cache tokens and the concurrency at
+    max_model_len it will log at start-up."""
+    from .engines import server
+    from .scenarios.serving_decisions import to_memory
+
+    assert setup.serving is not None
+    engine = server(setup.serving.engine)
+    if hw is None or not hw.has_gpu:
+        raise InvalidSetupError(f"a serving setup (engine={engine.name!r}) is priced on a GPU: pass hardware='a100-80gb' or another GPU name")
+    return to_memory(engine.memory(spec, setup.serving, hw))
 
 
 def estimate_speed(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None) -> Throughput:

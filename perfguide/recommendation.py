@@ -169,17 +169,18 @@ class Recommendation(Plan):
     def engine_args(self) -> dict[str, Any]:
         """Kwargs of the serving engine's Python entry point (vLLM: ``vllm.LLM`` / ``EngineArgs``)."""
         engine, s = self._server()
-        return engine.args(self.request_model_id, s)
+        return engine.args(self.served_model, s)
 
     def serve_command(self) -> str:
-        """The server command line of the plan's engine, with the model id as the user gave it."""
+        """The server command line of the plan's engine, loading ``served_model``."""
         engine, s = self._server()
-        return engine.command(self.request_model_id, s)
+        return engine.command(self.served_model, s)
 
     @property
-    def request_model_id(self) -> str:
-        """The model as the engine should load it."""
-        return self.model.name
+    def served_model(self) -> str:
+        """What the engine loads: the user's pre-quantized checkpoint, else the model id exactly as given."""
+        s = self.setup.serving
+        return (s.quantized_model if s is not None else None) or self.request.model_id or self.model.name
 
     # --- rendering -----------------------------------------------------------------------------
     def report(self, fmt: str = "text", brief: bool = False) -> str:

@@ -26,7 +26,7 @@ Strategy = Literal[
     "device_map", "tp",                                                         # inference across GPUs
 ]
 Device = Literal["cuda", "cpu"]
-WeightFormat = Literal["bf16", "fp16", "fp8", "awq", "gptq", "nf4"]
+WeightFormat = Literal["bf16", "fp16", "fp8", "fp8_block", "awq", "gptq", "w4a16", "mxfp4", "nvfp4", "nf4"]
 
 #: Bytes per element of each weight dtype (nf4 packs two weights per byte); the one table every module reads.
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
@@ -123,6 +123,7 @@ class ServingSetup(Model):
 
     engine: str = Field(min_length=1, max_length=64)
     weight_format: WeightFormat = "bf16"
+    dtype: Literal["bf16", "fp16"] = Field(default="bf16", description="activations and unquantized weights (fp16 on GPUs without bf16)")
     tensor_parallel_size: int = Field(default=1, ge=1, le=1024)
     pipeline_parallel_size: int = Field(default=1, ge=1, le=1024)
     data_parallel_size: int = Field(default=1, ge=1, le=100_000)
@@ -133,6 +134,9 @@ class ServingSetup(Model):
     kv_cache_dtype: Literal["auto", "fp8"] = "auto"
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
+    enable_expert_parallel: bool = Field(default=False, description="MoE experts divided over every GPU (TP x DP) instead of split within each TP group")
+    quantized_model: str | None = Field(default=None, max_length=512, description="the pre-quantized checkpoint served instead of the model (a repo id or local path)")
+    checkpoint_format: WeightFormat | None = Field(default=None, description="the format the loaded checkpoint stores (None: 16-bit); a different weight_format is converted at load")
 
 
 class Setup(Model):
@@ -278,6 +282,11 @@ class Setup(Model):
     @property
     def label(self) -> str:
         """A short human label, used in reports and candidate tables."""
+        if self.serving is not None:  # what the engine serves: its weight format and layout, the batch per replica
+            s = self.serving
+            layout = f"TP{s.tensor_parallel_size}" + (f" PP{s.pipeline_parallel_size}" if s.pipeline_parallel_size > 1 else "")
+            return (f"{s.engine} {s.weight_format} weights {layout}{' EP' if s.enable_expert_parallel else ''} x {s.data_parallel_size} "
+                    f"replica(s), batch {self.micro_batch_size}/replica")
         words = [(0, f"mb={self.micro_batch_size}"), (0, f"ga={self.gradient_accumulation_steps}"), (0, self.weights_dtype)]
         if self.strategy != "single":
             words.append((_STRATEGY_LABEL_ORDER, self.strategy + ("-hybrid" if self.hybrid_shard else "")))

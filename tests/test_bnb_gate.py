@@ -90,12 +90,13 @@ def test_inference_without_any_bnb_never_quantizes_with_it() -> None:
 
 def test_vllm_on_amd_plans_the_formats_its_rocm_kernels_run() -> None:
     """vLLM's quantization hardware table, AMD GPU column: FP8 runs, AWQ / GPTQ / bitsandbytes do not."""
-    rec = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="mi300x", engine="vllm")
+    rec = recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="mi300x", engine="vllm", quantization="auto")
     formats = {c.setup.serving.weight_format for c in rec.candidates if c.setup.serving}
     assert formats == {"bf16", "fp8"} and rec.fits
     for q in ("awq", "gptq"):
         with pytest.raises(ConflictingConstraintsError, match=r"does not run on mi300x \(AMD\)"):
-            recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="mi300x", engine="vllm", quantization=q)
+            recommend("meta-llama/Llama-3.1-70B", "infer_gpu_one", hardware="mi300x", engine="vllm", quantization=q,
+                      quantized_model=f"someone/Llama-3.1-70B-{q.upper()}")
 
 
 def test_vllm_bitsandbytes_format_follows_the_flag() -> None:

@@ -17,7 +17,7 @@ from .base import Engine, Flag, LibraryEngine, ServerEngine
 __all__ = ["Engine", "Flag", "LibraryEngine", "ServerEngine", "default", "get", "names", "register", "server", "servers",
            "unregister"]
 
-_NOT_ENGINES = frozenset({"base"})
+_NOT_ENGINES = frozenset({"base", "checkpoint"})
 _found: dict[str, Engine] = {}
 _added: dict[str, Engine] = {}
 

@@ -64,6 +64,7 @@ class ServerEngine(Engine):
 
     memory_setting: ClassVar[str]         # the knob that sizes its memory budget (e.g. gpu_memory_utilization)
     memory_source: ClassVar[str]          # where its memory rule is read in its source
+    expert_parallel: ClassVar[bool] = True   # divides MoE experts over every GPU of TP x DP (a switch of its parser)
 
     @property
     def facts(self) -> EngineFacts:
@@ -140,8 +141,13 @@ class ServerEngine(Engine):
 
     # --- arguments and command ------------------------------------------------------------------
     def quantization_choice(self, serving: ServingSetup) -> str | None:
-        """The value of its quantization option for the plan's format (None: served as the checkpoint's dtype)."""
-        return self.formats[serving.weight_format].choice
+        """The value of its quantization option: set only to convert a 16-bit checkpoint at load. A checkpoint
+        served in its own format needs none (the engines read its quantization_config), so a printed command
+        never asks a 16-bit repository for AWQ kernels."""
+        fmt = serving.weight_format
+        if fmt == serving.checkpoint_format or serving_facts().formats[fmt].bits == 16:
+            return None
+        return self.formats[fmt].choice
 
     def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
         """Keyword arguments of its Python entry point."""

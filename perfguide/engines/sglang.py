@@ -38,6 +38,7 @@ class SGLang(ServerEngine):
     order: ClassVar[int] = 20
     docs_source: ClassVar[str] = "SGLang 0.5.23 docs: advanced_features/server_arguments.md; python/sglang/srt/server_args.py"
     memory_setting: ClassVar[str] = "mem_fraction_static"
+    expert_parallel: ClassVar[bool] = False   # its --ep-size pairs with DP attention, which these plans do not price
     memory_source: ClassVar[str] = "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes"
 
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
@@ -68,7 +69,7 @@ class SGLang(ServerEngine):
             ("--max-running-requests", str(s.max_num_seqs)),
             ("--chunked-prefill-size", str(s.max_num_batched_tokens)),
             ("--kv-cache-dtype", _KV[s.kv_cache_dtype]),
-            ("--dtype", "float16" if s.weight_format == "fp16" else "bfloat16"),
+            ("--dtype", "float16" if s.dtype == "fp16" else "bfloat16"),
         ]
         quant = self.quantization_choice(s)
         if quant:

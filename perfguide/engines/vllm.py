@@ -21,7 +21,7 @@ from ..memory.overhead import cuda_context_bytes
 from ..setup import ServingSetup
 from .base import Flag, ServerEngine
 
-_DTYPES = {"fp16": "float16"}
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 class VLLM(ServerEngine):
@@ -53,10 +53,11 @@ class VLLM(ServerEngine):
         s = serving
         return {
             "model": model,
-            "dtype": _DTYPES.get(s.weight_format, "bfloat16"),
+            "dtype": _DTYPES[s.dtype],
             "tensor_parallel_size": s.tensor_parallel_size,
             "pipeline_parallel_size": s.pipeline_parallel_size,
             "data_parallel_size": s.data_parallel_size,
+            "enable_expert_parallel": s.enable_expert_parallel,
             "max_model_len": s.max_model_len,
             "gpu_memory_utilization": s.gpu_memory_utilization,
             "max_num_seqs": s.max_num_seqs,

@@ -9,14 +9,14 @@ terms it subtracts are the same physics for all of them and live here, below the
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from pydantic import Field
 
 from .._base import GiB, Model
 from .._serving_data import EngineFacts, serving_facts
-from ..model.types import ModelSpec
+from ..model.types import ModelSpec, linear_weight_count
 from ..setup import ServingSetup
-from .inference import weight_bytes
 
 HALF = 2
 
@@ -71,23 +71,72 @@ def kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
     return layers * 2 * heads * spec.head_dim * dtype
 
 
-def format_weight_bytes(spec: ModelSpec, fmt: str) -> int:
-    """The whole model's weights in one format: only the blocks' Linears are quantized; embeddings, lm_head and
-    norms stay 16-bit. Int4 group formats add one fp16 scale and one packed 4-bit zero point per group."""
+def routed_expert_params(spec: ModelSpec) -> int:
+    """Routed-expert weights over the whole model (0 for a dense model)."""
+    if not spec.is_moe:
+        return 0
+    listed = {k: v for k, v in spec.block_linears.items() if k.startswith("experts.")}
+    return spec.expert_params or linear_weight_count(listed, spec.num_experts) * spec.total_layers
+
+
+def served_linear_params(spec: ModelSpec) -> int:
+    """Weights a serving format quantizes: every block Linear and every routed expert. Fused expert tensors
+    (Qwen3-MoE, gpt-oss, DeepSeek-V3, Llama-4 in transformers 5) are parameters, not nn.Linear, so the spec's
+    Linear count leaves them out (bitsandbytes skips them); the engines' fused-MoE kernels quantize them too."""
+    listed = any(k.startswith("experts.") for k in spec.block_linears)
+    return spec.linear_params + (0 if listed else routed_expert_params(spec))
+
+
+class WeightBytes(NamedTuple):
+    """A model's weights in one format, split the way the layouts split them."""
+
+    experts: int      # routed experts: split by tensor parallel, or over every rank with expert parallelism
+    dense: int        # the rest but the norms: attention, shared experts, embeddings, lm_head (split by tensor parallel)
+    norms: int        # replicated on every rank
+
+    @property
+    def total(self) -> int:
+        return self.experts + self.dense + self.norms
+
+
+def bytes_per_weight(fmt: str) -> float:
+    """A quantized weight's bytes: its bits plus, per group, a 16-bit scale and a 4-bit zero point (int4 group
+    formats; the microscaling formats' 8-bit scale is within that)."""
     facts = serving_facts().formats[fmt]
-    if fmt == "nf4":  # bitsandbytes' own layout: blocks of 64 with an absmax each
-        return weight_bytes(spec, "nf4")
-    if facts.bits == 16:
-        return spec.total_params * HALF
-    per_weight = facts.bits / 8 + ((HALF + 0.5) / facts.group_size if facts.group_size else 0.0)
-    return int(spec.linear_params * per_weight + (spec.total_params - spec.linear_params) * HALF)
+    return facts.bits / 8 + ((HALF + 0.5) / facts.group_size if facts.group_size else 0.0)
+
+
+def format_weight_parts(spec: ModelSpec, fmt: str) -> WeightBytes:
+    """The model's weights in ``fmt``: block Linears and routed experts quantized (MXFP4, as gpt-oss ships it,
+    only the experts); embeddings, lm_head and norms stay 16-bit."""
+    experts = routed_expert_params(spec)
+    norms = max(0, spec.total_params - spec.linear_params - (0 if any(k.startswith("experts.") for k in spec.block_linears) else experts)
+                - spec.embedding_params - spec.lm_head_params)
+    if serving_facts().formats[fmt].bits == 16:
+        return WeightBytes(experts * HALF, (spec.total_params - experts - norms) * HALF, norms * HALF)
+    per = bytes_per_weight(fmt)
+    quantized = experts if fmt == "mxfp4" else served_linear_params(spec)
+    return WeightBytes(int(experts * per), int((quantized - experts) * per + (spec.total_params - quantized - norms) * HALF), norms * HALF)
+
+
+def format_weight_bytes(spec: ModelSpec, fmt: str) -> int:
+    """The whole model's weights in one format."""
+    return format_weight_parts(spec, fmt).total
+
+
+def expert_ranks(serving: ServingSetup) -> int:
+    """Ranks the routed experts are divided over: the tensor-parallel group, or every GPU of the deployment
+    with expert parallelism (vLLM --enable-expert-parallel: EP size = TP x DP; attention stays per replica)."""
+    ep = serving.data_parallel_size if serving.enable_expert_parallel else 1
+    return serving.tensor_parallel_size * serving.pipeline_parallel_size * ep
 
 
 def rank_weight_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
-    """Weights on one GPU: tensor parallel splits Linears, embedding and lm_head; norms are replicated."""
-    total = format_weight_bytes(spec, serving.weight_format)
-    norms = max(0, spec.total_params - spec.linear_params - spec.embedding_params - spec.lm_head_params) * HALF
-    return (total - norms) // (serving.tensor_parallel_size * serving.pipeline_parallel_size) + norms
+    """Weights on one GPU: tensor (and pipeline) parallel split the Linears, embedding and lm_head; experts
+    go over ``expert_ranks``; norms are replicated."""
+    parts = format_weight_parts(spec, serving.weight_format)
+    split = serving.tensor_parallel_size * serving.pipeline_parallel_size
+    return parts.dense // split + parts.experts // expert_ranks(serving) + parts.norms
 
 
 def activation_peak_bytes(spec: ModelSpec, serving: ServingSetup) -> int:

@@ -33,6 +33,8 @@ class MemoryEstimate(Model):
     fits: bool = True
     method: Literal["analytic", "trace", "measured"] = "analytic"
     notes: tuple[str, ...] = ()
+    kv_cache_tokens: int | None = Field(default=None, ge=0, description="a serving engine's KV cache in tokens, as it logs it (None: no engine)")
+    max_concurrency: float | None = Field(default=None, ge=0, description="sequences of max_model_len the engine's cache holds at once")
 
     @property
     def headroom(self) -> int | None:

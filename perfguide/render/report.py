@@ -86,6 +86,10 @@ DATAPARALLEL_WARNING = (
 
 def _global_batch(setup: Setup) -> tuple[str, str]:
     """Training keeps micro x accumulation x world = global; inference has concurrent sequences instead."""
+    if setup.serving is not None:  # an engine replica spans its TP x PP GPUs: the batch is per replica
+        return "batch", (f"{setup.micro_batch_size} concurrent sequence(s) per replica x {setup.serving.data_parallel_size} replica(s) "
+                         f"of {setup.serving.tensor_parallel_size * setup.serving.pipeline_parallel_size} GPU(s), "
+                         f"{setup.new_tokens} new tokens each")
     if setup.task == "infer":
         return "batch", (f"{setup.micro_batch_size} concurrent sequence(s) per process x {setup.world_size} process(es), "
                          f"{setup.new_tokens} new tokens each")

@@ -14,13 +14,13 @@ from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import Hardware
 from .bnb_gate import check_bnb_constraints
 from .registry import ScenarioInfo, find
-from .types import Constraints
+from .types import SERVING_KNOBS, Constraints
 
 #: training constraints, with the switch of every training-only technique
 TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "avg_seq_len",
                  "torch_compile", "max_steps",
                  *(t.switch for t in techniques.registry() if t.switch and t.requires.tasks == ("train",)))
-INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine")
+INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine", *SERVING_KNOBS)
 INFER_STRATEGIES = ("single", "tp", "device_map")
 _HINTS = {
     "quantization": "to train on a 4-bit base use finetune='qlora'",
@@ -60,7 +60,7 @@ def check_applicable(info: ScenarioInfo, cons: Constraints, hardware: Hardware) 
     if not training:
         from .serving_plan import check_engine
 
-        check_engine(scenario, cons.engine, cons.quantization, cons.strategy)
+        check_engine(scenario, cons)
     if info.multi_gpu:
         _check_many(info, cons, hardware)
     else:

@@ -1,38 +1,43 @@
-"""infer_gpu_one / infer_gpu_many with a serving engine (vLLM, SGLang): weight format, tensor-parallel degree
-and replicas, and the engine's memory budget, each priced by the engine memory and speed models.
+"""infer_gpu_one / infer_gpu_many with a serving engine (perfguide/engines/): weight format, tensor / pipeline /
+expert-parallel layout and replicas, and the engine's memory budget, each priced by the engine's own memory
+rule and speed.
 
 The transformers plan stops at ``generate``; a server runs continuous batching over a paged KV cache, so the
-questions differ: which format (16-bit, FP8, int4 Marlin, bitsandbytes) fits with room for the cache and at
-what published quality cost, and whether G GPUs serve faster as one TP-G engine or G/t replicas of TP-t.
+questions differ: does the checkpoint as given fit with room for the cache (serving_menu.py says which
+formats may be priced), and do G GPUs serve faster as one TP-G engine or G/t replicas of TP-t. The engine's
+own knobs (gpu_memory_utilization, max_model_len, max_num_seqs, kv_cache_dtype, parallel sizes) are used as
+given, or refused in one line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 from .. import engines
 from .._serving_data import serving_facts
 from ..decisions import Alternative, Decision
 from ..engines import Engine, ServerEngine
 from ..errors import ConflictingConstraintsError
-from ..memory.serving import EngineMemory, describe
-from ..memory.types import MemoryEstimate
-from ..setup import ServingSetup, Setup
-from ..speed.serving import ServingSpeed
-from ..speed.types import Throughput
+from ..memory.serving import EngineMemory
+from ..setup import ServingSetup
 from . import registry
-from .bnb_gate import quantization_runs
-from .types import Candidate, Plan, Request
+from .serving_decisions import (
+    Priced,
+    format_decision,
+    gain,
+    layout_decision,
+    memory_decision,
+    row,
+    score,
+    to_memory,
+    to_setup,
+    to_throughput,
+)
+from .serving_menu import Menu, checkpoint_only, half, menu
+from .types import SERVING_KNOBS, Candidate, Constraints, Plan, Request
 
 MAX_SEQS = 256
 BATCHED_TOKENS = 8192
-
-
-class Priced(NamedTuple):
-    serving: ServingSetup
-    memory: EngineMemory
-    speed: ServingSpeed | None
 
 
 def engine_of(request: Request) -> Engine:
@@ -41,74 +46,99 @@ def engine_of(request: Request) -> Engine:
     return engines.get(name) if name else engines.default()
 
 
-def check_engine(scenario: str, engine: str | None, quantization: str | None, strategy: str | None) -> None:
+def check_engine(scenario: str, cons: Constraints) -> None:
     """One-line refusals for engine constraints a plan cannot honour (never a quiet substitute)."""
     info = registry.get(scenario)
-    e = engines.get(engine) if engine else engines.default()
+    e = engines.get(cons.engine) if cons.engine else engines.default()
     if e.server and not (info.task == "infer" and info.device == "cuda"):
         raise ConflictingConstraintsError(f"engine={e.name!r} serves on GPUs; scenario {scenario!r} does not: "
                                           f"use scenario='infer_gpu_one' or 'infer_gpu_many', or engine={engines.default().name!r}")
-    if quantization is not None and quantization not in e.quantizations():
-        others = " or ".join(repr(o.name) for o in engines.registry() if quantization in o.quantizations())
-        raise ConflictingConstraintsError(f"quantization={quantization!r} is not a format engine={e.name!r} plans for; use one of "
+    servers = " or ".join(repr(o.name) for o in engines.servers())
+    for knob in SERVING_KNOBS:
+        if getattr(cons, knob) is not None and not e.server:
+            raise ConflictingConstraintsError(f"{knob}={getattr(cons, knob)!r} is a serving engine's setting; engine={e.name!r} runs "
+                                              f"in your script: use engine={servers}, or drop it")
+    q = cons.quantization
+    if q is not None and q not in ("none", "auto") and q not in e.quantizations():
+        others = " or ".join(repr(o.name) for o in engines.registry() if q in o.quantizations())
+        raise ConflictingConstraintsError(f"quantization={q!r} is not a format engine={e.name!r} plans for; use one of "
                                           f"{', '.join(e.quantizations()) or '(none)'}" + (f", or engine={others}" if others else ""))
-    if strategy is not None and info.multi_gpu and strategy not in e.strategies:
-        raise ConflictingConstraintsError(f"strategy={strategy!r} is not a layout of engine={e.name!r}; use one of {', '.join(e.strategies)}")
+    if cons.strategy is not None and info.multi_gpu and cons.strategy not in e.strategies:
+        raise ConflictingConstraintsError(f"strategy={cons.strategy!r} is not a layout of engine={e.name!r}; use one of {', '.join(e.strategies)}")
 
 
-def _formats(request: Request, engine: ServerEngine) -> list[str]:
-    """Formats the engine and GPU run, cheapest in quality first; a named quantization is the only one tried."""
-    gpu = request.hardware.smallest_gpu
-    assert gpu is not None
-    named = request.constraints.quantization
-    if named:
-        if not engine.runs(named, gpu):
-            row = engine.formats[named]
-            raise ConflictingConstraintsError(f"quantization={named!r} does not run on {gpu.name} ({gpu.vendor.upper()}) in {engine.name} "
-                                              f"{engine.version} (it needs {'/'.join(v.upper() for v in row.vendors)}, compute capability >= "
-                                              f"{row.min_cc[0]}.{row.min_cc[1]} on NVIDIA), per {engine.facts.formats_source}; "
-                                              f"use {' or '.join(repr(f) for f in engine.quantizations() if engine.runs(f, gpu)) or 'none'} "
-                                              "or no quantization (16-bit weights)")
-        return [named]
-    formats = serving_facts().formats
-    half = "bf16" if gpu.supports_bf16 else "fp16"
-    ok = [f for f in engine.formats if engine.runs(f, gpu) and (formats[f].bits < 16 or f == half)
-          and (f != "nf4" or quantization_runs("nf4", request.hardware))]
-    return sorted(ok, key=lambda f: formats[f].quality_cost_pct)
+def _tp_ok(request: Request, t: int) -> bool:
+    """vLLM's rule: the query heads divide by TP; KV heads divide, or are replicated when TP exceeds them."""
+    spec, kv = request.model, request.model.num_key_value_heads
+    return spec.num_attention_heads % t == 0 and (kv % t == 0 or t % kv == 0)
 
 
-def _degrees(request: Request, gpus: int) -> list[int]:
-    """TP degrees vLLM accepts: dividing the GPUs and the query heads; KV heads divide or are replicated."""
-    spec = request.model
-    kv = spec.num_key_value_heads
-    ok = [t for t in range(1, gpus + 1) if gpus % t == 0 and spec.num_attention_heads % t == 0 and (kv % t == 0 or t % kv == 0)]
-    forced = request.constraints.strategy
-    if forced == "single" or any(g.mig for g in request.hardware.gpus):
-        return [1]
-    if forced == "tp":
+def _degrees(request: Request, gpus: int) -> list[tuple[int, int]]:
+    """(TP, PP) pairs whose product divides the GPUs: the given sizes, else every TP with PP 1."""
+    c, spec = request.constraints, request.model
+    if c.tensor_parallel_size or c.pipeline_parallel_size:
+        tp, pp = c.tensor_parallel_size or 1, c.pipeline_parallel_size or 1
+        if gpus % (tp * pp) or not _tp_ok(request, tp) or pp > (spec.num_decoder_layers or spec.num_layers):
+            raise ConflictingConstraintsError(
+                f"tensor_parallel_size={tp} x pipeline_parallel_size={pp} does not fit {gpus} GPU(s) and {spec.num_attention_heads} query / "
+                f"{spec.num_key_value_heads} KV heads: TP x PP must divide the GPUs and TP the query heads; use one of "
+                f"{', '.join(str(t) for t in range(1, gpus + 1) if gpus % t == 0 and _tp_ok(request, t))}")
+        return [(tp, pp)]
+    ok = [t for t in range(1, gpus + 1) if gpus % t == 0 and _tp_ok(request, t)]
+    if c.strategy == "single" or any(g.mig for g in request.hardware.gpus):
+        return [(1, 1)]
+    if c.strategy == "tp":
         wide = [t for t in ok if t > 1]
         if not wide:
             raise ConflictingConstraintsError(f"strategy='tp' is not possible on {gpus} GPU(s): no degree > 1 divides both the GPUs and "
                                               f"{spec.num_attention_heads} query heads; use strategy='single'")
-        return wide
-    return ok
+        return [(t, 1) for t in wide]
+    return [(t, 1) for t in ok]
+
+
+def _expert_parallel(request: Request, engine: ServerEngine, replicas: int) -> list[bool]:
+    """Expert parallelism is priced for MoE models with several replicas (with one, EP = TP splits the same)."""
+    asked = request.constraints.enable_expert_parallel
+    if asked and not request.model.is_moe:
+        raise ConflictingConstraintsError(f"enable_expert_parallel=True needs a mixture-of-experts model; {request.model.name} is dense: drop it")
+    if asked and not engine.expert_parallel:
+        servers = " or ".join(repr(e.name) for e in engines.servers() if e.expert_parallel)
+        raise ConflictingConstraintsError(f"enable_expert_parallel=True is not planned for engine={engine.name!r}; use engine={servers}")
+    if asked is not None:
+        return [asked]
+    return [False, True] if request.model.is_moe and replicas > 1 and engine.expert_parallel else [False]
 
 
 def _workload(request: Request) -> tuple[int, int]:
     return request.constraints.prompt_len or request.seq_len, request.constraints.max_new_tokens
 
 
-def _sized(request: Request, engine: ServerEngine, fmt: str, tp: int, gpus: int, eager: bool = False) -> ServingSetup:
+def _max_model_len(request: Request) -> int:
     prompt, output = _workload(request)
-    limit = request.model.max_position_embeddings or (prompt + output)
-    base = ServingSetup(engine=engine.name, weight_format=fmt, tensor_parallel_size=tp, data_parallel_size=gpus // tp,
-                        max_model_len=min(prompt + output, limit), max_num_seqs=request.constraints.batch_size or MAX_SEQS,
-                        max_num_batched_tokens=BATCHED_TOKENS, enforce_eager=eager,
-                        kv_cache_dtype="auto", enable_prefix_caching=True)
+    limit = request.model.max_position_embeddings
+    asked = request.constraints.max_model_len
+    if asked is not None:
+        if limit and asked > limit:
+            raise ConflictingConstraintsError(f"max_model_len={asked} exceeds the model's max_position_embeddings ({limit}), which the "
+                                              f"engines refuse; use max_model_len <= {limit}")
+        return asked
+    return min(prompt + output, limit or prompt + output)
+
+
+def _sized(request: Request, engine: ServerEngine, m: Menu, fmt: str, layout: tuple[int, int, bool], gpus: int,
+           eager: bool = False) -> ServingSetup:
+    c = request.constraints
+    tp, pp, ep = layout
     gpu = request.hardware.smallest_gpu
     assert gpu is not None
-    util = engine.utilization(gpu, request.hardware, base, request.constraints.headroom)
-    return base.model_copy(update={"gpu_memory_utilization": util})
+    base = ServingSetup(engine=engine.name, weight_format=fmt, dtype=half(gpu), checkpoint_format=m.checkpoint, quantized_model=c.quantized_model,
+                        tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=gpus // (tp * pp),
+                        enable_expert_parallel=ep, max_model_len=_max_model_len(request),
+                        max_num_seqs=c.max_num_seqs or c.batch_size or MAX_SEQS, max_num_batched_tokens=BATCHED_TOKENS,
+                        enforce_eager=eager, kv_cache_dtype=c.kv_cache_dtype or "auto", enable_prefix_caching=True)
+    if c.gpu_memory_utilization is not None:
+        return base.model_copy(update={"gpu_memory_utilization": c.gpu_memory_utilization})
+    return base.model_copy(update={"gpu_memory_utilization": engine.utilization(gpu, request.hardware, base, c.headroom)})
 
 
 def _batch(request: Request, mem: EngineMemory, serving: ServingSetup) -> int:
@@ -118,7 +148,7 @@ def _batch(request: Request, mem: EngineMemory, serving: ServingSetup) -> int:
     fit = max(1, mem.kv_cache_tokens // (prompt + output))
     asked = request.constraints.batch_size
     if asked:
-        return max(1, min(fit, -(-asked // serving.data_parallel_size)))
+        return max(1, min(fit, serving.max_num_seqs, -(-asked // serving.data_parallel_size)))
     if request.constraints.prefer == "latency":
         return 1
     return min(fit, serving.max_num_seqs)
@@ -129,152 +159,49 @@ def _price(request: Request, engine: ServerEngine, serving: ServingSetup) -> Pri
     if not mem.fits:
         return Priced(serving, mem, None)
     prompt, output = _workload(request)
-    speed = engine.speed(request.model, serving, request.hardware, prompt, output, _batch(request, mem, serving))
-    return Priced(serving, mem, speed)
+    return Priced(serving, mem, engine.speed(request.model, serving, request.hardware, prompt, output, _batch(request, mem, serving)))
 
 
-def _score(request: Request, p: Priced) -> float:
-    assert p.speed is not None
-    return -p.speed.time_per_output_token_ms if request.constraints.prefer == "latency" else p.speed.output_tokens_per_s
-
-
-def _layouts(request: Request, engine: ServerEngine, fmt: str, gpus: int) -> list[Priced]:
-    """Every TP degree for one format; a layout that only fits without CUDA graphs is priced eager."""
+def _layouts(request: Request, engine: ServerEngine, m: Menu, fmt: str, gpus: int) -> list[Priced]:
+    """Every layout for one format; a layout that only fits without CUDA graphs is priced eager."""
     priced = []
-    for tp in _degrees(request, gpus):
-        p = _price(request, engine, _sized(request, engine, fmt, tp, gpus))
-        if p.speed is None:
-            eager = _price(request, engine, _sized(request, engine, fmt, tp, gpus, eager=True))
-            p = eager if eager.speed is not None else p
-        priced.append(p)
+    for tp, pp in _degrees(request, gpus):
+        for ep in _expert_parallel(request, engine, gpus // (tp * pp)):
+            p = _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus))
+            if p.speed is None:
+                eager = _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus, eager=True))
+                p = eager if eager.speed is not None else p
+            priced.append(p)
     return priced
 
 
-def _choose(request: Request, engine: ServerEngine, gpus: int) -> tuple[Priced | None, list[Priced]]:
-    """Formats within the acceptable quality cost compete on speed; a costlier tier is priced only when none of
-    the cheaper ones fits, and its fastest fitting layout wins."""
-    formats = serving_facts().formats
-    acceptable = serving_facts().acceptable_quality_cost_pct.value
-    tiers: dict[float, list[str]] = {}
-    for f in _formats(request, engine):
-        tiers.setdefault(max(formats[f].quality_cost_pct, acceptable), []).append(f)
-    priced = {tier: [p for f in tiers[tier] for p in _layouts(request, engine, f, gpus)] for tier in sorted(tiers)}
-    tried = [p for tier in sorted(priced) for p in priced[tier]]   # every format is priced: the report compares them all
+def _tiered(request: Request, priced: list[Priced]) -> Priced | None:
+    """Formats within the acceptable quality cost compete on speed; a costlier tier wins only when none of the
+    cheaper ones fits, or when it is at least the trade-off factor faster."""
+    formats, facts = serving_facts().formats, serving_facts()
+    tiers: dict[float, list[Priced]] = {}
+    for p in priced:
+        tiers.setdefault(max(formats[p.serving.weight_format].quality_cost_pct, facts.acceptable_quality_cost_pct.value), []).append(p)
     best: Priced | None = None
-    for tier in sorted(priced):
-        fits = [p for p in priced[tier] if p.speed is not None]
+    for tier in sorted(tiers):
+        fits = [p for p in tiers[tier] if p.speed is not None]
         if not fits:
             continue
-        top = max(fits, key=lambda p: _score(request, p))
-        if best is None or _gain(request, top, best) >= serving_facts().quality_trade_speedup.value:
+        top = max(fits, key=lambda p: score(request, p))
+        if best is None or gain(request, top, best) >= facts.quality_trade_speedup.value:
             best = top
-    return best, tried
+    return best
 
 
-def _beaten(request: Request, chosen: Priced, tried: list[Priced]) -> str:
-    """The cheaper-in-quality format the chosen one displaced, with the speed-up that paid for it."""
-    formats = serving_facts().formats
-    cost = formats[chosen.serving.weight_format].quality_cost_pct
-    cheaper = [p for p in tried if p.speed is not None and formats[p.serving.weight_format].quality_cost_pct < cost]
-    if not cheaper:
-        return ""
-    best = max(cheaper, key=lambda p: _score(request, p))
-    return f" ({_gain(request, chosen, best):.1f}x the best of {best.serving.weight_format}, which fits at {_row(best)})"
-
-
-def _gain(request: Request, new: Priced, old: Priced) -> float:
-    """How many times faster ``new`` is than ``old`` for the preference."""
-    assert new.speed is not None and old.speed is not None
-    if request.constraints.prefer == "latency":
-        return old.speed.time_per_output_token_ms / new.speed.time_per_output_token_ms
-    return new.speed.output_tokens_per_s / old.speed.output_tokens_per_s
-
-
-def _rank(request: Request, p: Priced) -> tuple[bool, float]:
-    return (p.speed is not None, _score(request, p) if p.speed is not None else p.memory.max_concurrency)
-
-
-def _row(p: Priced) -> str:
-    s = p.serving
-    where = f"TP{s.tensor_parallel_size} x {s.data_parallel_size} replica(s), {s.weight_format}"
-    if p.speed is None:
-        return f"{where}: does not fit ({p.memory.max_concurrency:.2f}x max_model_len in the KV cache)"
-    return (f"{where}: {p.speed.output_tokens_per_s:,.0f} tok/s at batch {p.speed.batch}/replica, "
-            f"{p.speed.time_per_output_token_ms:.1f} ms/token, KV {p.memory.kv_cache_tokens:,} tokens")
-
-
-def _format_decision(request: Request, engine: ServerEngine, chosen: Priced, tried: list[Priced]) -> Decision:
-    formats = serving_facts().formats
-    f = chosen.serving.weight_format
-    facts = formats[f]
-    best: dict[str, Priced] = {}
-    for p in tried:  # each other format's best layout (a fitting one over one that does not)
-        k = p.serving.weight_format
-        if k != f and (k not in best or _rank(request, p) > _rank(request, best[k])):
-            best[k] = p
-    alts = tuple(Alternative(value=k, number=formats[k].quality_cost_pct, unit="% quality cost",
-                             why_not=_row(p) + f"; published quality cost ~{formats[k].quality_cost_pct}%")
-                 for k, p in best.items())
-    ckpt = f" Needs a {f.upper()} checkpoint of {request.model.name} (pass its repo as model)." if not engine.formats[f].at_load else ""
-    acceptable, trade = serving_facts().acceptable_quality_cost_pct.value, serving_facts().quality_trade_speedup.value
-    why = ("named by the quantization constraint" if request.constraints.quantization else
-           f"the fastest fitting format within {acceptable}% published quality cost"
-           if facts.quality_cost_pct <= acceptable else
-           f"no format within {acceptable}% quality cost fits, or this one is at least {trade}x faster than the best that does"
-           + _beaten(request, chosen, tried))
-    assert chosen.speed is not None
-    return Decision(setting="quantization", value=engine.quantization_choice(chosen.serving),
-                    number=facts.quality_cost_pct, unit="% quality cost", source=facts.source, alternatives=alts,
-                    reason=f"{f}: {why}; {chosen.speed.output_tokens_per_s:,.0f} tok/s, published quality cost ~{facts.quality_cost_pct}%.{ckpt}")
-
-
-def _layout_decision(request: Request, engine: ServerEngine, chosen: Priced, tried: list[Priced]) -> Decision:
-    s = chosen.serving
-    same = [p for p in tried if p.serving.weight_format == s.weight_format and p.serving != s]
-    alts = tuple(Alternative(value=f"tp={p.serving.tensor_parallel_size} dp={p.serving.data_parallel_size}", why_not=_row(p))
-                 for p in same)
-    return Decision(setting="tensor_parallel_size", value=s.tensor_parallel_size, number=_score(request, chosen),
-                    unit="ms/token (negative)" if request.constraints.prefer == "latency" else "tokens/s",
-                    reason=f"best predicted {request.constraints.prefer} of the layouts that fit: {_row(chosen)}; tensor parallel "
-                           "cuts per-token latency but pays two all-reduces per layer, replicas multiply throughput",
-                    source="Lambda vllm-benchmark (data parallel beats tensor parallel once the model fits); " + engine.docs_source,
-                    alternatives=alts)
-
-
-def _memory_decision(engine: ServerEngine, chosen: Priced) -> Decision:
-    m, s = chosen.memory, chosen.serving
-    eager = " CUDA graphs are off (enforce_eager): their memory is what lets max_model_len fit." if s.enforce_eager else ""
-    return Decision(setting=engine.memory_setting, value=s.gpu_memory_utilization, number=float(m.kv_cache_tokens), unit="KV cache tokens",
-                    reason=f"{describe(m)}.{eager}",
-                    source=engine.memory_source)
-
-
-def _to_memory(m: EngineMemory, request: Request) -> MemoryEstimate:
-    kv = max(0, m.kv_cache_bytes)
-    peak = m.weights + m.activation_peak + kv
-    total = m.budget + m.cuda_context
-    return MemoryEstimate(weights=m.weights, gradients=0, optimizer_states=0, activations=m.activation_peak, kv_cache=kv,
-                          other=m.non_torch + m.cuda_graphs, cuda_context=m.cuda_context, peak_allocated=peak,
-                          peak_reserved=peak + m.non_torch + m.cuda_graphs, device_total=total, capacity=m.total,
-                          fits=m.fits and total <= m.total, notes=(describe(m),))
-
-
-def _to_throughput(p: Priced) -> Throughput:
-    if p.speed is None:
-        return Throughput(step_time_s=0.0, tokens_per_s=0.0)
-    sp = p.speed
-    return Throughput(step_time_s=sp.time_per_output_token_ms / 1000, tokens_per_s=sp.output_tokens_per_s,
-                      prefill_time_s=sp.ttft_ms / 1000, decode_tokens_per_s=1000 / sp.time_per_output_token_ms,
-                      time_per_output_token_ms=sp.time_per_output_token_ms, bound=sp.bound, comm_time_s=sp.comm_ms / 1000)
-
-
-def _setup(request: Request, p: Priced) -> Setup:
-    prompt, output = _workload(request)
-    s = p.serving
-    dtype = "fp16" if s.weight_format == "fp16" else "bf16"
-    return Setup(task="infer", micro_batch_size=p.speed.batch if p.speed else 1,
-                 seq_len=prompt, new_tokens=output, weights_dtype=dtype, strategy="tp" if s.tensor_parallel_size > 1 else "single",
-                 num_gpus=s.tensor_parallel_size * s.data_parallel_size, serving=s)
+def _choose(request: Request, engine: ServerEngine, m: Menu, gpus: int) -> tuple[Priced | None, list[Priced]]:
+    """The checkpoint as given first; lossy formats only when it does not fit (or competing, with 'auto')."""
+    given = _layouts(request, engine, m, m.served, gpus)
+    fits = [p for p in given if p.speed is not None]
+    if fits and not m.compete:
+        return max(fits, key=lambda p: score(request, p)), given
+    lossy = [p for f in m.lossy for p in _layouts(request, engine, m, f, gpus)]
+    tried = given + lossy                      # every format is priced: the report compares them all
+    return _tiered(request, tried), tried
 
 
 def dispatch(request: Request, in_script: Callable[[Request], Plan]) -> Plan:
@@ -292,30 +219,54 @@ def _gpus(request: Request) -> int:
     return min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
 
 
+def _candidate(request: Request, p: Priced, chosen: Priced | None, peak: float) -> Candidate:
+    prompt, output = _workload(request)
+    return Candidate(setup=to_setup(p, prompt, output), memory=to_memory(p.memory), throughput=to_throughput(request.model, p, peak),
+                     verdict="chosen" if p is chosen else "fits" if p.speed else "does-not-fit", why=row(p))
+
+
+def _no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: list[Priced]) -> str:
+    """What would fit instead: a pre-quantized 4-bit checkpoint (priced), more GPUs, shorter requests."""
+    best = max(tried, key=lambda p: p.memory.max_concurrency)
+    text = f"no format and layout leaves room for one {best.serving.max_model_len}-token sequence; best: {row(best)}."
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    if m.checkpoint is None and not request.constraints.quantized_model:
+        for f in checkpoint_only(engine, gpu):
+            fits = [p for p in _layouts(request, engine, m._replace(served=f), f, gpus) if p.speed is not None]
+            if fits:
+                top = max(fits, key=lambda p: score(request, p))
+                return (f"{text} A pre-quantized {f} checkpoint of {request.model_id or request.model.name} fits: {row(top)}; pass "
+                        f"quantized_model='org/repo' (its repo id or local path)")
+    return f"{text} Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU"
+
+
 def plan(request: Request, engine: ServerEngine) -> Plan:
     """The engine plan: format, layout, budget; a layout nothing fits comes back with fits=False and why."""
     gpus = _gpus(request)
-    chosen, tried = _choose(request, engine, gpus)
+    m = menu(request, engine)
+    chosen, tried = _choose(request, engine, m, gpus)
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    peak = (gpu.half_tflops("bf16" if gpu.supports_bf16 else "fp16") or 0.0) * 1e12
     engine_decision = Decision(setting="engine", value=engine.name, reason=f"{engine.title} named by the engine constraint: "
                                f"{engine.summary}", source=engine.docs_source)
-    candidates = tuple(Candidate(setup=_setup(request, p), memory=_to_memory(p.memory, request), throughput=_to_throughput(p),
-                                 verdict="chosen" if chosen is not None and p is chosen else "fits" if p.speed else "does-not-fit",
-                                 why=_row(p)) for p in tried)
+    candidates = tuple(_candidate(request, p, chosen, peak) for p in tried)
+    shown = chosen or max(tried, key=lambda p: p.memory.max_concurrency)
+    prompt, output = _workload(request)
+    common = dict(setup=to_setup(shown, prompt, output), memory=to_memory(shown.memory),
+                  throughput=to_throughput(request.model, shown, peak), candidates=candidates, engine_memory=shown.memory)
     if chosen is None:
-        best = max(tried, key=lambda p: p.memory.max_concurrency)
-        return Plan(setup=_setup(request, best), memory=_to_memory(best.memory, request), throughput=_to_throughput(best),
-                    decisions=(engine_decision,), candidates=candidates, fits=False, engine_memory=best.memory,
-                    suggestions=(f"no format and layout leaves room for one {best.serving.max_model_len}-token sequence; best: {_row(best)}. "
-                                 "Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU",))
-    decisions = [engine_decision, _format_decision(request, engine, chosen, tried), _memory_decision(engine, chosen)]
+        return Plan(decisions=(engine_decision,), fits=False, suggestions=(_no_fit(request, engine, m, gpus, tried),), **common)
+    decisions = [engine_decision, format_decision(request, engine, m, chosen, tried),
+                 memory_decision(engine, chosen, request.constraints.gpu_memory_utilization is not None)]
     if gpus > 1:
-        decisions.append(_layout_decision(request, engine, chosen, tried))
+        decisions.append(layout_decision(request, engine, chosen, tried))
     warnings: tuple[str, ...] = ()
-    fmt = chosen.serving.weight_format
-    if not engine.formats[fmt].at_load:
-        warnings = (f"{fmt.upper()} needs a pre-quantized checkpoint: serve an {fmt.upper()} repo of {request.model.name}, not the 16-bit one",)
-    return Plan(setup=_setup(request, chosen), memory=_to_memory(chosen.memory, request), throughput=_to_throughput(chosen),
-                decisions=tuple(decisions), candidates=candidates, warnings=warnings, fits=True, engine_memory=chosen.memory)
+    if chosen.serving.quantized_model:
+        warnings = (f"serves the pre-quantized checkpoint {chosen.serving.quantized_model} ({chosen.serving.weight_format}) in place of "
+                    f"{request.model_id or request.model.name}",)
+    return Plan(decisions=tuple(decisions), warnings=warnings, fits=True, **common)
 
 
 def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
@@ -328,8 +279,8 @@ def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
     other = servers[0]
     asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": other.name})})
     try:
-        check_engine(request.scenario, other.name, request.constraints.quantization, request.constraints.strategy)
-        best, _ = _choose(asked, other, _gpus(request))
+        check_engine(request.scenario, asked.constraints)
+        best, _ = _choose(asked, other, menu(asked, other), _gpus(request))
     except ConflictingConstraintsError:
         return plan_
     if best is None or best.speed is None:
@@ -338,6 +289,6 @@ def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
     hint = Decision(setting="engine", value=here.name, number=best.speed.output_tokens_per_s, unit=f"tokens/s with {other.title}",
                     reason=f"the default: {here.summary}", source=other.docs_source,
                     alternatives=(Alternative(value=other.name, number=best.speed.output_tokens_per_s, unit="tokens/s",
-                                              why_not=f"not asked for; for serving many requests pass engine={other.name!r}: predicted {_row(best)} "
+                                              why_not=f"not asked for; for serving many requests pass engine={other.name!r}: predicted {row(best)} "
                                                       f"vs {speed:,.0f} tok/s here"),))
     return plan_.model_copy(update={"decisions": (*plan_.decisions, hint)})

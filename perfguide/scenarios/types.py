@@ -38,6 +38,11 @@ def _known_engine(name: str) -> str:
 StrictFloat = Annotated[float, Strict()]
 
 
+#: the serving engines' own settings among the constraints (a library engine refuses them)
+SERVING_KNOBS: tuple[str, ...] = ("quantized_model", "gpu_memory_utilization", "max_model_len", "max_num_seqs", "kv_cache_dtype",
+                                  "tensor_parallel_size", "pipeline_parallel_size", "enable_expert_parallel")
+
+
 class Constraints(Model):
     """Optional user constraints (``recommend(..., **constraints)``); None means 'perfguide decides'.
 
@@ -73,9 +78,21 @@ class Constraints(Model):
     prompt_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000)
     max_new_tokens: StrictInt = Field(default=256, ge=1, le=10_000_000)
     batch_size: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="inference concurrency target")
-    quantization: Literal["int8", "nf4", "fp8", "awq", "gptq"] | None = None   # fp8/awq/gptq: serving engines only
+    # weights: None serves the checkpoint as given, quantizing only when nothing lossless fits; 'none' never quantizes;
+    # 'auto' lets a lossy format win on speed; a format name asks for that format (each engine plans its own)
+    quantization: Literal["int8", "nf4", "fp8", "fp8_block", "awq", "gptq", "w4a16", "mxfp4", "nvfp4", "none", "auto"] | None = None
+    quantized_model: str | None = Field(default=None, min_length=1, max_length=512,
+                                        description="serving: a pre-quantized checkpoint of the model (repo id or local path) to serve")
     engine: Annotated[str, AfterValidator(_known_engine)] | None = None   # a name of perfguide.engines; None: the default
     prefer: Literal["latency", "throughput"] = "throughput"
+    # serving engine knobs: honoured as given, or refused in one line
+    gpu_memory_utilization: StrictFloat | None = Field(default=None, gt=0, le=1, description="serving: the engine's memory fraction")
+    max_model_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="serving: longest request (prompt + output)")
+    max_num_seqs: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="serving: sequences batched at once per replica")
+    kv_cache_dtype: Literal["auto", "fp8"] | None = None
+    tensor_parallel_size: StrictInt | None = Field(default=None, ge=1, le=1024)
+    pipeline_parallel_size: StrictInt | None = Field(default=None, ge=1, le=1024)
+    enable_expert_parallel: StrictBool | None = None
     trust_remote_code: StrictBool = False
 
 
@@ -88,6 +105,7 @@ class Request(Model):
     seq_len: int = Field(ge=1)
     global_batch_size: int = Field(ge=1)
     constraints: Constraints = Constraints()
+    model_id: str | None = None   # the model as the user named it (a repo id or path), for the commands that load it
     calibration: Factors | None = None   # this machine's measured ratios for this model's family / size band
 
     @property

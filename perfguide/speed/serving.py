@@ -18,8 +18,8 @@ from pydantic import Field
 from .._base import Model
 from .._serving_data import FormatFacts, serving_facts
 from ..hardware.types import GPU, Hardware
-from ..memory.serving import format_weight_bytes, kv_bytes_per_token
-from ..model.types import ModelSpec, linear_weight_count
+from ..memory.serving import expert_ranks, format_weight_parts, kv_bytes_per_token
+from ..model.types import ModelSpec
 from ..setup import ServingSetup
 
 
@@ -52,14 +52,14 @@ def routed_expert_fraction(spec: ModelSpec, batch: int) -> float:
 
 
 def weight_bytes_read(spec: ModelSpec, serving: ServingSetup, batch: int) -> int:
-    """Bytes of weights one rank streams per decode step (cold experts are skipped)."""
-    total = format_weight_bytes(spec, serving.weight_format)
-    if spec.is_moe:
-        expert = spec.expert_params or linear_weight_count(
-            {k: v for k, v in spec.block_linears.items() if k.startswith("experts.")}, spec.num_experts) * spec.total_layers
-        expert_bytes = total * expert / spec.total_params
-        total = int(total - expert_bytes * (1.0 - routed_expert_fraction(spec, batch)))
-    return total // (serving.tensor_parallel_size * serving.pipeline_parallel_size)
+    """Bytes of weights one rank streams per decode step: its share of the dense weights, and of the experts
+    only those some token of the step was routed to (with expert parallelism the tokens of every replica
+    reach the rank's experts)."""
+    parts = format_weight_parts(spec, serving.weight_format)
+    split = serving.tensor_parallel_size * serving.pipeline_parallel_size
+    tokens = batch * (serving.data_parallel_size if serving.enable_expert_parallel else 1)
+    experts = parts.experts * routed_expert_fraction(spec, tokens) / expert_ranks(serving)
+    return int(parts.dense // split + experts + parts.norms)
 
 
 def allreduce_s(hardware: Hardware, tp: int, message_bytes: float) -> float:
