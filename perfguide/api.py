@@ -63,6 +63,19 @@ def _generates(spec: ModelSpec) -> bool:
     return spec.generates
 
 
+def _with_nodes(hw: Hardware, nodes: int) -> Hardware:
+    """``nodes=N`` multiplies a one-node target; a target that already names its node count must agree with it."""
+    if nodes == 1 or hw.nodes == nodes:
+        return hw
+    if hw.nodes > 1:
+        per_node = hw.name.rsplit("x", 1)[0] if hw.name and hw.name.endswith(f"x{hw.nodes}") else None
+        instead = f"hardware='{per_node}x{nodes}' or " if per_node else ""
+        raise ConflictingConstraintsError(f"nodes={nodes} conflicts with hardware {hw.name or 'given'!r}, which describes {hw.nodes} "
+                                          f"node(s); use {instead}nodes={hw.nodes} (one count, said once)")
+    name = hw.name if hw.name is None or ":" in hw.name else f"{hw.name}:{hw.gpu_count}"
+    return hw.model_copy(update={"nodes": nodes, "name": None if name is None else f"{name}x{nodes}"})
+
+
 def _default_seq_len(spec: ModelSpec, info: ScenarioInfo, new_tokens: int) -> int:
     """Training: up to 2048. Serving: a 1024-token prompt, shortened so prompt + new tokens stay within the positions."""
     limit = spec.usable_positions or DEFAULT_TRAIN_SEQ_LEN
@@ -130,8 +143,7 @@ def recommend(
             f"scenario {scenario!r} needs a GPU but this machine has none; {instead}"
             "plan for a GPU you do not have with hardware='a100-80gb' (see perfguide.hardware names)")
     check_applicable(info, cons, hw)
-    if cons.nodes > 1 and hw.nodes != cons.nodes:
-        hw = hw.model_copy(update={"nodes": cons.nodes})
+    hw = _with_nodes(hw, cons.nodes)
     seq_len = seq_len or _default_seq_len(spec, info, cons.max_new_tokens)
     if cons.avg_seq_len is not None and cons.avg_seq_len > seq_len:
         raise ConflictingConstraintsError(f"avg_seq_len={cons.avg_seq_len} exceeds seq_len={seq_len}: it is the mean real tokens per "

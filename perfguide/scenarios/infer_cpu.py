@@ -11,16 +11,12 @@ from .types import Plan, Request
 
 
 def plan(request: Request) -> Plan:
-    dtype, d_dtype = R.cpu_dtype(request)
+    dtype, d_dtype, warnings = R.cpu_dtype(request)
     d_attn = R.attention(request, dtype, on_gpu=False)
     _, d_threads = cpu_threads(request.hardware.cpu, source=sources.INFER_CPU)
     base = base_setup(request, dtype, d_attn.value, device="cpu").replace(cpu_threads=d_threads.value)
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn, d_threads]
-    warnings: list[str] = []
-    if request.constraints.precision == "fp16":
-        warnings.append("precision='fp16' runs as fp32 on the CPU (fp16 matmuls there are slow conversions); "
-                        "use precision='bf16' on CPUs with AVX512-BF16/AMX")
     if chosen is None:
         best = min(tried, key=lambda c: c.memory.device_total)
         return R.finish(request, best, decisions, tried, warnings, ok=False)

@@ -42,7 +42,8 @@ def transformers_plan(request: Request) -> Plan:
     base = base_setup(request, dtype, d_attn.value)
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn]
-    if chosen is None and request.constraints.allow_offload:
+    # a forced quantization is honoured (and may not fit), never swapped for 16-bit weights streamed from the CPU
+    if chosen is None and request.constraints.allow_offload and request.constraints.quantization is None:
         off = R.candidate(request, offload_option(base), "device_map='auto' with CPU offload")
         tried.append(off)
         if off.verdict == "fits":

@@ -6,28 +6,27 @@ CPU); dtype, attention, quantization, batch and cache rules are the same and liv
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Iterable
 from typing import Any
 
 from .. import sources
 from ..decisions import Alternative, Decision
-from ..errors import ConflictingConstraintsError
 from ..memory import estimate_memory
 from ..memory.inference import activation_bytes_per_element, cached_tokens, inference_data, kv_cache_bytes
 from ..memory.types import MemoryEstimate
-from ..setup import Setup
+from ..setup import QUANTIZED, Setup
 from ..speed import estimate_speed
 from ..speed.types import Throughput
 from . import search
 from .bnb_gate import quantization_runs
+from .rules_attention import decide_attention
+from .rules_precision import inference_cpu_dtype, inference_gpu_dtype
 from .search import usable_bytes
 from .types import Candidate, Plan, Request
 
 GB = 1e9
 MAX_AUTO_BATCH = 64
-SRC_DTYPE = f"{sources.LLM_TUTORIAL_OPTIMIZATION}; {sources.INFER_GPU_ONE}"
 SRC_QUANT = f"{sources.BNB_QUANTIZATION}; {sources.LITGPT_RESOURCE_TABLES} (quantized decode rows, data/inference.json)"
 SRC_CACHE = f"{sources.LLM_OPTIMS}#static-kv-cache-and-torchcompile (static cache + torch.compile: up to 4x)"
 
@@ -52,92 +51,23 @@ def candidate(request: Request, setup: Setup, why: str = "") -> Candidate:
     return Candidate(setup=setup, memory=mem, throughput=speed, verdict="fits" if fits(mem, request) else "does-not-fit", why=why)
 
 
-# --- dtype and attention ---------------------------------------------------------------------------
+# --- dtype and attention: one rule each for training and inference (rules_precision, rules_attention) -------
 def gpu_dtype(request: Request) -> tuple[str, Decision, list[str]]:
-    """bf16 where the card has bf16 matrix cores; fp16 otherwise (warn for bf16-trained models); a forced precision wins."""
     gpu = request.hardware.smallest_gpu
     assert gpu is not None, "gpu_dtype is only asked for GPU plans"
-    warnings: list[str] = []
-    forced = request.constraints.precision
-    if forced:
-        if forced == "bf16" and not gpu.supports_bf16:
-            warnings.append(f"bf16 on {gpu.name} ({gpu.generation}) is emulated (torch.cuda.is_bf16_supported() says yes "
-                            "by emulation): expect fp32-or-slower speed; fp16 or fp32 are the native choices")
-        if forced == "fp16":
-            warnings += _fp16_overflow_warning(request)
-        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE), warnings
-    if gpu.supports_bf16:
-        return "bf16", Decision(
-            setting="dtype", value="bf16", number=gpu.bf16_tflops, unit="bf16 TFLOP/s (dense peak)", source=SRC_DTYPE,
-            reason=f"native bf16 tensor cores on {gpu.name} ({gpu.generation}): half the bytes of fp32 and no fp16 overflow risk",
-            alternatives=(Alternative(value="fp16", why_not="same speed, but overflows on bf16-trained checkpoints"),
-                          Alternative(value="fp32", why_not="2x the weight bytes and ~2x slower decode"))), warnings
-    alts = (Alternative(value="bf16", why_not=f"no native bf16 on {gpu.name} ({gpu.generation}); emulated and slow"),
-            Alternative(value="fp32", why_not="2x the memory and slower; the safe choice only if fp16 overflows"))
-    warnings += _fp16_overflow_warning(request)
-    return "fp16", Decision(setting="dtype", value="fp16", number=gpu.fp16_tflops, unit="fp16 TFLOP/s (dense peak)", reason=f"{gpu.name} ({gpu.generation}) has native fp16 tensor cores, not bf16",
-                            source=SRC_DTYPE, alternatives=alts), warnings
+    return inference_gpu_dtype(request.model, gpu, request.constraints.precision)
 
 
-def _fp16_overflow_warning(request: Request) -> list[str]:
-    if request.model.native_dtype != "bf16":
-        return []
-    return [f"{request.model.name} was trained in bf16; in fp16 its activations can overflow (inf/NaN output). "
-            "If generations look broken, load it with dtype=torch.float32"]
-
-
-def cpu_dtype(request: Request) -> tuple[str, Decision]:
-    """bf16 only where the CPU computes it natively (AVX512-BF16 or AMX); elsewhere fp32 is faster."""
-    cpu = request.hardware.cpu
-    forced = request.constraints.precision
-    if forced == "fp16":
-        forced = "fp32"  # fp16 matmuls on CPU are slow conversions; never recommend them
-    if forced:
-        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint (fp16 maps to fp32 on CPU)")
-    if cpu.native_bf16:
-        return "bf16", Decision(setting="dtype", value="bf16", reason="the CPU has AVX512-BF16/AMX: bf16 halves the bytes decode reads "
-                                "from RAM and runs natively", source=sources.INFER_CPU, alternatives=(
-                                    Alternative(value="fp32", why_not="2x the RAM traffic per token"),))
-    return "fp32", Decision(setting="dtype", value="fp32", reason="no AVX512-BF16/AMX on this CPU: bf16 matmuls would be emulated, "
-                            "slower than fp32", source=sources.INFER_CPU, alternatives=(
-                                Alternative(value="bf16", why_not="emulated without avx512_bf16/amx_bf16 flags"),))
-
-
-def flash_attn_available() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
+def cpu_dtype(request: Request) -> tuple[str, Decision, list[str]]:
+    return inference_cpu_dtype(request.hardware.cpu, request.constraints.precision)
 
 
 def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
-    """SDPA by default; flash_attention_2 only with the package, a card flash-attn supports and 16-bit weights."""
-    forced = request.constraints.attn_implementation
+    """16-bit compute for 16-bit and bitsandbytes weights (their matmuls dequantize to the compute dtype)."""
+    compute = dtype if dtype in ("bf16", "fp16") else "fp16" if dtype in QUANTIZED else None
     gpu = request.hardware.smallest_gpu if on_gpu else None
-    fa_card = gpu is not None and gpu.supports_flash_attention
-    if forced == "flash_attention_2" and (not fa_card or dtype == "fp32"):
-        where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
-        raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
-                                          f"AMD MI200/MI300) and 16-bit weights, but the plan runs on {where} in {dtype}; use 'sdpa'")
-    spec = request.model
-    if forced == "sdpa" and not spec.supports_sdpa:
-        raise ConflictingConstraintsError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class "
-                                          "(soft-capped or sink attention); use 'eager' or 'flash_attention_2'")
-    if forced:
-        return Decision(setting="attn_implementation", value=forced, reason="given as a constraint")
-    ok = fa_card and flash_attn_available() and dtype in ("bf16", "fp16", "int8", "nf4")
-    if ok:
-        return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE,
-                        reason="flash-attn is installed, supports the GPU and weights are 16-bit: no s*s scores, fastest prefill",
-                        alternatives=(Alternative(value="sdpa", why_not="slower at long prompts; fine otherwise"),))
-    why = ("flash-attn is not installed" if on_gpu and not flash_attn_available() else
-           "flash-attn does not support this GPU" if on_gpu and not fa_card else "needs a CUDA GPU" if not on_gpu else "needs 16-bit weights")
-    if not spec.supports_sdpa:
-        return Decision(setting="attn_implementation", value="eager", source=sources.NO_SDPA,
-                        reason=f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager",
-                        alternatives=(Alternative(value="flash_attention_2", why_not=why),
-                                      Alternative(value="sdpa", why_not="refused by this model class")))
-    return Decision(setting="attn_implementation", value="sdpa", source=sources.SDPA,
-                    reason="PyTorch SDPA (the transformers default) never materialises the s*s attention scores",
-                    alternatives=(Alternative(value="flash_attention_2", why_not=why),
-                                  Alternative(value="eager", why_not="stores b*h*s*s scores: memory grows with the prompt squared")))
+    return decide_attention(request.model, request.constraints.attn_implementation, gpu, compute,
+                            local=request.hardware.source == "probe")
 
 
 # --- batch, quantization, cache --------------------------------------------------------------------

@@ -275,7 +275,7 @@ def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_hal
                         finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing,
                         model=model, hardware=hardware, wants=dict(wants or {}))
     rungs = in_backward_only(ctx) if steps_in_backward(optimizer) else techniques.ladder(ctx)
-    rungs = master_weights_filter(rungs, ctx)
+    rungs = honour_switches(master_weights_filter(rungs, ctx), ctx)
     forced = ctx.wants.get("strategy")
     if base.world_size == 1 and forced in ("zero2", "zero3"):   # one GPU, ZeRO-Offload asked for: only its layouts
         rungs = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == forced)) for r in rungs]
@@ -318,3 +318,31 @@ def master_weights_filter(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:
     keep = "fp32" if want == "fp32" else "bf16"
     out = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.weights_dtype == keep)) for r in rungs]
     return [r for r in out if r.templates]
+
+
+def honour_switches(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:
+    """A technique forced on (``fp8=True``, ``liger_kernel=True``, ``activation_offloading=True``,
+    ``optimizer_in_backward=True``...) keeps only the templates that use it, forced off only those that do not: the
+    search then picks among them, and never hands back the switch the other way. Where no template is left it is
+    refused in one line that says why it cannot run here."""
+    for t in techniques.registry():
+        want = ctx.wants.get(t.switch) if t.switch else None
+        if not isinstance(want, bool):
+            continue
+        kept = [Rung(r.name, r.tradeoff, tuple(s for s in r.templates if t.active(s) == want)) for r in rungs]
+        kept = [r for r in kept if r.templates]
+        if not kept:
+            why = t.why_not(ctx.base.replace(task="train"), ctx.hardware, ctx.model) if want else None
+            raise ConflictingConstraintsError(
+                f"{t.switch}={want!r} cannot be honoured in this plan: "
+                + (why or f"no candidate for these constraints can {'use' if want else 'go without'} it "
+                           f"({_switch_context(ctx)})")
+                + f"; drop {t.switch} or change what conflicts with it")
+        rungs = kept
+    return rungs
+
+
+def _switch_context(ctx: LadderContext) -> str:
+    model = ctx.model.model_type if ctx.model is not None else "this model"
+    return (f"finetune={ctx.finetune!r}, precision {ctx.autocast or 'fp32'}, {ctx.base.world_size} process(es), "
+            f"model type {model!r}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..setup import Setup
 from .host import cpu_dataloader, cpu_processes, cpu_threads
-from .precision import cpu_precision
+from .rules_precision import cpu_precision
 from .search import SearchResult, gib, least_memory
 from .training import attention, check_optimizer, plan_training
 from .types import Plan, Request
@@ -19,7 +19,7 @@ def plan(request: Request) -> Plan:
     hw, cons = request.hardware, request.constraints
     check_optimizer(cons.optimizer)
     prec = cpu_precision(hw.cpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, None, request.model)
+    impl, attn_dec = attention(cons, prec, None, request.model, request.hardware.source == "probe")
     processes, proc_dec = cpu_processes(hw.cpu, cons.num_gpus, request.global_batch_size)
     threads, threads_dec = cpu_threads(hw.cpu, processes=processes)
     workers, pin, host_decs = cpu_dataloader(hw.cpu)

@@ -17,7 +17,7 @@ from ..errors import ConflictingConstraintsError
 from ..setup import QUANTIZED, Setup
 from .host import gpu_dataloader
 from .hybrid import hybrid_decision
-from .precision import gpu_precision
+from .rules_precision import gpu_precision
 from .search import (
     Option,
     Priced,
@@ -83,7 +83,7 @@ def plan(request: Request) -> Plan:
     check_forced(cons.strategy, world, finetune_mode(cons))
     batch = per_rank_batch(request.global_batch_size, world)
     prec = gpu_precision(spec, gpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, gpu, request.model)
+    impl, attn_dec = attention(cons, prec, gpu, request.model, request.hardware.source == "probe")
     workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,

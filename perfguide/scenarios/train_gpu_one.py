@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..errors import ConflictingConstraintsError
 from ..setup import Setup
 from .host import gpu_dataloader
-from .precision import gpu_precision
+from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
 from .training import attention, check_optimizer, plan_training
 from .types import Plan, Request
@@ -24,7 +24,7 @@ def plan(request: Request) -> Plan:
         raise ConflictingConstraintsError("train_gpu_one needs a GPU; use scenario='train_cpu'")
     check_optimizer(cons.optimizer)
     prec = gpu_precision(spec, gpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, gpu, spec)
+    impl, attn_dec = attention(cons, prec, gpu, spec, request.hardware.source == "probe")
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)

@@ -19,7 +19,8 @@ from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
 from .master_weights import check_master_weights, master_weights_decision
-from .precision import Precision
+from .rules_attention import decide_attention
+from .rules_precision import Precision
 from .search import (
     Option,
     Priced,
@@ -63,31 +64,10 @@ def finetune_mode(cons: Constraints) -> str:
     return cons.finetune or ("lora" if cons.lora is not None else "full")
 
 
-def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSpec | None = None) -> tuple[str, Decision]:
-    """SDPA by default (flash/mem-efficient kernels without extra packages); FA2 only when asked and possible.
-    Models whose class refuses SDPA (Gemma-2's soft-capped scores, GPT-OSS's sinks) get eager attention."""
-    sdpa_ok = spec is None or spec.supports_sdpa
-    impl = cons.attn_implementation or ("sdpa" if sdpa_ok else "eager")
-    if impl == "sdpa" and not sdpa_ok:
-        raise ConflictingConstraintsError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class "  # type: ignore[union-attr]
-                                          "(soft-capped or sink attention); use 'eager' or 'flash_attention_2'")
-    if impl == "flash_attention_2":
-        if gpu is None or not gpu.supports_flash_attention:
-            where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "no GPU"
-            raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
-                                              f"AMD MI200/MI300), not {where}; use 'sdpa'")
-        if prec.autocast is None:
-            raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs fp16/bf16 compute, but the plan trains in fp32; use 'sdpa'")
-    reason = (f"attn_implementation={impl!r} was requested" if cons.attn_implementation else
-              "SDPA is the default and picks a flash / memory-efficient kernel: no s x s score matrix, no extra package" if sdpa_ok else
-              f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager, "  # type: ignore[union-attr]
-              "which materialises the s x s scores")
-    alts = () if cons.attn_implementation else (
-        Alternative(value="flash_attention_2", why_not="needs the flash-attn package on the target; pays off for long sequences with packed batches"),
-        Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory") if sdpa_ok else
-        Alternative(value="sdpa", why_not="refused by this model class in transformers 5.24 (_supports_sdpa = False)"))
-    return impl, Decision(setting="attn_implementation", value=impl, reason=reason, source=sources.SDPA if sdpa_ok else sources.NO_SDPA,
-                          alternatives=alts)
+def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSpec, local: bool) -> tuple[str, Decision]:
+    """The shared attention rule (rules_attention) for the plan's device and compute dtype."""
+    d = decide_attention(spec, cons.attn_implementation, gpu, prec.autocast, local=local)
+    return str(d.value), d
 
 
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,

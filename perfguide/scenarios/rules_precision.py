@@ -1,10 +1,16 @@
-"""Which dtype the matmuls run in, and what the weights are stored in (the transformers performance guides
-perf_train_gpu_one "Mixed precision" and perf_train_cpu; ``torch.cuda.is_bf16_supported`` counts emulation).
+"""Precision, decided once for training and inference: which dtype the matmuls run in and what the weights are
+stored in (the transformers performance guides perf_train_gpu_one "Mixed precision", perf_infer_gpu_one and
+perf_train_cpu; ``torch.cuda.is_bf16_supported`` counts emulation).
 
 bf16 needs native matrix cores (the card's ``bf16`` capability flag; transformers' own check accepts emulation,
 so perfguide gates it itself). fp16 below that, unless the checkpoint was trained in bf16: fp16's range overflows on those, so fp32.
 Full fine-tuning keeps fp32 master weights under autocast (true AMP); pure half weights are a later rung of
 the memory ladder, chosen by the scenario, never here.
+
+A forced precision gets one verdict whatever the task (``forced_gpu_warnings``): honoured, with a warning where it
+is risky (bf16 emulated on a card without bf16 tensor cores; fp16 on a bf16-trained family with no fp16 record),
+and refused in one line only where it cannot run as asked (fp16 on a family known to overflow; fp16 training on
+a CPU, which accelerate turns into fp32).
 """
 
 from __future__ import annotations
@@ -38,17 +44,24 @@ def _ratio(gpu: GPU, fast: str, slow: str = "fp32") -> float | None:
     return round(a / b, 2) if a and b else None
 
 
-def _check_forced_gpu(spec: ModelSpec, gpu: GPU, forced: str | None) -> None:
+def forced_gpu_warnings(spec: ModelSpec, gpu: GPU, forced: str | None) -> list[str]:
+    """The one verdict on a forced GPU precision, for training and inference: its warnings, or a one-line refusal."""
+    warns: list[str] = []
     if forced == "bf16" and not gpu.supports_bf16:
-        raise ConflictingConstraintsError(
-            f"precision='bf16' needs bf16 tensor cores but {gpu.name} ({gpu.generation}) has none; "
-            "use precision='fp16' or 'fp32', or plan for an Ampere-or-newer GPU")
-    if forced == "fp16" and spec.native_dtype == "bf16" and fp16_verdict(spec.model_type)[0] != "fine":
+        warns.append(f"precision='bf16' on {gpu.name} ({gpu.generation}), which has no bf16 tensor cores: torch emulates it "
+                     f"(torch.cuda.is_bf16_supported() counts emulation, {sources.BF16_EMULATION}), so expect fp32-or-slower "
+                     "speed; fp16 or fp32 are the native choices")
+    if forced == "fp16" and spec.native_dtype == "bf16":
         verdict, source = fp16_verdict(spec.model_type)
-        why = f"its family overflows to NaN in fp16 ({source})" if verdict == "overflows" else "perfguide knows no fp16 fine-tuning record for its family"
-        raise ConflictingConstraintsError(
-            f"precision='fp16' conflicts with {spec.name}, which was trained in bf16 and {why}; "
-            "use precision='bf16' (on a GPU with bf16 tensor cores) or 'fp32'")
+        if verdict == "overflows":
+            raise ConflictingConstraintsError(
+                f"precision='fp16' cannot train or run {spec.name}: it was trained in bf16 and its family overflows to NaN in fp16 "
+                f"({source}); use precision='bf16' (on a GPU with bf16 tensor cores) or 'fp32'")
+        warns.append(f"{spec.name} was trained in bf16; precision='fp16' is honoured: "
+                     + (f"fp16 AMP fine-tunes {spec.model_type} well ({source})" if verdict == "fine" else
+                        "perfguide knows no fp16 record for its family")
+                     + "; watch the loss (or the generations) for inf/NaN, and use fp32 if they appear")
+    return warns
 
 
 def _auto_gpu_dtype(spec: ModelSpec, gpu: GPU) -> tuple[str | None, str, list[str]]:
@@ -73,13 +86,9 @@ def _auto_gpu_dtype(spec: ModelSpec, gpu: GPU) -> tuple[str | None, str, list[st
 
 def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     """Precision for training on one GPU; forced values are honoured or refused with one line."""
-    _check_forced_gpu(spec, gpu, forced)
     if forced:
         autocast = None if forced == "fp32" else forced
-        reason, warns = f"precision={forced!r} was requested", list[str]()
-        if forced == "fp16" and spec.native_dtype == "bf16":
-            warns = [f"{spec.name} was trained in bf16: fp16 AMP usually fine-tunes {spec.model_type} well ({fp16_verdict(spec.model_type)[1]}); "
-                     "watch the loss for inf/NaN"]
+        reason, warns = f"precision={forced!r} was requested", forced_gpu_warnings(spec, gpu, forced)
     else:
         autocast, reason, warns = _auto_gpu_dtype(spec, gpu)
     alternatives = _mp_alternatives(spec, gpu, autocast)
@@ -92,7 +101,8 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else None,
                         unit="x fp32 peak" if tf32 else None, source=f"{sources.TRAIN_GPU_ONE}#tf32; {sources.TRAINING_ARGUMENTS}.tf32")
     # precision='fp32' is honoured for a LoRA base too: no 16-bit storage (it would compute in bf16 while saying fp32)
-    half = None if forced == "fp32" else "bf16" if gpu.supports_bf16 and forced != "fp16" else ("fp16" if autocast == "fp16" else None)
+    half = (None if forced == "fp32" else "bf16" if (gpu.supports_bf16 and forced != "fp16") or autocast == "bf16"
+            else "fp16" if autocast == "fp16" else None)
     return Precision(autocast=autocast, half=half, pure_half_allowed=autocast == "bf16", tf32=tf32,
                      decisions=(mixed, tf32_dec), warnings=tuple(warns))
 
@@ -137,3 +147,47 @@ def cpu_precision(cpu: CPU, forced: str | None) -> Precision:
                      source=f"{sources.TRAIN_CPU}#mixed-precision", alternatives=alts)
     return Precision(autocast=autocast, half="bf16" if autocast else None, pure_half_allowed=autocast == "bf16",
                      tf32=False, decisions=(mixed,), warnings=tuple(warns))
+
+
+# --- inference: the dtype the weights are loaded and run in -----------------------------------------------
+
+SRC_DTYPE = f"{sources.LLM_TUTORIAL_OPTIMIZATION}; {sources.INFER_GPU_ONE}"
+
+
+def inference_gpu_dtype(spec: ModelSpec, gpu: GPU, forced: str | None) -> tuple[str, Decision, list[str]]:
+    """bf16 where the card has bf16 matrix cores; fp16 otherwise (warned for bf16-trained models); a forced precision
+    gets the training verdict (forced_gpu_warnings)."""
+    if forced:
+        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE), \
+            forced_gpu_warnings(spec, gpu, forced)
+    if gpu.supports_bf16:
+        return "bf16", Decision(
+            setting="dtype", value="bf16", number=gpu.bf16_tflops, unit="bf16 TFLOP/s (dense peak)", source=SRC_DTYPE,
+            reason=f"native bf16 tensor cores on {gpu.name} ({gpu.generation}): half the bytes of fp32 and no fp16 overflow risk",
+            alternatives=(Alternative(value="fp16", why_not="same speed, but overflows on bf16-trained checkpoints"),
+                          Alternative(value="fp32", why_not="2x the weight bytes and ~2x slower decode"))), []
+    alts = (Alternative(value="bf16", why_not=f"no native bf16 on {gpu.name} ({gpu.generation}); emulated and slow"),
+            Alternative(value="fp32", why_not="2x the memory and slower; the safe choice only if fp16 overflows"))
+    warns = ([f"{spec.name} was trained in bf16; in fp16 its activations can overflow (inf/NaN output). "
+              "If generations look broken, load it with dtype=torch.float32"] if spec.native_dtype == "bf16" else [])
+    return "fp16", Decision(setting="dtype", value="fp16", number=gpu.fp16_tflops, unit="fp16 TFLOP/s (dense peak)",
+                            reason=f"{gpu.name} ({gpu.generation}) has native fp16 tensor cores, not bf16",
+                            source=SRC_DTYPE, alternatives=alts), warns
+
+
+def inference_cpu_dtype(cpu: CPU, forced: str | None) -> tuple[str, Decision, list[str]]:
+    """bf16 only where the CPU computes it natively (AVX512-BF16 or AMX); elsewhere fp32 is faster. A forced fp16 is
+    loaded as asked (torch runs fp16 matmuls on CPU, slowly), never silently turned into fp32."""
+    if forced:
+        warns = (["precision='fp16' on the CPU: torch runs fp16 matmuls there through slow conversions; bf16 (on CPUs with "
+                  "AVX512-BF16/AMX) or fp32 are faster"] if forced == "fp16" else
+                 [f"{cpu.model_name} has no AVX512-BF16/AMX: bf16 is emulated and likely slower than fp32"]
+                 if forced == "bf16" and not cpu.native_bf16 else [])
+        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=sources.INFER_CPU), warns
+    if cpu.native_bf16:
+        return "bf16", Decision(setting="dtype", value="bf16", reason="the CPU has AVX512-BF16/AMX: bf16 halves the bytes decode reads "
+                                "from RAM and runs natively", source=sources.INFER_CPU, alternatives=(
+                                    Alternative(value="fp32", why_not="2x the RAM traffic per token"),)), []
+    return "fp32", Decision(setting="dtype", value="fp32", reason="no AVX512-BF16/AMX on this CPU: bf16 matmuls would be emulated, "
+                            "slower than fp32", source=sources.INFER_CPU, alternatives=(
+                                Alternative(value="bf16", why_not="emulated without avx512_bf16/amx_bf16 flags"),)), []

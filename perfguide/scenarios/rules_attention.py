@@ -1,0 +1,76 @@
+"""Attention, decided once for training and inference: which ``attn_implementation`` the model is loaded with.
+
+SDPA is transformers' default and picks a flash / memory-efficient kernel without extra packages; eager where the
+model class refuses SDPA (Gemma-2's soft-capped scores, GPT-OSS's sinks). flash_attention_2 is chosen unasked only
+when the plan targets this machine (a probe) and flash-attn is installed here, on a card it supports, with 16-bit
+compute: for a named target the planning machine's packages say nothing about the target's. A forced value is
+honoured, or refused in one line where it cannot run (the class refuses SDPA; FA2 on a card or dtype it lacks).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from .. import sources
+from ..decisions import Alternative, Decision
+from ..errors import ConflictingConstraintsError
+from ..hardware.types import GPU
+from ..model.types import ModelSpec
+
+
+def flash_attn_available() -> bool:
+    """Whether the flash-attn package is importable on this (the planning) machine."""
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _check_forced(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None) -> None:
+    if forced == "sdpa" and not spec.supports_sdpa:
+        raise ConflictingConstraintsError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class "
+                                          "(soft-capped or sink attention); use 'eager' or 'flash_attention_2'")
+    if forced == "flash_attention_2":
+        if gpu is None or not gpu.supports_flash_attention:
+            where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
+            raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
+                                              f"AMD MI200/MI300), but the plan runs on {where}; use 'sdpa'")
+        if compute is None:
+            raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs fp16/bf16 compute, but the plan runs in "
+                                              "fp32; use 'sdpa'")
+
+
+def _why_not_fa2(gpu: GPU | None, compute: str | None, local: bool) -> str | None:
+    """Why flash_attention_2 is not chosen unasked (None: it is)."""
+    if gpu is None:
+        return "needs a CUDA GPU"
+    if not gpu.supports_flash_attention:
+        return "flash-attn does not support this GPU"
+    if compute is None:
+        return "needs 16-bit compute"
+    if not local:
+        return ("whether flash-attn is installed on the target is unknown (a named GPU); pass attn_implementation="
+                "'flash_attention_2' if it is: pays off for long sequences with packed batches")
+    if not flash_attn_available():
+        return "flash-attn is not installed; pays off for long sequences with packed batches"
+    return None
+
+
+def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None, *, local: bool) -> Decision:
+    """``compute``: the matmul dtype ("bf16" / "fp16"; None for fp32). ``local``: the plan targets this machine."""
+    _check_forced(spec, forced, gpu, compute)
+    if forced:
+        return Decision(setting="attn_implementation", value=forced, reason=f"attn_implementation={forced!r} was requested",
+                        source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced == "flash_attention_2" else "")
+    why_not = _why_not_fa2(gpu, compute, local)
+    if why_not is None and spec.supports_sdpa:
+        return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE,
+                        reason="flash-attn is installed, supports the GPU and compute is 16-bit: no s x s scores, fastest prefill",
+                        alternatives=(Alternative(value="sdpa", why_not="slower at long sequences; fine otherwise"),))
+    if not spec.supports_sdpa:
+        return Decision(setting="attn_implementation", value="eager", source=sources.NO_SDPA,
+                        reason=f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager, "
+                               "which materialises the s x s scores",
+                        alternatives=(Alternative(value="flash_attention_2", why_not=why_not or "not chosen unasked for this class"),
+                                      Alternative(value="sdpa", why_not="refused by this model class (_supports_sdpa = False)")))
+    return Decision(setting="attn_implementation", value="sdpa", source=sources.SDPA,
+                    reason="SDPA is the default and picks a flash / memory-efficient kernel: no s x s score matrix, no extra package",
+                    alternatives=(Alternative(value="flash_attention_2", why_not=str(why_not)),
+                                  Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory")))
