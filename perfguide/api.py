@@ -11,6 +11,7 @@ from .errors import ConflictingConstraintsError, InvalidSetupError, PerfGuideErr
 from .hardware.types import Hardware
 from .memory.factors import Factors
 from .memory.types import MemoryEstimate
+from .model.tasks import with_task
 from .model.types import ModelSpec
 from .recommendation import Recommendation
 from .scenarios import registry
@@ -133,7 +134,7 @@ def recommend(
     _positive("seq_len", seq_len, MAX_SEQ_LEN)
     _positive("global_batch_size", global_batch_size, MAX_GLOBAL_BATCH)
     cons = _constraints(constraints)
-    spec = ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code)
+    spec = with_task(ModelSpec.from_any(model, trust_remote_code=cons.trust_remote_code), cons.task, cons.num_labels)
     cons = as_the_module_is(info.task, spec, cons)
     hw = resolve_hardware(hardware, host_ram)
     if info.device == "cuda" and not hw.has_gpu:

@@ -40,3 +40,78 @@ def auto_class_call(spec: ModelSpec, kwargs: str) -> tuple[str, str]:
     cls = auto_class(spec)
     labels = f", num_labels={spec.num_labels}" if spec.head in ("sequence_classification", "token_classification") and spec.num_labels else ""
     return cls, f"{cls}.from_pretrained({json.dumps(spec.name)}{labels}, **{kwargs})"
+
+
+# --- task= : the head to plan for -------------------------------------------------------------
+
+#: task -> (PEFT TaskType, the transformers mapping of model_type -> head class for it)
+TASKS: dict[str, tuple[str, str]] = {
+    "causal-lm": ("CAUSAL_LM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "seq-cls": ("SEQ_CLS", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    "token-cls": ("TOKEN_CLS", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    "qa": ("QUESTION_ANS", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    "seq2seq": ("SEQ_2_SEQ_LM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    "feature-extraction": ("FEATURE_EXTRACTION", "MODEL_MAPPING_NAMES"),
+}
+#: other spellings: PEFT's TaskType names and the transformers pipeline task names
+_ALIASES = {
+    **{peft.lower().replace("_", "-"): task for task, (peft, _) in TASKS.items()},
+    "text-generation": "causal-lm", "text-classification": "seq-cls", "sequence-classification": "seq-cls",
+    "token-classification": "token-cls", "question-answering": "qa", "text2text-generation": "seq2seq",
+    "seq-2-seq": "seq2seq",
+}
+#: heads whose width is num_labels (transformers' default is 2 labels)
+LABELLED = ("seq-cls", "token-cls")
+DEFAULT_NUM_LABELS = 2
+
+
+def normalize_task(value: object) -> object:
+    """'SEQ_CLS', 'text-classification', 'Seq-Cls' -> 'seq-cls'; anything else passes on for the validator to refuse."""
+    if not isinstance(value, str):
+        return value
+    key = value.strip().lower().replace("_", "-")
+    return key if key in TASKS else _ALIASES.get(key, value)
+
+
+def _head_class(task: str, spec: ModelSpec) -> str:
+    """The class transformers' own Auto mapping names for this model type and task."""
+    from transformers.models.auto import modeling_auto
+
+    from ..errors import InvalidModelError
+
+    def lookup(name: str) -> str | None:
+        found = getattr(modeling_auto, TASKS[name][1]).get(spec.model_type)
+        return found[0] if isinstance(found, (tuple, list)) else found
+
+    cls = lookup(task)
+    if cls is None:
+        has = [name for name in TASKS if lookup(name)]
+        raise InvalidModelError(f"transformers has no {task} head for model_type {spec.model_type!r}; "
+                                f"use one of the tasks it has: {', '.join(has) or 'none'}")
+    return cls
+
+
+def with_task(spec: ModelSpec, task: str | None, num_labels: int | None) -> ModelSpec:
+    """The same model with the head ``task`` asks for (its class from transformers' Auto mapping, counted like any
+    config), so the logits, the parameter count and the LoRA task type are that head's. Without ``task``, a
+    ``num_labels`` resizes the classifier the model already has."""
+    from ..errors import ConflictingConstraintsError, InvalidModelError
+    from .counting import spec_from_config
+
+    if task is None and num_labels is None:
+        return spec
+    if spec.config is None:
+        raise InvalidModelError(f"task/num_labels need the model's config, which {spec.name!r} (from {spec.source}) does not carry; "
+                                "pass a catalog name, hub id, config or config path, or an nn.Module built with the head you want")
+    labelled = task in LABELLED or (task is None and spec.head in ("sequence_classification", "token_classification"))
+    if num_labels is not None and not labelled:
+        raise ConflictingConstraintsError(f"num_labels={num_labels} sizes a classifier, but the head is {task or spec.head}; "
+                                          f"use task='seq-cls' or task='token-cls' with num_labels")
+    config = dict(spec.config)
+    if task is not None:
+        config["architectures"] = [_head_class(task, spec)]
+    if labelled:
+        config["num_labels"] = num_labels or config.get("num_labels") or DEFAULT_NUM_LABELS
+        config.pop("id2label", None)
+        config.pop("label2id", None)
+    return spec_from_config(config, spec.name, spec.source)

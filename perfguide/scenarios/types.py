@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field, Strict, StrictBool, StrictInt
+from pydantic import AfterValidator, BeforeValidator, Field, Strict, StrictBool, StrictInt
 
 from .. import engines
 from .._base import Model
@@ -13,6 +13,7 @@ from ..hardware.types import Hardware
 from ..memory.factors import Factors
 from ..memory.serving import EngineMemory
 from ..memory.types import MemoryEstimate
+from ..model.tasks import normalize_task
 from ..model.types import ModelSpec
 from ..setup import LoraSpec, Setup
 from ..speed.types import Throughput
@@ -94,6 +95,10 @@ class Constraints(Model):
     pipeline_parallel_size: StrictInt | None = Field(default=None, ge=1, le=1024)
     enable_expert_parallel: StrictBool | None = None
     trust_remote_code: StrictBool = False
+    # the model's head (model/tasks.py): PEFT's task types, spelled as transformers' pipelines or PEFT name them
+    task: Annotated[Literal["causal-lm", "seq-cls", "token-cls", "qa", "seq2seq", "feature-extraction"] | None,
+                    BeforeValidator(normalize_task)] = None
+    num_labels: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="classifier width for task seq-cls / token-cls (default 2)")
 
 
 class Request(Model):
