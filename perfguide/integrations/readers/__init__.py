@@ -15,7 +15,8 @@ from typing import Any
 from .base import Collector, ConfigReadError, Reading
 
 #: format -> module (imported on first use); the order is the order detection tries them in
-MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "training_args": "training_args"}
+MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
+           "torchtune": "torchtune", "training_args": "training_args"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -58,6 +59,12 @@ def detect(data: dict[str, Any]) -> str:
         return "accelerate"
     if "zero_optimization" in data or "train_micro_batch_size_per_gpu" in data:
         return "deepspeed"
+    if "base_model" in data:
+        return "axolotl"
+    if isinstance(data.get("model"), dict) and "_component_" in data["model"]:
+        return "torchtune"
+    if "finetuning_type" in data or "stage" in data or "cutoff_len" in data:
+        return "llamafactory"
     return "training_args"
 
 

@@ -42,6 +42,7 @@ class Reading(Model):
     unknown: tuple[str, ...] = ()   # keys the format does not have
     model: str | None = None
     notes: tuple[str, ...] = ()
+    multi_process: str = "ddp"      # the strategy the format's own launcher uses for several processes (torchtune: FSDP2)
 
 
 class Collector:
@@ -55,6 +56,7 @@ class Collector:
         self.unknown: list[str] = []
         self.notes: list[str] = []
         self.model: str | None = None
+        self.multi_process = "ddp"
 
     def where(self, key: str) -> str:
         return f"{self.source}: {self.prefix}{key}"
@@ -90,7 +92,8 @@ class Collector:
 
     def reading(self) -> Reading:
         return Reading(format=self.format, source=self.source, settings=tuple(self.settings), auto=self.auto,
-                       ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes))
+                       ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes),
+                       multi_process=self.multi_process)
 
 
 # --- value parsing shared by the readers: one line naming the key when a value is not what the format takes -------

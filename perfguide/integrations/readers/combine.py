@@ -76,9 +76,11 @@ class Combined:
         world = int(self.value("num_gpus", 1)) * int(self.value("nodes", 1))
         if "strategy" not in self.chosen or (self.value("strategy") == "ddp" and world == 1):
             zero0 = " (ZeRO stage 0 is plain data parallelism)" if "_zero0" in self.chosen else ""
-            word = "ddp" if world > 1 else "single"
-            self.chosen["strategy"] = Setting(field="strategy", value=word, assumed=True,
-                                              source=f"{world} process(es) without FSDP or ZeRO sharding{zero0}")
+            launcher = self.readings[0].multi_process if self.readings else "ddp"
+            word = launcher if world > 1 else "single"
+            why = f"{world} process(es) without FSDP or ZeRO sharding{zero0}" if word in ("ddp", "single") else \
+                f"{world} processes of {self.readings[0].format}'s distributed recipe ({word})"
+            self.chosen["strategy"] = Setting(field="strategy", value=word, assumed=True, source=why)
         out = {f: s.value for f, s in self.chosen.items() if not f.startswith("_")}
         if "_train_batch_size" in self.chosen:
             total = int(out.get("micro_batch_size", 1)) * int(out.get("gradient_accumulation_steps", 1)) * world

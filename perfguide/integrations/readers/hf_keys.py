@@ -52,4 +52,7 @@ RENAMED = {"no_cuda": "use_cpu", "per_gpu_train_batch_size": "per_device_train_b
            "gradient_checkpointing": "activation_checkpointing", "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
            "torch_dtype": "dtype", "max_seq_length": "max_length"}
 #: transformers 4 keys with no transformers 5 counterpart: read and named as not priced
-REMOVED: tuple[str, ...] = ("fp16_backend", "half_precision_backend", "fp16_opt_level", "tpu_num_cores", "use_ipex", "use_mps_device")
+REMOVED: tuple[str, ...] = ("fp16_backend", "half_precision_backend", "fp16_opt_level", "tpu_num_cores", "use_ipex", "use_mps_device",
+                            "warmup_ratio", "overwrite_output_dir", "logging_dir")
+#: Seq2SeqTrainingArguments' own fields (transformers), which LLaMA-Factory's TrainingArguments extends
+SEQ2SEQ: tuple[str, ...] = ("predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config", "sortish_sampler")

@@ -87,7 +87,7 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, base_
     if sft:
         _sft(data, defaults, col)
     _model_config(data, col)
-    _fsdp(data.get("fsdp"), data.get("fsdp_config"), col)
+    read_fsdp(data.get("fsdp"), data.get("fsdp_config"), col)
     if data.get("deepspeed"):
         from . import deepspeed
 
@@ -178,14 +178,15 @@ def _model_config(data: dict[str, Any], col: Collector) -> None:
         col.set("lora", lora, "use_peft")
 
 
-def _fsdp(fsdp: Any, config: Any, col: Collector) -> None:
-    """``fsdp=True`` (or transformers 4's "full_shard auto_wrap" words) plus ``fsdp_config`` -> FSDP fields."""
+def read_fsdp(fsdp: Any, config: Any, col: Collector, default_version: int = 2) -> None:
+    """``fsdp=True`` (or the "full_shard auto_wrap" words, as a string or a list) plus ``fsdp_config`` (keys with or
+    without the ``fsdp_`` prefix) -> FSDP fields; TrainingArguments and axolotl share this spelling."""
     words = fsdp.split() if isinstance(fsdp, str) else [str(getattr(w, "value", w)) for w in fsdp] if isinstance(fsdp, list) else []
     if not (fsdp is True or words):
         return
     cfg = {k.removeprefix("fsdp_"): v for k, v in (config or {}).items()} if isinstance(config, dict) else {}
-    version = as_int(cfg.get("version", 2), col.where("fsdp_config.version"))
-    reshard = cfg.get("reshard_after_forward", "shard_grad_op" not in words)
+    version = as_int(cfg.get("version", default_version), col.where("fsdp_config.version"))
+    reshard = cfg.get("reshard_after_forward", cfg.get("sharding_strategy", "shard_grad_op" not in words))
     if isinstance(reshard, str):  # FSDP1 sharding-strategy words
         reshard = reshard.upper() not in ("SHARD_GRAD_OP", "2", "NO_SHARD")
     col.set("strategy", "fsdp" if as_bool(reshard, col.where("fsdp_config.reshard_after_forward")) else "fsdp_shard_grad_op", "fsdp")

@@ -1,0 +1,173 @@
+"""An axolotl YAML <-> Setup fields, as axolotl (commit 067b021c8) validates and normalises it.
+
+``bf16: auto`` is true on a bf16 GPU, and the model then loads in bf16 (``resolve_dtype`` in
+src/axolotl/utils/config/__init__.py: bf16 -> torch_dtype bfloat16; load_in_8bit or fp16 -> float16; else float32).
+``sample_packing`` packs samples into rows with position ids (multipack), priced padding-free; the Liger plugin's
+fused linear cross-entropy is Liger's. The world size comes from the launcher, not the YAML.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...optimizer_facts import names as optimizer_names
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
+from .training_args import read_fsdp
+
+FORMAT = "axolotl"
+SYNTAX = "yaml"
+KNOWN = AXOLOTL | AXOLOTL_PLUGINS
+PRICED = frozenset({
+    "base_model", "micro_batch_size", "gradient_accumulation_steps", "batch_size", "sequence_len", "load_in_4bit", "load_in_8bit",
+    "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "peft_use_dora", "peft_use_rslora",
+    "bf16", "fp16", "bfloat16", "float16", "tf32", "optimizer", "gradient_checkpointing", "activation_offloading", "attn_implementation",
+    "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
+    "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
+    "dataloader_num_workers", "dataloader_pin_memory",
+})
+#: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
+ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
+             "sage": "sdpa", "flash_attention_3": "flash_attention_2"}
+_LEGACY_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager", "xformers_attention": "xformers",
+                     "flex_attention": "flex_attention", "sage_attention": "sage"}
+
+
+def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
+    col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
+    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED and data[k] is not None))
+    if data.get("base_model"):
+        col.set_model(data["base_model"], "base_model")
+    _batch(data, col)
+    if data.get("sequence_len") is not None:
+        col.set("seq_len", as_int(data["sequence_len"], col.where("sequence_len")), "sequence_len")
+    _precision(data, col)
+    _adapter(data, col)
+    if data.get("optimizer") is not None:
+        col.set("optimizer", choice(data["optimizer"], col.where("optimizer"), {n: n for n in optimizer_names()}), "optimizer")
+    ckpt = data.get("gradient_checkpointing")
+    if ckpt is not None:
+        offload = isinstance(ckpt, str) and ckpt.lower() == "offload"   # axolotl: checkpoint and offload to CPU
+        col.set("gradient_checkpointing", True if offload else as_bool(ckpt, col.where("gradient_checkpointing")), "gradient_checkpointing")
+        if offload:
+            col.set("activation_offloading", True, "gradient_checkpointing")
+    if data.get("activation_offloading") not in (None, False):
+        col.set("activation_offloading", True, "activation_offloading")
+    _attention(data, col)
+    if data.get("sample_packing") is not None and as_bool(data["sample_packing"], col.where("sample_packing")):
+        col.set("padding_free", True, "sample_packing")
+    plugins = [str(p) for p in data.get("plugins") or []]
+    if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
+        col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
+    if data.get("torch_compile") not in (None, False):
+        col.set("torch_compile", True, "torch_compile")
+    for key in ("dataloader_num_workers", "dataloader_pin_memory"):
+        if data.get(key) is not None:
+            col.set(key, as_int(data[key], col.where(key), 0) if key.endswith("workers") else as_bool(data[key], col.where(key)), key)
+    version = data.get("fsdp_version") or (data.get("fsdp_config") or {}).get("fsdp_version") or 1
+    read_fsdp(data.get("fsdp") or (["full_shard"] if data.get("fsdp_config") else None), data.get("fsdp_config"), col,
+              default_version=as_int(version, col.where("fsdp_version")))
+    if data.get("deepspeed"):
+        from . import deepspeed
+
+        deepspeed.read_nested(data["deepspeed"], col, base_dir)
+
+
+def _batch(data: dict[str, Any], col: Collector) -> None:
+    if data.get("micro_batch_size") is not None:
+        col.set("micro_batch_size", as_int(data["micro_batch_size"], col.where("micro_batch_size")), "micro_batch_size")
+    if data.get("gradient_accumulation_steps") is not None:
+        col.set("gradient_accumulation_steps", as_int(data["gradient_accumulation_steps"], col.where("gradient_accumulation_steps")),
+                "gradient_accumulation_steps")
+    elif data.get("batch_size") is not None and data.get("micro_batch_size"):
+        # axolotl normalize_config: gradient_accumulation_steps = batch_size // micro_batch_size
+        steps = as_int(data["batch_size"], col.where("batch_size")) // as_int(data["micro_batch_size"], col.where("micro_batch_size"))
+        col.set("gradient_accumulation_steps", max(1, steps), "batch_size")
+
+
+def _precision(data: dict[str, Any], col: Collector) -> None:
+    fp16 = data.get("fp16") is not None and as_bool(data["fp16"], col.where("fp16"))
+    bf16_raw = data.get("bf16", "auto")
+    bf16 = (not fp16) if bf16_raw == "auto" else bf16_raw not in (None, False) and (bf16_raw == "full" or as_bool(bf16_raw, col.where("bf16")))
+    key = "bf16" if "bf16" in data else "bf16 (axolotl default: auto)"
+    if bf16_raw == "auto" and bf16:
+        col.note(f"{col.where('bf16')}: auto is true on a bf16 GPU (Ampere and newer): priced as bf16")
+    if bf16:
+        col.set("autocast", "bf16", key)
+    elif fp16:
+        col.set("autocast", "fp16", "fp16")
+    # resolve_dtype: the load dtype follows the precision switches (8-bit loading implies float16); DeepSpeed then keeps
+    # fp32 masters whatever the load dtype, which the check assumes when no dtype is set
+    if data.get("deepspeed"):
+        pass
+    elif data.get("bfloat16") or bf16:
+        col.set("weights_dtype", "bf16", "bfloat16" if data.get("bfloat16") else key)
+    elif data.get("load_in_8bit") or fp16 or data.get("float16"):
+        col.set("weights_dtype", "fp16", "fp16")
+    else:
+        col.set("weights_dtype", "fp32", key)
+    if data.get("tf32") is not None and data["tf32"] != "auto":
+        col.set("tf32", as_bool(data["tf32"], col.where("tf32")), "tf32")
+
+
+def _adapter(data: dict[str, Any], col: Collector) -> None:
+    adapter = data.get("adapter")
+    if data.get("load_in_4bit") and as_bool(data["load_in_4bit"], col.where("load_in_4bit")):
+        col.set("weights_dtype", "nf4", "load_in_4bit")
+    elif data.get("load_in_8bit") and as_bool(data["load_in_8bit"], col.where("load_in_8bit")):
+        col.set("weights_dtype", "int8", "load_in_8bit")
+    if not adapter:
+        return
+    if str(adapter).lower() not in ("lora", "qlora"):
+        raise ConfigReadError(f"{col.where('adapter')}={adapter!r} is not an adapter perfguide can price; accepted: lora, qlora (or no adapter: full fine-tuning)")
+    targets: Any = "all-linear" if data.get("lora_target_linear") else data.get("lora_target_modules") or "all-linear"
+    lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 8), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 16), col.where("lora_alpha")),
+                            "dropout": as_float(data.get("lora_dropout") or 0.0, col.where("lora_dropout")),
+                            "target_modules": targets if isinstance(targets, str) else tuple(str(t) for t in targets)}
+    for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora")):
+        if data.get(src) is not None:
+            lora[dst] = as_bool(data[src], col.where(src))
+    col.set("lora", lora, "adapter")
+
+
+def _attention(data: dict[str, Any], col: Collector) -> None:
+    word, key = data.get("attn_implementation"), "attn_implementation"
+    if word is None:
+        key = next((k for k in _LEGACY_ATTENTION if data.get(k)), "")
+        word = _LEGACY_ATTENTION.get(key)
+    if word is None:
+        return
+    priced = choice(word, col.where(key), ATTENTION)
+    if priced != word:
+        col.note(f"{col.where(key)}={word!r} is priced as {priced} (the same memory order: no s x s score matrix kept)")
+    col.set("attn_implementation", priced, key)
+
+
+def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Setup changes as axolotl keys."""
+    keys: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    simple = {"micro_batch_size": "micro_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps", "seq_len": "sequence_len",
+              "optimizer": "optimizer", "gradient_checkpointing": "gradient_checkpointing", "torch_compile": "torch_compile",
+              "padding_free": "sample_packing", "attn_implementation": "attn_implementation", "tf32": "tf32",
+              "activation_offloading": "activation_offloading", "dataloader_num_workers": "dataloader_num_workers"}
+    for field, value in changes.items():
+        if field in simple:
+            keys[simple[field]] = value
+        elif field == "liger_kernel":
+            keys.update({"plugins": ["axolotl.integrations.liger.LigerPlugin"], "liger_fused_linear_cross_entropy": value})
+        elif field == "autocast" and value != "fp8":
+            keys.update(bf16=value == "bf16", fp16=value == "fp16")
+        elif field == "weights_dtype" and value in ("nf4", "int8"):
+            keys.update(load_in_4bit=value == "nf4", load_in_8bit=value == "int8", adapter="qlora" if value == "nf4" else "lora")
+        elif field == "lora" and value is not None:
+            keys.update(adapter="qlora" if setup.quantized else "lora", lora_r=value["r"], lora_alpha=value["alpha"])
+        elif field == "strategy" and setup.is_deepspeed:
+            keys["deepspeed"] = f"deepspeed_configs/zero{setup.zero_stage}.json"   # the files axolotl ships
+        elif field == "strategy" and setup.is_fsdp:
+            keys.update({"fsdp_version": setup.fsdp_version, "fsdp_config.reshard_after_forward": setup.gathers_params})
+        elif field in ("offload_optimizer", "offload_params") and setup.is_fsdp:
+            keys["fsdp_config.offload_params"] = value
+        else:
+            rest[field] = value
+    return keys, rest

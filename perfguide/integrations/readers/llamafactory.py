@@ -1,0 +1,112 @@
+"""A LLaMA-Factory YAML (``llamafactory-cli train x.yaml``) <-> Setup fields, as LLaMA-Factory (commit ff6d4d12) parses it.
+
+The file is TrainingArguments keys (read by perfguide.integrations.readers.training_args) plus LLaMA-Factory's own:
+``finetuning_type`` (lora, full), ``lora_rank`` (default 8) / ``lora_alpha`` (default 2 x rank) / ``lora_target``
+("all": every linear layer), ``quantization_bit`` (bitsandbytes 4 / 8), ``cutoff_len`` (default 2048),
+``flash_attn``, ``enable_liger_kernel`` and ``disable_gradient_checkpointing`` (checkpointing is on unless disabled).
+The model loads in the compute dtype (bf16 with ``bf16: true``); a full fine-tune upcasts its trainable parameters
+to fp32 unless ``pure_bf16`` (model/adapter.py ``cast_trainable_params_to_fp32``), which is AMP on fp32 weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .foreign_keys import LLAMAFACTORY
+from .hf_keys import REMOVED, SEQ2SEQ
+from .training_args import KNOWN as TA_KNOWN
+from .training_args import read as read_training_args
+from .training_args import write as write_training_args
+
+FORMAT = "llamafactory"
+SYNTAX = "yaml"
+KNOWN = LLAMAFACTORY | TA_KNOWN | frozenset(SEQ2SEQ) | frozenset(REMOVED)
+PRICED = frozenset({"finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora", "use_rslora", "quantization_bit",
+                    "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "disable_gradient_checkpointing", "pure_bf16",
+                    "model_name_or_path"})
+ATTENTION = {"auto": None, "fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
+
+
+def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
+    col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
+    hf = TA_KNOWN | frozenset(REMOVED)
+    ours = {k: v for k, v in data.items() if (k in KNOWN and k not in hf) or k == "model_name_or_path"}
+    col.ignore(*sorted(k for k in ours if k not in PRICED))
+    read_training_args({k: v for k, v in data.items() if k in hf}, col, sft=False, base_dir=base_dir)
+    col.settings = [s for s in col.settings if not (s.assumed and s.field == "gradient_checkpointing")]
+    ckpt_off = data.get("disable_gradient_checkpointing") is not None and as_bool(data["disable_gradient_checkpointing"],
+                                                                                 col.where("disable_gradient_checkpointing"))
+    if "disable_gradient_checkpointing" in data:
+        col.set("gradient_checkpointing", not ckpt_off, "disable_gradient_checkpointing")
+    else:
+        col.assume("gradient_checkpointing", True, "LLaMA-Factory default: gradient checkpointing on (disable_gradient_checkpointing=false)")
+    cutoff = data.get("cutoff_len")
+    if cutoff is not None:
+        col.set("seq_len", as_int(cutoff, col.where("cutoff_len")), "cutoff_len")
+    else:
+        col.assume("seq_len", 2048, "LLaMA-Factory default cutoff_len")
+    kind = str(data.get("finetuning_type", "lora")).lower()
+    if kind not in ("lora", "full"):
+        raise ConfigReadError(f"{col.where('finetuning_type')}={kind!r} is not priced; accepted: lora, full")
+    _weights(data, col, kind)
+    if kind == "lora":
+        rank = as_int(data.get("lora_rank", 8), col.where("lora_rank"))
+        target = str(data.get("lora_target", "all"))
+        lora: dict[str, Any] = {"r": rank, "alpha": as_int(data.get("lora_alpha") or 2 * rank, col.where("lora_alpha")),
+                                "dropout": as_float(data.get("lora_dropout", 0.0), col.where("lora_dropout")),
+                                "target_modules": "all-linear" if target == "all" else tuple(t.strip() for t in target.split(",") if t.strip())}
+        for flag in ("use_dora", "use_rslora"):
+            if data.get(flag) is not None:
+                lora[flag] = as_bool(data[flag], col.where(flag))
+        col.set("lora", lora, "finetuning_type" if "finetuning_type" in data else "finetuning_type (LLaMA-Factory default: lora)")
+    attn = choice(data.get("flash_attn", "auto"), col.where("flash_attn"), ATTENTION)
+    if attn is not None:
+        col.set("attn_implementation", attn, "flash_attn")
+    if data.get("enable_liger_kernel") is not None:
+        col.set("liger_kernel", as_bool(data["enable_liger_kernel"], col.where("enable_liger_kernel")), "enable_liger_kernel")
+
+
+def _weights(data: dict[str, Any], col: Collector, kind: str) -> None:
+    bits = data.get("quantization_bit")
+    if bits is not None:
+        method = str(data.get("quantization_method", "bnb")).lower()
+        dtype = choice(bits, col.where("quantization_bit"), {"4": "nf4", "8": "int8"})
+        if method != "bnb":
+            col.note(f"{col.where('quantization_method')}={method!r} is priced like bitsandbytes {dtype} (the same bits per weight)")
+        col.set("weights_dtype", dtype, "quantization_bit")
+        return
+    half = "bf16" if data.get("bf16") else "fp16" if data.get("fp16") else None
+    if half is None:
+        col.set("weights_dtype", "fp32", "bf16 / fp16 not set: the model loads in fp32")
+    elif kind == "full" and not data.get("pure_bf16"):
+        col.set("weights_dtype", "fp32", "finetuning_type (full: trainable parameters upcast to fp32 unless pure_bf16)")
+    else:
+        col.set("weights_dtype", half, "pure_bf16" if kind == "full" else "bf16")
+
+
+def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Setup changes as LLaMA-Factory keys (its own where it has one, else the TrainingArguments key it accepts)."""
+    keys: dict[str, Any] = {}
+    rest: dict[str, Any] = {}
+    for field, value in changes.items():
+        if field == "gradient_checkpointing" and not setup.is_fsdp:
+            keys["disable_gradient_checkpointing"] = not value
+        elif field == "seq_len":
+            keys["cutoff_len"] = value
+        elif field == "liger_kernel":
+            keys["enable_liger_kernel"] = value
+        elif field == "attn_implementation":
+            keys["flash_attn"] = {"flash_attention_2": "fa2", "sdpa": "sdpa", "eager": "disabled"}[value]
+        elif field == "weights_dtype" and value in ("nf4", "int8"):
+            keys["quantization_bit"] = 4 if value == "nf4" else 8
+        elif field == "weights_dtype" and setup.lora is None:
+            keys["pure_bf16"] = value == "bf16"
+        elif field == "lora" and value is not None:
+            keys.update(finetuning_type="lora", lora_rank=value["r"], lora_alpha=value["alpha"])
+        elif field == "lora":
+            keys["finetuning_type"] = "full"
+        else:
+            rest[field] = value
+    more, rest = write_training_args(rest, setup)
+    return {**keys, **more}, rest

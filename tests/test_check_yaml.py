@@ -1,0 +1,147 @@
+"""perfguide.check on axolotl, LLaMA-Factory and torchtune YAMLs copied from those projects' published examples
+(tests/data/check/, each citing its source commit). Each Setup read is compared field by field with the YAML as
+yaml.safe_load reads it, each verdict with ``perfguide.estimate`` of that Setup, and a config made not to fit gets
+exit 3 and a change, in the format's own keys, that fits when applied."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+import perfguide
+from perfguide.cli import main
+
+DATA = Path(__file__).parent / "data" / "check"
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((DATA / name).read_text(encoding="utf-8"))
+
+
+def same_as_estimate(c: perfguide.Check, model: str, hardware: str) -> None:
+    memory = perfguide.estimate(model, c.setup, hardware=hardware)
+    assert c.memory == memory and c.fits is memory.fits
+    assert c.throughput == perfguide.estimate_speed(model, c.setup, hardware=hardware)
+
+
+def named(c: perfguide.Check) -> str:
+    return next(s.value for s in c.read if s.field == "model")
+
+
+# --- axolotl ---------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["axolotl_lora-1b.yml", "axolotl_qlora-1b.yml"])
+def test_axolotl_lora_examples(name: str) -> None:
+    y = load(name)
+    c = perfguide.check("meta-llama/Llama-3.2-1B", DATA / name, hardware="a100-80gb")
+    s = c.setup
+    assert named(c) == y["base_model"]
+    assert (s.micro_batch_size, s.gradient_accumulation_steps, s.seq_len) == (y["micro_batch_size"], y["gradient_accumulation_steps"], y["sequence_len"])
+    assert s.optimizer == y["optimizer"] and s.gradient_checkpointing is y["gradient_checkpointing"]
+    assert s.lora is not None and (s.lora.r, s.lora.alpha, s.lora.dropout) == (y["lora_r"], y["lora_alpha"], y["lora_dropout"])
+    assert set(s.lora.target_modules) == set(y["lora_target_modules"])
+    assert s.weights_dtype == ("nf4" if y.get("load_in_4bit") else "bf16")   # bf16: auto -> torch_dtype bfloat16
+    assert s.autocast == "bf16" and s.attn_implementation == y["attn_implementation"]
+    assert s.padding_free is y["sample_packing"]
+    assert f"{name}: learning_rate" in c.ignored and not c.unknown
+    same_as_estimate(c, "meta-llama/Llama-3.2-1B", "a100-80gb")
+
+
+def test_axolotl_fsdp_liger_example() -> None:
+    y = load("axolotl_fft-8b-liger-fsdp.yaml")
+    c = perfguide.check("meta-llama/Llama-3.1-8B", DATA / "axolotl_fft-8b-liger-fsdp.yaml", hardware="a100-80gb:8", num_gpus=8)
+    s = c.setup
+    assert y["fsdp_config"]["fsdp_sharding_strategy"] == "FULL_SHARD" and s.strategy == "fsdp"
+    assert s.offload_params is y["fsdp_config"]["fsdp_offload_params"] is True
+    assert s.liger_kernel is y["liger_fused_linear_cross_entropy"] is True
+    assert (s.seq_len, s.micro_batch_size, s.lora) == (y["sequence_len"], y["micro_batch_size"], None)
+    same_as_estimate(c, "meta-llama/Llama-3.1-8B", "a100-80gb:8")
+
+
+def test_axolotl_change_is_written_in_axolotl_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    y = {**load("axolotl_lora-1b.yml"), "base_model": "meta-llama/Llama-3.1-8B", "micro_batch_size": 16, "sequence_len": 4096,
+         "gradient_checkpointing": False}
+    path = tmp_path / "big.yml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    assert main(["check", str(path), "--hardware", "a100-40gb", "--json"]) == 3
+    result = json.loads(capsys.readouterr().out)
+    edit = next(e for c in result["changes"] if c["kind"] == "fit" for e in c["edits"] if e["source"] == "big.yml")
+    assert edit["format"] == "axolotl" and set(edit["keys"]) <= set(y) | {"plugins", "liger_fused_linear_cross_entropy"}
+    path.write_text(yaml.safe_dump({**y, **edit["keys"]}), encoding="utf-8")
+    assert main(["check", str(path), "--hardware", "a100-40gb"]) == 0, capsys.readouterr().err
+
+
+# --- LLaMA-Factory ---------------------------------------------------------------------------------------------------
+
+def test_llamafactory_lora_with_its_deepspeed_file() -> None:
+    y = load("llamafactory_qwen3_lora_sft_ds3.yaml")
+    ds = json.loads((DATA / y["deepspeed"]).read_text(encoding="utf-8"))
+    c = perfguide.check("Qwen/Qwen3-4B", DATA / "llamafactory_qwen3_lora_sft_ds3.yaml", hardware="a100-80gb:8", num_gpus=8)
+    s = c.setup
+    assert named(c) == y["model_name_or_path"]
+    assert s.strategy == f"zero{ds['zero_optimization']['stage']}"
+    assert (s.micro_batch_size, s.gradient_accumulation_steps, s.seq_len) == (y["per_device_train_batch_size"], y["gradient_accumulation_steps"], y["cutoff_len"])
+    assert s.lora is not None and (s.lora.r, s.lora.alpha, s.lora.target_modules) == (y["lora_rank"], 2 * y["lora_rank"], "all-linear")
+    assert s.autocast == "bf16" and s.gradient_checkpointing is True   # LLaMA-Factory's default, not the Trainer's
+    assert s.dataloader_num_workers == y["dataloader_num_workers"]
+    assert {"llamafactory_qwen3_lora_sft_ds3.yaml: template", "llamafactory_qwen3_lora_sft_ds3.yaml: warmup_ratio"} <= set(c.ignored)
+    same_as_estimate(c, "Qwen/Qwen3-4B", "a100-80gb:8")
+
+
+def test_llamafactory_full_and_qlora() -> None:
+    full = perfguide.check("Qwen/Qwen3-4B", DATA / "llamafactory_qwen3_full_sft.yaml", hardware="a100-80gb:8", num_gpus=8)
+    assert (full.setup.lora, full.setup.weights_dtype, full.setup.autocast) == (None, "fp32", "bf16")   # upcast unless pure_bf16
+    same_as_estimate(full, "Qwen/Qwen3-4B", "a100-80gb:8")
+    y = load("llamafactory_qwen3_lora_sft_otfq.yaml")
+    q = perfguide.check("Qwen/Qwen3-4B", DATA / "llamafactory_qwen3_lora_sft_otfq.yaml", hardware="l4")
+    assert y["quantization_bit"] == 4 and q.setup.weights_dtype == "nf4" and q.setup.lora is not None
+    assert q.setup.gradient_accumulation_steps == y["gradient_accumulation_steps"]
+    same_as_estimate(q, "Qwen/Qwen3-4B", "l4")
+
+
+# --- torchtune -------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["torchtune_llama3_2_1B_lora_single_device.yaml", "torchtune_llama3_2_1B_qlora_single_device.yaml"])
+def test_torchtune_lora_builders(name: str) -> None:
+    y = load(name)
+    m = y["model"]
+    c = perfguide.check(None, DATA / name, hardware="a100-80gb", seq_len=2048)
+    s = c.setup
+    assert m["_component_"].endswith("llama3_2_1b") and c.model == "meta-llama/Llama-3.2-1B"
+    assert (s.micro_batch_size, s.gradient_accumulation_steps) == (y["batch_size"], y["gradient_accumulation_steps"])
+    assert s.lora is not None and (s.lora.r, s.lora.alpha, s.lora.dropout) == (m["lora_rank"], m["lora_alpha"], m["lora_dropout"])
+    hf_names = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
+    expected = {hf_names[x] for x in m["lora_attn_modules"]} | ({"gate_proj", "up_proj", "down_proj"} if m["apply_lora_to_mlp"] else set())
+    assert set(s.lora.target_modules) == expected
+    assert s.weights_dtype == ("nf4" if ".qlora_" in m["_component_"] else y["dtype"]) and s.autocast is None
+    assert s.gradient_checkpointing is y["enable_activation_checkpointing"] and s.torch_compile is y["compile"]
+    assert s.optimizer == ("adamw_torch_fused" if y["optimizer"].get("fused") else "adamw_torch")
+    same_as_estimate(c, "meta-llama/Llama-3.2-1B", "a100-80gb")
+
+
+def test_torchtune_distributed_full_is_fsdp() -> None:
+    y = load("torchtune_llama3_2_3B_full.yaml")
+    c = perfguide.check(None, DATA / "torchtune_llama3_2_3B_full.yaml", hardware="a100-80gb:4", num_gpus=4, seq_len=2048)
+    assert c.model == "meta-llama/Llama-3.2-3B" and c.setup.strategy == "fsdp" and c.setup.num_gpus == 4
+    assert c.setup.gradient_checkpointing is y["enable_activation_checkpointing"] and c.setup.optimizer_in_backward is y["optimizer_in_bwd"]
+    assert not c.unknown and "torchtune_llama3_2_3B_full.yaml: profiler" in c.ignored
+    same_as_estimate(c, "meta-llama/Llama-3.2-3B", "a100-80gb:4")
+
+
+def test_unreadable_yaml_values_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name, data in (("a.yml", {"base_model": "gpt2", "adapter": "ia3"}),
+                       ("t.yaml", {"model": {"_component_": "torchtune.models.phi9.phi9_1b"}, "batch_size": 2}),
+                       ("l.yaml", {"model_name_or_path": "gpt2", "finetuning_type": "freeze", "stage": "sft"})):
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        assert main(["check", str(path), "--hardware", "a100-80gb"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
