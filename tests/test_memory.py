@@ -190,8 +190,15 @@ def test_reserved_and_device_total_ordering() -> None:
 
 
 def test_inference_dispatches_to_inference_model() -> None:
-    est = estimate_memory(tiny(), Setup(task="infer", weights_dtype="bf16", optimizer=None, new_tokens=8))
+    """The task is dispatched once, at the entry; the training model refuses an inference Setup."""
+    from perfguide.errors import InvalidSetupError
+    from perfguide.memory import estimate_memory as entry
+
+    infer = Setup(task="infer", weights_dtype="bf16", optimizer=None, new_tokens=8)
+    est = entry(tiny(), infer)
     assert est.gradients == 0 and est.optimizer_states == 0 and est.weights >= 2 * TOTAL * 0.99
+    with pytest.raises(InvalidSetupError, match="training_memory prices training steps, not task='infer'"):
+        estimate_memory(tiny(), infer)
 
 
 def test_training_with_inference_strategy_is_rejected() -> None:

@@ -130,10 +130,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     ``bnb_version`` is the bitsandbytes release of a quantized run (None: a current one), see
     quantized_matmul_keeps_inputs.
     """
-    if setup.task == "infer":
-        from .inference import estimate_inference
-
-        return estimate_inference(spec, setup, hardware)
+    if setup.task != "train":
+        raise InvalidSetupError(f"training_memory prices training steps, not task={setup.task!r}; perfguide.memory.estimate_memory prices both")
     if setup.strategy in ("device_map", "tp"):
         raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")
     led = ledger(spec, setup)

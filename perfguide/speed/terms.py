@@ -7,7 +7,8 @@ base, the LoRA adapters' input copies. Each is written here as bytes moved, so a
 and a technique (fused kernels, compile, liger) can contribute a factor on one named term. Constants:
 perfguide/data/efficiency.json, each with its source (the fitted ones name the published rows they came from).
 These terms read the techniques' kernel factors (recomputed forwards, fused passes), so they sit in the cost-model
-fold above the techniques; the rates they divide by are speed/rates.py's.
+fold above the techniques; the rates they divide by are speed/rates.py's. They price training micro-steps only
+(speed/training.py's; the task is dispatched once, at perfguide.speed.estimate_speed).
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ def flash_backward_factor(setup: Setup) -> float:
     """Executed over counted attention FLOPs of a training micro-step: a flash kernel keeps no s x s matrix, so its
     backward recomputes the scores and runs 5 matmuls where the forward ran 2 (``flash_backward_ratio`` = 2.5 x the
     forward, not the 2x the MFU convention counts): (1 + 2.5 [+ 1 recompute]) / (1 + 2 [+ 1])."""
-    if setup.task != "train":
-        return 1.0
     recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
     return (1.0 + float(constant("flash_backward_ratio")) + recompute) / (3.0 + recompute)
 
@@ -51,8 +50,6 @@ def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
     ``elementwise_traffic_factor`` (such small kernels reach less of the bandwidth than a streaming copy);
     checkpointing re-runs the forward's share; fused or compiled kernels cut it (``Technique.kernel_factors``).
     Eager attention's s x s chain is ``eager_score_bytes``."""
-    if setup.task != "train":
-        return 0.0
     kernels = techniques.kernel_factors(setup)
     tokens = setup.micro_batch_size * setup.seq_len
     moved = traffic.block_bytes(spec, setup, tokens, kernels.recompute) + traffic.head_bytes(spec, setup)
@@ -64,7 +61,7 @@ def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
     softmax - in fp32 under autocast -, dropout, the cast back for AV, and each one's backward), every one a
     full read and write of the score tensor; fused kernels (SDPA, flash) keep the scores on chip. The bytes per
     score element are traced (eager minus SDPA, data/traffic.json) and priced like the other memory-bound kernels."""
-    if setup.attn_implementation != "eager" or setup.task != "train":
+    if setup.attn_implementation != "eager":
         return 0.0
     return traffic.priced(traffic.eager_score_bytes(spec, setup, techniques.kernel_factors(setup).recompute))
 

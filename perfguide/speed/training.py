@@ -14,6 +14,7 @@ import warnings
 from functools import cache
 
 from .. import techniques
+from ..errors import InvalidSetupError
 from ..hardware.types import GPU, Hardware
 from ..memory.analytic import training_memory
 from ..memory.ledger import ledger
@@ -101,8 +102,6 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     n = matmul_params(spec)
     fwd_mm = 2.0 * n * tokens
     fwd_attn = attention_flops_fwd(spec, *shape.attention)
-    if setup.task == "infer":
-        return fwd_mm, fwd_attn, fwd_mm + fwd_attn
     weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * trainable_params(spec, setup) * tokens
     mm = fwd_mm + 2.0 * n * tokens + weight_grads
     attn = 3.0 * fwd_attn
@@ -124,18 +123,16 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
 
 def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer",
                    attention_kernel: str | None = None) -> Throughput:
-    """Predicted step time and tokens/s of one Setup (training), or the inference estimate for task='infer', before
-    calibration: the way in is ``perfguide.speed.estimate_speed``, which applies the calibration factors.
+    """Predicted step time and tokens/s of one training Setup, before calibration: the way in is
+    ``perfguide.speed.estimate_speed``, which dispatches on the task once and applies the calibration factors.
 
     ``framework`` is the training stack the step runs under (perfguide's plans: HF Trainer / accelerate); the
     throughput bench passes the stack each published row was measured with (efficiency.json framework_efficiency).
     ``attention_kernel`` names a fused attention kernel other than the FlashAttention-2 class that HF's sdpa and
     flash_attention_2 run (efficiency.json attention_kernel_speed): the bench's rows measured with older kernels.
     """
-    if setup.task == "infer":
-        from .inference import estimate_inference_speed
-
-        return estimate_inference_speed(spec, setup, hardware)
+    if setup.task != "train":
+        raise InvalidSetupError(f"training_speed prices training steps, not task={setup.task!r}; perfguide.speed.estimate_speed prices both")
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
     return _gpu_training(spec, setup, hardware, framework, attention_kernel)
