@@ -53,6 +53,16 @@ SCENARIOS = (("train_gpu_one", "a100-80gb"), ("train_gpu_many", "a100-80gb:8"), 
 ESTIMATE_SETUP = {"micro_batch_size": 1, "seq_len": 2048, "autocast": "bf16", "optimizer": "adamw_torch"}
 ACCELERATE_DTYPES = ["float32", "float16", "int8", "int4"]  # estimate-memory's default --dtypes
 COLD_MODEL = "meta-llama/Llama-2-7b-hf"
+#: the plan issue 21 names: per-model invariants were recomputed for every candidate; timed here against the code
+#: as it was before (a git worktree of BASELINE, in its own process) and the current tree, in the same run
+BIG_CASE = ("meta-llama/Llama-3.1-405B", "train_gpu_many", "a100-80gb:8")
+BASELINE = "b627a74"   # main before issue 21's architecture step 2
+_TIME_CASE = ("import json, statistics, sys, time, warnings; warnings.simplefilter('ignore'); import perfguide; "
+              "m, s, h, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]); t = time.perf_counter(); "
+              "perfguide.recommend(m, s, hardware=h); first = time.perf_counter() - t; ts = []\n"
+              "for _ in range(n):\n    t = time.perf_counter(); rec = perfguide.recommend(m, s, hardware=h); ts.append(time.perf_counter() - t)\n"
+              "print(json.dumps({'first': first, 'median': statistics.median(ts), 'label': rec.setup.label, "
+              "'step': rec.throughput.step_time_s, 'path': perfguide.__file__}))")
 
 
 def time_call(fn: Callable[[], Any], repeats: int) -> tuple[float, float, Any]:
@@ -166,6 +176,30 @@ def cold_start(hub_id: str) -> dict[str, float]:
     return out
 
 
+def _time_case_in(tree: Path, repeats: int) -> dict[str, Any]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore", PYTHONPATH=str(tree))
+    res = subprocess.run([sys.executable, "-c", _TIME_CASE, *BIG_CASE, str(repeats)], capture_output=True, text=True,
+                         env=env, check=True, cwd=tree)
+    out: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    assert Path(out["path"]).resolve().is_relative_to(tree.resolve()), f"timed {out['path']}, not the tree {tree}"
+    return out
+
+
+def before_and_now(repeats: int, baseline: str = BASELINE) -> dict[str, Any]:
+    """The big case timed on the baseline commit (a temporary git worktree) and on this tree, alternately in two
+    fresh processes each so that load on the shared machine falls on both."""
+    with tempfile.TemporaryDirectory(prefix="perfguide-baseline-") as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), baseline], cwd=ROOT, check=True, capture_output=True)
+        try:
+            runs = [(_time_case_in(tree, repeats), _time_case_in(ROOT, repeats)) for _ in range(2)]
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False, capture_output=True)
+    before = min((b for b, _ in runs), key=lambda r: r["median"])
+    now = min((n for _, n in runs), key=lambda r: r["median"])
+    return {"baseline": baseline, "before": before, "now": now}
+
+
 # --- memory error vs published measurements (bench/accuracy.py) -----------------------------------
 
 def _load_accuracy() -> Any:
@@ -211,7 +245,7 @@ def _times(ratio: float) -> str:
 
 
 def render(speed: list[dict[str, Any]], cold: dict[str, float] | None, mem: dict[str, Any] | None, repeats: int,
-           scenarios: tuple[tuple[str, str], ...]) -> str:
+           scenarios: tuple[tuple[str, str], ...], big: dict[str, Any] | None = None) -> str:
     names = [s for s, _ in scenarios]
     rec_all = [v["median"] for r in speed for v in r["recommend"].values()]
     est_all = [r["estimate"]["median"] for r in speed]
@@ -240,6 +274,11 @@ def render(speed: list[dict[str, Any]], cold: dict[str, float] | None, mem: dict
         lines.append(f"- memory error on {st['perfguide']['n']} published trust {'/'.join(mem['trust'])} measurements: perfguide "
                      f"median {st['perfguide']['median']:.1f}%, p90 {st['perfguide']['p90']:.1f}%"
                      + "".join(f"; {k} formula median {v['median']:.1f}%, p90 {v['p90']:.1f}% (n={v['n']})" for k, v in st.items() if k != "perfguide"))
+    if big:
+        b, n = big["before"], big["now"]
+        lines.append(f"- the {BIG_CASE[0]} {BIG_CASE[1]} plan on {BIG_CASE[2]}: {_ms(n['median'])} ms now vs "
+                     f"{_ms(b['median'])} ms at {big['baseline']} (before per-model facts were kept per request), "
+                     f"**{b['median'] / n['median']:.1f}x** faster, same run")
     lines += ["", "perfguide.recommend searches precision, micro-batch, accumulation, checkpointing, optimizer, "
               "layouts (and LoRA when full fine-tuning does not fit) and prices every candidate; accelerate sizes the "
               "weights (batch 1, no activations) of one config. The estimate column is the like-for-like pricing of one setup.", "",
@@ -264,6 +303,14 @@ def render(speed: list[dict[str, Any]], cold: dict[str, float] | None, mem: dict
     lines += ["", "accelerate builds `AutoModel` (no LM head), so its total is below 4 x params for untied heads; its "
               "training figure has no activations. perfguide's peak is for the estimate setup above (bf16 AMP, AdamW, "
               "batch 1 x 2048 tokens)."]
+    if big:
+        b, n = big["before"], big["now"]
+        lines += ["", f"## {BIG_CASE[0]} {BIG_CASE[1]} ({BIG_CASE[2]}): before and now", "",
+                  f"Timed in fresh processes on a git worktree of {big['baseline']} and on this tree, twice each, "
+                  f"alternating (the faster of each pair kept); first call, then the median of {repeats}.", "",
+                  "| code | first (ms) | median (ms) | chosen setup | step (s) |", "|---|---|---|---|---|",
+                  f"| {big['baseline']} | {_ms(b['first'])} | {_ms(b['median'])} | {b['label']} | {b['step']:.4g} |",
+                  f"| this tree | {_ms(n['first'])} | {_ms(n['median'])} | {n['label']} | {n['step']:.4g} |"]
     if mem:
         lines += ["", "## Memory error vs published measurements", "",
                   f"From bench/accuracy.py's `evaluate` on all {mem['rows']} rows of its CSV; {mem['compared']} measured rows "
@@ -278,11 +325,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7, help="timed calls after the warm-up (default 7)")
     ap.add_argument("--no-cold", action="store_true", help="skip the two fresh-process cold-start timings")
     ap.add_argument("--out", type=Path, default=OUT, help=f"markdown report (default {OUT.relative_to(ROOT)})")
+    ap.add_argument("--baseline", default=BASELINE, help=f"commit the big case is also timed on (default {BASELINE}); 'none' skips it")
     a = ap.parse_args(argv)
     speed = speed_rows(MODELS, SCENARIOS, a.repeats)
     cold = None if a.no_cold else cold_start(COLD_MODEL)
+    big = None if a.baseline == "none" else before_and_now(a.repeats, a.baseline)
     mem = memory_error()
-    text = render(speed, cold, mem, a.repeats, SCENARIOS)
+    text = render(speed, cold, mem, a.repeats, SCENARIOS, big)
     return publish(text, a.out)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidSetupError
 from ..model.linears import linear_params, linear_shapes
-from ..model.types import ModelSpec
+from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from .optimizers import TensorGroup
@@ -97,7 +97,12 @@ def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
 
 
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
-    """Weight storage and trainable tensors for this setup."""
+    """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
+    computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
+    return derived(spec, ("ledger", setup.weights_dtype, setup.kbit_upcast, setup.lora), lambda: _ledger(spec, setup))
+
+
+def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     wd = setup.weights_dtype
     base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else quantized_weight_bytes(spec, wd, setup.kbit_upcast)
     if setup.lora is None:

@@ -10,6 +10,7 @@ rows of data/optimizers.json (perfguide.optimizer_facts), each with its public s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from ..optimizer_facts import row
@@ -96,7 +97,13 @@ def _projected_state_bytes(g: TensorGroup, states: int, bits: int, rank: int, pa
 
 
 def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int) -> OptimizerCost:
-    """State and step-temporary bytes for ``groups`` of trainable tensors whose dtype has ``param_bytes``."""
+    """State and step-temporary bytes for ``groups`` of trainable tensors whose dtype has ``param_bytes``; a plan asks
+    it for hundreds of candidates that share the same trainable tensors, so each answer is kept."""
+    return _optimizer_cost(name, tuple(groups), param_bytes)
+
+
+@lru_cache(maxsize=512)
+def _optimizer_cost(name: str | None, groups: tuple[TensorGroup, ...], param_bytes: int) -> OptimizerCost:
     if name is None:
         return OptimizerCost(0, 0)
     facts = row(name)

@@ -3,11 +3,15 @@ stores. A fact about the model's shapes, so the cost model and the techniques re
 
 from __future__ import annotations
 
-from .types import ModelSpec
+from .types import ModelSpec, derived
 
 
 def linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
     """(name, in, out, count over the model) for every block Linear; a fallback when the spec has none."""
+    return list(derived(spec, "linear_shapes", lambda: tuple(_linear_shapes(spec))))
+
+
+def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
     layers = spec.total_layers
     if spec.block_linears:
         return [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1))
@@ -23,4 +27,4 @@ def block_linear_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
 
 def linear_params(spec: ModelSpec) -> int:
     """Parameters in the block Linears over the whole model."""
-    return sum(i * o * n for _, i, o, n in linear_shapes(spec))
+    return derived(spec, "block_linear_params", lambda: sum(i * o * n for _, i, o, n in linear_shapes(spec)))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Callable, Hashable
+from typing import Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -22,6 +23,28 @@ def linear_weight_count(linears: Linears, experts: int = 1) -> int:
     dense = sum(i * o for k, (i, o) in linears.items() if not k.startswith("experts."))
     expert = sum(i * o for k, (i, o) in linears.items() if k.startswith("experts."))
     return dense + expert * experts
+
+
+T = TypeVar("T")
+#: Facts derived from a spec (Linear counts, active parameters, the memory ledger per dtype...), kept per spec
+#: object: a plan prices hundreds of candidates of one model, and a spec is frozen, so each is computed once per
+#: request. Entries hold the spec itself, so its id cannot be reused while cached; a copy is a new object.
+_DERIVED: dict[int, tuple[Any, dict[Hashable, Any]]] = {}
+_DERIVED_SPECS = 64
+
+
+def derived(spec: Any, key: Hashable, compute: Callable[[], T]) -> T:
+    """``compute()`` for ``spec`` and ``key``, computed on the first call only."""
+    entry = _DERIVED.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if len(_DERIVED) >= _DERIVED_SPECS:
+            del _DERIVED[next(iter(_DERIVED))]          # the oldest spec
+        entry = _DERIVED[id(spec)] = (spec, {})
+    values = entry[1]
+    if key not in values:
+        values[key] = compute()
+    value: T = values[key]
+    return value
 
 
 #: encoder-only model types: they never generate, whatever their head
@@ -173,8 +196,8 @@ class ModelSpec(Model):
     def _linear_params(self, experts: int) -> int:
         """Linear weights of all blocks with ``experts`` experts per MoE layer."""
         decoder = self.decoder_block_linears or self.block_linears
-        return (linear_weight_count(self.block_linears, experts) * self.num_layers
-                + linear_weight_count(decoder, experts) * self.num_decoder_layers)
+        return derived(self, ("linear_params", experts), lambda: linear_weight_count(self.block_linears, experts) * self.num_layers
+                       + linear_weight_count(decoder, experts) * self.num_decoder_layers)
 
     @property
     def linear_params(self) -> int:

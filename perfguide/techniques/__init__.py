@@ -9,7 +9,7 @@ this package are discovered, so a new technique is one file here (plus its Setup
 from __future__ import annotations
 
 import pkgutil
-from functools import cache
+from functools import cache, lru_cache
 from importlib import import_module
 from itertools import product
 from typing import TYPE_CHECKING, Any
@@ -139,9 +139,16 @@ def memory_terms(ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
 
 
 def kernel_factors(setup: Setup) -> KernelFactors:
+    """The product (sum for recomputed forwards) of every technique's factors; the cost model asks it several times
+    per candidate, so it is kept per (Setup, registry)."""
+    return _kernel_factors(setup, registry())
+
+
+@lru_cache(maxsize=1024)
+def _kernel_factors(setup: Setup, techniques: tuple[Technique, ...]) -> KernelFactors:
     launches = elementwise = decode = device_optimizer = 1.0
     recompute = 0.0
-    for t in registry():
+    for t in techniques:
         f = t.kernel_factors(setup)
         launches *= f.launches
         elementwise *= f.elementwise
