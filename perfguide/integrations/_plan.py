@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import techniques
 from ..errors import InvalidSetupError, WrongMachineError
+from ..model.catalog import block_class
 from ..techniques import EmitContext
 from ..techniques.precision import accelerate_mixed_precision
 
@@ -126,23 +127,10 @@ def fsdp_settings(rec: Recommendation) -> dict[str, Any]:
 
 
 def decoder_layer_class(rec: Recommendation) -> str | None:
-    """The block class FSDP should wrap, read from the transformers model class's ``_no_split_modules``.
-
-    Reading the class attribute imports the modeling file but builds nothing; unknown architectures
-    (or remote code) give None, and the Trainer then falls back to the same attribute on the live model.
-    """
-    arch = rec.model.architecture
-    if not arch:
-        return None
-    try:
-        import transformers
-
-        cls = getattr(transformers, arch, None)
-    except Exception as exc:  # noqa: BLE001 - optional lookup: a broken optional import must not break planning
-        logger.debug("could not import transformers to find %s's decoder layer: %s", arch, exc)
-        return None
-    names = list(getattr(cls, "_no_split_modules", None) or [])
-    return names[0] if names else None
+    """The block class FSDP should wrap: transformers' ``_no_split_modules[0]`` of the model's class, as
+    data/architectures.json ``block_classes`` records it (so printing a plan imports no transformers). An
+    architecture it lacks gives None: accelerate then wraps the live model's own ``_no_split_modules``."""
+    return block_class(rec.model.architecture)
 
 
 def launched() -> bool:

@@ -32,6 +32,8 @@ class CatalogEntry(DataModel):
 class CatalogFile(DataModel):
     bf16_native_model_types: Fact[list[str]]
     no_sdpa_model_types: Fact[list[str]]
+    #: architecture -> the block class FSDP wraps (transformers' ``_no_split_modules[0]``)
+    block_classes: Fact[dict[str, str]]
     families: dict[str, str]
     size_rule: dict[str, Any]
     models: dict[str, CatalogEntry]
@@ -89,3 +91,9 @@ def catalog_names() -> list[str]:
 def short_names() -> list[str]:
     """Every accepted short name and alias (used for 'did you mean' suggestions)."""
     return sorted({k for k in _index() if "/" not in k})
+
+
+def block_class(architecture: str | None) -> str | None:
+    """The transformer block class of ``architecture`` (``LlamaForCausalLM`` -> ``LlamaDecoderLayer``), as
+    transformers' ``_no_split_modules`` names it, without importing transformers; None for one the table lacks."""
+    return validated("architectures", CatalogFile).block_classes.value.get(architecture or "")
