@@ -1,6 +1,6 @@
 """Activation and logits bytes kept for backward, from per-family coefficients in data/activations.json.
 
-Format of ``perfguide/data/activations.json`` (``format_version`` 1; engineer D's tracer regenerates it)::
+Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit_activations.py regenerates it with the memory tracer)::
 
     {
       "format_version": 1,
