@@ -147,7 +147,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _constraints_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    from .cli_setup import values_from_args
+    from .cli_flags import values_from_args
     from .scenarios.types import Constraints
 
     return values_from_args(args, Constraints)
@@ -227,7 +227,7 @@ def cmd_recommend(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     from .api import estimate, estimate_speed
-    from .cli_setup import setup_from_args
+    from .cli_flags import setup_from_args
     from .render.report import render_estimate
     from .setup import Setup
 
@@ -291,7 +291,7 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--host-ram", metavar="SIZE", help="the target's host RAM, e.g. 2TB or 768GiB (default: what the named node ships with)")
     p.add_argument("--seq-len", type=int, metavar="N", help="tokens per sample (default: min(2048, model limit) for training)")
     p.add_argument("--global-batch-size", type=int, metavar="N", help="samples per optimizer step, kept fixed (default 32)")
-    from .cli_setup import add_model_flags
+    from .cli_flags import add_model_flags
     from .scenarios.types import Constraints
 
     add_model_flags(p, Constraints, "constraints (perfguide recommend(**constraints); unset ones: perfguide decides)",
@@ -312,7 +312,7 @@ def _add_recommend(subs: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_estimate(subs: Any, common: argparse.ArgumentParser) -> None:
-    from .cli_setup import add_setup_flags
+    from .cli_flags import add_setup_flags
 
     p = _subparser(subs, "estimate", cmd_estimate, "Price one setup you wrote: memory per device.", ESTIMATE_EXAMPLES, [common])
     p.add_argument("model", help="catalog name (llama-3-8b), size (7b), local config path or hub id")

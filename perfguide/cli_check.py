@@ -21,7 +21,7 @@ SKIPPED = ("task",)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from .cli_setup import add_model_flags
+    from .cli_flags import add_model_flags
     from .setup import Setup
 
     p.add_argument("files", nargs="*", metavar="FILE", help="config files of one run (JSON / YAML), or `-- COMMAND ...`")
@@ -46,7 +46,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from .cli import EXIT_NO_FIT, EXIT_OK, _emit, _hardware, _note
-    from .cli_setup import values_from_args
+    from .cli_flags import values_from_args
     from .preflight import check
     from .setup import Setup
 

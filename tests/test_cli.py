@@ -12,7 +12,7 @@ import pytest
 
 from perfguide import Hardware, MemoryEstimate, PerfGuideError, Recommendation
 from perfguide.cli import build_parser, main
-from perfguide.cli_setup import setup_from_args
+from perfguide.cli_flags import setup_from_args
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

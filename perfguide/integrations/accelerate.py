@@ -20,15 +20,13 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._plan import (
+from ..techniques.precision import accelerate_mixed_precision
+from .adapter_facts import (
     check_cuda_machine,
     emitted,
     fsdp_settings,
     hsdp_sizes,
-    is_fsdp,
-    mixed_precision,
     require_training,
-    zero_stage,
 )
 from .deepspeed import deepspeed_config, resolved_deepspeed_config
 
@@ -47,7 +45,7 @@ CPU_FSDP_WARNING = (
 
 
 def _warn_cpu_fsdp(rec: Recommendation) -> None:
-    if is_fsdp(rec.setup) and rec.setup.device == "cpu":
+    if rec.setup.is_fsdp and rec.setup.device == "cpu":
         warnings.warn(CPU_FSDP_WARNING, stacklevel=3)
 
 
@@ -71,11 +69,11 @@ def fsdp_plugin(rec: Recommendation) -> Any:
 def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
     """kwargs for ``accelerate.Accelerator``: precision, accumulation, device, sharding plugin."""
     s = rec.setup
-    kw: dict[str, Any] = {"mixed_precision": mixed_precision(s), "gradient_accumulation_steps": s.gradient_accumulation_steps}
+    kw: dict[str, Any] = {"mixed_precision": accelerate_mixed_precision(s), "gradient_accumulation_steps": s.gradient_accumulation_steps}
     if s.device == "cpu":
         kw["cpu"] = True
-    stage = zero_stage(s)
-    if is_fsdp(s):
+    stage = s.zero_stage
+    if s.is_fsdp:
         _warn_cpu_fsdp(rec)
         kw["fsdp_plugin"] = fsdp_plugin(rec)
         if (sizes := hsdp_sizes(s)) is not None:
@@ -107,9 +105,9 @@ def accelerator(rec: Recommendation, **overrides: Any) -> accelerate.Accelerator
 
 def _distributed_type(rec: Recommendation) -> str:
     s = rec.setup
-    if zero_stage(s) is not None:
+    if s.zero_stage is not None:
         return "DEEPSPEED"
-    if is_fsdp(s):
+    if s.is_fsdp:
         return "FSDP"
     return "MULTI_GPU" if s.world_size > 1 else "NO"
 
@@ -135,7 +133,7 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str | None = N
         "num_processes": s.world_size,  # accelerate counts all processes of all machines
         "num_machines": s.nodes,
         "machine_rank": 0,
-        "mixed_precision": mixed_precision(s),
+        "mixed_precision": accelerate_mixed_precision(s),
         "use_cpu": s.device == "cpu",
         "rdzv_backend": "static",
         "same_network": True,
@@ -159,7 +157,7 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str | None = N
     elif dist_type == "DEEPSPEED":
         del cfg["mixed_precision"]  # the DeepSpeed JSON owns precision ("auto" from TrainingArguments)
         ds_file = deepspeed_config_file or deepspeed_file_for(DEFAULT_CONFIG_FILE).name
-        ds: dict[str, Any] = {"deepspeed_config_file": ds_file, "zero3_init_flag": zero_stage(s) == 3}
+        ds: dict[str, Any] = {"deepspeed_config_file": ds_file, "zero3_init_flag": s.zero_stage == 3}
         if s.nodes > 1:
             ds["deepspeed_multinode_launcher"] = "standard"
         cfg["deepspeed_config"] = ds

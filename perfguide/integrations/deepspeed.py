@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSetupError
-from ._plan import emitted, in_order, zero_stage
+from .adapter_facts import emitted, in_order
 
 _ZERO_KEY_ORDER = ("stage", "overlap_comm", "contiguous_gradients", "allgather_partitions", "reduce_scatter", "allgather_bucket_size",
                    "reduce_bucket_size", "offload_optimizer", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
@@ -45,7 +45,7 @@ def _zero_block(rec: Recommendation, stage: int) -> dict[str, Any]:
 
 def deepspeed_config(rec: Recommendation) -> dict[str, Any] | None:
     """The ZeRO config for zero1/zero2/zero3 plans, None for every other strategy."""
-    stage = zero_stage(rec.setup)
+    stage = rec.setup.zero_stage
     if stage is None:
         return None
     cfg: dict[str, Any] = {

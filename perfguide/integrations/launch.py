@@ -19,7 +19,6 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from ._plan import is_fsdp, zero_stage
 from .accelerate import accelerate_config, deepspeed_file_for
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ def needs_launcher(rec: Recommendation) -> bool:
     s = rec.setup
     if s.task == "infer":  # tensor parallel and one replica per GPU start one process per GPU; device_map is one
         return s.strategy == "tp" or (s.strategy == "single" and s.world_size > 1)
-    return s.world_size > 1 or zero_stage(s) is not None or is_fsdp(s)
+    return s.world_size > 1 or s.zero_stage is not None or s.is_fsdp
 
 
 def _threads_env(rec: Recommendation) -> list[str]:
@@ -71,7 +70,7 @@ def _config_file_flags(rec: Recommendation, config_file: str) -> list[str]:
     """``--config_file`` plus, for ZeRO plans, the JSON beside it by the same relative route: the YAML names it
     relative to its own directory, which is the launch directory only when launched from there."""
     flags = ["--config_file", shlex.quote(str(config_file))]
-    if zero_stage(rec.setup) is not None:
+    if rec.setup.zero_stage is not None:
         flags += ["--deepspeed_config_file", shlex.quote(str(deepspeed_file_for(config_file)))]
     return flags
 

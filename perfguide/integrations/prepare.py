@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import techniques
 from ..errors import InvalidSetupError
-from ._plan import emit_context
+from .adapter_facts import emit_context
 from .lora import lora_config
 
 if TYPE_CHECKING:

@@ -14,13 +14,12 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WrongMachineError
-from ._plan import (
+from .adapter_facts import (
     check_cuda_machine,
     emitted,
     fsdp_settings,
     half_dtype_name,
     hsdp_sizes,
-    is_fsdp,
     is_multi_process,
     launched,
     require_training,
@@ -65,7 +64,7 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
             # or guesses; dense models and transformers 5's fused MoE experts give every parameter a gradient each
             # step. Only experts that are modules of their own (remote code) can miss one: DDP must look for them
             kw["ddp_find_unused_parameters"] = rec.model.separate_expert_modules
-    if is_fsdp(s):
+    if s.is_fsdp:
         kw["fsdp"] = True
         kw["fsdp_config"] = fsdp_config(rec)
     from .deepspeed import deepspeed_config

@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError
-from ._plan import emitted, is_fsdp, require_training, target_supports_tf32
+from .adapter_facts import emitted, require_training, target_supports_tf32
 from .transformers import check_machine, training_args_dict
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
         "fp16": s.autocast == "fp16",
         "tf32": bool(s.tf32 and target_supports_tf32(rec)),
         # under FSDP the plugin checkpoints (fsdp_config); the flag would add a second, redundant pass
-        "activation_checkpointing": s.gradient_checkpointing and not is_fsdp(s),
+        "activation_checkpointing": s.gradient_checkpointing and not s.is_fsdp,
         "torch_compile": s.torch_compile,
     }
 

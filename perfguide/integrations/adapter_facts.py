@@ -14,7 +14,6 @@ from .. import techniques
 from ..errors import InvalidSetupError, WrongMachineError
 from ..model.catalog import block_class
 from ..techniques import EmitContext
-from ..techniques.precision import accelerate_mixed_precision
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
@@ -27,14 +26,6 @@ FSDP_KEY_ORDER = ("version", "reshard_after_forward", "auto_wrap_policy", "cpu_o
                   "cpu_ram_efficient_loading", "activation_checkpointing")
 #: Launcher environment variables: any of them set means we run inside torchrun / accelerate launch / mpirun.
 LAUNCHED_ENV = ("LOCAL_RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
-
-
-def is_fsdp(setup: Setup) -> bool:
-    return setup.is_fsdp
-
-
-def zero_stage(setup: Setup) -> int | None:
-    return setup.zero_stage
 
 
 def emit_context(rec: Recommendation) -> EmitContext:
@@ -51,11 +42,6 @@ def in_order(values: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:
 def emitted(rec: Recommendation, kind: str) -> dict[str, Any]:
     """One adapter's keys from every technique the plan uses (perfguide.techniques.emit)."""
     return techniques.emit(kind, emit_context(rec))
-
-
-def mixed_precision(setup: Setup) -> str:
-    """accelerate's word for the autocast dtype: 'bf16', 'fp16' or 'no' ('no' for pure bf16 under FSDP2)."""
-    return accelerate_mixed_precision(setup)
 
 
 def hsdp_sizes(setup: Setup) -> dict[str, int] | None:
