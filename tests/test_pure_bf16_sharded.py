@@ -116,9 +116,9 @@ def gloo_group(tmp_path):
 
 def test_accelerate_fsdp2_keeps_bf16_only_without_mixed_precision(gloo_group):
     rec = make_rec({"strategy": "fsdp", "num_gpus": 2, "weights_dtype": "bf16", "autocast": "bf16", "micro_batch_size": 1})
-    from perfguide.integrations.adapter_facts import mixed_precision
+    from perfguide.techniques.precision import accelerate_mixed_precision
 
-    emitted = mixed_precision(rec.setup)
+    emitted = accelerate_mixed_precision(rec.setup)
     assert emitted == "no"
     params, states = _prepare(emitted)
     assert params == {torch.bfloat16} and states == {torch.bfloat16}
