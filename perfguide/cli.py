@@ -392,7 +392,16 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``perfguide`` and ``python -m perfguide``; returns the exit status."""
+    """Entry point of ``perfguide`` and ``python -m perfguide``; returns the exit status (130 after Ctrl-C, at any
+    point: while parsing and importing too, not only inside the command)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _note("interrupted")
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:

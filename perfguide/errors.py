@@ -7,7 +7,12 @@ and the CLI can print the message without a traceback.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class PerfGuideError(ValueError):
@@ -48,6 +53,34 @@ class WrongMachineError(PerfGuideError):
 
 class OutputExistsError(PerfGuideError):
     """A file perfguide would write is already there (or is a symlink); it is kept unless overwriting was asked."""
+
+
+class MissingDependencyError(PerfGuideError):
+    """A library an output needs is not installed here: named in one line, with the install command."""
+
+
+#: the ``pip install`` that brings each library a perfguide output builds objects of
+INSTALL = {"torch": "pip install 'torch>=2.4'", "transformers": "pip install 'transformers>=5,<6'",
+           "accelerate": "pip install 'accelerate>=1.0'", "peft": "pip install 'peft>=0.19'",
+           "bitsandbytes": "pip install 'bitsandbytes>=0.46.1'", "trl": "pip install 'perfguide[trl]'",
+           "deepspeed": "pip install 'perfguide[deepspeed]'", "matplotlib": "pip install 'perfguide[plot]'",
+           "rich": "pip install 'perfguide[rich]'", "yaml": "pip install pyyaml"}
+
+
+def needs_packages(method: Callable[P, T]) -> Callable[P, T]:
+    """An output method whose library is missing raises MissingDependencyError naming it and how to install it,
+    instead of a ModuleNotFoundError from inside the adapter."""
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return method(*args, **kwargs)
+        except ModuleNotFoundError as exc:
+            root = (exc.name or "").split(".")[0]
+            if root not in INSTALL:
+                raise
+            raise MissingDependencyError(f"{method.__name__}() needs {root}, which is not installed here: "
+                                         f"{INSTALL[root]}") from None
+    return wrapper
 
 
 def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:

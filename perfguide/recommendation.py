@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import model_validator
 
 from .decisions import Decision
-from .errors import PerfGuideError
+from .errors import PerfGuideError, needs_packages
 from .hardware.types import Hardware
 from .model.types import ModelSpec
 from .optimizer_facts import steps_in_backward
@@ -48,29 +48,34 @@ class Recommendation(Plan):
         return next((d for d in self.decisions if d.setting == setting), None)
 
     # --- transformers -------------------------------------------------------------------------
+    @needs_packages
     def training_args_dict(self, **overrides: Any) -> dict[str, Any]:
         """TrainingArguments kwargs as plain data: works on any machine (plan on a laptop, run on an A100)."""
         from .integrations.transformers import training_args_dict
 
         return training_args_dict(self, **overrides)
 
+    @needs_packages
     def training_args(self, **overrides: Any) -> transformers.TrainingArguments:
         from .integrations.transformers import training_args
 
         return training_args(self, **overrides)
 
+    @needs_packages
     def model_kwargs(self) -> dict[str, Any]:
         """``from_pretrained`` kwargs: dtype, attn_implementation, quantization_config, device_map..."""
         from .integrations.transformers import model_kwargs
 
         return model_kwargs(self)
 
+    @needs_packages
     def prepare_model(self, model: Any) -> Any:
         """Apply what cannot be a TrainingArguments flag: LoRA adapters, checkpointing, bnb embedding overrides."""
         from .integrations.prepare import prepare_model
 
         return prepare_model(self, model)
 
+    @needs_packages
     def optimizers(self, model: Any, args: Any) -> tuple[Any, Any]:
         """``Trainer(optimizers=...)``: the plan's optimizer stepped inside backward when ``optimizer_in_backward``,
         else ``(None, None)`` (the Trainer builds its own from ``optim``)."""
@@ -80,6 +85,7 @@ class Recommendation(Plan):
 
         return trainer_optimizers(self, model, args)
 
+    @needs_packages
     def data_collator(self, tokenizer: Any = None) -> Any:
         """The collator the plan's tokens/s assume: ``DataCollatorWithFlattening`` when padding-free, else None
         (the Trainer's default)."""
@@ -87,12 +93,14 @@ class Recommendation(Plan):
 
         return data_collator(self, tokenizer)
 
+    @needs_packages
     def generation_kwargs(self) -> dict[str, Any]:
         from .integrations.transformers import generation_kwargs
 
         return generation_kwargs(self)
 
     # --- TRL / PEFT ----------------------------------------------------------------------------
+    @needs_packages
     def sft_config_dict(self, **overrides: Any) -> dict[str, Any]:
         """``trl.SFTConfig`` kwargs as plain data: every memory/speed setting explicit, so TRL's defaults
         (checkpointing on, bf16 on, max_length=1024) never change the planned run."""
@@ -100,11 +108,13 @@ class Recommendation(Plan):
 
         return sft_config_dict(self, **overrides)
 
+    @needs_packages
     def sft_config(self, **overrides: Any) -> trl.SFTConfig:
         from .integrations.trl import sft_config
 
         return sft_config(self, **overrides)
 
+    @needs_packages
     def lora_config(self, **overrides: Any) -> peft.LoraConfig:
         """The plan's adapter as a ``peft.LoraConfig`` (task type of the model's head, the priced targets)."""
         from .integrations.lora import lora_config
@@ -112,33 +122,39 @@ class Recommendation(Plan):
         return lora_config(self, **overrides)
 
     # --- accelerate / deepspeed / launching ---------------------------------------------------
+    @needs_packages
     def accelerator_kwargs(self) -> dict[str, Any]:
         from .integrations.accelerate import accelerator_kwargs
 
         return accelerator_kwargs(self)
 
+    @needs_packages
     def accelerator(self, **overrides: Any) -> accelerate.Accelerator:
         from .integrations.accelerate import accelerator
 
         return accelerator(self, **overrides)
 
+    @needs_packages
     def accelerate_config(self) -> dict[str, Any]:
         """The dict ``accelerate launch --config_file`` reads (YAML when written)."""
         from .integrations.accelerate import accelerate_config
 
         return accelerate_config(self)
 
+    @needs_packages
     def write_accelerate_config(self, path: str | Path = "accelerate.yaml", *, overwrite: bool = False) -> Path:
         """The YAML (+ ``<stem>_deepspeed.json`` for ZeRO plans); existing files are kept unless ``overwrite=True``."""
         from .integrations.accelerate import write_accelerate_config
 
         return write_accelerate_config(self, path, overwrite=overwrite)
 
+    @needs_packages
     def deepspeed_config(self) -> dict[str, Any] | None:
         from .integrations.deepspeed import deepspeed_config
 
         return deepspeed_config(self)
 
+    @needs_packages
     def launch_command(self, script: str = "train.py", *script_args: str, config_file: str | None = None) -> str:
         from .integrations.launch import launch_command
 
@@ -166,11 +182,13 @@ class Recommendation(Plan):
                                  f"use recommend(..., scenario='infer_gpu_one' or 'infer_gpu_many', engine={names})")
         return server(s.engine), s
 
+    @needs_packages
     def engine_args(self) -> dict[str, Any]:
         """Kwargs of the serving engine's Python entry point (vLLM: ``vllm.LLM`` / ``EngineArgs``)."""
         engine, s = self._server()
         return engine.args(self.served_model, s)
 
+    @needs_packages
     def serve_command(self) -> str:
         """The server command line of the plan's engine, loading ``served_model``."""
         engine, s = self._server()
@@ -217,6 +235,7 @@ class Recommendation(Plan):
     def __str__(self) -> str:
         return self.report("text")
 
+    @needs_packages
     def plot(self, path: str | Path) -> Path:
         from .render.plot import plot_memory
 

@@ -206,3 +206,36 @@ def not_honoured(setup: Any, cons: dict[str, Any]) -> list[str]:
 
 def tally(results: list[str]) -> Counter[str]:
     return Counter(results)
+
+
+# --- every model type transformers ships -------------------------------------------------------------------
+def walk_model_type(model_type: str) -> list[str]:
+    """Plan ``model_type``'s default config for training and inference: each must be a plan or one PerfGuideError
+    line; returns the failures (empty when both hold). A config class that cannot build its own defaults is
+    transformers' problem, not a perfguide input, and is skipped."""
+    from transformers import CONFIG_MAPPING
+
+    from perfguide.model.resolve import spec_from_any
+
+    try:
+        config = CONFIG_MAPPING[model_type]()
+    except Exception:  # noqa: BLE001 - see the docstring
+        return []
+    failures: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            spec = spec_from_any(config)
+        except PerfGuideError as exc:
+            return [f"{model_type}: multi-line refusal"] if "\n" in str(exc) else []
+        except Exception as exc:  # noqa: BLE001 - the finding: anything else is a crash
+            return [f"{model_type}: {type(exc).__name__}: {str(exc)[:100]}"]
+        for scenario in ("train_gpu_one", "infer_gpu_one"):
+            try:
+                perfguide.recommend(spec, scenario, hardware="a100-80gb").report()
+            except PerfGuideError as exc:
+                if "\n" in str(exc):
+                    failures.append(f"{model_type} {scenario}: multi-line refusal")
+            except Exception as exc:  # noqa: BLE001
+                failures.append(f"{model_type} {scenario}: {type(exc).__name__}: {str(exc)[:100]}")
+    return failures

@@ -106,3 +106,29 @@ def test_global_batch_is_invariant(world, per_rank, start_exp, per_sample, capac
         return
     assert choice.micro_batch_size * choice.gradient_accumulation_steps * choice.world_size == global_batch
     assert per_rank % choice.micro_batch_size == 0
+
+
+# --- issue 26: never a size its own probe measured over the limit; a broken step function is one line ----------
+def test_a_size_measured_over_the_limit_is_never_chosen():
+    """Every probe measures 56 GiB against a 30 GiB limit: there is no safe size, so it says so (it returned 16)."""
+    rec = make_rec(global_batch=16, micro=16, capacity=80 * GiB)
+    with pytest.raises(PerfGuideError, match="over the limit"):
+        find_micro_batch(rec, lambda mb: 56 * GiB, limit_bytes=30 * GiB)
+
+
+def test_a_probe_over_the_limit_caps_the_choice_even_when_the_fit_says_under():
+    """Memory that is not linear: 8 fits (10 GiB), 16 measured 56 GiB; a least-squares line through three points
+    may pass under the limit at 16, the measurement does not."""
+    rec = make_rec(global_batch=32, micro=16, capacity=80 * GiB)
+    peaks = {16: 56 * GiB, 8: 10 * GiB, 4: 9 * GiB, 2: 8 * GiB, 1: 8 * GiB}
+    choice = find_micro_batch(rec, lambda mb: peaks[mb], limit_bytes=30 * GiB)
+    assert choice.micro_batch_size < 16
+    assert all(p.peak_bytes <= 30 * GiB for p in choice.probes if p.micro_batch_size == choice.micro_batch_size)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), "12GB", -1, float("inf"), True])
+def test_a_step_function_returning_no_number_is_one_clear_line(bad):
+    rec = make_rec(global_batch=8, micro=2)
+    with pytest.raises(PerfGuideError) as exc:
+        find_micro_batch(rec, lambda mb: bad)
+    assert "try_step" in str(exc.value) and "\n" not in str(exc.value)

@@ -17,6 +17,7 @@ with (cores, RAM, network); a bare GPU name gets a generic host. ``host_ram`` re
 
 from __future__ import annotations
 
+import math
 import re
 
 from ..decisions import Alternative, Decision
@@ -42,6 +43,10 @@ def known_names() -> list[str]:
     return [*specs.canonical_names(), *specs.node_names(), "cpu"]
 
 
+#: one exbibyte: more than any machine has, and still exact as an int of bytes
+MAX_HOST_RAM = 2**60
+
+
 def parse_host_ram(value: int | float | str) -> int:
     """``host_ram=`` in bytes: a number of GiB (``512``) or a size with its unit (``"1.5TB"``, ``"768GiB"``)."""
     if isinstance(value, bool):
@@ -53,9 +58,12 @@ def parse_host_ram(value: int | float | str) -> int:
         if match is None:
             raise UnknownHardwareError(f"host_ram={value!r} is not a size; use e.g. '2TB', '768GiB' or 512 (GiB).")
         number, unit = float(match["n"]), (match["unit"] or "").lower()
-    if number <= 0:
-        raise UnknownHardwareError(f"host_ram must be more than zero, got {value!r}; use e.g. '2TB' or 512 (GiB).")
-    return int(number * _UNITS[unit])
+    if not math.isfinite(number) or number <= 0:
+        raise UnknownHardwareError(f"host_ram must be a finite size more than zero, got {value!r}; use e.g. '2TB' or 512 (GiB).")
+    ram = number * _UNITS[unit]
+    if ram > MAX_HOST_RAM:
+        raise UnknownHardwareError(f"host_ram={value!r} is more RAM than any machine has; use at most 1 EiB, e.g. '2TB' or 512 (GiB).")
+    return int(ram)
 
 
 def with_host_ram(hardware: Hardware, value: int | float | str) -> Hardware:

@@ -84,6 +84,10 @@ def half_dtype_name(rec: Recommendation) -> str:
     in fp32, and so does its compute (serving keeps fp16): one precision per plan (decision, setup, model_kwargs, bnb compute dtype)."""
     if rec.setup.autocast:
         return "bf16" if rec.setup.autocast == "fp8" else rec.setup.autocast
+    if rec.setup.device == "cpu" and rec.setup.task == "infer":
+        from ..scenarios.inference_rules import cpu_dtype
+
+        return cpu_dtype(rec.request)[0]  # the plan's dtype Decision: fp32 unless the CPU computes bf16 natively
     gpu = rec.hardware.smallest_gpu
     if rec.setup.device == "cuda" and gpu is not None and not gpu.supports_bf16:
         return "fp32" if rec.setup.task == "train" else "fp16"

@@ -9,6 +9,7 @@ gradient accumulation. In a multi-process run every rank takes the minimum, so a
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,14 @@ class BatchChoice(Model):
 def _is_oom(exc: BaseException) -> bool:
     name = type(exc).__name__
     return name == "OutOfMemoryError" or "out of memory" in str(exc).lower()
+
+
+def _peak(value: Any, micro_batch: int) -> int:
+    """``try_step``'s answer as bytes; anything but a finite non-negative number is the step function's bug."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise PerfGuideError(f"try_step({micro_batch}) returned {str(value)[:60]!r} ({type(value).__name__}); it must return "
+                             "the step's peak memory in bytes as a finite number >= 0 (e.g. torch.cuda.max_memory_allocated())")
+    return int(value)
 
 
 def _fit(points: list[tuple[int, int]], fallback_slope: float) -> tuple[float, float]:
@@ -112,7 +121,9 @@ def find_micro_batch(rec: Recommendation, try_step: TryStep, *, headroom: float 
     while queue:
         mb = queue.pop(0)
         try:
-            probes.append(Probe(micro_batch_size=mb, peak_bytes=int(try_step(mb))))
+            probes.append(Probe(micro_batch_size=mb, peak_bytes=_peak(try_step(mb), mb)))
+        except PerfGuideError:
+            raise
         except Exception as exc:
             if not _is_oom(exc):
                 raise
@@ -129,10 +140,18 @@ def find_micro_batch(rec: Recommendation, try_step: TryStep, *, headroom: float 
                              "enable gradient checkpointing or a smaller optimizer (see rec.report())")
     predicted_slope = max(1.0, (rec.memory.activations + rec.memory.logits) / rec.setup.micro_batch_size)
     a, b = _fit(ok, predicted_slope)
-    oom_floor = min((p.micro_batch_size for p in probes if p.peak_bytes is None), default=per_rank + 1)
+    # a size that ran out of memory, or that its probe measured over the limit, bounds the choice whatever the fit says
+    over = [p.micro_batch_size for p in probes if p.peak_bytes is None or p.peak_bytes > limit_bytes]
+    ceiling = min(over, default=per_rank + 1)
+    measured = {mb: peak for mb, peak in ok}
     fitting = [d for d in range(1, per_rank + 1)
-               if per_rank % d == 0 and d < oom_floor and a + b * d <= limit_bytes]
-    chosen = max(fitting) if fitting else min(mb for mb, _ in ok)
+               if per_rank % d == 0 and d < ceiling and (measured[d] if d in measured else a + b * d) <= limit_bytes]
+    if not fitting:
+        smallest = min(ok)
+        raise PerfGuideError(f"even micro-batch {smallest[0]} measured {smallest[1] / 2**30:.2f} GiB, over the limit "
+                             f"{limit_bytes / 2**30:.2f} GiB; enable gradient checkpointing or a smaller optimizer "
+                             "(see rec.report()), or pass a larger limit_bytes=")
+    chosen = max(fitting)
     chosen = _agree_across_ranks(chosen)
     accum = per_rank // chosen
     reason = (f"memory ~= {a / 2**30:.2f} GiB + {b / 2**20:.1f} MiB per sample (fit of {len(ok)} probe(s)); "

@@ -3,6 +3,8 @@ stores. A fact about the model's shapes, so the cost model and the techniques re
 
 from __future__ import annotations
 
+import math
+
 from .types import ModelSpec, derived
 
 
@@ -14,8 +16,11 @@ def linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
 def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
     layers = spec.total_layers
     if spec.block_linears:
-        return [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1))
-                for k, (i, o) in spec.block_linears.items()]
+        shapes = [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1)) for k, (i, o) in spec.block_linears.items()]
+        share = spec.stored_share(sum(i * o * n for _, i, o, n in shapes))  # ALBERT's one shared layer: counted once
+        stored = [(k, i, o, math.floor(n * share)) for k, i, o, n in shapes if math.floor(n * share) > 0]
+        if stored:
+            return stored
     rest = max(0, spec.total_params - spec.embedding_params - spec.lm_head_params - 2 * spec.hidden_size * layers)
     return [("block", spec.hidden_size, max(1, rest // (layers * spec.hidden_size)), layers)]
 

@@ -21,7 +21,7 @@ from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
 from .facts import spec_from_facts
 from .sizes import is_size_like, parse_size, spec_for_size
-from .types import ModelSpec
+from .types import MAX_LAYERS, ModelSpec
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _ACCEPTED = ("an nn.Module, a transformers PretrainedConfig, a config dict, a local directory or config.json path, "
@@ -44,6 +44,7 @@ def _offline() -> bool:
 def _from_hf_config(config: Any, name: str, source: str, trust_remote_code: bool = False) -> ModelSpec:
     """A transformers PretrainedConfig; remote-code configs are instantiated on meta only if trusted."""
     data = config.to_dict()
+    check_config_values(data)
     counted = analytic_count(data) if isinstance(data.get("model_type"), str) else None
     if counted is not None:
         return build_spec(data, counted, name, source)
@@ -130,6 +131,8 @@ def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
 #: Config values transformers itself would reject or misread; checked once, at the door.
 _POSITIVE_OR_NONE = ("sliding_window",)
 _NON_NEGATIVE_OR_NONE = ("max_position_embeddings", "n_positions")
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
+              "num_decoder_layers")
 
 
 def check_config_values(config: dict[str, Any]) -> None:
@@ -146,6 +149,25 @@ def check_config_values(config: dict[str, Any]) -> None:
     if isinstance(heads, int) and isinstance(hidden, int) and 0 < hidden < heads and not config.get("head_dim"):
         raise InvalidModelError(f"config has num_attention_heads={heads} > hidden_size={hidden}, so a head would be 0 wide; "
                                 "use num_attention_heads <= hidden_size (or give head_dim).")
+    check_structure(config)
+    text = config.get("text_config")
+    if isinstance(text, dict) and text is not config:
+        check_structure(text)
+
+
+def check_structure(config: dict[str, Any]) -> None:
+    """Refuse a layer count no model has (each layer is planned, so 10**8 of them would hang the planner) and
+    grouped-query attention whose KV heads do not divide the query heads (transformers' repeat_kv needs
+    num_attention_heads % num_key_value_heads == 0)."""
+    for key in LAYER_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > MAX_LAYERS:
+            raise InvalidModelError(f"config key {key!r} is {value}, more layers than any model has; accepted: "
+                                    f"1 to {MAX_LAYERS}.")
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (heads, kv)) and heads % kv:  # type: ignore[operator]
+        raise InvalidModelError(f"config has num_key_value_heads={kv}, which does not divide num_attention_heads={heads}; "
+                                "accepted: a divisor of the head count (each KV head serves an equal group of query heads).")
 
 
 def _short(value: Any) -> str:

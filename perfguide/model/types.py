@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar
 
@@ -14,6 +15,8 @@ Dtype = Literal["fp32", "bf16", "fp16"]
 Linears = dict[str, tuple[int, int]]
 #: what sits on top of the blocks, from ``architectures[0]``: it decides the logits width and whether the model generates
 Head = Literal["lm", "sequence_classification", "token_classification", "question_answering", "base", "pretraining", "other"]
+#: more layers than any model has (the largest published stacks have a few hundred); every layer is planned
+MAX_LAYERS = 10_000
 #: cache layer kinds as transformers names them in ``config.layer_types``
 LayerType = Literal["full_attention", "sliding_attention", "chunked_attention", "dummy"]
 
@@ -69,7 +72,7 @@ class ModelSpec(Model):
     architecture: str | None = None        # e.g. "LlamaForCausalLM"
     family: str = "generic"                # key into activation coefficients (data/calibration.json)
     hidden_size: int = Field(gt=0)
-    num_layers: int = Field(gt=0)
+    num_layers: int = Field(gt=0, le=MAX_LAYERS)
     num_attention_heads: int = Field(gt=0)
     num_key_value_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
@@ -101,7 +104,7 @@ class ModelSpec(Model):
     head: Head = "lm"
     num_labels: int | None = Field(default=None, gt=0)  # classification / QA heads: logits per position
     is_encoder_decoder: bool = False
-    num_decoder_layers: int = 0            # encoder-decoder only; num_layers counts the encoder then
+    num_decoder_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)           # encoder-decoder only; num_layers counts the encoder then
     sliding_window: int | None = None
     attention_chunk_size: int | None = None  # Llama-4 chunked attention: the window of its chunked layers
     layer_types: tuple[LayerType, ...] | None = None  # per (decoder) layer; None = every layer full, or all sliding if a window is set
@@ -193,11 +196,27 @@ class ModelSpec(Model):
     def total_layers(self) -> int:
         return self.num_layers + self.num_decoder_layers
 
+    @property
+    def outside_embeddings(self) -> int:
+        """Parameters outside the embeddings and the output head: all the block Linears can ever hold."""
+        return max(0, self.total_params - self.embedding_params - self.lm_head_params)
+
+    def stored_share(self, counted: int) -> float:
+        """1, or less when ``counted`` block-Linear weights (one block's Linears times the layers run) exceed what
+        the model stores outside its embeddings: ALBERT runs one stored layer 12 times, and a multimodal tree's
+        largest block list can be another tower's. The Linears are then counted as often as they are stored."""
+        return 1.0 if counted <= self.outside_embeddings else self.outside_embeddings / counted
+
     def _linear_params(self, experts: int) -> int:
-        """Linear weights of all blocks with ``experts`` experts per MoE layer."""
+        """Linear weights of all blocks with ``experts`` experts per MoE layer, as stored."""
+        return derived(self, ("linear_params", experts), lambda: self._stored_linear_params(experts))
+
+    def _stored_linear_params(self, experts: int) -> int:
         decoder = self.decoder_block_linears or self.block_linears
-        return derived(self, ("linear_params", experts), lambda: linear_weight_count(self.block_linears, experts) * self.num_layers
-                       + linear_weight_count(decoder, experts) * self.num_decoder_layers)
+        per_layer = [(linear_weight_count(self.block_linears, experts), self.num_layers),
+                     (linear_weight_count(decoder, experts), self.num_decoder_layers)]
+        share = self.stored_share(sum(w * n for w, n in per_layer))
+        return sum(w * math.floor(n * share) for w, n in per_layer)
 
     @property
     def linear_params(self) -> int:

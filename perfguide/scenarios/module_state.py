@@ -8,6 +8,7 @@ adapter) describes a run this object cannot do, so it is refused in one line ins
 from __future__ import annotations
 
 from ..errors import ConflictingConstraintsError
+from ..model.quantized import checkpoint_quantization
 from ..model.types import ModelSpec
 from .types import Constraints
 
@@ -18,14 +19,15 @@ def as_the_module_is(task: str, spec: ModelSpec, cons: Constraints) -> Constrain
         if spec.quantization is not None and cons.quantization is None:
             return cons.model_copy(update={"quantization": spec.quantization})
         return cons
-    if spec.adapter is None and spec.quantization is None:
+    quantization = spec.quantization or _checkpoint_format(spec)
+    if spec.adapter is None and quantization is None:
         return cons
-    if spec.quantization == "int8":
+    if quantization == "int8":
         raise ConflictingConstraintsError(
             "the model arrives 8-bit quantized (bitsandbytes LLM.int8); perfguide plans adapter training on 4-bit (QLoRA) "
             "bases: load it with BitsAndBytesConfig(load_in_4bit=True), pass the unquantized model, or price this one with "
             "perfguide.estimate(model, {'weights_dtype': 'int8', 'lora': {...}})")
-    finetune = "qlora" if spec.quantization == "nf4" else "lora"
+    finetune = "qlora" if quantization == "nf4" else "lora"
     what = "with a LoRA adapter (a PeftModel)" if spec.adapter is not None else "4-bit quantized (bitsandbytes)"
     if cons.finetune not in (None, finetune):
         raise ConflictingConstraintsError(f"finetune={cons.finetune!r} but the model arrives {what}, which trains as "
@@ -37,3 +39,14 @@ def as_the_module_is(task: str, spec: ModelSpec, cons: Constraints) -> Constrain
             f"targets {list(have.target_modules)}); drop lora= to plan the adapter it has, or pass the base model "
             "(model.get_base_model()) for a new one")
     return cons.model_copy(update={"finetune": finetune, "lora": spec.adapter or cons.lora})
+
+
+def _checkpoint_format(spec: ModelSpec) -> str | None:
+    """The checkpoint's own quantized format ("nf4", "int8"), or a refusal for one perfguide cannot train on."""
+    fmt = checkpoint_quantization(spec.config)
+    if fmt in (None, "nf4", "int8"):
+        return fmt
+    raise ConflictingConstraintsError(
+        f"the checkpoint is saved {fmt}-quantized (its config's quantization_config); a quantized checkpoint trains only "
+        "through adapters, and perfguide plans those on unquantized or bitsandbytes 4-bit (QLoRA) bases: pass the "
+        "unquantized checkpoint, or price LoRA on this one with perfguide.estimate(model, {'lora': {...}, ...})")
