@@ -93,13 +93,22 @@ def test_every_server_format_has_its_facts_and_a_choice_of_its_parser() -> None:
 
 
 def _engine_names_in(path: Path, names: set[str]) -> list[tuple[int, str]]:
-    """String constants in code (not docstrings or prose) equal to an engine's name."""
+    """Engine names a branch tests against: string constants in a comparison (``e == "vllm"``, ``e in ("vllm",
+    ...)``) or as the keys of a dict literal (a lookup table by engine). A foreign format's own key list (axolotl's
+    ``vllm:`` section) or prose is not a branch."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
-                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    return [(n.lineno, n.value) for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in names and id(n) not in docstrings]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            consts = [c for o in operands for c in ([o] if isinstance(o, ast.Constant) else
+                                                     o.elts if isinstance(o, (ast.Tuple, ast.List, ast.Set)) else [])]
+        elif isinstance(node, ast.Dict):
+            consts = [k for k in node.keys if k is not None]
+        else:
+            continue
+        found += [(c.lineno, c.value) for c in consts if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value in names]
+    return found
 
 
 def test_nothing_outside_engines_names_a_serving_engine() -> None:
@@ -113,8 +122,8 @@ def test_nothing_outside_engines_names_a_serving_engine() -> None:
 
 def test_the_checker_sees_an_engine_name(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
-    bad.write_text('"""vllm"""\n\ndef f(e):\n    return e == "vllm"\n')
-    assert _engine_names_in(bad, {"vllm"}) == [(4, "vllm")]
+    bad.write_text('"""vllm"""\nKEYS = ("vllm", "seed")\n\ndef f(e):\n    return e == "vllm" or e in ("sglang",) or {"vllm": 1}[e]\n')
+    assert sorted(_engine_names_in(bad, {"vllm", "sglang"})) == [(5, "sglang"), (5, "vllm"), (5, "vllm")]
 
 
 def _load_toy(tmp_path: Path) -> engines.Engine:

@@ -157,3 +157,16 @@ def test_decode_is_never_faster_than_the_bytes_it_must_read() -> None:
     floor_ms = weight_bytes_read(r.model, s, 1) / (3352e9) * 1000                 # the HBM peak, no efficiency
     assert r.throughput.time_per_output_token_ms > floor_ms > 3.0
     assert serving_facts().decode_bandwidth_efficiency.value < 1
+
+
+def test_vllm_hybrid_allocator_counts_sliding_layers_as_vllm_does() -> None:
+    """gpt-oss-120b: 18 full + 18 sliding-window (128) layers fall in groups of 18; one pool block is a 16-token page
+    of 18 layers; a request takes cdiv(max_model_len, 16) blocks for the full group and cdiv(min(127 + 8192,
+    max_model_len), 16) + 1 for the sliding one (vllm/v1/core/kv_cache_utils.py, SlidingWindowSpec)."""
+    r = _vllm("openai/gpt-oss-120b", "h100-80gb", "infer_gpu_one", max_model_len=32768)
+    m = r.engine_memory
+    page = 16 * 2 * 8 * 64 * 2                                                   # K and V, 8 KV heads x 64, bf16
+    blocks = m.kv_cache_bytes // (page * 18)
+    per_request = 32768 // 16 + -(-(127 + 8192) // 16) + 1
+    assert m.num_blocks == blocks and r.kv_cache_tokens == int(blocks / per_request * 32768)
+    assert r.max_concurrency == pytest.approx(blocks / per_request)

@@ -107,9 +107,15 @@ class ServerEngine(Engine):
         """What its rule leaves for KV blocks (negative: the weights do not leave room)."""
         raise NotImplementedError
 
-    def cache_tokens(self, blocks: int, serving: ServingSetup) -> int:
+    def cache_tokens(self, blocks: int, concurrency: float, serving: ServingSetup) -> int:
         """The KV-cache size in tokens as its start-up log prints it."""
         return blocks * self.facts.block_size
+
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[int, int]:
+        """(layers one pool block spans, blocks one max_model_len request takes): every layer in one block, and
+        as many blocks as the request has tokens. An engine with a hybrid allocator overrides it."""
+        layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
+        return layers, math.ceil(serving.max_model_len / self.facts.block_size)
 
     def memory(self, spec: ModelSpec, serving: ServingSetup, hardware: Hardware) -> EngineMemory:
         """Its start-up memory account on the smallest GPU of the layout."""
@@ -125,12 +131,14 @@ class ServerEngine(Engine):
         budget = self.budget(total, context, serving)
         kv = self.kv_bytes(budget, weights, act, other, graphs)
         block = facts.block_size
-        blocks = max(0, kv) // (block * per_token)
-        concurrency = blocks / math.ceil(serving.max_model_len / block)
+        layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
+        group, per_request = self.pool_layout(spec, serving)
+        blocks = max(0, kv) // (block * per_token // layers * group)
+        concurrency = blocks / per_request
         return EngineMemory(
             engine=self.name, total=total, budget=budget, weights=weights, activation_peak=act, non_torch=other,
             cuda_graphs=graphs, cuda_context=context, kv_cache_bytes=kv, kv_bytes_per_token=per_token, block_size=block,
-            num_blocks=blocks, kv_cache_tokens=self.cache_tokens(blocks, serving), max_model_len=serving.max_model_len,
+            num_blocks=blocks, kv_cache_tokens=self.cache_tokens(blocks, concurrency, serving), max_model_len=serving.max_model_len,
             max_concurrency=concurrency, latent_cache=mla_dims(spec) is not None,
         )
 

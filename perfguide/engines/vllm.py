@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from ..hardware.types import GPU, Hardware
 from ..memory.overhead import cuda_context_bytes
+from ..model.types import ModelSpec
 from ..setup import ServingSetup
 from .base import Flag, ServerEngine
 
@@ -43,10 +44,25 @@ class VLLM(ServerEngine):
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         return budget - weights - non_torch - activation - graphs
 
-    def cache_tokens(self, blocks: int, serving: ServingSetup) -> int:
-        """'GPU KV cache size': whole max_model_len requests' worth of blocks, in tokens."""
-        per_request = math.ceil(serving.max_model_len / self.facts.block_size)
-        return int(blocks / per_request * serving.max_model_len)
+    def cache_tokens(self, blocks: int, concurrency: float, serving: ServingSetup) -> int:
+        """'GPU KV cache size' = max concurrency x max_model_len (kv_cache_utils.get_kv_cache_capacity)."""
+        return int(concurrency * serving.max_model_len)
+
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[int, int]:
+        """The hybrid allocator (vllm/v1/core/kv_cache_utils.py): full-attention and sliding-window layers fall in
+        groups of the smaller count; one pool block holds a page of one layer of every group, and a request takes
+        cdiv(max_model_len, 16) blocks per full group and cdiv(min(window - 1 + max_num_batched_tokens,
+        max_model_len), 16) + 1 per sliding group (SlidingWindowSpec.max_memory_usage_bytes)."""
+        kinds = spec.cache_layer_types()
+        slide = sum(1 for k in kinds if k == "sliding_attention")
+        if not slide or spec.sliding_window is None or serving.pipeline_parallel_size > 1:
+            return super().pool_layout(spec, serving)
+        full, block = len(kinds) - slide, self.facts.block_size
+        group = min(c for c in (full, slide) if c)
+        window = min(spec.sliding_window - 1 + serving.max_num_batched_tokens, serving.max_model_len)
+        per_request = (math.ceil(full / group) * math.ceil(serving.max_model_len / block)
+                       + math.ceil(slide / group) * (math.ceil(window / block) + 1))
+        return group, per_request
 
     def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
         """Kwargs for ``vllm.LLM(**kw)`` / ``EngineArgs(**kw)``; data_parallel_size > 1 is for ``vllm serve``."""
