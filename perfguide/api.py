@@ -198,6 +198,16 @@ def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
                                 f"use num_gpus <= {hw.gpu_count}, or hardware='NAME:{setup.num_gpus}'")
 
 
+def _refuse_unpriceable(spec: ModelSpec, s: Setup, hw: Hardware | None) -> None:
+    """A combination that does not run as priced is refused in one line, not priced (Liger on GPT-2, ...)."""
+    from . import techniques
+
+    for t in techniques.registry():
+        why = t.why_not(s, hw, spec) if t.active(s) and s.task == "train" else None
+        if why:
+            raise InvalidSetupError(f"{t.name} cannot be priced here: {why}")
+
+
 def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None = None, method: str = "analytic",
              host_ram: int | float | str | None = None) -> MemoryEstimate:
     """Price one Setup the user wrote. ``hardware=None`` gives bytes with ``fits`` judged on no device."""
@@ -206,6 +216,7 @@ def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | 
     hw = resolve_hardware(hardware, host_ram) if hardware is not None else None
     if hw is not None:
         _check_setup_fits_machine(s, hw)
+    _refuse_unpriceable(spec, s, hw)
     if s.serving is not None:
         return _engine_estimate(spec, s, hw)
     if method == "analytic":
@@ -237,6 +248,7 @@ def estimate_speed(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardw
     spec = ModelSpec.from_any(model)
     hw = resolve_hardware(hardware)
     _check_setup_fits_machine(s, hw)
+    _refuse_unpriceable(spec, s, hw)
     from .speed import estimate_speed as price
 
     return price(spec, s, hw, _calibration(hw, spec) if s.task == "train" else None)

@@ -9,8 +9,10 @@ are few and threads equal the physical cores.
 from __future__ import annotations
 
 from .. import sources
+from .._base import GiB
 from ..decisions import Alternative, Decision
-from ..hardware.types import CPU
+from ..hardware.specs import default_cpu
+from ..hardware.types import CPU, Hardware
 
 GPU_WORKERS_CAP = 4      # the transformers docs' starting value (perf_train_gpu_one, "Data preloading")
 CPU_WORKERS_CAP = 2      # 0-2 workers when the cores do the training: every worker takes a core from the matmuls
@@ -80,3 +82,21 @@ def cpu_processes(cpu: CPU, requested: int | None, global_batch: int) -> tuple[i
                   "and memory; launch with accelerate or torchrun, never several thread pools in one process")
     return processes, Decision(setting="cpu_processes", value=processes, reason=reason, number=cpu.sockets, unit="sockets",
                                source=sources.TRAIN_CPU_MANY)
+
+
+def assumed_host(hardware: Hardware) -> bool:
+    """Whether the host is perfguide's guess: a bare GPU name gets the generic server of data/gpus.json ('cpu')."""
+    return hardware.source == "named" and hardware.cpu == default_cpu()
+
+
+def host_assumption_warnings(hardware: Hardware, cpu_ram_needed: int, headroom: float, fits: bool) -> list[str]:
+    """Say it when a decision rests on the assumed host RAM: an offloaded plan needs it, or a refusal came from it."""
+    if not assumed_host(hardware) or cpu_ram_needed <= 0:
+        return []
+    cpu = hardware.cpu
+    need = cpu_ram_needed / (1 - headroom) / GiB
+    return [f"host RAM is assumed, not known: a bare GPU name is planned with a generic {cpu.physical_cores}-core, "
+            f"{cpu.ram_total / GiB:.0f} GiB server (data/gpus.json 'cpu'), and this plan's offloaded states need "
+            f"{cpu_ram_needed / GiB:.1f} GiB of it ({need:.0f} GiB with the headroom): with {'less' if fits else 'more'} RAM "
+            "the verdict changes; "
+            "pass host_ram= (CLI --host-ram) with the target's real RAM"]

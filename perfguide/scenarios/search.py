@@ -275,7 +275,7 @@ def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_hal
                         finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing,
                         model=model, hardware=hardware, wants=dict(wants or {}))
     rungs = in_backward_only(ctx) if steps_in_backward(optimizer) else techniques.ladder(ctx)
-    rungs = honour_switches(master_weights_filter(rungs, ctx), ctx)
+    rungs = honour_switches(runnable(master_weights_filter(rungs, ctx), ctx), ctx)
     forced = ctx.wants.get("strategy")
     if base.world_size == 1 and forced in ("zero2", "zero3"):   # one GPU, ZeRO-Offload asked for: only its layouts
         rungs = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == forced)) for r in rungs]
@@ -346,3 +346,13 @@ def _switch_context(ctx: LadderContext) -> str:
     model = ctx.model.model_type if ctx.model is not None else "this model"
     return (f"finetune={ctx.finetune!r}, precision {ctx.autocast or 'fp32'}, {ctx.base.world_size} process(es), "
             f"model type {model!r}")
+
+
+def runnable(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:
+    """Only templates every active technique says it can run (Liger on a family it patches, activation offloading
+    with checkpointing...): the search never prices a combination that does not run as priced."""
+    def ok(s: Setup) -> bool:
+        return not any(t.active(s) and t.why_not(s, ctx.hardware, ctx.model) for t in techniques.registry())
+
+    kept = [Rung(r.name, r.tradeoff, tuple(s for s in r.templates if ok(s)), r.order) for r in rungs]
+    return [r for r in kept if r.templates]

@@ -8,7 +8,7 @@ named GPU, or N GPUs with FSDP.
 
 from __future__ import annotations
 
-from ..errors import ConflictingConstraintsError
+from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..setup import Setup
 from .host import gpu_dataloader
 from .rules_precision import gpu_precision
@@ -28,8 +28,27 @@ def plan(request: Request) -> Plan:
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
-    return plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                         suggest=what_would_fit)
+    p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
+                      suggest=what_would_fit)
+    return p.model_copy(update={"warnings": (*p.warnings, *idle_gpus(request, p))})
+
+
+def idle_gpus(request: Request, p: Plan) -> list[str]:
+    """One GPU of several planned: name the idle ones, the scenario that uses them and what it predicts."""
+    n = request.hardware.gpu_count * request.hardware.nodes
+    if n <= 1 or request.global_batch_size % n:
+        return []
+    from . import train_gpu_many
+
+    try:
+        many = train_gpu_many.plan(request.model_copy(update={"constraints": request.constraints.model_copy(update={"num_gpus": None})}))
+    except PerfGuideError:
+        return [f"{n - 1} of the {n} GPUs sit idle: this plan trains on one; scenario='train_gpu_many' uses them all"]
+    if not many.fits:
+        return [f"{n - 1} of the {n} GPUs sit idle: this plan trains on one; scenario='train_gpu_many' finds nothing that fits either"]
+    gain = f", {p.throughput.step_time_s / many.throughput.step_time_s:.1f}x faster" if p.fits else ""
+    return [f"{n - 1} of the {n} GPUs sit idle: this plan trains on one; scenario='train_gpu_many' uses all {n} "
+            f"({many.setup.label}: {many.throughput.step_time_s:.3g} s/step{gain})"]
 
 
 def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
+from .host import host_assumption_warnings
 from .master_weights import check_master_weights, master_weights_decision
 from .rules_attention import decide_attention
 from .rules_precision import Precision
@@ -110,6 +111,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen), *compile_decs,
                  *technique_decisions(request, chosen)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
+    warnings += host_assumption_warnings(hw, chosen.memory.cpu_ram, cons.headroom, result.chosen is not None)
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
                                                           if c.verdict != "does-not-fit" or r.chosen is None)
@@ -158,7 +160,7 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
     if cons.micro_batch_size:
         reason = f"micro_batch_size={cons.micro_batch_size} was requested"
     elif result.chosen is None:
-        reason = f"even the smallest micro-batch does not fit: {gib(chosen.memory.device_total)} > {gib(usable)} usable"
+        reason = f"even the smallest micro-batch does not fit: {broken_limit(chosen.memory, request.hardware, cons.headroom)[0]}"
     else:
         reason = (f"fastest micro-batch dividing the per-device batch {per_rank(s)} that fits with {cons.headroom:.0%} headroom: "
                   f"{gib(chosen.memory.device_total)} of {gib(usable)} usable")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, Strict, StrictBool, StrictInt
+from pydantic import AfterValidator, BeforeValidator, Field, Strict, StrictBool, StrictInt, model_validator
 
 from .. import engines
 from .._base import Model
@@ -130,7 +130,18 @@ class Candidate(Model):
 
 
 class Plan(Model):
-    """What a scenario's rules return; the Recommendation wraps it with the API's conveniences."""
+    """What a scenario's rules return; the Recommendation wraps it with the API's conveniences.
+
+    One verdict: the plan's ``memory.fits`` is set to the plan's ``fits`` (device memory less the headroom the plan
+    keeps, and host RAM), so the memory section, the headline and every Decision say the same thing.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_verdict(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("memory"), MemoryEstimate):
+            data = {**data, "memory": data["memory"].model_copy(update={"fits": bool(data.get("fits", True))})}
+        return data
 
     setup: Setup
     memory: MemoryEstimate

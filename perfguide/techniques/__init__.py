@@ -87,12 +87,13 @@ def ladder(ctx: LadderContext) -> list[Rung]:
     axes = [t.axis_values(ctx) for t in registry() if t.axis]
     combos = [dict(kv for part in parts for kv in part.items()) for parts in product(*axes)]
     rung_makers = sorted((t for t in registry() if t.ladder_order is not None), key=lambda t: (t.ladder_order, t.name))
-    out: list[Rung] = []
+    out: list[tuple[float, int, Rung]] = []
     for t in rung_makers:
         for rung in t.rungs(ctx):
             templates = tuple(combined for s in rung.templates for c in combos if (combined := _combined(s, c)) is not None)
-            out.append(Rung(rung.name, rung.tradeoff, templates))
-    return out
+            order = rung.order if rung.order is not None else float(t.ladder_order)  # type: ignore[arg-type]
+            out.append((order, len(out), Rung(rung.name, rung.tradeoff, templates)))
+    return [r for _, _, r in sorted(out, key=lambda x: (x[0], x[1]))]
 
 
 def _combined(template: Setup, update: dict[str, Any]) -> Setup | None:

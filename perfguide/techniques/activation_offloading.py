@@ -47,6 +47,15 @@ class ActivationOffloading(Technique):
     def off(self) -> dict[str, Any]:
         return {"activation_offloading": False}
 
+    def why_not(self, setup: Any, hardware: Any = None, model: Any = None) -> str | None:
+        """Without checkpointing the memory hook would move every saved tensor while the speed hook copies only the
+        held activations: the two paths would price different bytes, so the combination is not priced at all."""
+        base = super().why_not(setup, hardware, model)
+        if base or not self.active(setup) or setup.gradient_checkpointing:
+            return base
+        return ("activation offloading is priced with gradient checkpointing (TRL and torchtune offload the checkpointed "
+                "layer inputs); set gradient_checkpointing=True with it")
+
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not self.active(ctx.setup):
             return terms

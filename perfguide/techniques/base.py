@@ -52,6 +52,8 @@ class Rung:
     name: str
     tradeoff: str
     templates: tuple[Setup, ...]
+    #: its place in the ladder when it is not its technique's ``ladder_order`` (a technique with rungs of both kinds)
+    order: float | None = None
 
 
 @dataclass(frozen=True)

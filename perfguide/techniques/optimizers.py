@@ -26,7 +26,13 @@ DEFAULT_OPTIMIZER = "adamw_torch_fused"
 #: optim_target_modules for GaLore/APOLLO: attention and MLP Linears (the transformers optimizers guide's example);
 #: embeddings, head and norms keep plain AdamW state
 LOW_RANK_TARGETS = (r".*.attn.*", r".*.mlp.*")
-LIGHT_OPTIMIZERS = ("adamw_bnb_8bit", "adafactor")
+#: lighter states, same update rule (AdamW's, its moments stored in 8 bits): tried right after exact AMP
+LIGHT_OPTIMIZERS = ("adamw_bnb_8bit",)
+#: a different update rule (factored second moment, no first moment): tried only after every saver that keeps
+#: AdamW's rule (pure bf16, stepping inside backward, CPU offload) has failed to fit; docs/concepts.md says why
+RULE_CHANGING_OPTIMIZERS = ("adafactor",)
+#: after CPU offload (45), before LoRA/QLoRA change what trains
+RULE_CHANGING_ORDER = 47
 OPTIM_DOCS = "https://huggingface.co/docs/transformers/optimizers"
 BNB_PAPER = "Dettmers et al. 2022, 8-bit Optimizers via Block-wise Quantization (arXiv:2110.02861)"
 ADAFACTOR_PAPER = "Shazeer & Stern 2018, Adafactor (arXiv:1804.04235)"
@@ -61,8 +67,14 @@ class Optimizer(Technique):
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         if ctx.finetune != "full" or ctx.optimizer is not None:
             return []
-        templates = tuple(ctx.base.replace(weights_dtype="fp32", autocast=ctx.autocast, optimizer=o) for o in LIGHT_OPTIMIZERS)
-        return [Rung("lighter optimizer", "8-bit AdamW states (bnb) or Adafactor's factored moments", templates)]
+        def templates(names: tuple[str, ...]) -> tuple[Any, ...]:
+            return tuple(ctx.base.replace(weights_dtype="fp32", autocast=ctx.autocast, optimizer=o) for o in names)
+
+        return [Rung("lighter optimizer states", "AdamW's update rule with its two moments stored in 8 bits (bnb)",
+                     templates(LIGHT_OPTIMIZERS)),
+                Rung("a different update rule", "Adafactor's factored second moment and no first moment: it converges "
+                     "differently from AdamW, so it comes after every saver that keeps AdamW's rule",
+                     templates(RULE_CHANGING_OPTIMIZERS), order=RULE_CHANGING_ORDER)]
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not paged(ctx.setup):
