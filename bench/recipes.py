@@ -197,7 +197,7 @@ def run_one(r: Recipe) -> Result:
     res.pick_step = rec.throughput.step_time_s
     if not res.pick_fits:
         res.problems.append("perfguide's pick does not fit")
-    elif res.recipe_step and res.pick_step > res.recipe_step * (1 + SPEED_SLACK):
+    elif res.recipe_fits and res.recipe_step and res.pick_step > res.recipe_step * (1 + SPEED_SLACK):   # only a setup that fits races
         res.problems.append(f"perfguide's pick is predicted slower ({res.pick_step:.3g} s vs {res.recipe_step:.3g} s per step)")
     return res
 
