@@ -212,9 +212,13 @@ def _memory_section(memory: MemoryEstimate, device: str) -> Section:
 def _throughput_rows(t: Throughput) -> list[tuple[str, str]]:
     rows = [("step time", fmt_seconds(t.step_time_s)), ("tokens/s (whole job)", fmt_number(t.tokens_per_s, "tokens/s")),
             ("MFU", fmt_percent(t.mfu)), ("bound by", t.bound or "unknown")]
-    optional = (("compute time", t.compute_time_s), ("communication time", t.comm_time_s), ("offload time", t.offload_time_s),
+    optional = (("compute time", t.compute_time_s), ("communication time", 0.0 if t.comm_total_s else t.comm_time_s),
+                ("offload time", t.offload_time_s),
                 ("prefill time", t.prefill_time_s))
     rows += [(name, fmt_seconds(v)) for name, v in optional if v]
+    if t.comm_total_s:   # the collectives' total and the part compute does not hide, never one read as the other
+        rows.append(("communication", f"{fmt_seconds(t.comm_total_s)} per step, {fmt_seconds(t.comm_time_s) if t.comm_time_s else '0 s'} exposed "
+                                      "(not hidden by compute)"))
     if t.achievable_tflops:
         rows.append(("achievable TFLOP/s per device", f"{t.achievable_tflops:.1f}"))
     if t.decode_tokens_per_s:

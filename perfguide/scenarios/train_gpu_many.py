@@ -282,8 +282,11 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
     out = [DATAPARALLEL_WARNING] if s.world_size > 1 else []
     t = chosen.throughput
     if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and not hw.fast_link:
-        out.append(f"the GPUs talk over {hw.interconnect} (no NVLink): {s.strategy}'s collectives take {t.comm_time_s:.3g} s of the "
-                   f"{t.step_time_s:.3g} s step; DDP (or LoRA to make DDP fit) keeps communication to one all-reduce per step")
+        # an adapter plan is already the small one: LoRA cannot be what makes DDP fit
+        ddp = "DDP, where a replica fits one GPU," if s.lora is not None else "DDP (or LoRA to make DDP fit)"
+        out.append(f"the GPUs talk over {hw.interconnect} (no NVLink): {s.strategy}'s collectives take {t.comm_total_s:.3g} s per step, "
+                   f"{t.comm_time_s:.3g} s of it exposed (not hidden behind compute) in the {t.step_time_s:.3g} s step; "
+                   f"{ddp} keeps communication to one all-reduce per step")
     if s.nodes > 1 and hw.inter_node_bandwidth_gbps is None:
         out.append("the network between nodes is unknown: step time assumes a default inter-node bandwidth; "
                    "ZeRO/FSDP across nodes needs a fast fabric (InfiniBand / EFA)")

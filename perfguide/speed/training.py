@@ -193,7 +193,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         "offload": ga * off_micro + off_step,
         "memory-bandwidth": opt,
     }
-    return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff)
+    return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff, comm_total=ga * comm_micro + comm_step)
 
 
 def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
@@ -216,8 +216,10 @@ def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughp
     return _throughput(setup, parts, ga * (mm + attn), ga * model, peak_g / 1e3, eff)
 
 
-def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops: float, peak_tflops: float, eff: float) -> Throughput:
-    """Assemble the Throughput; ``bound`` names the largest part of the step."""
+def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops: float, peak_tflops: float, eff: float,
+                comm_total: float = 0.0) -> Throughput:
+    """Assemble the Throughput; ``bound`` names the largest part of the step; ``comm_total`` is every collective
+    before overlap (``parts['communication']`` is the exposed part)."""
     step = sum(parts.values())
     tokens = techniques.step_shape(setup).real_tokens * setup.gradient_accumulation_steps * setup.world_size
     mfu = model_flops / (step * peak_tflops * 1e12) if step > 0 else 0.0
@@ -227,6 +229,7 @@ def _throughput(setup: Setup, parts: dict[str, float], flops: float, model_flops
         flops_per_step=flops,
         compute_time_s=parts["compute"] + parts["launch-overhead"],
         comm_time_s=parts["communication"],
+        comm_total_s=comm_total,
         offload_time_s=parts["offload"],
         achievable_tflops=peak_tflops * eff,
         mfu=min(1.0, mfu),
