@@ -164,8 +164,9 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
     else:
         reason = (f"fastest micro-batch dividing the per-device batch {per_rank(s)} that fits with {cons.headroom:.0%} headroom: "
                   f"{gib(chosen.memory.device_total)} of {gib(usable)} usable")
+    # the number is the batch itself, in tokens (the bytes it costs are in the reason and the alternatives)
     return Decision(setting="per_device_train_batch_size", value=s.micro_batch_size, reason=reason,
-                    number=chosen.memory.device_total, unit="bytes", source=_LADDER_SOURCE, alternatives=tuple(alts))
+                    number=s.micro_batch_size * s.seq_len, unit="tokens per micro-batch", source=_LADDER_SOURCE, alternatives=tuple(alts))
 
 
 def per_rank(s: Setup) -> int:
