@@ -40,6 +40,9 @@ class TechniqueRules(Protocol):
     @property
     def order(self) -> int: ...
 
+    @property
+    def label_order(self) -> int | None: ...
+
     def conflict(self, setup: Setup) -> str | None: ...
 
     def label_word(self, setup: Setup) -> str | None: ...
@@ -290,7 +293,8 @@ class Setup(Model):
         words = [(0, f"mb={self.micro_batch_size}"), (0, f"ga={self.gradient_accumulation_steps}"), (0, self.weights_dtype)]
         if self.strategy != "single":
             words.append((_STRATEGY_LABEL_ORDER, self.strategy + ("-hybrid" if self.hybrid_shard else "")))
-        words += [(t.order, word) for t in _technique_rules() if (word := t.label_word(self))]
+        words += [(t.order if t.label_order is None else t.label_order, word)
+                  for t in _technique_rules() if (word := t.label_word(self))]
         return " ".join(word for _, word in sorted(words, key=lambda w: w[0]))
 
     @classmethod

@@ -71,7 +71,7 @@ def test_the_binding_requirements_are_the_ones_the_planner_offers() -> None:
 def test_label_lists_each_technique_word_in_order() -> None:
     s = Setup(micro_batch_size=2, gradient_accumulation_steps=4, weights_dtype="fp32", autocast="bf16", gradient_checkpointing=True,
               strategy="fsdp", num_gpus=8, offload_optimizer=True, offload_params=True, liger_kernel=True, torch_compile=True)
-    assert s.label == "mb=2 ga=4 fp32 amp-bf16 adamw_torch_fused ckpt liger fsdp offload compile"
+    assert s.label == "mb=2 ga=4 fp32 amp-bf16 adamw_torch_fused ckpt fsdp offload liger compile"
     assert Setup(task="infer", weights_dtype="bf16", torch_compile=True).label == "mb=1 ga=1 bf16"   # training words only
 
 

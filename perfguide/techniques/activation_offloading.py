@@ -36,6 +36,7 @@ class ActivationOffloading(Technique):
     sources = SOURCES
     requires = Requires(devices=("cuda",), tasks=("train",), binding=True)
     order = 32
+    label_order = 63
     switch = "activation_offloading"
 
     def active(self, setup: Any) -> bool:

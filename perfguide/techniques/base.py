@@ -106,6 +106,9 @@ class Technique:
     requires: ClassVar[Requires] = Requires()
     #: emission and listing order (adapters merge technique keys in this order)
     order: ClassVar[int] = 100
+    #: where its word sits in ``Setup.label`` (None: at ``order``); the search breaks exact ties on the label, so
+    #: the words keep the places they had before the techniques wrote them
+    label_order: ClassVar[int | None] = None
     #: position of its rung(s) in the fit ladder; None: contributes no rung
     ladder_order: ClassVar[float | None] = None
     #: True: searched inside every rung (both values tried) instead of forming a rung of its own
@@ -160,7 +163,7 @@ class Technique:
         return f"{problem}; or turn it off ({off})" if problem and off else problem
 
     def label_word(self, setup: Setup) -> str | None:
-        """Its word in ``Setup.label`` when ``setup`` uses it (None: it adds none); labels list them in ``order``."""
+        """Its word in ``Setup.label`` when ``setup`` uses it (None: it adds none), placed by ``label_order``."""
         return None
 
     # --- the fit ladder ----------------------------------------------------------------------------

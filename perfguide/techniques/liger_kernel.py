@@ -46,6 +46,7 @@ class LigerKernel(Technique):
     sources = SOURCES
     requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",), binding=True)
     order = 36
+    label_order = 62
     axis = True
     switch = "liger_kernel"
 

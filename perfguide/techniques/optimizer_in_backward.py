@@ -36,6 +36,7 @@ class OptimizerInBackward(Technique):
     sources = SOURCES
     requires = Requires(tasks=("train",), finetune=("full",), binding=True)
     order = 22
+    label_order = 61
     ladder_order = 35
     switch = "optimizer_in_backward"
 

@@ -36,6 +36,7 @@ class PaddingFree(Technique):
     sources = SOURCES
     requires = Requires(tasks=("train",), binding=True)
     order = 34
+    label_order = 64
     axis = True
     switch = "padding_free"
 
