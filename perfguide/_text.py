@@ -16,3 +16,13 @@ def clean(text: str, keep_newlines: bool = False) -> str:
     """``text`` without escape sequences, control characters or bidi overrides (tabs become spaces)."""
     out = _CONTROLS.sub("", _ESCAPES.sub("", str(text)).replace("\t", " "))
     return out if keep_newlines else out.replace("\n", " ")
+
+
+#: characters that make a name active markup in Markdown or HTML (links, images, tags, code spans, tables)
+_MARKUP = re.compile(r"[<>\[\]`|{}*]|://")
+
+
+def plain_name(text: str) -> str:
+    """A name from a config (``_name_or_path``) as inert text in every format: clean, and without the characters
+    that turn Markdown or HTML into links, images, tags or code (hub ids and paths never need them)."""
+    return _MARKUP.sub(lambda m: ":" if m.group() == "://" else "", clean(text)).strip()

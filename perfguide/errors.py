@@ -11,12 +11,21 @@ import functools
 from collections.abc import Callable, Iterable
 from typing import ParamSpec, TypeVar
 
+from ._text import clean
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 class PerfGuideError(ValueError):
-    """Base class of every error perfguide raises on purpose."""
+    """Base class of every error perfguide raises on purpose.
+
+    Its message is cleaned as it is made (no terminal escapes, control or bidi characters, one line), so text a
+    config or a library put into it (a model_type, transformers' own message) reaches no terminal, log or
+    ``--json`` error raw, whoever raised it."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(clean(a) if isinstance(a, str) else a for a in args))
 
 
 class UnknownScenarioError(PerfGuideError):

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .._text import clean
+from .._text import plain_name
 from ..errors import InvalidModelError, OfflineError, PerfGuideError, did_you_mean
 from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
@@ -198,8 +198,8 @@ def spec_from_any(model: Any, *, trust_remote_code: bool = False) -> ModelSpec:
         reason = (str(exc).strip().splitlines() or [""])[0][:160]
         raise InvalidModelError(f"cannot read this model's shape ({type(exc).__name__}: {reason}); accepted: {_ACCEPTED}, "
                                 "with architectures[0] a model class of the config's own model_type.") from None
-    # a config's _name_or_path is shown in reports, warnings and plots: never as terminal escapes
-    name = clean(spec.name).strip() or spec.model_type
+    # a config's _name_or_path is shown in reports, warnings and plots: never as terminal escapes or markup
+    name = plain_name(spec.name) or plain_name(spec.model_type) or "model"
     return spec if name == spec.name else spec.model_copy(update={"name": name})
 
 
