@@ -1,6 +1,9 @@
-"""PerfGuideCallback: predicted vs measured memory and speed, inside a real ``Trainer.train()``.
+"""PerfGuideCallback: a pre-flight before the first step, then predicted vs measured memory and speed, inside a real
+``Trainer.train()`` (or TRL's ``SFTTrainer``).
 
-Estimates are only trusted once checked; this callback checks them on the user's own run, warns when they
+The pre-flight prices the run the Trainer is about to start (its TrainingArguments, world size and model, on the
+probed machine) and stops it before step 1 when it will not fit, naming the change that does. Estimates are only
+trusted once checked; with a plan (``rec``) the callback also checks them on the user's own run, warns when they
 differ by more than a threshold, and can feed the measurement to the calibration store.
 """
 
@@ -24,10 +27,18 @@ logger = logging.getLogger("perfguide.callback")
 
 
 class PerfGuideCallback(TrainerCallback):
-    """Measure after ``measure_after_steps`` optimizer steps (the first one is warm-up)."""
+    """Pre-flight at ``on_train_begin`` (``preflight=False`` turns it off; ``memory_limit`` in bytes replaces the
+    device's memory, e.g. to keep room for something else); with ``rec``, measure after ``measure_after_steps``
+    optimizer steps (the first one is warm-up) and compare with the plan."""
 
-    def __init__(self, rec: Recommendation, *, measure_after_steps: int = 2, threshold: float = 0.25, record: bool = False) -> None:
+    def __init__(self, rec: Recommendation | None = None, *, measure_after_steps: int = 2, threshold: float = 0.25, record: bool = False,
+                 preflight: bool = True, memory_limit: int | None = None, hardware: Any = None, seq_len: int | None = None) -> None:
         self.rec = rec
+        self.preflight = preflight
+        self.memory_limit = memory_limit
+        self.hardware = hardware
+        self.seq_len = seq_len
+        self.preflight_check: Any = None
         self.measure_after_steps = max(1, measure_after_steps)
         self.threshold = threshold
         self.record = record
@@ -40,6 +51,8 @@ class PerfGuideCallback(TrainerCallback):
 
     # --- Trainer events ----------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.preflight:
+            self._preflight(args, kwargs.get("model"), kwargs.get("train_dataloader"))
         self._device = "cuda" if args.device.type == "cuda" else "cpu"
         if self._device == "cuda":
             import torch
@@ -54,17 +67,35 @@ class PerfGuideCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._timer.end()
-        if self.verification is None and state.global_step >= self.measure_after_steps:
+        if self.rec is not None and self.verification is None and state.global_step >= self.measure_after_steps:
             self._finish(state.global_step)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.verification is None and state.global_step > 0:
+        if self.rec is not None and self.verification is None and state.global_step > 0:
             self._finish(state.global_step)
         if self._sampler is not None:
             self._sampler.stop()
 
+    def _preflight(self, args: Any, model: Any, dataloader: Any) -> None:
+        """Price the Trainer's own run; raise before the first step when it does not fit (one line, with the change)."""
+        from ..integrations.readers.trainer import WillNotFitError, refusal, trainer_check
+
+        hardware = self.hardware if self.hardware is not None else (self.rec.hardware if self.rec is not None and self.rec.hardware.source == "probe" else None)
+        from ..errors import PerfGuideError
+
+        try:
+            self.preflight_check = trainer_check(args, model, hardware=hardware, memory_limit=self.memory_limit, seq_len=self.seq_len,
+                                                 train_dataloader=dataloader)
+        except PerfGuideError as exc:  # a run perfguide cannot read is the user's to start: say so, never block it
+            warnings.warn(f"perfguide pre-flight skipped: {exc}", stacklevel=2)
+            return
+        if not self.preflight_check.fits:
+            raise WillNotFitError(refusal(self.preflight_check))
+        logger.info("perfguide pre-flight: fits (%.2f GiB per device)", self.preflight_check.memory.device_total / 2**30)
+
     # --- measuring ---------------------------------------------------------------------------
     def measurement(self, steps: int) -> Measurement:
+        assert self.rec is not None, "measuring compares with a plan: PerfGuideCallback(rec)"
         step = self._timer.mean
         tokens = tokens_per_step(self.rec) * self.rec.setup.world_size
         common = {"device": self._device, "steps": steps, "step_time_s": step, "step_times_s": tuple(self._timer.steady),
@@ -82,6 +113,7 @@ class PerfGuideCallback(TrainerCallback):
         return Measurement(**common, rss_baseline=base, rss_peak=peak, rss_growth=(peak - base) if peak and base else None)
 
     def _finish(self, steps: int) -> None:
+        assert self.rec is not None
         self.verification = compare(self.rec, self.measurement(steps), self.threshold)
         for c in self.verification.comparisons:
             logger.info("perfguide %s: predicted %.4g %s, measured %.4g %s (x%.2f)", c.quantity, c.predicted, c.unit, c.measured, c.unit, c.ratio)

@@ -97,32 +97,32 @@ def read_object(obj: Any) -> Reading:
 
 
 def object_values(obj: Any) -> dict[str, Any]:
-    """The kwargs an args dataclass instance stands for: priced fields always, the others where they differ from a
-    fresh instance (compared after ``__post_init__``, which normalises lists, enums and helper objects)."""
+    """The kwargs an args dataclass instance stands for: priced fields always, the others where they differ from the
+    field's default (as ``__post_init__`` normalises it). No fresh instance is built to compare with: building a
+    TrainingArguments resets accelerate's process state, which would break the Trainer running this check."""
     import dataclasses
 
     from . import training_args
 
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         raise ConfigReadError(f"config must be a file path, a command, a dict or a TrainingArguments / SFTConfig, got {type(obj).__name__}")
-    fresh = _fresh(obj)
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         if f.name in ("gradient_checkpointing", "gradient_checkpointing_kwargs", "output_dir", "local_rank"):
             continue  # deprecated mirrors of activation_checkpointing*, and where / which rank, not how
         value = getattr(obj, f.name, None)
-        if f.name in training_args.PRICED or value != getattr(fresh, f.name, value):
-            out[f.name] = getattr(value, "value", value)  # enums (optim, strategies) as their words
+        value = getattr(value, "value", value)  # enums (optim, strategies) as their words
+        default = f.default if f.default is not dataclasses.MISSING else None
+        if f.name in training_args.PRICED or not _is_default(value, default):
+            out[f.name] = value
     return out
 
 
-def _fresh(obj: Any) -> Any:
-    """A default instance of the same class, built so that it constructs on any machine (use_cpu: no GPU checks)."""
-    import warnings
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return type(obj)(output_dir=getattr(obj, "output_dir", None) or "out", use_cpu=True)
-    except Exception:  # noqa: BLE001 - a subclass with required fields: then every field counts as set
-        return None
+def _is_default(value: Any, default: Any) -> bool:
+    """Equal to the default, or what ``__post_init__`` makes of it: "" / None -> [] or False, "none" -> ["none"],
+    None -> a helper object (accelerator_config)."""
+    if value == default or (not value and not default):
+        return True
+    if isinstance(value, list) and isinstance(default, str):
+        return [str(getattr(v, "value", v)) for v in value] == default.split()
+    return default is None and not isinstance(value, str | int | float | bool | list | dict | tuple)

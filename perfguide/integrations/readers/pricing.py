@@ -1,0 +1,148 @@
+"""The verdict on a Setup read from a user's configs: its memory and speed on one machine, and the smallest change
+that makes it fit, written back in the configs' own keys. ``perfguide.check`` adds the move to the recommended plan;
+the Trainer callback's pre-flight uses this alone (it must not plan, only judge what the Trainer is about to run).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import InvalidSetupError
+from ...hardware.types import Hardware
+from ...model.types import ModelSpec
+from ...scenarios.registry import DEFAULT_TRAIN_SEQ_LEN
+from ...setup import Setup
+from . import module
+from .base import nest
+from .combine import Combined
+from .fitting import smallest_fit
+from .verdict import Change, Check, Edit
+
+
+def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
+    """Price the Setup the configs describe (defaults assumed and said), with the fit change when it does not fit."""
+    assume_defaults(c, spec, hw)
+    setup = setup_of(c)
+    price = Pricer(spec, hw, setup)
+    memory = price.memory(setup)
+    throughput = price.speed(setup)
+    fit = fit_change(price, c, memory.fits)
+    check = Check(model=spec.name, hardware=label(hw, setup), setup=setup, fits=memory.fits, memory=memory, throughput=throughput,
+                  read=c.settings(), ignored=c.ignored(), unknown=c.unknown(), changes=(fit,) if fit else (),
+                  notes=tuple(dict.fromkeys(c.notes)))
+    return check, price
+
+
+#: what the Trainer does with keys no config gave (they also fill DeepSpeed's "auto")
+_TRAINER_DEFAULTS = (
+    ("micro_batch_size", 8, "TrainingArguments default per_device_train_batch_size (also what fills DeepSpeed's \"auto\")"),
+    ("gradient_accumulation_steps", 1, "TrainingArguments default gradient_accumulation_steps"),
+    ("optimizer", "adamw_torch_fused", "TrainingArguments default optim"),
+    ("gradient_checkpointing", False, "TrainingArguments default activation_checkpointing"),
+    ("autocast", None, "no bf16 / fp16 / mixed_precision in the configs: fp32 compute"),
+    ("attn_implementation", "sdpa", "transformers 5 default attention (sdpa)"),
+)
+
+
+def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
+    """What a config left to its library's defaults or to the launcher, said as an assumption in the report."""
+    c.assume("device", "cuda" if hw.has_gpu else "cpu", "the hardware checked on" + ("" if hw.has_gpu else " has no GPU"))
+    c.assume("num_gpus", 1, "one process (`python train.py`); pass --num-gpus N, or the accelerate config, for a launcher")
+    for field, value, why in _TRAINER_DEFAULTS:
+        c.assume(field, value, why)
+    sharded = str(c.value("strategy", "")).startswith(("zero", "fsdp"))
+    if sharded and c.value("autocast") in ("bf16", "fp16"):
+        c.assume("weights_dtype", "fp32", "DeepSpeed / FSDP mixed precision keep fp32 master weights whatever dtype the model loads in")
+    c.assume("weights_dtype", spec.native_dtype, "transformers 5 from_pretrained loads dtype='auto': the checkpoint's own dtype")
+    length = min(spec.usable_positions or DEFAULT_TRAIN_SEQ_LEN, DEFAULT_TRAIN_SEQ_LEN)
+    c.assume("seq_len", length, f"no sequence length in the configs: min({DEFAULT_TRAIN_SEQ_LEN}, the model's positions); pass --seq-len")
+
+
+def setup_of(c: Combined) -> Setup:
+    fields = c.fields()
+    try:
+        return Setup.parse(fields)
+    except InvalidSetupError as exc:
+        raise InvalidSetupError(f"the configs describe a setup perfguide cannot run: {exc}") from None
+
+
+def label(hw: Hardware, s: Setup) -> str:
+    base = hw.name or (hw.smallest_gpu.name if hw.smallest_gpu and s.device == "cuda" else "this machine")
+    return f"{base} ({s.world_size} process{'es' if s.world_size > 1 else ''})"
+
+
+class Pricer:
+    """Memory and speed of Setups on one model and machine, with the calibration read once."""
+
+    def __init__(self, spec: ModelSpec, hw: Hardware, setup: Setup) -> None:
+        self.spec, self.hw, self.setup = spec, hw, setup
+        from ...measure.calibration import factors_for
+
+        self.factors = factors_for(hw, spec) if setup.task == "train" else None
+
+    def memory(self, s: Setup) -> Any:
+        from ...memory import estimate_memory
+
+        return estimate_memory(self.spec, s, self.hw, self.factors)
+
+    def speed(self, s: Setup) -> Any:
+        from ...speed import estimate_speed
+
+        if s.device == "cuda" and not self.hw.has_gpu:
+            return None
+        return estimate_speed(self.spec, s, self.hw, self.factors)
+
+    def rate(self, s: Setup) -> float:
+        t = self.speed(s)
+        return t.tokens_per_s if t is not None else 0.0
+
+    @property
+    def bf16_ok(self) -> bool:
+        gpu = self.hw.smallest_gpu
+        return self.setup.device == "cpu" or (gpu is not None and gpu.supports_bf16)
+
+
+def edits_for(changes: dict[str, Any], new: Setup, c: Combined) -> tuple[Edit, ...]:
+    """Setup changes as keys of the config that set each field (else the first config), in its own syntax."""
+    primary = c.readings[0]
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for field, value in changes.items():
+        owners = {(s.format, s.source.split(":")[0]) for r in c.readings for s in r.settings if s.field == field and not s.assumed}
+        for owner in sorted(owners) or [(primary.format, primary.source)]:
+            groups.setdefault(owner, {})[field] = value
+    edits: list[Edit] = []
+    leftover: dict[str, Any] = {}
+    for (fmt, src), fields in groups.items():
+        mod = module(fmt)
+        keys, rest = mod.write(fields, new)
+        if rest and fmt != primary.format:
+            more, rest = module(primary.format).write(rest, new)
+            if more:
+                edits.append(Edit(format=primary.format, source=primary.source, syntax=module(primary.format).SYNTAX, keys=more))
+        if keys:
+            edits.append(Edit(format=fmt, source=src, syntax=mod.SYNTAX, keys=keys))
+        leftover.update(rest)
+    if leftover and primary.format != "training_args":  # the script's TrainingArguments say what the launcher's files cannot
+        keys, leftover = module("training_args").write(leftover, new)
+        if keys:
+            edits.append(Edit(format="training_args", source="TrainingArguments (your script)", syntax="kwargs", keys=keys))
+    if leftover:
+        edits.append(Edit(format="setup", source="perfguide.Setup", syntax="setup", keys=nest({k: plain(v) for k, v in leftover.items()})))
+    return tuple(edits)
+
+
+def plain(value: Any) -> Any:
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
+def fit_change(price: Pricer, c: Combined, fits: bool) -> Change | None:
+    if fits:
+        return None
+    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate)
+    if found is None:
+        return Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price.memory(price.setup).device_total / 2**30,
+                      reason="no change of up to three settings fits: see the recommended plan (LoRA / QLoRA, more GPUs, a larger GPU)")
+    changes, new = found
+    rate = price.rate(new)
+    return Change(kind="fit", setup={k: plain(v) for k, v in changes.items()}, edits=edits_for(changes, new, c), fits=True,
+                  peak_gib=price.memory(new).device_total / 2**30, tokens_per_s=rate or None)
