@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..decisions import Alternative, Decision
 from ..errors import PerfGuideError
+from ..integrations.launch import needs_launcher
 from ..memory.types import MemoryEstimate
 from ..setup import Setup
 from ..speed.types import Throughput
@@ -266,9 +267,9 @@ def _launch_command(rec: Recommendation) -> str | None:
 def _launch_section(rec: Recommendation) -> Section | None:
     if rec.setup.serving is not None:  # an engine plan is started by the engine's own server, whatever its layout
         return Section("Launch", (Bullets(((0, "serve with:"), (1, rec.serve_command())), headed=True),))
-    if not is_multi_process(rec.setup):
+    if not is_multi_process(rec.setup) and not needs_launcher(rec):   # one process without DeepSpeed / FSDP: python
         return None
-    dataparallel_risk = rec.setup.device == "cuda" and rec.setup.task == "train"
+    dataparallel_risk = is_multi_process(rec.setup) and rec.setup.device == "cuda" and rec.setup.task == "train"
     items = [(0, DATAPARALLEL_WARNING)] if dataparallel_risk else []
     command = _launch_command(rec)
     if command:
