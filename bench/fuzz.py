@@ -68,14 +68,38 @@ def families(tmp: Path) -> list[tuple[str, Any, Callable[..., str], float]]:
         ("cpuinfo text", st.tuples(F.cpuinfo_texts), F.check_cpuinfo, 1.0),
         ("calibration store files", st.tuples(F.cache_bytes), lambda b: F.check_store(b, Path(tempfile.mkdtemp(dir=tmp))), 1.0),
         ("trace cache files", st.tuples(F.cache_bytes), lambda b: F.check_trace_cache(b, Path(tempfile.mkdtemp(dir=tmp))), 1.0),
+        ("CLI flags", st.tuples(F.cli_flags), F.check_cli, 1.0),
+        ("output paths (--write-*)", st.tuples(st.lists(F.path_parts, max_size=3), st.booleans()),
+         lambda parts, force: F.check_write(parts, Path(tempfile.mkdtemp(dir=tmp)), force), 1.0),
+        ("fits vs report", st.tuples(F.train_constraints, st.sampled_from(["train_gpu_one", "train_gpu_many"])), F.check_fits_agrees, 1 / 3),
     ]
+
+
+def model_type_rows(limit: int) -> tuple[list[str], list[str], int]:
+    """Every model type transformers ships (or a seeded sample of ``limit``), trained and served from defaults."""
+    import random
+
+    from transformers import CONFIG_MAPPING
+
+    types = sorted(CONFIG_MAPPING.keys())
+    shipped = len(types)
+    if 0 < limit < len(types):
+        types = sorted(random.Random(26).sample(types, limit))
+    start = time.perf_counter()
+    bugs = [f for t in types for f in F.walk_model_type(t)]
+    seconds = time.perf_counter() - start
+    row = (f"| model types ({len(types)} of {shipped} in CONFIG_MAPPING, x2 scenarios) | {2 * len(types)} | "
+           f"{2 * len(types) - len(bugs)} (plan or one-line refusal) | - | {len(bugs)} | {seconds:.0f} s |")
+    return [row], [f"- model types: {b}" for b in bugs[:5]], 2 * len(types)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=300, help="examples per family (default 300)")
+    parser.add_argument("--model-types", type=int, default=0, help="model types to walk (default 0: all of CONFIG_MAPPING)")
     args = parser.parse_args(argv)
     rows, bugs = [], []
+    total = 0
     with tempfile.TemporaryDirectory() as d:
         os.environ["PERFGUIDE_CACHE_DIR"] = d  # never the user's own calibration store
         for name, strategy, check, share in families(Path(d)):
@@ -84,9 +108,14 @@ def main(argv: list[str] | None = None) -> int:
             other = sum(v for k, v in counts.items() if k not in OUTCOMES)
             rows.append(f"| {name} | {sum(counts.values())} | {counts['result']} | {counts['PerfGuideError']} | {other} | {seconds:.0f} s |")
             bugs += [f"- {name}: {e}" for e in escaped]
+            total += sum(counts.values())
+        more_rows, more_bugs, n = model_type_rows(args.model_types)
+        rows, bugs, total = rows + more_rows, bugs + more_bugs, total + n
     lines = ["# Fuzzing: every input ends in a result or one PerfGuideError", "",
-             f"`bench/fuzz.py --examples {args.examples}` (seeded). Generators: tests/fuzz_inputs.py. "
-             "\"other\" counts any other exception escaping (a bug); it must be 0.", "",
+             f"`bench/fuzz.py --examples {args.examples} --model-types {args.model_types}` (seeded): {total} inputs. "
+             "Generators: tests/fuzz_inputs.py. \"other\" counts any other exception escaping, a CLI exit other than "
+             "0/2/3, a refused write that changed its folder, or a report whose verdict contradicts `fits` (each a bug); "
+             "it must be 0. Hypothesis runs each input without a deadline; the time column is per family.", "",
              "| family | inputs | result | PerfGuideError | other | time |", "|---|---|---|---|---|---|", *rows, "",
              "## Other exceptions", "", *(bugs or ["none"]), ""]
     publish("\n".join(lines), OUT)

@@ -239,3 +239,80 @@ def walk_model_type(model_type: str) -> list[str]:
             except Exception as exc:  # noqa: BLE001
                 failures.append(f"{model_type} {scenario}: {type(exc).__name__}: {str(exc)[:100]}")
     return failures
+
+
+# --- CLI flags, output paths, plan/report agreement ----------------------------------------------------------
+cli_flags = st.lists(st.sampled_from(["--scenario", "--hardware", "--seq-len", "--global-batch-size", "--host-ram", "--precision",
+                                      "--optimizer", "--finetune", "--micro-batch-size", "--strategy", "--json", "--markdown",
+                                      "--brief", "--force", "--engine", "--quantization", "--batch-size", "--bogus", "-vv"])
+                     | hostile_text | numbers.map(str), max_size=6)
+
+
+def check_cli(argv: list[str]) -> str:
+    """``perfguide recommend gpt2 ARGV...``: exit 0, 2 or 3, never a traceback (an exception out of main)."""
+    import contextlib
+    import io
+
+    from perfguide.cli import main
+
+    def run() -> None:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()) as err:
+            code = main(["recommend", "gpt2", "--hardware", "a100-80gb", "--seq-len", "128", *argv])
+        if code not in (0, 2, 3) or "Traceback" in err.getvalue():
+            raise AssertionError(f"exit {code}")
+
+    return outcome(run)
+
+
+path_parts = st.sampled_from(["a.yaml", "x" * 300, "", "..", "sub/dir/b.json", "/proc/x", "\x00", "~nouser/c", "/dev/null",
+                              "d" * 200 + "/e"]) | hostile_text
+
+
+def check_write(parts: list[str], directory: Path, force: bool) -> str:
+    """write_files to a hostile path: written, or one PerfGuideError leaving ``directory`` as it was."""
+    from perfguide.integrations.files import write_files
+
+    before = sorted(p.name for p in directory.rglob("*"))
+    target = directory.joinpath(*[p for p in parts if p]) if parts else directory
+
+    def write() -> None:
+        try:
+            write_files({target: "a: 1\n"}, overwrite=force)
+        except PerfGuideError:
+            after = sorted(p.name for p in directory.rglob("*"))
+            if after != before:
+                raise AssertionError(f"a refused write changed the folder: {before} -> {after}") from None
+            raise
+
+    return outcome(write)
+
+
+def check_fits_agrees(cons: dict[str, Any], scenario: str = "train_gpu_one") -> str:
+    """A plan's ``fits`` and its report's verdict say the same thing."""
+    hw = "a100-80gb:4" if scenario.endswith("many") else "a100-80gb"
+
+    def both() -> None:
+        rec = perfguide.recommend("llama-3-8b", scenario, hardware=hw, seq_len=512, global_batch_size=8, **cons)
+        brief = rec.report(brief=True).lower()
+        says_no = "does not fit" in brief or "nothing fits" in brief
+        if says_no == rec.fits:
+            raise AssertionError(f"fits={rec.fits} but the report says {brief[:120]!r}")
+        false = false_comparisons(rec.report())
+        if false:
+            raise AssertionError(f"false comparison in the report: {false[0]}")
+
+    return outcome(both)
+
+
+_SIZES = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12}
+_COMPARISON = __import__("re").compile(r"(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)\s*(>|<)\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)", 2)
+
+
+def false_comparisons(text: str) -> list[str]:
+    """Every "A GiB > B GiB" (or <) a report prints that is not true of the numbers it prints."""
+    bad = []
+    for m in _COMPARISON.finditer(text):
+        a, b = float(m[1]) * _SIZES[m[2].lower()], float(m[4]) * _SIZES[m[5].lower()]
+        if (m[3] == ">" and not a > b) or (m[3] == "<" and not a < b):
+            bad.append(m[0])
+    return bad

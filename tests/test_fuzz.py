@@ -117,3 +117,23 @@ def test_the_honoured_check_sees_a_replaced_constraint():
     lora_bf16 = Setup(task="train", weights_dtype="bf16", lora={"r": 8}, optimizer="adamw_torch")
     assert F.not_honoured(lora_bf16, {"precision": "fp32"}) and F.not_honoured(lora_bf16, {"optimizer": "adafactor"})
     assert F.not_honoured(lora_bf16, {"finetune": "full"}) and not F.not_honoured(lora_bf16, {"finetune": "lora"})
+
+
+# --- issue 26: CLI flags, output paths, fits vs report (a seeded few; bench/fuzz.py runs thousands) ----------
+@settings(FUZZ, max_examples=15)
+@given(F.cli_flags)
+def test_fuzz_cli_flags(argv):
+    ok(F.check_cli(argv))
+
+
+@FUZZ
+@given(st.lists(F.path_parts, max_size=3), st.booleans())
+def test_fuzz_output_paths(parts, force):
+    with tempfile.TemporaryDirectory() as d:
+        ok(F.check_write(parts, Path(d), force))
+
+
+@settings(FUZZ, max_examples=10)
+@given(F.train_constraints, st.sampled_from(["train_gpu_one", "train_gpu_many"]))
+def test_fuzz_fits_agrees_with_the_report(cons, scenario):
+    ok(F.check_fits_agrees(cons, scenario))

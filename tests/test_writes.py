@@ -213,3 +213,10 @@ def test_calibration_store_fault_keeps_the_old_store(tmp_path, monkeypatch, faul
     after = snapshot(tmp_path)
     after.pop("calibration.json.lock", None)
     assert after == before
+
+
+def test_a_path_with_a_nul_byte_is_one_line(tmp_path):
+    """Found by bench/fuzz.py's output-path family: os.lstat raised ValueError."""
+    with pytest.raises(PerfGuideError, match="null"):
+        write_files({tmp_path / "a\x00b.yaml": "a: 1\n"})
+    assert list(tmp_path.iterdir()) == []
