@@ -166,3 +166,11 @@ def test_a_one_gpu_deepspeed_plan_shows_its_launch_command_in_the_report_too():
     text = rec.report()
     assert text.count(launch) == 2   # the headline and the Launch section
     assert "nn.DataParallel" not in text.split("Launch\n------")[1]
+
+
+def test_rich_keeps_a_long_launch_command_on_one_line_for_copying():
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_many", hardware="a100-80gb:8")
+    command = rec.launch_command("train.py")
+    assert len(command) > 110   # longer than the rich report's width
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", rec.report("rich", brief=True))
+    assert command in plain.splitlines()

@@ -187,8 +187,8 @@ def to_rich(doc: Document, width: int = RICH_WIDTH) -> str:
     for section in doc.sections:
         console.print()
         console.print(Text(section.title, style="bold underline"))
-        for block in section.blocks:
-            console.print(_rich_block(block))
+        for block in section.blocks:   # code is soft-wrapped: the terminal folds it, a copy gets the line whole
+            console.print(_rich_block(block), soft_wrap=isinstance(block, Code))
     return out.getvalue()
 
 
