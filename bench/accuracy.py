@@ -29,7 +29,9 @@ from accuracy_report import Result, report
 from perfguide._data import load
 from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
-from perfguide.memory.analytic import training_memory as estimate_memory
+from perfguide.memory.analytic import training_memory
+from perfguide.memory.inference import estimate_inference
+from perfguide.memory.types import MemoryEstimate
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 
@@ -47,6 +49,14 @@ GPU_MEMORY = {"rtx3080ti": 16 * 2**30, "rtx 2060": 8 * 2**30, "titan rtx": 24 * 
 
 class Skip(Exception):
     """A row perfguide's Setup cannot express; the message is the reason shown in the report."""
+
+
+def estimate_memory(spec: ModelSpec, setup: Setup, hw: Hardware | None, *, loss_bytes: int | None = None,
+                    bnb_version: str | None = None) -> MemoryEstimate:
+    """The memory model for a row: training with the row's loss path and bitsandbytes release, or inference."""
+    if setup.task == "infer":
+        return estimate_inference(spec, setup, hw)
+    return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version)
 
 
 def _int(text: str, default: int | None = None) -> int:
