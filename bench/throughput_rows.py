@@ -112,7 +112,7 @@ def group_of(row: dict[str, str]) -> str:
 
 
 def table_of(row: dict[str, str], group: str) -> str:
-    m = re.search(r"table '([^']+)'", row["notes"])
+    m = named = re.search(r"table '([^']+)'", row["notes"])
     if group == "llm-foundry" and m:
         return f"llm-foundry: {m.group(1)}"
     m = re.search(r"Table (\d+)", row["notes"])
@@ -120,6 +120,8 @@ def table_of(row: dict[str, str], group: str) -> str:
         return f"{group} table {m.group(1)}"
     if group == "deepspeed-autotuning":
         return group
+    if group == "answerai-fsdp-qlora" and named:   # its case studies and the accelerator table are separate tables
+        return f"{group}: {named.group(1)}"
     return group
 
 
