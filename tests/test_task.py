@@ -102,3 +102,9 @@ def test_an_inference_classifier_runs_a_forward_not_generate():
     rec = perfguide.recommend("bert-base-uncased", "infer_gpu_one", hardware="t4", task="seq-cls")
     assert not rec.model.generates
     assert rec.summary().run[-1] == "outputs = model(**inputs)"
+
+
+def test_recommend_help_explains_the_task_flag(capsys):
+    assert main(["recommend", "--help"]) == 0
+    out = " ".join(capsys.readouterr()[0].split())
+    assert "--task TASK the model's head: causal-lm, seq-cls" in out

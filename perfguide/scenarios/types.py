@@ -97,7 +97,9 @@ class Constraints(Model):
     trust_remote_code: StrictBool = False
     # the model's head (model/tasks.py): PEFT's task types, spelled as transformers' pipelines or PEFT name them
     task: Annotated[Literal["causal-lm", "seq-cls", "token-cls", "qa", "seq2seq", "feature-extraction"] | None,
-                    BeforeValidator(normalize_task)] = None
+                    BeforeValidator(normalize_task)] = Field(
+        default=None, description="the model's head: causal-lm, seq-cls, token-cls, qa, seq2seq, feature-extraction "
+                                  "(PEFT's task types, or as PEFT / transformers' pipelines spell them); default: the config's head")
     num_labels: StrictInt | None = Field(default=None, ge=1, le=1_000_000, description="classifier width for task seq-cls / token-cls (default 2)")
 
 
