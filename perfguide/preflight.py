@@ -13,7 +13,7 @@ from typing import Any
 from .api import _check_setup_fits_machine, recommend, resolve_hardware
 from .errors import InvalidSetupError, PerfGuideError
 from .hardware.types import Hardware
-from .integrations.readers import read_file, read_object
+from .integrations.readers import read_command, read_file, read_object
 from .integrations.readers.base import Reading
 from .integrations.readers.combine import Combined
 from .integrations.readers.pricing import Pricer, edits_for, plain, verdict
@@ -31,11 +31,29 @@ def readings(config: Any) -> list[Reading]:
         return [config]
     if isinstance(config, list) and config and all(isinstance(c, Reading) for c in config):
         return list(config)
+    if is_command(config):
+        return read_command(config)
     if isinstance(config, str | os.PathLike):
         return [read_file(os.fspath(config))]
     if isinstance(config, Sequence) and not isinstance(config, str) and config and all(isinstance(c, str | os.PathLike) for c in config):
         return [read_file(os.fspath(c)) for c in config]
     return [read_object(config)]
+
+
+LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm")
+
+
+def is_command(config: Any) -> bool:
+    """A launch command (a string or argv list starting with a launcher), not a config file path."""
+    import shlex
+
+    if isinstance(config, str) and not os.path.exists(config):
+        words = shlex.split(config) if config.strip() else []
+    elif isinstance(config, list) and config and all(isinstance(c, str) for c in config) and not os.path.exists(config[0]):
+        words = config
+    else:
+        return False
+    return bool(words) and words[0].rsplit("/", 1)[-1] in LAUNCHERS
 
 
 def check(model: Any = None, config: Any = None, *, hardware: Hardware | str | None = None, **overrides: Any) -> Check:

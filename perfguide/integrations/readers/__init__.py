@@ -16,7 +16,7 @@ from .base import Collector, ConfigReadError, Reading
 
 #: format -> module (imported on first use); the order is the order detection tries them in
 MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
-           "torchtune": "torchtune", "training_args": "training_args"}
+           "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -79,6 +79,23 @@ def read_file(path: str, fmt: str | None = None) -> Reading:
     else:
         mod.read(data, col, base_dir=base_dir)
     return col.reading()
+
+
+def read_command(argv: list[str] | str) -> list[Reading]:
+    """A launch command: the script's flags first (they own the run's settings), then the launcher, then any
+    accelerate config file the launcher names."""
+    import shlex
+
+    from . import launcher, script_flags
+
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    name, flags, script_args = launcher.split(words)
+    base_dir = str(Path.cwd())
+    script = Collector("script_flags", "script flags")
+    script_flags.read(script_flags.parse(script_args), script, base_dir=base_dir)
+    outer = Collector("launcher", f"{name} flags")
+    extra = launcher.read_launcher(name, flags, outer, base_dir)
+    return [script.reading(), outer.reading(), *extra]
 
 
 def read_object(obj: Any) -> Reading:

@@ -15,8 +15,11 @@ from .base import ConfigReadError, Reading, Setting
 
 #: (winner, loser) -> the fields where the winner's explicit value overrides the loser's: the script's TrainingArguments
 #: over the launcher's config; DeepSpeed's optimizer block over ``optim`` (the Trainer then builds DeepSpeed's optimizer)
-OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "accelerate"): None,
-                                                          ("deepspeed", "training_args"): frozenset({"optimizer"})}
+OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "accelerate"): None, ("script_flags", "accelerate"): None,
+                                                          ("script_flags", "launcher"): None, ("training_args", "launcher"): None,
+                                                          ("launcher", "accelerate"): None,
+                                                          ("deepspeed", "training_args"): frozenset({"optimizer"}),
+                                                          ("deepspeed", "script_flags"): frozenset({"optimizer"})}
 
 
 def outranks(winner: Setting, loser: Setting) -> bool:
@@ -51,17 +54,20 @@ class Combined:
                                   f"{models[1].source}={models[1].value!r}; pass one config per run, or --model")
 
     def _resolve(self, settings: list[Setting]) -> Setting:
-        first = settings[0]
-        for other in settings[1:]:
-            if other.value == first.value:
-                continue
-            if outranks(other, first):
-                first, other = other, first
-            elif not outranks(first, other):
-                raise ConfigReadError(f"{first.field} is set twice, differently: {first.source}={first.value!r} but "
-                                      f"{other.source}={other.value!r}; make them agree (the launcher refuses the mismatch)")
-            self.notes.append(f"{other.source}={other.value!r} is overridden by {first.source}={first.value!r}")
-        return first
+        """The value every disagreeing setting is outranked by (the launcher's precedence), else one line naming both."""
+        values = list(dict.fromkeys(repr(x.value) for x in settings))
+        if len(values) == 1:
+            return settings[0]
+        for value in values:
+            mine = [x for x in settings if repr(x.value) == value]
+            others = [x for x in settings if repr(x.value) != value]
+            if all(any(outranks(m, o) for m in mine) for o in others):
+                for o in others:
+                    self.notes.append(f"{o.source}={o.value!r} is overridden by {mine[0].source}={mine[0].value!r}")
+                return mine[0]
+        a, b = settings[0], next(x for x in settings if repr(x.value) != repr(settings[0].value))
+        raise ConfigReadError(f"{a.field} is set twice, differently: {a.source}={a.value!r} but {b.source}={b.value!r}; "
+                              "make them agree (the launcher refuses the mismatch)")
 
     def assume(self, field: str, value: Any, why: str) -> None:
         """A default for a field no config set (kept out when one did)."""
