@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from .. import techniques
 from .._base import GiB
@@ -32,9 +32,16 @@ TENSOR_CORE_MULTIPLE = 8
 
 @dataclass(frozen=True)
 class Priced:
+    """A candidate's memory, and its speed priced on first use: most candidates a search prices do not fit, and
+    their speed (the dearer half) is never read, so it is computed only for those shown or compared."""
+
     setup: Setup
     memory: MemoryEstimate
-    throughput: Throughput
+    speed: Throughput | Callable[[], Throughput] = field(repr=False, compare=False)
+
+    @cached_property
+    def throughput(self) -> Throughput:
+        return self.speed if isinstance(self.speed, Throughput) else self.speed()
 
     @property
     def step_time(self) -> float:
@@ -105,7 +112,7 @@ def speed_warnings(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: F
 
 def price(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Priced:
     """``factors``: this machine's calibration for this model (Request.calibration); None for other machines."""
-    return Priced(setup, estimate_memory(spec, setup, hardware, factors), quiet_speed(spec, setup, hardware, factors))
+    return Priced(setup, estimate_memory(spec, setup, hardware, factors), lambda: quiet_speed(spec, setup, hardware, factors))
 
 
 def divisors(n: int) -> list[int]:
@@ -125,7 +132,13 @@ def micro_batch_choices(per_rank_batch: int, forced: int | None) -> list[int]:
 
 
 def with_micro(template: Setup, micro: int, per_rank_batch: int) -> Setup:
-    return template.replace(micro_batch_size=micro, gradient_accumulation_steps=per_rank_batch // micro)
+    """The template (already validated) at one micro-batch. No conflict rule reads the micro-batch, and the one that
+    reads accumulation (optimizer_in_backward needs 1) is met by ``best_for_template``'s choices, so the copy skips
+    re-validation: hundreds of candidates per request, each validated again, were a fifth of a large plan's time."""
+    accumulation = per_rank_batch // micro
+    if template.optimizer_in_backward and accumulation != 1:
+        return template.replace(micro_batch_size=micro, gradient_accumulation_steps=accumulation)  # raises, as before
+    return template.model_copy(update={"micro_batch_size": micro, "gradient_accumulation_steps": accumulation})
 
 
 def _speed_key(p: Priced) -> tuple[float, int, str]:
@@ -137,14 +150,19 @@ def _speed_key(p: Priced) -> tuple[float, int, str]:
 
 def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int,
                       choices: list[int], headroom: float, factors: Factors | None = None) -> Option:
-    """Binary-search the largest fitting micro-batch (memory grows with it), then take the fastest fitting one."""
+    """The smallest micro-batch first, then a binary search for the largest fitting one (memory grows with the
+    micro-batch), then the fastest fitting one."""
     if template.optimizer_in_backward:   # no accumulation: the micro-batch is the whole per-device batch
         choices = [c for c in choices if c == per_rank_batch]
         if not choices:
             return Option(template, None, None)
-    lo, hi = 0, len(choices) - 1
-    largest: Priced | None = None
-    too_big: Priced | None = None
+    # the smallest micro-batch first: when even it does not fit (most templates of a model too big for the node),
+    # it is the option's too_big, as the search below would end on it, and nothing else needs pricing
+    smallest = price(spec, with_micro(template, choices[0], per_rank_batch), hardware, factors)
+    if not fits(smallest.memory, hardware, headroom):
+        return Option(template, None, smallest)
+    lo, hi = 1, len(choices) - 1
+    largest, too_big = smallest, None
     while lo <= hi:
         mid = (lo + hi) // 2
         p = price(spec, with_micro(template, choices[mid], per_rank_batch), hardware, factors)
@@ -152,14 +170,14 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
             largest, lo = p, mid + 1
         else:
             too_big, hi = p, mid - 1
-    if largest is None:
-        return Option(template, None, too_big)
-    smaller = [c for c in choices if c < largest.setup.micro_batch_size]
-    timed = [(quiet_speed(spec, s, hardware, factors), s) for s in (with_micro(template, c, per_rank_batch) for c in smaller)]
+    # a smaller micro-batch can be faster; the smallest one's speed is priced already
+    timed = [] if largest is smallest else [(smallest.throughput, smallest.setup)]
+    timed += [(quiet_speed(spec, s, hardware, factors), s) for s in (with_micro(template, c, per_rank_batch) for c in choices[1:]
+                                                                     if c < largest.setup.micro_batch_size)]
     faster = [(t, s) for t, s in timed if t.step_time_s < largest.step_time]
     if faster:
         t, s = min(faster, key=lambda ts: ts[0].step_time_s)
-        largest = Priced(s, estimate_memory(spec, s, hardware, factors), t)
+        largest = smallest if s is smallest.setup else Priced(s, estimate_memory(spec, s, hardware, factors), t)
     return Option(template, largest, too_big)
 
 
