@@ -15,6 +15,7 @@ examples:
   perfguide check training_args.json --model meta-llama/Llama-3.1-8B --hardware a100-80gb --seq-len 2048
   perfguide check accelerate.yaml training_args.json --model llama-3-8b --hardware a100-80gb:8
   perfguide check sft.yaml --hardware h100-80gb --json        # the model is the YAML's model_name_or_path
+  perfguide check --hardware h100-80gb:2 -- vllm serve meta-llama/Llama-3.1-8B --max-model-len 32768
   perfguide check --hardware a100-80gb:8 -- torchrun --nproc_per_node 8 train.py --model_name_or_path llama-3-8b --bf16
 """
 #: Setup fields with their own options above (or that a config always decides)
@@ -37,12 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from .integrations.readers import read_command, read_file
+    from .integrations.readers.serve_command import is_serve_command
     from .preflight import is_command
 
     if not args.files:
         from .errors import PerfGuideError
 
         raise PerfGuideError("perfguide check needs config files (or `-- COMMAND ...`); see perfguide check --help")
+    if is_serve_command(args.files):
+        return list(args.files)   # perfguide.check reads a serve command itself
     if is_command(args.files):
         return read_command(args.files)
     return [read_file(f, args.format) for f in args.files]

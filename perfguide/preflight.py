@@ -17,6 +17,7 @@ from .integrations.readers import read_command, read_file, read_object
 from .integrations.readers.base import Reading
 from .integrations.readers.combine import Combined
 from .integrations.readers.pricing import Pricer, edits_for, plain, verdict
+from .integrations.readers.serve_command import is_serve_command
 from .integrations.readers.verdict import Change, Check, Edit
 from .model.types import ModelSpec
 from .scenarios import registry
@@ -71,6 +72,8 @@ def check(model: Any = None, config: Any = None, *, hardware: Hardware | str | N
 
         raise InvalidSetupError(f"unknown check override {bad[0]!r}.{did_you_mean(bad[0], Setup.model_fields)} "
                                 f"Accepted: the perfguide.Setup fields ({', '.join(Setup.model_fields)})")
+    if is_serve_command(config):
+        return _check_serve(model, config, hardware, overrides)
     combined = Combined(readings(config), overrides)
     name = _model_name(model, combined)
     spec = ModelSpec.from_any(model if model is not None else name)
@@ -80,6 +83,19 @@ def check(model: Any = None, config: Any = None, *, hardware: Hardware | str | N
     recommended = _recommended_change(price, combined, result.throughput)
     changes = (*result.changes, recommended) if recommended else result.changes
     return result.model_copy(update={"changes": changes, "notes": tuple(dict.fromkeys(combined.notes))})
+
+
+def _check_serve(model: Any, config: Any, hardware: Hardware | str | None, overrides: dict[str, Any]) -> Check:
+    """A ``vllm serve`` / ``sglang.launch_server`` command: its flags decide every setting, so Setup overrides are refused."""
+    from .integrations.readers import serve_command
+
+    if overrides:
+        raise InvalidSetupError(f"a serve command takes its settings from its own flags; drop {', '.join(sorted(overrides))} "
+                                "and write them as the engine's flags")
+    hw = resolve_hardware(hardware)
+    result = serve_command.check(config, lambda name: ModelSpec.from_any(model if model is not None else name), hw)
+    _check_setup_fits_machine(result.setup, hw)
+    return result
 
 
 def _model_name(model: Any, combined: Combined) -> str:

@@ -59,9 +59,8 @@ def test_accelerate_launch_flags_win_over_its_config_file(tmp_path: Path, capsys
     assert code in (0, 3) and "accelerate flags: --num_processes" in out, err
 
 
-def test_serve_commands_and_unknown_launchers_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in (["vllm", "serve", "llama-3-8b", "--max-model-len", "4096"], ["python", "-m", "sglang.launch_server", "--model-path", "x"],
-                    ["torchrun", "--nproc_per_node", "2"]):
+def test_unknown_launchers_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (["torchrun", "--nproc_per_node", "2"], ["foo", "train.py"]):
         assert main(["check", "--hardware", "a100-80gb", "--", *command]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err

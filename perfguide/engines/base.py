@@ -65,6 +65,8 @@ class ServerEngine(Engine):
     memory_setting: ClassVar[str]         # the knob that sizes its memory budget (e.g. gpu_memory_utilization)
     memory_source: ClassVar[str]          # where its memory rule is read in its source
     expert_parallel: ClassVar[bool] = True   # divides MoE experts over every GPU of TP x DP (a switch of its parser)
+    #: other spellings its parser registers for flags ``flags()`` emits (alias -> the emitted name), for reading commands
+    flag_aliases: ClassVar[dict[str, str]] = {}
 
     @property
     def facts(self) -> EngineFacts:
@@ -98,6 +100,10 @@ class ServerEngine(Engine):
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
         """The value of its memory knob a plan sets, keeping ``headroom`` of the GPU free."""
         raise NotImplementedError
+
+    def default_utilization(self, gpu: GPU, serving: ServingSetup) -> float:
+        """The value of its memory knob when a command does not set it (vLLM's parser default, 0.9)."""
+        return float(ServingSetup.model_fields["gpu_memory_utilization"].default)
 
     def budget(self, total: int, context: int, serving: ServingSetup) -> int:
         """Bytes its rule lets weights + KV cache (+ whatever it subtracts) use, from CUDA's total."""

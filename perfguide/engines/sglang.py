@@ -38,12 +38,16 @@ class SGLang(ServerEngine):
     order: ClassVar[int] = 20
     docs_source: ClassVar[str] = "SGLang 0.5.23 docs: advanced_features/server_arguments.md; python/sglang/srt/server_args.py"
     memory_setting: ClassVar[str] = "mem_fraction_static"
+    flag_aliases: ClassVar[dict[str, str]] = {"--tensor-parallel-size": "--tp-size", "--data-parallel-size": "--dp-size", "--model": "--model-path"}
     expert_parallel: ClassVar[bool] = False   # its --ep-size pairs with DP attention, which these plans do not price
     memory_source: ClassVar[str] = "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes"
 
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
         """Its own default fraction, capped at 1 - headroom."""
         return min(1 - headroom, default_mem_fraction(gpu.memory_total, serving))
+
+    def default_utilization(self, gpu: GPU, serving: ServingSetup) -> float:
+        return default_mem_fraction(gpu.memory_total, serving)
 
     def budget(self, total: int, context: int, serving: ServingSetup) -> int:
         return int((total - context) * serving.gpu_memory_utilization)

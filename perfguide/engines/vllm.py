@@ -31,6 +31,7 @@ class VLLM(ServerEngine):
     order: ClassVar[int] = 10
     docs_source: ClassVar[str] = "vLLM 0.33 docs: configuration/optimization.md, serving/parallelism_scaling.md; vllm/engine/arg_utils.py"
     memory_setting: ClassVar[str] = "gpu_memory_utilization"
+    flag_aliases: ClassVar[dict[str, str]] = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
     memory_source: ClassVar[str] = "vllm 0.33 vllm/v1/worker/gpu_worker.py determine_available_memory"
 
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:

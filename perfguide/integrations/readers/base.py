@@ -6,7 +6,7 @@ from, every default it had to assume says so, and every key it read but cannot p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import Field
@@ -94,6 +94,24 @@ class Collector:
         return Reading(format=self.format, source=self.source, settings=tuple(self.settings), auto=self.auto,
                        ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes),
                        multi_process=self.multi_process)
+
+
+def take_flags(words: list[str], name: Callable[[str], str], switches: Collection[str], on: Any = True) -> tuple[dict[str, Any], int]:
+    """The leading ``--flag value`` / ``--flag=value`` / switch words of a command (a switch gets ``on``), and the
+    index of the first word that is not a flag: launchers and servers share argparse's spelling."""
+    flags: dict[str, Any] = {}
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        raw, eq, value = words[i].partition("=")
+        key = name(raw)
+        if eq:
+            flags[key] = value
+        elif key in switches or i + 1 >= len(words) or words[i + 1].startswith("-"):
+            flags[key] = on
+        else:
+            flags[key], i = words[i + 1], i + 1
+        i += 1
+    return flags, i
 
 
 # --- value parsing shared by the readers: one line naming the key when a value is not what the format takes -------

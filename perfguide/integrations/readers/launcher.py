@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Collector, ConfigReadError, Reading, as_bool, as_int, choice
+from .base import Collector, ConfigReadError, Reading, as_bool, as_int, choice, take_flags
 from .deepspeed import merge_into
 
 FORMAT = "launcher"
@@ -23,10 +23,6 @@ PYTHONS = ("python", "python3")
 def split(argv: list[str]) -> tuple[str, dict[str, Any], list[str]]:
     """(launcher, its flags, the script's own arguments after the script path)."""
     words = list(argv)
-    serve = words[:2] == ["vllm", "serve"] or (words[1:3] == ["-m", "sglang.launch_server"])
-    if serve:
-        raise ConfigReadError("serve commands (vllm serve, python -m sglang.launch_server) are not read by perfguide check yet; "
-                              "price a serving setup with `perfguide recommend MODEL --scenario infer_gpu_one --engine vllm`")
     if words and words[0].rsplit("/", 1)[-1] in PYTHONS and words[1:3] and words[1] == "-m":
         module = words[2]
         words = {"torch.distributed.run": ["torchrun"], "accelerate.commands.launch": ["accelerate", "launch"]}.get(module, ["python"]) + words[3:]
@@ -41,18 +37,7 @@ def split(argv: list[str]) -> tuple[str, dict[str, Any], list[str]]:
         name, words = ("python" if name in PYTHONS else name), words[1:]
     else:
         raise ConfigReadError(f"cannot read a {name!r} command; accepted: accelerate launch, torchrun, deepspeed, python script.py")
-    flags: dict[str, Any] = {}
-    i = 0
-    while i < len(words) and words[i].startswith("-"):
-        key, eq, value = words[i].lstrip("-").partition("=")
-        key = key.replace("-", "_")
-        if eq:
-            flags[key] = value
-        elif key in SWITCHES or i + 1 >= len(words) or words[i + 1].startswith("-"):
-            flags[key] = True
-        else:
-            flags[key], i = words[i + 1], i + 1
-        i += 1
+    flags, i = take_flags(words, lambda w: w.lstrip("-").replace("-", "_"), SWITCHES)
     if i >= len(words):
         raise ConfigReadError(f"the {name} command names no script to run")
     return name, flags, words[i + 1:]

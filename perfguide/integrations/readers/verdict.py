@@ -89,7 +89,9 @@ def _by_source(entries: tuple[str, ...]) -> list[str]:
     return [f"  {source}: {', '.join(keys)}" for source, keys in groups.items()]
 
 
-def _speed(t: Throughput | None) -> str:
+def _speed(t: Throughput | None, m: MemoryEstimate) -> str:
+    if m.kv_cache_tokens is not None:   # a serving engine: what its start-up log prints
+        return f"KV cache: {m.kv_cache_tokens:,} tokens, max concurrency {m.max_concurrency or 0:.2f} requests of max_model_len"
     if t is None:
         return "speed: not priced (no device)"
     return f"speed: {t.tokens_per_s:,.0f} tokens/s, step {t.step_time_s:.3g} s" + (f", MFU {t.mfu:.0%}" if t.mfu else "")
@@ -102,7 +104,7 @@ def render(c: Check) -> str:
     lines = [f"perfguide check: {c.model} on {c.hardware}: {c.setup.label}",
              f"verdict: {verdict}: {m.device_total / GiB:.1f} GiB per device{room}"
              + (f", {m.cpu_ram / GiB:.1f} GiB host RAM" if m.cpu_ram else ""),
-             _speed(c.throughput), "", "read:"]
+             _speed(c.throughput, m), "", "read:"]
     width = max((len(f"{s.field} = {s.value!r}") for s in c.read), default=0)
     for s in c.read:
         shown = f"{s.field} = {s.value!r}"

@@ -1,0 +1,216 @@
+"""A serve command line: ``vllm serve MODEL [flags]`` or ``python -m sglang.launch_server --model-path MODEL [flags]``.
+
+The flag names are the engine's own: each engine in perfguide/engines/ emits its command from a ServingSetup, so
+the reader learns which flag carries which ServingSetup field by asking the engine for the command of setups that
+differ in that one field (no flag name is written here twice). The setup read is priced by the engine's memory rule,
+the one ``perfguide.estimate`` uses for a serving Setup, and a change that fits is written back as the engine's flags.
+"""
+
+from __future__ import annotations
+
+import shlex
+from functools import cache
+from typing import Any
+
+from ...engines import ServerEngine, servers
+from ...errors import PerfGuideError, did_you_mean
+from ...hardware.types import Hardware
+from ...model.types import ModelSpec
+from ...setup import ServingSetup, Setup
+from .base import Collector, ConfigReadError, as_float, as_int, take_flags
+from .verdict import Change, Check, Edit
+
+FORMAT = "serve_command"
+SYNTAX = "flags"
+_PROBE = "PERFGUIDE_PROBE_MODEL"
+#: flags every server has that say where and how it listens, not what it holds in memory (read, not priced)
+NOT_PRICED = frozenset({"--host", "--port", "--served-model-name", "--api-key", "--trust-remote-code", "--download-dir", "--revision",
+                        "--tokenizer", "--seed", "--chat-template", "--log-level", "--uvicorn-log-level", "--disable-log-requests"})
+#: one value per field, different from the ServingSetup default: the engine's command for it shows the field's flag
+_VARIANTS: dict[str, tuple[Any, ...]] = {
+    "tensor_parallel_size": (2,), "pipeline_parallel_size": (2,), "data_parallel_size": (2,), "max_model_len": (1000,),
+    "gpu_memory_utilization": (0.5,), "max_num_seqs": (10,), "max_num_batched_tokens": (1000,), "dtype": ("bf16", "fp16"),
+    "kv_cache_dtype": ("auto", "fp8"), "enable_expert_parallel": (True,), "enforce_eager": (True,), "enable_prefix_caching": (False,),
+}
+
+Table = dict[str, tuple[str, dict[str | None, Any]]]   # flag -> (ServingSetup field, the engine's word -> the field's value)
+
+
+@cache
+def flag_table(engine: ServerEngine) -> Table:
+    """Which of the engine's flags carries which ServingSetup field, and the words it writes for each value."""
+    base = ServingSetup(engine=engine.name)
+    before = dict(engine.flags(_PROBE, base))
+    table: Table = {}
+    variants = {**_VARIANTS, "weight_format": engine.quantizations()}
+    for field, values in variants.items():
+        for value in values:
+            after = dict(engine.flags(_PROBE, base.model_copy(update={field: value})))
+            for flag, word in after.items():
+                if flag not in before or before[flag] != word:
+                    table.setdefault(flag, (field, {}))[1].setdefault(word, value)
+            for flag in before.keys() - after.keys():   # a switch the base setup turns on
+                table.setdefault(flag, (field, {}))[1].setdefault(None, getattr(base, field))
+    for flag, (field, words) in table.items():
+        if flag in before and field != "weight_format":
+            words.setdefault(before[flag], getattr(base, field))
+    return table
+
+
+def engine_of(words: list[str]) -> tuple[ServerEngine, list[str]] | None:
+    """The engine whose launcher the command starts with, and the words after it (None: not a serve command)."""
+    if words and words[0].rsplit("/", 1)[-1] in ("python", "python3"):
+        words = ["python", *words[1:]]
+    for engine in servers():
+        head = [w for w in engine.launcher(_PROBE) if w != _PROBE]
+        if words[:len(head)] == head:
+            return engine, words[len(head):]
+    return None
+
+
+def is_serve_command(config: Any) -> bool:
+    words = shlex.split(config) if isinstance(config, str) else config if isinstance(config, list) else []
+    return bool(words) and all(isinstance(w, str) for w in words) and engine_of(list(words)) is not None
+
+
+def parse(words: list[str]) -> tuple[ServerEngine, str | None, dict[str, str | None]]:
+    """(engine, the model named, flag -> its word or None for a switch), flags spelled as the engine emits them."""
+    found = engine_of(words)
+    if found is None:
+        raise ConfigReadError(f"not a serve command: {' '.join(words[:3])!r}; accepted: "
+                              + ", ".join(" ".join(w for w in e.launcher("MODEL")) for e in servers()))
+    engine, rest = found
+    positional = "MODEL" in engine.launcher("MODEL")
+    model_flag = next((f for f, v in engine.flags(_PROBE, ServingSetup(engine=engine.name)) if v == _PROBE), None)
+    model = rest.pop(0) if positional and rest and not rest[0].startswith("-") else None
+    switches = {f for f, (_, words_) in flag_table(engine).items() if None in words_}
+    flags, i = take_flags(rest, lambda w: engine.flag_aliases.get(w, w), switches, on=None)
+    if i < len(rest):
+        raise ConfigReadError(f"{engine.title} command: unexpected word {rest[i]!r}; flags are `--name value` (the model is "
+                              + ("the word after the command)" if positional else f"{model_flag} MODEL)"))
+    if model_flag and model_flag in flags:
+        model = flags.pop(model_flag)
+    return engine, model, flags
+
+
+def read(argv: list[str] | str, spec_of: Any, hw: Hardware) -> tuple[ServerEngine, str, ServingSetup, Collector]:
+    """The ServingSetup the command runs, each field traced to its flag or to the engine default assumed."""
+    words = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    engine, model, flags = parse(words)
+    col = Collector(FORMAT, f"{engine.title} flags")
+    if model is None:
+        raise ConfigReadError(f"the {engine.title} command names no model; write " + " ".join(engine.launcher("MODEL")))
+    col.set_model(model, "model")
+    table = flag_table(engine)
+    values: dict[str, Any] = {}
+    for flag, word in flags.items():
+        if flag not in table:
+            if flag in NOT_PRICED:
+                col.ignore(flag)
+            else:
+                col.reject([flag], table)
+            continue
+        field, words_ = table[flag]
+        values[field] = _value(field, word, words_, col.where(flag))
+        col.set(f"serving.{field}", values[field], flag)
+    spec: ModelSpec = spec_of(model)
+    _assume(engine, spec, hw, values, col)
+    try:
+        serving = ServingSetup(engine=engine.name, **values)
+    except ValueError as exc:
+        raise ConfigReadError(f"the {engine.title} command describes a setup perfguide cannot price: {str(exc).splitlines()[-1].strip()}") from None
+    return engine, model, serving, col
+
+
+def _value(field: str, word: str | None, words: dict[str | None, Any], where: str) -> Any:
+    default = ServingSetup.model_fields[field].default
+    if word is not None and isinstance(default, int | float) and not isinstance(default, bool):
+        return as_int(word, where) if isinstance(default, int) else as_float(word, where)
+    if word == "auto" and field == "dtype":
+        return None   # the checkpoint's own dtype: filled in by _assume
+    if word not in words:
+        accepted = ", ".join(sorted(str(w) for w in words if w is not None)) or "no value (a switch)"
+        raise ConfigReadError(f"{where}={word!r} is not a value perfguide can price.{did_you_mean(str(word), [str(w) for w in words])} "
+                              f"Accepted: {accepted}")
+    return words[word]
+
+
+def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[str, Any], col: Collector) -> None:
+    """What the command leaves to the engine: its own defaults, said as assumptions."""
+    if values.get("dtype") is None:
+        values["dtype"] = "fp16" if spec.native_dtype == "fp16" else "bf16"
+        col.assume("serving.dtype", values["dtype"], "dtype auto: the checkpoint's own 16-bit dtype (fp32 checkpoints served in bf16)")
+    if "max_model_len" not in values and spec.usable_positions:
+        values["max_model_len"] = spec.usable_positions
+        col.assume("serving.max_model_len", values["max_model_len"], "the engine's default: the model's own context length")
+    gpu = hw.smallest_gpu
+    if "gpu_memory_utilization" not in values and gpu is not None:
+        values["gpu_memory_utilization"] = round(engine.default_utilization(gpu, ServingSetup(engine=engine.name, **values)), 3)
+        col.assume("serving.gpu_memory_utilization", values["gpu_memory_utilization"], f"{engine.title}'s own default on {gpu.name}")
+    for field in ("tensor_parallel_size", "max_num_seqs"):
+        if field not in values:
+            col.assume(f"serving.{field}", ServingSetup.model_fields[field].default, "perfguide's ServingSetup default")
+
+
+def setup_of(serving: ServingSetup) -> Setup:
+    """The Setup ``estimate`` prices for this serving layout (one max_model_len request per replica)."""
+    return Setup(task="infer", micro_batch_size=1, seq_len=serving.max_model_len, weights_dtype=serving.dtype,
+                 strategy="tp" if serving.tensor_parallel_size > 1 else "single",
+                 num_gpus=serving.tensor_parallel_size * serving.pipeline_parallel_size * serving.data_parallel_size, serving=serving)
+
+
+def price(engine: ServerEngine, spec: ModelSpec, serving: ServingSetup, hw: Hardware) -> Any:
+    from ...scenarios.serving_decisions import to_memory
+
+    return to_memory(engine.memory(spec, serving, hw))
+
+
+def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
+    """The verdict on a serve command as written, with the changes (as its flags) that make it start."""
+    if not hw.has_gpu:
+        raise PerfGuideError("a serve command is checked on a GPU: pass --hardware h100-80gb (or another GPU name, :N for N GPUs)")
+    engine, model, serving, col = read(argv, spec_of, hw)
+    spec: ModelSpec = spec_of(model)
+    memory = price(engine, spec, serving, hw)
+    reading = col.reading()
+    changes = () if memory.fits else fit_changes(engine, spec, serving, hw, model)
+    gpus = setup_of(serving).num_gpus
+    return Check(model=spec.name, hardware=f"{hw.name or hw.smallest_gpu.name} ({gpus} GPU{'s' if gpus > 1 else ''})",  # type: ignore[union-attr]
+                 setup=setup_of(serving), fits=memory.fits, memory=memory, read=reading.settings, ignored=reading.ignored,
+                 unknown=reading.unknown, changes=changes, notes=reading.notes)
+
+
+def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hardware, model: str) -> tuple[Change, ...]:
+    """The longest max_model_len (halving) that starts on these GPUs, and the smallest larger tensor-parallel size."""
+    def fits(new: ServingSetup) -> bool:
+        return bool(price(engine, spec, new, hw).fits)
+
+    found: list[ServingSetup] = []
+    length = s.max_model_len // 2
+    while length >= 256:
+        new = s.model_copy(update={"max_model_len": length})
+        if fits(new):
+            found.append(new)
+            break
+        length //= 2
+    tp = s.tensor_parallel_size * 2
+    while tp * s.pipeline_parallel_size * s.data_parallel_size <= hw.gpu_count and spec.num_attention_heads % tp == 0:
+        new = s.model_copy(update={"tensor_parallel_size": tp})
+        if fits(new):
+            found.append(new)
+            break
+        tp *= 2
+    if not found:
+        return (Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price(engine, spec, s, hw).device_total / 2**30,
+                       reason="no shorter max_model_len (down to 256) or larger tensor-parallel size on these GPUs fits: "
+                              "a quantized checkpoint or more / larger GPUs (perfguide recommend MODEL --scenario infer_gpu_one)"),)
+    return tuple(_change(engine, spec, s, new, hw, model) for new in found)
+
+
+def _change(engine: ServerEngine, spec: ModelSpec, old: ServingSetup, new: ServingSetup, hw: Hardware, model: str) -> Change:
+    fields = {f: getattr(new, f) for f in ServingSetup.model_fields if getattr(new, f) != getattr(old, f)}
+    emitted = dict(engine.flags(model, new))
+    keys = {flag: emitted[flag] for flag, (field, _) in flag_table(engine).items() if field in fields and flag in emitted}
+    return Change(kind="fit", setup={f"serving.{k}": v for k, v in fields.items()}, fits=True,
+                  edits=(Edit(format=FORMAT, source=f"{engine.title} command", syntax="flags", keys=keys),),
+                  peak_gib=price(engine, spec, new, hw).device_total / 2**30)

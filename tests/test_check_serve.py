@@ -1,0 +1,113 @@
+"""perfguide check -- vllm serve / python -m sglang.launch_server: the engine's flags read into a serving setup,
+priced as ``perfguide.estimate`` prices it, and changes written back as flags the pinned parsers register
+(tests/data/engine_flags.json, extracted from the vLLM 0.33 / SGLang 0.5.23 wheels by scripts/engine_flags.py)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+import perfguide
+from perfguide.cli import main
+
+FLAGS = json.loads((Path(__file__).parent / "data" / "engine_flags.json").read_text())
+MODEL = "meta-llama/Llama-3.1-8B"
+# Llama-3.1-8B config.json: 32 layers, 8 KV heads of dim 128; K and V in bf16 -> 2 * 32 * 8 * 128 * 2 bytes per token
+KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def flags_of(command: str) -> list[str]:
+    return [w.split("=")[0] for w in shlex.split(command) if w.startswith("-") and w not in ("-m",)]
+
+
+def value(check: perfguide.Check, field: str) -> object:
+    return next(s.value for s in check.read if s.field == field)
+
+
+def test_vllm_command_read_flag_by_flag_and_priced_as_estimate() -> None:
+    command = (f"vllm serve {MODEL} --tensor-parallel-size 2 --gpu-memory-utilization 0.85 --max-model-len 32768 --max-num-seqs 128 "
+               "--kv-cache-dtype fp8 --dtype bfloat16 --quantization fp8 --enable-expert-parallel --served-model-name llama")
+    assert set(flags_of(command)) <= set(FLAGS["vllm"]["flags"])
+    assert "--max-model-length" not in FLAGS["vllm"]["flags"]
+    c = perfguide.check(config=command + " --max-model-length 4096", hardware="h100-80gb:2")
+    s = c.setup.serving
+    assert s is not None and s.engine == "vllm"
+    assert (s.tensor_parallel_size, s.gpu_memory_utilization, s.max_model_len, s.max_num_seqs) == (2, 0.85, 32768, 128)
+    assert (s.kv_cache_dtype, s.dtype, s.weight_format, s.enable_expert_parallel) == ("fp8", "bf16", "fp8", True)
+    assert c.setup.num_gpus == 2 and value(c, "serving.max_model_len") == 32768
+    assert c.ignored == ("vLLM flags: --served-model-name",)
+    assert len(c.unknown) == 1 and "--max-model-length" in c.unknown[0] and "--max-model-len" in c.unknown[0].split("(")[1]
+    est = perfguide.estimate(MODEL, c.setup, hardware="h100-80gb:2")
+    assert c.fits == est.fits and c.memory.kv_cache_tokens == est.kv_cache_tokens and c.memory.max_concurrency == est.max_concurrency
+
+
+def test_sglang_command_read_flag_by_flag() -> None:
+    command = (f"python -m sglang.launch_server --model-path {MODEL} --tp-size 2 --mem-fraction-static 0.8 --context-length 8192 "
+               "--max-running-requests 64 --kv-cache-dtype fp8_e4m3 --dtype float16 --host 0.0.0.0 --port 30000")
+    assert set(flags_of(command)) <= set(FLAGS["sglang"]["flags"])
+    c = perfguide.check(config=command, hardware="h100-80gb:2")
+    s = c.setup.serving
+    assert s is not None and s.engine == "sglang"
+    assert (s.tensor_parallel_size, s.gpu_memory_utilization, s.max_model_len, s.max_num_seqs, s.kv_cache_dtype, s.dtype) == (
+        2, 0.8, 8192, 64, "fp8", "fp16")
+    assert c.ignored == ("SGLang flags: --host", "SGLang flags: --port") and not c.unknown
+    assert c.fits and c.memory.kv_cache_tokens == perfguide.estimate(MODEL, c.setup, hardware="h100-80gb:2").kv_cache_tokens
+
+
+def test_kv_tokens_match_the_hand_derived_bytes_per_token() -> None:
+    c = perfguide.check(config=f"vllm serve {MODEL} --max-model-len 8192", hardware="a100-80gb")
+    assert c.fits and c.memory.kv_cache_tokens is not None
+    # vLLM logs max_concurrency x max_model_len, whole blocks of 16: within one request of the bytes / per-token bytes
+    assert abs(c.memory.kv_cache_tokens - c.memory.kv_cache / KV_BYTES_PER_TOKEN) <= 8192 + 16
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(("hardware", "command"), [
+    ("l4", f"vllm serve {MODEL} --max-model-len 131072"),                                          # the KV cache is too small
+    ("h100-80gb:4", "vllm serve meta-llama/Llama-3.1-70B --max-model-len 8192"),                     # 141 GB of weights on one GPU
+    ("h100-80gb:4", "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-70B --context-length 8192"),
+])
+def test_a_command_that_cannot_start_exits_3_and_its_change_exits_0(hardware: str, command: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    words = shlex.split(command)
+    code, out, _ = run(["check", "--hardware", hardware, "--", *words], capsys)
+    assert code == 3 and "does NOT fit" in out
+    c = perfguide.check(config=command, hardware=hardware)
+    change = c.change("fit")
+    assert change is not None and change.fits and change.edits
+    keys = change.edits[0].keys
+    engine = c.setup.serving.engine  # type: ignore[union-attr]
+    assert set(keys) <= set(FLAGS[engine]["flags"])
+    fixed = [*words, *(w for k, v in keys.items() for w in (k, str(v)))]
+    code, out, err = run(["check", "--hardware", hardware, "--", *fixed], capsys)
+    assert code == 0 and "verdict: fits" in out, out + err
+
+
+@pytest.mark.parametrize("command", [
+    f"vllm serve {MODEL} --max-model-len abc",
+    f"vllm serve {MODEL} --kv-cache-dtype fp9",
+    "vllm serve --max-model-len 4096",
+    f"python -m sglang.launch_server --model-path {MODEL} stray",
+    f"vllm serve {MODEL} --gpu-memory-utilization 1.5",
+])
+def test_a_malformed_command_exits_2_in_one_line(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["check", "--hardware", "h100-80gb", "--", *shlex.split(command)], capsys)
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_overrides_are_refused_for_a_serve_command(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["check", "--hardware", "h100-80gb", "--seq-len", "4096", "--", "vllm", "serve", MODEL], capsys)
+    assert code == 2 and "own flags" in err
