@@ -69,6 +69,15 @@ def test_kv_tokens_match_the_hand_derived_bytes_per_token() -> None:
     assert abs(c.memory.kv_cache_tokens - c.memory.kv_cache / KV_BYTES_PER_TOKEN) <= 8192 + 16
 
 
+def test_a_quantized_checkpoint_is_priced_in_its_own_format() -> None:
+    # openai/gpt-oss-20b ships MXFP4 experts (config.json quantization_config quant_method=mxfp4); OpenAI's model card:
+    # "gpt-oss-20b ... can run within 16GB of memory" (https://openai.com/index/introducing-gpt-oss/), vs ~42 GB in 16-bit
+    c = perfguide.check(config="vllm serve openai/gpt-oss-20b --max-model-len 8192", hardware="h100-80gb")
+    s = c.setup.serving
+    assert s is not None and (s.weight_format, s.checkpoint_format) == ("mxfp4", "mxfp4")
+    assert 10 * 2**30 < c.memory.weights < 16 * 2**30 and c.fits
+
+
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     code = main(argv)
     out, err = capsys.readouterr()

@@ -13,6 +13,7 @@ from functools import cache
 from typing import Any
 
 from ...engines import ServerEngine, servers
+from ...engines.checkpoint import checkpoint_format
 from ...errors import PerfGuideError, did_you_mean
 from ...hardware.types import Hardware
 from ...model.types import ModelSpec
@@ -143,6 +144,12 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
     if "max_model_len" not in values and spec.usable_positions:
         values["max_model_len"] = spec.usable_positions
         col.assume("serving.max_model_len", values["max_model_len"], "the engine's default: the model's own context length")
+    stored = checkpoint_format(spec.config)   # a quantized checkpoint: the engine reads its quantization_config
+    values["checkpoint_format"] = stored
+    if "weight_format" not in values:
+        values["weight_format"] = stored or values["dtype"]
+        col.assume("serving.weight_format", values["weight_format"],
+                   "the checkpoint's own quantization_config" if stored else "no --quantization: the 16-bit weights as loaded")
     gpu = hw.smallest_gpu
     if "gpu_memory_utilization" not in values and gpu is not None:
         values["gpu_memory_utilization"] = round(engine.default_utilization(gpu, ServingSetup(engine=engine.name, **values)), 3)
