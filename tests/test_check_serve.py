@@ -62,6 +62,16 @@ def test_sglang_command_read_flag_by_flag() -> None:
     assert c.fits and c.memory.kv_cache_tokens == perfguide.estimate(MODEL, c.setup, hardware="h100-80gb:2").kv_cache_tokens
 
 
+def test_speed_is_bounded_by_reading_the_weights_once_per_token() -> None:
+    c = perfguide.check(config=f"vllm serve {MODEL} --max-model-len 8192", hardware="h100-80gb")
+    t = c.throughput
+    assert t is not None and t.time_per_output_token_ms is not None and c.setup.micro_batch_size >= 1
+    # decode reads every weight once per step: at H100 SXM's 3.35 TB/s (NVIDIA datasheet) 16 GB takes >= 4.8 ms
+    assert t.time_per_output_token_ms >= c.memory.weights / 3.35e12 * 1000
+    assert t.tokens_per_s <= c.setup.micro_batch_size * 1000 / t.time_per_output_token_ms * 1.001
+    assert perfguide.check(config=f"vllm serve {MODEL} --max-model-len 131072", hardware="l4").throughput is None
+
+
 def test_kv_tokens_match_the_hand_derived_bytes_per_token() -> None:
     c = perfguide.check(config=f"vllm serve {MODEL} --max-model-len 8192", hardware="a100-80gb")
     assert c.fits and c.memory.kv_cache_tokens is not None

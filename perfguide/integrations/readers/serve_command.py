@@ -18,6 +18,7 @@ from ...errors import PerfGuideError, did_you_mean
 from ...hardware.types import Hardware
 from ...model.types import ModelSpec
 from ...setup import ServingSetup, Setup
+from ...speed.types import Throughput
 from .base import Collector, ConfigReadError, as_float, as_int, take_flags
 from .verdict import Change, Check, Edit
 
@@ -159,17 +160,30 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
             col.assume(f"serving.{field}", ServingSetup.model_fields[field].default, "perfguide's ServingSetup default")
 
 
-def setup_of(serving: ServingSetup) -> Setup:
-    """The Setup ``estimate`` prices for this serving layout (one max_model_len request per replica)."""
-    return Setup(task="infer", micro_batch_size=1, seq_len=serving.max_model_len, weights_dtype=serving.dtype,
-                 strategy="tp" if serving.tensor_parallel_size > 1 else "single",
-                 num_gpus=serving.tensor_parallel_size * serving.pipeline_parallel_size * serving.data_parallel_size, serving=serving)
-
-
 def price(engine: ServerEngine, spec: ModelSpec, serving: ServingSetup, hw: Hardware) -> Any:
     from ...scenarios.serving_decisions import to_memory
 
     return to_memory(engine.memory(spec, serving, hw))
+
+
+def priced(engine: ServerEngine, spec: ModelSpec, serving: ServingSetup, hw: Hardware) -> tuple[Setup, Throughput | None, str]:
+    """The Setup ``estimate`` prices and the steady-state speed at the workload ``recommend`` plans for by default
+    (1024-token prompts, 256 new tokens), as many of them per replica as the KV cache holds up to max_num_seqs."""
+    from ...scenarios.registry import DEFAULT_PROMPT_LEN
+    from ...scenarios.serving_decisions import Priced, to_setup, to_throughput
+    from ...scenarios.types import Constraints
+
+    mem = engine.memory(spec, serving, hw)
+    output = min(int(Constraints.model_fields["max_new_tokens"].default), max(1, serving.max_model_len // 2))
+    prompt = max(1, min(DEFAULT_PROMPT_LEN, serving.max_model_len - output))
+    if not mem.fits:
+        return to_setup(Priced(serving, mem, None), prompt, output), None, ""
+    batch = max(1, min(serving.max_num_seqs, mem.kv_cache_tokens // (prompt + output)))
+    p = Priced(serving, mem, engine.speed(spec, serving, hw, prompt, output, batch))
+    gpu = hw.smallest_gpu
+    peak = (gpu.half_tflops(serving.dtype) or 0.0) * 1e12 if gpu else 0.0
+    why = f"speed at {prompt}-token prompts and {output} new tokens, {batch} requests per replica (what the KV cache and max_num_seqs allow)"
+    return to_setup(p, prompt, output), to_throughput(spec, p, peak), why
 
 
 def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
@@ -179,12 +193,13 @@ def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
     engine, model, serving, col = read(argv, spec_of, hw)
     spec: ModelSpec = spec_of(model)
     memory = price(engine, spec, serving, hw)
+    setup, throughput, why = priced(engine, spec, serving, hw)
     reading = col.reading()
     changes = () if memory.fits else fit_changes(engine, spec, serving, hw, model)
-    gpus = setup_of(serving).num_gpus
+    gpus = setup.num_gpus
     return Check(model=spec.name, hardware=f"{hw.name or hw.smallest_gpu.name} ({gpus} GPU{'s' if gpus > 1 else ''})",  # type: ignore[union-attr]
-                 setup=setup_of(serving), fits=memory.fits, memory=memory, read=reading.settings, ignored=reading.ignored,
-                 unknown=reading.unknown, changes=changes, notes=reading.notes)
+                 setup=setup, fits=memory.fits, memory=memory, throughput=throughput, read=reading.settings, ignored=reading.ignored,
+                 unknown=reading.unknown, changes=changes, notes=(*reading.notes, *((why,) if why else ())))
 
 
 def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hardware, model: str) -> tuple[Change, ...]:

@@ -90,11 +90,13 @@ def _by_source(entries: tuple[str, ...]) -> list[str]:
 
 
 def _speed(t: Throughput | None, m: MemoryEstimate) -> str:
-    if m.kv_cache_tokens is not None:   # a serving engine: what its start-up log prints
-        return f"KV cache: {m.kv_cache_tokens:,} tokens, max concurrency {m.max_concurrency or 0:.2f} requests of max_model_len"
+    kv = "" if m.kv_cache_tokens is None else \
+        f"KV cache: {m.kv_cache_tokens:,} tokens, max concurrency {m.max_concurrency or 0:.2f} requests of max_model_len\n"  # engine log
+    if kv and t is None:
+        return kv + "speed: not priced (the engine does not start)"
     if t is None:
         return "speed: not priced (no device)"
-    return f"speed: {t.tokens_per_s:,.0f} tokens/s, step {t.step_time_s:.3g} s" + (f", MFU {t.mfu:.0%}" if t.mfu else "")
+    return kv + f"speed: {t.tokens_per_s:,.0f} tokens/s, step {t.step_time_s:.3g} s" + (f", MFU {t.mfu:.0%}" if t.mfu else "")
 
 
 def render(c: Check) -> str:
