@@ -44,7 +44,9 @@ def run_family(strategy: Any, check: Callable[..., str], examples: int) -> tuple
               suppress_health_check=list(HealthCheck))
     @given(strategy)
     def body(args: tuple[Any, ...]) -> None:
+        began = time.perf_counter()
         got = check(*args)
+        counts["slowest_ms"] = max(counts["slowest_ms"], int(1000 * (time.perf_counter() - began)))
         counts[got] += 1
         if got not in OUTCOMES and len(escaped) < 3:
             escaped.append(f"{got}: {repr(args)[:160]}")
@@ -85,11 +87,14 @@ def model_type_rows(limit: int) -> tuple[list[str], list[str], int]:
     shipped = len(types)
     if 0 < limit < len(types):
         types = sorted(random.Random(26).sample(types, limit))
-    start = time.perf_counter()
-    bugs = [f for t in types for f in F.walk_model_type(t)]
+    start, bugs, slowest = time.perf_counter(), [], 0.0
+    for t in types:
+        began = time.perf_counter()
+        bugs += F.walk_model_type(t)
+        slowest = max(slowest, time.perf_counter() - began)
     seconds = time.perf_counter() - start
     row = (f"| model types ({len(types)} of {shipped} in CONFIG_MAPPING, x2 scenarios) | {2 * len(types)} | "
-           f"{2 * len(types) - len(bugs)} (plan or one-line refusal) | - | {len(bugs)} | {seconds:.0f} s |")
+           f"{2 * len(types) - len(bugs)} (plan or one-line refusal) | - | {len(bugs)} | {seconds:.0f} s | {slowest:.1f} s (both plans) |")
     return [row], [f"- model types: {b}" for b in bugs[:5]], 2 * len(types)
 
 
@@ -105,8 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, strategy, check, share in families(Path(d)):
             n = max(10, int(args.examples * share))
             counts, escaped, seconds = run_family(strategy, check, n)
+            slowest = counts.pop("slowest_ms", 0) / 1000
             other = sum(v for k, v in counts.items() if k not in OUTCOMES)
-            rows.append(f"| {name} | {sum(counts.values())} | {counts['result']} | {counts['PerfGuideError']} | {other} | {seconds:.0f} s |")
+            rows.append(f"| {name} | {sum(counts.values())} | {counts['result']} | {counts['PerfGuideError']} | {other} | {seconds:.0f} s | {slowest:.1f} s |")
             bugs += [f"- {name}: {e}" for e in escaped]
             total += sum(counts.values())
         more_rows, more_bugs, n = model_type_rows(args.model_types)
@@ -115,8 +121,9 @@ def main(argv: list[str] | None = None) -> int:
              f"`bench/fuzz.py --examples {args.examples} --model-types {args.model_types}` (seeded): {total} inputs. "
              "Generators: tests/fuzz_inputs.py. \"other\" counts any other exception escaping, a CLI exit other than "
              "0/2/3, a refused write that changed its folder, or a report whose verdict contradicts `fits` (each a bug); "
-             "it must be 0. Hypothesis runs each input without a deadline; the time column is per family.", "",
-             "| family | inputs | result | PerfGuideError | other | time |", "|---|---|---|---|---|---|", *rows, "",
+             "it must be 0. \"slowest input\" is the longest single call (a hang would show there; the first call of a family "
+             "pays its imports).", "",
+             "| family | inputs | result | PerfGuideError | other | time | slowest input |", "|---|---|---|---|---|---|---|", *rows, "",
              "## Other exceptions", "", *(bugs or ["none"]), ""]
     publish("\n".join(lines), OUT)
     return 1 if bugs else 0

@@ -74,7 +74,7 @@ def check_target(path: str | os.PathLike[str], what: str, overwrite: bool, make_
         p = Path(path).expanduser()
         absolute = os.path.abspath(p)
         os.fsencode(absolute)
-        if "\x00" in absolute:
+        if "\x00" in str(p):
             raise ValueError("embedded null byte")
     except (ValueError, RuntimeError, UnicodeError) as exc:  # an embedded NUL, an unknown ~user, unencodable text
         raise PerfGuideError(f"cannot write the {what} to {str(path)!r}: {exc}; pass an ordinary file path") from None
