@@ -130,3 +130,28 @@ def test_a_malformed_command_exits_2_in_one_line(command: str, capsys: pytest.Ca
 def test_overrides_are_refused_for_a_serve_command(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["check", "--hardware", "h100-80gb", "--seq-len", "4096", "--", "vllm", "serve", MODEL], capsys)
     assert code == 2 and "own flags" in err
+
+
+# Llama-3.1-8B config.json: 32 layers of q/o 4096x4096, k/v 4096x1024, gate/up/down 4096x14336; embed and untied lm_head 128256x4096
+LINEARS_8B = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+EMBED_8B = 128256 * 4096
+
+
+@pytest.mark.parametrize(("command", "engine"), [
+    (f"vllm serve {MODEL} --quantization awq --dtype half --pipeline-parallel-size 2", "vllm"),
+    (f"python -m sglang.launch_server --model-path {MODEL} --quantization awq --dtype half --pp-size 2", "sglang"),
+])
+def test_other_words_of_the_parsers_are_read_and_priced(command: str, engine: str) -> None:
+    # vLLM QuantizationMethods and SGLang QUANTIZATION_CHOICES both register 'awq'; both parsers take --dtype half
+    assert {"awq", "gptq"} <= set(FLAGS[engine]["quantization"])
+    assert set(flags_of(command)) <= set(FLAGS[engine]["flags"])
+    c = perfguide.check(config=command, hardware="l4:2")
+    s = c.setup.serving
+    assert s is not None and (s.weight_format, s.dtype, s.pipeline_parallel_size) == ("awq", "fp16", 2)
+    # AWQ: 4 bits a weight plus one fp16 scale and one 4-bit zero per group of 128 -> 0.5 + 2.5/128 bytes; embed,
+    # lm_head and the 65 RMSNorm vectors stay 16-bit; two pipeline stages hold half of everything but the norms each
+    awq = LINEARS_8B * (0.5 + 2.5 / 128) + 2 * EMBED_8B * 2
+    assert c.memory.weights == pytest.approx(awq / 2 + 65 * 4096 * 2, rel=1e-3)
+    assert "serving.weight_format" in {r.field for r in c.read if "--quantization" in r.source}
+    # a 16-bit repository named with AWQ kernels does not load: the reading says so beside the price
+    assert any("pre-quantized checkpoint" in n and "refuses it at load" in n for n in c.notes)

@@ -67,6 +67,9 @@ class ServerEngine(Engine):
     expert_parallel: ClassVar[bool] = True   # divides MoE experts over every GPU of TP x DP (a switch of its parser)
     #: other spellings its parser registers for flags ``flags()`` emits (alias -> the emitted name), for reading commands
     flag_aliases: ClassVar[dict[str, str]] = {}
+    #: other words its parser accepts for a field ``flags()`` emits (ServingSetup field -> word -> the field's value),
+    #: e.g. vLLM's ``--dtype half`` or ``--quantization awq``: read by ``perfguide check`` and priced, never emitted
+    value_aliases: ClassVar[dict[str, dict[str, object]]] = {}
 
     @property
     def facts(self) -> EngineFacts:

@@ -38,7 +38,13 @@ class SGLang(ServerEngine):
     order: ClassVar[int] = 20
     docs_source: ClassVar[str] = "SGLang 0.5.23 docs: advanced_features/server_arguments.md; python/sglang/srt/server_args.py"
     memory_setting: ClassVar[str] = "mem_fraction_static"
-    flag_aliases: ClassVar[dict[str, str]] = {"--tensor-parallel-size": "--tp-size", "--data-parallel-size": "--dp-size", "--model": "--model-path"}
+    flag_aliases: ClassVar[dict[str, str]] = {"--tensor-parallel-size": "--tp-size", "--data-parallel-size": "--dp-size",
+                                                   "--pipeline-parallel-size": "--pp-size", "--model": "--model-path"}
+    #: server_args.py --dtype choices ('auto', 'half', 'float16', 'bfloat16', 'float', 'float32'); QUANTIZATION_CHOICES
+    #: (tests/data/engine_flags.json): 'awq' / 'gptq' are the non-Marlin kernels of the same checkpoints, 'w8a8_fp8' and
+    #: 'modelopt_fp8' FP8 checkpoints (SGLang docs advanced_features/quantization.md)
+    value_aliases: ClassVar[dict[str, dict[str, object]]] = {
+        "dtype": {"half": "fp16"}, "weight_format": {"awq": "awq", "gptq": "gptq", "w8a8_fp8": "fp8", "modelopt_fp8": "fp8"}}
     expert_parallel: ClassVar[bool] = False   # its --ep-size pairs with DP attention, which these plans do not price
     memory_source: ClassVar[str] = "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes"
 
@@ -68,6 +74,7 @@ class SGLang(ServerEngine):
             ("--model-path", model),
             ("--tp-size", str(s.tensor_parallel_size)),
             ("--dp-size", str(s.data_parallel_size)),
+            *((("--pp-size", str(s.pipeline_parallel_size)),) if s.pipeline_parallel_size > 1 else ()),
             ("--context-length", str(s.max_model_len)),
             ("--mem-fraction-static", str(s.gpu_memory_utilization)),
             ("--max-running-requests", str(s.max_num_seqs)),

@@ -32,6 +32,11 @@ class VLLM(ServerEngine):
     docs_source: ClassVar[str] = "vLLM 0.33 docs: configuration/optimization.md, serving/parallelism_scaling.md; vllm/engine/arg_utils.py"
     memory_setting: ClassVar[str] = "gpu_memory_utilization"
     flag_aliases: ClassVar[dict[str, str]] = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-dp": "--data-parallel-size"}
+    #: vllm/config/model.py ModelDType ('auto', 'half', 'float16', 'bfloat16', 'float', 'float32': fp32 serving is not priced);
+    #: QuantizationMethods (tests/data/engine_flags.json): 'awq' / 'gptq' run the same 4-bit group-128 checkpoints on the
+    #: older kernels, 'fbgemm_fp8' and 'modelopt' are FP8 checkpoints (vLLM docs features/quantization/)
+    value_aliases: ClassVar[dict[str, dict[str, object]]] = {
+        "dtype": {"half": "fp16"}, "weight_format": {"awq": "awq", "gptq": "gptq", "fbgemm_fp8": "fp8", "modelopt": "fp8"}}
     memory_source: ClassVar[str] = "vllm 0.33 vllm/v1/worker/gpu_worker.py determine_available_memory"
 
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:

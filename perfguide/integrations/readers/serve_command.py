@@ -56,6 +56,8 @@ def flag_table(engine: ServerEngine) -> Table:
     for flag, (field, words) in table.items():
         if flag in before and field != "weight_format":
             words.setdefault(before[flag], getattr(base, field))
+        for word, value in engine.value_aliases.get(field, {}).items():   # the parser's other words for the same value
+            words.setdefault(word, value)
     return table
 
 
@@ -151,6 +153,10 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
         values["weight_format"] = stored or values["dtype"]
         col.assume("serving.weight_format", values["weight_format"],
                    "the checkpoint's own quantization_config" if stored else "no --quantization: the 16-bit weights as loaded")
+    row = engine.formats.get(values["weight_format"])
+    if row is not None and not row.at_load and values["weight_format"] != stored:
+        col.note(f"{values['weight_format']} weights need a pre-quantized checkpoint and {spec.name}'s config.json has "
+                 f"{'a ' + stored if stored else 'no'} quantization_config: {engine.title} refuses it at load; priced as if it were one")
     gpu = hw.smallest_gpu
     if "gpu_memory_utilization" not in values and gpu is not None:
         values["gpu_memory_utilization"] = round(engine.default_utilization(gpu, ServingSetup(engine=engine.name, **values)), 3)
