@@ -27,6 +27,8 @@ Strategy = Literal[
 ]
 Device = Literal["cuda", "cpu"]
 WeightFormat = Literal["bf16", "fp16", "fp8", "fp8_block", "awq", "gptq", "w4a16", "mxfp4", "nvfp4", "nf4"]
+#: What a saved checkpoint's quantization_config can store (model/quantized.py reads it): bnb 4/8-bit or a serving format.
+CheckpointFormat = Literal["nf4", "int8", "gptq", "awq", "fp8", "fp8_block", "w4a16", "mxfp4", "nvfp4"]
 
 #: Bytes per element of each weight dtype (nf4 packs two weights per byte); the one table every module reads.
 DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "int8": 1, "nf4": 0.5}
@@ -166,6 +168,8 @@ class Setup(Model):
     new_tokens: int = Field(default=0, ge=0, le=10_000_000)
     cache_implementation: Literal["dynamic", "static"] = "dynamic"
     torch_compile: bool = False
+    checkpoint_format: CheckpointFormat | None = Field(default=None, description="the quantized format the checkpoint is saved in, "
+                                                       "loaded as it is (no second quantization_config); None: 16/32-bit")
     serving: ServingSetup | None = None   # set when a serving engine runs the model (None: transformers in the user's script)
     # host side
     dataloader_num_workers: int = Field(default=0, ge=0)
@@ -194,6 +198,9 @@ class Setup(Model):
             raise ValueError(f"unknown optimizer {self.optimizer!r}.{did_you_mean(self.optimizer, OPTIMIZERS)} Accepted: {', '.join(OPTIMIZERS)}")
         if self.weights_dtype in QUANTIZED and self.task == "train" and self.lora is None:
             raise ValueError("training a purely quantized (int8/nf4) model needs LoRA adapters (lora={...}); transformers refuses it otherwise")
+        if self.checkpoint_format is not None and (self.weights_dtype in QUANTIZED or self.checkpoint_format in QUANTIZED) \
+                and self.weights_dtype != self.checkpoint_format:
+            raise ValueError(f"a {self.checkpoint_format} checkpoint loads as it is stored, not as weights_dtype={self.weights_dtype!r}")
         if self.autocast == "fp16" and self.device == "cpu":
             raise ValueError("fp16 autocast does nothing on CPU (accelerate silently trains in fp32); use autocast='bf16' or None")
         return self

@@ -13,8 +13,8 @@ from helpers import one_line
 import perfguide
 from perfguide import PerfGuideError, engines
 from perfguide._serving_data import serving_facts
-from perfguide.engines.checkpoint import checkpoint_format
 from perfguide.memory.serving import format_weight_parts, rank_weight_bytes
+from perfguide.model.quantized import checkpoint_format
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 from perfguide.speed.serving import weight_bytes_read

@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WrongMachineError
+from ..model.quantized import checkpoint_format
 from .adapter_facts import (
     check_cuda_machine,
     emitted,
@@ -150,7 +151,8 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
     else:
         dtype_name = s.weights_dtype  # fp32 for AMP full fine-tunes, bf16 for pure bf16 / LoRA / inference
     kw: dict[str, Any] = {"dtype": _torch_dtype(dtype_name), "attn_implementation": s.attn_implementation}
-    qc = quantization_config(rec)
+    # a checkpoint saved quantized loads as it is: transformers refuses a second config of another class and ignores one of its own
+    qc = None if s.checkpoint_format or checkpoint_format(rec.request.model.config) else quantization_config(rec)
     if qc is not None:
         kw["quantization_config"] = qc
     device_map = _device_map(rec)

@@ -62,14 +62,45 @@ def _linear_weight_bytes(in_f: int, out_f: int, dtype: str, double_quant: bool) 
     return n * (FP32 if dtype == "fp32" else HALF)
 
 
-def weight_bytes(spec: ModelSpec, weights_dtype: str, *, double_quant: bool = True) -> int:
-    """Weights as loaded: bnb quantizes only the blocks' Linear layers; embeddings, lm_head and norms stay 16-bit."""
+def weight_bytes(spec: ModelSpec, weights_dtype: str, *, double_quant: bool = True, stored: str | None = None) -> int:
+    """Weights as loaded: bnb quantizes only the blocks' Linear layers; embeddings, lm_head and norms stay 16-bit.
+
+    ``stored``: the format a pre-quantized checkpoint keeps in memory (Setup.checkpoint_format). A GPTQ / AWQ /
+    FP8 / MXFP4 / compressed-tensors checkpoint takes its format's bytes, as the serving engines price it
+    (memory/serving.py format_weight_bytes); a bitsandbytes one the bnb layout below (weights_dtype names it).
+    """
+    if stored is not None and stored not in ("int8", "nf4"):
+        from .serving import format_weight_bytes
+
+        return format_weight_bytes(spec, stored)
     if weights_dtype not in ("int8", "nf4"):
         return spec.total_params * (FP32 if weights_dtype == "fp32" else HALF)
     per_block = sum(_linear_weight_bytes(i, o, weights_dtype, double_quant) * _expert_count(spec, k)
                     for k, (i, o) in spec.block_linears.items())
     rest = spec.total_params - spec.linear_params
     return int(per_block * spec.total_layers + rest * HALF)
+
+
+#: Formats transformers 5.24 dequantizes to bf16 at load when the device cannot run them: FP8 below compute
+#: capability 8.9 or off GPU (quantizer_finegrained_fp8.py validate_environment), MXFP4 below 7.5 or on CPU
+#: without use_kernels (quantizer_mxfp4.py). (minimum compute capability, runs on CPU)
+_DEQUANTIZED_BELOW: dict[str, tuple[tuple[int, int], bool]] = {"fp8": ((8, 9), False), "fp8_block": ((8, 9), False),
+                                                               "mxfp4": ((7, 5), False)}
+
+
+def loaded_format(stored: str, device: str, compute_capability: tuple[int, int] | None) -> tuple[str | None, str]:
+    """What a pre-quantized checkpoint becomes in memory under ``from_pretrained``, and why: its own format, or
+    None where transformers dequantizes it to 16-bit on this device (then the weights take 16-bit bytes)."""
+    rule = _DEQUANTIZED_BELOW.get(stored)
+    if rule is None:
+        return stored, f"the checkpoint is saved {stored} (its quantization_config): from_pretrained loads it as stored"
+    need, on_cpu = rule
+    if device == "cpu" and not on_cpu:
+        return None, f"the checkpoint is saved {stored}; transformers dequantizes it at load off GPU (16-bit weights)"
+    if device != "cpu" and (compute_capability or (0, 0)) < need:
+        return None, (f"the checkpoint is saved {stored}; transformers dequantizes it at load (16-bit weights) on GPUs below compute "
+                      f"capability {need[0]}.{need[1]}")
+    return stored, f"the checkpoint is saved {stored} (its quantization_config): from_pretrained loads it as stored"
 
 
 def _expert_count(spec: ModelSpec, key: str) -> int:
@@ -201,7 +232,7 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     """Bytes on the most loaded device for one ``generate`` call with ``micro_batch_size`` sequences."""
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
-    weights = weight_bytes(spec, setup.weights_dtype)
+    weights = weight_bytes(spec, setup.weights_dtype, stored=setup.checkpoint_format)
     b, tokens = setup.micro_batch_size, cached_tokens(setup, spec)
     prompt_tokens = min(tokens, 1 if spec.is_encoder_decoder else setup.seq_len)
     cross = setup.seq_len if spec.is_encoder_decoder else 0

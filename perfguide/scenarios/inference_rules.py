@@ -12,9 +12,11 @@ from typing import Any
 
 from .. import sources
 from ..decisions import Alternative, Decision
+from ..errors import ConflictingConstraintsError
 from ..memory import estimate_memory
-from ..memory.inference import activation_bytes_per_element, cached_tokens, inference_data, kv_cache_bytes
+from ..memory.inference import activation_bytes_per_element, cached_tokens, inference_data, kv_cache_bytes, loaded_format, weight_bytes
 from ..memory.types import MemoryEstimate
+from ..model.quantized import checkpoint_format
 from ..setup import QUANTIZED, Setup
 from ..speed import estimate_speed
 from ..speed.types import Throughput
@@ -132,6 +134,9 @@ def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
 def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[Setup, str]]:
     """16-bit first; bnb 8-bit then 4-bit NF4 only when needed (or forced by the quantization constraint)."""
     forced = request.constraints.quantization
+    if (stored := checkpoint_format(request.model.config)) is not None:  # pre-quantized: loaded as saved, never re-quantized
+        yield stored_setup(request, base, dtype16, stored)
+        return
     if forced not in (None, "none", "auto"):
         yield base.replace(weights_dtype=forced), "quantization given as a constraint"
         return
@@ -143,9 +148,34 @@ def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[
             yield base.replace(weights_dtype=q), f"bitsandbytes {q}"
 
 
+def stored_setup(request: Request, base: Setup, dtype16: str, stored: str) -> tuple[Setup, str]:
+    """A pre-quantized checkpoint in the format ``from_pretrained`` leaves in memory on this device; a different
+    quantization asked for is refused (transformers cannot re-quantize a quantized checkpoint)."""
+    forced = request.constraints.quantization
+    if forced not in (None, "none", "auto", stored):
+        raise ConflictingConstraintsError(f"{request.model.name} is saved {stored}-quantized (its quantization_config), not "
+                                          f"quantization={forced!r}: drop quantization, or pass the 16-bit checkpoint")
+    fmt, why = loaded_format(stored, base.device, _cc(request, base))
+    quantized = fmt if fmt in QUANTIZED else dtype16
+    return base.replace(weights_dtype=quantized, checkpoint_format=fmt), why
+
+
+def _cc(request: Request, setup: Setup) -> tuple[int, int] | None:
+    gpu = request.hardware.smallest_gpu if setup.device == "cuda" else None
+    return gpu.compute_capability if gpu else None
+
+
+def chosen_weights(request: Request, setup: Setup) -> int:
+    return weight_bytes(request.model, setup.weights_dtype, stored=setup.checkpoint_format)
+
+
 def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> Decision:
     slow = inference_data().quant_decode_slowdown.value
     q = chosen.weights_dtype
+    if (stored := checkpoint_format(request.model.config)) is not None:
+        return Decision(setting="quantization_config", value=None, source=SRC_QUANT, number=float(chosen_weights(request, chosen)),
+                        unit="bytes of weights", reason=loaded_format(stored, chosen.device, _cc(request, chosen))[1]
+                        + "; no quantization_config is passed (transformers keeps the checkpoint's own and refuses one of another class)")
     alts = tuple(Alternative(value=c.setup.weights_dtype, why_not=f"needs {c.memory.device_total / GB:.1f} GB, over the "
                              f"{(usable_bytes(c.memory, request.constraints.headroom) or 0) / GB:.1f} GB usable",
                              number=float(c.memory.device_total), unit="bytes")

@@ -8,7 +8,7 @@ adapter) describes a run this object cannot do, so it is refused in one line ins
 from __future__ import annotations
 
 from ..errors import ConflictingConstraintsError
-from ..model.quantized import checkpoint_quantization
+from ..model.quantized import checkpoint_format
 from ..model.types import ModelSpec
 from .types import Constraints
 
@@ -18,6 +18,8 @@ def as_the_module_is(task: str, spec: ModelSpec, cons: Constraints) -> Constrain
     if task != "train":
         if spec.quantization is not None and cons.quantization is None:
             return cons.model_copy(update={"quantization": spec.quantization})
+        if cons.quantization is None and checkpoint_format(spec.config) is not None:  # "none": served as saved, never
+            return cons.model_copy(update={"quantization": "none"})               # swapped for offloaded 16-bit weights
         return cons
     quantization = spec.quantization or _checkpoint_format(spec)
     if spec.adapter is None and quantization is None:
@@ -43,7 +45,7 @@ def as_the_module_is(task: str, spec: ModelSpec, cons: Constraints) -> Constrain
 
 def _checkpoint_format(spec: ModelSpec) -> str | None:
     """The checkpoint's own quantized format ("nf4", "int8"), or a refusal for one perfguide cannot train on."""
-    fmt = checkpoint_quantization(spec.config)
+    fmt = checkpoint_format(spec.config)
     if fmt in (None, "nf4", "int8"):
         return fmt
     raise ConflictingConstraintsError(

@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 from .._serving_data import serving_facts
 from ..engines import ServerEngine
-from ..engines.checkpoint import checkpoint_format
 from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..hardware.types import GPU
+from ..model.quantized import checkpoint_format
 from ..model.types import ModelSpec
 from .bnb_gate import quantization_runs
 from .types import Request

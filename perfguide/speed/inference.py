@@ -83,7 +83,7 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, 
     tp = setup.num_gpus if setup.strategy == "tp" and on_gpu else 1
     b, s, new = setup.micro_batch_size, setup.seq_len, max(setup.new_tokens, 1)
     act = activation_bytes_per_element(setup)
-    weights = weight_bytes(spec, setup.weights_dtype)
+    weights = weight_bytes(spec, setup.weights_dtype, stored=setup.checkpoint_format)
     quant = setup.weights_dtype if setup.weights_dtype in ("int8", "nf4") else None
     q_decode = _facts().quant_decode_slowdown.value[quant] if quant else 1.0
     q_prefill = _facts().quant_prefill_slowdown.value[quant] if quant else 1.0

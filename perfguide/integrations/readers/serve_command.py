@@ -13,9 +13,9 @@ from functools import cache
 from typing import Any
 
 from ...engines import ServerEngine, servers
-from ...engines.checkpoint import checkpoint_format
 from ...errors import PerfGuideError, did_you_mean
 from ...hardware.types import Hardware
+from ...model.quantized import checkpoint_format
 from ...model.types import ModelSpec
 from ...setup import ServingSetup, Setup
 from ...speed.types import Throughput
