@@ -187,15 +187,29 @@ def rank(priced: list[Priced]) -> list[Priced]:
 
 def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batch: int,
            choices: list[int], headroom: float, choose: Callable[[list[Priced]], Priced] | None = None,
-           factors: Factors | None = None) -> SearchResult:
-    """Walk the rungs; stop at the first with a fitting candidate and choose its fastest (or what ``choose`` picks)."""
+           factors: Factors | None = None, tier: Callable[[Rung], object] | None = None) -> SearchResult:
+    """Walk the rungs; stop at the first tier with a fitting candidate and choose its fastest (or what ``choose`` picks).
+
+    A tier is a run of consecutive rungs with the same ``tier(rung)`` key (default: each rung its own tier): rungs
+    that keep the same training semantics and differ only in how they are laid out (DDP, sharded) are one tier, so
+    the fastest of them wins, not the first that fits (a sharded layout can be faster than DDP when the optimizer
+    step and the gradient all-reduce shrink with the shards)."""
     result = SearchResult(chosen=None, rung=None)
-    for rung in rungs:
-        opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom, factors) for t in rung.templates]
-        result.options += [(rung, o) for o in opts]
-        fitting = [o.best for o in opts if o.best is not None]
+    i = 0
+    while i < len(rungs):
+        key = tier(rungs[i]) if tier else i
+        group = [rungs[i]]
+        while tier and i + len(group) < len(rungs) and tier(rungs[i + len(group)]) == key:
+            group.append(rungs[i + len(group)])
+        i += len(group)
+        fitting: list[tuple[Rung, Priced]] = []
+        for rung in group:
+            opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom, factors) for t in rung.templates]
+            result.options += [(rung, o) for o in opts]
+            fitting += [(rung, o.best) for o in opts if o.best is not None]
         if fitting:
-            result.chosen, result.rung = (choose or (lambda ps: rank(ps)[0]))(fitting), rung
+            result.chosen = (choose or (lambda ps: rank(ps)[0]))([p for _, p in fitting])
+            result.rung = next(r for r, p in fitting if p is result.chosen)
             return result
     return result
 

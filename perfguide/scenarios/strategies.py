@@ -4,7 +4,9 @@ A *layout* is a strategy plus its offload flags. Layouts come in levels ordered 
 communication (transformers perf_train_gpu_many and deepspeed "ZeRO stage" guides: DeepSpeed's escalation order): replicate (DDP) -> shard gradients and
 optimizer states (FSDP SHARD_GRAD_OP, ZeRO-2, ZeRO-1) -> shard everything (FSDP FULL_SHARD, ZeRO-3) -> CPU
 offload. Every layout keeps the training semantics, so the multi-GPU ladder tries all levels of a semantics
-rung (exact AMP, lighter optimizer, ...) before giving up precision: sharding costs time, not accuracy.
+rung (exact AMP, lighter optimizer, ...) before giving up precision: sharding costs time, not accuracy. The on-GPU
+levels of a rung are one search tier ranked by predicted step time (``layout_tier``): sharding can be the faster
+layout, not only the one that fits.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from .search import Priced, Rung, rank
 #: the speed model's communication terms are not more accurate than that, and FSDP2 is native torch, the
 #: Trainer's default FSDP version, and needs no extra package or JSON config.
 FSDP_TIE_TOLERANCE = 0.10
+#: a deeper-sharded layout (DDP < shard grads+optimizer < shard everything < offload) is chosen over a shallower one only
+#: when predicted more than this much faster: every extra collective has a latency the model does not price
+SHARDING_TIE_TOLERANCE = 0.01
+#: the layout level whose states live in host RAM (its own search tier: see ``layout_tier``)
+OFFLOAD_LEVEL = "CPU offload"
 
 
 @dataclass(frozen=True)
@@ -86,7 +93,7 @@ def levels(world: int, allow_offload: bool, nodes: int = 1) -> tuple[Level, ...]
         out.append(Level("shard everything", "parameters are sharded too and all-gathered layer by layer in forward and backward",
                          (Layout("fsdp"), Layout("zero3"))))
     if allow_offload:
-        out.append(Level("CPU offload", "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
+        out.append(Level(OFFLOAD_LEVEL, "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
                          tuple(Layout(*lay) for lay in OFFLOAD_LAYOUTS)))
     return tuple(out)
 
@@ -162,6 +169,15 @@ def allowed_levels(world: int, allow_offload: bool, forced: str | None, nodes: i
     return tuple(out)
 
 
+def layout_tier(rung: Rung) -> tuple[str, bool]:
+    """The search tier of an expanded rung: its semantics rung, and whether its layouts offload to the CPU. All the
+    on-GPU levels of one semantics rung (replicate, shard grads+optimizer, shard everything) are one tier ranked by
+    predicted step time, so a sharded layout that is faster than DDP is found; CPU offload stays a later tier (it
+    spends host RAM, which for a named target is an assumed figure, and is slower wherever something on-GPU fits)."""
+    semantics, _, level = rung.name.rpartition(", ")
+    return semantics, level == OFFLOAD_LEVEL
+
+
 def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> list[Rung]:
     """Each semantics rung x each layout level, in that order: all of a rung's levels come before the next rung."""
     out = []
@@ -180,12 +196,29 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
 
 
 def prefer_fsdp(fitting: list[Priced]) -> Priced:
-    """The fastest fitting option, unless an FSDP2 one is within FSDP_TIE_TOLERANCE of it."""
+    """The fastest fitting option, the shallowest layout kept on a near-tie (SHARDING_TIE_TOLERANCE), and FSDP2 kept
+    over a DeepSpeed pick within FSDP_TIE_TOLERANCE (a DDP pick stays: it is native torch too, and shards nothing)."""
     ranked = rank(fitting)
+    # near-ties go to the shallower layout: sharding adds collectives whose latency the step-time model does not price
+    near = [p for p in ranked if p.step_time <= ranked[0].step_time * (1 + SHARDING_TIE_TOLERANCE)]
+    depth = min(_sharding_depth(p.setup) for p in near)
+    ranked = [p for p in ranked if _sharding_depth(p.setup) >= depth]
+    first = next(p for p in ranked if _sharding_depth(p.setup) == depth)
     fsdp = next((p for p in ranked if p.setup.is_fsdp), None)
-    if fsdp is not None and fsdp.step_time <= ranked[0].step_time * (1 + FSDP_TIE_TOLERANCE):
+    if (fsdp is not None and first.setup.is_deepspeed
+            and fsdp.step_time <= first.step_time * (1 + FSDP_TIE_TOLERANCE)):
         return fsdp
-    return ranked[0]
+    return first
+
+
+def _sharding_depth(s: Setup) -> int:
+    """0 replicate, 1 shard grads+optimizer (HSDP included), 2 shard everything, 3 offload: on an exact tie of
+    predicted step time the shallower layout wins (fewer collectives whose latency the model does not price)."""
+    if s.offload_optimizer or s.offload_params:
+        return 3
+    if s.hybrid_shard:
+        return 1
+    return {"ddp": 0, "single": 0, "zero1": 1, "zero2": 1, "fsdp_shard_grad_op": 1}.get(s.strategy, 2)
 
 
 def level_index(ladder: tuple[Level, ...], lay: Layout) -> int:

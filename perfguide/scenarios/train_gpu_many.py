@@ -2,9 +2,9 @@
 
 World size = GPUs per node x nodes; each rank gets global / world samples, split into micro-batch x
 accumulation. The train_gpu_one ladder (precision, optimizer, checkpointing, LoRA/QLoRA) is searched with
-every semantics rung crossed with the layout levels of strategies.py: DDP when a replica fits one GPU, then
-gradient/optimizer sharding, full sharding, CPU offload (host RAM checked per node). Each rung's fitting
-options are ranked by the interconnect-aware step time, FSDP2 kept on near-ties with DeepSpeed.
+every semantics rung crossed with the layout levels of strategies.py: DDP, gradient/optimizer sharding and full
+sharding are one tier ranked by the interconnect-aware step time (FSDP2 kept on near-ties with DeepSpeed), CPU
+offload a later tier tried only when nothing on-GPU fits (host RAM checked per node).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from .search import (
 )
 from .strategies import (
     FSDP_TIE_TOLERANCE,
+    OFFLOAD_LEVEL,
     Layout,
     Level,
     allowed_levels,
@@ -43,6 +44,7 @@ from .strategies import (
     expand,
     incompatible,
     layout_of,
+    layout_tier,
     level_index,
     levels,
     prefer_fsdp,
@@ -91,7 +93,7 @@ def plan(request: Request) -> Plan:
     ladder = allowed_levels(world, cons.allow_offload, cons.strategy, nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
                       suggest=partial(_what_would_fit, per_node=per_node),
-                      expand=lambda rungs: expand(rungs, ladder, cons.strategy), choose=prefer_fsdp)
+                      expand=lambda rungs: expand(rungs, ladder, cons.strategy), choose=prefer_fsdp, tier=layout_tier)
     return _add_layout(request, p, batch)
 
 
@@ -171,9 +173,8 @@ def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: b
             note = f"not offered: {why}"
         elif best is None:
             note = f"does not fit: {not_fitting_why(shown.memory, request.hardware, cons.headroom)}" if shown else "does not fit"
-        elif level_index(ladder, other) > mine:
-            note = (f"fits, but '{lv.name}' is only used when the cheaper levels do not fit (docs' order: more sharding means "
-                    "more, smaller collectives whose latency the step-time model does not price)")
+        elif level_index(ladder, other) > mine and lv.name == OFFLOAD_LEVEL:
+            note = f"fits, but '{lv.name}' is only used when no on-GPU layout fits (it spends host RAM and PCIe time)"
         else:
             note = f"fits, but {'slower' if best.step_time > chosen.step_time else 'loses the FSDP2 tie-break'}"
         if shown is not None:
@@ -197,6 +198,13 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
               and level_index(levels(s.world_size, True, s.nodes), o) < level_index(levels(s.world_size, True, s.nodes), lay)]
     cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
     usable = gib(usable_bytes(chosen.memory, cons.headroom) or 0)
+    slower = [(o, opt.best) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
+              and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time > chosen.step_time]
+    if slower and s.strategy not in ("ddp", "single"):
+        o, best = min(slower, key=lambda ob: ob[1].step_time)
+        return (f"the fastest layout that fits: {lay.name} at {chosen.step_time:.3g} s/step against {o.name} at "
+                f"{best.step_time:.3g} s/step, the next fastest (every on-GPU layout keeps the training the same, so they are "
+                f"ranked by predicted step time){f'; over {usable} usable: {cheaper}' if cheaper else ''}; {where}: {numbers}")
     if s.strategy in ("ddp", "single"):
         return (f"a full replica (model states + activations) fits one GPU ({gib(chosen.memory.device_total)} of {usable} usable): "
                 f"DDP syncs once per step and sharding would only add communication; {where}: {numbers}")

@@ -74,7 +74,8 @@ def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSp
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,
                   suggest: Suggest, adapter_kinds: tuple[str, ...] = ("lora", "qlora"),
                   expand: Callable[[list[Rung]], list[Rung]] | None = None,
-                  choose: Callable[[list[Priced]], Priced] | None = None) -> Plan:
+                  choose: Callable[[list[Priced]], Priced] | None = None,
+                  tier: Callable[[Rung], object] | None = None) -> Plan:
     """Search the ladder for one device type and assemble the Plan; shared by the training scenarios.
 
     ``suggest(request, result, adapters, mode)`` says what would fit when nothing does.
@@ -93,7 +94,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
                                wants=technique_wants(cons))
         rungs = runnable_rungs(rungs, hw)  # no bnb rung where the target's capability flags say it cannot run
         return search(spec, expand(rungs) if expand else rungs, hw, per_rank_batch, choices, cons.headroom, choose,
-                      factors=request.calibration)
+                      factors=request.calibration, tier=tier)
 
     result = run(mode)
     warnings = list(prec.warnings)
