@@ -73,6 +73,7 @@ class ServingFacts(Model):
     acceptable_quality_cost_pct: Sourced
     quality_trade_speedup: Sourced
     decode_bandwidth_efficiency: Sourced
+    moe_layer_decode_latency_s: Sourced
     compute_efficiency: Sourced
     tp_allreduce: LinkTable
 

@@ -113,8 +113,13 @@ def test_mixtral_batch_1_reads_only_routed_experts() -> None:
     routed = everything - expert * spec.num_experts * (1 - 2 / 8)              # 2 of 8 experts per token
     assert read == pytest.approx(routed, rel=0.15)
     assert read < 0.45 * weight_bytes_read(spec, s, 256) * s.tensor_parallel_size
-    bw = 3350e9 * serving_facts().decode_bandwidth_efficiency.value * serving_facts().formats["fp8"].decode_efficiency
-    assert r.throughput.time_per_output_token_ms < 1.6 * (read / s.tensor_parallel_size / bw) * 1000 + 2
+    facts = serving_facts()
+    bw = 3350e9 * facts.decode_bandwidth_efficiency.value * facts.formats["fp8"].decode_efficiency
+    # never faster than H100's 3.35 TB/s reading the routed bytes once; at most those reads plus the engine's fixed
+    # per-step host cost and the fused-MoE kernels' per-layer latency (32 MoE layers) and 1 ms of slack
+    fixed = facts.engines["vllm"].step_overhead_s + 32 * facts.moe_layer_decode_latency_s.value
+    assert r.throughput.time_per_output_token_ms >= read / s.tensor_parallel_size / 3350e9 * 1000
+    assert r.throughput.time_per_output_token_ms < (1.6 * read / s.tensor_parallel_size / bw + fixed) * 1000 + 1
 
 
 def test_sglang_commands_use_its_own_names_and_budget() -> None:

@@ -62,6 +62,15 @@ def weight_bytes_read(spec: ModelSpec, serving: ServingSetup, batch: int) -> int
     return int(parts.dense // split + experts + parts.norms)
 
 
+def moe_latency_s(spec: ModelSpec, serving: ServingSetup) -> float:
+    """The fused-MoE kernels' fixed cost per decode step: routing, token sorting and two grouped GEMMs per MoE layer
+    (on this rank's pipeline stage) that small decode batches leave latency bound, whatever the bytes they read."""
+    if not spec.is_moe:
+        return 0.0
+    layers = spec.num_moe_layers if spec.num_moe_layers is not None else (spec.num_decoder_layers or spec.num_layers)
+    return math.ceil(layers / serving.pipeline_parallel_size) * serving_facts().moe_layer_decode_latency_s.value
+
+
 def allreduce_s(hardware: Hardware, tp: int, message_bytes: float) -> float:
     """One ring all-reduce over ``tp`` ranks: a latency term plus 2(t-1)/t of the message over the bus."""
     if tp < 2:
@@ -86,7 +95,7 @@ def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, ba
     attn = 4 * (spec.num_decoder_layers or spec.num_layers) * spec.num_attention_heads * spec.head_dim * context
     compute_s = batch * (2 * spec.active_params + attn) / tp / _compute_rate(gpu, fmt)
     comm_s = 2 * spec.total_layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
-    overhead = step_overhead_s + (spec.total_layers * 1.5e-4 if serving.enforce_eager else 0.0)
+    overhead = step_overhead_s + (spec.total_layers * 1.5e-4 if serving.enforce_eager else 0.0) + moe_latency_s(spec, serving)
     bound = "memory-bandwidth" if memory_s >= compute_s else "compute"
     if comm_s > max(memory_s, compute_s):
         bound = "communication"

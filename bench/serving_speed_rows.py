@@ -1,0 +1,162 @@
+"""Published serving speed measurements (decode and throughput), each with the setup its source states.
+
+One row a measured number: the engine and version, model, GPU, tensor-parallel size, weight format, input / output
+lengths, the requests in flight (``concurrency``; None where the source ran an offline batch: as many as the predicted
+KV cache holds) and the metric (``tpot_ms`` time per output token, ``decode_tok_s`` one request's tokens/s,
+``output_tok_s`` all requests' output tokens/s, ``gain`` the throughput at ``concurrency`` over ``base``'s).
+``inferred`` says what the source leaves unstated and how the row fills it; ``in_sample`` marks the rows a constant
+of perfguide/data/serving.json was taken from (excluded from the error summary).
+
+perfguide predicts each from the model shape and the GPU datasheet with the engine's speed rule
+(perfguide/speed/serving.py via engines.server(...).speed), nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from perfguide import Hardware, engines
+from perfguide.model.types import ModelSpec
+from perfguide.setup import ServingSetup
+
+Metric = Literal["tpot_ms", "decode_tok_s", "output_tok_s", "gain"]
+
+MUSGRAVE = "https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on"
+YOBITEL = "https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/"
+KVCACHED = "https://github.com/ovg-project/kvcached/pull/331 (benchmarks/bench_layout/H100_results.md)"
+REDHAT = "https://www.redhat.com/en/blog (MLPerf Inference v5.1, 'efficient and reproducible LLM inference')"
+GPTOSS = "https://github.com/vllm-project/vllm/issues/22331"
+TT_QWEN3 = "https://github.com/tenstorrent/tt-inference-server/issues/340"
+QWEN14_AWQ = "https://github.com/vllm-project/vllm/issues/20469"
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    label: str
+    source: str
+    engine: str
+    version: str
+    model: str
+    hardware: str                 # a perfguide hardware name, the GPU count = TP
+    weight_format: str
+    prompt: int
+    output: int
+    concurrency: int | None       # requests in flight (None: as many as the KV cache holds, up to max_num_seqs)
+    metric: Metric
+    published: float
+    tp: int = 1
+    base: int = 1                 # for a gain: the concurrency it is relative to
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.9
+    enforce_eager: bool = False
+    checkpoint_format: str | None = None
+    inferred: str = ""
+    in_sample: bool = False
+
+
+ROWS: tuple[SpeedRow, ...] = (
+    SpeedRow("Llama-3.1-8B bf16, A100-40GB, 1024 in / 128 out, 1 request", MUSGRAVE, "vllm", "0.23", "meta-llama/Llama-3.1-8B",
+             "a100-40gb", "bf16", 1024, 128, 1, "decode_tok_s", 75.0, in_sample=True,
+             inferred="sets decode_bandwidth_efficiency (data/serving.json)"),
+    SpeedRow("Llama-3.1-8B bf16, A100-40GB, 1024 in / 128 out, 8 requests vs 1", MUSGRAVE, "vllm", "0.23", "meta-llama/Llama-3.1-8B",
+             "a100-40gb", "bf16", 1024, 128, 8, "gain", 6.6),
+    SpeedRow("Llama-3.1-8B fp16, H100-80GB, 1 request (TPOT p50)", YOBITEL, "vllm", "0.21", "meta-llama/Llama-3.1-8B",
+             "h100-80gb", "fp16", 256, 256, 1, "tpot_ms", 6.48, inferred="'chatbot-short' lengths not stated: 256 in / 256 out"),
+    SpeedRow("Llama-3.1-8B fp16, H100-80GB, 4 requests (TPOT p50)", YOBITEL, "vllm", "0.21", "meta-llama/Llama-3.1-8B",
+             "h100-80gb", "fp16", 256, 256, 4, "tpot_ms", 6.59, inferred="'chatbot-short' lengths not stated: 256 in / 256 out"),
+    SpeedRow("Llama-3.1-8B fp16, H100-80GB, 16 requests (TPOT p50)", YOBITEL, "vllm", "0.21", "meta-llama/Llama-3.1-8B",
+             "h100-80gb", "fp16", 256, 256, 16, "tpot_ms", 10.94, inferred="'chatbot-short' lengths not stated: 256 in / 256 out"),
+    SpeedRow("Qwen3-0.6B bf16, H100-80GB, util 0.5, 512 in / 128 out at 16 req/s (TPOT)", KVCACHED, "vllm", "0.19", "Qwen/Qwen3-0.6B",
+             "h100-80gb", "bf16", 512, 128, 5, "tpot_ms", 2.39, max_model_len=2048, gpu_memory_utilization=0.5, in_sample=True,
+             inferred="requests in flight by Little's law from the same table: 15.87 req/s x (38.9 ms + 127 x 2.39 ms) = 5; "
+                      "sets vLLM's step_overhead_s (data/serving.json)"),
+    SpeedRow("Qwen3-0.6B bf16, H100-80GB, util 0.5, 512 in / 128 out, 500 prompts at once", KVCACHED, "vllm", "0.19", "Qwen/Qwen3-0.6B",
+             "h100-80gb", "bf16", 512, 128, None, "output_tok_s", 94.91 * 128, max_model_len=2048, gpu_memory_utilization=0.5,
+             max_num_seqs=1024, inferred="94.91 req/s x 128 tokens; vLLM's default max_num_seqs 1024 on an 80 GB GPU"),
+    SpeedRow("Llama-3.1-8B FP8, H100, MLPerf v5.1 offline (CNN-DailyMail ~870 in / <=128 out)", REDHAT, "vllm", "0.10",
+             "meta-llama/Llama-3.1-8B", "h100-80gb", "fp8", 870, 128, None, "output_tok_s", 5777.0, max_model_len=2048,
+             max_num_seqs=1024, inferred="offline: mean lengths, the largest batch the predicted KV cache holds"),
+    SpeedRow("gpt-oss-120b MXFP4, A100-80GB, TP1, 1 request", GPTOSS, "vllm", "0.10 (gptoss image)", "openai/gpt-oss-120b",
+             "a100-80gb", "mxfp4", 128, 512, 1, "decode_tok_s", 90.0, checkpoint_format="mxfp4", in_sample=True,
+             inferred="chat lengths not stated: 128 in / 512 out; sets moe_layer_decode_latency_s (data/serving.json)"),
+    SpeedRow("gpt-oss-120b MXFP4, 2x A100-80GB, TP2, 1 request", GPTOSS, "vllm", "0.10 (gptoss image)", "openai/gpt-oss-120b",
+             "a100-80gb:2", "mxfp4", 128, 512, 1, "decode_tok_s", 77.5, tp=2, checkpoint_format="mxfp4",
+             inferred="'TP=2/4: 77-78 tps'; chat lengths not stated: 128 in / 512 out"),
+    SpeedRow("Qwen3-0.6B bf16, A100, 128 in / 128 out, 1 request", TT_QWEN3, "vllm", "0.9 (2025-06)", "Qwen/Qwen3-0.6B",
+             "a100-80gb", "bf16", 128, 128, 1, "tpot_ms", 4.2, inferred="the A100's memory not stated: 80 GB"),
+    SpeedRow("Qwen3-0.6B bf16, A100, 1024 in / 128 out, 1 request", TT_QWEN3, "vllm", "0.9 (2025-06)", "Qwen/Qwen3-0.6B",
+             "a100-80gb", "bf16", 1024, 128, 1, "tpot_ms", 4.4, inferred="the A100's memory not stated: 80 GB"),
+    SpeedRow("Qwen3-30B-A3B bf16 (MoE), A100, 128 in / 128 out, 1 request", TT_QWEN3, "vllm", "0.9 (2025-06)", "Qwen/Qwen3-30B-A3B",
+             "a100-80gb", "bf16", 128, 128, 1, "tpot_ms", 9.6, inferred="80 GB (61 GB of bf16 weights on one A100)"),
+    SpeedRow("Qwen3-30B-A3B bf16 (MoE), A100, 1024 in / 128 out, 1 request", TT_QWEN3, "vllm", "0.9 (2025-06)", "Qwen/Qwen3-30B-A3B",
+             "a100-80gb", "bf16", 1024, 128, 1, "tpot_ms", 9.8, inferred="80 GB (61 GB of bf16 weights on one A100)"),
+    SpeedRow("Qwen3-30B-A3B bf16 (MoE), A100, 8192 in / 128 out, 1 request", TT_QWEN3, "vllm", "0.9 (2025-06)", "Qwen/Qwen3-30B-A3B",
+             "a100-80gb", "bf16", 8192, 128, 1, "tpot_ms", 10.6, inferred="80 GB (61 GB of bf16 weights on one A100)"),
+    SpeedRow("Qwen3-14B-AWQ, A100-80GB, enforce-eager, 16000 in / 200 out, 1 request (mean TPOT)", QWEN14_AWQ, "vllm", "0.9.1",
+             "Qwen/Qwen3-14B", "a100-80gb", "awq", 16000, 200, 1, "tpot_ms", 20.63, max_model_len=16384, max_num_seqs=30,
+             gpu_memory_utilization=0.95, enforce_eager=True, checkpoint_format="awq",
+             inferred="Qwen/Qwen3-14B's shapes for the AWQ checkpoint (same config, 4-bit group-128 Linears)"),
+)
+
+
+def predict(row: SpeedRow) -> float:
+    """The row's metric from perfguide's speed rule at the row's setup."""
+    spec = ModelSpec.from_any(row.model)
+    hw = Hardware.from_name(row.hardware)
+    serving = ServingSetup(engine=row.engine, weight_format=row.weight_format, checkpoint_format=row.checkpoint_format,
+                           dtype="fp16" if row.weight_format == "fp16" else "bf16", tensor_parallel_size=row.tp,
+                           max_model_len=row.max_model_len or max(row.prompt + row.output, 4096), max_num_seqs=row.max_num_seqs,
+                           gpu_memory_utilization=row.gpu_memory_utilization, enforce_eager=row.enforce_eager)
+    engine = engines.server(row.engine)
+
+    def at(batch: int | None) -> float:
+        if batch is None:
+            mem = engine.memory(spec, serving, hw)
+            batch = max(1, min(row.max_num_seqs, mem.kv_cache_tokens // (row.prompt + row.output)))
+        speed = engine.speed(spec, serving, hw, row.prompt, row.output, batch)
+        if row.metric == "tpot_ms":
+            return speed.time_per_output_token_ms
+        if row.metric == "decode_tok_s":
+            return 1000 / speed.time_per_output_token_ms
+        return speed.output_tokens_per_s
+
+    if row.metric == "gain":
+        return at(row.concurrency) / at(row.base)
+    return at(row.concurrency)
+
+
+#: every out-of-sample row off by more than 20%, with who is right and the evidence (rendered under the table)
+DISAGREEMENTS: dict[str, str] = {
+    "Llama-3.1-8B fp16, H100-80GB, 16 requests (TPOT p50)":
+        "the source is right about its run, but the run was not GPU bound: its own sweep's throughput falls from 16 to 64 "
+        "requests (1,384 -> 1,312 tok/s) while TPOT quadruples, which no GPU has room for at 8B (the predicted step at 16 "
+        "sequences is still weight-read bound); the client or host set the pace",
+    "Qwen3-0.6B bf16, H100-80GB, util 0.5, 512 in / 128 out, 500 prompts at once":
+        "the source is right: 500 streams of a 0.6B model are bound by host work that grows with the batch (sampling, "
+        "detokenizing, one HTTP stream per request), which perfguide prices once per step, not per sequence; GPU-side the "
+        "step is 2x faster than measured. Serving a tiny model at high concurrency is not what perfguide plans for",
+    "gpt-oss-120b MXFP4, 2x A100-80GB, TP2, 1 request":
+        "the source is right: TP2 was slower than TP1 (77-78 vs 90 tok/s, two users). perfguide halves the bytes per rank and "
+        "adds two all-reduces per layer, so it predicts TP2 faster; the same thread reports the MoE kernel slowing as the "
+        "experts per GPU fall ('if local expert count per device is small, the MoE layer start to slow down'), a cost not "
+        "divided by TP that the per-MoE-layer latency (fitted at TP1) does not shrink either",
+    "Qwen3-0.6B bf16, A100, 128 in / 128 out, 1 request":
+        "the source is right about its host: 4.2 ms a token for 1.5 GB of weights is host-bound; the same model on an H100 "
+        "under vLLM 0.19 (kvcached) decodes at 2.39 ms, which sets the 1.9 ms per-step host cost perfguide uses. Per-step host "
+        "work differs by host CPU and vLLM version; perfguide uses one figure",
+    "Qwen3-0.6B bf16, A100, 1024 in / 128 out, 1 request": "as the 128-token row: host-bound decode of a tiny model",
+    "Qwen3-30B-A3B bf16 (MoE), A100, 128 in / 128 out, 1 request":
+        "the source is right: bf16 experts on A100 cost less per MoE layer than gpt-oss's MXFP4 experts, which vLLM's A100 "
+        "path dequantizes ('mxfp4 quantization is not fully optimized yet', vLLM's own warning in that version); perfguide "
+        "fits one per-layer MoE latency from the gpt-oss row and so overprices bf16 MoE decode at batch 1 by ~25%",
+    "Qwen3-30B-A3B bf16 (MoE), A100, 1024 in / 128 out, 1 request": "as the 128-token row (per-layer MoE latency fitted on MXFP4)",
+    "Qwen3-30B-A3B bf16 (MoE), A100, 8192 in / 128 out, 1 request": "as the 128-token row (per-layer MoE latency fitted on MXFP4)",
+    "Qwen3-14B-AWQ, A100-80GB, enforce-eager, 16000 in / 200 out, 1 request (mean TPOT)":
+        "the source is right: eager mode (no CUDA graphs) with a 16k-token context; perfguide's eager cost (0.15 ms a layer, "
+        "a heuristic) undercounts it. The same issue reports a severe slowdown above one request, so only the 1-request row is used",
+    "Llama-3.1-8B FP8, H100, MLPerf v5.1 offline (CNN-DailyMail ~870 in / <=128 out)":
+        "open: the submission tunes its own batch and stops each request at EOS, neither stated; the prediction takes the mean "
+        "lengths and the largest batch the predicted KV cache holds, an upper bound the measured throughput sits 17% below",
+}

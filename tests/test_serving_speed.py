@@ -1,0 +1,65 @@
+"""The serving speed rule against hand-derived bytes: a decode step is never faster than the HBM needs to read what
+the step must read (the dense weights of the rank, and only the routed experts some token picked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide import Hardware
+from perfguide._serving_data import serving_facts
+from perfguide.model.types import ModelSpec
+from perfguide.setup import ServingSetup
+from perfguide.speed.serving import decode_step_s, moe_latency_s
+
+H100_BW = 3.35e12          # NVIDIA H100 SXM datasheet: 3.35 TB/s HBM3
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def _reads_s(model: str, serving: ServingSetup, hardware: str, batch: int) -> float:
+    """The step without its fixed costs (host work 0, the MoE kernels' per-layer latency and the TP all-reduces taken
+    off): the weight and KV reads."""
+    spec = ModelSpec.from_any(model)
+    step, _, _, comm = decode_step_s(spec, serving, Hardware.from_name(hardware), batch, 1, 0.0)
+    return step - moe_latency_s(spec, serving) - comm
+
+
+# Mixtral-8x7B config.json: 32 layers, hidden 4096, 8 experts of gate/up/down 4096x14336, top-2; q/o 4096x4096, k/v 4096x1024;
+# vocab 32000 (untied embed + lm_head); router 4096x8 per layer
+MIX_ATTN = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024)
+MIX_EXPERT = 3 * 4096 * 14336
+MIX_OTHER = 2 * 32000 * 4096 + 32 * 4096 * 8
+
+
+@pytest.mark.parametrize(("batch", "share"), [(1, 2 / 8), (8, 1 - (6 / 8) ** 8)])
+def test_mixtral_decode_is_never_faster_than_its_routed_bytes(batch: int, share: float) -> None:
+    # batch 1 reads 2 of 8 experts a layer; 8 tokens leave an expert cold with probability (6/8)^8
+    s = ServingSetup(engine="vllm", weight_format="bf16", tensor_parallel_size=2, max_model_len=4096)
+    per_rank = (MIX_ATTN + MIX_OTHER + share * 32 * 8 * MIX_EXPERT) * 2 / 2
+    floor = per_rank / H100_BW
+    reads = _reads_s("mistralai/Mixtral-8x7B-v0.1", s, "h100-80gb:2", batch)
+    assert reads >= floor
+    # and not far above it: the decode efficiency (0.91) and one token of KV cache are the only other terms
+    assert reads <= floor / serving_facts().decode_bandwidth_efficiency.value * 1.02
+
+
+def test_gpt_oss_routed_mxfp4_bytes_floor() -> None:
+    # gpt-oss-120b config.json: 36 layers, hidden 2880, 128 experts (gate_up 2880x5760, down 2880x2880) top-4 in MXFP4
+    # (4.25 bits a weight: OCP MX spec, one 8-bit scale per 32); attention q 2880x4096, k/v 2880x512, o 4096x2880 and
+    # embed + lm_head 2 x 201088 x 2880 in bf16
+    experts = 4 * 36 * 3 * 2880 * 2880 * 4.25 / 8
+    dense = (36 * (2 * 2880 * 4096 + 2 * 2880 * 512) + 2 * 201088 * 2880) * 2
+    s = ServingSetup(engine="vllm", weight_format="mxfp4", checkpoint_format="mxfp4", max_model_len=4096)
+    assert _reads_s("openai/gpt-oss-120b", s, "h100-80gb", 1) >= (experts + dense) / H100_BW
+
+
+def test_the_moe_kernels_fixed_cost_counts_moe_layers_of_the_stage() -> None:
+    # DeepSeek-V3 config.json: 61 layers, first_k_dense_replace 3 -> 58 MoE layers; two pipeline stages hold 29 each
+    spec = ModelSpec.from_any("deepseek-ai/DeepSeek-V3")
+    latency = serving_facts().moe_layer_decode_latency_s.value
+    assert moe_latency_s(spec, ServingSetup(engine="vllm")) == pytest.approx(58 * latency)
+    assert moe_latency_s(spec, ServingSetup(engine="vllm", pipeline_parallel_size=2)) == pytest.approx(29 * latency)
+    assert moe_latency_s(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), ServingSetup(engine="vllm")) == 0.0
