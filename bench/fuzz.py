@@ -3,7 +3,7 @@
 Run: ``.venv/bin/python bench/fuzz.py [--examples N]``. The generators are tests/fuzz_inputs.py's (the same
 ones the CI fuzz tests draw a few of); here each family gets N examples (configs N/3: each unknown model type
 is built on the meta device). An outcome is "result" (a plan, an estimate, a Hardware, factors), "PerfGuideError"
-(one line naming what was wrong and what is accepted), or the name of any other exception, which is a bug.
+(one line naming what was wrong and what is accepted; for ``perfguide check``: exit 2 with one stderr line), or the name of any other exception, which is a bug.
 Seeded (derandomize), so a rerun draws the same inputs.
 """
 
@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import fuzz_check_inputs as C
 import fuzz_inputs as F
 from _report import publish
 from hypothesis import HealthCheck, given, settings
@@ -74,6 +75,9 @@ def families(tmp: Path) -> list[tuple[str, Any, Callable[..., str], float]]:
         ("output paths (--write-*)", st.tuples(st.lists(F.path_parts, max_size=3), st.booleans()),
          lambda parts, force: F.check_write(parts, Path(tempfile.mkdtemp(dir=tmp)), force), 1.0),
         ("fits vs report", st.tuples(F.train_constraints, st.sampled_from(["train_gpu_one", "train_gpu_many"])), F.check_fits_agrees, 1 / 3),
+        ("check: config files (mutated published examples, junk bytes)", st.tuples(C.check_files, st.sampled_from([None, "llama-3-8b", "gpt2"])),
+         lambda f, model: C.check_file(f[0], f[1], model, Path(tempfile.mkdtemp(dir=tmp))), 1.0),
+        ("check: launch and serve command lines", st.tuples(C.check_commands), C.check_command, 1.0),
     ]
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import fuzz_check_inputs as C
 import fuzz_inputs as F
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -139,3 +141,38 @@ def test_fuzz_output_paths(parts, force):
 @given(F.train_constraints, st.sampled_from(["train_gpu_one", "train_gpu_many"]))
 def test_fuzz_fits_agrees_with_the_report(cons, scenario):
     ok(F.check_fits_agrees(cons, scenario))
+
+
+# --- perfguide check: the config readers and launch / serve lines (bench/fuzz.py runs thousands) ----------------
+@settings(FUZZ, max_examples=30)
+@given(C.check_files, st.sampled_from([None, "llama-3-8b"]))
+def test_fuzz_check_config_files(file, model):
+    with tempfile.TemporaryDirectory() as d:
+        ok(C.check_file(file[0], file[1], model, Path(d)))
+
+
+@settings(FUZZ, max_examples=15)
+@given(C.check_commands)
+def test_fuzz_check_commands(words):
+    ok(C.check_command(words))
+
+
+@pytest.mark.parametrize("blob", [b"[" * 50_000 + b"]" * 50_000, b'{"zero_optimization": ' * 3000 + b"1" + b"}" * 3000])
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_a_nesting_bomb_is_one_line(blob, suffix, tmp_path):
+    """Found by the check family: json / yaml recurse once per level and raised RecursionError out of the CLI."""
+    assert C.check_file(suffix, blob, "llama-3-8b", tmp_path) == "PerfGuideError"
+
+
+@pytest.mark.parametrize("data", [{"distributed_type": "FSDP", "num_processes": 2, "fsdp_config": -2602105},
+                                  {"base_model": "NousResearch/Llama-3.2-1B", "fsdp_config": 5},
+                                  {"base_model": "NousResearch/Llama-3.2-1B", "plugins": 7},
+                                  {"model_name_or_path": "llama-3-8b", "deepspeed": [[None, 1.5], {}]},
+                                  {"model_name_or_path": "llama-3-8b", "deepspeed": "x" * 5000},
+                                  {"train_micro_batch_size_per_gpu": float("inf")},
+                                  {"zero_optimization": "stage3", "train_micro_batch_size_per_gpu": 1}])
+def test_a_block_of_the_wrong_type_is_one_line(data, tmp_path):
+    """Each once escaped as AttributeError / TypeError / OSError (file name too long) / OverflowError (int(inf))."""
+    import json
+
+    assert C.check_file(".json", json.dumps(data).encode(), "llama-3-8b", tmp_path) == "PerfGuideError"

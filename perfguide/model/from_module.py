@@ -250,6 +250,18 @@ def _hf_config(config: dict[str, Any]) -> Any:
                                 f"{transformers.__version__} ({str(exc).splitlines()[0][:120]}).") from None
 
 
+def _auto_class(transformers: Any, hf_config: Any, trust_remote_code: bool) -> Any:
+    """AutoModelForCausalLM where the config has a causal-LM class, else AutoModel. Asked of the auto mapping first
+    (a dict lookup): a failed ``from_config`` names every class in its error message, which imports all ~800 model
+    modules (5.6 s for EvollaConfig the first time, the slowest input of bench/fuzz.py's model-type walk)."""
+    remote = trust_remote_code and isinstance(getattr(hf_config, "auto_map", None), dict)
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+        if type(hf_config) in auto._model_mapping or (remote and auto.__name__ in hf_config.auto_map):
+            return auto
+    # the words transformers' own error starts with; the caller turns it into the one-line refusal
+    raise ValueError(f"Unrecognized configuration class {type(hf_config).__name__} for AutoModelForCausalLM or AutoModel")
+
+
 def spec_via_meta_module(config: dict[str, Any], name: str, source: str, *, hf_config: Any = None,
                          trust_remote_code: bool = False) -> ModelSpec:
     """Count a config whose model type or head has no analytic counter by building it on the meta device.
@@ -270,8 +282,5 @@ def spec_via_meta_module(config: dict[str, Any], name: str, source: str, *, hf_c
         if cls is not None:
             module = cls._from_config(hf_config)
         else:  # no head class transformers knows: the LM head, as for the analytic counters
-            try:
-                module = transformers.AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
-            except ValueError:
-                module = transformers.AutoModel.from_config(hf_config, trust_remote_code=trust_remote_code)
+            module = _auto_class(transformers, hf_config, trust_remote_code).from_config(hf_config, trust_remote_code=trust_remote_code)
     return spec_from_module(module, name, source)

@@ -27,23 +27,27 @@ def module(fmt: str) -> ModuleType:
 
 def load(path: str) -> dict[str, Any]:
     """A JSON or YAML file as a dict; anything else (a missing file, a list, a syntax error) is one line."""
-    p = Path(path).expanduser()
     try:
+        p = Path(path).expanduser()
         text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigReadError(f"cannot read {path!r} ({exc.strerror or exc}); pass an existing config file") from None
-    except UnicodeDecodeError:
-        raise ConfigReadError(f"{path!r} is not a text file; pass a JSON or YAML config") from None
+    except (OSError, ValueError, RuntimeError) as exc:  # ValueError: a NUL in the path; RuntimeError: ~user unknown
+        if isinstance(exc, UnicodeDecodeError):
+            raise ConfigReadError(f"{path!r} is not a text file; pass a JSON or YAML config") from None
+        raise ConfigReadError(f"cannot read {path[:200]!r} ({getattr(exc, 'strerror', None) or exc}); pass an existing config file") from None
     if p.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigReadError(f"{p.name} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except RecursionError:
+            raise ConfigReadError(f"{p.name} nests deeper than Python's JSON parser allows; pass a flat config") from None
     else:
         import yaml
 
         try:
             data = yaml.safe_load(text)
+        except RecursionError:
+            raise ConfigReadError(f"{p.name} nests deeper than the YAML parser allows; pass a flat config") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" (line {mark.line + 1})" if mark is not None else ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Collector, ConfigReadError, as_bool, as_int, choice
+from .base import Collector, ConfigReadError, as_bool, as_int, choice, mapping
 from .deepspeed import _OFFLOAD, merge_into
 from .deepspeed import load as load_deepspeed
 from .deepspeed import read as read_deepspeed
@@ -66,9 +66,9 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if isinstance(dynamo, dict) and str(dynamo.get("dynamo_backend", "NO")).upper() != "NO":
         col.set("torch_compile", True, "dynamo_config.dynamo_backend")
     if strategy == "fsdp":
-        _fsdp(data.get("fsdp_config") or {}, col)
+        _fsdp(mapping(data.get("fsdp_config"), col.where("fsdp_config")), col)
     elif strategy == "deepspeed":
-        _deepspeed(data.get("deepspeed_config") or {}, col, base_dir)
+        _deepspeed(mapping(data.get("deepspeed_config"), col.where("deepspeed_config")), col, base_dir)
 
 
 def _fsdp(cfg: dict[str, Any], col: Collector) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, listing, mapping
 from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
 from .training_args import read_fsdp
 
@@ -56,7 +56,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     _attention(data, col)
     if data.get("sample_packing") is not None and as_bool(data["sample_packing"], col.where("sample_packing")):
         col.set("padding_free", True, "sample_packing")
-    plugins = [str(p) for p in data.get("plugins") or []]
+    plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
     if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
         col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
     if data.get("torch_compile") not in (None, False):
@@ -64,7 +64,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     for key in ("dataloader_num_workers", "dataloader_pin_memory"):
         if data.get(key) is not None:
             col.set(key, as_int(data[key], col.where(key), 0) if key.endswith("workers") else as_bool(data[key], col.where(key)), key)
-    version = data.get("fsdp_version") or (data.get("fsdp_config") or {}).get("fsdp_version") or 1
+    version = data.get("fsdp_version") or mapping(data.get("fsdp_config"), col.where("fsdp_config")).get("fsdp_version") or 1
     read_fsdp(data.get("fsdp") or (["full_shard"] if data.get("fsdp_config") else None), data.get("fsdp_config"), col,
               default_version=as_int(version, col.where("fsdp_version")))
     if data.get("deepspeed"):

@@ -131,11 +131,32 @@ def as_int(value: Any, where: str, low: int = 1) -> int:
         raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}")
     try:
         number = int(str(value).strip()) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: int(inf)
         raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}") from None
     if (isinstance(value, float) and number != value) or number < low:
         raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}")
     return number
+
+
+def mapping(value: Any, where: str) -> dict[str, Any]:
+    """A nested block of settings (``fsdp_config``, ``zero_optimization``, ...): absent or empty is ``{}``; a value
+    of another type is one line, never an AttributeError deep inside a reader."""
+    if value is None or value == {} or value is False or value == "":
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigReadError(f"{where} must be a mapping of settings, got {type(value).__name__} {str(value)[:40]!r}")
+    return value
+
+
+def listing(value: Any, where: str) -> list[Any]:
+    """A list of names (``plugins``, ``lora_attn_modules``); absent is ``[]``, one name a list of one."""
+    if value is None or value is False or value == "":
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ConfigReadError(f"{where} must be a list, got {type(value).__name__} {str(value)[:40]!r}")
+    return value
 
 
 def as_float(value: Any, where: str) -> float:

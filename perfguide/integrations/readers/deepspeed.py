@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .base import Collector, ConfigReadError, as_bool, as_int, choice
+from .base import Collector, ConfigReadError, as_bool, as_int, choice, mapping
 
 FORMAT = "deepspeed"
 SYNTAX = "json"
@@ -53,15 +53,16 @@ _OFFLOAD = {"cpu": True, "nvme": True, "none": False}
 def load(path: str, base_dir: str | None = None) -> tuple[dict[str, Any], str]:
     """The JSON a ``deepspeed`` / ``deepspeed_config_file`` value names, relative to the working folder, else to the
     file that named it (where such configs usually sit together)."""
-    p = Path(path).expanduser()
-    if not p.is_file() and base_dir is not None and (Path(base_dir) / p).is_file():
-        p = Path(base_dir) / p
     try:
+        p = Path(path).expanduser()
+        if not p.is_file() and base_dir is not None and (Path(base_dir) / p).is_file():
+            p = Path(base_dir) / p
         data = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigReadError(f"cannot read the DeepSpeed config {path!r} ({exc.strerror or exc}); pass an existing JSON file") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigReadError(f"{p.name} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except (OSError, ValueError, RuntimeError) as exc:  # ValueError: a NUL in the path; RuntimeError: ~user unknown
+        if isinstance(exc, json.JSONDecodeError):
+            raise ConfigReadError(f"{Path(path).name[:80]} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        why = getattr(exc, "strerror", None) or exc
+        raise ConfigReadError(f"cannot read the DeepSpeed config {path[:200]!r} ({why}); pass an existing JSON file") from None
     if not isinstance(data, dict):
         raise ConfigReadError(f"{p.name} must hold a JSON object of DeepSpeed keys, got {type(data).__name__}")
     return data, p.name
@@ -71,6 +72,9 @@ def read_nested(value: Any, col: Collector, base_dir: str | None) -> None:
     """A ``deepspeed`` value inside another config: a dict, or the path of a JSON file."""
     if isinstance(value, dict):
         data, inner = value, Collector(FORMAT, col.source, prefix="deepspeed.")
+    elif not isinstance(value, str):
+        raise ConfigReadError(f"{col.where('deepspeed')} must be a DeepSpeed config (a mapping) or a JSON file's path, "
+                              f"got {type(value).__name__}")
     else:
         data, name = load(str(value), base_dir)
         inner = Collector(FORMAT, name)
@@ -100,7 +104,7 @@ def read(data: dict[str, Any], col: Collector) -> None:
     if "train_batch_size" in data and data["train_batch_size"] != "auto":
         col.set("_train_batch_size", as_int(data["train_batch_size"], col.where("train_batch_size")), "train_batch_size")
     _precision(data, col)
-    _zero(data.get("zero_optimization") or {}, col)
+    _zero(mapping(data.get("zero_optimization"), col.where("zero_optimization")), col)
     opt = data.get("optimizer")
     if isinstance(opt, dict) and opt.get("type"):
         name = choice(str(opt["type"]).replace("_", ""), col.where("optimizer.type"), ADAM_LIKE)
