@@ -54,7 +54,7 @@ from pydantic import Field
 
 from .._data import DataModel, validated
 from ..model.types import ModelSpec
-from ..setup import Setup
+from ..setup import QUANTIZED, Setup
 
 DIMS = ("h", "i", "q", "kv", "1")
 Dim = Literal["h", "i", "q", "kv", "1"]
@@ -206,9 +206,25 @@ def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
     return {"h": 2 * nbytes, "q": nbytes, "i": nbytes}
 
 
+def stream_regime(setup: Setup) -> RegimeName:
+    """The dtype regime of the residual stream between blocks (what a checkpointed block keeps as its input).
+
+    It follows ``regime()`` except for a quantized base whose other parameters were upcast to fp32 (peft's
+    prepare_model_for_kbit_training, ``kbit_upcast``): the fp32 embedding output and the fp32 norm weights
+    (``weight * hidden.to(input_dtype)`` promotes) make every residual add fp32, and bitsandbytes' Linear4bit /
+    Linear8bitLt return ``out.to(input dtype)``, so the stream stays fp32 as under autocast. Traced on a 2- and
+    4-block nf4 Llama (transformers + peft + bitsandbytes 0.50, CPU, real tensors): each checkpointed block
+    adds 4 bytes per hidden element per token, not 2.
+    """
+    if setup.weights_dtype in QUANTIZED and setup.kbit_upcast:
+        return "amp"
+    return regime(setup)
+
+
 def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """Bytes one checkpointed block keeps between forward and backward: its input hidden states."""
-    c = _coefs(spec, setup)
+    """Bytes one checkpointed block keeps between forward and backward: its input hidden states, in the
+    stream's dtype (``stream_regime``)."""
+    c = family_coefficients(spec.family, spec.model_type)[stream_regime(setup)]
     return int(setup.micro_batch_size * setup.seq_len * _linear(c.ckpt_per_token, block_dims(spec)))
 
 
