@@ -155,3 +155,42 @@ def test_other_words_of_the_parsers_are_read_and_priced(command: str, engine: st
     assert "serving.weight_format" in {r.field for r in c.read if "--quantization" in r.source}
     # a 16-bit repository named with AWQ kernels does not load: the reading says so beside the price
     assert any("pre-quantized checkpoint" in n and "refuses it at load" in n for n in c.notes)
+
+
+# --- SGLang on small GPUs and its expert-parallel size (arg_groups/memory_hook.py, fused_moe_triton's moe_tp_size) -------
+
+LLAMA8_BF16 = 8_030_261_248 * 2          # Llama-3.1-8B's parameters, 2 bytes each
+
+
+def test_sglang_takes_its_own_chunk_and_fraction_on_a_24gb_gpu() -> None:
+    # memory_hook.py: a GPU under 35 GB gets chunked_prefill_size 4096 and decode graphs to batch 48 (tp < 4), so the
+    # default fraction reserves 512 + 4096 x 1.5 + 1024 / 8 + 48 x 2 = 6880 MB of the L4's 23034 MiB
+    r = perfguide.recommend(MODEL, scenario="infer_gpu_one", hardware="l4", engine="sglang", quantization="none")
+    s = r.setup.serving
+    assert s is not None and r.fits and s.weight_format == "bf16" and s.max_num_batched_tokens == 4096
+    assert s.gpu_memory_utilization >= round((23034 - 6880) / 23034, 3)
+    assert "--chunked-prefill-size 4096" in r.serve_command() and set(flags_of(r.serve_command())) <= set(FLAGS["sglang"]["flags"])
+
+
+def test_sglang_fraction_is_raised_to_hold_the_weights_or_the_plan_refused() -> None:
+    r = perfguide.recommend(MODEL, scenario="infer_gpu_one", hardware="l4", engine="sglang", quantization="none", prompt_len=30000)
+    s, m = r.setup.serving, r.engine_memory
+    assert s is not None and m is not None and r.fits
+    # the pool must hold the weights and one 30256-token request: (W + 131072 B a token x 30256) of what CUDA leaves
+    need = (LLAMA8_BF16 + KV_BYTES_PER_TOKEN * s.max_model_len) / (m.total - m.cuda_context)
+    assert s.gpu_memory_utilization == pytest.approx(-(-need * 100 // 1) / 100) and s.gpu_memory_utilization > 0.701
+    assert any("raised from SGLang's default 0.701" in w for w in r.warnings)
+    big = perfguide.recommend(MODEL, scenario="infer_gpu_one", hardware="l4", engine="sglang", quantization="none", prompt_len=100000)
+    assert not big.fits and len(big.suggestions) == 1 and "\n" not in big.suggestions[0]
+
+
+def test_sglang_ep_size_is_priced_as_tp_or_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    base = "python -m sglang.launch_server --model-path Qwen/Qwen3-30B-A3B --tp-size 4 --context-length 8192"
+    assert {"--ep-size", "--tp-size"} <= set(FLAGS["sglang"]["flags"])
+    plain, split = perfguide.check(config=base, hardware="l40s:4"), perfguide.check(config=base + " --ep-size 4", hardware="l40s:4")
+    # moe_tp_size = tp // ep and experts per rank = E // ep: 1/4 of the expert bytes per GPU either way
+    assert split.memory.weights == plain.memory.weights and any("--ep-size 4" in n for n in split.notes) and not split.unknown
+    code, _, err = run(["check", "--hardware", "l40s:4", "--", *shlex.split(base + " --ep-size 3")], capsys)
+    assert code == 2 and err.count("\n") == 1 and "tp_size % ep_size" in err
+    with pytest.raises(perfguide.ConflictingConstraintsError, match="--ep-size"):
+        perfguide.recommend("Qwen/Qwen3-30B-A3B", scenario="infer_gpu_many", hardware="l40s:4", engine="sglang", enable_expert_parallel=True)

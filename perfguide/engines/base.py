@@ -67,6 +67,8 @@ class ServerEngine(Engine):
     expert_parallel: ClassVar[bool] = True   # divides MoE experts over every GPU of TP x DP (a switch of its parser)
     #: other spellings its parser registers for flags ``flags()`` emits (alias -> the emitted name), for reading commands
     flag_aliases: ClassVar[dict[str, str]] = {}
+    #: flags that size expert parallelism as a number (SGLang --ep-size) rather than a switch of ServingSetup
+    expert_parallel_flags: ClassVar[tuple[str, ...]] = ()
     #: other words its parser accepts for a field ``flags()`` emits (ServingSetup field -> word -> the field's value),
     #: e.g. vLLM's ``--dtype half`` or ``--quantization awq``: read by ``perfguide check`` and priced, never emitted
     value_aliases: ClassVar[dict[str, dict[str, object]]] = {}
@@ -111,6 +113,19 @@ class ServerEngine(Engine):
     def budget(self, total: int, context: int, serving: ServingSetup) -> int:
         """Bytes its rule lets weights + KV cache (+ whatever it subtracts) use, from CUDA's total."""
         raise NotImplementedError
+
+    def batched_tokens(self, gpu: GPU, tp: int) -> int:
+        """Tokens one prefill chunk takes (its max_num_batched_tokens / chunked-prefill setting) that a plan emits."""
+        return 8192
+
+    def fraction_to_fit(self, memory: EngineMemory, serving: ServingSetup) -> float | None:
+        """The memory knob that would hold the weights and one max_model_len request when its default does not (None:
+        the default already takes all the GPU the headroom allows, as vLLM's does)."""
+        return None
+
+    def expert_parallel_note(self, size: int, serving: ServingSetup, experts: int) -> str:
+        """What an expert-parallel size flag (``expert_parallel_flags``) does to the priced setup, or a one-line refusal."""
+        raise PerfGuideError(f"{self.title} has no expert-parallel size flag")
 
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         """What its rule leaves for KV blocks (negative: the weights do not leave room)."""

@@ -11,22 +11,38 @@ against tests/data/engine_flags.json, extracted from that version's sources by s
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 from .._base import MiB
+from ..errors import PerfGuideError
 from ..hardware.types import GPU, Hardware
+from ..memory.serving import EngineMemory
 from ..setup import ServingSetup
 from .base import Flag, ServerEngine
 
 _KV = {"fp8": "fp8_e4m3", "auto": "auto"}
 
 
+#: arg_groups/memory_hook.py handle_gpu_memory_settings: (GPU memory under, in MB) -> (chunked_prefill_size, decode
+#: CUDA-graph max batch at tp < 4, at tp >= 4); the last tier (B200, MI300) is everything above 160 GB
+_TIERS = ((20 * 1024, 2048, 8, 8), (35 * 1024, 4096, 48, 160), (60 * 1024, 4096, 32, 160), (90 * 1024, 8192, 256, 512),
+          (160 * 1024, 8192, 256, 512), (float("inf"), 16384, 512, 512))
+
+
+def _tier(total: int, tp: int) -> tuple[int, int]:
+    """(chunked_prefill_size, decode graph max batch) SGLang picks for a GPU of ``total`` bytes."""
+    gpu_mb = total / MiB
+    _, chunk, small, large = next(t for t in _TIERS if gpu_mb < t[0])
+    return chunk, small if tp < 4 else large
+
+
 def default_mem_fraction(total: int, serving: ServingSetup) -> float:
     """SGLang's own default (arg_groups/memory_hook.py): reserve 512 MB + 1.5 MB per chunked-prefill token +
-    1 GB per 8 TP ranks + 2 MB per decode graph batch, at least 10 GB on GPUs over 60 GB."""
+    1 GB per 8 TP x PP ranks + 2 MB per decode graph batch (its GPU tier's max batch), at least 10 GB on GPUs over 60 GB."""
     gpu_mb = total / MiB
     reserved = 512 + max(serving.max_num_batched_tokens, 2048) * 1.5 + serving.tensor_parallel_size * serving.pipeline_parallel_size / 8 * 1024
-    reserved += 0 if serving.enforce_eager else min(serving.max_num_seqs, 256) * 2
+    reserved += 0 if serving.enforce_eager else _tier(total, serving.tensor_parallel_size)[1] * 2
     if gpu_mb > 60 * 1024:
         reserved = max(reserved, 10 * 1024)
     return round((gpu_mb - reserved) / gpu_mb, 3)
@@ -45,7 +61,8 @@ class SGLang(ServerEngine):
     #: 'modelopt_fp8' FP8 checkpoints (SGLang docs advanced_features/quantization.md)
     value_aliases: ClassVar[dict[str, dict[str, object]]] = {
         "dtype": {"half": "fp16"}, "weight_format": {"awq": "awq", "gptq": "gptq", "w8a8_fp8": "fp8", "modelopt_fp8": "fp8"}}
-    expert_parallel: ClassVar[bool] = False   # its --ep-size pairs with DP attention, which these plans do not price
+    expert_parallel: ClassVar[bool] = False   # its --ep-size splits a TP group's experts: the same bytes per GPU as TP
+    expert_parallel_flags: ClassVar[tuple[str, ...]] = ("--ep-size", "--ep", "--expert-parallel-size")
     memory_source: ClassVar[str] = "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes"
 
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:
@@ -55,8 +72,30 @@ class SGLang(ServerEngine):
     def default_utilization(self, gpu: GPU, serving: ServingSetup) -> float:
         return default_mem_fraction(gpu.memory_total, serving)
 
+    def batched_tokens(self, gpu: GPU, tp: int) -> int:
+        """Its chunked_prefill_size for the GPU's memory tier (2k under 20 GB, 4k under 60 GB, 8k, 16k over 160 GB)."""
+        return _tier(gpu.memory_total, tp)[0]
+
     def budget(self, total: int, context: int, serving: ServingSetup) -> int:
         return int((total - context) * serving.gpu_memory_utilization)
+
+    def fraction_to_fit(self, memory: EngineMemory, serving: ServingSetup) -> float:
+        """The smallest mem_fraction_static (to 0.01) whose pool holds the weights and one max_model_len request:
+        below it SGLang stops at start-up ('Not enough memory. Please try to increase --mem-fraction-static')."""
+        need = memory.weights + memory.kv_bytes_per_token * serving.max_model_len
+        return math.ceil(need / (memory.total - memory.cuda_context) * 100) / 100
+
+    def expert_parallel_note(self, size: int, serving: ServingSetup, experts: int) -> str:
+        """--ep-size splits each TP group's ranks into expert groups (moe_tp_size = tp_size // ep_size, experts per rank
+        = num_experts // ep_size: benchmark/kernels/fused_moe_triton, parallel_state), so a GPU holds the same expert
+        bytes as under TP alone; a size that does not divide both is refused as SGLang refuses it."""
+        tp = serving.tensor_parallel_size
+        if size < 1 or tp % size or (experts > 1 and experts % size):
+            raise PerfGuideError(f"SGLang --ep-size {size} must divide --tp-size {tp} and the {experts} experts "
+                                 f"(SGLang asserts tp_size % ep_size == 0); use one of "
+                                 f"{', '.join(str(e) for e in range(1, tp + 1) if tp % e == 0 and (experts <= 1 or experts % e == 0))}")
+        return (f"--ep-size {size}: SGLang splits the experts of each TP group over {size} ranks, each TP-sharded {tp // size} ways, "
+                f"so a GPU holds 1/{tp} of the expert weights as under TP alone (priced so)")
 
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         return budget - weights

@@ -37,7 +37,6 @@ from .serving_menu import Menu, checkpoint_only, half, menu
 from .types import SERVING_KNOBS, Candidate, Constraints, Plan, Request
 
 MAX_SEQS = 256
-BATCHED_TOKENS = 8192
 
 
 def engine_of(request: Request) -> Engine:
@@ -103,7 +102,10 @@ def _expert_parallel(request: Request, engine: ServerEngine, replicas: int) -> l
         raise ConflictingConstraintsError(f"enable_expert_parallel=True needs a mixture-of-experts model; {request.model.name} is dense: drop it")
     if asked and not engine.expert_parallel:
         servers = " or ".join(repr(e.name) for e in engines.servers() if e.expert_parallel)
-        raise ConflictingConstraintsError(f"enable_expert_parallel=True is not planned for engine={engine.name!r}; use engine={servers}")
+        own = (f" ({engine.title}'s {engine.expert_parallel_flags[0]} splits each TP group's experts: the same bytes per GPU as TP)"
+               if engine.expert_parallel_flags else "")
+        raise ConflictingConstraintsError(f"enable_expert_parallel=True spreads the experts over every GPU of TP x DP, which engine={engine.name!r} "
+                                          f"does not do{own}; use engine={servers}, or drop it")
     if asked is not None:
         return [asked]
     return [False, True] if request.model.is_moe and replicas > 1 and engine.expert_parallel else [False]
@@ -134,7 +136,7 @@ def _sized(request: Request, engine: ServerEngine, m: Menu, fmt: str, layout: tu
     base = ServingSetup(engine=engine.name, weight_format=fmt, dtype=half(gpu), checkpoint_format=m.checkpoint, quantized_model=c.quantized_model,
                         tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=gpus // (tp * pp),
                         enable_expert_parallel=ep, max_model_len=_max_model_len(request),
-                        max_num_seqs=c.max_num_seqs or c.batch_size or MAX_SEQS, max_num_batched_tokens=BATCHED_TOKENS,
+                        max_num_seqs=c.max_num_seqs or c.batch_size or MAX_SEQS, max_num_batched_tokens=engine.batched_tokens(gpu, tp),
                         enforce_eager=eager, kv_cache_dtype=c.kv_cache_dtype or "auto", enable_prefix_caching=True)
     if c.gpu_memory_utilization is not None:
         return base.model_copy(update={"gpu_memory_utilization": c.gpu_memory_utilization})
@@ -170,9 +172,20 @@ def _layouts(request: Request, engine: ServerEngine, m: Menu, fmt: str, gpus: in
             p = _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus))
             if p.speed is None:
                 eager = _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus, eager=True))
-                p = eager if eager.speed is not None else p
+                p = eager if eager.speed is not None else _raised(request, engine, p)
             priced.append(p)
     return priced
+
+
+def _raised(request: Request, engine: ServerEngine, p: Priced) -> Priced:
+    """A static memory fraction (SGLang's) raised as far as holding the weights and one request needs, when the
+    engine's default leaves too little and the user set none; above 1 - headroom it stays as it was (does not fit)."""
+    need = engine.fraction_to_fit(p.memory, p.serving)
+    if need is None or request.constraints.gpu_memory_utilization is not None or need > 1 - request.constraints.headroom:
+        return p
+    if need <= p.serving.gpu_memory_utilization:
+        return p
+    return _price(request, engine, p.serving.model_copy(update={"gpu_memory_utilization": need}))
 
 
 def _tiered(request: Request, priced: list[Priced]) -> Priced | None:
@@ -266,6 +279,14 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
     if chosen.serving.quantized_model:
         warnings = (f"serves the pre-quantized checkpoint {chosen.serving.quantized_model} ({chosen.serving.weight_format}) in place of "
                     f"{request.model_id or request.model.name}",)
+    default = engine.default_utilization(gpu, chosen.serving)
+    if engine.fraction_to_fit(chosen.memory, chosen.serving) is not None and chosen.serving.gpu_memory_utilization > default \
+            and request.constraints.gpu_memory_utilization is None:
+        left = (1 - chosen.serving.gpu_memory_utilization) * (chosen.memory.total - chosen.memory.cuda_context) / 2**30
+        warnings += (f"{engine.memory_setting} raised from {engine.title}'s default {default} to {chosen.serving.gpu_memory_utilization} "
+                     f"so the weights and one {chosen.serving.max_model_len}-token request fit: {left:.2f} GiB stay outside the pool "
+                     f"for activations and CUDA graphs, where {engine.title}'s own rule reserves {(1 - default) * chosen.memory.total / 2**30:.2f} GiB; "
+                     f"if it runs out of memory, lower the chunked prefill size or max_model_len",)
     return Plan(decisions=tuple(decisions), warnings=warnings, fits=True, **common)
 
 

@@ -107,7 +107,10 @@ def read(argv: list[str] | str, spec_of: Any, hw: Hardware) -> tuple[ServerEngin
     col.set_model(model, "model")
     table = flag_table(engine)
     values: dict[str, Any] = {}
+    expert_sizes = {flag: word for flag, word in flags.items() if flag in engine.expert_parallel_flags}
     for flag, word in flags.items():
+        if flag in expert_sizes:
+            continue
         if flag not in table:
             if flag in NOT_PRICED:
                 col.ignore(flag)
@@ -118,6 +121,13 @@ def read(argv: list[str] | str, spec_of: Any, hw: Hardware) -> tuple[ServerEngin
         values[field] = _value(field, word, words_, col.where(flag))
         col.set(f"serving.{field}", values[field], flag)
     spec: ModelSpec = spec_of(model)
+    for flag, word in expert_sizes.items():   # a size, not a ServingSetup field: the engine says what it does to the bytes
+        size = as_int(word, col.where(flag))
+        try:
+            col.note(engine.expert_parallel_note(size, ServingSetup(engine=engine.name, **{k: v for k, v in values.items()
+                                                                                             if k == "tensor_parallel_size"}), spec.num_experts))
+        except PerfGuideError as exc:
+            raise ConfigReadError(str(exc)) from None
     _assume(engine, spec, hw, values, col)
     try:
         serving = ServingSetup(engine=engine.name, **values)
