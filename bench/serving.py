@@ -4,7 +4,8 @@ Every row is a public measurement (a vLLM start-up log, a benchmark post, an MLP
 its source states; perfguide predicts the same number from the model shape and the GPU's datasheet only. Nothing
 here was fitted to these rows beyond what is marked: the constants in perfguide/data/serving.json carry their own
 sources, and those taken from rows below (the decode bandwidth efficiency, vLLM's per-step host cost and the per-MoE-layer
-latency from one speed row each, half the driver reserve from the RTX 3090 log's CUDA total) mark those rows in sample.
+latency from one speed row each, half the driver reserve from the RTX 3090 log's CUDA total, the sampler's 38 bytes per
+logit counted with the llm-d peaks in view) mark those rows in sample. Start-up log rows: bench/serving_log_rows.py.
 
     .venv/bin/python bench/serving.py
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import SourceSummary, publish
-from serving_logs import ROWS, error, predict
+from serving_logs import report_lines as log_lines
 from serving_speed_rows import DISAGREEMENTS
 from serving_speed_rows import ROWS as SPEED_ROWS
 from serving_speed_rows import predict as predict_speed
@@ -72,43 +73,6 @@ def layout_rows() -> list[str]:
         order = " > ".join(f"TP{c.setup.serving.tensor_parallel_size}x{c.setup.serving.data_parallel_size}" for c in ranked)
         agrees = ranked[0].setup.serving.tensor_parallel_size == 1
         lines.append(f"| {model}, 8x H100, {s.weight_format} | {order} | {'yes' if agrees else 'no'} |")
-    return lines
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def log_lines() -> list[str]:
-    """Every published start-up log row, then the error per source and per kind, out of sample."""
-    lines = ["## Engine start-up logs (vLLM, SGLang)", "",
-             "Figures the engines printed at start-up, with the setup and version stated in the same issue; perfguide predicts",
-             "each from the model shape and the GPU datasheet (bench/serving_logs.py says what each kind checks). A KV budget",
-             "near zero is compared in GiB of the GPU's memory (an error of 1 GiB on an 80 GB card reads 1.3%).", "",
-             "| setup | engine | kind | published | predicted | error | source |", "|---|---|---|---|---|---|---|"]
-    by_source: dict[str, list[float]] = {}
-    by_kind: dict[str, list[float]] = {}
-    for row in ROWS:
-        predicted = predict(row)
-        err = error(row, predicted)
-        mark = " (in sample)" if row.in_sample else ""
-        lines.append(f"| {row.label}{mark} | {row.engine} {row.version} | {row.kind} | {row.published:,.2f} | {predicted:,.2f} | "
-                     f"{err:+.1%} | {row.source} |")
-        if not row.in_sample:
-            by_source.setdefault(row.source, []).append(abs(err))
-            by_kind.setdefault(row.kind, []).append(abs(err))
-    every = [e for errs in by_source.values() for e in errs]
-    lines += ["", f"Out of sample: {len(every)} rows from {len(by_source)} sources; median |error| {_pct(every, 0.5):.1%}, "
-                  f"p90 {_pct(every, 0.9):.1%}.", "", "| source | rows | median abs error |", "|---|---|---|"]
-    lines += [f"| {src} | {len(errs)} | {_pct(errs, 0.5):.1%} |" for src, errs in by_source.items()]
-    lines += ["", "| kind | rows | median abs error | p90 |", "|---|---|---|---|"]
-    lines += [f"| {kind} | {len(errs)} | {_pct(errs, 0.5):.1%} | {_pct(errs, 0.9):.1%} |" for kind, errs in by_kind.items()]
-    lines += ["", "Known misses: the vLLM V1 budget rows of MoE models with 1024 sequences (gpt-oss-120b, Qwen3-235B-FP8) leave",
-              "~6 GiB less KV than predicted: V1 profiles its sampler over max_num_seqs x vocab (top-k/top-p sorts, several fp32",
-              "copies) and the fused-MoE workspace, which the activation term here (one fp32 logits copy, the routed MLP) does not",
-              "price. Llama-3.1-405B-FP8 (Meta's fbgemm checkpoint) keeps attention and the first and last layers in bf16; the",
-              "row prices every Linear in fp8, hence -17%. The published figures are rounded to 0.01 GiB.", ""]
     return lines
 
 

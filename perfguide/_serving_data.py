@@ -34,6 +34,7 @@ class EngineFacts(Model):
     non_torch_bytes_per_tp_rank: int = Field(ge=0)
     cuda_graph_bytes_per_size: int = Field(ge=0)
     max_cuda_graph_size: int = Field(ge=1)
+    sampler_bytes_per_logit: float = Field(default=0.0, ge=0, description="profile-run sampler bytes per (sequence x vocab) entry")
     step_overhead_s: float = Field(ge=0)
     source: str = Field(min_length=10)
     formats: dict[str, EngineFormat] = Field(min_length=1)

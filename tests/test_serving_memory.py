@@ -10,7 +10,7 @@ from test_inference_memory import LLAMA31_8B, llama
 from perfguide import Hardware, engines
 from perfguide._serving_data import serving_facts
 from perfguide.memory.overhead import cuda_context_bytes
-from perfguide.memory.serving import activation_peak_bytes, format_weight_bytes, kv_bytes_per_token
+from perfguide.memory.serving import _skipped, activation_peak_bytes, format_weight_bytes, kv_bytes_per_token
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 
@@ -26,7 +26,9 @@ def test_8b_on_a100_kv_tokens_equal_the_published_budget_rule_by_hand() -> None:
     total = 81920 * 2**20 - int(serving_facts().driver_reserved_bytes.value)   # CUDA's total: nvidia-smi's less the driver's share
     requested = math.ceil(total * 0.9)
     weights = 8_030_261_248 * 2                               # bf16, every parameter
-    activation = 8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2 + 256 * 128256 * 4   # MLP + residuals + fp32 sampler logits
+    forward = 8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2                       # MLP gate/up/product + two residuals
+    sampler = 256 * 128256 * 38 + 8192 * 4096 * 2   # sorting sampler: 2+4+8+(4+8)+(4+8) bytes per logit, hidden states kept
+    activation = max(forward, sampler)              # the forward's buffers are freed before the sampler runs
     graph_sizes = 3 + len(range(8, 256, 8)) + len(range(256, 513, 16))           # 1,2,4 / step 8 / step 16 up to 512
     graphs = graph_sizes * vllm.cuda_graph_bytes_per_size
     kv = requested - weights - vllm.non_torch_bytes - activation - graphs
@@ -94,3 +96,57 @@ def test_sglang_pool_is_fraction_of_free_memory_minus_weights() -> None:
     pool = int((81920 * 2**20 - int(serving_facts().driver_reserved_bytes.value) - cuda_context_bytes(hw)) * 0.85) - 8_030_261_248 * 2
     assert mem.kv_cache_bytes == pool
     assert mem.kv_cache_tokens == pool // 131072               # token granularity (page size 1)
+
+
+def _toy_llama(quantization_config: dict[str, object] | None = None) -> ModelSpec:
+    config: dict[str, object] = {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 512, "vocab_size": 1000,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16", "max_position_embeddings": 4096,
+    }
+    if quantization_config is not None:
+        config["quantization_config"] = quantization_config
+    return ModelSpec.from_any(config)
+
+
+def test_fp8_checkpoint_keeps_its_ignore_list_in_16_bit_by_hand() -> None:
+    """Llama-3.1-405B-Instruct-FP8's scheme on a toy Llama (fbgemm_fp8, MLPs of the inner layers only, Llama 3
+    paper sec. 6.2): attention and the first and last MLPs stay bf16."""
+    ignore = ["self_attn", "model.layers.0.mlp", "model.layers.3.mlp", "lm_head"]
+    spec = _toy_llama({"quant_method": "fbgemm_fp8", "modules_to_not_convert": ignore})
+    attention = 256 * 256 + 256 * 128 + 256 * 128 + 256 * 256           # q, k, v (2 KV heads x 64), o
+    mlp = 3 * 256 * 512                                                   # gate, up, down
+    embeddings = 2 * 1000 * 256                                           # embed_tokens + untied lm_head
+    norms = 4 * 2 * 256 + 256                                             # two RMSNorms per layer + the final one
+    assert spec.total_params == 4 * (attention + mlp) + embeddings + norms
+    fp8 = 2 * mlp                                                         # layers 1 and 2
+    bf16 = 4 * attention + 2 * mlp + embeddings + norms
+    assert format_weight_bytes(spec, "fp8") == fp8 * 1 + bf16 * 2
+    # without the list every Linear is fp8
+    plain = _toy_llama()
+    assert format_weight_bytes(plain, "fp8") == 4 * (attention + mlp) + (embeddings + norms) * 2
+
+
+@pytest.mark.parametrize(("entry", "name", "hit"), [
+    ("model.layers.1.mlp", "model.layers.1.mlp.up_proj", True),
+    ("model.layers.1.mlp", "model.layers.11.mlp.up_proj", False),   # whole components, not a substring of "11"
+    ("self_attn", "model.layers.7.self_attn.o_proj", True),
+    ("model.layers.*.self_attn", "model.layers.7.self_attn.q_proj", True),    # gpt-oss writes globs
+    ("re:.*mlp\\.gate$", "model.layers.3.mlp.gate", True),                    # compressed-tensors writes regexes
+    ("re:.*mlp\\.gate$", "model.layers.3.mlp.gate_proj", False),
+])
+def test_ignore_list_entries_name_modules_as_the_checkpoints_write_them(entry: str, name: str, hit: bool) -> None:
+    assert _skipped(name, entry) is hit
+
+
+def test_sampler_peak_matches_a_published_v0_profile() -> None:
+    """github.com/vllm-project/vllm/issues/13882 (vLLM 0.7 V0, Qwen2.5-7B, 256 sequences, max_model_len 4096):
+    'PyTorch activation peak memory takes 1.42GiB'. The sort path's live bytes per logit: bf16 logits 2 + fp32 4 +
+    int64 iota 8 + sorted keys 4 and indices 8 + radix alternate buffers 4 + 8 = 38; the forward at 4096 tokens
+    (3 x 4096 x 18944 x 2 = 0.43 GiB) is freed before the sampler runs."""
+    spec = ModelSpec.from_any("Qwen/Qwen2.5-7B")
+    facts = serving_facts().engines["vllm"]
+    s = ServingSetup(engine="vllm", max_num_seqs=256, max_num_batched_tokens=4096, max_model_len=4096)
+    by_hand = 256 * 152064 * 38 + 4096 * 3584 * 2
+    assert activation_peak_bytes(spec, s, facts) == by_hand
+    assert by_hand / GiB == pytest.approx(1.42, rel=0.03)

@@ -151,7 +151,7 @@ class ServerEngine(Engine):
         total, context = gpu.memory_total - int(serving_facts().driver_reserved_bytes.value), cuda_context_bytes(hardware)
         weights, per_token = rank_weight_bytes(spec, serving), kv_bytes_per_token(spec, serving)
         graphs = len(cuda_graph_sizes(serving, facts)) * facts.cuda_graph_bytes_per_size
-        act, other = activation_peak_bytes(spec, serving), non_torch_bytes(serving, facts)
+        act, other = activation_peak_bytes(spec, serving, facts), non_torch_bytes(serving, facts)
         budget = self.budget(total, context, serving)
         kv = self.kv_bytes(budget, weights, act, other, graphs)
         block = facts.block_size

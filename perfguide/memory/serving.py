@@ -8,14 +8,16 @@ terms it subtracts are the same physics for all of them and live here, below the
 
 from __future__ import annotations
 
+import fnmatch
 import math
+import re
 from typing import NamedTuple
 
 from pydantic import Field
 
 from .._base import GiB, Model
 from .._serving_data import EngineFacts, serving_facts
-from ..model.types import ModelSpec, linear_weight_count
+from ..model.types import ModelSpec, derived, linear_weight_count
 from ..setup import ServingSetup
 
 HALF = 2
@@ -106,16 +108,57 @@ def bytes_per_weight(fmt: str) -> float:
     return facts.bits / 8 + ((HALF + 0.5) / facts.group_size if facts.group_size else 0.0)
 
 
+def _ignore_list(spec: ModelSpec) -> list[str]:
+    """The module names a checkpoint's quantization_config keeps unquantized: ``modules_to_not_convert``
+    (fbgemm_fp8, bitsandbytes, AWQ, MXFP4), ``ignore`` (compressed-tensors) or ``ignored_layers`` (FP8 block)."""
+    q = (spec.config or {}).get("quantization_config")
+    if not isinstance(q, dict):
+        return []
+    names = q.get("modules_to_not_convert") or q.get("ignore") or q.get("ignored_layers") or []
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
+def _skipped(name: str, entry: str) -> bool:
+    """Whether ``entry`` of an ignore list names module ``name``: a ``re:`` pattern (compressed-tensors), a glob,
+    or a run of whole dotted components (vLLM's is_layer_skipped matches by name, AWQ by substring)."""
+    if entry.startswith("re:"):
+        return re.fullmatch(entry[3:], name) is not None
+    if "*" in entry:
+        return fnmatch.fnmatchcase(name, entry) or fnmatch.fnmatchcase(name, entry + ".*")
+    return f".{entry}." in f".{name}."
+
+
+def unquantized_linear_params(spec: ModelSpec) -> int:
+    """Block Linear weights the checkpoint's ignore list keeps in 16-bit (e.g. Llama-3.1-405B-FP8: every
+    attention projection and the MLPs of the first and last layers, arXiv 2407.21783 sec. 6.2). Routed experts
+    are counted by their listed shapes only; an ignore list naming whole expert tensors is not read."""
+    entries = _ignore_list(spec)
+    if not entries:
+        return 0
+    layers = spec.num_decoder_layers or spec.num_layers
+
+    def count() -> int:
+        kept = 0
+        for name, (i, o) in spec.block_linears.items():
+            if not name.startswith("experts."):
+                hits = sum(1 for layer in range(layers) if any(_skipped(f"model.layers.{layer}.{name}", e) for e in entries))
+                kept += hits * i * o
+        return kept
+
+    return derived(spec, "unquantized_linear_params", count)
+
+
 def format_weight_parts(spec: ModelSpec, fmt: str) -> WeightBytes:
     """The model's weights in ``fmt``: block Linears and routed experts quantized (MXFP4, as gpt-oss ships it,
-    only the experts); embeddings, lm_head and norms stay 16-bit."""
+    only the experts), less the Linears the checkpoint's own ignore list keeps 16-bit; embeddings, lm_head and
+    norms stay 16-bit."""
     experts = routed_expert_params(spec)
     norms = max(0, spec.total_params - spec.linear_params - (0 if any(k.startswith("experts.") for k in spec.block_linears) else experts)
                 - spec.embedding_params - spec.lm_head_params)
     if serving_facts().formats[fmt].bits == 16:
         return WeightBytes(experts * HALF, (spec.total_params - experts - norms) * HALF, norms * HALF)
     per = bytes_per_weight(fmt)
-    quantized = experts if fmt == "mxfp4" else served_linear_params(spec)
+    quantized = experts if fmt == "mxfp4" else served_linear_params(spec) - unquantized_linear_params(spec)
     return WeightBytes(int(experts * per), int((quantized - experts) * per + (spec.total_params - quantized - norms) * HALF), norms * HALF)
 
 
@@ -139,19 +182,24 @@ def rank_weight_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
     return parts.dense // split + parts.experts // expert_ranks(serving) + parts.norms
 
 
-def activation_peak_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
-    """The profile run's transient: ``max_num_batched_tokens`` tokens through one layer, plus the sampler.
+def activation_peak_bytes(spec: ModelSpec, serving: ServingSetup, facts: EngineFacts | None = None) -> int:
+    """The profile run's transient peak: the larger of the forward pass and the sampler run that follows it.
 
-    The MLP holds gate/up outputs and their product (3 x tokens x intermediate / tp, 16-bit) beside two
-    residual-width buffers; the sampler holds fp32 logits of ``max_num_seqs`` rows. Checked against vLLM's
-    profiler log for Llama-3.1-8B (github.com/vllm-project/vllm/issues/10517: 2.07 GiB at 20000 tokens).
+    Forward: ``max_num_batched_tokens`` tokens through one layer; the MLP holds gate/up outputs and their product
+    (3 x tokens x intermediate / tp, 16-bit) beside two residual-width buffers (checked against vLLM's profiler
+    log for Llama-3.1-8B, github.com/vllm-project/vllm/issues/10517: 2.07 GiB at 20000 tokens).
+    Sampler: the profile samples ``max_num_seqs`` rows with top-k and top-p set (vLLM V1
+    gpu_model_runner._dummy_sampler_run; V0 profile_run likewise), so the native path sorts the vocabulary:
+    ``sampler_bytes_per_logit`` per row x vocab (the engine's facts), with the batch's hidden states kept
+    alive. The forward's transients are freed before the sampler runs, so the two do not add.
     """
     tokens = serving.max_num_batched_tokens
     width = spec.intermediate_size * (spec.num_experts_per_tok if spec.is_moe else 1)
     mlp = tokens * (3 if spec.gated_mlp else 2) * math.ceil(width / serving.tensor_parallel_size) * HALF
     residual = 2 * tokens * spec.hidden_size * HALF
-    sampler = serving.max_num_seqs * spec.vocab_size * 4
-    return mlp + residual + sampler
+    per_logit = facts.sampler_bytes_per_logit if facts is not None else 0.0
+    sampler = int(serving.max_num_seqs * spec.vocab_size * per_logit) + tokens * spec.hidden_size * HALF
+    return max(mlp + residual, sampler)
 
 
 def cuda_graph_sizes(serving: ServingSetup, facts: EngineFacts) -> list[int]:
