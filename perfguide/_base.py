@@ -16,10 +16,17 @@ class Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """JSON data, every string through the one sanitiser (perfguide._text.clean): names from configs are data."""
+        from ._text import clean_data
+
+        return clean_data(self.model_dump(mode="json"))
 
     def to_json(self, indent: int | None = 2) -> str:
-        return self.model_dump_json(indent=indent)
+        import json
+
+        from ._text import clean_data
+
+        return json.dumps(clean_data(json.loads(self.model_dump_json())), indent=indent, ensure_ascii=False)
 
 
 M = TypeVar("M", bound=Model)

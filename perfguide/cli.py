@@ -118,7 +118,9 @@ def _emit(text: str) -> None:
 
 
 def _print_json(data: Any) -> None:
-    _emit(json.dumps(data, indent=2, default=str))
+    from ._text import clean_data
+
+    _emit(json.dumps(clean_data(data), indent=2, default=str))
 
 
 def _error_json(kind: str, message: str, code: int) -> None:

@@ -49,11 +49,36 @@ def test_every_report_format_is_inert(rec, fmt):
 
 def test_the_notebook_display_json_and_warnings_are_inert(rec):
     assert_inert(rec._repr_markdown_())
-    data = json.loads(rec.to_json())
-    assert "\x1b" not in rec.to_json()             # JSON escapes every control character
-    data["request"]["model"].pop("config", None)   # the user's own config, echoed as data for the round trip
-    assert_inert(json.dumps(data, ensure_ascii=False))
+    # the JSON as a consumer reads it back (decoded), the echoed config included: its strings are names
+    for data in (json.loads(rec.to_json()), rec.to_dict(), json.loads(rec.summary().to_json()), json.loads(rec.memory.to_json())):
+        assert_inert(json.dumps(data, ensure_ascii=False))
+    assert "evil" in rec.to_dict()["request"]["model"]["config"]["_name_or_path"]   # kept as text, made inert
     assert all(not [m for m in RAW_MARKS if m in w] for w in rec.warnings)
+
+
+def test_a_hostile_key_or_nested_value_in_the_config_is_inert_in_json():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = perfguide.recommend({**TINY, HOSTILE: {"x": [HOSTILE]}, "architectures": [HOSTILE]}, hardware="a100-80gb")
+    assert_inert(json.dumps(r.to_dict(), ensure_ascii=False))
+    assert_inert(json.dumps(json.loads(r.to_json()), ensure_ascii=False))
+
+
+def test_check_and_estimate_json_are_inert(tmp_path, capsys):
+    """perfguide check echoes what it read (the model named, the keys it ignored or refused) in its JSON."""
+    cfg = tmp_path / "model" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({**TINY, "_name_or_path": HOSTILE}))
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"model_name_or_path": str(cfg.parent), "per_device_train_batch_size": 1, "bf16": True,
+                                HOSTILE: HOSTILE, "run_name": HOSTILE}))
+    for argv in (["check", str(args), "--hardware", "a100-80gb", "--seq-len", "64", "--json"],
+                 ["estimate", str(cfg), "--hardware", "a100-80gb", "--json"]):
+        code = main(argv)
+        out, err = capsys.readouterr()
+        assert code in (0, 3), err
+        assert_inert(json.dumps(json.loads(out), ensure_ascii=False))
+        assert_inert(err)
 
 
 def test_api_exceptions_carrying_a_hostile_model_type_are_inert():

@@ -6,9 +6,10 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, field_serializer
 
 from .._base import Model
+from .._text import clean_data, plain_name
 from ..setup import LoraSpec
 
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -123,6 +124,11 @@ class ModelSpec(Model):
     # what a live module arrives with (model/adapted.py): planned as it is
     adapter: LoraSpec | None = None        # the LoRA adapter of a PeftModel (the counts above are its base's)
     quantization: Literal["int8", "nf4"] | None = None  # bitsandbytes-quantized Linears of a loaded model
+
+    @field_serializer("config", when_used="json")
+    def _inert_config(self, config: dict[str, Any] | None) -> Any:
+        """In JSON the raw config's strings are names (ids, classes, dtypes): inert in Markdown / HTML too."""
+        return clean_data(config, plain_name)
 
     @property
     def is_moe(self) -> bool:

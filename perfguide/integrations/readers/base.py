@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from ..._base import Model
+from ..._text import plain_name
 from ...errors import PerfGuideError, did_you_mean
 
 Syntax = Literal["kwargs", "yaml", "json", "flags"]
@@ -81,9 +82,10 @@ class Collector:
         self.ignored += [self.where(k) for k in keys]
 
     def reject(self, keys: Iterable[str], known: Iterable[str]) -> None:
-        """Keys the format does not have: listed with the closest real key, never silently read as something."""
+        """Keys the format does not have: listed with the closest real key, never silently read as something. A key
+        name is shown as inert text (no markup, escapes or bidi overrides: perfguide._text.plain_name)."""
         known = tuple(known)
-        for key in keys:
+        for key in (plain_name(str(k)) for k in keys):
             hint = did_you_mean(key.rsplit(".", 1)[-1], known).strip()
             self.unknown.append(self.where(key) + (f" ({hint[0].lower()}{hint[1:]})" if hint else ""))
 
