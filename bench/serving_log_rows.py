@@ -63,6 +63,7 @@ LLMD_V = "V1 (late 2025: logs the --kv-cache-memory advice)"
 AKS = "github.com/javakishore-veleti/LLM-Inference-Serving-Azure-AKS/blob/main/README_RUNPOD_LOGS_ANALSYS.md"
 OCI = "github.com/oracle-samples/oci-data-science-ai-samples/blob/main/ai-quick-actions/troubleshooting-tips.md"
 ASIAN = "myoceane.fr/index.php/ai-vllm-a100-gemma-4/"
+PHI4 = "github.com/xinyuwei-david/david-share/blob/master/Deep-Learning/Phi4/readme.md"
 
 
 def _llmd(model: str, name: str, weights: float, kv: float, fmt: str = "bf16", tp: int = 1, mml: int = 16000,
@@ -168,6 +169,14 @@ ROWS: tuple[LogRow, ...] = (
     LogRow("meta-llama/Llama-3.1-8B", "Llama-3.1-8B bf16, A10, util 0.90, max_model_len 131072 (256 seqs / 2048 tokens: defaults, inferred)",
            "vllm", "0.7 (V0)", "kv_gib", 4.60, OCI, gpu="a10", total_gib=22.07,
            serving=dict(gpu_memory_utilization=0.9, max_model_len=131072) | V0_LONG),
+    LogRow("microsoft/phi-4", "Phi-4-AutoRound-GPTQ-4bit (gptq_marlin), H100, TP1", "vllm", "0.6 (V0, 2024-12)", "weights", 8.5107, PHI4,
+           serving=dict(weight_format="gptq")),
+    LogRow("microsoft/phi-4", "Phi-4 GPTQ, H100, KV 2.18 GiB -> 715 blocks", "vllm", "0.6 (V0, 2024-12)", "kv_tokens", 715 * 16, PHI4,
+           kv_gib=2.18, serving=dict(weight_format="gptq")),
+    LogRow("microsoft/phi-4", "Phi-4 GPTQ, H100 (79.25 GiB printed), LLM(max_model_len=2048, gpu_memory_utilization=0.15) "
+           "(256 seqs / 2048 tokens: defaults, inferred)", "vllm", "0.6 (V0, 2024-12)", "kv_gib", 2.18, PHI4, gpu="h100-80gb",
+           total_gib=79.25, serving=dict(weight_format="gptq", gpu_memory_utilization=0.15, max_model_len=2048, max_num_seqs=256,
+                                         max_num_batched_tokens=2048)),
     LogRow("Qwen/Qwen2.5-7B", "Qwen2.5-7B-Instruct-AWQ (4-bit), RTX 3090, TP1", "vllm", "0.22.1", "weights", 5.29, AKS,
            serving=dict(weight_format="awq", dtype="fp16")),
     LogRow("Qwen/Qwen2.5-7B", "Qwen2.5-7B-Instruct-AWQ, RTX 3090, KV 14.43 GiB -> tokens", "vllm", "0.22.1", "kv_tokens", 270144, AKS,
