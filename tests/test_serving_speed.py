@@ -63,3 +63,36 @@ def test_the_moe_kernels_fixed_cost_counts_moe_layers_of_the_stage() -> None:
     assert moe_latency_s(spec, ServingSetup(engine="vllm")) == pytest.approx(58 * latency)
     assert moe_latency_s(spec, ServingSetup(engine="vllm", pipeline_parallel_size=2)) == pytest.approx(29 * latency)
     assert moe_latency_s(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), ServingSetup(engine="vllm")) == 0.0
+
+
+def test_pipeline_stages_do_not_speed_one_sequence_and_fill_with_micro_batches() -> None:
+    from perfguide import engines
+
+    spec, hw, vllm = ModelSpec.from_any("meta-llama/Llama-3.1-8B"), Hardware.from_name("h100-80gb:2"), engines.server("vllm")
+    one = ServingSetup(engine="vllm", max_model_len=4096)
+    two = one.model_copy(update={"pipeline_parallel_size": 2})
+    t1, t2 = (vllm.speed(spec, s, hw, 1024, 256, 1).time_per_output_token_ms for s in (one, two))
+    # a token still passes all 32 layers in turn: the 16.06 GB of Llama-3.1-8B's bf16 weights at 3.35 TB/s, whatever PP does
+    assert t2 >= 8_030_261_248 * 2 / H100_BW * 1000
+    assert t2 == pytest.approx(t1, rel=0.05)
+    # two sequences make two micro-batches, one in each stage: twice the tokens per step, no bubble
+    b1, b2 = (vllm.speed(spec, two, hw, 1024, 256, b).output_tokens_per_s for b in (1, 2))
+    assert b2 == pytest.approx(2 * b1, rel=0.05)
+
+
+def test_a_model_no_node_holds_is_served_with_pipeline_stages_across_nodes() -> None:
+    import json
+    from pathlib import Path
+
+    import perfguide
+
+    flags = json.loads((Path(__file__).parent / "data" / "engine_flags.json").read_text())
+    model = "meta-llama/Llama-3.1-405B"
+    assert not perfguide.recommend(model, scenario="infer_gpu_many", hardware="h100-80gb:8", engine="vllm", quantization="none").fits
+    r = perfguide.recommend(model, scenario="infer_gpu_many", hardware="h100-80gb:8x2", engine="vllm", quantization="none")
+    s = r.setup.serving
+    assert r.fits and s is not None and (s.tensor_parallel_size, s.pipeline_parallel_size) == (8, 2)
+    # 405.85 B bf16 parameters over 8 x 2 GPUs (norms replicated, a rounding error): ~47 GiB a GPU
+    assert r.memory.weights == pytest.approx(405_853_388_800 * 2 / 16, rel=0.01)
+    hint = next(w for w in r.warnings if "spans 2 nodes" in w)
+    assert all(f in hint and f in flags["vllm"]["flags"] for f in ("--nnodes", "--node-rank", "--master-addr"))

@@ -67,6 +67,8 @@ class ServerEngine(Engine):
     expert_parallel: ClassVar[bool] = True   # divides MoE experts over every GPU of TP x DP (a switch of its parser)
     #: other spellings its parser registers for flags ``flags()`` emits (alias -> the emitted name), for reading commands
     flag_aliases: ClassVar[dict[str, str]] = {}
+    #: (node count, this node's rank, head address) flags its parser registers for one engine over several nodes
+    multinode_flags: ClassVar[tuple[str, str, str]] = ("--nnodes", "--node-rank", "--master-addr")
     #: flags that size expert parallelism as a number (SGLang --ep-size) rather than a switch of ServingSetup
     expert_parallel_flags: ClassVar[tuple[str, ...]] = ()
     #: other words its parser accepts for a field ``flags()`` emits (ServingSetup field -> word -> the field's value),

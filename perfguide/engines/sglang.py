@@ -63,6 +63,7 @@ class SGLang(ServerEngine):
         "dtype": {"half": "fp16"}, "weight_format": {"awq": "awq", "gptq": "gptq", "w8a8_fp8": "fp8", "modelopt_fp8": "fp8"}}
     expert_parallel: ClassVar[bool] = False   # its --ep-size splits a TP group's experts: the same bytes per GPU as TP
     expert_parallel_flags: ClassVar[tuple[str, ...]] = ("--ep-size", "--ep", "--expert-parallel-size")
+    multinode_flags: ClassVar[tuple[str, str, str]] = ("--nnodes", "--node-rank", "--dist-init-addr")
     memory_source: ClassVar[str] = "sglang 0.5.23 python/sglang/srt/mem_cache/kv_cache_configurator.py _profile_available_bytes"
 
     def utilization(self, gpu: GPU, hardware: Hardware, serving: ServingSetup, headroom: float) -> float:

@@ -83,16 +83,18 @@ def _degrees(request: Request, gpus: int) -> list[tuple[int, int]]:
                 f"{spec.num_key_value_heads} KV heads: TP x PP must divide the GPUs and TP the query heads; use one of "
                 f"{', '.join(str(t) for t in range(1, gpus + 1) if gpus % t == 0 and _tp_ok(request, t))}")
         return [(tp, pp)]
-    ok = [t for t in range(1, gpus + 1) if gpus % t == 0 and _tp_ok(request, t)]
+    node = _per_node(request)
+    ok = [t for t in range(1, node + 1) if node % t == 0 and _tp_ok(request, t)]   # tensor parallel stays within a node
     if c.strategy == "single" or any(g.mig for g in request.hardware.gpus):
         return [(1, 1)]
     if c.strategy == "tp":
-        wide = [t for t in ok if t > 1]
-        if not wide:
+        ok = [t for t in ok if t > 1]
+        if not ok:
             raise ConflictingConstraintsError(f"strategy='tp' is not possible on {gpus} GPU(s): no degree > 1 divides both the GPUs and "
                                               f"{spec.num_attention_heads} query heads; use strategy='single'")
-        return [(t, 1) for t in wide]
-    return [(t, 1) for t in ok]
+    nodes = gpus // node      # several nodes: pipeline stages across them, one stage a node's TP group (or replicas)
+    stages = [p for p in range(1, nodes + 1) if nodes % p == 0 and p <= (spec.num_decoder_layers or spec.num_layers)]
+    return [(t, p) for t in ok for p in stages]
 
 
 def _expert_parallel(request: Request, engine: ServerEngine, replicas: int) -> list[bool]:
@@ -226,10 +228,15 @@ def dispatch(request: Request, in_script: Callable[[Request], Plan]) -> Plan:
     return with_engine_hint(request, in_script(request), engine)
 
 
-def _gpus(request: Request) -> int:
+def _per_node(request: Request) -> int:
     if not request.info.multi_gpu:
         return 1
     return min(request.constraints.num_gpus or request.hardware.gpu_count, request.hardware.gpu_count)
+
+
+def _gpus(request: Request) -> int:
+    """Every GPU the plan may use: those of one node, times the nodes of a multi-node target."""
+    return _per_node(request) * (request.hardware.nodes if request.info.multi_gpu else 1)
 
 
 def _candidate(request: Request, p: Priced, chosen: Priced | None, peak: float) -> Candidate:
@@ -279,6 +286,12 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
     if chosen.serving.quantized_model:
         warnings = (f"serves the pre-quantized checkpoint {chosen.serving.quantized_model} ({chosen.serving.weight_format}) in place of "
                     f"{request.model_id or request.model.name}",)
+    spans = chosen.serving.tensor_parallel_size * chosen.serving.pipeline_parallel_size // _per_node(request)
+    if spans > 1:
+        n, rank, head = engine.multinode_flags
+        warnings += (f"one engine spans {spans} nodes ({chosen.serving.pipeline_parallel_size} pipeline stages of TP"
+                     f"{chosen.serving.tensor_parallel_size}): run the command on every node, adding {n} {spans} {rank} 0..{spans - 1} "
+                     f"{head} <head node address>; each token crosses the network {chosen.serving.pipeline_parallel_size - 1} time(s)",)
     default = engine.default_utilization(gpu, chosen.serving)
     if engine.fraction_to_fit(chosen.memory, chosen.serving) is not None and chosen.serving.gpu_memory_utilization > default \
             and request.constraints.gpu_memory_utilization is None:

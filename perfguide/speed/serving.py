@@ -79,27 +79,55 @@ def allreduce_s(hardware: Hardware, tp: int, message_bytes: float) -> float:
     return link.latency_s + 2 * (tp - 1) / tp * message_bytes / (link.bus_gbps * 1e9)
 
 
-def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int,
-                  step_overhead_s: float) -> tuple[float, str, int, float]:
-    """(seconds, bound, weight bytes read, comm seconds) of one decode step of ``batch`` sequences at ``context``;
-    ``step_overhead_s`` is the engine's own scheduler + sampler time per step."""
+def _stage_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int) -> tuple[float, str, int, float]:
+    """(seconds, bound, weight bytes read, comm seconds) of one pipeline stage (the whole model without PP) on a
+    micro-batch of ``batch`` sequences: its ranks' weight and KV reads or its FLOPs, its all-reduces, its MoE kernels."""
     gpu = hardware.smallest_gpu
     assert gpu is not None
     facts = serving_facts()
     fmt = facts.formats[serving.weight_format]
-    tp = serving.tensor_parallel_size
+    tp, pp = serving.tensor_parallel_size, serving.pipeline_parallel_size
     bandwidth = (gpu.memory_bandwidth_gbps or 900.0) * 1e9 * facts.decode_bandwidth_efficiency.value
     weights = weight_bytes_read(spec, serving, batch)
     kv = batch * context * kv_bytes_per_token(spec, serving)
     memory_s = weights / (bandwidth * fmt.decode_efficiency) + kv / bandwidth
     attn = 4 * (spec.num_decoder_layers or spec.num_layers) * spec.num_attention_heads * spec.head_dim * context
-    compute_s = batch * (2 * spec.active_params + attn) / tp / _compute_rate(gpu, fmt)
-    comm_s = 2 * spec.total_layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
-    overhead = step_overhead_s + (spec.total_layers * 1.5e-4 if serving.enforce_eager else 0.0) + moe_latency_s(spec, serving)
+    compute_s = batch * (2 * spec.active_params + attn) / (tp * pp) / _compute_rate(gpu, fmt)
+    layers = math.ceil(spec.total_layers / pp)
+    comm_s = 2 * layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
+    fixed = (layers * 1.5e-4 if serving.enforce_eager else 0.0) + moe_latency_s(spec, serving)
     bound = "memory-bandwidth" if memory_s >= compute_s else "compute"
     if comm_s > max(memory_s, compute_s):
         bound = "communication"
-    return max(memory_s, compute_s) + comm_s + overhead, bound, weights, comm_s
+    return max(memory_s, compute_s) + comm_s + fixed, bound, weights, comm_s
+
+
+def pipeline_hop_s(hardware: Hardware, serving: ServingSetup, message_bytes: float) -> float:
+    """One stage handing its activations to the next: over the GPUs' own link within a node, over the network when
+    the stages span nodes (TP x PP more GPUs than a node has)."""
+    table = serving_facts().tp_allreduce.value
+    link = table.get(hardware.interconnect) or table["pcie"]
+    if serving.tensor_parallel_size * serving.pipeline_parallel_size > max(1, hardware.gpu_count):
+        net = hardware.inter_node_bandwidth_gbps or table["pcie"].bus_gbps
+        return table["pcie"].latency_s + message_bytes / (net * 1e9)
+    return link.latency_s + message_bytes / (link.bus_gbps * 1e9)
+
+
+def decode_step_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int,
+                  step_overhead_s: float) -> tuple[float, str, int, float]:
+    """(seconds, bound, weight bytes read per rank, comm seconds) between two tokens of one sequence, ``batch``
+    sequences decoding at ``context``; ``step_overhead_s`` is the engine's own host work per step.
+
+    Without pipeline parallelism that is one step. With PP stages the batch splits into up to PP micro-batches that
+    follow each other through the stages: a token passes every stage in turn (PP x a stage's time on its micro-batch,
+    plus PP - 1 hand-offs), while the other micro-batches fill the stages it is not in. Fewer micro-batches than stages
+    (batch < PP) leave (PP - micro-batches) / PP of the stages idle: the pipeline bubble, which is why one sequence
+    decodes no faster on PP stages than on one of them holding the whole model."""
+    pp = serving.pipeline_parallel_size
+    micro = min(pp, batch)
+    stage, bound, weights, comm = _stage_s(spec, serving, hardware, math.ceil(batch / micro), context)
+    hops = (pp - 1) * pipeline_hop_s(hardware, serving, math.ceil(batch / micro) * spec.hidden_size * 2) if pp > 1 else 0.0
+    return pp * stage + hops + step_overhead_s, bound, weights, pp * comm
 
 
 def prefill_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt: int) -> float:
