@@ -31,6 +31,7 @@ from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
 from perfguide.memory.analytic import training_memory
 from perfguide.memory.inference import estimate_inference
+from perfguide.memory.loss_path import hf_loss_bytes
 from perfguide.memory.types import MemoryEstimate
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
@@ -293,7 +294,30 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return None
     if "loss=logits.sum()" in row["method"] or row["source_group"].startswith("litgpt"):
         return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
+    version = _transformers_version(row)
+    if version is not None and spec.generates and not spec.is_encoder_decoder:
+        return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS)
     return None
+
+
+#: hand-written loops that hold the model output (its logits) while calling backward, as their scripts read
+LOOP_KEEPS_OUTPUTS = {
+    "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: outputs = model(**batch); "
+                            "loss = outputs.loss; ... accelerator.backward(loss)",
+    "answerai_fsdp_qlora": "fsdp_qlora train.py: output = model(...); loss = output.loss; ... loss.backward(); "
+                           "'output = None' only after the optimizer step",
+}
+#: transformers release current when a pre-PyTorch-2.0 row ran (hf_blog_pytorch_fsdp, 2022-04-29: 4.18.0 of 2022-04-06)
+PRE_TORCH2_TRANSFORMERS = "4.18.0"
+
+
+def _transformers_version(row: dict[str, str]) -> str | None:
+    """The transformers release of an HF-loss row, as its notes state or infer it ("transformers ~4.47",
+    "transformers' default SDPA (4.38, inferred)"); rows run before PyTorch 2.0 get the release of their time."""
+    m = re.search(r"transformers\b[^0-9;]{0,30}(\d+\.\d+(?:\.\d+)?)", row["notes"] + " " + row["method"])
+    if m:
+        return m.group(1)
+    return PRE_TORCH2_TRANSFORMERS if _pre_torch2(row) else None
 
 
 BNB_RELEASES = (("2024-07-16", "0.43.2"),)  # bitsandbytes 0.43.2 (PyPI, 2024-07-16): MatMul4Bit stops saving inputs

@@ -30,7 +30,9 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
       },
       "aliases": {"<HF model_type>": "<family>"},
       "dropout": {"keys": {"hidden": [...], "attention": [...]},   # HF config keys, first present wins
-                  "defaults": {"<HF model_type>": {"hidden": p, "attention": p}}}   # config-class defaults
+                  "defaults": {"<HF model_type>": {"hidden": p, "attention": p}}},  # config-class defaults
+      "loss_paths": {"ce_bytes": 4, "eras": [{"since": "<transformers release>", "output_keeps": "fp32" | "head",
+                                              "shift_copy": bool, "source": ...}]}   # memory/loss_path.py
     }
 
 ``per_token`` and ``eager_per_head_s2`` are traced with dropout off; the dropout terms are added only when the
@@ -55,6 +57,7 @@ from pydantic import Field
 from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
+from .loss_path import LossPaths
 
 DIMS = ("h", "i", "q", "kv", "1")
 Dim = Literal["h", "i", "q", "kv", "1"]
@@ -94,6 +97,7 @@ class ActivationsData(DataModel):
     families: dict[str, Family]
     aliases: dict[str, str]
     dropout: Dropout
+    loss_paths: LossPaths
 
 
 def activations_data() -> ActivationsData:

@@ -32,6 +32,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, quantized_weight_bytes
+from .loss_path import version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, per_device
@@ -95,10 +96,6 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
 BNB_4BIT_DROPS_INPUTS = (0, 43, 2)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
-
-
 def quantized_matmul_keeps_inputs(setup: Setup, bnb_version: str | None) -> bool:
     """Whether a frozen int8/nf4 Linear keeps its 16-bit input for backward although no weight grad needs it.
 
@@ -110,7 +107,7 @@ def quantized_matmul_keeps_inputs(setup: Setup, bnb_version: str | None) -> bool
         return False
     if setup.weights_dtype == "int8":
         return True
-    return bnb_version is not None and _version(bnb_version) < BNB_4BIT_DROPS_INPUTS
+    return bnb_version is not None and version_tuple(bnb_version) < BNB_4BIT_DROPS_INPUTS
 
 
 def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:

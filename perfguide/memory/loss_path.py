@@ -1,0 +1,84 @@
+"""Loss-path bytes of HF causal-LM training by transformers release and training loop.
+
+The default logits term (activations.logits_bytes) is traced on the current release under a loop that drops the
+model output before backward (HF Trainer). Published rows ran other releases and loops, which keep other copies:
+
+* what the model output holds: before 4.46 the fp32 upcast (``logits = logits.float()`` in the model), since 4.46
+  the head's own logits (the loss upcasts a private copy);
+* whether the loss shifts the logits by a copy (``logits[..., :-1, :].contiguous()``, until 4.48; a copy only at
+  batch > 1, since one row minus its last position is already contiguous); since 4.49 the labels are shifted;
+* whether the loop keeps that output through backward (a hand-written loop that holds ``outputs`` while calling
+  ``backward``: accelerate's run_clm_no_trainer, Answer.AI's fsdp_qlora train.py) or drops it (HF Trainer).
+
+The peak is the larger of the cross-entropy's forward (held output + upcast copy + shift copy + fp32 log-softmax
+output) and the start of its backward (output still held + log-softmax output + its gradient + the input gradient).
+The eras and their sources are rows of data/activations.json (``loss_paths``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .._data import DataModel
+from ..model.types import ModelSpec
+from ..setup import QUANTIZED, Setup
+
+
+class LossEra(DataModel):
+    since: str
+    output_keeps: Literal["fp32", "head"]
+    shift_copy: bool
+    source: str = Field(min_length=10)
+
+
+class LossPaths(DataModel):
+    source: str = Field(min_length=10)
+    ce_bytes: int
+    eras: tuple[LossEra, ...]
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"4.47.1+cu121"`` -> (4, 47, 1); the leading numeric fields only."""
+    return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
+
+
+def loss_era(transformers_version: str) -> LossEra:
+    """The last era whose first release is not newer than ``transformers_version``."""
+    from .activations import activations_data
+
+    eras = activations_data().loss_paths.eras
+    v = version_tuple(transformers_version)
+    return [e for e in eras if version_tuple(e.since) <= v][-1]
+
+
+def head_bytes(setup: Setup) -> int:
+    """Bytes per logit the head returns: 16-bit under autocast or 16-bit weights; fp32 for fp32 weights without
+    autocast and for a quantized base whose head peft upcast (kbit_upcast) and no autocast casts back down."""
+    if setup.autocast:
+        return 2
+    if setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast):
+        return 4
+    return 2
+
+
+def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs: bool) -> int:
+    """Peak loss-path bytes per (batch x position x logit); see the module docstring."""
+    era = loss_era(transformers_version)
+    from .activations import activations_data
+
+    ce = activations_data().loss_paths.ce_bytes
+    head = head_bytes(setup)
+    held = ce if era.output_keeps == "fp32" else head
+    upcast = 0 if era.output_keeps == "fp32" or head == ce else ce
+    shift = ce if era.shift_copy and setup.micro_batch_size > 1 else 0
+    forward = held + upcast + shift + ce
+    backward = (held if loop_keeps_outputs else 0) + 3 * ce
+    return max(forward, backward)
+
+
+def hf_loss_bytes(spec: ModelSpec, setup: Setup, transformers_version: str, loop_keeps_outputs: bool) -> int:
+    """Loss-path bytes of a causal LM trained with HF's loss at ``transformers_version`` (pass as ``loss_bytes``)."""
+    units = loss_path_units(setup, transformers_version, loop_keeps_outputs)
+    return setup.micro_batch_size * setup.seq_len * spec.logits_width * units
