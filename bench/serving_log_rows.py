@@ -64,6 +64,8 @@ AKS = "github.com/javakishore-veleti/LLM-Inference-Serving-Azure-AKS/blob/main/R
 OCI = "github.com/oracle-samples/oci-data-science-ai-samples/blob/main/ai-quick-actions/troubleshooting-tips.md"
 ASIAN = "myoceane.fr/index.php/ai-vllm-a100-gemma-4/"
 PHI4 = "github.com/xinyuwei-david/david-share/blob/master/Deep-Learning/Phi4/readme.md"
+ECS = "github.com/didier-durand/llms-in-clouds/blob/main/docs/sglang.md"
+ECS_V = "0.4.3 (2025-03, from the date)"
 
 
 def _llmd(model: str, name: str, weights: float, kv: float, fmt: str = "bf16", tp: int = 1, mml: int = 16000,
@@ -169,6 +171,13 @@ ROWS: tuple[LogRow, ...] = (
     LogRow("meta-llama/Llama-3.1-8B", "Llama-3.1-8B bf16, A10, util 0.90, max_model_len 131072 (256 seqs / 2048 tokens: defaults, inferred)",
            "vllm", "0.7 (V0)", "kv_gib", 4.60, OCI, gpu="a10", total_gib=22.07,
            serving=dict(gpu_memory_utilization=0.9, max_model_len=131072) | V0_LONG),
+    LogRow("Qwen/Qwen2.5-32B", "QwQ-32B bf16 (Qwen2.5-32B shapes), 4x L4, TP4", "sglang", ECS_V, "weights", 15.54, ECS,
+           serving=dict(tensor_parallel_size=4)),
+    LogRow("Qwen/Qwen2.5-32B", "QwQ-32B, 4x L4, TP4, K+V 2.84 GiB -> #tokens", "sglang", ECS_V, "kv_tokens", 46611, ECS, kv_gib=2.84,
+           serving=dict(tensor_parallel_size=4)),
+    LogRow("Qwen/Qwen2.5-32B", "QwQ-32B, 4x L4, TP4, mem_fraction_static 0.85 (its default), chunked_prefill 2048 -> #tokens", "sglang",
+           ECS_V, "pool_tokens", 46611, ECS, gpu="l4:4",
+           serving=dict(tensor_parallel_size=4, gpu_memory_utilization=0.85, max_num_batched_tokens=2048, max_model_len=131072)),
     LogRow("microsoft/phi-4", "Phi-4-AutoRound-GPTQ-4bit (gptq_marlin), H100, TP1", "vllm", "0.6 (V0, 2024-12)", "weights", 8.5107, PHI4,
            serving=dict(weight_format="gptq")),
     LogRow("microsoft/phi-4", "Phi-4 GPTQ, H100, KV 2.18 GiB -> 715 blocks", "vllm", "0.6 (V0, 2024-12)", "kv_tokens", 715 * 16, PHI4,
