@@ -29,6 +29,7 @@ REDHAT = "https://www.redhat.com/en/blog (MLPerf Inference v5.1, 'efficient and 
 GPTOSS = "https://github.com/vllm-project/vllm/issues/22331"
 TT_QWEN3 = "https://github.com/tenstorrent/tt-inference-server/issues/340"
 QWEN14_AWQ = "https://github.com/vllm-project/vllm/issues/20469"
+ACHATBOT = "https://github.com/ai-bot-pro/achatbot/pull/183"
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,12 @@ ROWS: tuple[SpeedRow, ...] = (
              "Qwen/Qwen3-14B", "a100-80gb", "awq", 16000, 200, 1, "tpot_ms", 20.63, max_model_len=16384, max_num_seqs=30,
              gpu_memory_utilization=0.95, enforce_eager=True, checkpoint_format="awq",
              inferred="Qwen/Qwen3-14B's shapes for the AWQ checkpoint (same config, 4-bit group-128 Linears)"),
+    SpeedRow("gpt-oss-20b MXFP4, H100, 512 in / 1024 out, 4 requests (20 prompts)", ACHATBOT, "sglang", "0.5 (2025-08)", "openai/gpt-oss-20b",
+             "h100-80gb", "mxfp4", 512, 1024, 4, "output_tok_s", 481.95, checkpoint_format="mxfp4", gpu_memory_utilization=0.83,
+             inferred="lengths from its totals (10240 in, 20480 out over 20 requests); SGLang's default mem_fraction_static on an H100"),
+    SpeedRow("gpt-oss-20b MXFP4, H100, 512 in / 1024 out, 32 requests (160 prompts)", ACHATBOT, "sglang", "0.5 (2025-08)",
+             "openai/gpt-oss-20b", "h100-80gb", "mxfp4", 512, 1024, 32, "output_tok_s", 2765.40, checkpoint_format="mxfp4",
+             gpu_memory_utilization=0.83, inferred="lengths from its totals (81920 in, 163840 out over 160 requests)"),
 )
 
 
@@ -143,7 +150,7 @@ DISAGREEMENTS: dict[str, str] = {
         "experts per GPU fall ('if local expert count per device is small, the MoE layer start to slow down'), a cost not "
         "divided by TP that the per-MoE-layer latency (fitted at TP1) does not shrink either",
     "Qwen3-0.6B bf16, A100, 128 in / 128 out, 1 request":
-        "the source is right about its host: 4.2 ms a token for 1.5 GB of weights is host-bound; the same model on an H100 "
+        "the source is right about its host: 4.2 ms a token for 1.2 GB of weights is host-bound; the same model on an H100 "
         "under vLLM 0.19 (kvcached) decodes at 2.39 ms, which sets the 1.9 ms per-step host cost perfguide uses. Per-step host "
         "work differs by host CPU and vLLM version; perfguide uses one figure",
     "Qwen3-0.6B bf16, A100, 1024 in / 128 out, 1 request": "as the 128-token row: host-bound decode of a tiny model",
