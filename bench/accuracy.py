@@ -45,7 +45,9 @@ GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4")]
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
-GPU_MEMORY = {"rtx3080ti": 16 * 2**30, "rtx 2060": 8 * 2**30, "titan rtx": 24 * 2**30, "h100 96gb": 96 * 2**30}
+# TITAN RTX: the card's total as the hf_blog_pytorch_fsdp source's own OOM message prints it ("GPU 0; 23.65 GiB total
+# capacity"), the cudaMemGetInfo total that nvidia-smi also shows (24220 MiB), not the nominal 24 GiB
+GPU_MEMORY = {"rtx3080ti": 16 * 2**30, "rtx 2060": 8 * 2**30, "titan rtx": int(23.65 * 2**30), "h100 96gb": 96 * 2**30}
 
 
 class Skip(Exception):
@@ -53,11 +55,12 @@ class Skip(Exception):
 
 
 def estimate_memory(spec: ModelSpec, setup: Setup, hw: Hardware | None, *, loss_bytes: int | None = None,
-                    bnb_version: str | None = None) -> MemoryEstimate:
-    """The memory model for a row: training with the row's loss path and bitsandbytes release, or inference."""
+                    bnb_version: str | None = None, grads_persist: bool = False) -> MemoryEstimate:
+    """The memory model for a row: training with the row's loss path, bitsandbytes release and zero_grad
+    behaviour, or inference."""
     if setup.task == "infer":
         return estimate_inference(spec, setup, hw)
-    return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version)
+    return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version, grads_persist=grads_persist)
 
 
 def _int(text: str, default: int | None = None) -> int:
@@ -170,6 +173,8 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
 
 
 def _pre_torch2(row: dict[str, str]) -> bool:
+    """Run before PyTorch 2.0: eager attention only, per-tensor AdamW, and zero_grad(set_to_none=False) by default
+    (2.0 release notes: "set_to_none=True by default" for Optimizer.zero_grad and Module.zero_grad)."""
     return re.search(r"PyTorch (nightly ~)?1\.", row["notes"] + row["gpu_type"]) is not None
 
 
@@ -357,7 +362,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         hw = _hardware(row["gpu_type"], setup.num_gpus)
         loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()
-        est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb)
+        est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb, grads_persist=_pre_torch2(row))
         timings.append(time.perf_counter() - t0)
     except Skip as exc:
         return Result(row, "skip", str(exc))
@@ -387,7 +392,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
 
 
 def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> bool:
-    return estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row)).fits
+    return estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
+                           grads_persist=_pre_torch2(row)).fits
 
 
 def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> int:

@@ -118,14 +118,17 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
 
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
-                    loss_bytes: int | None = None, bnb_version: str | None = None) -> MemoryEstimate:
+                    loss_bytes: int | None = None, bnb_version: str | None = None,
+                    grads_persist: bool = False) -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
     ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
     activations.logits_bytes) for training loops that compute their loss differently, e.g. a benchmark's
     ``logits.sum()`` or litgpt's chunked cross-entropy; the phase maximum is then taken with it.
     ``bnb_version`` is the bitsandbytes release of a quantized run (None: a current one), see
-    quantized_matmul_keeps_inputs.
+    quantized_matmul_keeps_inputs. ``grads_persist``: the loop zeroes gradients in place instead of freeing them
+    (``zero_grad(set_to_none=False)``, torch.optim's and nn.Module's default before PyTorch 2.0, which HF Trainer
+    and accelerate loops of that time called), so the previous step's gradients are allocated through forward.
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_memory prices training steps, not task={setup.task!r}; perfguide.memory.estimate_memory prices both")
@@ -155,7 +158,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     resident = dev.weights + optimizer_on_device + dev.buffers
-    held_grads = grads if setup.gradient_accumulation_steps > 1 else 0
+    held_grads = grads if setup.gradient_accumulation_steps > 1 or grads_persist else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
     forward = resident + early_grads + acts + logits + dequant
