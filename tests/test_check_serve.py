@@ -121,6 +121,7 @@ def test_a_command_that_cannot_start_exits_3_and_its_change_exits_0(hardware: st
     "vllm serve --max-model-len 4096",
     f"python -m sglang.launch_server --model-path {MODEL} stray",
     f"vllm serve {MODEL} --gpu-memory-utilization 1.5",
+    f"vllm serve {MODEL} --dtype float32",                        # valid for vLLM, refused by name: fp32 serving is not priced
 ])
 def test_a_malformed_command_exits_2_in_one_line(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["check", "--hardware", "h100-80gb", "--", *shlex.split(command)], capsys)

@@ -74,6 +74,11 @@ class ServerEngine(Engine):
     #: other words its parser accepts for a field ``flags()`` emits (ServingSetup field -> word -> the field's value),
     #: e.g. vLLM's ``--dtype half`` or ``--quantization awq``: read by ``perfguide check`` and priced, never emitted
     value_aliases: ClassVar[dict[str, dict[str, object]]] = {}
+    #: words its parser accepts that perfguide does not price (ServingSetup field -> words, why), refused by name;
+    #: both pinned parsers take --dtype float / float32 (vllm/config/model.py ModelDType, SGLang server_args)
+    unpriced_values: ClassVar[dict[str, tuple[tuple[str, ...], str]]] = {
+        "dtype": (("float", "float32"), "fp32 serving (twice bf16's weight and KV bytes) is not priced; --dtype bfloat16 or float16 serves "
+                  "the same checkpoint")}
 
     @property
     def facts(self) -> EngineFacts:

@@ -118,6 +118,9 @@ def read(argv: list[str] | str, spec_of: Any, hw: Hardware) -> tuple[ServerEngin
                 col.reject([flag], table)
             continue
         field, words_ = table[flag]
+        unpriced, why = engine.unpriced_values.get(field, ((), ""))
+        if word in unpriced:
+            raise ConfigReadError(f"{col.where(flag)}={word!r} is a valid {engine.title} value, but {why}")
         values[field] = _value(field, word, words_, col.where(flag))
         col.set(f"serving.{field}", values[field], flag)
     spec: ModelSpec = spec_of(model)
