@@ -78,7 +78,7 @@ def test_offload_that_a_generic_host_refuses_fits_a_real_node() -> None:
     """Llama-3.1-70B full fine-tuning with ZeRO-3 offload needs ~1.1 TB of host RAM (16 B/param of fp32 Adam)."""
     # fp32 masters: pure bf16 + 8-bit AdamW under ZeRO-3 fits these GPUs without any offload (6 B/param)
     kw = {"seq_len": 1024, "global_batch_size": 8, "num_gpus": 8, "master_weights": "fp32"}
-    generic = perfguide.recommend("meta-llama/Llama-3.1-70B", "train_gpu_many", hardware="h100-80gb:8", **kw)
+    generic = perfguide.recommend("meta-llama/Llama-3.1-70B", "train_gpu_many", hardware="h100-80gb:8", host_ram="256GiB", **kw)
     node = perfguide.recommend("meta-llama/Llama-3.1-70B", "train_gpu_many", hardware="dgx-h100", **kw)
     assert generic.hardware.cpu.ram_total == 256 * GIB and node.hardware.cpu.ram_total == 2048 * GIB
     # hand reference: 70.6e9 params x (4 B fp32 master + 8 B Adam) alone is 0.85 TB of host RAM

@@ -159,7 +159,8 @@ def test_the_printed_python_lines_train_a_tiny_model_on_cpu(tmp_path, monkeypatc
 
 
 def test_a_one_gpu_deepspeed_plan_shows_its_launch_command_in_the_report_too():
-    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", hardware="rtx4090", strategy="zero3", allow_offload=True)
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", hardware="rtx4090", strategy="zero3", allow_offload=True,
+                               host_ram="256GiB")
     assert rec.setup.world_size == 1 and rec.setup.is_deepspeed and rec.fits
     launch = rec.launch_command("train.py")
     assert launch.startswith("accelerate launch --use_deepspeed")

@@ -152,7 +152,7 @@ def test_infer_gpu_many_keeps_the_named_strategy(strategy):
 
 @pytest.mark.parametrize("headroom", [0.2, 0.3, 0.4])
 def test_inference_offload_honours_headroom(headroom):
-    rec = perfguide.recommend("llama-3-70b", "infer_gpu_one", hardware="a100-40gb", headroom=headroom)
+    rec = perfguide.recommend("llama-3-70b", "infer_gpu_one", hardware="a100-40gb", host_ram="256GiB", headroom=headroom)
     m = rec.memory
     assert rec.setup.offload_params and rec.fits
     assert m.device_total <= m.capacity * (1 - headroom)
@@ -162,7 +162,7 @@ def test_inference_offload_honours_headroom(headroom):
 
 
 def test_max_memory_keys_survive_a_json_round_trip():
-    rec = perfguide.recommend("llama-3-70b", "infer_gpu_one", hardware="a100-40gb")
+    rec = perfguide.recommend("llama-3-70b", "infer_gpu_one", hardware="a100-40gb", host_ram="256GiB")
     again = Recommendation.model_validate_json(rec.to_json()).model_kwargs()["max_memory"]
     assert again == rec.model_kwargs()["max_memory"] and 0 in again and "cpu" in again
 

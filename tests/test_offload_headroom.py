@@ -11,7 +11,7 @@ from perfguide import Recommendation
 
 @pytest.mark.parametrize("headroom", [0.1, 0.3])
 def test_offload_split_leaves_the_requested_headroom(headroom: float) -> None:
-    r = perfguide.recommend("meta-llama/Llama-3.1-70B", scenario="infer_gpu_one", hardware="l4", headroom=headroom)
+    r = perfguide.recommend("meta-llama/Llama-3.1-70B", scenario="infer_gpu_one", hardware="l4", host_ram="256GiB", headroom=headroom)
     assert r.fits and r.setup.offload_params
     gpu = r.hardware.gpus[0]
     assert r.memory.device_total <= gpu.memory_total * (1 - headroom)
@@ -21,8 +21,8 @@ def test_offload_split_leaves_the_requested_headroom(headroom: float) -> None:
 
 
 def test_more_headroom_keeps_fewer_weights_on_the_gpu() -> None:
-    tight = perfguide.recommend("meta-llama/Llama-3.1-70B", scenario="infer_gpu_one", hardware="l4", headroom=0.1)
-    roomy = perfguide.recommend("meta-llama/Llama-3.1-70B", scenario="infer_gpu_one", hardware="l4", headroom=0.3)
+    tight = perfguide.recommend("meta-llama/Llama-3.1-70B", scenario="infer_gpu_one", hardware="l4", host_ram="256GiB", headroom=0.1)
+    roomy = perfguide.recommend("meta-llama/Llama-3.1-70B", scenario="infer_gpu_one", hardware="l4", host_ram="256GiB", headroom=0.3)
     assert roomy.memory.weights < tight.memory.weights and roomy.memory.cpu_ram > tight.memory.cpu_ram
     assert roomy.throughput.time_per_output_token_ms > tight.throughput.time_per_output_token_ms   # more streamed per token
 

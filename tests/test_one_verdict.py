@@ -37,7 +37,10 @@ def test_a_host_ram_refusal_names_host_ram_with_its_numbers() -> None:
 def test_a_verdict_on_an_assumed_host_says_so_and_names_the_flag() -> None:
     rec = recommend("meta-llama/Llama-2-13b-hf", "train_gpu_one", hardware="a10g")
     said = [w for w in rec.warnings if "host RAM is assumed" in w]
-    assert said and "host_ram=" in said[0] and "256 GiB" in said[0]
+    # a bare a10g is planned on the smallest AWS instance that carries one: g5.xlarge, 4 vCPUs and 16 GiB (AWS's table)
+    assert said and "host_ram=" in said[0] and "g5.xlarge (16 GiB" in said[0]
+    host = rec.decision("host")
+    assert host.number == 16 * GiB and "https://docs.aws.amazon.com" in host.source and "--host-ram" in host.reason
     roomy = recommend("meta-llama/Llama-2-13b-hf", "train_gpu_one", hardware="a10g", host_ram="512GiB")
     assert roomy.fits != rec.fits and not any("host RAM is assumed" in w for w in roomy.warnings)
 

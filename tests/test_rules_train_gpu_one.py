@@ -189,8 +189,8 @@ def test_a_rejected_micro_batch_names_the_limit_it_breaks():
     from perfguide.hardware.named import hardware_from_name
     from perfguide.scenarios.search import usable_bytes, usable_ram
 
-    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_one", hardware="l4")
-    hw = hardware_from_name("l4")
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_one", hardware="l4", host_ram="256GiB")
+    hw = hardware_from_name("l4", "256GiB")
     alts = rec.decision("per_device_train_batch_size").alternatives
     assert alts, "a bigger micro-batch was tried and refused"
     for alt in alts:

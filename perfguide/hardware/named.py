@@ -12,7 +12,9 @@ The chosen key is kept in ``Hardware.name``, and ``name_decision`` makes it a De
 variants, so a reader who meant the 80 GB card sees it on the plan, not after an OOM.
 
 Node types (``dgx-h100``, ``p5.48xlarge``, ``nd96isr-h100-v5``...) are GPUs on the host those machines ship
-with (cores, RAM, network); a bare GPU name gets a generic host. ``host_ram`` replaces the RAM of any target.
+with (cores, RAM, network); a bare GPU name gets the host its cards typically ship in (``hosts.typical_host``:
+a consumer desktop for two RTX 4090s, the cloud instance carrying that many A100s), or the generic server where no
+sourced row covers it. ``host_ram`` replaces the RAM of any target; ``assumed_host`` says which figure is a guess.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 from ..decisions import Alternative, Decision
 from ..errors import UnknownHardwareError, did_you_mean
 from . import specs
+from .hosts import HostGuess, typical_host
 from .types import CPU, Hardware
 
 MAX_GPUS_PER_NODE = 16  # DGX-2 / HGX-2 boards; larger counts are several nodes
@@ -139,7 +142,22 @@ def _from_name(name: str) -> Hardware:
         raise UnknownHardwareError(  # every name, grouped: the list outgrew unknown_value's 30
             f"unknown hardware {base!r}.{did_you_mean(base, known_names())} Accepted: GPUs {', '.join(specs.canonical_names())}; "
             f"node types {', '.join(specs.node_names())}; or 'cpu'. {_EXAMPLE[0].upper() + _EXAMPLE[1:]}.")
-    return _build(key, gpus_per_node, nodes)
+    return _build(key, gpus_per_node, nodes, cpu=typical_host(key, gpus_per_node).cpu)
+
+
+def assumed_host(hardware: Hardware) -> HostGuess | None:
+    """The typical host a bare GPU name was planned with (None: probed, a node type, or 'cpu'). Its RAM is still an
+    assumption unless ``host_ram=`` replaced it (``HostGuess.cpu.ram_total`` then differs from the hardware's)."""
+    if hardware.source != "named" or not hardware.gpus or not hardware.name:
+        return None
+    try:
+        base, sep, count_text = _split(hardware.name)
+    except UnknownHardwareError:
+        return None
+    key = specs.resolve(base)
+    if key is None or specs.resolve_node(base) is not None:
+        return None
+    return typical_host(key, _parse_count(hardware.name, count_text)[0] if sep else 1)
 
 
 def _parse_count(name: str, text: str) -> tuple[int, int]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from .. import sources
 from .._base import GiB
 from ..decisions import Alternative, Decision
-from ..hardware.specs import default_cpu
+from ..hardware.hosts import HostGuess
+from ..hardware.named import assumed_host
 from ..hardware.types import CPU, Hardware
 
 GPU_WORKERS_CAP = 4      # the transformers docs' starting value (perf_train_gpu_one, "Data preloading")
@@ -84,19 +85,45 @@ def cpu_processes(cpu: CPU, requested: int | None, global_batch: int) -> tuple[i
                                source=sources.TRAIN_CPU_MANY)
 
 
-def assumed_host(hardware: Hardware) -> bool:
-    """Whether the host is perfguide's guess: a bare GPU name gets the generic server of data/gpus.json ('cpu')."""
-    return hardware.source == "named" and hardware.cpu == default_cpu()
+def host_guess(hardware: Hardware) -> HostGuess | None:
+    """The typical host a bare GPU name is planned with, while its RAM is still the guess (``host_ram=`` not given)."""
+    guess = assumed_host(hardware)
+    return guess if guess is not None and hardware.cpu.ram_total == guess.cpu.ram_total else None
 
 
-def host_assumption_warnings(hardware: Hardware, cpu_ram_needed: int, headroom: float, fits: bool) -> list[str]:
-    """Say it when a decision rests on the assumed host RAM: an offloaded plan needs it, or a refusal came from it."""
-    if not assumed_host(hardware) or cpu_ram_needed <= 0:
+def host_decision(hardware: Hardware) -> list[Decision]:
+    """Name the assumed host on every plan for a bare GPU name: its cores and RAM, where they come from, and the flag
+    that replaces them (the offload and dataloader rules read both)."""
+    guess = assumed_host(hardware)
+    if guess is None:
         return []
     cpu = hardware.cpu
-    need = cpu_ram_needed / (1 - headroom) / GiB
-    return [f"host RAM is assumed, not known: a bare GPU name is planned with a generic {cpu.physical_cores}-core, "
-            f"{cpu.ram_total / GiB:.0f} GiB server (data/gpus.json 'cpu'), and this plan's offloaded states need "
-            f"{cpu_ram_needed / GiB:.1f} GiB of it ({need:.0f} GiB with the headroom): with {'less' if fits else 'more'} RAM "
-            "the verdict changes; "
-            "pass host_ram= (CLI --host-ram) with the target's real RAM"]
+    known = cpu.ram_total != guess.cpu.ram_total
+    reason = (f"{hardware.name} names GPUs, not their host: planned with {guess.describe()}"
+              + ("; its RAM replaced by host_ram=" if known else "; pass host_ram= (CLI --host-ram) with the real RAM, or run "
+                 "on the machine itself (probe) for its cores too"))
+    return [Decision(setting="host", value=f"{cpu.physical_cores} cores, {cpu.ram_total / GiB:.0f} GiB RAM", reason=reason,
+                     number=cpu.ram_total, unit="bytes", source=guess.source if guess.sourced else "data/gpus.json 'cpu' (perfguide assumption)")]
+
+
+def host_assumption_warnings(hardware: Hardware, cpu_ram_needed: int, headroom: float, fits: bool,
+                             ram_blocked: tuple[str, int] | None = None) -> list[str]:
+    """Say it when a decision rests on the assumed host RAM: the chosen plan offloads into it, a refusal came from it,
+    or a setup that fits the GPUs was passed over because it does not fit it (``ram_blocked``: its label and need)."""
+    guess = host_guess(hardware)
+    if guess is None:
+        return []
+    ram = hardware.cpu.ram_total / GiB
+    where = f"{guess.label} ({ram:.0f} GiB, {'data/hosts.json' if guess.sourced else 'data/gpus.json cpu'})"
+    out = []
+    if cpu_ram_needed > 0:
+        need = cpu_ram_needed / (1 - headroom) / GiB
+        out.append(f"host RAM is assumed, not known: {hardware.name} is planned on a typical {where}, and this plan's offloaded "
+                   f"states need {cpu_ram_needed / GiB:.1f} GiB of it ({need:.0f} GiB with the headroom): with "
+                   f"{'less' if fits else 'more'} RAM the verdict changes; pass host_ram= (CLI --host-ram) with the target's real RAM")
+    if ram_blocked is not None and (fits or cpu_ram_needed == 0):   # a refusal from host RAM is said above already
+        label, need_bytes = ram_blocked
+        out.append(f"host RAM is assumed, not known: {label} fits the GPUs but its offloaded states need "
+                   f"{need_bytes / (1 - headroom) / GiB:.0f} GiB with the headroom, more than the assumed {where}; with that much "
+                   "RAM the choice may change: pass host_ram= (CLI --host-ram) with the target's real RAM")
+    return out

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from .. import sources, techniques
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
-from ..hardware.types import GPU
+from ..hardware.types import GPU, Hardware
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
-from .host import host_assumption_warnings
+from .host import host_assumption_warnings, host_decision
 from .master_weights import check_master_weights, master_weights_decision
 from .rules_attention import decide_attention
 from .rules_precision import Precision
@@ -29,6 +29,7 @@ from .search import (
     SearchResult,
     broken_limit,
     candidates,
+    fits_ram,
     gib,
     least_memory,
     micro_batch_choices,
@@ -110,9 +111,10 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     chosen = result.chosen or least_memory(result)
     chosen, compile_decs = compile_choice(request, chosen) if result.chosen is not None else (chosen, [])
     decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen), *compile_decs,
-                 *technique_decisions(request, chosen)]
+                 *technique_decisions(request, chosen), *host_decision(hw)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
-    warnings += host_assumption_warnings(hw, chosen.memory.cpu_ram, cons.headroom, result.chosen is not None)
+    warnings += host_assumption_warnings(hw, chosen.memory.cpu_ram, cons.headroom, result.chosen is not None,
+                                         _ram_blocked(result, hw, cons.headroom))
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
     cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
                                                           if c.verdict != "does-not-fit" or r.chosen is None)
@@ -122,6 +124,17 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
                             why="the fastest fitting setup, compiled (see the torch_compile decision)"),)
     return Plan(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, decisions=tuple(decisions),
                 candidates=cands, warnings=tuple(warnings), fits=result.chosen is not None, suggestions=suggestions)
+
+
+def _ram_blocked(result: SearchResult, hw: Hardware, headroom: float) -> tuple[str, int] | None:
+    """The first searched setup that fits the GPUs but not the host RAM (its label and the RAM it needs), if any."""
+    for _, opt in result.options:
+        p = opt.too_big
+        if opt.best is None and p is not None and p.memory.cpu_ram and not fits_ram(p.memory, hw, headroom):
+            usable = usable_bytes(p.memory, headroom)
+            if usable is None or p.memory.device_total <= usable:
+                return p.setup.label, p.memory.cpu_ram
+    return None
 
 
 # --- decisions --------------------------------------------------------------------------------------
