@@ -195,3 +195,15 @@ def test_sglang_ep_size_is_priced_as_tp_or_refused_in_one_line(capsys: pytest.Ca
     assert code == 2 and err.count("\n") == 1 and "tp_size % ep_size" in err
     with pytest.raises(perfguide.ConflictingConstraintsError, match="--ep-size"):
         perfguide.recommend("Qwen/Qwen3-30B-A3B", scenario="infer_gpu_many", hardware="l40s:4", engine="sglang", enable_expert_parallel=True)
+
+
+def test_a_multi_node_pipeline_command_is_priced_per_stage() -> None:
+    command = ("vllm serve meta-llama/Llama-3.1-405B --tensor-parallel-size 8 --pipeline-parallel-size 2 --max-model-len 8192 "
+               "--nnodes 2 --node-rank 0 --master-addr 10.0.0.1")
+    assert set(flags_of(command)) <= set(FLAGS["vllm"]["flags"])
+    c = perfguide.check(config=command, hardware="h100-80gb:8x2")
+    assert c.fits and (c.setup.num_gpus, c.setup.nodes) == (8, 2) and "16 GPUs" in c.hardware and not c.unknown
+    # 405.85 B bf16 parameters over TP8 x PP2; each stage keeps 63 of the 126 layers' KV: 63 x 2 x (8 / 8) x 128 x 2 B a token
+    assert c.memory.weights == pytest.approx(405_853_388_800 * 2 / 16, rel=0.01)
+    assert c.memory.kv_cache / c.memory.kv_cache_tokens == pytest.approx(63 * 2 * 1 * 128 * 2, rel=0.01)
+    assert perfguide.estimate("meta-llama/Llama-3.1-405B", c.setup, hardware="h100-80gb:8x2").kv_cache_tokens == c.memory.kv_cache_tokens

@@ -94,5 +94,7 @@ def test_a_model_no_node_holds_is_served_with_pipeline_stages_across_nodes() -> 
     assert r.fits and s is not None and (s.tensor_parallel_size, s.pipeline_parallel_size) == (8, 2)
     # 405.85 B bf16 parameters over 8 x 2 GPUs (norms replicated, a rounding error): ~47 GiB a GPU
     assert r.memory.weights == pytest.approx(405_853_388_800 * 2 / 16, rel=0.01)
+    assert (r.setup.num_gpus, r.setup.nodes) == (8, 2)
+    assert perfguide.estimate(model, r.setup, hardware="h100-80gb:8x2").kv_cache_tokens == r.engine_memory.kv_cache_tokens  # type: ignore[union-attr]
     hint = next(w for w in r.warnings if "spans 2 nodes" in w)
     assert all(f in hint and f in flags["vllm"]["flags"] for f in ("--nnodes", "--node-rank", "--master-addr"))

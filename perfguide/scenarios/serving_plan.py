@@ -19,7 +19,7 @@ from ..decisions import Alternative, Decision
 from ..engines import Engine, ServerEngine
 from ..errors import ConflictingConstraintsError
 from ..memory.serving import EngineMemory
-from ..setup import ServingSetup
+from ..setup import ServingSetup, Setup
 from . import registry
 from .serving_decisions import (
     Priced,
@@ -239,9 +239,21 @@ def _gpus(request: Request) -> int:
     return _per_node(request) * (request.hardware.nodes if request.info.multi_gpu else 1)
 
 
-def _candidate(request: Request, p: Priced, chosen: Priced | None, peak: float) -> Candidate:
+def on_nodes(setup: Setup, per_node: int) -> Setup:
+    """A layout with more GPUs than a node holds, as a Setup counts them: ``num_gpus`` per node, ``nodes`` of them."""
+    total = setup.num_gpus
+    if total <= per_node or total % per_node:
+        return setup
+    return setup.model_copy(update={"num_gpus": per_node, "nodes": total // per_node})
+
+
+def _setup(request: Request, p: Priced) -> Setup:
     prompt, output = _workload(request)
-    return Candidate(setup=to_setup(p, prompt, output), memory=to_memory(p.memory), throughput=to_throughput(request.model, p, peak),
+    return on_nodes(to_setup(p, prompt, output), max(1, request.hardware.gpu_count))
+
+
+def _candidate(request: Request, p: Priced, chosen: Priced | None, peak: float) -> Candidate:
+    return Candidate(setup=_setup(request, p), memory=to_memory(p.memory), throughput=to_throughput(request.model, p, peak),
                      verdict="chosen" if p is chosen else "fits" if p.speed else "does-not-fit", why=row(p))
 
 
@@ -273,8 +285,7 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
                                f"{engine.summary}", source=engine.docs_source)
     candidates = tuple(_candidate(request, p, chosen, peak) for p in tried)
     shown = chosen or max(tried, key=lambda p: p.memory.max_concurrency)
-    prompt, output = _workload(request)
-    common = dict(setup=to_setup(shown, prompt, output), memory=to_memory(shown.memory),
+    common = dict(setup=_setup(request, shown), memory=to_memory(shown.memory),
                   throughput=to_throughput(request.model, shown, peak), candidates=candidates, engine_memory=shown.memory)
     if chosen is None:
         return Plan(decisions=(engine_decision,), fits=False, suggestions=(_no_fit(request, engine, m, gpus, tried),), **common)

@@ -27,7 +27,8 @@ SYNTAX = "flags"
 _PROBE = "PERFGUIDE_PROBE_MODEL"
 #: flags every server has that say where and how it listens, not what it holds in memory (read, not priced)
 NOT_PRICED = frozenset({"--host", "--port", "--served-model-name", "--api-key", "--trust-remote-code", "--download-dir", "--revision",
-                        "--tokenizer", "--seed", "--chat-template", "--log-level", "--uvicorn-log-level", "--disable-log-requests"})
+                        "--tokenizer", "--seed", "--chat-template", "--log-level", "--uvicorn-log-level", "--disable-log-requests",
+                        "--nnodes", "--node-rank", "--master-addr", "--master-port", "--dist-init-addr"})
 #: one value per field, different from the ServingSetup default: the engine's command for it shows the field's flag
 _VARIANTS: dict[str, tuple[Any, ...]] = {
     "tensor_parallel_size": (2,), "pipeline_parallel_size": (2,), "data_parallel_size": (2,), "max_model_len": (1000,),
@@ -190,19 +191,21 @@ def priced(engine: ServerEngine, spec: ModelSpec, serving: ServingSetup, hw: Har
     (1024-token prompts, 256 new tokens), as many of them per replica as the KV cache holds up to max_num_seqs."""
     from ...scenarios.registry import DEFAULT_PROMPT_LEN
     from ...scenarios.serving_decisions import Priced, to_setup, to_throughput
+    from ...scenarios.serving_plan import on_nodes
     from ...scenarios.types import Constraints
 
     mem = engine.memory(spec, serving, hw)
     output = min(int(Constraints.model_fields["max_new_tokens"].default), max(1, serving.max_model_len // 2))
     prompt = max(1, min(DEFAULT_PROMPT_LEN, serving.max_model_len - output))
+    per_node = max(1, hw.gpu_count)
     if not mem.fits:
-        return to_setup(Priced(serving, mem, None), prompt, output), None, ""
+        return on_nodes(to_setup(Priced(serving, mem, None), prompt, output), per_node), None, ""
     batch = max(1, min(serving.max_num_seqs, mem.kv_cache_tokens // (prompt + output)))
     p = Priced(serving, mem, engine.speed(spec, serving, hw, prompt, output, batch))
     gpu = hw.smallest_gpu
     peak = (gpu.half_tflops(serving.dtype) or 0.0) * 1e12 if gpu else 0.0
     why = f"speed at {prompt}-token prompts and {output} new tokens, {batch} requests per replica (what the KV cache and max_num_seqs allow)"
-    return to_setup(p, prompt, output), to_throughput(spec, p, peak), why
+    return on_nodes(to_setup(p, prompt, output), per_node), to_throughput(spec, p, peak), why
 
 
 def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
@@ -215,7 +218,7 @@ def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
     setup, throughput, why = priced(engine, spec, serving, hw)
     reading = col.reading()
     changes = () if memory.fits else fit_changes(engine, spec, serving, hw, model)
-    gpus = setup.num_gpus
+    gpus = setup.num_gpus * setup.nodes
     return Check(model=spec.name, hardware=f"{hw.name or hw.smallest_gpu.name} ({gpus} GPU{'s' if gpus > 1 else ''})",  # type: ignore[union-attr]
                  setup=setup, fits=memory.fits, memory=memory, throughput=throughput, read=reading.settings, ignored=reading.ignored,
                  unknown=reading.unknown, changes=changes, notes=(*reading.notes, *((why,) if why else ())))
