@@ -41,6 +41,10 @@ PEFT_FSDP = "https://huggingface.co/docs/peft/accelerate/fsdp"
 PEFT_DS = "https://huggingface.co/docs/peft/accelerate/deepspeed"
 UNSLOTH = "https://github.com/unslothai/notebooks (free-Colab T4 notebooks: fp16 = not is_bfloat16_supported())"
 SWIFT = "https://github.com/modelscope/ms-swift/tree/main/examples"
+LLAMAFACTORY = "https://github.com/hiyouga/LLaMA-Factory/tree/main/examples"
+TRL_SFT = "https://github.com/huggingface/trl/blob/main/trl/scripts/sft.py"
+HF_GUIDE = ("https://huggingface.co/docs/transformers/v4.27.2/en/perf_train_gpu_one (and model_memory_anatomy: bert-large-uncased, "
+            "seq 512, batch 4: 57.82 s, 8.86 samples/s, 14949 MB; batch 1 x 4 accumulation: 7.75 samples/s, 8681 MB)")
 PURE_BF16: dict[str, Any] = {"weights_dtype": "bf16", "autocast": None}
 QLORA: dict[str, Any] = {"weights_dtype": "nf4", "autocast": "bf16"}
 AMP_BF16: dict[str, Any] = {"weights_dtype": "bf16", "autocast": "bf16"}
@@ -64,6 +68,7 @@ class Recipe:
     mem_gb: float | None = None         # published peak per GPU (GB, 1e9 bytes), where given
     tokens_s: float | None = None       # published tokens/s (all GPUs), where given
     assumed: str = ""                   # fields the source leaves unstated, and what this row assumes
+    host_gb: float | None = None        # published host (CPU) RAM the run needs, where given
 
     @property
     def gpus(self) -> int:
@@ -101,9 +106,10 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("torchtune-full-70b-8xa100", TORCHTUNE, "meta-llama/Llama-2-70b-hf", "a100-80gb:8", "full", 4096, 4, 1,
            {**PURE_BF16, "strategy": "fsdp", "optimizer": "paged_adamw_32bit"}, 70.4, 2032, assumed="A100 80GB"),
     # 70B QLoRA on two 24 GB cards: FSDP + bnb_4bit_quant_storage + CPU offload
-    Recipe("answerai-fsdp-qlora-70b-2x3090", "https://github.com/AnswerDotAI/fsdp_qlora (README: Llama-2 70B on dual 24GB GPUs)",
-           "meta-llama/Llama-2-70b-hf", "rtx3090:2", "qlora", 512, 2, 1,
-           {**QLORA, **lora(64, 16), "strategy": "fsdp", "offload_optimizer": True, "offload_params": True},
+    Recipe("answerai-fsdp-qlora-70b-2x3090", "https://github.com/AnswerDotAI/fsdp_qlora/blob/main/README.md (Finetune Llama-2 70B on "
+           "Dual 24GB GPUs: --batch_size 2 --context_length 2048 --use_cpu_offload true; 'roughly 55GB of CPU RAM')",
+           "meta-llama/Llama-2-70b-hf", "rtx3090:2", "qlora", 2048, 2, 1,
+           {**QLORA, **lora(64, 16), "strategy": "fsdp", "offload_optimizer": True, "offload_params": True}, host_gb=55.0,
            assumed="train.py defaults: lora_rank 64, alpha 16, all linear layers, no accumulation"),
     Recipe("axolotl-qlora-fsdp-70b-2x4090", "https://github.com/axolotl-ai-cloud/axolotl/blob/main/examples/llama-3/qlora-fsdp-70b.yaml",
            "meta-llama/Meta-Llama-3-70B", "rtx4090:2", "qlora", 512, 1, 4,
@@ -147,6 +153,40 @@ RECIPES: tuple[Recipe, ...] = (
            {**PURE_BF16, **lora(8, 16), "gradient_checkpointing": False}, 12.62),
     Recipe("litgpt-llama3.2-1b-full-a10g", LITGPT, "meta-llama/Llama-3.2-1B", "a10g", "full", 512, 4, 16,
            {**PURE_BF16, "gradient_checkpointing": False}, 8.70),
+    # LLaMA-Factory: FSDP+QLoRA (README: "fine-tunes a 70B model on 2x24GB GPUs"; the example's accelerate config offloads
+    # params, mixed precision fp16) and its single-GPU on-the-fly QLoRA example
+    Recipe("llamafactory-fsdp-qlora-70b-2x24gb", f"{LLAMAFACTORY}/extras/fsdp_qlora (train.sh, llama3_lora_sft.yaml, "
+           "accelerate/fsdp_config.yaml: FULL_SHARD, fsdp_offload_params true, fp16); README: FSDP+QLoRA fine-tunes a 70B model on 2x24GB GPUs",
+           "meta-llama/Meta-Llama-3-70B", "rtx4090:2", "qlora", 1024, 1, 8,
+           {"weights_dtype": "nf4", "autocast": "fp16", **lora(8, 16), "strategy": "fsdp", "offload_optimizer": True, "offload_params": True},
+           assumed="the yaml's model path is the 8B; the 70B the README names is priced with the same config; LLaMA-Factory's "
+                   "defaults lora_rank 8, alpha 2 x rank, checkpointing on; 24 GB cards read as RTX 4090s"),
+    Recipe("llamafactory-qlora-8b-1x24gb", f"{LLAMAFACTORY}/train_qlora/llama3_lora_sft_otfq.yaml (bitsandbytes 4-bit, lora_target all, "
+           "cutoff_len 2048, batch 1 x 8, bf16)", "meta-llama/Meta-Llama-3-8B", "rtx4090", "qlora", 2048, 1, 8,
+           {**QLORA, **lora(8, 16)}, assumed="one 24 GB card (the example states none); LLaMA-Factory's defaults lora_rank 8, "
+                                              "alpha 2 x rank, checkpointing on"),
+    # TRL: the SFT script's documented full and LoRA runs (packing, batch 2 x 8, checkpointing) and the multi-GPU
+    # guide's "8 GPUs, per-device 4, accumulation 1" row
+    Recipe("trl-sft-full-0.5b", f"{TRL_SFT} (docstring: --packing --per_device_train_batch_size 2 --gradient_accumulation_steps 8 "
+           "--gradient_checkpointing)", "Qwen/Qwen2.5-0.5B", "a100-80gb", "full", 1024, 2, 8, {**AMP_BF16, "weights_dtype": "fp32"},
+           assumed="Qwen2.5-0.5B for the script's Qwen2-0.5B (same 0.5B class; the TRL docs' current model); one A100-80GB; "
+                   "SFTConfig's max_length 1024 with packing; bf16 AMP"),
+    Recipe("trl-sft-lora-0.5b", f"{TRL_SFT} (docstring: --use_peft --lora_r 32 --lora_alpha 16, same batch)", "Qwen/Qwen2.5-0.5B",
+           "a100-80gb", "lora", 1024, 2, 8, {**AMP_BF16, **lora(32, 16, ("q_proj", "v_proj"))},
+           assumed="as trl-sft-full-0.5b; PEFT's default Qwen2 targets (q, v) as the script passes no target modules"),
+    Recipe("trl-multi-gpu-8x-0.5b", "https://huggingface.co/docs/trl/distributing_training (8 GPUs, per_device_train_batch_size 4, "
+           "gradient_accumulation_steps 1: 'best of both worlds'; examples/accelerate_configs/multi_gpu.yaml)", "Qwen/Qwen2.5-0.5B",
+           "h100-80gb:8", "full", 1024, 4, 1, {**AMP_BF16, "weights_dtype": "fp32", "strategy": "ddp"},
+           assumed="the guide's table names no model or GPU: Qwen2.5-0.5B (TRL's docs model) on 8 H100s, SFTConfig's max_length 1024"),
+    # the transformers single-GPU guide's own measured run (model_memory_anatomy / perf_train_gpu_one): bert-large-uncased,
+    # dummy 512-token batches, plain fp32 Trainer, batch 4 (and 1 x 4 accumulation)
+    Recipe("hf-guide-bert-large-vanilla", HF_GUIDE, "google-bert/bert-large-uncased", "v100-16gb", "full", 512, 4, 1,
+           {"weights_dtype": "fp32", "autocast": None, "gradient_checkpointing": False}, 14949 * 2**20 / 1e9, 8.86 * 512,
+           assumed="a 16 GB card ('almost fills up our GPU's entire memory'); 8.86 samples/s x 1.0 TFLOP/sample = 9.1 fp32 TFLOP/s "
+                   "is more than a T4's 8.1 peak, so a V100-16GB; published memory is nvidia-smi (CUDA context included)"),
+    Recipe("hf-guide-bert-large-accum", HF_GUIDE, "google-bert/bert-large-uncased", "v100-16gb", "full", 512, 1, 4,
+           {"weights_dtype": "fp32", "autocast": None, "gradient_checkpointing": False}, 8681 * 2**20 / 1e9, 7.75 * 512,
+           assumed="as hf-guide-bert-large-vanilla"),
     # DeepSpeed's ZeRO-Offload tutorial: a 13B GPT on one 32 GB V100 (optimizer states and step on the CPU)
     Recipe("deepspeed-zero-offload-13b-v100", "https://www.deepspeed.ai/tutorials/zero-offload/", "facebook/opt-13b", "v100-32gb",
            "full", 1024, 1, 1, {"weights_dtype": "fp32", "autocast": "fp16", "strategy": "zero2", "offload_optimizer": True},
@@ -160,6 +200,7 @@ class Result:
     recipe_mem: float = 0.0
     recipe_fits: bool = False
     recipe_step: float | None = None
+    recipe_host: float = 0.0
     pick_label: str = ""
     pick_mem: float = 0.0
     pick_fits: bool = False
@@ -188,7 +229,7 @@ def run_one(r: Recipe) -> Result:
     res = Result(r)
     s = r.as_setup()
     mem = _quiet(perfguide.estimate, r.model, s, hardware=r.hardware)
-    res.recipe_mem, res.recipe_fits = mem.device_total, bool(mem.fits)
+    res.recipe_mem, res.recipe_fits, res.recipe_host = mem.device_total, bool(mem.fits), mem.cpu_ram
     res.recipe_step = _quiet(perfguide.estimate_speed, r.model, s, hardware=r.hardware).step_time_s
     if not res.recipe_fits:
         res.problems.append(f"the recipe's setup is priced at {mem.device_total / GB:.1f} GB per GPU, over the card")
@@ -209,7 +250,7 @@ VERDICTS: dict[str, str] = {
         "checkpointing); the same setup on the plain Trainer + PEFT + bitsandbytes stack keeps Llama-3's full logits: "
         "2 x 2048 tokens x 128,256 vocab x 4 B = 2.1 GB in fp32 alone, before their gradient, so it needs more than a "
         "T4's 15.6 GB. perfguide's own pick for the same request (Liger's fused linear cross-entropy, the HF stack's "
-        "equivalent) fits at 12.7 GB and is predicted faster."),
+        "equivalent) fits (see the table) and is predicted faster."),
     "litgpt-llama3.2-3b-full-a10g": (
         "perfguide. The row as recorded (one A10G, bf16-true, AdamW, no checkpointing) cannot reach the published 16.5 GB: "
         "weights, gradients and AdamW's two states in bf16 are 8 B x 3.21e9 parameters = 25.7 GB before any activation. "
@@ -244,7 +285,7 @@ def render(results: list[Result]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rc = r.recipe
-        lines.append(f"| {rc.id} | {rc.hardware} | {rc.as_setup().label} | {rc.mem_gb if rc.mem_gb is not None else '-'} | "
+        lines.append(f"| {rc.id} | {rc.hardware} | {rc.as_setup().label} | {'-' if rc.mem_gb is None else f'{rc.mem_gb:.1f}'} | "
                      f"{_gb(r.recipe_mem)} | {'yes' if r.recipe_fits else 'no'} | {r.recipe_step:.3g} | {r.pick_label} | "
                      f"{_gb(r.pick_mem)} | {r.pick_step:.3g} | {'yes' if r.parity else 'no'} |")
     lines += ["", "## Disagreements", ""]
@@ -256,6 +297,11 @@ def render(results: list[Result]) -> str:
     lines += ["", "## Sources and assumptions", ""]
     for rc in RECIPES:
         lines.append(f"- {rc.id}: {rc.source}" + (f" (assumed: {rc.assumed})" if rc.assumed else ""))
+    hosts = [r for r in results if r.recipe.host_gb]
+    if hosts:
+        lines += ["", "## Host RAM where the recipe publishes it", ""]
+        lines += [f"- {r.recipe.id}: published {r.recipe.host_gb:.0f} GB, priced {r.recipe_host / GB:.1f} GB of offloaded states "
+                  f"(the published figure also holds the loading process and the quantization staging)" for r in hosts]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,7 @@
 """Recipe parity (bench/recipes.py): public recipes as published against perfguide's estimate and recommend.
 
 Each recipe's numbers come from its source (torchtune's README table, LitGPT's config hub, PEFT's docs, Answer.AI,
-axolotl, ms-swift, Unsloth, DeepSpeed), not from perfguide. The suite fails when a new disagreement appears that
+axolotl, ms-swift, LLaMA-Factory, Unsloth, TRL, the transformers single-GPU guide, DeepSpeed), not from perfguide. The suite fails when a new disagreement appears that
 bench/recipes.py does not explain (who is right, with the evidence), or when an explained one goes away unnoticed.
 """
 
@@ -22,6 +22,21 @@ def test_at_least_25_public_recipes_each_with_a_source() -> None:
     assert len(recipes.RECIPES) >= 25
     assert len({r.id for r in recipes.RECIPES}) == len(recipes.RECIPES)
     assert all(r.source.startswith("https://") for r in recipes.RECIPES)
+
+
+def test_every_family_the_issue_names_is_in_the_suite() -> None:
+    families = ("torchtune", "axolotl", "answerai", "llamafactory", "swift", "unsloth", "trl", "peft", "deepspeed", "hf-guide")
+    assert all(any(r.id.startswith(f) for r in recipes.RECIPES) for f in families)
+
+
+def test_the_published_host_ram_of_the_70b_qlora_recipe_is_priced_and_the_typical_desktop_holds_it(results) -> None:
+    """Answer.AI: 'roughly 55GB of CPU RAM for model loading and FSDP CPU offloading'. The offloaded states priced are
+    the larger part of it (the rest is the loading process), and the typical host of two 24 GB cards holds them."""
+    from perfguide import Hardware
+
+    r = results["answerai-fsdp-qlora-70b-2x3090"]
+    assert 0.7 * 55e9 <= r.recipe_host <= 1.05 * 55e9
+    assert r.recipe_host < 0.9 * Hardware.from_name("rtx3090:2").cpu.ram_total
 
 
 def test_every_disagreement_is_explained_and_no_explanation_is_stale(results) -> None:
