@@ -167,14 +167,15 @@ def _price(request: Request, engine: ServerEngine, serving: ServingSetup) -> Pri
 
 
 def _layouts(request: Request, engine: ServerEngine, m: Menu, fmt: str, gpus: int) -> list[Priced]:
-    """Every layout for one format; a layout that only fits without CUDA graphs is priced eager."""
+    """Every layout for one format; one that does not fit at the engine's default memory knob is priced with the knob
+    raised (an engine with a static fraction), else without CUDA graphs (eager), whichever first fits."""
     priced = []
     for tp, pp in _degrees(request, gpus):
         for ep in _expert_parallel(request, engine, gpus // (tp * pp)):
             p = _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus))
-            if p.speed is None:
-                eager = _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus, eager=True))
-                p = eager if eager.speed is not None else _raised(request, engine, p)
+            if p.speed is None:   # a static fraction raised just enough keeps the CUDA graphs; else without them
+                raised = _raised(request, engine, p)
+                p = raised if raised.speed is not None else _price(request, engine, _sized(request, engine, m, fmt, (tp, pp, ep), gpus, eager=True))
             priced.append(p)
     return priced
 
@@ -306,10 +307,11 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
     default = engine.default_utilization(gpu, chosen.serving)
     if engine.fraction_to_fit(chosen.memory, chosen.serving) is not None and chosen.serving.gpu_memory_utilization > default \
             and request.constraints.gpu_memory_utilization is None:
-        left = (1 - chosen.serving.gpu_memory_utilization) * (chosen.memory.total - chosen.memory.cuda_context) / 2**30
+        free = (chosen.memory.total - chosen.memory.cuda_context) / 2**30      # what the fraction is a fraction of
+        left = (1 - chosen.serving.gpu_memory_utilization) * free
         warnings += (f"{engine.memory_setting} raised from {engine.title}'s default {default} to {chosen.serving.gpu_memory_utilization} "
                      f"so the weights and one {chosen.serving.max_model_len}-token request fit: {left:.2f} GiB stay outside the pool "
-                     f"for activations and CUDA graphs, where {engine.title}'s own rule reserves {(1 - default) * chosen.memory.total / 2**30:.2f} GiB; "
+                     f"for activations and CUDA graphs, where {engine.title}'s own rule reserves {(1 - default) * free:.2f} GiB; "
                      f"if it runs out of memory, lower the chunked prefill size or max_model_len",)
     return Plan(decisions=tuple(decisions), warnings=warnings, fits=True, **common)
 
