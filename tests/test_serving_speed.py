@@ -98,3 +98,11 @@ def test_a_model_no_node_holds_is_served_with_pipeline_stages_across_nodes() -> 
     assert perfguide.estimate(model, r.setup, hardware="h100-80gb:8x2").kv_cache_tokens == r.engine_memory.kv_cache_tokens  # type: ignore[union-attr]
     hint = next(w for w in r.warnings if "spans 2 nodes" in w)
     assert all(f in hint and f in flags["vllm"]["flags"] for f in ("--nnodes", "--node-rank", "--master-addr"))
+    sg = perfguide.recommend(model, scenario="infer_gpu_many", hardware="h100-80gb:8x2", engine="sglang", quantization="none")
+    assert sg.fits and "--pp-size 2" in sg.serve_command() and set(flags_of(sg.serve_command())) <= set(flags["sglang"]["flags"])
+    hint = next(w for w in sg.warnings if "spans 2 nodes" in w)
+    assert all(f in hint and f in flags["sglang"]["flags"] for f in ("--nnodes", "--node-rank", "--dist-init-addr"))
+
+
+def flags_of(command: str) -> list[str]:
+    return [w for w in command.split() if w.startswith("--")]
