@@ -183,16 +183,21 @@ def _attn(row: dict[str, str]) -> str:
     return row["attn_impl"] or ("eager" if _pre_torch2(row) else "sdpa")
 
 
+#: optimizers whose state lives in CUDA unified memory (bitsandbytes paged_* ; data/optimizers.json "paged")
+PAGED = ("paged_adamw_8bit", "paged_adamw_32bit", "paged_lion_8bit", "paged_lion_32bit")
+
+
 def _optimizer(row: dict[str, str]) -> str | None:
     opt = row["optimizer"].lower()
     if opt in ("none", ""):
         return None
     if opt.startswith("adafactor"):
         return "adafactor"
-    if "8bit" in opt or "8-bit" in opt:
+    eight_bit = "8bit" in opt or "8-bit" in opt
+    if "paged" in opt:  # bnb PagedAdamW / PagedAdamW8bit: states in CUDA unified memory (see PAGED)
+        return "paged_adamw_8bit" if eight_bit else "paged_adamw_32bit"
+    if eight_bit:
         return "adamw_bnb_8bit"  # bnb Adam8bit / TrainingArguments adamw_8bit: both moments in 8-bit blocks
-    if "paged" in opt and row["quantization"]:
-        return "paged_adamw_32bit"
     if _pre_torch2(row):
         # before PyTorch 2.0 torch.optim.AdamW ran the per-tensor loop (foreach became the CUDA default in 2.0):
         # no parameter-sized temporary, the same memory as perfguide's per-tensor fused AdamW
@@ -210,9 +215,9 @@ def _seq_len(text: str) -> int:
 
 
 def _kbit_upcast(row: dict[str, str]) -> bool:
-    """litgpt and Answer.AI's fsdp_qlora quantize the Linears themselves and never run peft's
+    """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
     prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do."""
-    return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora"))
+    return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
 
 
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
@@ -227,7 +232,9 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      optimizer=_optimizer(row),
                                      gradient_checkpointing=row["grad_checkpointing"] not in ("", "no"),
                                      attn_implementation=_attn(row),
-                                     num_gpus=_int(row["num_gpus"], 1))
+                                     num_gpus=_int(row["num_gpus"], 1),
+                                     optimizer_in_backward="optimizer_in_bwd True" in row["method"],
+                                     torch_compile="torch.compile enabled" in row["method"])
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
     if q:
@@ -299,12 +306,22 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return None
     if "loss=logits.sum()" in row["method"] or row["source_group"].startswith("litgpt"):
         return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
+    if "CEWithChunkedOutputLoss" in row["method"]:
+        # torchtune: every chunk's 16-bit logits (2) live until the recipe's `del logits`. Eager: each chunk's fp32
+        # log-softmax output (4) is saved for backward and one chunk's fp32 upcast (4 / 8 chunks) is transient.
+        # Compiled (torch.compile of the loss): the graph saves only the 16-bit logits and per-row statistics
+        # (saved_tensors_hooks on the chunked loss: 4.0 B per logit saved eager, 0.004 compiled; torch 2.13 CPU
+        # inductor), recomputing one chunk's fp32 upcast, softmax and gradient (12 / 8 chunks) in backward
+        per_logit = 2 + 12 / TORCHTUNE_CHUNKS if setup.torch_compile else 2 + 4 + 4 / TORCHTUNE_CHUNKS
+        return int(per_logit * setup.micro_batch_size * setup.seq_len * spec.vocab_size)
     version = _transformers_version(row)
     if version is not None and spec.generates and not spec.is_encoder_decoder:
         return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS)
     return None
 
 
+#: torchtune's CEWithChunkedOutputLoss default (torchtune/modules/loss/ce_chunked_output_loss.py: num_output_chunks=8)
+TORCHTUNE_CHUNKS = 8
 #: hand-written loops that hold the model output (its logits) while calling backward, as their scripts read
 LOOP_KEEPS_OUTPUTS = {
     "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: outputs = model(**batch); "
@@ -377,7 +394,10 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         published = float(re.match(r"[\d.]+", row["peak_mem_value"]).group())  # type: ignore[union-attr]
     except (Skip, AttributeError) as exc:
         return Result(row, "skip", str(exc) or "value not a number")
-    states = est.weights + est.gradients + est.optimizer_states
+    # bitsandbytes' paged optimizers allocate their state with cudaMallocManaged, outside PyTorch's caching
+    # allocator (the model keeps only a working set on the device): the allocator's peak may be below the states
+    paged = est.optimizer_states if setup.optimizer in PAGED else 0
+    states = est.weights + est.gradients + est.optimizer_states - paged
     if setup.task == "train" and metric == "peak_allocated" and published * scale < states:
         return Result(row, "skip", f"published {published:g} is below the model states of the stated setup "
                                    f"({states / scale:.2f}: weights + grads + optimizer state, no activations); "

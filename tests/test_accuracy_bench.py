@@ -92,3 +92,34 @@ def test_max_context_is_the_models_own_boundary(acc: ModuleType, rows) -> None:
     assert not acc._fits(row, spec, setup.replace(seq_len=longest + 16), hw)
     result = acc.evaluate(row, [])
     assert result.kind == "context" and result.published == 5789 and result.predicted == longest
+
+
+def test_torchtune_chunked_loss_bytes_hand_derived(acc: ModuleType, rows) -> None:
+    """torchtune CEWithChunkedOutputLoss, 8 chunks: compiled keeps the 16-bit logits (2 B) plus one chunk's fp32
+    upcast, softmax and gradient (12 / 8); eager also saves every chunk's fp32 log-softmax output (2 + 4 + 4 / 8)."""
+    row = rows["690"]
+    spec = acc._spec(row["model_hf_id"])
+    setup = acc._train_setup(row, spec)
+    tokens_v = setup.micro_batch_size * setup.seq_len * spec.vocab_size
+    assert setup.torch_compile and acc._loss_bytes(row, spec, setup) == int(3.5 * tokens_v)
+    assert acc._loss_bytes(row, spec, setup.replace(torch_compile=False)) == int(6.5 * tokens_v)
+
+
+def test_eager_cross_entropy_saves_its_fp32_log_softmax() -> None:
+    """Real tensors: what autograd saves for a chunk's F.cross_entropy(logits.float()) besides the logits themselves
+    is the 4-byte log-softmax output per logit (the eager term above)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = torch.randn(2, 64, 512, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, 512, (2 * 64,))
+    saved: dict[int, int] = {}   # by storage: nll_loss saves the same log-probabilities log_softmax saved
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() != logits.untyped_storage().data_ptr():
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.cross_entropy(logits.float().reshape(-1, 512), labels, reduction="sum")
+    assert sum(saved.values()) / logits.numel() == pytest.approx(4.0, abs=0.05)
