@@ -36,6 +36,10 @@ FSDP_QLORA = ("https://www.answer.ai/posts/2024-03-06-fsdp-qlora.html; https://g
               "https://github.com/axolotl-ai-cloud/axolotl/blob/main/examples/llama-3/qlora-fsdp-70b.yaml (fsdp_offload_params: true); "
               "https://huggingface.co/docs/peft/accelerate/fsdp (QLoRA + FSDP, bnb_4bit_quant_storage)")
 ZERO3_QLORA = "https://huggingface.co/docs/peft/accelerate/deepspeed (QLoRA + ZeRO-3: Llama 70B on 2x40GB, bnb_4bit_quant_storage)"
-#: DeepSpeed ZeRO-1/2 cast the whole module to the 16-bit training dtype before sharding optimizer states only
+#: DeepSpeed ZeRO-1/2 cast the whole module to the 16-bit training dtype before sharding optimizer states only; torch's
+#: Module.half()/bfloat16() touch floating-point tensors only, so bitsandbytes' packed uint8 4-bit weights survive it
 ZERO12_CAST = ("https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/runtime/engine.py "
                "(_configure_distributed_model: module.half() / module.bfloat16())")
+ZERO12_QLORA = (f"{ZERO12_CAST}; https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.half "
+                "('Casts all floating point parameters and buffers'); https://github.com/DAMO-NLP-SG/VideoLLaMA2/pull/37 "
+                "(QLoRA with DeepSpeed: 'Adopting deepspeed zero2')")

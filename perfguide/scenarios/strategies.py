@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import sources
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
-from ..setup import QUANTIZED, STRATEGIES, TRAIN_STRATEGIES, Setup
+from ..setup import STRATEGIES, TRAIN_STRATEGIES, Setup
 from ..speed.rates import trainable_params
 from ..techniques.cpu_offload import LAYOUTS as OFFLOAD_LAYOUTS
 from ..techniques.precision import pure_half
@@ -102,13 +101,10 @@ def incompatible(t: Setup, lay: Layout) -> str | None:
     """Why ``lay`` cannot run the semantics of template ``t`` (None when it can), with the public source that says so.
 
     QLoRA runs fully sharded, and offloaded where that is what fits, as the published 70B-on-two-24GB recipes
-    run it (sources.FSDP_QLORA: FSDP + ``bnb_4bit_quant_storage`` + CPU offload; sources.ZERO3_QLORA: ZeRO-3);
-    only ZeRO-1/2, which cast the module to 16 bit, are refused for it.
+    run it (sources.FSDP_QLORA: FSDP + ``bnb_4bit_quant_storage`` + CPU offload; sources.ZERO3_QLORA: ZeRO-3), and
+    under ZeRO-1/2 with bitsandbytes' default uint8 storage (sources.ZERO12_QLORA: the engine's module.half() /
+    bfloat16() casts floating tensors only, so the packed 4-bit base stays as it is, replicated like DDP's).
     """
-    qlora = t.weights_dtype in QUANTIZED
-    if qlora and STRATEGIES[lay.strategy].zero_stage in (1, 2):
-        return (f"QLoRA under DeepSpeed ZeRO-1/2: the engine casts the whole module, the 4-bit base included, to 16 bit "
-                f"(source: {sources.ZERO12_CAST}); ZeRO-3 and FSDP shard it with bnb_4bit_quant_storage ({sources.ZERO3_QLORA})")
     if pure_half(t) and lay.strategy not in ("ddp", "single"):
         why = pure_half_unsupported(t, lay)
         if why:
@@ -154,9 +150,6 @@ def check_forced(forced: str | None, world: int, mode: str) -> None:
     if forced != "single" and world == 1 and forced not in ("zero2", "zero3", "fsdp"):
         raise ConflictingConstraintsError(f"strategy={forced!r} needs several GPUs (world size is 1); "
                                           "on one GPU only zero2/zero3/fsdp with CPU offload make sense")
-    if mode == "qlora" and forced in ("zero1", "zero2"):
-        raise ConflictingConstraintsError(f"strategy={forced!r} with finetune='qlora': DeepSpeed ZeRO-1/2 cast the 4-bit base to 16 bit; "
-                                          "use ddp, fsdp, fsdp_shard_grad_op or zero3")
 
 
 def allowed_levels(world: int, allow_offload: bool, forced: str | None, nodes: int = 1) -> tuple[Level, ...]:

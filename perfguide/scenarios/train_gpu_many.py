@@ -246,6 +246,12 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
 
 
 def quant_storage_decision(s: Setup) -> list[Decision]:
+    if s.weights_dtype == "nf4" and s.is_deepspeed and not s.shards_params:
+        return [Decision(setting="bnb_4bit_quant_storage", value="uint8",
+                         reason=(f"{s.strategy} keeps the model whole on every GPU and DeepSpeed casts the module to "
+                                 f"{s.autocast or 'bf16'}, floating tensors only: bitsandbytes' default uint8 storage keeps the packed "
+                                 "4-bit base out of that cast (a float storage dtype would be cast with it)"),
+                         source=sources.ZERO12_QLORA)]
     if s.weights_dtype != "nf4" or not s.shards_params:
         return []
     dtype = s.autocast or "bf16"
