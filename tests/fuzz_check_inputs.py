@@ -121,22 +121,36 @@ check_files = mutated_example() | junk_file()
 # --- launch lines and serve commands ------------------------------------------------------------------------
 flag_values = hostile_text | numbers.map(str) | st.sampled_from(["1", "2", "8", "0", "-1", "auto", "bf16", "fp8", "awq", "1e9",
                                                                  "99999999999999999999", "nan", "inf", "meta-llama/Llama-3.1-8B", ""])
-script_flags = st.lists(st.sampled_from(["--per_device_train_batch_size", "--gradient_accumulation_steps", "--bf16", "--fp16", "--optim",
-                                         "--max_seq_length", "--max_length", "--deepspeed", "--fsdp", "--gradient_checkpointing",
-                                         "--model_name_or_path", "--use_peft", "--load_in_4bit", "--lora_r", "--packing", "--bogus"])
-                        | flag_values, max_size=8)
+models = st.sampled_from(["meta-llama/Llama-3.1-8B", "llama-3-8b", "gpt2", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b"])
+
+
+def _pairs(*pairs: tuple[str, ...]) -> st.SearchStrategy[list[str]]:
+    """Flags as a user writes them (each with a valid value), in any number and order: reaches the readers' deep paths."""
+    return st.lists(st.sampled_from(pairs), max_size=5).map(lambda chosen: [w for pair in chosen for w in pair])
+
+
+fuzzed_script_flags = st.lists(st.sampled_from([
+    "--per_device_train_batch_size", "--gradient_accumulation_steps", "--bf16", "--fp16", "--optim", "--max_seq_length", "--max_length",
+    "--deepspeed", "--fsdp", "--gradient_checkpointing", "--model_name_or_path", "--use_peft", "--load_in_4bit", "--lora_r", "--packing",
+    "--bogus"]) | flag_values, max_size=8)
+script_flags = _pairs(("--per_device_train_batch_size", "2"), ("--gradient_accumulation_steps", "4"), ("--bf16",), ("--fp16",),
+                      ("--optim", "adamw_torch"), ("--optim", "adamw_bnb_8bit"), ("--gradient_checkpointing",), ("--fsdp", "full_shard"),
+                      ("--use_peft",), ("--lora_r", "16"), ("--load_in_4bit",), ("--packing",), ("--max_length", "1024")) | fuzzed_script_flags
+fuzzed_serve_flags = st.lists(st.sampled_from([
+    "--tensor-parallel-size", "--tp", "--max-model-len", "--context-length", "--quantization", "--dtype", "--gpu-memory-utilization",
+    "--mem-fraction-static", "--max-num-seqs", "--kv-cache-dtype", "--pipeline-parallel-size", "--data-parallel-size",
+    "--enable-expert-parallel", "--bogus", "--max-num-batched-tokens", "--enforce-eager"]) | flag_values, max_size=8)
+serve_flags = _pairs(("--tensor-parallel-size", "2"), ("--max-model-len", "8192"), ("--quantization", "fp8"), ("--dtype", "bfloat16"),
+                     ("--gpu-memory-utilization", "0.85"), ("--max-num-seqs", "64"), ("--kv-cache-dtype", "fp8"),
+                     ("--enable-expert-parallel",), ("--data-parallel-size", "2"), ("--enforce-eager",)) | fuzzed_serve_flags
 launchers = st.sampled_from([["torchrun", "--nproc_per_node"], ["accelerate", "launch", "--num_processes"], ["deepspeed", "--num_gpus"],
                              ["python", "-m", "torch.distributed.run", "--nproc-per-node"], ["torchrun", "--nnodes"]])
-launch_lines = st.builds(lambda launcher, n, flags: [*launcher, n, "train.py", *flags], launchers, flag_values, script_flags)
-serve_flags = st.lists(st.sampled_from(["--tensor-parallel-size", "--tp", "--max-model-len", "--context-length", "--quantization",
-                                        "--dtype", "--gpu-memory-utilization", "--mem-fraction-static", "--max-num-seqs", "--kv-cache-dtype",
-                                        "--pipeline-parallel-size", "--data-parallel-size", "--enable-expert-parallel", "--bogus",
-                                        "--max-num-batched-tokens", "--enforce-eager"]) | flag_values, max_size=8)
+launch_lines = st.builds(lambda launcher, n, model, flags: [*launcher, n, "train.py", "--model_name_or_path", model, *flags],
+                         launchers, st.sampled_from(["1", "2", "8"]) | flag_values, models | hostile_text, script_flags)
 serve_lines = st.builds(lambda head, model, flags: [*head, model, *flags],
                         st.sampled_from([["vllm", "serve"], ["python", "-m", "sglang.launch_server", "--model-path"],
                                          ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model"]]),
-                        st.sampled_from(["meta-llama/Llama-3.1-8B", "llama-3-8b", "gpt2", "Qwen/Qwen3-235B-A22B", "openai/gpt-oss-20b"])
-                        | hostile_text, serve_flags)
+                        models | hostile_text, serve_flags)
 check_commands = launch_lines | serve_lines
 
 
@@ -167,4 +181,6 @@ def check_file(suffix: str, blob: bytes, model: str | None, directory: Path) -> 
 
 
 def check_command(words: list[str]) -> str:
-    return cli_check(["--seq-len", "512", "--", *words])
+    """A serve command takes every setting from its own flags; a launch line gets the sequence length from outside."""
+    serve = words[0] == "vllm" or "sglang.launch_server" in words or "vllm.entrypoints.openai.api_server" in words
+    return cli_check([*([] if serve else ["--seq-len", "512"]), "--", *words])
