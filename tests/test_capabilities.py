@@ -81,13 +81,38 @@ def test_every_table_row_is_validated_and_nvidia_rows_agree_with_the_rule() -> N
 
 def test_a_bad_row_fails_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
     from perfguide import _data
+    from perfguide.errors import DataFileError
 
-    raw = json.loads(json.dumps(_data.load("gpus")))
+    real = _data.load
+    raw = json.loads(json.dumps(real("gpus")))
     raw["gpus"]["a100-80gb"]["capabilities"]["bf16"] = "maybe"
-    monkeypatch.setattr(specs, "load", lambda name: raw)
-    specs._table.cache_clear()
+    monkeypatch.setattr(_data, "load", lambda name: raw if name == "gpus" else real(name))
+    _data.validated.cache_clear()
     try:
-        with pytest.raises(ValueError, match="gpus.json is invalid"):
-            specs._table()
+        with pytest.raises(DataFileError, match=r"gpus\.json .*gpus\.a100-80gb\.capabilities\.bf16") as exc:
+            specs.entry("a100-80gb")
+        assert "\n" not in str(exc.value)
     finally:
-        specs._table.cache_clear()
+        _data.validated.cache_clear()
+
+
+@pytest.mark.parametrize(("edit", "where"), [
+    (lambda raw: raw["nodes"]["dgx-a100"].update(gpu="a100-999gb"), "a100-999gb"),
+    (lambda raw: raw["network"].update(inter_node_bandwidth_gbps="fast"), "network.inter_node_bandwidth_gbps"),
+    (lambda raw: raw["cpu"].pop("ram_gib"), "cpu.ram_gib"),
+])
+def test_every_part_of_gpus_json_is_validated_at_load(monkeypatch: pytest.MonkeyPatch, edit: object, where: str) -> None:
+    """One loader for the whole file: node rows, the default host and the network row fail at load like a GPU row."""
+    from perfguide import _data
+    from perfguide.errors import DataFileError
+
+    real = _data.load
+    raw = json.loads(json.dumps(real("gpus")))
+    edit(raw)  # type: ignore[operator]
+    monkeypatch.setattr(_data, "load", lambda name: raw if name == "gpus" else real(name))
+    _data.validated.cache_clear()
+    try:
+        with pytest.raises(DataFileError, match=where):
+            specs.canonical_names()
+    finally:
+        _data.validated.cache_clear()

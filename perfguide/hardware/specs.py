@@ -10,10 +10,10 @@ import re
 from functools import cache
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from .._base import MiB, Model
-from .._data import load
+from .._data import DataModel, validated
 from .types import CPU, GPU, Capabilities, Interconnect, Vendor
 
 _SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps",
@@ -82,17 +82,43 @@ class NodeRow(Model):
     source: str = Field(min_length=1)
 
 
-@cache
+class NetworkRow(Model):
+    """The default inter-node link when a named multi-node target says none."""
+
+    inter_node_bandwidth_gbps: float = Field(gt=0)
+    source: str = Field(min_length=10)
+
+
+class GpusFile(DataModel):
+    """data/gpus.json, validated once at first use: the datasheet rows, the default host and network, the named
+    node types (whose GPUs must be rows). Every reader of the file reads this object."""
+
+    gpus: dict[str, GpuRow] = Field(min_length=1)
+    cpu: HostRow
+    network: NetworkRow
+    nodes: dict[str, NodeRow] = Field(default_factory=dict)
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _drop_docs(cls, value: Any) -> Any:
+        """``_doc`` rows describe the table; they are not node types."""
+        return {k: v for k, v in value.items() if not str(k).startswith("_")} if isinstance(value, dict) else value
+
+    @model_validator(mode="after")
+    def _nodes_name_rows(self) -> GpusFile:
+        unknown = [f"{k} -> {r.gpu}" for k, r in self.nodes.items() if r.gpu not in self.gpus]
+        if unknown:
+            raise ValueError(f"nodes name GPUs the table does not have: {', '.join(unknown)}")
+        return self
+
+
+def gpus_file() -> GpusFile:
+    """The validated table (cached by ``validated``); a damaged file is one DataFileError naming the row and field."""
+    return validated("gpus", GpusFile)
+
+
 def _nodes() -> dict[str, NodeRow]:
-    raw = {k: v for k, v in load("gpus").get("nodes", {}).items() if not k.startswith("_")}
-    try:
-        rows = {key: NodeRow.model_validate(row) for key, row in raw.items()}
-    except ValidationError as exc:
-        raise ValueError(f"perfguide/data/gpus.json 'nodes' is invalid: {exc}") from exc
-    unknown = [f"{k} -> {r.gpu}" for k, r in rows.items() if r.gpu not in _table()]
-    if unknown:
-        raise ValueError(f"perfguide/data/gpus.json nodes name GPUs it does not have: {', '.join(unknown)}")
-    return rows
+    return gpus_file().nodes
 
 
 def node_names() -> list[str]:
@@ -109,13 +135,8 @@ def node(key: str) -> NodeRow:
     return _nodes()[key]
 
 
-@cache
 def _table() -> dict[str, GpuRow]:
-    raw = load("gpus")["gpus"]
-    try:
-        return {key: GpuRow.model_validate(row) for key, row in raw.items()}
-    except ValidationError as exc:
-        raise ValueError(f"perfguide/data/gpus.json is invalid: {exc}") from exc
+    return gpus_file().gpus
 
 
 def normalize(name: str) -> str:
@@ -254,8 +275,8 @@ def cpu_from_row(row: HostRow, ram_bytes: int | None = None) -> CPU:
 
 def default_cpu() -> CPU:
     """The host a bare GPU name is assumed to have (data/gpus.json 'cpu'), with its estimated peaks."""
-    return cpu_from_row(HostRow.model_validate(load("gpus")["cpu"]))
+    return cpu_from_row(gpus_file().cpu)
 
 
 def inter_node_bandwidth_gbps() -> float:
-    return float(load("gpus")["network"]["inter_node_bandwidth_gbps"])
+    return gpus_file().network.inter_node_bandwidth_gbps

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 from functools import lru_cache
 from typing import Any
 
 from pydantic import Field, model_validator
 
-from .._data import DataModel, Fact, load, validated
+from .._data import DataModel, Fact, validated
 from .facts import ModuleFacts
 
 _VARIANT_TOKENS = frozenset({"instruct", "chat", "it"})
@@ -29,13 +30,26 @@ class CatalogEntry(DataModel):
     counted: ModuleFacts | None = None
 
 
+class SizeRule(DataModel):
+    """How a bare size ('7b') becomes a shape (perfguide.model.sizes; the file's ``size_rule._doc`` says it in words)."""
+
+    model_types: tuple[str, ...] = Field(min_length=1)
+    match_within: float = Field(gt=0, lt=1)
+    template: str
+    hidden_multiple: int = Field(gt=0)
+    intermediate_multiple: int = Field(gt=0)
+
+
 class CatalogFile(DataModel):
+    """data/architectures.json, validated once at first use: every reader of the file reads this object."""
+
     bf16_native_model_types: Fact[list[str]]
     no_sdpa_model_types: Fact[list[str]]
     #: architecture -> the block class FSDP wraps (transformers' ``_no_split_modules[0]``)
     block_classes: Fact[dict[str, str]]
+    #: model_type -> key into data/activations.json (its own ``_doc`` row aside)
     families: dict[str, str]
-    size_rule: dict[str, Any]
+    size_rule: SizeRule
     models: dict[str, CatalogEntry]
 
     @model_validator(mode="after")
@@ -43,25 +57,30 @@ class CatalogFile(DataModel):
         for hub_id, entry in self.models.items():
             if entry.extends is not None and entry.extends not in self.models:
                 raise ValueError(f"{hub_id} extends {entry.extends!r}, which is not an entry")
+        if self.size_rule.template not in self.models:
+            raise ValueError(f"size_rule.template {self.size_rule.template!r} is not an entry")
         return self
 
 
-def _models() -> dict[str, dict[str, Any]]:
-    validated("architectures", CatalogFile)  # a damaged catalog fails here, naming the entry and the field
-    return load("architectures")["models"]
+def catalog_file() -> CatalogFile:
+    """The validated catalog (cached by ``validated``); a damaged file is one DataFileError naming the entry and field."""
+    return validated("architectures", CatalogFile)
+
+
+def _models() -> dict[str, CatalogEntry]:
+    return catalog_file().models
 
 
 def counted_of(hub_id: str) -> ModuleFacts | None:
     """The meta-device facts recorded for this entry (never inherited through ``extends``: a count is per model)."""
-    counted = _models()[hub_id].get("counted")
-    return ModuleFacts.model_validate(counted) if counted is not None else None
+    return _models()[hub_id].counted
 
 
 def config_of(hub_id: str) -> dict[str, Any]:
     """The entry's full config, following ``extends`` (a fresh dict each call, so callers may keep it)."""
     entry = _models()[hub_id]
-    base = config_of(entry["extends"]) if "extends" in entry else {}
-    return base | entry["config"] | {"_name_or_path": hub_id}
+    base = config_of(entry.extends) if entry.extends is not None else {}
+    return base | copy.deepcopy(entry.config) | {"_name_or_path": hub_id}
 
 
 @lru_cache(maxsize=1)
@@ -69,7 +88,7 @@ def _index() -> dict[str, str]:
     """normalized key -> canonical hub id; the full id, the name after '/', and each alias (and its name part)."""
     index: dict[str, str] = {}
     for hub_id, entry in _models().items():
-        for name in (hub_id, *entry.get("aliases", ())):
+        for name in (hub_id, *entry.aliases):
             for key in (normalize(name), normalize(name.rsplit("/", 1)[-1])):
                 index.setdefault(key, hub_id)
     return index
@@ -96,4 +115,4 @@ def short_names() -> list[str]:
 def block_class(architecture: str | None) -> str | None:
     """The transformer block class of ``architecture`` (``LlamaForCausalLM`` -> ``LlamaDecoderLayer``), as
     transformers' ``_no_split_modules`` names it, without importing transformers; None for one the table lacks."""
-    return validated("architectures", CatalogFile).block_classes.value.get(architecture or "")
+    return catalog_file().block_classes.value.get(architecture or "")

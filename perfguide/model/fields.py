@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._data import load
 from ..errors import InvalidModelError
 from .types import Dtype, Head
 
@@ -85,7 +84,9 @@ def native_dtype(config: dict[str, Any]) -> Dtype:
     in fp32); otherwise the config's ``torch_dtype``/``dtype``; otherwise fp32 (old configs such as GPT-2 and
     BERT name none, and were trained in fp32).
     """
-    if config.get("model_type") in load("architectures")["bf16_native_model_types"]["value"]:
+    from .catalog import catalog_file  # here: the catalog's schema imports this module
+
+    if config.get("model_type") in catalog_file().bf16_native_model_types.value:
         return "bf16"
     raw = config.get("dtype") or config.get("torch_dtype")
     return _DTYPES.get(str(raw).removeprefix("torch."), "fp32") if raw else "fp32"
@@ -93,4 +94,6 @@ def native_dtype(config: dict[str, Any]) -> Dtype:
 
 def family(model_type: str) -> str:
     """Key into the activation coefficients; unknown types are 'generic'."""
-    return load("architectures")["families"].get(model_type, "generic")
+    from .catalog import catalog_file
+
+    return catalog_file().families.get(model_type, "generic")

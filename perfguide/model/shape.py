@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._data import load
 from . import fields
 from .types import LayerType
 
@@ -114,7 +113,9 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
     cap = config.get("attn_logit_softcapping")
     layer_types: tuple[LayerType, ...] | None = tuple(types) if types else None  # type: ignore[arg-type]
     softcap = float(cap) if isinstance(cap, (int, float)) and cap else None
-    sdpa = softcap is None and model_type not in load("architectures")["no_sdpa_model_types"]["value"]
+    from .catalog import catalog_file  # here: the catalog's schema imports this module
+
+    sdpa = softcap is None and model_type not in catalog_file().no_sdpa_model_types.value
     return {"sliding_window": window, "attention_chunk_size": chunk if isinstance(chunk, int) else None,
             "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa}
 

@@ -12,8 +12,8 @@ import math
 import re
 from typing import Any
 
-from .._data import load
 from . import catalog
+from .catalog import SizeRule
 from .counting import analytic_count, build_spec
 from .types import ModelSpec
 
@@ -39,22 +39,22 @@ def _total(config: dict[str, Any]) -> int:
     return counted.total
 
 
-def _closest_catalog(target: int, rule: dict[str, Any]) -> str | None:
+def _closest_catalog(target: int, rule: SizeRule) -> str | None:
     best = min(((abs(math.log(_total(catalog.config_of(i)) / target)), i) for i in catalog.catalog_names()
-                if catalog.config_of(i).get("model_type") in rule["model_types"]), default=None)
-    return best[1] if best and best[0] <= math.log1p(rule["match_within"]) else None
+                if catalog.config_of(i).get("model_type") in rule.model_types), default=None)
+    return best[1] if best and best[0] <= math.log1p(rule.match_within) else None
 
 
 def _round_up(value: float, multiple: int) -> int:
     return max(multiple, math.ceil(value / multiple) * multiple)
 
 
-def _synthetic(target: int, rule: dict[str, Any]) -> dict[str, Any]:
+def _synthetic(target: int, rule: SizeRule) -> dict[str, Any]:
     """Template config scaled: hidden from the aspect ratio (12 h^2 params per layer), then the layer count."""
-    base = catalog.config_of(rule["template"])
+    base = catalog.config_of(rule.template)
     heads, hidden, layers = base["num_attention_heads"], base["hidden_size"], base["num_hidden_layers"]
     head_dim, kv_ratio = base.get("head_dim") or hidden // heads, base.get("num_key_value_heads", heads) / heads
-    mult, vocab = rule["hidden_multiple"], base["vocab_size"]
+    mult, vocab = rule.hidden_multiple, base["vocab_size"]
 
     def approx(h: int) -> float:
         return 12 * h**2 * (h * layers / hidden) + 2 * vocab * h
@@ -63,7 +63,7 @@ def _synthetic(target: int, rule: dict[str, Any]) -> dict[str, Any]:
     h = _round_up(h, head_dim)
     n_heads = h // head_dim
     config = base | dict(hidden_size=h, num_attention_heads=n_heads, num_key_value_heads=max(1, round(n_heads * kv_ratio)),
-                         head_dim=head_dim, intermediate_size=_round_up(8 * h / 3, rule["intermediate_multiple"]),
+                         head_dim=head_dim, intermediate_size=_round_up(8 * h / 3, rule.intermediate_multiple),
                          num_hidden_layers=1)
     one = _total(config)
     per_layer = _total(config | {"num_hidden_layers": 2}) - one
@@ -75,7 +75,7 @@ def spec_for_size(text: str) -> ModelSpec:
     target = parse_size(text)
     if target is None:
         raise ValueError(f"not a size: {text!r}")
-    rule = load("architectures")["size_rule"]
+    rule = catalog.catalog_file().size_rule
     hub_id = _closest_catalog(target, rule)
     if hub_id is not None:
         config, label = catalog.config_of(hub_id), f"{hub_id.rsplit('/', 1)[-1]} shape"
