@@ -162,8 +162,12 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
         n = _int(row["num_gpus"], 1)
         offload = "offload" in par.lower()
         out: dict[str, object] = {"strategy": "fsdp" if n > 1 or offload else "single"}  # 1-GPU FSDP still offloads
-        # FSDP2 (fully_shard) only where the row says so; litgpt/Lightning and the older HF rows ran FSDP1
-        out["fsdp_version"] = 2 if "FSDP2" in par or any(k in row["source"] for k in ("torchtitan", "torchtune")) else 1
+        # FSDP2 (fully_shard) only where the row says so; litgpt/Lightning and the older HF rows ran FSDP1.
+        # fsdp_qlora's FSDP1 is priced as FSDP2 (per-parameter): its llama-recipes policy wraps every leaf whose weight
+        # requires grad as its own unit and uses use_orig_params=False (train.py lambda_policy_fn), so frozen weights
+        # sit in FlatParameters that need no gradient, and a quantized unit is gathered as stored (quant_storage)
+        per_param = ("FSDP2" in par or any(k in row["source"] for k in ("torchtitan", "torchtune", "fsdp_qlora")))
+        out["fsdp_version"] = 2 if per_param else 1
         if offload:
             out.update(offload_params=True, offload_optimizer=True)
         return out

@@ -79,6 +79,15 @@ def test_fsdp_qlora_rows_keep_their_sharding_and_adapters(acc: ModuleType, rows)
     assert {n.split(".")[-1] for n in setup.lora.target_modules} >= {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"}
     offload = next(r for r in aa if "CPUOffload" in r["parallelism"])
     assert acc._train_setup(offload, acc._spec(offload["model_hf_id"])).offload_params
+    # train.py wraps every trainable leaf (the LoRA Linears) as its own FSDP unit with use_orig_params=False: the frozen
+    # base sits in FlatParameters that need no gradient, so a bf16 LoRA row carries only the adapters' gradients
+    from perfguide.memory.analytic import frozen_params_get_grads, training_memory
+
+    lora = next(r for r in aa if r["method"].startswith("LoRA") and r["parallelism"].startswith("FSDP"))
+    setup = acc._train_setup(lora, spec)
+    assert not frozen_params_get_grads(setup)
+    est = training_memory(spec, setup)
+    assert est.gradients < 0.05 * spec.total_params * 2 / setup.num_gpus   # adapters only, far below the base's grads
 
 
 def test_max_context_is_the_models_own_boundary(acc: ModuleType, rows) -> None:
