@@ -17,6 +17,7 @@ from pydantic import Field
 
 from .._base import GiB, Model
 from .._serving_data import EngineFacts, serving_facts
+from ..model.quantized import ignored_modules
 from ..model.types import ModelSpec, derived, linear_weight_count
 from ..setup import ServingSetup
 
@@ -108,16 +109,6 @@ def bytes_per_weight(fmt: str) -> float:
     return facts.bits / 8 + ((HALF + 0.5) / facts.group_size if facts.group_size else 0.0)
 
 
-def _ignore_list(spec: ModelSpec) -> list[str]:
-    """The module names a checkpoint's quantization_config keeps unquantized: ``modules_to_not_convert``
-    (fbgemm_fp8, bitsandbytes, AWQ, MXFP4), ``ignore`` (compressed-tensors) or ``ignored_layers`` (FP8 block)."""
-    q = (spec.config or {}).get("quantization_config")
-    if not isinstance(q, dict):
-        return []
-    names = q.get("modules_to_not_convert") or q.get("ignore") or q.get("ignored_layers") or []
-    return [str(n) for n in names] if isinstance(names, list) else []
-
-
 def _skipped(name: str, entry: str) -> bool:
     """Whether ``entry`` of an ignore list names module ``name``: a ``re:`` pattern (compressed-tensors), a glob,
     or a run of whole dotted components (vLLM's is_layer_skipped matches by name, AWQ by substring)."""
@@ -132,7 +123,7 @@ def unquantized_linear_params(spec: ModelSpec) -> int:
     """Block Linear weights the checkpoint's ignore list keeps in 16-bit (e.g. Llama-3.1-405B-FP8: every
     attention projection and the MLPs of the first and last layers, arXiv 2407.21783 sec. 6.2). Routed experts
     are counted by their listed shapes only; an ignore list naming whole expert tensors is not read."""
-    entries = _ignore_list(spec)
+    entries = ignored_modules(spec.config)
     if not entries:
         return 0
     layers = spec.num_decoder_layers or spec.num_layers

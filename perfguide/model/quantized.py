@@ -65,6 +65,14 @@ def quantization_config(config: Any) -> dict[str, Any] | None:
     return q if isinstance(q, dict) and q else None
 
 
+def ignored_modules(config: Any) -> list[str]:
+    """The module names a checkpoint's quantization_config keeps unquantized: ``modules_to_not_convert``
+    (fbgemm_fp8, bitsandbytes, AWQ, MXFP4), ``ignore`` (compressed-tensors) or ``ignored_layers`` (FP8 block)."""
+    q = quantization_config(config) or {}
+    names = q.get("modules_to_not_convert") or q.get("ignore") or q.get("ignored_layers") or []
+    return [str(n) for n in names] if isinstance(names, list) else []
+
+
 def checkpoint_format(config: Any) -> CheckpointFormat | None:
     """The format the checkpoint's weights are stored in; None for a plain 16/32-bit checkpoint.
 
@@ -74,7 +82,8 @@ def checkpoint_format(config: Any) -> CheckpointFormat | None:
     q = quantization_config(config)
     if q is None:
         return None
-    method = str(q.get("quant_method") or "").strip().lower()[:40]
+    raw = q.get("quant_method")
+    method = str(getattr(raw, "value", raw) or "").strip().lower()[:40]   # transformers' QuantizationMethod enum too
     found: CheckpointFormat | None = None
     if method in ("", "bitsandbytes"):
         found = _bitsandbytes(q)
