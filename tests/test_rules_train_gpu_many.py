@@ -169,7 +169,8 @@ def test_llama2_70b_on_h100_x8x2_shards_fully_and_offload_respects_host_ram() ->
     rejected = [c for c in rec.candidates if c.setup.strategy == "fsdp" and c.setup.offload_params and c.setup.optimizer == "adamw_torch_fused"
                 and c.setup.lora is None and c.setup.weights_dtype == "fp32"]
     assert rejected and all(c.verdict == "does-not-fit" for c in rejected)
-    assert all(c.memory.cpu_ram == pytest.approx(need, rel=1e-3) for c in rejected)
+    assert all(c.memory.cpu_ram == pytest.approx(need, rel=1e-3) for c in rejected if not c.setup.activation_offloading)
+    assert all(c.memory.cpu_ram > need for c in rejected if c.setup.activation_offloading)   # + the offloaded activations
     # with checkpointing the GPU side fits (16-bit units gathered one at a time); host RAM is what rules it out
     ckpt = next(c for c in rejected if c.setup.gradient_checkpointing)
     assert ckpt.memory.device_total < 0.9 * 80e9 and "host RAM" in ckpt.why

@@ -90,7 +90,7 @@ def ladder(ctx: LadderContext) -> list[Rung]:
     out: list[tuple[float, int, Rung]] = []
     for t in rung_makers:
         for rung in t.rungs(ctx):
-            templates = tuple(combined for s in rung.templates for c in combos if (combined := _combined(s, c)) is not None)
+            templates = tuple(dict.fromkeys(combined for s in rung.templates for c in combos if (combined := _combined(s, c)) is not None))
             order = rung.order if rung.order is not None else float(t.ladder_order)  # type: ignore[arg-type]
             out.append((order, len(out), Rung(rung.name, rung.tradeoff, templates)))
     return [r for _, _, r in sorted(out, key=lambda x: (x[0], x[1]))]

@@ -38,6 +38,15 @@ class ActivationOffloading(Technique):
     order = 32
     label_order = 63
     switch = "activation_offloading"
+    #: tried inside every rung, as checkpointing is (the combination without checkpointing is not priced, see why_not):
+    #: it keeps the training the same, so it must not wait for a rung that gives something up
+    axis = True
+
+    def axis_values(self, ctx: Any) -> list[dict[str, Any]]:
+        want = ctx.wants.get(self.switch)
+        if ctx.base.device != "cuda" or ctx.base.task != "train" or want is False:
+            return [{"activation_offloading": False}]
+        return [{"activation_offloading": True}] if want is True else [{"activation_offloading": False}, {"activation_offloading": True}]
 
     def active(self, setup: Any) -> bool:
         return bool(setup.activation_offloading)

@@ -73,11 +73,10 @@ class CpuOffload(Technique):
                 or ctx.wants.get("allow_offload") is False):
             return []
         layouts = [lay for lay in ONE_GPU_LAYOUTS if forced in (None, lay[0])]
-        acts = (False, True) if ctx.wants.get("activation_offloading") is not False else (False,)
         autocast = "bf16" if ctx.autocast == "fp8" else ctx.autocast
         templates = tuple(b.replace(weights_dtype="fp32", autocast=autocast, optimizer=ctx.optimizer or "adamw_torch", strategy=st,
-                                    offload_optimizer=oo, offload_params=op, activation_offloading=a)
-                          for st, oo, op in layouts for a in acts)
+                                    offload_optimizer=oo, offload_params=op)   # activation offloading: an axis of every rung
+                          for st, oo, op in layouts)
         return [Rung("CPU offload (one GPU)", "optimizer states, fp32 masters and the update on the CPU (ZeRO-Offload): exact AMP, slower", templates)]
 
     def place(self, setup: Any, dev: PerDevice) -> PerDevice:

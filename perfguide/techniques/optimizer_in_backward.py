@@ -71,11 +71,10 @@ class OptimizerInBackward(Technique):
         if ctx.wants.get("master_weights") == "bf16" and not ctx.pure_half_allowed:
             return []
         optimizers = (ctx.optimizer,) if ctx.optimizer else RUNG_OPTIMIZERS
-        offload = (False, True) if ctx.base.device == "cuda" and ctx.wants.get("activation_offloading") is not False else (False,)
-        templates = tuple(
+        templates = tuple(   # activation offloading is an axis of every rung (techniques/activation_offloading.py)
             ctx.base.replace(weights_dtype=w, autocast=ctx.autocast, optimizer=o, optimizer_in_backward=True,
-                             micro_batch_size=per_rank, gradient_accumulation_steps=1, activation_offloading=a)
-            for w in weights for o in optimizers for a in offload)
+                             micro_batch_size=per_rank, gradient_accumulation_steps=1)
+            for w in weights for o in optimizers)
         return [Rung("step in backward", "each parameter steps inside backward: no gradient accumulation, no global-norm clipping", templates)]
 
     def off(self) -> dict[str, Any]:
