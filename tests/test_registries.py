@@ -53,8 +53,11 @@ def test_full_ladder_gives_up_the_least_first() -> None:
     assert [r.name for r in rungs] == ["exact AMP", "lighter optimizer states", "pure bf16", "step in backward", "CPU offload (one GPU)",
                                        "a different update rule"]
     exact = rungs[0].templates
-    # checkpointing is an axis: both values inside the first rung, before any optimizer change
-    assert [(t.optimizer, t.gradient_checkpointing) for t in exact] == [("adamw_torch_fused", False), ("adamw_torch_fused", True)]
+    # checkpointing is an axis: both values inside the first rung, before any optimizer change; so is activation
+    # offloading (the search's runnable filter then drops it without checkpointing, which it is not priced for)
+    assert {(t.optimizer, t.gradient_checkpointing, t.activation_offloading) for t in exact} == {
+        (o, c, a) for o in ("adamw_torch_fused",) for c in (False, True) for a in (False, True)}
+    assert len(exact) == 4
     assert {t.optimizer for t in rungs[1].templates} == {"adamw_bnb_8bit"}
     assert {t.optimizer for t in rungs[5].templates} == {"adafactor"}
     assert {t.weights_dtype for t in rungs[2].templates} == {"bf16"}
