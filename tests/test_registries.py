@@ -54,10 +54,9 @@ def test_full_ladder_gives_up_the_least_first() -> None:
                                        "a different update rule"]
     exact = rungs[0].templates
     # checkpointing is an axis: both values inside the first rung, before any optimizer change; so is activation
-    # offloading (the search's runnable filter then drops it without checkpointing, which it is not priced for)
-    assert {(t.optimizer, t.gradient_checkpointing, t.activation_offloading) for t in exact} == {
-        (o, c, a) for o in ("adamw_torch_fused",) for c in (False, True) for a in (False, True)}
-    assert len(exact) == 4
+    # offloading, kept only with checkpointing (the combination it is priced for)
+    assert [(t.optimizer, t.gradient_checkpointing, t.activation_offloading) for t in exact] == [
+        ("adamw_torch_fused", False, False), ("adamw_torch_fused", True, False), ("adamw_torch_fused", True, True)]
     assert {t.optimizer for t in rungs[1].templates} == {"adamw_bnb_8bit"}
     assert {t.optimizer for t in rungs[5].templates} == {"adafactor"}
     assert {t.weights_dtype for t in rungs[2].templates} == {"bf16"}
@@ -72,7 +71,8 @@ def test_ladder_honours_requests() -> None:
     rungs = _ladder(optimizer="sgd", ckpt=True, pure=False)
     # no lighter optimizer when one was asked for, no pure bf16 without it; the asked optimizer everywhere
     assert [r.name for r in rungs] == ["exact AMP", "step in backward", "CPU offload (one GPU)"]
-    assert [(t.optimizer, t.gradient_checkpointing) for t in rungs[0].templates] == [("sgd", True)]
+    assert [(t.optimizer, t.gradient_checkpointing, t.activation_offloading) for t in rungs[0].templates] == [("sgd", True, False),
+                                                                                                          ("sgd", True, True)]
     assert all(t.optimizer == "sgd" and t.gradient_checkpointing for r in rungs for t in r.templates)
     (qlora,) = _ladder(finetune="qlora")
     assert qlora.name == "QLoRA" and all(t.weights_dtype == "nf4" and t.lora is not None for t in qlora.templates)
