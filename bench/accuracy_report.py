@@ -3,6 +3,7 @@ no single table decides it), then every compared row, every verdict row and ever
 
 from __future__ import annotations
 
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,4 +120,30 @@ def _contexts(rows: list[Result]) -> list[str]:
     for r in rows:
         lines.append(f"| {r.row['row_id']} | {r.row['source_group']} | {r.row['model_hf_id']} | {r.row['gpu_type'][:32]} | "
                      f"{r.published:,.0f} | {r.predicted:,.0f} | {r.err_pct:.1f} |")
-    return [*lines, ""]
+    return [*lines, "", *_context_slopes(rows)]
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares d(y)/d(x)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def _context_slopes(rows: list[Result]) -> list[str]:
+    """Memory per token the rows imply: card memory (the "N GB GPU" rows, read as GiB) against the longest context,
+    published and perfguide's, per model and batch with 3+ card sizes; a slope gap is a per-token term, an offset
+    gap a fixed one."""
+    groups: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for r in rows:
+        m = re.search(r"(\d+) GB GPU", r.row["gpu_type"])
+        if m and r.published and r.predicted:
+            groups.setdefault((r.row["model_hf_id"], r.row["micro_batch"]), []).append((float(m.group(1)), r.published, r.predicted))
+    out = []
+    for (model, batch), pts in sorted(groups.items()):
+        if len(pts) < 3:
+            continue
+        caps = [c for c, _, _ in pts]
+        pub, pred = _slope([p for _, p, _ in pts], caps), _slope([q for _, _, q in pts], caps)
+        out.append(f"- {model} at batch {batch}: the published lengths imply {pub * 1024:.2f} MiB per token "
+                   f"(device total), perfguide's {pred * 1024:.2f} MiB ({len(pts)} card sizes)")
+    return [*out, ""] if out else []
