@@ -47,9 +47,13 @@ def report(results: list[Result], timings: list[float]) -> str:
              "DeepSpeed's ZeRO model-states formula on the same rows.", "",
              "Row reading: padded-per-batch rows use their longest sample; community re-uploads map to the original "
              "(REUPLOADS); rows run before PyTorch 2.0 use eager attention and per-tensor AdamW (no SDPA, no foreach "
-             "default then); framework loss paths (logits.sum(), litgpt chunked CE) replace HF's fp32 CE buffers via "
-             "estimate_memory(loss_bytes=...); a training row whose published peak is below the model states of its "
-             "stated setup is listed as not comparable, with both numbers.", "",
+             "default then) and keep their gradients through forward (zero_grad(set_to_none=False) was the default); "
+             "loss paths are the row's own: HF's by transformers release and by whether the loop holds the model "
+             "output through backward (perfguide/memory/loss_path.py), logits.sum(), litgpt's chunked CE, torchtune's "
+             "chunked CE eager or compiled, all via estimate_memory(loss_bytes=...); bitsandbytes paged optimizers keep "
+             "their state outside the allocator; a training row whose published peak is below the model states of its "
+             "stated setup is listed as not comparable, with both numbers; trust-C rows (a value inconsistent with its "
+             "own source, said in the row's notes) are listed but left out of the summary.", "",
              "Out of sample by source: a constant of perfguide/data/calibration.json read off rows of this CSV "
              "(HELD_OUT in bench/accuracy.py) takes, for its own source's rows, the value the other sources' rows give; "
              "no other memory constant is fitted to these rows (activation bytes come from traces).", "",
