@@ -23,7 +23,9 @@ def describe_hardware(hw: Hardware) -> str:
     origin = hw.name or ("this machine" if hw.source == "probe" else "named")
     nodes = f" x {hw.nodes} nodes" if hw.nodes > 1 else ""
     cpu = f"{hw.cpu.physical_cores} cores, {fmt_bytes(hw.cpu.ram_total)} RAM"
-    return f"{origin}: {gpu_summary(hw)}{nodes}; CPU {cpu}"
+    typical = hw.cpu.model_name.removeprefix("typical host: ") if hw.cpu.model_name.startswith("typical host: ") else None
+    assumed = f" (assumed: a typical {typical}, data/hosts.json; --host-ram sets the RAM)" if typical else ""
+    return f"{origin}: {gpu_summary(hw)}{nodes}; CPU {cpu}{assumed}"
 
 
 def _tflops(value: float | None) -> str:
