@@ -110,6 +110,7 @@ PARAMS = [
     Param(("kernel_launch_s",), 8e-6, lambda c: True, 1e-6, 1e-4),
     Param(("framework_efficiency", "composer"), 1.0, _fw("composer"), 0.5, 3),
     Param(("framework_efficiency", "torchtitan"), 1.0, _fw("torchtitan"), 0.5, 3),
+    Param(("framework_efficiency", "flashattn_training"), 1.0, _fw("flashattn_training"), 0.5, 3),
     Param(("protocol", "run_overhead_s"), 0.0, lambda c: c.steps is not None, 0.0, 300),
 ]
 def _get(table: dict, key: tuple[str, ...]) -> float:

@@ -47,6 +47,7 @@ class Case:
     published: float      # tokens/s per GPU
     steps: int | None = None  # optimizer steps the published rate averages over, when it times a whole run
     attention_kernel: str | None = None  # a fused attention kernel older than FlashAttention-2 (efficiency.json)
+    optimizer_impl: str | None = None    # a per-tensor optimizer loop of a pre-torch-2.0 stack (efficiency.json)
 
 
 # MPT shapes from llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (d_model, n_layers, n_heads); the
@@ -73,13 +74,15 @@ GROUPS = [  # (source, path prefix) -> group name
     ("QwenLM/Qwen", "", "qwen-finetune"),
     ("huggingface/transformers", "docs/source/en/perf_train_gpu_one", "transformers-perf-train-gpu-one"),
     ("AnswerDotAI/fsdp_qlora", "", "answerai-fsdp-qlora"),
+    ("pytorch/torchtune", "README.md", "torchtune-readme"),
+    ("Dao-AILab/flash-attention", "training/README.md", "flash-attn-training"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
 # 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
 GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
              ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
-             ("rtx 4070 ti super", "rtx4070tisuper"),
+             ("rtx 4070 ti super", "rtx4070tisuper"), ("rtx a6000", "a6000"),
              ("mi300x", "mi300x"), ("b200", "b200")]
 # Multi-node rows that do not state their network: every 8-GPU H100 / H200 / B200 SXM platform ships one
 # 400 Gb/s NIC per GPU (DGX H100 / H200 / B200 datasheets, AWS p5, Azure ND H100 v5: 3,200 Gb/s per node), so
@@ -97,6 +100,8 @@ LARGE_SCALE_TRITON = ("mpt-13b", "mpt-30b")
 
 
 def attention_kernel_of(row: dict[str, str], table: str) -> str | None:
+    if "v1 CUDA kernel" in row["attn_impl"]:
+        return "flash_v1"
     if row["source"] != "mosaicml/llm-foundry":
         return None
     if "Large Scale" in table:
@@ -120,7 +125,7 @@ def table_of(row: dict[str, str], group: str) -> str:
         return f"{group} table {m.group(1)}"
     if group == "deepspeed-autotuning":
         return group
-    if group == "answerai-fsdp-qlora" and named:   # its case studies and the accelerator table are separate tables
+    if group in ("answerai-fsdp-qlora", "torchtune-readme") and named:   # its case studies and the accelerator table are separate tables
         return f"{group}: {named.group(1)}"
     return group
 
@@ -132,6 +137,8 @@ def framework_of(row: dict[str, str]) -> str:
         return "unsloth"
     if "composer" in fw:
         return "composer"
+    if fw.startswith("flash-attn training"):
+        return "flashattn_training"
     if "torchtitan" in fw:
         return "torchtitan"
     if "plain pytorch" in fw or "torchtune" in fw:
@@ -158,6 +165,12 @@ LLAMA2_1B_TORCHAO = {  # torchao quantized_training README: "Llama2-1B (24 layer
     "num_attention_heads": 12, "num_key_value_heads": 12, "intermediate_size": 4096, "vocab_size": 32000,
     "max_position_embeddings": 2048, "_name_or_path": "llama2-1b (torchao)"}
 
+# flash-attention training/configs/experiment/pile (commit 4a6eaa9f): GPT-2 blocks at GPT-3 shapes (n_embd, n_layer,
+# n_head), vocab 50257 padded to a multiple of 8 (pad_vocab_size_multiple: 8), learned positions up to max_length
+GPT3_FLASH = {"gpt3-125m": (768, 12, 12), "gpt3-355m": (1024, 24, 16), "gpt3-760m": (1536, 24, 16),
+              "gpt3-1.3b": (2048, 24, 16), "gpt3-2.7b": (2560, 32, 20)}
+
+
 def _qwen_v1(hidden: int, layers: int, heads: int, ffn: int, vocab: int) -> dict[str, Any]:
     """Qwen (v1) as its Llama-shaped equivalent: RMSNorm, RoPE, SwiGLU (config.json's intermediate_size counts both
     SwiGLU halves, so the FFN width is half of it), untied head. Its fused c_attn (qkv) is priced as q/k/v."""
@@ -178,7 +191,7 @@ CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "ber
            "gpt2-medium": "openai-community/gpt2-medium", "gpt2-large": "openai-community/gpt2-large",
            "gpt2-xl": "openai-community/gpt2-xl", "llama 3.1 8b": "meta-llama/Llama-3.1-8B",
            "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama 3-8b": "meta-llama/Meta-Llama-3-8B",
-           "llama 3 8b": "meta-llama/Meta-Llama-3-8B",
+           "llama 3 8b": "meta-llama/Meta-Llama-3-8B", "llama 3.2 3b": "meta-llama/Llama-3.2-3B",
            "llama2-7b": "meta-llama/Llama-2-7b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
            # granite-7b-base has Llama-2-7B's shape (32 x 4096, FFN 11008, 32k vocab; its model card)
            "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf"}
@@ -198,6 +211,10 @@ def _spec(row: dict[str, str], seq_len: int) -> ModelSpec:
         return ModelSpec.from_any(LLAMA2_1B_TORCHAO)
     if key in QWEN_V1:
         return ModelSpec.from_any({**QWEN_V1[key], "_name_or_path": name})
+    if key in GPT3_FLASH:
+        d, layers, heads = GPT3_FLASH[key]
+        return ModelSpec.from_any({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": d, "n_layer": layers,
+                                   "n_head": heads, "vocab_size": 50264, "n_positions": seq_len, "_name_or_path": name})
     if key.startswith(("timm/", "vit")):
         raise Skip("vision transformer (image patches): perfguide prices token sequences")
     if key in CATALOG:
@@ -260,6 +277,8 @@ def _optimizer(row: dict[str, str]) -> str:
     o = row["optimizer"].lower()
     if o.startswith("adafactor"):
         return "adafactor"
+    if o.startswith("bnb pagedadamw8bit"):
+        return "paged_adamw_8bit"  # bitsandbytes PagedAdamW8bit: Adam8bit's kernel, states in unified memory
     if o.startswith("bnb adam8bit"):
         return "adamw_bnb_8bit"   # bitsandbytes Adam8bit: both moments in 8-bit blocks, one fused kernel per tensor
     if "8-bit" in o or "4-bit" in o or "offload" in o or "wrapped in torchao" in o:
@@ -269,6 +288,16 @@ def _optimizer(row: dict[str, str]) -> str:
     return "adamw_torch"             # HF AdamW / torch foreach / composer DecoupledAdamW
 
 
+def optimizer_impl_of(row: dict[str, str]) -> str | None:
+    """transformers' own AdamW ('adamw_hf', the Trainer default before 4.x's adamw_torch) steps one tensor at a time;
+    so did torch.optim.AdamW before torch 2.0 made foreach the default: the rows measured with those stacks (the
+    transformers single-GPU guide, 2022; HF Trainer without DeepSpeed in the DeepSpeed autotuning blog, 2022)."""
+    o = row["optimizer"].lower()
+    if "adamw_hf" in o or "single-tensor loop" in o or ("hf trainer default" in o and "deepspeed" not in row["framework"].lower()):
+        return "per_tensor_loop"
+    return None
+
+
 def _expressible(row: dict[str, str]) -> None:
     """Rows whose step perfguide's Setup cannot state, whatever its constants."""
     if framework_of(row) == "unsloth":
@@ -276,6 +305,9 @@ def _expressible(row: dict[str, str]) -> None:
                    "cross-entropy) and its own offloaded checkpointing replace the HF + PEFT step perfguide prices")
     if "gptq" in row["precision"].lower():
         raise Skip("GPTQ int4 base (AutoGPTQ kernels, fp16 under DeepSpeed): perfguide prices bitsandbytes nf4 / int8 bases")
+    if "physically inconsistent as stated" in row["notes"]:
+        raise Skip("the published rate exceeds the GPU's dense peak on the FLOPs of the stated setup (the notes column "
+                   "gives the arithmetic): the run cannot have been the setup the source states")
     if "column = max length" in row["notes"]:
         raise Skip("the column is a max length (cutoff_len) on an unstated dataset, not the tokens per sample, so the "
                    "real sample lengths (attention cost, per-sample overheads) are unknown; read as full-length "
@@ -293,8 +325,9 @@ def case_of(row: dict[str, str]) -> Case:
     ga = _int(row["grad_accum"]) or 1
     num_gpus = _int(row["num_gpus"]) or 1
     nodes = _int(row["nodes"]) or max(1, num_gpus // 8)
-    if row["activation_offload"].lower().startswith("true"):
-        raise Skip("activation offload: not a Setup field")
+    if "states paged to host" in row["notes"]:
+        raise Skip("paged optimizer states larger than the GPU's free memory: unified-memory page traffic each step, which "
+                   "the speed model does not price")
     if "cpuoffload" in row["sharding"].lower():
         raise Skip("FSDP CPUOffload(offload_params=True): the speed model does not price parameter offload in training")
     spec = _spec(row, seq)
@@ -308,13 +341,18 @@ def case_of(row: dict[str, str]) -> Case:
     ckpt = row["activation_checkpointing"].lower()
     lora = None
     if row["finetune"].lower().startswith("yes (qlora") or row["lora_rank"]:
-        lora = LoraSpec(r=_int(row["lora_rank"]) or 8, alpha=16)
+        targets = re.search(r"lora targets: ([\w,]+)", row["notes"])
+        alpha = re.search(r"lora alpha: (\d+)", row["notes"])
+        lora = LoraSpec(r=_int(row["lora_rank"]) or 8, alpha=int(alpha.group(1)) if alpha else 16,
+                        target_modules=tuple(targets.group(1).split(",")) if targets else "all-linear")
     attn = row["attn_impl"].lower()
     attn_impl = "flash_attention_2" if "flash" in attn else ("eager" if attn.startswith("eager") else "sdpa")
     setup = Setup(micro_batch_size=mb, seq_len=seq, gradient_accumulation_steps=ga, optimizer=_optimizer(row),
                   gradient_checkpointing=ckpt.startswith(("true", "full")) or (group == "llama-factory"),
                   attn_implementation=attn_impl, lora=lora, num_gpus=num_gpus // nodes, nodes=nodes,
-                  torch_compile=row["torch_compile"].lower().startswith("yes"), **prec, **strat)
+                  torch_compile=row["torch_compile"].lower().startswith("yes"),
+                  optimizer_in_backward="optimizer step in backward" in row["optimizer"].lower(),
+                  activation_offloading=row["activation_offload"].lower().startswith("true"), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
         setup = _checkpointing_if_needed(spec, setup, hw)
@@ -323,7 +361,7 @@ def case_of(row: dict[str, str]) -> Case:
     m = re.search(r"steps per run: (\d+)", row["notes"])   # HF Trainer train_samples_per_second: whole train()
     table = table_of(row, group)
     return Case(row["row_id"], group, table, framework_of(row), label, spec, setup, hw, published,
-                int(m.group(1)) if m else None, attention_kernel_of(row, table))
+                int(m.group(1)) if m else None, attention_kernel_of(row, table), optimizer_impl_of(row))
 
 
 def _checkpointing_if_needed(spec: ModelSpec, setup: Setup, hw: Hardware) -> Setup:

@@ -118,7 +118,9 @@ def test_llm_foundry_attention_kernel_follows_its_launcher(rows: ModuleType) -> 
     large = {c.label.split()[0]: c.attention_kernel for c in foundry if "Large Scale" in c.table}
     assert large == {"mpt-70b": None, "mpt-30b": "triton_flash", "mpt-13b": "triton_flash", "mpt-7b": None,
                      "mpt-3b": None, "mpt-1b": None}
-    assert all(c.attention_kernel is None for c in cases if c.group != "llm-foundry")
+    others = {c.group: c.attention_kernel for c in cases if c.group != "llm-foundry"}
+    assert others.pop("flash-attn-training") == "flash_v1"     # its README's table predates FlashAttention-2
+    assert set(others.values()) == {None}
 
 
 def test_unstated_checkpointing_is_inferred_only_when_the_row_cannot_fit_without_it(rows: ModuleType) -> None:
@@ -134,3 +136,47 @@ def test_unstated_checkpointing_is_inferred_only_when_the_row_cannot_fit_without
         assert not training_memory(c.spec, plain, c.hardware).fits and training_memory(c.spec, c.setup, c.hardware).fits
     stated_off = [c for c in cases if c.group == "llm-foundry" and "mb6" in c.label and "mpt-7b s2048" in c.label]
     assert stated_off and not any(c.setup.gradient_checkpointing for c in stated_off)
+
+
+def test_torchtune_rows_keep_the_readme_setups(rows: ModuleType) -> None:
+    """torchtune README (2024-09): batch 2, packed to 2048, compiled; LoRA r=8 on q_proj/v_proj (8B_lora_single_device);
+    2024-11 table: Llama 3.2 3B, batch 2, 4096 packed, techniques added in order. Rows whose stated setup exceeds the
+    GPU's peak, or pages optimizer states, are listed with their reason, not priced."""
+    cases, skipped = rows.load()
+    by_id = {c.row_id: c for c in cases}
+    lora = by_id["399"]
+    assert (lora.setup.micro_batch_size, lora.setup.seq_len, lora.setup.torch_compile) == (2, 2048, True)
+    assert lora.setup.lora is not None and lora.setup.lora.target_modules == ("q_proj", "v_proj") and lora.setup.lora.r == 8
+    assert by_id["401"].setup.weights_dtype == "nf4" and by_id["401"].setup.lora.target_modules == "all-linear"
+    offload = by_id["409"]   # '+ Activation Offloading', on top of checkpointing and the optimizer step in backward
+    assert offload.setup.activation_offloading and offload.setup.gradient_checkpointing and offload.setup.optimizer_in_backward
+    assert by_id["410"].setup.optimizer == "paged_adamw_8bit"
+    assert by_id["404"].hardware.name == "a100-80gb" and not by_id["404"].setup.torch_compile
+    why = {row["row_id"]: reason for row, reason in skipped}
+    assert "dense peak" in why["400"] and "dense peak" in why["402"] and "paged" in why["403"]
+
+
+def test_pre_torch2_trainer_rows_step_the_optimizer_tensor_by_tensor(rows: ModuleType) -> None:
+    cases, _ = rows.load()
+    by_id = {c.row_id: c for c in cases}
+    assert by_id["369"].optimizer_impl == "per_tensor_loop"     # transformers guide, adamw_hf
+    assert by_id["226"].optimizer_impl == "per_tensor_loop"     # HF Trainer --fp16 without DeepSpeed (2022)
+    assert by_id["227"].optimizer_impl is None                  # DeepSpeed's FusedAdam
+    assert by_id["374"].optimizer_impl is None                  # adafactor: its own row in the table
+
+
+def test_flash_attention_rows_reproduce_the_readme_table(rows: ModuleType) -> None:
+    """flash-attention training README (8 x A100 80GB): GPT3 shapes with a padded GPT-2 vocabulary (125M ~ 125.2M
+    with learned positions and the tied head), the config's micro-batch at 80 GB times 8 GPUs times the accumulation
+    gives the table's tokens per batch (0.5M for 125M-760M, 1M for 1.3B/2.7B), and the table's total tokens/s / 8."""
+    cases, _ = rows.load()
+    flash = {c.label.split()[0]: c for c in cases if c.group == "flash-attn-training"}
+    assert set(flash) == {"GPT3-125M", "GPT3-355M", "GPT3-760M", "GPT3-1.3B", "GPT3-2.7B"}
+    for name, tokens in (("GPT3-125M", 2**19), ("GPT3-760M", 2**19), ("GPT3-1.3B", 2**20), ("GPT3-2.7B", 2**20)):
+        s = flash[name].setup
+        assert s.micro_batch_size * s.seq_len * s.gradient_accumulation_steps * s.world_size == tokens
+    assert flash["GPT3-125M"].spec.total_params == pytest.approx(125e6, rel=0.01)
+    assert flash["GPT3-2.7B"].spec.total_params == pytest.approx(2.7e9, rel=0.03)
+    assert flash["GPT3-125M"].published == pytest.approx(1_310_000 / 8)
+    assert flash["GPT3-760M"].setup.strategy == "zero1" and flash["GPT3-760M"].optimizer_impl == "per_tensor_loop"
+    assert flash["GPT3-125M"].setup.optimizer == "adamw_torch_fused" and not flash["GPT3-125M"].setup.gradient_checkpointing

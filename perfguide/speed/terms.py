@@ -93,3 +93,49 @@ def lora_ops_per_layer(setup: Setup, lora_rank_per_layer: int) -> float:
     if setup.lora is None or not lora_rank_per_layer:
         return 0.0
     return float(constant("lora_ops_per_adapted_linear")) * lora_rank_per_layer / setup.lora.r
+
+
+def trainable_tensors(spec: ModelSpec, setup: Setup) -> int:
+    """Parameter tensors the optimizer steps, the count a per-tensor optimizer loop dispatches kernels for: LoRA's
+    A and B of every adapted Linear, or every block's Linear weights and norms (plus their biases in the families
+    whose blocks carry them, ``biased_block_families``) and the embeddings / final norm / head outside the blocks."""
+    from ..memory.ledger import ledger
+
+    if setup.lora is not None:
+        adapted = ledger(spec, setup).lora_rank_per_layer // setup.lora.r
+        return 2 * adapted * spec.total_layers
+    per = 2 if traffic.family_of(spec) in constant("biased_block_families") else 1
+    block = (len(spec.block_linears) + 2) * per      # Linears and the block's two norms
+    return spec.total_layers * block + int(constant("edge_param_tensors"))
+
+
+def optimizer_impl(setup: Setup) -> str:
+    """How the optimizer's step is dispatched, a key of ``optimizer_host_ops_per_tensor``: torch's AdamW/SGD run one
+    multi-tensor (foreach) kernel per op since torch 2.0, ``adamw_torch_fused`` one fused kernel; bitsandbytes and
+    torchao step each tensor with one kernel of their own; transformers' Adafactor and the projection optimizers
+    (GaLore, APOLLO, LOMO) loop over the tensors in Python, several kernels each."""
+    from ..optimizer_facts import row
+
+    assert setup.optimizer is not None
+    if setup.optimizer.endswith("_fused"):
+        return "fused"
+    family = row(setup.optimizer).family
+    return {"torch": "foreach", "bnb": "per_tensor_kernel", "torchao": "per_tensor_kernel",
+            "adafactor": "adafactor"}.get(family, "per_tensor_loop")
+
+
+def optimizer_host_ops(spec: ModelSpec, setup: Setup, impl: str | None = None) -> float:
+    """Host-dispatched ops of one optimizer step (with the step's gradient clipping and zeroing): tensors x ops per
+    tensor of the implementation (``impl``: the bench's rows measured with pre-2.0 per-tensor loops name it; None:
+    what the Setup's optimizer runs today). Each costs ``kernel_launch_s`` of host time, so a model of many small
+    tensors waits on the CPU, not on the bytes its step streams."""
+    if setup.optimizer is None:
+        return 0.0
+    per_tensor = float(constant("optimizer_host_ops_per_tensor")[impl or optimizer_impl(setup)])
+    return trainable_tensors(spec, setup) * per_tensor
+
+
+def grad_scaler_bytes(spec: ModelSpec, setup: Setup, trainable: int) -> float:
+    """fp16 autocast's GradScaler unscales the fp32 gradients once per optimizer step (one in-place foreach multiply
+    with the inf check: read and write 4 bytes each); bf16 needs no scaler."""
+    return 8.0 * trainable if setup.autocast == "fp16" else 0.0

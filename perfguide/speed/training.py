@@ -122,7 +122,7 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
 
 
 def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer",
-                   attention_kernel: str | None = None) -> Throughput:
+                   attention_kernel: str | None = None, optimizer_impl: str | None = None) -> Throughput:
     """Predicted step time and tokens/s of one training Setup, before calibration: the way in is
     ``perfguide.speed.estimate_speed``, which dispatches on the task once and applies the calibration factors.
 
@@ -130,15 +130,18 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
     throughput bench passes the stack each published row was measured with (efficiency.json framework_efficiency).
     ``attention_kernel`` names a fused attention kernel other than the FlashAttention-2 class that HF's sdpa and
     flash_attention_2 run (efficiency.json attention_kernel_speed): the bench's rows measured with older kernels.
+    ``optimizer_impl`` names how the optimizer step is dispatched where it differs from what the Setup's optimizer
+    runs today (efficiency.json optimizer_host_ops_per_tensor: pre-2.0 per-tensor loops in the bench's older rows).
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_speed prices training steps, not task={setup.task!r}; perfguide.speed.estimate_speed prices both")
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
-    return _gpu_training(spec, setup, hardware, framework, attention_kernel)
+    return _gpu_training(spec, setup, hardware, framework, attention_kernel, optimizer_impl)
 
 
-def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str, kernel: str | None) -> Throughput:
+def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str, kernel: str | None,
+                  opt_impl: str | None = None) -> Throughput:
     gpu = hardware.smallest_gpu
     assert gpu is not None, "training_speed routes GPU-less machines to the CPU model"
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
@@ -184,7 +187,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
     off_micro = max(0.0, extra.transfer - overlap * micro)   # PCIe traffic of offloading techniques
     off_step = extra.per_step
-    opt = optimizer_bytes(spec, setup) / bw * techniques.kernel_factors(setup).device_optimizer if bw else 0.0
+    opt = _optimizer_seconds(spec, setup, bw, opt_impl)
     ga = setup.gradient_accumulation_steps
     parts = {
         "compute": ga * gpu_time,
@@ -194,6 +197,17 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         "memory-bandwidth": opt,
     }
     return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff, comm_total=ga * comm_micro + comm_step)
+
+
+def _optimizer_seconds(spec: ModelSpec, setup: Setup, bw: float, impl: str | None) -> float:
+    """The optimizer step on the GPU: the bytes it streams at the memory bandwidth, or the host time of dispatching
+    its ops when that is longer (a per-tensor loop over hundreds of small tensors); fp16's GradScaler adds its pass."""
+    on_device = techniques.kernel_factors(setup).device_optimizer
+    if not bw or not on_device:
+        return 0.0
+    moved = optimizer_bytes(spec, setup) + terms.grad_scaler_bytes(spec, setup, trainable_params(spec, setup))
+    host = terms.optimizer_host_ops(spec, setup, impl) * constant("kernel_launch_s")
+    return max(moved / bw, host) * on_device
 
 
 def _cpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Throughput:
