@@ -45,6 +45,14 @@ LLAMAFACTORY = "https://github.com/hiyouga/LLaMA-Factory/tree/main/examples"
 TRL_SFT = "https://github.com/huggingface/trl/blob/main/trl/scripts/sft.py"
 HF_GUIDE = ("https://huggingface.co/docs/transformers/v4.27.2/en/perf_train_gpu_one (and model_memory_anatomy: bert-large-uncased, "
             "seq 512, batch 4: 57.82 s, 8.86 samples/s, 14949 MB; batch 1 x 4 accumulation: 7.75 samples/s, 8681 MB)")
+#: Unsloth's notebooks as they run: its chunked cross-entropy never builds the full logits and
+#: use_gradient_checkpointing="unsloth" parks the checkpointed activations in host RAM; priced as their HF-stack
+#: equivalents (Liger's fused linear cross-entropy; activation offloading with checkpointing)
+UNSLOTH_STACK: dict[str, Any] = {"weights_dtype": "nf4", "autocast": "fp16", "optimizer": "adamw_8bit", "liger_kernel": True,
+                                 "activation_offloading": True}
+UNSLOTH_AS = ("Unsloth's kernels priced as their HF-stack equivalents: chunked cross-entropy as Liger's fused linear "
+              "cross-entropy, use_gradient_checkpointing='unsloth' (https://unsloth.ai/blog/long-context: activations offloaded "
+              "to system RAM asynchronously) as activation offloading with checkpointing")
 PURE_BF16: dict[str, Any] = {"weights_dtype": "bf16", "autocast": None}
 QLORA: dict[str, Any] = {"weights_dtype": "nf4", "autocast": "bf16"}
 AMP_BF16: dict[str, Any] = {"weights_dtype": "bf16", "autocast": "bf16"}
@@ -127,13 +135,13 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("peft-qlora-zero3-70b-2xa100-40", f"{PEFT_DS} (QLoRA + ZeRO-3, 70B on 2X40GB)", "meta-llama/Llama-2-70b-hf",
            "a100-40gb:2", "qlora", 2048, 2, 2, {**QLORA, **lora(8, 16), "strategy": "zero3"},
            assumed="batch as the FSDP QLoRA script (run_peft_qlora_deepspeed_stage3.sh mirrors it)"),
-    # Unsloth's free-Colab notebooks: QLoRA on a T4 in fp16, 8-bit AdamW, batch 2 x 4
+    # Unsloth's free-Colab notebooks: QLoRA on a T4 in fp16, 8-bit AdamW, batch 2 x 4, on Unsloth's own kernels
     Recipe("unsloth-llama3-8b-t4", UNSLOTH, "meta-llama/Meta-Llama-3-8B", "t4", "qlora", 2048, 2, 4,
-           {"weights_dtype": "nf4", "autocast": "fp16", **lora(16, 16), "optimizer": "adamw_8bit"}),
+           {**UNSLOTH_STACK, **lora(16, 16)}, assumed=UNSLOTH_AS),
     Recipe("unsloth-mistral-7b-t4", UNSLOTH, "mistralai/Mistral-7B-v0.3", "t4", "qlora", 2048, 2, 4,
-           {"weights_dtype": "nf4", "autocast": "fp16", **lora(16, 16), "optimizer": "adamw_8bit"}),
+           {**UNSLOTH_STACK, **lora(16, 16)}, assumed=UNSLOTH_AS),
     Recipe("unsloth-phi3-mini-t4", UNSLOTH, "microsoft/Phi-3-mini-4k-instruct", "t4", "qlora", 2048, 2, 4,
-           {"weights_dtype": "nf4", "autocast": "fp16", **lora(16, 16), "optimizer": "adamw_8bit"}),
+           {**UNSLOTH_STACK, **lora(16, 16)}, assumed=UNSLOTH_AS),
     # LitGPT's config hub: each config's measured peak on one A10G (bf16-true, AdamW, no checkpointing, 512 tokens)
     Recipe("litgpt-llama2-7b-lora-a10g", LITGPT, "meta-llama/Llama-2-7b-hf", "a10g", "lora", 512, 2, 4,
            {**PURE_BF16, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 19.77),
@@ -245,12 +253,6 @@ def run_one(r: Recipe) -> Result:
 
 #: each disagreement the run finds, with who is right and the evidence (the CI test fails on one left unexplained)
 VERDICTS: dict[str, str] = {
-    "unsloth-llama3-8b-t4": (
-        "Both, for different stacks. Unsloth runs it with its own kernels (chunked cross-entropy, offloaded gradient "
-        "checkpointing); the same setup on the plain Trainer + PEFT + bitsandbytes stack keeps Llama-3's full logits: "
-        "2 x 2048 tokens x 128,256 vocab x 4 B = 2.1 GB in fp32 alone, before their gradient, so it needs more than a "
-        "T4's 15.6 GB. perfguide's own pick for the same request (Liger's fused linear cross-entropy, the HF stack's "
-        "equivalent) fits (see the table) and is predicted faster."),
     "litgpt-llama3.2-3b-full-a10g": (
         "perfguide. The row as recorded (one A10G, bf16-true, AdamW, no checkpointing) cannot reach the published 16.5 GB: "
         "weights, gradients and AdamW's two states in bf16 are 8 B x 3.21e9 parameters = 25.7 GB before any activation. "
@@ -263,7 +265,7 @@ VERDICTS: dict[str, str] = {
     "litgpt-llama3.2-1b-full-a10g": (
         "By design, priced in the report. LitGPT trains pure bf16 (weights and AdamW states in bf16, updates rounded to "
         "bf16); perfguide keeps fp32 master weights whenever they fit (exact AMP is the first rung; pure bf16 is a memory "
-        "saver tried only when AMP does not fit), which costs checkpointing here: 9.5 s against 6.4 s per step. Asking "
+        "saver tried only when AMP does not fit), which costs checkpointing here (the step times are in the table). Asking "
         "master_weights='bf16' gets the recipe's setup. (The published 8.7 GB is itself below the 8 B x 1.24e9 = 9.9 GB that "
         "bf16 weights, gradients and AdamW states take, so that run was not the recorded setup either.)"),
 }
