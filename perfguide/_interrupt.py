@@ -2,9 +2,11 @@
 
 A SIGINT's KeyboardInterrupt is raised wherever Python happens to be, including inside a weakref finalizer or
 a ``__torch_dispatch__`` hook that C++ is calling; an exception there can end in ``std::terminate`` (a C++
-``what():`` abort) or be swallowed (exit 0). Inside ``deferred_sigint()`` the signal only sets a flag; code
-calls ``check()`` where raising is safe (the tracer does it before each op), and the interrupt is raised at the
-latest when the block ends, so the command still stops and exits 130, leaving no half-written file.
+``what():`` abort, exit -6: raising from the tracker's dispatch hook inside ``torch.embedding`` did) or be
+swallowed (exit 0). Inside ``deferred_sigint()`` the signal only sets a flag; code calls ``check()`` only where
+the caller is plain Python (the tracer: as each module's forward starts, and between forward, backward and the
+optimizer step; never from a dispatch hook), and the interrupt is raised at the latest when the block ends, so
+the command still stops and exits 130, leaving no half-written file.
 """
 
 from __future__ import annotations

@@ -397,10 +397,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``perfguide`` and ``python -m perfguide``; returns the exit status (130 after Ctrl-C, at any
     point: while parsing and importing too, not only inside the command)."""
     try:
-        return _main(argv)
+        code = _main(argv)
     except KeyboardInterrupt:
         _note("interrupted")
-        return 130
+        code = 130
+    if argv is None:  # the process's own command (not a caller's main([...])): its answer is out, so a Ctrl-C
+        import signal  # during interpreter teardown (torch's takes ~1 s) must not kill it with SIGINT after the fact
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return code
 
 
 def _main(argv: Sequence[str] | None) -> int:

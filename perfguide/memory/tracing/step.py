@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from ..._base import Model
+from ..._interrupt import check as check_interrupt
 from ...setup import Setup
 from .build import build_on_meta
 from .tracker import PHASES, make_tracker
@@ -104,6 +105,19 @@ def _head_hooks(model: Any, tracker: Any) -> list[Any]:
     return [head.register_forward_pre_hook(enter_head)]
 
 
+def _interrupt_points(tracker: Any) -> Any:
+    """A deferred Ctrl-C (perfguide._interrupt) raised as each module's forward starts: plain Python frames
+    (``Module._call_impl``), unlike the dispatch hook C++ calls from inside an op. Only in the forward phase: in
+    backward the autograd engine (C++) may be the caller, as when checkpointing recomputes a block."""
+    import torch
+
+    def point(module: Any, args: Any) -> None:
+        if tracker.phase == "forward":
+            check_interrupt()
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(point)
+
+
 def run_step(config: dict[str, Any], setup: Setup) -> StepTrace:
     """Build, move to fake memory, warm the optimizer, then trace forward, backward and step of one micro-batch."""
     import torch
@@ -140,13 +154,16 @@ def run_step(config: dict[str, Any], setup: Setup) -> StepTrace:
         batch = _inputs(base, setup.micro_batch_size, setup.seq_len)
         tracker = stack.enter_context(_tracked(model, opt, round_to))
         hooks = _head_hooks(base, tracker)
+        stack.callback(_interrupt_points(tracker).remove)  # global: removed however the step ends
         stack.enter_context(emulation)
         tracker.set_phase("forward")
         loss = model(**batch).loss
         emulation.end_region()
+        check_interrupt()
         tracker.set_phase("backward_head")
         emulation.backward(loss)
         del loss
+        check_interrupt()
         tracker.set_phase("optimizer")
         torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
         if opt is not None:

@@ -18,8 +18,6 @@ import math
 import weakref
 from typing import Any
 
-from ..._interrupt import check as check_interrupt
-
 #: Categories of live bytes. ``logits`` collects the output head and loss path (forward and its gradients).
 CATEGORIES: tuple[str, ...] = ("weights", "gradients", "optimizer_states", "activations", "logits", "temporaries", "optimizer_temporaries")
 
@@ -103,7 +101,8 @@ def make_tracker(round_to: int) -> Any:
             self._note_peak()
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            check_interrupt()  # a deferred Ctrl-C surfaces here, before an op, where raising is safe
+            # never raise a deferred Ctrl-C here: C++ calls this hook from inside the op (torch.embedding's kernel),
+            # and a Python exception crossing it ends in std::terminate (SIGABRT); step.py checks at Python-only points
             out = func(*args, **(kwargs or {}))
             outs = tree_flatten(out)[0]
             for t in outs:
