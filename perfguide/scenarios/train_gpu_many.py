@@ -36,6 +36,7 @@ from .search import (
 from .strategies import (
     FSDP_TIE_TOLERANCE,
     OFFLOAD_LEVEL,
+    SHARDING_TIE_TOLERANCE,
     Layout,
     Level,
     allowed_levels,
@@ -200,11 +201,14 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
     usable = gib(usable_bytes(chosen.memory, cons.headroom) or 0)
     slower = [(o, opt.best) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
               and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time > chosen.step_time]
+    tied = [o.name for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
+            and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time <= chosen.step_time * (1 + SHARDING_TIE_TOLERANCE)]
     if slower and s.strategy not in ("ddp", "single"):
         o, best = min(slower, key=lambda ob: ob[1].step_time)
+        ties = f"; {', '.join(tied)} within {SHARDING_TIE_TOLERANCE:.0%} (the shallower sharding is kept)" if tied else ""
         return (f"the fastest layout that fits: {lay.name} at {chosen.step_time:.3g} s/step against {o.name} at "
                 f"{best.step_time:.3g} s/step, the next fastest (every on-GPU layout keeps the training the same, so they are "
-                f"ranked by predicted step time){f'; over {usable} usable: {cheaper}' if cheaper else ''}; {where}: {numbers}")
+                f"ranked by predicted step time){ties}{f'; over {usable} usable: {cheaper}' if cheaper else ''}; {where}: {numbers}")
     if s.strategy in ("ddp", "single"):
         return (f"a full replica (model states + activations) fits one GPU ({gib(chosen.memory.device_total)} of {usable} usable): "
                 f"DDP syncs once per step and sharding would only add communication; {where}: {numbers}")
