@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
+from accuracy_litgpt import litgpt_inference
 from accuracy_report import Result, report
 
 from perfguide._data import load
@@ -385,6 +386,9 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         t0 = time.perf_counter()
         est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb, grads_persist=_pre_torch2(row))
         timings.append(time.perf_counter() - t0)
+        if setup.task == "infer" and setup.num_gpus == 1 and row["source_group"].startswith("litgpt"):  # litgpt layout
+            compute = str(_precision(row["precision"])["weights_dtype"])
+            est = litgpt_inference(spec, est, row["quantization"], compute)
     except Skip as exc:
         return Result(row, "skip", str(exc))
     except (PerfGuideError, NotImplementedError, ValueError) as exc:

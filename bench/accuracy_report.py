@@ -51,7 +51,9 @@ def report(results: list[Result], timings: list[float]) -> str:
              "loss paths are the row's own: HF's by transformers release and by whether the loop holds the model "
              "output through backward (perfguide/memory/loss_path.py), logits.sum(), litgpt's chunked CE, torchtune's "
              "chunked CE eager or compiled, all via estimate_memory(loss_bytes=...); bitsandbytes paged optimizers keep "
-             "their state outside the allocator; a training row whose published peak is below the model states of its "
+             "their state outside the allocator; single-GPU litgpt inference rows take litgpt's own layout (its GPT "
+             "keeps an lm_head of its own, Lightning's bitsandbytes plugin quantizes it with the blocks, the largest "
+             "Linear's load and prefill copies: bench/accuracy_litgpt.py); a training row whose published peak is below the model states of its "
              "stated setup is listed as not comparable, with both numbers; trust-C rows (a value inconsistent with its "
              "own source, said in the row's notes) are listed but left out of the summary.", "",
              "Out of sample by source: a constant of perfguide/data/calibration.json read off rows of this CSV "

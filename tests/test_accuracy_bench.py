@@ -132,3 +132,26 @@ def test_eager_cross_entropy_saves_its_fp32_log_softmax() -> None:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         F.cross_entropy(logits.float().reshape(-1, 512), labels, reduction="sum")
     assert sum(saved.values()) / logits.numel() == pytest.approx(4.0, abs=0.05)
+
+
+def test_litgpt_bnb_layout_by_hand() -> None:
+    """litgpt (Lightning's BitsandbytesPrecision) on falcon-7b: its GPT keeps an lm_head of its own (65024 x 4544)
+    and quantizes it with the blocks. Hand count: 32 blocks x (4544x4672 + 4544x4544 + 2 x 4544x18176) Linear
+    elements + embedding + lm_head; int8 load of the lm_head holds an fp16 copy (2 B), CB and CBt (1 + 1 B) and
+    one fp32 scale per row; an nf4 prefill dequantizes it to fp16 and casts to bf16 (2 + 2 B)."""
+    lit = load_bench("accuracy_litgpt")
+    from perfguide.model.types import ModelSpec
+
+    spec = ModelSpec.from_any("tiiuae/falcon-7b")
+    head = 65024 * 4544
+    block = 4544 * 4672 + 4544 * 4544 + 2 * 4544 * 18176
+    norms_biases = spec.total_params - spec.embedding_params - 32 * block  # layer norms: small, 16-bit
+    assert lit.litgpt_weight_bytes(spec, "", 2) == 2 * (32 * block + 2 * head + norms_biases)
+    assert abs(lit.litgpt_weight_bytes(spec, "", 2) / 1e9 - 14.43) < 0.01  # the quantize doc's 14.50 GB less the cache
+    int8 = lit.litgpt_weight_bytes(spec, "bnb.int8", 2)
+    assert int8 == 32 * (block + 4 * (4672 + 4544 + 18176 + 4544)) + head + 4 * 65024 + 2 * (head + norms_biases)
+    load, prefill = lit.litgpt_transient_bytes(spec, "bnb.int8", 2, True)
+    assert (load, prefill) == (2 * head + head + 4 * 65024 + head, head)
+    load, prefill = lit.litgpt_transient_bytes(spec, "bnb.nf4-dq", 2, False)
+    assert prefill == 4 * head and load == 2 * head + head // 2 + head // 64 + 4 * head // (64 * 256)
+    assert lit.litgpt_transient_bytes(spec, "bnb.nf4", 2, True)[1] == 2 * head  # fp16 compute: no second cast
