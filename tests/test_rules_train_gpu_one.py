@@ -196,3 +196,22 @@ def test_a_rejected_micro_batch_names_the_limit_it_breaks():
     for alt in alts:
         limit = usable_ram(hw, 0.10) if "host RAM" in alt.why_not else usable_bytes(rec.memory, 0.10)
         assert limit is not None and alt.number > limit, (alt.why_not, alt.number, limit)
+
+
+def test_a_full_fine_tune_refused_at_the_default_batch_names_a_smaller_batch_that_fits():
+    """On a 64 GiB desktop an 8B full fine-tune at 32 samples/step needs ZeRO-Offload's ~150 GiB of host RAM; without
+    accumulation the optimizer steps inside backward, as torchtune's recipe runs it at batch 2 on one RTX 4090
+    (README memory table). The suggestion is offered, never chosen, and holds when the user takes it."""
+    import re
+
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="rtx4090", seq_len=2048, host_ram="64GiB")
+    assert not rec.fits and rec.setup.global_batch_size == 32
+    [hint] = [s for s in rec.suggestions if s.startswith("global_batch_size=")]
+    k = int(re.match(r"global_batch_size=(\d+)", hint).group(1))
+    assert 2 <= k < 32
+    taken = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="rtx4090", seq_len=2048, host_ram="64GiB",
+                         global_batch_size=k)
+    assert taken.fits and taken.setup.lora is None and taken.setup.gradient_accumulation_steps == 1
+    bigger = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="rtx4090", seq_len=2048, host_ram="64GiB",
+                          global_batch_size=2 * k)
+    assert not bigger.fits   # the largest such batch is named

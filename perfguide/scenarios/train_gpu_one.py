@@ -13,11 +13,15 @@ from ..setup import Setup
 from .host import gpu_dataloader
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
-from .training import attention, check_optimizer, plan_training
+from .training import Suggest, attention, check_optimizer, plan_training
 from .types import Plan, Request
 
 
 def plan(request: Request) -> Plan:
+    return _plan(request, what_would_fit)
+
+
+def _plan(request: Request, suggest: Suggest) -> Plan:
     hw, spec, cons = request.hardware, request.model, request.constraints
     gpu = hw.smallest_gpu
     if gpu is None:
@@ -29,7 +33,7 @@ def plan(request: Request) -> Plan:
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                      suggest=what_would_fit)
+                      suggest=suggest)
     return p.model_copy(update={"warnings": (*p.warnings, *idle_gpus(request, p))})
 
 
@@ -73,9 +77,24 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     if sharded:
         n, p = sharded
         out.append(f"{n} x {gpu.name} with FSDP full sharding (scenario='train_gpu_many'): {gib(p.memory.device_total)} per device")
+    out += _smaller_global_batch(request, mode)
     if not out:  # nothing full fits anywhere near: the leanest adapter setup on the smallest bigger GPU
         out += _adapters_on_bigger_gpu(request, adapters)
     return tuple(out) or (f"{spec.name} does not fit on {gpu.name} in any setup perfguide knows; try more GPUs with offload",)
+
+
+def _smaller_global_batch(request: Request, mode: str) -> list[str]:
+    """The largest smaller global batch at which this setup fits here: without accumulation the optimizer step can
+    run inside backward (no gradient buffer), which is how torchtune fits an 8B full fine-tune on one 24 GB card at
+    batch 2 (README memory table). The global batch changes the training, so this is offered, never chosen."""
+    k = request.global_batch_size // 2
+    while k >= 1:
+        p = _plan(request.model_copy(update={"global_batch_size": k}), lambda *_: ())
+        if p.fits:
+            return [f"global_batch_size={k} fits this {mode} setup on one GPU ({p.setup.label}): "
+                    f"{gib(p.memory.device_total)} per device, {p.throughput.step_time_s:.3g} s/step"]
+        k //= 2
+    return []
 
 
 def _adapters_on_bigger_gpu(request: Request, adapters: dict[str, SearchResult]) -> list[str]:
