@@ -309,6 +309,9 @@ class Setup(Model):
         """Accept a Setup or a plain dict; unknown keys or values give one clear line."""
         if isinstance(value, Setup):
             return value
+        if isinstance(value, ServingSetup):
+            raise InvalidSetupError("setup must be a perfguide.Setup or a dict, got a ServingSetup; wrap it: "
+                                    "Setup(task='infer', device='cuda', serving=ServingSetup(...))")
         if not isinstance(value, dict):
             raise InvalidSetupError(f"setup must be a perfguide.Setup or a dict, got {type(value).__name__}")
         return build_strict(cls, value, "setup", InvalidSetupError, key=" key")

@@ -52,6 +52,13 @@ def test_setup_must_be_dict_or_setup():
         perfguide.Setup.parse([1, 2])
 
 
+def test_a_bare_serving_setup_says_how_to_wrap_it():
+    from perfguide.setup import ServingSetup
+
+    with pytest.raises(InvalidSetupError, match=r"wrap it: Setup\(task='infer', device='cuda', serving="):
+        perfguide.estimate("gpt2", ServingSetup(engine="vllm"), hardware="a100-80gb")
+
+
 def test_unknown_scenario_suggests_the_close_one():
     with pytest.raises(UnknownScenarioError, match="Did you mean: train_gpu_one"):
         perfguide.recommend("gpt2", scenario="train_gpu_on", hardware="a100-80gb")
