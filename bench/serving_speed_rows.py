@@ -30,6 +30,9 @@ GPTOSS = "https://github.com/vllm-project/vllm/issues/22331"
 TT_QWEN3 = "https://github.com/tenstorrent/tt-inference-server/issues/340"
 QWEN14_AWQ = "https://github.com/vllm-project/vllm/issues/20469"
 ACHATBOT = "https://github.com/ai-bot-pro/achatbot/pull/183"
+IX_R1 = "https://github.com/SemiAnalysisAI/InferenceX/issues/870"
+IX_OSS_H100 = "https://github.com/SemiAnalysisAI/InferenceX/issues/828"
+IX_OSS_MI300X = "https://github.com/SemiAnalysisAI/InferenceX/pull/1061"
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,18 @@ ROWS: tuple[SpeedRow, ...] = (
     SpeedRow("gpt-oss-20b MXFP4, H100, 512 in / 1024 out, 32 requests (160 prompts)", ACHATBOT, "sglang", "0.5 (2025-08)",
              "openai/gpt-oss-20b", "h100-80gb", "mxfp4", 512, 1024, 32, "output_tok_s", 2765.40, checkpoint_format="mxfp4",
              gpu_memory_utilization=0.83, inferred="lengths from its totals (81920 in, 163840 out over 160 requests)"),
+    *(SpeedRow(f"DeepSeek-R1-0528 FP8 (block), 8x H200, TP8 EP1, 1024 in / 1024 out, {c} requests (mean TPOT)", IX_R1, "sglang",
+               "0.5.7", "deepseek-ai/DeepSeek-R1", "h200-141gb:8", "fp8_block", 1024, 1024, c, "tpot_ms", tpot, tp=8,
+               checkpoint_format="fp8_block", inferred="DeepSeek-R1's shapes for the 0528 checkpoint (same config)")
+      for c, tpot in ((8, 12.8), (16, 17.2), (32, 25.6), (64, 34.6))),
+    *(SpeedRow(f"gpt-oss-120b MXFP4, 8x H100, TP8, 1024 in / 1024 out, {c} requests (TPOT)", IX_OSS_H100, "vllm",
+               "2026-03 (InferenceX image; version not in the thread)", "openai/gpt-oss-120b", "h100-80gb:8", "mxfp4", 1024, 1024, c,
+               "tpot_ms", tpot, tp=8, checkpoint_format="mxfp4",
+               inferred="TP8 from the thread's own findings ('1k/8k ... at TP8 conc64') for the 1k/1k table above them")
+      for c, tpot in ((4, 3.72), (8, 4.05), (16, 4.83), (32, 5.82), (64, 7.36))),
+    *(SpeedRow(f"gpt-oss-120b MXFP4, one MI300X, TP1, 1024 in / 1024 out, {c} requests (median TPOT)", IX_OSS_MI300X, "vllm",
+               "0.17.0", "openai/gpt-oss-120b", "mi300x", "mxfp4", 1024, 1024, c, "tpot_ms", tpot, checkpoint_format="mxfp4")
+      for c, tpot in ((64, 31.4), (96, 36.6), (128, 41.3), (256, 58.3))),
 )
 
 
@@ -166,4 +181,22 @@ DISAGREEMENTS: dict[str, str] = {
     "Llama-3.1-8B FP8, H100, MLPerf v5.1 offline (CNN-DailyMail ~870 in / <=128 out)":
         "open: the submission tunes its own batch and stops each request at EOS, neither stated; the prediction takes the mean "
         "lengths and the largest batch the predicted KV cache holds, an upper bound the measured throughput sits 17% below",
+    "DeepSeek-R1-0528 FP8 (block), 8x H200, TP8 EP1, 1024 in / 1024 out, 8 requests (mean TPOT)":
+        "open, perfguide likely high: 8.4 of the predicted 15.4 ms is the per-MoE-layer cost (58 layers x 0.144 ms, fitted on "
+        "vLLM's MXFP4 Marlin path on an A100); the measured 12.8 ms leaves ~0.1 ms a layer for SGLang's FP8 block kernels on "
+        "an H200. The same source's 16-64 request rows sit within 14%",
+    **{f"gpt-oss-120b MXFP4, 8x H100, TP8, 1024 in / 1024 out, {c} requests (TPOT)":
+       "the source is right, perfguide is wrong: of the predicted 8.3 ms at 4 requests, 5.2 ms is the per-MoE-layer cost "
+       "(36 x 0.144 ms) fitted on vLLM's A100 MXFP4 path, which dequantizes through Marlin ('mxfp4 quantization is not fully "
+       "optimized yet'); Hopper runs MXFP4 experts natively, and the measured 3.72 ms leaves at most ~0.02 ms a layer once "
+       "the 1.9 ms host step, 0.6 ms of all-reduces and the weight reads are paid. The per-layer MoE cost is a property of "
+       "the kernel path (GPU generation x format), and one constant cannot carry it"
+       for c in (4, 8, 16, 32, 64)},
+    **{f"gpt-oss-120b MXFP4, one MI300X, TP1, 1024 in / 1024 out, {c} requests (median TPOT)":
+       "the source is right, perfguide is wrong: at 64-256 requests the step reads nearly every expert (the PR's own "
+       "count: 111 of 128 at batch 64), so the step is weight-read bound; perfguide prices MXFP4 reads at the NVIDIA Marlin "
+       "efficiency (0.85 of 0.91 of 5.3 TB/s), while the measured 58.3 ms at 256 requests puts vLLM 0.17's ROCm MXFP4 MoE "
+       "kernels near 0.4 of the MI300X's HBM bandwidth (the MI300X has no FP4 units). perfguide's vLLM format table also "
+       "lists MXFP4 as NVIDIA-only, which this source contradicts"
+       for c in (64, 96, 128, 256)},
 }
