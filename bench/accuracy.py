@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
+from accuracy_configs import CONFIGS
 from accuracy_litgpt import litgpt_inference
 from accuracy_report import Result, report
 
@@ -293,7 +294,7 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
 def _spec(hub_id: str) -> ModelSpec:
     if hub_id not in _SPECS:
         try:
-            _SPECS[hub_id] = ModelSpec.from_any(REUPLOADS.get(hub_id, hub_id))
+            _SPECS[hub_id] = ModelSpec.from_any(CONFIGS.get(hub_id) or REUPLOADS.get(hub_id, hub_id))
         except PerfGuideError as exc:
             raise Skip(f"model not in the offline catalog ({type(exc).__name__})") from None
     return _SPECS[hub_id]

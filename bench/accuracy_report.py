@@ -46,7 +46,7 @@ def report(results: list[Result], timings: list[float]) -> str:
              "or nvidia-smi device total) and in its unit. Anchors: accelerate estimate-memory's formula and "
              "DeepSpeed's ZeRO model-states formula on the same rows.", "",
              "Row reading: padded-per-batch rows use their longest sample; community re-uploads map to the original "
-             "(REUPLOADS); rows run before PyTorch 2.0 use eager attention and per-tensor AdamW (no SDPA, no foreach "
+             "(REUPLOADS) and remote-code checkpoints to a config dict of the same shape (bench/accuracy_configs.py); rows run before PyTorch 2.0 use eager attention and per-tensor AdamW (no SDPA, no foreach "
              "default then) and keep their gradients through forward (zero_grad(set_to_none=False) was the default); "
              "loss paths are the row's own: HF's by transformers release and by whether the loop holds the model "
              "output through backward (perfguide/memory/loss_path.py), logits.sum(), litgpt's chunked CE, torchtune's "

@@ -155,3 +155,15 @@ def test_litgpt_bnb_layout_by_hand() -> None:
     load, prefill = lit.litgpt_transient_bytes(spec, "bnb.nf4-dq", 2, False)
     assert prefill == 4 * head and load == 2 * head + head // 2 + head // 64 + 4 * head // (64 * 256)
     assert lit.litgpt_transient_bytes(spec, "bnb.nf4", 2, True)[1] == 2 * head  # fp16 compute: no second cast
+
+
+def test_qwen_readme_rows_read_as_finetune_lora_single_gpu(acc: ModuleType, rows) -> None:
+    """Qwen README profiling: Qwen-7B (7.72 B parameters, its model card) LoRA r=64 on c_attn, c_proj, w1, w2 (every
+    block Linear), batch 1 padded to the length, gradient checkpointing, flash attention 2, on one A100 80GB."""
+    row = next(r for r in rows.values() if r["source_group"] == "qwen_readme_profiling" and r["peak_mem_value"] == "36.6")
+    spec = acc._spec(row["model_hf_id"])
+    assert abs(spec.total_params / 1e9 - 7.72) < 0.01
+    setup = acc._train_setup(row, spec)
+    assert (setup.seq_len, setup.micro_batch_size, setup.gradient_checkpointing) == (8192, 1, True)
+    assert setup.attn_implementation == "flash_attention_2" and setup.weights_dtype == "bf16"
+    assert setup.lora is not None and setup.lora.r == 64 and set(setup.lora.target_modules) == set(spec.block_linears)

@@ -1,0 +1,32 @@
+"""Config dicts for bench rows whose model is not in perfguide's offline catalog (remote-code checkpoints).
+
+Each entry is the checkpoint's config.json shape written as the transformers architecture that computes the same
+tensors, with the source of every number. ``bench/accuracy.py`` prices a row's ``model_hf_id`` found here from
+this dict (``ModelSpec.from_any(dict)``) instead of the catalog.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Qwen-1 (QWenLMHeadModel, trust_remote_code): c_attn = fused q/k/v with bias, c_proj without bias, RMSNorm,
+#: SwiGLU ``c_proj(w1(x) * silu(w2(x)))`` whose two branches are each ``intermediate_size // 2`` wide, rotary
+#: positions, untied lm_head. Qwen2 (qwen2 model_type) is the same block (q/k/v bias, no o_proj bias): so the
+#: dicts below are Qwen2 configs at Qwen-1's sizes. Sizes: huggingface.co/Qwen/Qwen-{1_8B,7B,14B}/config.json
+#: (hidden_size, num_attention_heads, num_hidden_layers, intermediate_size, vocab_size); Qwen-7B's 7.72 B
+#: parameters (its model card) come out of the dict below.
+_QWEN1 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "tie_word_embeddings": False,
+          "rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+
+
+def _qwen1(name: str, hidden: int, heads: int, layers: int, intermediate: int, vocab: int) -> dict[str, Any]:
+    return {**_QWEN1, "_name_or_path": name, "hidden_size": hidden, "num_attention_heads": heads,
+            "num_key_value_heads": heads, "num_hidden_layers": layers, "intermediate_size": intermediate // 2,
+            "vocab_size": vocab}
+
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
+    "Qwen/Qwen-7B-Chat": _qwen1("Qwen/Qwen-7B-Chat", 4096, 32, 32, 22016, 151936),
+    "Qwen/Qwen-14B-Chat": _qwen1("Qwen/Qwen-14B-Chat", 5120, 40, 40, 27392, 152064),
+}
