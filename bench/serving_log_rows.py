@@ -34,6 +34,7 @@ class LogRow:
     total_gib: float | None = None  # the CUDA total the log printed (kv_gib rows)
     graphs_in_budget: bool = False
     in_sample: bool = False
+    vendor: str = "nvidia"          # the GPU's vendor where no perfguide GPU row names it (SGLang's rotary table dtype)
 
 
 #: Qwen3-Coder-480B-A35B-Instruct config.json (huggingface.co/Qwen/Qwen3-Coder-480B-A35B-Instruct), the fields that size it
@@ -95,7 +96,7 @@ ROWS: tuple[LogRow, ...] = (
     LogRow("Qwen/Qwen3-30B-A3B", "Qwen3-30B-A3B bf16 (MoE), 4x A10, TP4", "vllm", "0.8.5", "weights", 14.2474,
            "github.com/vllm-project/vllm/issues/17469", serving=dict(tensor_parallel_size=4)),
     LogRow("Qwen/Qwen3-30B-A3B", "Qwen3-30B-A3B bf16 (MoE), one 288 GB AMD GPU, TP1", "sglang", "0.5 (2026-07)", "weights", 56.98,
-           "github.com/sgl-project/sglang/pull/18263"),
+           "github.com/sgl-project/sglang/pull/18263", vendor="amd"),
     LogRow("Qwen/Qwen3-30B-A3B", "Qwen3-30B-A3B bf16, KV budget 152.88 GiB -> #tokens", "sglang", "0.5 (2026-07)", "kv_tokens", 1669816,
            "github.com/sgl-project/sglang/pull/18263", kv_gib=152.88),
     LogRow("openai/gpt-oss-120b", "gpt-oss-120b MXFP4 (MoE), H100, TP1", "vllm", "0.10.1", "weights", 65.9651,

@@ -22,7 +22,7 @@ from serving_log_rows import ROWS, LogRow
 
 from perfguide import Hardware, engines
 from perfguide.memory.overhead import cuda_context_bytes
-from perfguide.memory.serving import kv_bytes_per_token, rank_weight_bytes
+from perfguide.memory.serving import kv_bytes_per_token
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 
@@ -42,9 +42,10 @@ def predict(row: LogRow) -> float:
     """perfguide's figure for the row, from the model shape and the GPU datasheet (or the CUDA total it printed)."""
     spec = ModelSpec.from_any(row.model)
     serving = _setup(row)
-    if row.kind == "weights":
-        return rank_weight_bytes(spec, serving) / GiB
     engine = engines.server(row.engine)
+    if row.kind == "weights":   # as the engine's own load figure counts them (rotary table; SGLang: allocator rounding)
+        gpu = Hardware.from_name(row.gpu).smallest_gpu if row.gpu else None
+        return engine.loaded_weight_bytes(spec, serving, gpu.vendor if gpu else row.vendor) / GiB
     if row.kind == "kv_tokens":
         assert row.kv_gib is not None
         block = engine.facts.block_size

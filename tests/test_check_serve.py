@@ -138,11 +138,16 @@ LINEARS_8B = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
 EMBED_8B = 128256 * 4096
 
 
-@pytest.mark.parametrize(("command", "engine"), [
-    (f"vllm serve {MODEL} --quantization awq --dtype half --pipeline-parallel-size 2", "vllm"),
-    (f"python -m sglang.launch_server --model-path {MODEL} --quantization awq --dtype half --pp-size 2", "sglang"),
+@pytest.mark.parametrize(("command", "engine", "load_extra"), [
+    # vLLM counts allocated bytes: the weights and the rotary buffer (131072 positions x 128 dims, fp16)
+    (f"vllm serve {MODEL} --quantization awq --dtype half --pipeline-parallel-size 2", "vllm", 131072 * 128 * 2),
+    # SGLang counts the fall in free memory: its fp32 rotary table, and the caching allocator's rounding: of a stage's
+    # 16 layers only o_proj's 4096 x 4096 / 2 = 8 MiB packs badly (two to a 20 MiB segment, 4 MiB left in each of 8);
+    # qkv 12 MiB, gate_up 56 MiB, down 28 MiB, the 1002 MiB embedding and the 64 MiB table are whole 2 MiB multiples
+    (f"python -m sglang.launch_server --model-path {MODEL} --quantization awq --dtype half --pp-size 2", "sglang",
+     131072 * 128 * 4 + 8 * 4 * 2**20),
 ])
-def test_other_words_of_the_parsers_are_read_and_priced(command: str, engine: str) -> None:
+def test_other_words_of_the_parsers_are_read_and_priced(command: str, engine: str, load_extra: int) -> None:
     # vLLM QuantizationMethods and SGLang QUANTIZATION_CHOICES both register 'awq'; both parsers take --dtype half
     assert {"awq", "gptq"} <= set(FLAGS[engine]["quantization"])
     assert set(flags_of(command)) <= set(FLAGS[engine]["flags"])
@@ -152,7 +157,7 @@ def test_other_words_of_the_parsers_are_read_and_priced(command: str, engine: st
     # AWQ: 4 bits a weight plus one fp16 scale and one 4-bit zero per group of 128 -> 0.5 + 2.5/128 bytes; embed,
     # lm_head and the 65 RMSNorm vectors stay 16-bit; two pipeline stages hold half of everything but the norms each
     awq = LINEARS_8B * (0.5 + 2.5 / 128) + 2 * EMBED_8B * 2
-    assert c.memory.weights == pytest.approx(awq / 2 + 65 * 4096 * 2, rel=1e-3)
+    assert c.memory.weights == pytest.approx(awq / 2 + 65 * 4096 * 2 + load_extra, rel=1e-3)
     assert "serving.weight_format" in {r.field for r in c.read if "--quantization" in r.source}
     # a 16-bit repository named with AWQ kernels does not load: the reading says so beside the price
     assert any("pre-quantized checkpoint" in n and "refuses it at load" in n for n in c.notes)

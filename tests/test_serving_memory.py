@@ -10,7 +10,16 @@ from test_inference_memory import LLAMA31_8B, llama
 from perfguide import Hardware, engines
 from perfguide._serving_data import serving_facts
 from perfguide.memory.overhead import cuda_context_bytes
-from perfguide.memory.serving import _skipped, activation_peak_bytes, format_weight_bytes, kv_bytes_per_token
+from perfguide.memory.serving import (
+    _skipped,
+    activation_peak_bytes,
+    allocator_rounding_bytes,
+    format_weight_bytes,
+    kv_bytes_per_token,
+    rank_weight_bytes,
+    rank_weight_tensors,
+    rope_cache_bytes,
+)
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 
@@ -150,3 +159,46 @@ def test_sampler_peak_matches_a_published_v0_profile() -> None:
     by_hand = 256 * 152064 * 38 + 4096 * 3584 * 2
     assert activation_peak_bytes(spec, s, facts) == by_hand
     assert by_hand / GiB == pytest.approx(1.42, rel=0.03)
+
+
+def test_allocator_rounding_by_hand() -> None:
+    """PyTorch's caching allocator: a tensor over 10 MiB gets a segment of its own rounded up to 2 MiB; 1-10 MiB
+    tensors pack into 20 MiB segments; up to 1 MiB they share small segments (not counted)."""
+    mib = 2**20
+    # 3 + 3 MiB open one 20 MiB segment (14 left); 15 MiB takes a 16 MiB segment (1 wasted); 12 MiB fits 12 exactly
+    assert allocator_rounding_bytes([3 * mib, 3 * mib, 15 * mib, mib // 2, 12 * mib]) == 14 * mib + 1 * mib
+    # a third 8 MiB tensor does not fit the 4 MiB the first segment has left: a second segment, 12 MiB of it unused
+    assert allocator_rounding_bytes([8 * mib] * 3) == 4 * mib + 12 * mib
+    assert allocator_rounding_bytes([64 * mib, mib]) == 0
+
+
+def test_rotary_buffer_is_counted_in_the_model_dtype_by_vllm_and_fp32_by_sglang() -> None:
+    """vLLM 'Model loading took 14.9888 GB' for Llama-3.1-8B on one GPU (github.com/vllm-project/vllm/issues/10517):
+    8,030,261,248 bf16 parameters are 14.957 GiB; the 131072 x 128 cos/sin table in bf16 (32 MiB) makes up the rest."""
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    assert rope_cache_bytes(spec, 2) == 131072 * 128 * 2
+    s = ServingSetup(engine="vllm")
+    loaded = engines.server("vllm").loaded_weight_bytes(spec, s)
+    assert loaded == 8_030_261_248 * 2 + 131072 * 128 * 2
+    assert loaded / GiB == pytest.approx(14.9888, abs=0.002)
+    # SGLang keeps the table fp32 on CUDA, bf16 on ROCm (srt/layers/rotary_embedding.py)
+    sg = ServingSetup(engine="sglang")
+    assert (engines.server("sglang").loaded_weight_bytes(spec, sg, "nvidia")
+            - engines.server("sglang").loaded_weight_bytes(spec, sg, "amd")) == 131072 * 128 * 2
+
+
+def test_sglang_load_figure_of_qwq_32b_tp4_by_hand() -> None:
+    """SGLang 0.4.3 on 4x L4 logged 'mem usage=15.54 GB' per rank for QwQ-32B (Qwen2.5-32B shapes, TP4;
+    github.com/didier-durand/llms-in-clouds docs/sglang.md). SGLang reads the fall in free memory, so the caching
+    allocator's 2 MiB rounding of each large tensor counts. Per layer and rank: qkv 5120 x 7168 / 4 bf16 = 17.5 MiB
+    (0.5 MiB to 18), o_proj 5120 x 5120 / 4 = 12.5 MiB (1.5 to 14), gate_up 5120 x 55296 / 4 = 135 MiB
+    (an odd count: 1 MiB to 136), down 67.5 MiB (0.5 to 68): 3.5 MiB x 64 layers; embedding and lm_head 152064 x 5120 / 4 bf16 = 371.25 MiB each (0.75 to 372); the fp32 rotary table
+    131072 x 128 x 4 = 64 MiB (whole)."""
+    spec = ModelSpec.from_any("Qwen/Qwen2.5-32B")
+    s = ServingSetup(engine="sglang", tensor_parallel_size=4)
+    mib = 2**20
+    rounding = 64 * 3.5 * mib + 2 * 0.75 * mib
+    assert allocator_rounding_bytes([*rank_weight_tensors(spec, s), 64 * mib]) == rounding
+    loaded = engines.server("sglang").loaded_weight_bytes(spec, s)
+    assert loaded - rank_weight_bytes(spec, s) == 131072 * 128 * 4 + rounding
+    assert loaded / GiB == pytest.approx(15.54, rel=0.003)      # the log; the parameters alone are 15.26 GiB (-1.8%)

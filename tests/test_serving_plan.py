@@ -94,6 +94,7 @@ def test_8b_on_a100_kv_cache_tokens_by_hand() -> None:
     assert s.gpu_memory_utilization == util
     linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)      # q,o + k,v + gate,up,down per layer
     weights = linear * 1 + (8_030_261_248 - linear) * 2                        # fp8 Linears, 16-bit embeddings/norms/head
+    weights += 131072 * 128 * 2                     # the rotary cos/sin buffer, 131072 positions x 128 dims, bf16
     activation = max(8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2,               # forward: MLP + residuals
                      64 * 128256 * 38 + 8192 * 4096 * 2)                       # or the sorting sampler, whichever is larger
     graphs = (3 + len(range(8, 129, 8))) * vllm.cuda_graph_bytes_per_size    # captured sizes up to 2 x 64

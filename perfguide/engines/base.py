@@ -148,6 +148,10 @@ class ServerEngine(Engine):
         layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
         return layers, math.ceil(serving.max_model_len / self.facts.block_size)
 
+    def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
+        """One rank's weights as the engine's load figure counts them (each engine module says how)."""
+        return rank_weight_bytes(spec, serving)
+
     def memory(self, spec: ModelSpec, serving: ServingSetup, hardware: Hardware) -> EngineMemory:
         """Its start-up memory account on the smallest GPU of the layout."""
         gpu = hardware.smallest_gpu
@@ -156,7 +160,7 @@ class ServerEngine(Engine):
         facts = self.facts
         # the engines budget from the total CUDA reports, a little under the board total the datasheet row holds
         total, context = gpu.memory_total - int(serving_facts().driver_reserved_bytes.value), cuda_context_bytes(hardware)
-        weights, per_token = rank_weight_bytes(spec, serving), kv_bytes_per_token(spec, serving)
+        weights, per_token = self.loaded_weight_bytes(spec, serving, gpu.vendor), kv_bytes_per_token(spec, serving)
         graphs = len(cuda_graph_sizes(serving, facts)) * facts.cuda_graph_bytes_per_size
         act, other = activation_peak_bytes(spec, serving, facts), non_torch_bytes(serving, facts)
         budget = self.budget(total, context, serving)

@@ -17,7 +17,8 @@ from typing import Any, ClassVar
 from .._base import MiB
 from ..errors import PerfGuideError
 from ..hardware.types import GPU, Hardware
-from ..memory.serving import EngineMemory
+from ..memory.serving import EngineMemory, allocator_rounding_bytes, rank_weight_bytes, rank_weight_tensors, rope_cache_bytes
+from ..model.types import ModelSpec
 from ..setup import ServingSetup
 from .base import Flag, ServerEngine
 
@@ -100,6 +101,14 @@ class SGLang(ServerEngine):
 
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         return budget - weights
+
+    def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
+        """'Load weight end ... mem usage': the fall in free device memory across the load (model_runner.load_model
+        reads get_available_gpu_memory before and after), so what the caching allocator reserves beyond the tensors
+        counts (allocator_rounding_bytes), and the rotary cos/sin table is fp32 on CUDA (bf16 elsewhere,
+        srt/layers/rotary_embedding.py: 'cache needs to be in FP32 for numerical stability')."""
+        rope = rope_cache_bytes(spec, 4 if vendor == "nvidia" else 2)
+        return rank_weight_bytes(spec, serving) + rope + allocator_rounding_bytes([*rank_weight_tensors(spec, serving), rope])
 
     def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
         """Kwargs of ``sglang.Engine(**kw)`` (ServerArgs field names)."""

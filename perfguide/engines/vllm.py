@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from ..hardware.types import GPU, Hardware
 from ..memory.overhead import cuda_context_bytes
+from ..memory.serving import HALF, rank_weight_bytes, rope_cache_bytes
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
 from .base import Flag, ServerEngine
@@ -46,6 +47,12 @@ class VLLM(ServerEngine):
 
     def budget(self, total: int, context: int, serving: ServingSetup) -> int:
         return math.ceil(total * serving.gpu_memory_utilization)
+
+    def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
+        """'Model loading took': the allocated bytes of the model's tensors (vllm/utils DeviceMemoryProfiler reads
+        torch's allocated counter, so the caching allocator's rounding is not in it): the weights and the rotary
+        cos/sin buffer, kept in the model dtype (model_executor/layers/rotary_embedding)."""
+        return rank_weight_bytes(spec, serving) + rope_cache_bytes(spec, HALF)
 
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         return budget - weights - non_torch - activation - graphs

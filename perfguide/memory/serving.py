@@ -173,6 +173,67 @@ def rank_weight_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
     return parts.dense // split + parts.experts // expert_ranks(serving) + parts.norms
 
 
+def rope_cache_bytes(spec: ModelSpec, element_bytes: int) -> int:
+    """The rotary embedding's cos/sin table, a buffer built at model init and counted with the weights: one row of
+    ``rotary_dim`` values per position up to ``max_position_embeddings`` (vLLM's RotaryEmbedding keeps it in the
+    model dtype; SGLang keeps it fp32 on CUDA 'for numerical stability', sglang/srt/layers/rotary_embedding.py).
+    Shared by every layer (get_rope caches one instance). MLA rotates only its rope dims."""
+    mla = mla_dims(spec)
+    rotary = mla[1] if mla is not None else int(spec.head_dim * float((spec.config or {}).get("partial_rotary_factor") or 1.0))
+    return (spec.max_position_embeddings or 0) * rotary * element_bytes
+
+
+#: PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp): requests up to kSmallSize share 2 MiB
+#: segments, requests under kMinLargeAlloc are carved from kLargeBuffer segments, larger ones get a segment of their
+#: own rounded up to kRoundLarge
+_SMALL, _MIN_LARGE, _LARGE_BUFFER, _ROUND_LARGE = 1 << 20, 10 << 20, 20 << 20, 2 << 20
+
+
+def rank_weight_tensors(spec: ModelSpec, serving: ServingSetup) -> list[int]:
+    """Byte sizes of one rank's weight tensors in the order the engines allocate them: the vocab-split embedding, then
+    per layer q/k/v fused (QKVParallelLinear: KV heads replicated when TP exceeds them), the other block Linears with
+    gate/up fused (MergedColumnParallelLinear), each split by TP, and the routed experts as FusedMoE's two tensors
+    (w13: gate and up, w2: down) over ``expert_ranks``; the lm_head last. Quantized tensors at their format's bits
+    (scales are separate small tensors)."""
+    bits = serving_facts().formats[serving.weight_format].bits
+    tp = serving.tensor_parallel_size
+    layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
+    kv_split = max(1, spec.num_key_value_heads // tp) / max(1, spec.num_key_value_heads)
+    groups: dict[str, int] = {}
+    for name, (i, o) in spec.block_linears.items():
+        if name.startswith("experts."):
+            continue
+        leaf = name.rsplit(".", 1)[-1]
+        key = "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else "gate_up" if leaf in ("gate_proj", "up_proj") else name
+        share = kv_split if leaf in ("k_proj", "v_proj") else 1 / tp
+        groups[key] = groups.get(key, 0) + int(i * o * share * bits / 8)
+    moe_layers = spec.num_moe_layers if spec.num_moe_layers is not None else (spec.num_decoder_layers or spec.num_layers)
+    expert = format_weight_parts(spec, serving.weight_format).experts // max(1, moe_layers) // expert_ranks(serving)
+    gated = 2 / 3 if spec.gated_mlp else 1 / 2
+    per_layer = list(groups.values()) + ([int(expert * gated), expert - int(expert * gated)] if expert else [])
+    vocab = spec.vocab_size * spec.hidden_size * HALF // tp
+    return [vocab, *per_layer * layers, *([vocab] if spec.lm_head_params else [])]
+
+
+def allocator_rounding_bytes(sizes: list[int]) -> int:
+    """What the caching allocator reserves beyond ``sizes`` when they are allocated in turn and kept: a tensor over
+    kMinLargeAlloc gets its own segment rounded up to 2 MiB (the tail stays reserved); mid-size tensors pack into
+    20 MiB segments, a tensor that does not fit the current one opening the next (the remainder stays reserved).
+    Small tensors share 2 MiB segments (negligible). An engine that measures its load by free device memory
+    (SGLang's 'mem usage') counts this; one that counts allocated bytes (vLLM) does not."""
+    waste, left = 0, 0
+    for size in sizes:
+        if size <= _SMALL:
+            continue
+        if size < _MIN_LARGE:
+            if size > left:
+                waste, left = waste + left, _LARGE_BUFFER
+            left -= size
+            continue
+        waste += -size % _ROUND_LARGE
+    return waste + left
+
+
 def activation_peak_bytes(spec: ModelSpec, serving: ServingSetup, facts: EngineFacts | None = None) -> int:
     """The profile run's transient peak: the larger of the forward pass and the sampler run that follows it.
 
