@@ -27,6 +27,7 @@ from accuracy_anchors import accelerate_anchor, deepspeed_anchor
 from accuracy_configs import CONFIGS
 from accuracy_litgpt import litgpt_inference
 from accuracy_report import Result, report
+from accuracy_reserved import RESERVED_LINE, reserved_line_fits
 
 from perfguide._data import load
 from perfguide.errors import PerfGuideError
@@ -397,7 +398,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     if kind in ("oom", "max_batch_fit", "max_seq_fit"):
         if hw is None:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
-        return _boundary(row, spec, setup, hw, est.fits)
+        return _boundary(row, spec, setup, hw, _fits(row, spec, setup, hw))
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])
         published = float(re.match(r"[\d.]+", row["peak_mem_value"]).group())  # type: ignore[union-attr]
@@ -421,8 +422,9 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
 
 
 def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> bool:
-    return estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
-                           grads_persist=_pre_torch2(row)).fits
+    est = estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
+                          grads_persist=_pre_torch2(row))
+    return reserved_line_fits(est, spec, setup, hw) if RESERVED_LINE in row["mem_metric"] else est.fits
 
 
 def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> int:

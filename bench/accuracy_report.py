@@ -151,5 +151,5 @@ def _context_slopes(rows: list[Result]) -> list[str]:
         caps = [c for c, _, _ in pts]
         pub, pred = _slope([p for _, p, _ in pts], caps), _slope([q for _, _, q in pts], caps)
         out.append(f"- {model} at batch {batch}: the published lengths imply {pub * 1024:.2f} MiB per token "
-                   f"(device total), perfguide's {pred * 1024:.2f} MiB ({len(pts)} card sizes)")
+                   f"(reserved bytes on the publisher's line, bench/accuracy_reserved.py), perfguide's {pred * 1024:.2f} MiB ({len(pts)} card sizes)")
     return [*out, ""] if out else []

@@ -110,6 +110,21 @@ def quantized_matmul_keeps_inputs(setup: Setup, bnb_version: str | None) -> bool
     return bnb_version is not None and version_tuple(bnb_version) < BNB_4BIT_DROPS_INPUTS
 
 
+def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """The 16-bit copy of an fp32 LM head that autocast makes and the head's matmul saves for backward.
+
+    Under autocast ``F.linear(hidden, W_fp32)`` runs on a bf16/fp16 cast of ``W``; the matmul saves that cast to
+    compute the input gradient, so it lives from the forward to the head's backward (across the loss peak). The
+    head is fp32 for fp32 weights and for a k-bit base after peft's prepare_model_for_kbit_training (it upcasts
+    every non-quantized parameter; bitsandbytes leaves the head unquantized). The block Linears' casts are
+    ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
+    """
+    fp32_head = setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast)
+    if not (setup.autocast and fp32_head and spec.head == "lm"):
+        return 0
+    return 2 * spec.vocab_size * spec.hidden_size
+
+
 def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
     """int8/nf4 Linears dequantize one 16-bit weight at a time in forward and again in backward."""
     if setup.weights_dtype not in ("int8", "nf4"):
@@ -152,7 +167,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         activations=acts, extra_activations=0, logits=act.logits_bytes(spec, shape), grads=dev.grads, step_temp=step_temp,
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if setup.autocast and setup.weights_dtype == "fp32" else 0))
-    acts = terms.activations + terms.extra_activations + terms.weight_casts
+    acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
     recompute = terms.recompute
     logits = loss_bytes if loss_bytes is not None else terms.logits
     dequant = _transient_dequant(spec, setup)
