@@ -76,6 +76,7 @@ GROUPS = [  # (source, path prefix) -> group name
     ("AnswerDotAI/fsdp_qlora", "", "answerai-fsdp-qlora"),
     ("pytorch/torchtune", "README.md", "torchtune-readme"),
     ("Dao-AILab/flash-attention", "training/README.md", "flash-attn-training"),
+    ("foundation-model-stack/fms-fsdp", "README.md", "fms-fsdp"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
@@ -141,7 +142,7 @@ def framework_of(row: dict[str, str]) -> str:
         return "flashattn_training"
     if "torchtitan" in fw:
         return "torchtitan"
-    if "plain pytorch" in fw or "torchtune" in fw:
+    if "plain pytorch" in fw or "torchtune" in fw or "fms-fsdp" in fw:
         return "plain_pytorch"
     return "hf_trainer"  # HF Trainer, DeepSpeed + HF Trainer, Accelerate, LLaMA-Factory
 
@@ -193,6 +194,7 @@ CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "ber
            "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama 3-8b": "meta-llama/Meta-Llama-3-8B",
            "llama 3 8b": "meta-llama/Meta-Llama-3-8B", "llama 3.2 3b": "meta-llama/Llama-3.2-3B",
            "llama2-7b": "meta-llama/Llama-2-7b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
+           "llama2-13b": "meta-llama/Llama-2-13b-hf",
            # granite-7b-base has Llama-2-7B's shape (32 x 4096, FFN 11008, 32k vocab; its model card)
            "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf"}
 
@@ -352,7 +354,8 @@ def case_of(row: dict[str, str]) -> Case:
                   attn_implementation=attn_impl, lora=lora, num_gpus=num_gpus // nodes, nodes=nodes,
                   torch_compile=row["torch_compile"].lower().startswith("yes"),
                   optimizer_in_backward="optimizer step in backward" in row["optimizer"].lower(),
-                  activation_offloading=row["activation_offload"].lower().startswith("true"), **prec, **strat)
+                  activation_offloading=row["activation_offload"].lower().startswith("true"),
+                  hybrid_shard=row["sharding"].lower().startswith("hsdp"), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
         setup = _checkpointing_if_needed(spec, setup, hw)

@@ -180,3 +180,16 @@ def test_flash_attention_rows_reproduce_the_readme_table(rows: ModuleType) -> No
     assert flash["GPT3-125M"].published == pytest.approx(1_310_000 / 8)
     assert flash["GPT3-760M"].setup.strategy == "zero1" and flash["GPT3-760M"].optimizer_impl == "per_tensor_loop"
     assert flash["GPT3-125M"].setup.optimizer == "adamw_torch_fused" and not flash["GPT3-125M"].setup.gradient_checkpointing
+
+
+def test_fms_fsdp_rows_keep_the_readme_setups(rows: ModuleType) -> None:
+    """fms-fsdp README: Llama 2 at 4096 tokens, 2 per GPU, compiled; 7B HSDP (shard in a node, replicate across the
+    stated 400 / 800 Gb/s node network) on 16 x 8 A100 and 12 x 8 H100; 13B FSDP with every block checkpointed."""
+    cases, _ = rows.load()
+    by_id = {c.row_id: c for c in cases if c.group == "fms-fsdp"}
+    a100, h100, big = by_id["418"], by_id["419"], by_id["420"]
+    assert a100.setup.hybrid_shard and a100.setup.nodes == 16 and a100.setup.world_size == 128
+    assert a100.hardware.inter_node_bandwidth_gbps == 400 / 8 and h100.hardware.inter_node_bandwidth_gbps == 800 / 8
+    assert h100.setup.world_size == 96 and h100.published == 9600
+    assert (a100.setup.micro_batch_size, a100.setup.seq_len, a100.setup.torch_compile) == (2, 4096, True)
+    assert not a100.setup.gradient_checkpointing and big.setup.gradient_checkpointing and not big.setup.hybrid_shard
