@@ -71,7 +71,8 @@ def test_without_the_interrupt_the_same_trace_prints_its_estimate(tmp_path: Path
 def test_only_the_process_entry_point_ignores_a_late_ctrl_c(argv_given: bool) -> None:
     """After the command's answer is out, the process's own main ignores SIGINT (torch's teardown takes ~1 s and a
     Ctrl-C there killed it with -2 after printing); a caller's ``main([...])`` leaves the caller's handler alone."""
-    code = ("import signal, sys\nfrom perfguide.cli import main\n"
+    # a job started in the background by a non-interactive shell inherits SIGINT ignored: start from Python's default
+    code = ("import signal, sys\nsignal.signal(signal.SIGINT, signal.default_int_handler)\nfrom perfguide.cli import main\n"
             + ("main(['--version'])\n" if argv_given else "sys.argv[1:] = ['--version']\nmain()\n")
             + "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
