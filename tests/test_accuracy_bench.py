@@ -167,3 +167,14 @@ def test_qwen_readme_rows_read_as_finetune_lora_single_gpu(acc: ModuleType, rows
     assert (setup.seq_len, setup.micro_batch_size, setup.gradient_checkpointing) == (8192, 1, True)
     assert setup.attn_implementation == "flash_attention_2" and setup.weights_dtype == "bf16"
     assert setup.lora is not None and setup.lora.r == 64 and set(setup.lora.target_modules) == set(spec.block_linears)
+
+
+def test_philschmid_fsdp_qlora_row_reads_as_the_posts_yaml(acc: ModuleType, rows) -> None:
+    """llama_3_70b_fsdp_qlora.yaml: 4 x 24 GB, FSDP full_shard + offload, packed 3072 tokens, batch 1, nf4 base
+    not upcast (TRL skips prepare_model_for_kbit_training for FSDP-sharded QLoRA), LoRA r=16 on every Linear."""
+    row = rows["714"]
+    spec = acc._spec(row["model_hf_id"])
+    setup = acc._train_setup(row, spec)
+    assert (setup.strategy, setup.num_gpus, setup.offload_params, setup.offload_optimizer) == ("fsdp", 4, True, True)
+    assert (setup.seq_len, setup.micro_batch_size, setup.weights_dtype, setup.kbit_upcast) == (3072, 1, "nf4", False)
+    assert setup.lora is not None and setup.lora.r == 16 and set(setup.lora.target_modules) == set(spec.block_linears)
