@@ -3,8 +3,8 @@
 Every row is a public measurement (a vLLM start-up log, a benchmark post, an MLPerf submission) with the setup
 its source states; perfguide predicts the same number from the model shape and the GPU's datasheet only. Nothing
 here was fitted to these rows beyond what is marked: the constants in perfguide/data/serving.json carry their own
-sources, and those taken from rows below (the decode bandwidth efficiency, vLLM's per-step host cost and the per-MoE-layer
-latency from one speed row each, half the driver reserve from the RTX 3090 log's CUDA total, the sampler's 38 bytes per
+sources, and those taken from rows below (the decode bandwidth efficiency, vLLM's per-step host cost, the routed-expert
+read efficiency and the per-MoE-layer latency of a software-dequantized format from one speed row each, half the driver reserve from the RTX 3090 log's CUDA total, the sampler's 38 bytes per
 logit counted with the llm-d peaks in view) mark those rows in sample. Start-up log rows: bench/serving_log_rows.py.
 
     .venv/bin/python bench/serving.py
@@ -31,11 +31,12 @@ OUT = Path(__file__).parent / "results" / "serving.md"
 def decode_lines() -> list[str]:
     """Every published speed row, then the error per source (median of per-source medians), out of sample, and each
     miss over 20% with who is right."""
-    lines = ["## Decode and throughput (vLLM)", "",
+    lines = ["## Decode and throughput (vLLM, SGLang)", "",
              "Published serving benchmarks with their stated setups (bench/serving_speed_rows.py: engine version, model, GPU,",
              "TP, lengths, requests in flight, what each row infers); perfguide predicts the metric with the engine's speed rule.",
              "Rows marked in sample set one constant of perfguide/data/serving.json each (step overhead, decode bandwidth",
-             "efficiency, per-MoE-layer latency) and are left out of the summary.", "",
+             "efficiency, routed-expert read efficiency, per-MoE-layer latency of software-dequantized MXFP4) and are left out of",
+             "the summary.", "",
              "| setup | engine | metric | published | predicted | error | source |", "|---|---|---|---|---|---|---|"]
     by_source: dict[str, list[float]] = {}
     misses = []

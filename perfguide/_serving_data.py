@@ -50,6 +50,9 @@ class FormatFacts(Model):
     compute: Literal["bf16", "fp16", "fp8"]
     quality_cost_pct: float = Field(ge=0)
     source: str = Field(min_length=10)
+    native_min_cc: tuple[int, int] | None = Field(
+        default=None, description="NVIDIA compute capability from which the engines' kernels run the format natively; below it "
+                                  "they dequantize it in software (their fused-MoE path then pays moe_layer_decode_latency_s)")
 
 
 class Link(Model):
@@ -75,6 +78,7 @@ class ServingFacts(Model):
     quality_trade_speedup: Sourced
     decode_bandwidth_efficiency: Sourced
     moe_layer_decode_latency_s: Sourced
+    moe_expert_read_efficiency: Sourced
     compute_efficiency: Sourced
     tp_allreduce: LinkTable
 

@@ -5,7 +5,9 @@ One decode step of ``batch`` running sequences reads the weights once (an MoE la
 token was routed to), every sequence's KV cache, and does 2 x active params FLOPs per token; it takes the
 longer of the two at the achieved bandwidth / FLOP rate (roofline), plus two all-reduces per layer under
 tensor parallelism (latency + ring bytes over the link) and the scheduler's per-step cost. Quantized formats
-read fewer bytes at their kernel's efficiency (Marlin int4, FP8) and compute in FP8 only where the GPU has it.
+read fewer bytes at their kernel's efficiency (Marlin int4, FP8) and compute in FP8 only where the GPU has it. The
+routed experts are read by the fused-MoE grouped GEMMs at a lower rate than a dense GEMM's (moe_expert_read_efficiency);
+where the engine dequantizes a format in software (MXFP4 on Ampere) each MoE layer also pays a fixed latency.
 Prefill is compute bound; with chunked prefill it shares steps with decode, which costs its FLOPs once.
 """
 
@@ -51,21 +53,37 @@ def routed_expert_fraction(spec: ModelSpec, batch: int) -> float:
     return 1.0 - (1.0 - spec.num_experts_per_tok / spec.num_experts) ** batch
 
 
-def weight_bytes_read(spec: ModelSpec, serving: ServingSetup, batch: int) -> int:
-    """Bytes of weights one rank streams per decode step: its share of the dense weights, and of the experts
-    only those some token of the step was routed to (with expert parallelism the tokens of every replica
+def weight_reads(spec: ModelSpec, serving: ServingSetup, batch: int) -> tuple[int, int]:
+    """(dense, routed-expert) bytes of weights one rank streams per decode step: its share of the dense weights, and of
+    the experts only those some token of the step was routed to (with expert parallelism the tokens of every replica
     reach the rank's experts)."""
     parts = format_weight_parts(spec, serving.weight_format)
     split = serving.tensor_parallel_size * serving.pipeline_parallel_size
     tokens = batch * (serving.data_parallel_size if serving.enable_expert_parallel else 1)
     experts = parts.experts * routed_expert_fraction(spec, tokens) / expert_ranks(serving)
-    return int(parts.dense // split + experts + parts.norms)
+    return parts.dense // split + parts.norms, int(experts)
 
 
-def moe_latency_s(spec: ModelSpec, serving: ServingSetup) -> float:
-    """The fused-MoE kernels' fixed cost per decode step: routing, token sorting and two grouped GEMMs per MoE layer
-    (on this rank's pipeline stage) that small decode batches leave latency bound, whatever the bytes they read."""
-    if not spec.is_moe:
+def weight_bytes_read(spec: ModelSpec, serving: ServingSetup, batch: int) -> int:
+    """Every weight byte one rank streams per decode step (weight_reads, summed)."""
+    return sum(weight_reads(spec, serving, batch))
+
+
+def dequantized_in_software(fmt: str, gpu: GPU | None) -> bool:
+    """Whether the engines run ``fmt`` on ``gpu`` by dequantizing it in their kernels: an NVIDIA GPU below the format's
+    native_min_cc (MXFP4 on Ampere through Marlin), or another vendor's (the native kernels, e.g. vLLM's Triton /
+    FlashInfer MXFP4 MoE, are NVIDIA's; CDNA3 GPUs such as the MI300X have no FP4 datapath). No GPU: the slow path."""
+    native = serving_facts().formats[fmt].native_min_cc
+    if native is None:
+        return False
+    return gpu is None or gpu.vendor != "nvidia" or tuple(gpu.compute_capability) < native
+
+
+def moe_latency_s(spec: ModelSpec, serving: ServingSetup, gpu: GPU | None = None) -> float:
+    """The fused-MoE kernels' fixed cost per decode step where the experts are dequantized in software: routing, token
+    sorting and two grouped GEMMs per MoE layer (on this rank's pipeline stage) that stay latency bound whatever the
+    bytes they read. Native paths pay their cost as a lower read rate of the experts instead (_stage_s)."""
+    if not spec.is_moe or not dequantized_in_software(serving.weight_format, gpu):
         return 0.0
     layers = spec.num_moe_layers if spec.num_moe_layers is not None else (spec.num_decoder_layers or spec.num_layers)
     return math.ceil(layers / serving.pipeline_parallel_size) * serving_facts().moe_layer_decode_latency_s.value
@@ -88,14 +106,16 @@ def _stage_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: 
     fmt = facts.formats[serving.weight_format]
     tp, pp = serving.tensor_parallel_size, serving.pipeline_parallel_size
     bandwidth = (gpu.memory_bandwidth_gbps or 900.0) * 1e9 * facts.decode_bandwidth_efficiency.value
-    weights = weight_bytes_read(spec, serving, batch)
+    dense, routed = weight_reads(spec, serving, batch)
+    weights = dense + routed
     kv = batch * context * kv_bytes_per_token(spec, serving)
-    memory_s = weights / (bandwidth * fmt.decode_efficiency) + kv / bandwidth
+    moe_rate = bandwidth * fmt.decode_efficiency * facts.moe_expert_read_efficiency.value
+    memory_s = dense / (bandwidth * fmt.decode_efficiency) + routed / moe_rate + kv / bandwidth
     attn = 4 * (spec.num_decoder_layers or spec.num_layers) * spec.num_attention_heads * spec.head_dim * context
     compute_s = batch * (2 * spec.active_params + attn) / (tp * pp) / _compute_rate(gpu, fmt)
     layers = math.ceil(spec.total_layers / pp)
     comm_s = 2 * layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
-    fixed = (layers * 1.5e-4 if serving.enforce_eager else 0.0) + moe_latency_s(spec, serving)
+    fixed = (layers * 1.5e-4 if serving.enforce_eager else 0.0) + moe_latency_s(spec, serving, gpu)
     bound = "memory-bandwidth" if memory_s >= compute_s else "compute"
     if comm_s > max(memory_s, compute_s):
         bound = "communication"
