@@ -32,7 +32,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, quantized_weight_bytes
-from .loss_path import version_tuple
+from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, per_device
@@ -163,13 +163,22 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     largest = max((g.numel for g in led.trainable), default=0)
     ctx = techniques.MemoryContext(spec, setup, shape, largest, states.grad_elem_bytes, led.trainable_params, cost.states,
                                    dev.optimizer, per_layer)
+    base_logits = act.logits_bytes(spec, shape)
     terms = techniques.memory_terms(ctx, techniques.MemoryTerms(
-        activations=acts, extra_activations=0, logits=act.logits_bytes(spec, shape), grads=dev.grads, step_temp=step_temp,
+        activations=acts, extra_activations=0, logits=base_logits, grads=dev.grads, step_temp=step_temp,
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if setup.autocast and setup.weights_dtype == "fp32" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
     recompute = terms.recompute
     logits = loss_bytes if loss_bytes is not None else terms.logits
+    release_notes: tuple[str, ...] = ()
+    if loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
+        release = installed_transformers()
+        delta = release_delta_bytes(spec, shape, release)
+        logits += delta
+        if delta:
+            release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
+                             f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     resident = dev.weights + optimizer_on_device + dev.buffers
@@ -185,7 +194,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
-    notes = (f"peak in {phase}", *dev.notes, *terms.notes)
+    notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes)
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=grads, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),

@@ -17,6 +17,7 @@ The eras and their sources are rows of data/activations.json (``loss_paths``).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Literal
 
 from pydantic import Field
@@ -36,6 +37,7 @@ class LossEra(DataModel):
 class LossPaths(DataModel):
     source: str = Field(min_length=10)
     ce_bytes: int
+    traced_release: str  # the release activations.json's logits coefficients were traced on
     eras: tuple[LossEra, ...]
 
 
@@ -81,4 +83,28 @@ def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs:
 def hf_loss_bytes(spec: ModelSpec, setup: Setup, transformers_version: str, loop_keeps_outputs: bool) -> int:
     """Loss-path bytes of a causal LM trained with HF's loss at ``transformers_version`` (pass as ``loss_bytes``)."""
     units = loss_path_units(setup, transformers_version, loop_keeps_outputs)
+    return setup.micro_batch_size * setup.seq_len * spec.logits_width * units
+
+
+@lru_cache(maxsize=1)
+def installed_transformers() -> str | None:
+    """The transformers release installed next to perfguide (the one a plan made here will train with)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def release_delta_bytes(spec: ModelSpec, setup: Setup, release: str | None) -> int:
+    """Loss-path bytes ``release`` keeps beyond the release the default logits term was traced on (HF Trainer,
+    which drops the model output before backward). Non-zero only where the eras differ at this batch: 4.46-4.48
+    keep the 16-bit head logits, the fp32 upcast and its shift copy at batch > 1 (14 B per logit vs 12)."""
+    if release is None or not spec.generates or spec.is_encoder_decoder:
+        return 0
+    from .activations import activations_data
+
+    traced = activations_data().loss_paths.traced_release
+    units = loss_path_units(setup, release, False) - loss_path_units(setup, traced, False)
     return setup.micro_batch_size * setup.seq_len * spec.logits_width * units
