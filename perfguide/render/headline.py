@@ -177,7 +177,8 @@ def trainer_lines(rec: Recommendation) -> tuple[str, ...]:
         "import perfguide",
         f"from transformers import {auto}, Trainer",
         recommend_call(rec),
-        'args = rec.training_args(output_dir="out")   # before from_pretrained (ZeRO-3 loads the weights sharded)',
+        'args = rec.training_args(output_dir="out")' + ("   # before from_pretrained (ZeRO-3 loads the weights sharded)"
+                                                        if rec.setup.strategy == "zero3" else ""),
         f"model = rec.prepare_model({load})",
         f"Trainer(model=model, args=args, train_dataset=train_dataset{extra}).train()",
     )
