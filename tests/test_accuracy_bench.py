@@ -178,3 +178,14 @@ def test_philschmid_fsdp_qlora_row_reads_as_the_posts_yaml(acc: ModuleType, rows
     assert (setup.strategy, setup.num_gpus, setup.offload_params, setup.offload_optimizer) == ("fsdp", 4, True, True)
     assert (setup.seq_len, setup.micro_batch_size, setup.weights_dtype, setup.kbit_upcast) == (3072, 1, "nf4", False)
     assert setup.lora is not None and setup.lora.r == 16 and set(setup.lora.target_modules) == set(spec.block_linears)
+
+
+def test_qwen25_speed_rows_read_as_the_docs_state(acc: ModuleType, rows) -> None:
+    """Qwen2.5 speed benchmark: batch 1, 2048 generated tokens after the stated input, bf16 weights; the input-1 row
+    of the 7B is its bf16 weights (7.62 B x 2 B = 14.19 GiB) plus a small cache, so the printed 'GB' is GiB."""
+    row = next(r for r in rows.values() if r["source_group"] == "qwen25_speed_benchmark" and r["peak_mem_value"] == "19.97")
+    spec = acc._spec(row["model_hf_id"])
+    setup = acc._infer_setup(row, spec)
+    assert (setup.seq_len, setup.new_tokens, setup.micro_batch_size, setup.weights_dtype) == (30720, 2048, 1, "bf16")
+    assert acc._unit(row["peak_mem_unit"]) == 2**30
+    assert abs(spec.total_params * 2 / 2**30 - 14.19) < 0.01
