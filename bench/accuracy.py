@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
 from accuracy_configs import CONFIGS
 from accuracy_litgpt import litgpt_inference
+from accuracy_prefill import with_prompt_logits
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, reserved_line_fits
 
@@ -391,6 +392,9 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         if setup.task == "infer" and setup.num_gpus == 1 and row["source_group"].startswith("litgpt"):  # litgpt layout
             compute = str(_precision(row["precision"])["weights_dtype"])
             est = litgpt_inference(spec, est, row["quantization"], compute)
+        release = _transformers_version(row)
+        if setup.task == "infer" and release is not None:  # generate's prefill logits as the row's release ran it
+            est = with_prompt_logits(est, spec, setup, release)
     except Skip as exc:
         return Result(row, "skip", str(exc))
     except (PerfGuideError, NotImplementedError, ValueError) as exc:

@@ -46,3 +46,16 @@ def test_unsloth_lengths_are_a_straight_line_and_the_cached_head_block_is_2_byte
     spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
     assert reserved.cached_head_block(spec, _qlora()) == 2 * 4096 * 128256
     assert reserved.cached_head_block(spec, _qlora(autocast=None)) == 0  # fp32 head: its block serves the fp32 grads
+
+
+def test_prefill_logits_before_4_45_by_hand() -> None:
+    """Before transformers 4.45 generate's prefill returns every prompt position's logits; Qwen2 upcasts them
+    (2 + 4 B per logit), GPT-2 does not (2 B); from 4.45 on only the last position: nothing extra."""
+    prefill = load_bench("accuracy_prefill")
+    qwen = ModelSpec.from_any("Qwen/Qwen2.5-7B")
+    setup = Setup(task="infer", weights_dtype="bf16", micro_batch_size=1, seq_len=30720, new_tokens=2048)
+    assert prefill.prompt_logits_bytes(qwen, setup, "4.38.2") == 30720 * 152064 * 6
+    assert prefill.prompt_logits_bytes(qwen, setup, "4.46.0") == 0
+    gpt2 = ModelSpec.from_any("openai-community/gpt2")
+    assert prefill.prompt_logits_bytes(gpt2, setup.replace(seq_len=512), "4.38.2") == 512 * 50257 * 2
+    assert prefill.prompt_logits_bytes(qwen, setup.replace(weights_dtype="fp32"), "4.38.2") == 30720 * 152064 * 4

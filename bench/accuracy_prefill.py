@@ -1,0 +1,43 @@
+"""Prefill logits of ``generate`` under transformers releases before 4.45 (bench rows that state their release).
+
+Until 4.45.0 ``generate`` did not ask the model for the last position only (``num_logits_to_keep``, added in
+4.45.0, which generate sets to 1): the prefill forward returns the logits of every prompt position. Llama, Mistral,
+Mixtral, Gemma and Qwen2's ``*ForCausalLM.forward`` then upcast them (``logits = logits.float()``), so at the
+upcast the 16-bit head output and its fp32 copy coexist: 2 + 4 bytes per prompt position per vocabulary entry,
+next to the prompt's KV cache. perfguide's inference model prices the current release (last position only); this
+prices the rows' own. Evidence beyond the code: Qwen2's speed benchmark (transformers 4.38.2) grows 0.93 MiB per
+prompt token for Qwen2-7B (6,144 -> 30,720 tokens: 20.26 -> 42.62 GiB) = 6 B x 152,064 logits + 57 KiB of cache.
+"""
+
+from __future__ import annotations
+
+from perfguide.memory.loss_path import version_tuple
+from perfguide.memory.types import MemoryEstimate
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
+
+#: first release whose generate computes last-position logits only
+LAST_POSITION_SINCE = (4, 45)
+#: model types whose causal-LM forward upcast the logits to fp32 in the 4.3x-4.44 releases
+UPCASTS = frozenset({"llama", "mistral", "mixtral", "gemma", "qwen2"})
+
+
+def prompt_logits_bytes(spec: ModelSpec, setup: Setup, release: str) -> int:
+    """Bytes of the full-prompt logits at the prefill's upcast (0 from 4.45 on)."""
+    if version_tuple(release)[:2] >= LAST_POSITION_SINCE or not spec.generates or spec.is_encoder_decoder:
+        return 0
+    head = 4 if setup.weights_dtype == "fp32" else 2
+    per = head + (4 if head == 2 and spec.model_type in UPCASTS else 0)
+    return setup.micro_batch_size * setup.seq_len * spec.vocab_size * per
+
+
+def with_prompt_logits(est: MemoryEstimate, spec: ModelSpec, setup: Setup, release: str) -> MemoryEstimate:
+    """``est`` with the prefill peak of an older release: weights + the prompt's KV cache + full-prompt logits."""
+    full = prompt_logits_bytes(spec, setup, release)
+    if not full:
+        return est
+    prompt_kv = est.kv_cache * setup.seq_len // max(1, setup.seq_len + setup.new_tokens)
+    peak = max(est.peak_allocated, est.weights + prompt_kv + full)
+    delta = peak - est.peak_allocated
+    return est.model_copy(update={"peak_allocated": peak, "peak_reserved": est.peak_reserved + delta,
+                                  "device_total": est.device_total + delta})
