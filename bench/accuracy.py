@@ -170,7 +170,9 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
         # fsdp_qlora's FSDP1 is priced as FSDP2 (per-parameter): its llama-recipes policy wraps every leaf whose weight
         # requires grad as its own unit and uses use_orig_params=False (train.py lambda_policy_fn), so frozen weights
         # sit in FlatParameters that need no gradient, and a quantized unit is gathered as stored (quant_storage)
-        per_param = ("FSDP2" in par or any(k in row["source"] for k in ("torchtitan", "torchtune", "fsdp_qlora")))
+        # HF Trainer + PEFT under FSDP1 uses peft's fsdp_auto_wrap_policy (each trainable leaf its own unit): the same
+        per_param = ("FSDP2" in par or any(k in row["source"] for k in ("torchtitan", "torchtune", "fsdp_qlora"))
+                     or "fsdp_auto_wrap_policy" in row["method"])
         out["fsdp_version"] = 2 if per_param else 1
         if offload:
             out.update(offload_params=True, offload_optimizer=True)
@@ -225,6 +227,8 @@ def _seq_len(text: str) -> int:
 def _kbit_upcast(row: dict[str, str]) -> bool:
     """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
     prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do."""
+    if "skips prepare_model_for_kbit_training" in row["method"]:  # TRL's SFTTrainer on FSDP-sharded QLoRA
+        return False
     return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
 
 

@@ -189,3 +189,15 @@ def test_qwen25_speed_rows_read_as_the_docs_state(acc: ModuleType, rows) -> None
     assert (setup.seq_len, setup.new_tokens, setup.micro_batch_size, setup.weights_dtype) == (30720, 2048, 1, "bf16")
     assert acc._unit(row["peak_mem_unit"]) == 2**30
     assert abs(spec.total_params * 2 / 2**30 - 14.19) < 0.01
+
+
+def test_peft_docs_fsdp_qlora_rows_read_as_the_script(acc: ModuleType, rows) -> None:
+    """run_peft_qlora_fsdp.sh on 2 x 24 GB: packed 2048 tokens, batch 2, LoRA r=8 on every Linear, nf4 not upcast;
+    one row with the yaml's CPU offload (19.6 GB), one without (35.6 GB); both per-parameter FSDP units (peft's
+    fsdp_auto_wrap_policy)."""
+    spec = acc._spec(rows["757"]["model_hf_id"])
+    offload, resident = acc._train_setup(rows["757"], spec), acc._train_setup(rows["758"], spec)
+    assert (offload.offload_params, resident.offload_params) == (True, False)
+    for setup in (offload, resident):
+        assert (setup.strategy, setup.num_gpus, setup.fsdp_version, setup.kbit_upcast) == ("fsdp", 2, 2, False)
+        assert (setup.seq_len, setup.micro_batch_size, setup.lora.r if setup.lora else 0) == (2048, 2, 8)
