@@ -8,7 +8,10 @@ built from a config (never downloaded), small enough to train a few steps on one
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -148,3 +151,19 @@ def load_bench(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextmanager
+def damaged_data(monkeypatch: pytest.MonkeyPatch, name: str, edit: Callable[[Any], object]) -> Iterator[None]:
+    """perfguide/data/NAME.json as ``edit`` leaves a deep copy of it, for the validated loaders to read afresh."""
+    from perfguide import _data
+
+    real = _data.load
+    raw = json.loads(json.dumps(real(name)))
+    edit(raw)
+    monkeypatch.setattr(_data, "load", lambda n: raw if n == name else real(n))
+    _data.validated.cache_clear()
+    try:
+        yield
+    finally:
+        _data.validated.cache_clear()

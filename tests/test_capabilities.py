@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import damaged_data
 from pydantic import ValidationError
 from test_speed import A100, CPU32, gpt2
 
@@ -103,16 +104,7 @@ def test_a_bad_row_fails_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
 ])
 def test_every_part_of_gpus_json_is_validated_at_load(monkeypatch: pytest.MonkeyPatch, edit: object, where: str) -> None:
     """One loader for the whole file: node rows, the default host and the network row fail at load like a GPU row."""
-    from perfguide import _data
     from perfguide.errors import DataFileError
 
-    real = _data.load
-    raw = json.loads(json.dumps(real("gpus")))
-    edit(raw)  # type: ignore[operator]
-    monkeypatch.setattr(_data, "load", lambda name: raw if name == "gpus" else real(name))
-    _data.validated.cache_clear()
-    try:
-        with pytest.raises(DataFileError, match=where):
-            specs.canonical_names()
-    finally:
-        _data.validated.cache_clear()
+    with damaged_data(monkeypatch, "gpus", edit), pytest.raises(DataFileError, match=where):  # type: ignore[arg-type]
+        specs.canonical_names()

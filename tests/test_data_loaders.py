@@ -5,13 +5,12 @@ module indexes the raw JSON, so a damaged row fails once, in one line naming it,
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
 import pytest
+from helpers import damaged_data
 
 import perfguide
-from perfguide import _data
 from perfguide.errors import DataFileError
 
 PACKAGE = Path(perfguide.__file__).parent
@@ -48,18 +47,11 @@ def test_the_checker_sees_a_raw_read(tmp_path: Path) -> None:
 def test_a_damaged_architectures_json_fails_at_load_in_one_line(monkeypatch: pytest.MonkeyPatch, edit: object, where: str) -> None:
     from perfguide.model import catalog, fields
 
-    real = _data.load
-    raw = json.loads(json.dumps(real("architectures")))
-    edit(raw)  # type: ignore[operator]
-    monkeypatch.setattr(_data, "load", lambda name: raw if name == "architectures" else real(name))
-    _data.validated.cache_clear()
-    try:
+    with damaged_data(monkeypatch, "architectures", edit):  # type: ignore[arg-type]
         for read in (lambda: fields.family("llama"), catalog.catalog_names):
             with pytest.raises(DataFileError, match=where) as exc:
                 read()
             assert "\n" not in str(exc.value)
-    finally:
-        _data.validated.cache_clear()
 
 
 def test_the_validated_rows_are_what_the_readers_use() -> None:
