@@ -262,3 +262,20 @@ def test_cpu_prefill_dominated_call_is_compute_bound_at_the_achieved_fraction() 
     assert t.prefill_time_s == pytest.approx(prefill_flops / achieved)
     assert t.bound == "compute"
     assert t.mfu == pytest.approx(load("efficiency")["cpu_peak_fraction"]["value"]["fp32"])
+
+
+@pytest.mark.parametrize("quant", ["nf4", "int8"])
+def test_quantized_inference_on_t4_prefills_at_its_fp16_tensor_core_rate(quant: str) -> None:
+    from perfguide.speed.inference import estimate_inference_speed
+
+    # bitsandbytes dequantizes to the plan's 16-bit compute dtype, fp16 on a T4 (no bf16; model_kwargs sets
+    # bnb_4bit_compute_dtype=float16): the prefill GEMMs run on the 65 TFLOP/s fp16 tensor cores (NVIDIA T4 datasheet:
+    # 65 FP16 mixed-precision TFLOPS, 8.1 FP32), not at the 8.1 TFLOP/s fp32 rate
+    s = Setup(task="infer", weights_dtype=quant, optimizer=None, micro_batch_size=16, seq_len=1024, new_tokens=2)
+    t = estimate_inference_speed(llama7b(), s, machine(T4))
+    eff = load("inference")["prefill_compute_efficiency"]["value"]
+    slow = load("inference")["quant_prefill_slowdown"]["value"][quant]
+    prefill_flops = 2 * LLAMA_TOTAL * 16 * 1024 + 2 * 32 * 128 * 32 * 16 * 1024 * 1024
+    assert t.achievable_tflops == pytest.approx(65 * eff)
+    assert t.prefill_time_s == pytest.approx(prefill_flops / (65e12 * eff) * slow, rel=0.01)
+    assert t.mfu <= eff  # the prefill's model FLOPs against the fp16 peak: never above the achieved fraction

@@ -45,7 +45,9 @@ def _gpu_device(spec: ModelSpec, setup: Setup, hardware: Hardware) -> Device:
     bw = (gpu.memory_bandwidth_gbps or _facts().default_gpu_bandwidth_gbps.value) * 1e9
     dtype = setup.compute_dtype if setup.compute_dtype != "fp32" else ("tf32" if setup.tf32 and gpu.supports_tf32 else "fp32")
     if dtype == "bf16" and not gpu.supports_bf16:
-        dtype = "fp32"  # emulated bf16 runs at fp32-or-worse rates
+        # bnb weights dequantize to the plan's 16-bit dtype, fp16 without bf16 (bnb_4bit_compute_dtype, model_kwargs);
+        # bf16 weights asked for on such a GPU are emulated at fp32-or-worse rates
+        dtype = "fp16" if setup.weights_dtype in ("int8", "nf4") and not setup.autocast else "fp32"
     peak = (gpu.half_tflops(dtype) or gpu.fp32_tflops or 15.0) * 1e12
     overhead = spec.total_layers * _facts().eager_overhead_s_per_layer.value
     overhead *= techniques.kernel_factors(setup).decode_overhead   # torch.compile + static cache: CUDA graphs
