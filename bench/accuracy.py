@@ -59,12 +59,19 @@ class Skip(Exception):
 
 
 def estimate_memory(spec: ModelSpec, setup: Setup, hw: Hardware | None, *, loss_bytes: int | None = None,
-                    bnb_version: str | None = None, grads_persist: bool = False) -> MemoryEstimate:
-    """The memory model for a row: training with the row's loss path, bitsandbytes release and zero_grad
-    behaviour, or inference."""
+                    bnb_version: str | None = None, grads_persist: bool = False,
+                    nf4_library: str = "bitsandbytes") -> MemoryEstimate:
+    """The memory model for a row: training with the row's loss path, bitsandbytes release, zero_grad
+    behaviour and 4-bit library, or inference."""
     if setup.task == "infer":
         return estimate_inference(spec, setup, hw)
-    return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version, grads_persist=grads_persist)
+    return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version, grads_persist=grads_persist,
+                           nf4_library=nf4_library)
+
+
+def _nf4_library(row: dict[str, str]) -> str:
+    """torchtune's rows quantize with torchao's NF4Tensor (the quantization field says so); every other nf4 row is bnb."""
+    return "torchao" if row["quantization"].startswith("torchao") else "bitsandbytes"
 
 
 def _int(text: str, default: int | None = None) -> int:
@@ -391,7 +398,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         hw = _hardware(row["gpu_type"], setup.num_gpus)
         loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()
-        est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb, grads_persist=_pre_torch2(row))
+        est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb, grads_persist=_pre_torch2(row),
+                              nf4_library=_nf4_library(row))
         timings.append(time.perf_counter() - t0)
         if setup.task == "infer" and setup.num_gpus == 1 and row["source_group"].startswith("litgpt"):  # litgpt layout
             compute = str(_precision(row["precision"])["weights_dtype"])
@@ -431,7 +439,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
 
 def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> bool:
     est = estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
-                          grads_persist=_pre_torch2(row))
+                          grads_persist=_pre_torch2(row), nf4_library=_nf4_library(row))
     return reserved_line_fits(est, spec, setup, hw) if RESERVED_LINE in row["mem_metric"] else est.fits
 
 

@@ -201,3 +201,25 @@ def test_peft_docs_fsdp_qlora_rows_read_as_the_script(acc: ModuleType, rows) -> 
     for setup in (offload, resident):
         assert (setup.strategy, setup.num_gpus, setup.fsdp_version, setup.kbit_upcast) == ("fsdp", 2, 2, False)
         assert (setup.seq_len, setup.micro_batch_size, setup.lora.r if setup.lora else 0) == (2048, 2, 8)
+
+
+def test_bnb_absmax_stays_whole_on_every_fsdp_rank(acc: ModuleType, rows) -> None:
+    """FSDP shards and CPU-offloads parameters only; bnb's 4-bit absmax lives in Params4bit.quant_state (an attribute),
+    so each rank holds all of it. Llama-2-70B by hand: Linears per layer 2*8192^2 (q, o) + 2*8192*1024 (k, v, GQA 8)
+    + 3*8192*28672 (MLP) = 855,638,016; x 80 = 68,451,041,280 weights; /64 = 1,069,547,520 uint8 absmax;
+    /256 = 4,177,920 fp32 second-level absmax (x 4 B): 1,086,259,200 B per GPU."""
+    from perfguide.memory.analytic import replicated_quant_state, training_memory
+
+    by_hand = 68_451_041_280 // 64 + 4 * (68_451_041_280 // 64 // 256)
+    assert by_hand == 1_086_259_200
+    offload, kept = rows["757"], rows["758"]   # PEFT docs FSDP + QLoRA, 2 GPUs: CPU offload on / off
+    spec = acc._spec(offload["model_hf_id"])
+    on, off = acc._train_setup(offload, spec), acc._train_setup(kept, spec)
+    assert on.offload_params and not off.offload_params and on.num_gpus == off.num_gpus == 2
+    assert replicated_quant_state(spec, on) == by_hand             # weights on the CPU, the absmax all on the GPU
+    assert replicated_quant_state(spec, off) == by_hand - by_hand // 2   # the other rank's half on top of the even split
+    bnb, ao = training_memory(spec, on), training_memory(spec, on, nf4_library="torchao")
+    assert ao.weights == 0 and bnb.weights == by_hand               # torchao's NF4Tensor shards (and offloads) its scalers
+    assert ao.cpu_ram - bnb.cpu_ram == by_hand // 2 * 2             # the share placed() had sent to host RAM, both ranks
+    single = acc._train_setup(offload, spec).replace(strategy="ddp", offload_params=False, offload_optimizer=False)
+    assert replicated_quant_state(spec, single) == 0                # DDP replicates everything already

@@ -24,6 +24,8 @@ checkpointing only the recomputed block's copies exist.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import techniques
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
@@ -31,7 +33,7 @@ from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
-from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, quantized_weight_bytes
+from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
@@ -125,6 +127,31 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     return 2 * spec.vocab_size * spec.hidden_size
 
 
+#: where a 4-bit base comes from: bitsandbytes (perfguide's plans: BitsAndBytesConfig) or torchao's NF4Tensor (torchtune)
+NF4_LIBRARIES = ("bitsandbytes", "torchao")
+
+
+def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bitsandbytes") -> int:
+    """Bytes of bnb's 4-bit statistics each FSDP rank holds on its device beyond the share the ledger gives it.
+
+    FSDP flattens, shards and CPU-offloads ``nn.Parameter`` s only: FSDP1 builds its FlatParameter from the unit's
+    parameters and, with ``offload_params``, moves just that flat shard to the CPU (torch distributed/fsdp/
+    _init_utils.py ``_init_param_handle_from_params``: ``handle.shard()`` then ``handle.flat_param_to(cpu)``),
+    after ``_move_module_to_device`` put the whole module on the GPU, where ``Params4bit.to`` carried its
+    ``quant_state`` along (bitsandbytes nn/modules.py). The absmax statistics (ledger.nf4_quant_state_bytes) are a
+    Python attribute, so every rank keeps the whole model's on its GPU: sharded runs hold ``QS - QS/N`` more than
+    an even split, offloaded runs hold all of ``QS`` (Llama-2-70B: 1.09 GB per GPU) although their weights are on
+    the CPU. torchao's NF4Tensor is itself the parameter and shards its scalers (torchtune), so nothing extra.
+    """
+    if nf4_library not in NF4_LIBRARIES:
+        raise InvalidSetupError(f"nf4_library must be one of {', '.join(NF4_LIBRARIES)}, not {nf4_library!r}")
+    if not (setup.is_fsdp and setup.weights_dtype == "nf4" and nf4_library == "bitsandbytes"):
+        return 0
+    qs = nf4_quant_state_bytes(spec)
+    offloaded = setup.offload_params or setup.offload_optimizer   # FSDP offload moves every flat shard (cpu_offload.py)
+    return qs if offloaded else qs - qs // setup.shard_degree
+
+
 def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
     """int8/nf4 Linears dequantize one 16-bit weight at a time in forward and again in backward."""
     if setup.weights_dtype not in ("int8", "nf4"):
@@ -134,7 +161,7 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
                     loss_bytes: int | None = None, bnb_version: str | None = None,
-                    grads_persist: bool = False) -> MemoryEstimate:
+                    grads_persist: bool = False, nf4_library: str = "bitsandbytes") -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
     ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
@@ -144,6 +171,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     quantized_matmul_keeps_inputs. ``grads_persist``: the loop zeroes gradients in place instead of freeing them
     (``zero_grad(set_to_none=False)``, torch.optim's and nn.Module's default before PyTorch 2.0, which HF Trainer
     and accelerate loops of that time called), so the previous step's gradients are allocated through forward.
+    ``nf4_library``: which library quantized an nf4 base (replicated_quant_state).
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_memory prices training steps, not task={setup.task!r}; perfguide.memory.estimate_memory prices both")
@@ -153,6 +181,12 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     states, cost = _states(spec, setup, led)
     gather, unsharded = _gather_bytes(spec, setup)
     dev = techniques.placed(setup, per_device(states, setup, gather, unsharded))   # CPU offload moves states to host RAM
+    kept = replicated_quant_state(spec, setup, nf4_library)   # bnb's absmax stays whole on every GPU under FSDP
+    if kept:
+        # the even share placed() sent to host RAM with the offloaded weights stays on the device instead
+        moved = nf4_quant_state_bytes(spec) // setup.shard_degree if setup.offload_params or setup.offload_optimizer else 0
+        dev = replace(dev, weights=dev.weights + kept, cpu_ram=max(0, dev.cpu_ram - moved * setup.num_gpus),
+                      notes=(*dev.notes, f"bnb 4-bit absmax replicated on every GPU under FSDP (+{kept / 1e9:.2f} GB)"))
 
     shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)
