@@ -139,3 +139,15 @@ def test_offloaded_weights_keep_the_ram_headroom_like_training() -> None:
     short = recommend("70b", "infer_gpu_one", hardware=tight)
     assert not short.fits and "to CPU RAM" in short.suggestions[0] and "10% headroom" in short.suggestions[0]
     assert recommend("70b", "infer_gpu_one", hardware=tight, headroom=0.0).fits
+
+
+def test_transformers_multi_gpu_plan_on_two_nodes_says_it_uses_one_node() -> None:
+    # h100-80gb:8x2 is 16 GPUs (8 per node x 2 nodes); the transformers plan is one node's processes, so a user must
+    # be told to run it once per node, and the vLLM hint (which spans both nodes) must not compare 16 GPUs to 8 unsaid
+    import perfguide
+
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", scenario="infer_gpu_many", hardware="h100-80gb:8x2")
+    assert rec.setup.serving is None and rec.setup.num_gpus * rec.setup.nodes == 8
+    assert any("2 nodes" in w and "each node" in w for w in rec.warnings)
+    hint = rec.decision("engine").alternatives[0].why_not
+    assert "on 16 GPUs" in hint and "here on 8 GPUs" in hint

@@ -124,4 +124,7 @@ def transformers_plan(request: Request) -> Plan:
         chosen, more = tune(request, chosen, on_gpu=True)
         decisions += more
     decisions.append(launcher(chosen.setup))
+    if request.hardware.nodes > 1:
+        warnings.append(f"the target has {request.hardware.nodes} nodes; this plan uses the {chosen.setup.num_gpus} GPU(s) of one: "
+                        f"run it on each node ({request.hardware.nodes}x the tokens/s shown), or serve with engine='vllm' to span them")
     return R.finish(request, chosen, decisions, priced, warnings, ok=chosen.verdict == "fits")

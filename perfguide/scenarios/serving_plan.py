@@ -333,9 +333,11 @@ def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
     if best is None or best.speed is None:
         return plan_
     speed = plan_.throughput.tokens_per_s if plan_.fits else 0.0
+    gpus, used = _gpus(request), plan_.setup.num_gpus * plan_.setup.nodes
+    where = f" on {gpus} GPUs" if gpus != used else ""  # a transformers plan runs on one node; the engine spans them all
     hint = Decision(setting="engine", value=here.name, number=best.speed.output_tokens_per_s, unit=f"tokens/s with {other.title}",
                     reason=f"the default: {here.summary}", source=other.docs_source,
                     alternatives=(Alternative(value=other.name, number=best.speed.output_tokens_per_s, unit="tokens/s",
-                                              why_not=f"not asked for; for serving many requests pass engine={other.name!r}: predicted {row(best)} "
-                                                      f"vs {speed:,.0f} tok/s here"),))
+                                              why_not=f"not asked for; for serving many requests pass engine={other.name!r}: predicted {row(best)}{where} "
+                                                      f"vs {speed:,.0f} tok/s here" + (f" on {used} GPUs" if where else "")),))
     return plan_.model_copy(update={"decisions": (*plan_.decisions, hint)})
