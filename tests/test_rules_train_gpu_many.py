@@ -349,3 +349,22 @@ def test_no_one_edit_layout_change_that_fits_is_faster_than_the_pick() -> None:
                     continue
                 t = perfguide.estimate_speed("Qwen/Qwen2.5-0.5B", edit, hardware="h100-80gb:8").step_time_s
                 assert t >= rec.throughput.step_time_s * (1 - 0.011), (edit.label, t, rec.throughput.step_time_s)
+
+
+def test_more_nodes_suggestion_names_a_hardware_string_that_parses() -> None:
+    # Llama-3.1-8B full fine-tune on 2 x RTX 4090 does not fit (16 GB of bf16 weights alone, plus grads and AdamW
+    # states, over 2 x 24 GB even sharded with the host RAM of the default node); the "more nodes" suggestion must
+    # be a target the user can pass back, 'rtx4090:2x2' (2 per node, 2 nodes), not a '...' placeholder
+    import re
+
+    import perfguide
+    from perfguide import Hardware
+
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_many", hardware="rtx4090:2")
+    assert not rec.fits
+    more = [s for s in rec.suggestions if s.startswith("nodes=")]
+    assert more and "'...:" not in more[0]
+    name = re.search(r"hardware='([^']+)'", more[0])
+    assert name is not None
+    hw = Hardware.from_name(name.group(1))
+    assert (hw.smallest_gpu.name, hw.gpu_count) == ("rtx4090", 2) and hw.nodes == int(more[0].split()[0].split("=")[1])

@@ -327,7 +327,8 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
     more = more_nodes(request, lean)
     if more:
         n, p = more
-        out.append(f"nodes={n} ({n} x {per_node} GPUs, hardware='...:{per_node}x{n}') fits with {layout_of(p.setup).name}: "
+        gpu = (hw.name or "...").split(":")[0]  # a named target is passed back by name; a probed one has none
+        out.append(f"nodes={n} ({n} x {per_node} GPUs, hardware='{gpu}:{per_node}x{n}') fits with {layout_of(p.setup).name}: "
                    f"{gib(p.memory.device_total)} per GPU" + (f", {gib(p.memory.cpu_ram)} host RAM per node" if p.memory.cpu_ram else ""))
     big = bigger_gpu(spec, lean, hw, h)
     if big:
