@@ -77,6 +77,7 @@ GROUPS = [  # (source, path prefix) -> group name
     ("pytorch/torchtune", "README.md", "torchtune-readme"),
     ("Dao-AILab/flash-attention", "training/README.md", "flash-attn-training"),
     ("foundation-model-stack/fms-fsdp", "README.md", "fms-fsdp"),
+    ("jzhang38/TinyLlama", "README.md", "tinyllama"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
@@ -138,7 +139,9 @@ def framework_of(row: dict[str, str]) -> str:
         return "unsloth"
     if "composer" in fw:
         return "composer"
-    if fw.startswith("flash-attn training"):
+    if fw.startswith("flash-attn training") or "flash-attn fused kernels" in fw:
+        # the flash-attn repo's fused LayerNorm/RMSNorm, rotary and cross-entropy kernels in a Lightning loop
+        # (its own training stack; TinyLlama's lit-gpt fork runs the same kernels)
         return "flashattn_training"
     if "torchtitan" in fw:
         return "torchtitan"
@@ -194,7 +197,7 @@ CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "ber
            "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama 3-8b": "meta-llama/Meta-Llama-3-8B",
            "llama 3 8b": "meta-llama/Meta-Llama-3-8B", "llama 3.2 3b": "meta-llama/Llama-3.2-3B",
            "llama2-7b": "meta-llama/Llama-2-7b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
-           "llama2-13b": "meta-llama/Llama-2-13b-hf",
+           "llama2-13b": "meta-llama/Llama-2-13b-hf", "tinyllama-1.1b": "TinyLlama/TinyLlama-1.1B",
            # granite-7b-base has Llama-2-7B's shape (32 x 4096, FFN 11008, 32k vocab; its model card)
            "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf"}
 

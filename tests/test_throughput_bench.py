@@ -193,3 +193,19 @@ def test_fms_fsdp_rows_keep_the_readme_setups(rows: ModuleType) -> None:
     assert h100.setup.world_size == 96 and h100.published == 9600
     assert (a100.setup.micro_batch_size, a100.setup.seq_len, a100.setup.torch_compile) == (2, 4096, True)
     assert not a100.setup.gradient_checkpointing and big.setup.gradient_checkpointing and not big.setup.hybrid_shard
+
+
+def test_tinyllama_row_keeps_the_readme_setup(rows: ModuleType) -> None:
+    """TinyLlama README: 22 layers x 2048, 32 heads in 4 query groups, SwiGLU 5632, Llama-2's 32k vocabulary (1.1B);
+    16k tokens per GPU (8 x 2048), no checkpointing, FSDP, the flash-attn repo's fused kernels; 24k tokens/s per GPU,
+    which is the README's own '22B tokens in 32 hours with 8 A100' (22e9 / (24000 * 8) / 3600 = 31.8 h)."""
+    cases, _ = rows.load()
+    (tiny,) = [c for c in cases if c.group == "tinyllama"]
+    spec, s = tiny.spec, tiny.setup
+    assert (spec.num_layers, spec.hidden_size, spec.num_attention_heads, spec.num_key_value_heads) == (22, 2048, 32, 4)
+    assert (spec.intermediate_size, spec.vocab_size) == (5632, 32000)
+    assert spec.total_params == pytest.approx(1.1e9, rel=0.02)
+    assert s.micro_batch_size * s.seq_len == 16 * 1024 and s.strategy == "fsdp" and not s.gradient_checkpointing
+    assert s.micro_batch_size * s.seq_len * s.gradient_accumulation_steps * s.world_size == 512 * 2048
+    assert tiny.framework == "flashattn_training" and s.attn_implementation == "flash_attention_2"
+    assert 22e9 / (tiny.published * s.world_size) / 3600 == pytest.approx(32, rel=0.02)
