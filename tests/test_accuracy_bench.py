@@ -223,3 +223,24 @@ def test_bnb_absmax_stays_whole_on_every_fsdp_rank(acc: ModuleType, rows) -> Non
     assert ao.cpu_ram - bnb.cpu_ram == by_hand // 2 * 2             # the share placed() had sent to host RAM, both ranks
     single = acc._train_setup(offload, spec).replace(strategy="ddp", offload_params=False, offload_optimizer=False)
     assert replicated_quant_state(spec, single) == 0                # DDP replicates everything already
+
+
+def test_fsdp1_no_sync_holds_every_gradient_shard(acc: ModuleType, rows) -> None:
+    """litgpt accumulates under ``fabric.no_backward_sync`` (FSDP1 ``no_sync``), where FSDP1 "will accumulate the full
+    model gradients (instead of gradient shards)": with use_orig_params=True LoRA that is a gradient for every
+    weight, so on N ranks the held gradients are N times the 1/N share. Checked against the source's own rows: the
+    13B LoRA run measures 35.57 GB on 4 x A100-40GB and OOMs on 2 (litgpt tutorials/resource-tables.md)."""
+    from perfguide.memory.analytic import training_memory
+
+    oom, four = rows["195"], rows["198"]
+    spec = acc._spec(oom["model_hf_id"])
+    two = acc._train_setup(oom, spec)
+    assert two.fsdp_version == 1 and two.gradient_accumulation_steps > 1 and two.num_gpus == 2
+    step = training_memory(spec, two.replace(gradient_accumulation_steps=1))
+    assert training_memory(spec, two).gradients == 2 * step.gradients   # both ranks' halves held unsharded
+    assert not acc._fits(oom, spec, two, acc._hardware(oom["gpu_type"], 2))
+    setup4 = acc._train_setup(four, spec)
+    measured = float(four["peak_mem_value"]) * 1e9
+    assert abs(training_memory(spec, setup4).peak_allocated - measured) / measured < 0.05
+    plans = training_memory(spec, two.replace(fsdp_version=2))       # FSDP2 (perfguide's plans) reduce-scatters each
+    assert plans.gradients < step.gradients                          # micro-step and gives frozen weights no grads

@@ -127,6 +127,23 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     return 2 * spec.vocab_size * spec.hidden_size
 
 
+def no_sync_grads(setup: Setup, full_grads: int, sharded_grads: int) -> int:
+    """Gradient bytes a rank holds through an accumulation micro-step under FSDP1: the whole unsharded set.
+
+    The loops that accumulate with FSDP1 skip the reduce-scatter on all but the last micro-step through
+    ``FullyShardedDataParallel.no_sync()`` (Lightning/litgpt ``fabric.no_backward_sync``; accelerate's
+    ``accumulate``/``no_sync``, which HF Trainer calls), and FSDP1 then keeps each FlatParameter's gradient
+    unsharded on every rank; its docstring: "FSDP will accumulate the full model gradients (instead of gradient
+    shards) until the eventual sync". So ``full_grads`` (every parameter whose FlatParameter requires grad:
+    the frozen base too under use_orig_params=True LoRA, frozen_params_get_grads) replaces the 1/N share until the
+    last micro-step's backward. With CPU offload they stay on the GPU too ("the gradients will not be offloaded to
+    CPU when inside the context manager", same docstring). FSDP2 (perfguide's plans) is left as it is.
+    """
+    if setup.is_fsdp and setup.fsdp_version == 1 and setup.gradient_accumulation_steps > 1:
+        return max(full_grads, sharded_grads)
+    return sharded_grads
+
+
 #: where a 4-bit base comes from: bitsandbytes (perfguide's plans: BitsAndBytesConfig) or torchao's NF4Tensor (torchtune)
 NF4_LIBRARIES = ("bitsandbytes", "torchao")
 
@@ -216,21 +233,24 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     resident = dev.weights + optimizer_on_device + dev.buffers
-    held_grads = grads if setup.gradient_accumulation_steps > 1 or grads_persist else 0
+    accumulated = no_sync_grads(setup, states.grads, grads)   # FSDP1 no_sync: unsharded until the last micro-step
+    held_grads = accumulated if setup.gradient_accumulation_steps > 1 or grads_persist else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
     forward = resident + early_grads + acts + logits + dequant
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     backward_start = resident + early_grads + acts + recompute + dequant
-    backward_end = resident + grads + recompute + dequant
+    backward_end = resident + accumulated + recompute + dequant
     step = resident + grads + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
-    notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes)
+    notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
+             *((f"FSDP1 no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
+               if accumulated > grads else ()))
     return to_estimate(
-        setup=setup, hardware=hardware, weights=dev.weights, gradients=grads, optimizer_states=dev.optimizer,
+        setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
     )
