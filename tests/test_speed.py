@@ -279,3 +279,15 @@ def test_quantized_inference_on_t4_prefills_at_its_fp16_tensor_core_rate(quant: 
     assert t.achievable_tflops == pytest.approx(65 * eff)
     assert t.prefill_time_s == pytest.approx(prefill_flops / (65e12 * eff) * slow, rel=0.01)
     assert t.mfu <= eff  # the prefill's model FLOPs against the fp16 peak: never above the achieved fraction
+
+
+def test_encoder_forward_counts_its_input_tokens_and_has_no_decode() -> None:
+    from perfguide.speed.inference import estimate_inference_speed
+
+    # an encoder (BERT-style, new_tokens=0) runs one forward over the batch: 8 x 512 tokens go through the model in
+    # the call's time, so tokens/s is 8 * 512 / step (not the 8 sequences / step a "one output token each" count
+    # gives), and there is no decode step to time per output token
+    t = estimate_inference_speed(gpt2(), _infer_cpu(micro_batch_size=8, seq_len=512, new_tokens=0), Hardware(cpu=CPU16))
+    assert t.tokens_per_s == pytest.approx(8 * 512 / t.step_time_s)
+    assert t.step_time_s == pytest.approx(t.prefill_time_s)
+    assert t.decode_tokens_per_s is None and t.time_per_output_token_ms is None

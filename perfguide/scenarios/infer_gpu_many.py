@@ -49,14 +49,14 @@ def layouts(request: Request, base: Setup, gpus: int) -> list[Setup]:
 def score(request: Request, c: Candidate) -> float:
     if request.constraints.prefer == "latency":
         ms = c.throughput.time_per_output_token_ms
-        assert ms is not None, "inference estimates always carry time per output token"
-        return -ms
+        return -(ms if ms is not None else c.throughput.step_time_s * 1000)  # an encoder: the forward's latency
     return c.throughput.tokens_per_s
 
 
 def _row(c: Candidate) -> str:
     return (f"{c.setup.strategy} x{c.setup.num_gpus}: {c.memory.device_total / R.GB:.1f} GB/GPU, "
-            f"{c.throughput.time_per_output_token_ms:.1f} ms/token, {c.throughput.tokens_per_s:.0f} tok/s")
+            + (f"{ms:.1f} ms/token" if (ms := c.throughput.time_per_output_token_ms) is not None else
+               f"{c.throughput.step_time_s * 1000:.1f} ms/forward") + f", {c.throughput.tokens_per_s:.0f} tok/s")
 
 
 def strategy_decision(request: Request, chosen: Candidate, priced: list[Candidate]) -> Decision:

@@ -50,7 +50,7 @@ def transformers_plan(request: Request) -> Plan:
             chosen = off
             decisions.append(Decision(setting="device_map", value="auto", number=float(off.memory.cpu_ram), unit="bytes offloaded",
                                         reason="even 4-bit weights do not fit: accelerate keeps what fits on the GPU and streams the "
-                                               f"rest from CPU RAM every forward ({off.throughput.time_per_output_token_ms:.0f} ms/token)",
+                                               f"rest from CPU RAM every forward ({off.throughput.time_per_output_token_ms or off.throughput.step_time_s * 1000:.0f} ms/token)",
                                         source=sources.BIG_MODEL_INFERENCE))
             decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, off.setup, off.memory),
                                         reason="GPU budget leaves room for the KV cache and prefill transients"))

@@ -201,10 +201,11 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
 def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bool) -> tuple[Setup, Decision]:
     """Static cache + torch.compile when latency is preferred and decode is overhead/bandwidth bound on a GPU."""
     quantized = setup.weights_dtype in ("int8", "nf4")
-    want = (request.constraints.prefer == "latency" and on_gpu and not quantized
+    want = (request.constraints.prefer == "latency" and on_gpu and not quantized and setup.new_tokens > 0
             and setup.strategy in ("single", "tp") and speed.bound in ("launch-overhead", "memory-bandwidth"))
     if not want:
-        why = ("throughput preferred: batches and prompt lengths vary, and every new shape recompiles"
+        why = ("one forward pass (an encoder / task head): no KV cache and no decode steps to replay" if setup.new_tokens == 0 else
+               "throughput preferred: batches and prompt lengths vary, and every new shape recompiles"
                if request.constraints.prefer == "throughput" else
                "compile of bitsandbytes-quantized models is unsupported" if quantized else
                "no CUDA graphs on CPU / with layer-split or offloaded models")

@@ -128,9 +128,10 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, 
         phase_flops, phase_time = prefill_flops, prefill + offload_time
     replicas = setup.num_gpus if setup.strategy == "single" and on_gpu else 1
     mfu = phase_flops / (phase_time * tp * dev.peak_flops) if phase_time and dev.peak_flops else 0.0
+    forward_only = setup.new_tokens == 0  # an encoder / task head: one forward over the prompt, no decode step
     return Throughput(
         step_time_s=total,
-        tokens_per_s=replicas * b * new / total,
+        tokens_per_s=replicas * b * (s if forward_only else new) / total,
         flops_per_step=prefill_flops + step_flops * (new - 1),
         compute_time_s=prefill_compute + compute_time * (new - 1),
         comm_time_s=comm * new,
@@ -138,7 +139,7 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, 
         achievable_tflops=dev.flops / 1e12,
         mfu=min(1.0, mfu),
         prefill_time_s=prefill,
-        decode_tokens_per_s=1.0 / step,
-        time_per_output_token_ms=step * 1000,
+        decode_tokens_per_s=None if forward_only else 1.0 / step,
+        time_per_output_token_ms=None if forward_only else step * 1000,
         bound=max(parts, key=parts.__getitem__),
     )
