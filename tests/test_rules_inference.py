@@ -151,3 +151,16 @@ def test_transformers_multi_gpu_plan_on_two_nodes_says_it_uses_one_node() -> Non
     assert any("2 nodes" in w and "each node" in w for w in rec.warnings)
     hint = rec.decision("engine").alternatives[0].why_not
     assert "on 16 GPUs" in hint and "here on 8 GPUs" in hint
+
+
+def test_encoder_inference_reasons_do_not_talk_about_decoding() -> None:
+    # BERT is an encoder: one forward pass, no KV cache and no decode steps, so the batch and quantization reasons
+    # must not justify themselves by a memory-bound decode or a KV cache
+    import perfguide
+
+    for scenario, hw in (("infer_gpu_one", "l4"), ("infer_cpu", "cpu")):
+        rec = perfguide.recommend("bert-base-uncased", scenario=scenario, hardware=hw)
+        assert rec.setup.new_tokens == 0
+        for setting in ("batch_size", "quantization_config"):
+            reason = rec.decision(setting).reason
+            assert "decod" not in reason and "KV cache" not in reason, (scenario, setting, reason)

@@ -126,8 +126,11 @@ def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
         return b, Decision(setting="batch_size", value=b, reason=reason, number=float(max_batch), unit="largest batch that fits")
     b = min(MAX_AUTO_BATCH, 2 ** int(math.log2(max_batch)))
     return b, Decision(setting="batch_size", value=b, number=float(max_batch), unit="largest batch that fits",
-                       reason=f"decode is memory-bandwidth bound: one weight read serves all {b} sequences, so tokens/s grows "
-                              f"almost linearly with batch (capped at {MAX_AUTO_BATCH} to keep per-token latency sane)",
+                       reason=(f"decode is memory-bandwidth bound: one weight read serves all {b} sequences, so tokens/s grows "
+                               f"almost linearly with batch (capped at {MAX_AUTO_BATCH} to keep per-token latency sane)"
+                               if request.model.generates else
+                               f"one forward pass over {b} sequences: a bigger batch amortises the weight reads and kernel "
+                               f"launches until the matmuls are compute bound (capped at {MAX_AUTO_BATCH})"),
                        source=sources.LLM_TUTORIAL_OPTIMIZATION)
 
 
@@ -189,8 +192,9 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
                         reason="nothing fits on the GPU even in 4-bit; bnb 4-bit cannot be CPU-offloaded, so 16-bit weights are split")
     if q not in ("int8", "nf4"):
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
-                        reason=f"{q} weights and the KV cache fit: bitsandbytes would only slow decoding "
-                               f"(int8 ~{slow['int8']}x, nf4 ~{slow['nf4']}x time per token)")
+                        reason=(f"{q} weights and the KV cache fit: bitsandbytes would only slow decoding "
+                                f"(int8 ~{slow['int8']}x, nf4 ~{slow['nf4']}x time per token)" if request.model.generates else
+                                f"{q} weights fit: bitsandbytes would only slow the forward (dequantization in every matmul)"))
     why = ("named by the quantization constraint" if request.constraints.quantization not in (None, "auto") else
            "16-bit does not fit; the faster of the bitsandbytes formats that fit, by this plan's speed model")
     return Decision(setting="quantization_config", value=q, number=float(slow[q]), unit="x time per token", source=SRC_QUANT,
