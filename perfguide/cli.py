@@ -54,6 +54,7 @@ examples:
 PROBE_WORD = "probe"
 #: exit statuses: 0 done, 1 unexpected failure (a bug: the traceback is shown), 2 bad input or usage, 3 nothing fits
 EXIT_OK, EXIT_ERROR, EXIT_NO_FIT = 0, 2, 3
+EXIT_PIPE = 128 + 13  # a shell's status for a writer killed by SIGPIPE (`set -o pipefail` sees it like `yes | head`'s)
 #: help for Constraints fields whose pydantic description is missing or too terse for a --help line
 CONSTRAINT_HELP = {
     "precision": "(default: the best the GPU supports)",
@@ -401,6 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _note("interrupted")
         code = 130
+    except BrokenPipeError:  # the reader stopped early (`| head`, a closed pager): end quietly, as a SIGPIPE'd writer would
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's final flush must not raise again
+        code = EXIT_PIPE
     if argv is None:  # the process's own command (not a caller's main([...])): its answer is out, so a Ctrl-C
         import signal  # during interpreter teardown (torch's takes ~1 s) must not kill it with SIGINT after the fact
 

@@ -207,3 +207,17 @@ def test_warnings_and_errors_from_a_command_are_one_stderr_line(capsys):
     assert capsys.readouterr().err == "warning: probe degraded: NVML missing\n"
     assert run_command(argparse.Namespace(func=failing)) == 2
     assert capsys.readouterr().err == "error: unknown thing 'x'. Accepted: a, b.\n"
+
+
+@pytest.mark.slow
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `perfguide recommend ... --json | head -5`: head exits after 5 lines and the next write raises EPIPE; the
+    # command must end quietly with the shell's status for a SIGPIPE'd writer (128 + 13), not print a traceback
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "perfguide", "recommend", "gpt2", "--hardware", "t4", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()                     # the reader is gone before the report is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
