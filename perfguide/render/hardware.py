@@ -23,9 +23,20 @@ def describe_hardware(hw: Hardware) -> str:
     origin = hw.name or ("this machine" if hw.source == "probe" else "named")
     nodes = f" x {hw.nodes} nodes" if hw.nodes > 1 else ""
     cpu = f"{hw.cpu.physical_cores} cores, {fmt_bytes(hw.cpu.ram_total)} RAM"
-    typical = hw.cpu.model_name.removeprefix("typical host: ") if hw.cpu.model_name.startswith("typical host: ") else None
-    assumed = f" (assumed: a typical {typical}, data/hosts.json; --host-ram sets the RAM)" if typical else ""
-    return f"{origin}: {gpu_summary(hw)}{nodes}; CPU {cpu}{assumed}"
+    return f"{origin}: {gpu_summary(hw)}{nodes}; CPU {cpu}{_assumed(hw)}"
+
+
+def _assumed(hw: Hardware) -> str:
+    """Which part of a bare GPU name's host is assumed: cores and RAM, or only the cores once host_ram= set the RAM."""
+    from ..hardware.named import assumed_host
+
+    guess = assumed_host(hw)
+    if guess is None:
+        return ""
+    where = f"a typical {guess.label}, data/hosts.json" if guess.sourced else f"no sourced typical host, a {guess.label}"
+    if guess.cpu.ram_total != hw.cpu.ram_total:
+        return f" (cores assumed: {where}; RAM from --host-ram)"
+    return f" (assumed: {where}; --host-ram sets the RAM)"
 
 
 def _tflops(value: float | None) -> str:

@@ -99,9 +99,10 @@ def host_decision(hardware: Hardware) -> list[Decision]:
         return []
     cpu = hardware.cpu
     known = cpu.ram_total != guess.cpu.ram_total
-    reason = (f"{hardware.name} names GPUs, not their host: planned with {guess.describe()}"
-              + ("; its RAM replaced by host_ram=" if known else "; pass host_ram= (CLI --host-ram) with the real RAM, or run "
-                 "on the machine itself (probe) for its cores too"))
+    reason = (f"{hardware.name} names GPUs, not their host: " +
+              (f"cores from the assumed host ({guess.describe()}); its RAM replaced by host_ram=: {cpu.ram_total / GiB:.0f} GiB" if known else
+               f"planned with {guess.describe()}; pass host_ram= (CLI --host-ram) with the real RAM, or run "
+               "on the machine itself (probe) for its cores too"))
     return [Decision(setting="host", value=f"{cpu.physical_cores} cores, {cpu.ram_total / GiB:.0f} GiB RAM", reason=reason,
                      number=cpu.ram_total, unit="bytes", source=guess.source if guess.sourced else "data/gpus.json 'cpu' (perfguide assumption)")]
 
