@@ -202,6 +202,11 @@ def _refuse_unpriceable(spec: ModelSpec, s: Setup, hw: Hardware | None) -> None:
     """A combination that does not run as priced is refused in one line, not priced (Liger on GPT-2, ...)."""
     from . import techniques
 
+    n = s.num_gpus
+    if s.strategy == "tp" and n > 1 and (spec.num_attention_heads % n or spec.num_key_value_heads % n):
+        # tensor parallelism shards whole heads (the same rule infer_gpu_many applies to its own TP degree)
+        raise InvalidSetupError(f"strategy='tp' on {n} GPUs splits heads: {spec.name} has {spec.num_attention_heads} query and "
+                                f"{spec.num_key_value_heads} KV heads; use num_gpus that divides both, or strategy='device_map'")
     for t in techniques.registry():
         why = t.why_not(s, hw, spec) if t.active(s) and s.task == "train" else None
         if why:
