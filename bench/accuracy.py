@@ -323,7 +323,9 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     """
     if setup.task != "train":
         return None
-    if "loss=logits.sum()" in row["method"] or row["source_group"].startswith("litgpt"):
+    if "loss=logits.sum()" in row["method"]:
+        return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)
+    if row["source_group"].startswith("litgpt"):
         return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
     if "CEWithChunkedOutputLoss" in row["method"]:
         # torchtune: every chunk's 16-bit logits (2) live until the recipe's `del logits`. Eager: each chunk's fp32
@@ -337,6 +339,24 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     if version is not None and spec.generates and not spec.is_encoder_decoder:
         return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS)
     return None
+
+
+def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """The benchmark loop's previous output, alive until the next forward returns (``outputs = model(...)``).
+
+    Its logits are the 2 B per b*s*V the logits.sum() path already counts (old logits at the end of the next
+    forward stand where the gradient stands in backward). transformers of 2024 (4.42.4, read from the released
+    wheel) also returned the KV cache from a training forward whenever ``config.use_cache`` was true (GPT-NeoX's
+    default): GPTNeoXAttention's ``present = (key, value)`` holds the rotated key (a new 16-bit tensor, 2 B per h)
+    and ``value``, a view of the fused ``query_key_value`` output that keeps its whole storage (2 B per 3h), so
+    8 B per h per layer per token stay allocated through the next step's forward. Live-bytes trace of the loop on
+    real CPU fp16 tensors (2-layer GPT-NeoX, b 2/4 x s 128): forward peak +8.0 B per h per layer per token with
+    use_cache=True against False; transformers 5.24 no longer keeps it. Other families of the tables are not
+    traced with their 2024 code here and get none.
+    """
+    if spec.model_type != "gpt_neox":
+        return 0
+    return 8 * spec.hidden_size * spec.num_layers * setup.micro_batch_size * setup.seq_len
 
 
 #: torchtune's CEWithChunkedOutputLoss default (torchtune/modules/loss/ce_chunked_output_loss.py: num_output_chunks=8)

@@ -244,3 +244,19 @@ def test_fsdp1_no_sync_holds_every_gradient_shard(acc: ModuleType, rows) -> None
     assert abs(training_memory(spec, setup4).peak_allocated - measured) / measured < 0.05
     plans = training_memory(spec, two.replace(fsdp_version=2))       # FSDP2 (perfguide's plans) reduce-scatters each
     assert plans.gradients < step.gradients                          # micro-step and gives frozen weights no grads
+
+
+def test_logits_sum_loop_holds_gpt_neox_2024_cache_by_hand(acc: ModuleType, rows) -> None:
+    """transformers SDPA tables (logits.sum() loop): fp16 logits + gradient (2 + 2 B per b*s*V) plus, for GPT-NeoX,
+    the previous output's KV cache held through the next forward: rotated key (2 B per h) + the fused qkv storage
+    value views (2 B per 3h) = 8 B per h per layer per token; pythia-410m: h 1024, 24 layers, vocab 50304 (config)."""
+    row = rows["347"]                              # pythia-410m-deduped, b 2 x s 1024, eager
+    spec = acc._spec(row["model_hf_id"])
+    setup = acc._train_setup(row, spec)
+    assert (setup.micro_batch_size, setup.seq_len) == (2, 1024)
+    tokens = 2 * 1024
+    assert acc._loss_bytes(row, spec, setup) == 4 * tokens * 50304 + 8 * 1024 * 24 * tokens
+    opt = next(r for r in rows.values() if r["model_hf_id"] == "facebook/opt-350m" and "logits.sum()" in r["method"])
+    opt_spec = acc._spec(opt["model_hf_id"])
+    opt_setup = acc._train_setup(opt, opt_spec)   # not traced with its 2024 code: the logits path only
+    assert acc._loss_bytes(opt, opt_spec, opt_setup) == 4 * opt_setup.micro_batch_size * opt_setup.seq_len * 50272
