@@ -291,3 +291,23 @@ def test_encoder_forward_counts_its_input_tokens_and_has_no_decode() -> None:
     assert t.tokens_per_s == pytest.approx(8 * 512 / t.step_time_s)
     assert t.step_time_s == pytest.approx(t.prefill_time_s)
     assert t.decode_tokens_per_s is None and t.time_per_output_token_ms is None
+
+
+def test_moe_decode_at_batch_one_streams_only_the_routed_experts() -> None:
+    from perfguide.hardware.named import hardware_from_name
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.inference import estimate_inference_speed
+
+    # Qwen3-30B-A3B (config.json: 128 experts, 8 per token, 48 layers): one decoding sequence routes each token to 8 of
+    # 128 experts per layer, so a decode step reads the dense weights and 8/128 of the routed experts, not all 30.5B
+    # weights (transformers' MoE loops over the experts some token hit); the rest of the step as for a dense model
+    spec = ModelSpec.from_any("Qwen/Qwen3-30B-A3B")
+    hw = hardware_from_name("mi300x")
+    s = Setup(task="infer", weights_dtype="bf16", optimizer=None, micro_batch_size=1, seq_len=8, new_tokens=3)
+    t = estimate_inference_speed(spec, s, hw)
+    facts = load("inference")
+    bandwidth = 5300e9 * facts["decode_bandwidth_efficiency"]["value"]      # MI300X datasheet: 5.3 TB/s HBM3
+    read = 2 * (spec.total_params - spec.expert_params) + 2 * spec.expert_params * 8 / 128
+    overhead = 48 * facts["eager_overhead_s_per_layer"]["value"]
+    kv = 2 * 48 * 4 * 128 * 9 * 2                                         # K and V, 4 KV heads x 128, 9 cached tokens, bf16
+    assert t.time_per_output_token_ms == pytest.approx(((read + kv) / bandwidth + overhead) * 1e3, rel=0.01)

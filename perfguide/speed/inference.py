@@ -23,6 +23,7 @@ from ..memory.inference import InferenceData, activation_bytes_per_element, infe
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .rates import cpu_path, cpu_peak_gflops, host_bandwidth_gbps
+from .serving import routed_expert_fraction
 from .types import Throughput
 
 
@@ -105,7 +106,10 @@ def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, 
     kv_mean = kv_cache_bytes(spec, b, int(mean_tokens), act, static=setup.cache_implementation == "static")
     step_flops = 2 * spec.active_params * b + 2 * attn_unit * b * mean_tokens
     # bnb kernels dequantize per call: a quantized step costs a measured multiple of the 16-bit step
-    mem_time = (weight_bytes(spec, "bf16") if quant else weights) / tp / dev.bandwidth + kv_mean / tp / dev.bandwidth
+    streamed = weight_bytes(spec, "bf16") if quant else weights
+    if spec.is_moe and spec.total_params:  # an MoE layer reads only the experts some token of the step was routed to
+        streamed = int(streamed * (1 - spec.expert_params / spec.total_params * (1 - routed_expert_fraction(spec, b))))
+    mem_time = streamed / tp / dev.bandwidth + kv_mean / tp / dev.bandwidth
     compute_time = step_flops / (dev.flops * tp)
     offload_time = 0.0
     if setup.offload_params and on_gpu:
