@@ -51,7 +51,8 @@ def master_weights_decision(request: Request, chosen: Priced) -> list[Decision]:
     other = price(request.model, other_setup, request.hardware, request.calibration) if other_setup is not None else None
     asked = request.constraints.master_weights
     head = f"master_weights={asked!r} was requested" if asked else (
-        "fp32 masters are the reference semantics and fit" if value == "fp32" else "no fp32-master setup fits")
+        "fp32 masters are the reference semantics and fit" if value == "fp32" else
+        "no fp32-master setup of the rungs before pure bf16 fits")  # a later rung's may: the ladder tries pure bf16 first
     alts: tuple[Alternative, ...] = ()
     if other is None:
         reason = f"{head}; the other choice cannot run here: {why}"

@@ -198,7 +198,8 @@ def _weights_decision(result: SearchResult, chosen: Priced, asked: str | None = 
     elif s.weights_dtype == "bf16":
         exact = [o for r, o in result.options if r.name.startswith(("exact", "lighter"))]
         need = min((o.too_big.memory.device_total for o in exact if o.too_big), default=0)
-        reason = (f"no fp32-master setup fits (the smallest needs {gib(need)}); pure bf16 stores weights, grads and optimizer "
+        reason = (f"no fp32-master setup of the rungs before it fits (exact AMP, lighter optimizer states: the smallest needs "
+                  f"{gib(need)}); pure bf16 stores weights, grads and optimizer "
                   "states in bf16: less than half the bytes, but updates lose precision at small learning rates")
     elif s.autocast:
         reason = f"true AMP: fp32 master weights, grads and optimizer states; autocast runs the matmuls in {s.autocast}"
