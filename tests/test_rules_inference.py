@@ -164,3 +164,14 @@ def test_encoder_inference_reasons_do_not_talk_about_decoding() -> None:
         for setting in ("batch_size", "quantization_config"):
             reason = rec.decision(setting).reason
             assert "decod" not in reason and "KV cache" not in reason, (scenario, setting, reason)
+
+
+def test_layout_comparison_names_the_batch_its_tokens_per_s_is_at() -> None:
+    # the layouts are compared before the batch is tuned: 'single x8 ... 316 tok/s' next to a headline of thousands
+    # of tokens/s at batch 64 reads as a contradiction unless the row says the batch it was priced at
+    import perfguide
+
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", scenario="infer_gpu_many", hardware="a100-80gb:8")
+    d = rec.decision("strategy")
+    assert rec.setup.micro_batch_size > 1 and d.number is not None and d.number < rec.throughput.tokens_per_s
+    assert "at batch 1" in d.reason and all("at batch 1" in a.why_not for a in d.alternatives)

@@ -56,7 +56,7 @@ def score(request: Request, c: Candidate) -> float:
 def _row(c: Candidate) -> str:
     return (f"{c.setup.strategy} x{c.setup.num_gpus}: {c.memory.device_total / R.GB:.1f} GB/GPU, "
             + (f"{ms:.1f} ms/token" if (ms := c.throughput.time_per_output_token_ms) is not None else
-               f"{c.throughput.step_time_s * 1000:.1f} ms/forward") + f", {c.throughput.tokens_per_s:.0f} tok/s")
+               f"{c.throughput.step_time_s * 1000:.1f} ms/forward") + f", {c.throughput.tokens_per_s:.0f} tok/s at batch {c.setup.micro_batch_size}")
 
 
 def strategy_decision(request: Request, chosen: Candidate, priced: list[Candidate]) -> Decision:
