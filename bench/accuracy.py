@@ -345,18 +345,27 @@ def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:
     """The benchmark loop's previous output, alive until the next forward returns (``outputs = model(...)``).
 
     Its logits are the 2 B per b*s*V the logits.sum() path already counts (old logits at the end of the next
-    forward stand where the gradient stands in backward). transformers of 2024 (4.42.4, read from the released
-    wheel) also returned the KV cache from a training forward whenever ``config.use_cache`` was true (GPT-NeoX's
-    default): GPTNeoXAttention's ``present = (key, value)`` holds the rotated key (a new 16-bit tensor, 2 B per h)
-    and ``value``, a view of the fused ``query_key_value`` output that keeps its whole storage (2 B per 3h), so
-    8 B per h per layer per token stay allocated through the next step's forward. Live-bytes trace of the loop on
-    real CPU fp16 tensors (2-layer GPT-NeoX, b 2/4 x s 128): forward peak +8.0 B per h per layer per token with
-    use_cache=True against False; transformers 5.24 no longer keeps it. Other families of the tables are not
-    traced with their 2024 code here and get none.
+    forward stand where the gradient stands in backward). transformers of 2024 also returned the KV cache from a
+    training forward whenever ``config.use_cache`` was true (the default of these checkpoints), and that cache
+    keeps storages alive through the next step's forward (HELD_CACHE_BYTES_PER_H, per layer per token).
     """
-    if spec.model_type != "gpt_neox":
-        return 0
-    return 8 * spec.hidden_size * spec.num_layers * setup.micro_batch_size * setup.seq_len
+    return HELD_CACHE_BYTES_PER_H.get(spec.model_type, 0) * spec.hidden_size * spec.num_layers * setup.micro_batch_size * setup.seq_len
+
+
+#: Bytes per h per layer per token a 2024 training forward's returned cache keeps alive, read from the released
+#: wheels of the tables' time and checked by a live-bytes trace of the benchmark loop (forward, logits.sum(),
+#: backward, three steps) on real CPU fp16 tensors, use_cache=True minus False, 1- and 2-layer models, b 2/4 x s 128.
+#: transformers 5.24 keeps none (same trace); a family not listed was not traced with its 2024 code, or held none.
+HELD_CACHE_BYTES_PER_H = {
+    # 4.42.4 GPTNeoXAttention: present = (key, value): the rotated key is a new 16-bit tensor (2 B per h) and value
+    # a view of the fused query_key_value output, keeping its whole storage (2 B per 3h). Trace: +8.0
+    "gpt_neox": 8,
+    # 4.45.2 BioGptAttention: past_key_value = (key_states, value_states), two contiguous 16-bit copies (2 + 2). Trace:
+    # +3.8 (sdpa and eager)
+    "biogpt": 4,
+    # opt (4.46.3, the table's PR #33298 era): the same trace holds no more with use_cache=True (eager +0.0, sdpa
+    # -4.0: the cache tensors are ones attention saves anyway), so opt is not listed
+}
 
 
 #: torchtune's CEWithChunkedOutputLoss default (torchtune/modules/loss/ce_chunked_output_loss.py: num_output_chunks=8)

@@ -58,6 +58,12 @@ def _opt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
                 word_embed_proj_dim=d["h"], vocab_size=VOCAB, max_position_embeddings=1024, dropout=drop, attention_dropout=drop)
 
 
+def _biogpt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    return dict(model_type="biogpt", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["h"] // 16,
+                num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024, hidden_dropout_prob=drop,
+                attention_probs_dropout_prob=drop, activation_dropout=0.0, layerdrop=0.0)
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -66,6 +72,7 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     # their own tables: eager attention upcasts the softmax to fp32 in 16-bit models (GPT-2/BERT do not)
     "gpt_neox": (_gpt_neox, ("h", "i")),
     "opt": (_opt, ("h", "i")),
+    "biogpt": (_biogpt, ("h", "i")),
 }
 #: kv stays below q at every point: GQA and MHA models differ in which K/V copies SDPA keeps (fp32 expands them),
 #: and for MHA (q == kv) the GQA form gives the same total, so fitting on GQA shapes is exact for both.
@@ -144,7 +151,7 @@ def frozen_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
     lora = LoraSpec(r=LORA_R, alpha=2 * LORA_R, target_modules="all-linear")
     setup = Setup(micro_batch_size=1, seq_len=1, optimizer="sgd", lora=lora, **regime)
     led = ledger(ModelSpec.from_any(dict(config)), setup)
-    adapters = lora_layer_bytes(ModelSpec.from_any(dict(config)), setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
+    adapters = lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)
     return token_slope(config, regime) - token_slope(config, regime, lora=lora) + adapters
 
 

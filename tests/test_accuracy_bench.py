@@ -256,7 +256,20 @@ def test_logits_sum_loop_holds_gpt_neox_2024_cache_by_hand(acc: ModuleType, rows
     assert (setup.micro_batch_size, setup.seq_len) == (2, 1024)
     tokens = 2 * 1024
     assert acc._loss_bytes(row, spec, setup) == 4 * tokens * 50304 + 8 * 1024 * 24 * tokens
-    opt = next(r for r in rows.values() if r["model_hf_id"] == "facebook/opt-350m" and "logits.sum()" in r["method"])
-    opt_spec = acc._spec(opt["model_hf_id"])
-    opt_setup = acc._train_setup(opt, opt_spec)   # not traced with its 2024 code: the logits path only
-    assert acc._loss_bytes(opt, opt_spec, opt_setup) == 4 * opt_setup.micro_batch_size * opt_setup.seq_len * 50272
+    # biogpt: two contiguous key/value copies (4 B per h; h 1024, 24 layers, vocab 42384); opt holds none (traced)
+    for hub_id, vocab, per_h in (("microsoft/biogpt", 42384, 4 * 1024 * 24), ("facebook/opt-350m", 50272, 0)):
+        other = next(r for r in rows.values() if r["model_hf_id"] == hub_id and "logits.sum()" in r["method"])
+        o_spec = acc._spec(hub_id)
+        o_setup = acc._train_setup(other, o_spec)
+        o_tokens = o_setup.micro_batch_size * o_setup.seq_len
+        assert acc._loss_bytes(other, o_spec, o_setup) == 4 * o_tokens * vocab + per_h * o_tokens
+
+
+def test_biogpt_has_its_own_traced_block_not_the_generic_one() -> None:
+    """BioGPT's block is OPT's pre-LN block with GELU instead of ReLU: GELU keeps fc1's output for its backward and
+    fc2 keeps GELU's output (2 + 2 B per i, as GPT-NeoX's GELU MLP), ReLU only its output (2 B per i, OPT)."""
+    from perfguide.memory.activations import family_coefficients
+
+    bio, opt, neox = (family_coefficients("generic", t)["half"].per_token for t in ("biogpt", "opt", "gpt_neox"))
+    assert bio["i"] == neox["i"] == 2 * opt["i"] == 4.0
+    assert bio["h"] == opt["h"]
