@@ -8,6 +8,7 @@ sliding-window layers keep ``window - 1`` positions (dynamic) or ``min(max_len, 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -203,9 +204,30 @@ def _device_map_share(spec: ModelSpec, setup: Setup, weights: int, kv: int) -> t
     return sum(sizes[i] for i in best), kv_per_layer * n_layers, n_layers
 
 
+def _tp_shards_fused_experts(spec: ModelSpec) -> bool:
+    """Whether tp_plan="auto" splits routed experts that ``linear_params`` does not count (transformers 5 fuses them into
+    3-D tensors): their config's ``base_model_tp_plan`` names ``experts.gate_up_proj`` (Qwen3-MoE), or not (gpt-oss)."""
+    if not spec.expert_params or any(k.startswith("experts.") for k in spec.block_linears):
+        return False
+    return _plan_splits_experts(spec.model_type)
+
+
+@functools.cache
+def _plan_splits_experts(model_type: str) -> bool:
+    try:
+        from transformers import CONFIG_MAPPING  # lazy: only MoE models with fused experts priced under TP get here
+
+        plan = getattr(CONFIG_MAPPING[model_type], "base_model_tp_plan", None) or {}
+    except (KeyError, ImportError):
+        return False
+    return any(key.endswith("experts.gate_up_proj") for key in plan)
+
+
 def _tp_weights(spec: ModelSpec, setup: Setup, weights: int, tp: int) -> int:
-    """Per-rank weights under tp_plan="auto": linears, embedding and lm_head split; norms replicated."""
+    """Per-rank weights under tp_plan="auto": linears, embedding and lm_head split (and fused experts where the
+    model's tp plan splits them); norms and the rest replicated."""
     norms = spec.total_params - spec.linear_params - spec.embedding_params - spec.lm_head_params
+    norms -= spec.expert_params if _tp_shards_fused_experts(spec) else 0
     norm_bytes = max(0, norms) * (FP32 if setup.weights_dtype == "fp32" else HALF)
     return (weights - norm_bytes) // tp + norm_bytes
 
