@@ -23,8 +23,11 @@ RISK = ("bf16 weights round away updates below ~1/256 of a weight (8-bit mantiss
 
 
 def _states(p: Priced) -> int:
+    """Weights, grads and optimizer states wherever they live: an offloading plan keeps them in host RAM, where the
+    GPU-side fields read ~0, so the host bytes count too (else the trade reads "0.0 GiB less")."""
     m = p.memory
-    return m.weights + m.gradients + m.optimizer_states
+    offloads = p.setup.offload_params or p.setup.offload_optimizer
+    return m.weights + m.gradients + m.optimizer_states + (m.cpu_ram if offloads else 0)
 
 
 def _other(s: Setup) -> tuple[Setup | None, str | None]:
@@ -61,7 +64,8 @@ def master_weights_decision(request: Request, chosen: Priced) -> list[Decision]:
         fits = "fits" if other.memory.device_total <= usable else f"does not fit ({gib(usable)} usable)"
         saved = _states(other) - _states(chosen) if value == "bf16" else _states(chosen) - _states(other)
         speed = other.step_time / chosen.step_time if chosen.step_time else 1.0
-        reason = (f"{head}; pure bf16 holds {gib(abs(saved))} less of weights, grads and optimizer states "
+        where = " (GPU and host RAM)" if s.offload_params or s.offload_optimizer else ""
+        reason = (f"{head}; pure bf16 holds {gib(abs(saved))} less of weights, grads and optimizer states{where} "
                   f"({gib(_states(chosen))} here vs {gib(_states(other))} with master_weights={_flip(value)!r}, which {fits} at "
                   f"{gib(other.memory.device_total)} per device and {speed:.2f}x this step time); risk: {RISK}")
         alts = (Alternative(value=_flip(value), number=other.memory.device_total, unit="bytes",
