@@ -43,3 +43,8 @@ ZERO12_CAST = ("https://github.com/deepspeedai/DeepSpeed/blob/master/deepspeed/r
 ZERO12_QLORA = (f"{ZERO12_CAST}; https://docs.pytorch.org/docs/stable/generated/torch.nn.Module.html#torch.nn.Module.half "
                 "('Casts all floating point parameters and buffers'); https://github.com/DAMO-NLP-SG/VideoLLaMA2/pull/37 "
                 "(QLoRA with DeepSpeed: 'Adopting deepspeed zero2')")
+
+#: gpt-oss fine-tuning upcasts the MXFP4 checkpoint to bf16 first ("Performing supervised fine-tuning (SFT) on an
+#: upcasted BF16 version of the model"; LMSYS: "Most existing fine tuning examples convert gpt-oss to bf16 precision")
+GPT_OSS_BF16_SFT = ("https://developer.nvidia.com/blog/fine-tuning-gpt-oss-for-accuracy-and-performance-with-quantization-aware-training/; "
+                    "https://lmsys.org/blog/2025-08-28-gpt-oss-qat")

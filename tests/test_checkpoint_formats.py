@@ -92,6 +92,9 @@ def test_training_and_serving_see_the_same_format(name: str) -> None:
         rec = perfguide.recommend(cfg, hardware="a100-80gb")
         assert rec.setup.weights_dtype == "nf4" and rec.setup.lora is not None
         assert "quantization_config" not in rec.model_kwargs()
+    elif fmt == "mxfp4":  # trained as the bf16 weights transformers dequantizes it to (tests/test_mxfp4_training.py)
+        rec = perfguide.recommend(cfg, hardware="a100-80gb")
+        assert rec.setup.weights_dtype != "mxfp4" and rec.model_kwargs()["quantization_config"].dequantize is True
     else:             # every other stored format is refused for training, naming the format read
         with pytest.raises(ConflictingConstraintsError) as e:
             perfguide.recommend(cfg, hardware="a100-80gb")

@@ -152,7 +152,12 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
         dtype_name = s.weights_dtype  # fp32 for AMP full fine-tunes, bf16 for pure bf16 / LoRA / inference
     kw: dict[str, Any] = {"dtype": _torch_dtype(dtype_name), "attn_implementation": s.attn_implementation}
     # a checkpoint saved quantized loads as it is: transformers refuses a second config of another class and ignores one of its own
-    qc = None if s.checkpoint_format or checkpoint_format(rec.request.model.config) else quantization_config(rec)
+    saved = checkpoint_format(rec.request.model.config)
+    qc = None if s.checkpoint_format or saved else quantization_config(rec)
+    if s.task == "train" and saved == "mxfp4":  # trained as the bf16 weights it dequantizes to (see the plan's Decision)
+        from transformers import Mxfp4Config  # type: ignore[attr-defined]
+
+        qc = Mxfp4Config(dequantize=True)
     if qc is not None:
         kw["quantization_config"] = qc
     device_map = _device_map(rec)
