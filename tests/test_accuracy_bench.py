@@ -216,13 +216,13 @@ def test_bnb_absmax_stays_whole_on_every_fsdp_rank(acc: ModuleType, rows) -> Non
     spec = acc._spec(offload["model_hf_id"])
     on, off = acc._train_setup(offload, spec), acc._train_setup(kept, spec)
     assert on.offload_params and not off.offload_params and on.num_gpus == off.num_gpus == 2
-    assert replicated_quant_state(spec, on) == by_hand             # weights on the CPU, the absmax all on the GPU
-    assert replicated_quant_state(spec, off) == by_hand - by_hand // 2   # the other rank's half on top of the even split
+    assert replicated_quant_state(spec, on, offloaded=True) == by_hand             # weights on the CPU, the absmax all on the GPU
+    assert replicated_quant_state(spec, off, offloaded=False) == by_hand - by_hand // 2   # the other rank's half on top of the even split
     bnb, ao = training_memory(spec, on), training_memory(spec, on, nf4_library="torchao")
     assert ao.weights == 0 and bnb.weights == by_hand               # torchao's NF4Tensor shards (and offloads) its scalers
     assert ao.cpu_ram - bnb.cpu_ram == by_hand // 2 * 2             # the share placed() had sent to host RAM, both ranks
     single = acc._train_setup(offload, spec).replace(strategy="ddp", offload_params=False, offload_optimizer=False)
-    assert replicated_quant_state(spec, single) == 0                # DDP replicates everything already
+    assert replicated_quant_state(spec, single, offloaded=False) == 0                # DDP replicates everything already
 
 
 def test_fsdp1_no_sync_holds_every_gradient_shard(acc: ModuleType, rows) -> None:

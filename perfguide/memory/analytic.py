@@ -148,7 +148,7 @@ def no_sync_grads(setup: Setup, full_grads: int, sharded_grads: int) -> int:
 NF4_LIBRARIES = ("bitsandbytes", "torchao")
 
 
-def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bitsandbytes") -> int:
+def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bitsandbytes", *, offloaded: bool) -> int:
     """Bytes of bnb's 4-bit statistics each FSDP rank holds on its device beyond the share the ledger gives it.
 
     FSDP flattens, shards and CPU-offloads ``nn.Parameter`` s only: FSDP1 builds its FlatParameter from the unit's
@@ -165,8 +165,7 @@ def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bi
     if not (setup.is_fsdp and setup.weights_dtype == "nf4" and nf4_library == "bitsandbytes"):
         return 0
     qs = nf4_quant_state_bytes(spec)
-    offloaded = setup.offload_params or setup.offload_optimizer   # FSDP offload moves every flat shard (cpu_offload.py)
-    return qs if offloaded else qs - qs // setup.shard_degree
+    return qs if offloaded else qs - qs // setup.shard_degree   # ``offloaded``: CPU offload placed the flat shards on the host
 
 
 def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
@@ -197,11 +196,13 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     led = ledger(spec, setup)
     states, cost = _states(spec, setup, led)
     gather, unsharded = _gather_bytes(spec, setup)
-    dev = techniques.placed(setup, per_device(states, setup, gather, unsharded))   # CPU offload moves states to host RAM
-    kept = replicated_quant_state(spec, setup, nf4_library)   # bnb's absmax stays whole on every GPU under FSDP
+    on_device = per_device(states, setup, gather, unsharded)
+    dev = techniques.placed(setup, on_device)   # CPU offload moves states to host RAM
+    offloaded = dev.cpu_ram > on_device.cpu_ram   # read from the placement, not from the offload technique's switches
+    kept = replicated_quant_state(spec, setup, nf4_library, offloaded=offloaded)   # bnb's absmax stays whole on every GPU under FSDP
     if kept:
         # the even share placed() sent to host RAM with the offloaded weights stays on the device instead
-        moved = nf4_quant_state_bytes(spec) // setup.shard_degree if setup.offload_params or setup.offload_optimizer else 0
+        moved = nf4_quant_state_bytes(spec) // setup.shard_degree if offloaded else 0
         dev = replace(dev, weights=dev.weights + kept, cpu_ram=max(0, dev.cpu_ram - moved * setup.num_gpus),
                       notes=(*dev.notes, f"bnb 4-bit absmax replicated on every GPU under FSDP (+{kept / 1e9:.2f} GB)"))
 
