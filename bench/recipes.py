@@ -78,6 +78,7 @@ class Recipe:
     assumed: str = ""                   # fields the source leaves unstated, and what this row assumes
     host_gb: float | None = None        # published host (CPU) RAM the run needs, where given
     mem_not_comparable: str = ""        # why the published peak cannot be this setup's (below its own states)
+    host_ram: str | None = None         # the host RAM the recipe ran with, where its source says (else the typical host)
 
     @property
     def gpus(self) -> int:
@@ -201,7 +202,9 @@ RECIPES: tuple[Recipe, ...] = (
     # DeepSpeed's ZeRO-Offload tutorial: a 13B GPT on one 32 GB V100 (optimizer states and step on the CPU)
     Recipe("deepspeed-zero-offload-13b-v100", "https://www.deepspeed.ai/tutorials/zero-offload/", "facebook/opt-13b", "v100-32gb",
            "full", 1024, 1, 1, {"weights_dtype": "fp32", "autocast": "fp16", "strategy": "zero2", "offload_optimizer": True},
-           assumed="the tutorial's Megatron GPT-2 13B priced as OPT-13B (same width and depth class); sequence 1024, batch 1"),
+           assumed="the tutorial's Megatron GPT-2 13B priced as OPT-13B (same width and depth class); sequence 1024, batch 1; "
+                   "the host is the paper's DGX-2 (arXiv:2101.06840: 1.5 TB of CPU memory), not a cloud share of one V100",
+           host_ram="1536GiB"),
 )
 
 
@@ -239,12 +242,13 @@ def _request(r: Recipe) -> dict[str, Any]:
 def run_one(r: Recipe) -> Result:
     res = Result(r)
     s = r.as_setup()
-    mem = _quiet(perfguide.estimate, r.model, s, hardware=r.hardware)
+    host = {"host_ram": r.host_ram} if r.host_ram else {}
+    mem = _quiet(perfguide.estimate, r.model, s, hardware=r.hardware, **host)
     res.recipe_mem, res.recipe_fits, res.recipe_host = mem.device_total, bool(mem.fits), mem.cpu_ram
     res.recipe_step = _quiet(perfguide.estimate_speed, r.model, s, hardware=r.hardware).step_time_s
     if not res.recipe_fits:
         res.problems.append(f"the recipe's setup is priced at {mem.device_total / GB:.1f} GB per GPU, over the card")
-    rec = _quiet(perfguide.recommend, r.model, r.scenario, hardware=r.hardware, **_request(r))
+    rec = _quiet(perfguide.recommend, r.model, r.scenario, hardware=r.hardware, **host, **_request(r))
     res.pick_label, res.pick_mem, res.pick_fits = rec.setup.label, rec.memory.device_total, bool(rec.fits)
     res.pick_step = rec.throughput.step_time_s
     if not res.pick_fits:

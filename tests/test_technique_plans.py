@@ -36,7 +36,9 @@ def plans() -> dict[str, pg.Recommendation]:
         # desktop a bare 'rtx4090' is planned on (data/hosts.json), so the host is given
         "4090_default": _plan(EIGHT_B, "rtx4090", host_ram="256GiB"),
         "a6000": _plan(EIGHT_B, "a6000", global_batch_size=2),
-        "v100": _plan("13b", "v100-32gb"),
+        # ZeRO-Offload's headline ran on a DGX-2 (1.5 TB of host RAM); a bare 'v100-32gb' is planned on a 1/8 share
+        # of AWS p3dn.24xlarge (96 GiB), too little for 13B's fp32 masters and Adam states
+        "v100": _plan("13b", "v100-32gb", host_ram="1536GiB"),
     }
 
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from perfguide import Hardware, recommend
 from perfguide._data import load
-from perfguide.hardware.hosts import HostEntry, typical_host
+from perfguide.hardware.hosts import HostEntry, _rows, typical_host
 from perfguide.hardware.named import assumed_host
 
 GiB = 1024**3
@@ -84,3 +84,17 @@ def test_a_setup_passed_over_for_the_assumed_ram_is_named() -> None:
     said = [w for w in rec.warnings if "host RAM is assumed" in w]
     assert not rec.fits and said and "g5.xlarge (16 GiB" in said[0]
     assert 13e9 * 12 / GiB < float(said[0].split("need ")[1].split(" GiB")[0].replace(",", ""))
+
+
+def test_one_gpu_of_an_eight_gpu_cloud_host_is_planned_on_its_share() -> None:
+    """Clouds rent 1-GPU slices of their 8-GPU hosts in proportion (GCP's own a2-highgpu types, rows of hosts.json):
+    one H200 is planned on 1/8 of the only H200 host in the data, not on its whole 2 TiB; a desktop is not sliced."""
+    rows = {r.name: r for r in _rows()}
+    one, eight = rows["GCP a2-highgpu-1g"], rows["GCP a2-highgpu-8g"]
+    assert (one.ram_bytes * 8, one.vcpus * 8) == (eight.ram_bytes, eight.vcpus)   # the proportion the rule assumes
+    h200_host = typical_host("h200", 8)   # the row the rule picks for eight: sliced, it is what one gets
+    hw = Hardware.from_name("h200")
+    assert hw.cpu.ram_total == h200_host.cpu.ram_total // 8 and hw.cpu.physical_cores == h200_host.cpu.physical_cores // 8
+    assert "1/8 share" in assumed_host(hw).describe()
+    desk = Hardware.from_name("rtx4090")   # one card in the two-card desktop row: the same desktop
+    assert (desk.cpu.physical_cores, desk.cpu.ram_total) == (16, 64 * GiB)

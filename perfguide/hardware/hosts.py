@@ -32,6 +32,7 @@ class HostEntry(DataModel):
     ram: str
     source: str = Field(min_length=20)
     inferred: str = ""
+    sliced: bool = True   # a cloud host rents per-GPU shares of itself; a desktop is the machine whatever its GPU count
 
     @field_validator("source")
     @classmethod
@@ -99,9 +100,15 @@ class HostGuess:
                    f"no sourced typical host for this GPU and count, so {self.label} (data/gpus.json 'cpu', an assumption)"))
 
 
+#: a row with at least this many times the GPUs asked for is sliced per GPU: clouds rent 1-GPU shares of their
+#: 8-GPU hosts in proportion (GCP a2-highgpu-1g: 12 vCPUs / 85 GB = 1/8 of a2-highgpu-8g's 96 / 680; data rows)
+SLICE_FROM = 2
+
+
 def typical_host(gpu_key: str, gpus_per_node: int) -> HostGuess:
     """The host ``gpus_per_node`` cards of ``gpu_key`` typically ship in: the row with the fewest GPUs >= the count,
-    the least RAM on a tie (a plan must not out-promise the machine); else the generic server."""
+    the least RAM on a tie (a plan must not out-promise the machine), its per-GPU share when it has SLICE_FROM x
+    the GPUs or more (one H200 is not planned with an 8-GPU server's 2 TB); else the generic server."""
     rows = [r for r in _rows() if gpu_key in r.gpus and r.gpu_count >= gpus_per_node]
     if not rows:
         cpu = specs.default_cpu()
@@ -109,12 +116,16 @@ def typical_host(gpu_key: str, gpus_per_node: int) -> HostGuess:
                          "", sourced=False)
     row = min(rows, key=lambda r: (r.gpu_count, r.ram_bytes, r.name))
     generic = specs.default_cpu()
-    ram = row.ram_bytes
+    share = gpus_per_node / row.gpu_count if row.sliced and row.gpu_count >= SLICE_FROM * gpus_per_node else 1.0
+    ram, cores, vcpus = int(row.ram_bytes * share), max(1, int(row.cores * share)), max(1, int(row.vcpus * share))
+    label = row.name if share == 1.0 else f"{gpus_per_node}/{row.gpu_count} share of an {row.name}"
     cpu = generic.model_copy(update={
-        "model_name": f"typical host: {row.name}", "physical_cores": row.cores, "logical_cores": row.vcpus,
+        "model_name": f"typical host: {label}", "physical_cores": cores, "logical_cores": max(vcpus, cores),
         "ram_total": ram, "ram_available": ram,
         # peak FLOPs scale with the cores (same clock and vector flags as the generic row: no AVX-512 is promised)
-        "fp32_gflops": generic.fp32_gflops * row.cores / generic.physical_cores if generic.fp32_gflops else None,
-        "bf16_gflops": generic.bf16_gflops * row.cores / generic.physical_cores if generic.bf16_gflops else None,
+        "fp32_gflops": generic.fp32_gflops * cores / generic.physical_cores if generic.fp32_gflops else None,
+        "bf16_gflops": generic.bf16_gflops * cores / generic.physical_cores if generic.bf16_gflops else None,
     })
-    return HostGuess(cpu, row.name, row.source, row.inferred, sourced=True)
+    inferred = row.inferred if share == 1.0 else "; ".join(filter(None, (
+        row.inferred, f"per-GPU share of the {row.gpu_count}-GPU host, as clouds slice them (GCP a2-highgpu-1g = 1/8 of -8g)")))
+    return HostGuess(cpu, label, row.source, inferred, sourced=True)
