@@ -24,10 +24,9 @@ from . import search
 from .bnb_gate import quantization_runs
 from .rules_attention import decide_attention
 from .rules_precision import inference_cpu_dtype, inference_gpu_dtype
-from .search import usable_bytes
+from .search import gib, usable_bytes
 from .types import Candidate, Plan, Request
 
-GB = 1e9
 MAX_AUTO_BATCH = 64
 SRC_QUANT = f"{sources.BNB_QUANTIZATION}; {sources.LITGPT_RESOURCE_TABLES} (quantized decode rows, data/inference.json)"
 SRC_CACHE = f"{sources.LLM_OPTIMS}#static-kv-cache-and-torchcompile (static cache + torch.compile: up to 4x)"
@@ -179,8 +178,8 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, number=float(chosen_weights(request, chosen)),
                         unit="bytes of weights", reason=loaded_format(stored, chosen.device, _cc(request, chosen))[1]
                         + "; no quantization_config is passed (transformers keeps the checkpoint's own and refuses one of another class)")
-    alts = tuple(Alternative(value=c.setup.weights_dtype, why_not=f"needs {c.memory.device_total / GB:.1f} GB, over the "
-                             f"{(usable_bytes(c.memory, request.constraints.headroom) or 0) / GB:.1f} GB usable",
+    alts = tuple(Alternative(value=c.setup.weights_dtype, why_not=f"needs {gib(c.memory.device_total)}, over the "
+                             f"{gib(usable_bytes(c.memory, request.constraints.headroom) or 0)} usable",
                              number=float(c.memory.device_total), unit="bytes")
                  for c in tried if c.verdict == "does-not-fit")
     alts += tuple(Alternative(value=c.setup.weights_dtype, number=c.throughput.tokens_per_s, unit="tokens/s",
