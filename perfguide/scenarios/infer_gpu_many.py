@@ -10,6 +10,7 @@ from ..setup import Setup
 from . import inference_rules as R
 from . import serving_plan
 from .infer_gpu_one import base_setup, offload_option, tune
+from .search import gib
 from .types import Candidate, Plan, Request
 
 LAYOUT_WHY = {
@@ -54,7 +55,7 @@ def score(request: Request, c: Candidate) -> float:
 
 
 def _row(c: Candidate) -> str:
-    return (f"{c.setup.strategy} x{c.setup.num_gpus}: {c.memory.device_total / R.GB:.1f} GB/GPU, "
+    return (f"{c.setup.strategy} x{c.setup.num_gpus}: {gib(c.memory.device_total)}/GPU, "
             + (f"{ms:.1f} ms/token" if (ms := c.throughput.time_per_output_token_ms) is not None else
                f"{c.throughput.step_time_s * 1000:.1f} ms/forward") + f", {c.throughput.tokens_per_s:.0f} tok/s at batch {c.setup.micro_batch_size}")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from . import inference_rules as R
 from .registry import find
-from .search import _named_gpus, fits_ram, usable_ram  # _named_gpus: single-GPU named targets, smallest first
+from .search import _named_gpus, fits_ram, gib, usable_ram  # _named_gpus: single-GPU named targets, smallest first
 from .types import Candidate, Request
 
 
 def _gb(n: float) -> str:
-    return f"{n / R.GB:.1f} GB"
+    return gib(n)
 
 
 def what_would_fit(request: Request, best: Candidate) -> tuple[str, ...]:
