@@ -1,0 +1,108 @@
+"""What a row's framework adds to perfguide's memory model: its loss path (bytes beyond HF's fp32 cross-entropy),
+the benchmark loop's held outputs, and the transformers / bitsandbytes releases the row ran.
+
+bench/accuracy.py passes these to the memory model for each row that bench/accuracy_setup.py reads.
+"""
+
+from __future__ import annotations
+
+import re
+
+from accuracy_setup import _pre_torch2
+
+from perfguide.memory.loss_path import hf_loss_bytes
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
+
+
+def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | None:
+    """Rows whose loss is not HF's fp32 cross-entropy: the framework's loss-path bytes (None = perfguide's).
+
+    The transformers SDPA tables use ``loss=logits.sum()`` on 16-bit logits: the logits the script keeps plus
+    their gradient, which SumBackward hands over as a stride-0 expand that the head's matmul backward makes
+    contiguous (2 + 2 bytes per b*s*V). litgpt uses chunked cross-entropy on 16-bit logits (logits + their
+    gradient; fp32 only per 128-token chunk): also 4 bytes per b*s*V.
+    """
+    if setup.task != "train":
+        return None
+    if "loss=logits.sum()" in row["method"]:
+        return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)
+    if row["source_group"].startswith("litgpt"):
+        return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
+    if "CEWithChunkedOutputLoss" in row["method"]:
+        # torchtune: every chunk's 16-bit logits (2) live until the recipe's `del logits`. Eager: each chunk's fp32
+        # log-softmax output (4) is saved for backward and one chunk's fp32 upcast (4 / 8 chunks) is transient.
+        # Compiled (torch.compile of the loss): the graph saves only the 16-bit logits and per-row statistics
+        # (saved_tensors_hooks on the chunked loss: 4.0 B per logit saved eager, 0.004 compiled; torch 2.13 CPU
+        # inductor), recomputing one chunk's fp32 upcast, softmax and gradient (12 / 8 chunks) in backward
+        per_logit = 2 + 12 / TORCHTUNE_CHUNKS if setup.torch_compile else 2 + 4 + 4 / TORCHTUNE_CHUNKS
+        return int(per_logit * setup.micro_batch_size * setup.seq_len * spec.vocab_size)
+    version = _transformers_version(row)
+    if version is not None and spec.generates and not spec.is_encoder_decoder:
+        return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS)
+    return None
+
+
+def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """The benchmark loop's previous output, alive until the next forward returns (``outputs = model(...)``).
+
+    Its logits are the 2 B per b*s*V the logits.sum() path already counts (old logits at the end of the next
+    forward stand where the gradient stands in backward). transformers of 2024 also returned the KV cache from a
+    training forward whenever ``config.use_cache`` was true (the default of these checkpoints), and that cache
+    keeps storages alive through the next step's forward (HELD_CACHE_BYTES_PER_H, per layer per token).
+    """
+    return HELD_CACHE_BYTES_PER_H.get(spec.model_type, 0) * spec.hidden_size * spec.num_layers * setup.micro_batch_size * setup.seq_len
+
+
+#: Bytes per h per layer per token a 2024 training forward's returned cache keeps alive, read from the released
+#: wheels of the tables' time and checked by a live-bytes trace of the benchmark loop (forward, logits.sum(),
+#: backward, three steps) on real CPU fp16 tensors, use_cache=True minus False, 1- and 2-layer models, b 2/4 x s 128.
+#: transformers 5.24 keeps none (same trace); a family not listed was not traced with its 2024 code, or held none.
+HELD_CACHE_BYTES_PER_H = {
+    # 4.42.4 GPTNeoXAttention: present = (key, value): the rotated key is a new 16-bit tensor (2 B per h) and value
+    # a view of the fused query_key_value output, keeping its whole storage (2 B per 3h). Trace: +8.0
+    "gpt_neox": 8,
+    # 4.45.2 BioGptAttention: past_key_value = (key_states, value_states), two contiguous 16-bit copies (2 + 2). Trace:
+    # +3.8 (sdpa and eager)
+    "biogpt": 4,
+    # opt (4.46.3, the table's PR #33298 era): the same trace holds no more with use_cache=True (eager +0.0, sdpa
+    # -4.0: the cache tensors are ones attention saves anyway), so opt is not listed
+}
+
+
+#: torchtune's CEWithChunkedOutputLoss default (torchtune/modules/loss/ce_chunked_output_loss.py: num_output_chunks=8)
+TORCHTUNE_CHUNKS = 8
+#: hand-written loops that hold the model output (its logits) while calling backward, as their scripts read
+LOOP_KEEPS_OUTPUTS = {
+    "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: outputs = model(**batch); "
+                            "loss = outputs.loss; ... accelerator.backward(loss)",
+    "answerai_fsdp_qlora": "fsdp_qlora train.py: output = model(...); loss = output.loss; ... loss.backward(); "
+                           "'output = None' only after the optimizer step",
+}
+#: transformers release current when a pre-PyTorch-2.0 row ran (hf_blog_pytorch_fsdp, 2022-04-29: 4.18.0 of 2022-04-06)
+PRE_TORCH2_TRANSFORMERS = "4.18.0"
+
+
+def _transformers_version(row: dict[str, str]) -> str | None:
+    """The transformers release of an HF-loss row, as its notes state or infer it ("transformers ~4.47",
+    "transformers' default SDPA (4.38, inferred)"); rows run before PyTorch 2.0 get the release of their time."""
+    m = re.search(r"transformers\b[^0-9;]{0,30}(\d+\.\d+(?:\.\d+)?)", row["notes"] + " " + row["method"])
+    if m:
+        return m.group(1)
+    return PRE_TORCH2_TRANSFORMERS if _pre_torch2(row) else None
+
+
+BNB_RELEASES = (("2024-07-16", "0.43.2"),)  # bitsandbytes 0.43.2 (PyPI, 2024-07-16): MatMul4Bit stops saving inputs
+
+
+def _bnb_version(row: dict[str, str]) -> str | None:
+    """The bitsandbytes release of a quantized row: as the row states it, else the one current at its date."""
+    if not row["quantization"].startswith("bnb"):
+        return None
+    m = re.search(r"bitsandbytes (\d+\.\d+\.\d+)", row["notes"] + " " + row["method"])
+    if m:
+        return m.group(1)
+    date = re.search(r"\d{4}-\d{2}(-\d{2})?", row["commit_or_date"])
+    if date and all(date.group() < day for day, _ in BNB_RELEASES):
+        return "0.43.1"
+    return None

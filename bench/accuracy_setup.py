@@ -1,0 +1,254 @@
+"""A published-measurements row read as perfguide inputs: the model spec, the hardware and the Setup it ran.
+
+bench/accuracy.py prices what this module reads; a row perfguide's Setup cannot express raises Skip with the
+reason the report shows. The row's loss path and library releases are read in bench/accuracy_loss.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+from accuracy_configs import CONFIGS
+
+from perfguide.errors import PerfGuideError
+from perfguide.hardware.types import Hardware
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb", "a100-80gb"), ("a100", "a100-40gb"),
+        ("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("rtx 4090", "rtx4090"), ("a10g", "a10g"),
+        ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
+        ("rtx 2060", "t4")]
+# TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
+# TITAN RTX: the card's total as the hf_blog_pytorch_fsdp source's own OOM message prints it ("GPU 0; 23.65 GiB total
+# capacity"), the cudaMemGetInfo total that nvidia-smi also shows (24220 MiB), not the nominal 24 GiB
+GPU_MEMORY = {"rtx3080ti": 16 * 2**30, "rtx 2060": 8 * 2**30, "titan rtx": int(23.65 * 2**30), "h100 96gb": 96 * 2**30}
+
+
+class Skip(Exception):
+    """A row perfguide's Setup cannot express; the message is the reason shown in the report."""
+
+
+def _nf4_library(row: dict[str, str]) -> str:
+    """torchtune's rows quantize with torchao's NF4Tensor (the quantization field says so); every other nf4 row is bnb."""
+    return "torchao" if row["quantization"].startswith("torchao") else "bitsandbytes"
+
+
+def _int(text: str, default: int | None = None) -> int:
+    m = re.search(r"\d+", text or "")
+    if m:
+        return int(m.group())
+    if default is None:
+        raise Skip(f"no number in {text!r}")
+    return default
+
+
+#: a row that states only the card's memory ("24 GB GPU (model not stated)"): an Ampere datacenter spec with that
+#: memory (read as GiB, as boards are sized), so the CUDA context is cc-8's
+UNSTATED_GPU = re.compile(r"(\d+) GB GPU \(model not stated\)")
+
+
+def _hardware(gpu_type: str, num_gpus: int) -> Hardware | None:
+    low = gpu_type.lower()
+    unstated = UNSTATED_GPU.search(gpu_type)
+    name = "a100-80gb" if unstated else next((n for key, n in GPUS if key in low), None)
+    if name is None:
+        return None
+    hw = Hardware.from_name(f"{name}:{num_gpus}")
+    mem = int(unstated.group(1)) * 2**30 if unstated else next((v for k, v in GPU_MEMORY.items() if k in low), None)
+    if mem is not None:  # GPUs without an entry in gpus.json: borrow a same-generation spec, fix the memory
+        gpus = tuple(g.model_copy(update={"memory_total": mem, "memory_free": mem}) for g in hw.gpus)
+        hw = hw.model_copy(update={"gpus": gpus})
+    return hw
+
+
+def _precision(p: str) -> dict[str, object]:
+    low = p.lower()
+    if "float8" in low:
+        raise Skip("Float8 linears are not expressible")
+    if "mixed" in low and "bf16" in low and "fsdp" not in low:
+        return {"weights_dtype": "fp32", "autocast": "bf16"}
+    if "fsdp mixed precision" in low:
+        return {"weights_dtype": "fp32", "autocast": "bf16"}
+    if "fp16 amp" in low:
+        return {"weights_dtype": "fp32", "autocast": "fp16"}
+    if "bf16" in low:
+        return {"weights_dtype": "bf16"}
+    if "16-true" in low or "fp16" in low or "float16" in low:
+        return {"weights_dtype": "fp16"}
+    if "32" in low:
+        return {"weights_dtype": "fp32"}
+    raise Skip(f"precision {p!r} not expressible")
+
+
+_TARGET_WORDS = {
+    "query": ("q_proj", "query", ".q", "qkv_proj", "c_attn", "query_key_value"),
+    "key": ("k_proj", "key", ".k", "qkv_proj", "c_attn", "query_key_value"),
+    "value": ("v_proj", "value", ".v", "qkv_proj", "c_attn", "query_key_value"),
+    "projection": ("o_proj", "out_proj", "attention.output.dense", "attn.c_proj", "dense"),
+    "mlp": ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "mlp.", "intermediate.dense", "dense_h_to_4h", "dense_4h_to_h"),
+}
+
+
+def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
+    if not row["lora_rank"]:
+        if "adapter" in row["method"].lower():
+            raise Skip("litgpt Adapter v1/v2 is not expressible (only LoRA)")
+        return None
+    words = [w.strip() for w in row["lora_targets"].split("(")[0].split(",") if w.strip()]
+    names = [n for n in spec.block_linears if any(n.endswith(t) or t in n for w in words if w in _TARGET_WORDS for t in _TARGET_WORDS[w])]
+    if not names:
+        raise Skip(f"LoRA targets {words} do not map onto {spec.name}'s Linears")
+    return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))))
+
+
+def _strategy(row: dict[str, str]) -> dict[str, object]:
+    par = row["parallelism"]
+    if par.startswith("DDP"):
+        return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
+    if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):
+        raise Skip(f"parallelism {par!r} (TP/PP/CP or pipeline) is not priced for training")
+    if "SHARD_GRAD_OP" in par:
+        return {"strategy": "fsdp_shard_grad_op"}
+    if "FSDP" in par:
+        n = _int(row["num_gpus"], 1)
+        offload = "offload" in par.lower()
+        out: dict[str, object] = {"strategy": "fsdp" if n > 1 or offload else "single"}  # 1-GPU FSDP still offloads
+        # FSDP2 (fully_shard) only where the row says so; litgpt/Lightning and the older HF rows ran FSDP1.
+        # fsdp_qlora's FSDP1 is priced as FSDP2 (per-parameter): its llama-recipes policy wraps every leaf whose weight
+        # requires grad as its own unit and uses use_orig_params=False (train.py lambda_policy_fn), so frozen weights
+        # sit in FlatParameters that need no gradient, and a quantized unit is gathered as stored (quant_storage)
+        # HF Trainer + PEFT under FSDP1 uses peft's fsdp_auto_wrap_policy (each trainable leaf its own unit): the same
+        per_param = ("FSDP2" in par or any(k in row["source"] for k in ("torchtitan", "torchtune", "fsdp_qlora"))
+                     or "fsdp_auto_wrap_policy" in row["method"])
+        out["fsdp_version"] = 2 if per_param else 1
+        if offload:
+            out.update(offload_params=True, offload_optimizer=True)
+        return out
+    if par == "DDP":
+        return {"strategy": "ddp"}
+    return {"strategy": "single"}
+
+
+def _pre_torch2(row: dict[str, str]) -> bool:
+    """Run before PyTorch 2.0: eager attention only, per-tensor AdamW, and zero_grad(set_to_none=False) by default
+    (2.0 release notes: "set_to_none=True by default" for Optimizer.zero_grad and Module.zero_grad)."""
+    return re.search(r"PyTorch (nightly ~)?1\.", row["notes"] + row["gpu_type"]) is not None
+
+
+def _attn(row: dict[str, str]) -> str:
+    """The row's attention; before PyTorch 2.0 there was no scaled_dot_product_attention, so HF ran eager."""
+    return row["attn_impl"] or ("eager" if _pre_torch2(row) else "sdpa")
+
+
+#: optimizers whose state lives in CUDA unified memory (bitsandbytes paged_* ; data/optimizers.json "paged")
+PAGED = ("paged_adamw_8bit", "paged_adamw_32bit", "paged_lion_8bit", "paged_lion_32bit")
+
+
+def _optimizer(row: dict[str, str]) -> str | None:
+    opt = row["optimizer"].lower()
+    if opt in ("none", ""):
+        return None
+    if opt.startswith("adafactor"):
+        return "adafactor"
+    eight_bit = "8bit" in opt or "8-bit" in opt
+    if "paged" in opt:  # bnb PagedAdamW / PagedAdamW8bit: states in CUDA unified memory (see PAGED)
+        return "paged_adamw_8bit" if eight_bit else "paged_adamw_32bit"
+    if eight_bit:
+        return "adamw_bnb_8bit"  # bnb Adam8bit / TrainingArguments adamw_8bit: both moments in 8-bit blocks
+    if _pre_torch2(row):
+        # before PyTorch 2.0 torch.optim.AdamW ran the per-tensor loop (foreach became the CUDA default in 2.0):
+        # no parameter-sized temporary, the same memory as perfguide's per-tensor fused AdamW
+        return "adamw_torch_fused"
+    return "adamw_torch"  # torch.optim.AdamW default since PyTorch 2.0: foreach on CUDA
+
+
+def _seq_len(text: str) -> int:
+    """Padded-per-batch rows peak at their longest sample; a value the source marks as truncated in print
+    ("'12' as printed (probably truncated 128)") is read as the value the source gives for it."""
+    for marker in ("probably truncated", "longest sample"):
+        if marker in text:
+            return _int(text.split(marker)[-1])
+    return _int(text)
+
+
+def _kbit_upcast(row: dict[str, str]) -> bool:
+    """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
+    prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do."""
+    if "skips prepare_model_for_kbit_training" in row["method"]:  # TRL's SFTTrainer on FSDP-sharded QLoRA
+        return False
+    return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
+
+
+def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
+    if row["grad_checkpointing"].startswith("selective"):
+        raise Skip("selective (per-op) activation checkpointing is not expressible")
+    q = row["quantization"]
+    if q.startswith("GPTQ"):
+        raise Skip("GPTQ weights are not expressible")
+    fields: dict[str, object] = dict(task="train", micro_batch_size=_int(row["micro_batch"], 1),
+                                     seq_len=_seq_len(row["seq_len"]),
+                                     gradient_accumulation_steps=_int(row["grad_accum"], 1),
+                                     optimizer=_optimizer(row),
+                                     gradient_checkpointing=row["grad_checkpointing"] not in ("", "no"),
+                                     attn_implementation=_attn(row),
+                                     num_gpus=_int(row["num_gpus"], 1),
+                                     optimizer_in_backward="optimizer_in_bwd True" in row["method"],
+                                     torch_compile="torch.compile enabled" in row["method"])
+    fields.update(_precision(row["precision"]))
+    fields.update(_strategy(row))
+    if q:
+        fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
+        fields["kbit_upcast"] = _kbit_upcast(row)
+    fields["lora"] = _lora(row, spec)
+    return Setup(**fields)  # type: ignore[arg-type]
+
+
+def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
+    if row["quantization"].startswith("GPTQ"):
+        raise Skip("GPTQ weights are not expressible")
+    text = row["seq_len"]
+    nums = [int(x) for x in re.findall(r"\d+", text)]
+    if spec is not None and not spec.generates and text.strip().isdigit():
+        seq, new = nums[0], 0  # an encoder is served by one forward pass over the stated length: nothing is generated
+    elif "short prompt" in text:
+        seq, new = 8, nums[0]
+    elif "generated" in text:
+        seq, new = nums[0], nums[1]
+    elif "prompt" in text:
+        seq, new = nums[0], 1
+    else:
+        raise Skip(f"inference rows without a stated prompt/generation length ({text!r}) are not compared")
+    par = row["parallelism"]
+    n = _int(row["num_gpus"], 1)
+    strat = "tp" if "tensor parallel" in par else ("device_map" if n > 1 else "single")
+    fields: dict[str, object] = dict(task="infer", micro_batch_size=_int(row["micro_batch"], 1), seq_len=seq,
+                                     new_tokens=new, optimizer=None, strategy=strat, num_gpus=n,
+                                     attn_implementation=_attn(row))
+    fields.update(_precision(row["precision"]))
+    if fields.get("autocast"):
+        fields.pop("autocast")
+    q = row["quantization"]
+    if q:
+        fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
+        fields["kbit_upcast"] = _kbit_upcast(row)
+    return Setup(**fields)  # type: ignore[arg-type]
+
+
+_SPECS: dict[str, ModelSpec] = {}
+
+# Community re-uploads of a catalog model (same config.json, same weights); the catalog deliberately does not
+# resolve unknown organisations, so the bench names the original here.
+REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
+             "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2",
+             # Llama 3.3 70B reuses Llama 3.1 70B's config.json shape (80 x 8192, FFN 28672, 128256 vocab, GQA 8)
+             "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B"}
+
+
+def _spec(hub_id: str) -> ModelSpec:
+    if hub_id not in _SPECS:
+        try:
+            _SPECS[hub_id] = ModelSpec.from_any(CONFIGS.get(hub_id) or REUPLOADS.get(hub_id, hub_id))
+        except PerfGuideError as exc:
+            raise Skip(f"model not in the offline catalog ({type(exc).__name__})") from None
+    return _SPECS[hub_id]
