@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engines", ("engines/",)),
     ("planning", ("scenarios/",)),
     ("adapters, render, measure", ("integrations/", "render/", "measure/")),
-    ("public face", ("__init__", "__main__", "api", "recommendation", "preflight", "cli", "cli_flags", "cli_calibrate", "cli_check")),
+    ("public face", ("__init__", "__main__", "api", "recommendation", "preflight", "cli", "cli_flags", "cli_recommend", "cli_calibrate", "cli_check")),
 )
 
 #: The one type-only reference upward: adapters, renderers and measurement are handed the public Recommendation
