@@ -34,6 +34,17 @@ class Ledger:
     lora_rank_per_layer: int = 0
 
 
+def _expert_matrices(spec: ModelSpec) -> list[TensorGroup]:
+    """Routed-expert weights a spec counts only in ``expert_params`` (fused 3-D expert tensors: Qwen3-MoE, gpt-oss,
+    DeepSeek), as matrices of one expert's width: optimizers see them as large tensors (bitsandbytes quantizes their
+    state to 8 bits, torchao too), not as 1-D vectors kept in fp32."""
+    if not spec.expert_params or any(k.startswith("experts.") for k in spec.block_linears):
+        return []
+    width = spec.moe_intermediate_size or spec.intermediate_size
+    n = spec.expert_params // (spec.hidden_size * width)
+    return [TensorGroup(n, width, spec.hidden_size, "linear")] if n else []
+
+
 def full_groups(spec: ModelSpec) -> list[TensorGroup]:
     """Every parameter tensor of the model grouped by shape: embeddings, head, block Linears, 1-D rest."""
     h = spec.hidden_size
@@ -46,7 +57,9 @@ def full_groups(spec: ModelSpec) -> list[TensorGroup]:
     if spec.lm_head_params:
         groups.append(TensorGroup(1, max(1, spec.lm_head_params // h), h, "head"))
     groups += [TensorGroup(n, o, i, "linear") for _, i, o, n in linear_shapes(spec)]
-    rest = spec.total_params - spec.embedding_params - spec.lm_head_params - linear_params(spec)
+    experts = _expert_matrices(spec)
+    groups += experts
+    rest = spec.total_params - spec.embedding_params - spec.lm_head_params - linear_params(spec) - sum(g.total for g in experts)
     if rest > 0:
         groups.append(TensorGroup(rest // h, h, 1, "other"))
         if rest % h:
