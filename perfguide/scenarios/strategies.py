@@ -172,13 +172,17 @@ def layout_tier(rung: Rung) -> tuple[str, bool]:
 
 
 def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> list[Rung]:
-    """Each semantics rung x each layout level, in that order: all of a rung's levels come before the next rung."""
-    out = []
+    """Each semantics rung x each on-GPU layout level, rung by rung; then the CPU-offload levels, rung by rung: offload
+    is the ladder's rung after lighter states, pure bf16 and the step in backward (docs/concepts.md), so an on-GPU
+    layout of a later rung (Mixtral on 8x A100: fp32 masters + 8-bit AdamW under FSDP, 71 GiB) wins over offloading
+    an earlier one (the same with fp32 AdamW states offloaded: ~1.6x the step time)."""
+    on_gpu, offloaded = [], []
     for r in rungs:
         for lv in ladder:
             ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay) is None)
             if ts:
-                out.append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
+                (offloaded if lv.name == OFFLOAD_LEVEL else on_gpu).append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
+    out = on_gpu + offloaded
     if not out:  # every layout left is incompatible with what was asked: say why instead of searching nothing
         why = next((w for r in rungs for t in r.templates for lv in ladder for lay in lv.layouts
                     if (w := incompatible(t, lay))), "no layout can run these settings")
