@@ -176,7 +176,8 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
     is the ladder's rung after lighter states, pure bf16 and the step in backward (docs/concepts.md), so an on-GPU
     layout of a later rung (Mixtral on 8x A100: fp32 masters + 8-bit AdamW under FSDP, 71 GiB) wins over offloading
     an earlier one (the same with fp32 AdamW states offloaded: ~1.6x the step time)."""
-    on_gpu, offloaded = [], []
+    on_gpu: list[Rung] = []
+    offloaded: list[Rung] = []
     for r in rungs:
         for lv in ladder:
             ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay) is None)
