@@ -14,7 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..errors import WrongMachineError
-from ..model.quantized import checkpoint_format
+from ..model.quantized import TRAINING_DEQUANTIZE_CONFIG, checkpoint_format
 from .adapter_facts import (
     check_cuda_machine,
     emitted,
@@ -154,10 +154,10 @@ def model_kwargs(rec: Recommendation) -> dict[str, Any]:
     # a checkpoint saved quantized loads as it is: transformers refuses a second config of another class and ignores one of its own
     saved = checkpoint_format(rec.request.model.config)
     qc = None if s.checkpoint_format or saved else quantization_config(rec)
-    if s.task == "train" and saved == "mxfp4":  # trained as the bf16 weights it dequantizes to (see the plan's Decision)
-        from transformers import Mxfp4Config  # type: ignore[attr-defined]
+    if s.task == "train" and saved in TRAINING_DEQUANTIZE_CONFIG:  # trained as the bf16 weights it dequantizes to
+        import transformers
 
-        qc = Mxfp4Config(dequantize=True)
+        qc = getattr(transformers, TRAINING_DEQUANTIZE_CONFIG[saved])(dequantize=True)
     if qc is not None:
         kw["quantization_config"] = qc
     device_map = _device_map(rec)

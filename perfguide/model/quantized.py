@@ -23,6 +23,10 @@ from ..setup import CheckpointFormat
 from .shape import decoder_config
 
 _SIMPLE: dict[str, CheckpointFormat] = {"awq": "awq", "mxfp4": "mxfp4"}
+
+#: stored formats transformers dequantizes to bf16 at load for training, and the config class that asks it to
+#: (``Mxfp4Config(dequantize=True)``; the published gpt-oss fine-tunes train the upcast bf16 weights)
+TRAINING_DEQUANTIZE_CONFIG: dict[str, str] = {"mxfp4": "Mxfp4Config"}
 _MODELOPT: dict[str, CheckpointFormat] = {"fp8": "fp8", "nvfp4": "nvfp4"}
 ACCEPTED = ("bitsandbytes 4/8-bit, gptq 4-bit, awq, fp8 (per tensor or block), mxfp4, compressed-tensors fp8/w4a16/nvfp4, "
             "modelopt fp8/nvfp4")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import sources
 from ..decisions import Decision
 from ..errors import ConflictingConstraintsError
-from ..model.quantized import checkpoint_format
+from ..model.quantized import TRAINING_DEQUANTIZE_CONFIG, checkpoint_format
 from ..model.types import ModelSpec
 from .types import Constraints
 
@@ -45,19 +45,15 @@ def as_the_module_is(task: str, spec: ModelSpec, cons: Constraints) -> Constrain
     return cons.model_copy(update={"finetune": finetune, "lora": spec.adapter or cons.lora})
 
 
-#: checkpoint formats transformers dequantizes to bf16 at load for training (Mxfp4Config(dequantize=True))
-DEQUANTIZED_FOR_TRAINING = ("mxfp4",)
-
-
 def dequantized_checkpoint_decision(task: str, spec: ModelSpec) -> list[Decision]:
     """A training plan of an MXFP4 checkpoint (gpt-oss) trains the bf16 weights transformers dequantizes it to, as the
     published gpt-oss fine-tuning recipes do; say so, with the memory it costs, since the checkpoint is 4-bit."""
     fmt = checkpoint_format(spec.config) if task == "train" else None
-    if fmt not in DEQUANTIZED_FOR_TRAINING:
+    if fmt not in TRAINING_DEQUANTIZE_CONFIG:
         return []
     return [Decision(setting="checkpoint_dequantize", value=f"{fmt} -> bf16",
                      reason=f"the checkpoint is saved {fmt}; transformers dequantizes it to bf16 at load "
-                            f"(model_kwargs() passes Mxfp4Config(dequantize=True)) and the fine-tune trains bf16 weights, "
+                            f"(model_kwargs() passes {TRAINING_DEQUANTIZE_CONFIG[fmt]}(dequantize=True)) and the fine-tune trains bf16 weights, "
                             "as published gpt-oss fine-tunes do (no stable training in MXFP4 itself)",
                      number=float(spec.total_params * 2), unit="bytes", source=sources.GPT_OSS_BF16_SFT)]
 
@@ -67,7 +63,7 @@ def _checkpoint_format(spec: ModelSpec) -> str | None:
     fmt = checkpoint_format(spec.config)
     if fmt in (None, "nf4", "int8"):
         return fmt
-    if fmt in DEQUANTIZED_FOR_TRAINING:
+    if fmt in TRAINING_DEQUANTIZE_CONFIG:
         return None
     raise ConflictingConstraintsError(
         f"the checkpoint is saved {fmt}-quantized (its config's quantization_config); a quantized checkpoint trains only "
