@@ -62,3 +62,22 @@ def test_the_validated_rows_are_what_the_readers_use() -> None:
     rule = catalog_file().size_rule
     spec = spec_for_size("7b")
     assert spec.model_type in rule.model_types and abs(spec.total_params / 7e9 - 1) <= rule.match_within
+
+
+def test_the_tp_split_expert_list_is_what_the_installed_transformers_plans() -> None:
+    """data/architectures.json records which model types' base_model_tp_plan splits the fused routed experts, so
+    planning imports no transformers; the list is checked against every config class of the pinned release."""
+    from perfguide.model.catalog import catalog_file
+
+    transformers = pytest.importorskip("transformers")
+    splits = set()
+    for model_type in transformers.CONFIG_MAPPING.keys():
+        try:
+            plan = getattr(transformers.CONFIG_MAPPING[model_type], "base_model_tp_plan", None) or {}
+        except Exception:  # noqa: BLE001 - a config class that needs an optional extra: not planned for TP either
+            continue
+        if any(key.endswith("experts.gate_up_proj") for key in plan):
+            splits.add(model_type)
+    listed = set(catalog_file().tp_split_expert_model_types.value)
+    assert listed == splits, (sorted(splits - listed), sorted(listed - splits))
+    assert {"qwen3_moe", "mixtral"} <= listed and "gpt_oss" not in listed

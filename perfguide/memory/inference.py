@@ -8,12 +8,12 @@ sliding-window layers keep ``window - 1`` positions (dynamic) or ``min(max_len, 
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Literal
 
 from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
+from ..model.catalog import catalog_file
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .overhead import capacity_bytes, cuda_context_bytes, to_estimate
@@ -206,21 +206,11 @@ def _device_map_share(spec: ModelSpec, setup: Setup, weights: int, kv: int) -> t
 
 def _tp_shards_fused_experts(spec: ModelSpec) -> bool:
     """Whether tp_plan="auto" splits routed experts that ``linear_params`` does not count (transformers 5 fuses them into
-    3-D tensors): their config's ``base_model_tp_plan`` names ``experts.gate_up_proj`` (Qwen3-MoE), or not (gpt-oss)."""
+    3-D tensors): their config's ``base_model_tp_plan`` names ``experts.gate_up_proj`` (Qwen3-MoE), or not (gpt-oss),
+    as data/architectures.json ``tp_split_expert_model_types`` records it (no transformers import while planning)."""
     if not spec.expert_params or any(k.startswith("experts.") for k in spec.block_linears):
         return False
-    return _plan_splits_experts(spec.model_type)
-
-
-@functools.cache
-def _plan_splits_experts(model_type: str) -> bool:
-    try:
-        from transformers import CONFIG_MAPPING  # lazy: only MoE models with fused experts priced under TP get here
-
-        plan = getattr(CONFIG_MAPPING[model_type], "base_model_tp_plan", None) or {}
-    except (KeyError, ImportError):
-        return False
-    return any(key.endswith("experts.gate_up_proj") for key in plan)
+    return spec.model_type in catalog_file().tp_split_expert_model_types.value
 
 
 def _tp_weights(spec: ModelSpec, setup: Setup, weights: int, tp: int) -> int:

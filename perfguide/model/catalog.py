@@ -45,6 +45,7 @@ class CatalogFile(DataModel):
 
     bf16_native_model_types: Fact[list[str]]
     no_sdpa_model_types: Fact[list[str]]
+    tp_split_expert_model_types: Fact[list[str]]
     #: architecture -> the block class FSDP wraps (transformers' ``_no_split_modules[0]``)
     block_classes: Fact[dict[str, str]]
     #: model_type -> key into data/activations.json (its own ``_doc`` row aside)
