@@ -92,9 +92,10 @@ def test_one_gpu_of_an_eight_gpu_cloud_host_is_planned_on_its_share() -> None:
     rows = {r.name: r for r in _rows()}
     one, eight = rows["GCP a2-highgpu-1g"], rows["GCP a2-highgpu-8g"]
     assert (one.ram_bytes * 8, one.vcpus * 8) == (eight.ram_bytes, eight.vcpus)   # the proportion the rule assumes
-    h200_host = typical_host("h200", 8)   # the row the rule picks for eight: sliced, it is what one gets
+    row = min((r for r in _rows() if "h200" in r.gpus), key=lambda r: (r.gpu_count, r.ram_bytes))   # the data row itself
+    assert row.gpu_count == 8
     hw = Hardware.from_name("h200")
-    assert hw.cpu.ram_total == h200_host.cpu.ram_total // 8 and hw.cpu.physical_cores == h200_host.cpu.physical_cores // 8
+    assert hw.cpu.ram_total == row.ram_bytes // 8 and hw.cpu.physical_cores == row.cores // 8
     assert "1/8 share" in assumed_host(hw).describe()
     desk = Hardware.from_name("rtx4090")   # one card in the two-card desktop row: the same desktop
     assert (desk.cpu.physical_cores, desk.cpu.ram_total) == (16, 64 * GiB)
