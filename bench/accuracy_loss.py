@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 
-from accuracy_setup import _pre_torch2
+from accuracy_setup import LOOP_REBINDS_OUTPUTS, _pre_torch2
 
+from perfguide.memory.activations import training_cache_bytes
 from perfguide.memory.loss_path import hf_loss_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
@@ -39,7 +40,8 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return int(per_logit * setup.micro_batch_size * setup.seq_len * spec.vocab_size)
     version = _transformers_version(row)
     if version is not None and spec.generates and not spec.is_encoder_decoder:
-        return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS)
+        cache = training_cache_bytes(spec, setup, version, 2 if row["source_group"] in LOOP_REBINDS_OUTPUTS else 1)
+        return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS) + cache
     return None
 
 

@@ -136,6 +136,15 @@ def _pre_torch2(row: dict[str, str]) -> bool:
     return re.search(r"PyTorch (nightly ~)?1\.", row["notes"] + row["gpu_type"]) is not None
 
 
+#: loops that rebind ``outputs = model(**batch)`` at the top of each step without deleting the old one: the previous
+#: step's output (its logits and any cache it returned) is alive until the next forward returns, through that
+#: forward's loss peak (activations.training_cache_bytes ``outputs_alive`` = 2)
+LOOP_REBINDS_OUTPUTS = {
+    "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: 'for step, batch in ...: outputs = "
+                            "model(**batch)'; no del, and the eval loop rebinds the same name",
+}
+
+
 def _attn(row: dict[str, str]) -> str:
     """The row's attention; before PyTorch 2.0 there was no scaled_dot_product_attention, so HF ran eager."""
     return row["attn_impl"] or ("eager" if _pre_torch2(row) else "sdpa")

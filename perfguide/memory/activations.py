@@ -32,7 +32,9 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
       "dropout": {"keys": {"hidden": [...], "attention": [...]},   # HF config keys, first present wins
                   "defaults": {"<HF model_type>": {"hidden": p, "attention": p}}},  # config-class defaults
       "loss_paths": {"ce_bytes": 4, "eras": [{"since": "<transformers release>", "output_keeps": "fp32" | "head",
-                                              "shift_copy": bool, "source": ...}]}   # memory/loss_path.py
+                                              "shift_copy": bool, "source": ...}]},  # memory/loss_path.py
+      "training_cache": {"entries": [{"model_type": ..., "attn_implementation": ..., "since": "<release>",
+                                      "hidden_elements": x, "source": ...}]}     # training_cache_bytes()
     }
 
 ``per_token`` and ``eager_per_head_s2`` are traced with dropout off; the dropout terms are added only when the
@@ -57,7 +59,7 @@ from pydantic import Field
 from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
-from .loss_path import LossPaths
+from .loss_path import LossPaths, version_tuple
 
 DIMS = ("h", "i", "q", "kv", "1")
 Dim = Literal["h", "i", "q", "kv", "1"]
@@ -88,6 +90,22 @@ class Dropout(DataModel):
     defaults: dict[str, dict[Literal["hidden", "attention"], float]]
 
 
+class CacheEntry(DataModel):
+    """From ``since`` on, a training forward of ``model_type`` with this attention returns a cache that keeps
+    ``hidden_elements`` x hidden_size elements per block per token alive beyond what autograd saves."""
+
+    model_type: str
+    attn_implementation: str
+    since: str
+    hidden_elements: float = Field(ge=0)
+    source: str = Field(min_length=10)
+
+
+class TrainingCache(DataModel):
+    source: str = Field(min_length=10)
+    entries: tuple[CacheEntry, ...]
+
+
 class ActivationsData(DataModel):
     """data/activations.json; every family names all three regimes (or points at one that does)."""
 
@@ -98,6 +116,7 @@ class ActivationsData(DataModel):
     aliases: dict[str, str]
     dropout: Dropout
     loss_paths: LossPaths
+    training_cache: TrainingCache
 
 
 def activations_data() -> ActivationsData:
@@ -271,3 +290,28 @@ def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
     c = _coefs(spec, setup)
     positions = 1 if spec.logits_per_sequence else setup.seq_len
     return int(setup.micro_batch_size * positions * spec.logits_width * c.logits_per_token_vocab)
+
+
+def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1) -> int:
+    """Bytes the KV cache returned by a training forward keeps alive at the forward/loss peak (``release``: the
+    transformers release that ran; data/activations.json ``training_cache``, traced per release).
+
+    HF models return ``past_key_values`` whenever ``config.use_cache`` is true, in training too (it is switched off
+    only under gradient checkpointing). Where the cached keys and values are views of a fused projection output
+    (GPT-2's c_attn before transformers 5), that whole output outlives the forward although autograd saved copies.
+    The cache exists at the loss peak inside the forward in every loop; ``outputs_alive`` counts the outputs alive
+    there: 2 for a loop that rebinds ``outputs = model(**batch)`` each step, whose previous output lives until the
+    next forward returns. A model type or release without a traced entry is charged nothing.
+    """
+    if setup.gradient_checkpointing or not (spec.config or {}).get("use_cache", True):
+        return 0
+    v = version_tuple(release)
+    entries = [e for e in activations_data().training_cache.entries
+               if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
+               and version_tuple(e.since) <= v]
+    if not entries:
+        return 0
+    entry = max(entries, key=lambda e: version_tuple(e.since))
+    nbytes = 4 if regime(setup) == "fp32" else 2
+    per_token = entry.hidden_elements * spec.hidden_size * nbytes * spec.total_layers
+    return int(outputs_alive * per_token * setup.micro_batch_size * setup.seq_len)
