@@ -37,7 +37,7 @@ from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_byte
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
-from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, per_device
+from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, offload_staging_bytes, per_device
 from .types import MemoryEstimate
 
 
@@ -250,8 +250,11 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP1 no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))
+    staging = offload_staging_bytes(spec, setup)   # the H2D shard copies' own stream pool, reserved
+    if staging:
+        notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),
-        peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
+        peak_allocated=peak, cpu_ram=cpu_ram, notes=notes, side_stream_reserved=staging,
     )

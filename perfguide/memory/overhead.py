@@ -65,18 +65,20 @@ def to_estimate(
     cpu_ram: int = 0,
     method: str = "analytic",
     notes: tuple[str, ...] = (),
+    side_stream_reserved: int = 0,
 ) -> MemoryEstimate:
     """Assemble a MemoryEstimate: add the allocator and context layers and judge ``fits``.
 
     On CPU there is no caching allocator or CUDA context: reserved == allocated and the device total adds
-    the Python/torch process baseline, compared with available RAM.
+    the Python/torch process baseline, compared with available RAM. ``side_stream_reserved``: blocks a side
+    stream's pool keeps cached apart from the compute stream's peak (sharding.offload_staging_bytes), reserved only.
     """
     if setup.device == "cpu":
         context = int(_const("cpu_process_base_bytes"))
         reserved = peak_allocated
     else:
         context = cuda_context_bytes(hardware)
-        reserved = reserved_from_allocated(peak_allocated)
+        reserved = reserved_from_allocated(peak_allocated) + side_stream_reserved
     total = reserved + context
     capacity = capacity_bytes(hardware, setup)
     return MemoryEstimate(

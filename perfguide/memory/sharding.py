@@ -11,7 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._data import fact_value
+from ..model.linears import linear_shapes
+from ..model.types import ModelSpec
 from ..setup import STRATEGIES, Setup
+from .ledger import DTYPE_BYTES, KBIT_PREPARED_REST_BYTES
 
 #: Strategy families, derived from the one table in setup.py (Setup.is_deepspeed / Setup.is_fsdp per Setup).
 #: ZeRO-1/2 bucket (elements) perfguide emits for one-GPU ZeRO-Offload: the gradient buckets only stage copies to
@@ -107,6 +110,34 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     elif setup.shards_params:
         buffers += unsharded_weights
     return PerDevice(weights, grads, opt, buffers, 0)
+
+
+#: bytes per stored element of a block's frozen Linear weights as FSDP flattens them (bnb packs nf4 two to a byte
+#: into its quant_storage dtype; the absmax is an attribute, not part of the FlatParameter)
+_STORED_LINEAR_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "nf4": 0.5}
+
+
+def offload_staging_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Device bytes the side stream that stages CPU-offloaded shards keeps reserved: the largest unit's shard.
+
+    With parameter offload FSDP copies a unit's CPU shard to the GPU before all-gathering it, and allocates that
+    copy on a stream of its own: FSDP1's ``_pre_unshard_stream`` ("allocations and writes for CPU offloading (H2D
+    copy)", torch distributed/fsdp/_runtime_utils.py ``_init_streams``; ``FlatParamHandle.pre_unshard`` then
+    ``flat_param_to(device)``), FSDP2's all-gather copy-in stream (``FSDPParam.all_gather_inputs``:
+    ``sharded_param_data.to(device)`` inside ``foreach_all_gather``'s copy-in stream). The caching allocator keeps
+    a freed block for the stream it was allocated on, so that stream's pool stays reserved at its largest copy
+    while the compute stream's peak comes later: reserved, not allocated. The largest unit is the root one
+    (embeddings, LM head, final norm, kept in 16 bit or, after peft's kbit preparation, fp32) unless one block's
+    weights are larger. Llama-2-70B QLoRA on 2 GPUs: (262,144,000 x 2) x 2 B / 2 = 524,288,000 B. A lower bound:
+    the next unit's copy may overlap the current one's.
+    """
+    if not (setup.is_fsdp and setup.offload_params):
+        return 0
+    wd = setup.weights_dtype
+    rest_bytes = DTYPE_BYTES.get(wd) or (KBIT_PREPARED_REST_BYTES if setup.kbit_upcast else 2)
+    root = (spec.embedding_params + spec.lm_head_params) * rest_bytes
+    block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // max(1, spec.total_layers) * _STORED_LINEAR_BYTES[wd]
+    return int(max(root, block)) // setup.shard_degree
 
 
 # ---- published formulas (anchors) -------------------------------------------------------------------------
