@@ -153,6 +153,16 @@ def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware
     return lo
 
 
+def max_batch(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> int:
+    """The largest micro-batch the model says fits (0 when batch 1 does not), searched to 4x the published one."""
+    largest = 0
+    for b in range(1, 4 * setup.micro_batch_size + 9):
+        if not _fits(row, spec, setup.replace(micro_batch_size=b), hw):
+            break
+        largest = b
+    return largest
+
+
 def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, fits: bool) -> Result:
     """Fit boundaries: an OOM must not fit; a max batch must fit and one more must not; a max context is
     compared as a number (the longest sequence that fits), and its fits / does-not-fit verdict at the
@@ -162,7 +172,9 @@ def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, 
         return Result(row, "verdict", verdict_ok=not fits, reason="published OOM")
     if kind == "max_batch_fit":
         bigger = _fits(row, spec, setup.replace(micro_batch_size=setup.micro_batch_size + 1), hw)
-        return Result(row, "verdict", verdict_ok=fits and not bigger, reason="published max batch that fits")
+        largest = max_batch(row, spec, setup, hw)
+        return Result(row, "verdict", verdict_ok=fits and not bigger, reason="published max batch that fits",
+                      predicted=largest, published=setup.micro_batch_size, err_pct=_pct(largest, setup.micro_batch_size))
     longest = max_context(row, spec, setup, hw)
     return Result(row, "context", predicted=longest, published=setup.seq_len, err_pct=_pct(longest, setup.seq_len),
                   verdict_ok=fits, reason="published max context (fits at that length)")
