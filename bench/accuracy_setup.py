@@ -99,7 +99,9 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     names = [n for n in spec.block_linears if any(n.endswith(t) or t in n for w in words if w in _TARGET_WORDS for t in _TARGET_WORDS[w])]
     if not names:
         raise Skip(f"LoRA targets {words} do not map onto {spec.name}'s Linears")
-    return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))))
+    dropout = re.search(r"dropout ([\d.]+)", row["method"])  # the row's LoraConfig lora_dropout: its masks are kept
+    return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))),
+                    dropout=float(dropout.group(1)) if dropout else 0.0)
 
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:

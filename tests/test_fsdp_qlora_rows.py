@@ -1,0 +1,49 @@
+"""The FSDP + QLoRA rows (PEFT docs, philschmid.de, Answer.AI's fsdp_qlora) read as the LoraConfig their scripts
+build, and the bytes that reading adds, derived by hand from Llama-2-70B's config."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from helpers import load_bench
+
+from perfguide.memory.analytic import training_memory
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def acc() -> ModuleType:
+    return load_bench("accuracy")
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, dict[str, str]]:
+    with (ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8") as fh:
+        return {r["row_id"]: r for r in csv.DictReader(fh)}
+
+
+@pytest.mark.parametrize("row_id,dropout", [("757", 0.1), ("758", 0.1), ("714", 0.05), ("676", 0.1), ("662", 0.1)])
+def test_rows_carry_their_lora_dropout(acc: ModuleType, rows: dict[str, dict[str, str]], row_id: str, dropout: float) -> None:
+    """run_peft_qlora_fsdp.sh --lora_dropout 0.1; philschmid's LoraConfig lora_dropout=0.05; fsdp_qlora train.py's
+    default lora_dropout 0.1 (its benchmark commands leave it)."""
+    row = rows[row_id]
+    setup = acc._train_setup(row, acc._spec(row["model_hf_id"]))
+    assert setup.lora is not None and setup.lora.dropout == dropout
+
+
+def test_dropout_masks_of_the_recomputed_llama2_70b_block(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """PEFT runs ``lora_A(dropout(x))`` per adapted Linear; CUDA dropout keeps a 1-byte mask per element for backward.
+    With checkpointing only the recomputed block holds them: 2 x 2048 tokens x (6 x 8192 inputs of q, k, v, o, gate,
+    up + 28672 of down) x 1 B = 318,767,104 B on row 757, whose peak is that recompute."""
+    row = rows["757"]
+    spec = acc._spec(row["model_hf_id"])
+    setup = acc._train_setup(row, spec)
+    assert setup.lora is not None
+    dry = setup.replace(lora=setup.lora.model_copy(update={"dropout": 0.0}))
+    with_masks, without = training_memory(spec, setup), training_memory(spec, dry)
+    assert with_masks.notes[0] == without.notes[0] == "peak in checkpoint recompute"
+    assert with_masks.peak_allocated - without.peak_allocated == 2 * 2048 * (6 * 8192 + 28672) == 318_767_104
