@@ -28,7 +28,7 @@ from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _bnb_version, _loss_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
 from accuracy_report import Result, report
-from accuracy_reserved import RESERVED_LINE, reserved_line_fits
+from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _spec, _train_setup
 
 from perfguide._data import load
@@ -113,7 +113,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     if kind in ("oom", "max_batch_fit", "max_seq_fit"):
         if hw is None:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
-        return _boundary(row, spec, setup, hw, _fits(row, spec, setup, hw))
+        note = boundary_note(est, spec, setup, hw) if RESERVED_LINE in row["mem_metric"] else ""
+        return _boundary(row, spec, setup, hw, _fits(row, spec, setup, hw), note)
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])
         published = float(re.match(r"[\d.]+", row["peak_mem_value"]).group())  # type: ignore[union-attr]
@@ -163,7 +164,7 @@ def max_batch(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) 
     return largest
 
 
-def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, fits: bool) -> Result:
+def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, fits: bool, note: str = "") -> Result:
     """Fit boundaries: an OOM must not fit; a max batch must fit and one more must not; a max context is
     compared as a number (the longest sequence that fits), and its fits / does-not-fit verdict at the
     published length is judged like any other."""
@@ -177,7 +178,7 @@ def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, 
                       predicted=largest, published=setup.micro_batch_size, err_pct=_pct(largest, setup.micro_batch_size))
     longest = max_context(row, spec, setup, hw)
     return Result(row, "context", predicted=longest, published=setup.seq_len, err_pct=_pct(longest, setup.seq_len),
-                  verdict_ok=fits, reason="published max context (fits at that length)")
+                  verdict_ok=fits, reason="published max context (fits at that length)", note=note)
 
 
 #: calibration.json constants read off rows of this CSV, and the value the OTHER sources' rows give for each: a

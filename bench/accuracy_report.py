@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _report import SourceSummary
+from accuracy_reserved import context_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "bench" / "data" / "published_measurements.csv"
@@ -26,6 +27,7 @@ class Result:
     err_pct: float | None = None
     verdict_ok: bool | None = None
     anchors: dict[str, float] = field(default_factory=dict)  # anchor name -> abs % error
+    note: str = ""                  # context rows on a publisher's reserved line: memory at the published length
 
 
 
@@ -127,7 +129,7 @@ def _contexts(rows: list[Result]) -> list[str]:
     for r in rows:
         lines.append(f"| {r.row['row_id']} | {r.row['source_group']} | {r.row['model_hf_id']} | {r.row['gpu_type'][:32]} | "
                      f"{r.published:,.0f} | {r.predicted:,.0f} | {r.err_pct:.1f} |")
-    return [*lines, "", *_context_slopes(rows)]
+    return [*lines, "", *_context_slopes(rows), *context_notes(rows)]
 
 
 #: the reason bench/accuracy.py gives a published max-batch row
