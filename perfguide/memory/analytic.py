@@ -221,6 +221,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if setup.autocast and setup.weights_dtype == "fp32" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
+    acts += act.unsharded_compute_copies(spec, setup, gather)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
     logits = loss_bytes if loss_bytes is not None else terms.logits
     release_notes: tuple[str, ...] = ()
