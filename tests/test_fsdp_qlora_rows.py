@@ -47,3 +47,18 @@ def test_dropout_masks_of_the_recomputed_llama2_70b_block(acc: ModuleType, rows:
     with_masks, without = training_memory(spec, setup), training_memory(spec, dry)
     assert with_masks.notes[0] == without.notes[0] == "peak in checkpoint recompute"
     assert with_masks.peak_allocated - without.peak_allocated == 2 * 2048 * (6 * 8192 + 28672) == 318_767_104
+
+
+def test_accelerate_accumulation_holds_the_unsharded_lora_gradients(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """HF Trainer accumulates inside accelerate's ``accumulate``, which skips the gradient sync (FSDP1 ``no_sync``,
+    FSDP2 ``set_requires_gradient_sync(False)``) on the first of the 2 micro-steps: every rank holds the whole LoRA
+    gradient, 16-bit under the Trainer's bf16 FSDP mixed precision, on the GPU even with CPU offload. Llama-2-70B
+    all-linear r=8: 80 x 8 x (2 x (8192 + 8192) + 2 x (8192 + 1024) + 3 x (8192 + 28672)) = 103,546,880 parameters
+    x 2 B = 207,093,760 B; philschmid's r=16 on Llama-3-70B (same Linears) twice that."""
+    for row_id, held in (("757", 207_093_760), ("714", 414_187_520)):
+        row = rows[row_id]
+        spec = acc._spec(row["model_hf_id"])
+        setup = acc._train_setup(row, spec)
+        assert setup.gradient_accumulation_steps == 2 and setup.offload_params
+        assert training_memory(spec, setup).gradients == held
+        assert training_memory(spec, setup.replace(gradient_accumulation_steps=1)).gradients == 0   # offloaded shards

@@ -37,7 +37,7 @@ from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_byte
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
-from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, offload_staging_bytes, per_device
+from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, no_sync_grads, offload_staging_bytes, per_device
 from .types import MemoryEstimate
 
 
@@ -125,23 +125,6 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     if not (setup.autocast and fp32_head and spec.head == "lm"):
         return 0
     return 2 * spec.vocab_size * spec.hidden_size
-
-
-def no_sync_grads(setup: Setup, full_grads: int, sharded_grads: int) -> int:
-    """Gradient bytes a rank holds through an accumulation micro-step under FSDP1: the whole unsharded set.
-
-    The loops that accumulate with FSDP1 skip the reduce-scatter on all but the last micro-step through
-    ``FullyShardedDataParallel.no_sync()`` (Lightning/litgpt ``fabric.no_backward_sync``; accelerate's
-    ``accumulate``/``no_sync``, which HF Trainer calls), and FSDP1 then keeps each FlatParameter's gradient
-    unsharded on every rank; its docstring: "FSDP will accumulate the full model gradients (instead of gradient
-    shards) until the eventual sync". So ``full_grads`` (every parameter whose FlatParameter requires grad:
-    the frozen base too under use_orig_params=True LoRA, frozen_params_get_grads) replaces the 1/N share until the
-    last micro-step's backward. With CPU offload they stay on the GPU too ("the gradients will not be offloaded to
-    CPU when inside the context manager", same docstring). FSDP2 (perfguide's plans) is left as it is.
-    """
-    if setup.is_fsdp and setup.fsdp_version == 1 and setup.gradient_accumulation_steps > 1:
-        return max(full_grads, sharded_grads)
-    return sharded_grads
 
 
 #: where a 4-bit base comes from: bitsandbytes (perfguide's plans: BitsAndBytesConfig) or torchao's NF4Tensor (torchtune)
@@ -235,7 +218,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     resident = dev.weights + optimizer_on_device + dev.buffers
-    accumulated = no_sync_grads(setup, states.grads, grads)   # FSDP1 no_sync: unsharded until the last micro-step
+    accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or grads_persist else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
@@ -249,7 +232,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
-             *((f"FSDP1 no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
+             *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))
     staging = offload_staging_bytes(spec, setup)   # the H2D shard copies' own stream pool, reserved
     if staging:

@@ -112,6 +112,27 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     return PerDevice(weights, grads, opt, buffers, 0)
 
 
+def no_sync_grads(setup: Setup, states: States, sharded_grads: int) -> int:
+    """Gradient bytes a rank holds through an accumulation micro-step under FSDP: the whole unsharded set.
+
+    Loops that accumulate under FSDP skip the reduce-scatter on all but the last micro-step, and the unsharded
+    gradients stay on every rank until then. FSDP1's ``no_sync()`` docstring: "FSDP will accumulate the full model
+    gradients (instead of gradient shards) until the eventual sync", and with CPU offload "the gradients will not be
+    offloaded to CPU when inside the context manager" (Lightning/litgpt ``fabric.no_backward_sync``; accelerate's
+    ``accumulate``, which HF Trainer calls). FSDP2's ``set_requires_gradient_sync(False)`` is "the equivalence of
+    ``no_sync`` in FSDP1": ``FSDPParamGroup.post_backward`` returns before the reduce-scatter, keeping each
+    parameter's unsharded ``.grad`` (torch distributed/fsdp/_fully_shard/_fsdp_param_group.py), and accelerate's
+    ``Accelerator.no_sync`` calls it for FSDP2 modules. So ``states.grads`` (every parameter whose gradient exists:
+    the frozen base too under FSDP1 use_orig_params=True LoRA, analytic.frozen_params_get_grads) replaces the 1/N
+    share until the last micro-step's backward. Under autocast FSDP runs on 16-bit gathered parameters (accelerate's
+    MixedPrecision param_dtype = reduce_dtype = the autocast dtype), so autograd's unsharded gradients are 16-bit.
+    """
+    if not (setup.is_fsdp and setup.gradient_accumulation_steps > 1):
+        return sharded_grads
+    full = states.grads * 2 // states.grad_elem_bytes if setup.autocast in ("bf16", "fp16") else states.grads
+    return max(full, sharded_grads)
+
+
 #: bytes per stored element of a block's frozen Linear weights as FSDP flattens them (bnb packs nf4 two to a byte
 #: into its quant_storage dtype; the absmax is an attribute, not part of the FlatParameter)
 _STORED_LINEAR_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "nf4": 0.5}
