@@ -57,7 +57,11 @@ def report(results: list[Result], timings: list[float]) -> str:
              "keeps an lm_head of its own, Lightning's bitsandbytes plugin quantizes it with the blocks, the largest "
              "Linear's load and prefill copies: bench/accuracy_litgpt.py); a training row whose published peak is below the model states of its "
              "stated setup is listed as not comparable, with both numbers; trust-C rows (a value inconsistent with its "
-             "own source, said in the row's notes) are listed but left out of the summary.", "",
+             "own source, said in the row's notes) are listed but left out of the summary. A training forward's returned KV "
+             "cache is charged where a traced release keeps it alive (GPT-2 eager before transformers 5: views of the fused "
+             "c_attn output), twice at the forward peak for loops that rebind outputs = model(**batch). hf_blog_pytorch_fsdp: "
+             "the blog prints '--block_size 12', read as a cut-off 128 for all 13 rows (not chosen by fit; the row notes give "
+             "why: at 12 tokens the DDP max batch would be ~80, at the script default 1024 none fits).", "",
              "Out of sample by source: a constant of perfguide/data/calibration.json read off rows of this CSV "
              "(HELD_OUT in bench/accuracy.py) takes, for its own source's rows, the value the other sources' rows give; "
              "no other memory constant is fitted to these rows (activation bytes come from traces).", "",
