@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from _report import SourceSummary
+from accuracy_gaps import open_gaps
 from accuracy_reserved import context_notes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,7 +86,8 @@ def report(results: list[Result], timings: list[float]) -> str:
     if timings:
         lines.append(f"Estimate latency: median {statistics.median(timings) * 1e3:.3f} ms, max {max(timings) * 1e3:.3f} ms "
                      f"over {len(timings)} calls.")
-    lines += ["", "## Compared rows", "", "| row | model | setup | metric | published | perfguide | err % |", "|---|---|---|---|---|---|---|"]
+    lines += ["", *open_gaps(values)]
+    lines += ["## Compared rows", "", "| row | model | setup | metric | published | perfguide | err % |", "|---|---|---|---|---|---|---|"]
     for r in values:
         row = r.row
         desc = f"{row['task'][:18]} b={row['micro_batch']} s={row['seq_len'][:24]} {row['precision'][:20]} {row['parallelism'][:20]}"
