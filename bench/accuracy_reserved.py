@@ -114,4 +114,9 @@ DISAGREEMENT = [
     "fsdp_qlora runs report both peaks of one run (rows 664/666: 10.24 / 8.28 GiB = 1.24 at 512 tokens, "
     "665/667: 10.22 / 9.16 GiB = 1.12 at 2048), while Qwen's single-GPU LoRA profiling rows of 7B and 14B (702-713, "
     "metric not stated) fit within 6% at 1.04. perfguide keeps the row's reading and 1.04, so rows 679/680 stay over-predicted",
+    "- the row's setup reading stands: a fixed part above 9 GiB is the kbit-upcast QLoRA's (peft "
+    "prepare_model_for_kbit_training: fp32 embeddings and head, 4.2 GB, plus the head's bf16 cast under autocast, "
+    "1.05 GB). TRL's SFTTrainer given a peft_config and bf16 casts head and embeddings back to bf16 "
+    "(trl.trainer.utils.peft_module_casting_to_bf16), which prices at about 6.1 GiB fixed and 2.0 MiB per token, "
+    "further from the published line, not closer",
 ]
