@@ -113,7 +113,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     if kind in ("oom", "max_batch_fit", "max_seq_fit"):
         if hw is None:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
-        note = boundary_note(est, spec, setup, hw) if RESERVED_LINE in row["mem_metric"] else ""
+        note = "" if RESERVED_LINE not in row["mem_metric"] else (
+            f"{boundary_note(est, spec, setup, hw)}; a plan on this card fits {max_context(row, spec, setup, hw, False):,} tokens")
         return _boundary(row, spec, setup, hw, _fits(row, spec, setup, hw), note)
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])
@@ -137,20 +138,21 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     return Result(row, "value", predicted=pred, published=published, err_pct=_pct(pred, published), anchors=anchors)
 
 
-def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> bool:
+def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_line: bool = True) -> bool:
+    """The row's verdict; ``on_line=False``: a plan's own (reserved + CUDA context within the card) for a line row."""
     est = estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
                           grads_persist=_pre_torch2(row), nf4_library=_nf4_library(row))
-    return reserved_line_fits(est, spec, setup, hw) if RESERVED_LINE in row["mem_metric"] else est.fits
+    return reserved_line_fits(est, spec, setup, hw) if on_line and RESERVED_LINE in row["mem_metric"] else est.fits
 
 
-def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> int:
+def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_line: bool = True) -> int:
     """The longest sequence (to 16 tokens) the model says fits at the row's batch; 0 when none of 64 does."""
     lo, hi = 64, 1 << 21
-    if not _fits(row, spec, setup.replace(seq_len=lo), hw):
+    if not _fits(row, spec, setup.replace(seq_len=lo), hw, on_line):
         return 0
     while hi - lo > 16:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if _fits(row, spec, setup.replace(seq_len=mid), hw) else (lo, mid)
+        lo, hi = (mid, hi) if _fits(row, spec, setup.replace(seq_len=mid), hw, on_line) else (lo, mid)
     return lo
 
 

@@ -85,7 +85,9 @@ def context_notes(rows: list[Any]) -> list[str]:
     if not on_line:
         return []
     out = ["Memory at the published length (perfguide's reserved bytes on the publisher's line; a length error is "
-           "this error times card / (card - fixed bytes)):", ""]
+           "this error times card / (card - fixed bytes)), and the longest context a plan of perfguide's allows on "
+           "that card (its own verdict: reserved + CUDA context within the card, without the cached head block, "
+           "which the allocator releases before it reports an OOM):", ""]
     out += [f"- row {r.row['row_id']} ({r.row['gpu_type'][:24]}): {r.note}" for r in on_line]
     sized = [(r, float(m.group(1))) for r in on_line if (m := re.search(r"(\d+) GB GPU", r.row["gpu_type"]))]
     if len(sized) >= 2:
