@@ -14,6 +14,8 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
                   #   a*hidden_size + b*intermediate_size(active experts) + c*(heads*head_dim)
                   #   + d*(kv_heads*head_dim) + e          (flash/SDPA attention: no s^2 term)
               "eager_per_head_s2": f,        # extra BYTES per (batch * heads * seq^2) with eager attention
+              "eager_per_token": {"h": ..., "1": ...},  # BYTES per token per block eager keeps beyond SDPA (its
+                                             # contiguous q/k/v copies, no SDPA output or logsumexp); may be < 0
               "ckpt_per_token": {"h": g},    # BYTES per token per block kept under full checkpointing
               "logits_per_token_vocab": k,   # BYTES per (batch * seq * vocab) at the loss peak
               "frozen_linear_inputs_per_token": {"h": ..., "q": ..., "i": ...},
@@ -71,6 +73,7 @@ class Regime(DataModel):
 
     per_token: dict[Dim, float]
     eager_per_head_s2: float
+    eager_per_token: dict[Dim, float] = Field(default_factory=dict)
     ckpt_per_token: dict[Dim, float]
     logits_per_token_vocab: float
     dropout_per_token: dict[Dim, float]
@@ -210,6 +213,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
     total = b * s * per_token
     if setup.attn_implementation == "eager":
+        total += b * s * _linear(c.eager_per_token, dims)
         s2 = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if attn_p > 0 else 0.0)
         total += b * spec.num_attention_heads * s * _attention_span(spec, s) * s2
     return int(total)
