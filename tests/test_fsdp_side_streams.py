@@ -36,14 +36,14 @@ def test_root_shard_of_llama2_70b_qlora_on_two_gpus() -> None:
     TRL skips the kbit upcast): 2 x 262,144,000 x 2 B = 1,048,576,000 B, half per rank. A block's packed nf4 weights
     (855,638,016 x 0.5 B = 427,819,008 B) are smaller, so the root's shard is the largest copy staged."""
     setup = Setup(strategy="fsdp", num_gpus=2, offload_params=True, offload_optimizer=True, **QLORA)
-    assert offload_staging_bytes(_llama70b(32000), setup) == 524_288_000
+    assert offload_staging_bytes(_llama70b(32000), setup, params_offloaded=True) == 524_288_000
 
 
 def test_root_shard_of_llama3_70b_qlora_on_four_gpus() -> None:
     """philschmid's Llama-3-70B run on 4 x A10G: vocab 128256 -> 1,050,673,152 parameters each for the embedding and
     the head, 2 B each, a quarter per rank = 1,050,673,152 B."""
     setup = Setup(strategy="fsdp", num_gpus=4, offload_params=True, offload_optimizer=True, **QLORA)
-    assert offload_staging_bytes(_llama70b(128256), setup) == 2 * 128256 * 8192 * 2 // 4 == 1_050_673_152
+    assert offload_staging_bytes(_llama70b(128256), setup, params_offloaded=True) == 2 * 128256 * 8192 * 2 // 4 == 1_050_673_152
 
 
 def test_a_block_larger_than_the_root_sets_the_pool() -> None:
@@ -51,12 +51,16 @@ def test_a_block_larger_than_the_root_sets_the_pool() -> None:
     40,960 parameters (163,840 B): the block's shard is the largest, 81,920 B on 2 ranks."""
     spec = tiny(vocab_size=16, embedding_params=16 * H, lm_head_params=16 * H, total_params=LINEAR_PARAMS + 2 * 16 * H + 320)
     setup = Setup(strategy="fsdp", num_gpus=2, offload_params=True, offload_optimizer=True)
-    assert offload_staging_bytes(spec, setup) == LINEAR_PARAMS // L * 4 // 2 == 81_920
+    assert offload_staging_bytes(spec, setup, params_offloaded=True) == LINEAR_PARAMS // L * 4 // 2 == 81_920
 
 
 def test_nothing_staged_without_parameter_offload() -> None:
-    assert offload_staging_bytes(tiny(), Setup(strategy="fsdp", num_gpus=2)) == 0
-    assert offload_staging_bytes(tiny(), Setup(strategy="zero3", num_gpus=2, offload_params=True, offload_optimizer=True)) == 0
+    """Only FSDP's own parameter offload stages through its side stream; the estimate reads it off the placement."""
+    assert offload_staging_bytes(tiny(), Setup(strategy="fsdp", num_gpus=2), params_offloaded=False) == 0
+    zero3 = Setup(strategy="zero3", num_gpus=2, offload_params=True, offload_optimizer=True)
+    assert offload_staging_bytes(tiny(), zero3, params_offloaded=True) == 0
+    plain = training_memory(tiny(), Setup(strategy="fsdp", num_gpus=2))
+    assert plain.peak_reserved == reserved_from_allocated(plain.peak_allocated)
 
 
 def test_staging_pool_is_reserved_not_allocated() -> None:

@@ -109,7 +109,9 @@ def test_rules_pick_the_level_the_hand_bytes_allow() -> None:
     # Llama-2-7B on 8 x A100-80GB: DDP 16 B/param = 107.8 GB > 77.3 GB usable; ZeRO-2 2 + 18/8 = 4.25 B/param = 28.6 GB fits
     assert 16 * LLAMA_TOTAL > usable and (2 + 18 / 8) * LLAMA_TOTAL < usable / 2
     p = run(llama7b(), box(8), seq=2048, batch=32)
-    assert p.fits and p.setup.strategy in ("zero1", "zero2", "fsdp_shard_grad_op")
+    # at the fastest split (micro-batch 2 x 2 accumulation) SHARD_GRAD_OP also holds its unsharded 16-bit gradients
+    # between micro-steps (accelerate's no_sync / FSDP2 set_requires_gradient_sync), so FULL_SHARD ties it on speed
+    assert p.fits and p.setup.strategy in ("zero1", "zero2", "fsdp_shard_grad_op", "fsdp")
     assert (p.setup.weights_dtype, p.setup.optimizer) == ("fp32", "adamw_torch_fused")  # sharding before changing semantics
     ddp = [c for c in p.candidates if c.setup.strategy == "ddp" and c.setup.lora is None]
     assert ddp and all(c.verdict == "does-not-fit" and c.memory.device_total > usable for c in ddp)

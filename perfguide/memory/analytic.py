@@ -182,6 +182,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     on_device = per_device(states, setup, gather, unsharded)
     dev = techniques.placed(setup, on_device)   # CPU offload moves states to host RAM
     offloaded = dev.cpu_ram > on_device.cpu_ram   # read from the placement, not from the offload technique's switches
+    staging = offload_staging_bytes(spec, setup, params_offloaded=dev.weights < on_device.weights)   # H2D copies' pool
     kept = replicated_quant_state(spec, setup, nf4_library, offloaded=offloaded)   # bnb's absmax stays whole on every GPU under FSDP
     if kept:
         # the even share placed() sent to host RAM with the offloaded weights stays on the device instead
@@ -234,7 +235,6 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))
-    staging = offload_staging_bytes(spec, setup)   # the H2D shard copies' own stream pool, reserved
     if staging:
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(

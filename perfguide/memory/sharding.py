@@ -138,7 +138,7 @@ def no_sync_grads(setup: Setup, states: States, sharded_grads: int) -> int:
 _STORED_LINEAR_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "nf4": 0.5}
 
 
-def offload_staging_bytes(spec: ModelSpec, setup: Setup) -> int:
+def offload_staging_bytes(spec: ModelSpec, setup: Setup, params_offloaded: bool) -> int:
     """Device bytes the side stream that stages CPU-offloaded shards keeps reserved: the largest unit's shard.
 
     With parameter offload FSDP copies a unit's CPU shard to the GPU before all-gathering it, and allocates that
@@ -152,7 +152,7 @@ def offload_staging_bytes(spec: ModelSpec, setup: Setup) -> int:
     weights are larger. Llama-2-70B QLoRA on 2 GPUs: (262,144,000 x 2) x 2 B / 2 = 524,288,000 B. A lower bound:
     the next unit's copy may overlap the current one's.
     """
-    if not (setup.is_fsdp and setup.offload_params):
+    if not (setup.is_fsdp and params_offloaded):   # ``params_offloaded``: the placement (CPU offload's hook) moved them
         return 0
     wd = setup.weights_dtype
     rest_bytes = DTYPE_BYTES.get(wd) or (KBIT_PREPARED_REST_BYTES if setup.kbit_upcast else 2)
