@@ -160,7 +160,10 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
     # it is the option's too_big, as the search below would end on it, and nothing else needs pricing
     smallest = price(spec, with_micro(template, choices[0], per_rank_batch), hardware, factors)
     if not fits(smallest.memory, hardware, headroom):
-        return Option(template, None, smallest)
+        # FSDP accumulation holds the unsharded gradients between micro-steps (memory/sharding.no_sync_grads), so
+        # without accumulation the whole per-device batch can fit where a smaller micro-batch does not
+        whole = price(spec, with_micro(template, choices[-1], per_rank_batch), hardware, factors) if template.is_fsdp and len(choices) > 1 else None
+        return Option(template, whole, smallest) if whole is not None and fits(whole.memory, hardware, headroom) else Option(template, None, smallest)
     lo, hi = 1, len(choices) - 1
     largest, too_big = smallest, None
     while lo <= hi:
