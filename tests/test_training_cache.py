@@ -80,3 +80,16 @@ def test_split_heads_views_keep_the_fused_projection_alive() -> None:
     present = (key, value)
     del fused
     assert {t.untyped_storage().nbytes() for t in present} == {b * s * 3 * h * 4}
+
+
+def test_plans_charge_the_cache_of_the_installed_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    """training_memory prices HF's own loss with the installed transformers: on a 4.x release the cache GPT-2's
+    forward returns is alive at the loss peak (once: Trainer drops the output before backward)."""
+    from perfguide.memory import analytic
+
+    spec, setup = _spec(), _setup()
+    monkeypatch.setattr(analytic, "installed_transformers", lambda: "5.24.0")
+    now = analytic.training_memory(spec, setup).peak_allocated
+    monkeypatch.setattr(analytic, "installed_transformers", lambda: "4.46.3")
+    old = analytic.training_memory(spec, setup).peak_allocated
+    assert old - now == 495_452_160

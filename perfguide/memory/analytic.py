@@ -216,6 +216,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         if delta:
             release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
+        logits += act.training_cache_bytes(spec, shape, release) if release else 0   # a returned KV cache (old GPT-2)
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     resident = dev.weights + optimizer_on_device + dev.buffers
