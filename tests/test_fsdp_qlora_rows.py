@@ -62,3 +62,21 @@ def test_accelerate_accumulation_holds_the_unsharded_lora_gradients(acc: ModuleT
         assert setup.gradient_accumulation_steps == 2 and setup.offload_params
         assert training_memory(spec, setup).gradients == held
         assert training_memory(spec, setup.replace(gradient_accumulation_steps=1)).gradients == 0   # offloaded shards
+
+
+def test_reduce_scatter_pool_stays_reserved_through_the_next_forward(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """FSDP allocates the sharded gradients on its reduce-scatter stream; after zero_grad frees them that stream's
+    pool keeps the blocks, so row 758's peak (the first recompute, gradients of the last step freed) sees them as
+    reserved: the r=8 LoRA's 103,546,880 fp32 gradients over 2 ranks = 207,093,760 B. Under CPU offload (row 757)
+    the gradients live on the CPU and the pool holds nothing extra; a loop that keeps its gradients allocated
+    (zero_grad(set_to_none=False)) has them in the allocated peak instead."""
+    from perfguide.memory.overhead import reserved_from_allocated
+
+    row = rows["758"]
+    spec = acc._spec(row["model_hf_id"])
+    setup = acc._train_setup(row, spec)
+    est = training_memory(spec, setup)
+    assert est.notes[0] == "peak in checkpoint recompute"
+    assert est.peak_reserved - reserved_from_allocated(est.peak_allocated) == 103_546_880 * 4 // 2 == 207_093_760
+    kept = training_memory(spec, setup, grads_persist=True)
+    assert kept.peak_reserved == reserved_from_allocated(kept.peak_allocated)

@@ -37,7 +37,8 @@ from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_byte
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
-from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, no_sync_grads, offload_staging_bytes, per_device
+from .sharding import (DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, idle_grad_pool_bytes, no_sync_grads,
+                       offload_staging_bytes, per_device)
 from .types import MemoryEstimate
 
 
@@ -241,5 +242,6 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),
-        peak_allocated=peak, cpu_ram=cpu_ram, notes=notes, side_stream_reserved=staging,
+        peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
+        side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
     )

@@ -133,6 +133,21 @@ def no_sync_grads(setup: Setup, states: States, sharded_grads: int) -> int:
     return max(full, sharded_grads)
 
 
+def idle_grad_pool_bytes(setup: Setup, sharded_grads: int, peak_before_backward: bool, grads_persist: bool) -> int:
+    """Reserved bytes of the reduce-scatter stream's pool while the compute stream peaks before backward.
+
+    FSDP reduce-scatters on a stream of its own and the sharded gradients are allocated there (FSDP1 ``_reduce_grad``
+    under ``_post_backward_stream``: ``new_sharded_grad`` becomes ``_saved_grad_shard`` and then ``.grad``; FSDP2's
+    ``foreach_reduce`` output on its reduce-scatter stream, the ``.grad`` DTensors views of it). ``zero_grad``
+    frees them, but the caching allocator keeps those blocks for that stream, so a peak in forward or in the first
+    recompute of the next step sees them reserved, not allocated. Nothing extra when the gradients stay allocated
+    (``grads_persist``) or live on the CPU (``sharded_grads`` 0 under CPU offload).
+    """
+    if not (setup.is_fsdp and peak_before_backward) or grads_persist:
+        return 0
+    return sharded_grads
+
+
 #: bytes per stored element of a block's frozen Linear weights as FSDP flattens them (bnb packs nf4 two to a byte
 #: into its quant_storage dtype; the absmax is an attribute, not part of the FlatParameter)
 _STORED_LINEAR_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "nf4": 0.5}
