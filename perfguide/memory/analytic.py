@@ -37,8 +37,7 @@ from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_byte
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
-from .sharding import (DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, idle_grad_pool_bytes, no_sync_grads,
-                       offload_staging_bytes, per_device)
+from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, idle_grad_pool_bytes, no_sync_grads, offload_staging_bytes, per_device
 from .types import MemoryEstimate
 
 
