@@ -13,6 +13,8 @@ PRICED = (
     "bnb's absmax is a `Params4bit.quant_state` attribute that FSDP neither shards nor offloads (whole on every GPU)",
     "the H2D copies of CPU-offloaded shards have a stream pool of their own (FSDP1 `_pre_unshard_stream`, FSDP2 "
     "copy-in stream), reserved at the largest shard: the root's embedding + LM head (sharding.offload_staging_bytes)",
+    "the sharded gradients' blocks in the reduce-scatter stream's pool, reserved while the next step's forward peaks "
+    "(sharding.idle_grad_pool_bytes; none under CPU offload)",
     "each adapted Linear's LoRA dropout mask in the recomputed block (the rows' LoraConfig lora_dropout)",
     "the whole LoRA gradient held between accumulation micro-steps (FSDP1 `no_sync`, FSDP2 "
     "`set_requires_gradient_sync(False)`, both called by accelerate's `accumulate`), on the GPU under CPU offload",
@@ -33,7 +35,7 @@ EVIDENCE = (
     "(github.com/AnswerDotAI/fsdp_qlora benchmarks_03_2024.md; train.py resets the peak statistics after wrapping, "
     "the cached blocks stay)",
     "the PEFT docs' two runs differ only in CPU offload, which saves 16.0 GB per GPU there and 18.6 GB in perfguide "
-    "(17.8 GB of sharded 4-bit weights leave the GPU, the staging pool comes): ~2.5 GB more stays on the GPU under "
+    "(17.8 GB of sharded 4-bit weights leave the GPU, the staging pool comes): ~2.6 GB more stays on the GPU under "
     "offload than is priced",
 )
 
