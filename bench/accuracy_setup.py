@@ -57,7 +57,8 @@ def _hardware(gpu_type: str, num_gpus: int) -> Hardware | None:
     hw = Hardware.from_name(f"{name}:{num_gpus}")
     mem = int(unstated.group(1)) * 2**30 if unstated else next((v for k, v in GPU_MEMORY.items() if k in low), None)
     if mem is not None:  # GPUs without an entry in gpus.json: borrow a same-generation spec, fix the memory
-        gpus = tuple(g.model_copy(update={"memory_total": mem, "memory_free": mem}) for g in hw.gpus)
+        reserve = {} if unstated else {"memory_reserved": 0}  # GPU_MEMORY figures are CUDA's totals already
+        gpus = tuple(g.model_copy(update={"memory_total": mem, "memory_free": mem, **reserve}) for g in hw.gpus)
         hw = hw.model_copy(update={"gpus": gpus})
     return hw
 

@@ -42,7 +42,9 @@ def test_named_gpu_matches_datasheet(name: str) -> None:
     hw = perfguide.Hardware.from_name(name)
     (gpu,) = hw.gpus
     assert (hw.source, hw.name, hw.nodes, hw.interconnect) == ("named", name, 1, "none")
-    assert gpu.memory_total == gpu.memory_free == mib * MIB
+    assert gpu.memory_total == mib * MIB
+    # idle, a named card offers what CUDA can allocate: its published torch total (tests/test_usable_capacity.py)
+    assert gpu.memory_free == gpu.allocatable == round(perfguide.hardware.specs.entry(name).cuda_total_gib * 2**30) < mib * MIB
     assert gpu.compute_capability == cc and gpu.multiprocessors == sms
     assert (gpu.bf16_tflops, gpu.fp16_tflops, gpu.tf32_tflops, gpu.fp32_tflops, gpu.fp8_tflops) == (bf16, fp16, tf32, fp32, fp8)
     assert gpu.memory_bandwidth_gbps == bandwidth

@@ -15,11 +15,14 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import psutil
+import pynvml
 import pytest
 
 import perfguide
 from perfguide.hardware.probe import ProbeWarning
 from perfguide.hardware.visible import parse_visible_devices
+from perfguide.memory.overhead import capacity_bytes
+from perfguide.setup import Setup
 
 MIB = 2**20
 # by module path: the package attribute 'perfguide.hardware.probe' is also the name of a function
@@ -58,6 +61,7 @@ class Board:
     nvlinks: int | None = None  # active links; None: NVLink not supported
     migs: list[Board] | None = None  # MIG mode on with these instances
     processes: list[tuple[int, int]] = field(default_factory=list)  # (pid, MiB) of other processes on the board
+    reserved_mib: int | None = 0  # NVML v2 'reserved' (the driver's share); None: the driver answers v1 only
     fail: set[str] = field(default_factory=set)  # NVML calls that raise for this board
 
 
@@ -98,10 +102,18 @@ class FakeNVML:
     def nvmlDeviceGetUUID(self, h: Board) -> str:
         return self._check(h, "uuid").uuid
 
-    def nvmlDeviceGetMemoryInfo(self, h: Board) -> SimpleNamespace:
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2  # noqa: N815 - pynvml's spelling
+
+    def nvmlDeviceGetMemoryInfo(self, h: Board, version: int | None = None) -> object:
+        """pynvml's own structs: v1 (total, free, used) or, asked with nvmlMemory_v2, v2 with the driver's reserve."""
         self._check(h, "memory")
-        free = h.total_mib if h.free_mib is None else h.free_mib
-        return SimpleNamespace(total=h.total_mib * MIB, free=free * MIB, used=(h.total_mib - free) * MIB)
+        free = (h.total_mib - (h.reserved_mib or 0) if h.free_mib is None else h.free_mib) * MIB
+        if not version:
+            return pynvml.c_nvmlMemory_t(total=h.total_mib * MIB, free=free, used=h.total_mib * MIB - free)
+        if h.reserved_mib is None:
+            raise NVMLError_NotSupported("Function Not Found")  # a driver before the v2 call
+        return pynvml.c_nvmlMemory_v2_t(version=version, total=h.total_mib * MIB, reserved=h.reserved_mib * MIB,
+                                        free=free, used=h.total_mib * MIB - free)
 
     def nvmlDeviceGetCudaComputeCapability(self, h: Board) -> tuple[int, int]:
         return self._check(h, "cc").cc
@@ -249,8 +261,10 @@ def test_failed_fields_fall_back_to_the_spec_sheet(fake) -> None:
     with pytest.warns(ProbeWarning, match="memory .*compute capability|compute capability"):
         hw = perfguide.probe()
     (gpu,) = hw.gpus
-    # A100-SXM4-80GB: nvidia-smi total 81920 MiB, cc 8.0 (used because NVML did not answer)
-    assert gpu.memory_total == gpu.memory_free == 81920 * MIB
+    # A100-SXM4-80GB: nvidia-smi total 81920 MiB, cc 8.0 (used because NVML did not answer); assumed idle, so free is
+    # what CUDA can allocate there: torch's published "total capacity of 79.14 GiB"
+    assert gpu.memory_total == 81920 * MIB
+    assert gpu.memory_free == gpu.allocatable == round(79.14 * 2**30)
     assert gpu.compute_capability == (8, 0) and gpu.uuid is None and gpu.bf16_tflops == 312
 
 
@@ -419,3 +433,25 @@ def test_a_busy_gpu_is_planned_on_what_is_free_and_says_who_holds_the_rest(fake,
     assert rec.memory.capacity == free_mib * MIB
     if free_mib == 0:
         assert not rec.fits
+
+
+def test_nvml_v2_reserve_is_taken_off_what_plans_fit_in(fake) -> None:
+    """NVML v2 (pynvml's c_nvmlMemory_v2_t) says what the driver holds back; an idle A100 with 881 MiB reserved
+    offers 81,039 MiB, is not reported busy, and the report names the figure."""
+    fake([a100(0, reserved_mib=881)])
+    hw = quiet_probe()
+    (gpu,) = hw.gpus
+    assert gpu.memory_total == 81920 * MIB and gpu.allocatable == gpu.memory_free == (81920 - 881) * MIB
+    assert capacity_bytes(hw, Setup(num_gpus=1)) == (81920 - 881) * MIB
+    assert gpu.memory_usable_source is not None and "881 MiB reserved by the driver" in gpu.memory_usable_source
+
+
+def test_v1_only_driver_takes_the_cards_published_reserve(fake) -> None:
+    """No v2 call (older driver): the gpus.json row's reserve comes off (A100 80GB: 81,920 MiB board, torch prints
+    79.14 GiB); an unknown card keeps NVML's total (reserve unknown, 0)."""
+    fake([a100(0, reserved_mib=None), Board("NVIDIA Imaginary X1", "GPU-x1", 32768, (10, 0), 200, reserved_mib=None)])
+    with pytest.warns(ProbeWarning, match="no spec-sheet entry"):
+        hw = perfguide.probe()
+    known, unknown = hw.gpus
+    assert known.allocatable == round(79.14 * 2**30) and known.memory_reserved == 81920 * MIB - round(79.14 * 2**30)
+    assert unknown.memory_reserved == 0 and unknown.allocatable == 32768 * MIB

@@ -57,6 +57,8 @@ class _Device:
     key: str | None
     handle: Any = None
     mig_of: int | None = None  # NVML index of the parent GPU for a MIG slice
+    reserved: int = 0  # what the driver holds back from CUDA (0: unknown)
+    usable_source: str | None = None
 
 
 def probe() -> Hardware:
@@ -226,13 +228,14 @@ def _query_gpu(nvml: ModuleType, index: int, degraded: list[str]) -> _Device | N
 def _fill(nvml: ModuleType, handle: Any, name: str, key: str | None, parent: _Device | None, failures: list[str]) -> _Device | None:
     """Memory, UUID, compute capability and SM count of one handle, falling back to the spec row."""
     uuid = _text(_ask(nvml.nvmlDeviceGetUUID, handle, failures=failures, what="UUID"))
-    memory = _ask(nvml.nvmlDeviceGetMemoryInfo, handle, failures=failures, what="memory")
+    memory, reserved = _memory_info(nvml, handle, failures)
     if memory is not None:
         total, free = int(memory.total), int(memory.free)
     elif key is not None and parent is None:
-        total = free = specs.memory_bytes(key)  # assume idle: better than dropping a GPU we know
+        total, free = specs.memory_bytes(key), specs.usable_bytes(key)  # assume idle: better than dropping a GPU we know
     else:
         return None
+    reserved, usable_source = _reserve(total, reserved, key if parent is None else None)
     if parent is not None:
         cc = parent.compute_capability
     else:
@@ -242,12 +245,37 @@ def _fill(nvml: ModuleType, handle: Any, name: str, key: str | None, parent: _De
     sms = int(getattr(attributes, "multiprocessorCount", 0) or 0) or None
     if sms is None and key is not None and parent is None:
         sms = specs.entry(key).multiprocessors
-    return _Device(name, uuid, total, free, cc, sms, key, handle=handle)
+    return _Device(name, uuid, total, free, cc, sms, key, handle=handle, reserved=reserved, usable_source=usable_source)
+
+
+def _memory_info(nvml: ModuleType, handle: Any, failures: list[str]) -> tuple[Any, int | None]:
+    """NVML's memory info and the driver's reserve in bytes. The v2 struct (nvmlDeviceGetMemoryInfo_v2, R510+) says
+    how much of ``total`` is "reserved for system use (driver or firmware)": memory no CUDA process can allocate.
+    A driver or binding without v2 answers v1 (total, free, used), and the reserve is then unknown (None)."""
+    version = getattr(nvml, "nvmlMemory_v2", None)
+    if version is not None:
+        info = _ask(nvml.nvmlDeviceGetMemoryInfo, handle, version)
+        reserved = getattr(info, "reserved", None)
+        if info is not None and reserved is not None:
+            return info, int(reserved)
+    return _ask(nvml.nvmlDeviceGetMemoryInfo, handle, failures=failures, what="memory"), None
+
+
+def _reserve(total: int, reserved: int | None, key: str | None) -> tuple[int, str | None]:
+    """What the driver holds back from CUDA: NVML v2's reserve; without v2, what the card's gpus.json row holds back
+    (its nvidia-smi total less its published CUDA total); 0 (unknown) for an unknown card or a MIG slice."""
+    if reserved is not None and 0 <= reserved < total:
+        return reserved, f"{(total - reserved) / 2**30:.2f} GiB usable of {total / 2**30:.2f} GiB (NVML: {reserved / 2**20:.0f} MiB reserved by the driver)"
+    if key is None:
+        return 0, None
+    held = specs.memory_bytes(key) - specs.usable_bytes(key)
+    return held, f"NVML total less the {held / 2**20:.0f} MiB this card's driver holds back (NVML v2 unavailable; {specs.usable_source(key)})"
 
 
 def _busy_note(nvml: ModuleType, device: _Device, ordinal: int) -> str | None:
     """A GPU other processes already use is planned on what is free (capacity_bytes); say so, naming them."""
-    used = device.memory_total - min(device.memory_free, device.memory_total)
+    ceiling = device.memory_total - device.reserved  # the driver's reserve is nobody's use
+    used = ceiling - min(device.memory_free, ceiling)
     if used < BUSY_BYTES:
         return None
     procs = _ask(getattr(nvml, "nvmlDeviceGetComputeRunningProcesses", None), device.handle) or []
@@ -305,6 +333,8 @@ def _to_gpu(device: _Device, ordinal: int, wholes: list[_Device | None]) -> GPU:
         index=ordinal,
         memory_total=device.memory_total,
         memory_free=min(device.memory_free, device.memory_total),
+        memory_reserved=device.reserved,
+        memory_usable_source=device.usable_source,
         compute_capability=device.compute_capability,
         multiprocessors=device.multiprocessors,
         mig=device.mig_of is not None,

@@ -16,6 +16,8 @@ from .._base import MiB, Model
 from .._data import DataModel, validated
 from .types import CPU, GPU, Capabilities, Interconnect, Vendor
 
+#: the most of nvidia-smi's total any published card's driver holds back is under 3% (T4: 451 of 15,360 MiB)
+_MAX_HELD_BACK = 0.05
 _SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps",
                 "matmul_tflops")
 
@@ -42,6 +44,9 @@ class GpuRow(Model):
     pcie_gbps: float | None = Field(default=None, gt=0)
     source: str = Field(min_length=1)
     memory_source: str = Field(min_length=1)
+    #: what one CUDA process can allocate at most (cudaMemGetInfo total, torch's "total capacity"), GiB as printed
+    cuda_total_gib: float = Field(gt=0)
+    cuda_total_source: str = Field(min_length=10)
     #: measured maximum achievable bf16 matmul TFLOP/s (MAMF), where a public measurement exists
     matmul_tflops: float | None = Field(default=None, gt=0)
     matmul_source: str | None = Field(default=None, min_length=10)
@@ -55,6 +60,18 @@ class GpuRow(Model):
             raise ValueError("matmul_tflops and matmul_source come together")
         if self.vendor != "nvidia" and (self.efficiency_class is None or self.attention_class is None):
             raise ValueError(f"a {self.vendor} row needs efficiency_class and attention_class (NVIDIA's follow from compute_capability)")
+        return self
+
+    @model_validator(mode="after")
+    def _cuda_total_plausible(self) -> GpuRow:
+        """The driver only ever takes memory away (never more than nvidia-smi's total), and a few percent at most;
+        the figure is a published print (a URL) or says the rule that derived it ([I])."""
+        board = self.memory_mib / 1024
+        if not board * (1 - _MAX_HELD_BACK) <= self.cuda_total_gib <= board + 0.005:  # printed to 0.01 GiB
+            raise ValueError(f"cuda_total_gib {self.cuda_total_gib} is not within {_MAX_HELD_BACK:.0%} below the "
+                             f"nvidia-smi total {board:.2f} GiB (memory_mib {self.memory_mib})")
+        if not (self.cuda_total_source.startswith("[I]") or "https://" in self.cuda_total_source):
+            raise ValueError("cuda_total_source needs the URL of the published print, or '[I]' and the rule that derived it")
         return self
 
 
@@ -213,6 +230,19 @@ def memory_bytes(key: str) -> int:
     return entry(key).memory_mib * MiB
 
 
+def usable_bytes(key: str) -> int:
+    """What a CUDA process can allocate on this card (cudaMemGetInfo's total): the figure plans judge "fits" against."""
+    return round(entry(key).cuda_total_gib * 2**30)
+
+
+def usable_source(key: str) -> str:
+    """Where ``usable_bytes`` comes from, for reports: the figure against the board total, and its source row."""
+    row = entry(key)
+    url = re.search(r"https://\S+?(?=[\s,;)]|$)", row.cuda_total_source)
+    where = url.group(0) if url and not row.cuda_total_source.startswith("[I]") else "derived, gpus.json cuda_total_source [I]"
+    return f"{row.cuda_total_gib:.2f} GiB usable of the {row.memory_mib / 1024:.2f} GiB board ({where})"
+
+
 def spec_numbers(key: str) -> dict[str, Any]:
     """The throughput/bandwidth fields of one row, ready to pass to :class:`GPU`."""
     row = entry(key)
@@ -227,14 +257,16 @@ def identity(key: str) -> dict[str, Any]:
 
 
 def gpu_from_spec(key: str, index: int = 0) -> GPU:
-    """A whole, idle GPU of model ``key`` (free == total): what a named target plans against."""
+    """A whole, idle GPU of model ``key`` (free == what CUDA can allocate): what a named target plans against."""
     row = entry(key)
-    total = memory_bytes(key)
+    usable = usable_bytes(key)
     return GPU(
         name=key,
         index=index,
-        memory_total=total,
-        memory_free=total,
+        memory_total=memory_bytes(key),
+        memory_free=usable,
+        memory_reserved=memory_bytes(key) - usable,
+        memory_usable_source=usable_source(key),
         multiprocessors=row.multiprocessors,
         **identity(key),
         **spec_numbers(key),

@@ -46,6 +46,9 @@ class GPU(Model):
     index: int = 0
     memory_total: int = Field(ge=0, description="bytes")
     memory_free: int = Field(ge=0, description="bytes")
+    memory_reserved: int = Field(default=0, ge=0, description="bytes of memory_total the driver holds back: no CUDA "
+                                 "process can allocate them (cudaMemGetInfo's total is memory_total less this); 0: unknown")
+    memory_usable_source: str | None = Field(default=None, description="where memory_reserved comes from (a gpus.json row, NVML), as the report names it")
     vendor: Vendor = "nvidia"
     compute_capability: tuple[int, int] = Field(default=(0, 0), description="CUDA compute capability; (0, 0) off NVIDIA")
     capabilities: Capabilities = Field(default_factory=Capabilities, description="from the spec row; else the NVIDIA rule on compute_capability")
@@ -81,6 +84,11 @@ class GPU(Model):
             raise ValueError(f"GPU {self.name!r} of vendor {self.vendor!r} needs its efficiency_class and attention_class "
                              "(gpus.json columns: which efficiency.json constants its matmuls and attention kernels reach)")
         return self
+
+    @property
+    def allocatable(self) -> int:
+        """The most one process can allocate (cudaMemGetInfo's total): the board total less the driver's reserve."""
+        return max(0, self.memory_total - self.memory_reserved)
 
     @property
     def supports_bf16(self) -> bool:

@@ -34,7 +34,7 @@ def reserved_from_allocated(peak_allocated: int) -> int:
 
 
 def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
-    """Memory one process may use: the smallest GPU's total (cuda), or available RAM (cpu).
+    """Memory one process may use: what CUDA can allocate on the smallest GPU (cuda), or available RAM (cpu).
 
     A probed GPU that other processes already fill offers only what NVML saw free, for every scenario alike;
     free memory reading 0 means a full GPU, not an empty one. Of several GPUs, the one with the least free.
@@ -46,8 +46,8 @@ def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
     gpu = hardware.smallest_gpu
     assert gpu is not None, "has_gpu was checked above"
     if hardware.source == "probe":
-        return min(gpu.memory_total, *(g.memory_free for g in hardware.gpus))
-    return gpu.memory_total
+        return min(gpu.allocatable, *(g.memory_free for g in hardware.gpus))
+    return gpu.allocatable  # what CUDA can allocate (gpus.json cuda_total_gib), not nvidia-smi's board total
 
 
 def to_estimate(

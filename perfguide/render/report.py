@@ -110,7 +110,9 @@ def _usable_memory(rec: Recommendation) -> str:
     if capacity is None or limit is None:
         return "unknown (no device)"
     headroom, usable = rec.request.constraints.headroom, memory_labels(rec.setup.device).usable
-    return f"{fmt_bytes(capacity)} {usable}, planned to {fmt_bytes(limit)} ({fmt_percent(headroom)} kept free)"
+    gpu = rec.hardware.smallest_gpu if rec.setup.device != "cpu" else None
+    judged = f"; CUDA's total: {gpu.memory_usable_source}" if gpu is not None and gpu.memory_usable_source else ""
+    return f"{fmt_bytes(capacity)} {usable}, planned to {fmt_bytes(limit)} ({fmt_percent(headroom)} kept free){judged}"
 
 
 def _request_section(rec: Recommendation) -> Section:

@@ -65,7 +65,8 @@ def limited(hw: Hardware, device: str, memory_limit: int | None) -> Hardware:
     if device == "cpu" or not hw.gpus:
         cpu = hw.cpu.model_copy(update={"ram_total": memory_limit, "ram_available": memory_limit})
         return hw.model_copy(update={"cpu": cpu})
-    gpus = tuple(g.model_copy(update={"memory_total": memory_limit, "memory_free": memory_limit}) for g in hw.gpus)
+    gpus = tuple(g.model_copy(update={"memory_total": memory_limit, "memory_free": memory_limit, "memory_reserved": 0})
+                 for g in hw.gpus)  # the limit is what the run may allocate: no driver reserve comes off it
     return hw.model_copy(update={"gpus": gpus})
 
 
