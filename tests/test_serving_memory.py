@@ -32,7 +32,7 @@ def test_8b_on_a100_kv_tokens_equal_the_published_budget_rule_by_hand() -> None:
     hw = Hardware.from_name("a100-80gb")
     s = ServingSetup(engine="vllm", max_model_len=8192, gpu_memory_utilization=0.9, max_num_seqs=256, max_num_batched_tokens=8192)
     vllm = serving_facts().engines["vllm"]
-    total = 81920 * 2**20 - int(serving_facts().driver_reserved_bytes.value)   # CUDA's total: nvidia-smi's less the driver's share
+    total = round(79.14 * 2**30)   # CUDA's total: torch's printed 'total capacity of 79.14 GiB' (gpus.json)
     requested = math.ceil(total * 0.9)
     weights = 8_030_261_248 * 2                               # bf16, every parameter
     forward = 8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2                       # MLP gate/up/product + two residuals
@@ -102,7 +102,7 @@ def test_sglang_pool_is_fraction_of_free_memory_minus_weights() -> None:
     hw = Hardware.from_name("a100-80gb")
     s = ServingSetup(engine="sglang", gpu_memory_utilization=0.85, max_model_len=4096)
     mem = engines.server(s.engine).memory(LLAMA31_8B, s, hw)
-    pool = int((81920 * 2**20 - int(serving_facts().driver_reserved_bytes.value) - cuda_context_bytes(hw)) * 0.85) - 8_030_261_248 * 2
+    pool = int((round(79.14 * 2**30) - cuda_context_bytes(hw)) * 0.85) - 8_030_261_248 * 2
     assert mem.kv_cache_bytes == pool
     assert mem.kv_cache_tokens == pool // 131072               # token granularity (page size 1)
 

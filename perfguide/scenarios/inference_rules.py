@@ -261,7 +261,7 @@ def max_memory_map(request: Request, setup: Setup, mem: MemoryEstimate) -> dict[
     """Per-GPU weight budgets for device_map='auto': capacity less headroom, context, KV cache and transients."""
     hw = request.hardware
     keep = mem.peak_allocated - mem.weights  # cache + transients + logits stay on every GPU
-    per_gpu: dict[Any, str] = {g.index: f"{max(0, int(g.memory_total * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
+    per_gpu: dict[Any, str] = {g.index: f"{max(0, int(g.allocatable * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
                for g in hw.gpus[: setup.num_gpus]}
     per_gpu["cpu"] = f"{int(hw.cpu.ram_available * (1 - request.constraints.headroom)) // 2**20}MiB"
     return per_gpu

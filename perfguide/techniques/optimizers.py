@@ -125,7 +125,7 @@ def free_device_bytes(hardware: Any, device_total: int, headroom: float = 0.10) 
     gpu = hardware.smallest_gpu
     if gpu is None:
         return 0
-    return int(gpu.memory_total * (1 - headroom)) - device_total
+    return int(gpu.allocatable * (1 - headroom)) - device_total  # what CUDA can allocate, not the board total
 
 
 #: Optimizers whose state bnb keeps in 8 bits (Trainer registers embeddings for 32-bit state for these).
