@@ -188,7 +188,8 @@ gpus["gpus"]["acme-x1"] = {
     "capabilities": {"bf16": True, "fp16": True, "tf32": False, "fp8": False, "flash_attention": False,
                      "bitsandbytes": False, "llm_int8": False},
     "memory_mib": 98304, "bf16_tflops": 400, "fp16_tflops": 400, "fp32_tflops": 50, "memory_bandwidth_gbps": 3000,
-    "link": "pcie", "pcie_gbps": 64, "source": "a toy accelerator's datasheet", "memory_source": "its datasheet"}
+    "link": "pcie", "pcie_gbps": 64, "source": "a toy accelerator's datasheet", "memory_source": "its datasheet",
+    "cuda_total_gib": 95.5, "cuda_total_source": "[I] a toy: its runtime's total, as its datasheet would print it"}
 eff = copy.deepcopy(real("efficiency"))
 for path in ("tensor", "cuda"):
     eff["peak_fraction_by_class"]["value"][path]["acme"] = fraction
