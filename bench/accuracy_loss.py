@@ -40,7 +40,8 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return int(per_logit * setup.micro_batch_size * setup.seq_len * spec.vocab_size)
     version = _transformers_version(row)
     if version is not None and spec.generates and not spec.is_encoder_decoder:
-        cache = training_cache_bytes(spec, setup, version, 2 if row["source_group"] in LOOP_REBINDS_OUTPUTS else 1)
+        cache = training_cache_bytes(spec, setup, version, 2 if row["source_group"] in LOOP_REBINDS_OUTPUTS else 1,
+                                    checkpointed=setup.gradient_checkpointing)
         return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS) + cache
     return None
 

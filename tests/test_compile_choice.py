@@ -65,10 +65,22 @@ def test_max_steps_refused_for_inference():
 
 
 def test_compiled_plan_compares_fp8_again_with_fused_casts():
-    """The search priced fp8 with eager casts; once compiled, fp8 and bf16 are compared again (8B on 8 H100s)."""
-    kw = dict(scenario="train_gpu_many", hardware="h100-80gb:8", max_steps=100_000)
+    """The search priced fp8 with eager casts; once compiled, fp8 and bf16 are compared again (8B on 8 H100s, two
+    sequences per GPU without accumulation: under FSDP2 accumulation holds unsharded gradients, which leaves fp8's
+    casts no room at the default global batch)."""
+    kw = dict(scenario="train_gpu_many", hardware="h100-80gb:8", max_steps=100_000, global_batch_size=16)
     rec = pg.recommend("meta-llama/Llama-3.1-8B", **kw)
     assert rec.setup.torch_compile and rec.setup.autocast == "fp8" and "fuses fp8's scaling casts" in _decision(rec).reason
     bf16 = pg.recommend("meta-llama/Llama-3.1-8B", fp8=False, **kw)
     assert bf16.setup.torch_compile and bf16.setup.autocast == "bf16" and rec.throughput.step_time_s < bf16.throughput.step_time_s
     assert pg.recommend("meta-llama/Llama-3.1-8B", precision="bf16", **kw).setup.autocast == "bf16"
+
+
+def test_forced_fp8_is_kept_or_refused_never_replaced():
+    """fp8=True is never carried into a DeepSpeed layout as bf16: DeepSpeed layouts are 'not offered' for it."""
+    rec = pg.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_many", hardware="h100-80gb:8", fp8=True)
+    assert rec.setup.autocast == "fp8" and not rec.setup.is_deepspeed
+    backend = next(d for d in rec.decisions if d.setting == "sharding_backend")
+    assert all("not offered" in a.why_not and "DeepSpeed" in a.why_not for a in backend.alternatives if a.value.startswith("zero"))
+    with pytest.raises(pg.ConflictingConstraintsError, match="fp8"):
+        pg.recommend("meta-llama/Llama-3.1-8B", scenario="train_gpu_many", hardware="h100-80gb:8", fp8=True, strategy="zero3")

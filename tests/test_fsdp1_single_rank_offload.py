@@ -36,7 +36,7 @@ def test_param_count_is_gpt2_xl() -> None:
 
 def test_one_rank_keeps_all_fp32_copies_less_the_gathered_units() -> None:
     spec = ModelSpec.from_any(GPT2_XL)
-    assert unsharded_compute_copies(spec, _setup(), 3 * 4 * EMBED) == 1_557_611_200 * 4 - 12 * EMBED
+    assert unsharded_compute_copies(spec, _setup(), 3 * 4 * EMBED, params_offloaded=True) == 1_557_611_200 * 4 - 12 * EMBED
 
 
 @pytest.mark.parametrize("change", [{"num_gpus": 2}, {"fsdp_version": 2}, {"offload_params": False, "offload_optimizer": False},
@@ -44,7 +44,8 @@ def test_one_rank_keeps_all_fp32_copies_less_the_gathered_units() -> None:
 def test_not_charged_where_the_copy_is_freed_or_not_made(change: dict[str, object]) -> None:
     # 2 ranks: the all-gathered copy's storage is resized to 0 after forward; FSDP2 frees its all-gather output
     # the same way; without offload the parameter already lives on the GPU; under autocast matmuls save 16-bit casts
-    assert unsharded_compute_copies(ModelSpec.from_any(GPT2_XL), _setup(**change), 3 * 4 * EMBED) == 0
+    setup = _setup(**change)
+    assert unsharded_compute_copies(ModelSpec.from_any(GPT2_XL), setup, 3 * 4 * EMBED, params_offloaded=setup.offload_params) == 0
 
 
 def test_one_rank_offload_peak_exceeds_two_ranks_by_the_copies() -> None:

@@ -46,12 +46,13 @@ def test_autocast_halves_the_cache() -> None:
 
 @pytest.mark.parametrize(("release", "setup_kw", "extra"), [
     ("5.24.0", {}, {}),                                   # traced: the DynamicCache of 5.x keeps nothing extra
-    ("4.18.0", {"gradient_checkpointing": True}, {}),     # HF switches use_cache off under checkpointing in training
+    ("4.18.0", {"checkpointed": True}, {}),               # HF switches use_cache off under checkpointing in training
     ("4.18.0", {"attn_implementation": "sdpa"}, {}),      # no traced entry for SDPA: not charged
     ("4.18.0", {}, {"use_cache": False}),                 # the config turned the cache off
 ])
 def test_no_cache_bytes_where_none_is_kept(release: str, setup_kw: dict[str, object], extra: dict[str, object]) -> None:
-    assert training_cache_bytes(_spec(**extra), _setup(**setup_kw), release) == 0
+    checkpointed = bool(setup_kw.pop("checkpointed", False))
+    assert training_cache_bytes(_spec(**extra), _setup(**setup_kw), release, checkpointed=checkpointed) == 0
 
 
 def test_other_model_types_are_not_charged() -> None:

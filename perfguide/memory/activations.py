@@ -296,7 +296,8 @@ def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
     return int(setup.micro_batch_size * positions * spec.logits_width * c.logits_per_token_vocab)
 
 
-def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1) -> int:
+def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1, *,
+                         checkpointed: bool = False) -> int:
     """Bytes the KV cache returned by a training forward keeps alive at the forward/loss peak (``release``: the
     transformers release that ran; data/activations.json ``training_cache``, traced per release).
 
@@ -305,9 +306,10 @@ def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_al
     (GPT-2's c_attn before transformers 5), that whole output outlives the forward although autograd saved copies.
     The cache exists at the loss peak inside the forward in every loop; ``outputs_alive`` counts the outputs alive
     there: 2 for a loop that rebinds ``outputs = model(**batch)`` each step, whose previous output lives until the
-    next forward returns. A model type or release without a traced entry is charged nothing.
+    next forward returns. A model type or release without a traced entry is charged nothing. ``checkpointed``:
+    the blocks are recomputed in backward (the caller reads it off the checkpointing hook's recompute term).
     """
-    if setup.gradient_checkpointing or not (spec.config or {}).get("use_cache", True):
+    if checkpointed or not (spec.config or {}).get("use_cache", True):
         return 0
     v = version_tuple(release)
     entries = [e for e in activations_data().training_cache.entries
@@ -321,7 +323,7 @@ def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_al
     return int(outputs_alive * per_token * setup.micro_batch_size * setup.seq_len)
 
 
-def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int) -> int:
+def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int, *, params_offloaded: bool) -> int:
     """Bytes of the weights' GPU copies that FSDP1 on one rank with CPU offload leaves to autograd until backward.
 
     At world size 1 FSDP1 does not shard (torch 1.12 ``_is_sharded = world_size > 1``; since 2.x it clamps the
@@ -335,8 +337,9 @@ def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int) -> in
     ``gathered``: what the sharding model already counts for the units in use (current + prefetched copy and the
     unit's unsharded gradient), which these copies replace at world size 1 (nothing is all-gathered there).
     Only fp32 weights without autocast: under autocast a matmul saves its own 16-bit cast instead.
+    ``params_offloaded``: the placement (CPU offload's hook) moved the weights to host RAM.
     """
-    if not (setup.is_fsdp and setup.fsdp_version == 1 and setup.offload_params and setup.shard_degree == 1
+    if not (setup.is_fsdp and setup.fsdp_version == 1 and params_offloaded and setup.shard_degree == 1
             and setup.weights_dtype == "fp32" and not setup.autocast):
         return 0
     return max(0, spec.total_params * 4 - gathered)

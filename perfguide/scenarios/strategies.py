@@ -53,11 +53,9 @@ class Layout:
         return "DeepSpeed ZeRO" if facts.zero_stage is not None else "FSDP2" if facts.fsdp else "torch DDP"
 
     def apply(self, s: Setup) -> Setup:
-        # what a layout cannot carry falls back: DeepSpeed runs bf16, not accelerate's fp8; a sharded step follows
-        # the reduce-scatter, so it is never inside backward
+        # a sharded step follows the reduce-scatter, so it is never inside backward (fp8 under DeepSpeed is not
+        # carried over as bf16: incompatible() refuses that pair, so a forced fp8=True is never quietly dropped)
         keep: dict[str, object] = {"optimizer_in_backward": False} if self.strategy != "single" else {}
-        if s.autocast == "fp8" and STRATEGIES[self.strategy].zero_stage is not None:
-            keep["autocast"] = "bf16"
         return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
                          hybrid_shard=self.hybrid, **keep)
 
@@ -105,6 +103,9 @@ def incompatible(t: Setup, lay: Layout) -> str | None:
     under ZeRO-1/2 with bitsandbytes' default uint8 storage (sources.ZERO12_QLORA: the engine's module.half() /
     bfloat16() casts floating tensors only, so the packed 4-bit base stays as it is, replicated like DDP's).
     """
+    if t.autocast == "fp8" and STRATEGIES[lay.strategy].zero_stage is not None:
+        return ("fp8 training runs through accelerate's torchao float8 backend, which DeepSpeed plans do not use "
+                "(DeepSpeed runs bf16 here): fp8 is planned with DDP or FSDP2")
     if pure_half(t) and lay.strategy not in ("ddp", "single"):
         why = pure_half_unsupported(t, lay)
         if why:

@@ -112,8 +112,9 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
                 why = "allow_offload=False"
             if why is None and cons.strategy is not None and lay.strategy != cons.strategy:
                 why = f"strategy={cons.strategy!r} was requested"
-            opt = best_for_template(request.model, lay.apply(template), request.hardware, batch, choices, cons.headroom,
-                                    request.calibration)
+            incompatible_here = incompatible(template, lay) is not None   # cannot even be priced (fp8 under ZeRO)
+            opt = None if incompatible_here else best_for_template(request.model, lay.apply(template), request.hardware,
+                                                                    batch, choices, cons.headroom, request.calibration)
             out.append((lay, lv, opt, why))
     return out
 
