@@ -81,6 +81,23 @@ def _fw(name: str) -> Callable[[Case], bool]:
     return lambda c: c.framework == name
 
 
+def fused_block_bytes(h: int, i: int, q: int, kv: int) -> int:
+    """Bytes per token one Llama block's fused pointwise kernels move in bf16 (2 bytes an element), forward +
+    backward, when every chain between two GEMM / SDPA calls is one kernel that reads its inputs and writes its
+    outputs once. Forward: RMSNorm (read x, write: 4h), RoPE on q and k (4q + 4kv), residual add + RMSNorm (read
+    two, write two: 8h), SwiGLU (read gate and up, write: 6i), residual add (6h). Backward: SwiGLU (read d_act,
+    gate, up; write d_gate, d_up: 10i), each RMSNorm's input grad with the residual grad added (read two GEMM
+    grads, x and the residual grad, write one: 10h) and its weight-grad reduction (read grad and x: 6h), RoPE
+    (4q + 4kv)."""
+    forward = 4 * h + 4 * (q + kv) + 8 * h + 6 * i + 6 * h
+    backward = 10 * i + 2 * (10 * h + 6 * h) + 4 * (q + kv)
+    return forward + backward
+
+
+#: compile_elementwise_factor's prior: fused_block_bytes over transformers' traced eager Llama block (half regime)
+#: at Llama 3 8B's widths; tests/test_throughput_bench.py re-derives it from data/traffic.json
+COMPILE_PRIOR = 0.25
+
 PARAMS = [
     # GPUs with a published maximum achievable matmul rate (gpus.json matmul_tflops) use it; the class constants
     # price the others. Priors from the same MAMF table: Hopper-class 0.80 (H100 SXM 80.1%, GH200 83.0%),
@@ -98,8 +115,10 @@ PARAMS = [
     Param(("hidden_half_saturation_by_path", "cuda"), 64, lambda c: not _half(c), 4, 2048),
     # the traced bytes of the memory-bound kernels at the streaming rate (data/traffic.json): prior 1
     Param(("elementwise_traffic_factor",), 1.0, lambda c: True, 0.1, 10),
-    # Inductor fuses pointwise chains: roughly half the traffic (torchtitan paper, arXiv 2410.06511, compile gains)
-    Param(("compile_elementwise_factor",), 0.5, lambda c: c.setup.torch_compile, 0.3, 1.0),
+    # Inductor fuses each region between GEMMs / SDPA into one kernel that reads its inputs and writes its outputs
+    # once: by hand (fused_block_bytes) a Llama block moves 50h + 8q + 8kv + 16i bytes per token in bf16, forward
+    # + backward, 0.23-0.25 of the bytes transformers' eager block moves (data/traffic.json, Llama 3.2 3B - 3 8B)
+    Param(("compile_elementwise_factor",), COMPILE_PRIOR, lambda c: c.setup.torch_compile, 0.1, 1.0),
     Param(("dequant_traffic_factor",), 1.0, lambda c: c.setup.weights_dtype in ("nf4", "int8"), 0.1, 10),
     # FlashAttention-2: ~60% of A100 peak fwd+bwd (Dao 2023, arXiv 2307.08691); 35% of H100 (FA3 paper, arXiv 2407.08608)
     # bounded within a factor of 2 of the papers' measurements: the fit can correct them, not trade them away
@@ -143,16 +162,22 @@ def _set(table: dict, key: tuple[str, ...], value: float) -> None:
 
 @contextmanager
 def constants(values: dict[tuple[str, ...], float]) -> Iterator[None]:
-    """Temporarily replace constants in the loaded efficiency table (what the model reads)."""
+    """Temporarily replace constants in the loaded efficiency table (what the model reads). The techniques' folded
+    kernel factors are cached per Setup (compile_elementwise_factor is read through them): the cache is cleared on
+    the way in and out, or a trial value would never reach the rows it informs."""
+    from perfguide.techniques import _kernel_factors
+
     table = load("efficiency")
     saved = {k: _get(table, k) for k in values}
     try:
         for k, v in values.items():
             _set(table, k, v)
+        _kernel_factors.cache_clear()
         yield
     finally:
         for k, v in saved.items():
             _set(table, k, v)
+        _kernel_factors.cache_clear()
 
 
 def _weights(cases: Sequence[Case]) -> list[float]:

@@ -145,7 +145,9 @@ def framework_of(row: dict[str, str]) -> str:
         return "flashattn_training"
     if "torchtitan" in fw:
         return "torchtitan"
-    if "plain pytorch" in fw or "torchtune" in fw or "fms-fsdp" in fw:
+    if "torchtune" in fw:
+        return "torchtune"   # plain PyTorch recipes over torchtune's own modules (framework_eager_block_traffic)
+    if "plain pytorch" in fw or "fms-fsdp" in fw:
         return "plain_pytorch"
     return "hf_trainer"  # HF Trainer, DeepSpeed + HF Trainer, Accelerate, LLaMA-Factory
 

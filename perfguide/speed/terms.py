@@ -44,16 +44,27 @@ def flash_backward_factor(setup: Setup) -> float:
     return (1.0 + float(constant("flash_backward_ratio")) + recompute) / (3.0 + recompute)
 
 
-def elementwise_bytes(spec: ModelSpec, setup: Setup) -> float:
+def elementwise_bytes(spec: ModelSpec, setup: Setup, framework: str = "hf_trainer") -> float:
     """Bytes the memory-bound kernels of one micro-step move: every block's non-GEMM ops and the head's loss
     path, as traced on the real modules (perfguide/speed/traffic.py, data/traffic.json), times
     ``elementwise_traffic_factor`` (such small kernels reach less of the bandwidth than a streaming copy);
     checkpointing re-runs the forward's share; fused or compiled kernels cut it (``Technique.kernel_factors``).
+    A stack whose eager block code differs from transformers' (``framework``) moves its own traced bytes in eager
+    (``eager_block_traffic``); compiled, the fused graph's bytes do not depend on how the eager code was spelled.
     Eager attention's s x s chain is ``eager_score_bytes``."""
     kernels = techniques.kernel_factors(setup)
     tokens = setup.micro_batch_size * setup.seq_len
-    moved = traffic.block_bytes(spec, setup, tokens, kernels.recompute) + traffic.head_bytes(spec, setup)
-    return traffic.priced(moved * kernels.elementwise)
+    blocks = traffic.block_bytes(spec, setup, tokens, kernels.recompute) * eager_block_traffic(setup, framework)
+    return traffic.priced((blocks + traffic.head_bytes(spec, setup)) * kernels.elementwise)
+
+
+def eager_block_traffic(setup: Setup, framework: str) -> float:
+    """The stack's eager block bytes over transformers' traced block (efficiency.json framework_eager_block_traffic,
+    counted by bench/throughput_traffic.py); 1.0 for transformers' own modules and for any compiled block."""
+    traced = constant("framework_eager_block_traffic")
+    if setup.torch_compile or framework not in traced:
+        return 1.0
+    return float(traced[framework]) / float(traced["transformers"])
 
 
 def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
