@@ -81,4 +81,4 @@ def litgpt_inference(spec: ModelSpec, est: MemoryEstimate, quantization: str, we
     peak = weights + max(rest + prefill, load)
     delta = peak - est.peak_allocated
     return est.model_copy(update={"weights": weights, "peak_allocated": peak,
-                                  "peak_reserved": est.peak_reserved + delta, "device_total": est.device_total + delta})
+                                  "peak_reserved": est.peak_reserved + delta, "device_total": est.device_total + delta, "fit_total": est.needed + delta})

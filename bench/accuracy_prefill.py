@@ -40,4 +40,4 @@ def with_prompt_logits(est: MemoryEstimate, spec: ModelSpec, setup: Setup, relea
     peak = max(est.peak_allocated, est.weights + prompt_kv + full)
     delta = peak - est.peak_allocated
     return est.model_copy(update={"peak_allocated": peak, "peak_reserved": est.peak_reserved + delta,
-                                  "device_total": est.device_total + delta})
+                                  "device_total": est.device_total + delta, "fit_total": est.needed + delta})

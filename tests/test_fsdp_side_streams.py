@@ -68,7 +68,7 @@ def test_staging_pool_is_reserved_not_allocated() -> None:
     (tiny Llama fp32 on 2 GPUs: root 2 x 128 x 64 x 4 B / 2 = 32,768 B; a block 40,960 x 4 / 2 = 81,920 B)."""
     spec = tiny()
     on = training_memory(spec, Setup(strategy="fsdp", num_gpus=2, offload_params=True, offload_optimizer=True))
-    assert on.peak_reserved == reserved_from_allocated(on.peak_allocated) + max(2 * V * H * 4, LINEAR_PARAMS // L * 4) // 2
+    assert on.peak_reserved == reserved_from_allocated(on.peak_allocated, "train") + max(2 * V * H * 4, LINEAR_PARAMS // L * 4) // 2
     assert on.device_total - on.peak_reserved == on.cuda_context
 
 

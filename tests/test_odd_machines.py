@@ -38,7 +38,7 @@ def test_model_that_fits_nowhere_gets_suggestions(model: str, scenario: str, hw:
     rec = recommend(model, scenario, hardware=hw, allow_offload=False, **kw)
     assert not rec.fits and rec.suggestions
     assert all(isinstance(s, str) and "\n" not in s for s in rec.suggestions)
-    assert rec.memory.device_total > int(rec.memory.capacity * (1 - rec.request.constraints.headroom))
+    assert rec.memory.needed > int(rec.memory.capacity * (1 - rec.request.constraints.headroom))
     rec.report()  # the report renders a does-not-fit plan too
 
 
@@ -77,7 +77,7 @@ def test_recommend_on_a_mixed_box_does_not_promise_the_big_gpu(fake) -> None:
     fake([a100(0), t4(1)])
     rec = _probe_recommend(model="7b", allow_offload=False, finetune="full")
     assert rec.memory.capacity == 15360 * MIB
-    assert not rec.fits or rec.memory.device_total <= 15360 * MIB
+    assert not rec.fits or rec.memory.needed <= 15360 * MIB
 
 
 def test_recommend_on_a_mig_slice(fake, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +129,7 @@ def test_busy_gpu_counts_only_its_free_memory_in_every_scenario(fake) -> None:
     for scenario in ("train_gpu_one", "infer_gpu_one", "infer_gpu_many"):
         rec = _probe_recommend(scenario)
         assert rec.memory.capacity == 1000 * MIB, scenario
-        assert not rec.fits or rec.memory.device_total <= 0.9 * 1000 * MIB, scenario
+        assert not rec.fits or rec.memory.needed <= 0.9 * 1000 * MIB, scenario
 
 
 def test_cpu_training_on_a_box_with_a_busy_gpu_plans_for_ram(fake) -> None:

@@ -88,7 +88,7 @@ def test_recommend_keeps_its_promises(req: dict) -> None:
             assert s.world_size == rec.hardware.gpu_count * rec.hardware.nodes
     if rec.fits:
         assert mem.capacity is not None
-        assert mem.device_total <= int(mem.capacity * (1 - cons.headroom)) + 1, (mem.device_total, mem.capacity)
+        assert mem.needed <= int(mem.capacity * (1 - cons.headroom)) + 1, (mem.needed, mem.capacity)
     else:
         assert rec.suggestions, "a plan that does not fit says what would"
     assert s.device == ("cpu" if req["scenario"].endswith("cpu") else "cuda")
@@ -172,7 +172,7 @@ def test_estimate_is_deterministic_and_consistent(case: tuple) -> None:
     assert estimate(model, setup, hardware=hardware).to_json() == first.to_json()
     assert first.peak_allocated <= first.peak_reserved <= first.device_total
     if first.capacity is not None:
-        assert first.fits == (first.device_total <= first.capacity)
+        assert first.fits == (first.needed <= first.capacity)
 
 
 # --- machines nobody named: mixed, unknown, busy, probed GPUs ------------------------------------------
@@ -207,7 +207,7 @@ def test_any_machine_plans_for_its_smallest_gpu(hw: Hardware, scenario: str, mod
         expected = min(small.memory_total, *(g.memory_free for g in hw.gpus)) if hw.source == "probe" else small.memory_total
         assert rec.memory.capacity == expected
         if rec.fits:
-            assert rec.memory.device_total <= expected * (1 - rec.request.constraints.headroom) + 1
+            assert rec.memory.needed <= expected * (1 - rec.request.constraints.headroom) + 1
         assert rec.setup.autocast != "bf16" or small.compute_capability >= (8, 0)
 
 

@@ -45,15 +45,21 @@ def test_the_rows_loss_path_is_12_bytes_per_logit_at_batch_1() -> None:
 
 
 def test_the_line_adds_the_cached_bf16_head_block_to_reserved() -> None:
-    """On the publisher's line perfguide puts peak reserved + the freed bf16 head logits (2 B x s x V); the note
-    reports it against the card."""
+    """On the publisher's line perfguide puts the steady-state reserved + the freed bf16 head logits (2 B x s x V);
+    the note reports it against the card. At 1024 tokens on 12 GiB the steady state (1.116 x allocated) would pass the
+    card, so the estimate holds its reserved at the card (a real run frees and retries there); the line, extrapolated
+    rather than run, keeps the uncapped steady state."""
     reserved, acc = load_bench("accuracy_reserved"), load_bench("accuracy")
     spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
     setup = _qlora(1024)
     hw = load_bench("accuracy_setup")._hardware("12 GB GPU (model not stated)", 1)
     est = acc.estimate_memory(spec, setup, hw)
-    assert reserved.line_bytes(est, spec, setup) - est.peak_reserved == 2 * 1024 * V
-    line = (est.peak_reserved + 2 * 1024 * V) / 2**30
+    from perfguide.memory.overhead import reserved_from_allocated
+
+    steady = reserved_from_allocated(est.peak_allocated, "train")
+    assert est.peak_reserved < steady == int(est.peak_allocated * 1.116)
+    assert reserved.line_bytes(est, spec, setup) - steady == 2 * 1024 * V
+    line = (steady + 2 * 1024 * V) / 2**30
     assert reserved.boundary_note(est, spec, setup, hw).startswith(f"{line:.2f} GiB on the publisher's line")
     assert f"the card 12.00 GiB ({(line / 12 - 1) * 100:+.1f}%)" in reserved.boundary_note(est, spec, setup, hw)
 
@@ -80,15 +86,18 @@ def test_the_notes_quote_the_answerai_reserved_allocated_pairs_as_the_rows_give_
 
 
 def test_the_notes_claims_about_other_rows_hold_on_the_current_model() -> None:
-    """The notes say Qwen's 7B/14B single-GPU LoRA rows fit within 6% at the inference ratio, and that rows 679/680
-    stay over-predicted; both are read off the current model here, so the notes cannot go stale silently."""
+    """The notes say Qwen's 7B/14B single-GPU LoRA rows are over-predicted by up to 12% at the training ratio, and
+    that every Unsloth reserved-line length is within 8%; both are read off the current model here, so the notes
+    cannot go stale silently."""
     acc, rows = load_bench("accuracy"), _rows()
     qwen = acc.evaluate_all([rows[str(i)] for i in range(702, 714)], [])
-    assert all(r.kind == "value" and r.err_pct < 6 for r in qwen), "update DISAGREEMENT in bench/accuracy_reserved.py"
-    assert "fit within 6% at 1.04" in " ".join(load_bench("accuracy_reserved").DISAGREEMENT)
-    small = acc.evaluate_all([rows["679"], rows["680"]], [])
-    assert all(r.kind == "context" and r.predicted > r.published * 1.15 for r in small), \
-        "rows 679/680 are now within 15%: update DISAGREEMENT in bench/accuracy_reserved.py and docs/validation.md"
+    assert all(r.kind == "value" and 0 < r.predicted - r.published and r.err_pct < 12 for r in qwen), \
+        "update DISAGREEMENT in bench/accuracy_reserved.py"
+    text = " ".join(load_bench("accuracy_reserved").DISAGREEMENT)
+    assert "over-predicted by up to 12% at 1.116" in text and "within 8%" in text
+    lines = acc.evaluate_all([rows[str(i)] for i in range(679, 686)], [])
+    assert all(r.kind == "context" and r.err_pct < 8 for r in lines), \
+        "a reserved-line length is now 8% or more off: update DISAGREEMENT in bench/accuracy_reserved.py and docs/validation.md"
 
 
 def test_the_bf16_recast_head_prices_further_from_the_published_line() -> None:
@@ -109,4 +118,4 @@ def test_the_bf16_recast_head_prices_further_from_the_published_line() -> None:
             line.append(reserved.line_bytes(est, spec, st) / 2**30)
         fixed[upcast] = line[0] - 1024 * (line[1] - line[0]) / 3072
     assert fixed[True] > 9 and fixed[False] < 7
-    assert "6.1 GiB fixed" in " ".join(reserved.DISAGREEMENT) and abs(fixed[False] - 6.1) < 0.1
+    assert "6.6 GiB fixed" in " ".join(reserved.DISAGREEMENT) and abs(fixed[False] - 6.6) < 0.1

@@ -114,7 +114,7 @@ def test_rules_pick_the_level_the_hand_bytes_allow() -> None:
     assert p.fits and p.setup.strategy in ("zero1", "zero2", "fsdp_shard_grad_op", "fsdp")
     assert (p.setup.weights_dtype, p.setup.optimizer) == ("fp32", "adamw_torch_fused")  # sharding before changing semantics
     ddp = [c for c in p.candidates if c.setup.strategy == "ddp" and c.setup.lora is None]
-    assert ddp and all(c.verdict == "does-not-fit" and c.memory.device_total > usable for c in ddp)
+    assert ddp and all(c.verdict == "does-not-fit" and c.memory.needed > usable for c in ddp)
     # 70B on 4 nodes x 8 H100-80GB: 2 B/param of whole 16-bit params alone (138 GB) rule out level 1;
     # FULL_SHARD 16 B/param / 32 = 34.5 GB fits; ZeRO-3 (18/32) fits too and ties, so the tie-break keeps FSDP2
     h100 = A100.model_copy(update={"name": "H100-SXM5-80GB", "bf16_tflops": 989, "fp16_tflops": 989, "memory_bandwidth_gbps": 3350})
@@ -175,7 +175,7 @@ def test_llama2_70b_on_h100_x8x2_shards_fully_and_offload_respects_host_ram() ->
     mix = perfguide.recommend("mistralai/Mixtral-8x7B-v0.1", scenario="train_gpu_many", hardware="a100-80gb:4", host_ram="256GiB")
     usable = 0.9 * mix.hardware.cpu.ram_available
     over = [c for c in mix.candidates if (c.setup.offload_params or c.setup.offload_optimizer) and c.memory.cpu_ram > usable
-            and c.memory.device_total <= 0.9 * c.memory.capacity    # the GPU side fits: host RAM is what rules it out
+            and c.memory.needed <= 0.9 * c.memory.capacity    # the GPU side fits: host RAM is what rules it out
             and c.verdict != "incompatible"]                        # (pure bf16 + ZeRO-Offload is refused before pricing)
     assert over and all(c.verdict == "does-not-fit" and "host RAM" in c.why for c in over)
     # exact AMP offload of Mixtral needs 16 B/param of the model in host RAM: by hand 16 x 46.7e9 > 256 GiB
@@ -188,7 +188,7 @@ def test_llama2_70b_on_h100_x8x2_shards_fully_and_offload_respects_host_ram() ->
     p = run(rec.model, roomy, seq=rec.request.seq_len, batch=32)
     assert p.fits and p.setup.strategy in ("zero3", "fsdp") and not (p.setup.offload_optimizer or p.setup.offload_params)
     assert (p.setup.weights_dtype, p.setup.optimizer) != ("fp32", "adamw_torch_fused")
-    assert p.memory.device_total <= 0.9 * p.memory.capacity
+    assert p.memory.needed <= 0.9 * p.memory.capacity
 
 
 def test_pcie_slows_zero3_more_than_ddp() -> None:
@@ -242,7 +242,7 @@ def test_probed_free_memory_decides_the_layout() -> None:
     busy = busy.model_copy(update={"gpus": tuple(g.model_copy(update={"memory_free": 20 * GiB}) for g in busy.gpus)})
     assert 16 * LLAMA_TOTAL / 8 < 20 * GiB * 0.9 < (2 + 18 / 8) * LLAMA_TOTAL
     p = run(llama7b(), busy, seq=1024, batch=64)
-    assert p.fits and p.setup.strategy in ("fsdp", "zero3") and p.memory.device_total <= 0.9 * 20 * GiB
+    assert p.fits and p.setup.strategy in ("fsdp", "zero3") and p.memory.needed <= 0.9 * 20 * GiB
 
 
 # --- constraints, compatibility, no-fit -------------------------------------------------------------------
@@ -328,12 +328,12 @@ def test_70b_qlora_on_two_24gb_cards_runs_as_the_published_recipes(model: str, h
     rec = perfguide.recommend(model, scenario="train_gpu_many", hardware=hardware, finetune="qlora")
     assert rec.fits and rec.memory.fits
     s = rec.setup
-    assert s.weights_dtype == "nf4" and s.shards_params and (s.offload_params or rec.memory.device_total <= 0.9 * 24 * GiB)
+    assert s.weights_dtype == "nf4" and s.shards_params and (s.offload_params or rec.memory.needed <= 0.9 * 24 * GiB)
     if s.offload_params:
         assert rec.memory.cpu_ram >= 0.5 * rec.model.total_params * 0.9
         offload = decision(rec, "offload")
         assert "fsdp_qlora" in offload.source
-    assert rec.memory.device_total <= 0.9 * 24 * GiB
+    assert rec.memory.needed <= 0.9 * 24 * GiB
 
 
 def test_no_one_edit_layout_change_that_fits_is_faster_than_the_pick() -> None:

@@ -15,7 +15,7 @@ from perfguide.errors import DataFileError
 from perfguide.hardware import specs
 from perfguide.hardware.specs import GpusFile
 from perfguide.hardware.types import Hardware
-from perfguide.memory.overhead import capacity_bytes, cuda_context_bytes, reserved_from_allocated, to_estimate
+from perfguide.memory.overhead import capacity_bytes, cuda_context_bytes, oom_footprint, to_estimate
 from perfguide.setup import Setup
 
 GiB, MiB = 2**30, 2**20
@@ -82,22 +82,22 @@ def test_inferred_nvidia_rows_follow_the_stated_rule() -> None:
 
 
 def test_named_target_judges_fits_against_cuda_total_at_the_byte() -> None:
-    """A hand-built plan: reserved + CUDA context exactly at 79.14 GiB fits an a100-80gb; one byte more does not,
-    although both are ~0.86 GiB under nvidia-smi's 80 GiB."""
+    """A hand-built plan: the footprint that decides an OOM + CUDA context exactly at 79.14 GiB fits an a100-80gb;
+    one byte more does not, although both are ~0.86 GiB under nvidia-smi's 80 GiB."""
     hw = Hardware.from_name("a100-80gb:1")
     setup = Setup(num_gpus=1)
     usable = round(79.14 * GiB)
     assert capacity_bytes(hw, setup) == usable
     context = cuda_context_bytes(hw)
     lo, hi = 0, usable
-    while lo < hi:  # largest allocated peak whose reserved + context fits in the usable bytes
+    while lo < hi:  # largest allocated peak whose OOM footprint + context fits in the usable bytes
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if reserved_from_allocated(mid) + context <= usable else (lo, mid - 1)
+        lo, hi = (mid, hi) if oom_footprint(mid) + context <= usable else (lo, mid - 1)
     common = {"setup": setup, "hardware": hw, "weights": 0, "gradients": 0, "optimizer_states": 0, "activations": 0}
     at = to_estimate(**common, peak_allocated=lo)
     over = to_estimate(**common, peak_allocated=lo + 1)
-    assert at.fits and at.device_total <= usable
-    assert not over.fits and usable < over.device_total < 80 * GiB
+    assert at.fits and at.needed <= usable
+    assert not over.fits and usable < over.needed < 80 * GiB
 
 
 def test_report_names_the_usable_capacity_and_its_source() -> None:

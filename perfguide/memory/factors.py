@@ -42,18 +42,21 @@ def apply_memory(est: MemoryEstimate, setup: Setup, factors: Factors | None) -> 
     the resident weights on CPU (RSS growth); use the measured CUDA context when one was measured idle."""
     if factors is None or not applies(factors, setup):
         return est
-    from .overhead import reserved_from_allocated
+    from .overhead import allocator_bytes
 
     k = clamp(factors.memory)
     if setup.device == "cpu":
         alloc = est.weights + int((est.peak_allocated - est.weights) * k)
-        reserved, context = alloc, est.cuda_context
+        reserved = footprint = alloc
+        context = est.cuda_context
     else:
         alloc = int(est.peak_allocated * k)
-        reserved, context = reserved_from_allocated(alloc), factors.cuda_context_bytes or est.cuda_context
-    total = reserved + context
+        context = factors.cuda_context_bytes or est.cuda_context
+        reserved, footprint, _ = allocator_bytes(alloc, setup.task, context, est.capacity)
+    total, fit_total = reserved + context, footprint + context
     where = f" [{factors.scope}]" if factors.scope else ""
     note = f"calibrated on this machine ({factors.samples} verified run(s){where}): memory x{k:.2f}"
     return est.model_copy(update={"peak_allocated": alloc, "peak_reserved": reserved, "cuda_context": context,
-                                  "device_total": total, "fits": est.capacity is None or total <= est.capacity,
+                                  "device_total": total, "fit_total": fit_total,
+                                  "fits": est.capacity is None or fit_total <= est.capacity,
                                   "notes": (*est.notes, note)})

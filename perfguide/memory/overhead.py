@@ -1,5 +1,10 @@
 """From tensor bytes to what users see: allocated -> reserved (allocator) -> device total (CUDA context).
 
+The caching allocator gives two different numbers. While a run goes well it keeps every freed block cached:
+``max_memory_reserved`` (and nvidia-smi) show that steady state, larger in training than in inference. When a
+cudaMalloc fails it first frees its cached unsplit blocks and retries, so what decides an OOM is only the
+allocated bytes plus the free space inside live (split) segments: the footprint the fit verdict uses.
+
 Constants live in data/calibration.json with their sources; bench/accuracy.py is where they are checked.
 """
 
@@ -26,11 +31,32 @@ def cuda_context_bytes(hardware: Hardware | None) -> int:
     return int(fact_extra("calibration", "cuda_context_bytes", "by_cc_major").get(str(gpu.compute_capability[0]), default))
 
 
-def reserved_from_allocated(peak_allocated: int) -> int:
-    """The caching allocator keeps freed blocks: reserved exceeds allocated by a ratio plus a floor."""
-    ratio = _const("reserved_over_allocated")
+def reserved_from_allocated(peak_allocated: int, task: str = "infer") -> int:
+    """Steady-state reserved: the allocator keeps freed blocks, by a ratio plus a floor. Training frees and
+    re-requests activations of many sizes in backward, so its ratio is its own (calibration.json)."""
+    ratio = _const("reserved_over_allocated_training" if task == "train" else "reserved_over_allocated")
     floor = _const("reserved_min_extra_bytes")
     return int(max(peak_allocated * ratio, peak_allocated + floor)) if peak_allocated else 0
+
+
+def oom_footprint(peak_allocated: int) -> int:
+    """Bytes the allocator needs for the peak not to OOM: before it raises, it releases every cached block that
+    is not split and retries, so only the free space inside live segments adds to the allocated bytes."""
+    return int(peak_allocated * _const("reserved_at_oom_over_allocated"))
+
+
+def allocator_bytes(peak_allocated: int, task: str, context: int, capacity: int | None,
+                    side_stream_reserved: int = 0) -> tuple[int, int, str | None]:
+    """(steady-state reserved, OOM footprint, note). A steady state that would pass the card while the footprint
+    fits is what the allocator cannot keep: at the limit it frees its cache and retries cudaMalloc, so reserved
+    stays at the card (counted in memory_stats num_alloc_retries; each retry synchronises, so steps slow down)."""
+    reserved = reserved_from_allocated(peak_allocated, task) + side_stream_reserved
+    footprint = min(oom_footprint(peak_allocated), reserved)
+    if capacity is not None and footprint + context <= capacity < reserved + context:
+        return capacity - context, footprint, (
+            f"the allocator's cache would reach {(reserved + context) / 1e9:.1f} GB, over the card: it frees cached "
+            "blocks and retries cudaMalloc at the limit (slower steps; fewer with a smaller micro-batch)")
+    return reserved, footprint, None
 
 
 def capacity_bytes(hardware: Hardware | None, setup: Setup) -> int | None:
@@ -71,20 +97,22 @@ def to_estimate(
 
     On CPU there is no caching allocator or CUDA context: reserved == allocated and the device total adds
     the Python/torch process baseline, compared with available RAM. ``side_stream_reserved``: blocks a side
-    stream's pool keeps cached apart from the compute stream's peak (sharding.offload_staging_bytes), reserved only.
+    stream's pool keeps cached apart from the compute stream's peak (sharding.offload_staging_bytes), reserved only:
+    they are free cached blocks, which the allocator releases before an OOM, so the fit footprint leaves them out.
     """
+    capacity = capacity_bytes(hardware, setup)
     if setup.device == "cpu":
         context = int(_const("cpu_process_base_bytes"))
-        reserved = peak_allocated
+        reserved = footprint = peak_allocated
     else:
         context = cuda_context_bytes(hardware)
-        reserved = reserved_from_allocated(peak_allocated) + side_stream_reserved
-    total = reserved + context
-    capacity = capacity_bytes(hardware, setup)
+        reserved, footprint, retry = allocator_bytes(peak_allocated, setup.task, context, capacity, side_stream_reserved)
+        notes = (*notes, retry) if retry else notes
+    total, fit_total = reserved + context, footprint + context
     return MemoryEstimate(
         weights=int(weights), gradients=int(gradients), optimizer_states=int(optimizer_states),
         activations=int(activations), logits=int(logits), kv_cache=int(kv_cache), other=int(other),
         cuda_context=context, peak_allocated=int(peak_allocated), peak_reserved=int(reserved), device_total=int(total),
-        capacity=capacity, cpu_ram=int(cpu_ram), fits=capacity is None or total <= capacity,
+        fit_total=int(fit_total), capacity=capacity, cpu_ram=int(cpu_ram), fits=capacity is None or fit_total <= capacity,
         method=method, notes=notes,
     )

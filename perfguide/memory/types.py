@@ -14,7 +14,9 @@ class MemoryEstimate(Model):
 
     ``peak_allocated`` is what ``torch.cuda.max_memory_allocated()`` reports, ``peak_reserved`` what
     ``max_memory_reserved()`` reports (caching allocator), ``device_total`` what nvidia-smi shows
-    (adds the CUDA context). Components are the state at the peak, so they need not sum to it exactly.
+    (adds the CUDA context) while the run goes well. ``fit_total`` is what decides an OOM: the allocator releases
+    its cached unsplit blocks and retries before it raises, so the footprint that must fit is smaller than the
+    steady state (overhead.oom_footprint). Components are the state at the peak, so they need not sum to it exactly.
     """
 
     weights: int = Field(ge=0)
@@ -28,6 +30,8 @@ class MemoryEstimate(Model):
     peak_allocated: int = Field(ge=0)
     peak_reserved: int = Field(ge=0)
     device_total: int = Field(ge=0)
+    fit_total: int | None = Field(default=None, ge=0, description="bytes the device needs for the step not to OOM "
+                                  "(allocated + fragmentation in live segments + context); None: device_total")
     capacity: int | None = Field(default=None, description="device memory the plan may use (bytes), None if no hardware")
     cpu_ram: int = Field(default=0, ge=0, description="host RAM the setup needs (offload, CPU runs)")
     fits: bool = True
@@ -35,6 +39,11 @@ class MemoryEstimate(Model):
     notes: tuple[str, ...] = ()
     kv_cache_tokens: int | None = Field(default=None, ge=0, description="a serving engine's KV cache in tokens, as it logs it (None: no engine)")
     max_concurrency: float | None = Field(default=None, ge=0, description="sequences of max_model_len the engine's cache holds at once")
+
+    @property
+    def needed(self) -> int:
+        """The bytes the fit verdict compares with the capacity: ``fit_total``, else the steady-state total."""
+        return self.device_total if self.fit_total is None else self.fit_total
 
     @property
     def headroom(self) -> int | None:

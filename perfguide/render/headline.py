@@ -83,7 +83,7 @@ def limits(rec: Recommendation) -> tuple[Limit, ...]:
     device_limit = usable_bytes(rec.memory, headroom)
     if device_limit is not None:
         name = "GPU memory per device" if rec.setup.device == "cuda" else "RAM per process"
-        found.append(Limit(name=name, used=rec.memory.device_total, usable=device_limit))
+        found.append(Limit(name=name, used=rec.memory.needed, usable=device_limit))
     if rec.memory.cpu_ram and rec.setup.device == "cuda":
         found.append(Limit(name="host RAM per node", used=rec.memory.cpu_ram, usable=usable_ram(rec.hardware, headroom)))
     return tuple(found)
@@ -129,6 +129,8 @@ def verdict_line(rec: Recommendation) -> str:
 def memory_line(rec: Recommendation) -> str:
     m = rec.memory
     device = ("per GPU (nvidia-smi)" if rec.setup.device == "cuda" else "per process (RSS)")
+    if m.needed != m.device_total:  # the allocator's cache while running vs what it needs before an OOM
+        device = f"per GPU (nvidia-smi while running; {fmt_bytes(m.needed)} needed not to OOM)"
     host = f"host RAM {fmt_bytes(m.cpu_ram)} (offloaded states)" if m.cpu_ram and rec.setup.device == "cuda" else "host RAM: no offload"
     return f"{fmt_bytes(m.device_total)} {device}; {host}" if rec.setup.device == "cuda" else f"{fmt_bytes(m.device_total)} {device}"
 

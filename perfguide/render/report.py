@@ -198,6 +198,9 @@ def _memory_fields(memory: MemoryEstimate, words: MemoryLabels) -> Fields:
         rows.append(("headroom", f"{fmt_bytes(abs(memory.headroom))} {word} after {words.total_short}"))
     if memory.cpu_ram:
         rows.append(("host RAM needed", fmt_bytes(memory.cpu_ram)))
+    if memory.needed != memory.device_total:  # the allocator releases its cache before an OOM (overhead.oom_footprint)
+        rows.append(("needed not to OOM", f"{fmt_bytes(memory.needed)} (reserved ~{fmt_bytes(memory.device_total)} "
+                                          "while running; the allocator frees its cache before it fails)"))
     rows += [("fits", "yes" if memory.fits else "no"), ("method", memory.method)]
     return Fields(tuple(rows))
 

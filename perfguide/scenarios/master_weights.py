@@ -61,7 +61,7 @@ def master_weights_decision(request: Request, chosen: Priced) -> list[Decision]:
         reason = f"{head}; the other choice cannot run here: {why}"
     else:
         usable = usable_bytes(other.memory, request.constraints.headroom) or 0
-        fits = "fits" if other.memory.device_total <= usable else f"does not fit ({gib(usable)} usable)"
+        fits = "fits" if other.memory.needed <= usable else f"does not fit ({gib(usable)} usable)"
         saved = _states(other) - _states(chosen) if value == "bf16" else _states(chosen) - _states(other)
         speed = other.step_time / chosen.step_time if chosen.step_time else 1.0
         where = " (GPU and host RAM)" if s.offload_params or s.offload_optimizer else ""

@@ -92,8 +92,10 @@ def fits_ram(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> boo
 
 
 def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
+    """The footprint that decides an OOM (``needed``: the allocator releases its cache before it raises), not the
+    steady-state total nvidia-smi shows, within the usable bytes; and offloaded states within host RAM."""
     usable = usable_bytes(memory, headroom)
-    return (usable is None or memory.device_total <= usable) and fits_ram(memory, hardware, headroom)
+    return (usable is None or memory.needed <= usable) and fits_ram(memory, hardware, headroom)
 
 
 def quiet_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Throughput:
@@ -243,9 +245,9 @@ def broken_limit(memory: MemoryEstimate, hardware: Hardware, headroom: float) ->
     """Which limit a setup breaks, in words and as the bytes that break it: device memory, or (offload) the
     node's host RAM."""
     usable = usable_bytes(memory, headroom)
-    if (usable is None or memory.device_total <= usable) and not fits_ram(memory, hardware, headroom):
+    if (usable is None or memory.needed <= usable) and not fits_ram(memory, hardware, headroom):
         return f"offload needs {gib(memory.cpu_ram)} host RAM per node > {gib(usable_ram(hardware, headroom))} usable", memory.cpu_ram
-    return f"needs {gib(memory.device_total)} > {gib(usable or 0)} usable", memory.device_total
+    return f"needs {gib(memory.needed)} > {gib(usable or 0)} usable", memory.needed
 
 
 def not_fitting_why(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> str:

@@ -133,7 +133,7 @@ def _ram_blocked(result: SearchResult, hw: Hardware, headroom: float) -> tuple[s
         p = opt.too_big
         if opt.best is None and p is not None and p.memory.cpu_ram and not fits_ram(p.memory, hw, headroom):
             usable = usable_bytes(p.memory, headroom)
-            if usable is None or p.memory.device_total <= usable:
+            if usable is None or p.memory.needed <= usable:
                 return p.setup.label, p.memory.cpu_ram
     return None
 
@@ -178,7 +178,7 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
         reason = f"even the smallest micro-batch does not fit: {broken_limit(chosen.memory, request.hardware, cons.headroom)[0]}"
     else:
         reason = (f"fastest micro-batch dividing the per-device batch {per_rank(s)} that fits with {cons.headroom:.0%} headroom: "
-                  f"{gib(chosen.memory.device_total)} of {gib(usable)} usable")
+                  f"{gib(chosen.memory.needed)} of {gib(usable)} usable")
     # the number is the batch itself, in tokens (the bytes it costs are in the reason and the alternatives)
     return Decision(setting="per_device_train_batch_size", value=s.micro_batch_size, reason=reason,
                     number=s.micro_batch_size * s.seq_len, unit="tokens per micro-batch", source=_LADDER_SOURCE, alternatives=tuple(alts))
@@ -198,7 +198,7 @@ def _weights_decision(result: SearchResult, chosen: Priced, asked: str | None = 
                   if s.weights_dtype == "bf16" else f"fp32 master weights, grads and optimizer states, autocast {s.autocast or 'off'}"))
     elif s.weights_dtype == "bf16":
         exact = [o for r, o in result.options if r.name.startswith(("exact", "lighter"))]
-        need = min((o.too_big.memory.device_total for o in exact if o.too_big), default=0)
+        need = min((o.too_big.memory.needed for o in exact if o.too_big), default=0)
         reason = (f"no fp32-master setup of the rungs before it fits (exact AMP, lighter optimizer states: the smallest needs "
                   f"{gib(need)}); pure bf16 stores weights, grads and optimizer "
                   "states in bf16: less than half the bytes, but updates lose precision at small learning rates")
@@ -221,7 +221,7 @@ def _optimizer_decision(request: Request, result: SearchResult, chosen: Priced) 
             continue
         if o.best is None and o.too_big is not None:
             others[t.optimizer] = Alternative(value=t.optimizer, number=o.too_big.memory.device_total, unit="bytes",
-                                              why_not=f"does not fit: {gib(o.too_big.memory.device_total)} > {gib(_usable(o.too_big, request))}")
+                                              why_not=f"does not fit: {gib(o.too_big.memory.needed)} > {gib(_usable(o.too_big, request))}")
         elif o.best is not None:
             others[t.optimizer] = Alternative(value=t.optimizer, number=o.best.step_time, unit="s",
                                               why_not=f"{rung.name}: {o.best.step_time:.3g} s/step vs {chosen.step_time:.3g}")
@@ -285,7 +285,7 @@ def _finetune_decision(request: Request, chosen: Priced, mode: str, adapters: di
 
 
 def _fits(p: Priced, request: Request) -> bool:
-    return p.memory.device_total <= _usable(p, request)
+    return p.memory.needed <= _usable(p, request)
 
 
 def rung_warnings(result: SearchResult, cons: Constraints) -> list[str]:
