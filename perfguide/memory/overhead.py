@@ -15,6 +15,7 @@ from typing import Any
 from .._data import fact_extra, fact_value
 from ..hardware.types import Hardware
 from ..setup import Setup
+from .nccl import training_comm_bytes
 from .types import MemoryEstimate
 
 
@@ -101,18 +102,19 @@ def to_estimate(
     they are free cached blocks, which the allocator releases before an OOM, so the fit footprint leaves them out.
     """
     capacity = capacity_bytes(hardware, setup)
+    comm = training_comm_bytes(setup, hardware)  # NCCL's buffers: cudaMalloc'd outside torch's allocator (memory/nccl.py)
     if setup.device == "cpu":
         context = int(_const("cpu_process_base_bytes"))
         reserved = footprint = peak_allocated
     else:
         context = cuda_context_bytes(hardware)
-        reserved, footprint, retry = allocator_bytes(peak_allocated, setup.task, context, capacity, side_stream_reserved)
+        reserved, footprint, retry = allocator_bytes(peak_allocated, setup.task, context + comm, capacity, side_stream_reserved)
         notes = (*notes, retry) if retry else notes
-    total, fit_total = reserved + context, footprint + context
+    total, fit_total = reserved + context + comm, footprint + context + comm
     return MemoryEstimate(
         weights=int(weights), gradients=int(gradients), optimizer_states=int(optimizer_states),
         activations=int(activations), logits=int(logits), kv_cache=int(kv_cache), other=int(other),
-        cuda_context=context, peak_allocated=int(peak_allocated), peak_reserved=int(reserved), device_total=int(total),
+        cuda_context=context, nccl_buffers=comm, peak_allocated=int(peak_allocated), peak_reserved=int(reserved), device_total=int(total),
         fit_total=int(fit_total), capacity=capacity, cpu_ram=int(cpu_ram), fits=capacity is None or fit_total <= capacity,
         method=method, notes=notes,
     )

@@ -27,6 +27,7 @@ class MemoryEstimate(Model):
     kv_cache: int = Field(default=0, ge=0)
     other: int = Field(default=0, ge=0, description="temporaries, workspaces, comm buckets")
     cuda_context: int = Field(default=0, ge=0)
+    nccl_buffers: int = Field(default=0, ge=0, description="NCCL communicator buffers (cudaMalloc, outside torch's allocator); in device_total and fit_total")
     peak_allocated: int = Field(ge=0)
     peak_reserved: int = Field(ge=0)
     device_total: int = Field(ge=0)

@@ -33,7 +33,7 @@ logger = logging.getLogger("perfguide.render")
 COMPONENTS = (
     ("weights", "weights", True), ("gradients", "gradients", False), ("optimizer_states", "optimizer states", False),
     ("activations", "activations", True), ("logits", "logits", False), ("kv_cache", "kv cache", False),
-    ("other", "other", False),
+    ("other", "other", False), ("nccl_buffers", "nccl buffers", False),
 )
 
 
