@@ -62,7 +62,7 @@ def eager_block_traffic(setup: Setup, framework: str) -> float:
     """The stack's eager block bytes over transformers' traced block (efficiency.json framework_eager_block_traffic,
     counted by bench/throughput_traffic.py); 1.0 for transformers' own modules and for any compiled block."""
     traced = constant("framework_eager_block_traffic")
-    if setup.torch_compile or framework not in traced:
+    if techniques.kernel_factors(setup).fused_blocks or framework not in traced:
         return 1.0
     return float(traced[framework]) / float(traced["transformers"])
 

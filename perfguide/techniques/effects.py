@@ -71,13 +71,15 @@ class KernelFactors:
     and the per-token launch overhead of a decode loop; plus the forward passes a micro-step re-runs in backward
     (``recompute``, added up), which the speed model prices like a forward: its GEMM FLOPs, weight reads,
     memory-bound passes, launches and dequantization; and the share of the optimizer step the GPU streams
-    (``device_optimizer``: 0 where the CPU steps the optimizer)."""
+    (``device_optimizer``: 0 where the CPU steps the optimizer); ``fused_blocks``: a compiler fused each block's
+    memory-bound chain, so the bytes no longer depend on how a stack spelled its eager block code."""
 
     launches: float = 1.0
     elementwise: float = 1.0
     decode_overhead: float = 1.0
     recompute: float = 0.0
     device_optimizer: float = 1.0
+    fused_blocks: bool = False
 
 
 @dataclass(frozen=True)

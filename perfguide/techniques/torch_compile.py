@@ -40,7 +40,8 @@ class TorchCompile(Technique):
             return KernelFactors()
         decode = inference_data().static_compile_overhead_factor.value if setup.cache_implementation == "static" else 1.0
         return KernelFactors(launches=constant("compile_kernel_fraction"),
-                             elementwise=float(fact_value("efficiency", "compile_elementwise_factor")), decode_overhead=decode)
+                             elementwise=float(fact_value("efficiency", "compile_elementwise_factor")), decode_overhead=decode,
+                             fused_blocks=True)
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"torch_compile": True} if ctx.setup.torch_compile else {}
