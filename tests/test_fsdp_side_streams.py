@@ -69,7 +69,7 @@ def test_staging_pool_is_reserved_not_allocated() -> None:
     spec = tiny()
     on = training_memory(spec, Setup(strategy="fsdp", num_gpus=2, offload_params=True, offload_optimizer=True))
     assert on.peak_reserved == reserved_from_allocated(on.peak_allocated, "train") + max(2 * V * H * 4, LINEAR_PARAMS // L * 4) // 2
-    assert on.device_total - on.peak_reserved == on.cuda_context
+    assert on.device_total - on.peak_reserved == on.cuda_context + on.nccl_buffers  # NCCL outside the allocator
 
 
 def test_fsdp2_accumulation_without_sync_holds_every_gradient() -> None:
