@@ -1,9 +1,17 @@
 """Session-wide isolation: perfguide's on-disk cache (trace results, calibration) lives in a temp dir, so a
-developer's own `perfguide calibrate` runs can never change what the tests see."""
+developer's own `perfguide calibrate` runs can never change what the tests see. Also the accuracy bench and its
+published rows, which several test files read."""
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+from types import ModuleType
+
 import pytest
+from helpers import load_bench
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -12,3 +20,16 @@ def _isolated_perfguide_cache(tmp_path_factory):
     mp.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path_factory.mktemp("perfguide-cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture(scope="module")
+def acc() -> ModuleType:
+    """bench/accuracy.py, imported as the bench runs it."""
+    return load_bench("accuracy")
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, dict[str, str]]:
+    """bench/data/published_measurements.csv by row_id (a test module may define its own ``rows``)."""
+    with (ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8") as fh:
+        return {r["row_id"]: r for r in csv.DictReader(fh)}

@@ -5,7 +5,6 @@ text gives for the other rows; a max-context row is judged at the boundary the m
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 from types import ModuleType
@@ -14,17 +13,6 @@ import pytest
 from helpers import load_bench
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def acc() -> ModuleType:
-    return load_bench("accuracy")
-
-
-@pytest.fixture(scope="module")
-def rows() -> dict[str, dict[str, str]]:
-    with (ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8") as fh:
-        return {r["row_id"]: r for r in csv.DictReader(fh)}
 
 
 def test_median_of_source_medians_by_hand() -> None:

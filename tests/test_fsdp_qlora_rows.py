@@ -3,27 +3,14 @@ build, and the bytes that reading adds, derived by hand from Llama-2-70B's confi
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers import load_bench
 
 from perfguide.memory.analytic import training_memory
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def acc() -> ModuleType:
-    return load_bench("accuracy")
-
-
-@pytest.fixture(scope="module")
-def rows() -> dict[str, dict[str, str]]:
-    with (ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8") as fh:
-        return {r["row_id"]: r for r in csv.DictReader(fh)}
 
 
 @pytest.mark.parametrize("row_id,dropout", [("757", 0.1), ("758", 0.1), ("714", 0.05), ("676", 0.1), ("662", 0.1)])
