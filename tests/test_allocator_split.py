@@ -92,6 +92,9 @@ def test_fit_is_judged_on_the_footprint_and_the_steady_state_held_at_the_card() 
     assert est.device_total == est.capacity and any("retries cudaMalloc" in n for n in est.notes)
     over = _estimate(Setup(task="train"), 78 * GiB, hw)   # 78 x 1.011 + 0.49 = 79.35 GiB > 79.14
     assert not over.fits and over.peak_reserved == int(78 * GiB * 1.116)
+    # headroom is measured against the same bytes as the verdict: 79.14 - 76.31 GiB left, 79.35 - 79.14 GiB short
+    assert est.headroom == est.capacity - (int(75 * GiB * 1.011) + context) > 0
+    assert over.headroom is not None and over.headroom == over.capacity - (int(78 * GiB * 1.011) + context) < 0
 
 
 def test_a_published_oom_is_an_oom_from_its_own_allocated_bytes() -> None:

@@ -48,7 +48,8 @@ class MemoryEstimate(Model):
 
     @property
     def headroom(self) -> int | None:
-        return None if self.capacity is None else self.capacity - self.device_total
+        """What is left (negative: missing) against the bytes the fit verdict judges, so it never disagrees with ``fits``."""
+        return None if self.capacity is None else self.capacity - self.needed
 
     def gib(self, field: str) -> float:
         return getattr(self, field) / GiB

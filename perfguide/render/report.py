@@ -195,7 +195,8 @@ def _memory_fields(memory: MemoryEstimate, words: MemoryLabels) -> Fields:
     rows = [("capacity", fmt_bytes(memory.capacity) if memory.capacity is not None else "no device")]
     if memory.headroom is not None:
         word = "left" if memory.headroom >= 0 else "SHORT"
-        rows.append(("headroom", f"{fmt_bytes(abs(memory.headroom))} {word} after {words.total_short}"))
+        judged = words.total_short if memory.fit_total is None else "what the step needs not to OOM"
+        rows.append(("headroom", f"{fmt_bytes(abs(memory.headroom))} {word} after {judged}"))
     if memory.cpu_ram:
         rows.append(("host RAM needed", fmt_bytes(memory.cpu_ram)))
     if memory.needed != memory.device_total:  # the allocator releases its cache before an OOM (overhead.oom_footprint)
