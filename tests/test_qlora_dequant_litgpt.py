@@ -16,7 +16,8 @@ the per-iteration difference does not need them.
 litgpt's path moves more bytes than HF + PEFT: Lightning's ``BitsandbytesPrecision`` quantizes the weight after a cast
 to fp16 (bench/accuracy_litgpt.py), so ``dequantize_4bit`` returns fp16 and ``MatMul4Bit`` casts it to the bf16
 input (``.to(A.dtype)``): 2 B read + 2 B written more per call. It also quantizes lm_head (HF keeps it 16-bit).
-The test adds that cast to perfguide's term and compares with the published differences.
+The test adds that cast to perfguide's term and compares with the published differences. The HF + PEFT path has casts of
+its own instead (peft's kbit preparation makes the residual stream fp32; ``terms.kbit_cast_bytes``), checked by hand below.
 """
 
 from __future__ import annotations
@@ -88,3 +89,46 @@ def test_dequant_price_against_litgpt_pairs() -> None:
     # 7B: published 79-86 ms vs 70 priced; 13B: 191 vs 136; 3B: 35-43 vs 36
     assert all(abs(e) < 0.35 for e in errors), list(zip(pairs, errors, strict=True))
     assert abs(statistics.median(errors)) < 0.2, errors
+
+
+def _llama8b_setup(weights: str, **kw: object) -> Setup:
+    return Setup(micro_batch_size=4, seq_len=2048, weights_dtype=weights, lora=LoraSpec(r=16, alpha=32),
+                 optimizer="adamw_torch", gradient_checkpointing=True, **kw)
+
+
+def test_kbit_upcast_casts_match_the_hand_count() -> None:
+    """HF + PEFT QLoRA after prepare_model_for_kbit_training: fp32 embeddings and norms make the residual stream fp32,
+    and every bnb Linear4bit casts its input to bf16 and its output back to fp32 (6 B per element per cast). By hand,
+    Llama-3.1-8B (h 4096, i 14336, q 4096, kv 1024): inputs 5h + i = 34,816, outputs q + 2kv + 2i + h = 38,912 elements
+    per token and layer; forward, backward, recompute; 8192 tokens x 32 layers x 3 passes x 73,728 x 6 B = 348 GB,
+    priced like the other memory-bound kernels (elementwise_traffic_factor)."""
+    from perfguide.speed import traffic
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    elements = (5 * 4096 + 14336) + (4096 + 2 * 1024 + 2 * 14336 + 4096)
+    assert elements == 73728
+    raw = 3 * 8192 * 32 * elements * 6
+    assert terms.kbit_cast_bytes(spec, _llama8b_setup("nf4"), "hf_trainer") == pytest.approx(traffic.priced(raw))
+    # no upcast (a 16-bit rest), a 16-bit base, or a stack that never runs peft's kbit preparation: no casts
+    assert terms.kbit_cast_bytes(spec, _llama8b_setup("nf4", kbit_upcast=False), "hf_trainer") == 0.0
+    assert terms.kbit_cast_bytes(spec, _llama8b_setup("bf16"), "hf_trainer") == 0.0
+    assert terms.kbit_cast_bytes(spec, _llama8b_setup("nf4"), "plain_pytorch") == 0.0
+
+
+def test_hf_qlora_step_pays_dequant_and_casts_over_lora() -> None:
+    """The QLoRA - LoRA step difference is the dequant bytes plus the casts, at the streaming rate, when the step is
+    bandwidth-and-compute priced (not launch-bound): Llama-3.1-8B mb4 s2048 checkpointed on one A100-80GB."""
+    from perfguide.speed.training import training_speed
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    hw = Hardware.from_name("a100-80gb:1")
+    gpu = hw.smallest_gpu
+    assert gpu is not None and gpu.memory_bandwidth_gbps
+    rate = gpu.memory_bandwidth_gbps * 1e9 * float(constant("memory_bandwidth_fraction"))
+    lora = training_speed(spec, _llama8b_setup("bf16"), hw).step_time_s
+    qlora = training_speed(spec, _llama8b_setup("nf4"), hw).step_time_s
+    no_upcast = training_speed(spec, _llama8b_setup("nf4", kbit_upcast=False), hw).step_time_s
+    setup = _llama8b_setup("nf4")
+    casts = terms.kbit_cast_bytes(spec, setup, "hf_trainer") / rate
+    assert qlora - no_upcast == pytest.approx(casts, rel=0.02)
+    assert qlora - lora == pytest.approx(casts + terms.dequant_bytes(spec, setup, matmul_params(spec)) / rate, rel=0.05)

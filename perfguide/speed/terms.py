@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from .. import techniques
 from ..hardware.types import GPU
+from ..memory.activations import block_dims
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import rates, traffic
@@ -85,6 +86,23 @@ def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: int) -> float:
         return 0.0
     passes = 2 + techniques.kernel_factors(setup).recompute
     return passes * matmul_params * (q + 2) * float(constant("dequant_traffic_factor"))
+
+
+def kbit_cast_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:
+    """HF + PEFT QLoRA runs its residual stream in fp32: peft's prepare_model_for_kbit_training (``kbit_upcast``)
+    casts the embeddings and norms to fp32, and each bitsandbytes Linear4bit casts its input to the compute dtype and
+    its output back to fp32 (``kbit_cast_bytes_per_element``). In a Llama block q, k, v, gate and up cast the fp32 norm
+    output (5h), down the fp32 act(gate) * up (i); q, k, v, gate, up and down cast their outputs (q + 2kv + 2i + h);
+    o_proj reads attention's compute-dtype output under autocast and casts nothing. Forward, the gradients' casts in
+    backward, and the recompute. Stacks that keep the base 16-bit (fsdp_qlora, torchtune, litgpt) pay none."""
+    if setup.weights_dtype != "nf4" or not setup.kbit_upcast or framework != "hf_trainer":
+        return 0.0
+    d = block_dims(spec)
+    elements = 6 * d["h"] + 3 * d["i"] + d["q"] + 2 * d["kv"]
+    passes = 2 + techniques.kernel_factors(setup).recompute
+    tokens = setup.micro_batch_size * setup.seq_len
+    per_element = float(constant("kbit_cast_bytes_per_element"))
+    return traffic.priced(passes * tokens * spec.total_layers * elements * per_element)
 
 
 def lora_bytes(setup: Setup, lora_inputs_per_layer: int, layers: int) -> float:

@@ -173,6 +173,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         led = ledger(spec, setup)
         moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup, framework) + terms.eager_score_bytes(spec, setup)
         moved += terms.dequant_bytes(spec, setup, matmul_params(spec))
+        moved += terms.kbit_cast_bytes(spec, setup, framework)
         moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
         if setup.autocast and setup.weights_dtype == "fp32" and not setup.computes_on_16bit_copy:
             moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
