@@ -10,8 +10,8 @@ import re
 
 from accuracy_setup import LOOP_REBINDS_OUTPUTS, _pre_torch2
 
-from perfguide.memory.activations import training_cache_bytes
-from perfguide.memory.loss_path import hf_loss_bytes
+from perfguide.memory.activations import attention_era_bytes, training_cache_bytes
+from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -27,7 +27,8 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     if setup.task != "train":
         return None
     if "loss=logits.sum()" in row["method"]:
-        return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)
+        return (4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)
+                + _attention_era_delta(row, spec, setup))
     if row["source_group"].startswith("litgpt"):
         return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
     if "CEWithChunkedOutputLoss" in row["method"]:
@@ -44,6 +45,19 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
                                     checkpointed=setup.gradient_checkpointing)
         return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS) + cache
     return None
+
+
+def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
+    """What the row's transformers release saves in attention beyond the installed release (activations.attention_era_bytes,
+    which the memory model already charges for the installed one). Saved activations are alive at the forward/loss
+    peak, where these rows peak; passed with the loss bytes as the returned-cache term is. No stated or inferred
+    release: nothing."""
+    release = _transformers_version(row)
+    if release is None:
+        return 0
+    ckpt = setup.gradient_checkpointing
+    return (attention_era_bytes(spec, setup, release, checkpointed=ckpt)
+            - attention_era_bytes(spec, setup, installed_transformers() or "0", checkpointed=ckpt))
 
 
 def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:
@@ -68,8 +82,10 @@ HELD_CACHE_BYTES_PER_H = {
     # 4.45.2 BioGptAttention: past_key_value = (key_states, value_states), two contiguous 16-bit copies (2 + 2). Trace:
     # +3.8 (sdpa and eager)
     "biogpt": 4,
-    # opt (4.46.3, the table's PR #33298 era): the same trace holds no more with use_cache=True (eager +0.0, sdpa
-    # -4.0: the cache tensors are ones attention saves anyway), so opt is not listed
+    # 4.46.3 OPTAttention: past_key_value = (key_states, value_states), the contiguous key/value copies _shape made
+    # (2 + 2). Trace +4.0 B per h per block (eager and sdpa; 4.46.3 and 5.24.0 alike) at 6 vs 12 blocks; a 1- vs 2-block
+    # trace shows +0 because there the top block's backward temporaries, not the forward end, set the peak
+    "opt": 4,
 }
 
 
@@ -88,11 +104,21 @@ PRE_TORCH2_TRANSFORMERS = "4.18.0"
 
 def _transformers_version(row: dict[str, str]) -> str | None:
     """The transformers release of an HF-loss row, as its notes state or infer it ("transformers ~4.47",
-    "transformers' default SDPA (4.38, inferred)"); rows run before PyTorch 2.0 get the release of their time."""
+    "transformers' default SDPA (4.38, inferred)"); a docs table measured for a modeling PR gets the first release
+    that shipped the PR (DOC_TABLE_RELEASES); rows run before PyTorch 2.0 get the release of their time."""
     m = re.search(r"transformers\b[^0-9;]{0,30}(\d+\.\d+(?:\.\d+)?)", row["notes"] + " " + row["method"])
     if m:
         return m.group(1)
+    for pr, release in DOC_TABLE_RELEASES.items():
+        if pr in row["source"]:
+            return release
     return PRE_TORCH2_TRANSFORMERS if _pre_torch2(row) else None
+
+
+#: transformers model-doc SDPA tables measured on a modeling PR's code -> the first release shipping that code.
+#: opt.md's table came with PR #33298 (add sdpa to OPT, 2024-09; https://github.com/huggingface/transformers/pull/33298):
+#: OPTSdpaAttention is absent from the 4.45.2 wheel and present in 4.46.3 and 4.48.0, with the same OPTAttention
+DOC_TABLE_RELEASES = {"opt.md (PR #33298)": "4.46.0"}
 
 
 BNB_RELEASES = (("2024-07-16", "0.43.2"),)  # bitsandbytes 0.43.2 (PyPI, 2024-07-16): MatMul4Bit stops saving inputs

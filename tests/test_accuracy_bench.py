@@ -244,13 +244,18 @@ def test_logits_sum_loop_holds_gpt_neox_2024_cache_by_hand(acc: ModuleType, rows
     assert (setup.micro_batch_size, setup.seq_len) == (2, 1024)
     tokens = 2 * 1024
     assert acc._loss_bytes(row, spec, setup) == 4 * tokens * 50304 + 8 * 1024 * 24 * tokens
-    # biogpt: two contiguous key/value copies (4 B per h; h 1024, 24 layers, vocab 42384); opt holds none (traced)
-    for hub_id, vocab, per_h in (("microsoft/biogpt", 42384, 4 * 1024 * 24), ("facebook/opt-350m", 50272, 0)):
+    # biogpt: two contiguous key/value copies (4 B per h; h 1024, 24 layers, vocab 42384); opt the same (its 4.46
+    # present = the contiguous key/value copies), and its table's release (4.46, PR #33298) also clamps the eager
+    # scores with torch.max: + 2 B x b x 16 heads x s^2 x 24 blocks (tests/test_attention_era.py)
+    for hub_id, vocab, per_h, era in (("microsoft/biogpt", 42384, 4 * 1024 * 24, 0),
+                                      ("facebook/opt-350m", 50272, 4 * 1024 * 24, 2 * 16 * 24)):
         other = next(r for r in rows.values() if r["model_hf_id"] == hub_id and "logits.sum()" in r["method"])
         o_spec = acc._spec(hub_id)
         o_setup = acc._train_setup(other, o_spec)
         o_tokens = o_setup.micro_batch_size * o_setup.seq_len
-        assert acc._loss_bytes(other, o_spec, o_setup) == 4 * o_tokens * vocab + per_h * o_tokens
+        assert other["attn_impl"] == "eager"
+        assert acc._loss_bytes(other, o_spec, o_setup) == (4 * o_tokens * vocab + per_h * o_tokens
+                                                           + era * o_setup.micro_batch_size * o_setup.seq_len ** 2)
 
 
 def test_biogpt_has_its_own_traced_block_not_the_generic_one() -> None:

@@ -36,7 +36,10 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
       "loss_paths": {"ce_bytes": 4, "eras": [{"since": "<transformers release>", "output_keeps": "fp32" | "head",
                                               "shift_copy": bool, "source": ...}]},  # memory/loss_path.py
       "training_cache": {"entries": [{"model_type": ..., "attn_implementation": ..., "since": "<release>",
-                                      "hidden_elements": x, "source": ...}]}     # training_cache_bytes()
+                                      "hidden_elements": x, "source": ...}]},    # training_cache_bytes()
+      "attention_eras": {"entries": [{"model_type": ..., "attn_implementation": ..., "since": "<release>",
+                                      "per_head_s2_elements": x, "hidden_elements": y, "source": ...}]}
+                                                  # attention_era_bytes(): what an older release's attention saves
     }
 
 ``per_token`` and ``eager_per_head_s2`` are traced with dropout off; the dropout terms are added only when the
@@ -109,6 +112,23 @@ class TrainingCache(DataModel):
     entries: tuple[CacheEntry, ...]
 
 
+class AttentionEra(DataModel):
+    """From ``since`` on, ``model_type``'s attention saves this many elements per block beyond the installed
+    release's traced coefficients: ``per_head_s2_elements`` per (b x heads x s^2), ``hidden_elements`` x h per token."""
+
+    model_type: str
+    attn_implementation: str
+    since: str
+    per_head_s2_elements: float = Field(ge=0)
+    hidden_elements: float = Field(ge=0)
+    source: str = Field(min_length=10)
+
+
+class AttentionEras(DataModel):
+    source: str = Field(min_length=10)
+    entries: tuple[AttentionEra, ...]
+
+
 class ActivationsData(DataModel):
     """data/activations.json; every family names all three regimes (or points at one that does)."""
 
@@ -120,6 +140,7 @@ class ActivationsData(DataModel):
     dropout: Dropout
     loss_paths: LossPaths
     training_cache: TrainingCache
+    attention_eras: AttentionEras
 
 
 def activations_data() -> ActivationsData:
@@ -321,6 +342,33 @@ def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_al
     nbytes = 4 if regime(setup) == "fp32" else 2
     per_token = entry.hidden_elements * spec.hidden_size * nbytes * spec.total_layers
     return int(outputs_alive * per_token * setup.micro_batch_size * setup.seq_len)
+
+
+def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
+    """Bytes the attention of transformers ``release`` saves for backward beyond the installed release's traced
+    coefficients (data/activations.json ``attention_eras``; the traces behind ``families`` ran the installed code).
+
+    Older modeling code saved more: OPT before 4.49 clamped the masked scores with ``torch.max`` (the maximum's
+    backward keeps its s x s input) and made q/k/v contiguous head-first, so SDPA's output needed a copy before
+    out_proj. The bytes are alive from their block's forward to its backward, like the block's other activations.
+    ``checkpointed``: the blocks are recomputed in backward, so only the one block being recomputed holds them.
+    A model type or release without an entry is charged nothing.
+    """
+    v = version_tuple(release)
+    entries = [e for e in activations_data().attention_eras.entries
+               if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
+               and version_tuple(e.since) <= v]
+    if not entries:
+        return 0
+    e = max(entries, key=lambda e: version_tuple(e.since))
+    # element sizes (traced in half and fp32): under autocast the 16-bit scores meet the fp32 mask and become fp32,
+    # while SDPA's output stays 16-bit
+    r = regime(setup)
+    s2_bytes, hidden_bytes = (2, 2) if r == "half" else (4, 4) if r == "fp32" else (4, 2)
+    b, s = setup.micro_batch_size, setup.seq_len
+    per_block = (e.per_head_s2_elements * b * spec.num_attention_heads * s * s * s2_bytes
+                 + e.hidden_elements * spec.hidden_size * b * s * hidden_bytes)
+    return int(per_block * (1 if checkpointed else spec.total_layers))
 
 
 def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int, *, params_offloaded: bool) -> int:

@@ -207,6 +207,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
     acts += act.unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
+    era = act.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
+    acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
     logits = loss_bytes if loss_bytes is not None else terms.logits
     release_notes: tuple[str, ...] = ()
     if loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
