@@ -10,7 +10,7 @@ import re
 
 from accuracy_setup import LOOP_REBINDS_OUTPUTS, _pre_torch2
 
-from perfguide.memory.activations import attention_era_bytes, training_cache_bytes
+from perfguide.memory.activations import attention_buffer_bytes, attention_era_bytes, training_cache_bytes
 from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
@@ -58,6 +58,17 @@ def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> 
     ckpt = setup.gradient_checkpointing
     return (attention_era_bytes(spec, setup, release, checkpointed=ckpt)
             - attention_era_bytes(spec, setup, installed_transformers() or "0", checkpointed=ckpt))
+
+
+def _resident_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
+    """Buffers the row's transformers release registers beyond the installed one (activations.attention_buffer_bytes:
+    GPT-NeoX's per-block causal-mask buffer before 4.49), resident in every phase. No stated or inferred release,
+    or not a training row: nothing."""
+    release = _transformers_version(row)
+    if release is None or setup.task != "train":
+        return 0
+    return (attention_buffer_bytes(spec, setup, release)
+            - attention_buffer_bytes(spec, setup, installed_transformers() or "0"))
 
 
 def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:
@@ -118,7 +129,9 @@ def _transformers_version(row: dict[str, str]) -> str | None:
 #: transformers model-doc SDPA tables measured on a modeling PR's code -> the first release shipping that code.
 #: opt.md's table came with PR #33298 (add sdpa to OPT, 2024-09; https://github.com/huggingface/transformers/pull/33298):
 #: OPTSdpaAttention is absent from the 4.45.2 wheel and present in 4.46.3 and 4.48.0, with the same OPTAttention
-DOC_TABLE_RELEASES = {"opt.md (PR #33298)": "4.46.0"}
+#: gpt_neox.md's table came with PR #31031 (add sdpa to GPT-NeoX, 2024; https://github.com/huggingface/transformers/pull/31031):
+#: GPTNeoXSdpaAttention is absent from the 4.41.2 wheel and present in 4.42.4
+DOC_TABLE_RELEASES = {"opt.md (PR #33298)": "4.46.0", "gpt_neox.md (PR #31031)": "4.42.0"}
 
 
 BNB_RELEASES = (("2024-07-16", "0.43.2"),)  # bitsandbytes 0.43.2 (PyPI, 2024-07-16): MatMul4Bit stops saving inputs

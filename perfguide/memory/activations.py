@@ -38,7 +38,8 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
       "training_cache": {"entries": [{"model_type": ..., "attn_implementation": ..., "since": "<release>",
                                       "hidden_elements": x, "source": ...}]},    # training_cache_bytes()
       "attention_eras": {"entries": [{"model_type": ..., "attn_implementation": ..., "since": "<release>",
-                                      "per_head_s2_elements": x, "hidden_elements": y, "source": ...}]}
+                                      "per_head_s2_elements": x, "hidden_elements": y,
+                                      "mask_buffer_bytes_per_position2": z (optional), "source": ...}]}
                                                   # attention_era_bytes(): what an older release's attention saves
     }
 
@@ -121,6 +122,9 @@ class AttentionEra(DataModel):
     since: str
     per_head_s2_elements: float = Field(ge=0)
     hidden_elements: float = Field(ge=0)
+    #: bytes per max_position_embeddings^2 of a causal-mask buffer each block registers (GPT-NeoX before 4.49: a bool
+    #: tril of max_positions^2); resident with the weights, so charged whatever the checkpointing
+    mask_buffer_bytes_per_position2: float = Field(default=0.0, ge=0)
     source: str = Field(min_length=10)
 
 
@@ -352,15 +356,11 @@ def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
     backward keeps its s x s input) and made q/k/v contiguous head-first, so SDPA's output needed a copy before
     out_proj. The bytes are alive from their block's forward to its backward, like the block's other activations.
     ``checkpointed``: the blocks are recomputed in backward, so only the one block being recomputed holds them.
-    A model type or release without an entry is charged nothing.
+    Buffers an old release registers are attention_buffer_bytes, not these. A model type or release without an entry is charged nothing.
     """
-    v = version_tuple(release)
-    entries = [e for e in activations_data().attention_eras.entries
-               if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
-               and version_tuple(e.since) <= v]
-    if not entries:
+    e = _era_entry(spec, setup, release)
+    if e is None:
         return 0
-    e = max(entries, key=lambda e: version_tuple(e.since))
     # element sizes (traced in half and fp32): under autocast the 16-bit scores meet the fp32 mask and become fp32,
     # while SDPA's output stays 16-bit
     r = regime(setup)
@@ -369,6 +369,26 @@ def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
     per_block = (e.per_head_s2_elements * b * spec.num_attention_heads * s * s * s2_bytes
                  + e.hidden_elements * spec.hidden_size * b * s * hidden_bytes)
     return int(per_block * (1 if checkpointed else spec.total_layers))
+
+
+def attention_buffer_bytes(spec: ModelSpec, setup: Setup, release: str) -> int:
+    """Bytes of the buffers transformers ``release``'s attention registers in every block beyond the installed one
+    (data/activations.json ``attention_eras`` ``mask_buffer_bytes_per_position2``): GPT-NeoX before 4.49 kept a bool
+    tril of max_position_embeddings^2 per block (``_init_bias``). Resident from load on, in every phase, like the
+    weights, and independent of batch, length and checkpointing."""
+    e = _era_entry(spec, setup, release)
+    if e is None:
+        return 0
+    return int(e.mask_buffer_bytes_per_position2 * (spec.max_position_embeddings or 0) ** 2 * spec.total_layers)
+
+
+def _era_entry(spec: ModelSpec, setup: Setup, release: str) -> AttentionEra | None:
+    """The attention_eras entry in force for ``release``: the newest one at or before it (none: None)."""
+    v = version_tuple(release)
+    entries = [e for e in activations_data().attention_eras.entries
+               if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
+               and version_tuple(e.since) <= v]
+    return max(entries, key=lambda e: version_tuple(e.since)) if entries else None
 
 
 def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int, *, params_offloaded: bool) -> int:

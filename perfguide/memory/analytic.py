@@ -160,7 +160,7 @@ def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
                     loss_bytes: int | None = None, bnb_version: str | None = None,
-                    grads_persist: bool = False, nf4_library: str = "bitsandbytes") -> MemoryEstimate:
+                    grads_persist: bool = False, nf4_library: str = "bitsandbytes", resident_bytes: int = 0) -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
     ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
@@ -221,7 +221,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         logits += act.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
-    resident = dev.weights + optimizer_on_device + dev.buffers
+    # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
+    buffers = dev.buffers + resident_bytes + act.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
+    resident = dev.weights + optimizer_on_device + buffers
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or grads_persist else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
@@ -242,7 +244,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
-        activations=acts + recompute, logits=logits, other=dev.buffers + dequant + (step_temp if phase == "optimizer step" else 0),
+        activations=acts + recompute, logits=logits, other=buffers + dequant + (step_temp if phase == "optimizer step" else 0),
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
     )
