@@ -142,3 +142,17 @@ def test_a_calibrated_machine_scales_both_numbers_from_the_scaled_allocated_peak
     assert est.peak_reserved == int(est.peak_allocated * 1.116)
     assert est.needed == int(est.peak_allocated * 1.011) + context and est.fits
     assert est.device_total == est.peak_reserved + context
+
+
+def test_a_calibrated_multi_gpu_estimate_keeps_nccls_buffers() -> None:
+    """NCCL's buffers are cudaMalloc'd outside torch's allocator, so calibrating torch's bytes neither scales nor drops
+    them: on 8 NVLinked A100s, 24 channels x 2 peer connections x 12 MiB = 576 MiB stay in both totals."""
+    from perfguide.memory.factors import Factors, apply_memory
+
+    hw = Hardware.from_name("a100-80gb:8")
+    setup = Setup(task="train", strategy="fsdp", num_gpus=8)
+    est = apply_memory(_estimate(setup, 40 * GiB, hw), setup, Factors(memory=1.1, samples=2))
+    nccl = 24 * 2 * 12 * 2**20
+    assert est.nccl_buffers == nccl
+    assert est.device_total == est.peak_reserved + cuda_context_bytes(hw) + nccl
+    assert est.needed == int(est.peak_allocated * 1.011) + cuda_context_bytes(hw) + nccl

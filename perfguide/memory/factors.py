@@ -52,8 +52,9 @@ def apply_memory(est: MemoryEstimate, setup: Setup, factors: Factors | None) -> 
     else:
         alloc = int(est.peak_allocated * k)
         context = factors.cuda_context_bytes or est.cuda_context
-        reserved, footprint, _ = allocator_bytes(alloc, setup.task, context, est.capacity)
-    total, fit_total = reserved + context, footprint + context
+        reserved, footprint, _ = allocator_bytes(alloc, setup.task, context + est.nccl_buffers, est.capacity)
+    # NCCL's buffers live outside the allocator: no calibration of torch's bytes scales them
+    total, fit_total = reserved + context + est.nccl_buffers, footprint + context + est.nccl_buffers
     where = f" [{factors.scope}]" if factors.scope else ""
     note = f"calibrated on this machine ({factors.samples} verified run(s){where}): memory x{k:.2f}"
     return est.model_copy(update={"peak_allocated": alloc, "peak_reserved": reserved, "cuda_context": context,
