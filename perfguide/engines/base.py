@@ -160,8 +160,8 @@ class ServerEngine(Engine):
         facts = self.facts
         # the engines budget from the total CUDA reports: the card's own (gpus.json cuda_total_gib, or NVML's reserve on
         # a probe); a hand-built GPU without one takes the typical driver reserve
-        reserve = gpu.memory_reserved or int(serving_facts().driver_reserved_bytes.value)
-        total, context = gpu.memory_total - reserve, cuda_context_bytes(hardware)
+        total = gpu.allocatable if gpu.memory_reserved else gpu.memory_total - int(serving_facts().driver_reserved_bytes.value)
+        context = cuda_context_bytes(hardware)
         weights, per_token = self.loaded_weight_bytes(spec, serving, gpu.vendor), kv_bytes_per_token(spec, serving)
         graphs = len(cuda_graph_sizes(serving, facts)) * facts.cuda_graph_bytes_per_size
         act, other = activation_peak_bytes(spec, serving, facts), non_torch_bytes(serving, facts)

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -336,13 +336,9 @@ def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_al
     """
     if checkpointed or not (spec.config or {}).get("use_cache", True):
         return 0
-    v = version_tuple(release)
-    entries = [e for e in activations_data().training_cache.entries
-               if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
-               and version_tuple(e.since) <= v]
-    if not entries:
+    entry = _in_force(activations_data().training_cache.entries, spec, setup, release)
+    if entry is None:
         return 0
-    entry = max(entries, key=lambda e: version_tuple(e.since))
     nbytes = 4 if regime(setup) == "fp32" else 2
     per_token = entry.hidden_elements * spec.hidden_size * nbytes * spec.total_layers
     return int(outputs_alive * per_token * setup.micro_batch_size * setup.seq_len)
@@ -383,12 +379,18 @@ def attention_buffer_bytes(spec: ModelSpec, setup: Setup, release: str) -> int:
 
 
 def _era_entry(spec: ModelSpec, setup: Setup, release: str) -> AttentionEra | None:
-    """The attention_eras entry in force for ``release``: the newest one at or before it (none: None)."""
+    return _in_force(activations_data().attention_eras.entries, spec, setup, release)
+
+
+_Entry = TypeVar("_Entry", CacheEntry, AttentionEra)
+
+
+def _in_force(entries: tuple[_Entry, ...], spec: ModelSpec, setup: Setup, release: str) -> _Entry | None:
+    """The entry for this model type and attention in force at ``release``: the newest one at or before it (none: None)."""
     v = version_tuple(release)
-    entries = [e for e in activations_data().attention_eras.entries
-               if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
-               and version_tuple(e.since) <= v]
-    return max(entries, key=lambda e: version_tuple(e.since)) if entries else None
+    found = [e for e in entries if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
+             and version_tuple(e.since) <= v]
+    return max(found, key=lambda e: version_tuple(e.since)) if found else None
 
 
 def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int, *, params_offloaded: bool) -> int:
