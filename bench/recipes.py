@@ -55,6 +55,10 @@ UNSLOTH_AS = ("Unsloth's kernels priced as their HF-stack equivalents: chunked c
               "to system RAM asynchronously) as activation offloading with checkpointing")
 PURE_BF16: dict[str, Any] = {"weights_dtype": "bf16", "autocast": None}
 QLORA: dict[str, Any] = {"weights_dtype": "nf4", "autocast": "bf16"}
+#: stacks that quantize the Linears themselves and never run peft's prepare_model_for_kbit_training, so embeddings,
+#: head and norms stay 16-bit: torchtune (torchao NF4Tensor in its QLoRA builders), litgpt (Lightning's
+#: BitsandbytesPrecision plugin) and Answer.AI's fsdp_qlora (train.py replaces the Linears with bnb Linear4bit)
+NATIVE_QLORA: dict[str, Any] = {**QLORA, "kbit_upcast": False}
 AMP_BF16: dict[str, Any] = {"weights_dtype": "bf16", "autocast": "bf16"}
 
 
@@ -109,7 +113,7 @@ TT_LORA = {**PURE_BF16, **lora(8, 16, ("q_proj", "v_proj"))}
 RECIPES: tuple[Recipe, ...] = (
     # torchtune's README table (Llama-2-7B, batch 4 x 2048 tokens; bf16 weights, activation checkpointing)
     Recipe("torchtune-qlora-7b-1x4090", TORCHTUNE, "meta-llama/Llama-2-7b-hf", "rtx4090", "qlora", 2048, 4, 1,
-           {**QLORA, **lora(8, 16, ("q_proj", "v_proj")), "torch_compile": True}, 12.3, 3155),
+           {**NATIVE_QLORA, **lora(8, 16, ("q_proj", "v_proj")), "torch_compile": True}, 12.3, 3155),
     Recipe("torchtune-lora-7b-1x4090", TORCHTUNE, "meta-llama/Llama-2-7b-hf", "rtx4090", "lora", 2048, 4, 1, TT_LORA, 21.3, 2582),
     Recipe("torchtune-lora-7b-2x4090", TORCHTUNE, "meta-llama/Llama-2-7b-hf", "rtx4090:2", "lora", 2048, 4, 1,
            {**TT_LORA, "strategy": "fsdp"}, 16.2, 2768),
@@ -125,7 +129,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("answerai-fsdp-qlora-70b-2x3090", "https://github.com/AnswerDotAI/fsdp_qlora/blob/main/README.md (Finetune Llama-2 70B on "
            "Dual 24GB GPUs: --batch_size 2 --context_length 2048 --use_cpu_offload true; 'roughly 55GB of CPU RAM')",
            "meta-llama/Llama-2-70b-hf", "rtx3090:2", "qlora", 2048, 2, 1,
-           {**QLORA, **lora(64, 16), "strategy": "fsdp", "offload_optimizer": True, "offload_params": True}, host_gb=55.0,
+           {**NATIVE_QLORA, **lora(64, 16), "strategy": "fsdp", "offload_optimizer": True, "offload_params": True}, host_gb=55.0,
            assumed="train.py defaults: lora_rank 64, alpha 16, all linear layers, no accumulation"),
     Recipe("axolotl-qlora-fsdp-70b-2x4090", "https://github.com/axolotl-ai-cloud/axolotl/blob/main/examples/llama-3/qlora-fsdp-70b.yaml",
            "meta-llama/Meta-Llama-3-70B", "rtx4090:2", "qlora", 512, 1, 4,
@@ -154,11 +158,11 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("litgpt-llama2-7b-lora-a10g", LITGPT, "meta-llama/Llama-2-7b-hf", "a10g", "lora", 512, 2, 4,
            {**PURE_BF16, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 19.77),
     Recipe("litgpt-llama2-7b-qlora-a10g", LITGPT, "meta-llama/Llama-2-7b-hf", "a10g", "qlora", 512, 2, 4,
-           {**QLORA, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 13.68),
+           {**NATIVE_QLORA, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 13.68),
     Recipe("litgpt-llama3-8b-lora-a10g", LITGPT, "meta-llama/Meta-Llama-3-8B", "a10g", "lora", 512, 1, 8,
            {**PURE_BF16, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 19.73),
     Recipe("litgpt-llama3-8b-qlora-a10g", LITGPT, "meta-llama/Meta-Llama-3-8B", "a10g", "qlora", 512, 2, 4,
-           {**QLORA, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 17.41),
+           {**NATIVE_QLORA, **lora(32, 16, ("q_proj", "v_proj")), "gradient_checkpointing": False}, 17.41),
     Recipe("litgpt-llama3.2-3b-full-a10g", LITGPT, "meta-llama/Llama-3.2-3B", "a10g", "full", 512, 4, 16,
            {**PURE_BF16, "gradient_checkpointing": False}, 16.51),
     Recipe("litgpt-phi3-mini-full-a10g", LITGPT, "microsoft/Phi-3-mini-4k-instruct", "a10g", "full", 512, 4, 2,

@@ -64,3 +64,14 @@ def test_published_peaks_bound_the_priced_ones_where_the_recipe_is_in_parity(res
         if r.recipe.mem_not_comparable:   # bf16 weights + gradients + AdamW's two bf16 states: 8 B per parameter
             params = perfguide.ModelSpec.from_any(r.recipe.model).total_params
             assert 8 * params > r.recipe.mem_gb * 1e9, r.recipe.id
+
+
+def test_stacks_that_quantize_their_own_linears_price_no_kbit_upcast() -> None:
+    """torchtune (torchao NF4Tensor), litgpt (Lightning's bitsandbytes plugin) and Answer.AI's fsdp_qlora never call
+    peft's prepare_model_for_kbit_training, so their embeddings, head and norms stay 16-bit; every other QLoRA recipe
+    keeps perfguide's default (the HF + PEFT stack's fp32 upcast)."""
+    native = ("torchtune-", "litgpt-", "answerai-")
+    for r in recipes.RECIPES:
+        if r.finetune != "qlora" or r.id.startswith("unsloth"):
+            continue
+        assert r.as_setup().kbit_upcast is (not r.id.startswith(native)), r.id
