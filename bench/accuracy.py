@@ -29,7 +29,7 @@ from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transform
 from accuracy_prefill import with_prompt_logits
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
-from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _spec, _train_setup
+from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _spec, _train_setup, trained_spec
 
 from perfguide._data import load
 from perfguide.errors import PerfGuideError
@@ -94,6 +94,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         if task.startswith("load"):
             raise Skip("load-only rows are not a training/inference step")
         setup = _infer_setup(row, spec) if task.startswith("infer") else _train_setup(row, spec)
+        spec = trained_spec(row, spec)   # FSDP1 size-based auto-wrap: a tied head trained as a second weight
         hw = _hardware(row["gpu_type"], setup.num_gpus)
         loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from accuracy_configs import CONFIGS
 
 from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
+from perfguide.memory.sharding import size_wrapped_spec
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 
@@ -146,6 +147,30 @@ LOOP_REBINDS_OUTPUTS = {
     "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: 'for step, batch in ...: outputs = "
                             "model(**batch)'; no del, and the eval loop rebinds the same name",
 }
+
+
+#: sources whose FSDP1 units came from accelerate's size-based auto-wrap, with the threshold a row without one ran:
+#: accelerate 0.7's FullyShardedDataParallelPlugin sets ``default_auto_wrap_policy(min_num_params)`` whenever
+#: FSDP_MIN_NUM_PARAMS > 0, and both ``accelerate config`` and ``accelerate launch --min_num_params`` default to 1e8
+SIZE_WRAP_DEFAULT = {
+    "hf_blog_pytorch_fsdp": 100_000_000,   # the SHARD_GRAD_OP row states none (the blog's sample config shows 2000;
+                                           # for GPT-2 both split the tied head: sharding.size_wrap_splits_tied_head)
+}
+
+
+def size_wrap_threshold(row: dict[str, str]) -> int | None:
+    """The row's FSDP1 ``min_num_params`` ("min_num_params=1M", "FSDP 2K + CPU offload"), or its source's default;
+    None for a row not wrapped by size."""
+    if row["source_group"] not in SIZE_WRAP_DEFAULT or "FSDP" not in row["parallelism"]:
+        return None
+    m = re.search(r"(\d+)\s*([KM])\b", row["method"])
+    return int(m.group(1)) * {"K": 1_000, "M": 1_000_000}[m.group(2)] if m else SIZE_WRAP_DEFAULT[row["source_group"]]
+
+
+def trained_spec(row: dict[str, str], spec: ModelSpec) -> ModelSpec:
+    """The model as the row's run trained it: FSDP1's size-based auto-wrap unties a tied head (sharding.size_wrapped_spec)."""
+    threshold = size_wrap_threshold(row)
+    return spec if threshold is None else size_wrapped_spec(spec, threshold)
 
 
 def _attn(row: dict[str, str]) -> str:

@@ -148,6 +148,45 @@ def idle_grad_pool_bytes(setup: Setup, sharded_grads: int, peak_before_backward:
     return sharded_grads
 
 
+def size_wrap_splits_tied_head(spec: ModelSpec, min_num_params: int) -> bool:
+    """Whether FSDP1's size-based auto-wrap puts a tied input embedding and LM head in two units, so that each
+    unit flattens a copy of the one weight and the run trains two (V x h more weights, gradients and optimizer
+    state, sharded like the rest).
+
+    torch 1.12's ``_recursive_wrap`` recurses into a module whose parameters reach ``min_num_params`` and wraps it
+    when what its children left unwrapped still does (``default_auto_wrap_policy``; ModuleList never wrapped). A
+    wrapped unit's FlattenParamsWrapper ``torch.cat`` s its parameters into a new FlatParameter and deletes the
+    module attributes, but dedups shared parameters only inside its own module; the head is the root's sibling
+    child of the base model, and FSDP takes every parameter that is not yet a FlatParameter (``params = [p for p in
+    module.parameters() if ... not isinstance(p, FlatParameter)]``), so the head's reference to the original
+    embedding weight is flattened a second time, by its own unit (when it reaches the threshold) or by the root.
+    The tie is split as soon as a module holding the embedding but not the head is wrapped: the embedding itself
+    (a leaf over the threshold) or the base model (its leftover over the threshold). accelerate's maintainer on
+    GPT-2 under size-based wrap: "shared embedding layers should belong to the same FSDP unit and sized_based_wrap
+    puts them in different units" (huggingface/accelerate#570). No policy (``min_num_params`` 0) or a threshold over
+    the whole model: one unit, the tie kept. FSDP2 and the transformer-layer policy keep the pair in the root.
+    """
+    if not (spec.tie_word_embeddings and spec.head == "lm") or not 0 < min_num_params <= spec.total_params:
+        return False
+    if spec.vocab_size * spec.hidden_size >= min_num_params:
+        return True   # the embedding, a leaf over the threshold, becomes a unit of its own
+    block = spec.outside_embeddings // max(1, spec.total_layers)
+    leaves = sum(i * o for _, i, o, _ in linear_shapes(spec) if i * o >= min_num_params)
+    wrapped = spec.total_layers * (block if block >= min_num_params else leaves)
+    return spec.total_params - wrapped >= min_num_params   # the base model wrapped with its leftover, embedding included
+
+
+def size_wrapped_spec(spec: ModelSpec, min_num_params: int) -> ModelSpec:
+    """``spec`` as FSDP1's size-based auto-wrap trains it: untied, with a head of its own, where the wrap splits the
+    tie (size_wrap_splits_tied_head); otherwise ``spec`` itself."""
+    if not size_wrap_splits_tied_head(spec, min_num_params):
+        return spec
+    head = spec.vocab_size * spec.hidden_size
+    trainable = None if spec.trainable_params is None else spec.trainable_params + head
+    return spec.model_copy(update={"tie_word_embeddings": False, "lm_head_params": head,
+                                   "total_params": spec.total_params + head, "trainable_params": trainable})
+
+
 #: bytes per stored element of a block's frozen Linear weights as FSDP flattens them (bnb packs nf4 two to a byte
 #: into its quant_storage dtype; the absmax is an attribute, not part of the FlatParameter)
 _STORED_LINEAR_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8": 1.0, "nf4": 0.5}
