@@ -111,7 +111,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         return Result(row, "skip", str(exc))
     except (PerfGuideError, NotImplementedError, ValueError) as exc:
         return Result(row, "skip", f"not expressible: {str(exc).splitlines()[0][:120]}")
-    if kind in ("oom", "max_batch_fit", "max_seq_fit"):
+    if kind in ("oom", "fits", "max_batch_fit", "max_seq_fit"):
         if hw is None:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
         note = "" if RESERVED_LINE not in row["mem_metric"] else (
@@ -175,6 +175,8 @@ def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, 
     kind = row["value_kind"]
     if kind == "oom":
         return Result(row, "verdict", verdict_ok=not fits, reason="published OOM")
+    if kind == "fits":  # a run the source says trained at its stated setup (no claim that one more would not)
+        return Result(row, "verdict", verdict_ok=fits, reason="published run that fits")
     if kind == "max_batch_fit":
         bigger = _fits(row, spec, setup.replace(micro_batch_size=setup.micro_batch_size + 1), hw)
         largest = max_batch(row, spec, setup, hw)

@@ -19,7 +19,8 @@ from perfguide.setup import LoraSpec, Setup
 GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb", "a100-80gb"), ("a100", "a100-40gb"),
         ("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("rtx 4090", "rtx4090"), ("a10g", "a10g"),
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
-        ("rtx 2060", "t4")]
+        ("rtx 2060", "t4"), ("v100 32gb", "v100-32gb"), ("a800", "a100-80gb")]
+# A800 is the A100 with NVLink capped at 400 GB/s (export variant): same GA100 die, same 80 GB HBM2e
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
 # TITAN RTX: the card's total as the hf_blog_pytorch_fsdp source's own OOM message prints it ("GPU 0; 23.65 GiB total
 # capacity"), the cudaMemGetInfo total that nvidia-smi also shows (24220 MiB), not the nominal 24 GiB
@@ -108,6 +109,11 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:
     par = row["parallelism"]
+    zero = re.search(r"DeepSpeed ZeRO-([123])", par)
+    if zero:  # "+ optimizer offload" (offload_optimizer) / "+ CPU offload of params and optimizer" (ZeRO-3 offload_param)
+        low = par.lower()
+        return {"strategy": f"zero{zero.group(1)}", "offload_optimizer": "offload" in low,
+                "offload_params": "offload of params" in low}
     if par.startswith("DDP"):
         return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
     if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):
@@ -279,7 +285,14 @@ _SPECS: dict[str, ModelSpec] = {}
 REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2",
              # Llama 3.3 70B reuses Llama 3.1 70B's config.json shape (80 x 8192, FFN 28672, 128256 vocab, GQA 8)
-             "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B"}
+             "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
+             # LLaMA-1 7B: Llama-2-7B's shape (4096 x 32 layers, FFN 11008, 32 heads, vocab 32000); only the
+             # position limit differs (2048 vs 4096), which holds no memory (rotary)
+             "huggyllama/llama-7b": "meta-llama/Llama-2-7b-hf",
+             # Qwen2 and Qwen2.5 share each size's config.json shape (7B: 3584 x 28, FFN 18944, 28/4 heads; 72B:
+             # 8192 x 80, FFN 29568, 64/8 heads; vocab 152064, untied)
+             "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",
+             "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B"}
 
 
 def _spec(hub_id: str) -> ModelSpec:
