@@ -41,6 +41,8 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
                                       "per_head_s2_elements": x, "hidden_elements": y,
                                       "mask_buffer_bytes_per_position2": z (optional), "source": ...}]}
                                                   # attention_era_bytes(): what an older release's attention saves
+      "softcap": {"attn_per_head_s2": {"<regime>": x}, "final_defaults": {...}, "attn_defaults": {...}, "source": ...}
+                                                  # memory/softcap.py: tanh outputs a soft-cap keeps (Gemma 2)
     }
 
 ``per_token`` and ``eager_per_head_s2`` are traced with dropout off; the dropout terms are added only when the
@@ -66,6 +68,7 @@ from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .loss_path import LossPaths, version_tuple
+from .softcap import Softcap, attention_softcap_bytes, final_softcap_bytes
 
 DIMS = ("h", "i", "q", "kv", "1")
 Dim = Literal["h", "i", "q", "kv", "1"]
@@ -145,6 +148,7 @@ class ActivationsData(DataModel):
     loss_paths: LossPaths
     training_cache: TrainingCache
     attention_eras: AttentionEras
+    softcap: Softcap
 
 
 def activations_data() -> ActivationsData:
@@ -199,11 +203,6 @@ def _coefs(spec: ModelSpec, setup: Setup) -> Regime:
     return family_coefficients(spec.family, spec.model_type)[regime(setup)]
 
 
-def _attention_span(spec: ModelSpec, seq_len: int) -> int:
-    """Keys each query attends to in eager mode; a sliding window caps the s^2 matrix width."""
-    return min(seq_len, spec.sliding_window) if spec.sliding_window else seq_len
-
-
 def dropout_rates(spec: ModelSpec) -> tuple[float, float]:
     """(hidden, attention) dropout probability of the model in training mode.
 
@@ -240,7 +239,9 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     if setup.attn_implementation == "eager":
         total += b * s * _linear(c.eager_per_token, dims)
         s2 = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if attn_p > 0 else 0.0)
-        total += b * spec.num_attention_heads * s * _attention_span(spec, s) * s2
+        # the full s x s in every block: HF eager applies a sliding window as a mask on full scores (Gemma 2,
+        # Mistral v0.1: traced, a window of 16 and of 4096 save the same bytes at s 64 / 128)
+        total += b * spec.num_attention_heads * s * s * s2 + attention_softcap_bytes(spec, setup)
     return int(total)
 
 
@@ -312,13 +313,14 @@ def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Loss-path buffers at their peak: logits, fp32 log-softmax output and their gradients (b*s*V each).
 
     HF's ForCausalLMLoss upcasts logits to fp32; at the start of backward the log-softmax output and two
-    gradients of the same size coexist. Checkpointing does not touch them (they live outside the blocks).
+    gradients of the same size coexist; a final-logit soft-cap keeps its tanh output besides (softcap.py).
+    Checkpointing does not touch them (they live outside the blocks).
     The width is the head's (``ModelSpec.logits_width``: the vocabulary, or a classifier's labels), over every
     position, or one per sequence for sequence classification; a bare model has no logits.
     """
     c = _coefs(spec, setup)
     positions = 1 if spec.logits_per_sequence else setup.seq_len
-    return int(setup.micro_batch_size * positions * spec.logits_width * c.logits_per_token_vocab)
+    return int(setup.micro_batch_size * positions * spec.logits_width * c.logits_per_token_vocab) + final_softcap_bytes(spec, setup)
 
 
 def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1, *,

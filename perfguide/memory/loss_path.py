@@ -82,8 +82,10 @@ def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs:
 
 def hf_loss_bytes(spec: ModelSpec, setup: Setup, transformers_version: str, loop_keeps_outputs: bool) -> int:
     """Loss-path bytes of a causal LM trained with HF's loss at ``transformers_version`` (pass as ``loss_bytes``)."""
+    from .softcap import final_softcap_bytes
+
     units = loss_path_units(setup, transformers_version, loop_keeps_outputs)
-    return setup.micro_batch_size * setup.seq_len * spec.logits_width * units
+    return setup.micro_batch_size * setup.seq_len * spec.logits_width * units + final_softcap_bytes(spec, setup)
 
 
 @lru_cache(maxsize=1)
