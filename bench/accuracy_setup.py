@@ -112,9 +112,9 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
     par = row["parallelism"]
     zero = re.search(r"DeepSpeed ZeRO-([123])", par)
     if zero:  # "+ optimizer offload" (offload_optimizer) / "+ CPU offload of params and optimizer" (ZeRO-3 offload_param)
-        low = par.lower()
-        return {"strategy": f"zero{zero.group(1)}", "offload_optimizer": "offload" in low,
-                "offload_params": "offload of params" in low}
+        added = par.lower().partition("+")[2]  # what follows the stage; "(no CPU offload)" before it adds nothing
+        return {"strategy": f"zero{zero.group(1)}", "offload_optimizer": "offload" in added,
+                "offload_params": "offload of params" in added}
     if par.startswith("DDP"):
         return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
     if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):

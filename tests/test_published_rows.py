@@ -69,6 +69,7 @@ def test_each_row_reads_as_its_stated_setup_and_names_its_source(row: dict[str, 
 
 @pytest.mark.parametrize(("words", "strategy", "offload_optimizer", "offload_params"), [
     ("DeepSpeed ZeRO-2", "zero2", False, False),
+    ("DeepSpeed ZeRO-2 (no CPU offload)", "zero2", False, False),
     ("DeepSpeed ZeRO-2 + optimizer offload (--adam_offload: fp32 masters and Adam states on the CPU)", "zero2", True, False),
     ("DeepSpeed ZeRO-3", "zero3", False, False),
     ("DeepSpeed ZeRO-3 + CPU offload of params and optimizer", "zero3", True, True),
