@@ -35,6 +35,7 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
+from .masks import checkpointed_mask_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, idle_grad_pool_bytes, no_sync_grads, offload_staging_bytes, per_device
@@ -209,6 +210,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     recompute = terms.recompute
     era = act.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
     acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
+    acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     logits = loss_bytes if loss_bytes is not None else terms.logits
     release_notes: tuple[str, ...] = ()
     if loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
