@@ -20,7 +20,7 @@ GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb
         ("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("rtx 4090", "rtx4090"), ("a10g", "a10g"),
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4"), ("v100 32gb", "v100-32gb"), ("a800", "a100-80gb"),
-        ("nvidia l4", "l4")]
+        ("nvidia l4", "l4"), ("v100s", "v100-pcie-32gb")]
 # A800 is the A100 with NVLink capped at 400 GB/s (export variant): same GA100 die, same 80 GB HBM2e
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
 # TITAN RTX: the card's total as the hf_blog_pytorch_fsdp source's own OOM message prints it ("GPU 0; 23.65 GiB total
@@ -293,7 +293,8 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # Qwen2 and Qwen2.5 share each size's config.json shape (7B: 3584 x 28, FFN 18944, 28/4 heads; 72B:
              # 8192 x 80, FFN 29568, 64/8 heads; vocab 152064, untied)
              "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",
-             "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B"}
+             "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B",
+             "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf"}  # a Llama-2-7B fine-tune, its config.json shape
 
 
 def _spec(hub_id: str) -> ModelSpec:
