@@ -139,11 +139,16 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     return Result(row, "value", predicted=pred, published=published, err_pct=_pct(pred, published), anchors=anchors)
 
 
+def _verdict_estimate(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> MemoryEstimate:
+    """The estimate a verdict row is judged on: the row's loss path, bitsandbytes release and gradient lifetime."""
+    return estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
+                           grads_persist=_pre_torch2(row), nf4_library=_nf4_library(row),
+                           resident_bytes=_resident_bytes(row, spec, setup))
+
+
 def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_line: bool = True) -> bool:
     """The row's verdict; ``on_line=False``: a plan's own (reserved + CUDA context within the card) for a line row."""
-    est = estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
-                          grads_persist=_pre_torch2(row), nf4_library=_nf4_library(row),
-                          resident_bytes=_resident_bytes(row, spec, setup))
+    est = _verdict_estimate(row, spec, setup, hw)
     return reserved_line_fits(est, spec, setup, hw) if on_line and RESERVED_LINE in row["mem_metric"] else est.fits
 
 
@@ -173,18 +178,21 @@ def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, 
     compared as a number (the longest sequence that fits), and its fits / does-not-fit verdict at the
     published length is judged like any other."""
     kind = row["value_kind"]
+    est = _verdict_estimate(row, spec, setup, hw)  # by how much: the bytes the step needs against the card's usable bytes
+    margin = "" if RESERVED_LINE in row["mem_metric"] or not est.capacity else f"{est.needed / 2**30:.1f} / {est.capacity / 2**30:.1f}"
     if kind == "oom":
-        return Result(row, "verdict", verdict_ok=not fits, reason="published OOM")
+        return Result(row, "verdict", verdict_ok=not fits, reason="published OOM", margin=margin)
     if kind == "fits":  # a run the source says trained at its stated setup (no claim that one more would not)
-        return Result(row, "verdict", verdict_ok=fits, reason="published run that fits")
+        return Result(row, "verdict", verdict_ok=fits, reason="published run that fits", margin=margin)
     if kind == "max_batch_fit":
         bigger = _fits(row, spec, setup.replace(micro_batch_size=setup.micro_batch_size + 1), hw)
         largest = max_batch(row, spec, setup, hw)
         return Result(row, "verdict", verdict_ok=fits and not bigger, reason="published max batch that fits",
-                      predicted=largest, published=setup.micro_batch_size, err_pct=_pct(largest, setup.micro_batch_size))
+                      predicted=largest, published=setup.micro_batch_size, err_pct=_pct(largest, setup.micro_batch_size),
+                      margin=margin)
     longest = max_context(row, spec, setup, hw)
     return Result(row, "context", predicted=longest, published=setup.seq_len, err_pct=_pct(longest, setup.seq_len),
-                  verdict_ok=fits, reason="published max context (fits at that length)", note=note)
+                  verdict_ok=fits, reason="published max context (fits at that length)", note=note, margin=margin)
 
 
 #: calibration.json constants read off rows of this CSV (or of bench/data/allocator_pairs.csv, whose pairs name the

@@ -29,6 +29,7 @@ class Result:
     verdict_ok: bool | None = None
     anchors: dict[str, float] = field(default_factory=dict)  # anchor name -> abs % error
     note: str = ""                  # context rows on a publisher's reserved line: memory at the published length
+    margin: str = ""                # verdict rows: "needed / capacity" GiB at the published setup (MemoryEstimate.needed)
 
 
 
@@ -94,9 +95,13 @@ def report(results: list[Result], timings: list[float]) -> str:
         row = r.row
         desc = f"{row['task'][:18]} b={row['micro_batch']} s={row['seq_len'][:24]} {row['precision'][:20]} {row['parallelism'][:20]}"
         lines.append(f"| {row['row_id']} | {row['model_hf_id']} | {desc} | {row['mem_metric'][:28]} | {r.published:g} | {r.predicted:.2f} | {r.err_pct:.1f} |")
-    lines += ["", "## Verdict rows", "", "| row | model | GPU | kind | correct |", "|---|---|---|---|---|"]
-    lines += [f"| {r.row['row_id']} | {r.row['model_hf_id']} | {r.row['gpu_type'][:32]} | {r.reason} | "
-              f"{'yes' if r.verdict_ok else 'NO'} |" for r in verdicts]
+    lines += ["", "## Verdict rows", "",
+              "needs / card: the bytes perfguide says the step needs (what decides an OOM: allocated plus the free space "
+              "inside live segments, CUDA context, NCCL) against the card's usable bytes, GiB, at the published setup; "
+              "rows on a publisher's reserved line are judged on that line instead (Max context above).", "",
+              "| row | source | model | GPU | kind | needs / card GiB | correct |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.row['row_id']} | {r.row['source_group']} | {r.row['model_hf_id']} | {r.row['gpu_type'][:32]} | {r.reason} | "
+              f"{r.margin or '-'} | {'yes' if r.verdict_ok else 'NO'} |" for r in verdicts]
     skips = [r for r in results if r.kind == "skip"]
     lines += ["", f"## Rows not compared ({len(skips)})", "", "| row | model | reason |", "|---|---|---|"]
     lines += [f"| {r.row['row_id']} | {r.row['model_hf_id']} | {r.reason} |" for r in skips]
