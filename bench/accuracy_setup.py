@@ -294,7 +294,8 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # 8192 x 80, FFN 29568, 64/8 heads; vocab 152064, untied)
              "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",
              "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B",
-             "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf"}  # a Llama-2-7B fine-tune, its config.json shape
+             "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
+             "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf"}  # LLaMA-1 7B, as huggyllama/llama-7b
 
 
 def _spec(hub_id: str) -> ModelSpec:

@@ -1,5 +1,5 @@
 """The fits / does-not-fit rows added from sources new to bench/data (issue 24: GitHub issues of OpenRLHF,
-LLaMA-Factory, stanford_alpaca, torchtune and FastChat, and the 2021 HF ZeRO blog): each row reads back as the Setup
+LLaMA-Factory, stanford_alpaca, torchtune, FastChat and axolotl, and the 2021 HF ZeRO blog): each row reads back as the Setup
 its source states, names its source URL, and prices the model its source names (the parameter count the source gives,
 within 2%); the parallelism words read as the DeepSpeed stage and offload they name; each OOM message's allocator pair
 points at its row. perfguide's verdicts on these rows are reported by bench/accuracy.py, not tested here."""
@@ -20,7 +20,8 @@ PAIRS = ROOT / "bench" / "data" / "allocator_pairs.csv"
 #: one source_group per source (a blog post with the issue thread holding its full commands, or one GitHub issue)
 NEW_SOURCES = ("openrlhf_issue_698", "hf_blog_zero_deepspeed_fairscale", "stanford_alpaca_issue_189", "stanford_alpaca_issue_73",
                "llamafactory_issue_1221", "llamafactory_issue_4311", "llamafactory_issue_4642", "llamafactory_issue_5545",
-               "llamafactory_issue_3631", "torchtune_issue_979", "fastchat_issue_2556", "stanford_alpaca_issue_223")
+               "llamafactory_issue_3631", "torchtune_issue_979", "fastchat_issue_2556", "stanford_alpaca_issue_223",
+               "stanford_alpaca_issue_278", "axolotl_pr_708")
 VERDICT_KINDS = ("oom", "fits", "max_batch_fit", "max_seq_fit")
 
 
