@@ -75,3 +75,19 @@ def test_gemma2_9b_qlora_16k_on_80gb_flips_by_the_hand_counted_tanh() -> None:
     assert with_cap.peak_allocated - without.peak_allocated == hand
     assert without.fits and without.peak_allocated < without.capacity
     assert without.peak_allocated + hand > with_cap.capacity and not with_cap.fits
+
+
+def test_gemma2_blocks_keep_two_more_norms_than_llama() -> None:
+    """Gemma2RMSNorm keeps x.float() and its fp32 normed output (4 + 4 B per h), Llama's the fp32 input and a 16-bit
+    normed copy (4 + 2); Gemma 2 norms four times per block, Llama twice: 32 - 12 = 20 B per h per token in bf16,
+    4 x 8 - 2 x 8 = 16 with fp32 weights (the stream stays fp32 under autocast). Checked on the h slope (constants
+    cancel), flash attention (no s^2 part)."""
+    def gap(h: int, kw: dict[str, Any]) -> int:
+        setup = Setup(attn_implementation="flash_attention_2", micro_batch_size=B, seq_len=S, **kw)
+        dims = dict(hidden_size=h, num_hidden_layers=2, num_attention_heads=HEADS, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=128, vocab_size=V, max_position_embeddings=1024)
+        llama = ModelSpec.from_any({"model_type": "llama", **dims})
+        return layer_bytes(_gemma2(hidden_size=h, attn_logit_softcapping=None), setup) - layer_bytes(llama, setup)
+
+    for kw, per_h in (({"weights_dtype": "bf16"}, 20), ({"weights_dtype": "fp32", "autocast": "bf16"}, 16)):
+        assert gap(128, kw) - gap(64, kw) == B * S * per_h * 64, kw
