@@ -21,9 +21,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fit_activations import BASE, BATCHES, DATA, LORA_R, REGIMES, _llama, block_bytes, family_args  # noqa: E402
+from fit_activations import BASE, BATCHES, DATA, LORA_R, REGIMES, _llama, block_bytes, family_args
 
-from perfguide.setup import LoraSpec, Setup  # noqa: E402
+from perfguide.setup import LoraSpec, Setup
 
 FREE = ("h", "i", "q", "kv")
 LENGTHS = (64, 128)
