@@ -99,6 +99,7 @@ def report(results: list[Result], timings: list[float]) -> str:
               "needs / card: the bytes perfguide says the step needs (what decides an OOM: allocated plus the free space "
               "inside live segments, CUDA context, NCCL) against the card's usable bytes, GiB, at the published setup; "
               "rows on a publisher's reserved line are judged on that line instead (Max context above).", "",
+              *_near_line(verdicts), "",
               "| row | source | model | GPU | kind | needs / card GiB | correct |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r.row['row_id']} | {r.row['source_group']} | {r.row['model_hf_id']} | {r.row['gpu_type'][:32]} | {r.reason} | "
               f"{r.margin or '-'} | {'yes' if r.verdict_ok else 'NO'} |" for r in verdicts]
@@ -108,6 +109,22 @@ def report(results: list[Result], timings: list[float]) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+
+def _near_line(verdicts: list[Result]) -> list[str]:
+    """Verdicts split by how close the priced need is to the card: a row far from it is right by any model that counts
+    the weights, so the rows within 15% are the ones that test the activation, loss and allocator terms."""
+    near, far = [], []
+    for r in verdicts:
+        if not r.margin:
+            continue
+        needs, card = (float(x) for x in r.margin.split(" / "))
+        (near if abs(needs / card - 1) <= 0.15 else far).append(r)
+    return [f"- needs within 15% of the card: {_right(near)} right; further from it: {_right(far)} right"]
+
+
+def _right(rs: list[Result]) -> str:
+    return f"{sum(1 for r in rs if r.verdict_ok)}/{len(rs)}"
 
 
 def _per_source(values: list[Result], verdicts: list[Result], ok: int) -> list[str]:

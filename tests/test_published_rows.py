@@ -94,3 +94,15 @@ def test_each_pending_oom_pair_is_its_rows_message() -> None:
         assert f"{pair['allocated']} GiB already allocated" in row["notes"]
         assert f"{pair['reserved']} GiB reserved in total" in row["notes"]
         assert float(pair["reserved"]) >= float(pair["allocated"])
+
+
+def test_verdicts_split_by_distance_to_the_card() -> None:
+    """23.0 of 23.6 GiB (2.5% under) and 24.8 of 23.6 (5% over) are near the line; 27.7 of 24.0 (15.4% over) and
+    182.1 of 79.1 are not; a row judged on a publisher's reserved line carries no margin and is in neither count."""
+    report = load_bench("accuracy_report")
+    rows = [report.Result({}, "verdict", verdict_ok=False, margin="23.0 / 23.6"),
+            report.Result({}, "verdict", verdict_ok=True, margin="24.8 / 23.6"),
+            report.Result({}, "verdict", verdict_ok=True, margin="182.1 / 79.1"),
+            report.Result({}, "verdict", verdict_ok=False, margin="27.7 / 24.0"),
+            report.Result({}, "context", verdict_ok=True)]
+    assert report._near_line(rows) == ["- needs within 15% of the card: 1/2 right; further from it: 1/2 right"]
