@@ -24,3 +24,25 @@ def test_gradient_accumulation_already_holds_them() -> None:
     setup = Setup(task="train", micro_batch_size=8, seq_len=512, weights_dtype="fp32", optimizer="adamw_torch",
                   gradient_accumulation_steps=4)
     assert training_memory(spec, setup, grads_persist=True).peak_allocated == training_memory(spec, setup).peak_allocated
+
+
+def test_a_tied_heads_gradient_waits_beside_the_kept_ones() -> None:
+    # GPT-2's lm_head is wte: one AccumulateGrad with two inputs (the head's matmul early in backward, the embedding
+    # at the end), so autograd's input buffer holds the head's V x h gradient until the embedding's arrives. With
+    # .grad kept (zeroed in place) that is a buffer of its own through backward: 50257 x 768 x 4 B = 154,389,504.
+    # loss_bytes=0 (a loop whose loss keeps nothing) puts both peaks at the first recompute, where the wait shows
+    spec = ModelSpec.from_any("gpt2")
+    untied_flag = spec.model_copy(update={"tie_word_embeddings": False})   # same counts, no tie
+    setup = Setup(task="train", micro_batch_size=1, seq_len=128, weights_dtype="fp32", optimizer="adamw_torch_fused",
+                  gradient_checkpointing=True)
+    kept = training_memory(spec, setup, grads_persist=True, loss_bytes=0)
+    other = training_memory(untied_flag, setup, grads_persist=True, loss_bytes=0)
+    assert kept.notes[0] == other.notes[0] == "peak in checkpoint recompute"
+    assert kept.peak_allocated - other.peak_allocated == 50257 * 768 * 4
+    # without kept gradients the waiting head gradient is the first one, already counted before the wait
+    assert training_memory(spec, setup, loss_bytes=0).peak_allocated == training_memory(untied_flag, setup, loss_bytes=0).peak_allocated
+    # it starts after the loss: a forward/loss peak does not see it
+    long = setup.replace(seq_len=1024)
+    assert training_memory(spec, long, grads_persist=True).notes[0] == "peak in forward/loss"
+    assert (training_memory(spec, long, grads_persist=True).peak_allocated
+            == training_memory(untied_flag, long, grads_persist=True).peak_allocated)

@@ -232,7 +232,11 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     early_grads = held_grads + max(head_grad - held_grads, 0)
     forward = resident + early_grads + acts + logits + dequant
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
-    backward_start = resident + early_grads + acts + recompute + dequant
+    # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
+    # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
+    tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
+    tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
+    backward_start = resident + early_grads + tied_wait + acts + recompute + dequant
     backward_end = resident + accumulated + recompute + dequant
     step = resident + grads + step_temp
     peak = max(forward, backward_start, backward_end, step)
