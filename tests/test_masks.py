@@ -8,7 +8,7 @@ from typing import Any
 
 from perfguide import LoraSpec, ModelSpec, Setup
 from perfguide.memory.analytic import training_memory
-from perfguide.memory.masks import checkpointed_mask_bytes
+from perfguide.memory.masks import checkpointed_mask_bytes, eager_backward_transient_bytes
 
 B, S = 2, 256
 BASE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -44,3 +44,14 @@ def test_masks_sit_at_the_loss_peak_of_a_checkpointed_step() -> None:
     eager, flash = training_memory(spec, _setup("eager", **kw)), training_memory(spec, _setup("flash_attention_2", **kw))
     assert eager.notes[0] == flash.notes[0] == "peak in forward/loss"
     assert eager.peak_allocated - flash.peak_allocated == 2 * B * S * S * 4   # kbit upcast: fp32 stream, fp32 masks
+
+
+def test_eager_backward_holds_the_fp32_gradients_by_hand() -> None:
+    """Llama's eager backward, hand count per b x heads x s^2: at the .to() backward the fp32 softmax output (4), the
+    16-bit probabilities (2), their gradient (2) and its fp32 copy (4) coexist: 12, of which the forward saved 6 (bf16
+    weights or autocast); in fp32 the softmax output (4) plus the probability and score gradients (4 + 4): 8 beyond."""
+    llama = _spec("llama")
+    for kw, beyond in (({"weights_dtype": "bf16"}, 6), ({"autocast": "bf16"}, 6), ({"weights_dtype": "fp32"}, 8)):
+        setup = _setup("eager", **kw)
+        assert eager_backward_transient_bytes(llama, setup) == B * 4 * S * S * beyond, kw
+        assert eager_backward_transient_bytes(llama, setup.replace(attn_implementation="sdpa")) == 0

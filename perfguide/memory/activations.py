@@ -68,6 +68,7 @@ from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .loss_path import LossPaths, version_tuple
+from .masks import EagerBackward
 from .softcap import Softcap, attention_softcap_bytes, final_softcap_bytes
 
 DIMS = ("h", "i", "q", "kv", "1")
@@ -149,6 +150,7 @@ class ActivationsData(DataModel):
     training_cache: TrainingCache
     attention_eras: AttentionEras
     softcap: Softcap
+    eager_backward: EagerBackward
 
 
 def activations_data() -> ActivationsData:
@@ -163,25 +165,30 @@ def regime(setup: Setup) -> RegimeName:
 
 
 @lru_cache(maxsize=256)
-def family_coefficients(family: str, model_type: str = "") -> dict[RegimeName, Regime]:
-    """Resolve a family (or HF model_type) to its regime table, following aliases and ``same_as``.
-    Families without coefficients of their own use the generic entry (an unknown family is not a data error)."""
+def family_name(family: str, model_type: str = "") -> str:
+    """The activations.json family a model resolves to, following aliases and ``same_as`` (unknown: generic)."""
     data = activations_data()
     families, aliases = data.families, data.aliases
     # the HF model_type is the more specific key (OPT's ReLU block is BERT-like, not GPT-2's gelu_new)
     candidates = [n if n in families else aliases.get(n) for n in (model_type, family)]
     name = next((n for n in candidates if n), "generic")
-    entry = families[name]
     seen = {name}
-    while entry.same_as is not None and entry.same_as not in seen:
-        name = entry.same_as
+    while (target := families[name].same_as) is not None and target not in seen:
+        name = target
         seen.add(name)
-        entry = families[name]
-    if entry.regimes is None:
+    return name
+
+
+def family_coefficients(family: str, model_type: str = "") -> dict[RegimeName, Regime]:
+    """Resolve a family (or HF model_type) to its regime table (family_name). Families without coefficients of
+    their own use the generic entry (an unknown family is not a data error)."""
+    name = family_name(family, model_type)
+    regimes = activations_data().families[name].regimes
+    if regimes is None:
         from ..errors import DataFileError
 
         raise DataFileError(f"perfguide/data/activations.json: family {name!r} has no regimes and no same_as target that has")
-    return entry.regimes
+    return regimes
 
 
 def block_dims(spec: ModelSpec) -> dict[str, int]:

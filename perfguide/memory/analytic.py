@@ -35,7 +35,7 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
-from .masks import checkpointed_mask_bytes
+from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, idle_grad_pool_bytes, no_sync_grads, offload_staging_bytes, per_device
@@ -236,7 +236,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
     tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
     tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
-    backward_start = resident + early_grads + tied_wait + acts + recompute + dequant
+    backward_start = (resident + early_grads + tied_wait + acts + recompute + dequant
+                      + eager_backward_transient_bytes(spec, shape))
     backward_end = resident + accumulated + recompute + dequant
     step = resident + grads + step_temp
     peak = max(forward, backward_start, backward_end, step)
