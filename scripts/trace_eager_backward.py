@@ -40,7 +40,7 @@ def s2_coefficients(config: dict[str, Any], kw: dict[str, Any]) -> tuple[float, 
     """(forward/loss peak, backward peak) bytes per b x heads x s^2 of a one-block model."""
     import numpy as np
 
-    heads = config.get("num_attention_heads") or config.get("n_head")
+    heads = int(config.get("num_attention_heads") or config.get("n_head") or 1)
     peaks: dict[str, list[int]] = {"head": [], "backward": []}
     for s in LENGTHS:
         phases = run_step(config, Setup(attn_implementation="eager", micro_batch_size=B, seq_len=s, optimizer=None, **kw)).phases

@@ -73,6 +73,7 @@ def test_gemma2_9b_qlora_16k_on_80gb_flips_by_the_hand_counted_tanh() -> None:
     hand = 1 * 16384 * 256000 * 4
     with_cap, without = estimate(spec, setup, hardware="a100-80gb"), estimate(uncapped, setup, hardware="a100-80gb")
     assert with_cap.peak_allocated - without.peak_allocated == hand
+    assert with_cap.capacity is not None and without.capacity is not None
     assert without.fits and without.peak_allocated < without.capacity
     assert without.peak_allocated + hand > with_cap.capacity and not with_cap.fits
 
