@@ -213,11 +213,30 @@ def _refuse_unpriceable(spec: ModelSpec, s: Setup, hw: Hardware | None) -> None:
             raise InvalidSetupError(f"{t.name} cannot be priced here: {why}")
 
 
+def _attention_that_runs(spec: ModelSpec, s: Setup) -> tuple[Setup, str | None]:
+    """The attention transformers will run for ``s``: a class that refuses SDPA (Gemma 2's soft-capped scores,
+    gpt-oss' sinks: ``_supports_sdpa = False``) loads eager when the user named none, so that is what is priced, and
+    the estimate says so; naming SDPA for such a class is refused in one line rather than priced as if it ran."""
+    if s.attn_implementation != "sdpa" or spec.supports_sdpa:
+        return s, None
+    if "attn_implementation" in s.model_fields_set:
+        raise InvalidSetupError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class (soft-capped or "
+                                "sink attention: _supports_sdpa = False); use 'eager' or 'flash_attention_2'")
+    return s.replace(attn_implementation="eager"), (f"priced with eager attention: {spec.name}'s transformers class refuses "
+                                                    "SDPA (_supports_sdpa = False) and loads eager by default")
+
+
 def estimate(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None = None, method: str = "analytic",
              host_ram: int | float | str | None = None) -> MemoryEstimate:
     """Price one Setup the user wrote. ``hardware=None`` gives bytes with ``fits`` judged on no device."""
-    s = Setup.parse(setup)
     spec = ModelSpec.from_any(model)
+    s, attn_note = _attention_that_runs(spec, Setup.parse(setup))
+    est = _estimate(spec, s, hardware, method, host_ram)
+    return est.model_copy(update={"notes": (*est.notes, attn_note)}) if attn_note else est
+
+
+def _estimate(spec: ModelSpec, s: Setup, hardware: Hardware | str | None, method: str,
+              host_ram: int | float | str | None) -> MemoryEstimate:
     hw = resolve_hardware(hardware, host_ram) if hardware is not None else None
     if hw is not None:
         _check_setup_fits_machine(s, hw)
@@ -249,8 +268,8 @@ def _engine_estimate(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> Memo
 def estimate_speed(model: Any, setup: Setup | dict[str, Any], *, hardware: Hardware | str | None) -> Throughput:
     """Predicted step time, tokens/s and MFU of one Setup (same keys as ``estimate``) on ``hardware``: a named
     target, a Hardware, or None to probe this machine (whose recorded calibration then refines the rate)."""
-    s = Setup.parse(setup)
     spec = ModelSpec.from_any(model)
+    s, _ = _attention_that_runs(spec, Setup.parse(setup))
     hw = resolve_hardware(hardware)
     _check_setup_fits_machine(s, hw)
     _refuse_unpriceable(spec, s, hw)
