@@ -10,7 +10,7 @@ import re
 
 from accuracy_setup import LOOP_REBINDS_OUTPUTS, _pre_torch2
 
-from perfguide.memory.activations import attention_buffer_bytes, attention_era_bytes, training_cache_bytes
+from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes, training_cache_bytes
 from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
@@ -48,7 +48,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
 
 
 def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
-    """What the row's transformers release saves in attention beyond the installed release (activations.attention_era_bytes,
+    """What the row's transformers release saves in attention beyond the installed release (eras.attention_era_bytes,
     which the memory model already charges for the installed one). Saved activations are alive at the forward/loss
     peak, where these rows peak; passed with the loss bytes as the returned-cache term is. No stated or inferred
     release: nothing."""
@@ -61,7 +61,7 @@ def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> 
 
 
 def _resident_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
-    """Buffers the row's transformers release registers beyond the installed one (activations.attention_buffer_bytes:
+    """Buffers the row's transformers release registers beyond the installed one (eras.attention_buffer_bytes:
     GPT-NeoX's per-block causal-mask buffer before 4.49), resident in every phase. No stated or inferred release,
     or not a training row: nothing."""
     release = _transformers_version(row)

@@ -149,7 +149,7 @@ def _pre_torch2(row: dict[str, str]) -> bool:
 
 #: loops that rebind ``outputs = model(**batch)`` at the top of each step without deleting the old one: the previous
 #: step's output (its logits and any cache it returned) is alive until the next forward returns, through that
-#: forward's loss peak (activations.training_cache_bytes ``outputs_alive`` = 2)
+#: forward's loss peak (eras.training_cache_bytes ``outputs_alive`` = 2)
 LOOP_REBINDS_OUTPUTS = {
     "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: 'for step, batch in ...: outputs = "
                             "model(**batch)'; no del, and the eval loop rebinds the same name",

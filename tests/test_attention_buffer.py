@@ -1,4 +1,4 @@
-"""GPT-NeoX before transformers 4.49 registers a causal-mask buffer in every block (activations.attention_buffer_bytes,
+"""GPT-NeoX before transformers 4.49 registers a causal-mask buffer in every block (eras.attention_buffer_bytes,
 data/activations.json attention_eras ``mask_buffer_bytes_per_position2``).
 
 Expected bytes are hand-derived from modeling_gpt_neox.py as released (4.42.4 wheel lines 112 and 123-131, 4.48.0 lines
@@ -16,7 +16,7 @@ from types import ModuleType
 import pytest
 from helpers import load_bench
 
-from perfguide.memory.activations import attention_buffer_bytes, attention_era_bytes
+from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes
 from perfguide.memory.analytic import training_memory
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup

@@ -1,4 +1,4 @@
-"""Older transformers attention code saves more for backward (activations.attention_era_bytes, data/activations.json
+"""Older transformers attention code saves more for backward (eras.attention_era_bytes, data/activations.json
 attention_eras): OPT before 4.49.
 
 Expected bytes are hand-derived from the 4.46.3 / 4.48.0 modeling_opt.py (read in the released wheels):
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfguide.memory.activations import attention_era_bytes
+from perfguide.memory.eras import attention_era_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 

@@ -1,5 +1,5 @@
 """FSDP1 on one rank with CPU offload keeps every unit's fp32 GPU copy until backward
-(activations.unsharded_compute_copies, wired into memory/analytic.py).
+(sharding.unsharded_compute_copies, wired into memory/analytic.py).
 
 Hand-derived: GPT-2 XL has 1,557,611,200 parameters (48 x 30,720,000 block Linears + 48 x 4 x 1600 LayerNorm /
 bias terms + 50257 x 1600 tied embedding + 1024 x 1600 positions + the final LayerNorm); all are fp32 on the
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfguide.memory.activations import unsharded_compute_copies
+from perfguide.memory.sharding import unsharded_compute_copies
 from perfguide.memory.analytic import training_memory
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup

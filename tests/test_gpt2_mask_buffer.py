@@ -1,4 +1,4 @@
-"""GPT-2 through transformers 5.1 registers a causal-mask buffer in every block (activations.attention_buffer_bytes,
+"""GPT-2 through transformers 5.1 registers a causal-mask buffer in every block (eras.attention_buffer_bytes,
 data/activations.json attention_eras ``mask_buffer_bytes_per_position2``).
 
 Hand-derived from modeling_gpt2.py as released: ``GPT2Attention.__init__`` registers ``bias = torch.tril(torch.ones(
@@ -10,7 +10,7 @@ max_positions^2 per block: gpt2-large (n_positions 1024, 36 blocks) 1024^2 x 36 
 
 from __future__ import annotations
 
-from perfguide.memory.activations import attention_buffer_bytes
+from perfguide.memory.eras import attention_buffer_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 

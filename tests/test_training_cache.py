@@ -1,4 +1,4 @@
-"""The KV cache a training forward returns (activations.training_cache_bytes, data/activations.json training_cache).
+"""The KV cache a training forward returns (eras.training_cache_bytes, data/activations.json training_cache).
 
 Expected bytes are hand-derived: GPT-2's present = (key, value) are views of the fused c_attn output
 (b x s x 3h), so that whole output stays alive while the model output does: 3 x h x (4 B fp32 | 2 B under
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfguide.memory.activations import activations_data, training_cache_bytes
+from perfguide.memory.activations import activations_data
+from perfguide.memory.eras import training_cache_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 

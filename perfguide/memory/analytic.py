@@ -33,12 +33,23 @@ from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
+from . import eras
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
-from .sharding import DEEPSPEED, States, deepspeed_bf16_master, deepspeed_half, idle_grad_pool_bytes, no_sync_grads, offload_staging_bytes, per_device
+from .sharding import (
+    DEEPSPEED,
+    States,
+    deepspeed_bf16_master,
+    deepspeed_half,
+    idle_grad_pool_bytes,
+    no_sync_grads,
+    offload_staging_bytes,
+    per_device,
+    unsharded_compute_copies,
+)
 from .types import MemoryEstimate
 
 
@@ -206,9 +217,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if setup.autocast and setup.weights_dtype == "fp32" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
-    acts += act.unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
+    acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
-    era = act.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
+    era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
     acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     logits = loss_bytes if loss_bytes is not None else terms.logits
@@ -220,11 +231,11 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         if delta:
             release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
-        logits += act.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
+        logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
-    buffers = dev.buffers + resident_bytes + act.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
+    buffers = dev.buffers + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     resident = dev.weights + optimizer_on_device + buffers
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or grads_persist else 0

@@ -264,3 +264,25 @@ def deepspeed_zero3_estimate(total_params: int, largest_layer_params: int, num_g
         gpu = largest + int(18 * total_params / total_gpus)
         cpu = (largest_layer_params if zero_init else total_params) * 4 * num_gpus_per_node * additional_buffer_factor
     return int(cpu), int(gpu), largest
+
+
+def unsharded_compute_copies(spec: ModelSpec, setup: Setup, gathered: int, *, params_offloaded: bool) -> int:
+    """Bytes of the weights' GPU copies that FSDP1 on one rank with CPU offload leaves to autograd until backward.
+
+    At world size 1 FSDP1 does not shard (torch 1.12 ``_is_sharded = world_size > 1``; since 2.x it clamps the
+    strategy to NO_SHARD), so ``offload_params`` makes each unit's forward run on a fresh GPU copy of its flat
+    parameter (1.12 ``_rebuild_full_params``: ``p.data = p.data.to(self.compute_device)``; 2.x ``pre_unshard``:
+    ``flat_param_to(self.device)``, "a new tensor distinct from any attributes"), then points the parameter back at
+    its CPU shard (``_use_param_local_shard`` / ``_use_sharded_flat_param``) without freeing that copy:
+    ``_free_full_params`` skips unsharded parameters. A sharded rank frees its all-gathered copy by resizing the
+    storage to 0, which empties the views autograd saved; here nothing does, so every unit whose weights a Linear /
+    Conv1D / LayerNorm saved (all of a transformer's) keeps its whole fp32 copy from its forward to its backward.
+    ``gathered``: what the sharding model already counts for the units in use (current + prefetched copy and the
+    unit's unsharded gradient), which these copies replace at world size 1 (nothing is all-gathered there).
+    Only fp32 weights without autocast: under autocast a matmul saves its own 16-bit cast instead.
+    ``params_offloaded``: the placement (CPU offload's hook) moved the weights to host RAM.
+    """
+    if not (setup.is_fsdp and setup.fsdp_version == 1 and params_offloaded and setup.shard_degree == 1
+            and setup.weights_dtype == "fp32" and not setup.autocast):
+        return 0
+    return max(0, spec.total_params * 4 - gathered)

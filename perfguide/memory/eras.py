@@ -1,0 +1,85 @@
+"""Bytes that depend on the transformers release that ran: what older modeling code kept beyond the installed
+release's traced coefficients (data/activations.json ``training_cache`` and ``attention_eras``, each entry keyed by
+model type, attention and the release it took effect in). A release the data has no entry for is charged nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from ..model.types import ModelSpec
+from ..setup import Setup
+from .activations import AttentionEra, CacheEntry, activations_data, regime
+from .loss_path import version_tuple
+
+
+def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1, *,
+                         checkpointed: bool = False) -> int:
+    """Bytes the KV cache returned by a training forward keeps alive at the forward/loss peak (``release``: the
+    transformers release that ran; data/activations.json ``training_cache``, traced per release).
+
+    HF models return ``past_key_values`` whenever ``config.use_cache`` is true, in training too (it is switched off
+    only under gradient checkpointing). Where the cached keys and values are views of a fused projection output
+    (GPT-2's c_attn before transformers 5), that whole output outlives the forward although autograd saved copies.
+    The cache exists at the loss peak inside the forward in every loop; ``outputs_alive`` counts the outputs alive
+    there: 2 for a loop that rebinds ``outputs = model(**batch)`` each step, whose previous output lives until the
+    next forward returns. A model type or release without a traced entry is charged nothing. ``checkpointed``:
+    the blocks are recomputed in backward (the caller reads it off the checkpointing hook's recompute term).
+    """
+    if checkpointed or not (spec.config or {}).get("use_cache", True):
+        return 0
+    entry = _in_force(activations_data().training_cache.entries, spec, setup, release)
+    if entry is None:
+        return 0
+    nbytes = 4 if regime(setup) == "fp32" else 2
+    per_token = entry.hidden_elements * spec.hidden_size * nbytes * spec.total_layers
+    return int(outputs_alive * per_token * setup.micro_batch_size * setup.seq_len)
+
+
+def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
+    """Bytes the attention of transformers ``release`` saves for backward beyond the installed release's traced
+    coefficients (data/activations.json ``attention_eras``; the traces behind ``families`` ran the installed code).
+
+    Older modeling code saved more: OPT before 4.49 clamped the masked scores with ``torch.max`` (the maximum's
+    backward keeps its s x s input) and made q/k/v contiguous head-first, so SDPA's output needed a copy before
+    out_proj. The bytes are alive from their block's forward to its backward, like the block's other activations.
+    ``checkpointed``: the blocks are recomputed in backward, so only the one block being recomputed holds them.
+    Buffers an old release registers are attention_buffer_bytes, not these. A model type or release without an entry is charged nothing.
+    """
+    e = _era_entry(spec, setup, release)
+    if e is None:
+        return 0
+    # element sizes (traced in half and fp32): under autocast the 16-bit scores meet the fp32 mask and become fp32,
+    # while SDPA's output stays 16-bit
+    r = regime(setup)
+    s2_bytes, hidden_bytes = (2, 2) if r == "half" else (4, 4) if r == "fp32" else (4, 2)
+    b, s = setup.micro_batch_size, setup.seq_len
+    per_block = (e.per_head_s2_elements * b * spec.num_attention_heads * s * s * s2_bytes
+                 + e.hidden_elements * spec.hidden_size * b * s * hidden_bytes)
+    return int(per_block * (1 if checkpointed else spec.total_layers))
+
+
+def attention_buffer_bytes(spec: ModelSpec, setup: Setup, release: str) -> int:
+    """Bytes of the buffers transformers ``release``'s attention registers in every block beyond the installed one
+    (data/activations.json ``attention_eras`` ``mask_buffer_bytes_per_position2``): GPT-NeoX before 4.49 kept a bool
+    tril of max_position_embeddings^2 per block (``_init_bias``). Resident from load on, in every phase, like the
+    weights, and independent of batch, length and checkpointing."""
+    e = _era_entry(spec, setup, release)
+    if e is None:
+        return 0
+    return int(e.mask_buffer_bytes_per_position2 * (spec.max_position_embeddings or 0) ** 2 * spec.total_layers)
+
+
+def _era_entry(spec: ModelSpec, setup: Setup, release: str) -> AttentionEra | None:
+    return _in_force(activations_data().attention_eras.entries, spec, setup, release)
+
+
+_Entry = TypeVar("_Entry", CacheEntry, AttentionEra)
+
+
+def _in_force(entries: tuple[_Entry, ...], spec: ModelSpec, setup: Setup, release: str) -> _Entry | None:
+    """The entry for this model type and attention in force at ``release``: the newest one at or before it (none: None)."""
+    v = version_tuple(release)
+    found = [e for e in entries if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
+             and version_tuple(e.since) <= v]
+    return max(found, key=lambda e: version_tuple(e.since)) if found else None
