@@ -16,8 +16,8 @@ from types import ModuleType
 import pytest
 from helpers import load_bench
 
-from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes
 from perfguide.memory.analytic import training_memory
+from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 

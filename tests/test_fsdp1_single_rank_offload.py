@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfguide.memory.sharding import unsharded_compute_copies
 from perfguide.memory.analytic import training_memory
+from perfguide.memory.sharding import unsharded_compute_copies
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
