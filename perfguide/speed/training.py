@@ -34,6 +34,7 @@ from .rates import (
     matmul_params,
     optimizer_bytes,
     pcie_gbps,
+    recomputed_matmul_params,
     trainable_params,
 )
 from .types import Throughput
@@ -107,7 +108,7 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     attn = 3.0 * fwd_attn
     model = mm + attn
     recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
-    mm += recompute * fwd_mm
+    mm += recompute * 2.0 * recomputed_matmul_params(spec) * tokens   # the blocks re-run; the head does not
     attn += recompute * fwd_attn
     return mm, attn, model
 
