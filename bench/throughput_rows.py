@@ -295,11 +295,19 @@ def _optimizer(row: dict[str, str]) -> str:
     return "adamw_torch"             # HF AdamW / torch foreach / composer DecoupledAdamW
 
 
+#: commits whose rows ran a bitsandbytes older than 0.39.0 (2023-06), the release whose paged optimizers added the
+#: per-parameter torch.cuda.synchronize() to Optimizer8bit.step: the transformers single-GPU guide's 2022 Adam8bit rows
+PRE_SYNC_BNB_COMMITS = frozenset({"0016acf7ef421c7fe8eff7945de52c71896c3b01"})
+
+
 def optimizer_impl_of(row: dict[str, str]) -> str | None:
     """transformers' own AdamW ('adamw_hf', the Trainer default before 4.x's adamw_torch) steps one tensor at a time;
     so did torch.optim.AdamW before torch 2.0 made foreach the default: the rows measured with those stacks (the
-    transformers single-GPU guide, 2022; HF Trainer without DeepSpeed in the DeepSpeed autotuning blog, 2022)."""
+    transformers single-GPU guide, 2022; HF Trainer without DeepSpeed in the DeepSpeed autotuning blog, 2022).
+    bitsandbytes before 0.39 stepped each tensor with its kernel without draining the GPU after each one."""
     o = row["optimizer"].lower()
+    if o.startswith("bnb") and row["commit"] in PRE_SYNC_BNB_COMMITS:
+        return "per_tensor_kernel"
     if "adamw_hf" in o or "single-tensor loop" in o or ("hf trainer default" in o and "deepspeed" not in row["framework"].lower()):
         return "per_tensor_loop"
     return None

@@ -332,3 +332,47 @@ def test_fp16_grad_scaler_reads_and_writes_the_fp32_grads_once() -> None:
     n = 1_000
     assert terms.grad_scaler_bytes(spec, Setup(weights_dtype="fp32", autocast="fp16"), n) == 8 * n
     assert terms.grad_scaler_bytes(spec, Setup(weights_dtype="fp32", autocast="bf16"), n) == 0
+
+
+def test_bnb_syncs_per_parameter_counted_by_hand() -> None:
+    """bitsandbytes synchronizes after every parameter's update (Optimizer8bit.step), and a paged optimizer also
+    prefetches each parameter's two states and syncs at the end of every step() call - once per parameter when
+    torchtune-style optimizer_in_backward gives each parameter its own optimizer. Llama 3.2 3B: 28 blocks x (7
+    Linears + 2 RMSNorms) + the edge tensors; per parameter 2 syncs and 3 + 2 host ops (paged, in backward), 1 sync
+    and 3 ops (adamw_bnb_8bit at step end, plus nothing per step); torch's optimizers never sync."""
+    from perfguide.model.types import ModelSpec
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.2-3B")
+    tensors = 28 * (7 + 2) + _const("edge_param_tensors")
+    sync, launch = _const("cuda_sync_s"), _const("kernel_launch_s")
+    per_tensor = _const("optimizer_host_ops_per_tensor")["per_tensor_kernel"]
+    assert per_tensor == 3
+    in_bwd = Setup(weights_dtype="bf16", optimizer="paged_adamw_8bit", optimizer_in_backward=True)
+    assert terms.trainable_tensors(spec, in_bwd) == tensors
+    assert terms.optimizer_sync_seconds(spec, in_bwd) == pytest.approx(tensors * (2 * sync + (3 + 2) * launch))
+    at_end = Setup(weights_dtype="bf16", optimizer="paged_adamw_8bit")
+    assert terms.optimizer_sync_seconds(spec, at_end) == pytest.approx((tensors + 1) * sync + tensors * (3 + 2) * launch)
+    plain = Setup(weights_dtype="bf16", optimizer="adamw_bnb_8bit")
+    assert terms.optimizer_sync_seconds(spec, plain) == pytest.approx(tensors * (sync + 3 * launch))
+    assert terms.optimizer_sync_seconds(spec, Setup(weights_dtype="bf16", optimizer="adamw_torch")) == 0.0
+    # ~15 ms a step for the paged, in-backward case: 257 tensors x (2 x 10 us + 5 x 8 us)
+    assert 0.010 < terms.optimizer_sync_seconds(spec, in_bwd) < 0.020
+
+
+def test_bnb_step_adds_its_drained_host_time_to_its_bytes() -> None:
+    """With the queue drained per parameter, the bnb step is bytes / bandwidth + the sync term, not the longer of
+    the two: the same setup stepped by torch's fused AdamW (no sync) differs by the bytes and the sync term only."""
+    from test_speed import machine
+
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.rates import optimizer_bytes
+    from perfguide.speed.training import training_speed
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.2-3B")
+    hw = machine(A100)
+    base = Setup(weights_dtype="bf16", micro_batch_size=1, seq_len=1024, optimizer_in_backward=True)
+    bnb, torch_fused = base.replace(optimizer="paged_adamw_8bit"), base.replace(optimizer="adamw_torch_fused")
+    bw = A100.memory_bandwidth_gbps * 1e9 * _const("memory_bandwidth_fraction")
+    expected = (optimizer_bytes(spec, bnb) - optimizer_bytes(spec, torch_fused)) / bw + terms.optimizer_sync_seconds(spec, bnb)
+    dt = training_speed(spec, bnb, hw).step_time_s - training_speed(spec, torch_fused, hw).step_time_s
+    assert dt == pytest.approx(expected, rel=1e-6)

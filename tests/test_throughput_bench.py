@@ -163,6 +163,8 @@ def test_pre_torch2_trainer_rows_step_the_optimizer_tensor_by_tensor(rows: Modul
     assert by_id["226"].optimizer_impl == "per_tensor_loop"     # HF Trainer --fp16 without DeepSpeed (2022)
     assert by_id["227"].optimizer_impl is None                  # DeepSpeed's FusedAdam
     assert by_id["374"].optimizer_impl is None                  # adafactor: its own row in the table
+    assert by_id["376"].optimizer_impl == "per_tensor_kernel"   # bnb Adam8bit in 2022: before 0.39's per-parameter sync
+    assert by_id["410"].optimizer_impl is None                  # torchtune 2024-11: today's bnb, which syncs
 
 
 def test_flash_attention_rows_reproduce_the_readme_table(rows: ModuleType) -> None:

@@ -168,3 +168,25 @@ def grad_scaler_bytes(spec: ModelSpec, setup: Setup, trainable: int) -> float:
     """fp16 autocast's GradScaler unscales the fp32 gradients once per optimizer step (one in-place foreach multiply
     with the inf check: read and write 4 bytes each); bf16 needs no scaler."""
     return 8.0 * trainable if setup.autocast == "fp16" else 0.0
+
+
+def optimizer_sync_seconds(spec: ModelSpec, setup: Setup) -> float:
+    """Seconds the GPU idles in one bitsandbytes optimizer step because bnb drains it after every parameter.
+
+    ``Optimizer8bit.step`` (bitsandbytes/optim/optimizer.py, every bnb optimizer, 8- and 32-bit) loops over the
+    parameters and calls ``torch.cuda.synchronize()`` after each one's update kernel; a paged optimizer first
+    prefetches the parameter's two state tensors (``prefetch_state``: two ``cudaMemPrefetchAsync`` calls) and
+    synchronizes once more at the end of every ``step()`` call (bitsandbytes PR #2050, 2026-08, removes the
+    per-parameter sync for non-paged CUDA states only). With the queue drained each time, the next parameter's host
+    work (its ``optimizer_host_ops_per_tensor`` ops and the prefetch calls, ``kernel_launch_s`` each) and the sync's
+    round trip (``cuda_sync_s``) run with the GPU idle: they add to the bytes' time instead of hiding behind it.
+    ``optimizer_in_backward`` (torchtune's ``optimizer_in_bwd``, one optimizer per parameter stepped from its
+    gradient hook) calls ``step()`` once per parameter, so a paged optimizer pays the end-of-step sync per
+    parameter too; stepped at the end of the step, it pays it once."""
+    if setup.optimizer is None or rates.optimizer_row(setup.optimizer).family != "bnb":
+        return 0.0
+    paged = int(rates.optimizer_row(setup.optimizer).paged)
+    tensors = trainable_tensors(spec, setup)
+    syncs = tensors + (tensors if setup.optimizer_in_backward else 1) * paged
+    host_ops = tensors * (float(constant("optimizer_host_ops_per_tensor")["per_tensor_kernel"]) + 2 * paged)
+    return syncs * constant("cuda_sync_s") + host_ops * constant("kernel_launch_s")

@@ -132,7 +132,8 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
     ``attention_kernel`` names a fused attention kernel other than the FlashAttention-2 class that HF's sdpa and
     flash_attention_2 run (efficiency.json attention_kernel_speed): the bench's rows measured with older kernels.
     ``optimizer_impl`` names how the optimizer step is dispatched where it differs from what the Setup's optimizer
-    runs today (efficiency.json optimizer_host_ops_per_tensor: pre-2.0 per-tensor loops in the bench's older rows).
+    runs today (efficiency.json optimizer_host_ops_per_tensor: pre-2.0 per-tensor loops in the bench's older rows,
+    bitsandbytes before its per-parameter synchronize).
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_speed prices training steps, not task={setup.task!r}; perfguide.speed.estimate_speed prices both")
@@ -203,11 +204,16 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
 
 def _optimizer_seconds(spec: ModelSpec, setup: Setup, bw: float, impl: str | None) -> float:
     """The optimizer step on the GPU: the bytes it streams at the memory bandwidth, or the host time of dispatching
-    its ops when that is longer (a per-tensor loop over hundreds of small tensors); fp16's GradScaler adds its pass."""
+    its ops when that is longer (a per-tensor loop over hundreds of small tensors); fp16's GradScaler adds its pass.
+    bitsandbytes synchronizes after every parameter, so there its host time adds to the bytes' (terms.optimizer_sync_seconds)."""
     on_device = techniques.kernel_factors(setup).device_optimizer
     if not bw or not on_device:
         return 0.0
     moved = optimizer_bytes(spec, setup) + terms.grad_scaler_bytes(spec, setup, trainable_params(spec, setup))
+    # today's bnb syncs per parameter, so its host work cannot overlap; ``impl`` names an older dispatch (no sync)
+    drained = terms.optimizer_sync_seconds(spec, setup) if impl is None else 0.0
+    if drained:
+        return (moved / bw + drained) * on_device
     host = terms.optimizer_host_ops(spec, setup, impl) * constant("kernel_launch_s")
     return max(moved / bw, host) * on_device
 
