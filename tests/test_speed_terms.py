@@ -57,6 +57,9 @@ def test_eager_score_bytes_by_hand() -> None:
     ckpt = setup.model_copy(update={"gradient_checkpointing": True})
     assert terms.eager_score_bytes(gpt2(), ckpt) == pytest.approx(elements * per_element * 4 / 3)
     assert terms.eager_score_bytes(gpt2(), setup.model_copy(update={"attn_implementation": "sdpa"})) == 0
+    # a sliding window is a mask on the full scores: the same bytes as no window
+    windowed = gpt2().model_copy(update={"sliding_window": 128})
+    assert terms.eager_score_bytes(windowed, setup) == pytest.approx(elements * per_element)
 
 
 def test_elementwise_bytes_are_the_traced_traffic_of_every_block_and_the_head() -> None:
@@ -150,10 +153,14 @@ def test_flash_kernel_generation_by_compute_capability() -> None:
 def test_causal_kernels_compute_half_the_score_tiles() -> None:
     setup = Setup(seq_len=4096, weights_dtype="bf16")
     assert rates.causal_fraction(llama7b(), setup) == 0.5                                   # decoder, full causal
-    assert rates.causal_fraction(llama7b(), setup.model_copy(update={"attn_implementation": "eager"})) == 1.0   # masks after
+    eager = setup.model_copy(update={"attn_implementation": "eager"})
+    assert rates.causal_fraction(llama7b(), eager) == 1.0                                   # masks after
     window = llama7b().model_copy(update={"sliding_window": 1024})
     # query i attends min(i, 1024) keys: sum over 4096 queries ~ 1024 * 4096 - 1024^2 / 2 of the 1024 * 4096 counted
-    assert rates.causal_fraction(window, setup) == pytest.approx(1 - 1024 / (2 * 4096))
+    flash = setup.model_copy(update={"attn_implementation": "flash_attention_2"})
+    assert rates.causal_fraction(window, flash) == pytest.approx(1 - 1024 / (2 * 4096))
+    # eager, and SDPA handed the window as a bool mask, compute all 4096 x 4096 tiles: 4x the 1024 x 4096 counted
+    assert rates.causal_fraction(window, setup) == rates.causal_fraction(window, eager) == 4.0
     from perfguide.model.types import ModelSpec
 
     bert = ModelSpec.from_any({"model_type": "bert", "architectures": ["BertForMaskedLM"], "hidden_size": 768, "num_hidden_layers": 12,

@@ -206,13 +206,18 @@ def attention_arch(gpu: GPU) -> str:
 
 
 def causal_fraction(spec: ModelSpec, setup: Setup) -> float:
-    """Share of the b x s x s_attended score tiles a fused kernel really computes. A causal decoder's kernels
-    skip the tiles above the diagonal (FlashAttention-2 ``causal=True``, SDPA ``is_causal``): about half, or
-    ``1 - w / 2s`` with a sliding window w < s. Encoders attend both ways (all of it); eager attention builds the
-    full s x s matrix and masks it afterwards. The MFU convention (no causal halving) is unchanged."""
-    if setup.attn_implementation == "eager" or not spec.generates or spec.is_encoder_decoder:
-        return 1.0
+    """Score tiles a kernel really computes, as a share of the b x s x s_attended counted ones. A causal decoder's
+    fused kernels skip the tiles above the diagonal (FlashAttention-2 ``causal=True``, SDPA ``is_causal``): about
+    half, or ``1 - w / 2s`` when flash-attn is handed a sliding window w < s. Encoders attend both ways (all of it).
+    Eager attention builds the full s x s matrix and masks it afterwards, and so does SDPA when transformers hands it
+    a window as a boolean mask (it cannot say ``is_causal`` then): s / w of the counted tiles. The MFU convention
+    (no causal halving, the window's span) is unchanged."""
     attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
+    masked_after = setup.attn_implementation == "eager" or (setup.attn_implementation == "sdpa" and attended < setup.seq_len)
+    if masked_after:
+        return setup.seq_len / attended
+    if not spec.generates or spec.is_encoder_decoder:
+        return 1.0
     return 1.0 - attended / (2.0 * setup.seq_len)
 
 

@@ -93,10 +93,10 @@ def head_bytes(spec: ModelSpec, setup: Setup) -> float:
 
 def eager_score_bytes(spec: ModelSpec, setup: Setup, recompute: float = 0.0) -> float:
     """Bytes eager attention's chain over the b x heads x s x s scores moves (traced: eager minus SDPA), plus the
-    attention-probability dropout's when the model trains with one; a checkpointed forward re-runs a third."""
+    attention-probability dropout's when the model trains with one; a checkpointed forward re-runs a third. Eager
+    builds the full s x s scores whatever the sliding window (the window is a mask applied to them)."""
     c = coefficients(spec, setup)
-    attended = min(setup.seq_len, spec.sliding_window) if spec.sliding_window else setup.seq_len
-    elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len * attended * spec.total_layers
+    elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len ** 2 * spec.total_layers
     per_element = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if dropout_rates(spec)[1] > 0 else 0.0)
     return elements * per_element * (3 + recompute) / 3
 
