@@ -187,6 +187,6 @@ def optimizer_sync_seconds(spec: ModelSpec, setup: Setup) -> float:
         return 0.0
     paged = int(rates.optimizer_row(setup.optimizer).paged)
     tensors = trainable_tensors(spec, setup)
-    syncs = tensors + (tensors if setup.optimizer_in_backward else 1) * paged
+    syncs = tensors + (tensors if techniques.kernel_factors(setup).step_per_tensor else 1) * paged
     host_ops = tensors * (float(constant("optimizer_host_ops_per_tensor")["per_tensor_kernel"]) + 2 * paged)
     return syncs * constant("cuda_sync_s") + host_ops * constant("kernel_launch_s")

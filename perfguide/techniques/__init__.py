@@ -149,16 +149,17 @@ def kernel_factors(setup: Setup) -> KernelFactors:
 def _kernel_factors(setup: Setup, techniques: tuple[Technique, ...]) -> KernelFactors:
     launches = elementwise = decode = device_optimizer = 1.0
     recompute = 0.0
-    fused = False
+    fused = per_tensor = False
     for t in techniques:
         f = t.kernel_factors(setup)
         fused = fused or f.fused_blocks
+        per_tensor = per_tensor or f.step_per_tensor
         launches *= f.launches
         elementwise *= f.elementwise
         decode *= f.decode_overhead
         recompute += f.recompute
         device_optimizer *= f.device_optimizer
-    return KernelFactors(launches, elementwise, decode, recompute, device_optimizer, fused)
+    return KernelFactors(launches, elementwise, decode, recompute, device_optimizer, fused, per_tensor)
 
 
 def step_seconds(ctx: SpeedContext) -> StepSeconds:

@@ -72,7 +72,9 @@ class KernelFactors:
     (``recompute``, added up), which the speed model prices like a forward: its GEMM FLOPs, weight reads,
     memory-bound passes, launches and dequantization; and the share of the optimizer step the GPU streams
     (``device_optimizer``: 0 where the CPU steps the optimizer); ``fused_blocks``: a compiler fused each block's
-    memory-bound chain, so the bytes no longer depend on how a stack spelled its eager block code."""
+    memory-bound chain, so the bytes no longer depend on how a stack spelled its eager block code;
+    ``step_per_tensor``: the optimizer's ``step()`` runs once per parameter tensor (stepped from its gradient hook),
+    so whatever a step() call pays once is paid per tensor."""
 
     launches: float = 1.0
     elementwise: float = 1.0
@@ -80,6 +82,7 @@ class KernelFactors:
     recompute: float = 0.0
     device_optimizer: float = 1.0
     fused_blocks: bool = False
+    step_per_tensor: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ be the whole per-device batch; activation offloading is tried with it, since tha
 
 Memory: each gradient is stepped and freed as it completes, so only the largest exists at once, with one
 tensor's step temporaries (``memory``).
+
+Speed (``kernel_factors``): ``step()`` runs once per parameter tensor, so what an optimizer pays per call (a
+bitsandbytes paged optimizer's end-of-step synchronize) is paid per tensor (speed/terms.optimizer_sync_seconds).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import EmitContext, LadderContext, Requires, Rung, Technique
-from .effects import MemoryContext, MemoryTerms
+from .effects import KernelFactors, MemoryContext, MemoryTerms
 
 SOURCES = (
     "https://pytorch.org/tutorials/intermediate/optimizer_step_in_backward_tutorial.html",
@@ -86,6 +89,10 @@ class OptimizerInBackward(Technique):
         largest = ctx.largest_trainable
         return terms.changed("optimizer step inside backward: at most one gradient alive",
                              grads=min(terms.grads, largest * ctx.grad_elem_bytes), step_temp=min(terms.step_temp, largest * 4 * 2))
+
+    def kernel_factors(self, setup: Any) -> KernelFactors:
+        # one optimizer per parameter, stepped from its gradient hook: step() runs once per tensor
+        return KernelFactors(step_per_tensor=True) if self.active(setup) else KernelFactors()
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
         # no moment holds every gradient, so the Trainer's default clipping (max_grad_norm=1.0) must be off
