@@ -18,6 +18,7 @@ from .scenarios import registry
 from .scenarios.applicable import check_applicable
 from .scenarios.module_state import as_the_module_is
 from .scenarios.registry import DEFAULT_GLOBAL_BATCH, DEFAULT_PROMPT_LEN, DEFAULT_TRAIN_SEQ_LEN, ScenarioInfo
+from .scenarios.rules_attention import sdpa_refused
 from .scenarios.types import Constraints, Request
 from .setup import Setup
 from .speed.types import Throughput
@@ -220,8 +221,7 @@ def _attention_that_runs(spec: ModelSpec, s: Setup) -> tuple[Setup, str | None]:
     if s.attn_implementation != "sdpa" or spec.supports_sdpa:
         return s, None
     if "attn_implementation" in s.model_fields_set:
-        raise InvalidSetupError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class (soft-capped or "
-                                "sink attention: _supports_sdpa = False); use 'eager' or 'flash_attention_2'")
+        raise InvalidSetupError(sdpa_refused(spec))
     return s.replace(attn_implementation="eager"), (f"priced with eager attention: {spec.name}'s transformers class refuses "
                                                     "SDPA (_supports_sdpa = False) and loads eager by default")
 

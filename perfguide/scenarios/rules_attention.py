@@ -23,10 +23,15 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+def sdpa_refused(spec: ModelSpec) -> str:
+    """The one line for naming SDPA on a class that refuses it (``_supports_sdpa = False``), plan or estimate."""
+    return (f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class (soft-capped or sink attention: "
+            "_supports_sdpa = False); use 'eager' or 'flash_attention_2'")
+
+
 def _check_forced(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None) -> None:
     if forced == "sdpa" and not spec.supports_sdpa:
-        raise ConflictingConstraintsError(f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class "
-                                          "(soft-capped or sink attention); use 'eager' or 'flash_attention_2'")
+        raise ConflictingConstraintsError(sdpa_refused(spec))
     if forced == "flash_attention_2":
         if gpu is None or not gpu.supports_flash_attention:
             where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
