@@ -91,13 +91,17 @@ def context_notes(rows: list[Any]) -> list[str]:
            "that card (its own verdict: reserved + CUDA context within the card, without the cached head block, "
            "which the allocator releases before it reports an OOM):", ""]
     out += [f"- row {r.row['row_id']} ({r.row['gpu_type'][:24]}): {r.note}" for r in on_line]
-    sized = [(r, float(m.group(1))) for r in on_line if (m := re.search(r"(\d+) GB GPU", r.row["gpu_type"]))]
-    if len(sized) >= 2:
+    models = dict.fromkeys(r.row["model_hf_id"] for r in on_line)   # one line per model: lengths move along its own line
+    for model in models:
+        sized = [(r, float(m.group(1))) for r in on_line
+                 if r.row["model_hf_id"] == model and (m := re.search(r"(\d+) GB GPU", r.row["gpu_type"]))]
+        if len({n for _, n in sized}) < 2:
+            continue
         moved = decimal_gb_lengths([(n, float(r.predicted)) for r, n in sized])
         worst = max(abs(m / float(r.published) - 1) * 100 for (r, _), m in zip(sized, moved))
         as_gib = max(abs(float(r.predicted) / float(r.published) - 1) * 100 for r, _ in sized)
-        out += ["", f"- if the \"N GB\" cards are N x 10^9 bytes (the table does not say), perfguide's lengths for "
-                    f"these {len(sized)} rows would be {', '.join(f'{m:,.0f}' for m in moved)}: within {worst:.0f}% of "
+        out += ["", f"- if the \"N GB\" cards are N x 10^9 bytes (the sources do not say), perfguide's lengths for "
+                    f"these {len(sized)} {model} rows would be {', '.join(f'{m:,.0f}' for m in moved)}: within {worst:.0f}% of "
                     f"every published length; read as GiB, as the rows do, within {as_gib:.0f}%"]
     return [*out, *DISAGREEMENT, ""]
 
