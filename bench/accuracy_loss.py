@@ -79,17 +79,23 @@ def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:
     training forward whenever ``config.use_cache`` was true (the default of these checkpoints), and that cache
     keeps storages alive through the next step's forward (HELD_CACHE_BYTES_PER_H, per layer per token).
     """
-    return HELD_CACHE_BYTES_PER_H.get(spec.model_type, 0) * spec.hidden_size * spec.num_layers * setup.micro_batch_size * setup.seq_len
+    held = HELD_CACHE_BYTES_PER_H.get(spec.model_type, 0)
+    per_h = held.get(setup.attn_implementation, 0) if isinstance(held, dict) else held
+    return per_h * spec.hidden_size * spec.num_layers * setup.micro_batch_size * setup.seq_len
 
 
 #: Bytes per h per layer per token a 2024 training forward's returned cache keeps alive, read from the released
 #: wheels of the tables' time and checked by a live-bytes trace of the benchmark loop (forward, logits.sum(),
 #: backward, three steps) on real CPU fp16 tensors, use_cache=True minus False, 1- and 2-layer models, b 2/4 x s 128.
 #: transformers 5.24 keeps none (same trace); a family not listed was not traced with its 2024 code, or held none.
-HELD_CACHE_BYTES_PER_H = {
-    # 4.42.4 GPTNeoXAttention: present = (key, value): the rotated key is a new 16-bit tensor (2 B per h) and value
-    # a view of the fused query_key_value output, keeping its whole storage (2 B per 3h). Trace: +8.0
-    "gpt_neox": 8,
+HELD_CACHE_BYTES_PER_H: dict[str, int | dict[str, int]] = {
+    # 4.42.4 GPTNeoXAttention: present = (key, value): the rotated key is a new tensor, fp32 under the script's
+    # from_pretrained(torch_dtype=float16) load (fp32 rotary tables, eras.attention_era_bytes: 4 B per h), and value a
+    # view of the fused query_key_value output, keeping its whole storage (2 B per 3h): 10 B per h for the previous
+    # output. The current one adds what autograd does not save already: eager matmul saved a contiguous copy of value,
+    # so the view keeps the 3h output (6); SDPA saved the value view and 16-bit q/k copies, so the fp32 key (4).
+    # Trace (use_cache true minus false): eager 16.0, sdpa 14.0 (14.0 / 8.0 on a model cast with .half())
+    "gpt_neox": {"eager": 16, "sdpa": 14},
     # 4.45.2 BioGptAttention: past_key_value = (key_states, value_states), two contiguous 16-bit copies (2 + 2). Trace:
     # +3.8 (sdpa and eager)
     "biogpt": 4,

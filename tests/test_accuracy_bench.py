@@ -236,14 +236,15 @@ def test_fsdp1_no_sync_holds_every_gradient_shard(acc: ModuleType, rows) -> None
 
 def test_logits_sum_loop_holds_gpt_neox_2024_cache_by_hand(acc: ModuleType, rows) -> None:
     """transformers SDPA tables (logits.sum() loop): fp16 logits + gradient (2 + 2 B per b*s*V) plus, for GPT-NeoX,
-    the previous output's KV cache held through the next forward: rotated key (2 B per h) + the fused qkv storage
-    value views (2 B per 3h) = 8 B per h per layer per token; pythia-410m: h 1024, 24 layers, vocab 50304 (config)."""
+    the returned caches: the previous output's (fp32 rotated key 4 B per h + the fused qkv storage value views, 2 B per
+    3h) and the current eager one's qkv storage (6) = 16 B per h per layer per token, and 4.42's fp32 q and k saved by
+    eager attention (+4 B per h: tests/test_gpt_neox_fp32_rope.py); pythia-410m: h 1024, 24 layers, vocab 50304."""
     row = rows["347"]                              # pythia-410m-deduped, b 2 x s 1024, eager
     spec = acc._spec(row["model_hf_id"])
     setup = acc._train_setup(row, spec)
     assert (setup.micro_batch_size, setup.seq_len) == (2, 1024)
     tokens = 2 * 1024
-    assert acc._loss_bytes(row, spec, setup) == 4 * tokens * 50304 + 8 * 1024 * 24 * tokens
+    assert acc._loss_bytes(row, spec, setup) == 4 * tokens * 50304 + (16 + 4) * 1024 * 24 * tokens
     # biogpt: two contiguous key/value copies (4 B per h; h 1024, 24 layers, vocab 42384); opt the same (its 4.46
     # present = the contiguous key/value copies), and its table's release (4.46, PR #33298) also clamps the eager
     # scores with torch.max: + 2 B x b x 16 heads x s^2 x 24 blocks (tests/test_attention_era.py)

@@ -129,6 +129,9 @@ class AttentionEra(DataModel):
     #: bytes per max_position_embeddings^2 of a causal-mask buffer each block registers (GPT-NeoX before 4.49: a bool
     #: tril of max_positions^2); resident with the weights, so charged whatever the checkpointing
     mask_buffer_bytes_per_position2: float = Field(default=0.0, ge=0)
+    #: bytes per h per token per block that fp32 rotary tables add where activations are 16-bit (GPT-NeoX before 4.45:
+    #: its cos/sin buffers stay fp32 under from_pretrained(torch_dtype=...), so the rotated q and k are promoted)
+    fp32_rope_bytes_per_h: float = Field(default=0.0, ge=0)
     source: str = Field(min_length=10)
 
 

@@ -42,7 +42,11 @@ def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
 
     Older modeling code saved more: OPT before 4.49 clamped the masked scores with ``torch.max`` (the maximum's
     backward keeps its s x s input) and made q/k/v contiguous head-first, so SDPA's output needed a copy before
-    out_proj. The bytes are alive from their block's forward to its backward, like the block's other activations.
+    out_proj. GPT-NeoX before 4.45 kept its rotary cos/sin tables in fp32 (computed from an fp32 ``inv_freq`` and
+    left alone by from_pretrained's ``torch_dtype``), so ``q * cos`` promotes the rotated query and key to fp32: the
+    eager path saves them at 4 B instead of 2 (and scores the attention in fp32), SDPA casts them back for the kernel
+    while the returned cache keeps the fp32 key (``fp32_rope_bytes_per_h``; nothing where activations are fp32
+    already). The bytes are alive from their block's forward to its backward, like the block's other activations.
     ``checkpointed``: the blocks are recomputed in backward, so only the one block being recomputed holds them.
     Buffers an old release registers are attention_buffer_bytes, not these. A model type or release without an entry is charged nothing.
     """
@@ -54,8 +58,9 @@ def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
     r = regime(setup)
     s2_bytes, hidden_bytes = (2, 2) if r == "half" else (4, 4) if r == "fp32" else (4, 2)
     b, s = setup.micro_batch_size, setup.seq_len
+    rope = 0.0 if r == "fp32" else e.fp32_rope_bytes_per_h   # 16-bit tensors promoted by fp32 rotary tables
     per_block = (e.per_head_s2_elements * b * spec.num_attention_heads * s * s * s2_bytes
-                 + e.hidden_elements * spec.hidden_size * b * s * hidden_bytes)
+                 + (e.hidden_elements * hidden_bytes + rope) * spec.hidden_size * b * s)
     return int(per_block * (1 if checkpointed else spec.total_layers))
 
 
