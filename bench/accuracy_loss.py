@@ -10,7 +10,7 @@ import re
 
 from accuracy_setup import LOOP_REBINDS_OUTPUTS, _pre_torch2
 
-from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes, training_cache_bytes
+from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes, trainer_fsdp_pre_wrap_bytes, training_cache_bytes
 from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
@@ -62,13 +62,16 @@ def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> 
 
 def _resident_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
     """Buffers the row's transformers release registers beyond the installed one (eras.attention_buffer_bytes:
-    GPT-NeoX's per-block causal-mask buffer before 4.49), resident in every phase. No stated or inferred release,
-    or not a training row: nothing."""
+    GPT-NeoX's per-block causal-mask buffer before 4.49) and, for HF Trainer rows under FSDP, the parameters its
+    pre-wrap optimizer keeps (eras.trainer_fsdp_pre_wrap_bytes: 4.30-4.31), resident in every phase. No stated or
+    inferred release, or not a training row: nothing."""
     release = _transformers_version(row)
     if release is None or setup.task != "train":
         return 0
+    # HF Trainer rows: the pre-wrap optimizer's parameters some releases keep beside FSDP's shards (eras.py)
+    trainer = trainer_fsdp_pre_wrap_bytes(spec, setup, release) if "HF Trainer" in row["method"] else 0
     return (attention_buffer_bytes(spec, setup, release)
-            - attention_buffer_bytes(spec, setup, installed_transformers() or "0"))
+            - attention_buffer_bytes(spec, setup, installed_transformers() or "0") + trainer)
 
 
 def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:

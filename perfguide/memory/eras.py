@@ -10,7 +10,15 @@ from typing import TypeVar
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .activations import AttentionEra, CacheEntry, activations_data, regime
+from .ledger import ledger
 from .loss_path import version_tuple
+
+#: transformers releases whose Trainer builds its optimizer and lr scheduler on the unwrapped model and only then hands
+#: model and optimizer to accelerate's FSDP (trainer.py _inner_training_loop: create_optimizer_and_scheduler before
+#: accelerator.prepare(self.model, self.optimizer); read in the 4.30.2 and 4.31.0 wheels). 4.29.2 wraps FSDP itself
+#: before building the optimizer; 4.32.1 calls accelerator.prepare(self.model) first. 4.30.0/4.30.1 and 4.32.0 not
+#: read: the range starts at the first release with the accelerate Trainer and ends at the first 4.32.
+TRAINER_FSDP_PRE_WRAP_OPTIMIZER = ("4.30.0", "4.32.0")
 
 
 def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1, *,
@@ -88,3 +96,23 @@ def _in_force(entries: tuple[_Entry, ...], spec: ModelSpec, setup: Setup, releas
     found = [e for e in entries if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
              and version_tuple(e.since) <= v]
     return max(found, key=lambda e: version_tuple(e.since)) if found else None
+
+
+def trainer_fsdp_pre_wrap_bytes(spec: ModelSpec, setup: Setup, release: str) -> int:
+    """Bytes per GPU the HF Trainer of ``release`` keeps alive beside FSDP's shards: the trainable parameters as
+    loaded, whole, on every GPU (TRAINER_FSDP_PRE_WRAP_OPTIMIZER releases; other releases and strategies: 0).
+
+    Those releases build the optimizer on the unwrapped model's parameters and the lr scheduler on that optimizer,
+    then call ``accelerator.prepare(model, optimizer)``. FSDP moves the module to the GPU with ``module.to(device_id)``
+    (torch 2.0 ``_move_module_to_device``, which swaps each Parameter's ``.data`` in place) and copies the parameters
+    into its flat parameter; accelerate's ``_prepare_fsdp`` builds a new optimizer over the flat parameters, but the
+    scheduler still holds the old one, whose param groups hold the original Parameters, now full-size on the GPU.
+    Resident from the wrap on, like the weights.
+    """
+    v = version_tuple(release)
+    lo, hi = (version_tuple(r) for r in TRAINER_FSDP_PRE_WRAP_OPTIMIZER)
+    if not setup.is_fsdp or not lo <= v < hi:
+        return 0
+    led = ledger(spec, setup)
+    return int(led.trainable_params * led.param_bytes)
+
