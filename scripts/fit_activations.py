@@ -83,7 +83,8 @@ LORA_R = 8
 #: config keys (HF names) holding a block's hidden-state and attention-probability dropout, and the model types
 #: whose config-class defaults are recorded (catalog configs often omit these keys and inherit the defaults)
 DROPOUT_KEYS = {"hidden": ("resid_pdrop", "hidden_dropout_prob", "hidden_dropout", "dropout", "dropout_rate"),
-                "attention": ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attn_dropout")}
+                "attention": ("attn_pdrop", "attention_probs_dropout_prob", "attention_dropout", "attn_dropout",
+                              "dropout_rate")}   # T5Attention: self.dropout = config.dropout_rate
 
 
 def block_bytes(config: dict[str, Any], setup: Setup, phase: str = "head", part: str = "activations") -> int:

@@ -160,9 +160,17 @@ def activations_data() -> ActivationsData:
     return validated("activations", ActivationsData)
 
 
+def engine_casts_to_16bit(setup: Setup) -> bool:
+    """DeepSpeed's fp16/bf16 modes cast the whole module to 16 bit and run no autocast: ``_configure_distributed_model``
+    calls ``module.half()`` / ``module.bfloat16()`` (deepspeed/runtime/engine.py, v0.3.10 through 0.14.4), and HF
+    Trainer hands mixed precision to the engine. So fp32 weights + autocast under ZeRO save 16-bit activations and
+    autocast casts no weight per op."""
+    return setup.is_deepspeed and setup.weights_dtype == "fp32" and setup.autocast in ("bf16", "fp16")
+
+
 def regime(setup: Setup) -> RegimeName:
     """Which coefficient set applies: what dtype the saved tensors are in follows weights x autocast."""
-    if setup.weights_dtype == "fp32":
+    if setup.weights_dtype == "fp32" and not engine_casts_to_16bit(setup):
         return "amp" if setup.autocast else "fp32"
     return "half"
 

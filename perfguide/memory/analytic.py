@@ -51,6 +51,7 @@ from .sharding import (
     unsharded_compute_copies,
 )
 from .types import MemoryEstimate
+from .zero_runtime import step_only_fp32_grads
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
@@ -134,7 +135,7 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
     """
     fp32_head = setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast)
-    if not (setup.autocast and fp32_head and spec.head == "lm"):
+    if not (setup.autocast and fp32_head and spec.head == "lm") or act.engine_casts_to_16bit(setup):
         return 0
     return 2 * spec.vocab_size * spec.hidden_size
 
@@ -215,7 +216,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     terms = techniques.memory_terms(ctx, techniques.MemoryTerms(
         activations=acts, extra_activations=0, logits=base_logits, grads=dev.grads, step_temp=step_temp,
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
-        weight_casts=linear_params(spec) * 2 if setup.autocast and setup.weights_dtype == "fp32" else 0))
+        weight_casts=linear_params(spec) * 2 if act.regime(setup) == "amp" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
@@ -234,11 +235,14 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
     dequant = _transient_dequant(spec, setup)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
+    grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
+    optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
     buffers = dev.buffers + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     resident = dev.weights + optimizer_on_device + buffers
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
-    held_grads = accumulated if setup.gradient_accumulation_steps > 1 or grads_persist else 0
+    # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
+    held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
     forward = resident + early_grads + acts + logits + dequant

@@ -1,0 +1,27 @@
+"""What DeepSpeed ZeRO's runtime holds on a rank phase by phase, beyond the model states sharding.py divides.
+
+DeepSpeed's estimator (``estimate_zero2_model_states_mem_needs``) counts every state the optimizer ever holds as
+resident; the runtime builds some of them only inside ``step()`` (read in deepspeed/runtime/zero/stage2.py v0.3.10 and
+stage_1_and_2.py v0.14.4), so the forward and backward peaks hold less than the estimator's bytes.
+"""
+
+from __future__ import annotations
+
+from ..setup import QUANTIZED, Setup
+from .sharding import DEEPSPEED
+
+
+def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
+    """Bytes of DeepSpeed's fp32 gradient partition on a rank, which exists only inside ``step()`` (0 elsewhere).
+
+    ZeRO-1/2 build it from the averaged 16-bit partition (``flatten(averaged_gradients).to(fp32)``, a flat 16-bit copy
+    first) and drop it after the update: "get rid of the fp32 gradients. Not needed anymore" (deepspeed zero/stage2.py
+    v0.3.10, stage_1_and_2.py v0.14.4); ZeRO-3 builds and releases it per sub-group. ``deepspeed_half`` counts it with
+    the optimizer state, as DeepSpeed's estimator does; with the optimizer offloaded it is pinned host memory for good.
+    """
+    if setup.strategy not in DEEPSPEED or (setup.lora is None and setup.weights_dtype == "bf16"):
+        return 0   # not DeepSpeed, or pure bf16 with bf16 master gradients (deepspeed_bf16_master)
+    qlora = setup.weights_dtype in QUANTIZED and setup.lora is not None
+    if not (qlora or setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
+        return 0   # fp32 without mixed precision: the optimizer steps the fp32 weights' own gradients (as _states)
+    return 4 * trainable // setup.shard_degree

@@ -1,0 +1,130 @@
+"""T5's own activation coefficients in perfguide/data/activations.json (family ``t5``; before it T5 borrowed BERT's).
+
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_t5.py [--dry-run]``. T5 is an encoder-decoder that HF runs with
+eager attention only (its relative position bias is added to the scores, so no SDPA), and its blocks differ from
+BERT's in what they keep for backward: the decoder block has a cross-attention (its own q, the K/V projections of
+the encoder output and a second s x s score map), T5LayerNorm upcasts to fp32 (``hidden_states.to(torch.float32)
+.pow(2)`` keeps an fp32 copy in a 16-bit model), the softmax runs on ``scores.float()`` and T5 applies
+``dropout_rate`` to the attention probabilities as well (T5Attention ``self.dropout = config.dropout_rate``).
+
+One depth step of the tracer (tracing/build.py ``with_depth``) is one encoder plus one decoder block, while the
+analytic model counts ``total_layers`` = encoder + decoder blocks, so the coefficients are half of a depth step's
+bytes: the mean of an encoder and a decoder block at equal source and target length (the decoder's cross-attention
+K/V scale with the source length; the bench rows' source and target cut-offs are equal). Per token per block from
+two batch sizes (per-block constants cancel) at two lengths (the s^2 part separates), at one-at-a-time h/i/q steps.
+``per_token`` is the eager per-token part (there is no SDPA trace to differ from), so ``eager_per_token`` is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fit_activations import BASE, BATCHES, DATA, DROP, REGIMES, VOCAB, block_bytes, family_args
+
+from perfguide.memory.tracing.step import run_step
+from perfguide.setup import Setup
+
+FREE = ("h", "i", "q")
+LENGTHS = (64, 128)
+HEAD_DIM = 16
+#: blocks per traced depth step (one encoder + one decoder block)
+PER_STEP = 2
+
+
+def _t5(d: dict[str, int], drop: float = 0.0) -> dict[str, Any]:
+    return dict(model_type="t5", d_model=d["h"], d_ff=d["i"], num_heads=d["q"] // HEAD_DIM, d_kv=HEAD_DIM, num_layers=2,
+                num_decoder_layers=2, vocab_size=VOCAB, dropout_rate=drop, feed_forward_proj="relu",
+                tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+
+
+def _setup(kw: dict[str, Any], bs: int, seq: int, **extra: Any) -> Setup:
+    return Setup(micro_batch_size=bs, seq_len=seq, optimizer="sgd", attn_implementation="eager", **kw, **extra)
+
+
+def _slope(config: dict[str, Any], kw: dict[str, Any], seq: int, **extra: Any) -> float:
+    """Bytes per token per block at ``seq``: two batch sizes, so per-block constants cancel."""
+    a, b = (block_bytes(config, _setup(kw, bs, seq, **extra)) for bs in BATCHES)
+    return (b - a) / ((BATCHES[1] - BATCHES[0]) * seq * PER_STEP)
+
+
+def _per_token_and_s2(config: dict[str, Any], kw: dict[str, Any]) -> tuple[float, float]:
+    """(bytes per token per block without the s^2 part, bytes per b x heads x s^2 per block) from two lengths."""
+    (s1, y1), (s2, y2) = ((s, _slope(config, kw, s)) for s in LENGTHS)
+    per_head_s = (y2 - y1) / (s2 - s1)   # heads x s x alpha per token
+    return y1 - per_head_s * s1, per_head_s / config["num_heads"]
+
+
+def _solve(ys: list[float], points: list[dict[str, int]]) -> dict[str, float]:
+    import numpy as np
+
+    rows = [[p[d] for d in FREE] + [1] for p in points]
+    coef = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)[0]
+    out = {d: round(float(c), 3) for d, c in zip((*FREE, "1"), coef)}
+    return {k: v for k, v in out.items() if abs(v) > 1e-6}
+
+
+def fit() -> tuple[dict[str, Any], list[str]]:
+    points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in FREE]
+    out, notes = {}, []
+    for regime, kw in REGIMES.items():
+        per, alphas, drop, drop_alphas = [], [], [], []
+        for d in points:
+            (p, a), (pd, ad) = _per_token_and_s2(_t5(d), kw), _per_token_and_s2(_t5(d, DROP), kw)
+            per.append(p)
+            alphas.append(a)
+            drop.append(pd - p)   # the hidden and feed-forward dropout masks (and outputs) per token
+            drop_alphas.append(ad - a)
+        base = points[0]
+        seq, tokens = LENGTHS[0], BATCHES[1] * LENGTHS[0]
+        ckpt = _slope(_t5(base), kw, seq, gradient_checkpointing=True) / base["h"]
+        logits = run_step(_t5(base), _setup(kw, BATCHES[1], seq)).phases["backward_head"].parts["logits"] / (tokens * VOCAB)
+        out[regime] = {
+            "per_token": _solve(per, points),
+            "eager_per_head_s2": round(sorted(alphas)[len(alphas) // 2], 3),
+            "eager_per_token": {},
+            "ckpt_per_token": {"h": round(ckpt, 3)},
+            "logits_per_token_vocab": round(logits, 3),
+            "dropout_per_token": _solve(drop, points),
+            "eager_dropout_per_head_s2": round(sorted(drop_alphas)[len(drop_alphas) // 2], 3),
+            "frozen_linear_inputs_per_token": {},
+        }
+        notes.append(f"{regime}: eager s^2 per step point {alphas}, dropout's {[round(a, 3) for a in drop_alphas]}")
+        print(f"  t5/{regime}: {json.dumps(out[regime])}", flush=True)
+    return out, notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = family_args(__doc__ or "", ("t5",), argv)
+    import torch
+    import transformers
+
+    regimes, notes = fit()
+    if args.dry_run:
+        print("\n".join(notes))
+        return 0
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    data["aliases"].pop("t5", None)
+    data["families"]["t5"] = {
+        "source": (f"scripts/fit_t5.py: fake-tensor traces of HF T5 encoder-decoder steps (torch {torch.__version__}, "
+                   f"transformers {transformers.__version__}), eager attention, one-minus-two depth steps (one encoder + one "
+                   f"decoder block each, halved: per block of total_layers) at h/i/q steps around {BASE} (kv = q), batches "
+                   f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); per_token is the eager per-token part "
+                   f"and eager_per_head_s2 the s^2 part (encoder self, decoder self and cross attention, averaged per block); "
+                   f"dropout terms = dropout_rate {DROP} minus 0 (T5 applies dropout_rate to hidden states and attention "
+                   f"probabilities alike); frozen_linear_inputs: the generic fallback (activations.frozen_linear_inputs). "
+                   + "; ".join(notes)),
+        "regimes": regimes,
+    }
+    DATA.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""T5's own activation bytes and DeepSpeed ZeRO's 16-bit engine, each against a hand count from the code that runs.
+
+T5 (HF modeling_t5.py): T5LayerNorm keeps ``hidden.to(float32)`` for ``pow`` (4 B per element in a 16-bit model), its
+fp32 ``rsqrt`` (4 B per token), the normalised tensor for the weight's gradient and the scaled output for the next
+Linear; q and k are saved by ``q @ k^T``, v and the probabilities by ``probs @ v``, the attention output by ``o``,
+the ReLU output by ``wo``; the decoder adds a cross-attention whose K/V come from the encoder output; dropout
+(``dropout_rate``, also on the attention probabilities) keeps a 1-byte mask and, where a matmul follows, its output.
+
+DeepSpeed (engine.py ``_configure_distributed_model``: ``module.half()`` / ``module.bfloat16()``; zero/stage2.py v0.3.10
+and stage_1_and_2.py v0.14.4 ``step``: the fp32 gradient partition is built from the fp16 one and dropped after the
+update; ``zero_grad`` sets every .grad to None).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide.memory.activations import dropout_rates, layer_bytes, regime
+from perfguide.memory.analytic import training_memory
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
+
+B, S = 4, 128
+
+
+def _t5(name: str) -> ModelSpec:
+    return ModelSpec.from_any(name)
+
+
+def _hand_block_bytes(spec: ModelSpec, half: bool) -> float:
+    """Mean of one encoder and one decoder block (the model counts total_layers = both stacks), dropout 0.1, eager."""
+    h, i, q, heads = spec.hidden_size, spec.intermediate_size, spec.num_attention_heads * spec.head_dim, spec.num_attention_heads
+    e = 2 if half else 4                     # activation element size
+    # LayerNorm: normed and scaled output (e each) and the fp32 rsqrt per token; a 16-bit model also keeps the
+    # fp32 copy pow() saves (in an fp32 model that copy is the input itself)
+    ln = 2 * e * h + 4 + (4 * h if half else 0)
+    sub_in = e * h                           # each sublayer's residual input (the LayerNorm's input)
+    attn = 4 * e * q                         # q, k, v, attention output
+    ffn = e * i + (1 + e) * i                # ReLU output; dropout mask + its output (wo's input)
+    hidden_drop = h                          # 1-byte mask of the dropout before each residual add
+    enc = 2 * (sub_in + ln + hidden_drop) + attn + ffn
+    dec = 3 * (sub_in + ln + hidden_drop) + 2 * attn + ffn
+    per_token = (enc + dec) / 2
+    probs = 2 if half else 4                 # the 5.x softmax saves its output in the score dtype
+    per_map = probs + 1 + e                  # softmax output, dropout mask, dropout output (probs @ v)
+    maps = (1 + 2) / 2                       # encoder self; decoder self + cross
+    return B * S * per_token + B * heads * S * S * maps * per_map
+
+
+@pytest.mark.parametrize("name", ["google-t5/t5-large", "google-t5/t5-3b"])
+@pytest.mark.parametrize("half", [False, True])
+def test_t5_block_bytes_match_hand_count(name: str, half: bool) -> None:
+    spec = _t5(name)
+    setup = Setup(micro_batch_size=B, seq_len=S, weights_dtype="bf16" if half else "fp32", attn_implementation="eager")
+    assert layer_bytes(spec, setup) == pytest.approx(_hand_block_bytes(spec, half), rel=1e-3)
+
+
+def test_t5_attention_dropout_is_dropout_rate() -> None:
+    spec = _t5("google-t5/t5-large")
+    assert dropout_rates(spec) == (0.1, 0.1)   # T5Config default dropout_rate 0.1, used by T5Attention too
+    off = spec.model_copy(update={"config": {**(spec.config or {}), "dropout_rate": 0.0}})
+    assert dropout_rates(off) == (0.0, 0.0)
+
+
+def _zero2(**kw: object) -> Setup:
+    fields: dict[str, object] = dict(micro_batch_size=8, seq_len=128, strategy="zero2", num_gpus=2, optimizer="adamw_torch_fused",
+                                     attn_implementation="eager")
+    fields.update(kw)
+    return Setup(**fields)
+
+
+def test_deepspeed_fp16_runs_the_model_in_16_bit() -> None:
+    spec = _t5("google-t5/t5-large")
+    amp, cast = _zero2(weights_dtype="fp32", autocast="fp16"), _zero2(weights_dtype="fp16")
+    assert regime(amp) == "half"
+    assert regime(Setup(micro_batch_size=8, seq_len=128, strategy="ddp", num_gpus=2, autocast="fp16")) == "amp"
+    # the engine's 16-bit module: the activations of a 16-bit model, and no per-op weight casts
+    assert training_memory(spec, amp).activations == training_memory(spec, cast).activations
+
+
+def test_zero2_fp32_gradient_partition_lives_only_in_step() -> None:
+    spec = _t5("google-t5/t5-large")
+    setup = _zero2(weights_dtype="fp32", autocast="fp16", micro_batch_size=32)
+    est = training_memory(spec, setup)
+    assert est.notes[0] == "peak in forward/loss"
+    p = spec.total_params
+    # the reported optimizer state is DeepSpeed's estimator's 16 B per parameter / 2 ranks (fp32 master 4, fp32
+    # gradients 4, Adam m and v 8); between steps a rank holds 12 of them: forward peak = 16-bit weights + 12 P / 2
+    # + buckets + the head's 16-bit gradient (tied embedding) + activations + loss buffers
+    assert est.optimizer_states == pytest.approx(16 * p / 2, rel=1e-3)
+    hand = (est.weights + 12 * p // 2 + est.other + 2 * spec.embedding_params + est.activations + est.logits)
+    assert est.peak_allocated == pytest.approx(hand, rel=1e-4)
+    # zero_grad(set_to_none=False) of pre-2.0 torch does not keep ZeRO's gradients: the engine frees them itself
+    assert training_memory(spec, setup, grads_persist=True).peak_allocated == est.peak_allocated
