@@ -51,7 +51,7 @@ from .sharding import (
     unsharded_compute_copies,
 )
 from .types import MemoryEstimate
-from .zero_runtime import step_only_fp32_grads
+from .zero_runtime import backward_only_bucket_bytes, step_only_fp32_grads
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
@@ -238,7 +238,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
     optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
-    buffers = dev.buffers + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
+    ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # ZeRO-1/2: backward only
+    buffers = dev.buffers - ipg + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     resident = dev.weights + optimizer_on_device + buffers
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
@@ -251,9 +252,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
     tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
     tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
-    backward_start = (resident + early_grads + tied_wait + acts + recompute + dequant
+    backward_start = (resident + early_grads + tied_wait + acts + recompute + dequant + ipg
                       + eager_backward_transient_bytes(spec, shape))
-    backward_end = resident + accumulated + recompute + dequant
+    backward_end = resident + accumulated + recompute + dequant + ipg
     step = resident + grads + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
@@ -266,7 +267,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
-        activations=acts + recompute, logits=logits, other=buffers + dequant + (step_temp if phase == "optimizer step" else 0),
+        activations=acts + recompute, logits=logits, other=buffers + dequant + (step_temp if phase == "optimizer step" else 0)
+        + (ipg if phase in ("checkpoint recompute", "end of backward") else 0),
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
     )

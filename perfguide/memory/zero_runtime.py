@@ -8,7 +8,7 @@ stage_1_and_2.py v0.14.4), so the forward and backward peaks hold less than the 
 from __future__ import annotations
 
 from ..setup import QUANTIZED, Setup
-from .sharding import DEEPSPEED
+from .sharding import DEEPSPEED, bucket_bytes
 
 
 def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
@@ -25,3 +25,15 @@ def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
     if not (qlora or setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
         return 0   # fp32 without mixed precision: the optimizer steps the fp32 weights' own gradients (as _states)
     return 4 * trainable // setup.shard_degree
+
+
+def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
+    """Bytes of ZeRO-1/2's gradient buckets (``sharding.bucket_bytes``), which exist only from the engine's ``backward()``
+    to the end of the gradient epilogue: ``backward()`` allocates the ipg buffers (``torch.empty(reduce_bucket_size)``,
+    a second one with overlap_comm; v0.3.10 sized each ``reduce_bucket_size * 4.5``) and the epilogue's
+    ``_release_ipg_buffers()`` drops them (stage2.py v0.3.10, stage_1_and_2.py v0.14.4), so they are not allocated at
+    the forward/loss peak nor in ``step()``. ZeRO-3's buffers are gathered parameters, priced in every phase.
+    """
+    if not setup.is_deepspeed or setup.gathers_params:
+        return 0
+    return bucket_bytes(setup, trainable, grad_elem_bytes)
