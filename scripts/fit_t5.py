@@ -1,7 +1,7 @@
 """T5's own activation coefficients in perfguide/data/activations.json (family ``t5``; before it T5 borrowed BERT's).
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_t5.py [--dry-run]``. T5 is an encoder-decoder that HF runs with
-eager attention only (its relative position bias is added to the scores, so no SDPA), and its blocks differ from
+eager attention up to 4.x (5.x also through SDPA, the relative position bias as a float mask), and its blocks differ from
 BERT's in what they keep for backward: the decoder block has a cross-attention (its own q, the K/V projections of
 the encoder output and a second s x s score map), T5LayerNorm upcasts to fp32 (``hidden_states.to(torch.float32)
 .pow(2)`` keeps an fp32 copy in a 16-bit model), the softmax runs on ``scores.float()`` and T5 applies
@@ -12,7 +12,8 @@ analytic model counts ``total_layers`` = encoder + decoder blocks, so the coeffi
 bytes: the mean of an encoder and a decoder block at equal source and target length (the decoder's cross-attention
 K/V scale with the source length; the bench rows' source and target cut-offs are equal). Per token per block from
 two batch sizes (per-block constants cancel) at two lengths (the s^2 part separates), at one-at-a-time h/i/q steps.
-``per_token`` is the eager per-token part (there is no SDPA trace to differ from), so ``eager_per_token`` is empty.
+``per_token`` is traced with SDPA (transformers 5.x runs T5 through SDPA with the position bias as a float mask: one bias
+map per stack, shared by its blocks, so no s^2 term per block); ``eager_per_token`` is eager minus SDPA per token.
 """
 
 from __future__ import annotations
@@ -44,19 +45,19 @@ def _t5(d: dict[str, int], drop: float = 0.0) -> dict[str, Any]:
                 tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 
 
-def _setup(kw: dict[str, Any], bs: int, seq: int, **extra: Any) -> Setup:
-    return Setup(micro_batch_size=bs, seq_len=seq, optimizer="sgd", attn_implementation="eager", **kw, **extra)
+def _setup(kw: dict[str, Any], bs: int, seq: int, attn: str = "eager", **extra: Any) -> Setup:
+    return Setup(micro_batch_size=bs, seq_len=seq, optimizer="sgd", attn_implementation=attn, **kw, **extra)
 
 
-def _slope(config: dict[str, Any], kw: dict[str, Any], seq: int, **extra: Any) -> float:
+def _slope(config: dict[str, Any], kw: dict[str, Any], seq: int, attn: str = "eager", **extra: Any) -> float:
     """Bytes per token per block at ``seq``: two batch sizes, so per-block constants cancel."""
-    a, b = (block_bytes(config, _setup(kw, bs, seq, **extra)) for bs in BATCHES)
+    a, b = (block_bytes(config, _setup(kw, bs, seq, attn, **extra)) for bs in BATCHES)
     return (b - a) / ((BATCHES[1] - BATCHES[0]) * seq * PER_STEP)
 
 
-def _per_token_and_s2(config: dict[str, Any], kw: dict[str, Any]) -> tuple[float, float]:
+def _per_token_and_s2(config: dict[str, Any], kw: dict[str, Any], attn: str = "eager") -> tuple[float, float]:
     """(bytes per token per block without the s^2 part, bytes per b x heads x s^2 per block) from two lengths."""
-    (s1, y1), (s2, y2) = ((s, _slope(config, kw, s)) for s in LENGTHS)
+    (s1, y1), (s2, y2) = ((s, _slope(config, kw, s, attn)) for s in LENGTHS)
     per_head_s = (y2 - y1) / (s2 - s1)   # heads x s x alpha per token
     return y1 - per_head_s * s1, per_head_s / config["num_heads"]
 
@@ -74,9 +75,12 @@ def fit() -> tuple[dict[str, Any], list[str]]:
     points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in FREE]
     out, notes = {}, []
     for regime, kw in REGIMES.items():
-        per, alphas, drop, drop_alphas = [], [], [], []
+        per, sdpa, alphas, drop, drop_alphas = [], [], [], [], []
         for d in points:
             (p, a), (pd, ad) = _per_token_and_s2(_t5(d), kw), _per_token_and_s2(_t5(d, DROP), kw)
+            ps, a_sdpa = _per_token_and_s2(_t5(d), kw, "sdpa")
+            assert abs(a_sdpa) < 1e-6, f"SDPA keeps an s^2 term per block ({a_sdpa})"   # the bias is one per stack
+            sdpa.append(ps)
             per.append(p)
             alphas.append(a)
             drop.append(pd - p)   # the hidden and feed-forward dropout masks (and outputs) per token
@@ -86,9 +90,9 @@ def fit() -> tuple[dict[str, Any], list[str]]:
         ckpt = _slope(_t5(base), kw, seq, gradient_checkpointing=True) / base["h"]
         logits = run_step(_t5(base), _setup(kw, BATCHES[1], seq)).phases["backward_head"].parts["logits"] / (tokens * VOCAB)
         out[regime] = {
-            "per_token": _solve(per, points),
+            "per_token": _solve(sdpa, points),
             "eager_per_head_s2": round(sorted(alphas)[len(alphas) // 2], 3),
-            "eager_per_token": {},
+            "eager_per_token": _solve([e - q for e, q in zip(per, sdpa)], points),
             "ckpt_per_token": {"h": round(ckpt, 3)},
             "logits_per_token_vocab": round(logits, 3),
             "dropout_per_token": _solve(drop, points),
@@ -113,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     data["aliases"].pop("t5", None)
     data["families"]["t5"] = {
         "source": (f"scripts/fit_t5.py: fake-tensor traces of HF T5 encoder-decoder steps (torch {torch.__version__}, "
-                   f"transformers {transformers.__version__}), eager attention, one-minus-two depth steps (one encoder + one "
+                   f"transformers {transformers.__version__}), SDPA and eager attention, one-minus-two depth steps (one encoder + one "
                    f"decoder block each, halved: per block of total_layers) at h/i/q steps around {BASE} (kv = q), batches "
-                   f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); per_token is the eager per-token part "
-                   f"and eager_per_head_s2 the s^2 part (encoder self, decoder self and cross attention, averaged per block); "
+                   f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); per_token is SDPA's, eager_per_token eager minus SDPA "
+                   f"per token and eager_per_head_s2 eager's s^2 part (encoder self, decoder self and cross attention, averaged per block); "
                    f"dropout terms = dropout_rate {DROP} minus 0 (T5 applies dropout_rate to hidden states and attention "
                    f"probabilities alike); frozen_linear_inputs: the generic fallback (activations.frozen_linear_inputs). "
                    + "; ".join(notes)),
