@@ -41,7 +41,8 @@ def predict(case: Case) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = training_speed(case.spec, case.setup, case.hardware, framework=case.framework,
-                            attention_kernel=case.attention_kernel, optimizer_impl=case.optimizer_impl)
+                            attention_kernel=case.attention_kernel, optimizer_impl=case.optimizer_impl,
+                            loss=case.loss)
     step = tp.step_time_s + (PROTOCOL["run_overhead_s"] / case.steps if case.steps else 0.0)
     return tp.tokens_per_s * tp.step_time_s / step / case.setup.world_size
 

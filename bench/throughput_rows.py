@@ -18,6 +18,7 @@ from typing import Any
 from perfguide.hardware.types import Hardware
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
+from perfguide.speed.terms import LossImpl
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "bench" / "data" / "published_throughput.csv"
@@ -48,6 +49,7 @@ class Case:
     steps: int | None = None  # optimizer steps the published rate averages over, when it times a whole run
     attention_kernel: str | None = None  # a fused attention kernel older than FlashAttention-2 (efficiency.json)
     optimizer_impl: str | None = None    # a per-tensor optimizer loop of a pre-torch-2.0 stack (efficiency.json)
+    loss: LossImpl | None = None         # a loss path other than transformers' (torchtune's, speed/terms.loss_bytes)
 
 
 # MPT shapes from llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml (d_model, n_layers, n_heads); the
@@ -313,6 +315,14 @@ def optimizer_impl_of(row: dict[str, str]) -> str | None:
     return None
 
 
+def loss_of(row: dict[str, str]) -> LossImpl | None:
+    """torchtune's loss, as its notes name it: CEWithChunkedOutputLoss, or nn.CrossEntropyLoss over the model's
+    upcast logits; every other stack computes transformers' loss (or prices like it)."""
+    if framework_of(row) != "torchtune":
+        return None
+    return "chunked_upcast_in_loss" if "CEWithChunkedOutputLoss" in row["notes"] else "upcast_in_model"
+
+
 def _expressible(row: dict[str, str]) -> None:
     """Rows whose step perfguide's Setup cannot state, whatever its constants."""
     if framework_of(row) == "unsloth":
@@ -377,7 +387,7 @@ def case_of(row: dict[str, str]) -> Case:
     m = re.search(r"steps per run: (\d+)", row["notes"])   # HF Trainer train_samples_per_second: whole train()
     table = table_of(row, group)
     return Case(row["row_id"], group, table, framework_of(row), label, spec, setup, hw, published,
-                int(m.group(1)) if m else None, attention_kernel_of(row, table), optimizer_impl_of(row))
+                int(m.group(1)) if m else None, attention_kernel_of(row, table), optimizer_impl_of(row), loss_of(row))
 
 
 def _checkpointing_if_needed(spec: ModelSpec, setup: Setup, hw: Hardware) -> Setup:

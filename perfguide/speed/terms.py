@@ -13,6 +13,8 @@ fold above the techniques; the rates they divide by are speed/rates.py's. They p
 
 from __future__ import annotations
 
+from typing import Literal
+
 from .. import techniques
 from ..hardware.types import GPU
 from ..memory.activations import block_dims
@@ -22,6 +24,9 @@ from . import rates, traffic
 from .rates import constant
 
 _QUANT_BYTES = {"nf4": 0.5, "int8": 1.0}
+
+#: a training stack's loss path where it is not transformers' (``loss_bytes``): torchtune's two losses
+LossImpl = Literal["upcast_in_model", "chunked_upcast_in_loss"]
 
 
 def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops: float, attn_flops: float,
@@ -45,18 +50,43 @@ def flash_backward_factor(setup: Setup) -> float:
     return (1.0 + float(constant("flash_backward_ratio")) + recompute) / (3.0 + recompute)
 
 
-def elementwise_bytes(spec: ModelSpec, setup: Setup, framework: str = "hf_trainer") -> float:
+def elementwise_bytes(spec: ModelSpec, setup: Setup, framework: str = "hf_trainer", loss: LossImpl | None = None) -> float:
     """Bytes the memory-bound kernels of one micro-step move: every block's non-GEMM ops and the head's loss
     path, as traced on the real modules (perfguide/speed/traffic.py, data/traffic.json), times
     ``elementwise_traffic_factor`` (such small kernels reach less of the bandwidth than a streaming copy);
     checkpointing re-runs the forward's share; fused or compiled kernels cut it (``Technique.kernel_factors``).
     A stack whose eager block code differs from transformers' (``framework``) moves its own traced bytes in eager
     (``eager_block_traffic``); compiled, the fused graph's bytes do not depend on how the eager code was spelled.
+    A stack whose loss path is not transformers' (``loss``) moves the bytes counted from its code (``loss_bytes``).
     Eager attention's s x s chain is ``eager_score_bytes``."""
     kernels = techniques.kernel_factors(setup)
     tokens = setup.micro_batch_size * setup.seq_len
     blocks = traffic.block_bytes(spec, setup, tokens, kernels.recompute) * eager_block_traffic(setup, framework)
-    return traffic.priced((blocks + traffic.head_bytes(spec, setup)) * kernels.elementwise)
+    return traffic.priced(blocks * kernels.elementwise + loss_bytes(spec, setup, loss))
+
+
+def loss_bytes(spec: ModelSpec, setup: Setup, loss: LossImpl | None = None) -> float:
+    """Memory-bound bytes of the head's loss path in one micro-step, before ``elementwise_traffic_factor``.
+
+    ``None``: transformers' loss (upcast and cross-entropy inside the model's forward): the traced eager bytes, cut
+    by the same kernel factors as the blocks (a compiled model compiles its loss with it). The other paths are
+    torchtune's (recipes/full_finetune_single_device.py), counted per logit from its code
+    (efficiency.json ``compiled_loss_bytes_per_logit``): ``upcast_in_model`` - nn.CrossEntropyLoss, the model's
+    forward returning ``self.output(h).float()``, so the fp32 cast stays eager outside the compiled layers and
+    only the loss is compiled; ``chunked_upcast_in_loss`` - CEWithChunkedOutputLoss, the head run on
+    ``chunked_loss_chunks`` slices of the tokens and the upcast compiled with each slice's cross-entropy. Eager,
+    both run transformers' ops (a cast, then cross-entropy). Chunking also sums the head weight's gradient over
+    the slices when the head trains (full fine-tuning): the autograd engine adds each slice's V x h gradient into
+    its buffer (chunks - 1 adds, each reading two gradients and writing one), whether compiled or not."""
+    kernels = techniques.kernel_factors(setup)
+    traced = traffic.head_bytes(spec, setup)
+    if loss is None:
+        return traced * kernels.elementwise
+    path = traffic.logit_count(spec, setup) * float(constant("compiled_loss_bytes_per_logit")[loss]) if kernels.fused_blocks else traced
+    if loss != "chunked_upcast_in_loss" or setup.lora is not None:   # LoRA freezes the head: no weight gradient
+        return path
+    adds = float(constant("chunked_loss_chunks")) - 1
+    return path + adds * 3 * spec.logits_width * spec.hidden_size * setup.weight_bytes
 
 
 def eager_block_traffic(setup: Setup, framework: str) -> float:

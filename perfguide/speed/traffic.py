@@ -84,11 +84,17 @@ def block_bytes(spec: ModelSpec, setup: Setup, tokens: int, recompute: float = 0
     return tokens * per_token * spec.total_layers
 
 
-def head_bytes(spec: ModelSpec, setup: Setup) -> float:
-    """The output head's and the loss's memory-bound bytes (the fp32 logits path), forward and backward, over
-    the positions that get logits (``ModelSpec.logits_width``: the vocabulary or a classifier's labels)."""
+def logit_count(spec: ModelSpec, setup: Setup) -> int:
+    """Logits one micro-step computes: micro-batch x the positions that get logits x ``ModelSpec.logits_width``
+    (the vocabulary, or a classifier's labels on its one pooled position)."""
     positions = 1 if spec.logits_per_sequence else setup.seq_len
-    return setup.micro_batch_size * positions * spec.logits_width * coefficients(spec, setup).logits_per_token_vocab
+    return setup.micro_batch_size * positions * spec.logits_width
+
+
+def head_bytes(spec: ModelSpec, setup: Setup) -> float:
+    """The output head's and the loss's memory-bound bytes (the fp32 logits path), forward and backward, as
+    transformers' eager loss runs it (traced per logit)."""
+    return logit_count(spec, setup) * coefficients(spec, setup).logits_per_token_vocab
 
 
 def eager_score_bytes(spec: ModelSpec, setup: Setup, recompute: float = 0.0) -> float:

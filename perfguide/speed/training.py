@@ -123,7 +123,8 @@ def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
 
 
 def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framework: str = "hf_trainer",
-                   attention_kernel: str | None = None, optimizer_impl: str | None = None) -> Throughput:
+                   attention_kernel: str | None = None, optimizer_impl: str | None = None,
+                   loss: terms.LossImpl | None = None) -> Throughput:
     """Predicted step time and tokens/s of one training Setup, before calibration: the way in is
     ``perfguide.speed.estimate_speed``, which dispatches on the task once and applies the calibration factors.
 
@@ -133,17 +134,18 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
     flash_attention_2 run (efficiency.json attention_kernel_speed): the bench's rows measured with older kernels.
     ``optimizer_impl`` names how the optimizer step is dispatched where it differs from what the Setup's optimizer
     runs today (efficiency.json optimizer_host_ops_per_tensor: pre-2.0 per-tensor loops in the bench's older rows,
-    bitsandbytes before its per-parameter synchronize).
+    bitsandbytes before its per-parameter synchronize). ``loss`` names a loss path other than transformers'
+    (torchtune's plain and chunked cross-entropy, terms.loss_bytes).
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_speed prices training steps, not task={setup.task!r}; perfguide.speed.estimate_speed prices both")
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
-    return _gpu_training(spec, setup, hardware, framework, attention_kernel, optimizer_impl)
+    return _gpu_training(spec, setup, hardware, framework, attention_kernel, optimizer_impl, loss)
 
 
 def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str, kernel: str | None,
-                  opt_impl: str | None = None) -> Throughput:
+                  opt_impl: str | None = None, loss: terms.LossImpl | None = None) -> Throughput:
     gpu = hardware.smallest_gpu
     assert gpu is not None, "training_speed routes GPU-less machines to the CPU model"
     peak, note = gpu_peak_tflops(gpu, setup.compute_dtype)
@@ -173,7 +175,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     gpu_time += extra.compute
     if bw:
         led = ledger(spec, setup)
-        moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup, framework) + terms.eager_score_bytes(spec, setup)
+        moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup, framework, loss) + terms.eager_score_bytes(spec, setup)
         moved += terms.dequant_bytes(spec, setup, matmul_params(spec))
         moved += terms.kbit_cast_bytes(spec, setup, framework)
         moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
