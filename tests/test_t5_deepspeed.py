@@ -95,3 +95,25 @@ def test_zero2_runtime_holds_less_than_the_estimator_between_steps() -> None:
     assert est.logits < buckets
     # zero_grad(set_to_none=False) of pre-2.0 torch does not keep ZeRO's gradients: the engine frees them itself
     assert training_memory(spec, setup, grads_persist=True).peak_allocated == est.peak_allocated
+
+
+@pytest.mark.parametrize("p_attn,per_element", [(0.1, 2), (0.0, 4)])
+def test_t5_before_5_15_keeps_an_fp32_softmax_in_16_bit(monkeypatch: pytest.MonkeyPatch, p_attn: float, per_element: int) -> None:
+    # 4.x-5.14 T5Attention: softmax(scores.float()).type_as(scores): the fp32 output (4 B) where 5.15+ keeps the
+    # 16-bit one (2 B); without dropout the matmul also keeps the 16-bit type_as copy (2 B). 1.5 maps per block.
+    import perfguide.memory.analytic as analytic
+
+    spec = _t5("google-t5/t5-large")
+    spec = spec.model_copy(update={"config": {**(spec.config or {}), "dropout_rate": p_attn}})
+    setup = Setup(micro_batch_size=B, seq_len=S, weights_dtype="bf16", attn_implementation="eager")
+    new = training_memory(spec, setup).activations
+    monkeypatch.setattr(analytic, "installed_transformers", lambda: "4.41.2")
+    old = training_memory(spec, setup).activations
+    assert old - new == pytest.approx(1.5 * per_element * B * spec.num_attention_heads * S * S * spec.total_layers, rel=1e-6)
+    # autocast (fp32 scores either way), fp32 (.float() is a no-op) and SDPA (T5 gained it in 5.15): nothing
+    for other in (setup.replace(weights_dtype="fp32", autocast="bf16"), setup.replace(weights_dtype="fp32"),
+                  setup.replace(attn_implementation="sdpa")):
+        monkeypatch.setattr(analytic, "installed_transformers", lambda: "5.24.0")
+        a = training_memory(spec, other).activations
+        monkeypatch.setattr(analytic, "installed_transformers", lambda: "4.41.2")
+        assert training_memory(spec, other).activations == a
