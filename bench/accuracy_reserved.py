@@ -125,6 +125,6 @@ DISAGREEMENT = [
     "- the row's setup reading stands: a fixed part above 9 GiB is the kbit-upcast QLoRA's (peft "
     "prepare_model_for_kbit_training: fp32 embeddings and head, 4.2 GB, plus the head's bf16 cast under autocast, "
     "1.05 GB). TRL's SFTTrainer given a peft_config and bf16 casts head and embeddings back to bf16 "
-    "(trl.trainer.utils.peft_module_casting_to_bf16), which prices at about 6.6 GiB fixed and 2.2 MiB per token, "
+    "(trl.trainer.utils.peft_module_casting_to_bf16), which prices at about 6.5 GiB fixed and 2.2 MiB per token, "
     "further from the published line, not closer",
 ]

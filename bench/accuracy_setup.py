@@ -226,6 +226,15 @@ def _kbit_upcast(row: dict[str, str]) -> bool:
     return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
 
 
+def _kbit_quantizer(row: dict[str, str]) -> str:
+    """litgpt's ``--quantize bnb.*`` runs Lightning Fabric's BitsandbytesPrecision, which replaces every nn.Linear of
+    litgpt's GPT, lm_head included (``ignore_modules`` left empty by litgpt/finetune/lora.py), quantizing each from
+    fp16 (lightning/fabric/plugins/precision/bitsandbytes.py ``_quantize_weight``). HF + PEFT, Unsloth (transformers'
+    loader), Answer.AI's fsdp_qlora (``replace_linear`` on ``model.model`` only) and torchtune (its builders leave
+    ``output`` unquantized) keep the head 16-bit."""
+    return "litgpt" if row["source_group"].startswith("litgpt") else "transformers"
+
+
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
@@ -246,6 +255,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)
+        fields["kbit_quantizer"] = _kbit_quantizer(row)
     fields["lora"] = _lora(row, spec)
     return Setup(**fields)  # type: ignore[arg-type]
 

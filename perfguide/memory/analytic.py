@@ -51,6 +51,7 @@ from .sharding import (
     unsharded_compute_copies,
 )
 from .t5_attention import t5_fp32_softmax_bytes
+from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
 from .zero_runtime import backward_only_bucket_bytes, step_only_fp32_grads
 
@@ -165,13 +166,6 @@ def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bi
     return qs if offloaded else qs - qs // setup.shard_degree   # ``offloaded``: CPU offload placed the flat shards on the host
 
 
-def _transient_dequant(spec: ModelSpec, setup: Setup) -> int:
-    """int8/nf4 Linears dequantize one 16-bit weight at a time in forward and again in backward."""
-    if setup.weights_dtype not in ("int8", "nf4"):
-        return 0
-    return max(i * o for _, i, o, _ in linear_shapes(spec)) * 2
-
-
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
                     loss_bytes: int | None = None, bnb_version: str | None = None,
                     grads_persist: bool = False, nf4_library: str = "bitsandbytes", resident_bytes: int = 0) -> MemoryEstimate:
@@ -235,7 +229,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
             release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
-    dequant = _transient_dequant(spec, setup)
+    dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
     optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy
@@ -248,7 +242,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
-    forward = resident + early_grads + acts + logits + dequant
+    top = final_norm_bytes(spec, shape, checkpointed=recompute > 0) + loss_peak_dequant_bytes(spec, setup)
+    forward = resident + early_grads + acts + logits + top   # no block Linear runs at the loss peak
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
@@ -269,7 +264,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
-        activations=acts + recompute, logits=logits, other=buffers + dequant + (step_temp if phase == "optimizer step" else 0)
+        activations=acts + recompute, logits=logits, other=buffers + (top if phase == "forward/loss" else dequant) + (step_temp if phase == "optimizer step" else 0)
         + (ipg if phase in ("checkpoint recompute", "end of backward") else 0),
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
