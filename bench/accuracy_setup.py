@@ -7,6 +7,8 @@ reason the report shows. The row's loss path and library releases are read in be
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from accuracy_configs import CONFIGS
 
@@ -317,3 +319,25 @@ def _spec(hub_id: str) -> ModelSpec:
         except PerfGuideError as exc:
             raise Skip(f"model not in the offline catalog ({type(exc).__name__})") from None
     return _SPECS[hub_id]
+
+
+@contextmanager
+def t5_release(row: dict[str, str]) -> Iterator[None]:
+    """Price a T5 row with the transformers release it ran (perfguide/memory/t5_releases.py: the fp32 softmax before
+    5.15, the unconditional fp16 clamp from 4.28), where the model otherwise prices the installed release. For T5 no
+    other release-dependent term exists (the causal-LM loss eras and caches skip encoder-decoders; no attention era or
+    buffer entry names t5), so only those two move. Other rows, and rows without a stated or inferred release: as is."""
+    from accuracy_loss import _transformers_version
+
+    import perfguide.memory.analytic as analytic
+
+    release = _transformers_version(row)
+    if release is None or not row["model_hf_id"].startswith("google-t5/"):
+        yield
+        return
+    saved = analytic.installed_transformers
+    analytic.installed_transformers = lambda: release   # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        analytic.installed_transformers = saved

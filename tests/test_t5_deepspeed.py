@@ -17,6 +17,7 @@ import pytest
 
 from perfguide.memory.activations import dropout_rates, layer_bytes, regime
 from perfguide.memory.analytic import training_memory
+from perfguide.memory.t5_releases import t5_fp16_clamp_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -117,3 +118,22 @@ def test_t5_before_5_15_keeps_an_fp32_softmax_in_16_bit(monkeypatch: pytest.Monk
         a = training_memory(spec, other).activations
         monkeypatch.setattr(analytic, "installed_transformers", lambda: "4.41.2")
         assert training_memory(spec, other).activations == a
+
+
+def test_t5_fp16_clamp_keeps_its_input_from_4_28(monkeypatch: pytest.MonkeyPatch) -> None:
+    # T5Block clamps fp16 hidden states after each sublayer (2 in an encoder block, 3 in a decoder block) from 4.28.0;
+    # clamp keeps its fp16 input for backward: 2.5 x 2 B x h per token per block (traced fp16 minus bf16: 5.0 h)
+    import perfguide.memory.analytic as analytic
+
+    spec = _t5("google-t5/t5-large")
+    bf16 = Setup(micro_batch_size=B, seq_len=S, weights_dtype="bf16", attn_implementation="sdpa")
+    fp16 = bf16.replace(weights_dtype="fp16")
+    monkeypatch.setattr(analytic, "installed_transformers", lambda: "5.24.0")
+    extra = 2.5 * 2 * spec.hidden_size * B * S * spec.total_layers
+    assert training_memory(spec, fp16).activations - training_memory(spec, bf16).activations == pytest.approx(extra, rel=1e-6)
+    # DeepSpeed's fp16 engine casts the module to fp16: the same clamps; autocast keeps an fp32 stream: none
+    ds = _zero2(weights_dtype="fp32", autocast="fp16", micro_batch_size=B)
+    assert t5_fp16_clamp_bytes(spec, ds, "5.24.0") == pytest.approx(extra, rel=1e-6)
+    assert t5_fp16_clamp_bytes(spec, ds.replace(strategy="ddp"), "5.24.0") == 0
+    monkeypatch.setattr(analytic, "installed_transformers", lambda: "4.27.4")   # before: only if the states held inf
+    assert training_memory(spec, fp16).activations == training_memory(spec, bf16).activations

@@ -50,7 +50,7 @@ from .sharding import (
     per_device,
     unsharded_compute_copies,
 )
-from .t5_attention import t5_fp32_softmax_bytes
+from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
 from .zero_runtime import backward_only_bucket_bytes, step_only_fp32_grads
@@ -216,7 +216,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
     era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
-    era += t5_fp32_softmax_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 < 5.15
+    era += t5_release_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 softmax, fp16 clamp
     acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     logits = loss_bytes if loss_bytes is not None else terms.logits
