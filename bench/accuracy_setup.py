@@ -258,6 +258,9 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)
         fields["kbit_quantizer"] = _kbit_quantizer(row)
+        # litgpt's bnb.nf4 is Lightning's _NF4Linear (compress_statistics=False), bnb.nf4-dq its _NF4DQLinear; the
+        # HF, Unsloth, fsdp_qlora and axolotl rows quantize with double quant (stated, or Linear4bit's default)
+        fields["nf4_double_quant"] = not (_kbit_quantizer(row) == "litgpt" and not q.endswith("-dq"))
     fields["lora"] = _lora(row, spec)
     return Setup(**fields)  # type: ignore[arg-type]
 

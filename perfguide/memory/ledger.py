@@ -87,11 +87,13 @@ def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
 KBIT_PREPARED_REST_BYTES = 4
 
 
-def quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True, head: bool = False) -> int:
-    """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + double-quantized absmax. Rest: fp32 after the kbit
-    preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it. ``head``:
-    the LM head is quantized too, as litgpt's own vocabulary x hidden Linear even where the Hub model ties it
-    (top_of_stack.quantized_head)."""
+def quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True, head: bool = False,
+                           double_quant: bool = True) -> int:
+    """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + absmax, double-quantized (uint8 per 64 + fp32 per 256
+    blocks) or not (fp32 per 64: bitsandbytes ``compress_statistics=False``, litgpt's ``bnb.nf4``). Rest: fp32 after
+    the kbit preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it.
+    ``head``: the LM head is quantized too, as litgpt's own vocabulary x hidden Linear even where the Hub model ties
+    it (top_of_stack.quantized_head)."""
     shapes = linear_shapes(spec)
     linear = linear_params(spec)
     rest = (spec.total_params - linear - (spec.lm_head_params if head else 0)) * (KBIT_PREPARED_REST_BYTES if upcast else 2)
@@ -100,7 +102,8 @@ def quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True, hea
         return rest + linear + sum(o * n for _, _, o, n in shapes) * 4 + vocab_rows * spec.hidden_size + vocab_rows * 4
     quantized = linear + vocab_rows * spec.hidden_size
     blocks = -(-quantized // NF4_BLOCK)
-    return rest + quantized // 2 + blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4
+    absmax = blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4 if double_quant else blocks * 4
+    return rest + quantized // 2 + absmax
 
 
 def nf4_quant_state_bytes(spec: ModelSpec) -> int:
@@ -129,12 +132,13 @@ def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
-    return derived(spec, ("ledger", setup.weights_dtype, setup.kbit_upcast, setup.kbit_quantizer, setup.lora), lambda: _ledger(spec, setup))
+    return derived(spec, ("ledger", setup.weights_dtype, setup.kbit_upcast, setup.kbit_quantizer, setup.nf4_double_quant, setup.lora), lambda: _ledger(spec, setup))
 
 
 def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     wd = setup.weights_dtype
-    base = spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES else quantized_weight_bytes(spec, wd, setup.kbit_upcast, quantized_head(setup))
+    base = (spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES
+            else quantized_weight_bytes(spec, wd, setup.kbit_upcast, quantized_head(setup), setup.nf4_double_quant))
     if setup.lora is None:
         trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)
         groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)

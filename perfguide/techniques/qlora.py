@@ -20,7 +20,7 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 class QLora(Technique):
     name = "qlora"
-    fields = ("kbit_upcast", "kbit_quantizer")
+    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant")
     summary = "LoRA adapters on a 4-bit NF4 base; also the bitsandbytes config of int8/nf4 inference"
     sources = SOURCES
     requires = Requires(devices=("cuda",), packages=("bitsandbytes", "peft"), finetune=("qlora",))
