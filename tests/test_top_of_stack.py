@@ -79,8 +79,21 @@ def test_final_norm_keeps_its_input_in_checkpointed_lora_steps() -> None:
     assert final_norm_bytes(neox, half, checkpointed=True) == 2 * 3000 * 2048 * 2
     assert final_norm_bytes(neox, half.replace(weights_dtype="fp32", autocast="bf16"), checkpointed=True) == 2 * 3000 * 2048 * 4
     assert final_norm_bytes(llama, Setup(**ckpt, weights_dtype="bf16"), checkpointed=False) == 0
-    assert final_norm_bytes(llama, Setup(micro_batch_size=2, seq_len=3000, weights_dtype="bf16", gradient_checkpointing=True),
-                            checkpointed=True) == 0
+
+
+def test_a_trained_head_and_norm_keep_more() -> None:
+    """Full fine-tuning (same trace): the trained norm weight keeps its normalised input and the trained head its
+    input. Llama bf16: the fp32 copy 4 + the bf16 product 2 + the head's input 2 = 8; fp32: the stream 4 + the
+    product 4 + the head's input 4 = 12; Gemma 2 bf16 keeps an fp32 product (output * (1 + weight.float())): 10;
+    GPT-NeoX's LayerNorm bf16: its input 2 + the head's input 2 = 4. Checkpointed or not."""
+    llama, gemma2, neox = (ModelSpec.from_any(h) for h in ("meta-llama/Llama-3.1-8B", "google/gemma-2-9b", "EleutherAI/pythia-1.4b"))
+    tokens = 2 * 1000
+    for ckpt in (True, False):
+        half = Setup(micro_batch_size=2, seq_len=1000, weights_dtype="bf16", gradient_checkpointing=ckpt)
+        assert final_norm_bytes(llama, half, checkpointed=ckpt) == tokens * 4096 * 8
+        assert final_norm_bytes(llama, half.replace(weights_dtype="fp32"), checkpointed=ckpt) == tokens * 4096 * 12
+        assert final_norm_bytes(gemma2, half, checkpointed=ckpt) == tokens * 3584 * 10
+        assert final_norm_bytes(neox, half, checkpointed=ckpt) == tokens * 2048 * 4
 
 
 def test_litgpt_double_quant_saving_matches_the_published_pairs(rows: dict[str, dict[str, str]]) -> None:

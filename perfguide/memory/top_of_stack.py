@@ -13,8 +13,12 @@ h 64 and 128, LoRA on the attention, checkpointed, at the start of the loss's ba
 fp32 (under bf16 autocast 0.9 B less, the adapters' casts autocast's cache frees as the forward ends); the fractions
 are 4-8 B per token of per-row statistics (rsqrt, mean), left out. Without checkpointing the
 per-block coefficient already counts one norm input per block, which the first block does not keep (its input, the
-frozen embedding's output, needs no gradient), so the two cancel. Full fine-tuning (a head that trains and keeps its
-input, a norm weight that trains) is not priced here.
+frozen embedding's output, needs no gradient), so the two cancel. Full fine-tuning adds what a trained norm weight
+(the normalised product the weight multiplies) and a trained head (its input) keep, checkpointed or not (the first
+block keeps its input too when the embedding trains), the same at the loss's forward and its backward; same trace,
+full fine-tuning: Llama 8 B per hidden unit per token in bf16 and 12 in fp32 and under bf16 autocast, Gemma 2 10 /
+12 / 12 (its ``output * (1 + weight.float())`` keeps an fp32 product), GPT-NeoX 4 / 8 / 8 (autocast figures from
+the head phase: the backward one is lowered by the weight casts autocast frees as the forward ends).
 
 Dequantized weights. bitsandbytes' MatMul4Bit dequantizes the whole weight for every forward and backward matmul
 (``F.dequantize_4bit(B, quant_state).to(A.dtype)``) and frees it after; the result is in the dtype the weight was
@@ -34,18 +38,31 @@ from __future__ import annotations
 from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
-from .activations import stream_regime
+from .activations import regime, stream_regime
 
 #: families whose final norm upcasts its input to fp32 before normalising (HF RMSNorms); the others' (LayerNorm)
 #: keep the stream's dtype. Aliases (data/activations.json) carry a model type into its family.
 FP32_NORM_FAMILIES = ("llama", "gemma2")
+#: full fine-tuning, bytes per hidden unit per token by regime (traced, module docstring): RMSNorm, LayerNorm, and
+#: Gemma 2's norm, which keeps an fp32 product in bf16 models as well
+TRAINED_TOP_BYTES: dict[str, dict[str, int]] = {"rms": {"half": 8, "amp": 12, "fp32": 12},
+                                                "layer": {"half": 4, "amp": 8, "fp32": 8},
+                                                "gemma2": {"half": 10, "amp": 12, "fp32": 12}}
 
 
 def final_norm_bytes(spec: ModelSpec, setup: Setup, *, checkpointed: bool) -> int:
-    """Bytes the final norm keeps for backward at the loss peak of a checkpointed step with a frozen head."""
-    if not (checkpointed and setup.lora is not None and spec.generates and not spec.is_encoder_decoder):
+    """Bytes the final norm (and a trained head) keep for backward at the loss peak: with a frozen head, of a
+    checkpointed step only; with a trained one, of every step."""
+    if not (spec.generates and not spec.is_encoder_decoder):
         return 0
-    per_h = 4 if spec.family in FP32_NORM_FAMILIES or stream_regime(setup) != "half" else 2
+    rms = spec.family in FP32_NORM_FAMILIES
+    if setup.lora is None:
+        kind = spec.family if spec.family in TRAINED_TOP_BYTES else "rms" if rms else "layer"
+        per_h = TRAINED_TOP_BYTES[kind][regime(setup)]
+    elif checkpointed:
+        per_h = 4 if rms or stream_regime(setup) != "half" else 2
+    else:
+        return 0
     return setup.micro_batch_size * setup.seq_len * spec.hidden_size * per_h
 
 
