@@ -109,3 +109,17 @@ def test_litgpt_double_quant_saving_matches_the_published_pairs(rows: dict[str, 
         assert a.kind == b.kind == "value" and a.predicted is not None and b.predicted is not None
         published = float(rows[plain]["peak_mem_value"]) - float(rows[dq]["peak_mem_value"])
         assert abs((a.predicted - b.predicted) - published) <= 0.015, (plain, a.predicted - b.predicted, published)
+
+
+def test_the_transformers_config_follows_the_priced_quantizer() -> None:
+    """The BitsAndBytesConfig a plan emits is the layout it priced: double quant as ``nf4_double_quant`` says; a setup
+    priced as litgpt's (a quantized head) is refused with one line, as transformers keeps the head 16-bit."""
+    import pytest
+    from helpers import make_rec
+
+    from perfguide.errors import InvalidSetupError
+
+    plain = make_rec({"weights_dtype": "nf4", "lora": {}, "autocast": "bf16", "nf4_double_quant": False}).model_kwargs()
+    assert plain["quantization_config"].bnb_4bit_use_double_quant is False
+    with pytest.raises(InvalidSetupError, match="kbit_quantizer='transformers'"):
+        make_rec({"weights_dtype": "nf4", "lora": {}, "autocast": "bf16", "kbit_quantizer": "litgpt"}).model_kwargs()

@@ -13,7 +13,7 @@ import copy
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..errors import WrongMachineError
+from ..errors import InvalidSetupError, WrongMachineError
 from ..model.quantized import TRAINING_DEQUANTIZE_CONFIG, checkpoint_format
 from .adapter_facts import (
     check_cuda_machine,
@@ -113,10 +113,13 @@ def quantization_config(rec: Recommendation) -> Any:
     from ..techniques.qlora import bnb_config
 
     s = rec.setup
+    if s.quantized and s.kbit_quantizer != "transformers":
+        raise InvalidSetupError(f"kbit_quantizer={s.kbit_quantizer!r} prices {s.kbit_quantizer}'s layout (its lm_head quantized too); "
+                                "transformers' BitsAndBytesConfig keeps the head 16-bit: plan with kbit_quantizer='transformers'")
     compute = half_dtype_name(rec)
     # sharding flattens/shards the packed 4-bit storage: it must share the dtype of the other params
     storage = compute if s.shards_params else None
-    return bnb_config(s.weights_dtype, compute, storage)
+    return bnb_config(s.weights_dtype, compute, storage, s.nf4_double_quant)
 
 
 def _device_map(rec: Recommendation) -> Any:

@@ -39,11 +39,12 @@ class QLora(Technique):
         return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", (template,))]
 
 
-def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None = None) -> Any:
+def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None = None, double_quant: bool = True) -> Any:
     """``BitsAndBytesConfig`` for int8 / nf4 weights (None for any other dtype).
 
     ``quant_storage``: under FSDP / ZeRO-3 the packed 4-bit storage is flattened with the other parameters,
-    so it must share their dtype (accelerate utils/fsdp_utils.py; PEFT's FSDP+QLoRA guide).
+    so it must share their dtype (accelerate utils/fsdp_utils.py; PEFT's FSDP+QLoRA guide). ``double_quant``: the
+    Setup's ``nf4_double_quant``, which the memory model priced.
     """
     if weights_dtype not in ("int8", "nf4"):
         return None
@@ -55,7 +56,7 @@ def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None
 
     compute = getattr(torch, _TORCH_DTYPES[compute_dtype])
     extra: dict[str, Any] = {"bnb_4bit_quant_storage": getattr(torch, _TORCH_DTYPES[quant_storage])} if quant_storage else {}
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=double_quant,
                               bnb_4bit_compute_dtype=compute, **extra)
 
 
