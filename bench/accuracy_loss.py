@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import re
 
-from accuracy_setup import LOOP_REBINDS_OUTPUTS, _pre_torch2
+from accuracy_setup import ACCELERATE_AMP_OUTPUTS, LOOP_REBINDS_OUTPUTS, _pre_torch2
 
-from perfguide.memory.eras import attention_buffer_bytes, attention_era_bytes, trainer_fsdp_pre_wrap_bytes, training_cache_bytes
+from perfguide.memory.eras import (
+    amp_output_conversion_bytes,
+    attention_buffer_bytes,
+    attention_era_bytes,
+    trainer_fsdp_pre_wrap_bytes,
+    training_cache_bytes,
+)
 from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
@@ -41,9 +47,11 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return int(per_logit * setup.micro_batch_size * setup.seq_len * spec.vocab_size)
     version = _transformers_version(row)
     if version is not None and spec.generates and not spec.is_encoder_decoder:
-        cache = training_cache_bytes(spec, setup, version, 2 if row["source_group"] in LOOP_REBINDS_OUTPUTS else 1,
-                                    checkpointed=setup.gradient_checkpointing)
-        return hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS) + cache
+        alive = 2 if row["source_group"] in LOOP_REBINDS_OUTPUTS else 1
+        cache = training_cache_bytes(spec, setup, version, alive, checkpointed=setup.gradient_checkpointing)
+        held = hf_loss_bytes(spec, setup, version, row["source_group"] in LOOP_KEEPS_OUTPUTS) + cache
+        converted = amp_output_conversion_bytes(spec, setup, version, alive, checkpointed=setup.gradient_checkpointing)
+        return max(held, converted if row["source_group"] in ACCELERATE_AMP_OUTPUTS else 0)
     return None
 
 

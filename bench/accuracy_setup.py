@@ -160,6 +160,15 @@ LOOP_REBINDS_OUTPUTS = {
 }
 
 
+#: loops whose model accelerate prepared, so that under its fp16/bf16 mixed precision the forward returns through
+#: ``convert_outputs_to_fp32`` (fp32 copies of every 16-bit output tensor: eras.amp_output_conversion_bytes)
+ACCELERATE_AMP_OUTPUTS = {
+    "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: model, optimizer, ... = "
+                            "accelerator.prepare(...); accelerate 0.7.0 Accelerator.prepare_model: model.forward = "
+                            "convert_outputs_to_fp32(torch.cuda.amp.autocast(dtype=torch.float16)(model.forward))",
+}
+
+
 #: sources whose FSDP1 units came from accelerate's size-based auto-wrap, with the threshold a row without one ran:
 #: accelerate 0.7's FullyShardedDataParallelPlugin sets ``default_auto_wrap_policy(min_num_params)`` whenever
 #: FSDP_MIN_NUM_PARAMS > 0, and both ``accelerate config`` and ``accelerate launch --min_num_params`` default to 1e8

@@ -44,6 +44,36 @@ def training_cache_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_al
     return int(outputs_alive * per_token * setup.micro_batch_size * setup.seq_len)
 
 
+def amp_output_conversion_bytes(spec: ModelSpec, setup: Setup, release: str, outputs_alive: int = 1, *,
+                                checkpointed: bool = False) -> int:
+    """Loss-path and returned-cache bytes alive when accelerate's ``convert_outputs_to_fp32`` returns: the end of
+    the forward of a model that accelerate prepared for fp16/bf16 autocast (0 without autocast).
+
+    accelerate wraps the prepared model's forward as ``convert_outputs_to_fp32(autocast(...)(model.forward))``
+    (0.7.0 ``Accelerator.prepare_model``); ``convert_to_fp32`` rebuilds the output with ``tensor.float()`` of every
+    16-bit tensor in it (``recursively_apply`` over the ModelOutput mapping and the nested cache tuples), while the
+    16-bit output is still referenced. For a model that returns its head's 16-bit logits (GPT-2 has no
+    ``logits.float()``), that moment holds per logit the saved fp32 log-softmax output of the loss (``ce_bytes``),
+    the 16-bit logits (2) and their fp32 copy (4); per token and block the returned cache's 16-bit storage (the
+    traced ``training_cache`` entry: GPT-2's views keep the fused 3h c_attn output) and an fp32 copy of each
+    returned key and value (``kv_elements_per_token`` x 4: a ``.float()`` of a strided view is a new contiguous
+    tensor). Each earlier output still alive (``outputs_alive`` - 1: a loop that rebinds ``outputs``) holds its
+    fp32 logits and fp32 key/value copies. The 16-bit output is freed as the wrapper returns; activations are
+    those of the end of the forward, as at the loss peak. ``checkpointed``: HF turns the cache off.
+    """
+    if not setup.autocast or regime(setup) != "amp":
+        return 0
+    ce = activations_data().loss_paths.ce_bytes
+    earlier = max(0, outputs_alive - 1)
+    logits = setup.micro_batch_size * setup.seq_len * spec.logits_width * (ce + 2 + 4 + 4 * earlier)
+    entry = None if checkpointed or not (spec.config or {}).get("use_cache", True) else _in_force(
+        activations_data().training_cache.entries, spec, setup, release)
+    if entry is None:
+        return int(logits)
+    per_block = entry.hidden_elements * spec.hidden_size * 2 + spec.kv_elements_per_token() * 4 * (1 + earlier)
+    return int(logits + per_block * spec.total_layers * setup.micro_batch_size * setup.seq_len)
+
+
 def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
     """Bytes the attention of transformers ``release`` saves for backward beyond the installed release's traced
     coefficients (data/activations.json ``attention_eras``; the traces behind ``families`` ran the installed code).
