@@ -80,6 +80,8 @@ GROUPS = [  # (source, path prefix) -> group name
     ("Dao-AILab/flash-attention", "training/README.md", "flash-attn-training"),
     ("foundation-model-stack/fms-fsdp", "README.md", "fms-fsdp"),
     ("jzhang38/TinyLlama", "README.md", "tinyllama"),
+    ("foundation-model-stack/fms-acceleration", "scripts/benchmarks", "fms-acceleration"),
+    ("huggingface/accelerate", "examples/fsdp2", "accelerate-fsdp2"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
@@ -203,7 +205,13 @@ CATALOG = {"distilbert-base-uncased": "distilbert/distilbert-base-uncased", "ber
            "llama2-7b": "meta-llama/Llama-2-7b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
            "llama2-13b": "meta-llama/Llama-2-13b-hf", "tinyllama-1.1b": "TinyLlama/TinyLlama-1.1B",
            # granite-7b-base has Llama-2-7B's shape (32 x 4096, FFN 11008, 32k vocab; its model card)
-           "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf"}
+           "ibm-granite/granite-7b-base": "meta-llama/Llama-2-7b-hf", "mistralai/mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1"}
+
+# huggingface.co/bigcode/gpt_bigcode-santacoder config.json: 24 x 2048, 16 heads with one shared K/V head (multi_query),
+# MLP 4 x 2048 (n_inner null), learned positions up to 2048, 49280 vocab, tied head: 1.12B parameters
+SANTACODER = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"], "n_embd": 2048, "n_layer": 24, "n_head": 16,
+              "multi_query": True, "vocab_size": 49280, "n_positions": 2048, "n_inner": None, "bos_token_id": 49152,
+              "eos_token_id": 49152, "activation_function": "gelu_pytorch_tanh", "_name_or_path": "bigcode/gpt_bigcode-santacoder"}
 
 
 @lru_cache(maxsize=64)
@@ -226,6 +234,8 @@ def _spec(row: dict[str, str], seq_len: int) -> ModelSpec:
                                    "n_head": heads, "vocab_size": 50264, "n_positions": seq_len, "_name_or_path": name})
     if key.startswith(("timm/", "vit")):
         raise Skip("vision transformer (image patches): perfguide prices token sequences")
+    if key == "bigcode/gpt_bigcode-santacoder":
+        return ModelSpec.from_any(SANTACODER)
     if key in CATALOG:
         return _catalog(CATALOG[key])
     raise Skip(f"model {name!r} not in perfguide's catalog")
