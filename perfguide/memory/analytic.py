@@ -48,6 +48,7 @@ from .sharding import (
     no_sync_grads,
     offload_staging_bytes,
     per_device,
+    per_tensor_state_tails,
     unsharded_compute_copies,
 )
 from .t5_releases import t5_release_bytes
@@ -190,6 +191,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     on_device = per_device(states, setup, gather, unsharded)
     dev = techniques.placed(setup, on_device)   # CPU offload moves states to host RAM
     offloaded = dev.cpu_ram > on_device.cpu_ram   # read from the placement, not from the offload technique's switches
+    # the caching allocator's unsplit segment tails of per-parameter state tensors (sharding.unsplit_tail_bytes)
+    state_tails, grad_tails = (0, 0) if offloaded else per_tensor_state_tails(spec, setup, led, dev.optimizer)
     staging = offload_staging_bytes(spec, setup, params_offloaded=dev.weights < on_device.weights)   # H2D copies' pool
     kept = replicated_quant_state(spec, setup, nf4_library, offloaded=offloaded)   # bnb's absmax stays whole on every GPU under FSDP
     if kept:
@@ -236,7 +239,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
     ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # ZeRO-1/2: backward only
     buffers = dev.buffers - ipg + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
-    resident = dev.weights + optimizer_on_device + buffers
+    resident = dev.weights + optimizer_on_device + buffers + state_tails
+    grads += grad_tails if grads else 0
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0

@@ -14,7 +14,8 @@ from .._data import fact_value
 from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import STRATEGIES, Setup
-from .ledger import DTYPE_BYTES, KBIT_PREPARED_REST_BYTES
+from .ledger import DTYPE_BYTES, KBIT_PREPARED_REST_BYTES, Ledger, full_groups
+from .optimizers import TensorGroup
 
 #: Strategy families, derived from the one table in setup.py (Setup.is_deepspeed / Setup.is_fsdp per Setup).
 #: ZeRO-1/2 bucket (elements) perfguide emits for one-GPU ZeRO-Offload: the gradient buckets only stage copies to
@@ -146,6 +147,43 @@ def idle_grad_pool_bytes(setup: Setup, sharded_grads: int, peak_before_backward:
     if not (setup.is_fsdp and peak_before_backward) or grads_persist:
         return 0
     return sharded_grads
+
+
+#: torch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, the same constants in 1.12 and 2.x): a request
+#: of kMinLargeAlloc (10 MiB) or more gets a segment of its own rounded up to kRoundLarge (2 MiB); its block is the
+#: request rounded to kMinBlockSize (512 B), split off the segment only when more than kSmallSize (1 MiB) would remain
+#: (should_split: ``remaining > kSmallSize`` for the large pool)
+MIN_BLOCK, SMALL_SIZE, MIN_LARGE_ALLOC, ROUND_LARGE = 512, 1 << 20, 10 << 20, 2 << 20
+
+
+def unsplit_tail_bytes(nbytes: int) -> int:
+    """Bytes the caching allocator allocates beyond a tensor of ``nbytes``: the tail of a large segment too small to
+    split off stays in the tensor's block, so ``max_memory_allocated`` (and what must fit) counts it. 1280 x 5120 fp32
+    (GPT-2-large's MLP weight, 25 MiB) takes a 26 MiB block; 4096 x 4096 bf16 (32 MiB) none; a tail over 1 MiB is a
+    free block of its own (reserved, not allocated) and smaller requests take their blocks from shared segments."""
+    if nbytes < MIN_LARGE_ALLOC:
+        return 0
+    block = -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+    tail = -(-nbytes // ROUND_LARGE) * ROUND_LARGE - block
+    return tail if tail <= SMALL_SIZE else 0
+
+
+def _tails(groups: list[TensorGroup] | tuple[TensorGroup, ...], elem_bytes: int) -> int:
+    return sum(g.count * unsplit_tail_bytes(g.numel * elem_bytes) for g in groups)
+
+
+def per_tensor_state_tails(spec: ModelSpec, setup: Setup, led: Ledger, optimizer_states: int) -> tuple[int, int]:
+    """(weights + optimizer state, gradients): the allocator's unsplit tails (unsplit_tail_bytes) of the model states
+    of a layout that keeps one tensor per parameter (one GPU, DDP): every weight in its storage dtype, and per
+    trainable tensor its gradient and each optimizer state of the parameter's shape and dtype (AdamW: two). FSDP and
+    DeepSpeed flatten parameters into a few large buffers, quantized weights are packed: 0 for those, and for
+    optimizers whose state is not whole copies of the parameters."""
+    if setup.is_fsdp or setup.is_deepspeed or setup.weights_dtype not in DTYPE_BYTES:
+        return 0, 0
+    grads = _tails(led.trainable, led.param_bytes)
+    per = led.trainable_params * led.param_bytes
+    copies = optimizer_states // per if per and optimizer_states % per == 0 else 0
+    return _tails(full_groups(spec), DTYPE_BYTES[setup.weights_dtype]) + copies * grads, grads
 
 
 def size_wrap_splits_tied_head(spec: ModelSpec, min_num_params: int) -> bool:
