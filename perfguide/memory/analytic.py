@@ -240,23 +240,24 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # ZeRO-1/2: backward only
     buffers = dev.buffers - ipg + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     resident = dev.weights + optimizer_on_device + buffers + state_tails
-    grads += grad_tails if grads else 0
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
     head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
     early_grads = held_grads + max(head_grad - held_grads, 0)
+    grad_tail = grad_tails if grads else 0   # the allocator tails travel with the whole gradient set
+    held_tail = grad_tail if held_grads else 0
     top = final_norm_bytes(spec, shape, checkpointed=recompute > 0) + loss_peak_dequant_bytes(spec, setup)
-    forward = resident + early_grads + acts + logits + top   # no block Linear runs at the loss peak
+    forward = resident + early_grads + held_tail + acts + logits + top   # no block Linear runs at the loss peak
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
     tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
     tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
-    backward_start = (resident + early_grads + tied_wait + acts + recompute + dequant + ipg
+    backward_start = (resident + early_grads + held_tail + tied_wait + acts + recompute + dequant + ipg
                       + eager_backward_transient_bytes(spec, shape))
-    backward_end = resident + accumulated + recompute + dequant + ipg
-    step = resident + grads + step_temp
+    backward_end = resident + accumulated + grad_tail + recompute + dequant + ipg
+    step = resident + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
@@ -268,7 +269,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
-        activations=acts + recompute, logits=logits, other=buffers + (top if phase == "forward/loss" else dequant) + (step_temp if phase == "optimizer step" else 0)
+        activations=acts + recompute, logits=logits, other=buffers + state_tails
+        + (held_tail if phase in ("forward/loss", "checkpoint recompute") else grad_tail) + (top if phase == "forward/loss" else dequant) + (step_temp if phase == "optimizer step" else 0)
         + (ipg if phase in ("checkpoint recompute", "end of backward") else 0),
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
