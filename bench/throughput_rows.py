@@ -333,6 +333,13 @@ def loss_of(row: dict[str, str]) -> LossImpl | None:
     return "chunked_upcast_in_loss" if "CEWithChunkedOutputLoss" in row["notes"] else "upcast_in_model"
 
 
+def packed_doc_len_of(row: dict[str, str]) -> int | None:
+    """The mean sample of a document-masked pack, where the notes give it with the code that masks (torchtune's
+    packed_block_causal_mask); packs without a document mask attend causally over the whole sequence (None)."""
+    m = re.search(r"packed_doc_len (\d+)", row["notes"])
+    return int(m.group(1)) if m else None
+
+
 def _expressible(row: dict[str, str]) -> None:
     """Rows whose step perfguide's Setup cannot state, whatever its constants."""
     if framework_of(row) == "unsloth":
@@ -388,7 +395,7 @@ def case_of(row: dict[str, str]) -> Case:
                   torch_compile=row["torch_compile"].lower().startswith("yes"),
                   optimizer_in_backward="optimizer step in backward" in row["optimizer"].lower(),
                   activation_offloading=row["activation_offload"].lower().startswith("true"),
-                  hybrid_shard=row["sharding"].lower().startswith("hsdp"), **prec, **strat)
+                  hybrid_shard=row["sharding"].lower().startswith("hsdp"), packed_doc_len=packed_doc_len_of(row), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
         setup = _checkpointing_if_needed(spec, setup, hw)

@@ -181,6 +181,7 @@ class Setup(Model):
     activation_offloading: bool = Field(default=False, description="checkpointed activations kept in pinned host RAM during forward")
     padding_free: bool = Field(default=False, description="samples concatenated without padding (DataCollatorWithFlattening / TRL padding_free)")
     avg_seq_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample (None: every sample fills seq_len)")
+    packed_doc_len: int | None = Field(default=None, ge=1, le=10_000_000, description="mean tokens per document inside each packed sequence when attention is masked per document (torchtune packed=True: a FlexAttention BlockMask, whose empty 128 x 128 blocks are skipped); None: no document mask, causal attention over the whole sequence (HF Trainer / TRL packing without padding_free)")
     fsdp_version: int = Field(default=2, ge=1, le=2, description="FSDP2 (fully_shard, per-parameter: what perfguide's plans emit) or FSDP1 (FlatParameter, use_orig_params)")
     kbit_upcast: bool = Field(default=True, description="a quantized base's non-quantized parameters (embeddings, head, norms) in fp32: peft's prepare_model_for_kbit_training, which prepare_model runs; False: they stay 16-bit (frameworks that skip it, e.g. litgpt)")
     kbit_quantizer: Literal["transformers", "litgpt"] = Field(default="transformers", description="what quantized an int8/nf4 base: transformers' bitsandbytes integration (the plans'; also torchtune's and Answer.AI's fsdp_qlora layout) keeps the LM head 16-bit; litgpt (Lightning Fabric's BitsandbytesPrecision) quantizes every nn.Linear of its GPT, its own lm_head too, from fp16 (memory/top_of_stack.py)")
@@ -324,4 +325,7 @@ def _own_conflict(s: Setup) -> str | None:
     if s.hybrid_shard and not (s.strategy == "fsdp" and s.fsdp_version == 2 and s.nodes > 1 and s.num_gpus > 1):
         return ("hybrid_shard (HSDP) shards within a node and replicates across nodes: it needs strategy='fsdp' with FSDP2, "
                 f"nodes > 1 and several GPUs per node, not {s.strategy!r} on {s.nodes} node(s) x {s.num_gpus} GPU(s)")
+    if s.packed_doc_len is not None and (s.packed_doc_len > s.seq_len or s.padding_free):
+        return (f"packed_doc_len={s.packed_doc_len} is the mean document inside a packed sequence of seq_len={s.seq_len}: it must be "
+                "at most seq_len, and padding_free (flattened samples, avg_seq_len) is the other packing; set one of them")
     return None

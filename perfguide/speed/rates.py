@@ -218,7 +218,24 @@ def causal_fraction(spec: ModelSpec, setup: Setup) -> float:
         return setup.seq_len / attended
     if not spec.generates or spec.is_encoder_decoder:
         return 1.0
+    if setup.packed_doc_len is not None:
+        return document_block_fraction(setup.seq_len, setup.packed_doc_len, int(constant("flex_block_size")))
     return 1.0 - attended / (2.0 * setup.seq_len)
+
+
+def document_block_fraction(seq_len: int, doc_len: int, block: int) -> float:
+    """Share of the s x s score tiles a block-sparse kernel computes for a causal pack of documents masked from each
+    other (torchtune's packed_block_causal_mask: causal and same-document, run by FlexAttention, which skips every
+    ``block`` x ``block`` tile its BlockMask marks empty and computes partial tiles whole). The pack is laid out as
+    documents of ``doc_len`` tokens back to back (the last one cut at ``seq_len``, as torchtune's pack padding is
+    its own document); a tile (q-block i, kv-block j <= i) is computed when one document reaches into both blocks.
+    Causal attention over the whole pack (one document) gives (n + 1) / 2n of the n^2 tiles."""
+    n = -(-seq_len // block)
+    tiles: set[tuple[int, int]] = set()
+    for start in range(0, seq_len, doc_len):
+        first, last = start // block, (min(start + doc_len, seq_len) - 1) // block
+        tiles.update((i, j) for i in range(first, last + 1) for j in range(first, i + 1))
+    return len(tiles) / (n * n)
 
 
 def framework_efficiency(framework: str) -> float:

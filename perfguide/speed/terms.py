@@ -39,7 +39,20 @@ def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops
     fraction = rates.class_constant("attention_peak_fraction", rates.attention_arch(gpu), gpu)
     if kernel is not None:
         fraction *= float(constant("attention_kernel_speed")[kernel])
+    if setup.packed_doc_len is not None:
+        fraction *= flex_attention_speed(setup)
     return attn_flops * rates.causal_fraction(spec, setup) * flash_backward_factor(setup) / (peak_tflops * 1e12 * fraction)
+
+
+def flex_attention_speed(setup: Setup) -> float:
+    """FlexAttention's speed relative to FlashAttention-2 over one training micro-step's attention: its forward and
+    backward fractions (``flex_attention_speed``) weighted by the executed FLOPs of each - 1 forward (+1 recomputed)
+    and ``flash_backward_ratio`` backward - as a harmonic mean, since the times add. Document-masked packs
+    (``Setup.packed_doc_len``) run it: torchtune hands a BlockMask to a compiled flex_attention."""
+    speed = constant("flex_attention_speed")
+    forward = 1.0 + techniques.kernel_factors(setup).recompute
+    backward = float(constant("flash_backward_ratio"))
+    return (forward + backward) / (forward / float(speed["forward"]) + backward / float(speed["backward"]))
 
 
 def flash_backward_factor(setup: Setup) -> float:
