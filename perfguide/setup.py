@@ -325,7 +325,7 @@ def _own_conflict(s: Setup) -> str | None:
     if s.hybrid_shard and not (s.strategy == "fsdp" and s.fsdp_version == 2 and s.nodes > 1 and s.num_gpus > 1):
         return ("hybrid_shard (HSDP) shards within a node and replicates across nodes: it needs strategy='fsdp' with FSDP2, "
                 f"nodes > 1 and several GPUs per node, not {s.strategy!r} on {s.nodes} node(s) x {s.num_gpus} GPU(s)")
-    if s.packed_doc_len is not None and (s.packed_doc_len > s.seq_len or s.padding_free):
-        return (f"packed_doc_len={s.packed_doc_len} is the mean document inside a packed sequence of seq_len={s.seq_len}: it must be "
-                "at most seq_len, and padding_free (flattened samples, avg_seq_len) is the other packing; set one of them")
+    if s.packed_doc_len is not None and s.packed_doc_len > s.seq_len:
+        return (f"packed_doc_len={s.packed_doc_len} is the mean document inside a packed sequence of seq_len={s.seq_len}: "
+                "it must be at most seq_len")
     return None

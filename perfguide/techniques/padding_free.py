@@ -46,6 +46,9 @@ class PaddingFree(Technique):
     def conflict(self, setup: Any) -> str | None:
         if setup.avg_seq_len is not None and setup.avg_seq_len > setup.seq_len:
             return f"avg_seq_len={setup.avg_seq_len} exceeds seq_len={setup.seq_len}; the mean real length of a sample is at most seq_len"
+        if setup.padding_free and setup.packed_doc_len is not None:
+            return (f"padding_free (flattened samples, avg_seq_len) and packed_doc_len={setup.packed_doc_len} (document-masked "
+                    "packs) are two packings of the same batch; set one of them")
         return super().conflict(setup)
 
     def label_word(self, setup: Any) -> str | None:
