@@ -229,13 +229,16 @@ def document_block_fraction(seq_len: int, doc_len: int, block: int) -> float:
     ``block`` x ``block`` tile its BlockMask marks empty and computes partial tiles whole). The pack is laid out as
     documents of ``doc_len`` tokens back to back (the last one cut at ``seq_len``, as torchtune's pack padding is
     its own document); a tile (q-block i, kv-block j <= i) is computed when one document reaches into both blocks.
-    Causal attention over the whole pack (one document) gives (n + 1) / 2n of the n^2 tiles."""
+    Causal attention over the whole pack (one document) gives (n + 1) / 2n of the n^2 tiles. Row i of tiles runs from
+    the first block of the earliest document reaching into q-block i up to the diagonal, so the count is one pass
+    over the documents' block spans (linear in blocks + documents, where a set of tiles grows with n^2)."""
     n = -(-seq_len // block)
-    tiles: set[tuple[int, int]] = set()
+    reach = list(range(n))   # per q-block: the lowest kv-block a document in it starts in
     for start in range(0, seq_len, doc_len):
         first, last = start // block, (min(start + doc_len, seq_len) - 1) // block
-        tiles.update((i, j) for i in range(first, last + 1) for j in range(first, i + 1))
-    return len(tiles) / (n * n)
+        for i in range(first, last + 1):
+            reach[i] = min(reach[i], first)
+    return sum(i - r + 1 for i, r in enumerate(reach)) / (n * n)
 
 
 def framework_efficiency(framework: str) -> float:
