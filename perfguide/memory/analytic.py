@@ -262,6 +262,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
+    # what the peak phase holds beyond the reported weights, gradients, states, activations and logits
+    phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg,
+                   "end of backward": grad_tail + dequant + ipg, "optimizer step": grad_tail + dequant + step_temp}
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))
@@ -269,9 +272,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
-        activations=acts + recompute, logits=logits, other=buffers + state_tails
-        + (held_tail if phase in ("forward/loss", "checkpoint recompute") else grad_tail) + (top if phase == "forward/loss" else dequant) + (step_temp if phase == "optimizer step" else 0)
-        + (ipg if phase in ("checkpoint recompute", "end of backward") else 0),
+        activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
     )
