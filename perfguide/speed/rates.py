@@ -10,6 +10,7 @@ Constants: perfguide/data/efficiency.json, each with its source.
 from __future__ import annotations
 
 import math
+from functools import cache
 from typing import Any
 
 from .._data import fact_extra, fact_value
@@ -178,9 +179,42 @@ def asymptote(gpu: GPU, setup: Setup) -> float:
     return class_constant("peak_fraction_by_class", gpu_class(gpu), gpu, path)
 
 
-def half_saturation(setup: Setup) -> float:
-    """Hidden size at which a GEMM reaches half its asymptote: tensor cores need far wider GEMMs to fill."""
-    return float(constant("hidden_half_saturation_by_path")[matmul_path(setup)])
+def half_saturation(setup: Setup, gpu: GPU | None = None) -> float:
+    """Hidden size at which a GEMM reaches half its asymptote: tensor cores need far wider GEMMs to fill.
+
+    On tensor cores the width scales with the GPU's machine balance (achievable matmul FLOP/s per byte/s of HBM,
+    ``machine_balance``) over the reference GPU's: a GEMM of width h over many tokens does ~h/2 FLOPs per byte it
+    moves, so it stays compute-bound only where h/2 exceeds the balance (roofline, Williams et al. 2009). An H100
+    SXM (792.1 TFLOP/s MAMF over 3.35 TB/s: 236 FLOP/B) needs 1.8x the width an A100 80GB (267.9 / 2.039: 131) does."""
+    half = float(constant("hidden_half_saturation_by_path")[matmul_path(setup)])
+    if gpu is None or matmul_path(setup) != "tensor":
+        return half
+    ratio = machine_balance(gpu, setup)
+    return half * ratio if ratio else half
+
+
+@cache
+def _reference_gpu(name: str) -> GPU:
+    from ..hardware.types import Hardware
+
+    gpu = Hardware.from_name(name).smallest_gpu
+    assert gpu is not None, f"{name} names a GPU row of gpus.json"
+    return gpu
+
+
+def machine_balance(gpu: GPU, setup: Setup) -> float | None:
+    """The GPU's achievable 16-bit matmul FLOP/s per HBM byte/s, relative to hidden_half_saturation_reference_gpu's
+    (the fitted width is that GPU's); None where the bandwidth or the peak is unknown."""
+    ref = _reference_gpu(str(constant("hidden_half_saturation_reference_gpu")[0]))
+
+    def balance(g: GPU) -> float | None:
+        peak = g.half_tflops(setup.compute_dtype)
+        if not (peak and g.memory_bandwidth_gbps and g.has_tensor_cores):
+            return None
+        return asymptote(g, setup) * peak / g.memory_bandwidth_gbps
+
+    mine, base = balance(gpu), balance(ref)
+    return mine / base if mine and base else None
 
 
 def attention_efficiency(setup: Setup) -> float:

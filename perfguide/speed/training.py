@@ -153,7 +153,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         warnings.warn(note, stacklevel=3)
     tokens = techniques.step_shape(setup).matmul_tokens
     asymptote = rates.asymptote(gpu, setup)
-    half = rates.half_saturation(setup)
+    half = rates.half_saturation(setup, gpu)
     eff = efficiency(asymptote, tokens, spec.hidden_size, half)
     stack = rates.framework_efficiency(framework)
     rate = peak * 1e12 * eff

@@ -66,7 +66,7 @@ class Fp8(Technique):
             return StepSeconds()
         linears = block_linear_shapes(ctx.spec)
         fp8_rate = ctx.gemm_rate(gpu.fp8_tflops, ctx.asymptote * constant("fp8_peak_fraction"), ctx.tokens)
-        fp8_rate *= width_penalty(ctx.spec.hidden_size, half_saturation(ctx.setup))
+        fp8_rate *= width_penalty(ctx.spec.hidden_size, half_saturation(ctx.setup, gpu))
         fwd_bwd = (3 + kernel_factors(ctx.setup).recompute) / 3   # a recomputed forward runs its GEMMs again
         delta = (linear_seconds(linears, ctx.tokens, fp8_rate, ctx.bandwidth, cast_bytes(ctx.setup))
                  - half_linear_seconds(linears, ctx.tokens, ctx.rate))
