@@ -125,6 +125,9 @@ LOOP_KEEPS_OUTPUTS = {
                             "loss = outputs.loss; ... accelerator.backward(loss)",
     "answerai_fsdp_qlora": "fsdp_qlora train.py: output = model(...); loss = output.loss; ... loss.backward(); "
                            "'output = None' only after the optimizer step",
+    "open_instruct_issue_25": "open_instruct/finetune.py @0d2e152d7: outputs = model(**batch, use_cache=False); "
+                              "loss = outputs.loss; ... accelerator.backward(loss)",
+    "open_instruct_issue_12": "open_instruct/finetune.py @609312b24: the same loop",
 }
 #: transformers release current when a pre-PyTorch-2.0 row ran (hf_blog_pytorch_fsdp, 2022-04-29: 4.18.0 of 2022-04-06)
 PRE_TORCH2_TRANSFORMERS = "4.18.0"
