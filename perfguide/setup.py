@@ -186,6 +186,7 @@ class Setup(Model):
     kbit_upcast: bool = Field(default=True, description="a quantized base's non-quantized parameters (embeddings, head, norms) in fp32: peft's prepare_model_for_kbit_training, which prepare_model runs; False: they stay 16-bit (frameworks that skip it, e.g. litgpt)")
     kbit_quantizer: Literal["transformers", "litgpt"] = Field(default="transformers", description="what quantized an int8/nf4 base: transformers' bitsandbytes integration (the plans'; also torchtune's and Answer.AI's fsdp_qlora layout) keeps the LM head 16-bit; litgpt (Lightning Fabric's BitsandbytesPrecision) quantizes every nn.Linear of its GPT, its own lm_head too, from fp16 (memory/top_of_stack.py)")
     nf4_double_quant: bool = Field(default=True, description="nf4 absmax statistics quantized again (bnb_4bit_use_double_quant, the plans'; litgpt's bnb.nf4-dq): 1 B per 64 weights plus fp32 per 256 blocks; False: one fp32 absmax per 64 (litgpt's bnb.nf4)")
+    kbit_recast_bf16: bool = Field(default=False, description="after peft's kbit upcast, the LoRA adapters and the embeddings / LM head cast back to bf16 (norms stay fp32): TRL's SFTTrainer given a peft_config on a 4-bit base with bf16=True (trl.trainer.utils.peft_module_casting_to_bf16, TRL 0.7.5 to 0.x); adapter parameters, gradients and AdamW states then take 2 bytes, not 4")
     hybrid_shard: bool = Field(default=False, description="FSDP2 HSDP: shard over the GPUs of a node, replicate across nodes (a 2-D device mesh)")
 
     @model_validator(mode="after")

@@ -36,7 +36,31 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
         # because peft's own switch calls the deprecated gradient_checkpointing_enable
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     # kbit_upcast=False: the plan priced the non-quantized parameters in 16 bits; get_peft_model freezes the base
-    return get_peft_model(model, config)
+    model = get_peft_model(model, config)
+    if rec.setup.kbit_recast_bf16:
+        recast_bf16(model)
+    return model
+
+
+def recast_bf16(model: Any) -> None:
+    """The dtypes ``Setup.kbit_recast_bf16`` priced, as TRL's SFTTrainer (0.7.5+, bf16, 4-bit base, peft_config) leaves
+    them after peft's upcast: every PEFT tuner layer (its adapters) in bf16, the norms fp32, fp32 token / position
+    embeddings and head in bf16. Quantized storage (uint8 / int8) is not floating point, so ``.to`` leaves it."""
+    import torch
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    embedding_words = ("lm_head", "embed_tokens", "wte", "wpe")
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, BaseTunerLayer):
+            target = torch.bfloat16
+        elif "norm" in name or isinstance(module, torch.nn.LayerNorm):
+            target = torch.float32
+        elif any(w in name for w in embedding_words) and weight is not None and weight.dtype == torch.float32:
+            target = torch.bfloat16
+        else:
+            continue
+        module.to(target)
 
 
 def check_same_adapter(model: Any, config: Any) -> None:

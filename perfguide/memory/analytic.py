@@ -137,7 +137,8 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     every non-quantized parameter; bitsandbytes leaves the head unquantized). The block Linears' casts are
     ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
     """
-    fp32_head = setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast)
+    fp32_head = setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast
+                                                  and not setup.kbit_recast_bf16)
     if not (setup.autocast and fp32_head and spec.head == "lm") or act.engine_casts_to_16bit(setup):
         return 0
     return 2 * spec.vocab_size * spec.hidden_size

@@ -88,15 +88,18 @@ KBIT_PREPARED_REST_BYTES = 4
 
 
 def quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True, head: bool = False,
-                           double_quant: bool = True) -> int:
+                           double_quant: bool = True, recast: bool = False) -> int:
     """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + absmax, double-quantized (uint8 per 64 + fp32 per 256
     blocks) or not (fp32 per 64: bitsandbytes ``compress_statistics=False``, litgpt's ``bnb.nf4``). Rest: fp32 after
     the kbit preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it.
     ``head``: the LM head is quantized too, as litgpt's own vocabulary x hidden Linear even where the Hub model ties
-    it (top_of_stack.quantized_head)."""
+    it (top_of_stack.quantized_head). ``recast`` (TRL's cast after the upcast, ``Setup.kbit_recast_bf16``): the
+    embeddings and an unquantized head back to 2 bytes, the norms and other small parameters still fp32."""
     shapes = linear_shapes(spec)
     linear = linear_params(spec)
     rest = (spec.total_params - linear - (spec.lm_head_params if head else 0)) * (KBIT_PREPARED_REST_BYTES if upcast else 2)
+    if upcast and recast:
+        rest -= (spec.embedding_params + (0 if head else spec.lm_head_params)) * (KBIT_PREPARED_REST_BYTES - 2)
     vocab_rows = (spec.lm_head_params or spec.vocab_size * spec.hidden_size) // spec.hidden_size if head else 0
     if dtype == "int8":
         return rest + linear + sum(o * n for _, _, o, n in shapes) * 4 + vocab_rows * spec.hidden_size + vocab_rows * 4
@@ -132,13 +135,23 @@ def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
-    return derived(spec, ("ledger", setup.weights_dtype, setup.kbit_upcast, setup.kbit_quantizer, setup.nf4_double_quant, setup.lora), lambda: _ledger(spec, setup))
+    return derived(spec, ("ledger", setup.weights_dtype, setup.kbit_upcast, setup.kbit_quantizer, setup.nf4_double_quant,
+                          setup.kbit_recast_bf16, setup.lora), lambda: _ledger(spec, setup))
+
+
+def adapter_bytes(setup: Setup) -> int:
+    """Bytes per LoRA adapter element (parameter, gradient, each AdamW moment: torch keeps the moments in the
+    parameter's dtype): fp32 as PEFT creates them on a quantized base and upcasts them on a 16-bit one
+    (``autocast_adapter_dtype``), bf16 after TRL's recast (``kbit_recast_bf16``: ``module.to(torch.bfloat16)`` on
+    every PEFT tuner layer)."""
+    return 2 if setup.kbit_recast_bf16 else LORA_ADAPTER_BYTES
 
 
 def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     wd = setup.weights_dtype
     base = (spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES
-            else quantized_weight_bytes(spec, wd, setup.kbit_upcast, quantized_head(setup), setup.nf4_double_quant))
+            else quantized_weight_bytes(spec, wd, setup.kbit_upcast, quantized_head(setup), setup.nf4_double_quant,
+                                        setup.kbit_recast_bf16))
     if setup.lora is None:
         trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)
         groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)
@@ -150,5 +163,5 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     layers = spec.total_layers
     inputs = sum(i * n for _, i, _, n in chosen) // layers
     ranks = sum(r * n for *_, n in chosen) // layers
-    return Ledger(base + trainable * LORA_ADAPTER_BYTES, spec.total_params + trainable, groups, trainable,
-                  LORA_ADAPTER_BYTES, inputs, ranks)
+    nbytes = adapter_bytes(setup)
+    return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks)

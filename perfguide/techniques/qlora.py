@@ -20,7 +20,7 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 class QLora(Technique):
     name = "qlora"
-    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant")
+    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant", "kbit_recast_bf16")
     summary = "LoRA adapters on a 4-bit NF4 base; also the bitsandbytes config of int8/nf4 inference"
     sources = SOURCES
     requires = Requires(devices=("cuda",), packages=("bitsandbytes", "peft"), finetune=("qlora",))
@@ -29,6 +29,15 @@ class QLora(Technique):
 
     def active(self, setup: Any) -> bool:
         return setup.quantized
+
+    def conflict(self, setup: Any) -> str | None:
+        """``kbit_recast_bf16`` undoes part of peft's kbit upcast on a bf16-autocast QLoRA run; anywhere else it
+        would price a cast no stack makes."""
+        if setup.kbit_recast_bf16 and not (setup.quantized and setup.kbit_upcast and setup.lora is not None
+                                           and setup.autocast == "bf16"):
+            return ("kbit_recast_bf16 re-casts a kbit-upcast (kbit_upcast=True) quantized base's adapters to bf16 under "
+                    "autocast='bf16' with LoRA; or turn it off (kbit_recast_bf16=False)")
+        return super().conflict(setup)
 
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         if ctx.finetune != "qlora":

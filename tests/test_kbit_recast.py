@@ -1,0 +1,72 @@
+"""TRL's re-cast after peft's kbit upcast (``Setup.kbit_recast_bf16``): what the plan prices is what the model holds.
+
+TRL's SFTTrainer (v0.7.5, 2023-12-22, through at least v0.9.6) given a ``peft_config`` on a 4-bit model with
+``bf16=True`` runs peft's ``prepare_model_for_kbit_training`` (every non-quantized parameter to fp32), then
+``get_peft_model``, then ``peft_module_casting_to_bf16`` (trl/trainer/utils.py): every PEFT tuner layer to bf16,
+norms to fp32, fp32 embeddings / head to bf16. The adapters, their gradients and their AdamW moments are then bf16.
+The bytes below are measured on a real bnb 4-bit CPU model and hand-counted for Llama-3.1-8B at r=256.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide import ModelSpec, Setup
+from perfguide.memory.ledger import ledger
+
+#: Llama-3.1-8B (config.json): hidden 4096, 32 layers, FFN 14336, 8 KV heads of 128, vocab 128256, untied head
+H, LAYERS, FFN, KV, VOCAB = 4096, 32, 14336, 8 * 128, 128256
+
+
+def _qlora(**extra: object) -> Setup:
+    return Setup(weights_dtype="nf4", autocast="bf16", optimizer="adamw_torch", gradient_checkpointing=True,
+                 lora={"r": 256, "alpha": 128, "target_modules": "all-linear"}, **extra)  # type: ignore[arg-type]
+
+
+def test_recast_prices_bf16_adapters_and_embeddings_by_hand_count() -> None:
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    # r x (in + out) per adapted Linear: q, o (h, h); k, v (h, kv); gate, up (h, ffn); down (ffn, h)
+    adapters = LAYERS * 256 * (2 * (H + H) + 2 * (H + KV) + 3 * (H + FFN))
+    assert adapters == 671_088_640
+    upcast, recast = ledger(spec, _qlora()), ledger(spec, _qlora(kbit_recast_bf16=True))
+    assert upcast.trainable_params == recast.trainable_params == adapters
+    assert (upcast.param_bytes, recast.param_bytes) == (4, 2)
+    # stored: the adapters at 2 B instead of 4, and the embedding and head (128256 x 4096 each) at 2 B instead of 4
+    assert upcast.weight_bytes - recast.weight_bytes == adapters * 2 + 2 * VOCAB * H * 2
+
+
+def test_recast_needs_a_kbit_upcast_bf16_qlora_run() -> None:
+    with pytest.raises(ValueError, match="kbit_recast_bf16"):
+        Setup(lora={"r": 8}, autocast="bf16", kbit_recast_bf16=True)  # a 16-bit base: nothing was upcast
+    with pytest.raises(ValueError, match="kbit_recast_bf16"):
+        _qlora(kbit_upcast=False, kbit_recast_bf16=True)
+    with pytest.raises(ValueError, match="kbit_recast_bf16"):
+        Setup(weights_dtype="nf4", autocast="fp16", lora={"r": 8}, kbit_recast_bf16=True)  # TRL casts under bf16 only
+
+
+def test_prepare_model_leaves_the_dtypes_and_bytes_the_plan_priced(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    try:
+        from helpers import make_rec, tiny_model
+        from test_adapted_models import _bytes
+    except ImportError:  # pragma: no cover
+        from tests.helpers import make_rec, tiny_model
+        from tests.test_adapted_models import _bytes
+
+    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128)
+    base.save_pretrained(tmp_path / "base")
+    spec = ModelSpec.from_any(base)
+    measured = {}
+    for recast in (False, True):
+        rec = make_rec({"device": "cpu", "weights_dtype": "nf4", "autocast": "bf16", "lora": {"r": 4},
+                        "optimizer": "adamw_torch", "kbit_recast_bf16": recast}, spec=spec)
+        model = rec.prepare_model(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", **rec.model_kwargs()))
+        dtypes = {kind: {p.dtype for n, p in model.named_parameters() if kind in n} for kind in ("lora_", "norm", "embed_tokens", "lm_head")}
+        low = torch.bfloat16 if recast else torch.float32
+        assert dtypes == {"lora_": {low}, "norm": {torch.float32}, "embed_tokens": {low}, "lm_head": {low}}
+        measured[recast] = _bytes(model)
+        assert abs(measured[recast] - ledger(spec, rec.setup).weight_bytes) <= 64, (recast, measured[recast])
+    assert measured[False] > measured[True]  # control: the recast is a real saving, priced both ways
