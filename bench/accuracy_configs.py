@@ -25,7 +25,16 @@ def _qwen1(name: str, hidden: int, heads: int, layers: int, intermediate: int, v
             "vocab_size": vocab}
 
 
+#: CodeLlama 7B (huggingface.co/codellama/CodeLlama-7b-hf/config.json): Llama-2-7B's block (4096 x 32 layers, FFN 11008,
+#: 32 heads, no GQA) with vocab 32016, rope_theta 1e6 and 16384 positions (rotary: no memory). The row that trains it
+#: (philschmid_finetune_llms_2024) runs trl's setup_chat_format first, which resizes embedding and head to 32018.
+_CODELLAMA_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "_name_or_path": "codellama/CodeLlama-7b-hf",
+                 "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+                 "intermediate_size": 11008, "vocab_size": 32018, "rms_norm_eps": 1e-5, "max_position_embeddings": 16384,
+                 "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
+    "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
     "Qwen/Qwen-7B-Chat": _qwen1("Qwen/Qwen-7B-Chat", 4096, 32, 32, 22016, 151936),
     "Qwen/Qwen-14B-Chat": _qwen1("Qwen/Qwen-14B-Chat", 5120, 40, 40, 27392, 152064),

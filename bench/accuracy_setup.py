@@ -270,6 +270,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         # litgpt's bnb.nf4 is Lightning's _NF4Linear (compress_statistics=False), bnb.nf4-dq its _NF4DQLinear; the
         # HF, Unsloth, fsdp_qlora and axolotl rows quantize with double quant (stated, or Linear4bit's default)
         fields["nf4_double_quant"] = not (_kbit_quantizer(row) == "litgpt" and not q.endswith("-dq"))
+        # TRL 0.7.5+ SFTTrainer given a peft_config with bf16 re-casts adapters, embeddings and head to bf16
+        fields["kbit_recast_bf16"] = "peft_module_casting_to_bf16" in row["method"]
     fields["lora"] = _lora(row, spec)
     return Setup(**fields)  # type: ignore[arg-type]
 
@@ -321,7 +323,8 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",
              "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B",
              "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
-             "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf"}  # LLaMA-1 7B, as huggyllama/llama-7b
+             "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf",
+             "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf"}  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
 
 
 def _spec(hub_id: str) -> ModelSpec:
