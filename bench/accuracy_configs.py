@@ -33,7 +33,18 @@ _CODELLAMA_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "
                  "intermediate_size": 11008, "vocab_size": 32018, "rms_norm_eps": 1e-5, "max_position_embeddings": 16384,
                  "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
+#: StarCoderBase-1B (huggingface.co/bigcode/starcoderbase-1b/config.json, GPTBigCodeForCausalLM): 2048 x 24 layers,
+#: 16 heads with multi-query attention (one 128-wide key/value head), FFN 8192, vocab 49152, 8192 learned positions,
+#: head tied to wte. 1,137,207,296 parameters, as the cookbook notebook's print_trainable_parameters gives them
+#: (1,142,761,472 all less 5,554,176 LoRA).
+_STARCODERBASE_1B = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeForCausalLM"],
+                     "_name_or_path": "bigcode/starcoderbase-1b", "n_embd": 2048, "n_head": 16, "n_layer": 24,
+                     "n_inner": 8192, "n_positions": 8192, "vocab_size": 49152, "multi_query": True,
+                     "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "bos_token_id": 0,
+                     "eos_token_id": 0, "tie_word_embeddings": True, "torch_dtype": "float32"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
+    "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
     "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
     "Qwen/Qwen-7B-Chat": _qwen1("Qwen/Qwen-7B-Chat", 4096, 32, 32, 22016, 151936),
