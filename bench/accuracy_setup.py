@@ -22,7 +22,7 @@ GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb
         ("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("rtx 4090", "rtx4090"), ("a10g", "a10g"),
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4"), ("v100 32gb", "v100-32gb"), ("a800", "a100-80gb"),
-        ("nvidia l4", "l4"), ("v100s", "v100-pcie-32gb"), ("rtx a6000", "a6000"), ("v100 16gb", "v100-16gb")]
+        ("nvidia l4", "l4"), ("v100s", "v100-pcie-32gb"), ("rtx a6000", "a6000"), ("v100 16gb", "v100-16gb"), ("a10 ", "a10")]
 # A800 is the A100 with NVLink capped at 400 GB/s (export variant): same GA100 die, same 80 GB HBM2e
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
 # TITAN RTX: the card's total as the hf_blog_pytorch_fsdp source's own OOM message prints it ("GPU 0; 23.65 GiB total
