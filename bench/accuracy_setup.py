@@ -50,9 +50,10 @@ def _int(text: str, default: int | None = None) -> int:
     return default
 
 
-#: a row that states only the card's memory ("24 GB GPU (model not stated)"): an Ampere datacenter spec with that
-#: memory (read as GiB, as boards are sized), so the CUDA context is cc-8's
-UNSTATED_GPU = re.compile(r"(\d+) GB GPU \(model not stated\)")
+#: a row that states only the card's memory ("24 GB GPU (model not stated)"), or whose length the publisher solved at a
+#: named card's nominal size ("24 GB GPU (RTX 4090 named; read at its nominal size)"): an Ampere datacenter spec with
+#: that memory (read as GiB, as boards are sized), so the CUDA context is cc-8's
+UNSTATED_GPU = re.compile(r"(\d+) GB GPU \((?:model not stated|[^)]*read at its nominal size)\)")
 
 
 def _hardware(gpu_type: str, num_gpus: int) -> Hardware | None:

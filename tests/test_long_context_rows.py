@@ -1,6 +1,7 @@
 """Long-context rows 1000-1008 (issue 24): LLaMA-Factory's wiki table of VRAM against length for Llama-2-7B QLoRA
 with FlashAttention-2 on one A100 40GB (LLaMA-Factory 171a029c5, 2024-04-16), and Unsloth's Llama 3 blog's HF + FA2
-length for Llama-3-70B on an A100 80GB (2024-04-23).
+length for Llama-3-70B on an A100 80GB (2024-04-23), and Unsloth's long-context blog's HF + FA2 column for Mistral 7B
+(2024-04-09, rows 1009-1015).
 
 Each row reads back as the setup its source and the code of the release it ran state, and the terms that setup
 fixes are counted here by hand: LLaMA-Factory's ``_prepare_model_for_training`` skips peft's
@@ -20,6 +21,7 @@ L, H, I, V = 32, 4096, 11008, 32000   # Llama-2-7B config.json
 R = 8                                 # the table's LoRA rank
 LF_ROWS = [str(i) for i in range(1000, 1008)]
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 100000]
+MISTRAL_ROWS = [str(i) for i in range(1009, 1016)]
 
 
 def _hand_weights() -> int:
@@ -36,7 +38,7 @@ def _hand_weights() -> int:
 
 def test_rows_are_in_the_long_context_range_and_name_their_sources(rows: dict[str, dict[str, str]]) -> None:
     ids = [i for i in rows if 1000 <= int(i) <= 1049]
-    assert sorted(ids, key=int) == [*LF_ROWS, "1008"]
+    assert sorted(ids, key=int) == [*LF_ROWS, "1008", *MISTRAL_ROWS]
     for i in ids:
         assert "https://" in rows[i]["source"] and rows[i]["trust"] == "B" and rows[i]["notes"]
     assert {rows[i]["source_group"] for i in LF_ROWS} == {"llamafactory_wiki_performance"}
@@ -86,3 +88,22 @@ def test_unsloth_llama3_row_reads_as_the_llama_3_3_row(acc: ModuleType, rows: di
     sa, sb = acc._train_setup(new, a), acc._train_setup(old, b)
     assert sa.replace(seq_len=sb.seq_len) == sb
     assert acc.RESERVED_LINE in new["mem_metric"] and new["value_kind"] == "max_seq_fit" and sa.seq_len == 7500
+
+
+def test_unsloth_mistral_rows_are_one_line_read_at_the_nominal_sizes(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """The blog's HF + FA2 lengths grow by the same 3,101 tokens per 4 GB (to within one token) from 8 to 80 GB: one
+    straight line of memory against length solved at each nominal size, so each row is judged on that size in GiB
+    (the GPU names are labels), with the setup rows 679-687 take from the same publisher."""
+    sizes = [8, 12, 16, 24, 40, 48, 80]
+    lengths = [int(rows[i]["peak_mem_value"]) for i in MISTRAL_ROWS]
+    steps = {round((b - a) / ((y - x) / 4)) for (x, a), (y, b) in zip(zip(sizes, lengths), zip(sizes[1:], lengths[1:]))}
+    assert steps <= {3100, 3101}
+    spec = acc._spec(rows["1009"]["model_hf_id"])
+    assert (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.vocab_size) == (32, 4096, 14336, 32000)
+    for rid, gb, n in zip(MISTRAL_ROWS, sizes, lengths):
+        row = rows[rid]
+        assert acc._hardware(row["gpu_type"], 1).gpus[0].memory_total == gb * GiB
+        setup = acc._train_setup(row, spec)
+        assert (setup.micro_batch_size, setup.seq_len, setup.optimizer) == (1, n, "adamw_bnb_8bit")
+        assert (setup.weights_dtype, setup.kbit_upcast, setup.autocast, setup.attn_implementation) == ("nf4", True, "bf16", "flash_attention_2")
+        assert acc.RESERVED_LINE in row["mem_metric"] and row["value_kind"] == "max_seq_fit"
