@@ -1,6 +1,6 @@
-"""Multi-GPU rows 950-967 (issue 24): FSDP, DeepSpeed ZeRO-3 (with and without CPU offload) and FSDP + QLoRA runs
+"""Multi-GPU rows 950-969 (issue 24): FSDP, DeepSpeed ZeRO-3 (with and without CPU offload) and FSDP + QLoRA runs
 on 2-8 consumer and datacenter GPUs, from GitHub issues and PRs of FastChat, llama-recipes, LLaMA-Factory, axolotl,
-open-instruct and stanford_alpaca.
+open-instruct and stanford_alpaca, and the PEFT docs' DeepSpeed page (Llama-2-70B LoRA and QLoRA under ZeRO-3).
 
 Each row reads back as the Setup its source and the code of that date state (the stage, the offload, the GPU count
 and card, the transformers release the bench prices it with), and the two rows whose reading rests on a count are
@@ -49,12 +49,14 @@ EXPECTED = {
     "965": ("fsdp", True, True, 4, "a100-40gb", "4.37.2"),
     "966": ("fsdp", False, False, 4, "a100-40gb", "4.31.0"),
     "967": ("fsdp", False, False, 4, "a100-40gb", "4.31.0"),
+    "968": ("zero3", False, False, 8, "h100-80gb", "4.39"),
+    "969": ("zero3", False, False, 2, "a100-80gb", "4.45"),     # "40 GB GPU (model not stated)"
 }
 
 
 def test_every_row_in_the_range_is_checked_and_sources_are_many() -> None:
     assert set(ROWS) == set(EXPECTED)
-    assert len({r["source_group"] for r in ROWS.values()}) >= 8
+    assert len({r["source_group"] for r in ROWS.values()}) >= 9
     assert sum(r["value_kind"] in ("oom", "fits") for r in ROWS.values()) >= 14
 
 
@@ -63,7 +65,7 @@ def test_each_row_reads_as_the_setup_and_release_its_source_states(row_id: str) 
     setup_mod, loss_mod = load_bench("accuracy_setup"), load_bench("accuracy_loss")
     row = ROWS[row_id]
     strategy, off_params, off_opt, gpus, card, release = EXPECTED[row_id]
-    assert re.search(r"https://github\.com/\S+", row["source"]), row["source"]
+    assert re.search(r"https://(github\.com|huggingface\.co)/\S+", row["source"]), row["source"]
     spec = setup_mod._spec(row["model_hf_id"])
     setup = setup_mod._train_setup(row, spec)
     assert (setup.strategy, setup.offload_params, setup.offload_optimizer, setup.num_gpus) == (strategy, off_params, off_opt, gpus)
