@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from ._base import Model, build_strict
@@ -119,6 +119,13 @@ class LoraSpec(Model):
     dropout: float = Field(default=0.0, ge=0, lt=1, description="lora_dropout; above 0 each adapted Linear keeps a dropout mask")
     use_dora: bool = Field(default=False, description="DoRA (weight-decomposed LoRA): a magnitude vector per adapted Linear")
     use_rslora: bool = Field(default=False, description="rank-stabilized scaling alpha/sqrt(r) instead of alpha/r; same memory")
+    modules_to_save: tuple[str, ...] = Field(default=(), description="modules PEFT trains in full beside the adapters (LoraConfig modules_to_save): a trainable copy of each, with its gradient and optimizer state; the token embedding and the LM head (embed_tokens, lm_head, ...) are priced")
+
+    @field_validator("modules_to_save", mode="before")
+    @classmethod
+    def _one_name(cls, value: Any) -> Any:
+        """One module name (``--lora-modules-to-save lm_head``, ``modules_to_save="lm_head"``) is a list of one."""
+        return (value,) if isinstance(value, str) else value
 
 
 class ServingSetup(Model):

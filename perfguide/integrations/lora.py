@@ -72,6 +72,7 @@ def lora_config_kwargs(rec: Recommendation) -> dict[str, Any]:
         "target_modules": target_modules(rec.model, lora),
         "use_dora": lora.use_dora,
         "use_rslora": lora.use_rslora,
+        "modules_to_save": list(lora.modules_to_save) or None,
         "bias": "none",   # the memory model prices no trainable biases
         "task_type": task_type(rec.model),
     }

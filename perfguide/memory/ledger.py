@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidSetupError
+from ..model.adapted import SAVED_EMBEDDINGS, SAVED_HEADS
 from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
@@ -139,6 +140,29 @@ def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
                           setup.kbit_recast_bf16, setup.lora), lambda: _ledger(spec, setup))
 
 
+def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...]:
+    """The trainable copies ``modules_to_save`` adds: PEFT's ModulesToSaveWrapper keeps the original (frozen, already
+    in the weights) and trains a deep copy, one vocabulary x hidden matrix per named embedding or head.
+
+    The copy takes the dtype the original has when ``get_peft_model`` runs; the ledger prices every trainable tensor
+    at one width, so a copy whose width differs from the adapters' (16-bit copies beside fp32 adapters on a 16-bit
+    base) is refused rather than priced at the wrong one."""
+    lora = setup.lora
+    if lora is None or not lora.modules_to_save:
+        return ()
+    unknown = [n for n in lora.modules_to_save if n.rsplit(".", 1)[-1] not in SAVED_EMBEDDINGS + SAVED_HEADS]
+    if unknown:
+        raise InvalidSetupError(f"modules_to_save {unknown} is not priced: perfguide prices the token embedding and the LM head "
+                                f"({', '.join(SAVED_EMBEDDINGS[:2] + SAVED_HEADS[:1])}, ...)")
+    wd = setup.weights_dtype
+    copy_bytes = DTYPE_BYTES[wd] if wd in DTYPE_BYTES else (2 if setup.kbit_recast_bf16 or not setup.kbit_upcast else 4)
+    if copy_bytes != adapter_bytes(setup):
+        raise InvalidSetupError(f"modules_to_save on this base keeps {copy_bytes}-byte copies beside {adapter_bytes(setup)}-byte "
+                                "adapters; perfguide prices trainable tensors at one width: train the copies on an fp32 or "
+                                "kbit-upcast base, or drop modules_to_save")
+    return tuple(TensorGroup(1, spec.vocab_size, spec.hidden_size, "linear") for _ in lora.modules_to_save)
+
+
 def adapter_bytes(setup: Setup) -> int:
     """Bytes per LoRA adapter element (parameter, gradient, each AdamW moment: torch keeps the moments in the
     parameter's dtype): fp32 as PEFT creates them on a quantized base and upcasts them on a 16-bit one
@@ -163,5 +187,8 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     layers = spec.total_layers
     inputs = sum(i * n for _, i, _, n in chosen) // layers
     ranks = sum(r * n for *_, n in chosen) // layers
+    saved = saved_module_groups(spec, setup)
+    groups += saved
+    trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
     return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks)

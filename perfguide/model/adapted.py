@@ -40,6 +40,14 @@ def _block_path(name: str, paths: list[str]) -> str | None:
     return next((p for p in sorted(paths, key=len, reverse=True) if name == p or name.endswith("." + p)), None)
 
 
+#: module names PEFT's ``modules_to_save`` can wrap that the memory model prices: the token embedding and the LM head
+#: of the catalog's families (Llama / Mistral / Qwen2 embed_tokens, GPT-2 and Qwen-1 wte, GPT-NeoX embed_in / embed_out,
+#: BLOOM word_embeddings, T5 shared; lm_head / embed_out / output heads). PEFT's own additions for classification
+#: tasks (classifier, score: a few thousand parameters) are left out, as before.
+SAVED_EMBEDDINGS = ("embed_tokens", "wte", "embed_in", "word_embeddings", "shared", "tok_embeddings")
+SAVED_HEADS = ("lm_head", "embed_out", "output")
+
+
 def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
     """The active LoRA adapter of a PeftModel as a LoraSpec (its rank, alpha, options and the block Linears it adapts)."""
     configs = getattr(module, "peft_config", None)
@@ -63,7 +71,9 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
         raise InvalidModelError("the model's LoRA adapter adapts no Linear inside the transformer blocks; perfguide prices block adapters")
     alpha = cfg.lora_alpha
     return LoraSpec(r=cfg.r, alpha=int(alpha) if float(alpha).is_integer() else max(1, round(alpha)), target_modules=tuple(targets),
-                    dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora))
+                    dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora),
+                    modules_to_save=tuple(n for n in getattr(cfg, "modules_to_save", None) or ()
+                                          if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS + SAVED_HEADS))
 
 
 def with_module_state(spec: ModelSpec, module: Any) -> ModelSpec:

@@ -1,0 +1,69 @@
+"""PEFT ``modules_to_save`` (``LoraSpec.modules_to_save``): a trained copy of the embedding and the head, priced.
+
+PEFT's ModulesToSaveWrapper keeps the original module frozen and trains a deep copy, so each named embedding or head
+adds one vocabulary x hidden matrix with its gradient and optimizer state. Checked by hand for Llama-3.1-8B and against
+the bytes of a real bitsandbytes 4-bit CPU model that ``prepare_model`` wrapped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide import ModelSpec, Setup
+from perfguide.errors import InvalidSetupError
+from perfguide.memory.ledger import ledger
+
+SAVED = ("lm_head", "embed_tokens")
+
+
+def _qlora(**extra: object) -> Setup:
+    return Setup(weights_dtype="nf4", autocast="bf16", optimizer="adamw_torch",
+                 lora={"r": 16, "alpha": 16, "target_modules": "all-linear", "modules_to_save": SAVED}, **extra)  # type: ignore[arg-type]
+
+
+def test_each_saved_module_adds_a_trained_vocab_by_hidden_copy_by_hand() -> None:
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    copy = 128256 * 4096   # Llama-3.1-8B's embedding and head, each vocab x hidden
+    plain = ledger(spec, _qlora().replace(lora={"r": 16, "alpha": 16, "target_modules": "all-linear"}))
+    for recast, nbytes in ((False, 4), (True, 2)):
+        saved = ledger(spec, _qlora(kbit_recast_bf16=recast))
+        assert saved.trainable_params - plain.trainable_params == 2 * copy == 1_050_673_152
+        assert saved.param_bytes == nbytes
+    upcast = ledger(spec, _qlora())
+    # stored: adapters and copies at 4 B each on the upcast base
+    assert upcast.weight_bytes - plain.weight_bytes == 2 * copy * 4
+
+
+def test_copies_of_another_width_than_the_adapters_are_refused() -> None:
+    bf16 = Setup(weights_dtype="bf16", lora={"r": 8, "modules_to_save": SAVED})
+    with pytest.raises(InvalidSetupError, match="one width"):
+        ledger(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), bf16)
+    with pytest.raises(InvalidSetupError, match="classifier"):
+        ledger(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), _qlora().replace(
+            lora={"r": 8, "modules_to_save": ("classifier",)}))
+
+
+@pytest.mark.parametrize("recast", [False, True])
+def test_prepare_model_holds_the_bytes_and_trainable_count_priced(tmp_path, recast) -> None:
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    pytest.importorskip("bitsandbytes")
+    try:
+        from helpers import make_rec, tiny_model
+        from test_adapted_models import _bytes
+    except ImportError:  # pragma: no cover
+        from tests.helpers import make_rec, tiny_model
+        from tests.test_adapted_models import _bytes
+
+    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128)
+    base.save_pretrained(tmp_path / "base")
+    spec = ModelSpec.from_any(base)
+    rec = make_rec({"device": "cpu", "weights_dtype": "nf4", "autocast": "bf16", "optimizer": "adamw_torch",
+                    "lora": {"r": 4, "modules_to_save": SAVED}, "kbit_recast_bf16": recast}, spec=spec)
+    model = rec.prepare_model(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", **rec.model_kwargs()))
+    priced = ledger(spec, rec.setup)
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert trained == priced.trainable_params
+    assert {p.element_size() for p in model.parameters() if p.requires_grad} == {priced.param_bytes}
+    assert abs(_bytes(model) - priced.weight_bytes) <= 64, (_bytes(model), priced.weight_bytes)
