@@ -30,7 +30,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     contiguous (2 + 2 bytes per b*s*V). litgpt uses chunked cross-entropy on 16-bit logits (logits + their
     gradient; fp32 only per 128-token chunk): also 4 bytes per b*s*V.
     """
-    if setup.task != "train":
+    if setup.task != "train" or setup.liger_kernel:  # Liger's fused linear cross-entropy: the technique prices it
         return None
     if "loss=logits.sum()" in row["method"]:
         return (4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)

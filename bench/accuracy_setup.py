@@ -109,8 +109,10 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     if not names:
         raise Skip(f"LoRA targets {words} do not map onto {spec.name}'s Linears")
     dropout = re.search(r"dropout ([\d.]+)", row["method"])  # the row's LoraConfig lora_dropout: its masks are kept
+    saved = re.search(r"modules_to_save \[([\w,]+)\]", row["method"])  # LoraConfig modules_to_save: trained copies
     return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))),
-                    dropout=float(dropout.group(1)) if dropout else 0.0)
+                    dropout=float(dropout.group(1)) if dropout else 0.0,
+                    modules_to_save=tuple(saved.group(1).split(",")) if saved else ())
 
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:
@@ -261,7 +263,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      attn_implementation=_attn(row),
                                      num_gpus=_int(row["num_gpus"], 1),
                                      optimizer_in_backward="optimizer_in_bwd True" in row["method"],
-                                     torch_compile="torch.compile enabled" in row["method"])
+                                     torch_compile="torch.compile enabled" in row["method"],
+                                     liger_kernel="Liger kernels on" in row["method"])
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
     if q:
