@@ -328,7 +328,10 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B",
              "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
              "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf",
-             "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf"}  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
+             "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
+             "NousResearch/Llama-2-70b-hf": "meta-llama/Llama-2-70b-hf",  # an ungated copy of Meta's checkpoint
+             # the Instruct release keeps the base's config.json shape (4096 x 32, 8 experts of FFN 14336, top-2)
+             "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1"}
 
 
 def _spec(hub_id: str) -> ModelSpec:
