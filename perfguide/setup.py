@@ -119,6 +119,7 @@ class LoraSpec(Model):
     dropout: float = Field(default=0.0, ge=0, lt=1, description="lora_dropout; above 0 each adapted Linear keeps a dropout mask")
     use_dora: bool = Field(default=False, description="DoRA (weight-decomposed LoRA): a magnitude vector per adapted Linear")
     use_rslora: bool = Field(default=False, description="rank-stabilized scaling alpha/sqrt(r) instead of alpha/r; same memory")
+    autocast_adapter_dtype: bool = Field(default=True, description="PEFT get_peft_model's autocast_adapter_dtype (peft >= 0.12): adapters on a bf16/fp16 base upcast to fp32; False keeps them in the base's 16 bits, which every peft before 0.12 did (LoraLayer.update_layer casts the adapter to the base weight's dtype): parameters, gradients and AdamW moments then take 2 bytes")
     modules_to_save: tuple[str, ...] = Field(default=(), description="modules PEFT trains in full beside the adapters (LoraConfig modules_to_save): a trainable copy of each, with its gradient and optimizer state; the token embedding and the LM head (embed_tokens, lm_head, ...) are priced")
 
     @field_validator("modules_to_save", mode="before")

@@ -67,3 +67,44 @@ def test_prepare_model_holds_the_bytes_and_trainable_count_priced(tmp_path, reca
     assert trained == priced.trainable_params
     assert {p.element_size() for p in model.parameters() if p.requires_grad} == {priced.param_bytes}
     assert abs(_bytes(model) - priced.weight_bytes) <= 64, (_bytes(model), priced.weight_bytes)
+
+
+def test_adapters_in_the_base_dtype_take_two_bytes_by_hand() -> None:
+    """peft before 0.12 casts each adapter to its base weight's dtype (LoraLayer.update_layer); 0.12's
+    ``autocast_adapter_dtype=True`` upcasts bf16/fp16 adapters to fp32. Llama-3.1-8B r=16 on every block Linear:
+    32 x 16 x (2 x (4096 + 4096) + 2 x (4096 + 1024) + 3 x (4096 + 14336)) = 41,943,040 adapter elements."""
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    lora = {"r": 16, "target_modules": "all-linear"}
+    upcast = ledger(spec, Setup(weights_dtype="bf16", lora=lora))
+    kept = ledger(spec, Setup(weights_dtype="bf16", lora={**lora, "autocast_adapter_dtype": False}))
+    assert upcast.trainable_params == kept.trainable_params == 41_943_040
+    assert (upcast.param_bytes, kept.param_bytes) == (4, 2)
+    assert upcast.weight_bytes - kept.weight_bytes == 41_943_040 * 2
+    # and the copies of modules_to_save now share the adapters' width
+    saved = ledger(spec, Setup(weights_dtype="bf16", lora={**lora, "autocast_adapter_dtype": False, "modules_to_save": SAVED}))
+    assert saved.trainable_params - kept.trainable_params == 2 * 128256 * 4096
+
+
+def test_a_bf16_base_without_the_upcast_holds_what_is_priced(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    try:
+        from helpers import make_rec, tiny_model
+        from test_adapted_models import _bytes
+    except ImportError:  # pragma: no cover
+        from tests.helpers import make_rec, tiny_model
+        from tests.test_adapted_models import _bytes
+
+    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128).to(torch.bfloat16)
+    spec = ModelSpec.from_any(base)
+    rec = make_rec({"device": "cpu", "weights_dtype": "bf16", "optimizer": "adamw_torch",
+                    "lora": {"r": 4, "autocast_adapter_dtype": False, "modules_to_save": SAVED}}, spec=spec)
+    model = rec.prepare_model(base)
+    priced = ledger(spec, rec.setup)
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.bfloat16}
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == priced.trainable_params
+    assert abs(_bytes(model) - priced.weight_bytes) <= 64, (_bytes(model), priced.weight_bytes)
+    # the plan read back from the PeftModel keeps the adapter's width and its saved modules
+    import perfguide
+    again = perfguide.recommend(model, "train_cpu", seq_len=16, global_batch_size=4).setup.lora
+    assert again is not None and not again.autocast_adapter_dtype and set(again.modules_to_save) == set(SAVED)

@@ -36,7 +36,9 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
         # because peft's own switch calls the deprecated gradient_checkpointing_enable
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     # kbit_upcast=False: the plan priced the non-quantized parameters in 16 bits; get_peft_model freezes the base
-    model = get_peft_model(model, config)
+    lora = rec.setup.lora
+    # peft >= 0.12's switch; False keeps the adapters in a 16-bit base's dtype, as every peft before 0.12 did
+    model = get_peft_model(model, config, autocast_adapter_dtype=lora is None or lora.autocast_adapter_dtype)
     if rec.setup.kbit_recast_bf16:
         recast_bf16(model)
     return model

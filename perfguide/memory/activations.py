@@ -310,7 +310,9 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     """
     if not lora_inputs_per_layer:
         return 0
-    nbytes = 2 if regime(setup) == "amp" or setup.kbit_recast_bf16 else 4  # bf16 adapters: bf16 casts
+    sixteen_bit_adapters = setup.kbit_recast_bf16 or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
+                                                      and setup.weights_dtype in ("bf16", "fp16"))
+    nbytes = 2 if regime(setup) == "amp" or sixteen_bit_adapters else 4  # 16-bit adapters: 16-bit inputs
     mask = 1 if setup.lora is not None and setup.lora.dropout > 0 else 0
     tokens = setup.micro_batch_size * setup.seq_len
     return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask))

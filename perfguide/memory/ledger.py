@@ -167,8 +167,11 @@ def adapter_bytes(setup: Setup) -> int:
     """Bytes per LoRA adapter element (parameter, gradient, each AdamW moment: torch keeps the moments in the
     parameter's dtype): fp32 as PEFT creates them on a quantized base and upcasts them on a 16-bit one
     (``autocast_adapter_dtype``), bf16 after TRL's recast (``kbit_recast_bf16``: ``module.to(torch.bfloat16)`` on
-    every PEFT tuner layer)."""
-    return 2 if setup.kbit_recast_bf16 else LORA_ADAPTER_BYTES
+    every PEFT tuner layer), and the base's 16 bits on a bf16/fp16 base without the upcast (peft before 0.12)."""
+    if setup.kbit_recast_bf16:
+        return 2
+    keeps_base_dtype = setup.lora is not None and not setup.lora.autocast_adapter_dtype
+    return DTYPE_BYTES[setup.weights_dtype] if keeps_base_dtype and setup.weights_dtype in ("bf16", "fp16") else LORA_ADAPTER_BYTES
 
 
 def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:

@@ -70,8 +70,11 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
     if not targets:
         raise InvalidModelError("the model's LoRA adapter adapts no Linear inside the transformer blocks; perfguide prices block adapters")
     alpha = cfg.lora_alpha
+    # adapters left in a 16-bit base's dtype (peft before 0.12, or get_peft_model(autocast_adapter_dtype=False))
+    sixteen = any(str(p.dtype) in ("torch.bfloat16", "torch.float16") for n, p in module.named_parameters() if "lora_A" in n)
     return LoraSpec(r=cfg.r, alpha=int(alpha) if float(alpha).is_integer() else max(1, round(alpha)), target_modules=tuple(targets),
                     dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora),
+                    autocast_adapter_dtype=not sixteen,
                     modules_to_save=tuple(n for n in getattr(cfg, "modules_to_save", None) or ()
                                           if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS + SAVED_HEADS))
 
