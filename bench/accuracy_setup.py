@@ -99,6 +99,24 @@ _TARGET_WORDS = {
 }
 
 
+#: the peft releases that leave each new LoRA adapter in its base weight's dtype (LoraLayer.update_layer:
+#: ``self.to(weight.device, dtype=weight.dtype)``): from 0.6.0 (2023-11-02; 0.3-0.5 only moved it to the device, fp32)
+#: to 0.11.x; 0.12.0 (2024-07-24) added get_peft_model(autocast_adapter_dtype=True), which upcasts bf16/fp16 adapters to fp32
+PEFT_BASE_DTYPE = (("2023-11-02", (0, 6)), ("2024-07-24", (0, 12)))
+
+
+def _peft_keeps_base_dtype(row: dict[str, str]) -> bool:
+    """A PEFT row whose release (stated, else the one current at its date) kept adapters in the base's dtype."""
+    if "peft" not in row["method"].lower():
+        return False
+    (first_day, first), (last_day, last) = PEFT_BASE_DTYPE
+    stated = re.search(r"peft[ =v]*(\d+)\.(\d+)", row["notes"] + " " + row["method"], re.I)
+    if stated:
+        return first <= (int(stated.group(1)), int(stated.group(2))) < last
+    date = re.search(r"\d{4}-\d{2}-\d{2}", row["commit_or_date"])
+    return date is not None and first_day <= date.group() < last_day
+
+
 def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     if not row["lora_rank"]:
         if "adapter" in row["method"].lower():
@@ -112,7 +130,8 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     saved = re.search(r"modules_to_save \[([\w,]+)\]", row["method"])  # LoraConfig modules_to_save: trained copies
     return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))),
                     dropout=float(dropout.group(1)) if dropout else 0.0,
-                    modules_to_save=tuple(saved.group(1).split(",")) if saved else ())
+                    modules_to_save=tuple(saved.group(1).split(",")) if saved else (),
+                    autocast_adapter_dtype=not _peft_keeps_base_dtype(row))
 
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:
