@@ -49,4 +49,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
     "Qwen/Qwen-7B-Chat": _qwen1("Qwen/Qwen-7B-Chat", 4096, 32, 32, 22016, 151936),
     "Qwen/Qwen-14B-Chat": _qwen1("Qwen/Qwen-14B-Chat", 5120, 40, 40, 27392, 152064),
+    # the base checkpoints share their chat models' config.json shapes (huggingface.co/Qwen/Qwen-{1_8B,7B,14B}/config.json)
+    "Qwen/Qwen-1_8B": _qwen1("Qwen/Qwen-1_8B", 2048, 16, 24, 11008, 151936),
+    "Qwen/Qwen-7B": _qwen1("Qwen/Qwen-7B", 4096, 32, 32, 22016, 151936),
+    "Qwen/Qwen-14B": _qwen1("Qwen/Qwen-14B", 5120, 40, 40, 27392, 152064),
 }

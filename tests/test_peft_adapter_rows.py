@@ -59,3 +59,14 @@ def test_single_gpu_rows_read_as_their_sources_state() -> None:
     assert (liger.micro_batch_size, liger.seq_len, liger.attn_implementation) == (4, 1024, "flash_attention_2")
     _, int8 = _setup("912")              # llama-recipes quick start: int8 base, checkpointing switched on by peft
     assert int8.weights_dtype == "int8" and int8.gradient_checkpointing
+
+
+def test_qwen_lora_emb_rows_train_bf16_copies_of_wte_and_lm_head_by_hand() -> None:
+    """Qwen's 'LoRA (emb)' rows (base checkpoints: finetune.py sets modules_to_save ["wte", "lm_head"]) add two trained
+    151,936 x 4096 copies to Qwen-7B's adapters, in the base's bf16 like the adapters (peft 0.6)."""
+    spec, setup = _setup("923")
+    assert setup.lora is not None and set(setup.lora.modules_to_save) == {"wte", "lm_head"}
+    _, plain = _setup("702")   # the same table's LoRA row on the chat checkpoint: no saved modules
+    led, base = ledger(spec, setup), ledger(spec, plain)
+    assert led.trainable_params - base.trainable_params == 2 * 151936 * 4096 == 1_244_659_712
+    assert led.param_bytes == base.param_bytes == 2
