@@ -230,6 +230,10 @@ def _optimizer(row: dict[str, str]) -> str | None:
         return None
     if opt.startswith("adafactor"):
         return "adafactor"
+    if "fusedadam" in opt.replace(" ", ""):
+        # DeepSpeed's FusedAdam (a ds config "optimizer" AdamW section without torch_adam): one multi-tensor CUDA kernel
+        # over the fp32 partition, no parameter-sized temporary, as torch's fused AdamW (deepspeed/ops/adam/fused_adam.py)
+        return "adamw_torch_fused"
     eight_bit = "8bit" in opt or "8-bit" in opt
     if "paged" in opt:  # bnb PagedAdamW / PagedAdamW8bit: states in CUDA unified memory (see PAGED)
         return "paged_adamw_8bit" if eight_bit else "paged_adamw_32bit"

@@ -70,3 +70,11 @@ def test_qwen_lora_emb_rows_train_bf16_copies_of_wte_and_lm_head_by_hand() -> No
     led, base = ledger(spec, setup), ledger(spec, plain)
     assert led.trainable_params - base.trainable_params == 2 * 151936 * 4096 == 1_244_659_712
     assert led.param_bytes == base.param_bytes == 2
+
+
+def test_deepspeed_fused_adam_rows_carry_no_parameter_sized_temporary() -> None:
+    """A ds config with an AdamW "optimizer" section runs DeepSpeed's FusedAdam (one multi-tensor kernel), not torch's
+    foreach AdamW: Qwen-1.8B's full-parameter rows (ZeRO-2 on one A100) read as the fused optimizer, whose step keeps
+    no 1.84B-element fp32 temporary (7.4 GB)."""
+    _, full = _setup("935")
+    assert (full.strategy, full.optimizer, full.lora) == ("zero2", "adamw_torch_fused", None)
