@@ -43,7 +43,17 @@ _STARCODERBASE_1B = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeF
                      "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "bos_token_id": 0,
                      "eos_token_id": 0, "tie_word_embeddings": True, "torch_dtype": "float32"}
 
+#: ModernBERT-base (huggingface.co/answerdotai/ModernBERT-base/config.json): 768 x 22 layers, 12 heads, GeGLU FFN
+#: 1152, vocab 50368, no biases, tied decoder; 149,655,232 parameters (the model card's 149M)
+_MODERNBERT_BASE = {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"],
+                    "_name_or_path": "answerdotai/ModernBERT-base", "hidden_size": 768, "intermediate_size": 1152,
+                    "num_hidden_layers": 22, "num_attention_heads": 12, "vocab_size": 50368,
+                    "max_position_embeddings": 8192, "global_attn_every_n_layers": 3, "local_attention": 128,
+                    "norm_eps": 1e-5, "tie_word_embeddings": True, "hidden_activation": "gelu", "mlp_bias": False,
+                    "attention_bias": False, "norm_bias": False, "torch_dtype": "float32"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
+    "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
     "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
     "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
