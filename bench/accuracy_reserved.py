@@ -121,7 +121,7 @@ DISAGREEMENT = [
     "664/666: 10.24 / 8.28 GiB = 1.24 at 512 tokens, 665/667: 10.22 / 9.16 GiB = 1.12 at 2048), not the inference "
     "1.04: every length is then within 8%. The ratio varies by run (1.03-1.35 over the pairs; single-GPU pairs "
     "1.03-1.19, FSDP ones 1.12-1.35): Qwen's single-GPU LoRA profiling rows of 7B and 14B (702-713, nvidia-smi, "
-    "steady state) fit within 6% at 1.04 and are over-predicted by up to 12% at 1.116",
+    "steady state, priced with the bf16 adapters of the peft 0.6 they ran) fit within 6% at 1.116",
     "- the row's setup reading stands: a fixed part above 9 GiB is the kbit-upcast QLoRA's (peft "
     "prepare_model_for_kbit_training: fp32 embeddings and head, 4.2 GB, plus the head's bf16 cast under autocast, "
     "1.05 GB). TRL's SFTTrainer given a peft_config and bf16 casts head and embeddings back to bf16 "

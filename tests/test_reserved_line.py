@@ -86,15 +86,14 @@ def test_the_notes_quote_the_answerai_reserved_allocated_pairs_as_the_rows_give_
 
 
 def test_the_notes_claims_about_other_rows_hold_on_the_current_model() -> None:
-    """The notes say Qwen's 7B/14B single-GPU LoRA rows are over-predicted by up to 12% at the training ratio, and
-    that every Unsloth reserved-line length is within 8%; both are read off the current model here, so the notes
-    cannot go stale silently."""
+    """The notes say Qwen's 7B/14B single-GPU LoRA rows (priced with peft 0.6's bf16 adapters) fit within 6% at the
+    training ratio, and that every Unsloth reserved-line length is within 8%; both are read off the current model
+    here, so the notes cannot go stale silently."""
     acc, rows = load_bench("accuracy"), _rows()
     qwen = acc.evaluate_all([rows[str(i)] for i in range(702, 714)], [])
-    assert all(r.kind == "value" and 0 < r.predicted - r.published and r.err_pct < 12 for r in qwen), \
-        "update DISAGREEMENT in bench/accuracy_reserved.py"
+    assert all(r.kind == "value" and r.err_pct < 6 for r in qwen), "update DISAGREEMENT in bench/accuracy_reserved.py"
     text = " ".join(load_bench("accuracy_reserved").DISAGREEMENT)
-    assert "over-predicted by up to 12% at 1.116" in text and "within 8%" in text
+    assert "fit within 6% at 1.116" in text and "within 8%" in text
     lines = acc.evaluate_all([rows[str(i)] for i in range(679, 686)], [])
     assert all(r.kind == "context" and r.err_pct < 8 for r in lines), \
         "a reserved-line length is now 8% or more off: update DISAGREEMENT in bench/accuracy_reserved.py and docs/validation.md"
