@@ -42,6 +42,8 @@ def test_recast_needs_a_kbit_upcast_bf16_qlora_run() -> None:
         _qlora(kbit_upcast=False, kbit_recast_bf16=True)
     with pytest.raises(ValueError, match="kbit_recast_bf16"):
         Setup(weights_dtype="nf4", autocast="fp16", lora={"r": 8}, kbit_recast_bf16=True)  # TRL casts under bf16 only
+    with pytest.raises(ValueError, match="sharded"):
+        _qlora(kbit_recast_bf16=True, strategy="fsdp", num_gpus=2)  # TRL's is_sharded_qlora skips the cast
 
 
 def test_prepare_model_leaves_the_dtypes_and_bytes_the_plan_priced(tmp_path) -> None:

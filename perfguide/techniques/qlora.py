@@ -37,6 +37,10 @@ class QLora(Technique):
                                            and setup.autocast == "bf16"):
             return ("kbit_recast_bf16 re-casts a kbit-upcast (kbit_upcast=True) quantized base's adapters to bf16 under "
                     "autocast='bf16' with LoRA; or turn it off (kbit_recast_bf16=False)")
+        if setup.kbit_recast_bf16 and setup.shards_params:
+            # TRL skips both the upcast and the recast for sharded QLoRA (sft_trainer.py is_sharded_qlora)
+            return (f"kbit_recast_bf16 is TRL's single-process cast, which TRL skips when parameters are sharded "
+                    f"(strategy {setup.strategy!r}); or turn it off (kbit_recast_bf16=False)")
         return super().conflict(setup)
 
     def rungs(self, ctx: LadderContext) -> list[Rung]:
