@@ -385,3 +385,35 @@ def test_bnb_step_adds_its_drained_host_time_to_its_bytes() -> None:
     expected = (optimizer_bytes(spec, bnb) - optimizer_bytes(spec, torch_fused)) / bw + terms.optimizer_sync_seconds(spec, bnb)
     dt = training_speed(spec, bnb, hw).step_time_s - training_speed(spec, torch_fused, hw).step_time_s
     assert dt == pytest.approx(expected, rel=1e-6)
+
+
+def test_bnb_in_backward_exposes_the_offload_copy_back_counted_by_hand() -> None:
+    """torchtune's optimizer_in_bwd steps each parameter from its gradient hook, and autograd runs those hooks before
+    it reaches the next layer's node (AccumulateGrad first), so bnb's per-parameter synchronize leaves the queue empty
+    when that node's unpack issues activation offloading's copy back: the copy runs on an idle GPU. Hand count for
+    Llama 3.2 3B (28 layers, hidden 3072) at 2 x 4096 tokens: each offloaded layer input is 2 x 4096 x 3072 x 2 B,
+    28 - 2 layers in flight go to host RAM, back over the A100's 25 GB/s: 26 x 50,331,648 B / 25e9 B/s = 52.3 ms.
+    torch's AdamW stepped the same way, or bnb stepped after backward, hides the copy behind the queued backward."""
+    from test_speed import machine
+
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.training import training_speed
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.2-3B")
+    assert (spec.total_layers, spec.hidden_size) == (28, 3072)
+    hw = machine(A100)
+    base = Setup(weights_dtype="bf16", micro_batch_size=2, seq_len=4096, gradient_checkpointing=True, optimizer="paged_adamw_8bit")
+    pcie = _const("pcie_gbps_by_cc_major")["8"] * 1e9
+    hand = (28 - 2) * (2 * 4096 * 3072 * 2) / pcie
+    assert hand == pytest.approx(0.0523, abs=1e-4)
+
+    def offload_cost(setup: Setup) -> float:
+        on = training_speed(spec, setup.replace(activation_offloading=True), hw)
+        return on.step_time_s - training_speed(spec, setup, hw).step_time_s
+
+    in_bwd = base.replace(optimizer_in_backward=True)
+    assert terms.drains_in_backward(in_bwd)
+    assert offload_cost(in_bwd) == pytest.approx(hand, rel=1e-6)
+    for hidden in (in_bwd.replace(optimizer="adamw_torch"), base):   # no sync in backward / syncs only after it
+        assert not terms.drains_in_backward(hidden)
+        assert offload_cost(hidden) == pytest.approx(0.0, abs=1e-9)

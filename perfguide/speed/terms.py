@@ -226,10 +226,31 @@ def optimizer_sync_seconds(spec: ModelSpec, setup: Setup) -> float:
     ``optimizer_in_backward`` (torchtune's ``optimizer_in_bwd``, one optimizer per parameter stepped from its
     gradient hook) calls ``step()`` once per parameter, so a paged optimizer pays the end-of-step sync per
     parameter too; stepped at the end of the step, it pays it once."""
-    if setup.optimizer is None or rates.optimizer_row(setup.optimizer).family != "bnb":
+    if not syncs_per_parameter(setup):
         return 0.0
+    assert setup.optimizer is not None
     paged = int(rates.optimizer_row(setup.optimizer).paged)
     tensors = trainable_tensors(spec, setup)
     syncs = tensors + (tensors if techniques.kernel_factors(setup).step_per_tensor else 1) * paged
     host_ops = tensors * (float(constant("optimizer_host_ops_per_tensor")["per_tensor_kernel"]) + 2 * paged)
     return syncs * constant("cuda_sync_s") + host_ops * constant("kernel_launch_s")
+
+
+def syncs_per_parameter(setup: Setup) -> bool:
+    """bitsandbytes' optimizers (every bnb family row of data/optimizers.json) call ``torch.cuda.synchronize()``
+    after each parameter's update (``optimizer_sync_seconds``)."""
+    return setup.optimizer is not None and rates.optimizer_row(setup.optimizer).family == "bnb"
+
+
+def drains_in_backward(setup: Setup) -> bool:
+    """The GPU's queue is empty each time backward moves to the next layer, so what that layer's backward first
+    waits on (``StepSeconds.fetch``: activation offloading's copy back) runs on an idle GPU instead of behind the
+    previous layer's queued kernels.
+
+    torchtune's ``optimizer_in_bwd`` (training/memory.py register_optim_in_bwd_hooks) steps each parameter from its
+    post-accumulate-grad hook; autograd runs AccumulateGrad nodes first (torch/csrc/autograd/function.h, NOTE
+    [Sequence Number]: their sequence_nr is UINT64_MAX), so a layer's hooks run - and a bnb step drains the queue -
+    before the engine reaches the next layer's node, whose saved-tensor unpack (OffloadActivations) only then
+    issues the host->device copy the compute stream waits for. Without the sync (torch's AdamW stepped the same
+    way), the host is ahead of the GPU there and the copy overlaps the queued backward."""
+    return syncs_per_parameter(setup) and techniques.kernel_factors(setup).step_per_tensor

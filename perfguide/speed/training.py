@@ -190,7 +190,9 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     backward = micro * 2 / 3
     exposed_micro = max(0.0, comm_micro - overlap * micro)
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
-    off_micro = max(0.0, extra.transfer - overlap * micro)   # PCIe traffic of offloading techniques
+    # PCIe traffic of offloading techniques; a layer's copy back waits on an idle GPU where the step drains it in backward
+    fetch = extra.fetch if terms.drains_in_backward(setup) else 0.0
+    off_micro = fetch + max(0.0, extra.transfer - fetch - overlap * micro)
     off_step = extra.per_step
     opt = _optimizer_seconds(spec, setup, bw, opt_impl)
     ga = setup.gradient_accumulation_steps

@@ -163,13 +163,14 @@ def _kernel_factors(setup: Setup, techniques: tuple[Technique, ...]) -> KernelFa
 
 
 def step_seconds(ctx: SpeedContext) -> StepSeconds:
-    compute = transfer = per_step = 0.0
+    compute = transfer = per_step = fetch = 0.0
     for t in registry():
         s = t.speed(ctx)
         compute += s.compute
         transfer += s.transfer
         per_step += s.per_step
-    return StepSeconds(compute, transfer, per_step)
+        fetch += s.fetch
+    return StepSeconds(compute, transfer, per_step, fetch)
 
 
 def traced_model(setup: Setup, model: Any) -> Any:

@@ -4,7 +4,8 @@ and come back for its backward, on a side stream that overlaps the copy with com
 
 Memory: the GPU keeps only the layers in flight (the one computing and the one copying); host RAM takes the
 rest (``memory``). Speed: twice the offloaded bytes over PCIe per micro-step, hidden behind compute up to the
-overlap fraction (``speed``). For the plain Trainer the prepare step wraps the model's forward in torch's own
+overlap fraction (``speed``); the copy back is issued when backward reaches each layer (``StepSeconds.fetch``), so
+it hides only behind kernels the host queued ahead of it (none after a bitsandbytes step drains the GPU in backward). For the plain Trainer the prepare step wraps the model's forward in torch's own
 saved-tensor hooks (``torch.autograd.graph.saved_tensors_hooks``, pinned host copies), the mechanism of torch's
 ``save_on_cpu`` without its copies of the weights and without the side stream.
 """
@@ -79,7 +80,8 @@ class ActivationOffloading(Technique):
 
         held = held_activations(ctx.spec, shaped(ctx.setup))
         to_host = split_boundaries(held, ctx.spec.total_layers)[1]
-        return StepSeconds(transfer=constant("activation_offload_pcie_passes") * to_host / ctx.pcie)
+        # the copy back (one of the passes) is issued by the unpack hook when backward reaches the layer
+        return StepSeconds(transfer=constant("activation_offload_pcie_passes") * to_host / ctx.pcie, fetch=to_host / ctx.pcie)
 
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"activation_offloading": self.active(ctx.setup)}   # written out both ways: the config says what runs

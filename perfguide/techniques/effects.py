@@ -112,8 +112,11 @@ def _no_memory() -> MemoryEstimate:
 @dataclass(frozen=True)
 class StepSeconds:
     """Seconds a technique adds (+) or saves (-): per micro-step on the GPU, per micro-step over PCIe (hidden behind
-    compute up to the overlap fraction), and per optimizer step."""
+    compute up to the overlap fraction), and per optimizer step. ``fetch`` is the part of ``transfer`` that copies
+    back what a layer's backward waits on, issued when autograd reaches the layer: hidden only while the host runs
+    ahead of the GPU (speed/terms.py drains_in_backward says when it cannot)."""
 
     compute: float = 0.0
     transfer: float = 0.0
     per_step: float = 0.0
+    fetch: float = 0.0
