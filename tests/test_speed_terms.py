@@ -417,3 +417,33 @@ def test_bnb_in_backward_exposes_the_offload_copy_back_counted_by_hand() -> None
     for hidden in (in_bwd.replace(optimizer="adamw_torch"), base):   # no sync in backward / syncs only after it
         assert not terms.drains_in_backward(hidden)
         assert offload_cost(hidden) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_torchtune_rescales_gradients_instead_of_clipping_counted_by_hand() -> None:
+    """torchtune's recipes (since pytorch/torchtune#1917; at the 2024-11 README's commit 1814feb1) rescale every
+    gradient after backward (training.scale_grads: p.grad *= 1 / num_tokens, a read and a write of each) and leave
+    clip_grad_norm unset, where the optimizer's bytes count the Trainer's one norm read; with optimizer_in_bwd the
+    recipe does neither. Llama 3.2 3B full fine-tuning in bf16 (3,212,749,824 parameters, 2 B gradients): +1 pass
+    of 6.43 GB after backward, -1 pass in backward, so the two differ by 2 x 2 B x N over the bandwidth; the
+    Trainer's loop (hf_trainer) adds nothing."""
+    from test_speed import machine
+
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.training import training_speed
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.2-3B")
+    n = 3_212_749_824
+    assert rates.trainable_params(spec, Setup(weights_dtype="bf16", optimizer="adamw_torch")) == n
+    after = Setup(weights_dtype="bf16", micro_batch_size=2, seq_len=4096, gradient_checkpointing=True, optimizer="adamw_torch")
+    in_bwd = after.replace(optimizer_in_backward=True)
+    assert terms.recipe_grad_bytes(spec, after, "torchtune") == 2 * n
+    assert terms.recipe_grad_bytes(spec, in_bwd, "torchtune") == -2 * n
+    assert terms.recipe_grad_bytes(spec, after, "hf_trainer") == terms.recipe_grad_bytes(spec, in_bwd, "hf_trainer") == 0
+    hw = machine(A100)
+    bw = A100.memory_bandwidth_gbps * 1e9 * _const("memory_bandwidth_fraction")
+
+    def step(setup: Setup, framework: str) -> float:
+        return training_speed(spec, setup, hw, framework=framework).step_time_s
+
+    assert step(after, "torchtune") - step(in_bwd, "torchtune") == pytest.approx(2 * 2 * n / bw, rel=1e-6)
+    assert step(after, "hf_trainer") == pytest.approx(step(in_bwd, "hf_trainer"), rel=1e-9)

@@ -123,9 +123,7 @@ def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     """Bytes the optimizer step streams per device: read weights, grads, states; write weights, states; grad-norm read."""
     if setup.optimizer is None:
         return 0.0
-    lora = setup.lora is not None
-    weight = 4 if lora else setup.weight_bytes          # PEFT adapters are created in fp32
-    grad = weight
+    weight = grad = grad_bytes(setup)
     facts = optimizer_row(setup.optimizer)                 # data/optimizers.json
     state = facts.streamed_state_bytes
     if weight == 2 and not facts.low_bit:
@@ -134,6 +132,12 @@ def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     shards = setup.shard_degree if setup.shards_optimizer else 1
     per_param = passes * (2 * weight + grad + 2 * state) + grad
     return per_param * trainable_params(spec, setup) / shards
+
+
+def grad_bytes(setup: Setup) -> float:
+    """Bytes of one trainable parameter's weight and gradient: the stored dtype's, or fp32 for LoRA adapters (PEFT
+    creates them in fp32)."""
+    return 4 if setup.lora is not None else setup.weight_bytes
 
 
 def class_constant(table: str, cls: str, gpu: GPU, path: str | None = None) -> float:

@@ -254,3 +254,21 @@ def drains_in_backward(setup: Setup) -> bool:
     issues the host->device copy the compute stream waits for. Without the sync (torch's AdamW stepped the same
     way), the host is ahead of the GPU there and the copy overlaps the queued backward."""
     return syncs_per_parameter(setup) and techniques.kernel_factors(setup).step_per_tensor
+
+
+def recipe_grad_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:
+    """Bytes of a training loop's own passes over the gradients between backward and the update, relative to the one
+    ``clip_grad_norm_`` read the optimizer's bytes count (rates.optimizer_bytes: the Trainer clips by default).
+
+    torchtune's single-device recipes (recipes/full_finetune_single_device.py and lora_finetune_single_device.py
+    since pytorch/torchtune#1917, 2024-10-31; at 1814feb1, the 2024-11 README's commit) multiply the loss by the
+    batch's token count and, unless ``optimizer_in_bwd``, rescale every gradient once the step's backward is done:
+    ``training.scale_grads(model, 1 / num_tokens)``, an in-place ``p.grad *= scaler`` per parameter (read and write
+    each gradient: 2 passes). Their configs leave ``clip_grad_norm`` unset (None), so nothing reads the norm; with
+    ``optimizer_in_bwd`` the recipe does neither (0 passes). Before #1917 (the 2024-09 README rows) the recipes did
+    not rescale; those priced rows are LoRA, whose adapters' pass is under 0.1 ms, so the key is the stack, not the
+    release."""
+    if framework != "torchtune" or setup.optimizer is None:
+        return 0.0
+    passes = 0 if techniques.kernel_factors(setup).step_per_tensor else 2
+    return (passes - 1) * rates.grad_bytes(setup) * rates.trainable_params(spec, setup)

@@ -194,7 +194,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     fetch = extra.fetch if terms.drains_in_backward(setup) else 0.0
     off_micro = fetch + max(0.0, extra.transfer - fetch - overlap * micro)
     off_step = extra.per_step
-    opt = _optimizer_seconds(spec, setup, bw, opt_impl)
+    opt = _optimizer_seconds(spec, setup, bw, opt_impl, framework)
     ga = setup.gradient_accumulation_steps
     parts = {
         "compute": ga * gpu_time,
@@ -206,14 +206,16 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff, comm_total=ga * comm_micro + comm_step)
 
 
-def _optimizer_seconds(spec: ModelSpec, setup: Setup, bw: float, impl: str | None) -> float:
+def _optimizer_seconds(spec: ModelSpec, setup: Setup, bw: float, impl: str | None, framework: str = "hf_trainer") -> float:
     """The optimizer step on the GPU: the bytes it streams at the memory bandwidth, or the host time of dispatching
-    its ops when that is longer (a per-tensor loop over hundreds of small tensors); fp16's GradScaler adds its pass.
+    its ops when that is longer (a per-tensor loop over hundreds of small tensors); fp16's GradScaler adds its pass,
+    a stack's loop its own (``framework``: torchtune rescales the gradients instead of clipping them).
     bitsandbytes synchronizes after every parameter, so there its host time adds to the bytes' (terms.optimizer_sync_seconds)."""
     on_device = techniques.kernel_factors(setup).device_optimizer
     if not bw or not on_device:
         return 0.0
     moved = optimizer_bytes(spec, setup) + terms.grad_scaler_bytes(spec, setup, trainable_params(spec, setup))
+    moved += terms.recipe_grad_bytes(spec, setup, framework)   # a stack's own gradient passes (torchtune's rescale)
     # today's bnb syncs per parameter, so its host work cannot overlap; ``impl`` names an older dispatch (no sync)
     drained = terms.optimizer_sync_seconds(spec, setup) if impl is None else 0.0
     if drained:
