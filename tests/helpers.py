@@ -98,6 +98,20 @@ def make_rec(setup: dict[str, Any] | Setup, hw: Hardware | None = None, scenario
     return Recommendation(request=request, setup=setup, memory=zero, throughput=Throughput(step_time_s=0, tokens_per_s=0), decisions=())
 
 
+def prepared_tiny_qlora(tmp_path: Path, **setup: Any) -> tuple[ModelSpec, Recommendation, Any]:
+    """A tiny Llama saved, reloaded with the plan's model_kwargs (nf4, bf16 autocast) and put through prepare_model:
+    the module a user would train, to compare with what the plan priced."""
+    from transformers import AutoModelForCausalLM
+
+    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128)
+    base.save_pretrained(tmp_path / "base")
+    spec = ModelSpec.from_any(base)
+    rec = make_rec({"device": "cpu", "weights_dtype": "nf4", "autocast": "bf16", "optimizer": "adamw_torch", **setup},
+                   spec=spec)
+    model = rec.prepare_model(AutoModelForCausalLM.from_pretrained(tmp_path / "base", **rec.model_kwargs()))
+    return spec, rec, model
+
+
 def tiny_tokenizer() -> Any:
     """A real fast tokenizer over the tiny models' 128 ids (t0..t127), built locally: SFTTrainer needs one."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -48,24 +48,19 @@ def test_recast_needs_a_kbit_upcast_bf16_qlora_run() -> None:
 
 def test_prepare_model_leaves_the_dtypes_and_bytes_the_plan_priced(tmp_path) -> None:
     torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("peft")
     pytest.importorskip("bitsandbytes")
     try:
-        from helpers import make_rec, tiny_model
+        from helpers import prepared_tiny_qlora
         from test_adapted_models import _bytes
     except ImportError:  # pragma: no cover
-        from tests.helpers import make_rec, tiny_model
+        from tests.helpers import prepared_tiny_qlora
         from tests.test_adapted_models import _bytes
 
-    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128)
-    base.save_pretrained(tmp_path / "base")
-    spec = ModelSpec.from_any(base)
     measured = {}
     for recast in (False, True):
-        rec = make_rec({"device": "cpu", "weights_dtype": "nf4", "autocast": "bf16", "lora": {"r": 4},
-                        "optimizer": "adamw_torch", "kbit_recast_bf16": recast}, spec=spec)
-        model = rec.prepare_model(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", **rec.model_kwargs()))
+        spec, rec, model = prepared_tiny_qlora(tmp_path / str(recast), lora={"r": 4}, kbit_recast_bf16=recast)
         dtypes = {kind: {p.dtype for n, p in model.named_parameters() if kind in n} for kind in ("lora_", "norm", "embed_tokens", "lm_head")}
         low = torch.bfloat16 if recast else torch.float32
         assert dtypes == {"lora_": {low}, "norm": {torch.float32}, "embed_tokens": {low}, "lm_head": {low}}

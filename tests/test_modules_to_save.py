@@ -46,22 +46,17 @@ def test_copies_of_another_width_than_the_adapters_are_refused() -> None:
 @pytest.mark.parametrize("recast", [False, True])
 def test_prepare_model_holds_the_bytes_and_trainable_count_priced(tmp_path, recast) -> None:
     pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("peft")
     pytest.importorskip("bitsandbytes")
     try:
-        from helpers import make_rec, tiny_model
+        from helpers import prepared_tiny_qlora
         from test_adapted_models import _bytes
     except ImportError:  # pragma: no cover
-        from tests.helpers import make_rec, tiny_model
+        from tests.helpers import prepared_tiny_qlora
         from tests.test_adapted_models import _bytes
 
-    base = tiny_model(vocab_size=512, hidden_size=64, intermediate_size=128)
-    base.save_pretrained(tmp_path / "base")
-    spec = ModelSpec.from_any(base)
-    rec = make_rec({"device": "cpu", "weights_dtype": "nf4", "autocast": "bf16", "optimizer": "adamw_torch",
-                    "lora": {"r": 4, "modules_to_save": SAVED}, "kbit_recast_bf16": recast}, spec=spec)
-    model = rec.prepare_model(transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", **rec.model_kwargs()))
+    spec, rec, model = prepared_tiny_qlora(tmp_path, lora={"r": 4, "modules_to_save": SAVED}, kbit_recast_bf16=recast)
     priced = ledger(spec, rec.setup)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trained == priced.trainable_params
