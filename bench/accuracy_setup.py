@@ -209,10 +209,23 @@ def size_wrap_threshold(row: dict[str, str]) -> int | None:
     return int(m.group(1)) * {"K": 1_000, "M": 1_000_000}[m.group(2)] if m else SIZE_WRAP_DEFAULT[row["source_group"]]
 
 
+def frozen_embeddings_spec(spec: ModelSpec) -> ModelSpec:
+    """The seq2seq examples' ``--freeze_embeds`` on T5 (transformers examples/seq2seq utils.py ``freeze_embeds``:
+    ``freeze_params(model.shared)`` and each stack's ``embed_tokens``, the same Parameter): the token embedding trains
+    no more, and neither does a head tied to it (T5 v1.0 ``tie_word_embeddings``: ``lm_head.weight`` is ``shared.weight``).
+    DDP buckets and AdamW states skip a parameter without a gradient, and the 4.2 DeepSpeed integration hands the engine
+    only ``filter(lambda p: p.requires_grad, model.parameters())`` (integrations.py ``init_deepspeed``), so neither
+    gradients nor fp32 masters nor optimizer state exist for it; its weight stays."""
+    trainable = (spec.trainable_params if spec.trainable_params is not None else spec.total_params) - spec.embedding_params
+    return spec.model_copy(update={"trainable_params": max(0, trainable)})
+
+
 def trained_spec(row: dict[str, str], spec: ModelSpec) -> ModelSpec:
-    """The model as the row's run trained it: FSDP1's size-based auto-wrap unties a tied head (sharding.size_wrapped_spec)."""
+    """The model as the row's run trained it: FSDP1's size-based auto-wrap unties a tied head (sharding.size_wrapped_spec);
+    ``--freeze_embeds`` freezes the token embedding and the head tied to it (frozen_embeddings_spec)."""
     threshold = size_wrap_threshold(row)
-    return spec if threshold is None else size_wrapped_spec(spec, threshold)
+    spec = spec if threshold is None else size_wrapped_spec(spec, threshold)
+    return frozen_embeddings_spec(spec) if "--freeze_embeds" in row["method"] and spec.model_type == "t5" else spec
 
 
 def _attn(row: dict[str, str]) -> str:
