@@ -29,7 +29,20 @@ from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transform
 from accuracy_prefill import with_prompt_logits
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
-from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _spec, _train_setup, t5_release, trained_spec
+from accuracy_setup import (
+    PAGED,
+    Skip,
+    _hardware,
+    _infer_setup,
+    _nf4_library,
+    _pre_torch2,
+    _precision,
+    _spec,
+    _train_setup,
+    deepspeed_runtime,
+    t5_release,
+    trained_spec,
+)
 
 from perfguide._data import load
 from perfguide.errors import PerfGuideError
@@ -226,7 +239,7 @@ def held_out(group: str) -> Iterator[None]:
 def evaluate_all(rows: list[dict[str, str]], timings: list[float]) -> list[Result]:
     out = []
     for row in rows:
-        with held_out(row["source_group"]), t5_release(row):
+        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row):
             out.append(evaluate(row, timings))
     return out
 

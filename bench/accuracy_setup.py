@@ -380,6 +380,34 @@ def _spec(hub_id: str) -> ModelSpec:
 
 
 @contextmanager
+def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
+    """Price a ZeRO row with the DeepSpeed release and the ``reduce_bucket_size`` its notes state or infer
+    ("DeepSpeed 0.3.10", "reduce_bucket_size 2e8"), where the model otherwise prices the installed release and
+    DeepSpeed's default bucket (memory/zero_runtime.py: before 0.4.0 each ipg buffer held 4.5 buckets). Other rows,
+    and what a row does not state: as is."""
+    import perfguide.memory.analytic as analytic
+    from perfguide._data import load
+
+    if not re.search(r"DeepSpeed ZeRO-[12]", row["parallelism"]):
+        yield
+        return
+    stated = re.search(r"DeepSpeed (\d+\.\d+\.\d+)", row["notes"])
+    bucket = re.search(r"reduce_bucket_size (\d+(?:\.\d+)?e\d+)", row["notes"])
+    table, saved_release = load("calibration"), analytic.installed_deepspeed
+    saved_bucket = table["deepspeed_bucket_elements"]["value"]
+    if stated:
+        release = stated.group(1)
+        analytic.installed_deepspeed = lambda: release   # type: ignore[assignment]
+    if bucket:
+        table["deepspeed_bucket_elements"]["value"] = int(float(bucket.group(1)))
+    try:
+        yield
+    finally:
+        analytic.installed_deepspeed = saved_release
+        table["deepspeed_bucket_elements"]["value"] = saved_bucket
+
+
+@contextmanager
 def t5_release(row: dict[str, str]) -> Iterator[None]:
     """Price a T5 row with the transformers release it ran (perfguide/memory/t5_releases.py: the fp32 softmax before
     5.15, the unconditional fp16 clamp from 4.28), where the model otherwise prices the installed release. For T5 no

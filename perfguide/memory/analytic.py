@@ -54,7 +54,7 @@ from .sharding import (
 from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
-from .zero_runtime import backward_only_bucket_bytes, step_only_fp32_grads
+from .zero_runtime import backward_only_bucket_bytes, installed_deepspeed, step_only_fp32_grads
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
@@ -238,8 +238,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
     optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
-    ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # ZeRO-1/2: backward only
-    buffers = dev.buffers - ipg + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
+    ipg_priced = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # in dev.buffers
+    ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes, installed_deepspeed())   # ZeRO-1/2: backward only
+    buffers = dev.buffers - ipg_priced + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     resident = dev.weights + optimizer_on_device + buffers + state_tails
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default

@@ -83,11 +83,15 @@ def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
         # DDP (accelerate default gradient_as_bucket_view=False) keeps flat bucket copies of all gradients
         return trainable * grad_elem_bytes
     if setup.is_deepspeed and not setup.gathers_params:
-        # one GPU reduces nothing: the plan emits small buckets there (techniques/cpu_offload.py ONE_GPU_BUCKET)
-        cap = ONE_GPU_BUCKET if setup.world_size == 1 else int(_const("deepspeed_bucket_elements"))
-        elems = min(trainable, cap)
+        elems = min(trainable, deepspeed_bucket_elements(setup))
         return int(elems * grad_elem_bytes * _const("deepspeed_bucket_copies"))
     return 0
+
+
+def deepspeed_bucket_elements(setup: Setup) -> int:
+    """ZeRO-1/2 ``reduce_bucket_size``: DeepSpeed's default; one GPU reduces nothing, so the plan emits small buckets
+    there (techniques/cpu_offload.py ONE_GPU_BUCKET)."""
+    return ONE_GPU_BUCKET if setup.world_size == 1 else int(_const("deepspeed_bucket_elements"))
 
 
 def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weights: int) -> PerDevice:

@@ -7,8 +7,19 @@ stage_1_and_2.py v0.14.4), so the forward and backward peaks hold less than the 
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from .._data import fact_value
 from ..setup import QUANTIZED, Setup
-from .sharding import DEEPSPEED, bucket_bytes
+from .loss_path import version_tuple
+from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements
+
+#: first DeepSpeed release whose ZeRO-1/2 ipg buffer holds ``reduce_bucket_size`` elements; before it (v0.3.x, read in
+#: zero/stage2.py v0.3.10, v0.3.13, v0.3.16) ``backward()`` allocated ``torch.empty(int(reduce_bucket_size * 4.5),
+#: dtype=torch.half)`` ("TODO: we need to revist this and remove the magic 4.5x multiplier here"); v0.4.0 sizes it
+#: ``int(reduce_bucket_size)``
+IPG_SIZED_BY_BUCKET_SINCE = (0, 4, 0)
+OLD_IPG_FACTOR = 4.5
 
 
 def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
@@ -27,13 +38,30 @@ def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
     return 4 * trainable // setup.shard_degree
 
 
-def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
+def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int, release: str | None = None) -> int:
     """Bytes of ZeRO-1/2's gradient buckets (``sharding.bucket_bytes``), which exist only from the engine's ``backward()``
     to the end of the gradient epilogue: ``backward()`` allocates the ipg buffers (``torch.empty(reduce_bucket_size)``,
     a second one with overlap_comm; v0.3.10 sized each ``reduce_bucket_size * 4.5``) and the epilogue's
     ``_release_ipg_buffers()`` drops them (stage2.py v0.3.10, stage_1_and_2.py v0.14.4), so they are not allocated at
     the forward/loss peak nor in ``step()``. ZeRO-3's buffers are gathered parameters, priced in every phase.
+    ``release``: the DeepSpeed release that runs (None: as ``bucket_bytes`` prices them); before 0.4.0 each buffer
+    is 4.5 x ``reduce_bucket_size`` (IPG_SIZED_BY_BUCKET_SINCE).
     """
     if not setup.is_deepspeed or setup.gathers_params:
         return 0
+    if release is not None and version_tuple(release) < IPG_SIZED_BY_BUCKET_SINCE:
+        # v0.3.x: each buffer is 4.5 x reduce_bucket_size fp16 elements, whatever the model's size
+        return int(OLD_IPG_FACTOR * deepspeed_bucket_elements(setup) * 2 * fact_value("calibration", "deepspeed_bucket_copies"))
     return bucket_bytes(setup, trainable, grad_elem_bytes)
+
+
+@lru_cache(maxsize=1)
+def installed_deepspeed() -> str | None:
+    """The DeepSpeed release installed next to perfguide (the one a plan made here will train with); None if absent.
+    Read once: a plan prices hundreds of setups."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("deepspeed")
+    except metadata.PackageNotFoundError:
+        return None
