@@ -71,7 +71,8 @@ def report(results: list[Result], timings: list[float]) -> str:
              "hf_blog_pytorch_fsdp: "
              "the blog prints '--block_size 12', read as a cut-off 128 for all 13 rows (not chosen by fit; the row notes give "
              "why: at 12 tokens the DDP max batch would be ~80, at the script default 1024 none fits); its FSDP rows ran accelerate "
-             "0.7's size-based auto-wrap (min_num_params as stated, else accelerate's 1e8 default), which flattens GPT-2's "
+             "0.7's size-based auto-wrap (min_num_params as stated, else the blog's sample config's 2000: accelerate's float 1e8 "
+             "default fails its own int() parse), which flattens GPT-2's "
              "tied head a second time in a unit of its own: priced as an untied head (sharding.size_wrapped_spec).", "",
              "Out of sample by source: a constant of perfguide/data/calibration.json read off rows of this CSV "
              "(HELD_OUT in bench/accuracy.py) takes, for its own source's rows, the value the other sources' rows give; "

@@ -145,8 +145,8 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
         return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
     if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):
         raise Skip(f"parallelism {par!r} (TP/PP/CP or pipeline) is not priced for training")
-    if "SHARD_GRAD_OP" in par:
-        return {"strategy": "fsdp_shard_grad_op"}
+    if "SHARD_GRAD_OP" in par:  # FSDP1 unless the row says FSDP2 (the 2022 blog's accelerate 0.7 wrapped with torch's FSDP1)
+        return {"strategy": "fsdp_shard_grad_op", "fsdp_version": 2 if "FSDP2" in par else 1}
     if "FSDP" in par:
         n = _int(row["num_gpus"], 1)
         offload = "offload" in par.lower()
@@ -193,10 +193,12 @@ ACCELERATE_AMP_OUTPUTS = {
 
 #: sources whose FSDP1 units came from accelerate's size-based auto-wrap, with the threshold a row without one ran:
 #: accelerate 0.7's FullyShardedDataParallelPlugin sets ``default_auto_wrap_policy(min_num_params)`` whenever
-#: FSDP_MIN_NUM_PARAMS > 0, and both ``accelerate config`` and ``accelerate launch --min_num_params`` default to 1e8
+#: FSDP_MIN_NUM_PARAMS > 0; ``accelerate config`` and ``accelerate launch --min_num_params`` default to the float 1e8,
+#: which launch exports as '100000000.0' and the plugin's ``int(os.environ[...])`` rejects, so a run had a typed value
 SIZE_WRAP_DEFAULT = {
-    "hf_blog_pytorch_fsdp": 100_000_000,   # the SHARD_GRAD_OP row states none (the blog's sample config shows 2000;
-                                           # for GPT-2 both split the tied head: sharding.size_wrap_splits_tied_head)
+    "hf_blog_pytorch_fsdp": 2_000,   # the SHARD_GRAD_OP row states none: the blog's sample config's 2000, since
+                                     # accelerate 0.7's own 1e8 default cannot run (row 642's notes); for GPT-2 both
+                                     # split the tied head alike (sharding.size_wrap_splits_tied_head)
 }
 
 

@@ -72,5 +72,5 @@ def test_blog_rows_read_their_thresholds() -> None:
     assert acc.size_wrap_threshold(rows["640"]) is None               # DDP
     assert acc.size_wrap_threshold(rows["643"]) == 1_000_000           # "min_num_params=1M"
     assert acc.size_wrap_threshold(rows["651"]) == 2_000               # "FSDP 2K + CPU offload"
-    assert acc.size_wrap_threshold(rows["642"]) == 100_000_000         # SHARD_GRAD_OP: accelerate 0.7's default
+    assert acc.size_wrap_threshold(rows["642"]) == 2_000               # SHARD_GRAD_OP: the blog's sample config
     assert acc.trained_spec(rows["640"], _large()).lm_head_params == 0
