@@ -39,6 +39,7 @@ from accuracy_setup import (
     _precision,
     _spec,
     _train_setup,
+    checkpoint_release,
     deepspeed_runtime,
     t5_release,
     trained_spec,
@@ -239,7 +240,7 @@ def held_out(group: str) -> Iterator[None]:
 def evaluate_all(rows: list[dict[str, str]], timings: list[float]) -> list[Result]:
     out = []
     for row in rows:
-        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row):
+        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row), checkpoint_release(row):
             out.append(evaluate(row, timings))
     return out
 

@@ -429,3 +429,24 @@ def t5_release(row: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         analytic.installed_transformers = saved
+
+
+@contextmanager
+def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
+    """Price a checkpointed block's backward with the checkpoint variant of the transformers release the row ran
+    (perfguide/memory/block_backward.py: reentrant before 5.0, non-reentrant since), where the model otherwise takes
+    the installed release's. Only that term reads the release here; rows without a stated or inferred one: as is."""
+    from accuracy_loss import _transformers_version
+
+    import perfguide.memory.analytic as analytic
+
+    release = _transformers_version(row)
+    if release is None:
+        yield
+        return
+    saved = analytic.block_backward_bytes
+    analytic.block_backward_bytes = lambda spec, setup, _installed=None: saved(spec, setup, release)   # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        analytic.block_backward_bytes = saved

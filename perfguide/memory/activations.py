@@ -67,6 +67,7 @@ from pydantic import Field
 from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
+from .block_backward import BlockBackward
 from .loss_path import LossPaths
 from .masks import EagerBackward
 from .softcap import Softcap, attention_softcap_bytes, final_softcap_bytes
@@ -154,6 +155,7 @@ class ActivationsData(DataModel):
     attention_eras: AttentionEras
     softcap: Softcap
     eager_backward: EagerBackward
+    block_backward: BlockBackward
 
 
 def activations_data() -> ActivationsData:
@@ -260,7 +262,21 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         # the full s x s in every block: HF eager applies a sliding window as a mask on full scores (Gemma 2,
         # Mistral v0.1: traced, a window of 16 and of 4096 save the same bytes at s 64 / 128)
         total += b * spec.num_attention_heads * s * s * s2 + attention_softcap_bytes(spec, setup)
-    return int(total)
+    return int(total + fp32_mlp_bytes(spec, setup))
+
+
+def fp32_mlp_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Bytes a gated MLP keeps beyond the 16-bit coefficients when its quantized base runs in an fp32 stream.
+
+    bitsandbytes' Linear4bit / Linear8bitLt return ``out.to(input dtype)``, so after peft's kbit upcast (fp32 stream,
+    ``stream_regime``) gate_proj and up_proj return fp32 and the activation of the fp32 gate is fp32: the three
+    tensors the gated product's backward needs (the gate for the activation's backward, the activated gate and up for
+    the product's) take 4 B instead of the 2 the ``half`` coefficients count. Traced (scripts/trace_block_backward.py,
+    real nf4 tensors): the recompute saves 14 B per FFN unit per token in the fp32 stream against 8 with a bf16 base.
+    """
+    if not spec.gated_mlp or spec.is_encoder_decoder or regime(setup) != "half" or stream_regime(setup) == "half":
+        return 0
+    return setup.micro_batch_size * setup.seq_len * spec.active_intermediate_size * 3 * 2
 
 
 def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
@@ -304,7 +320,7 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
 
     PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so
     on a 16-bit base each adapted Linear keeps a 4-byte copy of its input; under autocast lora_A keeps its
-    own 16-bit cast; in fp32 the (shared) input itself, counted per target (a small overcount). With
+    own 16-bit cast, on fp32 weights and on a 16-bit or k-bit base alike; in fp32 the (shared) input itself, counted per target (a small overcount). With
     ``lora_dropout`` > 0 the dropout (peft ``lora_A(dropout(x))``) also keeps its mask: one byte per input element
     (native_dropout's bool mask, ATen Dropout.cpp), and lora_A keeps the dropped copy instead of the input.
     """
@@ -312,7 +328,10 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
         return 0
     sixteen_bit_adapters = setup.kbit_recast_bf16 or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
                                                       and setup.weights_dtype in ("bf16", "fp16"))
-    nbytes = 2 if regime(setup) == "amp" or sixteen_bit_adapters else 4  # 16-bit adapters: 16-bit inputs
+    # under autocast (fp32 weights or a 16-bit / k-bit base alike) lora_A's matmul keeps autocast's 16-bit cast of its
+    # input; the fp32 copy peft makes first is freed (traced, scripts/trace_block_backward.py: 2 B per input element)
+    autocast_runs = setup.autocast is not None and not engine_casts_to_16bit(setup)
+    nbytes = 2 if autocast_runs or sixteen_bit_adapters else 4  # 16-bit adapters: 16-bit inputs
     mask = 1 if setup.lora is not None and setup.lora.dropout > 0 else 0
     tokens = setup.micro_batch_size * setup.seq_len
     return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask))

@@ -34,6 +34,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
+from .block_backward import block_backward_bytes
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes
@@ -234,6 +235,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
     dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
+    in_flight = block_backward_bytes(spec, shape, installed_transformers()) if recompute else 0   # its gradients (block_backward.py)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
     optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy
@@ -257,16 +259,16 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
     tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
     backward_start = (resident + early_grads + held_tail + tied_wait + acts + recompute + dequant + ipg
-                      + eager_backward_transient_bytes(spec, shape))
-    backward_end = resident + accumulated + grad_tail + recompute + dequant + ipg
+                      + (block_peak := max(in_flight, eager_backward_transient_bytes(spec, shape))))   # MLP's, eager's: apart
+    backward_end = resident + accumulated + grad_tail + recompute + in_flight + dequant + ipg
     step = resident + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     # what the peak phase holds beyond the reported weights, gradients, states, activations and logits
-    phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg,
-                   "end of backward": grad_tail + dequant + ipg, "optimizer step": grad_tail + dequant + step_temp}
+    phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg + block_peak,
+                   "end of backward": grad_tail + dequant + ipg + in_flight, "optimizer step": grad_tail + dequant + step_temp}
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))

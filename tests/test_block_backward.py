@@ -1,0 +1,129 @@
+"""The peak inside a recomputed block's backward (memory/block_backward.py, activations.fp32_mlp_bytes, LoRA inputs).
+
+Issue 24, long context: with a 32K vocabulary (Mistral-7B, Llama-2-7B) a checkpointed QLoRA step peaks in a block's
+backward, not at the loss. Hand counts from the shapes, then real CPU tensors (nf4 through transformers' bitsandbytes
+integration, peft's kbit preparation and LoRA, checkpointed) at a shape the coefficients were not traced on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from perfguide.memory import activations as act
+from perfguide.memory import analytic
+from perfguide.memory.block_backward import block_backward_bytes, checkpoint_mode, stream_case
+from perfguide.memory.ledger import ledger
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+B, S = 1, 4096
+
+
+def llama_spec(h: int = 4096, i: int = 14336, vocab: int = 32000, layers: int = 32, kv: int = 8, heads: int = 32) -> ModelSpec:
+    """Mistral-7B's shape by default (h 4096, FFN 14336, GQA 32:8, vocab 32000)."""
+    from transformers import LlamaConfig
+
+    return ModelSpec.from_any(LlamaConfig(hidden_size=h, intermediate_size=i, num_attention_heads=heads, num_key_value_heads=kv,
+                                          head_dim=h // heads, num_hidden_layers=layers, vocab_size=vocab,
+                                          tie_word_embeddings=False))
+
+
+def qlora(**update: object) -> Setup:
+    """Trainer bf16=True on an nf4 base after prepare_model_for_kbit_training, LoRA on all seven Linears, checkpointed."""
+    base: dict[str, object] = dict(task="train", micro_batch_size=B, seq_len=S, weights_dtype="nf4", autocast="bf16", kbit_upcast=True,
+                                   lora=LoraSpec(r=32, alpha=16, target_modules=ALL), gradient_checkpointing=True,
+                                   optimizer="adamw_torch", attn_implementation="sdpa")
+    return Setup(**{**base, **update})  # type: ignore[arg-type]
+
+
+def test_fp32_stream_keeps_the_gated_mlp_intermediates_in_fp32() -> None:
+    """bitsandbytes' 4-bit Linear returns its input's dtype, so in peft's fp32 stream gate, act(gate) and up are fp32:
+    3 tensors x (4 - 2) B x FFN width per token more than the same base with a 16-bit stream."""
+    spec = llama_spec()
+    fp32_stream = act.layer_bytes(spec, qlora())
+    half_stream = act.layer_bytes(spec, qlora(kbit_upcast=False))
+    assert fp32_stream - half_stream == B * S * 14336 * 3 * 2
+    assert act.fp32_mlp_bytes(spec, qlora(weights_dtype="bf16")) == 0   # a bf16 base: 16-bit intermediates
+
+
+def test_lora_inputs_under_autocast_are_the_16_bit_casts() -> None:
+    """Under autocast lora_A keeps autocast's 16-bit cast of its input (2 B), on an nf4 base as on fp32 weights;
+    without autocast peft's fp32 copy for the fp32 adapter (4 B). Mistral: inputs 6 x 4096 + 14336, ranks 7 x 32."""
+    spec = llama_spec()
+    led = ledger(spec, qlora())
+    assert (led.lora_inputs_per_layer, led.lora_rank_per_layer) == (6 * 4096 + 14336, 7 * 32)
+    elements = B * S * (6 * 4096 + 14336 + 7 * 32)
+    assert act.lora_layer_bytes(qlora(), led.lora_inputs_per_layer, led.lora_rank_per_layer) == elements * 2
+    no_autocast = qlora(weights_dtype="bf16", autocast=None, kbit_upcast=False)
+    assert act.lora_layer_bytes(no_autocast, led.lora_inputs_per_layer, led.lora_rank_per_layer) == elements * 4
+
+
+def test_in_flight_ffn_coefficients_are_the_hand_count() -> None:
+    """fp32 stream: at the gated product's backward its gradient and its two factors' gradients (3 x 4 B) are alive
+    and down_proj's backward has freed its LoRA input's 16-bit cast (2 B): 10. bf16 base under autocast: at
+    down_proj's backward the base path's 16-bit input gradient (2 B) and the fp32 LoRA path's (4 B): 6. The trace
+    the data file records found the same in both checkpoint variants."""
+    table = act.activations_data().block_backward.in_flight_per_token
+    for mode in ("reentrant", "non_reentrant"):
+        assert table["fp32_stream"][mode]["i"] == 3 * 4 - 2
+        assert table["half_autocast"][mode]["i"] == 2 + 4
+
+
+def test_block_backward_bytes_from_the_shapes() -> None:
+    spec = llama_spec()
+    assert block_backward_bytes(spec, qlora(), "4.39.3") == B * S * (10 * 14336 - 4.25 * 4096)
+    assert block_backward_bytes(spec, qlora(), None) == B * S * (10 * 14336 - 10.25 * 4096)
+    assert checkpoint_mode("4.47.1") == "reentrant" and checkpoint_mode("5.24.0") == checkpoint_mode(None) == "non_reentrant"
+    assert stream_case(qlora(kbit_upcast=False)) == "half_autocast" and stream_case(qlora(weights_dtype="fp32")) is None
+    # outside what was traced: full fine-tuning, a classic two-matrix MLP
+    assert block_backward_bytes(spec, qlora(lora=None, weights_dtype="bf16")) == 0
+    assert block_backward_bytes(spec.model_copy(update={"gated_mlp": False}), qlora()) == 0
+
+
+def test_the_peak_moves_to_the_block_backward_only_with_a_small_vocabulary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mistral-7B (32,000 logits, 12 B each at the loss's backward) peaks in the block backward, which the term
+    raises; the same body with Llama-3's 128,256 logits keeps its peak at the loss, to the byte."""
+    small, large = llama_spec(), llama_spec(vocab=128256)
+    setup = qlora(seq_len=16384)
+    with_term = {name: analytic.training_memory(spec, setup) for name, spec in (("small", small), ("large", large))}
+    monkeypatch.setattr(analytic, "block_backward_bytes", lambda *a, **k: 0)
+    without = {name: analytic.training_memory(spec, setup) for name, spec in (("small", small), ("large", large))}
+    assert with_term["small"].notes[0] == "peak in checkpoint recompute"
+    assert with_term["small"].peak_allocated > without["small"].peak_allocated
+    assert with_term["large"].notes[0] == without["large"].notes[0] == "peak in forward/loss"
+    assert with_term["large"].peak_allocated == without["large"].peak_allocated
+
+
+def _trace_script() -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "scripts" / "trace_block_backward.py"
+    spec = importlib.util.spec_from_file_location("trace_block_backward", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("case", ["fp32_stream", "half_autocast"])
+def test_real_tensors_at_a_shape_not_traced_for_the_coefficients(case: str) -> None:
+    """Real CPU tensors (nf4 via bitsandbytes for the fp32 stream), reentrant checkpointing, h 96 and FFN 256 (2.67 h;
+    the coefficients came from 3.5 h): the bytes the middle block's backward rises above its recompute are the term's
+    within 5%, and the whole block (recompute + in flight) perfguide's within 10%."""
+    pytest.importorskip("bitsandbytes")
+    trace = _trace_script()
+    h, i = 96, 256
+    saved, peak = trace.per_token(case, h, i, True, 128, 256)
+    spec = llama_spec(h=h, i=i, vocab=256, layers=3, kv=1, heads=4)
+    setup = qlora(lora=LoraSpec(r=8, alpha=16, target_modules=ALL), seq_len=1000,
+                  **({} if case == "fp32_stream" else {"weights_dtype": "bf16", "kbit_upcast": False}))
+    in_flight = block_backward_bytes(spec, setup, "4.39.3") / 1000
+    assert in_flight == pytest.approx(peak - saved, rel=0.05)
+    led = ledger(spec, setup)
+    block = (act.layer_bytes(spec, setup) + act.lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)) / 1000
+    assert block + in_flight == pytest.approx(peak, rel=0.10)
