@@ -12,7 +12,8 @@ MiB per token at 14,336 FFN units), so their peak is the block backward; Llama-3
 peak at the loss and does not move.
 
 Scope, as traced: LoRA on a frozen base (full fine-tuning adds weight-gradient temporaries the trace did not cover),
-gated MLPs (SwiGLU / GeGLU) as HF runs them (not Liger's fused SwiGLU, whose backward reuses its saved buffers); the MLP's gradients come at another moment than eager attention's s x s backward
+gated MLPs (SwiGLU / GeGLU) as HF runs them (Liger's fused SwiGLU, whose backward writes its gradients into its saved
+gate and up buffers, was not traced and is priced the same: an overcount there that its technique hook may correct); the MLP's gradients come at another moment than eager attention's s x s backward
 (masks.eager_backward_transient_bytes), so the block backward holds the larger of the two (analytic.py). Other setups
 get nothing here, as before.
 """
@@ -67,8 +68,7 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
     """Bytes one checkpointed block's backward holds beyond its recompute's saved tensors (call it only when the
     blocks are checkpointed). ``release``: the transformers release that trains (its checkpoint variant)."""
     case = stream_case(setup)
-    # Liger's SwiGLU writes its gradients into the saved gate and up buffers (ops/swiglu.py): not what was traced
-    if case is None or setup.lora is None or not spec.gated_mlp or spec.is_encoder_decoder or setup.liger_kernel:
+    if case is None or setup.lora is None or not spec.gated_mlp or spec.is_encoder_decoder:
         return 0
     from .activations import activations_data
 
