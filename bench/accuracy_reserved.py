@@ -67,8 +67,18 @@ def boundary_note(est: MemoryEstimate, spec: ModelSpec, setup: Setup, hw: Hardwa
     error multiplies)."""
     card = min(g.memory_total for g in hw.gpus)
     line = line_bytes(est, spec, setup)
-    return (f"{line / GiB:.2f} GiB on the publisher's line at the published length, the card {card / GiB:.2f} GiB "
+    text = (f"{line / GiB:.2f} GiB on the publisher's line at the published length, the card {card / GiB:.2f} GiB "
             f"({(line / card - 1) * 100:+.1f}%)")
+    if line <= card or not est.peak_allocated:
+        return text
+    # over the card: the reserved/allocated ratio at which the line would meet it (allocated and the cached block as priced)
+    return f"{text}; on the card at a reserved/allocated ratio up to {line_ratio_to_card(est, spec, setup, card):.3f}"
+
+
+def line_ratio_to_card(est: MemoryEstimate, spec: ModelSpec, setup: Setup, card: int) -> float:
+    """The steady-state reserved/allocated ratio at which perfguide's line meets ``card``: (card - cached head block) /
+    peak allocated. A row decided by this ratio alone is a miss of the allocator constant, not of a priced term."""
+    return (card - cached_head_block(spec, setup)) / est.peak_allocated
 
 
 def decimal_gb_lengths(points: list[tuple[float, float]]) -> list[float]:
