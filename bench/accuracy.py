@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
+from accuracy_context import torch_era
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
@@ -240,7 +241,7 @@ def held_out(group: str) -> Iterator[None]:
 def evaluate_all(rows: list[dict[str, str]], timings: list[float]) -> list[Result]:
     out = []
     for row in rows:
-        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row), checkpoint_release(row):
+        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row), checkpoint_release(row), torch_era(row):
             out.append(evaluate(row, timings))
     return out
 

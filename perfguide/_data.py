@@ -61,6 +61,7 @@ class Entry(BaseModel):
     default: int | float | None = None
     cap: int | float | None = None
     by_cc_major: dict[str, int] | None = None
+    by_era: dict[str, dict[str, int]] | None = None
 
 
 def _damaged(name: str, schema: str, exc: ValidationError) -> DataFileError:
@@ -105,7 +106,7 @@ def fact_value(name: str, key: str) -> Any:
 
 
 def fact_extra(name: str, key: str, extra: str) -> Any:
-    """An extra a row must carry for the code that reads it (``cap``, ``default``, ``by_cc_major``)."""
+    """An extra a row must carry for the code that reads it (``cap``, ``default``, ``by_cc_major``, ``by_era``)."""
     row = _row(name, key)
     if extra not in row:
         raise DataFileError(f"perfguide/data/{name}.json row {key!r} lacks its {extra!r}; the bundled data is damaged, reinstall perfguide")

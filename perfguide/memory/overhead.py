@@ -15,6 +15,7 @@ from typing import Any
 from .._data import fact_extra, fact_value
 from ..hardware.types import Hardware
 from ..setup import Setup
+from .loss_path import version_tuple
 from .nccl import training_comm_bytes
 from .types import MemoryEstimate
 
@@ -23,13 +24,46 @@ def _const(name: str) -> Any:
     return fact_value("calibration", name)
 
 
-def cuda_context_bytes(hardware: Hardware | None) -> int:
-    """Per-process CUDA context + kernels; depends on GPU generation (eager vs lazy module loading)."""
-    default = int(_const("cuda_context_bytes"))
+#: the first PyTorch release that sets CUDA_MODULE_LOADING=LAZY when the user has not (pytorch PR 85692, cherry-picked
+#: to 1.13 as PR 86509), and the first CUDA runtime that honours it (NVIDIA's lazy loading guide: "Lazy loading is
+#: available starting in CUDA runtime version 11.7"; libraries built with an older runtime load every module eagerly)
+LAZY_LOADING_SINCE_TORCH = "1.13.0"
+LAZY_LOADING_SINCE_CUDA = 117
+
+
+def installed_torch() -> str | None:
+    """The torch release installed next to perfguide (the one a plan made here runs), read without importing torch."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def module_loading(torch_release: str | None = None) -> str:
+    """"eager" or "lazy": whether ``torch_release`` (default: the installed one) loads every kernel of its fat binary
+    at CUDA init or each on first use. A wheel's local tag names its CUDA runtime (``+cu116``: 11.6, eager even under
+    torch 1.13); no torch installed: a fresh install, lazy."""
+    release = torch_release or installed_torch()
+    if release is None:
+        return "lazy"
+    if version_tuple(release)[:2] < version_tuple(LAZY_LOADING_SINCE_TORCH)[:2]:   # "1.13" is 1.13.0, not older
+        return "eager"
+    local = release.partition("+")[2]
+    cuda = int(local[2:]) if local.startswith("cu") and local[2:].isdigit() else None
+    return "eager" if cuda is not None and cuda < LAZY_LOADING_SINCE_CUDA else "lazy"
+
+
+def cuda_context_bytes(hardware: Hardware | None, torch_release: str | None = None) -> int:
+    """Per-process CUDA context + loaded kernels, by module-loading era (``module_loading``) and compute-capability
+    major: eager loading holds every kernel of torch's fat binary for the arch (~1 GB), lazy only those a run uses.
+    A cc the era's figures lack (or no GPU) takes the era's median over all its figures (calibration.json by_era)."""
+    table = fact_extra("calibration", "cuda_context_bytes", "by_era")[module_loading(torch_release)]
     gpu = hardware.smallest_gpu if hardware is not None else None
     if gpu is None:
-        return default
-    return int(fact_extra("calibration", "cuda_context_bytes", "by_cc_major").get(str(gpu.compute_capability[0]), default))
+        return int(table["any"])
+    return int(table.get(str(gpu.compute_capability[0]), table["any"]))
 
 
 def reserved_from_allocated(peak_allocated: int, task: str = "infer") -> int:
