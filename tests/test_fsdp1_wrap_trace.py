@@ -58,14 +58,20 @@ def test_hand_count_of_the_traced_model() -> None:
 @pytest.mark.slow
 def test_shard_grad_op_keeps_the_untied_parameters_sharding_prices(traced: dict[str, dict[str, int]]) -> None:
     """The unsharded set perfguide adds for SHARD_GRAD_OP (analytic._gather_bytes' second term, of the model the wrap
-    trains) is exactly what the traced FSDP1 holds beyond FULL_SHARD at the forward/loss peak, and beyond the
-    unwrapped model at the backward peak (FULL_SHARD there holds the unit it gathered back: under one c_fc unit)."""
+    trains) is exactly what the traced FSDP1 holds beyond FULL_SHARD at the forward/loss peak, and at most that beyond
+    the unwrapped model at the backward peak (FULL_SHARD there holds the unit it gathered back: under one c_fc unit)."""
     spec = size_wrapped_spec(_spec(), 2_000)
     setup = Setup(task="train", micro_batch_size=4, seq_len=64, weights_dtype="fp32", attn_implementation="eager",
                   optimizer="adamw_torch", strategy="fsdp_shard_grad_op", fsdp_version=1, num_gpus=2)
     priced = _gather_bytes(spec, setup)[1]
     sgo, full, plain = traced["SHARD_GRAD_OP"], traced["FULL_SHARD"], traced["plain"]
-    assert priced == UNTIED_BYTES == sgo["forward"] - full["forward"] == sgo["backward"] - plain["backward"]
+    assert priced == UNTIED_BYTES == sgo["forward"] - full["forward"]
+    # Backward: the head unit's backward runs first and frees its unsharded copy (the duplicated wte, 8,192,000 B), so
+    # whether the backward peak still holds it depends on where the unwrapped model's own peak falls among the ranks'
+    # asynchronous frees: observed both 29,153,280 (alone) and 20,961,280 (in the full suite). Both lie between the
+    # set without and with the head's copy; anything outside means SHARD_GRAD_OP kept a different set.
+    tied_bytes = _spec().total_params * 4
+    assert tied_bytes <= sgo["backward"] - plain["backward"] <= UNTIED_BYTES
     assert 0 < full["backward"] - plain["backward"] < 4 * (256 * 1024 + 1024)
 
 
