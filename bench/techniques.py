@@ -251,8 +251,8 @@ def zero_offload(row: dict[str, str]) -> Compared:
                     _err(biggest, 1.4),
                     "the paper's abstract gives the 1.4B figure without its batch, sequence or activation settings; at "
                     "s=512, batch 1, with checkpointing, perfguide's bytes per parameter fit 1.9B in 90% of the card. The 13B "
-                    "verdict sits at that usable line (the GiB shown against 0.9 x the card, this bench's headroom, not the "
-                    "paper's). Left as a miss: the paper's own setup for both figures is not stated where this row reads it")
+                    "verdict compares the GiB shown with 0.9 x the card (this bench's headroom, not the paper's), so a "
+                    "fraction of a GiB moves it. Left as a miss: the paper's own setup for both figures is not stated where this row reads it")
 
 
 def padding_free(row: dict[str, str]) -> Compared:
