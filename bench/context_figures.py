@@ -13,8 +13,9 @@ fields; only what one prints is used):
 - ``used_minus_segment`` (cudaMemGetInfo total - free, or NVML's used, after one small tensor): the used bytes less
   the allocator's segment for that tensor.
 
-Distributed runs (``use`` = distributed) also hold NCCL's buffers, which perfguide prices apart (memory/nccl.py):
-they are listed, not folded. Era: eager module loading before torch 1.13 (or with CUDA < 11.7), lazy since.
+Distributed runs (``use`` = distributed) also hold NCCL's buffers, which perfguide prices apart (memory/nccl.py);
+a ``total_reserved_free`` figure over SHARED_ABOVE had another process on the card (no context figure comes near it)
+(``use`` = shared): both are listed, not folded. Era: eager module loading before torch 1.13 (or with CUDA < 11.7), lazy since.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 
 CSV = Path(__file__).resolve().parent / "data" / "cuda_context_figures.csv"
 GiB = 2**30
+#: a pre-2.1 message leaving more than this neither torch's nor free: another process shared the card
+SHARED_ABOVE = 2 * GiB
 ERAS = ("eager", "lazy")
 
 

@@ -60,7 +60,7 @@ def test_a_stated_release_puts_its_figure_in_the_era_module_loading_gives() -> N
 
 def test_hand_check_of_the_zero_blog_oom_message() -> None:
     """Row 765's message, read off the row's own notes: 23.70 GiB total, 22.05 GiB reserved, 45.69 MiB free: 1.605
-    GiB outside the allocator on an RTX 3090 under torch 1.7.1 (eager), 3.8x the lazy cc-8 median (0.42 GiB)."""
+    GiB outside the allocator on an RTX 3090 under torch 1.7.1 (eager), 3.3x the lazy cc-8 median (0.49 GiB)."""
     notes = _rows()["765"]["notes"]
     total, free, reserved = (float(x) for x in re.search(
         r"([\d.]+) GiB total capacity; [\d.]+ GiB already allocated; ([\d.]+) MiB free; ([\d.]+) GiB reserved", notes).groups())  # type: ignore[union-attr]
@@ -69,7 +69,7 @@ def test_hand_check_of_the_zero_blog_oom_message() -> None:
     fig = next(f for f in load_bench("context_figures").figures() if f["fig_id"] == "E1")
     assert load_bench("context_figures").context_bytes(fig) / GiB == pytest.approx(by_hand, abs=1e-5)
     assert CAL["by_era"]["eager"]["8"] / GiB == pytest.approx(by_hand, abs=1e-5)   # the only eager cc-8 figure
-    assert by_hand / (CAL["by_era"]["lazy"]["8"] / GiB) > 3.5
+    assert by_hand / (CAL["by_era"]["lazy"]["8"] / GiB) > 3
 
 
 @pytest.mark.parametrize(("release", "era"), [("1.7.1", "eager"), ("1.12.1", "eager"), ("1.12.0.dev20220420", "eager"),
@@ -101,3 +101,13 @@ def test_a_source_with_a_figure_is_priced_without_it() -> None:
     others = load_bench("context_figures").by_era(exclude_source="hf_blog_zero_deepspeed_fairscale")
     assert "8" not in others["eager"] and held == others["eager"]["any"] != CAL["by_era"]["eager"]["8"]
     assert cuda_context_bytes(hw, "1.7.1") == CAL["by_era"]["eager"]["8"]   # restored after the row
+
+
+def test_only_shared_cards_leave_more_than_two_gib_outside_the_allocator() -> None:
+    """The inclusion rule, stated in the CSV's ``use``: a pre-2.1 message (total - reserved - free) counts everything
+    else on the card, so one over 2 GiB (T4 3.4, RTX 3090 4.3 and 22.5 GiB) had another process and is not folded;
+    every folded figure of that kind is under it. The new-format figures count this process alone and all fold."""
+    figures = load_bench("context_figures")
+    old = [f for f in figures.figures() if f["kind"] == "total_reserved_free" and f["use"] != "distributed"]
+    assert all((figures.context_bytes(f) > figures.SHARED_ABOVE) == (f["use"] == "shared") for f in old)
+    assert sum(f["use"] == "shared" for f in old) == 3
