@@ -17,7 +17,8 @@ from context_figures import by_era, figures
 #: the last torch minor before lazy loading (overhead.LAZY_LOADING_SINCE_TORCH is 1.13.0): what an undated-release row
 #: of the eager era is priced as
 EAGER_RELEASE = "1.12"
-_STATED = re.compile(r"(?:PyTorch|torch)[ =]+(?:nightly ~)?v?(\d+\.\d+(?:\.\d+)?)")
+#: a stated release; "no SDPA before PyTorch 2.0" names a boundary, not the release a row ran
+_STATED = re.compile(r"(?<!before )(?:PyTorch|torch)[ =]+(?:nightly ~)?v?(\d+\.\d+(?:\.\d+)?)")
 
 
 def row_torch_release(row: dict[str, str]) -> str | None:

@@ -95,6 +95,7 @@ def test_a_source_with_a_figure_is_priced_without_it() -> None:
     ctx = load_bench("accuracy_context")
     row = _rows()["765"]
     assert ctx.row_torch_release(row) == "1.7.1" and ctx.row_torch_release(_rows()["647"]) == "1.12"
+    assert ctx.row_torch_release(_rows()["653"]) == "1.10"   # its notes also say "no SDPA before PyTorch 2.0"
     hw = Hardware.from_name("rtx3090")
     with ctx.torch_era(row):
         held = cuda_context_bytes(hw)
