@@ -116,7 +116,9 @@ def fused_activation_savings(spec: Any, shape: Any) -> int:
     16-bit, AMP and fp32 regimes alike, two norms per block. HF's MLP keeps ``act(gate)`` for the multiply; Liger's
     ``LigerSiLUMulFunction`` keeps only gate and up and recomputes the activation in backward (ops/swiglu.py): one
     intermediate-sized tensor less (2 bytes, 4 in fp32). RoPE saves nothing per layer either way (cos/sin are
-    shared). Checkpointed blocks keep only their input, so nothing changes there (the recomputed block is not priced).
+    shared). Checkpointed blocks keep only their input, so nothing changes between blocks; the one recomputed block
+    (memory/block_backward.py, traced on HF's modules) is priced as HF's MLP: Liger's SwiGLU backward writes its
+    gradients into the saved gate and up buffers, so that is an overcount here, left until it is traced on a GPU.
     """
     if shape.gradient_checkpointing or not supported(spec.model_type):
         return 0
