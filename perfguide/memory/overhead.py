@@ -68,7 +68,9 @@ def cuda_context_bytes(hardware: Hardware | None, torch_release: str | None = No
 
 def reserved_from_allocated(peak_allocated: int, task: str = "infer") -> int:
     """Steady-state reserved: the allocator keeps freed blocks, by a ratio plus a floor. Training frees and
-    re-requests activations of many sizes in backward, so its ratio is its own (calibration.json)."""
+    re-requests activations of many sizes in backward, so its ratio is its own (calibration.json). A ratio over the
+    non-resident bytes only (weights and optimizer states taken out) was measured and left out: fewer verdicts right
+    (bench/allocator_resident.py, docs/validation.md section 7b)."""
     ratio = _const("reserved_over_allocated_training" if task == "train" else "reserved_over_allocated")
     floor = _const("reserved_min_extra_bytes")
     return int(max(peak_allocated * ratio, peak_allocated + floor)) if peak_allocated else 0
