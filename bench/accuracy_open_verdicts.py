@@ -51,8 +51,10 @@ ROWS_70B = (
     "constant, not on a priced term",
     "the same table's Llama-3.1-8B rows fit the 1.116 line within 3%; at the published length the 70B's allocation is "
     "59% weights loaded once, the 8B's at 80 GB 12%, so a ratio that applies to the transient bytes only would "
-    "separate them. That is a recalibration of reserved_over_allocated_training over the pairs' non-resident bytes "
-    "(it moves every reserved row), not made here",
+    "separate them. That recalibration (the ratio over the pairs' non-resident bytes: 1.198, held out 1.111) was tried "
+    "and not adopted: row 685 turns right but the 8B rows 682-684 turn wrong (verdicts 116 -> 114, median of "
+    "per-source medians 5.4 -> 6.4%); the FSDP pairs' ratios (1.30-2.63) and the single-GPU pairs' (1.03-1.20) do not "
+    "share one value (docs/validation.md 7b, bench/results/allocator_resident.md)",
     "the reading: TRL's peft_module_casting_to_bf16 (SFTTrainer given a peft_config, bf16=True: bf16 embedding, head "
     "and adapters; the fp32 norms keep the residual stream fp32) would put the 70B line's longest context at 8,079 "
     "tokens: row 1008 would fit (77.3 GiB on the line at 7,500, 7.7% long) but row 685 would be 16.8% long and the "
