@@ -112,6 +112,16 @@ def prepared_tiny_qlora(tmp_path: Path, **setup: Any) -> tuple[ModelSpec, Recomm
     return spec, rec, model
 
 
+def frozen_head_batch(b: int, s: int, h: int, v: int) -> tuple[Any, Any, Any]:
+    """A frozen bf16 LM head, a bf16 hidden batch that wants its gradient (LoRA's case) and random labels: what a
+    loss-path trace feeds the tracker."""
+    import torch
+
+    head = torch.nn.Linear(h, v, bias=False).to(torch.bfloat16).requires_grad_(False)
+    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
+    return head, x, torch.randint(0, v, (b, s))
+
+
 def tiny_tokenizer() -> Any:
     """A real fast tokenizer over the tiny models' 128 ids (t0..t127), built locally: SFTTrainer needs one."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -8,6 +8,7 @@ The last test measures the installed transformers' ForCausalLMLoss on real CPU t
 from __future__ import annotations
 
 import pytest
+from helpers import frozen_head_batch
 
 from perfguide.memory.loss_path import hf_loss_bytes, loss_era, loss_path_units
 from perfguide.model.types import ModelSpec
@@ -51,16 +52,13 @@ def test_bytes_scale_with_batch_positions_and_vocab() -> None:
 @pytest.mark.parametrize("keeps", [False, True])
 def test_installed_transformers_matches_on_real_tensors(keeps: bool) -> None:
     """Peak live bytes of head + ForCausalLMLoss + backward, measured with perfguide's live-bytes tracker."""
-    import torch
     import transformers
     from transformers.loss.loss_utils import ForCausalLMLoss
 
     from perfguide.memory.tracing.tracker import make_tracker
 
     b, s, h, v = 2, 128, 32, 4096
-    head = torch.nn.Linear(h, v, bias=False).to(torch.bfloat16).requires_grad_(False)
-    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
-    labels = torch.randint(0, v, (b, s))
+    head, x, labels = frozen_head_batch(b, s, h, v)
     tracker = make_tracker(1)
     with tracker:
         logits = head(x)

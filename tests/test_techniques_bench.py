@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import frozen_head_batch
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -66,9 +67,7 @@ def _titan_peak(chunks: int) -> float:
     from perfguide.memory.tracing.tracker import make_tracker
 
     b, s, h, v = 1, 256, 32, 4096
-    head = torch.nn.Linear(h, v, bias=False).to(torch.bfloat16).requires_grad_(False)
-    x = torch.randn(b, s, h, dtype=torch.bfloat16, requires_grad=True)
-    labels = torch.randint(0, v, (b, s))
+    head, x, labels = frozen_head_batch(b, s, h, v)
     tracker = make_tracker(1)
     with tracker:
         pred = head(x)
