@@ -112,3 +112,22 @@ def test_only_shared_cards_leave_more_than_two_gib_outside_the_allocator() -> No
     old = [f for f in figures.figures() if f["kind"] == "total_reserved_free" and f["use"] != "distributed"]
     assert all((figures.context_bytes(f) > figures.SHARED_ABOVE) == (f["use"] == "shared") for f in old)
     assert sum(f["use"] == "shared" for f in old) == 3
+
+
+def test_the_installed_torch_is_read_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan prices hundreds of setups and each asks for the context: the installed release must come from a cache,
+    not from an importlib.metadata scan of sys.path per call (which tripled recommend()'s latency when it did)."""
+    from importlib import metadata
+
+    from perfguide.memory import overhead
+
+    calls = []
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: calls.append(name) or real(name))
+    overhead.installed_torch.cache_clear()
+    try:
+        for _ in range(50):
+            overhead.cuda_context_bytes(None)
+        assert calls == ["torch"]
+    finally:
+        overhead.installed_torch.cache_clear()
