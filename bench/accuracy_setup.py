@@ -434,8 +434,10 @@ def t5_release(row: dict[str, str]) -> Iterator[None]:
 @contextmanager
 def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
     """Price a checkpointed block's backward with the checkpoint variant of the transformers release the row ran
-    (perfguide/memory/block_backward.py: reentrant before 5.0, non-reentrant since), where the model otherwise takes
-    the installed release's. Only that term reads the release here; rows without a stated or inferred one: as is."""
+    (perfguide/memory/block_backward.py: reentrant before 5.0, non-reentrant since) and its recompute with that
+    release's attention (eras.attention_era_bytes: accuracy_loss._attention_era_delta prices the uncheckpointed rows
+    at the loss peak), where the model otherwise takes the installed release's. Only these terms read the release
+    here; rows without a stated or inferred one: as is."""
     from accuracy_loss import _transformers_version
 
     import perfguide.memory.analytic as analytic
@@ -444,9 +446,15 @@ def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
     if release is None:
         yield
         return
-    saved = analytic.block_backward_bytes
+    saved, era = analytic.block_backward_bytes, analytic.eras.attention_era_bytes
     analytic.block_backward_bytes = lambda spec, setup, _installed=None: saved(spec, setup, release)   # type: ignore[assignment]
+    ran = release
+
+    def row_era(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
+        return era(spec, setup, ran if checkpointed else release, checkpointed=checkpointed)
+
+    analytic.eras.attention_era_bytes = row_era
     try:
         yield
     finally:
-        analytic.block_backward_bytes = saved
+        analytic.block_backward_bytes, analytic.eras.attention_era_bytes = saved, era

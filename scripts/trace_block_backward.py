@@ -11,6 +11,11 @@ bytes when autograd starts to recompute it (the baseline), a forward hook when t
 the next block's recompute starts is the block's backward. Printed per token (two lengths, differenced, so the
 dequantized weights and other length-free transients drop out) and per FFN unit (two FFN widths, differenced):
 what the recompute keeps (``saved``) and how far the backward rises above it (``in flight``).
+
+``--compare [--bnb-keeps-inputs]`` prints, per case and reentrant, the live bytes as the recompute starts, the saved
+bytes and the rise, each per FFN unit and per hidden unit, for the releases installed in the venv that runs it: run
+it under a venv with transformers 4.39.3 + peft 0.10.0 and under this one to set the April-2024 QLoRA stack beside
+the current one (docs/validation.md section 19; tests/test_mistral_fa2_repeat_kv.py).
 """
 
 from __future__ import annotations
@@ -23,11 +28,65 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-#: the traced cases: (quantized base prepared by peft's kbit preparation, bf16 autocast)
-CASES: dict[str, tuple[bool, bool]] = {"fp32_stream": (True, True), "half_autocast": (False, True), "half": (False, False)}
+#: the traced cases: (nf4 base, prepared by peft's kbit preparation (fp32 norms, embeddings, head), bf16 autocast).
+#: ``nf4_half_stream`` is LLaMA-Factory's QLoRA of 2024 (its own preparation: norms and embeddings stay 16-bit)
+CASES: dict[str, tuple[bool, bool, bool]] = {"fp32_stream": (True, True, True), "half_autocast": (False, False, True),
+                                             "half": (False, False, False), "nf4_half_stream": (True, False, True)}
 
 
-def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str) -> Any:
+def dtype_keyword() -> str:
+    """from_pretrained's dtype argument: ``torch_dtype`` before transformers 4.56 (the April-2024 stack, 4.39.3)."""
+    import transformers
+
+    from perfguide.memory.loss_path import version_tuple
+
+    return "dtype" if version_tuple(transformers.__version__) >= version_tuple("4.56.0") else "torch_dtype"
+
+
+def quantize_nf4(model: Any) -> Any:
+    """Swap every decoder Linear for bitsandbytes' Linear4bit (nf4, double quant, bf16 compute), the modules
+    transformers' bnb loader builds (lm_head is left as the loader leaves it), and flag the model as 4-bit loaded,
+    the attribute peft reads (prepare_model_for_kbit_training, the LoRA dispatch). Used where the installed
+    transformers' loader refuses to quantize without CUDA; the modeling code that runs is the installed one's."""
+    import bitsandbytes as bnb
+    import torch
+
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, torch.nn.Linear) and f"{name}.{child_name}" != "lm_head" and child_name != "lm_head":
+                q = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                      compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4")
+                q.weight = bnb.nn.Params4bit(child.weight.data, requires_grad=False, compress_statistics=True,
+                                             quant_type="nf4", module=q).to("cpu")
+                setattr(module, child_name, q)
+    model.is_loaded_in_4bit = True
+    return model
+
+
+def keep_4bit_inputs() -> Any:
+    """Make MatMul4Bit keep its input on the autograd node as bitsandbytes before 0.43.2 did (``ctx.tensors = (A, B)``
+    in 0.43.0's autograd/_functions.py; PR #1270 made it ``(None, B)``): a plain ctx attribute, so the input lives
+    as long as the node, not only until the node's backward. Returns an undo callable. Used to trace the April-2024
+    stack (bitsandbytes 0.43.0/0.43.1), which has no CPU backend to run itself."""
+    from bitsandbytes.autograd._functions import MatMul4Bit
+
+    original = MatMul4Bit.forward
+
+    def forward(ctx: Any, a: Any, b: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(ctx, a, b, *args, **kwargs)
+        if any(ctx.needs_input_grad[:2]):
+            ctx.kept_input = a
+        return out
+
+    MatMul4Bit.forward = staticmethod(forward)  # type: ignore[method-assign]
+
+    def undo() -> None:
+        MatMul4Bit.forward = staticmethod(original)  # type: ignore[method-assign]
+
+    return undo
+
+
+def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True) -> Any:
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
@@ -36,17 +95,28 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str) -> Any:
     config = LlamaConfig(hidden_size=h, intermediate_size=i, num_attention_heads=4, num_key_value_heads=1, head_dim=h // 4,
                          num_hidden_layers=3, vocab_size=256, max_position_embeddings=4096, tie_word_embeddings=False)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", "dtype": torch.bfloat16}
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", dtype_keyword(): torch.bfloat16}
     if kbit:
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                            bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
+    except ImportError:  # transformers before CPU bitsandbytes support (4.39.3: its bnb quantizer requires CUDA)
+        kwargs.pop("quantization_config")
+        model = quantize_nf4(AutoModelForCausalLM.from_pretrained(tmp, **kwargs))
     ckpt = {"use_reentrant": reentrant}
-    if kbit:
+    if kbit and prepare:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=ckpt)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt)
         model.enable_input_require_grads()
+    inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    if hasattr(inner, "_update_causal_mask"):
+        # transformers 4.3x's sdpa path materialises an s x s float mask in the stream dtype (_update_causal_mask), and
+        # under autocast sdpa saves its 16-bit cast: s^2 bytes that the FA2 runs being modelled never hold (4.39's
+        # FA2 path returns None for an unpadded batch). None makes 4.39's sdpa attention call is_causal=True, as the
+        # installed release's sdpa mask does for an unpadded batch (masking_utils skips the mask)
+        inner._update_causal_mask = lambda *args, **kwargs: None
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets))
     model.train()
@@ -55,6 +125,12 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str) -> Any:
 
 def block_backward(model: Any, seq: int, autocast: bool) -> tuple[int, int]:
     """(bytes the middle block's recompute keeps, peak of its backward) above the live bytes as its recompute starts."""
+    start, saved, peak = block_marks(model, seq, autocast)
+    return saved - start, peak - start
+
+
+def block_marks(model: Any, seq: int, autocast: bool) -> tuple[int, int, int]:
+    """Live bytes as the middle block's recompute starts, as it ends, and the peak of its backward."""
     import torch
 
     from perfguide.memory.tracing.tracker import make_tracker
@@ -100,16 +176,44 @@ def block_backward(model: Any, seq: int, autocast: bool) -> tuple[int, int]:
             handle.remove()
     # non-reentrant checkpointing stops recomputing once the tensors backward needs exist (torch's early stop), so the
     # MLP hook may not fire: then only the peak is known
-    return marks.get("saved", marks["start"]) - marks["start"], state["peak"] - marks["start"]
+    return marks["start"], marks.get("saved", marks["start"]), state["peak"]
 
 
 def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512) -> tuple[float, float]:
     """(saved, peak) bytes per token of the middle block's backward, differenced over two lengths."""
-    kbit, autocast = CASES[case]
-    with tempfile.TemporaryDirectory() as tmp:
-        model = build(h, i, kbit, reentrant, tmp)
-        (k1, p1), (k2, p2) = block_backward(model, s1, autocast), block_backward(model, s2, autocast)
-    return (k2 - k1) / (s2 - s1), (p2 - p1) / (s2 - s1)
+    _, saved, peak = per_token_marks(case, h, i, reentrant, s1, s2)
+    return saved, peak
+
+
+def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
+                    keep_inputs: bool = False) -> tuple[float, float, float]:
+    """Bytes per token (two lengths differenced): live as the middle block's recompute starts (every block input,
+    the gradients already in flight), then the recompute's saved tensors and its backward's peak above that start.
+    ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs)."""
+    kbit, prepare, autocast = CASES[case]
+    undo = keep_4bit_inputs() if keep_inputs else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            model = build(h, i, kbit, reentrant, tmp, prepare)
+            (a1, k1, p1), (a2, k2, p2) = block_marks(model, s1, autocast), block_marks(model, s2, autocast)
+    finally:
+        if undo is not None:
+            undo()
+    ds = s2 - s1
+    return (a2 - a1) / ds, ((k2 - a2) - (k1 - a1)) / ds, ((p2 - a2) - (p1 - a1)) / ds
+
+
+def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224, i2: int = 448) -> dict[str, dict[str, float]]:
+    """Reentrant checkpointing (the April-2024 default), per token: the live bytes as the block's recompute starts,
+    its saved tensors and its backward's rise above them, each split per FFN unit ("i", two widths differenced) and
+    per hidden unit ("h", the rest at q = h, kv = h / 4), to set one stack's trace beside another's."""
+    one, two = (per_token_marks(case, h, i, True, keep_inputs=keep_inputs) for i in (i1, i2))
+    parts = {"between": (one[0], two[0]), "saved": (one[1], two[1]), "in_flight": (one[2] - one[1], two[2] - two[1])}
+    out = {}
+    for name, (x1, x2) in parts.items():
+        per_i = (x2 - x1) / (i2 - i1)
+        out[name] = {"i": round(per_i, 2), "h": round((x1 - per_i * i1) / h, 2)}
+    return out
 
 
 def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448) -> dict[str, float]:
@@ -123,8 +227,27 @@ def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int
     return {"i": round(per_i, 2), "h": round(((peak1 - saved1) - per_i * i1) / h, 2)}
 
 
+def compare() -> int:
+    """``--compare [--bnb-keeps-inputs]``: the decomposition of every nf4/bf16 autocast case under the installed
+    releases, for a trace of the April-2024 stack (a separate venv with transformers 4.39.3 and peft 0.10.0) to set
+    beside the installed one's."""
+    import bitsandbytes
+    import peft
+    import transformers
+
+    keep = "--bnb-keeps-inputs" in sys.argv
+    print(f"transformers {transformers.__version__}, peft {peft.__version__}, bitsandbytes {bitsandbytes.__version__}"
+          f"{' with MatMul4Bit keeping its input (before 0.43.2)' if keep else ''}; reentrant; bytes per token")
+    for case in ("fp32_stream", "nf4_half_stream", "half_autocast"):
+        print(case, decomposed(case, keep))
+        sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
-    for case in CASES:
+    if "--compare" in sys.argv:
+        return compare()
+    for case in ("fp32_stream", "half_autocast", "half"):
         for reentrant in (True, False):
             coef = coefficients(case, reentrant)
             saved, peak = per_token(case, 128, 448, True)[0], per_token(case, 128, 448, reentrant)[1]

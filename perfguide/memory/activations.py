@@ -133,6 +133,10 @@ class AttentionEra(DataModel):
     #: bytes per h per token per block that fp32 rotary tables add where activations are 16-bit (GPT-NeoX before 4.45:
     #: its cos/sin buffers stay fp32 under from_pretrained(torch_dtype=...), so the rotated q and k are promoted)
     fp32_rope_bytes_per_h: float = Field(default=0.0, ge=0)
+    #: the attention expands the grouped key and value heads to the query heads (``repeat_kv``) before casting them
+    #: for the kernel, which saves the expanded 16-bit copies: (2 x q - k - v) elements per token per block more than
+    #: the installed release's kernels, which take the grouped heads (Mistral's FlashAttention2 before 4.48)
+    repeats_kv: bool = False
     source: str = Field(min_length=10)
 
 

@@ -85,6 +85,9 @@ def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
     eager path saves them at 4 B instead of 2 (and scores the attention in fp32), SDPA casts them back for the kernel
     while the returned cache keeps the fp32 key (``fp32_rope_bytes_per_h``; nothing where activations are fp32
     already). The bytes are alive from their block's forward to its backward, like the block's other activations.
+    Mistral's FlashAttention2 before 4.48 expanded the grouped keys and values to the query heads (``repeat_kv``)
+    and then cast them to the 16-bit kernel dtype, so flash_attn saved query-wide keys and values (``repeats_kv``;
+    traced on 4.39.3's sdpa path, which expands the same way: scripts/trace_block_backward.py ``--compare``).
     ``checkpointed``: the blocks are recomputed in backward, so only the one block being recomputed holds them.
     Buffers an old release registers are attention_buffer_bytes, not these. A model type or release without an entry is charged nothing.
     """
@@ -97,8 +100,9 @@ def attention_era_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
     s2_bytes, hidden_bytes = (2, 2) if r == "half" else (4, 4) if r == "fp32" else (4, 2)
     b, s = setup.micro_batch_size, setup.seq_len
     rope = 0.0 if r == "fp32" else e.fp32_rope_bytes_per_h   # 16-bit tensors promoted by fp32 rotary tables
+    repeated = 2 * spec.num_attention_heads * spec.head_dim - spec.kv_elements_per_token() if e.repeats_kv else 0
     per_block = (e.per_head_s2_elements * b * spec.num_attention_heads * s * s * s2_bytes
-                 + (e.hidden_elements * hidden_bytes + rope) * spec.hidden_size * b * s)
+                 + (e.hidden_elements * hidden_bytes + rope) * spec.hidden_size * b * s + repeated * hidden_bytes * b * s)
     return int(per_block * (1 if checkpointed else spec.total_layers))
 
 
