@@ -16,6 +16,16 @@ what the recompute keeps (``saved``) and how far the backward rises above it (``
 bytes and the rise, each per FFN unit and per hidden unit, for the releases installed in the venv that runs it: run
 it under a venv with transformers 4.39.3 + peft 0.10.0 and under this one to set the April-2024 QLoRA stack beside
 the current one (docs/validation.md section 19; tests/test_mistral_fa2_repeat_kv.py).
+
+``--liger`` traces the fp32-stream and bf16-autocast cases with the blocks patched as liger-kernel patches a Llama
+instance (monkey_patch ``apply_liger_kernel_to_llama(model=...)``, what ``use_liger_kernel=True`` runs: every
+decoder MLP's forward becomes ``down_proj(LigerSiLUMulFunction(gate_proj(x), up_proj(x)))`` and every RMSNorm's
+forward ``LigerRMSNormFunction``). Triton does not run on CPU, so ``liger_functions`` stands in for the two kernels
+with their storage semantics (liger-kernel 0.8.5 ops/swiglu.py, ops/rms_norm.py): the SwiGLU forward keeps gate
+and up and returns a new product, its backward writes d(gate) and d(up) into the saved gate and up buffers and
+returns them; the RMSNorm forward keeps its input and one fp32 rstd per row and returns a new output, its backward
+(``in_place=True``, the Llama default) writes d(input) into the incoming gradient and returns it. Row-chunked
+arithmetic keeps the stand-ins' own temporaries length-free, so they drop out of the per-token differences.
 """
 
 from __future__ import annotations
@@ -86,7 +96,93 @@ def keep_4bit_inputs() -> Any:
     return undo
 
 
-def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True) -> Any:
+def liger_functions() -> tuple[Any, Any]:
+    """(SwiGLU, RMSNorm) autograd Functions with liger-kernel's storage semantics (see the module docstring): what
+    they allocate and what they keep is the kernels'; the arithmetic runs on row chunks (fixed size, so its
+    temporaries do not grow with the sequence) under autocast disabled, as a Triton kernel is."""
+    import torch
+
+    rows = 8
+
+    def chunks(n: int) -> range:
+        return range(0, n, rows)
+
+    class SwiGLU(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any, b: Any) -> Any:
+            c = torch.empty_like(a)   # swiglu_forward: c = torch.empty_like(a), written by the kernel
+            a2, b2, c2 = a.view(-1, a.shape[-1]), b.view(-1, b.shape[-1]), c.view(-1, c.shape[-1])
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                for r in chunks(a2.shape[0]):
+                    x = a2[r:r + rows].float()
+                    c2[r:r + rows] = torch.nn.functional.silu(x) * b2[r:r + rows]
+            ctx.save_for_backward(a, b)
+            return c
+
+        @staticmethod
+        def backward(ctx: Any, dc: Any) -> Any:
+            a, b = ctx.saved_tensors
+            a2, b2, d2 = a.view(-1, a.shape[-1]), b.view(-1, b.shape[-1]), dc.reshape(-1, dc.shape[-1])
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                for r in chunks(a2.shape[0]):
+                    x, y, g = a2[r:r + rows].float(), b2[r:r + rows].float(), d2[r:r + rows].float()
+                    sig = torch.sigmoid(x)
+                    silu = x * sig
+                    a2[r:r + rows] = g * (silu * (1 - sig) + sig) * y   # _swiglu_backward_kernel: tl.store(a_ptr, da)
+                    b2[r:r + rows] = g * silu                           # and tl.store(b_ptr, db)
+            return a, b
+
+    class RMSNorm(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
+            x2 = x.view(-1, x.shape[-1])
+            y = torch.empty_like(x2)                                     # Y: X's dtype
+            rstd = torch.empty(x2.shape[0], dtype=torch.float32)         # RSTD: fp32 in the llama casting mode
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                for r in chunks(x2.shape[0]):
+                    v = x2[r:r + rows].float()
+                    rstd[r:r + rows] = torch.rsqrt(v.pow(2).mean(-1) + eps)
+                    y[r:r + rows] = (v * rstd[r:r + rows, None]).to(x.dtype) * weight
+            ctx.save_for_backward(x, weight, rstd)
+            return y.view(x.shape)
+
+        @staticmethod
+        def backward(ctx: Any, dy: Any) -> Any:
+            x, weight, rstd = ctx.saved_tensors
+            x2, d2 = x.view(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+            n = x2.shape[-1]
+            with torch.no_grad(), torch.autocast("cpu", enabled=False):
+                for r in chunks(x2.shape[0]):
+                    v, g, s = x2[r:r + rows].float(), d2[r:r + rows].float() * weight.float(), rstd[r:r + rows, None]
+                    d2[r:r + rows] = s * (g - (s * s / n) * (g * v).sum(-1, keepdim=True) * v)  # dX stored into dY
+            if ctx.needs_input_grad[1]:
+                raise NotImplementedError("the traced norms are frozen (LoRA)")
+            return d2.view(dy.shape), None, None
+
+    return SwiGLU, RMSNorm
+
+
+def patch_liger(model: Any) -> None:
+    """Rebind every decoder MLP's and RMSNorm's forward as liger-kernel's instance patch does (the peft wrapper's
+    base model: Trainer applies it to ``model.get_base_model()``)."""
+    import types
+
+    swiglu, rmsnorm = liger_functions()
+
+    def mlp_forward(self: Any, x: Any) -> Any:
+        return self.down_proj(swiglu.apply(self.gate_proj(x), self.up_proj(x)))
+
+    def norm_forward(self: Any, x: Any) -> Any:
+        return rmsnorm.apply(x, self.weight, self.variance_epsilon)
+
+    inner = model.get_base_model().model
+    for norm in [inner.norm] + [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]:
+        norm.forward = types.MethodType(norm_forward, norm)
+    for layer in inner.layers:
+        layer.mlp.forward = types.MethodType(mlp_forward, layer.mlp)
+
+
+def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True, liger: bool = False) -> Any:
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
@@ -120,6 +216,8 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets))
     model.train()
+    if liger:
+        patch_liger(model)
     return model
 
 
@@ -179,22 +277,23 @@ def block_marks(model: Any, seq: int, autocast: bool) -> tuple[int, int, int]:
     return marks["start"], marks.get("saved", marks["start"]), state["peak"]
 
 
-def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512) -> tuple[float, float]:
+def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
+              liger: bool = False) -> tuple[float, float]:
     """(saved, peak) bytes per token of the middle block's backward, differenced over two lengths."""
-    _, saved, peak = per_token_marks(case, h, i, reentrant, s1, s2)
+    _, saved, peak = per_token_marks(case, h, i, reentrant, s1, s2, liger=liger)
     return saved, peak
 
 
 def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
-                    keep_inputs: bool = False) -> tuple[float, float, float]:
+                    keep_inputs: bool = False, liger: bool = False) -> tuple[float, float, float]:
     """Bytes per token (two lengths differenced): live as the middle block's recompute starts (every block input,
     the gradients already in flight), then the recompute's saved tensors and its backward's peak above that start.
-    ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs)."""
+    ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs); ``liger``: liger-kernel's patch."""
     kbit, prepare, autocast = CASES[case]
     undo = keep_4bit_inputs() if keep_inputs else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model = build(h, i, kbit, reentrant, tmp, prepare)
+            model = build(h, i, kbit, reentrant, tmp, prepare, liger)
             (a1, k1, p1), (a2, k2, p2) = block_marks(model, s1, autocast), block_marks(model, s2, autocast)
     finally:
         if undo is not None:
@@ -203,11 +302,12 @@ def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s
     return (a2 - a1) / ds, ((k2 - a2) - (k1 - a1)) / ds, ((p2 - a2) - (p1 - a1)) / ds
 
 
-def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224, i2: int = 448) -> dict[str, dict[str, float]]:
+def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224, i2: int = 448,
+               liger: bool = False) -> dict[str, dict[str, float]]:
     """Reentrant checkpointing (the April-2024 default), per token: the live bytes as the block's recompute starts,
     its saved tensors and its backward's rise above them, each split per FFN unit ("i", two widths differenced) and
     per hidden unit ("h", the rest at q = h, kv = h / 4), to set one stack's trace beside another's."""
-    one, two = (per_token_marks(case, h, i, True, keep_inputs=keep_inputs) for i in (i1, i2))
+    one, two = (per_token_marks(case, h, i, True, keep_inputs=keep_inputs, liger=liger) for i in (i1, i2))
     parts = {"between": (one[0], two[0]), "saved": (one[1], two[1]), "in_flight": (one[2] - one[1], two[2] - two[1])}
     out = {}
     for name, (x1, x2) in parts.items():
@@ -216,13 +316,14 @@ def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224,
     return out
 
 
-def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448) -> dict[str, float]:
+def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448,
+                 liger: bool = False) -> dict[str, float]:
     """Bytes per token the backward holds beyond the recompute's saved tensors (reentrant's: non-reentrant recomputes
     the same ones), per FFN unit ("i", two widths differenced) and per hidden unit ("h", the rest at q = h, kv = h / 4)."""
-    saved1, _ = per_token(case, h, i1, True)
-    saved2, _ = per_token(case, h, i2, True)
-    _, peak1 = per_token(case, h, i1, reentrant)
-    _, peak2 = per_token(case, h, i2, reentrant)
+    saved1, _ = per_token(case, h, i1, True, liger=liger)
+    saved2, _ = per_token(case, h, i2, True, liger=liger)
+    _, peak1 = per_token(case, h, i1, reentrant, liger=liger)
+    _, peak2 = per_token(case, h, i2, reentrant, liger=liger)
     per_i = ((peak2 - saved2) - (peak1 - saved1)) / (i2 - i1)
     return {"i": round(per_i, 2), "h": round(((peak1 - saved1) - per_i * i1) / h, 2)}
 
@@ -244,9 +345,24 @@ def compare() -> int:
     return 0
 
 
+def liger_main() -> int:
+    """``--liger``: per case, HF's modules beside liger-kernel's (reentrant: saved and in flight, per FFN unit / per
+    hidden unit), then Liger's in-flight coefficients for both checkpoint variants."""
+    for case in ("fp32_stream", "half_autocast"):
+        for liger in (False, True):
+            print(case, "liger" if liger else "hf", decomposed(case, liger=liger))
+            sys.stdout.flush()
+        for reentrant in (True, False):
+            print(case, f"liger reentrant={reentrant}: in flight per token", coefficients(case, reentrant, liger=True))
+            sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
     if "--compare" in sys.argv:
         return compare()
+    if "--liger" in sys.argv:
+        return liger_main()
     for case in ("fp32_stream", "half_autocast", "half"):
         for reentrant in (True, False):
             coef = coefficients(case, reentrant)

@@ -13,7 +13,8 @@ peak at the loss and does not move.
 
 Scope, as traced: LoRA on a frozen base (full fine-tuning adds weight-gradient temporaries the trace did not cover),
 gated MLPs (SwiGLU / GeGLU) as HF runs them (Liger's fused SwiGLU, whose backward writes its gradients into its saved
-gate and up buffers, was not traced and is priced the same: an overcount there that its technique hook may correct); the MLP's gradients come at another moment than eager attention's s x s backward
+gate and up buffers, holds the same in flight: traced, scripts/trace_block_backward.py --liger; what it saves less is
+its technique hook's); the MLP's gradients come at another moment than eager attention's s x s backward
 (masks.eager_backward_transient_bytes), so the block backward holds the larger of the two (analytic.py). Other setups
 get nothing here, as before.
 """

@@ -9,7 +9,8 @@ both are priced, so the search takes it
 only where it pays or where it is what fits. Liger patches only the model types in its dispatch table
 (liger_kernel/transformers/monkey_patch.py ``MODEL_TYPE_TO_APPLY_LIGER_FN``); for any other type it logs and
 does nothing, so perfguide never counts its savings there. The fused RMSNorm/SwiGLU kernels keep fewer tensors for
-backward (``fused_activation_savings``), priced on the blocks that are not checkpointed.
+backward (``block_savings``), priced on the blocks that are not checkpointed and on the one a checkpointed run
+recomputes in backward.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ MODEL_TYPES = frozenset({
     "mllama", "ministral", "mistral", "mixtral", "nemotron", "olmo2", "olmo3", "qwen2", "qwen3", "qwen3_moe", "qwen2_vl",
     "qwen2_5_vl", "qwen3_next", "smollm3", "phi3", "paligemma", "falcon_h1", "exaone4",
 })
+
+
+#: data/techniques.json rows of the bytes per token one block keeps less (per FFN unit, per hidden unit), by the
+#: dtypes its MLP and norms run in (``block_savings``)
+SAVED_LESS = {
+    "fp32_stream": ("liger_saved_less_fp32_stream_per_ffn_unit", "liger_saved_less_fp32_stream_per_hidden_unit"),
+    "half": ("liger_saved_less_half_per_ffn_unit", "liger_saved_less_half_per_hidden_unit"),
+    "fp32": ("liger_saved_less_fp32_per_ffn_unit", "liger_saved_less_fp32_per_hidden_unit"),
+}
 
 
 def supported(model_type: str) -> bool:
@@ -71,8 +81,12 @@ class LigerKernel(Technique):
         if not (self.active(ctx.setup) and supported(ctx.spec.model_type)):
             return terms  # apply_liger_kernel logs and patches nothing for a model type it has no kernels for
         saved = fused_activation_savings(ctx.spec, ctx.shape)
-        return terms.changed("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward" if saved else None,
-                             logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved))
+        # checkpointed: the one block recomputed in backward runs the same kernels and keeps the same less
+        recomputed = block_savings(ctx.spec, ctx.shape) if terms.recompute and ctx.shape.gradient_checkpointing else 0
+        note = ("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward"
+                + (" (in the recomputed block)" if recomputed else "")) if saved or recomputed else None
+        return terms.changed(note, logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved),
+                             recompute=max(0, terms.recompute - recomputed))
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not (self.active(ctx.setup) and ctx.setup.task == "train" and supported(ctx.spec.model_type)):
@@ -107,26 +121,41 @@ class LigerKernel(Technique):
         return {"use_liger_kernel": self.active(ctx.setup)}   # SFTConfig: written out both ways
 
 
-def fused_activation_savings(spec: Any, shape: Any) -> int:
-    """Bytes per micro-step Liger's fused RMSNorm and SwiGLU/GeGLU keep less for backward than HF's eager modules.
+def block_savings(spec: Any, shape: Any) -> int:
+    """Bytes per micro-step one block keeps less for backward under Liger's fused RMSNorm and SwiGLU/GeGLU than
+    under HF's eager modules (data/techniques.json ``liger_saved_less_*``, per token, per FFN and per hidden unit).
 
-    HF ``LlamaRMSNorm`` upcasts its input to fp32 and autograd keeps that fp32 copy (for ``pow``/``mul``) plus the
-    normalised tensor the weight multiplies; Liger's RMSNorm keeps its input in the model dtype and one fp32 rstd per
-    row (src/liger_kernel/ops/rms_norm.py ``save_for_backward(X, RSTD)``): 4 bytes per element less per norm in the
-    16-bit, AMP and fp32 regimes alike, two norms per block. HF's MLP keeps ``act(gate)`` for the multiply; Liger's
-    ``LigerSiLUMulFunction`` keeps only gate and up and recomputes the activation in backward (ops/swiglu.py): one
-    intermediate-sized tensor less (2 bytes, 4 in fp32). RoPE saves nothing per layer either way (cos/sin are
-    shared). Checkpointed blocks keep only their input, so nothing changes between blocks; the one recomputed block
-    (memory/block_backward.py, traced on HF's modules) is priced as HF's MLP: Liger's SwiGLU backward writes its
-    gradients into the saved gate and up buffers, so that is an overcount here, left until it is traced on a GPU.
+    HF's MLP keeps ``act(gate)`` for the multiply; Liger's ``LigerSiLUMulFunction`` keeps only gate and up and
+    recomputes the activation in backward (ops/swiglu.py): one intermediate-sized tensor less, in the MLP's dtype
+    (fp32 in peft's kbit fp32 stream, where bitsandbytes' Linear4bit returns its fp32 input's dtype:
+    activations.stream_regime). HF's ``LlamaRMSNorm`` upcasts a 16-bit input to fp32 and autograd keeps that copy;
+    Liger's RMSNorm keeps its input and one fp32 rstd per row (ops/rms_norm.py ``save_for_backward(X, RSTD)``):
+    4 B per element less per norm, two norms per block, and nothing in the kbit fp32 stream, whose input is already
+    fp32 and whose norm weights are frozen. RoPE saves nothing per layer either way (cos/sin are shared).
+
+    Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate and up buffers, but the gradients one
+    recomputed block's backward holds at its peak do not change (memory/block_backward.py's terms stand): traced
+    (scripts/trace_block_backward.py --liger), that peak is down_proj's input-gradient sum, before the SwiGLU runs.
     """
-    if shape.gradient_checkpointing or not supported(spec.model_type):
+    if not supported(spec.model_type):
         return 0
-    from ..memory.activations import regime
+    from ..memory.activations import regime, stream_regime
 
-    tokens = shape.micro_batch_size * shape.seq_len
-    mlp = (4 if regime(shape) == "fp32" else 2) * spec.active_intermediate_size if spec.gated_mlp else 0
-    return tokens * spec.total_layers * (2 * 4 * spec.hidden_size + mlp)
+    kbit_stream = regime(shape) == "half" and stream_regime(shape) != "half"   # a quantized base after peft's upcast
+    case = "fp32_stream" if kbit_stream else "fp32" if regime(shape) == "fp32" else "half"
+    per_ffn_unit, per_hidden_unit = SAVED_LESS[case]
+    mlp = constant(per_ffn_unit) * spec.active_intermediate_size if spec.gated_mlp else 0
+    per_token = constant(per_hidden_unit) * spec.hidden_size + mlp
+    return int(shape.micro_batch_size * shape.seq_len * per_token)
+
+
+def fused_activation_savings(spec: Any, shape: Any) -> int:
+    """Bytes per micro-step Liger's fused kernels keep less for backward across the blocks that are not
+    checkpointed (``block_savings`` per block). Checkpointed blocks keep only their input, so nothing changes between
+    them; the one block recomputed in backward keeps ``block_savings`` less (the ``memory`` hook, on the recompute)."""
+    if shape.gradient_checkpointing:
+        return 0
+    return block_savings(spec, shape) * spec.total_layers
 
 
 def chunk_rows(spec: Any, tokens: int) -> int:

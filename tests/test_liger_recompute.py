@@ -1,0 +1,75 @@
+"""Liger's fused SwiGLU and RMSNorm in the block a checkpointed run recomputes in backward.
+
+The recompute keeps what one block keeps without checkpointing, so Liger's kernels keep there what they keep
+anywhere: LigerSiLUMulFunction saves gate and up (not act(gate)), LigerRMSNormFunction its input and one fp32 rstd
+per row (liger-kernel ops/swiglu.py, ops/rms_norm.py). The hand counts below come from those storage semantics and
+the dtypes the block runs in; the trace test runs scripts/trace_block_backward.py's stand-ins for the two kernels on
+real CPU tensors at a shape the coefficients were not traced at.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from perfguide import Hardware
+from perfguide.memory import estimate_memory
+from perfguide.techniques.liger_kernel import block_savings
+
+try:
+    from test_block_backward import ALL, _trace_script, llama_spec, qlora
+except ImportError:  # pragma: no cover
+    from tests.test_block_backward import ALL, _trace_script, llama_spec, qlora
+
+from perfguide.setup import LoraSpec
+
+H, I = 4096, 14336   # Mistral-7B
+
+
+def _activations(liger: bool, **update: object) -> int:
+    spec = llama_spec()
+    return estimate_memory(spec, qlora(liger_kernel=liger, **update), Hardware.from_name("a100-80gb")).activations
+
+
+def test_fp32_stream_recompute_keeps_one_fp32_ffn_tensor_less() -> None:
+    """peft's kbit fp32 stream: gate_proj returns fp32, so the act(gate) HF keeps and Liger recomputes is 4 B per FFN
+    unit; the norms' input is already fp32 and their weights frozen, so HF keeps no upcast copy: nothing per hidden
+    unit. Checkpointed blocks keep only their input, so the recomputed block is the whole difference."""
+    assert _activations(False) - _activations(True) == 1 * 4096 * (4 * I + 0 * H)
+
+
+def test_bf16_base_recompute_keeps_act_gate_and_the_norm_upcasts_less() -> None:
+    """bf16 base under bf16 autocast: act(gate) is bf16 (2 B per FFN unit) and each of the two norms keeps an fp32
+    upcast of its bf16 input (4 B per hidden unit) that Liger's does not."""
+    bf16 = dict(weights_dtype="bf16", kbit_upcast=False)
+    assert _activations(False, **bf16) - _activations(True, **bf16) == 1 * 4096 * (2 * I + 2 * 4 * H)
+
+
+def test_not_checkpointed_fp32_stream_counts_the_same_per_block() -> None:
+    """Without checkpointing every block keeps the same less as the recomputed one: 32 blocks of 4 B per FFN unit."""
+    assert _activations(False, gradient_checkpointing=False) - _activations(True, gradient_checkpointing=False) \
+        == 32 * 1 * 4096 * 4 * I
+
+
+def test_unpatched_model_type_keeps_hf_recompute() -> None:
+    gpt2 = llama_spec().model_copy(update={"model_type": "gpt2"})
+    assert block_savings(gpt2, qlora(liger_kernel=True)) == 0
+
+
+@pytest.mark.parametrize("case", ["fp32_stream", "half_autocast"])
+def test_real_tensors_liger_block_keeps_what_the_hook_removes(case: str) -> None:
+    """Real CPU tensors, reentrant checkpointing, h 96 and FFN 256 (the coefficients came from h 64, FFN 3.5 h):
+    the middle block's peak (recompute + gradients in flight) with liger-kernel's storage semantics is
+    block_savings below HF's, and the gradients in flight above the recompute are the same (the SwiGLU backward's
+    in-place writes come after the block's peak, down_proj's input-gradient sum)."""
+    pytest.importorskip("bitsandbytes")
+    trace = _trace_script()
+    h, i = 96, 256
+    hf_saved, hf_peak = trace.per_token(case, h, i, True, 128, 256)
+    lg_saved, lg_peak = trace.per_token(case, h, i, True, 128, 256, liger=True)
+    spec = llama_spec(h=h, i=i, vocab=256, layers=3, kv=1, heads=4)
+    setup = qlora(lora=LoraSpec(r=8, alpha=16, target_modules=ALL), seq_len=1000, liger_kernel=True,
+                  **({} if case == "fp32_stream" else {"weights_dtype": "bf16", "kbit_upcast": False}))
+    predicted = block_savings(spec, setup) / 1000
+    assert hf_peak - lg_peak == pytest.approx(predicted, rel=0.02)
+    assert hf_saved - lg_saved == pytest.approx(predicted, rel=0.02)
+    assert lg_peak - lg_saved == pytest.approx(hf_peak - hf_saved, abs=0.5)
