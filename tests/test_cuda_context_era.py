@@ -119,15 +119,16 @@ def test_the_installed_torch_is_read_once_per_process(monkeypatch: pytest.Monkey
     not from an importlib.metadata scan of sys.path per call (which tripled recommend()'s latency when it did)."""
     from importlib import metadata
 
+    from perfguide._packages import installed_release
     from perfguide.memory import overhead
 
     calls = []
     real = metadata.version
     monkeypatch.setattr(metadata, "version", lambda name: calls.append(name) or real(name))
-    overhead.installed_torch.cache_clear()
+    installed_release.cache_clear()
     try:
         for _ in range(50):
             overhead.cuda_context_bytes(None)
         assert calls == ["torch"]
     finally:
-        overhead.installed_torch.cache_clear()
+        installed_release.cache_clear()

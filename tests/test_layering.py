@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "perfguide"
 #: a folder ending in "/" (every module below it). The most specific member wins: a module named exactly,
 #: then the longest folder; so the fold modules of memory/ and speed/ sit above the rest of their folders.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("vocabulary", ("_base", "_cache", "_data", "_files", "_interrupt", "_serving_data", "_text",
+    ("vocabulary", ("_base", "_cache", "_data", "_files", "_interrupt", "_packages", "_serving_data", "_text",
                     "_version", "decisions", "errors", "optimizer_facts", "setup", "sources", "data/")),
     ("hardware and model", ("hardware/", "model/")),
     ("memory and speed primitives", ("memory/", "speed/")),

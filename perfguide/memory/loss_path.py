@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import Field
 
 from .._data import DataModel
+from .._packages import installed_release
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 
@@ -91,12 +92,7 @@ def hf_loss_bytes(spec: ModelSpec, setup: Setup, transformers_version: str, loop
 @lru_cache(maxsize=1)
 def installed_transformers() -> str | None:
     """The transformers release installed next to perfguide (the one a plan made here will train with)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("transformers")
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_release("transformers")
 
 
 def release_delta_bytes(spec: ModelSpec, setup: Setup, release: str | None) -> int:

@@ -10,10 +10,10 @@ Constants live in data/calibration.json with their sources; bench/accuracy.py is
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from .._data import fact_extra, fact_value
+from .._packages import installed_release
 from ..hardware.types import Hardware
 from ..setup import Setup
 from .loss_path import version_tuple
@@ -32,17 +32,9 @@ LAZY_LOADING_SINCE_TORCH = "1.13.0"
 LAZY_LOADING_SINCE_CUDA = 117
 
 
-@lru_cache(maxsize=1)
 def installed_torch() -> str | None:
-    """The torch release installed next to perfguide (the one a plan made here runs), read without importing torch.
-    Read once: importlib.metadata scans every distribution on sys.path (~0.5 ms), and a plan prices hundreds of
-    setups."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
+    """The torch release installed next to perfguide (the one a plan made here runs), read without importing torch."""
+    return installed_release("torch")
 
 
 def module_loading(torch_release: str | None = None) -> str:

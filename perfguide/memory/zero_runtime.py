@@ -7,9 +7,8 @@ stage_1_and_2.py v0.14.4), so the forward and backward peaks hold less than the 
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from .._data import fact_value
+from .._packages import installed_release
 from ..setup import QUANTIZED, Setup
 from .loss_path import version_tuple
 from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements
@@ -55,13 +54,6 @@ def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: in
     return bucket_bytes(setup, trainable, grad_elem_bytes)
 
 
-@lru_cache(maxsize=1)
 def installed_deepspeed() -> str | None:
-    """The DeepSpeed release installed next to perfguide (the one a plan made here will train with); None if absent.
-    Read once: a plan prices hundreds of setups."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("deepspeed")
-    except metadata.PackageNotFoundError:
-        return None
+    """The DeepSpeed release installed next to perfguide (the one a plan made here will train with); None if absent."""
+    return installed_release("deepspeed")

@@ -13,9 +13,9 @@ import os
 import platform
 import shutil
 import sys
-from importlib import metadata
 from pathlib import Path
 
+from .._packages import installed_release
 from .._version import __version__
 from ..hardware.types import Hardware
 from .hardware import gpu_summary
@@ -30,10 +30,7 @@ HEADER = "Copy-and-paste the text below in your GitHub issue."
 
 
 def library_version(name: str) -> str:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+    return installed_release(name) or "not installed"
 
 
 def torch_accelerator() -> str:
