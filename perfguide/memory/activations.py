@@ -278,7 +278,7 @@ def fp32_mlp_bytes(spec: ModelSpec, setup: Setup) -> int:
     the product's) take 4 B instead of the 2 the ``half`` coefficients count. Traced (scripts/trace_block_backward.py,
     real nf4 tensors): the recompute saves 14 B per FFN unit per token in the fp32 stream against 8 with a bf16 base.
     """
-    if not spec.gated_mlp or spec.is_encoder_decoder or regime(setup) != "half" or stream_regime(setup) == "half":
+    if not spec.gated_mlp or spec.is_encoder_decoder or not kbit_fp32_stream(setup):
         return 0
     return setup.micro_batch_size * setup.seq_len * spec.active_intermediate_size * 3 * 2
 
@@ -310,6 +310,12 @@ def stream_regime(setup: Setup) -> RegimeName:
     if setup.weights_dtype in QUANTIZED and setup.kbit_upcast:
         return "amp"
     return regime(setup)
+
+
+def kbit_fp32_stream(setup: Setup) -> bool:
+    """A quantized base after peft's kbit upcast: its 16-bit-regime blocks run in an fp32 stream (``stream_regime``),
+    so bitsandbytes' k-bit Linears return fp32 and the MLP's intermediates are fp32 too."""
+    return setup.weights_dtype in QUANTIZED and stream_regime(setup) != "half"
 
 
 def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:

@@ -27,7 +27,7 @@ from pydantic import Field
 
 from .._data import DataModel
 from ..model.types import ModelSpec
-from ..setup import QUANTIZED, Setup
+from ..setup import Setup
 
 Case = Literal["fp32_stream", "half_autocast", "half"]
 Mode = Literal["reentrant", "non_reentrant"]
@@ -47,11 +47,11 @@ def stream_case(setup: Setup) -> Case | None:
     A quantized base prepared by peft (``kbit_upcast``) under autocast keeps an fp32 stream, and bitsandbytes' k-bit
     Linears return their input's dtype, so the MLP runs in fp32 (activations.stream_regime); a 16-bit base keeps
     16-bit intermediates, with or without autocast. fp32 weights and DeepSpeed's 16-bit casts were not traced."""
-    from .activations import engine_casts_to_16bit, stream_regime
+    from .activations import engine_casts_to_16bit, kbit_fp32_stream
 
     if setup.weights_dtype == "fp32" or engine_casts_to_16bit(setup):
         return None
-    if setup.weights_dtype in QUANTIZED and stream_regime(setup) == "amp":
+    if kbit_fp32_stream(setup):
         return "fp32_stream"
     return "half_autocast" if setup.autocast else "half"
 

@@ -139,10 +139,9 @@ def block_savings(spec: Any, shape: Any) -> int:
     """
     if not supported(spec.model_type):
         return 0
-    from ..memory.activations import regime, stream_regime
+    from ..memory.activations import kbit_fp32_stream, regime
 
-    kbit_stream = regime(shape) == "half" and stream_regime(shape) != "half"   # a quantized base after peft's upcast
-    case = "fp32_stream" if kbit_stream else "fp32" if regime(shape) == "fp32" else "half"
+    case = "fp32_stream" if kbit_fp32_stream(shape) else "fp32" if regime(shape) == "fp32" else "half"
     per_ffn_unit, per_hidden_unit = SAVED_LESS[case]
     mlp = constant(per_ffn_unit) * spec.active_intermediate_size if spec.gated_mlp else 0
     per_token = constant(per_hidden_unit) * spec.hidden_size + mlp
