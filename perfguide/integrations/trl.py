@@ -14,7 +14,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError
-from .adapter_facts import emitted, require_training, target_supports_tf32
+from .adapter_facts import emitted, require_training
 from .transformers import check_machine, training_args_dict
 
 if TYPE_CHECKING:
@@ -26,17 +26,16 @@ if TYPE_CHECKING:
 TRL_HINT = "pip install 'perfguide[trl]' (trl>=1.0), or use rec.sft_config_dict() for the plain kwargs"
 
 
-def explicit_training_keys(rec: Recommendation) -> dict[str, Any]:
-    """The TrainingArguments settings ``training_args_dict`` leaves out when off, spelled out for SFTConfig."""
-    s = rec.setup
-    return {
-        "bf16": s.autocast == "bf16",
-        "fp16": s.autocast == "fp16",
-        "tf32": bool(s.tf32 and target_supports_tf32(rec)),
-        # under FSDP the plugin checkpoints (fsdp_config); the flag would add a second, redundant pass
-        "activation_checkpointing": s.gradient_checkpointing and not s.is_fsdp,
-        "torch_compile": s.torch_compile,
-    }
+#: the TrainingArguments switches SFTConfig defaults differently (bf16, checkpointing on): written out both ways
+EXPLICIT_KEYS = ("bf16", "fp16", "tf32", "activation_checkpointing", "torch_compile")
+
+
+def explicit_training_keys(training_args: dict[str, Any]) -> dict[str, Any]:
+    """The switches ``training_args_dict`` leaves out when off, spelled out for SFTConfig: read from those kwargs
+    (what the plan's techniques emitted), never derived again. A second derivation from the Setup said bf16=False
+    for an fp8 plan (whose Trainer switch stays bf16) and bf16=True for pure bf16 under FSDP2, where the switch is
+    left off on purpose so accelerate does not upcast the shards to fp32 masters (techniques/precision.py)."""
+    return {key: bool(training_args.get(key, False)) for key in EXPLICIT_KEYS}
 
 
 def technique_keys(setup: Setup) -> dict[str, Any]:
@@ -59,7 +58,7 @@ def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     """``SFTConfig`` kwargs as plain data (plan on a laptop, run on the target); ``overrides`` win."""
     s = require_training(rec, "sft_config_dict")
     kw = training_args_dict(rec)
-    kw.update(explicit_training_keys(rec))
+    kw.update(explicit_training_keys(kw))
     kw.update(technique_keys(s))
     kw.update(emitted(rec, "trl_args"))
     if s.padding_free and "max_length" not in overrides:

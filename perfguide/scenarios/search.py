@@ -75,6 +75,16 @@ def gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+def gib_over(need: float, usable: float) -> str:
+    """'need > usable' in GiB with as many decimals as it takes for the printed numbers to say it: 71.24 GiB over
+    71.2 GiB, both shown at one decimal, read '71.2 GiB > 71.2 GiB', a comparison the reader sees as false."""
+    for digits in (1, 2, 3):
+        a, b = f"{need / GiB:.{digits}f}", f"{usable / GiB:.{digits}f}"
+        if float(a) > float(b):
+            return f"{a} GiB > {b} GiB"
+    return f"{need:,.0f} B > {usable:,.0f} B"
+
+
 def usable_bytes(memory: MemoryEstimate, headroom: float) -> int | None:
     """Device memory a plan may fill: capacity (already what a probe saw free) minus the headroom fraction.
     Training and inference rules both judge 'fits' by it, so a plan and its report never disagree."""
@@ -246,8 +256,9 @@ def broken_limit(memory: MemoryEstimate, hardware: Hardware, headroom: float) ->
     node's host RAM."""
     usable = usable_bytes(memory, headroom)
     if (usable is None or memory.needed <= usable) and not fits_ram(memory, hardware, headroom):
-        return f"offload needs {gib(memory.cpu_ram)} host RAM per node > {gib(usable_ram(hardware, headroom))} usable", memory.cpu_ram
-    return f"needs {gib(memory.needed)} > {gib(usable or 0)} usable", memory.needed
+        need, ram = gib_over(memory.cpu_ram, usable_ram(hardware, headroom)).split(" > ")
+        return f"offload needs {need} host RAM per node > {ram} usable", memory.cpu_ram
+    return f"needs {gib_over(memory.needed, usable or 0)} usable", memory.needed
 
 
 def not_fitting_why(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> str:

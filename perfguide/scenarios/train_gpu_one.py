@@ -87,10 +87,11 @@ def _smaller_global_batch(request: Request, mode: str) -> list[str]:
     """The largest smaller global batch at which this setup fits here: without accumulation the optimizer step can
     run inside backward (no gradient buffer), which is how torchtune fits an 8B full fine-tune on one 24 GB card at
     batch 2 (README memory table). The global batch changes the training, so this is offered, never chosen."""
+    micro = request.constraints.micro_batch_size or 1   # a forced micro-batch: only batches it divides are offered
     k = request.global_batch_size // 2
-    while k >= 1:
-        p = _plan(request.model_copy(update={"global_batch_size": k}), lambda *_: ())
-        if p.fits:
+    while k >= micro:
+        p = _plan(request.model_copy(update={"global_batch_size": k}), lambda *_: ()) if k % micro == 0 else None
+        if p is not None and p.fits:
             return [f"global_batch_size={k} fits this {mode} setup on one GPU ({p.setup.label}): "
                     f"{gib(p.memory.device_total)} per device, {p.throughput.step_time_s:.3g} s/step"]
         k //= 2

@@ -1,0 +1,518 @@
+"""What a user hits in the first hour: ``recommend()`` across real models x scenarios x targets, every output
+writer run and handed to the library that reads it -> bench/results/sweep.md.
+
+Run: ``.venv/bin/python bench/sweep.py [--quick]``. Each (model, scenario, target) cell calls ``recommend`` with
+defaults, then a few forced constraints per scenario; every plan is checked for:
+
+* an exception that is not a one-line PerfGuideError (a traceback a user would see);
+* a plan that contradicts itself: ``fits`` vs its own memory (need above the usable capacity, or the reverse), a
+  forced constraint the setup does not carry, a global batch that micro-batch x accumulation x world does not give;
+* nonsense numbers: negative / NaN / infinite bytes or times, tokens/s whose FLOPs exceed the hardware's peak;
+* a decision without a reason, the deciding number or a source;
+* outputs the libraries' own parsers reject: ``TrainingArguments`` / ``trl.SFTConfig`` / ``peft.LoraConfig``
+  construction, accelerate's ``ClusterConfig`` loading of the YAML written to disk, DeepSpeed's
+  ``DeepSpeedConfig`` parsing of the JSON, the launch / serve command read back by ``perfguide check``'s readers.
+
+A finding is a defect to fix (tests/test_sweep_*.py holds each fix's regression test); the table lists what is
+left. Offline: models come from perfguide's own catalogue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _report import publish
+
+import perfguide
+from perfguide.errors import PerfGuideError
+
+OUT = ROOT / "bench" / "results" / "sweep.md"
+
+MODELS = (
+    "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-3B", "meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B",
+    "Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-14B", "Qwen/Qwen2.5-72B",
+    "Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B", "Qwen/Qwen3-30B-A3B",
+    "mistralai/Mistral-7B-v0.3", "mistralai/Mixtral-8x7B-v0.1", "mistralai/Mistral-Small-24B-Base-2501",
+    "google/gemma-2-2b", "google/gemma-2-9b", "google/gemma-3-1b-pt", "google/gemma-3-12b-pt",
+    "microsoft/Phi-3-mini-4k-instruct", "microsoft/phi-4", "deepseek-ai/DeepSeek-V3", "openai/gpt-oss-20b",
+    "openai-community/gpt2", "google-bert/bert-base-uncased", "google-t5/t5-base",
+)
+SCENARIOS = ("train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu")
+TARGETS = ("cpu", "t4", "rtx3090", "rtx4090:2", "l4", "a10g", "a100-40gb:8", "a100-80gb:8", "h100:8", "h200")
+
+#: forced constraints per scenario family: each must survive into the plan's setup (or be refused in one line)
+FORCED_TRAIN: tuple[dict[str, Any], ...] = (
+    {"finetune": "lora"}, {"finetune": "qlora"}, {"micro_batch_size": 2}, {"precision": "fp16"},
+    {"gradient_checkpointing": False}, {"optimizer": "adamw_8bit"},
+)
+FORCED_MANY: tuple[dict[str, Any], ...] = ({"strategy": "fsdp"}, {"strategy": "zero3"}, {"strategy": "ddp"}, {"num_gpus": 2})
+FORCED_INFER: tuple[dict[str, Any], ...] = ({"batch_size": 8}, {"engine": "vllm"}, {"engine": "sglang"}, {"quantization": "nf4"})
+
+
+#: workload shapes beyond the defaults: long context, tiny / odd / large global batches, long generations
+SHAPES_TRAIN: tuple[dict[str, Any], ...] = ({"seq_len": 8192}, {"seq_len": 32768, "finetune": "qlora"}, {"global_batch_size": 1},
+                                            {"global_batch_size": 7}, {"global_batch_size": 256, "seq_len": 512})
+SHAPES_INFER: tuple[dict[str, Any], ...] = ({"prompt_len": 4096, "max_new_tokens": 1024}, {"batch_size": 64, "prefer": "latency"},
+                                            {"engine": "vllm", "max_model_len": 32768})
+
+
+@dataclass
+class Finding:
+    kind: str
+    case: str
+    detail: str
+
+
+@dataclass
+class Tally:
+    outcomes: Counter[str] = field(default_factory=Counter)
+    writers: Counter[str] = field(default_factory=Counter)
+    findings: list[Finding] = field(default_factory=list)
+
+    def flag(self, kind: str, case: str, detail: str) -> None:
+        self.findings.append(Finding(kind, case, " ".join(str(detail).split())[:300]))
+
+
+def _classify(exc: BaseException) -> tuple[str, str | None]:
+    """'PerfGuideError' for a one-line error of the family; else the exception's name and its first frames."""
+    if isinstance(exc, PerfGuideError) and "\n" not in str(exc) and str(exc).strip():
+        return "PerfGuideError", None
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = "; ".join(f"{Path(f.filename).name}:{f.lineno}" for f in tb[-3:])
+    return type(exc).__name__, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''} at {where}"
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
+
+
+# --- the plan's own consistency -------------------------------------------------------------------------------------
+
+def _peak_flops(rec: Any) -> float:
+    """The hardware's best dense peak over every dtype it lists (FLOP/s, all devices): nothing runs faster."""
+    hw = rec.hardware
+    if rec.setup.device == "cpu" or not hw.gpus:
+        per = max((hw.cpu.bf16_gflops or 0), (hw.cpu.fp32_gflops or 0)) * 1e9
+        return per if per > 0 else float("inf")
+    g = hw.gpus[0]
+    per = max(x or 0 for x in (g.bf16_tflops, g.fp16_tflops, g.fp8_tflops, g.fp32_tflops, g.tf32_tflops)) * 1e12
+    return per * rec.setup.num_gpus * rec.setup.nodes if per > 0 else float("inf")
+
+
+def _active_params(spec: Any) -> float:
+    """Parameters one token runs through: a MoE's routed experts counted at top-k of n."""
+    total = float(spec.total_params)
+    if spec.num_experts and spec.expert_params:
+        total -= spec.expert_params * (1 - (spec.num_experts_per_tok or 1) / spec.num_experts)
+    return total - float(spec.embedding_params or 0)
+
+
+def check_plan(rec: Any, case: str, forced: dict[str, Any], t: Tally) -> None:
+    mem, thr, s = rec.memory, rec.throughput, rec.setup
+    for name in ("weights", "gradients", "optimizer_states", "activations", "logits", "kv_cache", "peak_allocated", "device_total", "cpu_ram"):
+        if not _finite(getattr(mem, name)):
+            t.flag("nonsense number", case, f"memory.{name}={getattr(mem, name)!r}")
+    for name in ("step_time_s", "tokens_per_s", "mfu"):
+        if not _finite(getattr(thr, name)):
+            t.flag("nonsense number", case, f"throughput.{name}={getattr(thr, name)!r}")
+    if rec.fits and thr.tokens_per_s <= 0:
+        t.flag("nonsense number", case, f"a plan that fits runs at {thr.tokens_per_s} tokens/s")
+    # tokens/s bound: a training token costs >= 4 x active params FLOPs (forward + the input-gradient backward,
+    # LoRA included); a served token >= 2 x active params. Above the hardware's peak is impossible.
+    per_token = (4 if s.task == "train" else 2) * _active_params(rec.model)
+    peak = _peak_flops(rec)
+    if thr.tokens_per_s * per_token > peak * 1.0001:
+        t.flag("above hardware peak", case, f"{thr.tokens_per_s:.4g} tokens/s x {per_token:.3g} FLOP/token = "
+               f"{thr.tokens_per_s * per_token / 1e12:.4g} TFLOP/s > peak {peak / 1e12:.4g} TFLOP/s")
+    need, cap = mem.fit_total, mem.capacity
+    if rec.fits and need is not None and cap is not None and need > cap:
+        t.flag("fits vs its own memory", case, f"fits=True but needs {need / 2**30:.2f} GiB > usable {cap / 2**30:.2f} GiB")
+    if rec.fits != mem.fits:
+        t.flag("fits vs its own memory", case, f"plan fits={rec.fits}, memory.fits={mem.fits}")
+    brief = rec.report(brief=True).lower()
+    says_no = "does not fit" in brief or "nothing fits" in brief
+    if says_no == rec.fits:
+        t.flag("fits vs its own report", case, f"fits={rec.fits} but the headline says {brief.splitlines()[5][:120] if len(brief.splitlines()) > 5 else brief[:120]!r}")
+    for bad in false_comparisons(rec.report()):
+        t.flag("false comparison in the report", case, bad)
+    if s.task == "train" and s.micro_batch_size * s.gradient_accumulation_steps * s.world_size != rec.request.global_batch_size:
+        t.flag("global batch", case, f"mb {s.micro_batch_size} x ga {s.gradient_accumulation_steps} x world {s.world_size} != "
+               f"global {rec.request.global_batch_size}")
+    for key, value in forced.items():
+        got = _forced_value(rec, key)
+        if got is not _SKIP and got != value:
+            t.flag("forced constraint changed", case, f"{key}={value!r} asked, plan has {got!r}")
+    for d in rec.decisions:
+        if not d.reason.strip():
+            t.flag("decision without reason", case, f"{d.setting}={d.value!r}")
+    t.outcomes["decisions"] += len(rec.decisions)
+    t.outcomes["decisions with a number"] += sum(d.number is not None for d in rec.decisions)
+    t.outcomes["decisions with a source"] += sum(bool(d.source) for d in rec.decisions)
+
+
+_SKIP = object()
+
+
+def _forced_value(rec: Any, key: str) -> Any:
+    """The plan's value of a forced constraint, in the constraint's own spelling (_SKIP: not a setup field)."""
+    s = rec.setup
+    if key == "finetune":
+        return "full" if s.lora is None else ("qlora" if s.quantized else "lora")
+    if key == "precision":
+        return s.autocast or s.weights_dtype
+    if key == "num_gpus":
+        return s.num_gpus
+    if key == "strategy":
+        return s.strategy
+    if key == "engine":
+        return s.serving.engine if s.serving is not None else "transformers"
+    if key == "batch_size":
+        return s.micro_batch_size * (s.serving.data_parallel_size if s.serving is not None else 1) if s.task == "infer" else _SKIP
+    if key == "quantization":
+        return (s.serving.weight_format if s.serving is not None else s.weights_dtype)
+    if key == "optimizer":
+        return s.optimizer
+    if key == "max_model_len":
+        return s.serving.max_model_len if s.serving is not None else _SKIP
+    if key == "max_new_tokens":
+        return s.new_tokens
+    return getattr(s, key, _SKIP)
+
+
+def false_comparisons(text: str) -> list[str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from fuzz_inputs import false_comparisons as fc
+
+    return fc(text)
+
+
+# --- the outputs, handed to the libraries that read them ----------------------------------------------------------
+
+def _cpu_standin(kw: dict[str, Any]) -> dict[str, Any]:
+    """TrainingArguments checks the local device (tf32 / fp16 need CUDA); this machine has none, so the flags the
+    library gates on the device are dropped for the parse and the run is marked CPU. Every other key is parsed as
+    written (optim, fsdp, deepspeed, checkpointing, liger, ...)."""
+    kw = {k: v for k, v in kw.items() if k not in ("tf32", "fp16", "ddp_backend")}
+    return {**kw, "use_cpu": True}
+
+
+def _writer(t: Tally, case: str, name: str, fn: Callable[[], Any]) -> Any:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = fn()
+        t.writers[f"{name}: ok"] += 1
+        return got
+    except Exception as exc:  # noqa: BLE001 - any escape is a finding
+        kind, detail = _classify(exc)
+        t.writers[f"{name}: {kind}"] += 1
+        if detail is not None:
+            t.flag(f"writer {name} raised", case, detail)
+        return None
+
+
+def check_training_outputs(rec: Any, case: str, tmp: Path, t: Tally) -> None:
+    import copy
+
+    from transformers import TrainingArguments
+
+    kw = _writer(t, case, "training_args_dict", lambda: rec.training_args_dict(output_dir=str(tmp / "out")))
+    if kw is not None:
+        check_runs_on_target(rec, case, kw, t)
+    ta = _writer(t, case, "TrainingArguments", lambda: TrainingArguments(**_cpu_standin(copy.deepcopy(kw or {}))))
+    sft = _writer(t, case, "sft_config_dict", lambda: rec.sft_config_dict(output_dir=str(tmp / "sft")))
+    if kw is not None and sft is not None:
+        def said(d: dict[str, Any]) -> tuple[Any, ...]:   # unset and False read the same; checkpointing under either name
+            ckpt = bool(d.get("gradient_checkpointing") or d.get("activation_checkpointing"))
+            return (d.get("per_device_train_batch_size"), d.get("gradient_accumulation_steps"), bool(d.get("bf16")), bool(d.get("fp16")),
+                    d.get("optim"), ckpt, bool(d.get("use_liger_kernel")))
+        if said(kw) != said(sft):
+            t.flag("SFTConfig vs TrainingArguments", case, f"(mb, ga, bf16, fp16, optim, ckpt, liger): training_args {said(kw)}, sft_config {said(sft)}")
+    _writer(t, case, "trl.SFTConfig", lambda: _sft(rec, tmp))
+    if rec.setup.lora is not None:
+        _writer(t, case, "peft.LoraConfig", rec.lora_config)
+    _writer(t, case, "model_kwargs", rec.model_kwargs)
+    ds = _writer(t, case, "deepspeed_config", rec.deepspeed_config)
+    if ds is not None and ta is not None:
+        _writer(t, case, "DeepSpeedConfig", lambda: _deepspeed_parses(ds, ta))
+    path = _writer(t, case, "write_accelerate_config", lambda: rec.write_accelerate_config(tmp / "accelerate.yaml", overwrite=True))
+    if path is not None:
+        _writer(t, case, "accelerate load_config_from_file", lambda: _accelerate_loads(path))
+    cmd = _writer(t, case, "launch_command", lambda: rec.launch_command("train.py", config_file=str(path) if path else None))
+    if cmd:
+        _writer(t, case, "launcher parser", lambda: _launcher_parses(cmd))
+
+
+def check_runs_on_target(rec: Any, case: str, kw: dict[str, Any], t: Tally) -> None:
+    """What the target GPU cannot run must not be in its kwargs: bf16 before Ampere, tf32, FlashAttention 2,
+    bitsandbytes kernels (the GPU table's capability columns)."""
+    if rec.setup.device != "cuda" or not rec.hardware.gpus:
+        return
+    g = rec.hardware.gpus[0]
+    bad = []
+    if kw.get("bf16") and not g.supports_bf16:
+        bad.append("bf16=True")
+    if kw.get("tf32") and not g.supports_tf32:
+        bad.append("tf32=True")
+    if rec.setup.attn_implementation == "flash_attention_2" and not g.supports_flash_attention:
+        bad.append("flash_attention_2")
+    if (rec.setup.quantized or "bnb" in str(kw.get("optim", "")) or "8bit" in str(kw.get("optim", ""))) and not g.supports_bitsandbytes:
+        bad.append(f"bitsandbytes ({rec.setup.weights_dtype}, optim={kw.get('optim')})")
+    if bad:
+        t.flag("runs not on the target", case, f"{g.name} cannot run: {', '.join(bad)}")
+
+
+def _sft(rec: Any, tmp: Path) -> Any:
+    import copy
+
+    from trl import SFTConfig
+
+    return SFTConfig(**_cpu_standin(copy.deepcopy(rec.sft_config_dict(output_dir=str(tmp / "sft")))))
+
+
+def _deepspeed_parses(ds: dict[str, Any], ta: Any) -> Any:
+    """transformers fills the "auto" values from the TrainingArguments, then DeepSpeed's own config class reads it."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    hf = HfTrainerDeepSpeedConfig(json_roundtrip(ds))
+    hf.trainer_config_process(ta)
+    cfg = hf.config
+    z = cfg.get("zero_optimization", {})
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold"):
+        if z.get(key) == "auto":
+            z[key] = 4096 * 4096   # model-size values the Trainer fills from model.config.hidden_size at finalize
+    cfg["train_batch_size"] = cfg["train_micro_batch_size_per_gpu"] * cfg["gradient_accumulation_steps"]   # one rank here
+    return DeepSpeedConfig(cfg)
+
+
+def json_roundtrip(x: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(x))
+
+
+def _accelerate_loads(path: Path) -> Any:
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    return load_config_from_file(str(path))
+
+
+def _launcher_parses(cmd: str) -> Any:
+    import shlex
+
+    words = shlex.split(cmd)
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)   # VAR=value env prefixes
+    if words[:2] == ["accelerate", "launch"]:
+        from accelerate.commands.launch import launch_command_parser
+
+        return launch_command_parser().parse_args(words[2:])
+    if words and words[0] == "torchrun":
+        from torch.distributed.run import get_args_parser
+
+        return get_args_parser().parse_args(words[1:])
+    if words and words[0] in ("python", "python3"):
+        return words
+    raise ValueError(f"unknown launcher {words[:2]}")
+
+
+def check_serving_outputs(rec: Any, case: str, t: Tally) -> None:
+    if rec.setup.serving is None:
+        _writer(t, case, "generation_kwargs", rec.generation_kwargs)
+        mk = _writer(t, case, "model_kwargs", rec.model_kwargs)
+        g = rec.hardware.gpus[0] if rec.hardware.gpus and rec.setup.device == "cuda" else None
+        if g is not None and mk is not None and "bfloat16" in str(mk.get("dtype", mk.get("torch_dtype"))) and not g.supports_bf16:
+            t.flag("runs not on the target", case, f"{g.name} cannot run: dtype {mk.get('dtype', mk.get('torch_dtype'))}")
+        cmd = _writer(t, case, "launch_command", lambda: rec.launch_command("generate.py"))
+        if cmd:
+            _writer(t, case, "launcher parser", lambda: _launcher_parses(cmd))
+        return
+    g = rec.hardware.gpus[0] if rec.hardware.gpus else None
+    if g is not None and rec.setup.serving.dtype == "bf16" and not g.supports_bf16:
+        t.flag("runs not on the target", case, f"{g.name} cannot run: --dtype bfloat16")
+    _writer(t, case, "engine_args", rec.engine_args)
+    cmd = _writer(t, case, "serve_command", rec.serve_command)
+    if cmd:
+        c = _writer(t, case, "perfguide check (serve command read back)", lambda: perfguide.check(rec.request.model_id, cmd, hardware=rec.hardware))
+        if c is not None and rec.fits and not c.fits:
+            t.flag("serve command read back does not fit", case, f"recommend fits, check of its own command: {str(c.summary if hasattr(c, 'summary') else c)[:200]}")
+
+
+# --- the sweep ------------------------------------------------------------------------------------------------------
+
+def cases(quick: bool) -> list[tuple[str, str, str, dict[str, Any]]]:
+    models = MODELS[::4] if quick else MODELS
+    out: list[tuple[str, str, str, dict[str, Any]]] = []
+    for j, m in enumerate(models):
+        for sc in SCENARIOS:
+            for hw in TARGETS:
+                cpu = sc.endswith("cpu")
+                if cpu != (hw == "cpu"):
+                    continue
+                if sc.endswith("many") and ":" not in hw:
+                    continue
+                out.append((m, sc, hw, {}))
+            forced = (FORCED_TRAIN + (FORCED_MANY if sc.endswith("many") else ())) if sc.startswith("train") else FORCED_INFER
+            hw = {"train_gpu_one": "rtx3090", "train_gpu_many": "a100-80gb:8", "infer_gpu_one": "l4", "infer_gpu_many": "h100:8"}.get(sc, "cpu")
+            if sc.endswith("cpu"):
+                forced = forced[:3] if sc.startswith("train") else forced[:1]
+            variants = (*forced, *(SHAPES_TRAIN if sc.startswith("train") else SHAPES_INFER))
+            # each variant on every other model (alternating), so every one still meets every family, in half the time
+            out += [(m, sc, hw, v) for i, v in enumerate(variants) if quick or (i + j) % 2 == 0]
+    return out
+
+
+def run(quick: bool) -> tuple[Tally, int, float]:
+    t = Tally()
+    todo = cases(quick)
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as d:
+        for m, sc, hw, forced in todo:
+            extra = "".join(f" {k}={v!r}" for k, v in forced.items())
+            case = f"{m} {sc} {hw}{extra}"
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    rec = perfguide.recommend(m, scenario=sc, hardware=hw, **forced)
+            except Exception as exc:  # noqa: BLE001 - any escape is a finding
+                kind, detail = _classify(exc)
+                t.outcomes[kind] += 1
+                if detail is not None:
+                    t.flag("recommend raised", case, detail)
+                continue
+            t.outcomes["plan (fits)" if rec.fits else "plan (does not fit)"] += 1
+            try:
+                check_plan(rec, case, forced, t)
+            except Exception as exc:  # noqa: BLE001 - any escape is a finding
+                t.flag("checking the plan raised", case, _classify(exc)[1] or str(exc))
+            tmp = Path(tempfile.mkdtemp(dir=d))
+            if rec.setup.task == "train":
+                check_training_outputs(rec, case, tmp, t)
+            else:
+                check_serving_outputs(rec, case, t)
+        n_cli = run_cli(MODELS[::3] if quick else MODELS, t, Path(d))
+    return t, len(todo) + n_cli, time.perf_counter() - start
+
+
+CLI_TARGET = {"train_gpu_one": "rtx4090", "train_gpu_many": "a100-80gb:8", "train_cpu": "cpu", "infer_gpu_one": "a10g",
+              "infer_gpu_many": "a100-80gb:8", "infer_cpu": "cpu"}
+
+
+def run_cli(models: tuple[str, ...], t: Tally, tmp: Path) -> int:
+    """``perfguide recommend MODEL --scenario S --hardware H --json`` (and ``--write-configs DIR`` for training):
+    exit 0 (a plan), 3 (nothing fits, the JSON still printed) or 2 (one ``error:`` line on stderr); the JSON reads
+    back as a Recommendation; the files written load in TrainingArguments / SFTConfig / accelerate."""
+    import contextlib
+    import io
+    import json
+
+    from perfguide.cli import main as cli
+
+    n = 0
+    for m in models:
+        for sc, hw in CLI_TARGET.items():
+            n += 1
+            case = f"CLI {m} {sc} {hw}"
+            out_dir = Path(tempfile.mkdtemp(dir=tmp))
+            argv = ["recommend", m, "--scenario", sc, "--hardware", hw, "--json"]
+            if sc.startswith("train"):
+                argv += ["--write-configs", str(out_dir / "cfg")]
+            out, err = io.StringIO(), io.StringIO()
+            try:
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    code = cli(argv)
+            except BaseException as exc:   # noqa: BLE001 - the CLI must catch everything itself
+                t.flag("CLI raised", case, _classify(exc)[1] or repr(exc))
+                continue
+            t.outcomes[f"CLI exit {code}"] += 1
+            errs = [ln for ln in err.getvalue().splitlines() if ln.startswith("error:")]
+            if code not in (0, 2, 3):
+                t.flag("CLI exit status", case, f"exit {code}: {err.getvalue()[-200:]}")
+            if code == 2 and len(errs) != 1:
+                t.flag("CLI error not one line", case, err.getvalue()[-300:])
+            if code in (0, 3):
+                try:
+                    data = json.loads(out.getvalue())
+                    perfguide.Recommendation.model_validate(data)
+                except Exception as exc:  # noqa: BLE001 - any escape is a finding
+                    t.flag("CLI --json does not read back", case, _classify(exc)[1] or str(exc))
+            cfg = out_dir / "cfg"
+            if code in (0, 3) and sc.startswith("train"):
+                _cli_files(cfg, case, t)
+    return n
+
+
+def _cli_files(cfg: Path, case: str, t: Tally) -> None:
+    import json
+
+    from transformers import TrainingArguments
+    from trl import SFTConfig
+
+    names = sorted(p.name for p in cfg.iterdir()) if cfg.is_dir() else []
+    if "training_args.json" not in names:
+        t.flag("CLI --write-configs", case, f"wrote {names}")
+        return
+    _writer(t, case, "CLI training_args.json -> TrainingArguments",
+            lambda: TrainingArguments(**_cpu_standin(json.loads((cfg / "training_args.json").read_text()))))
+    if "sft_config.json" in names:
+        _writer(t, case, "CLI sft_config.json -> SFTConfig", lambda: SFTConfig(**_cpu_standin(json.loads((cfg / "sft_config.json").read_text()))))
+    if "accelerate.yaml" in names:
+        _writer(t, case, "CLI accelerate.yaml -> load_config_from_file", lambda: _accelerate_loads(cfg / "accelerate.yaml"))
+
+
+def render(t: Tally, n: int, seconds: float) -> str:
+    kinds = Counter(f.kind for f in t.findings)
+    lines = ["# Sweep: recommend() across real models x scenarios x targets", "",
+             f"{n} cases ({len(MODELS)} catalogued models x {len(SCENARIOS)} scenarios x {len(TARGETS)} targets, plus forced constraints and "
+             f"workload shapes per scenario, each on every other model, plus the CLI per model and scenario) in {seconds:.0f} s. Generated by `bench/sweep.py`; what each check means is its docstring.", "",
+             "## Outcomes of recommend()", "", "| outcome | cases |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(t.outcomes.items()) if not k.startswith("decisions")]
+    d = t.outcomes
+    lines += ["", f"Decisions: {d['decisions']}; with the deciding number {d['decisions with a number']}, with a source "
+              f"{d['decisions with a source']}.", "", "## Outputs, parsed by their libraries", "", "| writer: outcome | cases |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(t.writers.items())]
+    lines += ["", "## Findings", "", "| kind | count |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in sorted(kinds.items())] or ["| none | 0 |"]
+    if t.findings:
+        lines += ["", "First cases of each kind:", ""]
+        for k in sorted(kinds):
+            for f in [f for f in t.findings if f.kind == k][:5]:
+                lines.append(f"- **{k}**: `{f.case}`: {f.detail}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="every fourth model, not written to bench/results")
+    args = ap.parse_args()
+    t, n, seconds = run(args.quick)
+    text = render(t, n, seconds)
+    if args.quick:
+        print(text)
+        return 0
+    return publish(text, OUT)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Defects bench/sweep.py found by running recommend() and its writers across real models, scenarios and targets.
+
+Each test fails on the code before its fix; the expected values come from the libraries' own rules (accelerate's
+FSDP2 upcast, TRL's SFTConfig defaults) or from arithmetic, never from perfguide's own output.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+import perfguide
+from perfguide._base import GiB
+from perfguide.scenarios.search import gib_over
+
+try:  # tests/ as a plain folder or as a package
+    from helpers import make_rec
+except ImportError:  # pragma: no cover
+    from tests.helpers import make_rec
+
+
+# --- a forced micro-batch and the "what would fit" search -------------------------------------------------------------
+
+def test_forced_micro_batch_survives_the_smaller_global_batch_suggestion() -> None:
+    """micro_batch_size=2 divides the default global batch 32; a 14B full fine-tune does not fit one 3090, and the
+    suggestion search halved the global batch down to 1, where 2 no longer divides it: the user saw
+    'micro_batch_size=2 does not divide the per-device batch 1' for a constraint that was valid."""
+    rec = perfguide.recommend("Qwen/Qwen2.5-14B", "train_gpu_one", hardware="rtx3090", micro_batch_size=2)
+    assert rec.setup.micro_batch_size == 2 and rec.setup.micro_batch_size * rec.setup.gradient_accumulation_steps == 32
+    assert not rec.fits
+    for line in rec.suggestions:   # any smaller global batch offered must still be one the forced micro-batch divides
+        for k in re.findall(r"global_batch_size=(\d+)", line):
+            assert int(k) % 2 == 0, line
+
+
+# --- SFTConfig's explicit switches agree with TrainingArguments' -----------------------------------------------------
+
+def _sft_and_args(setup: dict) -> tuple[dict, dict]:
+    rec = make_rec(setup)
+    return rec.sft_config_dict(), rec.training_args_dict()
+
+
+def test_sft_config_keeps_pure_bf16_fsdp_out_of_mixed_precision() -> None:
+    """Pure bf16 under FSDP2: accelerate's fsdp2_prepare_model upcasts trainable bf16 params to fp32 whenever mixed
+    precision is on, so the Trainer's bf16 switch must stay off (TrainingArguments does). SFTConfig's bf16 defaults
+    to True, and the SFT kwargs set it from the autocast (bf16) again: a run with fp32 masters, twice the bytes priced."""
+    setup = {"weights_dtype": "bf16", "autocast": "bf16", "strategy": "fsdp", "num_gpus": 8, "optimizer": "adamw_torch"}
+    sft, args = _sft_and_args(setup)
+    assert args.get("bf16", False) is False
+    assert sft["bf16"] is False and sft["fp16"] is False
+    assert make_rec(setup).accelerate_config()["mixed_precision"] == "no"
+
+
+def test_sft_config_keeps_the_bf16_switch_of_an_fp8_plan() -> None:
+    """fp8 through accelerate keeps the Trainer's own switch at bf16 (the ops left out of fp8 run in bf16); the SFT
+    kwargs wrote bf16=False for it, so every non-fp8 op of the SFT run ran in fp32."""
+    sft, args = _sft_and_args({"weights_dtype": "fp32", "autocast": "fp8", "num_gpus": 1})
+    assert args["bf16"] is True
+    assert sft["bf16"] is True
+
+
+def test_sft_config_object_keeps_the_switches(tmp_path) -> None:
+    """Through trl's own SFTConfig (its bf16 default is True): the pure-bf16 FSDP plan's bf16 stays off."""
+    trl = pytest.importorskip("trl")
+    sft, _ = _sft_and_args({"weights_dtype": "bf16", "autocast": "bf16", "strategy": "fsdp", "num_gpus": 8, "optimizer": "adamw_torch"})
+    kw = {k: v for k, v in copy.deepcopy(sft).items() if k not in ("tf32", "ddp_backend")}
+    cfg = trl.SFTConfig(**{**kw, "output_dir": str(tmp_path), "use_cpu": True})
+    assert cfg.bf16 is False
+
+
+# --- "needs A > B usable" reads true at the precision printed ---------------------------------------------------------
+
+@pytest.mark.parametrize("need, usable", [(71.25, 71.23), (21.31, 21.29), (10.0004, 10.0), (5.06, 4.95)])
+def test_gib_over_prints_a_true_comparison(need: float, usable: float) -> None:
+    """At one decimal 71.25 GiB and 71.23 GiB both print 71.2: 'needs 71.2 GiB > 71.2 GiB usable' is a false
+    statement about the numbers shown. The printed pair must compare as the bytes do."""
+    text = gib_over(need * GiB, usable * GiB)
+    a, b = re.findall(r"([\d,.]+) (?:GiB|B)", text)
+    assert float(a.replace(",", "")) > float(b.replace(",", "")), text
