@@ -287,6 +287,15 @@ def _kbit_quantizer(row: dict[str, str]) -> str:
     return "litgpt" if row["source_group"].startswith("litgpt") else "transformers"
 
 
+def bnb_embedding_override(stack: str, optimizer: str) -> bool:
+    """Whether the run's stack gave embeddings 32-bit bnb state: the HF Trainer registers bnb's GlobalOptimManager
+    override when it builds the optimizer from ``TrainingArguments.optim`` (Trainer.create_optimizer); a bnb class the
+    script or recipe instantiates itself gets none: torchtune's ``config.instantiate`` (no GlobalOptimManager anywhere in
+    pytorch/torchtune's history), HF's v4.18 performance doc handing ``bnb.optim.Adam8bit`` to ``Trainer(optimizers=...)``
+    (docs/source/en/perf_train_gpu_one.mdx at 0016acf7), torchao's benchmark loop."""
+    return not ("torchtune" in stack.lower() or re.search(r"bnb\.optim\.|Adam8bit|PagedAdamW8bit|bnb 8-bit", optimizer))
+
+
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
@@ -302,7 +311,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      num_gpus=_int(row["num_gpus"], 1),
                                      optimizer_in_backward="optimizer_in_bwd True" in row["method"],
                                      torch_compile="torch.compile enabled" in row["method"],
-                                     liger_kernel="Liger kernels on" in row["method"])
+                                     liger_kernel="Liger kernels on" in row["method"],
+                                     bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
     if q:

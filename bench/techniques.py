@@ -81,24 +81,30 @@ def _referenced(same_as: str) -> dict[str, str]:
 
 def _paging_why(case: Any) -> str:
     """Where a paged optimizer's state overflows the GPU: how much of the step perfguide prices as page traffic."""
+    from perfguide.data.techniques import constant
+    from perfguide.memory import estimate_memory
     from perfguide.speed.training import training_speed
+    from perfguide.techniques.optimizers import free_device_bytes
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tp = training_speed(case.spec, case.setup, case.hardware, framework=case.framework, attention_kernel=case.attention_kernel,
                             optimizer_impl=case.optimizer_impl, loss=case.loss)
+        mem = estimate_memory(case.spec, case.setup, case.hardware)
     if not tp.offload_time_s:
         return ""
     tokens = tp.tokens_per_s * tp.step_time_s
     left = tokens / case.published - (tp.step_time_s - tp.offload_time_s)
+    evicted = max(0, mem.optimizer_states - max(0, free_device_bytes(case.hardware, mem.device_total)))
+    layout = ("torchtune's layout, every tensor of >= 4096 elements 8-bit (no GlobalOptimManager override: "
+              "Setup.bnb_embedding_override=False)" if not case.setup.bnb_embedding_override else "the HF Trainer's layout (32-bit embeddings)")
     return (f"perfguide prices {tp.offload_time_s:.2f} s of its {tp.step_time_s:.2f} s step as paged optimizer-state traffic "
-            f"(techniques/optimizers.py paged_seconds: the evicted state x paged_pcie_passes over PCIe); without it the step "
-            f"gives {tokens / (tp.step_time_s - tp.offload_time_s):.0f} tokens/s, and the published rate leaves {left:.2f} s for "
-            "the paging. Two parts of that term are unchecked, and neither is fitted here: the state counts embeddings in "
-            "32-bit (the HF Trainer's GlobalOptimManager override), where torchtune builds one PagedAdamW8bit per parameter "
-            "with no override (recipes/full_finetune_single_device.py _setup_optimizer at 30b8519e), so its embedding state is "
-            "8-bit (about 3 GiB less); and paged_pcie_passes = 2 serializes the page-in and the write-back, which PCIe can "
-            "carry in both directions at once. No trace of the paging is published to count from, so the row stays a miss")
+            f"(techniques/optimizers.py paged_seconds: {evicted / GiB:.1f} GiB evicted of {mem.optimizer_states / GiB:.1f} GiB of state, "
+            f"{layout}, x paged_pcie_passes = {constant('paged_pcie_passes'):g} over PCIe); without it the step gives "
+            f"{tokens / (tp.step_time_s - tp.offload_time_s):.0f} tokens/s, and the published rate leaves {left:.2f} s for the paging. "
+            f"The free room beside the allocator comes from perfguide's estimate of this setup, {mem.device_total / GiB:.1f} GiB on the "
+            "device with HF's loss path where torchtune's chunked loss peaked at the published 18.9 GiB, so all of the state is "
+            "evicted here. No trace of the paging is published to count from")
 
 
 def _trust_note(notes: str) -> str:
@@ -138,7 +144,9 @@ def low_bit_states(row: dict[str, str]) -> Compared:
     """torchao's Llama-2-7B table: batch and sequence unstated, so compare the change, in which they cancel."""
     spec = _spec("meta-llama/Llama-2-7b-hf")
     name = {"AdamW8bit (torchao)": "adamw_torch_8bit", "AdamW4bit (torchao)": "adamw_torch_4bit", "AdamW8bit (bnb)": "adamw_bnb_8bit"}[row["with_technique"]]
-    base = dict(device="cuda", seq_len=512, micro_batch_size=1, weights_dtype="bf16", autocast="bf16", gradient_checkpointing=True)
+    # the table ran torchtune 52d1b838's full fine-tune recipe, which instantiates bnb's AdamW8bit itself: no 32-bit embedding override
+    base = dict(device="cuda", seq_len=512, micro_batch_size=1, weights_dtype="bf16", autocast="bf16", gradient_checkpointing=True,
+                bnb_embedding_override=False)
     if row["metric"] == "peak_memory":
         a = _mem(spec, {**base, "optimizer": "adamw_torch_fused"}, "a100-80gb").peak_allocated / GB
         b = _mem(spec, {**base, "optimizer": name}, "a100-80gb").peak_allocated / GB

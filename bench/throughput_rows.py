@@ -15,6 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from accuracy_setup import bnb_embedding_override
+
 from perfguide.hardware.types import Hardware
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
@@ -402,7 +404,8 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
                   torch_compile=row["torch_compile"].lower().startswith("yes"),
                   optimizer_in_backward="optimizer step in backward" in row["optimizer"].lower(),
                   activation_offloading=row["activation_offload"].lower().startswith("true"),
-                  hybrid_shard=row["sharding"].lower().startswith("hsdp"), packed_doc_len=packed_doc_len_of(row), **prec, **strat)
+                  hybrid_shard=row["sharding"].lower().startswith("hsdp"), packed_doc_len=packed_doc_len_of(row),
+                  bnb_embedding_override=bnb_embedding_override(row["framework"], row["optimizer"]), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
         setup = _checkpointing_if_needed(spec, setup, hw)

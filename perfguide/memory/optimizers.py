@@ -1,7 +1,8 @@
 """Optimizer state bytes per trainable tensor, for every ``optim`` name perfguide prices.
 
 States are counted per tensor shape because the rules differ by shape: bitsandbytes keeps tensors under
-4096 elements (and, under the Trainer, every nn.Embedding) in 32-bit; Adafactor factors the second moment
+4096 elements in 32-bit (Optimizer8bit ``min_8bit_size``), and every nn.Embedding too where the training stack registers
+bnb's GlobalOptimManager override (the HF Trainer does, torchtune does not: ``Setup.bnb_embedding_override``); Adafactor factors the second moment
 of >=2-D tensors into row + column vectors; torch optimizers keep state in the parameter's dtype while
 bitsandbytes 32-bit optimizers always use fp32. The per-optimizer facts (family, state tensors, bits) are the
 rows of data/optimizers.json (perfguide.optimizer_facts), each with its public source.
@@ -52,9 +53,10 @@ class OptimizerCost:
 
 
 
-def _bnb_state_bytes(g: TensorGroup, states: int, bits: int) -> int:
-    """bnb: 8-bit state + one fp32 absmax per 2048-block, except small tensors and embeddings (fp32)."""
-    if bits == 32 or g.numel < BNB_MIN_8BIT_SIZE or g.kind == "embedding":
+def _bnb_state_bytes(g: TensorGroup, states: int, bits: int, embedding_32bit: bool = True) -> int:
+    """bnb: 8-bit state + one fp32 absmax per 2048-block, except tensors under ``min_8bit_size`` elements and, where the
+    stack registers the 32-bit override for them (``embedding_32bit``), embeddings: those keep fp32 state."""
+    if bits == 32 or g.numel < BNB_MIN_8BIT_SIZE or (embedding_32bit and g.kind == "embedding"):
         return g.total * 4 * states
     blocks = -(-g.numel // BNB_BLOCK)
     return g.count * states * (g.numel + blocks * 4)
@@ -96,14 +98,15 @@ def _projected_state_bytes(g: TensorGroup, states: int, bits: int, rank: int, pa
     return moments + g.count * r * min(g.rows, g.cols) * param_bytes
 
 
-def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int) -> OptimizerCost:
+def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int, *, embedding_32bit: bool = True) -> OptimizerCost:
     """State and step-temporary bytes for ``groups`` of trainable tensors whose dtype has ``param_bytes``; a plan asks
-    it for hundreds of candidates that share the same trainable tensors, so each answer is kept."""
-    return _optimizer_cost(name, tuple(groups), param_bytes)
+    it for hundreds of candidates that share the same trainable tensors, so each answer is kept. ``embedding_32bit``:
+    the stack registers bnb's 32-bit state override for nn.Embedding weights (``Setup.bnb_embedding_override``)."""
+    return _optimizer_cost(name, tuple(groups), param_bytes, embedding_32bit)
 
 
 @lru_cache(maxsize=512)
-def _optimizer_cost(name: str | None, groups: tuple[TensorGroup, ...], param_bytes: int) -> OptimizerCost:
+def _optimizer_cost(name: str | None, groups: tuple[TensorGroup, ...], param_bytes: int, embedding_32bit: bool = True) -> OptimizerCost:
     if name is None:
         return OptimizerCost(0, 0)
     facts = row(name)
@@ -122,7 +125,7 @@ def _optimizer_cost(name: str | None, groups: tuple[TensorGroup, ...], param_byt
         # per-tensor update temporaries (grad**2 + eps, update) in fp32, one tensor at a time
         return OptimizerCost(state, largest * 4 * 2)
     if family == "bnb":
-        state = sum(_bnb_state_bytes(g, states, bits) for g in groups)
+        state = sum(_bnb_state_bytes(g, states, bits, embedding_32bit) for g in groups)
         return OptimizerCost(state, 0, paged=facts.paged)
     if family == "lomo":
         return OptimizerCost(0, 0)   # plain SGD fused into backward: no state, the update reuses the gradient

@@ -58,7 +58,7 @@ def _trace_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> M
     phases = dict(step.phases)
     cpu_ram = 0
     if traced_setup.optimizer != setup.optimizer:
-        phases, cpu_ram = _add_analytic_optimizer(phases, step, setup.optimizer, notes)
+        phases, cpu_ram = _add_analytic_optimizer(phases, step, setup.optimizer, notes, setup.bnb_embedding_override)
     if setup.weights_dtype in ("int8", "nf4"):
         phases = _quantized_weights(phases, spec, setup, hardware, notes)
     if setup.strategy == "ddp" and setup.world_size > 1:
@@ -146,12 +146,13 @@ def _shift(phases: dict[str, PhasePeak], part: str, delta: int, only: str | None
     return out
 
 
-def _add_analytic_optimizer(phases: dict[str, PhasePeak], step: StepTrace, name: str | None, notes: list[str]) -> tuple[dict[str, PhasePeak], int]:
+def _add_analytic_optimizer(phases: dict[str, PhasePeak], step: StepTrace, name: str | None, notes: list[str],
+                            embedding_32bit: bool = True) -> tuple[dict[str, PhasePeak], int]:
     """Optimizer state for optimizers whose kernels have no fake implementation, counted per traced tensor."""
     from .optimizers import TensorGroup, optimizer_cost
 
     groups = [TensorGroup(count=n, rows=r, cols=c, kind=k) for r, c, k, n in step.trainable_groups]  # type: ignore[arg-type]
-    cost = optimizer_cost(name, groups, step.trainable_bytes_per_param)
+    cost = optimizer_cost(name, groups, step.trainable_bytes_per_param, embedding_32bit=embedding_32bit)
     notes.append(f"optimizer {name!r} cannot run on fake tensors (bitsandbytes/paged kernels): its state "
                  f"({cost.states / 2**30:.2f} GiB) is the analytic term over the traced trainable tensors")
     if cost.paged:

@@ -96,12 +96,19 @@ class Optimizer(Technique):
         name = ctx.setup.optimizer
         if name is None:
             return {}
+        if name in BNB_8BIT_OPTIMIZERS and not ctx.setup.bnb_embedding_override:
+            from ..errors import InvalidSetupError
+
+            # Trainer.create_optimizer registers it for every bnb optimizer with optim_bits=8: TrainingArguments cannot say otherwise
+            raise InvalidSetupError(f"optim={name!r} under the HF Trainer gives embeddings 32-bit state (its GlobalOptimManager "
+                                    "override); this plan was priced without it (bnb_embedding_override=False, torchtune's layout): "
+                                    "plan with bnb_embedding_override=True")
         # GaLore/APOLLO project the block Linears' gradients; the Trainer raises without optim_target_modules
         return {"optim": name, "optim_target_modules": list(LOW_RANK_TARGETS)} if row(name).rank else {"optim": name}
 
     def prepare(self, ctx: EmitContext, model: Any) -> Any:
         """8-bit bnb states: embeddings get 32-bit state (pretrained) or a StableEmbedding (from scratch)."""
-        if ctx.setup.task == "train" and ctx.setup.optimizer in BNB_8BIT_OPTIMIZERS:
+        if ctx.setup.task == "train" and ctx.setup.optimizer in BNB_8BIT_OPTIMIZERS and ctx.setup.bnb_embedding_override:
             if ctx.from_scratch:
                 use_stable_embedding(model)
             else:
@@ -128,7 +135,8 @@ def free_device_bytes(hardware: Any, device_total: int, headroom: float = 0.10) 
     return int(gpu.allocatable * (1 - headroom)) - device_total  # what CUDA can allocate, not the board total
 
 
-#: Optimizers whose state bnb keeps in 8 bits (Trainer registers embeddings for 32-bit state for these).
+#: Optimizers whose state bnb keeps in 8 bits (Trainer.create_optimizer registers embeddings for 32-bit state for these;
+#: torchtune, which instantiates bnb's classes itself, registers nothing: Setup.bnb_embedding_override).
 BNB_8BIT_OPTIMIZERS = tuple(name for name, facts in rows().items() if facts.bnb_8bit)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ...optimizer_facts import row
 from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice
 
 FORMAT = "torchtune"
@@ -131,6 +132,8 @@ def _optimizer(opt: Any, col: Collector) -> None:
     if name == "adamw_torch" and opt.get("fused"):
         name = "adamw_torch_fused"
     col.set("optimizer", name, "optimizer._component_")
+    if row(name).bnb_8bit:   # the recipe instantiates bnb's class itself: no GlobalOptimManager override, 8-bit embedding state
+        col.set("bnb_embedding_override", False, "optimizer._component_")
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
