@@ -122,7 +122,12 @@ def paged(setup: Any) -> bool:
 
 
 def paged_seconds(states: int, free_device: int, pcie_bytes_per_s: float) -> float:
-    """Seconds per optimizer step of paging evicted optimizer state in and out; nothing when it all stays on the GPU."""
+    """Seconds per optimizer step of paging evicted optimizer state in and out; nothing when it all stays on the GPU.
+
+    Every evicted byte is prefetched in for its update and written back when the driver evicts it for the next
+    tensor's prefetch; the two directions run on separate copy engines at once (techniques.json ``paged_pcie_passes``
+    says where in bitsandbytes and the UVM driver), and bnb synchronizes after each tensor, so none of it hides
+    behind compute."""
     evicted = max(0, states - max(0, free_device))
     return constant("paged_pcie_passes") * evicted / pcie_bytes_per_s
 
