@@ -79,3 +79,30 @@ def test_gib_over_prints_a_true_comparison(need: float, usable: float) -> None:
     text = gib_over(need * GiB, usable * GiB)
     a, b = re.findall(r"([\d,.]+) (?:GiB|B)", text)
     assert float(a.replace(",", "")) > float(b.replace(",", "")), text
+
+
+# --- serving engines plan token generation over a decoder's KV cache -------------------------------------------------
+
+@pytest.mark.parametrize("model, engine", [("google-t5/t5-base", "vllm"), ("google-t5/t5-base", "sglang"),
+                                           ("google-bert/bert-base-uncased", "vllm"), ("google-bert/bert-base-uncased", "sglang")])
+def test_a_server_engine_refuses_models_it_cannot_time_per_output_token(model: str, engine: str) -> None:
+    """vLLM never served T5 (vllm-project/vllm#187) and dropped encoder-decoders in V1 (#31004); BERT's masked-LM
+    head emits no tokens. Both were planned as 'batch 256/replica' with a time per output token (BERT: 23 ms on a
+    T4), and the serve command would fail at start-up or do something else than priced."""
+    with pytest.raises(perfguide.PerfGuideError) as err:
+        perfguide.recommend(model, "infer_gpu_one", hardware="a10g", engine=engine)
+    assert "\n" not in str(err.value) and "engine='transformers'" in str(err.value)
+
+
+@pytest.mark.parametrize("model", ["google-t5/t5-base", "google-bert/bert-base-uncased"])
+def test_the_in_script_plan_points_no_encoder_at_a_server(model: str) -> None:
+    """The transformers plan's engine hint told BERT and T5 users to 'pass engine=vllm' for more tokens/s."""
+    rec = perfguide.recommend(model, "infer_gpu_one", hardware="a10g")
+    assert rec.fits
+    hint = rec.decision("engine")
+    assert hint is None or all(a.value not in ("vllm", "sglang") for a in hint.alternatives)
+
+
+def test_decoder_lms_keep_the_server_hint() -> None:
+    rec = perfguide.recommend("openai-community/gpt2", "infer_gpu_one", hardware="a10g")
+    assert [a.value for a in rec.decision("engine").alternatives] == ["vllm"]

@@ -66,6 +66,29 @@ def check_engine(scenario: str, cons: Constraints) -> None:
         raise ConflictingConstraintsError(f"strategy={cons.strategy!r} is not a layout of engine={e.name!r}; use one of {', '.join(e.strategies)}")
 
 
+#: vLLM never served T5 (the issue asking for it, closed pointing at out-of-tree ports) and its V1 engine dropped the
+#: encoder-decoder path (BART) altogether
+NO_ENCODER_DECODER_SOURCE = "https://github.com/vllm-project/vllm/issues/187; https://github.com/vllm-project/vllm/issues/31004"
+
+
+def check_servable(request: Request, engine: ServerEngine) -> None:
+    """A server plan prices a decoder's token loop over a paged KV cache (per output token: time, KV bytes). A model
+    that generates no tokens (an encoder, a task head) has no output token to time, and an encoder-decoder's encoder
+    pass and cross-attention cache are not in that account: refused in one line, pointing at the engine that prices
+    them, rather than planned with a time per output token of a model that has none."""
+    spec, here = request.model, engines.default().name
+    what = spec.architecture or spec.model_type
+    if spec.is_encoder_decoder:
+        raise ConflictingConstraintsError(
+            f"engine={engine.name!r} is priced as a decoder-only token loop over a paged KV cache; {spec.name} is an encoder-decoder "
+            f"({what}) whose encoder pass and cross-attention cache that account leaves out (vLLM serves no T5: {NO_ENCODER_DECODER_SOURCE}); "
+            f"use engine={here!r}")
+    if not spec.generates:
+        raise ConflictingConstraintsError(
+            f"engine={engine.name!r} plans token generation; {spec.name} ({what}, head {spec.head!r}) generates no tokens: it answers in one "
+            f"forward pass, which engine={here!r} prices")
+
+
 def _tp_ok(request: Request, t: int) -> bool:
     """vLLM's rule: the query heads divide by TP; KV heads divide, or are replicated when TP exceeds them."""
     spec, kv = request.model, request.model.num_key_value_heads
@@ -225,6 +248,7 @@ def dispatch(request: Request, in_script: Callable[[Request], Plan]) -> Plan:
     plan names the first server's alternative."""
     engine = engine_of(request)
     if isinstance(engine, ServerEngine):
+        check_servable(request, engine)
         return plan(request, engine)
     return with_engine_hint(request, in_script(request), engine)
 
@@ -327,6 +351,7 @@ def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
     asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": other.name})})
     try:
         check_engine(request.scenario, asked.constraints)
+        check_servable(asked, other)
         best, _ = _choose(asked, other, menu(asked, other), _gpus(request))
     except ConflictingConstraintsError:
         return plan_
