@@ -134,6 +134,8 @@ def check_plan(rec: Any, case: str, forced: dict[str, Any], t: Tally) -> None:
     for name in ("step_time_s", "tokens_per_s", "mfu"):
         if not _finite(getattr(thr, name)):
             t.flag("nonsense number", case, f"throughput.{name}={getattr(thr, name)!r}")
+    if s.task == "infer" and not rec.model.generates and thr.time_per_output_token_ms is not None:
+        t.flag("nonsense number", case, f"{thr.time_per_output_token_ms:.3g} ms per output token for {rec.model.architecture}, which generates none")
     if rec.fits and thr.tokens_per_s <= 0:
         t.flag("nonsense number", case, f"a plan that fits runs at {thr.tokens_per_s} tokens/s")
     # tokens/s bound: a training token costs >= 4 x active params FLOPs (forward + the input-gradient backward,

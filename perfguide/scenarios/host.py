@@ -120,7 +120,7 @@ def host_assumption_warnings(hardware: Hardware, cpu_ram_needed: int, headroom: 
     if cpu_ram_needed > 0:
         need = cpu_ram_needed / (1 - headroom) / GiB
         out.append(f"host RAM is assumed, not known: {hardware.name} is planned on a typical {where}, and this plan's offloaded "
-                   f"states need {cpu_ram_needed / GiB:.1f} GiB of it ({need:.0f} GiB with the headroom): with "
+                   f"states need {cpu_ram_needed / GiB:.1f} GiB of it ({need:.1f} GiB with the headroom): with "
                    f"{'less' if fits else 'more'} RAM the verdict changes; pass host_ram= (CLI --host-ram) with the target's real RAM")
     if ram_blocked is not None and (fits or cpu_ram_needed == 0):   # a refusal from host RAM is said above already
         label, need_bytes = ram_blocked

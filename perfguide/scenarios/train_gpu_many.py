@@ -300,7 +300,8 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
     s, hw = chosen.setup, request.hardware
     out = [DATAPARALLEL_WARNING] if s.world_size > 1 else []
     t = chosen.throughput
-    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and not hw.fast_link:
+    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and not hw.fast_link and t.comm_time_s > 0:
+        # only when the link costs time: collectives hidden behind compute leave DDP nothing to gain
         # an adapter plan is already the small one: LoRA cannot be what makes DDP fit
         ddp = "DDP, where a replica fits one GPU," if s.lora is not None else "DDP (or LoRA to make DDP fit)"
         out.append(f"the GPUs talk over {hw.interconnect} (no NVLink): {s.strategy}'s collectives take {t.comm_total_s:.3g} s per step, "
@@ -310,8 +311,9 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
         out.append("the network between nodes is unknown: step time assumes a default inter-node bandwidth; "
                    "ZeRO/FSDP across nodes needs a fast fabric (InfiniBand / EFA)")
     if s.is_deepspeed:
-        out.append("DeepSpeed: install it on every node and build TrainingArguments(deepspeed=...) before from_pretrained, "
-                   "so ZeRO-3 partitions the weights while loading")
+        load = (" and build TrainingArguments(deepspeed=...) before from_pretrained, so ZeRO-3 partitions the weights while loading"
+                if s.zero_stage == 3 else "")   # ZeRO-1/2 keep whole weights on every rank: the load order does not matter
+        out.append(f"DeepSpeed: install it on every node{load}")
     if s.is_fsdp and s.gradient_checkpointing:
         out.append("with FSDP use fsdp_config['activation_checkpointing']=True, not TrainingArguments(activation_checkpointing=True): both raise")
     return out
