@@ -140,3 +140,26 @@ def test_pcie_warning_only_when_the_collectives_cost_time() -> None:
             if "talk over" in w:
                 exposed = float(re.search(r"([\d.e+-]+) s of it exposed", w).group(1))
                 assert exposed > 0 and rec.throughput.comm_time_s > 0, w
+
+
+# --- a forced serving concurrency the engine cannot hold is said --------------------------------------------------------
+
+def test_forced_batch_size_above_the_kv_cache_is_said() -> None:
+    """batch_size=32 for Llama-3.1-8B on one 4090 under vLLM: the plan priced 31 per replica and said only 'fits'.
+    The KV-cache arithmetic: kv_cache_tokens // (prompt + new tokens) sequences run at once."""
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="rtx4090", engine="vllm", batch_size=32)
+    s = rec.setup.serving
+    assert s is not None and rec.kv_cache_tokens is not None
+    holds = rec.kv_cache_tokens // (1024 + 256)
+    running = rec.setup.micro_batch_size * s.data_parallel_size
+    assert running == min(32, holds)
+    said = [w for w in rec.warnings if w.startswith("batch_size=32 asked")]
+    assert (running < 32) == bool(said), rec.warnings
+    if said:
+        assert f"{running} run at once" in said[0]
+
+
+def test_forced_batch_size_capped_by_max_num_seqs_names_that_knob() -> None:
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="rtx4090", engine="vllm", batch_size=64, max_num_seqs=16)
+    said = [w for w in rec.warnings if w.startswith("batch_size=64 asked")]
+    assert rec.setup.micro_batch_size == 16 and len(said) == 1 and "raise max_num_seqs" in said[0]

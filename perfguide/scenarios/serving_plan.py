@@ -328,6 +328,7 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
         warnings += (f"one engine spans {spans} nodes ({chosen.serving.pipeline_parallel_size} pipeline stages of TP"
                      f"{chosen.serving.tensor_parallel_size}): run the command on every node, adding {n} {spans} {rank} 0..{spans - 1} "
                      f"{head} <head node address>; each token crosses the network {chosen.serving.pipeline_parallel_size - 1} time(s)",)
+    warnings += _concurrency_short(request, chosen)
     default = engine.default_utilization(gpu, chosen.serving)
     if engine.fraction_to_fit(chosen.memory, chosen.serving) is not None and chosen.serving.gpu_memory_utilization > default \
             and request.constraints.gpu_memory_utilization is None:
@@ -338,6 +339,24 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
                      f"for activations and CUDA graphs, where {engine.title}'s own rule reserves {(1 - default) * free:.2f} GiB; "
                      f"if it runs out of memory, lower the chunked prefill size or max_model_len",)
     return Plan(decisions=tuple(decisions), warnings=warnings, fits=True, **common)
+
+
+def _concurrency_short(request: Request, chosen: Priced) -> tuple[str, ...]:
+    """A forced ``batch_size`` the KV cache (or max_num_seqs) cannot hold at once is said, not quietly priced lower:
+    the engine queues or preempts the rest, and the speed shown is at the concurrency that runs."""
+    asked, s = request.constraints.batch_size, chosen.serving
+    running = (chosen.speed.batch if chosen.speed is not None else 1) * s.data_parallel_size
+    if not asked or running >= asked:
+        return ()
+    prompt, output = _workload(request)
+    if s.max_num_seqs * s.data_parallel_size < asked:
+        limit, lever = f"max_num_seqs={s.max_num_seqs} per replica", "raise max_num_seqs"
+    else:
+        limit = f"the KV cache holds {chosen.memory.kv_cache_tokens:,} tokens per replica"
+        lever = "use kv_cache_dtype='fp8', more GPUs, or a shorter prompt_len + max_new_tokens"
+    return (f"batch_size={asked} asked, {running} run at once: {limit}, {running} sequences of {prompt + output} tokens over "
+            f"{s.data_parallel_size} replica(s); the engine queues or preempts the rest and the speed shown is at {running}; for "
+            f"{asked} {lever}",)
 
 
 def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
