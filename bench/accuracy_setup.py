@@ -457,7 +457,7 @@ def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
         yield
         return
     saved, era = analytic.block_backward_bytes, analytic.eras.attention_era_bytes
-    analytic.block_backward_bytes = lambda spec, setup, _installed=None: saved(spec, setup, release)   # type: ignore[assignment]
+    analytic.block_backward_bytes = lambda spec, setup, _installed=None, *a: saved(spec, setup, release, *a)   # type: ignore[assignment]
     ran = release
 
     def row_era(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:

@@ -20,12 +20,14 @@ the current one (docs/validation.md section 19; tests/test_mistral_fa2_repeat_kv
 ``--liger`` traces the fp32-stream and bf16-autocast cases with the blocks patched as liger-kernel patches a Llama
 instance (monkey_patch ``apply_liger_kernel_to_llama(model=...)``, what ``use_liger_kernel=True`` runs: every
 decoder MLP's forward becomes ``down_proj(LigerSiLUMulFunction(gate_proj(x), up_proj(x)))`` and every RMSNorm's
-forward ``LigerRMSNormFunction``). Triton does not run on CPU, so ``liger_functions`` stands in for the two kernels
-with their storage semantics (liger-kernel 0.8.5 ops/swiglu.py, ops/rms_norm.py): the SwiGLU forward keeps gate
-and up and returns a new product, its backward writes d(gate) and d(up) into the saved gate and up buffers and
-returns them; the RMSNorm forward keeps its input and one fp32 rstd per row and returns a new output, its backward
-(``in_place=True``, the Llama default) writes d(input) into the incoming gradient and returns it. Row-chunked
-arithmetic keeps the stand-ins' own temporaries length-free, so they drop out of the per-token differences.
+forward ``LigerRMSNormFunction``). Triton does not run on CPU, so scripts/liger_standins.py stands in for the two
+kernels with their storage semantics (liger-kernel 0.8.5 ops/swiglu.py, ops/rms_norm.py; that module says which).
+
+``--full`` traces full fine-tuning (FULL_CASES: no adapter, every weight trainable; bf16 or fp32 weights, with and
+without bf16 autocast), HF's modules and the Liger stand-ins (the RMSNorm's weight gradient then accumulates in one
+fp32 row, length-free as the kernel's per-program rows are), both checkpoint variants, first with every ``.grad``
+None (a first micro-step) and then with every ``.grad`` there (a later accumulation micro-step), and prints the
+per-token coefficients and the length-free rest (memory/block_backward.py ``full_finetune_per_token``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: ``nf4_half_stream`` is LLaMA-Factory's QLoRA of 2024 (its own preparation: norms and embeddings stay 16-bit)
 CASES: dict[str, tuple[bool, bool, bool]] = {"fp32_stream": (True, True, True), "half_autocast": (False, False, True),
                                              "half": (False, False, False), "nf4_half_stream": (True, False, True)}
+#: full fine-tuning (every weight trainable, no adapter): (weights dtype, bf16 autocast)
+FULL_CASES: dict[str, tuple[str, bool]] = {"full_half": ("bf16", False), "full_half_autocast": ("bf16", True),
+                                           "full_fp32_autocast": ("fp32", True), "full_fp32": ("fp32", False)}
+
+
+def standins() -> Any:
+    """scripts/liger_standins.py (a sibling module: this file is also loaded by path, from tests)."""
+    import importlib
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("liger_standins")
+
+
+def decoder(model: Any) -> Any:
+    """The decoder stack (``.layers``, ``.norm``) of a peft-wrapped or a plain causal LM."""
+    return (model.get_base_model() if hasattr(model, "get_base_model") else model).model
 
 
 def dtype_keyword() -> str:
@@ -96,93 +116,11 @@ def keep_4bit_inputs() -> Any:
     return undo
 
 
-def liger_functions() -> tuple[Any, Any]:
-    """(SwiGLU, RMSNorm) autograd Functions with liger-kernel's storage semantics (see the module docstring): what
-    they allocate and what they keep is the kernels'; the arithmetic runs on row chunks (fixed size, so its
-    temporaries do not grow with the sequence) under autocast disabled, as a Triton kernel is."""
-    import torch
 
-    rows = 8
-
-    def chunks(n: int) -> range:
-        return range(0, n, rows)
-
-    class SwiGLU(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, a: Any, b: Any) -> Any:
-            c = torch.empty_like(a)   # swiglu_forward: c = torch.empty_like(a), written by the kernel
-            a2, b2, c2 = a.view(-1, a.shape[-1]), b.view(-1, b.shape[-1]), c.view(-1, c.shape[-1])
-            with torch.no_grad(), torch.autocast("cpu", enabled=False):
-                for r in chunks(a2.shape[0]):
-                    x = a2[r:r + rows].float()
-                    c2[r:r + rows] = torch.nn.functional.silu(x) * b2[r:r + rows]
-            ctx.save_for_backward(a, b)
-            return c
-
-        @staticmethod
-        def backward(ctx: Any, dc: Any) -> Any:
-            a, b = ctx.saved_tensors
-            a2, b2, d2 = a.view(-1, a.shape[-1]), b.view(-1, b.shape[-1]), dc.reshape(-1, dc.shape[-1])
-            with torch.no_grad(), torch.autocast("cpu", enabled=False):
-                for r in chunks(a2.shape[0]):
-                    x, y, g = a2[r:r + rows].float(), b2[r:r + rows].float(), d2[r:r + rows].float()
-                    sig = torch.sigmoid(x)
-                    silu = x * sig
-                    a2[r:r + rows] = g * (silu * (1 - sig) + sig) * y   # _swiglu_backward_kernel: tl.store(a_ptr, da)
-                    b2[r:r + rows] = g * silu                           # and tl.store(b_ptr, db)
-            return a, b
-
-    class RMSNorm(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: Any, weight: Any, eps: float) -> Any:
-            x2 = x.view(-1, x.shape[-1])
-            y = torch.empty_like(x2)                                     # Y: X's dtype
-            rstd = torch.empty(x2.shape[0], dtype=torch.float32)         # RSTD: fp32 in the llama casting mode
-            with torch.no_grad(), torch.autocast("cpu", enabled=False):
-                for r in chunks(x2.shape[0]):
-                    v = x2[r:r + rows].float()
-                    rstd[r:r + rows] = torch.rsqrt(v.pow(2).mean(-1) + eps)
-                    y[r:r + rows] = (v * rstd[r:r + rows, None]).to(x.dtype) * weight
-            ctx.save_for_backward(x, weight, rstd)
-            return y.view(x.shape)
-
-        @staticmethod
-        def backward(ctx: Any, dy: Any) -> Any:
-            x, weight, rstd = ctx.saved_tensors
-            x2, d2 = x.view(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-            n = x2.shape[-1]
-            with torch.no_grad(), torch.autocast("cpu", enabled=False):
-                for r in chunks(x2.shape[0]):
-                    v, g, s = x2[r:r + rows].float(), d2[r:r + rows].float() * weight.float(), rstd[r:r + rows, None]
-                    d2[r:r + rows] = s * (g - (s * s / n) * (g * v).sum(-1, keepdim=True) * v)  # dX stored into dY
-            if ctx.needs_input_grad[1]:
-                raise NotImplementedError("the traced norms are frozen (LoRA)")
-            return d2.view(dy.shape), None, None
-
-    return SwiGLU, RMSNorm
-
-
-def patch_liger(model: Any) -> None:
-    """Rebind every decoder MLP's and RMSNorm's forward as liger-kernel's instance patch does (the peft wrapper's
-    base model: Trainer applies it to ``model.get_base_model()``)."""
-    import types
-
-    swiglu, rmsnorm = liger_functions()
-
-    def mlp_forward(self: Any, x: Any) -> Any:
-        return self.down_proj(swiglu.apply(self.gate_proj(x), self.up_proj(x)))
-
-    def norm_forward(self: Any, x: Any) -> Any:
-        return rmsnorm.apply(x, self.weight, self.variance_epsilon)
-
-    inner = model.get_base_model().model
-    for norm in [inner.norm] + [n for layer in inner.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]:
-        norm.forward = types.MethodType(norm_forward, norm)
-    for layer in inner.layers:
-        layer.mlp.forward = types.MethodType(mlp_forward, layer.mlp)
-
-
-def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True, liger: bool = False) -> Any:
+def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True, liger: bool = False,
+          full: str | None = None) -> Any:
+    """The traced model; ``full``: the weights dtype of a full fine-tune ("bf16" / "fp32": no adapter, every weight
+    trainable), else LoRA r 8 on all seven Linears."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig, LlamaConfig
@@ -191,7 +129,7 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
     config = LlamaConfig(hidden_size=h, intermediate_size=i, num_attention_heads=4, num_key_value_heads=1, head_dim=h // 4,
                          num_hidden_layers=3, vocab_size=256, max_position_embeddings=4096, tie_word_embeddings=False)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", dtype_keyword(): torch.bfloat16}
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa", dtype_keyword(): torch.float32 if full == "fp32" else torch.bfloat16}
     if kbit:
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                            bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
@@ -205,7 +143,8 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=ckpt)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt)
-        model.enable_input_require_grads()
+        if full is None:
+            model.enable_input_require_grads()
     inner = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     if hasattr(inner, "_update_causal_mask"):
         # transformers 4.3x's sdpa path materialises an s x s float mask in the stream dtype (_update_causal_mask), and
@@ -213,11 +152,16 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
         # FA2 path returns None for an unpadded batch). None makes 4.39's sdpa attention call is_causal=True, as the
         # installed release's sdpa mask does for an unpadded batch (masking_utils skips the mask)
         inner._update_causal_mask = lambda *args, **kwargs: None
+    if full is not None:
+        model.train()
+        if liger:
+            standins().patch_liger(model)
+        return model
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets))
     model.train()
     if liger:
-        patch_liger(model)
+        standins().patch_liger(model)
     return model
 
 
@@ -227,14 +171,23 @@ def block_backward(model: Any, seq: int, autocast: bool) -> tuple[int, int]:
     return saved - start, peak - start
 
 
-def block_marks(model: Any, seq: int, autocast: bool) -> tuple[int, int, int]:
-    """Live bytes as the middle block's recompute starts, as it ends, and the peak of its backward."""
+def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) -> tuple[int, int, int]:
+    """Live bytes as the middle block's recompute starts, as it ends, and the peak of its backward. ``accumulate``:
+    one untracked step first, so every ``.grad`` exists and the traced backward adds into it (a later
+    micro-step of gradient accumulation); else the gradients are None (set_to_none, the first micro-step)."""
     import torch
+
+    if not accumulate:
+        model.zero_grad(set_to_none=True)
+    else:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            ids = torch.randint(0, 256, (1, seq))
+            model(input_ids=ids, labels=ids).loss.backward()
 
     from perfguide.memory.tracing.tracker import make_tracker
 
     tracker = make_tracker(1)
-    layers = model.get_base_model().model.layers
+    layers = decoder(model).layers
     marks: dict[str, int] = {}
     state = {"backward": False, "peak": 0, "open": False}
 
@@ -265,6 +218,9 @@ def block_marks(model: Any, seq: int, autocast: bool) -> tuple[int, int, int]:
     ids = torch.randint(0, 256, (1, seq))
     try:
         with tracker, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            for param in model.parameters():   # the tracker counts a storage when an op first returns it: the
+                if param.grad is not None:     # accumulating add_ would charge a gradient that existed all along
+                    tracker.charge(param.grad)
             loss = model(input_ids=ids, labels=ids).loss
             state["backward"] = True
             loss.backward()
@@ -278,23 +234,32 @@ def block_marks(model: Any, seq: int, autocast: bool) -> tuple[int, int, int]:
 
 
 def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
-              liger: bool = False) -> tuple[float, float]:
+              liger: bool = False, accumulate: bool = False) -> tuple[float, float]:
     """(saved, peak) bytes per token of the middle block's backward, differenced over two lengths."""
-    _, saved, peak = per_token_marks(case, h, i, reentrant, s1, s2, liger=liger)
+    _, saved, peak = per_token_marks(case, h, i, reentrant, s1, s2, liger=liger, accumulate=accumulate)
     return saved, peak
 
 
+def traced(case: str, h: int, i: int, reentrant: bool, tmp: str, liger: bool = False) -> tuple[Any, bool]:
+    """(model, autocast) of a LoRA case (CASES) or a full fine-tuning one (FULL_CASES)."""
+    if case in FULL_CASES:
+        weights, autocast = FULL_CASES[case]
+        return build(h, i, False, reentrant, tmp, liger=liger, full=weights), autocast
+    kbit, prepare, autocast = CASES[case]
+    return build(h, i, kbit, reentrant, tmp, prepare, liger), autocast
+
+
 def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
-                    keep_inputs: bool = False, liger: bool = False) -> tuple[float, float, float]:
+                    keep_inputs: bool = False, liger: bool = False, accumulate: bool = False) -> tuple[float, float, float]:
     """Bytes per token (two lengths differenced): live as the middle block's recompute starts (every block input,
     the gradients already in flight), then the recompute's saved tensors and its backward's peak above that start.
-    ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs); ``liger``: liger-kernel's patch."""
-    kbit, prepare, autocast = CASES[case]
+    ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs); ``liger``: liger-kernel's patch;
+    ``accumulate``: the gradients already exist (block_marks)."""
     undo = keep_4bit_inputs() if keep_inputs else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model = build(h, i, kbit, reentrant, tmp, prepare, liger)
-            (a1, k1, p1), (a2, k2, p2) = block_marks(model, s1, autocast), block_marks(model, s2, autocast)
+            model, autocast = traced(case, h, i, reentrant, tmp, liger)
+            (a1, k1, p1), (a2, k2, p2) = (block_marks(model, s, autocast, accumulate) for s in (s1, s2))
     finally:
         if undo is not None:
             undo()
@@ -317,13 +282,13 @@ def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224,
 
 
 def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448,
-                 liger: bool = False) -> dict[str, float]:
+                 liger: bool = False, accumulate: bool = False) -> dict[str, float]:
     """Bytes per token the backward holds beyond the recompute's saved tensors (reentrant's: non-reentrant recomputes
     the same ones), per FFN unit ("i", two widths differenced) and per hidden unit ("h", the rest at q = h, kv = h / 4)."""
-    saved1, _ = per_token(case, h, i1, True, liger=liger)
-    saved2, _ = per_token(case, h, i2, True, liger=liger)
-    _, peak1 = per_token(case, h, i1, reentrant, liger=liger)
-    _, peak2 = per_token(case, h, i2, reentrant, liger=liger)
+    saved1, _ = per_token(case, h, i1, True, liger=liger, accumulate=accumulate)
+    saved2, _ = per_token(case, h, i2, True, liger=liger, accumulate=accumulate)
+    _, peak1 = per_token(case, h, i1, reentrant, liger=liger, accumulate=accumulate)
+    _, peak2 = per_token(case, h, i2, reentrant, liger=liger, accumulate=accumulate)
     per_i = ((peak2 - saved2) - (peak1 - saved1)) / (i2 - i1)
     return {"i": round(per_i, 2), "h": round(((peak1 - saved1) - per_i * i1) / h, 2)}
 
@@ -358,11 +323,44 @@ def liger_main() -> int:
     return 0
 
 
+def length_free(case: str, reentrant: bool, coef: dict[str, float], accumulate: bool, liger: bool = False,
+                h: int = 64, i: int = 224, s: int = 256) -> int:
+    """Bytes the backward holds above the recompute's saved tensors at one length, less the per-token terms: what
+    does not grow with the sequence (for a full fine-tune, the block's weight gradients as they land)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        marks = {}
+        for mode in {True, reentrant}:
+            model, autocast = traced(case, h, i, mode, tmp, liger)
+            marks[mode] = block_marks(model, s, autocast, accumulate)
+    saved = marks[True][1] - marks[True][0]
+    start, _, peak = marks[reentrant]
+    return round(peak - start - saved - (coef["i"] * i + coef["h"] * h) * s)
+
+
+def full_main() -> int:
+    """``--full``: full fine-tuning (every weight trainable), HF's MLP and Liger's stand-ins, both checkpoint
+    variants: the per-token coefficients, then the length-free rest on a first micro-step (.grad None) and on an
+    accumulating one, beside the down_proj weight gradient (h x i elements in the weights' dtype)."""
+    h, i = 64, 224
+    for case, (weights, _) in FULL_CASES.items():
+        grad = h * i * (4 if weights == "fp32" else 2)
+        for liger in (False, True):
+            for reentrant in (True, False):
+                coef = coefficients(case, reentrant, liger=liger)
+                rest = [length_free(case, reentrant, coef, acc, liger) for acc in (False, True)]
+                print(f"{case} {'liger' if liger else 'hf'} reentrant={reentrant}: in flight per token {coef}; length-free "
+                      f"{rest[0]} B first micro-step, {rest[1]} B accumulating (down_proj's gradient {grad} B)")
+                sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
     if "--compare" in sys.argv:
         return compare()
     if "--liger" in sys.argv:
         return liger_main()
+    if "--full" in sys.argv:
+        return full_main()
     for case in ("fp32_stream", "half_autocast", "half"):
         for reentrant in (True, False):
             coef = coefficients(case, reentrant)

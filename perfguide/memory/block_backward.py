@@ -11,12 +11,21 @@ kbit preparation the MLP intermediates and their gradients are fp32: 14 B saved 
 MiB per token at 14,336 FFN units), so their peak is the block backward; Llama-3.1-8B (128,256 logits) keeps its
 peak at the loss and does not move.
 
-Scope, as traced: LoRA on a frozen base (full fine-tuning adds weight-gradient temporaries the trace did not cover),
-gated MLPs (SwiGLU / GeGLU) as HF runs them (Liger's fused SwiGLU, whose backward writes its gradients into its saved
-gate and up buffers, holds the same in flight: traced, scripts/trace_block_backward.py --liger; what it saves less is
-its technique hook's); the MLP's gradients come at another moment than eager attention's s x s backward
+Full fine-tuning (every weight trainable; ``full_finetune_per_token``, traced with ``--full``): at the gated
+product's backward its gradient and its two factors' gradients are alive while down_proj's backward has released
+the product it kept for its weight gradient: 2 tensors, 4 B per FFN unit in 16 bits (fp32 weights under autocast
+included: the MLP runs in 16 bits), 8 B in fp32. Liger's SwiGLU writes its factors' gradients into its saved gate
+and up: only the product's gradient (2 / 4 B). The weight gradients themselves are per parameter, not per token:
+each lands in ``.grad`` as its Linear's backward runs (traced: at the peak down_proj's, h x i elements, is there on
+a first micro-step and already added in place and freed on a later one), which is the ledger's gradients term
+(analytic: all of them at the end of backward, the sharded unit's under FSDP / ZeRO-3 in the gather term), so
+nothing per parameter is added here.
+
+Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
+LoRA Liger's fused SwiGLU holds the same in flight: traced, scripts/trace_block_backward.py --liger; what it saves
+less is its technique hook's); the MLP's gradients come at another moment than eager attention's s x s backward
 (masks.eager_backward_transient_bytes), so the block backward holds the larger of the two (analytic.py). Other setups
-get nothing here, as before.
+(a classic two-matrix MLP, fp8 autocast, encoder-decoders) get nothing here, as before.
 """
 
 from __future__ import annotations
@@ -30,7 +39,9 @@ from ..model.types import ModelSpec
 from ..setup import Setup
 
 Case = Literal["fp32_stream", "half_autocast", "half"]
+FullCase = Literal["half", "half_autocast", "fp32_autocast", "fp32"]
 Mode = Literal["reentrant", "non_reentrant"]
+PerToken = dict[Mode, dict[Literal["i", "h"], float]]
 
 
 class BlockBackward(DataModel):
@@ -38,7 +49,10 @@ class BlockBackward(DataModel):
 
     source: str = Field(min_length=10)
     reentrant_before: str   # the first transformers release whose gradient checkpointing is non-reentrant by default
-    in_flight_per_token: dict[Case, dict[Mode, dict[Literal["i", "h"], float]]]
+    in_flight_per_token: dict[Case, PerToken]
+    full_finetune_source: str = Field(min_length=10)
+    #: full fine-tuning, by the MLP the patched model runs: HF's modules ("hf") or Liger's fused SwiGLU ("liger")
+    full_finetune_per_token: dict[Literal["hf", "liger"], dict[FullCase, PerToken]]
 
 
 def stream_case(setup: Setup) -> Case | None:
@@ -56,6 +70,19 @@ def stream_case(setup: Setup) -> Case | None:
     return "half_autocast" if setup.autocast else "half"
 
 
+def full_case(setup: Setup) -> FullCase | None:
+    """Which traced full fine-tuning case a setup is (None: not traced). A 16-bit copy of fp32 weights (DeepSpeed's
+    bf16/fp16 engine, FSDP's param_dtype: Setup.computes_on_16bit_copy) runs as a 16-bit model, with autocast
+    under FSDP and without it under DeepSpeed (activations.engine_casts_to_16bit)."""
+    from .activations import engine_casts_to_16bit
+
+    if setup.autocast == "fp8" or setup.weights_dtype not in ("fp32", "bf16", "fp16"):
+        return None
+    if setup.weights_dtype != "fp32" or setup.computes_on_16bit_copy:
+        return "half" if not setup.autocast or engine_casts_to_16bit(setup) else "half_autocast"
+    return "fp32_autocast" if setup.autocast else "fp32"
+
+
 def checkpoint_mode(release: str | None) -> Mode:
     """transformers' default checkpoint variant at ``release`` (None: a current one)."""
     from .activations import activations_data
@@ -65,14 +92,24 @@ def checkpoint_mode(release: str | None) -> Mode:
     return "reentrant" if release is not None and version_tuple(release) < version_tuple(first) else "non_reentrant"
 
 
-def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = None) -> int:
+def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = None, fused_swiglu: bool = False) -> int:
     """Bytes one checkpointed block's backward holds beyond its recompute's saved tensors (call it only when the
-    blocks are checkpointed). ``release``: the transformers release that trains (its checkpoint variant)."""
-    case = stream_case(setup)
-    if case is None or setup.lora is None or not spec.gated_mlp or spec.is_encoder_decoder:
+    blocks are checkpointed). ``release``: the transformers release that trains (its checkpoint variant);
+    ``fused_swiglu``: Liger's SwiGLU runs the MLP (its technique decides where it patches)."""
+    if not spec.gated_mlp or spec.is_encoder_decoder:
         return 0
     from .activations import activations_data
 
-    coef = activations_data().block_backward.in_flight_per_token[case][checkpoint_mode(release)]
+    data = activations_data().block_backward
+    if setup.lora is None:
+        full = full_case(setup)
+        if full is None:
+            return 0
+        coef = data.full_finetune_per_token["liger" if fused_swiglu else "hf"][full][checkpoint_mode(release)]
+    else:
+        case = stream_case(setup)
+        if case is None:
+            return 0
+        coef = data.in_flight_per_token[case][checkpoint_mode(release)]
     per_token = coef["i"] * spec.active_intermediate_size + coef["h"] * spec.hidden_size
     return max(0, int(setup.micro_batch_size * setup.seq_len * per_token))

@@ -133,9 +133,11 @@ def block_savings(spec: Any, shape: Any) -> int:
     4 B per element less per norm, two norms per block, and nothing in the kbit fp32 stream, whose input is already
     fp32 and whose norm weights are frozen. RoPE saves nothing per layer either way (cos/sin are shared).
 
-    Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate and up buffers, but the gradients one
-    recomputed block's backward holds at its peak do not change (memory/block_backward.py's terms stand): traced
-    (scripts/trace_block_backward.py --liger), that peak is down_proj's input-gradient sum, before the SwiGLU runs.
+    Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate and up buffers. Under LoRA the gradients one
+    recomputed block's backward holds at its peak do not change: traced (scripts/trace_block_backward.py --liger),
+    that peak is down_proj's input-gradient sum, before the SwiGLU runs. In a full fine-tune the peak is the SwiGLU's
+    backward, where HF holds the product's gradient and its factors' and Liger only the product's (traced --full):
+    memory/block_backward.py prices both, told by the fold (analytic) whether Liger runs the MLP.
     """
     if not supported(spec.model_type):
         return 0
