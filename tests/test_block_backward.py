@@ -171,12 +171,12 @@ def test_full_finetune_bytes_from_the_shapes() -> None:
 
 def test_full_finetune_cases() -> None:
     """Which traced case a full fine-tune is: a 16-bit copy of fp32 weights runs as a 16-bit model (DeepSpeed's
-    engine without autocast, FSDP's param_dtype with it); fp8 autocast and quantized weights were not traced."""
+    engine without autocast, FSDP's param_dtype with it); fp8 is priced as its 16-bit case (not traced)."""
     assert full_case(full_ft()) == "half_autocast" and full_case(full_ft(autocast=None)) == "half"
     assert full_case(full_ft(weights_dtype="fp32")) == "fp32_autocast" and full_case(full_ft(weights_dtype="fp32", autocast=None)) == "fp32"
     assert full_case(full_ft(weights_dtype="fp32", strategy="zero2", num_gpus=2)) == "half"
     assert full_case(full_ft(weights_dtype="fp32", strategy="fsdp", num_gpus=2)) == "half_autocast"
-    assert full_case(full_ft(autocast="fp8")) is None
+    assert full_case(full_ft(autocast="fp8")) == "half_autocast"
     assert block_backward_bytes(llama_spec().model_copy(update={"gated_mlp": False}), full_ft()) == 0
 
 
@@ -194,3 +194,28 @@ def test_full_finetune_real_tensors_at_a_shape_not_traced(case: str, update: dic
     in_flight = block_backward_bytes(spec, setup, "4.39.3") / 1000
     assert in_flight == pytest.approx(peak - saved, rel=0.05)
     assert act.layer_bytes(spec, setup) / 1000 + in_flight == pytest.approx(peak, rel=0.10)
+
+
+def test_liger_hook_tells_the_block_backward_its_swiglu_runs() -> None:
+    """Liger's memory hook marks the MLP as its fused SwiGLU where it patches (Llama), and nowhere else (GPT-2 has no
+    Liger kernels): the full fine-tune's recomputed block then holds the product's gradient alone (2 B per FFN unit)."""
+    from perfguide import techniques
+
+    spec, setup = llama_spec(vocab=128256), full_ft(micro_batch_size=8, seq_len=4096, liger_kernel=True)
+    terms = techniques.MemoryTerms(activations=0, extra_activations=0, logits=0, grads=0, step_temp=0,
+                                   optimizer_on_device=0, cpu_ram=0, recompute=1)
+    ctx = techniques.MemoryContext(spec, setup, setup, 1, 2, 1, 1, 1)
+    assert techniques.memory_terms(ctx, terms).fused_swiglu
+    gpt2 = spec.model_copy(update={"model_type": "gpt2"})
+    assert not techniques.memory_terms(techniques.MemoryContext(gpt2, setup, setup, 1, 2, 1, 1, 1), terms).fused_swiglu
+
+
+@pytest.mark.parametrize("case", ["full_half_autocast", "full_fp32"])
+def test_full_finetune_liger_real_tensors_at_a_shape_not_traced(case: str) -> None:
+    """The Liger stand-ins (scripts/liger_standins.py), every weight trainable, reentrant, h 96 and FFN 256: the
+    backward's rise above the recompute is the fused-SwiGLU term's within 5%."""
+    trace = _trace_script()
+    saved, peak = trace.per_token(case, 96, 256, True, 128, 256, liger=True)
+    spec = llama_spec(h=96, i=256, vocab=256, layers=3, kv=1, heads=4)
+    setup = full_ft(seq_len=1000, **({} if case == "full_half_autocast" else {"weights_dtype": "fp32", "autocast": None}))
+    assert block_backward_bytes(spec, setup, "4.39.3", fused_swiglu=True) / 1000 == pytest.approx(peak - saved, rel=0.05)

@@ -32,7 +32,6 @@ from ..hardware.types import Hardware
 from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
-from ..techniques import liger_kernel
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes
@@ -236,8 +235,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
     dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
-    fused_swiglu = bool(shape.liger_kernel) and liger_kernel.supported(spec.model_type)   # Liger's SwiGLU runs the MLP
-    in_flight = block_backward_bytes(spec, shape, installed_transformers(), fused_swiglu) if recompute else 0   # its gradients (block_backward.py)
+    in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu) if recompute else 0   # its gradients (block_backward.py)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
     optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy

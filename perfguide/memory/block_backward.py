@@ -17,9 +17,11 @@ the product it kept for its weight gradient: 2 tensors, 4 B per FFN unit in 16 b
 included: the MLP runs in 16 bits), 8 B in fp32. Liger's SwiGLU writes its factors' gradients into its saved gate
 and up: only the product's gradient (2 / 4 B). The weight gradients themselves are per parameter, not per token:
 each lands in ``.grad`` as its Linear's backward runs (traced: at the peak down_proj's, h x i elements, is there on
-a first micro-step and already added in place and freed on a later one), which is the ledger's gradients term
-(analytic: all of them at the end of backward, the sharded unit's under FSDP / ZeRO-3 in the gather term), so
-nothing per parameter is added here.
+a first micro-step), which is the ledger's gradients term (analytic: all of them at the end of backward, the sharded
+unit's under FSDP / ZeRO-3 in the gather term), so nothing per parameter is added here. On a later accumulation
+micro-step HF has added it in place and freed it before its peak; Liger's peak (down_proj's own backward) and
+reentrant fp32 weights under autocast (the bf16 gradient before its cast back) still hold that one h x i transient:
+not priced (2 B x h x i, 0.11 GiB at Llama-3-8B).
 
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
 LoRA Liger's fused SwiGLU holds the same in flight: traced, scripts/trace_block_backward.py --liger; what it saves
@@ -73,10 +75,11 @@ def stream_case(setup: Setup) -> Case | None:
 def full_case(setup: Setup) -> FullCase | None:
     """Which traced full fine-tuning case a setup is (None: not traced). A 16-bit copy of fp32 weights (DeepSpeed's
     bf16/fp16 engine, FSDP's param_dtype: Setup.computes_on_16bit_copy) runs as a 16-bit model, with autocast
-    under FSDP and without it under DeepSpeed (activations.engine_casts_to_16bit)."""
+    under FSDP and without it under DeepSpeed (activations.engine_casts_to_16bit). fp8 training is priced as its
+    16-bit case (its float8 Linears return the 16-bit dtype they are given), as stream_case does; not traced."""
     from .activations import engine_casts_to_16bit
 
-    if setup.autocast == "fp8" or setup.weights_dtype not in ("fp32", "bf16", "fp16"):
+    if setup.weights_dtype not in ("fp32", "bf16", "fp16"):
         return None
     if setup.weights_dtype != "fp32" or setup.computes_on_16bit_copy:
         return "half" if not setup.autocast or engine_casts_to_16bit(setup) else "half_autocast"
@@ -95,7 +98,7 @@ def checkpoint_mode(release: str | None) -> Mode:
 def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = None, fused_swiglu: bool = False) -> int:
     """Bytes one checkpointed block's backward holds beyond its recompute's saved tensors (call it only when the
     blocks are checkpointed). ``release``: the transformers release that trains (its checkpoint variant);
-    ``fused_swiglu``: Liger's SwiGLU runs the MLP (its technique decides where it patches)."""
+    ``fused_swiglu``: Liger's SwiGLU runs the MLP (its technique's hook says so: MemoryTerms.fused_swiglu)."""
     if not spec.gated_mlp or spec.is_encoder_decoder:
         return 0
     from .activations import activations_data

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..hardware.types import GPU, Hardware
@@ -47,9 +47,11 @@ class MemoryTerms:
     cpu_ram: int                 # host RAM the step needs
     recompute: int = 0           # bytes a recomputed block brings back during backward (on top of ``activations``)
     weight_casts: int = 0        # 16-bit copies of fp32 weights autocast saves for backward
+    fused_swiglu: bool = False   # a fused gate x up kernel writes its factors' gradients in place (Liger's SwiGLU):
+                                 # fewer FFN-wide gradients in flight in a recomputed block (memory/block_backward.py)
     notes: tuple[str, ...] = ()
 
-    def changed(self, note: str | None = None, **changes: int) -> MemoryTerms:
+    def changed(self, note: str | None = None, **changes: Any) -> MemoryTerms:
         """A copy with ``changes`` applied and ``note`` appended (techniques return this)."""
         notes = (*self.notes, note) if note else self.notes
         return replace(self, notes=notes, **changes)

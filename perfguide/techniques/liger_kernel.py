@@ -86,7 +86,7 @@ class LigerKernel(Technique):
         note = ("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward"
                 + (" (in the recomputed block)" if recomputed else "")) if saved or recomputed else None
         return terms.changed(note, logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved),
-                             recompute=max(0, terms.recompute - recomputed))
+                             recompute=max(0, terms.recompute - recomputed), fused_swiglu=True)
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not (self.active(ctx.setup) and ctx.setup.task == "train" and supported(ctx.spec.model_type)):
@@ -137,7 +137,7 @@ def block_savings(spec: Any, shape: Any) -> int:
     recomputed block's backward holds at its peak do not change: traced (scripts/trace_block_backward.py --liger),
     that peak is down_proj's input-gradient sum, before the SwiGLU runs. In a full fine-tune the peak is the SwiGLU's
     backward, where HF holds the product's gradient and its factors' and Liger only the product's (traced --full):
-    memory/block_backward.py prices both, told by the fold (analytic) whether Liger runs the MLP.
+    memory/block_backward.py prices both, told by this hook (MemoryTerms.fused_swiglu) that Liger runs the MLP.
     """
     if not supported(spec.model_type):
         return 0
