@@ -20,6 +20,8 @@ left. Offline: models come from perfguide's own catalogue.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import math
 import os
 import sys
@@ -57,7 +59,7 @@ MODELS = (
     "openai-community/gpt2", "google-bert/bert-base-uncased", "google-t5/t5-base",
 )
 SCENARIOS = ("train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu")
-TARGETS = ("cpu", "t4", "rtx3090", "rtx4090:2", "l4", "a10g", "a100-40gb:8", "a100-80gb:8", "h100:8", "h200")
+TARGETS = ("cpu", "t4", "rtx3090", "rtx4090:2", "l4", "a10g", "a100-40gb:8", "a100-80gb:8", "h100:8", "h200", "h100:8x2")
 
 #: forced constraints per scenario family: each must survive into the plan's setup (or be refused in one line)
 FORCED_TRAIN: tuple[dict[str, Any], ...] = (
@@ -322,9 +324,19 @@ def _accelerate_loads(path: Path) -> Any:
 def _launcher_parses(cmd: str) -> Any:
     import shlex
 
+    # what the shell substitutes on each node of a multi-node run (the command names them as variables)
+    cmd = cmd.replace('"$MACHINE_RANK"', "0").replace('"$MAIN_PROCESS_IP"', "10.0.0.1")
     words = shlex.split(cmd)
     while words and "=" in words[0] and not words[0].startswith("-"):
         words.pop(0)   # VAR=value env prefixes
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            return _parse_launcher(words)
+    except SystemExit as exc:   # argparse exits on what it rejects
+        raise ValueError(f"the launcher's parser rejects {' '.join(words)[:200]!r}") from exc
+
+
+def _parse_launcher(words: list[str]) -> Any:
     if words[:2] == ["accelerate", "launch"]:
         from accelerate.commands.launch import launch_command_parser
 
@@ -424,8 +436,6 @@ def run_cli(models: tuple[str, ...], t: Tally, tmp: Path) -> int:
     """``perfguide recommend MODEL --scenario S --hardware H --json`` (and ``--write-configs DIR`` for training):
     exit 0 (a plan), 3 (nothing fits, the JSON still printed) or 2 (one ``error:`` line on stderr); the JSON reads
     back as a Recommendation; the files written load in TrainingArguments / SFTConfig / accelerate."""
-    import contextlib
-    import io
     import json
 
     from perfguide.cli import main as cli

@@ -163,3 +163,11 @@ def test_forced_batch_size_capped_by_max_num_seqs_names_that_knob() -> None:
     rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="rtx4090", engine="vllm", batch_size=64, max_num_seqs=16)
     said = [w for w in rec.warnings if w.startswith("batch_size=64 asked")]
     assert rec.setup.micro_batch_size == 16 and len(said) == 1 and "raise max_num_seqs" in said[0]
+
+
+def test_vllm_serves_gpt_oss_mxfp4_on_mi300x() -> None:
+    """vLLM's gpt-oss announcement (https://blog.vllm.ai/2025/08/05/gpt-oss.html) lists AMD MI300x and MI355x among the
+    GPUs it serves gpt-oss on; the format table refused MXFP4 on AMD ('does not run on mi300x'). The 120b is 63 GB in
+    MXFP4 (same post), well inside one MI300X's 192 GB."""
+    rec = perfguide.recommend("openai/gpt-oss-120b", "infer_gpu_one", hardware="mi300x", engine="vllm")
+    assert rec.fits and rec.setup.serving is not None and rec.setup.serving.weight_format == "mxfp4"
