@@ -22,9 +22,12 @@ ROW_771 = (
     "live-bytes tracker): 8.35 / 12.31 B per logit, the rest the labels and the small model; priced as 12",
     "checkpointing: LLaMA-Factory 0.8.3 enables reentrant checkpointing (model/model_utils/checkpointing.py: "
     "use_reentrant True), so the 28 blocks keep their bf16 inputs: 28 x 32,768 x 3,584 x 2 B = 6.6 GB",
-    "ZeRO-3 with offload_param: the gathered head (152,064 x 3,584 bf16, 1.09 GB) stays through the loss "
-    "(stage3_max_reuse_distance 1e9); perfguide prices two such units and an fp32 gradient of one (4.36 GB), more "
-    "than a frozen head gets under LoRA",
+    "ZeRO-3 with offload_param: DeepSpeed 0.14.4's coordinator prefetches ahead until its own count meets "
+    "stage3_max_live_parameters (1e9), a count that starts each forward one embedding (152,064 x 3,584) below the "
+    "true one (step() releases the embedding its backward gathered, after reset_step zeroed the count), and the head's "
+    "prefetch overshoots it: 2.08e9 bf16 elements at the peak, plus the ipg bucket of reduce_bucket_size = 3,584^2 "
+    "(4.18 GB), as memory/zero3_window.py walks it (checked on 0.14.4 itself: scripts/trace_zero3_window.py). The former "
+    "price, two heads and an fp32 head gradient (4.36 GB), counted a gradient the frozen head never gets",
     "not the evaluation: the sft workflow sets no compute_metrics unless predict_with_generate or compute_accuracy "
     "(llamafactory 0.8.3 train/sft/workflow.py) and Trainer.evaluate then passes prediction_loss_only=True "
     "(transformers 4.41.2 trainer.py), so val_size 100 keeps no logits on the GPU",
@@ -32,7 +35,7 @@ ROW_771 = (
     "partitions in the config's bf16; an fp32 head would peak at the same 12 B per logit",
 )
 ROW_771_LEFT = (
-    "left: perfguide's needs hold every term above (the gathered head more than the stack keeps) and stay the margin "
+    "left: perfguide's needs hold every term above and stay the margin "
     "above under the card at 32,768 tokens; the issue states no sample length "
     "(medical_summary_32k is the user's own data set, padded per batch to its longest sample), no GPU count, and "
     "neither the phase nor the message of the OOM. The row stays a miss, read as published",

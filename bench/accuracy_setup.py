@@ -400,6 +400,10 @@ def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
     import perfguide.memory.analytic as analytic
     from perfguide._data import load
 
+    if re.search(r"DeepSpeed ZeRO-3", row["parallelism"]):
+        with zero3_knobs_stated(row):
+            yield
+        return
     if not re.search(r"DeepSpeed ZeRO-[12]", row["parallelism"]):
         yield
         return
@@ -417,6 +421,28 @@ def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
     finally:
         analytic.installed_deepspeed = saved_release
         table["deepspeed_bucket_elements"]["value"] = saved_bucket
+
+
+@contextmanager
+def zero3_knobs_stated(row: dict[str, str]) -> Iterator[None]:
+    """Price a ZeRO-3 row with the bucket sizes its notes state ("reduce_bucket_size 5e8, stage3_prefetch_bucket_size
+    5e7, stage3_param_persistence_threshold 1e5"), where the model otherwise prices the Trainer's "auto" values
+    (memory/zero_runtime.py zero3_knobs); a row that states none: as is."""
+    import perfguide.memory.analytic as analytic
+    from perfguide.memory.zero3_window import Zero3Knobs
+
+    keys = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
+    found = [re.search(rf"(?<![\w.]){key} (\d+(?:\.\d+)?e\d+)", row["notes"]) for key in keys]
+    if not all(found):
+        yield
+        return
+    knobs = Zero3Knobs(*(int(float(m.group(1))) for m in found if m))
+    saved = analytic.zero3_knobs
+    analytic.zero3_knobs = lambda spec: knobs   # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        analytic.zero3_knobs = saved
 
 
 @contextmanager

@@ -55,6 +55,7 @@ from .sharding import (
 from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
+from .zero3_window import zero3_buffer_bytes, zero3_knobs
 from .zero_runtime import backward_only_bucket_bytes, installed_deepspeed, step_only_fp32_grads
 
 
@@ -70,6 +71,9 @@ def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
         stored = (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
         adapters = ledger(spec, setup).trainable_params // max(1, spec.total_layers)
         return int(2 * per_block * stored) + 2 * max(spec.embedding_params, spec.lm_head_params) * 2 + adapters * 4, int(spec.total_params * stored)
+    if setup.strategy == "zero3":   # the coordinator's gathered window, the ipg bucket, one gradient in flight
+        trainable = max((g.numel for g in ledger(spec, setup).trainable), default=0)
+        return zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec)), spec.total_params * cbytes
     # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
 

@@ -1,0 +1,189 @@
+"""What DeepSpeed ZeRO-3 gathers and buffers on a rank beyond its partitions, read in DeepSpeed 0.14.4 (the release rows
+770/771 ran; runtime/zero/stage3.py, partitioned_param_coordinator.py, partition_parameters.py) and checked on that
+release's own run (scripts/trace_zero3_window.py: two CPU ranks, tiny Llama, LoRA).
+
+The old price, the two largest units gathered and an fp32 gradient of one, counted a gradient no frozen parameter
+gets and none of what the coordinator does: its prefetcher keeps gathering ahead until its own count reaches
+``stage3_max_live_parameters``, and that count runs below the true one by what was still gathered when the last step
+ended; the optimizer keeps an ipg bucket of ``reduce_bucket_size`` elements for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..model.linears import linear_shapes
+from ..model.types import ModelSpec
+from ..setup import Setup
+
+
+@dataclass(frozen=True)
+class Zero3Knobs:
+    """The ``zero_optimization`` values that size ZeRO-3's runtime buffers (elements)."""
+
+    reduce_bucket_size: int
+    prefetch_bucket_size: int           # stage3_prefetch_bucket_size
+    param_persistence_threshold: int    # stage3_param_persistence_threshold
+    max_live_parameters: int = 10**9    # stage3_max_live_parameters (DeepSpeed's default and perfguide's emitted value)
+    max_reuse_distance: int = 10**9     # stage3_max_reuse_distance (the same)
+
+
+#: DeepSpeed's own defaults (runtime/zero/config.py): what runs when the config leaves the keys out, e.g. the one
+#: accelerate's DeepSpeedPlugin builds from an accelerate config file (only stage, offload devices and the 16-bit save)
+DEEPSPEED_DEFAULT_KNOBS = Zero3Knobs(500_000_000, 50_000_000, 100_000)
+
+
+def trainer_auto_knobs(hidden_size: int) -> Zero3Knobs:
+    """The values HF Trainer fills for ``"auto"`` (transformers integrations/deepspeed.py ``trainer_config_finalize``):
+    hidden^2, 0.9 hidden^2 and 10 hidden; perfguide's own ZeRO-3 configs and LLaMA-Factory's ds_z3 configs say auto."""
+    return Zero3Knobs(hidden_size * hidden_size, int(0.9 * hidden_size * hidden_size), 10 * hidden_size)
+
+
+def zero3_knobs(spec: ModelSpec) -> Zero3Knobs:
+    """The knobs a perfguide plan runs with (integrations/deepspeed.py emits "auto" for the three sizes)."""
+    return trainer_auto_knobs(spec.hidden_size)
+
+
+def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool) -> tuple[tuple[tuple[str, int], ...], int]:
+    """One training step's parameter uses in the order DeepSpeed's coordinator records them, and where backward starts.
+
+    Each entry is (parameter, elements) of a module that owns parameters: the embedding, each block Linear in forward
+    order, the head; backward runs the head, then per block (last first) the checkpoint's recompute (the block's
+    forward again) and the block's Linears in reverse; the embedding's backward only when it has a gradient. Norms,
+    biases and LoRA adapters are left out: below the persistence threshold they stay gathered (``ds_persist``) and
+    their elements move the reuse walk by under 0.1% of a Linear. A MoE block's experts are one entry: ZeRO-3 runs
+    MoE models with the sparse block set as a leaf module (``deepspeed.utils.set_z3_leaf_modules``, which
+    LLaMA-Factory's model/model_utils/moe.py applies under ZeRO-3), else ranks routing differently fetch in different
+    orders, so the whole block is gathered at once.
+    """
+    head = "embed" if spec.tie_word_embeddings or not spec.lm_head_params else "head"
+    per_block: list[tuple[str, int]] = []
+    for name, i, o, n in linear_shapes(spec):
+        if name.startswith("experts."):   # a MoE block is a ZeRO-3 leaf module: all its experts gathered at once
+            if not per_block or per_block[-1][0] != "experts":
+                per_block.append(("experts", 0))
+            per_block[-1] = ("experts", per_block[-1][1] + i * o * (n // spec.total_layers))
+        else:
+            per_block += [(f"{name}.{k}", i * o) for k in range(max(1, n // spec.total_layers))]
+    blocks = [[(f"{layer}.{name}", numel) for name, numel in per_block] for layer in range(spec.total_layers)]
+    vocab = spec.vocab_size * spec.hidden_size
+    forward = [("embed", vocab)] + [use for block in blocks for use in block] + [(head, vocab)]
+    backward = [(head, vocab)]
+    for block in reversed(blocks):
+        backward += (block if checkpointed else []) + block[::-1]
+    # the embedding's backward hook gathers it when its output needs a gradient: a trained embedding, or the
+    # input-grad hook HF/PEFT add for checkpointing (enable_input_require_grads)
+    backward += [("embed", vocab)] if embedding_trainable or checkpointed else []
+    return tuple(forward + backward), len(forward)
+
+
+@lru_cache(maxsize=64)
+def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, knobs: Zero3Knobs) -> tuple[int, int]:
+    """(forward, backward) peak of gathered elements on a rank in a steady-state step, as DeepSpeed 0.14's
+    PartitionedParameterCoordinator decides them.
+
+    - ``fetch_sub_module`` (every hooked module: the Linear and, before it, its parent, a decoder layer, its attention
+      or MLP, or PEFT's LoRA wrapper) gathers the module's own parameters, then prefetches from the recorded trace
+      while fewer than ``min(max_live_parameters - counter, prefetch_bucket_size)`` elements are in flight, the last
+      one overshooting, marking each available parameter it passes with its later use. Two fetches per Linear
+      prefetch more than one Linear uses, so the window runs ahead until the counter meets max_live_parameters.
+    - the counter: ``reset_step`` zeroes it at the end of backward, then ``step()``'s ``release_and_reset_all``
+      subtracts what is still gathered, the embedding its backward hook fetched (its post-backward hook never runs:
+      its input, the token ids, needs no gradient). Each forward starts that far below the true count, and the window
+      holds max_live_parameters plus the embedding.
+    - ``release_sub_module`` keeps a parameter that is persistent, that the prefetcher marked for a later use, or that
+      a module within ``max_reuse_distance`` elements of the trace ahead uses again (``__params_to_release``).
+    - a prefetch of several parameters is one ``all_gather_coalesced``: its flat buffer stays with the handle until
+      the last member is waited on, and the first wait copies every member out of it (``AllGatherCoalescedHandle``).
+
+    Checked on DeepSpeed 0.14.4 itself (scripts/trace_zero3_window.py, tests/test_zero3_window.py). Each Linear sits
+    inside a parent module DeepSpeed also hooks, so two parameter uses never have adjacent step ids (``> step_id``).
+    """
+    n = len(trace)
+    prefix = [0]
+    for _, numel in trace:
+        prefix.append(prefix[-1] + numel)
+    nxt: list[int | None] = [None] * n   # the index of each entry's next use of the same parameter
+    seen: dict[str, int] = {}
+    for i in range(n - 1, -1, -1):
+        nxt[i] = seen.get(trace[i][0])
+        seen[trace[i][0]] = i
+    size = dict(trace)
+    persist = {p for p, numel in trace if numel <= knobs.param_persistence_threshold}
+    available: set[str] = set()
+    marked: dict[str, int] = {}
+    counter = -trace[-1][1] if trace[-1][0] == "embed" and n > backward_from else 0   # what step() released uncounted
+    head, live, flat = 0, 0, 0
+    group_of: dict[str, int] = {}                   # a prefetched parameter -> its coalesced all-gather
+    groups: dict[int, tuple[int, set[str]]] = {}    # all-gather -> (elements, members not yet waited on)
+    copied: set[int] = set()
+    peaks = [0, 0]
+
+    def prefetch(i: int) -> None:   # one fetch_sub_module's prefetch: at most a bucket, or to the max_live test
+        nonlocal head, live, counter
+        budget = min(knobs.max_live_parameters - counter, knobs.prefetch_bucket_size)
+        chosen: list[str] = []
+        prefetched = 0
+        while head < n and prefetched < budget:
+            ahead, ahead_numel = trace[head]
+            marked[ahead] = max(marked.get(ahead, -1), head)
+            if ahead not in available:
+                available.add(ahead)
+                chosen.append(ahead)
+                prefetched += ahead_numel
+            head += 1
+        live += prefetched
+        counter += prefetched
+        if len(chosen) > 1:   # one all_gather_coalesced call; a single parameter is gathered in place
+            groups[i] = (prefetched, set(chosen))
+            group_of.update((p, i) for p in chosen)
+
+    for i, (param, numel) in enumerate(trace):
+        prefetch(-i - 1)   # the parent module's fetch (a decoder layer, its attention / MLP, PEFT's LoRA wrapper)
+        if param not in available:
+            available.add(param)
+            live += numel
+            counter += numel
+        if param in group_of:   # the handle's first wait() cats every member out of the flat buffer the handle keeps
+            gid = group_of.pop(param)
+            elements, left = groups[gid]
+            if gid not in copied:
+                copied.add(gid)
+                flat += elements
+            left.discard(param)
+            if not left:   # the last member popped off the in-flight registry: the handle and its buffer go
+                flat -= elements
+                del groups[gid]
+        if marked.get(param, -1) < i:   # pop this use off the queue (the prefetcher may have done it already)
+            marked[param], head = i, max(head, i + 1)
+        prefetch(i)
+        phase = int(i >= backward_from)
+        peaks[phase] = max(peaks[phase], live + flat)
+        later = nxt[i]
+        reused = later is not None and prefix[later] - prefix[i + 1] < knobs.max_reuse_distance
+        if param not in persist and marked[param] <= i and not reused:
+            available.discard(param)
+            live -= size[param]
+            counter -= size[param]
+    return peaks[0], peaks[1]
+
+
+def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, largest_trainable: int, knobs: Zero3Knobs) -> int:
+    """Bytes ZeRO-3 holds on a rank beyond its partitions, priced in every phase (the larger of forward and backward).
+
+    - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32); a frozen
+      parameter is gathered like a trainable one and gets no gradient;
+    - the ipg bucket: ``torch.empty(reduce_bucket_size, dtype=self.dtype)`` built in ``DeepSpeedZeroOptimizer_Stage3
+      .__init__`` when contiguous_gradients (the default) and kept until ``destroy()``, however few parameters train;
+    - one gradient in flight: autograd's full-size 16-bit gradient of a trainable parameter, alive until the
+      reduce hook copies it into the bucket or, larger than the bucket, reduce-scatters it in place
+      (``__add_grad_to_ipg_bucket``, ``reduce_scatter_coalesced``); the largest trainable parameter's.
+    The 16-bit gradient partitions (``grad_partitions_flat_buffer``, grad_accum_dtype = the model's 16-bit dtype under
+    ZeRO) and the fp32 master partitions are the model states sharding.py divides.
+    """
+    elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
+    checkpointed = bool(setup.gradient_checkpointing)
+    trace, backward_from = zero3_trace(spec, checkpointed, embedding_trainable=setup.lora is None)
+    gathered = max(zero3_live_elements(trace, backward_from, knobs))
+    return elem * (gathered + knobs.reduce_bucket_size + largest_trainable)
