@@ -111,11 +111,11 @@ def test_walk_matches_deepspeed_0_14_4_on_cpu(tiny: ModelSpec) -> None:
 def test_buffer_bytes_add_the_ipg_bucket_and_one_gradient(tiny: ModelSpec) -> None:
     # stage3.py __init__: torch.empty(reduce_bucket_size, dtype=self.dtype) (bf16: 2 B); the largest trainable tensor's
     # autograd gradient in the same dtype until the reduce hook takes it; fp32 training: 4 B for both and the gathers
-    setup = Setup(task="train", strategy="zero3", num_gpus=2, weights_dtype="bf16", gradient_checkpointing=True)
+    setup = Setup(task="train", strategy="zero3", num_gpus=2, weights_dtype="bf16")
     knobs = trainer_auto_knobs(256)
-    base = zero3_buffer_bytes(tiny, setup, 0, knobs)
+    base = zero3_buffer_bytes(tiny, setup, 0, knobs, checkpointed=True)
     window = max(zero3_live_elements(*zero3_trace(tiny, True, True), knobs))
     assert base == 2 * (window + 256 * 256)
-    assert zero3_buffer_bytes(tiny, setup, 1000, knobs) - base == 2 * 1000
+    assert zero3_buffer_bytes(tiny, setup, 1000, knobs, checkpointed=True) - base == 2 * 1000
     fp32 = setup.replace(weights_dtype="fp32")
-    assert zero3_buffer_bytes(tiny, fp32, 0, knobs) == 4 * (window + 256 * 256)
+    assert zero3_buffer_bytes(tiny, fp32, 0, knobs, checkpointed=True) == 4 * (window + 256 * 256)

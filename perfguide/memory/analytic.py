@@ -59,8 +59,9 @@ from .zero3_window import zero3_buffer_bytes, zero3_knobs
 from .zero_runtime import backward_only_bucket_bytes, installed_deepspeed, step_only_fp32_grads
 
 
-def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
-    """(ZeRO-3/FSDP per-rank gathered bytes, full unsharded 16-bit weights for SHARD_GRAD_OP)."""
+def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> tuple[int, int]:
+    """(ZeRO-3/FSDP per-rank gathered bytes, full unsharded 16-bit weights for SHARD_GRAD_OP); ``checkpointed``: ZeRO-3's
+    trace with the blocks' recompute (training_memory prices the other trace once it knows nothing is recomputed)."""
     per_block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // spec.total_layers
     largest = max(per_block, spec.embedding_params, spec.lm_head_params)
     cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
@@ -73,7 +74,7 @@ def _gather_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
         return int(2 * per_block * stored) + 2 * max(spec.embedding_params, spec.lm_head_params) * 2 + adapters * 4, int(spec.total_params * stored)
     if setup.strategy == "zero3":   # the coordinator's gathered window, the ipg bucket, one gradient in flight
         trainable = max((g.numel for g in ledger(spec, setup).trainable), default=0)
-        return zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec)), spec.total_params * cbytes
+        return zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec), checkpointed=checkpointed), spec.total_params * cbytes
     # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
 
@@ -247,6 +248,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     ipg_priced = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # in dev.buffers
     ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes, installed_deepspeed())   # ZeRO-1/2: backward only
     buffers = dev.buffers - ipg_priced + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
+    buffers -= gather - _gather_bytes(spec, setup, checkpointed=False)[0] if setup.strategy == "zero3" and not recompute else 0
     resident = dev.weights + optimizer_on_device + buffers + state_tails
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default

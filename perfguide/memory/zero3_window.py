@@ -169,7 +169,7 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
     return peaks[0], peaks[1]
 
 
-def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, largest_trainable: int, knobs: Zero3Knobs) -> int:
+def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, largest_trainable: int, knobs: Zero3Knobs, *, checkpointed: bool) -> int:
     """Bytes ZeRO-3 holds on a rank beyond its partitions, priced in every phase (the larger of forward and backward).
 
     - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32); a frozen
@@ -180,10 +180,10 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, largest_trainable: int, kn
       reduce hook copies it into the bucket or, larger than the bucket, reduce-scatters it in place
       (``__add_grad_to_ipg_bucket``, ``reduce_scatter_coalesced``); the largest trainable parameter's.
     The 16-bit gradient partitions (``grad_partitions_flat_buffer``, grad_accum_dtype = the model's 16-bit dtype under
-    ZeRO) and the fp32 master partitions are the model states sharding.py divides.
+    ZeRO) and the fp32 master partitions are the model states sharding.py divides. ``checkpointed``: the step recomputes
+    its blocks (the trace then holds the recompute and the embedding's input-grad backward).
     """
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
-    checkpointed = bool(setup.gradient_checkpointing)
     trace, backward_from = zero3_trace(spec, checkpointed, embedding_trainable=setup.lora is None)
     gathered = max(zero3_live_elements(trace, backward_from, knobs))
     return elem * (gathered + knobs.reduce_bucket_size + largest_trainable)
