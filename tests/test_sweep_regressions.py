@@ -171,3 +171,20 @@ def test_vllm_serves_gpt_oss_mxfp4_on_mi300x() -> None:
     MXFP4 (same post), well inside one MI300X's 192 GB."""
     rec = perfguide.recommend("openai/gpt-oss-120b", "infer_gpu_one", hardware="mi300x", engine="vllm")
     assert rec.fits and rec.setup.serving is not None and rec.setup.serving.weight_format == "mxfp4"
+
+
+# --- the hub ids recipes name resolve offline -------------------------------------------------------------------------
+
+def test_llama_3_3_70b_instruct_resolves_offline_with_its_published_shape() -> None:
+    """vLLM and fine-tuning recipes of 2025 name meta-llama/Llama-3.3-70B-Instruct; offline it was 'not in the catalog'.
+    Its config.json is Llama-3.1-70B's shape; the count by hand from that shape: untied embedding + head
+    2 x 128256 x 8192, per layer q/o 8192^2 each, k/v 8192 x 1024 each, SwiGLU 3 x 8192 x 28672, two RMSNorms."""
+    spec = perfguide.ModelSpec.from_any("meta-llama/Llama-3.3-70B-Instruct")
+    h, kv, ffn, layers, vocab = 8192, 1024, 28672, 80, 128256
+    by_hand = 2 * vocab * h + layers * (2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h) + h
+    assert spec.name == "meta-llama/Llama-3.3-70B-Instruct" and spec.total_params == by_hand
+    assert spec.max_position_embeddings == 131072
+
+
+def test_gemma_3_1b_it_resolves_like_the_other_gemma_3_it_names() -> None:
+    assert perfguide.ModelSpec.from_any("google/gemma-3-1b-it").name == perfguide.ModelSpec.from_any("google/gemma-3-1b-pt").name
