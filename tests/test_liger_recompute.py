@@ -73,3 +73,34 @@ def test_real_tensors_liger_block_keeps_what_the_hook_removes(case: str) -> None
     assert hf_peak - lg_peak == pytest.approx(predicted, rel=0.02)
     assert hf_saved - lg_saved == pytest.approx(predicted, rel=0.02)
     assert lg_peak - lg_saved == pytest.approx(hf_peak - hf_saved, abs=0.5)
+
+
+def test_full_finetune_recompute_also_keeps_the_normalised_tensor_less() -> None:
+    """A full fine-tune with bf16 weights under bf16 autocast: HF's two norms keep their fp32 upcast (4 B) and, the
+    weights being trainable, the normalised bf16 tensor (2 B) per hidden unit; Liger's input is the checkpoint's
+    input or the residual sum, alive in the recomputed block either way; act(gate) 2 B per FFN unit."""
+    full = dict(lora=None, weights_dtype="bf16", kbit_upcast=False)
+    assert _activations(False, **full) - _activations(True, **full) == 1 * 4096 * (2 * I + 2 * (4 + 2) * H)
+    # fp32 weights under autocast: the norms run on the fp32 stream (their .to(float32) keeps the input itself)
+    amp = dict(lora=None, weights_dtype="fp32", kbit_upcast=False)
+    assert _activations(False, **amp) - _activations(True, **amp) == 1 * 4096 * (2 * I + 2 * 4 * H)
+
+
+@pytest.mark.parametrize("case", ["full_half_autocast", "full_fp32_autocast"])
+def test_real_tensors_full_finetune_liger_block(case: str) -> None:
+    """Real CPU tensors, every weight trainable, reentrant, h 96 and FFN 256: the recompute keeps the hook's
+    block_savings less under the Liger stand-ins, and the block's peak drops by that plus the in-flight difference
+    memory/block_backward.py prices (HF's product and factor gradients against Liger's product gradient alone)."""
+    from perfguide.memory.block_backward import block_backward_bytes
+
+    trace = _trace_script()
+    h, i = 96, 256
+    hf_saved, hf_peak = trace.per_token(case, h, i, True, 128, 256)
+    lg_saved, lg_peak = trace.per_token(case, h, i, True, 128, 256, liger=True)
+    spec = llama_spec(h=h, i=i, vocab=256, layers=3, kv=1, heads=4)
+    setup = qlora(lora=None, kbit_upcast=False, seq_len=1000, liger_kernel=True,
+                  weights_dtype="bf16" if case == "full_half_autocast" else "fp32")
+    saved_less = block_savings(spec, setup, recomputed=True) / 1000
+    assert hf_saved - lg_saved == pytest.approx(saved_less, rel=0.02)
+    in_flight_less = (block_backward_bytes(spec, setup, "4.39.3") - block_backward_bytes(spec, setup, "4.39.3", True)) / 1000
+    assert hf_peak - lg_peak == pytest.approx(saved_less + in_flight_less, rel=0.02)

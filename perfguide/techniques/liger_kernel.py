@@ -82,7 +82,7 @@ class LigerKernel(Technique):
             return terms  # apply_liger_kernel logs and patches nothing for a model type it has no kernels for
         saved = fused_activation_savings(ctx.spec, ctx.shape)
         # checkpointed: the one block recomputed in backward runs the same kernels and keeps the same less
-        recomputed = block_savings(ctx.spec, ctx.shape) if terms.recompute and ctx.shape.gradient_checkpointing else 0
+        recomputed = block_savings(ctx.spec, ctx.shape, recomputed=True) if terms.recompute and ctx.shape.gradient_checkpointing else 0
         note = ("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward"
                 + (" (in the recomputed block)" if recomputed else "")) if saved or recomputed else None
         return terms.changed(note, logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved),
@@ -121,7 +121,7 @@ class LigerKernel(Technique):
         return {"use_liger_kernel": self.active(ctx.setup)}   # SFTConfig: written out both ways
 
 
-def block_savings(spec: Any, shape: Any) -> int:
+def block_savings(spec: Any, shape: Any, recomputed: bool = False) -> int:
     """Bytes per micro-step one block keeps less for backward under Liger's fused RMSNorm and SwiGLU/GeGLU than
     under HF's eager modules (data/techniques.json ``liger_saved_less_*``, per token, per FFN and per hidden unit).
 
@@ -131,7 +131,10 @@ def block_savings(spec: Any, shape: Any) -> int:
     activations.stream_regime). HF's ``LlamaRMSNorm`` upcasts a 16-bit input to fp32 and autograd keeps that copy;
     Liger's RMSNorm keeps its input and one fp32 rstd per row (ops/rms_norm.py ``save_for_backward(X, RSTD)``):
     4 B per element less per norm, two norms per block, and nothing in the kbit fp32 stream, whose input is already
-    fp32 and whose norm weights are frozen. RoPE saves nothing per layer either way (cos/sin are shared).
+    fp32 and whose norm weights are frozen. RoPE saves nothing per layer either way (cos/sin are shared). In a full
+    fine-tune's ``recomputed`` block with 16-bit norms HF's norm also keeps the normalised 16-bit tensor its trainable
+    weight's gradient needs, and Liger's input is held there anyway (the checkpoint's input, the residual sum): 12 B
+    per hidden unit, not 8 (``liger_saved_less_half_full_recompute_per_hidden_unit``, traced).
 
     Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate and up buffers. Under LoRA the gradients one
     recomputed block's backward holds at its peak do not change: traced (scripts/trace_block_backward.py --liger),
@@ -145,6 +148,8 @@ def block_savings(spec: Any, shape: Any) -> int:
 
     case = "fp32_stream" if kbit_fp32_stream(shape) else "fp32" if regime(shape) == "fp32" else "half"
     per_ffn_unit, per_hidden_unit = SAVED_LESS[case]
+    if recomputed and shape.lora is None and regime(shape) == "half":   # 16-bit norms with trainable weights
+        per_hidden_unit = "liger_saved_less_half_full_recompute_per_hidden_unit"
     mlp = constant(per_ffn_unit) * spec.active_intermediate_size if spec.gated_mlp else 0
     per_token = constant(per_hidden_unit) * spec.hidden_size + mlp
     return int(shape.micro_batch_size * shape.seq_len * per_token)
