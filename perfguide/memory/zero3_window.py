@@ -57,17 +57,30 @@ def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool) 
     LLaMA-Factory's model/model_utils/moe.py applies under ZeRO-3), else ranks routing differently fetch in different
     orders, so the whole block is gathered at once.
     """
-    head = "embed" if spec.tie_word_embeddings or not spec.lm_head_params else "head"
+    return _trace(_shape(spec), checkpointed, embedding_trainable)
+
+
+def _shape(spec: ModelSpec) -> tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool]:
+    """What the trace reads of a spec, hashable (a plan prices hundreds of candidates of one model)."""
+    tied = bool(spec.tie_word_embeddings or not spec.lm_head_params)
+    return tuple(linear_shapes(spec)), spec.total_layers, spec.vocab_size, spec.hidden_size, tied
+
+
+@lru_cache(maxsize=64)
+def _trace(shape: tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool], checkpointed: bool,
+           embedding_trainable: bool) -> tuple[tuple[tuple[str, int], ...], int]:
+    linears, layers, vocab_size, hidden, tied = shape
+    head = "embed" if tied else "head"
     per_block: list[tuple[str, int]] = []
-    for name, i, o, n in linear_shapes(spec):
+    for name, i, o, n in linears:
         if name.startswith("experts."):   # a MoE block is a ZeRO-3 leaf module: all its experts gathered at once
             if not per_block or per_block[-1][0] != "experts":
                 per_block.append(("experts", 0))
-            per_block[-1] = ("experts", per_block[-1][1] + i * o * (n // spec.total_layers))
+            per_block[-1] = ("experts", per_block[-1][1] + i * o * (n // layers))
         else:
-            per_block += [(f"{name}.{k}", i * o) for k in range(max(1, n // spec.total_layers))]
-    blocks = [[(f"{layer}.{name}", numel) for name, numel in per_block] for layer in range(spec.total_layers)]
-    vocab = spec.vocab_size * spec.hidden_size
+            per_block += [(f"{name}.{k}", i * o) for k in range(max(1, n // layers))]
+    blocks = [[(f"{layer}.{name}", numel) for name, numel in per_block] for layer in range(layers)]
+    vocab = vocab_size * hidden
     forward = [("embed", vocab)] + [use for block in blocks for use in block] + [(head, vocab)]
     backward = [(head, vocab)]
     for block in reversed(blocks):
@@ -184,6 +197,12 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, largest_trainable: int, kn
     its blocks (the trace then holds the recompute and the embedding's input-grad backward).
     """
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
-    trace, backward_from = zero3_trace(spec, checkpointed, embedding_trainable=setup.lora is None)
-    gathered = max(zero3_live_elements(trace, backward_from, knobs))
+    gathered = _gathered(_shape(spec), checkpointed, setup.lora is None, knobs)
     return elem * (gathered + knobs.reduce_bucket_size + largest_trainable)
+
+
+@lru_cache(maxsize=256)
+def _gathered(shape: tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool], checkpointed: bool,
+              embedding_trainable: bool, knobs: Zero3Knobs) -> int:
+    """The larger of the walk's forward and backward peaks, kept per model shape (hashing a whole trace costs more)."""
+    return max(zero3_live_elements(*_trace(shape, checkpointed, embedding_trainable), knobs))
