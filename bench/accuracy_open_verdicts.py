@@ -25,8 +25,9 @@ ROW_771 = (
     "ZeRO-3 with offload_param: DeepSpeed 0.14.4's coordinator prefetches ahead until its own count meets "
     "stage3_max_live_parameters (1e9), a count that starts each forward one embedding (152,064 x 3,584) below the "
     "true one (step() releases the embedding its backward gathered, after reset_step zeroed the count), and the head's "
-    "prefetch overshoots it: 2.08e9 bf16 elements at the peak, plus the ipg bucket of reduce_bucket_size = 3,584^2 "
-    "(4.18 GB), as memory/zero3_window.py walks it (checked on 0.14.4 itself: scripts/trace_zero3_window.py). The former "
+    "prefetch overshoots it: 2.08e9 bf16 elements at the peak with the persistent norms and adapters (whole on the GPU, "
+    "and uncounted as the embedding is), plus the ipg bucket of reduce_bucket_size = 3,584^2 (4.20 GB), as "
+    "memory/zero3_window.py walks it (checked on 0.14.4 itself: scripts/trace_zero3_window.py). The former "
     "price, two heads and an fp32 head gradient (4.36 GB), counted a gradient the frozen head never gets",
     "not the evaluation: the sft workflow sets no compute_metrics unless predict_with_generate or compute_accuracy "
     "(llamafactory 0.8.3 train/sft/workflow.py) and Trainer.evaluate then passes prediction_loss_only=True "

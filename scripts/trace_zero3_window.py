@@ -121,14 +121,19 @@ def _run(rank: int, port: int, train_head: bool, out: str) -> None:
 
 
 def _simulated() -> dict[str, int]:
-    from perfguide.memory.zero3_window import Zero3Knobs, zero3_live_elements, zero3_trace
+    from perfguide.memory.ledger import ledger
+    from perfguide.memory.zero3_window import Zero3Knobs, persistent_elements, zero3_live_elements, zero3_trace
     from perfguide.model.types import ModelSpec
+    from perfguide.setup import LoraSpec, Setup
 
     spec = ModelSpec.from_any({"model_type": "llama", "architectures": ["LlamaForCausalLM"], **CONFIG})
     knobs = Zero3Knobs(KNOBS["reduce_bucket_size"], KNOBS["stage3_prefetch_bucket_size"],
                        KNOBS["stage3_param_persistence_threshold"], KNOBS["stage3_max_live_parameters"],
                        KNOBS["stage3_max_reuse_distance"])
-    fwd, bwd = zero3_live_elements(*zero3_trace(spec, checkpointed=True, embedding_trainable=False), knobs)
+    lora = Setup(task="train", strategy="zero3", num_gpus=WORLD, weights_dtype="bf16",
+                 lora=LoraSpec(r=8, alpha=16, target_modules=("q_proj", "v_proj")))
+    persistent = persistent_elements(spec, ledger(spec, lora).trainable, knobs)
+    fwd, bwd = zero3_live_elements(*zero3_trace(spec, checkpointed=True, embedding_trainable=False), knobs, persistent)
     return {"forward": fwd, "backward": bwd}
 
 

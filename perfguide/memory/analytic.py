@@ -73,7 +73,7 @@ def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> t
         adapters = ledger(spec, setup).trainable_params // max(1, spec.total_layers)
         return int(2 * per_block * stored) + 2 * max(spec.embedding_params, spec.lm_head_params) * 2 + adapters * 4, int(spec.total_params * stored)
     if setup.strategy == "zero3":   # the coordinator's gathered window, the ipg bucket, one gradient in flight
-        trainable = max((g.numel for g in ledger(spec, setup).trainable), default=0)
+        trainable = ledger(spec, setup).trainable
         return zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec), checkpointed=checkpointed), spec.total_params * cbytes
     # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes

@@ -16,6 +16,8 @@ from functools import lru_cache
 from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import Setup
+from .ledger import full_groups
+from .optimizers import TensorGroup
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,8 @@ def _trace(shape: tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bo
 
 
 @lru_cache(maxsize=64)
-def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, knobs: Zero3Knobs) -> tuple[int, int]:
+def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, knobs: Zero3Knobs,
+                        persistent: int = 0) -> tuple[int, int]:
     """(forward, backward) peak of gathered elements on a rank in a steady-state step, as DeepSpeed 0.14's
     PartitionedParameterCoordinator decides them.
 
@@ -104,7 +107,9 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
     - the counter: ``reset_step`` zeroes it at the end of backward, then ``step()``'s ``release_and_reset_all``
       subtracts what is still gathered, the embedding its backward hook fetched (its post-backward hook never runs:
       its input, the token ids, needs no gradient). Each forward starts that far below the true count, and the window
-      holds max_live_parameters plus the embedding.
+      holds max_live_parameters plus the embedding and the ``persistent`` elements (``ds_persist``: at most
+      ``stage3_param_persistence_threshold`` each), which ``_post_step`` gathers again uncounted and which stay whole
+      on every rank beside their partition (counted here as live).
     - ``release_sub_module`` keeps a parameter that is persistent, that the prefetcher marked for a later use, or that
       a module within ``max_reuse_distance`` elements of the trace ahead uses again (``__params_to_release``).
     - a prefetch of several parameters is one ``all_gather_coalesced``: its flat buffer stays with the handle until
@@ -126,7 +131,8 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
     persist = {p for p, numel in trace if numel <= knobs.param_persistence_threshold}
     available: set[str] = set()
     marked: dict[str, int] = {}
-    counter = -trace[-1][1] if trace[-1][0] == "embed" and n > backward_from else 0   # what step() released uncounted
+    carried = trace[-1][1] if trace[-1][0] == "embed" and n > backward_from else 0
+    counter = -(carried + persistent)   # what step() released uncounted
     head, live, flat = 0, 0, 0
     group_of: dict[str, int] = {}                   # a prefetched parameter -> its coalesced all-gather
     groups: dict[int, tuple[int, set[str]]] = {}    # all-gather -> (elements, members not yet waited on)
@@ -172,7 +178,7 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
             marked[param], head = i, max(head, i + 1)
         prefetch(i)
         phase = int(i >= backward_from)
-        peaks[phase] = max(peaks[phase], live + flat)
+        peaks[phase] = max(peaks[phase], persistent + live + flat)
         later = nxt[i]
         reused = later is not None and prefix[later] - prefix[i + 1] < knobs.max_reuse_distance
         if param not in persist and marked[param] <= i and not reused:
@@ -182,27 +188,40 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
     return peaks[0], peaks[1]
 
 
-def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, largest_trainable: int, knobs: Zero3Knobs, *, checkpointed: bool) -> int:
+def persistent_elements(spec: ModelSpec, adapters: tuple[TensorGroup, ...], knobs: Zero3Knobs) -> int:
+    """Elements ZeRO-3 keeps whole on every rank (``ds_persist``: tensors of at most the persistence threshold, as
+    ``Init`` marks them): the model's small tensors (norms, biases: full_groups' 1-D rest, a MoE router) and LoRA's
+    adapters. DeepSpeed prints the sum ("Total persistent parameters: 35072 in 25 params" for the traced tiny Llama)."""
+    groups = [*full_groups(spec), *adapters]
+    return sum(g.total for g in groups if g.numel <= knobs.param_persistence_threshold)
+
+
+def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], knobs: Zero3Knobs, *,
+                       checkpointed: bool) -> int:
     """Bytes ZeRO-3 holds on a rank beyond its partitions, priced in every phase (the larger of forward and backward).
 
-    - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32); a frozen
-      parameter is gathered like a trainable one and gets no gradient;
+    - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32), the
+      persistent tensors' whole copies included; a frozen parameter is gathered like a trainable one and gets no
+      gradient;
     - the ipg bucket: ``torch.empty(reduce_bucket_size, dtype=self.dtype)`` built in ``DeepSpeedZeroOptimizer_Stage3
       .__init__`` when contiguous_gradients (the default) and kept until ``destroy()``, however few parameters train;
     - one gradient in flight: autograd's full-size 16-bit gradient of a trainable parameter, alive until the
       reduce hook copies it into the bucket or, larger than the bucket, reduce-scatters it in place
-      (``__add_grad_to_ipg_bucket``, ``reduce_scatter_coalesced``); the largest trainable parameter's.
+      (``__add_grad_to_ipg_bucket``, ``reduce_scatter_coalesced``); the largest trainable tensor's.
     The 16-bit gradient partitions (``grad_partitions_flat_buffer``, grad_accum_dtype = the model's 16-bit dtype under
-    ZeRO) and the fp32 master partitions are the model states sharding.py divides. ``checkpointed``: the step recomputes
-    its blocks (the trace then holds the recompute and the embedding's input-grad backward).
+    ZeRO) and the fp32 master partitions are the model states sharding.py divides. ``trainable``: the ledger's
+    trainable tensors (LoRA's adapters, or every tensor); ``checkpointed``: the step recomputes its blocks (the trace
+    then holds the recompute and the embedding's input-grad backward).
     """
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
-    gathered = _gathered(_shape(spec), checkpointed, setup.lora is None, knobs)
-    return elem * (gathered + knobs.reduce_bucket_size + largest_trainable)
+    adapters = trainable if setup.lora is not None else ()
+    gathered = _gathered(_shape(spec), checkpointed, setup.lora is None, knobs, persistent_elements(spec, adapters, knobs))
+    largest = max((g.numel for g in trainable), default=0)
+    return elem * (gathered + knobs.reduce_bucket_size + largest)
 
 
 @lru_cache(maxsize=256)
 def _gathered(shape: tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool], checkpointed: bool,
-              embedding_trainable: bool, knobs: Zero3Knobs) -> int:
+              embedding_trainable: bool, knobs: Zero3Knobs, persistent: int) -> int:
     """The larger of the walk's forward and backward peaks, kept per model shape (hashing a whole trace costs more)."""
-    return max(zero3_live_elements(*_trace(shape, checkpointed, embedding_trainable), knobs))
+    return max(zero3_live_elements(*_trace(shape, checkpointed, embedding_trainable), knobs, persistent))
