@@ -188,3 +188,50 @@ def test_llama_3_3_70b_instruct_resolves_offline_with_its_published_shape() -> N
 
 def test_gemma_3_1b_it_resolves_like_the_other_gemma_3_it_names() -> None:
     assert perfguide.ModelSpec.from_any("google/gemma-3-1b-it").name == perfguide.ModelSpec.from_any("google/gemma-3-1b-pt").name
+
+
+# --- a suggestion, followed, holds -----------------------------------------------------------------------------------------
+
+def _followed(suggestion: str, model: str) -> perfguide.Recommendation:
+    """Run exactly what a suggestion names: its hardware= and scenario=."""
+    hw = re.search(r"hardware='([^']+)'", suggestion)
+    sc = re.search(r"scenario='([^']+)'", suggestion)
+    assert hw and sc, suggestion
+    return perfguide.recommend(model, sc.group(1), hardware=hw.group(1))
+
+
+@pytest.mark.parametrize("model, hardware", [("Qwen/Qwen3-8B", "t4"), ("microsoft/phi-4", "rtx3090")])
+def test_sharded_suggestion_names_a_target_that_parses_and_fits(model: str, hardware: str) -> None:
+    """'32 x t4 with FSDP full sharding (scenario='train_gpu_many')': the obvious hardware='t4:32' is refused (no node
+    holds 32 GPUs); the suggestion now names the nodes it was priced on, and that plan fits."""
+    rec = perfguide.recommend(model, "train_gpu_one", hardware=hardware)
+    sharded = [s for s in rec.suggestions if "FSDP full sharding" in s]
+    assert len(sharded) == 1 and "hardware=" in sharded[0], rec.suggestions
+    assert _followed(sharded[0], model).fits
+
+
+@pytest.mark.parametrize("model, hardware", [("Qwen/Qwen2.5-72B", "a10g"), ("openai/gpt-oss-20b", "t4"), ("deepseek-ai/DeepSeek-V3", "a100-80gb:8")])
+def test_infer_suggestions_of_more_gpus_hold(model: str, hardware: str) -> None:
+    """'several GPUs: scenario='infer_gpu_many' splits the weights' was offered for DeepSeek-V3 on 8 x A100, where
+    infer_gpu_many does not fit either; the suggestion is now a priced target, offered only when it fits."""
+    rec = perfguide.recommend(model, "infer_gpu_one", hardware=hardware)
+    assert not rec.fits
+    for s in rec.suggestions:
+        if "infer_gpu_many" in s:
+            assert _followed(s, model).fits, s
+    if model.startswith("deepseek"):
+        assert not any("infer_gpu_many" in s for s in rec.suggestions)
+
+
+@pytest.mark.parametrize("model, scenario", [("Qwen/Qwen3-32B", "train_cpu"), ("Qwen/Qwen3-30B-A3B", "train_cpu"),
+                                             ("deepseek-ai/DeepSeek-V3", "infer_cpu")])
+def test_cpu_plans_gpu_hint_says_what_one_a100_holds(model: str, scenario: str) -> None:
+    """'a GPU plan: scenario='train_gpu_one' with hardware='a100-80gb'' was said for models one A100-80GB cannot hold;
+    the hint now carries that plan's own verdict."""
+    rec = perfguide.recommend(model, scenario, hardware="cpu")
+    hint = [s for s in rec.suggestions if s.startswith("a GPU plan")]
+    assert len(hint) == 1
+    gpu_scenario = scenario.replace("cpu", "gpu_one")
+    on_a100 = perfguide.recommend(model, gpu_scenario, hardware="a100-80gb")
+    assert ("does not hold it either" in hint[0]) == (not on_a100.fits), hint[0]
+    assert ("hardware='a100-80gb' fits" in hint[0]) == on_a100.fits, hint[0]

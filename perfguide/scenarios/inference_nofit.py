@@ -6,7 +6,10 @@ number is host RAM rather than GPU memory; the user needs the limit that was hit
 
 from __future__ import annotations
 
+from ..errors import PerfGuideError
+from ..hardware.types import Hardware
 from . import inference_rules as R
+from .gpu_hint import gpu_hint
 from .registry import find
 from .search import _named_gpus, fits_ram, gib, usable_ram  # _named_gpus: single-GPU named targets, smallest first
 from .types import Candidate, Request
@@ -31,16 +34,32 @@ def what_would_fit(request: Request, best: Candidate) -> tuple[str, ...]:
                    f"({cons.headroom:.0%} headroom kept free)")
     if on_gpu:
         out += _bigger_gpu(request, best)
-        many = find(request.info.task, "cuda", True)
-        if not request.info.multi_gpu and many is not None:
-            out.append(f"several GPUs: scenario='{many.name}' splits the weights (tensor parallel or device_map)")
+        out += _more_gpus(request)
     else:
-        out.append("a GPU plan: scenario='infer_gpu_one' with hardware='a100-80gb' (or your GPU)")
+        out.append(gpu_hint(request, "infer_gpu_one"))
     if mem.kv_cache > mem.weights / 4:
         out.append(f"the KV cache ({_gb(mem.kv_cache)}) grows with prompt_len, max_new_tokens and batch_size: lower them")
     if on_gpu and not cons.allow_offload:
         out.append("allow_offload=True lets device_map='auto' keep part of the weights in CPU RAM (slow)")
     return tuple(out)
+
+
+def _more_gpus(request: Request) -> list[str]:
+    """The fewest GPUs of this kind (one node) over which the multi-GPU scenario's own plan fits, priced: a bare
+    'use several GPUs' pointed DeepSeek-V3 on 8 x A100 at a scenario that does not hold it either."""
+    many, gpu = find(request.info.task, "cuda", True), request.hardware.smallest_gpu
+    if request.info.multi_gpu or many is None or gpu is None:
+        return []
+    for n in (2, 4, 8):
+        try:
+            hw = Hardware.from_name(f"{gpu.name}:{n}")
+        except PerfGuideError:
+            return []   # not a named GPU: no target to price
+        cons = request.constraints.model_copy(update={"num_gpus": None})
+        p = many.plan(request.model_copy(update={"scenario": many.name, "hardware": hw, "constraints": cons}))
+        if p.fits:
+            return [f"hardware='{gpu.name}:{n}' with scenario='{many.name}' fits ({p.setup.label}): {_gb(p.memory.device_total)} per GPU"]
+    return []
 
 
 def _bigger_gpu(request: Request, best: Candidate) -> list[str]:

@@ -8,6 +8,7 @@ offered: bitsandbytes' 4-bit training path targets CUDA.
 from __future__ import annotations
 
 from ..setup import Setup
+from .gpu_hint import gpu_hint
 from .host import cpu_dataloader, cpu_processes, cpu_threads
 from .rules_precision import cpu_precision
 from .search import SearchResult, gib, least_memory
@@ -38,5 +39,5 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
     lean = least_memory(result)
     out.append(f"the leanest {mode} setup ({lean.setup.label}) needs {gib(lean.memory.device_total)} of RAM; "
                f"{gib(request.hardware.cpu.ram_available)} is available")
-    out.append("a GPU plan: scenario='train_gpu_one' with hardware='a100-80gb' (or your GPU)")
+    out.append(gpu_hint(request, "train_gpu_one"))
     return tuple(out)

@@ -9,6 +9,7 @@ named GPU, or N GPUs with FSDP.
 from __future__ import annotations
 
 from ..errors import ConflictingConstraintsError, PerfGuideError
+from ..hardware.types import Hardware
 from ..setup import Setup
 from .host import gpu_dataloader
 from .rules_precision import gpu_precision
@@ -19,6 +20,11 @@ from .types import Plan, Request
 
 def plan(request: Request) -> Plan:
     return _plan(request, what_would_fit)
+
+
+def plan_without_suggestions(request: Request) -> Plan:
+    """The plan alone, without pricing what would fit instead (for hints that only need the verdict)."""
+    return _plan(request, lambda *_: ())
 
 
 def _plan(request: Request, suggest: Suggest) -> Plan:
@@ -76,11 +82,23 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     sharded = sharded_gpus_needed(spec, reference, gpu, hw, h)
     if sharded:
         n, p = sharded
-        out.append(f"{n} x {gpu.name} with FSDP full sharding (scenario='train_gpu_many'): {gib(p.memory.device_total)} per device")
+        out.append(f"{n} x {gpu.name} with FSDP full sharding (scenario='train_gpu_many'{_target(gpu.name, p.setup)}): "
+                   f"{gib(p.memory.device_total)} per device")
     out += _smaller_global_batch(request, mode)
     if not out:  # nothing full fits anywhere near: the leanest adapter setup on the smallest bigger GPU
         out += _adapters_on_bigger_gpu(request, adapters)
     return tuple(out) or (f"{spec.name} does not fit on {gpu.name} in any setup perfguide knows; try more GPUs with offload",)
+
+
+def _target(gpu_name: str, priced: Setup) -> str:
+    """``, hardware='t4:8x4'``: the GPUs per node x nodes the sharded setup was priced on, as a name ``recommend``
+    reads ('t4:32' is refused: no node holds 32 GPUs); empty when the GPU is not a named one."""
+    name = f"{gpu_name}:{priced.num_gpus}" + (f"x{priced.nodes}" if priced.nodes > 1 else "")
+    try:
+        Hardware.from_name(name)
+    except PerfGuideError:
+        return ""
+    return f", hardware={name!r}"
 
 
 def _smaller_global_batch(request: Request, mode: str) -> list[str]:
