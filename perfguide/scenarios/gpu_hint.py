@@ -16,16 +16,19 @@ from .types import Plan, Request
 REFERENCE_GPU = "a100-80gb"
 
 
-def gpu_hint(request: Request, scenario: str) -> str:
-    """``scenario`` ('train_gpu_one' / 'infer_gpu_one') planned for the same model and workload on one REFERENCE_GPU."""
+def gpu_hint(request: Request, plan: Callable[[Request], Plan]) -> str:
+    """The one-GPU scenario of the request's task (``plan``: its plan function, without its own suggestions) for the
+    same model and workload on one REFERENCE_GPU."""
     from . import registry
 
-    info = registry.get(scenario)
+    info = registry.find(request.info.task, "cuda", False)
+    assert info is not None, "every task has a one-GPU scenario"
+    scenario = info.name
     cons = request.constraints.model_copy(update={"num_gpus": None})
     asked = request.model_copy(update={"scenario": scenario, "hardware": Hardware.from_name(REFERENCE_GPU), "constraints": cons,
                                        "calibration": None})
     try:
-        p = _quiet(info.name)(asked)
+        p = plan(asked)
     except PerfGuideError as exc:
         return f"a GPU plan: scenario={scenario!r} with hardware= your GPU (on one {REFERENCE_GPU}: {exc})"
     if p.fits:
@@ -33,10 +36,3 @@ def gpu_hint(request: Request, scenario: str) -> str:
                 f"{gib(p.memory.device_total)} per GPU), or your GPU")
     why, _ = broken_limit(p.memory, asked.hardware, cons.headroom)
     return f"a GPU plan: scenario={scenario!r} with hardware= your GPU; one {REFERENCE_GPU} does not hold it either ({p.setup.label}: {why})"
-
-
-def _quiet(scenario: str) -> Callable[[Request], Plan]:
-    """The scenario's plan without its own 'what would fit' search (a hint of a hint)."""
-    from . import infer_gpu_one, train_gpu_one
-
-    return train_gpu_one.plan_without_suggestions if scenario == "train_gpu_one" else infer_gpu_one.plan

@@ -36,7 +36,9 @@ def what_would_fit(request: Request, best: Candidate) -> tuple[str, ...]:
         out += _bigger_gpu(request, best)
         out += _more_gpus(request)
     else:
-        out.append(gpu_hint(request, "infer_gpu_one"))
+        from .infer_gpu_one import plan
+
+        out.append(gpu_hint(request, plan))
     if mem.kv_cache > mem.weights / 4:
         out.append(f"the KV cache ({_gb(mem.kv_cache)}) grows with prompt_len, max_new_tokens and batch_size: lower them")
     if on_gpu and not cons.allow_offload:

@@ -39,5 +39,7 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
     lean = least_memory(result)
     out.append(f"the leanest {mode} setup ({lean.setup.label}) needs {gib(lean.memory.device_total)} of RAM; "
                f"{gib(request.hardware.cpu.ram_available)} is available")
-    out.append(gpu_hint(request, "train_gpu_one"))
+    from .train_gpu_one import plan_without_suggestions
+
+    out.append(gpu_hint(request, plan_without_suggestions))
     return tuple(out)
