@@ -36,12 +36,12 @@ MODEL_TYPES = frozenset({
 })
 
 
-#: data/techniques.json rows of the bytes per token one block keeps less (per FFN unit, per hidden unit), by the
-#: dtypes its MLP and norms run in (``block_savings``)
+#: data/techniques.json rows of the bytes per token per FFN unit one block keeps less, by the dtype its MLP runs in
+#: (``block_savings``; the norms' share is ``norm_savings``)
 SAVED_LESS = {
-    "fp32_stream": ("liger_saved_less_fp32_stream_per_ffn_unit", "liger_saved_less_fp32_stream_per_hidden_unit"),
-    "half": ("liger_saved_less_half_per_ffn_unit", "liger_saved_less_half_per_hidden_unit"),
-    "fp32": ("liger_saved_less_fp32_per_ffn_unit", "liger_saved_less_fp32_per_hidden_unit"),
+    "fp32_stream": "liger_saved_less_fp32_stream_per_ffn_unit",
+    "half": "liger_saved_less_half_per_ffn_unit",
+    "fp32": "liger_saved_less_fp32_per_ffn_unit",
 }
 
 
@@ -123,18 +123,14 @@ class LigerKernel(Technique):
 
 def block_savings(spec: Any, shape: Any, recomputed: bool = False) -> int:
     """Bytes per micro-step one block keeps less for backward under Liger's fused RMSNorm and SwiGLU/GeGLU than
-    under HF's eager modules (data/techniques.json ``liger_saved_less_*``, per token, per FFN and per hidden unit).
+    under HF's eager modules: per token, per FFN unit (data/techniques.json ``liger_saved_less_*``) and per hidden
+    unit (``norm_savings``, two norms per block).
 
     HF's MLP keeps ``act(gate)`` for the multiply; Liger's ``LigerSiLUMulFunction`` keeps only gate and up and
     recomputes the activation in backward (ops/swiglu.py): one intermediate-sized tensor less, in the MLP's dtype
     (fp32 in peft's kbit fp32 stream, where bitsandbytes' Linear4bit returns its fp32 input's dtype:
-    activations.stream_regime). HF's ``LlamaRMSNorm`` upcasts a 16-bit input to fp32 and autograd keeps that copy;
-    Liger's RMSNorm keeps its input and one fp32 rstd per row (ops/rms_norm.py ``save_for_backward(X, RSTD)``):
-    4 B per element less per norm, two norms per block, and nothing in the kbit fp32 stream, whose input is already
-    fp32 and whose norm weights are frozen. RoPE saves nothing per layer either way (cos/sin are shared). In a full
-    fine-tune's ``recomputed`` block with 16-bit norms HF's norm also keeps the normalised 16-bit tensor its trainable
-    weight's gradient needs, and Liger's input is held there anyway (the checkpoint's input, the residual sum): 12 B
-    per hidden unit, not 8 (``liger_saved_less_half_full_recompute_per_hidden_unit``, traced).
+    activations.stream_regime). RoPE saves nothing per layer either way (cos/sin are shared). ``recomputed``: the
+    block a checkpointed run recomputes in backward, where Liger's saved norm inputs are alive anyway.
 
     Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate and up buffers. Under LoRA the gradients one
     recomputed block's backward holds at its peak do not change: traced (scripts/trace_block_backward.py --liger),
@@ -146,13 +142,29 @@ def block_savings(spec: Any, shape: Any, recomputed: bool = False) -> int:
         return 0
     from ..memory.activations import kbit_fp32_stream, regime
 
-    case = "fp32_stream" if kbit_fp32_stream(shape) else "fp32" if regime(shape) == "fp32" else "half"
-    per_ffn_unit, per_hidden_unit = SAVED_LESS[case]
-    if recomputed and shape.lora is None and regime(shape) == "half":   # 16-bit norms with trainable weights
-        per_hidden_unit = "liger_saved_less_half_full_recompute_per_hidden_unit"
-    mlp = constant(per_ffn_unit) * spec.active_intermediate_size if spec.gated_mlp else 0
-    per_token = constant(per_hidden_unit) * spec.hidden_size + mlp
-    return int(shape.micro_batch_size * shape.seq_len * per_token)
+    fp32_stream = kbit_fp32_stream(shape)
+    case = "fp32_stream" if fp32_stream else "fp32" if regime(shape) == "fp32" else "half"
+    mlp = constant(SAVED_LESS[case]) * spec.active_intermediate_size if spec.gated_mlp else 0
+    norms = 2 * norm_savings(fp32_stream or regime(shape) != "half", shape.lora is None, recomputed)
+    return int(shape.micro_batch_size * shape.seq_len * (norms * spec.hidden_size + mlp))
+
+
+def norm_savings(fp32_input: bool, trainable: bool, recomputed: bool) -> int:
+    """Bytes per hidden unit per token one RMSNorm keeps less under Liger's kernel than HF's ``LlamaRMSNorm``.
+
+    HF's norm computes ``weight * (x.to(float32) * rsqrt(...)).to(x.dtype)``: autograd keeps the fp32 ``x`` (a
+    copy, 4 B, when ``x`` is 16-bit; ``x`` itself when it is fp32) and, when the weight is trainable, the
+    normalised tensor in ``x``'s dtype. Liger's keeps ``x`` and one fp32 rstd per row (ops/rms_norm.py
+    ``save_for_backward(X, RSTD)``). A 16-bit ``x`` is then a tensor HF does not keep (2 B), except in the block a
+    checkpointed run recomputes, where it is the checkpoint's input or the attention's residual sum, alive there
+    either way; an fp32 ``x`` both keep. Traced (scripts/trace_block_backward.py ``decomposed`` on its LoRA and
+    ``--full`` cases, the recompute; scripts/trace_liger_unchecked.py, a whole forward without checkpointing; real
+    CPU tensors, the liger-kernel 0.8.5 stand-ins of scripts/liger_standins.py), per hidden unit for a block's two
+    norms: LoRA on a bf16 base 8 recomputed (33.12 -> 25.12) and 4 without checkpointing; bf16 full fine-tune 12
+    (25.38 -> 13.38) and 8; fp32 weights, full, with or without autocast, 8 and 8; nf4 in peft's fp32 stream 0."""
+    if fp32_input:
+        return 4 if trainable else 0
+    return 4 + (2 if trainable else 0) - (0 if recomputed else 2)
 
 
 def fused_activation_savings(spec: Any, shape: Any) -> int:
