@@ -93,3 +93,39 @@ def test_torchtune_config_reads_without_the_override_and_the_trainer_refuses_it(
     with pytest.raises(InvalidSetupError, match="bnb_embedding_override"):
         Optimizer().training_args(EmitContext(setup=c.setup))
     assert Optimizer().training_args(EmitContext(setup=c.setup.model_copy(update={"bnb_embedding_override": True}))) == {"optim": "paged_adamw_8bit"}
+
+
+def test_trainer_gives_a_saved_embedding_copy_32bit_state_and_the_head_copy_8bit(tmp_path: Path) -> None:
+    """PEFT's modules_to_save copies keep their original's class, so Trainer.create_optimizer registers the 32-bit
+    override for the embedding's copy (an nn.Embedding) and not for the head's (an nn.Linear): measured with the
+    real Trainer, PEFT and bitsandbytes on CPU, and priced by the ledger's saved-module groups."""
+    torch = pytest.importorskip("torch")
+    bnb = pytest.importorskip("bitsandbytes")
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from perfguide.memory.ledger import saved_module_groups
+
+    bnb.optim.GlobalOptimManager.get_instance().initialize()
+    vocab, hidden = 1024, 64
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=4, tie_word_embeddings=False)
+    model = peft.get_peft_model(LlamaForCausalLM(cfg), peft.LoraConfig(r=4, target_modules=["q_proj"],
+                                                                       modules_to_save=["embed_tokens", "lm_head"]))
+    args = TrainingArguments(output_dir=str(tmp_path), optim="adamw_bnb_8bit", use_cpu=True, report_to=[])
+    opt = Trainer(model=model, args=args).create_optimizer()
+    ids = torch.randint(0, vocab, (2, 8))
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    inner = getattr(opt, "optimizer", opt)
+    copies = {n.split(".modules_to_save")[0].rsplit(".", 1)[-1]: p for n, p in model.named_parameters() if ".modules_to_save." in n}
+    assert inner.state[copies["embed_tokens"]]["state1"].dtype == torch.float32
+    assert inner.state[copies["lm_head"]]["state1"].dtype == torch.uint8
+    measured = sum(v.numel() * v.element_size() for p in copies.values() for k, v in inner.state[p].items()
+                   if torch.is_tensor(v) and v.numel() > 1 and not k.startswith("qmap"))
+    spec = ModelSpec.from_any("meta-llama/Llama-3.2-1B").model_copy(update={"vocab_size": vocab, "hidden_size": hidden})
+    setup = Setup(lora={"r": 4, "modules_to_save": ("embed_tokens", "lm_head")}, optimizer="adamw_bnb_8bit")
+    priced = optimizer_cost("adamw_bnb_8bit", list(saved_module_groups(spec, setup)), 4).states
+    assert priced == 8 * vocab * hidden + q8(vocab * hidden)
+    assert measured == pytest.approx(priced, rel=0.02)   # bnb 0.50: one absmax per 256 elements, the 2024 releases 2048
+    bnb.optim.GlobalOptimManager.get_instance().initialize()

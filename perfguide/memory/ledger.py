@@ -160,7 +160,9 @@ def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...
         raise InvalidSetupError(f"modules_to_save on this base keeps {copy_bytes}-byte copies beside {adapter_bytes(setup)}-byte "
                                 "adapters; perfguide prices trainable tensors at one width: train the copies on an fp32 or "
                                 "kbit-upcast base, or drop modules_to_save")
-    return tuple(TensorGroup(1, spec.vocab_size, spec.hidden_size, "linear") for _ in lora.modules_to_save)
+    # the copy is a module of its original's class: an embedding's copy takes the Trainer's 32-bit bnb state override
+    return tuple(TensorGroup(1, spec.vocab_size, spec.hidden_size, "embedding" if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS else "head")
+                 for n in lora.modules_to_save)
 
 
 def adapter_bytes(setup: Setup) -> int:
