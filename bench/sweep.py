@@ -398,6 +398,7 @@ def cases(quick: bool) -> list[tuple[str, str, str, dict[str, Any]]]:
 
 def run(quick: bool) -> tuple[Tally, int, float]:
     t = Tally()
+    followed: dict[tuple[Any, ...], bool | str] = {}
     todo = cases(quick)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
@@ -419,6 +420,8 @@ def run(quick: bool) -> tuple[Tally, int, float]:
                 check_plan(rec, case, forced, t)
             except Exception as exc:  # noqa: BLE001 - any escape is a finding
                 t.flag("checking the plan raised", case, _classify(exc)[1] or str(exc))
+            if not rec.fits and not forced:
+                check_suggestions(m, rec, case, t, followed)
             tmp = Path(tempfile.mkdtemp(dir=d))
             if rec.setup.task == "train":
                 check_training_outputs(rec, case, tmp, t)
@@ -426,6 +429,30 @@ def run(quick: bool) -> tuple[Tally, int, float]:
                 check_serving_outputs(rec, case, t)
         n_cli = run_cli(MODELS[::3] if quick else MODELS, t, Path(d))
     return t, len(todo) + n_cli, time.perf_counter() - start
+
+
+def check_suggestions(model: str, rec: Any, case: str, t: Tally, followed: dict[tuple[Any, ...], bool | str]) -> None:
+    """Every 'what would fit' line that names a scenario and a hardware target, run as written, must fit."""
+    import re
+
+    for line in rec.suggestions:
+        hw, sc = re.search(r"hardware='([^']+)'", line), re.search(r"scenario='([^']+)'", line)
+        if not hw:
+            continue
+        # the constraints the line names, as the user would pass them
+        named = {k: (int(v) if v.isdigit() else v.strip("'")) for k, v in
+                 re.findall(r"\b(finetune|global_batch_size|quantization)=('[^']*'|\d+)", line)}
+        key = (model, sc.group(1) if sc else rec.scenario, hw.group(1), tuple(sorted(named.items())))
+        if key not in followed:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    followed[key] = perfguide.recommend(model, key[1], hardware=key[2], **named).fits
+            except Exception as exc:  # noqa: BLE001 - any escape is a finding
+                followed[key] = f"{type(exc).__name__}: {exc}"
+        t.outcomes["suggestions followed"] += 1
+        if followed[key] is not True:
+            t.flag("suggestion does not hold", case, f"{line[:160]} -> recommend({key[1]!r}, hardware={key[2]!r}, {named}): {followed[key]}")
 
 
 CLI_TARGET = {"train_gpu_one": "rtx4090", "train_gpu_many": "a100-80gb:8", "train_cpu": "cpu", "infer_gpu_one": "a10g",
