@@ -476,9 +476,16 @@ def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
     here; rows without a stated or inferred one: as is."""
     from accuracy_loss import _transformers_version
 
+    with recompute_release(_transformers_version(row)):
+        yield
+
+
+@contextmanager
+def recompute_release(release: str | None) -> Iterator[None]:
+    """checkpoint_release for a release named directly (None: as is); the techniques bench uses it for sources that
+    pin a release in their example scripts."""
     import perfguide.memory.analytic as analytic
 
-    release = _transformers_version(row)
     if release is None:
         yield
         return

@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
 from _report import publish
+from accuracy_setup import recompute_release
 
 from perfguide import Hardware, ModelSpec, Setup
 from perfguide.memory import estimate_memory
@@ -158,7 +159,18 @@ def low_bit_states(row: dict[str, str]) -> Compared:
     return Compared(row["row_id"], row["technique"], f"tokens/s ratio vs fused AdamW, {name}", f"{pub:.2f}", f"{b / a:.2f}", _err(b / a, pub))
 
 
+#: Liger's examples/huggingface/requirements.txt pins transformers (4.43.3 when the README figures were made, 4.44.2
+#: later): a release before 5.0, whose gradient checkpointing is reentrant (memory/block_backward.py)
+LIGER_EXAMPLE_RELEASE = "4.43.3"
+
+
 def liger(row: dict[str, str]) -> Compared:
+    """Priced with the example's pinned release (its checkpoint variant and attention era), not the installed one."""
+    with recompute_release(LIGER_EXAMPLE_RELEASE):
+        return _liger(row)
+
+
+def _liger(row: dict[str, str]) -> Compared:
     """Liger on Llama-3-8B, FSDP1 on 8 A100s, batch 8 per device, at the row's sequence (stated, or read from the README's
     plots). Liger's example script loads the model in bf16 (torch_dtype=torch.bfloat16): pure bf16 weights and AdamW
     states; the fp32-weights reading is shown in brackets so the choice is visible."""
