@@ -68,7 +68,7 @@ def attention(request: Request, dtype: str, on_gpu: bool) -> Decision:
     compute = dtype if dtype in ("bf16", "fp16") else "fp16" if dtype in QUANTIZED else None
     gpu = request.hardware.smallest_gpu if on_gpu else None
     return decide_attention(request.model, request.constraints.attn_implementation, gpu, compute,
-                            local=request.hardware.source == "probe")
+                            local=request.hardware.source == "probe", seq_len=request.seq_len)
 
 
 # --- batch, quantization, cache --------------------------------------------------------------------
@@ -191,6 +191,7 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
                         reason="nothing fits on the GPU even in 4-bit; bnb 4-bit cannot be CPU-offloaded, so 16-bit weights are split")
     if q not in ("int8", "nf4"):
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
+                        number=float(chosen_weights(request, chosen)), unit="bytes of weights (they fit as they are)",
                         reason=(f"{q} weights and the KV cache fit: bitsandbytes would only slow decoding "
                                 f"(int8 ~{slow['int8']}x, nf4 ~{slow['nf4']}x time per token)" if request.model.generates else
                                 f"{q} weights fit: bitsandbytes would only slow the forward (dequantization in every matmul)"))
@@ -212,7 +213,9 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
                if request.constraints.prefer == "throughput" else
                "compile of bitsandbytes-quantized models is unsupported" if quantized else
                "no CUDA graphs on CPU / with layer-split or offloaded models")
-        return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE, alternatives=(
+        ms = speed.time_per_output_token_ms
+        return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE,
+                               number=ms, unit="ms per output token" if ms is not None else None, alternatives=(
             Alternative(value="static + torch.compile", why_not=why),))
     fast = setup.replace(cache_implementation="static", torch_compile=True)
     after = estimate_speed(request.model, fast, request.hardware, headroom=request.constraints.headroom)

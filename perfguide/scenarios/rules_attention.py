@@ -58,24 +58,30 @@ def _why_not_fa2(gpu: GPU | None, compute: str | None, local: bool) -> str | Non
     return None
 
 
-def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None, *, local: bool) -> Decision:
-    """``compute``: the matmul dtype ("bf16" / "fp16"; None for fp32). ``local``: the plan targets this machine."""
+def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None, *, local: bool,
+                     seq_len: int | None = None) -> Decision:
+    """``compute``: the matmul dtype ("bf16" / "fp16"; None for fp32). ``local``: the plan targets this machine.
+    The deciding number: the s x s scores eager attention holds per sample and layer at ``seq_len`` (what the fused
+    kernels never materialise)."""
     _check_forced(spec, forced, gpu, compute)
+    scores = {"number": float(spec.num_attention_heads * seq_len**2 * (2 if compute else 4)),
+              "unit": "bytes of s x s scores per sample and layer in eager"} if seq_len else {}
     if forced:
         return Decision(setting="attn_implementation", value=forced, reason=f"attn_implementation={forced!r} was requested",
-                        source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced == "flash_attention_2" else "")
+                        source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced == "flash_attention_2" else "",
+                        **scores)
     why_not = _why_not_fa2(gpu, compute, local)
     if why_not is None and spec.supports_sdpa:
-        return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE,
+        return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE, **scores,
                         reason="flash-attn is installed, supports the GPU and compute is 16-bit: no s x s scores, fastest prefill",
                         alternatives=(Alternative(value="sdpa", why_not="slower at long sequences; fine otherwise"),))
     if not spec.supports_sdpa:
-        return Decision(setting="attn_implementation", value="eager", source=sources.NO_SDPA,
+        return Decision(setting="attn_implementation", value="eager", source=sources.NO_SDPA, **scores,
                         reason=f"{spec.name}'s transformers class does not accept SDPA (soft-capped or sink attention scores): eager, "
                                "which materialises the s x s scores",
                         alternatives=(Alternative(value="flash_attention_2", why_not=why_not or "not chosen unasked for this class"),
                                       Alternative(value="sdpa", why_not="refused by this model class (_supports_sdpa = False)")))
-    return Decision(setting="attn_implementation", value="sdpa", source=sources.SDPA,
+    return Decision(setting="attn_implementation", value="sdpa", source=sources.SDPA, **scores,
                     reason="SDPA is the default and picks a flash / memory-efficient kernel: no s x s score matrix, no extra package",
                     alternatives=(Alternative(value="flash_attention_2", why_not=str(why_not)),
                                   Alternative(value="eager", why_not="materialises the s x s attention scores: slower and more memory")))

@@ -84,6 +84,24 @@ def _auto_gpu_dtype(spec: ModelSpec, gpu: GPU) -> tuple[str | None, str, list[st
     return "fp16", f"{gpu.name} ({gpu.generation}) lacks bf16 but has fp16 tensor cores; AMP with loss scaling keeps fp32 master weights", []
 
 
+_CC_UNIT = "compute capability (bf16 / TF32 tensor cores from 8.0)"
+
+
+def _cc(gpu: GPU) -> float | None:
+    """The compute capability as a number (7.5), the fact a 'no bf16 / no TF32' decision rests on; None off NVIDIA."""
+    major, minor = gpu.compute_capability
+    return float(f"{major}.{minor}") if (major, minor) != (0, 0) else None
+
+
+def _deciding(gpu: GPU, autocast: str | None, forced: str | None) -> dict[str, float | str | None]:
+    """The mixed-precision decision's number: the speed-up over fp32 peak when it autocasts; else, when perfguide chose
+    fp32 (no bf16 tensor cores), the compute capability that decided it."""
+    if autocast:
+        return {"number": _ratio(gpu, autocast), "unit": "x fp32 peak"}
+    cc = None if forced else _cc(gpu)
+    return {"number": cc, "unit": _CC_UNIT if cc is not None else None}
+
+
 def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     """Precision for training on one GPU; forced values are honoured or refused with one line."""
     if forced:
@@ -93,13 +111,12 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
         autocast, reason, warns = _auto_gpu_dtype(spec, gpu)
     alternatives = _mp_alternatives(spec, gpu, autocast)
     mixed = Decision(setting="mixed_precision", value=autocast or "no", reason=reason,
-                     number=_ratio(gpu, autocast) if autocast else None, unit="x fp32 peak" if autocast else None,
-                     source=_AMP_SOURCE, alternatives=alternatives)
+                     **_deciding(gpu, autocast, forced), source=_AMP_SOURCE, alternatives=alternatives)
     tf32 = gpu.supports_tf32
     tf32_reason = ("TF32 runs the matmuls autocast leaves in fp32 on tensor cores (same range, 10-bit mantissa)" if tf32 else
                    f"TF32 needs a CUDA GPU of Ampere or newer; transformers raises ValueError on {gpu.name} ({gpu.generation})")
-    tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else None,
-                        unit="x fp32 peak" if tf32 else None, source=f"{sources.TRAIN_GPU_ONE}#tf32; {sources.TRAINING_ARGUMENTS}.tf32")
+    tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else _cc(gpu),
+                        unit="x fp32 peak" if tf32 else _CC_UNIT if _cc(gpu) is not None else None, source=f"{sources.TRAIN_GPU_ONE}#tf32; {sources.TRAINING_ARGUMENTS}.tf32")
     # precision='fp32' is honoured for a LoRA base too: no 16-bit storage (it would compute in bf16 while saying fp32)
     half = (None if forced == "fp32" else "bf16" if (gpu.supports_bf16 and forced != "fp16") or autocast == "bf16"
             else "fp16" if autocast == "fp16" else None)

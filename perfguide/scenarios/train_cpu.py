@@ -20,7 +20,7 @@ def plan(request: Request) -> Plan:
     hw, cons = request.hardware, request.constraints
     check_optimizer(cons.optimizer)
     prec = cpu_precision(hw.cpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, None, request.model, request.hardware.source == "probe")
+    impl, attn_dec = attention(cons, prec, None, request.model, request.hardware.source == "probe", request.seq_len)
     processes, proc_dec = cpu_processes(hw.cpu, cons.num_gpus, request.global_batch_size)
     threads, threads_dec = cpu_threads(hw.cpu, processes=processes)
     workers, pin, host_decs = cpu_dataloader(hw.cpu)

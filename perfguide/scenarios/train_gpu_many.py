@@ -86,7 +86,7 @@ def plan(request: Request) -> Plan:
     check_forced(cons.strategy, world, finetune_mode(cons))
     batch = per_rank_batch(request.global_batch_size, world)
     prec = gpu_precision(spec, gpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, gpu, request.model, request.hardware.source == "probe")
+    impl, attn_dec = attention(cons, prec, gpu, request.model, request.hardware.source == "probe", request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,

@@ -34,7 +34,7 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
         raise ConflictingConstraintsError("train_gpu_one needs a GPU; use scenario='train_cpu'")
     check_optimizer(cons.optimizer)
     prec = gpu_precision(spec, gpu, cons.precision)
-    impl, attn_dec = attention(cons, prec, gpu, spec, request.hardware.source == "probe")
+    impl, attn_dec = attention(cons, prec, gpu, spec, request.hardware.source == "probe", request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)

@@ -67,9 +67,10 @@ def finetune_mode(cons: Constraints) -> str:
     return cons.finetune or ("lora" if cons.lora is not None else "full")
 
 
-def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSpec, local: bool) -> tuple[str, Decision]:
+def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSpec, local: bool,
+              seq_len: int | None = None) -> tuple[str, Decision]:
     """The shared attention rule (rules_attention) for the plan's device and compute dtype."""
-    d = decide_attention(spec, cons.attn_implementation, gpu, prec.autocast, local=local)
+    d = decide_attention(spec, cons.attn_implementation, gpu, prec.autocast, local=local, seq_len=seq_len)
     return str(d.value), d
 
 
