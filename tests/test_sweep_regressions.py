@@ -254,3 +254,9 @@ def test_attention_tf32_cache_and_quantization_decisions_carry_their_number() ->
     assert cache.value == "dynamic" and cache.number == serve.throughput.time_per_output_token_ms
     quant = serve.decision("quantization_config")
     assert quant.value is None and quant.number == pytest.approx(2 * spec.total_params, rel=0.01)   # bf16 weights, 2 B each
+
+
+def test_a_named_serving_engine_decision_carries_the_predicted_rate() -> None:
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="a10g", engine="vllm")
+    d = rec.decision("engine")
+    assert d.number == rec.throughput.tokens_per_s > 0 and "tokens/s" in d.unit

@@ -306,8 +306,10 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
     gpu = request.hardware.smallest_gpu
     assert gpu is not None
     peak = (gpu.half_tflops("bf16" if gpu.supports_bf16 else "fp16") or 0.0) * 1e12
+    speed = chosen.speed.output_tokens_per_s if chosen is not None and chosen.speed is not None else None
     engine_decision = Decision(setting="engine", value=engine.name, reason=f"{engine.title} named by the engine constraint: "
-                               f"{engine.summary}", source=engine.docs_source)
+                               f"{engine.summary}", source=engine.docs_source,
+                               number=speed, unit="output tokens/s predicted" if speed is not None else None)
     candidates = tuple(_candidate(request, p, chosen, peak) for p in tried)
     shown = chosen or max(tried, key=lambda p: p.memory.max_concurrency)
     common = dict(setup=_setup(request, shown), memory=to_memory(shown.memory),
