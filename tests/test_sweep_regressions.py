@@ -260,3 +260,11 @@ def test_a_named_serving_engine_decision_carries_the_predicted_rate() -> None:
     rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="a10g", engine="vllm")
     d = rec.decision("engine")
     assert d.number == rec.throughput.tokens_per_s > 0 and "tokens/s" in d.unit
+
+
+@pytest.mark.parametrize("constraints", [{"batch_size": 8}, {"prefer": "latency"}])
+def test_inference_batch_decision_names_its_source(constraints: dict) -> None:
+    """The one kind of decision bench/sweep.py found without a source (40 of 16,695): a requested or latency batch."""
+    rec = perfguide.recommend("meta-llama/Llama-3.2-1B", "infer_gpu_one", hardware="l4", **constraints)
+    d = rec.decision("batch_size")
+    assert d.source and d.number is not None

@@ -122,7 +122,8 @@ def choose_batch(request: Request, max_batch: int) -> tuple[int, Decision]:
             reason = "one sequence at a time: lowest latency per token (prefer='latency')"
         else:  # throughput preferred, but the cache of a second sequence does not fit beside the weights
             reason = f"{max_batch} sequence(s) fit beside the weights: no room to batch for throughput"
-        return b, Decision(setting="batch_size", value=b, reason=reason, number=float(max_batch), unit="largest batch that fits")
+        return b, Decision(setting="batch_size", value=b, reason=reason, number=float(max_batch), unit="largest batch that fits",
+                           source=f"{sources.LLM_TUTORIAL_OPTIMIZATION} (KV cache bytes per token)")
     b = min(MAX_AUTO_BATCH, 2 ** int(math.log2(max_batch)))
     return b, Decision(setting="batch_size", value=b, number=float(max_batch), unit="largest batch that fits",
                        reason=(f"decode is memory-bandwidth bound: one weight read serves all {b} sequences, so tokens/s grows "
