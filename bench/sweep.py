@@ -150,6 +150,9 @@ def check_plan(rec: Any, case: str, forced: dict[str, Any], t: Tally) -> None:
     need, cap = mem.fit_total, mem.capacity
     if rec.fits and need is not None and cap is not None and need > cap:
         t.flag("fits vs its own memory", case, f"fits=True but needs {need / 2**30:.2f} GiB > usable {cap / 2**30:.2f} GiB")
+    chosen = [c for c in rec.candidates if c.verdict == "chosen"]
+    if (rec.fits and rec.candidates and len(chosen) != 1) or (not rec.fits and chosen):
+        t.flag("fits vs its own candidates", case, f"fits={rec.fits} with {len(chosen)} candidate(s) marked 'chosen'")
     if rec.fits != mem.fits:
         t.flag("fits vs its own memory", case, f"plan fits={rec.fits}, memory.fits={mem.fits}")
     brief = rec.report(brief=True).lower()

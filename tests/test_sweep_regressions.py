@@ -268,3 +268,13 @@ def test_inference_batch_decision_names_its_source(constraints: dict) -> None:
     rec = perfguide.recommend("meta-llama/Llama-3.2-1B", "infer_gpu_one", hardware="l4", **constraints)
     d = rec.decision("batch_size")
     assert d.source and d.number is not None
+
+
+def test_a_serving_plan_that_does_not_fit_marks_no_candidate_chosen() -> None:
+    """gemma-2-9b on one L4 at batch 64 did not fit, and its candidates table still marked the offloaded layout
+    'chosen' beside the headline's DOES NOT FIT."""
+    rec = perfguide.recommend("google/gemma-2-9b", "infer_gpu_one", hardware="l4", batch_size=64, prefer="latency")
+    assert not rec.fits
+    assert not [c for c in rec.candidates if c.verdict == "chosen"]
+    ok = perfguide.recommend("google/gemma-2-9b", "infer_gpu_one", hardware="l4")
+    assert ok.fits and len([c for c in ok.candidates if c.verdict == "chosen"]) == 1

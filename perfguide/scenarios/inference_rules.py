@@ -237,10 +237,12 @@ def no_fit_suggestions(request: Request, best: Candidate) -> tuple[str, ...]:
 
 def finish(request: Request, chosen: Candidate, decisions: list[Decision], candidates: list[Candidate],
            warnings: list[str], ok: bool) -> Plan:
-    """Mark the chosen candidate and wrap everything into a Plan."""
-    marked = tuple(c.model_copy(update={"verdict": "chosen"}) if c.setup == chosen.setup else c for c in candidates)
+    """Mark the chosen candidate and wrap everything into a Plan. A plan that does not fit shows its setup as
+    'does-not-fit', never 'chosen' (the table and the verdict say the same thing)."""
+    verdict = "chosen" if ok else "does-not-fit"
+    marked = tuple(c.model_copy(update={"verdict": verdict}) if c.setup == chosen.setup else c for c in candidates)
     if chosen.setup not in [c.setup for c in candidates]:
-        marked += (chosen.model_copy(update={"verdict": "chosen"}),)
+        marked += (chosen.model_copy(update={"verdict": verdict}),)
     warns = list(warnings) + [n for n in chosen.memory.notes if "offloaded" in n]
     return Plan(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, decisions=tuple(decisions),
                 candidates=marked, warnings=tuple(warns), fits=ok, suggestions=() if ok else no_fit_suggestions(request, chosen))
