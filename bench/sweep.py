@@ -5,9 +5,14 @@ Run: ``.venv/bin/python bench/sweep.py [--quick]``. Each (model, scenario, targe
 defaults, then a few forced constraints per scenario; every plan is checked for:
 
 * an exception that is not a one-line PerfGuideError (a traceback a user would see);
-* a plan that contradicts itself: ``fits`` vs its own memory (need above the usable capacity, or the reverse), a
-  forced constraint the setup does not carry, a global batch that micro-batch x accumulation x world does not give;
-* nonsense numbers: negative / NaN / infinite bytes or times, tokens/s whose FLOPs exceed the hardware's peak;
+* a plan that contradicts itself: ``fits`` vs its own memory (need above the usable capacity, or the reverse), vs its
+  report's headline and its candidates table, a printed "A > B" the numbers contradict, a forced constraint the
+  setup does not carry, a global batch that micro-batch x accumulation x world does not give, SFTConfig and
+  TrainingArguments kwargs that disagree on batch / precision / optimizer / checkpointing;
+* kwargs the target cannot run (bf16 or TF32 before Ampere, FlashAttention 2, bitsandbytes where unsupported);
+* a "what would fit" suggestion that names a scenario and a target, run as written, that does not fit;
+* nonsense numbers: negative / NaN / infinite bytes or times, tokens/s whose FLOPs exceed the hardware's peak, a
+  time per output token for a model that generates none;
 * a decision without a reason, the deciding number or a source;
 * outputs the libraries' own parsers reject: ``TrainingArguments`` / ``trl.SFTConfig`` / ``peft.LoraConfig``
   construction, accelerate's ``ClusterConfig`` loading of the YAML written to disk, DeepSpeed's
