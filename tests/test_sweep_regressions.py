@@ -278,3 +278,10 @@ def test_a_serving_plan_that_does_not_fit_marks_no_candidate_chosen() -> None:
     assert not [c for c in rec.candidates if c.verdict == "chosen"]
     ok = perfguide.recommend("google/gemma-2-9b", "infer_gpu_one", hardware="l4")
     assert ok.fits and len([c for c in ok.candidates if c.verdict == "chosen"]) == 1
+
+
+def test_offload_max_memory_decision_names_its_source() -> None:
+    """The last decision kind without a source in the sweep: device_map offload's max_memory budget."""
+    rec = perfguide.recommend("Qwen/Qwen3-8B", "infer_gpu_one", hardware="l4", batch_size=64, prefer="latency")
+    d = rec.decision("max_memory")
+    assert d is not None and d.source and "big_modeling" in d.source

@@ -112,7 +112,8 @@ def transformers_plan(request: Request) -> Plan:
         if off.verdict == "fits":
             chosen = off
             decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, off.setup, off.memory),
-                                      reason="every GPU filled up to capacity less KV cache and transients; the rest in CPU RAM"))
+                                      reason="every GPU filled up to capacity less KV cache and transients; the rest in CPU RAM",
+                                      source=sources.BIG_MODEL_INFERENCE))
             warnings.append("weights do not fit all GPUs even in 4-bit: CPU offload, seconds per token")
     if chosen is None:
         return R.finish(request, min(priced, key=lambda c: c.memory.device_total), decisions, priced, warnings, ok=False)
@@ -120,7 +121,8 @@ def transformers_plan(request: Request) -> Plan:
                   strategy_decision(request, chosen, [c for c in priced if c.setup.weights_dtype == chosen.setup.weights_dtype])]
     if chosen.setup.strategy == "device_map" and not chosen.setup.offload_params:
         decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, chosen.setup, chosen.memory),
-                                  reason="per-GPU weight budget leaving room for the KV cache and prefill transients"))
+                                  reason="per-GPU weight budget leaving room for the KV cache and prefill transients",
+                                  source=sources.BIG_MODEL_INFERENCE))
     if chosen.setup.strategy in ("single", "tp"):
         chosen, more = tune(request, chosen, on_gpu=True)
         decisions += more

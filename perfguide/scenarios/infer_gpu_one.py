@@ -53,7 +53,8 @@ def transformers_plan(request: Request) -> Plan:
                                                f"rest from CPU RAM every forward ({off.throughput.time_per_output_token_ms or off.throughput.step_time_s * 1000:.0f} ms/token)",
                                         source=sources.BIG_MODEL_INFERENCE))
             decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, off.setup, off.memory),
-                                        reason="GPU budget leaves room for the KV cache and prefill transients"))
+                                        reason="GPU budget leaves room for the KV cache and prefill transients",
+                                        source=sources.BIG_MODEL_INFERENCE))
             warnings.append("CPU offload moves offloaded weights over PCIe for every token: expect seconds per token")
     if chosen is None:
         best = min(tried, key=lambda c: c.memory.device_total)
