@@ -300,8 +300,7 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
     s, hw = chosen.setup, request.hardware
     out = [DATAPARALLEL_WARNING] if s.world_size > 1 else []
     t = chosen.throughput
-    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and not hw.fast_link and t.comm_time_s > 0:
-        # only when the link costs time: collectives hidden behind compute leave DDP nothing to gain
+    if s.strategy not in ("ddp", "single") and s.num_gpus > 1 and not hw.fast_link:
         # an adapter plan is already the small one: LoRA cannot be what makes DDP fit
         ddp = "DDP, where a replica fits one GPU," if s.lora is not None else "DDP (or LoRA to make DDP fit)"
         out.append(f"the GPUs talk over {hw.interconnect} (no NVLink): {s.strategy}'s collectives take {t.comm_total_s:.3g} s per step, "
