@@ -13,6 +13,7 @@ from perfguide.memory.zero3_window import (
     DEEPSPEED_DEFAULT_KNOBS,
     Zero3Knobs,
     persistent_elements,
+    stored_per_element,
     trainer_auto_knobs,
     zero3_buffer_bytes,
     zero3_live_elements,
@@ -133,3 +134,26 @@ def test_buffer_bytes_add_the_ipg_bucket_and_one_gradient(tiny: ModelSpec) -> No
     assert zero3_buffer_bytes(tiny, LORA_QV, adapters, knobs, checkpointed=True) == 2 * (window + 256 * 256 + 2048)
     fp32 = LORA_QV.replace(weights_dtype="fp32")
     assert zero3_buffer_bytes(tiny, fp32, adapters, knobs, checkpointed=True) == 4 * (window + 256 * 256 + 2048)
+
+
+QLORA_QV = Setup(task="train", strategy="zero3", num_gpus=2, weights_dtype="nf4", autocast="bf16",
+                 lora=LoraSpec(r=8, alpha=16, target_modules=("q_proj", "v_proj")))
+
+
+def test_qlora_gathers_the_packed_storage(tiny: ModelSpec) -> None:
+    # bnb_4bit_quant_storage=bf16: Params4bit holds in x out / 2 bytes as in x out / 4 bf16 elements, and DeepSpeed
+    # sets ds_numel = param.numel() of that tensor (partition_parameters.py _convert_to_zero_parameters), so a packed
+    # q_proj (256 x 256) is 16,384 elements and gate_proj (256 x 512) 32,768; the embedding and lm_head stay 16-bit
+    # (8,000 x 256 each: bitsandbytes quantizes neither)
+    assert (stored_per_element(QLORA_QV), stored_per_element(LORA_QV)) == (4, 1)
+    packed, backward_from = zero3_trace(tiny, checkpointed=True, embedding_trainable=False, pack=4)
+    assert backward_from == 30 and packed[0] == ("embed", 2_048_000) and packed[29] == ("head", 2_048_000)
+    assert dict(packed[1:8]) == {"0.self_attn.q_proj.0": 16_384, "0.self_attn.k_proj.0": 16_384,
+                                 "0.self_attn.v_proj.0": 16_384, "0.self_attn.o_proj.0": 16_384,
+                                 "0.mlp.gate_proj.0": 32_768, "0.mlp.up_proj.0": 32_768, "0.mlp.down_proj.0": 32_768}
+    # the window, bucket and persistence threshold count those packed elements; bytes are 2 B elements (bf16 storage),
+    # the ipg bucket 2 B and the largest adapter's (2,048-element) gradient 2 B, as for a bf16 base
+    knobs = trainer_auto_knobs(256)
+    adapters = ledger(tiny, QLORA_QV).trainable
+    window = max(zero3_live_elements(packed, backward_from, knobs, persistent_elements(tiny, adapters, knobs)))
+    assert zero3_buffer_bytes(tiny, QLORA_QV, adapters, knobs, checkpointed=True) == 2 * (window + 256 * 256 + 2048)

@@ -65,16 +65,16 @@ def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> t
     per_block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // spec.total_layers
     largest = max(per_block, spec.embedding_params, spec.lm_head_params)
     cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
-    if setup.lora is not None and ((setup.fsdp_version == 2 and setup.strategy in ("fsdp", "fsdp_shard_grad_op"))
-                                   or (setup.strategy == "zero3" and setup.weights_dtype in QUANTIZED)):
+    stored = (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
+    if setup.lora is not None and setup.fsdp_version == 2 and setup.strategy in ("fsdp", "fsdp_shard_grad_op"):
         # FSDP2 gathers each parameter as stored: NF4 stays packed (0.5 B + absmax per 64), frozen weights get no
         # unsharded gradient; only the unit's adapters do (torch distributed/fsdp/_fully_shard, per-parameter DTensor)
-        stored = (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
         adapters = ledger(spec, setup).trainable_params // max(1, spec.total_layers)
         return int(2 * per_block * stored) + 2 * max(spec.embedding_params, spec.lm_head_params) * 2 + adapters * 4, int(spec.total_params * stored)
-    if setup.strategy == "zero3":   # the coordinator's gathered window, the ipg bucket, one gradient in flight
+    if setup.strategy == "zero3":   # the coordinator's gathered window (QLoRA's packed storage), the ipg bucket, one gradient in flight
         trainable = ledger(spec, setup).trainable
-        return zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec), checkpointed=checkpointed), spec.total_params * cbytes
+        return (zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec), checkpointed=checkpointed),
+                int(spec.total_params * stored))
     # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
 

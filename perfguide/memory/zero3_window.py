@@ -47,7 +47,25 @@ def zero3_knobs(spec: ModelSpec) -> Zero3Knobs:
     return trainer_auto_knobs(spec.hidden_size)
 
 
-def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool) -> tuple[tuple[tuple[str, int], ...], int]:
+def stored_per_element(setup: Setup) -> int:
+    """Parameters per element DeepSpeed partitions and gathers of a block Linear: 4 for bitsandbytes 4-bit packed in
+    16-bit storage (``bnb_4bit_quant_storage=bfloat16``, the only way PEFT's docs run QLoRA under ZeRO-3), else 1.
+
+    DeepSpeed has no bitsandbytes case: ``_convert_to_zero_parameters`` partitions whatever tensor the parameter holds
+    and sets ``ds_numel = param.numel()`` (runtime/zero/partition_parameters.py, 0.14.4), here the packed
+    ``Params4bit`` of ``in x out / 4`` bf16 elements (two 4-bit values a byte, two bytes an element), so the
+    coordinator's window, prefetch bucket and persistence threshold all count packed elements. The absmax
+    statistics are ``quant_state``, a Python attribute: never partitioned nor gathered. transformers loads a quantized
+    model without ``zero.Init`` (``get_init_context``: ``is_deepspeed_zero3_enabled() and not is_quantized``) and
+    bitsandbytes leaves the embedding and ``lm_head`` unquantized, so they are gathered in the 16-bit dtype. int8
+    (``Int8Params``, 1-byte elements) counts one element a parameter and is priced at the 16-bit element size: an
+    upper bound, as no published recipe runs LLM.int8 under ZeRO-3.
+    """
+    return 4 if setup.weights_dtype == "nf4" else 1
+
+
+def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool,
+                pack: int = 1) -> tuple[tuple[tuple[str, int], ...], int]:
     """One training step's parameter uses in the order DeepSpeed's coordinator records them, and where backward starts.
 
     Each entry is (parameter, elements) of a module that owns parameters: the embedding, each block Linear in forward
@@ -59,28 +77,30 @@ def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool) 
     LLaMA-Factory's model/model_utils/moe.py applies under ZeRO-3), else ranks routing differently fetch in different
     orders, so the whole block is gathered at once.
     """
-    return _trace(_shape(spec), checkpointed, embedding_trainable)
+    return _trace(_shape(spec, pack), checkpointed, embedding_trainable)
 
 
-def _shape(spec: ModelSpec) -> tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool]:
+Shape = tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool, int]
+
+
+def _shape(spec: ModelSpec, pack: int = 1) -> Shape:
     """What the trace reads of a spec, hashable (a plan prices hundreds of candidates of one model)."""
     tied = bool(spec.tie_word_embeddings or not spec.lm_head_params)
-    return tuple(linear_shapes(spec)), spec.total_layers, spec.vocab_size, spec.hidden_size, tied
+    return tuple(linear_shapes(spec)), spec.total_layers, spec.vocab_size, spec.hidden_size, tied, pack
 
 
 @lru_cache(maxsize=64)
-def _trace(shape: tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool], checkpointed: bool,
-           embedding_trainable: bool) -> tuple[tuple[tuple[str, int], ...], int]:
-    linears, layers, vocab_size, hidden, tied = shape
+def _trace(shape: Shape, checkpointed: bool, embedding_trainable: bool) -> tuple[tuple[tuple[str, int], ...], int]:
+    linears, layers, vocab_size, hidden, tied, pack = shape
     head = "embed" if tied else "head"
     per_block: list[tuple[str, int]] = []
     for name, i, o, n in linears:
         if name.startswith("experts."):   # a MoE block is a ZeRO-3 leaf module: all its experts gathered at once
             if not per_block or per_block[-1][0] != "experts":
                 per_block.append(("experts", 0))
-            per_block[-1] = ("experts", per_block[-1][1] + i * o * (n // layers))
+            per_block[-1] = ("experts", per_block[-1][1] + i * o // pack * (n // layers))
         else:
-            per_block += [(f"{name}.{k}", i * o) for k in range(max(1, n // layers))]
+            per_block += [(f"{name}.{k}", i * o // pack) for k in range(max(1, n // layers))]
     blocks = [[(f"{layer}.{name}", numel) for name, numel in per_block] for layer in range(layers)]
     vocab = vocab_size * hidden
     forward = [("embed", vocab)] + [use for block in blocks for use in block] + [(head, vocab)]
@@ -201,7 +221,8 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
     """Bytes ZeRO-3 holds on a rank beyond its partitions, priced in every phase (the larger of forward and backward).
 
     - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32), the
-      persistent tensors' whole copies included; a frozen parameter is gathered like a trainable one and gets no
+      persistent tensors' whole copies included, a QLoRA base's Linears as their packed storage
+      (``stored_per_element``); a frozen parameter is gathered like a trainable one and gets no
       gradient;
     - the ipg bucket: ``torch.empty(reduce_bucket_size, dtype=self.dtype)`` built in ``DeepSpeedZeroOptimizer_Stage3
       .__init__`` when contiguous_gradients (the default) and kept until ``destroy()``, however few parameters train;
@@ -215,13 +236,13 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
     """
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
     adapters = trainable if setup.lora is not None else ()
-    gathered = _gathered(_shape(spec), checkpointed, setup.lora is None, knobs, persistent_elements(spec, adapters, knobs))
+    gathered = _gathered(_shape(spec, stored_per_element(setup)), checkpointed, setup.lora is None, knobs, persistent_elements(spec, adapters, knobs))
     largest = max((g.numel for g in trainable), default=0)
     return elem * (gathered + knobs.reduce_bucket_size + largest)
 
 
 @lru_cache(maxsize=256)
-def _gathered(shape: tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool], checkpointed: bool,
+def _gathered(shape: Shape, checkpointed: bool,
               embedding_trainable: bool, knobs: Zero3Knobs, persistent: int) -> int:
     """The larger of the walk's forward and backward peaks, kept per model shape (hashing a whole trace costs more)."""
     return max(zero3_live_elements(*_trace(shape, checkpointed, embedding_trainable), knobs, persistent))
