@@ -157,3 +157,19 @@ def test_qlora_gathers_the_packed_storage(tiny: ModelSpec) -> None:
     adapters = ledger(tiny, QLORA_QV).trainable
     window = max(zero3_live_elements(packed, backward_from, knobs, persistent_elements(tiny, adapters, knobs)))
     assert zero3_buffer_bytes(tiny, QLORA_QV, adapters, knobs, checkpointed=True) == 2 * (window + 256 * 256 + 2048)
+
+
+def test_qlora_absmax_stays_whole_on_every_zero3_rank(tiny: ModelSpec) -> None:
+    # DeepSpeed partitions and offloads parameters only; bnb's absmax is Params4bit.quant_state, an attribute. Tiny
+    # Llama's 4-bit Linears: 4 x (4 x 256^2 + 3 x 256 x 512) = 2,621,440 weights; /64 = 40,960 uint8 absmax, /256 =
+    # 160 fp32 second-level ones (640 B): 41,600 B per GPU, of which the ledger's even split gave each of 2 ranks half
+    from perfguide.memory.analytic import replicated_quant_state, training_memory
+    from perfguide.memory.ledger import nf4_quant_state_bytes
+
+    assert nf4_quant_state_bytes(tiny) == 40_960 + 640 == 41_600
+    assert replicated_quant_state(tiny, QLORA_QV, offloaded=False) == 41_600 - 20_800
+    assert replicated_quant_state(tiny, QLORA_QV, offloaded=True) == 41_600   # offload_param: all of it on the GPU
+    assert replicated_quant_state(tiny, QLORA_QV.replace(strategy="zero2"), offloaded=False) == 0   # whole anyway
+    # offloading the optimizer alone leaves the weights, and so the absmax's even split, on the GPU
+    opt_only = QLORA_QV.replace(offload_optimizer=True)
+    assert training_memory(tiny, opt_only).weights == training_memory(tiny, QLORA_QV).weights

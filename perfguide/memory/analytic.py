@@ -165,10 +165,13 @@ def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bi
     Python attribute, so every rank keeps the whole model's on its GPU: sharded runs hold ``QS - QS/N`` more than
     an even split, offloaded runs hold all of ``QS`` (Llama-2-70B: 1.09 GB per GPU) although their weights are on
     the CPU. torchao's NF4Tensor is itself the parameter and shards its scalers (torchtune), so nothing extra.
+    DeepSpeed ZeRO-3 likewise partitions and offloads parameters only (``_convert_to_zero_parameters`` takes
+    ``module.parameters()``; 0.14.4 has no bitsandbytes case), and transformers quantizes the model onto each rank's GPU
+    before ``deepspeed.initialize`` (no ``zero.Init`` for a quantized model), so QLoRA under ZeRO-3 keeps it whole too.
     """
     if nf4_library not in NF4_LIBRARIES:
         raise InvalidSetupError(f"nf4_library must be one of {', '.join(NF4_LIBRARIES)}, not {nf4_library!r}")
-    if not (setup.is_fsdp and setup.weights_dtype == "nf4" and nf4_library == "bitsandbytes"):
+    if not ((setup.is_fsdp or setup.strategy == "zero3") and setup.weights_dtype == "nf4" and nf4_library == "bitsandbytes"):
         return 0
     qs = nf4_quant_state_bytes(spec)
     return qs if offloaded else qs - qs // setup.shard_degree   # ``offloaded``: CPU offload placed the flat shards on the host
@@ -201,12 +204,13 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # the caching allocator's unsplit segment tails of per-parameter state tensors (sharding.unsplit_tail_bytes)
     state_tails, grad_tails = (0, 0) if offloaded else per_tensor_state_tails(spec, setup, led, dev.optimizer)
     staging = offload_staging_bytes(spec, setup, params_offloaded=dev.weights < on_device.weights)   # H2D copies' pool
-    kept = replicated_quant_state(spec, setup, nf4_library, offloaded=offloaded)   # bnb's absmax stays whole on every GPU under FSDP
+    params_off = dev.weights < on_device.weights   # ZeRO-3 can offload the optimizer alone; the absmax follows the weights
+    kept = replicated_quant_state(spec, setup, nf4_library, offloaded=params_off)   # bnb's absmax: whole on every GPU under FSDP / ZeRO-3
     if kept:
         # the even share placed() sent to host RAM with the offloaded weights stays on the device instead
-        moved = nf4_quant_state_bytes(spec) // setup.shard_degree if offloaded else 0
+        moved = nf4_quant_state_bytes(spec) // setup.shard_degree if params_off else 0
         dev = replace(dev, weights=dev.weights + kept, cpu_ram=max(0, dev.cpu_ram - moved * setup.num_gpus),
-                      notes=(*dev.notes, f"bnb 4-bit absmax replicated on every GPU under FSDP (+{kept / 1e9:.2f} GB)"))
+                      notes=(*dev.notes, f"bnb 4-bit absmax replicated on every GPU under FSDP and ZeRO-3 (+{kept / 1e9:.2f} GB)"))
 
     shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer)
