@@ -260,6 +260,9 @@ def _engine_estimate(spec: ModelSpec, setup: Setup, hw: Hardware | None) -> Memo
 
     assert setup.serving is not None
     engine = server(setup.serving.engine)
+    from .scenarios.serving_plan import servable
+
+    servable(spec, engine)   # an encoder / encoder-decoder has no per-output-token account to price
     if hw is None or not hw.has_gpu:
         raise InvalidSetupError(f"a serving setup (engine={engine.name!r}) is priced on a GPU: pass hardware='a100-80gb' or another GPU name")
     return to_memory(engine.memory(spec, setup.serving, hw))

@@ -274,3 +274,13 @@ def test_offload_max_memory_decision_names_its_source() -> None:
     rec = perfguide.recommend("Qwen/Qwen3-8B", "infer_gpu_one", hardware="l4", batch_size=64, prefer="latency")
     d = rec.decision("max_memory")
     assert d is not None and d.source and "big_modeling" in d.source
+
+
+def test_estimate_and_check_refuse_an_encoder_on_a_server_engine_as_recommend_does() -> None:
+    """estimate() of a serving setup and `perfguide check` of a serve command priced T5 / BERT on vLLM as decoders."""
+    with pytest.raises(perfguide.PerfGuideError, match="engine='transformers'"):
+        perfguide.estimate("google-t5/t5-base", {"task": "infer", "serving": {"engine": "vllm"}}, hardware="a10g")
+    with pytest.raises(perfguide.PerfGuideError, match="generates no tokens"):
+        perfguide.check("google-bert/bert-base-uncased", "vllm serve google-bert/bert-base-uncased", hardware="a10g")
+    ok = perfguide.check("openai-community/gpt2", "vllm serve openai-community/gpt2", hardware="a10g")
+    assert ok.fits

@@ -19,6 +19,7 @@ from ..decisions import Alternative, Decision
 from ..engines import Engine, ServerEngine
 from ..errors import ConflictingConstraintsError
 from ..memory.serving import EngineMemory
+from ..model.types import ModelSpec
 from ..setup import ServingSetup, Setup
 from . import registry
 from .serving_decisions import (
@@ -72,11 +73,15 @@ NO_ENCODER_DECODER_SOURCE = "https://github.com/vllm-project/vllm/issues/187; ht
 
 
 def check_servable(request: Request, engine: ServerEngine) -> None:
+    servable(request.model, engine)
+
+
+def servable(spec: ModelSpec, engine: ServerEngine) -> None:
     """A server plan prices a decoder's token loop over a paged KV cache (per output token: time, KV bytes). A model
     that generates no tokens (an encoder, a task head) has no output token to time, and an encoder-decoder's encoder
     pass and cross-attention cache are not in that account: refused in one line, pointing at the engine that prices
     them, rather than planned with a time per output token of a model that has none."""
-    spec, here = request.model, engines.default().name
+    here = engines.default().name
     what = spec.architecture or spec.model_type
     if spec.is_encoder_decoder:
         raise ConflictingConstraintsError(

@@ -182,6 +182,9 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
 
 def price(engine: ServerEngine, spec: ModelSpec, serving: ServingSetup, hw: Hardware) -> Any:
     from ...scenarios.serving_decisions import to_memory
+    from ...scenarios.serving_plan import servable
+
+    servable(spec, engine)   # the rule recommend applies: no serving account for encoders / encoder-decoders
 
     return to_memory(engine.memory(spec, serving, hw))
 
