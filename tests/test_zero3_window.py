@@ -144,7 +144,8 @@ def test_qlora_gathers_the_packed_storage(tiny: ModelSpec) -> None:
     # bnb_4bit_quant_storage=bf16: Params4bit holds in x out / 2 bytes as in x out / 4 bf16 elements, and DeepSpeed
     # sets ds_numel = param.numel() of that tensor (partition_parameters.py _convert_to_zero_parameters), so a packed
     # q_proj (256 x 256) is 16,384 elements and gate_proj (256 x 512) 32,768; the embedding and lm_head stay 16-bit
-    # (8,000 x 256 each: bitsandbytes quantizes neither)
+    # (8,000 x 256 each: bitsandbytes quantizes neither). scripts/trace_zero3_qlora_numel.py ran it: DeepSpeed 0.14.4
+    # gives a packed 256 x 512 Linear4bit ds_numel 32,768 and leaves its 2,048-element absmax whole on the parameter
     assert (stored_per_element(QLORA_QV), stored_per_element(LORA_QV)) == (4, 1)
     packed, backward_from = zero3_trace(tiny, checkpointed=True, embedding_trainable=False, pack=4)
     assert backward_from == 30 and packed[0] == ("embed", 2_048_000) and packed[29] == ("head", 2_048_000)

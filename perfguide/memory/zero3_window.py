@@ -54,8 +54,9 @@ def stored_per_element(setup: Setup) -> int:
     DeepSpeed has no bitsandbytes case: ``_convert_to_zero_parameters`` partitions whatever tensor the parameter holds
     and sets ``ds_numel = param.numel()`` (runtime/zero/partition_parameters.py, 0.14.4), here the packed
     ``Params4bit`` of ``in x out / 4`` bf16 elements (two 4-bit values a byte, two bytes an element), so the
-    coordinator's window, prefetch bucket and persistence threshold all count packed elements. The absmax
-    statistics are ``quant_state``, a Python attribute: never partitioned nor gathered. transformers loads a quantized
+    coordinator's window, prefetch bucket and persistence threshold all count packed elements (checked on 0.14.4:
+    scripts/trace_zero3_qlora_numel.py). The absmax statistics are ``quant_state``, a Python attribute: never
+    partitioned nor gathered. transformers loads a quantized
     model without ``zero.Init`` (``get_init_context``: ``is_deepspeed_zero3_enabled() and not is_quantized``) and
     bitsandbytes leaves the embedding and ``lm_head`` unquantized, so they are gathered in the 16-bit dtype. int8
     (``Int8Params``, 1-byte elements) counts one element a parameter and is priced at the 16-bit element size: an
