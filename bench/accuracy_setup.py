@@ -272,14 +272,9 @@ def _seq_len(text: str) -> int:
 
 def _kbit_upcast(row: dict[str, str]) -> bool:
     """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
-    prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do. DeepSpeed in bf16/fp16 casts
-    the upcast back: transformers loads a quantized model without zero.Init, so the engine's
-    ``_configure_distributed_model`` runs ``module.bfloat16()`` / ``module.half()`` on it (deepspeed runtime/engine.py,
-    0.14.4: skipped only for a zero.Init model), and the embeddings, head and norms train in 16 bit; a row whose
-    DeepSpeed config enables neither mode (fastchat's 805/806: no fp16 section) keeps the fp32 upcast."""
+    prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do. DeepSpeed in bf16/fp16 casting
+    the upcast back is the model's (``Setup.kbit_fp32_parts``), read from the row's strategy and precision."""
     if "skips prepare_model_for_kbit_training" in row["method"]:  # TRL's SFTTrainer on FSDP-sharded QLoRA
-        return False
-    if "DeepSpeed" in row["parallelism"] and re.search(r"DeepSpeed (bf16|fp16)", row["precision"]):   # the engine's mode
         return False
     return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
 

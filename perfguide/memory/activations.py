@@ -307,7 +307,7 @@ def stream_regime(setup: Setup) -> RegimeName:
     4-block nf4 Llama (transformers + peft + bitsandbytes 0.50, CPU, real tensors): each checkpointed block
     adds 4 bytes per hidden element per token, not 2.
     """
-    if setup.weights_dtype in QUANTIZED and setup.kbit_upcast:
+    if setup.kbit_fp32_parts:
         return "amp"
     return regime(setup)
 

@@ -143,8 +143,7 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     every non-quantized parameter; bitsandbytes leaves the head unquantized). The block Linears' casts are
     ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
     """
-    fp32_head = setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast
-                                                  and not setup.kbit_recast_bf16)
+    fp32_head = setup.weights_dtype == "fp32" or (setup.kbit_fp32_parts and not setup.kbit_recast_bf16)
     if not (setup.autocast and fp32_head and spec.head == "lm") or act.engine_casts_to_16bit(setup):
         return 0
     return 2 * spec.vocab_size * spec.hidden_size
@@ -175,6 +174,14 @@ def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bi
         return 0
     qs = nf4_quant_state_bytes(spec)
     return qs if offloaded else qs - qs // setup.shard_degree   # ``offloaded``: CPU offload placed the flat shards on the host
+
+
+def kbit_zero3_load_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """A quantized base under ZeRO-3 is whole on every GPU before DeepSpeed partitions it: transformers loads a
+    bitsandbytes model without zero.Init, and deepspeed.initialize splits it only afterwards (huggingface/peft#2016,
+    bitsandbytes-foundation/bitsandbytes#1249: 'parameters first fully loaded to each GPU and then sharded'). A lower
+    bound: the stored weights, without peft's fp32 upcast that the engine later casts back."""
+    return ledger(spec, setup).weight_bytes if setup.strategy == "zero3" and setup.quantized else 0
 
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
@@ -284,9 +291,12 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                if accumulated > grads else ()))
     if staging:
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
+    if (load := kbit_zero3_load_bytes(spec, setup)) > peak:
+        notes = (*notes, f"loading holds more: the quantized model whole on every GPU before ZeRO-3 partitions it ({load / 1e9:.2f} GB)")
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
+        load_allocated=load,
     )

@@ -25,7 +25,7 @@ from pydantic import Field
 from .._data import DataModel
 from .._packages import installed_release
 from ..model.types import ModelSpec
-from ..setup import QUANTIZED, Setup
+from ..setup import Setup
 
 
 class LossEra(DataModel):
@@ -61,7 +61,7 @@ def head_bytes(setup: Setup) -> int:
     autocast and for a quantized base whose head peft upcast (kbit_upcast) and no autocast casts back down."""
     if setup.autocast:
         return 2
-    if setup.weights_dtype == "fp32" or (setup.weights_dtype in QUANTIZED and setup.kbit_upcast):
+    if setup.weights_dtype == "fp32" or setup.kbit_fp32_parts:
         return 4
     return 2
 

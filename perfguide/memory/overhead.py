@@ -125,6 +125,7 @@ def to_estimate(
     method: str = "analytic",
     notes: tuple[str, ...] = (),
     side_stream_reserved: int = 0,
+    load_allocated: int = 0,
 ) -> MemoryEstimate:
     """Assemble a MemoryEstimate: add the allocator and context layers and judge ``fits``.
 
@@ -132,6 +133,9 @@ def to_estimate(
     the Python/torch process baseline, compared with available RAM. ``side_stream_reserved``: blocks a side
     stream's pool keeps cached apart from the compute stream's peak (sharding.offload_staging_bytes), reserved only:
     they are free cached blocks, which the allocator releases before an OOM, so the fit footprint leaves them out.
+    ``load_allocated``: bytes allocated once while the model loads, before any step (a quantized base under ZeRO-3):
+    the allocator keeps their segments cached for the step to reuse, so they floor the peak, reserved and fit
+    footprint, unscaled by the steady-state ratio (one-off whole-tensor allocations leave no transient slack).
     """
     capacity = capacity_bytes(hardware, setup)
     comm = training_comm_bytes(setup, hardware)  # NCCL's buffers: cudaMalloc'd outside torch's allocator (memory/nccl.py)
@@ -142,6 +146,8 @@ def to_estimate(
         context = cuda_context_bytes(hardware)
         reserved, footprint, retry = allocator_bytes(peak_allocated, setup.task, context + comm, capacity, side_stream_reserved)
         notes = (*notes, retry) if retry else notes
+        reserved, footprint = max(reserved, load_allocated), max(footprint, load_allocated)
+    peak_allocated = max(peak_allocated, load_allocated)
     total, fit_total = reserved + context + comm, footprint + context + comm
     return MemoryEstimate(
         weights=int(weights), gradients=int(gradients), optimizer_states=int(optimizer_states),

@@ -251,7 +251,7 @@ def offload_staging_bytes(spec: ModelSpec, setup: Setup, params_offloaded: bool)
     if not (setup.is_fsdp and params_offloaded):   # ``params_offloaded``: the placement (CPU offload's hook) moved them
         return 0
     wd = setup.weights_dtype
-    rest_bytes = DTYPE_BYTES.get(wd) or (KBIT_PREPARED_REST_BYTES if setup.kbit_upcast else 2)
+    rest_bytes = DTYPE_BYTES.get(wd) or (KBIT_PREPARED_REST_BYTES if setup.kbit_fp32_parts else 2)
     root = (spec.embedding_params + spec.lm_head_params) * rest_bytes
     block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // max(1, spec.total_layers) * _STORED_LINEAR_BYTES[wd]
     return int(max(root, block)) // setup.shard_degree
