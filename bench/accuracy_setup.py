@@ -273,7 +273,7 @@ def _seq_len(text: str) -> int:
 def _kbit_upcast(row: dict[str, str]) -> bool:
     """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
     prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do. DeepSpeed in bf16/fp16 casting
-    the upcast back is the model's (``Setup.kbit_fp32_parts``), read from the row's strategy and precision."""
+    the upcast back is the model's (``memory/kbit.kbit_fp32_parts``), read from the row's strategy and precision."""
     if "skips prepare_model_for_kbit_training" in row["method"]:  # TRL's SFTTrainer on FSDP-sharded QLoRA
         return False
     return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))

@@ -145,7 +145,7 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe("peft-lora-fsdp-70b-8xh100", PEFT_FSDP, "meta-llama/Llama-2-70b-hf", "h100-80gb:8", "lora", 2048, 8, 4,
            {**AMP_BF16, **lora(8, 16), "strategy": "fsdp"}, 80.0, assumed="published 72-80 GB per GPU; packing"),
     Recipe("peft-qlora-zero3-70b-2xa100-40", f"{PEFT_DS} (QLoRA + ZeRO-3, 70B on 2X40GB)", "meta-llama/Llama-2-70b-hf",
-           # DeepSpeed's bf16 engine undoes peft's upcast (Setup.kbit_fp32_parts)
+           # DeepSpeed's bf16 engine undoes peft's upcast (memory/kbit.py)
            "a100-40gb:2", "qlora", 2048, 2, 2, {**QLORA, **lora(8, 16), "strategy": "zero3"},
            assumed="batch as the FSDP QLoRA script (run_peft_qlora_deepspeed_stage3.sh mirrors it)"),
     # Unsloth's free-Colab notebooks: QLoRA on a T4 in fp16, 8-bit AdamW, batch 2 x 4, on Unsloth's own kernels

@@ -272,15 +272,6 @@ class Setup(Model):
         return self.weights_dtype in QUANTIZED
 
     @property
-    def kbit_fp32_parts(self) -> bool:
-        """A quantized base's non-quantized parameters (embeddings, head, norms) train in fp32: peft's upcast
-        (``kbit_upcast``) and no DeepSpeed 16-bit engine to cast it back. DeepSpeed's fp16/bf16 modes call
-        ``module.half()`` / ``module.bfloat16()`` on a model not built under zero.Init (deepspeed/runtime/engine.py
-        ``_configure_distributed_model``, 0.14.4), and transformers loads a bitsandbytes model without zero.Init, so
-        under ZeRO the upcast parts are 16-bit again (the same cast ``engine_casts_to_16bit`` prices for fp32 weights)."""
-        return self.quantized and self.kbit_upcast and not (self.is_deepspeed and self.autocast in ("bf16", "fp16"))
-
-    @property
     def weight_bytes(self) -> float:
         """Bytes per stored weight element (0.5 for nf4)."""
         return DTYPE_BYTES[self.weights_dtype]

@@ -1,11 +1,12 @@
 """A quantized base under ZeRO-3 is whole on every GPU while it loads (transformers skips zero.Init for bitsandbytes;
-huggingface/peft#2016), and DeepSpeed's bf16 engine casts peft's fp32 upcast back (Setup.kbit_fp32_parts)."""
+huggingface/peft#2016), and DeepSpeed's bf16 engine casts peft's fp32 upcast back (memory/kbit.py)."""
 
 import pytest
 
 import perfguide
 from perfguide import ModelSpec, Setup
 from perfguide.memory.analytic import kbit_zero3_load_bytes
+from perfguide.memory.kbit import kbit_fp32_parts
 
 # Llama-2-70B by hand: 80 blocks of q, o (8192^2), k, v (8192 x 1024) and gate, up, down (8192 x 28672); 32000-token
 # embedding and head; two norms per block and a final one
@@ -30,8 +31,8 @@ def test_the_load_peak_is_the_whole_quantized_model_per_gpu():
 
 
 def test_the_engine_casts_the_upcast_back():
-    assert not _setup().kbit_fp32_parts and _setup(strategy="fsdp").kbit_fp32_parts
-    assert _setup(strategy="zero2", autocast=None).kbit_fp32_parts   # no 16-bit engine mode: the fp32 parts stay
+    assert not kbit_fp32_parts(_setup()) and kbit_fp32_parts(_setup(strategy="fsdp"))
+    assert kbit_fp32_parts(_setup(strategy="zero2", autocast=None))   # no 16-bit engine mode: the fp32 parts stay
 
 
 def test_a_70b_qlora_zero3_does_not_load_on_24_gb_cards():

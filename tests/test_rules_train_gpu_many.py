@@ -266,7 +266,9 @@ def test_bad_forced_strategies_conflict(cons: dict, match: str) -> None:
 
 def test_qlora_layouts_ddp_fsdp_zero3_with_quant_storage_and_zero12_with_uint8() -> None:
     ddp = run(llama7b(), box(8), seq=1024, batch=64, finetune="qlora")
-    assert ddp.setup.weights_dtype == "nf4" and ddp.setup.strategy == "ddp"
+    # a replicated 4-bit base: DDP, or ZeRO-1 where DeepSpeed's bf16 engine casts peft's fp32 upcast back (memory/kbit.py)
+    # and the bf16 stream drops the per-Linear casts of the fp32 one (1.27 vs 1.44 s/step here)
+    assert ddp.setup.weights_dtype == "nf4" and ddp.setup.strategy in ("ddp", "zero1")
     verdicts = {c.setup.strategy: c.verdict for c in ddp.candidates if c.setup.weights_dtype == "nf4" and not c.setup.offload_optimizer}
     # ZeRO-1/2 run QLoRA: DeepSpeed's module.bfloat16() casts floating tensors only (torch Module docs), so bnb's uint8
     # packed weights survive; the plan says to keep that default storage

@@ -180,15 +180,17 @@ def test_qlora_under_deepspeed_16bit_trains_the_upcast_params_in_16_bit(acc: Any
     # peft's prepare_model_for_kbit_training upcasts embeddings, head and norms to fp32, but DeepSpeed's engine, given
     # a model that was not built under zero.Init (transformers skips it for a quantized model), runs module.bfloat16()
     # (or .half()) in _configure_distributed_model (deepspeed runtime/engine.py 0.14.4): row 969 (ZeRO-3, DeepSpeed
-    # bf16) reads kbit_upcast False; 805 (ZeRO-2 whose config has no fp16 section: no cast) and a single-GPU HF + PEFT
-    # QLoRA row (943) keep it
+    # bf16) trains them in 16 bit (memory/kbit.kbit_fp32_parts False); 805 (ZeRO-2 whose config has no fp16 section: no cast)
+    # and a single-GPU HF + PEFT QLoRA row (943) keep fp32
+    from perfguide.memory.kbit import kbit_fp32_parts
+
     spec = acc._spec(rows["969"]["model_hf_id"])
     z3 = acc._train_setup(rows["969"], spec)
-    assert (z3.weights_dtype, z3.strategy, z3.kbit_upcast) == ("nf4", "zero3", False)
-    assert acc._train_setup(rows["805"], acc._spec(rows["805"]["model_hf_id"])).kbit_upcast
-    assert acc._train_setup(rows["943"], acc._spec(rows["943"]["model_hf_id"])).kbit_upcast
+    assert (z3.weights_dtype, z3.strategy, z3.kbit_upcast, kbit_fp32_parts(z3)) == ("nf4", "zero3", True, False)
+    assert kbit_fp32_parts(acc._train_setup(rows["805"], acc._spec(rows["805"]["model_hf_id"])))
+    assert kbit_fp32_parts(acc._train_setup(rows["943"], acc._spec(rows["943"]["model_hf_id"])))
     # so each of its 80 checkpointed blocks keeps a bf16 input: 2 x 2,048 tokens x 8,192 x 2 B = 67,108,864 B
     from perfguide.memory.activations import checkpoint_boundary_bytes
 
     assert checkpoint_boundary_bytes(spec, z3) == 2 * 2048 * 8192 * 2
-    assert checkpoint_boundary_bytes(spec, z3.replace(kbit_upcast=True)) == 2 * 2048 * 8192 * 4
+    assert checkpoint_boundary_bytes(spec, z3.replace(strategy="fsdp")) == 2 * 2048 * 8192 * 4   # no engine cast

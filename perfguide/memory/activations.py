@@ -68,6 +68,7 @@ from .._data import DataModel, validated
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .block_backward import BlockBackward
+from .kbit import kbit_fp32_parts
 from .loss_path import LossPaths
 from .masks import EagerBackward
 from .softcap import Softcap, attention_softcap_bytes, final_softcap_bytes
@@ -307,7 +308,7 @@ def stream_regime(setup: Setup) -> RegimeName:
     4-block nf4 Llama (transformers + peft + bitsandbytes 0.50, CPU, real tensors): each checkpointed block
     adds 4 bytes per hidden element per token, not 2.
     """
-    if setup.kbit_fp32_parts:
+    if kbit_fp32_parts(setup):
         return "amp"
     return regime(setup)
 

@@ -35,6 +35,7 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes
+from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes
@@ -143,7 +144,7 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     every non-quantized parameter; bitsandbytes leaves the head unquantized). The block Linears' casts are
     ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
     """
-    fp32_head = setup.weights_dtype == "fp32" or (setup.kbit_fp32_parts and not setup.kbit_recast_bf16)
+    fp32_head = setup.weights_dtype == "fp32" or (kbit_fp32_parts(setup) and not setup.kbit_recast_bf16)
     if not (setup.autocast and fp32_head and spec.head == "lm") or act.engine_casts_to_16bit(setup):
         return 0
     return 2 * spec.vocab_size * spec.hidden_size

@@ -14,6 +14,7 @@ from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
+from .kbit import kbit_fp32_parts
 from .optimizers import TensorGroup
 from .top_of_stack import quantized_head
 
@@ -136,7 +137,7 @@ def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
-    return derived(spec, ("ledger", setup.weights_dtype, setup.kbit_fp32_parts, setup.kbit_quantizer, setup.nf4_double_quant,
+    return derived(spec, ("ledger", setup.weights_dtype, kbit_fp32_parts(setup), setup.kbit_quantizer, setup.nf4_double_quant,
                           setup.kbit_recast_bf16, setup.lora), lambda: _ledger(spec, setup))
 
 
@@ -155,7 +156,7 @@ def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...
         raise InvalidSetupError(f"modules_to_save {unknown} is not priced: perfguide prices the token embedding and the LM head "
                                 f"({', '.join(SAVED_EMBEDDINGS[:2] + SAVED_HEADS[:1])}, ...)")
     wd = setup.weights_dtype
-    copy_bytes = DTYPE_BYTES[wd] if wd in DTYPE_BYTES else (2 if setup.kbit_recast_bf16 or not setup.kbit_fp32_parts else 4)
+    copy_bytes = DTYPE_BYTES[wd] if wd in DTYPE_BYTES else (2 if setup.kbit_recast_bf16 or not kbit_fp32_parts(setup) else 4)
     if copy_bytes != adapter_bytes(setup):
         raise InvalidSetupError(f"modules_to_save on this base keeps {copy_bytes}-byte copies beside {adapter_bytes(setup)}-byte "
                                 "adapters; perfguide prices trainable tensors at one width: train the copies on an fp32 or "
@@ -179,7 +180,7 @@ def adapter_bytes(setup: Setup) -> int:
 def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     wd = setup.weights_dtype
     base = (spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES
-            else quantized_weight_bytes(spec, wd, setup.kbit_fp32_parts, quantized_head(setup), setup.nf4_double_quant,
+            else quantized_weight_bytes(spec, wd, kbit_fp32_parts(setup), quantized_head(setup), setup.nf4_double_quant,
                                         setup.kbit_recast_bf16))
     if setup.lora is None:
         trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)

@@ -26,6 +26,7 @@ from .._data import DataModel
 from .._packages import installed_release
 from ..model.types import ModelSpec
 from ..setup import Setup
+from .kbit import kbit_fp32_parts
 
 
 class LossEra(DataModel):
@@ -61,7 +62,7 @@ def head_bytes(setup: Setup) -> int:
     autocast and for a quantized base whose head peft upcast (kbit_upcast) and no autocast casts back down."""
     if setup.autocast:
         return 2
-    if setup.weights_dtype == "fp32" or setup.kbit_fp32_parts:
+    if setup.weights_dtype == "fp32" or kbit_fp32_parts(setup):
         return 4
     return 2
 

@@ -14,6 +14,7 @@ from .._data import fact_value
 from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import STRATEGIES, Setup
+from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, KBIT_PREPARED_REST_BYTES, Ledger, full_groups
 from .optimizers import TensorGroup
 
@@ -251,7 +252,7 @@ def offload_staging_bytes(spec: ModelSpec, setup: Setup, params_offloaded: bool)
     if not (setup.is_fsdp and params_offloaded):   # ``params_offloaded``: the placement (CPU offload's hook) moved them
         return 0
     wd = setup.weights_dtype
-    rest_bytes = DTYPE_BYTES.get(wd) or (KBIT_PREPARED_REST_BYTES if setup.kbit_fp32_parts else 2)
+    rest_bytes = DTYPE_BYTES.get(wd) or (KBIT_PREPARED_REST_BYTES if kbit_fp32_parts(setup) else 2)
     root = (spec.embedding_params + spec.lm_head_params) * rest_bytes
     block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // max(1, spec.total_layers) * _STORED_LINEAR_BYTES[wd]
     return int(max(root, block)) // setup.shard_degree

@@ -18,6 +18,7 @@ from typing import Literal
 from .. import techniques
 from ..hardware.types import GPU
 from ..memory.activations import block_dims
+from ..memory.kbit import kbit_fp32_parts
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import rates, traffic
@@ -138,7 +139,7 @@ def kbit_cast_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:
     output (5h), down the fp32 act(gate) * up (i); q, k, v, gate, up and down cast their outputs (q + 2kv + 2i + h);
     o_proj reads attention's compute-dtype output under autocast and casts nothing. Forward, the gradients' casts in
     backward, and the recompute. Stacks that keep the base 16-bit (fsdp_qlora, torchtune, litgpt) pay none."""
-    if setup.weights_dtype != "nf4" or not setup.kbit_fp32_parts or framework != "hf_trainer":
+    if setup.weights_dtype != "nf4" or not kbit_fp32_parts(setup) or framework != "hf_trainer":
         return 0.0
     d = block_dims(spec)
     elements = 6 * d["h"] + 3 * d["i"] + d["q"] + 2 * d["kv"]
