@@ -33,7 +33,7 @@ B, S, MIN_NUM_PARAMS, WORLD = 4, 64, 2000, 2
 RUNS = ("plain", "FULL_SHARD", "SHARD_GRAD_OP")
 
 
-def _live_peaks(events: list[tuple[int, int, str]]) -> dict[str, int]:
+def live_peaks(events: list[tuple[int, int, str]]) -> dict[str, int]:
     """(time, bytes, mark) events -> the highest live bytes above the live bytes at mark ``start``, from there to mark
     ``forward`` (forward + loss) and from there to mark ``backward``."""
     live, base, peak, phase, out = 0, 0, 0, "", {}
@@ -94,7 +94,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 events.append((e.start_ns(), e.nbytes(), ""))
             elif e.name().startswith("MARK_"):
                 events.append((e.start_ns(), 0, e.name()[5:]))
-        report[run] = _live_peaks(events)
+        report[run] = live_peaks(events)
         del outputs, opt, model
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()

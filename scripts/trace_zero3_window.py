@@ -104,17 +104,9 @@ def _run(rank: int, port: int, train_head: bool, out: str) -> None:
                 elif ev.cpu_memory_usage:
                     events.append((ev.time_range.start, ev.cpu_memory_usage, ""))
     if rank == 0:
-        live, base, peak, cur, peaks = 0, 0, 0, "", {}
-        for _, nbytes, mark in sorted(events):
-            if mark:
-                if cur:
-                    peaks[cur] = peak - base
-                else:
-                    base = live
-                cur, peak = {"start": "forward", "forward": "backward"}.get(mark, ""), live
-                continue
-            live += nbytes
-            peak = max(peak, live)
+        from trace_fsdp1_phases import live_peaks  # the same start / forward / backward marks
+
+        peaks = live_peaks(events)
         Path(out).write_text(json.dumps({"deepspeed": deepspeed.__version__,
                                          "gathered_peak": {k: max(v) for k, v in gathered.items()},
                                          "live_peak_bytes": peaks}))
