@@ -39,6 +39,8 @@ class EngineFacts(Model):
     source: str = Field(min_length=10)
     formats: dict[str, EngineFormat] = Field(min_length=1)
     formats_source: str = Field(min_length=10)
+    dropped_choices: dict[str, str] = Field(default_factory=dict, description="quantization values earlier releases took that "
+                                            "this one refuses at start (value -> what changed, with its source): named when a command passes one")
 
 
 class FormatFacts(Model):

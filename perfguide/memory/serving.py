@@ -20,6 +20,7 @@ from .._serving_data import EngineFacts, serving_facts
 from ..model.quantized import ignored_modules
 from ..model.types import ModelSpec, derived, linear_weight_count
 from ..setup import ServingSetup
+from .ledger import NF4_DQ_BLOCK
 
 HALF = 2
 
@@ -104,8 +105,12 @@ class WeightBytes(NamedTuple):
 
 def bytes_per_weight(fmt: str) -> float:
     """A quantized weight's bytes: its bits plus, per group, a 16-bit scale and a 4-bit zero point (int4 group
-    formats; the microscaling formats' 8-bit scale is within that)."""
+    formats; the microscaling formats' 8-bit scale is within that). bitsandbytes nf4 keeps one absmax per group
+    instead, double-quantized as both engines' in-flight loaders call ``quantize_4bit(compress_statistics=True)``
+    (vllm model_loader/bitsandbytes_loader.py): a uint8 per group plus an fp32 per NF4_DQ_BLOCK groups."""
     facts = serving_facts().formats[fmt]
+    if fmt == "nf4":
+        return facts.bits / 8 + (1 + 4 / NF4_DQ_BLOCK) / facts.group_size
     return facts.bits / 8 + ((HALF + 0.5) / facts.group_size if facts.group_size else 0.0)
 
 

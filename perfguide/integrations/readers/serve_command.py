@@ -119,6 +119,9 @@ def read(argv: list[str] | str, spec_of: Any, hw: Hardware) -> tuple[ServerEngin
                 col.reject([flag], table)
             continue
         field, words_ = table[flag]
+        if field == "weight_format" and word in engine.facts.dropped_choices:
+            raise ConfigReadError(f"{col.where(flag)}={word!r}: {engine.facts.dropped_choices[word]}. Accepted: "
+                                  + ", ".join(sorted(str(w) for w in words_ if w is not None)))
         unpriced, why = engine.unpriced_values.get(field, ((), ""))
         if word in unpriced:
             raise ConfigReadError(f"{col.where(flag)}={word!r} is a valid {engine.title} value, but {why}")
