@@ -92,10 +92,13 @@ def needs_packages(method: Callable[P, T]) -> Callable[P, T]:
     return wrapper
 
 
-def did_you_mean(word: str, choices: Iterable[str], n: int = 3) -> str:
-    """Return ' Did you mean: a, b?' (or '') for the closest accepted values."""
-    close = difflib.get_close_matches(str(word).lower(), [c.lower() for c in choices], n=n, cutoff=0.5)
-    lookup = {c.lower(): c for c in choices}
+def did_you_mean(word: str, choices: Iterable[str], n: int = 3, key: Callable[[str], str] = str.lower) -> str:
+    """Return ' Did you mean: a, b?' (or '') for the closest accepted values, compared by ``key`` (the first
+    spelling of a key is the one shown)."""
+    lookup: dict[str, str] = {}
+    for c in choices:
+        lookup.setdefault(key(c), c)
+    close = difflib.get_close_matches(key(str(word)), list(lookup), n=n, cutoff=0.5)
     return f" Did you mean: {', '.join(lookup[c] for c in close)}?" if close else ""
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .._text import plain_name
-from ..errors import InvalidModelError, OfflineError, PerfGuideError
+from ..errors import InvalidModelError, OfflineError, PerfGuideError, did_you_mean
 from . import catalog
 from .counting import analytic_count, build_spec, spec_from_config
 from .facts import spec_from_facts
@@ -68,22 +68,13 @@ def _from_path(path: Path) -> ModelSpec:
     return spec_from_config(config, str(config.get("_name_or_path") or path), "path")
 
 
-def _catalog_hint(hub_id: str) -> str:
-    """' Did you mean: ...?' over the catalog, compared without chat / instruct suffixes (catalog.normalize): they
-    name the base model's shape, so a '-Instruct' in an entry's id must not outrank the base that was misspelled."""
-    import difflib
-
-    names = catalog.short_names() + catalog.catalog_names()
-    by_shape = {catalog.normalize(n): n for n in reversed(names)}   # the first spelling of a shape wins
-    close = difflib.get_close_matches(catalog.normalize(hub_id), list(by_shape), n=3, cutoff=0.5)
-    return f" Did you mean: {', '.join(by_shape[c] for c in close)}?" if close else ""
-
-
 def _from_hub(hub_id: str, trust_remote_code: bool) -> ModelSpec:
     """Offline first: a config.json in the local Hugging Face cache, else one bounded request (model/hub.py)."""
     from .hub import cached_config, fetch_config
 
-    hint = _catalog_hint(hub_id)
+    # compared without chat / instruct suffixes (catalog.normalize): they name the base model's shape, so an entry's
+    # '-Instruct' must not outrank the base that was misspelled
+    hint = did_you_mean(hub_id, catalog.short_names() + catalog.catalog_names(), key=catalog.normalize)
     config = cached_config(hub_id)
     if config is None:
         if _offline():
