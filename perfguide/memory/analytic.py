@@ -95,21 +95,24 @@ def frozen_params_get_grads(setup: Setup) -> bool:
 
 
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
+    def cost_at(param_bytes: int) -> OptimizerCost:   # the trainable tensors' state at this parameter width
+        return optimizer_cost(setup.optimizer, list(led.trainable), param_bytes, embedding_32bit=setup.bnb_embedding_override)
+
     if setup.strategy in DEEPSPEED and setup.lora is None and setup.weights_dtype == "bf16":   # pure bf16, bf16 masters
-        cost = optimizer_cost(setup.optimizer, list(led.trainable), 2, embedding_32bit=setup.bnb_embedding_override)
+        cost = cost_at(2)
         return deepspeed_bf16_master(led.param_count, led.trainable_params, cost.states, setup.zero_stage or 1), cost
     if setup.strategy in DEEPSPEED and setup.weights_dtype in QUANTIZED and setup.lora is not None:
         # QLoRA under ZeRO-3 (PEFT's recipe): the packed 4-bit storage (bnb_4bit_quant_storage=bf16) is partitioned as
         # it is stored, the rest of the base and the adapters are cast to 16 bit, and the optimizer keeps fp32 masters
         # and fp32 gradients of the adapters only (deepspeed_half's 2 + 4 + 4 + states per trainable parameter)
-        cost = optimizer_cost(setup.optimizer, list(led.trainable), 4, embedding_32bit=setup.bnb_embedding_override)
+        cost = cost_at(4)
         base = quantized_weight_bytes(spec, setup.weights_dtype, upcast=False)
         return States(base + 2 * led.trainable_params, 2 * led.trainable_params, cost.states + 8 * led.trainable_params,
                       led.trainable_params, 2), cost
     if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
-        cost = optimizer_cost(setup.optimizer, list(led.trainable), 4, embedding_32bit=setup.bnb_embedding_override)
+        cost = cost_at(4)
         return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost
-    cost = optimizer_cost(setup.optimizer, list(led.trainable), led.param_bytes, embedding_32bit=setup.bnb_embedding_override)
+    cost = cost_at(led.param_bytes)
     grads = led.trainable_params * led.param_bytes
     if frozen_params_get_grads(setup):
         grads += spec.total_params * DTYPE_BYTES[setup.weights_dtype]

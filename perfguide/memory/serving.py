@@ -106,8 +106,8 @@ class WeightBytes(NamedTuple):
 def bytes_per_weight(fmt: str) -> float:
     """A quantized weight's bytes: its bits plus, per group, a 16-bit scale and a 4-bit zero point (int4 group
     formats; the microscaling formats' 8-bit scale is within that). bitsandbytes nf4 keeps one absmax per group
-    instead, double-quantized as both engines' in-flight loaders call ``quantize_4bit(compress_statistics=True)``
-    (vllm model_loader/bitsandbytes_loader.py): a uint8 per group plus an fp32 per NF4_DQ_BLOCK groups."""
+    instead, double-quantized as SGLang's in-flight loader calls ``quantize_4bit(compress_statistics=True)``
+    (sglang srt/model_loader/loader.py, 0.5.23): a uint8 per group plus an fp32 per NF4_DQ_BLOCK groups."""
     facts = serving_facts().formats[fmt]
     if fmt == "nf4":
         return facts.bits / 8 + (1 + 4 / NF4_DQ_BLOCK) / facts.group_size

@@ -57,4 +57,3 @@ def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: in
 def installed_deepspeed() -> str | None:
     """The DeepSpeed release installed next to perfguide (the one a plan made here will train with); None if absent."""
     return installed_release("deepspeed")
-

@@ -72,10 +72,6 @@ def check_engine(scenario: str, cons: Constraints) -> None:
 NO_ENCODER_DECODER_SOURCE = "https://github.com/vllm-project/vllm/issues/187; https://github.com/vllm-project/vllm/issues/31004"
 
 
-def check_servable(request: Request, engine: ServerEngine) -> None:
-    servable(request.model, engine)
-
-
 def servable(spec: ModelSpec, engine: ServerEngine) -> None:
     """A server plan prices a decoder's token loop over a paged KV cache (per output token: time, KV bytes). A model
     that generates no tokens (an encoder, a task head) has no output token to time, and an encoder-decoder's encoder
@@ -253,7 +249,7 @@ def dispatch(request: Request, in_script: Callable[[Request], Plan]) -> Plan:
     plan names the first server's alternative."""
     engine = engine_of(request)
     if isinstance(engine, ServerEngine):
-        check_servable(request, engine)
+        servable(request.model, engine)
         return plan(request, engine)
     return with_engine_hint(request, in_script(request), engine)
 
@@ -377,7 +373,7 @@ def with_engine_hint(request: Request, plan_: Plan, here: Engine) -> Plan:
     asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": other.name})})
     try:
         check_engine(request.scenario, asked.constraints)
-        check_servable(asked, other)
+        servable(asked.model, other)
         best, _ = _choose(asked, other, menu(asked, other), _gpus(request))
     except ConflictingConstraintsError:
         return plan_
