@@ -150,6 +150,8 @@ def recommend(
     if cons.avg_seq_len is not None and cons.avg_seq_len > seq_len:
         raise ConflictingConstraintsError(f"avg_seq_len={cons.avg_seq_len} exceeds seq_len={seq_len}: it is the mean real tokens per "
                                           f"sample, at most seq_len; use avg_seq_len <= {seq_len}")
+    if cons.precompute_ref_log_probs and cons.objective != "dpo":
+        raise ConflictingConstraintsError("precompute_ref_log_probs is a DPO setting but objective='sft'; add objective='dpo' or drop it")
     context_warnings = _check_context(spec, info, seq_len, cons)
     request = Request(
         scenario=scenario,

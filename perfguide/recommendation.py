@@ -114,6 +114,19 @@ class Recommendation(Plan):
 
         return sft_config(self, **overrides)
 
+    def dpo_config_dict(self, **overrides: Any) -> dict[str, Any]:
+        """``trl.DPOConfig`` kwargs as plain data for a plan made with ``objective='dpo'``: the batch counts
+        preference pairs, the reference model's setting (``precompute_ref_log_probs``) is the one priced."""
+        from .integrations.trl_dpo import dpo_config_dict
+
+        return dpo_config_dict(self, **overrides)
+
+    @needs_packages
+    def dpo_config(self, **overrides: Any) -> trl.DPOConfig:
+        from .integrations.trl_dpo import dpo_config
+
+        return dpo_config(self, **overrides)
+
     @needs_packages
     def lora_config(self, **overrides: Any) -> peft.LoraConfig:
         """The plan's adapter as a ``peft.LoraConfig`` (task type of the model's head, the priced targets)."""

@@ -26,6 +26,8 @@ Strategy = Literal[
     "device_map", "tp",                                                         # inference across GPUs
 ]
 Device = Literal["cuda", "cpu"]
+#: The loss a training step computes: supervised next-token (``sft``) or TRL's Direct Preference Optimization (``dpo``).
+Objective = Literal["sft", "dpo"]
 WeightFormat = Literal["bf16", "fp16", "fp8", "fp8_block", "awq", "gptq", "w4a16", "mxfp4", "nvfp4", "nf4"]
 #: What a saved checkpoint's quantization_config can store (model/quantized.py reads it): bnb 4/8-bit or a serving format.
 CheckpointFormat = Literal["nf4", "int8", "gptq", "awq", "fp8", "fp8_block", "w4a16", "mxfp4", "nvfp4"]
@@ -197,6 +199,9 @@ class Setup(Model):
     kbit_recast_bf16: bool = Field(default=False, description="after peft's kbit upcast, the LoRA adapters and the embeddings / LM head cast back to bf16 (norms stay fp32): TRL's SFTTrainer given a peft_config on a 4-bit base with bf16=True (trl.trainer.utils.peft_module_casting_to_bf16, TRL 0.7.5 to 0.21; 0.22 dropped it); adapter parameters, gradients and AdamW states then take 2 bytes, not 4")
     bnb_embedding_override: bool = Field(default=True, description="a bitsandbytes 8-bit optimizer keeps nn.Embedding weights' state in 32 bits: the override the HF Trainer registers with bnb's GlobalOptimManager when it builds the optimizer from optim (Trainer.create_optimizer; perfguide's prepare_model too); False: the optimizer is built with none (torchtune's recipes instantiate bnb's class directly; a bnb optimizer handed to Trainer(optimizers=...)), so every tensor of >= 4096 elements has 8-bit state")
     hybrid_shard: bool = Field(default=False, description="FSDP2 HSDP: shard over the GPUs of a node, replicate across nodes (a 2-D device mesh)")
+    # the training objective (perfguide/techniques/dpo.py prices and emits it)
+    objective: Objective = Field(default="sft", description="what the step optimizes: sft (next-token loss, SFTTrainer / Trainer) or dpo (TRL DPOTrainer: chosen + rejected in one forward, plus a frozen reference model's forward)")
+    precompute_ref_log_probs: bool = Field(default=False, description="DPO: the reference log-probs are computed once before training (DPOConfig precompute_ref_log_probs), so no reference model is kept and no reference forward runs per step")
 
     @model_validator(mode="after")
     def _techniques(self) -> Setup:

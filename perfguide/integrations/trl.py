@@ -57,6 +57,9 @@ def technique_keys(setup: Setup) -> dict[str, Any]:
 def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     """``SFTConfig`` kwargs as plain data (plan on a laptop, run on the target); ``overrides`` win."""
     s = require_training(rec, "sft_config_dict")
+    if s.objective != "sft":
+        raise PerfGuideError(f"this plan prices objective={s.objective!r} (TRL's DPOTrainer: chosen + rejected rows, a reference "
+                             "model), which SFTConfig cannot run; use rec.dpo_config() / rec.dpo_config_dict()")
     kw = training_args_dict(rec)
     kw.update(explicit_training_keys(kw))
     kw.update(technique_keys(s))

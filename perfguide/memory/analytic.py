@@ -264,7 +264,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes, installed_deepspeed())   # ZeRO-1/2: backward only
     buffers = dev.buffers - ipg_priced + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     buffers -= gather - _gather_bytes(spec, setup, checkpointed=False)[0] if setup.strategy == "zero3" and not recompute else 0
-    resident = dev.weights + optimizer_on_device + buffers + state_tails
+    resident = dev.weights + terms.extra_weights + optimizer_on_device + buffers + state_tails
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
@@ -298,7 +298,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     if (load := kbit_zero3_load_bytes(spec, setup)) > peak:
         notes = (*notes, f"loading holds more: the quantized model whole on every GPU before ZeRO-3 partitions it ({load / 1e9:.2f} GB)")
     return to_estimate(
-        setup=setup, hardware=hardware, weights=dev.weights, gradients=accumulated, optimizer_states=dev.optimizer,
+        setup=setup, hardware=hardware, weights=dev.weights + terms.extra_weights, gradients=accumulated, optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),

@@ -12,7 +12,7 @@ from .gpu_hint import gpu_hint
 from .host import cpu_dataloader, cpu_processes, cpu_threads
 from .rules_precision import cpu_precision
 from .search import SearchResult, gib, least_memory
-from .training import attention, check_optimizer, plan_training
+from .training import attention, check_optimizer, objective_fields, plan_training
 from .types import Plan, Request
 
 
@@ -25,7 +25,7 @@ def plan(request: Request) -> Plan:
     threads, threads_dec = cpu_threads(hw.cpu, processes=processes)
     workers, pin, host_decs = cpu_dataloader(hw.cpu)
     per_rank = request.global_batch_size // processes
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cpu", seq_len=request.seq_len, attn_implementation=impl, cpu_threads=threads,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cpu", seq_len=request.seq_len, attn_implementation=impl, cpu_threads=threads,
                  num_gpus=processes, strategy="ddp" if processes > 1 else "single",
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=per_rank)
     return plan_training(request, base, prec, (*prec.decisions, attn_dec, proc_dec, threads_dec, *host_decs),

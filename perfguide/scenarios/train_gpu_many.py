@@ -50,7 +50,7 @@ from .strategies import (
     levels,
     prefer_fsdp,
 )
-from .training import attention, check_optimizer, finetune_mode, plan_training
+from .training import attention, check_optimizer, finetune_mode, objective_fields, plan_training
 from .types import Candidate, Plan, Request
 
 _SOURCE = f"{sources.TRAIN_GPU_MANY}; {sources.DEEPSPEED} (ZeRO stage escalation order); {sources.ZERO_ESTIMATORS} (ZeRO estimators)"
@@ -88,7 +88,7 @@ def plan(request: Request) -> Plan:
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, request.model, request.hardware.source == "probe", request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
     ladder = allowed_levels(world, cons.allow_offload, cons.strategy, nodes)

@@ -14,7 +14,7 @@ from ..setup import Setup
 from .host import gpu_dataloader
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
-from .training import Suggest, attention, check_optimizer, plan_training
+from .training import Suggest, attention, check_optimizer, objective_fields, plan_training
 from .types import Plan, Request
 
 
@@ -36,7 +36,7 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, spec, request.hardware.source == "probe", request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
                       suggest=suggest)

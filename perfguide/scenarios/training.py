@@ -62,6 +62,11 @@ def technique_wants(cons: Constraints) -> dict[str, object]:
     return {k: getattr(cons, k) for k in TECHNIQUE_CONSTRAINTS if getattr(cons, k) is not None}
 
 
+def objective_fields(cons: Constraints) -> dict[str, object]:
+    """The training objective every candidate of the plan shares (the user's, never searched)."""
+    return {"objective": cons.objective, "precompute_ref_log_probs": cons.precompute_ref_log_probs}
+
+
 def finetune_mode(cons: Constraints) -> str:
     """None means full fine-tuning; a LoRA spec without a mode means LoRA."""
     return cons.finetune or ("lora" if cons.lora is not None else "full")

@@ -74,6 +74,10 @@ class Constraints(Model):
     avg_seq_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample; None: samples fill seq_len")
     torch_compile: StrictBool | None = Field(default=None, description="training: compile the model (None: decided on max_steps)")
     max_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000_000, description="optimizer steps of the training run: weighs torch.compile's one-off compile time")
+    objective: Literal["sft", "dpo"] = Field(default="sft", description="training: sft (next-token loss) or dpo (TRL DPOTrainer: "
+                                             "chosen + rejected per pair, a frozen reference model)")
+    precompute_ref_log_probs: StrictBool = Field(default=False, description="DPO: reference log-probs computed once before training "
+                                                 "(no reference model or reference forward in the step)")
     master_weights: Literal["fp32", "bf16"] | None = None   # None: the plan picks (fp32 masters first) and says what it traded
     # inference
     prompt_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000)

@@ -1,0 +1,217 @@
+"""DPO (TRL ``DPOTrainer``, Direct Preference Optimization): what a preference step costs beyond an SFT step.
+
+Read in trl 1.16 (trainer/dpo_trainer.py, trainer/utils.py, kernels/chunked_logprob.py, models/utils.py):
+
+* the collator puts the chosen and the rejected completion of every prompt in one batch (``torch.cat`` of
+  ``[chosen, rejected]``, padded to the longer one, prompt + completion cut at ``max_length``), so a micro-batch of
+  ``b`` pairs is one forward over ``2 b`` sequences (``shape`` / ``step_shape``: the batch doubled);
+* the policy's log-probs come from a fused LM head (``add_fused_lm_head``, ``fused_lm_head=True``): the full
+  ``[2b, s, V]`` logits are never built. ``ChunkedLogProbFunction`` saves the label positions' hidden states,
+  projects them in ``[4096, 32768]`` tiles into one tile buffer, keeps a dozen fp32 numbers per position, and in
+  backward recomputes every tile (one more head GEMM) and accumulates the input and (trained head) weight
+  gradients in fp32;
+* the reference: full fine-tuning loads a second, frozen copy in the policy's dtype (``create_model_from_path``
+  with ``dtype=self.model.dtype``), placed by ``accelerator.prepare_model(evaluation_mode=True)`` on one GPU / DDP,
+  by a ZeRO stage-0 DeepSpeed engine under ZeRO-1/2 (a whole copy per GPU, cast to 16 bit by the engine's bf16/fp16
+  mode), sharded under ZeRO-3 (its offload_param kept) and under FSDP (``prepare_fsdp``: ``fully_shard`` with the
+  plugin's reshard and offload policy). With a PEFT model there is no copy: the reference forward runs the policy
+  with its adapters disabled. ``precompute_ref_log_probs`` computes them once before training, after which no
+  reference is kept (under FSDP one is loaded for the precompute and dropped);
+* the reference forward runs under ``torch.no_grad()`` after the policy's forward, while the policy's saved
+  activations are held: it keeps nothing, its peak is one layer's buffers (or its own fused head) at a time.
+
+Priced here: the reference copy's bytes per device (``place``), activations on ``2 b`` sequences, the fused head's
+buffers and the reference forward's transient in place of HF's full-logits loss path (``memory``), and in speed a
+second forward of the blocks (``kernel_factors.recompute``) plus the two extra head GEMMs (``speed``). Every
+position after the first is counted as a completion token (an upper bound: prompt positions carry no label).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..data.techniques import constant
+from ..memory import activations as act
+from ..memory.inference import prefill_transient_bytes
+from ..setup import DTYPE_BYTES
+from .base import EmitContext, Requires, Technique
+from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, StepSeconds, StepShape
+
+if TYPE_CHECKING:
+    from ..model.types import ModelSpec
+    from ..setup import Setup
+
+SOURCES = (
+    "Rafailov et al. 2023, Direct Preference Optimization (arXiv:2305.18290)",
+    "https://huggingface.co/docs/trl/dpo_trainer",
+    "https://github.com/huggingface/trl/blob/main/trl/trainer/dpo_trainer.py (reference model, _compute_loss)",
+    "https://github.com/huggingface/trl/blob/main/trl/kernels/chunked_logprob.py (fused LM head)",
+    "https://github.com/huggingface/trl/blob/main/trl/models/utils.py (prepare_deepspeed, prepare_fsdp)",
+)
+FP32 = 4
+
+
+class Dpo(Technique):
+    name = "dpo"
+    fields = ("objective", "precompute_ref_log_probs")
+    summary = "DPO: chosen and rejected completions in one forward, plus a frozen reference model's forward"
+    sources = SOURCES
+    requires = Requires(tasks=("train",), binding=True)
+    order = 36
+    label_order = 66
+    switch = "objective"
+
+    def active(self, setup: Any) -> bool:
+        return bool(setup.objective == "dpo")
+
+    def conflict(self, setup: Any) -> str | None:
+        if setup.precompute_ref_log_probs and not self.active(setup):
+            return "precompute_ref_log_probs is a DPO setting; set objective='dpo', or precompute_ref_log_probs=False"
+        if self.active(setup) and setup.padding_free:
+            return self._refused("TRL 1.16's DPOTrainer ignores padding_free (it warns and pads: 'temporarily unavailable "
+                                 "after a refactor'), so a padding-free DPO step cannot be run; set padding_free=False")
+        if self.active(setup) and setup.liger_kernel:
+            return self._refused("TRL 1.16's DPOTrainer computes log-probs with its own fused LM head and refuses Liger's fused "
+                                 "linear cross-entropy, which perfguide's Liger prices; set liger_kernel=False")
+        return super().conflict(setup)
+
+    def label_word(self, setup: Any) -> str | None:
+        if not self.active(setup):
+            return None
+        return "dpo-precomputed-ref" if setup.precompute_ref_log_probs else "dpo"
+
+    def off(self) -> dict[str, Any]:
+        return {}   # the objective is the user's, not a trade the plan makes: nothing to price it against
+
+    # --- adapters ------------------------------------------------------------------------------------
+    def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
+        # DPOConfig only (integrations/trl_dpo.py); an SFT plan emits nothing, so SFTConfig never sees the key
+        return {"precompute_ref_log_probs": bool(ctx.setup.precompute_ref_log_probs)} if self.active(ctx.setup) else {}
+
+    # --- the cost model ------------------------------------------------------------------------------
+    def shape(self, setup: Any) -> Any:
+        if not self.active(setup):
+            return setup
+        return setup.model_copy(update={"micro_batch_size": 2 * setup.micro_batch_size, "objective": "sft",
+                                        "precompute_ref_log_probs": False})
+
+    def step_shape(self, setup: Any, shape: StepShape) -> StepShape:
+        if not self.active(setup):
+            return shape
+        b, s = shape.attention
+        return StepShape(2 * shape.matmul_tokens, (2 * b, s), 2 * shape.real_tokens)
+
+    def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
+        if not self.active(ctx.setup):
+            return terms
+        path = loss_path_bytes(ctx.spec, ctx.setup, ctx.grad_elem_bytes)
+        on_device, host = reference_weight_bytes(ctx.spec, ctx.setup)
+        terms = terms.changed(reference_note(ctx.setup, on_device, host), extra_weights=terms.extra_weights + on_device,
+                              cpu_ram=terms.cpu_ram + host)
+        return terms.changed(f"DPO loss path: TRL's fused LM head on {label_positions(ctx.setup)} label positions "
+                             f"({path / 1e9:.2f} GB at its peak) instead of [2b, s, V] logits", logits=path)
+
+    def kernel_factors(self, setup: Any) -> KernelFactors:
+        return KernelFactors(recompute=1.0) if runs_reference_forward(setup) else KernelFactors()
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        if not self.active(ctx.setup):
+            return StepSeconds()
+        return StepSeconds(compute=extra_head_flops(ctx.spec, ctx.setup) / ctx.rate)
+
+
+# --- what the step holds, priced on the Setup ------------------------------------------------------------
+
+def runs_reference_forward(setup: Setup) -> bool:
+    """Every DPO micro-step runs the reference forward unless its log-probs were precomputed."""
+    return setup.objective == "dpo" and not setup.precompute_ref_log_probs
+
+
+def keeps_reference_copy(setup: Setup) -> bool:
+    """Full fine-tuning keeps a second frozen model through training; LoRA disables its adapters instead, and a
+    precomputed reference is dropped once computed (dpo_trainer.py: ``self.ref_model = None``)."""
+    return runs_reference_forward(setup) and setup.lora is None
+
+
+def label_positions(setup: Setup) -> int:
+    """Positions the fused head scores per micro-step: every next-token label of the 2 b sequences (an upper bound:
+    prompt positions carry label -100 and are skipped on CUDA)."""
+    return 2 * setup.micro_batch_size * max(1, setup.seq_len - 1)
+
+
+def hidden_bytes(setup: Setup) -> int:
+    """Bytes per element of the hidden states reaching the head: fp32 where the residual stream is fp32 (fp32 weights,
+    with or without autocast), 16-bit where the weights (or FSDP's / DeepSpeed's compute copy) are."""
+    return 2 if act.regime(setup) == "half" or setup.computes_on_16bit_copy else FP32
+
+
+def compute_bytes(setup: Setup) -> int:
+    """The tile buffer's dtype: the autocast dtype, else the hidden states' (chunked_logprob.py compute_dtype)."""
+    return FP32 if act.regime(setup) == "fp32" else 2
+
+
+def reference_weight_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
+    """(bytes on each GPU, host RAM per node) of the reference copy, placed as trl 1.16 prepares it (module
+    docstring). Loaded in the policy's dtype; DeepSpeed's bf16/fp16 mode casts it to 16 bit; ZeRO-3 and FSDP shard
+    it like the policy (offloaded with it), FSDP SHARD_GRAD_OP keeps the gathered 16-bit copy after its forward (no
+    backward ever reshards it)."""
+    if not keeps_reference_copy(setup):
+        return 0, 0
+    params = spec.total_params
+    stored = DTYPE_BYTES[setup.weights_dtype]
+    half = 2 if setup.autocast in ("bf16", "fp16", "fp8") else stored
+    if setup.is_deepspeed:
+        if setup.strategy != "zero3":
+            return int(params * half), 0
+        shard = int(params * half) // setup.world_size
+        return (0, shard * setup.num_gpus) if setup.offload_params else (shard, 0)
+    if setup.is_fsdp:
+        shard = int(params * stored) // setup.shard_degree
+        at_rest = (0, shard * setup.num_gpus) if setup.offload_params else (shard, 0)
+        gathered = int(params * half) if not setup.gathers_params else 0
+        return at_rest[0] + gathered, at_rest[1]
+    return int(params * stored), 0
+
+
+def reference_note(setup: Setup, on_device: int, host: int) -> str:
+    """What the report says about the reference model."""
+    if setup.precompute_ref_log_probs:
+        return "DPO reference: log-probs precomputed before training; no reference model or reference forward in the step"
+    if setup.lora is not None:
+        return "DPO reference: the policy with its adapters disabled (no second copy); one no-grad forward per micro-step"
+    where = f"{on_device / 1e9:.2f} GB per GPU" + (f", {host / 1e9:.2f} GB of host RAM per node" if host else "")
+    return f"DPO reference: a frozen copy of the model ({where}) and one no-grad forward per micro-step"
+
+
+def loss_path_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
+    """The policy's fused-head buffers at their peak, with the reference forward's transient where it runs.
+
+    The saved label hidden states live from the head's forward to its backward; beside them, at different times:
+    the forward's tile buffer and fp32 statistics, the reference forward (one layer's no-grad buffers over the 2 b
+    sequences, or its own head: last hidden state, label hidden states, tile, statistics), and the head's backward
+    (fp32 input gradient, the tile again, and a trained head's fp32 weight gradient where the parameter is not fp32:
+    autograd then casts it to a second, parameter-dtype gradient)."""
+    n, h = label_positions(setup), spec.hidden_size
+    tile = min(n, int(constant("dpo_logprob_token_chunk"))) * min(spec.vocab_size, int(constant("dpo_logprob_vocab_chunk"))) * compute_bytes(setup)
+    stats = n * int(constant("dpo_logprob_fp32_per_token")) * FP32
+    saved = n * h * hidden_bytes(setup)
+    forward = tile + stats
+    head_weight_grad = spec.vocab_size * h * FP32 if setup.lora is None and grad_elem_bytes != FP32 else 0
+    backward = n * h * FP32 + tile + head_weight_grad
+    reference = 0
+    if runs_reference_forward(setup):
+        doubled = setup.model_copy(update={"micro_batch_size": 2 * setup.micro_batch_size})
+        last_hidden = 2 * setup.micro_batch_size * setup.seq_len * h * hidden_bytes(setup)
+        reference = max(prefill_transient_bytes(spec, doubled, hidden_bytes(setup)), last_hidden + saved + tile + stats)
+    return saved + max(forward, reference, backward)
+
+
+def extra_head_flops(spec: ModelSpec, setup: Setup) -> float:
+    """Head GEMM FLOPs an SFT step does not run: the fused head's backward recomputes each logits tile (2 V H per
+    label position), and the reference forward projects every label position once more (the reference's blocks are
+    priced as a forward through ``kernel_factors.recompute``, which leaves the head out)."""
+    heads = 1 + (1 if runs_reference_forward(setup) else 0)
+    return heads * 2.0 * spec.vocab_size * spec.hidden_size * label_positions(setup)
+
+
+TECHNIQUES = (Dpo(),)
