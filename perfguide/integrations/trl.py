@@ -54,16 +54,35 @@ def technique_keys(setup: Setup) -> dict[str, Any]:
     return keys
 
 
+def trl_config_kwargs(rec: Recommendation, s: Setup) -> dict[str, Any]:
+    """What every TRL trainer config of the plan shares: the TrainingArguments kwargs, the switches TRL defaults
+    differently, the sequence length and what the techniques emit for TRL."""
+    kw = training_args_dict(rec)
+    kw.update(explicit_training_keys(kw))
+    kw.update(technique_keys(s))
+    kw.update(emitted(rec, "trl_args"))
+    return kw
+
+
+def build_trl_config(rec: Recommendation, class_name: str, kw: dict[str, Any]) -> Any:
+    """A real TRL config class built from ``kw`` after the machine check; one line when TRL is missing."""
+    check_machine(rec, kw)
+    try:
+        import trl
+    except ImportError as exc:
+        method = "sft_config" if class_name == "SFTConfig" else "dpo_config"
+        raise PerfGuideError(f"rec.{method}() needs TRL, which is not installed here ({exc}): {TRL_HINT}") from None
+    # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched
+    return getattr(trl, class_name)(**copy.deepcopy(kw))
+
+
 def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     """``SFTConfig`` kwargs as plain data (plan on a laptop, run on the target); ``overrides`` win."""
     s = require_training(rec, "sft_config_dict")
     if s.objective != "sft":
         raise PerfGuideError(f"this plan prices objective={s.objective!r} (TRL's DPOTrainer: chosen + rejected rows, a reference "
                              "model), which SFTConfig cannot run; use rec.dpo_config() / rec.dpo_config_dict()")
-    kw = training_args_dict(rec)
-    kw.update(explicit_training_keys(kw))
-    kw.update(technique_keys(s))
-    kw.update(emitted(rec, "trl_args"))
+    kw = trl_config_kwargs(rec, s)
     if s.padding_free and "max_length" not in overrides:
         warnings.warn(f"padding-free plan: TRL enforces no max_length without packing, so truncate each sample to the planned "
                       f"seq_len={s.seq_len} tokens before training (rows longer than that were not priced)", stacklevel=3)
@@ -73,11 +92,5 @@ def sft_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
 
 def sft_config(rec: Recommendation, **overrides: Any) -> trl.SFTConfig:
     """A real ``trl.SFTConfig`` for this plan; WrongMachineError when this machine cannot run it."""
-    kw = sft_config_dict(rec, **overrides)
-    check_machine(rec, kw)
-    try:
-        from trl import SFTConfig
-    except ImportError as exc:
-        raise PerfGuideError(f"rec.sft_config() needs TRL, which is not installed here ({exc}): {TRL_HINT}") from None
-    # TrainingArguments rewrites fsdp_config in place; keep the caller's data (and rec's) untouched
-    return SFTConfig(**copy.deepcopy(kw))
+    config: trl.SFTConfig = build_trl_config(rec, "SFTConfig", sft_config_dict(rec, **overrides))
+    return config

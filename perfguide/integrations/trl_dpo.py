@@ -9,13 +9,11 @@ reference model, so it is refused, and ``rec.sft_config()`` refuses a DPO plan t
 
 from __future__ import annotations
 
-import copy
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PerfGuideError
-from .adapter_facts import emitted, require_training
-from .transformers import check_machine, training_args_dict
-from .trl import TRL_HINT, explicit_training_keys, technique_keys
+from .adapter_facts import require_training
+from .trl import build_trl_config, trl_config_kwargs
 
 if TYPE_CHECKING:
     import trl
@@ -32,20 +30,12 @@ def dpo_config_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     if s.objective != "dpo":
         raise PerfGuideError(f"this plan prices objective={s.objective!r} (one row per sample, no reference model), not DPO; "
                              "plan with objective='dpo' (recommend(..., objective='dpo'), --objective dpo) for rec.dpo_config()")
-    kw = training_args_dict(rec)
-    kw.update(explicit_training_keys(kw))
-    kw.update({k: v for k, v in technique_keys(s).items() if k not in SFT_ONLY_KEYS})
-    kw.update(emitted(rec, "trl_args"))   # DPO's precompute_ref_log_probs, activation offloading, Liger off...
+    kw = {k: v for k, v in trl_config_kwargs(rec, s).items() if k not in SFT_ONLY_KEYS}   # + DPO's precompute_ref_log_probs
     kw.update(overrides)
     return kw
 
 
 def dpo_config(rec: Recommendation, **overrides: Any) -> trl.DPOConfig:
     """A real ``trl.DPOConfig`` for this plan; WrongMachineError when this machine cannot run it."""
-    kw = dpo_config_dict(rec, **overrides)
-    check_machine(rec, kw)
-    try:
-        from trl import DPOConfig
-    except ImportError as exc:
-        raise PerfGuideError(f"rec.dpo_config() needs TRL, which is not installed here ({exc}): {TRL_HINT}") from None
-    return DPOConfig(**copy.deepcopy(kw))   # TrainingArguments rewrites fsdp_config in place
+    config: trl.DPOConfig = build_trl_config(rec, "DPOConfig", dpo_config_dict(rec, **overrides))
+    return config
