@@ -70,6 +70,10 @@ def test_policy_activations_are_two_rows_per_pair():
     dpo = _mem(objective="dpo", weights_dtype="bf16", autocast="bf16", micro_batch_size=2, seq_len=16)
     sft = _mem(weights_dtype="bf16", autocast="bf16", micro_batch_size=4, seq_len=16)
     assert dpo.activations == sft.activations
+    # AMP: HF's head matmul saves a bf16 copy of the fp32 head for backward; TRL's fused head saves the fp32 weight
+    amp_dpo = _mem(objective="dpo", weights_dtype="fp32", autocast="bf16", micro_batch_size=2, seq_len=16)
+    amp_sft = _mem(weights_dtype="fp32", autocast="bf16", micro_batch_size=4, seq_len=16)
+    assert amp_sft.activations - amp_dpo.activations == 2 * V * H
 
 
 def _flops(**fields):

@@ -237,7 +237,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         activations=acts, extra_activations=0, logits=base_logits, grads=dev.grads, step_temp=step_temp,
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if act.regime(setup) == "amp" else 0))
-    acts = terms.activations + terms.extra_activations + terms.weight_casts + head_cast_bytes(spec, setup)
+    acts = terms.activations + terms.extra_activations + terms.weight_casts + (head_cast_bytes(spec, setup) if terms.head_cast_saved else 0)
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
     era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)

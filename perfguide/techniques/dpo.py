@@ -109,7 +109,8 @@ class Dpo(Technique):
         terms = terms.changed(reference_note(ctx.setup, on_device, host), extra_weights=terms.extra_weights + on_device,
                               cpu_ram=terms.cpu_ram + host)
         return terms.changed(f"DPO loss path: TRL's fused LM head on {label_positions(ctx.setup)} label positions "
-                             f"({path / 1e9:.2f} GB at its peak) instead of [2b, s, V] logits", logits=path)
+                             f"({path / 1e9:.2f} GB at its peak) instead of [2b, s, V] logits", logits=path,
+                             head_cast_saved=False)   # ChunkedLogProbFunction saves the fp32 head, casting per tile
 
     def kernel_factors(self, setup: Any) -> KernelFactors:
         return KernelFactors(recompute=1.0) if runs_reference_forward(setup) else KernelFactors()
