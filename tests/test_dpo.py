@@ -113,6 +113,11 @@ def test_cli_flag_plans_dpo(capsys):
     assert main(["recommend", "gpt2", "--hardware", GPU, "--seq-len", "512", "--global-batch-size", "8", "--objective", "dpo", "--json"]) == 0
     out = capsys.readouterr().out
     assert '"objective": "dpo"' in out and "DPO reference: a frozen copy" in out
+    # the headline's script lines run TRL's DPOTrainer with the plan's DPOConfig, not a plain Trainer
+    assert main(["recommend", "gpt2", "--hardware", GPU, "--seq-len", "512", "--global-batch-size", "8", "--objective", "dpo"]) == 0
+    out = capsys.readouterr().out
+    assert 'args = rec.dpo_config(output_dir="out")' in out and "DPOTrainer(model=model, args=args" in out
+    assert "rec.training_args(" not in out
 
 
 def test_sft_and_dpo_configs_refuse_the_other_objective():

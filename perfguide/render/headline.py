@@ -175,6 +175,10 @@ def trainer_lines(rec: Recommendation) -> tuple[str, ...]:
         extra += ", optimizers=rec.optimizers(model, args)"
     if rec.setup.padding_free:
         extra += ", data_collator=rec.data_collator()"
+    if rec.setup.objective == "dpo":   # TRL's DPOTrainer: its config carries the batch of pairs and the reference setting
+        return ("import perfguide", f"from transformers import {auto}", "from trl import DPOTrainer", recommend_call(rec),
+                'args = rec.dpo_config(output_dir="out")', f"model = rec.prepare_model({load})",
+                f"DPOTrainer(model=model, args=args, train_dataset=pairs{extra}).train()   # prompt / chosen / rejected rows")
     return (
         "import perfguide",
         f"from transformers import {auto}, Trainer",
