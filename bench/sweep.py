@@ -158,6 +158,7 @@ def check_plan(rec: Any, case: str, forced: dict[str, Any], t: Tally) -> None:
     t.outcomes["decisions"] += len(rec.decisions)
     t.outcomes["decisions with a number"] += sum(d.number is not None for d in rec.decisions)
     t.outcomes["decisions with a source"] += sum(bool(d.source) for d in rec.decisions)
+    t.numberless.update(f"{rec.request.scenario}: {d.setting}" for d in rec.decisions if d.number is None)
 
 
 _SKIP = object()
@@ -353,7 +354,11 @@ def render(t: Tally, n: int, seconds: float) -> str:
     lines += [f"| {k} | {v} |" for k, v in sorted(t.outcomes.items()) if not k.startswith("decisions")]
     d = t.outcomes
     lines += ["", f"Decisions: {d['decisions']}; with the deciding number {d['decisions with a number']}, with a source "
-              f"{d['decisions with a source']}.", "", "## Outputs, parsed by their libraries", "", "| writer: outcome | cases |", "|---|---|"]
+              f"{d['decisions with a source']}.", ""]
+    if t.numberless:
+        lines += ["Decisions without the deciding number (scenario: setting):", "", "| decision | count |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in sorted(t.numberless.items())] + [""]
+    lines += ["## Outputs, parsed by their libraries", "", "| writer: outcome | cases |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(t.writers.items())]
     lines += ["", "## Findings", "", "| kind | count |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in sorted(kinds.items())] or ["| none | 0 |"]

@@ -30,6 +30,7 @@ class Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     writers: Counter[str] = field(default_factory=Counter)
     findings: list[Finding] = field(default_factory=list)
+    numberless: Counter[str] = field(default_factory=Counter)   # decisions without their deciding number, by setting
 
     def flag(self, kind: str, case: str, detail: str) -> None:
         self.findings.append(Finding(kind, case, " ".join(str(detail).split())[:300]))

@@ -9,19 +9,28 @@ are few and threads equal the physical cores.
 from __future__ import annotations
 
 from .. import sources
-from .._base import GiB
+from .._base import GiB, MiB
 from ..decisions import Alternative, Decision
 from ..hardware.hosts import HostGuess
 from ..hardware.named import assumed_host
 from ..hardware.types import CPU, Hardware
+from ..setup import Setup
 
 GPU_WORKERS_CAP = 4      # the transformers docs' starting value (perf_train_gpu_one, "Data preloading")
 CPU_WORKERS_CAP = 2      # 0-2 workers when the cores do the training: every worker takes a core from the matmuls
 _SOURCE = f"{sources.TRAIN_GPU_ONE}#data-preloading"
+#: torch.utils.data.DataLoader: ``prefetch_factor`` batches per worker, 2 by default when num_workers > 0 (the Trainer's
+#: dataloader_prefetch_factor defaults to None, which leaves torch's default)
+PREFETCH_FACTOR = 2
+#: what a causal-LM collator hands the model each micro-step: input_ids, attention_mask (or position_ids), labels; int64
+BATCH_TENSORS, INDEX_BYTES = 3, 8
+DATALOADER_SOURCE = ("https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader (prefetch_factor); "
+                     "https://docs.pytorch.org/tutorials/intermediate/pinmem_nonblock.html (pinned memory: asynchronous copies)")
 
 
 def gpu_dataloader(cpu: CPU, gpus_per_node: int) -> tuple[int, bool, tuple[Decision, ...]]:
-    """(workers, pin_memory, decisions) for GPU training: leave one core per rank for the training loop."""
+    """(workers, pin_memory, decisions) for GPU training: leave one core per rank for the training loop. Pinning is
+    decided with the chosen micro-batch (``pin_memory_decision``)."""
     per_rank_cores = cpu.physical_cores // max(1, gpus_per_node)
     workers = max(0, min(GPU_WORKERS_CAP, per_rank_cores - 1))
     reason = (f"{cpu.physical_cores} physical cores / {gpus_per_node} GPU process(es) = {per_rank_cores} per rank, "
@@ -29,9 +38,7 @@ def gpu_dataloader(cpu: CPU, gpus_per_node: int) -> tuple[int, bool, tuple[Decis
     workers_dec = Decision(setting="dataloader_num_workers", value=workers, reason=reason, number=per_rank_cores, unit="cores/rank",
                            source=_SOURCE, alternatives=(Alternative(value=0, why_not="the GPU would wait while the main process collates batches"),)
                            if workers else ())
-    pin_dec = Decision(setting="dataloader_pin_memory", value=True,
-                       reason="page-locked host buffers let host-to-GPU copies run asynchronously", source=_SOURCE)
-    return workers, True, (workers_dec, pin_dec)
+    return workers, True, (workers_dec,)
 
 
 def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
@@ -41,9 +48,33 @@ def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
               + ("no worker processes to compete with them" if workers == 0 else f"{workers} worker(s) prefetch without starving the matmuls"))
     workers_dec = Decision(setting="dataloader_num_workers", value=workers, reason=reason, number=cpu.physical_cores, unit="cores",
                            source=f"{sources.TRAIN_CPU}; {sources.TRAINING_ARGUMENTS}.dataloader_num_workers")
-    pin_dec = Decision(setting="dataloader_pin_memory", value=False,
-                       reason="there is no device copy to speed up on CPU (use_cpu=True turns it off anyway)", source=f"{sources.TRAINING_ARGUMENTS}.dataloader_pin_memory")
-    return workers, False, (workers_dec, pin_dec)
+    return workers, False, (workers_dec,)
+
+
+def pinned_bytes(setup: Setup) -> int:
+    """Page-locked host bytes one rank's DataLoader holds at most when it pins: the batches in flight (``prefetch_factor``
+    per worker, torch's default 2, or the one batch the main process loads without workers) x one micro-batch of
+    ``BATCH_TENSORS`` int64 tensors of ``seq_len`` tokens."""
+    in_flight = setup.dataloader_num_workers * PREFETCH_FACTOR if setup.dataloader_num_workers else 1
+    return in_flight * setup.micro_batch_size * setup.seq_len * BATCH_TENSORS * INDEX_BYTES
+
+
+def pin_memory_decision(setup: Setup, cpu: CPU) -> Decision:
+    """Pinning, with the bytes it locks: on a GPU a few prefetched micro-batches of token ids, a negligible share of
+    host RAM, buy asynchronous host-to-device copies; on the CPU there is no device copy, so nothing is locked."""
+    pinned, ranks = pinned_bytes(setup), setup.num_gpus if setup.device == "cuda" else 1
+    batches = f"{setup.dataloader_num_workers * PREFETCH_FACTOR or 1} batch(es) in flight x {setup.micro_batch_size} x {setup.seq_len} tokens x " \
+              f"{BATCH_TENSORS} int64 tensors"
+    if not setup.dataloader_pin_memory:
+        return Decision(setting="dataloader_pin_memory", value=False, number=0, unit="bytes page-locked",
+                        reason=f"there is no device copy to speed up on CPU (use_cpu=True turns it off anyway); pinning would lock "
+                               f"{batches} = {pinned / MiB:.1f} MiB for nothing", source=f"{sources.TRAINING_ARGUMENTS}.dataloader_pin_memory")
+    share = pinned * ranks / cpu.ram_total if cpu.ram_total else 0.0
+    return Decision(setting="dataloader_pin_memory", value=True, number=pinned, unit="bytes page-locked per rank",
+                    reason=(f"page-locked host buffers let host-to-GPU copies run asynchronously; they lock {batches} = "
+                            f"{pinned / MiB:.1f} MiB per rank, {share * 100:.2g}% of the host's {cpu.ram_total / GiB:.0f} GiB RAM for {ranks} rank(s)"),
+                    source=f"{_SOURCE}; {DATALOADER_SOURCE}",
+                    alternatives=(Alternative(value=False, why_not="pageable batches are copied through a staging buffer, synchronously"),))
 
 
 def cpu_threads(cpu: CPU, source: str = sources.TRAIN_CPU, processes: int = 1) -> tuple[int, Decision]:

@@ -214,9 +214,10 @@ def cache_decision(request: Request, setup: Setup, speed: Throughput, on_gpu: bo
                if request.constraints.prefer == "throughput" else
                "compile of bitsandbytes-quantized models is unsupported" if quantized else
                "no CUDA graphs on CPU / with layer-split or offloaded models")
-        ms = speed.time_per_output_token_ms
+        ms = speed.time_per_output_token_ms   # a single forward has none: its deciding number is the 0 tokens it decodes
         return setup, Decision(setting="cache_implementation", value="dynamic", reason=why, source=SRC_CACHE,
-                               number=ms, unit="ms per output token" if ms is not None else None, alternatives=(
+                               number=ms if ms is not None else setup.new_tokens,
+                               unit="ms per output token" if ms is not None else "tokens decoded", alternatives=(
             Alternative(value="static + torch.compile", why_not=why),))
     fast = setup.replace(cache_implementation="static", torch_compile=True)
     after = estimate_speed(request.model, fast, request.hardware, headroom=request.constraints.headroom)

@@ -18,11 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import sources
+from .._data import fact_value
 from ..data.techniques import fp16_verdict
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import CPU, GPU
 from ..model.types import ModelSpec
+from ..speed.rates import cpu_path, cpu_peak_gflops
 
 _AMP_SOURCE = f"{sources.TRAIN_GPU_ONE}#mixed-precision (bf16/fp16/tf32)"
 
@@ -98,7 +100,10 @@ def _deciding(gpu: GPU, autocast: str | None, forced: str | None) -> dict[str, f
     fp32 (no bf16 tensor cores), the compute capability that decided it."""
     if autocast:
         return {"number": _ratio(gpu, autocast), "unit": "x fp32 peak"}
-    cc = None if forced else _cc(gpu)
+    half = "bf16" if gpu.supports_bf16 else "fp16"
+    if forced and _ratio(gpu, half) is not None:   # fp32 asked for: the speed-up it gives up
+        return {"number": _ratio(gpu, half), "unit": f"x fp32 peak with {half} (given up)"}
+    cc = _cc(gpu)
     return {"number": cc, "unit": _CC_UNIT if cc is not None else None}
 
 
@@ -140,6 +145,21 @@ def _mp_alternatives(spec: ModelSpec, gpu: GPU, chosen: str | None) -> tuple[Alt
     return tuple(out)
 
 
+#: the unit of a CPU dtype decision's number (``cpu_bf16_speedup``)
+_CPU_UNIT = "x fp32 matmul rate with 16-bit (perfguide's CPU rates)"
+_CPU_RATES_SOURCE = "perfguide/data/efficiency.json cpu_peak_fraction and bf16_emulation_fraction"
+
+
+def cpu_bf16_speedup(cpu: CPU) -> float:
+    """How much faster 16-bit matmuls run than fp32 on this CPU, as the speed model prices them: each path's peak
+    (AMX tiles, AVX512-BF16 dot products, or bf16 emulated through fp32 at a fraction of it) x the share of that peak
+    eager PyTorch reaches. The number a CPU dtype decision rests on: above 1 bf16 pays, below 1 it is emulated."""
+    frac = fact_value("efficiency", "cpu_peak_fraction")
+    sixteen = cpu_peak_gflops(cpu, True, None)[0] * frac[cpu_path(cpu, True)]
+    fp32 = cpu_peak_gflops(cpu, False, None)[0] * frac["fp32"]
+    return round(sixteen / fp32, 2)
+
+
 def cpu_precision(cpu: CPU, forced: str | None) -> Precision:
     """CPU: bf16 autocast only pays with AVX512-BF16/AMX; fp16 autocast is a silent no-op on CPU, so refused."""
     if forced == "fp16":
@@ -160,8 +180,8 @@ def cpu_precision(cpu: CPU, forced: str | None) -> Precision:
     alts: tuple[Alternative, ...] = (Alternative(value="fp16", why_not="a silent no-op on CPU in transformers 5.x / accelerate 1.x (stays fp32)"),)
     if autocast is None:
         alts += (Alternative(value="bf16", why_not="emulated without AVX512-BF16/AMX"),)
-    mixed = Decision(setting="mixed_precision", value=autocast or "no", reason=reason,
-                     source=f"{sources.TRAIN_CPU}#mixed-precision", alternatives=alts)
+    mixed = Decision(setting="mixed_precision", value=autocast or "no", reason=reason, number=cpu_bf16_speedup(cpu), unit=_CPU_UNIT,
+                     source=f"{sources.TRAIN_CPU}#mixed-precision; {_CPU_RATES_SOURCE}", alternatives=alts)
     return Precision(autocast=autocast, half="bf16" if autocast else None, pure_half_allowed=autocast == "bf16",
                      tf32=False, decisions=(mixed,), warnings=tuple(warns))
 
@@ -175,7 +195,9 @@ def inference_gpu_dtype(spec: ModelSpec, gpu: GPU, forced: str | None) -> tuple[
     """bf16 where the card has bf16 matrix cores; fp16 otherwise (warned for bf16-trained models); a forced precision
     gets the training verdict (forced_gpu_warnings)."""
     if forced:
-        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE), \
+        peak = gpu.half_tflops(forced)
+        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE,
+                                number=peak, unit=f"{forced} TFLOP/s (dense peak)" if peak else None), \
             forced_gpu_warnings(spec, gpu, forced)
     if gpu.supports_bf16:
         return "bf16", Decision(
@@ -195,16 +217,17 @@ def inference_gpu_dtype(spec: ModelSpec, gpu: GPU, forced: str | None) -> tuple[
 def inference_cpu_dtype(cpu: CPU, forced: str | None) -> tuple[str, Decision, list[str]]:
     """bf16 only where the CPU computes it natively (AVX512-BF16 or AMX); elsewhere fp32 is faster. A forced fp16 is
     loaded as asked (torch runs fp16 matmuls on CPU, slowly), never silently turned into fp32."""
+    deciding = {"number": cpu_bf16_speedup(cpu), "unit": _CPU_UNIT, "source": f"{sources.INFER_CPU}; {_CPU_RATES_SOURCE}"}
     if forced:
         warns = (["precision='fp16' on the CPU: torch runs fp16 matmuls there through slow conversions; bf16 (on CPUs with "
                   "AVX512-BF16/AMX) or fp32 are faster"] if forced == "fp16" else
                  [f"{cpu.model_name} has no AVX512-BF16/AMX: bf16 is emulated and likely slower than fp32"]
                  if forced == "bf16" and not cpu.native_bf16 else [])
-        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=sources.INFER_CPU), warns
+        return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", **deciding), warns
     if cpu.native_bf16:
         return "bf16", Decision(setting="dtype", value="bf16", reason="the CPU has AVX512-BF16/AMX: bf16 halves the bytes decode reads "
-                                "from RAM and runs natively", source=sources.INFER_CPU, alternatives=(
+                                "from RAM and runs natively", **deciding, alternatives=(
                                     Alternative(value="fp32", why_not="2x the RAM traffic per token"),)), []
     return "fp32", Decision(setting="dtype", value="fp32", reason="no AVX512-BF16/AMX on this CPU: bf16 matmuls would be emulated, "
-                            "slower than fp32", source=sources.INFER_CPU, alternatives=(
+                            "slower than fp32", **deciding, alternatives=(
                                 Alternative(value="bf16", why_not="emulated without avx512_bf16/amx_bf16 flags"),)), []

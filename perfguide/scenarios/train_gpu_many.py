@@ -124,7 +124,7 @@ def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
     compared = compare_layouts(request, p.setup, batch)
     decisions = [*p.decisions, strategy_decision(request, chosen, compared, p.fits), backend_decision(request, chosen, compared)]
     decisions += hybrid_decision(request, chosen, compared)
-    decisions += quant_storage_decision(p.setup)
+    decisions += quant_storage_decision(chosen)
     decisions += offload_decision(request, chosen)
     decisions.append(launcher_decision(p.setup))
     seen = {c.setup for c in p.candidates}
@@ -250,19 +250,23 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
                     unit="s/step", source=f"{sources.TRAIN_GPU_MANY}; {sources.FSDP} (FSDP2 is the Trainer default)", alternatives=tuple(alts))
 
 
-def quant_storage_decision(s: Setup) -> list[Decision]:
+def quant_storage_decision(chosen: Priced) -> list[Decision]:
+    """The storage dtype of the packed 4-bit base, with the base's bytes per GPU that it decides: whole on every GPU under
+    ZeRO-1/2, a 1/world shard where the parameters are sharded (uint8 there would keep the whole base on every GPU)."""
+    s, weights = chosen.setup, chosen.memory.weights
     if s.weights_dtype == "nf4" and s.is_deepspeed and not s.shards_params:
-        return [Decision(setting="bnb_4bit_quant_storage", value="uint8",
-                         reason=(f"{s.strategy} keeps the model whole on every GPU and DeepSpeed casts the module to "
+        return [Decision(setting="bnb_4bit_quant_storage", value="uint8", number=weights, unit="bytes of weights per GPU (whole)",
+                         reason=(f"{s.strategy} keeps the model whole on every GPU ({gib(weights)}) and DeepSpeed casts the module to "
                                  f"{s.autocast or 'bf16'}, floating tensors only: bitsandbytes' default uint8 storage keeps the packed "
                                  "4-bit base out of that cast (a float storage dtype would be cast with it)"),
                          source=sources.ZERO12_QLORA)]
     if s.weights_dtype != "nf4" or not s.shards_params:
         return []
     dtype = s.autocast or "bf16"
-    return [Decision(setting="bnb_4bit_quant_storage", value=dtype,
+    return [Decision(setting="bnb_4bit_quant_storage", value=dtype, number=weights, unit="bytes of weights per GPU (sharded)",
                      reason=(f"sharding flattens the packed 4-bit weights with the other params, so their storage dtype must match the "
-                             f"compute dtype ({dtype}); with the default uint8 accelerate leaves them unsharded on every GPU"),
+                             f"compute dtype ({dtype}): {gib(weights)} of weights per GPU over {s.world_size} ranks; with the "
+                             "default uint8 accelerate leaves the 4-bit base unsharded on every GPU"),
                      source="accelerate utils/fsdp_utils.py fsdp2_prepare_model (Params4bit); PEFT docs (FSDP/ZeRO-3 + QLoRA)")]
 
 

@@ -18,7 +18,7 @@ from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
-from .host import host_assumption_warnings, host_decision
+from .host import host_assumption_warnings, host_decision, pin_memory_decision
 from .master_weights import check_master_weights, master_weights_decision
 from .module_state import dequantized_checkpoint_decision
 from .rules_attention import decide_attention
@@ -117,7 +117,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in kinds}
     chosen = result.chosen or least_memory(result)
     chosen, compile_decs = compile_choice(request, chosen) if result.chosen is not None else (chosen, [])
-    decisions = [*fixed, *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen), *compile_decs,
+    decisions = [*fixed, pin_memory_decision(chosen.setup, hw.cpu), *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen), *compile_decs,
                  *technique_decisions(request, chosen), *host_decision(hw), *dequantized_checkpoint_decision("train", spec)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     warnings += host_assumption_warnings(hw, chosen.memory.cpu_ram, cons.headroom, result.chosen is not None,
