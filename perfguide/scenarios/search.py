@@ -324,16 +324,11 @@ def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_hal
                         model=model, hardware=hardware, wants=dict(wants or {}))
     rungs = in_backward_only(ctx) if steps_in_backward(optimizer) else techniques.ladder(ctx)
     rungs = honour_switches(runnable(master_weights_filter(rungs, ctx), ctx), ctx)
-    forced = ctx.wants.get("strategy")
-    if base.world_size == 1 and forced in ("zero2", "zero3"):   # one GPU, ZeRO-Offload asked for: only its layouts
-        rungs = [Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == forced)) for r in rungs]
-        rungs = [r for r in rungs if r.templates]
-        if not rungs:
-            why = ("its offloaded optimizer keeps fp32 masters: DeepSpeed's bf16 master weights with ZeRO-Offload need "
-                   "DeepSpeedCPUAdam(fp32_optimizer_states=False), which the Trainer does not build"
-                   if ctx.wants.get("master_weights") == "bf16" else "no ZeRO-Offload plan matches the other constraints")
-            raise ConflictingConstraintsError(f"strategy={forced!r} on one GPU means ZeRO-Offload, and {why}; "
-                                              "drop strategy (or master_weights='bf16'), or use scenario='train_gpu_many'")
+    if base.world_size == 1 and ctx.wants.get("strategy") not in (None, "single"):
+        # one GPU, a sharding strategy asked for: the scenario crosses the semantics rungs with that strategy's layouts
+        # (strategies.layout_search: without offload and offloaded), so the rungs that come laid out already are dropped
+        rungs = [r for r in (Rung(r.name, r.tradeoff, tuple(t for t in r.templates if t.strategy == "single"), r.order) for r in rungs)
+                 if r.templates]
     return rungs
 
 

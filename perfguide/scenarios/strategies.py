@@ -12,6 +12,7 @@ layout, not only the one that fits.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..model.types import ModelSpec
@@ -31,6 +32,10 @@ FSDP_TIE_TOLERANCE = 0.10
 SHARDING_TIE_TOLERANCE = 0.01
 #: the layout level whose states live in host RAM (its own search tier: see ``layout_tier``)
 OFFLOAD_LEVEL = "CPU offload"
+#: sharding strategies one GPU may be asked for (check_forced; train_gpu_one accepts the ZeRO ones), and the level
+#: that runs one of them with every state on the GPU
+ONE_GPU_SHARDED = ("zero2", "zero3", "fsdp")
+ONE_GPU_LEVEL = "no offload (one GPU)"
 
 
 @dataclass(frozen=True)
@@ -71,9 +76,13 @@ class Level:
     layouts: tuple[Layout, ...]
 
 
-def levels(world: int, allow_offload: bool, nodes: int = 1) -> tuple[Level, ...]:
+def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None = None) -> tuple[Level, ...]:
     """The layout ladder for ``world`` ranks on ``nodes`` nodes; FSDP2 first inside a level (the tie-break keeps it
     on near-ties).
+
+    One GPU has nothing to shard, so its ladder is the plain replica and CPU offload; a sharding strategy asked for there
+    (``forced``: ZeRO-2/3 or FSDP on one rank) also runs with every state on the GPU, so that layout is priced beside
+    its offload layouts and the fastest that fits wins.
 
     Several nodes add HSDP to the first sharding level: FULL_SHARD inside each node (NVLink), replicas across nodes,
     so only an all-reduce of 1/g of the gradients crosses the network, less than even DDP sends; it is ranked by
@@ -89,6 +98,9 @@ def levels(world: int, allow_offload: bool, nodes: int = 1) -> tuple[Level, ...]
                          "optimizer states are sharded", (*hsdp, Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1"))))
         out.append(Level("shard everything", "parameters are sharded too and all-gathered layer by layer in forward and backward",
                          (Layout("fsdp"), Layout("zero3"))))
+    elif forced in ONE_GPU_SHARDED:
+        out.append(Level(ONE_GPU_LEVEL, f"{forced} on a single rank: nothing is sharded, every state stays on the GPU",
+                         (Layout(forced),)))
     if allow_offload:
         out.append(Level(OFFLOAD_LEVEL, "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
                          tuple(Layout(*lay) for lay in OFFLOAD_LAYOUTS)))
@@ -156,7 +168,7 @@ def check_forced(forced: str | None, world: int, mode: str) -> None:
 def allowed_levels(world: int, allow_offload: bool, forced: str | None, nodes: int = 1) -> tuple[Level, ...]:
     """The ladder, cut to the requested strategy (its offload variants, and HSDP for 'fsdp', included)."""
     out = []
-    for lv in levels(world, allow_offload, nodes):
+    for lv in levels(world, allow_offload, nodes, forced):
         lays = tuple(lay for lay in lv.layouts if forced is None or lay.strategy == forced)
         if lays:
             out.append(Level(lv.name, lv.tradeoff, lays))
@@ -192,6 +204,14 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
         raise ConflictingConstraintsError(f"{asked} cannot train what was asked: {why}; use another strategy "
                                           f"(accepted: {', '.join(TRAIN_STRATEGIES)}) or drop the conflicting constraint")
     return out
+
+
+def layout_search(world: int, allow_offload: bool, forced: str | None, nodes: int = 1) -> dict[str, Any]:
+    """``plan_training``'s hooks that search layouts: each semantics rung crossed with the allowed levels (``expand``),
+    the on-GPU levels one tier (``layout_tier``), the fastest fitting layout with the shallow / FSDP2 tie-breaks
+    (``prefer_fsdp``). train_gpu_many always; train_gpu_one when a ZeRO stage is asked for."""
+    ladder = allowed_levels(world, allow_offload, forced, nodes)
+    return {"expand": lambda rungs: expand(rungs, ladder, forced), "choose": prefer_fsdp, "tier": layout_tier}
 
 
 def prefer_fsdp(fitting: list[Priced]) -> Priced:

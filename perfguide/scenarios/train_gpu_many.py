@@ -39,16 +39,13 @@ from .strategies import (
     SHARDING_TIE_TOLERANCE,
     Layout,
     Level,
-    allowed_levels,
     check_forced,
     comm_bytes,
-    expand,
     incompatible,
     layout_of,
-    layout_tier,
+    layout_search,
     level_index,
     levels,
-    prefer_fsdp,
 )
 from .training import attention, check_optimizer, finetune_mode, objective_fields, plan_training
 from .types import Candidate, Plan, Request
@@ -91,11 +88,9 @@ def plan(request: Request) -> Plan:
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
-    ladder = allowed_levels(world, cons.allow_offload, cons.strategy, nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
-                      suggest=partial(_what_would_fit, per_node=per_node),
-                      expand=lambda rungs: expand(rungs, ladder, cons.strategy), choose=prefer_fsdp, tier=layout_tier)
-    return _add_layout(request, p, batch)
+                      suggest=partial(_what_would_fit, per_node=per_node), **layout_search(world, cons.allow_offload, cons.strategy, nodes))
+    return add_layout(request, p, batch)
 
 
 # --- the layout part of the plan ----------------------------------------------------------------------
@@ -105,7 +100,7 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
     cons = request.constraints
     choices = micro_batch_choices(batch, cons.micro_batch_size)
     out: list[tuple[Layout, Level, Option | None, str | None]] = []
-    for lv in levels(template.world_size, True, template.nodes):
+    for lv in levels(template.world_size, True, template.nodes, cons.strategy):
         for lay in lv.layouts:
             why = incompatible(template, lay)
             if why is None and (lay.offload_optimizer or lay.offload_params) and not cons.allow_offload:
@@ -119,7 +114,8 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
     return out
 
 
-def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
+def add_layout(request: Request, p: Plan, batch: int) -> Plan:
+    """The layout's decisions (strategy, backend, offload, launcher), every layout priced as a candidate, its warnings."""
     chosen = Priced(p.setup, p.memory, p.throughput)
     compared = compare_layouts(request, p.setup, batch)
     decisions = [*p.decisions, strategy_decision(request, chosen, compared, p.fits), backend_decision(request, chosen, compared)]
@@ -137,7 +133,7 @@ def _add_layout(request: Request, p: Plan, batch: int) -> Plan:
 def _candidate(request: Request, lay: Layout, opt: Option, why: str | None) -> Candidate:
     h = request.constraints.headroom
     shown = opt.best or opt.too_big
-    assert shown is not None, "only options with a priced setup become candidates (_add_layout filters)"
+    assert shown is not None, "only options with a priced setup become candidates (add_layout filters)"
     if why is not None:
         verdict, text = "incompatible", why
     elif opt.best is not None:
@@ -163,7 +159,7 @@ def _link(request: Request) -> str:
 def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: bool) -> Decision:
     s, cons = chosen.setup, request.constraints
     lay = layout_of(s)
-    ladder = levels(s.world_size, True, s.nodes)
+    ladder = levels(s.world_size, True, s.nodes, cons.strategy)
     mine = level_index(ladder, lay)
     alts = []
     for other, lv, opt, why in compared:
@@ -190,14 +186,20 @@ def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: b
 def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bool) -> str:
     s, cons = chosen.setup, request.constraints
     lay = layout_of(s)
-    where = f"{s.world_size} GPU(s) ({s.num_gpus} per node x {s.nodes} node(s)) over {_link(request)}"
+    where = f"{s.world_size} GPU(s) ({s.num_gpus} per node x {s.nodes} node(s)) over {_link(request)}" if s.world_size > 1 else "one GPU"
     numbers = _numbers(request, chosen)
+    if not fits_ and cons.strategy:   # the forced strategy stays: say what each of its layouts breaks
+        broken = "; ".join(f"{o.name}: {not_fitting_why(shown.memory, request.hardware, cons.headroom)}" for o, _, opt, why in compared
+                           if why is None and opt is not None and (shown := opt.best or opt.too_big) is not None)
+        return (f"strategy={cons.strategy!r} was requested and none of its layouts fits {where} ({broken}); the closest is "
+                f"{lay.name}: {numbers}")
     if not fits_:
         return f"nothing fits on {where}; the closest layout is {lay.name}: {numbers}"
     if cons.strategy:
         return f"strategy={cons.strategy!r} was requested; {lay.name} on {where}: {numbers}"
+    ladder = levels(s.world_size, True, s.nodes, cons.strategy)
     failed = [(o, opt) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is None
-              and level_index(levels(s.world_size, True, s.nodes), o) < level_index(levels(s.world_size, True, s.nodes), lay)]
+              and level_index(ladder, o) < level_index(ladder, lay)]
     cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
     usable = gib(usable_bytes(chosen.memory, cons.headroom) or 0)
     slower = [(o, opt.best) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
@@ -220,7 +222,7 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
     """FSDP2 vs DeepSpeed: the tie-break between layouts of the same sharding level, stated with both step times."""
     s, h = chosen.setup, request.constraints.headroom
     lay = layout_of(s)
-    ladder = levels(s.world_size, True, s.nodes)
+    ladder = levels(s.world_size, True, s.nodes, request.constraints.strategy)
     rule = (f"FSDP2 (native torch, the Trainer's default FSDP version, no extra package or JSON) is kept over DeepSpeed ZeRO of the "
             f"same sharding level unless ZeRO is predicted more than {FSDP_TIE_TOLERANCE:.0%} faster")
     alts, fitting_fsdp = [], []
@@ -275,8 +277,9 @@ def offload_decision(request: Request, chosen: Priced) -> list[Decision]:
     if not (s.offload_optimizer or s.offload_params):
         return []
     ram = usable_ram(request.hardware, request.constraints.headroom)
+    take = "take" if chosen.memory.cpu_ram <= ram else "would take"
     return [Decision(setting="offload", value=layout_of(s).name, number=chosen.memory.cpu_ram, unit="bytes host RAM per node",
-                     reason=(f"no layout fits on the GPUs alone; the offloaded states of the node's {s.num_gpus} ranks take "
+                     reason=(f"no layout fits on the GPUs alone; the offloaded states of the node's {s.num_gpus} rank(s) {take} "
                              f"{gib(chosen.memory.cpu_ram)} of {gib(ram)} usable host RAM"),
                      source=f"{sources.DEEPSPEED} (ZeRO-Offload); {sources.ZERO_ESTIMATORS} (DeepSpeed CPU bytes)"
                      + (f"; {sources.FSDP_QLORA}" if s.weights_dtype in QUANTIZED else ""))]
@@ -287,6 +290,13 @@ def launcher_decision(s: Setup) -> Decision:
     cmd = f"accelerate launch --num_processes {world}"
     if s.nodes > 1:
         cmd += f" --num_machines {s.nodes} --machine_rank $MACHINE_RANK --main_process_ip $MAIN_PROCESS_IP"
+    if world == 1:   # one GPU under DeepSpeed / FSDP (train_gpu_one with a ZeRO stage asked for): no DataParallel to avoid
+        return Decision(setting="launcher", value=f"{cmd} train.py", number=world, unit="processes",
+                        reason=(f"{s.strategy} runs inside a process group even on one GPU: the launcher creates it (one rank) and hands "
+                                "the Trainer its config; rec.launch_command('train.py') gives the full command"),
+                        source=f"{sources.DEEPSPEED} (deploying on one GPU; in a notebook, the distributed environment by hand)",
+                        alternatives=(Alternative(value="python train.py", why_not="no process group: MASTER_ADDR, MASTER_PORT, RANK, "
+                                                  "LOCAL_RANK and WORLD_SIZE must then be set by hand"),))
     return Decision(setting="launcher", value=f"{cmd} train.py", number=world, unit="processes",
                     reason=(f"one process per GPU ({s.num_gpus} per node x {s.nodes} node(s)); a plain `python train.py` makes the "
                             "Trainer wrap the model in nn.DataParallel instead; rec.launch_command('train.py') gives the full command"),

@@ -14,6 +14,8 @@ from ..setup import Setup
 from .host import gpu_dataloader
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
+from .strategies import layout_search
+from .train_gpu_many import add_layout
 from .training import Suggest, attention, check_optimizer, objective_fields, plan_training
 from .types import Plan, Request
 
@@ -38,8 +40,13 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
     base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
-    p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                      suggest=suggest)
+    if cons.strategy in (None, "single"):
+        p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
+                          suggest=suggest)
+    else:   # a ZeRO stage asked for: its one-GPU layouts (on the GPU, offloaded) searched and decided as train_gpu_many does
+        p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
+                          suggest=suggest, **layout_search(1, cons.allow_offload, cons.strategy))
+        p = add_layout(request, p, request.global_batch_size)
     return p.model_copy(update={"warnings": (*p.warnings, *idle_gpus(request, p))})
 
 
