@@ -95,6 +95,24 @@ def test_step_flops_counted_by_hand():
     assert extra_head_flops(tiny_spec(), Setup(objective="dpo", **common)) == 2 * (2 * V * H * 2 * 15)
 
 
+def test_sharded_reference_gathers_its_weights_every_micro_step():
+    """ZeRO-3 on 4 GPUs: the reference's bf16 weights cross one ring all-gather per micro-step, (n-1)/n of them."""
+    from perfguide import Hardware
+    from perfguide._data import fact_value
+
+    hw = Hardware.from_name(GPU)
+    bus = float(fact_value("efficiency", "comm_bus_fraction"))
+    common = dict(weights_dtype="fp32", autocast="bf16", strategy="zero3", num_gpus=4, micro_batch_size=1, seq_len=16,
+                  gradient_accumulation_steps=3)
+
+    def comm(**fields):
+        return perfguide.estimate_speed(tiny_spec(), Setup(**common, **fields), hardware=GPU).comm_total_s
+
+    gather = 3 / 4 * PARAMS * 2 / (hw.intra_node_bandwidth_gbps * 1e9 * bus)
+    assert comm(objective="dpo") - comm(objective="dpo", precompute_ref_log_probs=True) == pytest.approx(3 * gather, rel=1e-9)
+    assert comm(objective="dpo", lora={"r": 4}) == comm(lora={"r": 4})   # LoRA: the reference is the policy itself
+
+
 def test_bad_objective_and_dpo_only_settings_are_one_line_errors():
     with pytest.raises(PerfGuideError) as exc:
         perfguide.recommend(tiny_spec(), "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4, objective="ppo")

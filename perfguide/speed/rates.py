@@ -15,7 +15,7 @@ from typing import Any
 
 from .._data import fact_extra, fact_value
 from ..errors import DataFileError
-from ..hardware.types import CPU, GPU
+from ..hardware.types import CPU, GPU, Hardware
 from ..memory.ledger import ledger
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
@@ -114,6 +114,19 @@ def pcie_gbps(gpu: GPU) -> float:
     return float(constant("pcie_gbps_by_cc_major").get(str(gpu.compute_capability[0]), default))
 
 
+def ring_time(nbytes: float, setup: Setup, hardware: Hardware, gpu: GPU, factor: float) -> float:
+    """Seconds of one ring collective over ``nbytes`` per rank: factor=2 for all-reduce, 1 for all-gather /
+    reduce-scatter; the intra-node ring, then the inter-node one."""
+    bus = constant("comm_bus_fraction")
+    per_node = setup.num_gpus
+    intra_bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
+    t = factor * (per_node - 1) / per_node * nbytes / (intra_bw * 1e9 * bus) if per_node > 1 else 0.0
+    if setup.nodes > 1:
+        inter_bw = hardware.inter_node_bandwidth_gbps or constant("unknown_inter_node_gbps")
+        t += factor * (setup.nodes - 1) / setup.nodes * nbytes / (inter_bw * 1e9 * bus)
+    return t
+
+
 def half_bytes(setup: Setup) -> float:
     """Bytes per parameter of what moves between GPUs (the compute copy under AMP, else the stored weights)."""
     return 2 if setup.autocast else min(4, setup.weight_bytes)
@@ -199,8 +212,6 @@ def half_saturation(setup: Setup, gpu: GPU | None = None) -> float:
 
 @cache
 def _reference_gpu(name: str) -> GPU:
-    from ..hardware.types import Hardware
-
     gpu = Hardware.from_name(name).smallest_gpu
     assert gpu is not None, f"{name} names a GPU row of gpus.json"
     return gpu

@@ -35,6 +35,7 @@ from .rates import (
     optimizer_bytes,
     pcie_gbps,
     recomputed_matmul_params,
+    ring_time,
     trainable_params,
 )
 from .types import Throughput
@@ -49,18 +50,6 @@ def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
 
 
 # --- step parts -----------------------------------------------------------------------------------
-
-def _ring_time(nbytes: float, setup: Setup, hardware: Hardware, gpu: GPU, factor: float) -> float:
-    """factor=2 for all-reduce, 1 for all-gather / reduce-scatter: intra-node ring then inter-node ring."""
-    bus = constant("comm_bus_fraction")
-    per_node = setup.num_gpus
-    intra_bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
-    t = factor * (per_node - 1) / per_node * nbytes / (intra_bw * 1e9 * bus) if per_node > 1 else 0.0
-    if setup.nodes > 1:
-        inter_bw = hardware.inter_node_bandwidth_gbps or constant("unknown_inter_node_gbps")
-        t += factor * (setup.nodes - 1) / setup.nodes * nbytes / (inter_bw * 1e9 * bus)
-    return t
-
 
 def _hybrid_time(params: float, grads: float, setup: Setup, hardware: Hardware, gpu: GPU) -> float:
     """HSDP per micro-step: FULL_SHARD's gathers and reduce-scatter run inside the node (its ring only), then each rank
@@ -83,7 +72,7 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
     params = spec.total_params * half_bytes(setup)
 
     def ring(nbytes: float, factor: float) -> float:
-        return _ring_time(nbytes, setup, hardware, gpu, factor)
+        return ring_time(nbytes, setup, hardware, gpu, factor)
 
     if setup.strategy in ("ddp", "zero1"):
         return 0.0, ring(grads, 2)
@@ -186,6 +175,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     launch = _launch_ops(spec, setup) * constant("kernel_launch_s")
     micro = max(gpu_time, launch)
     comm_micro, comm_step = communication(spec, setup, hardware, gpu)
+    comm_micro += extra.comm   # collectives a technique adds (DPO's sharded reference gathers its weights)
     overlap = constant("comm_overlap")
     backward = micro * 2 / 3
     exposed_micro = max(0.0, comm_micro - overlap * micro)

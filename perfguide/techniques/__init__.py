@@ -163,14 +163,15 @@ def _kernel_factors(setup: Setup, techniques: tuple[Technique, ...]) -> KernelFa
 
 
 def step_seconds(ctx: SpeedContext) -> StepSeconds:
-    compute = transfer = per_step = fetch = 0.0
+    compute = transfer = per_step = fetch = comm = 0.0
     for t in registry():
         s = t.speed(ctx)
         compute += s.compute
         transfer += s.transfer
         per_step += s.per_step
         fetch += s.fetch
-    return StepSeconds(compute, transfer, per_step, fetch)
+        comm += s.comm
+    return StepSeconds(compute, transfer, per_step, fetch, comm)
 
 
 def traced_model(setup: Setup, model: Any) -> Any:

@@ -22,7 +22,8 @@ Read in trl 1.16 (trainer/dpo_trainer.py, trainer/utils.py, kernels/chunked_logp
 
 Priced here: the reference copy's bytes per device (``place``), activations on ``2 b`` sequences, the fused head's
 buffers and the reference forward's transient in place of HF's full-logits loss path (``memory``), and in speed a
-second forward of the blocks (``kernel_factors.recompute``) plus the two extra head GEMMs (``speed``). Every
+second forward of the blocks (``kernel_factors.recompute``), the two extra head GEMMs and, where the reference is
+sharded, its all-gather (``speed``). Every
 position after the first is counted as a completion token (an upper bound: prompt positions carry no label).
 """
 
@@ -34,10 +35,12 @@ from ..data.techniques import constant
 from ..memory import activations as act
 from ..memory.inference import prefill_transient_bytes
 from ..setup import DTYPE_BYTES
+from ..speed.rates import half_bytes, ring_time
 from .base import EmitContext, Requires, Technique
 from .effects import KernelFactors, MemoryContext, MemoryTerms, SpeedContext, StepSeconds, StepShape
 
 if TYPE_CHECKING:
+    from ..hardware.types import GPU, Hardware
     from ..model.types import ModelSpec
     from ..setup import Setup
 
@@ -118,7 +121,18 @@ class Dpo(Technique):
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not self.active(ctx.setup):
             return StepSeconds()
-        return StepSeconds(compute=extra_head_flops(ctx.spec, ctx.setup) / ctx.rate)
+        return StepSeconds(compute=extra_head_flops(ctx.spec, ctx.setup) / ctx.rate,
+                           comm=reference_gather_seconds(ctx.spec, ctx.setup, ctx.hardware, ctx.gpu))
+
+
+def reference_gather_seconds(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> float:
+    """The sharded reference's all-gather per micro-step: ZeRO-3 and FSDP FULL_SHARD gather its weights layer by
+    layer for the forward and free them after, as they do the policy's (speed/training.py prices those); HSDP
+    gathers inside the node. SHARD_GRAD_OP never reshards a model that runs no backward, so it gathers once."""
+    if not (keeps_reference_copy(setup) and setup.gathers_params):
+        return 0.0
+    layout = setup.model_copy(update={"nodes": 1}) if setup.hybrid_shard else setup
+    return ring_time(spec.total_params * half_bytes(setup), layout, hardware, gpu, 1)
 
 
 # --- what the step holds, priced on the Setup ------------------------------------------------------------

@@ -125,3 +125,4 @@ class StepSeconds:
     transfer: float = 0.0
     per_step: float = 0.0
     fetch: float = 0.0
+    comm: float = 0.0            # collectives per micro-step, hidden behind compute like the strategy's own (comm_overlap)
