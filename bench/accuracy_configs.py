@@ -52,7 +52,45 @@ _MODERNBERT_BASE = {"model_type": "modernbert", "architectures": ["ModernBertFor
                     "norm_eps": 1e-5, "tie_word_embeddings": True, "hidden_activation": "gelu", "mlp_bias": False,
                     "attention_bias": False, "norm_bias": False, "torch_dtype": "float32"}
 
+#: BLOOMZ-7b1 (huggingface.co/bigscience/bloomz-7b1/config.json, BLOOM-7b1's shape): 4096 x 30 layers, 32 heads, fused
+#: query_key_value with bias, 4h GELU MLP, ALiBi (no position table), vocab 250880, head tied to word_embeddings;
+#: 7,069,016,064 parameters (BLOOM paper table 1: 7.1B) come out of the dict below.
+_BLOOMZ_7B1 = {"model_type": "bloom", "architectures": ["BloomForCausalLM"], "_name_or_path": "bigscience/bloomz-7b1",
+               "hidden_size": 4096, "n_layer": 30, "n_head": 32, "vocab_size": 250880, "layer_norm_epsilon": 1e-5,
+               "tie_word_embeddings": True, "torch_dtype": "float16"}
+
+#: mT0-xxl (huggingface.co/bigscience/mt0-xxl/config.json, mT5-XXL's shape; google-research/t5x mt5 xxl.gin: emb_dim 4096,
+#: 64 heads of 64, 24 + 24 layers, mlp_dim 10240 gated GELU, vocab 250112, logits_via_embedding False: an untied head);
+#: 12.92 B parameters (the mT5 paper's 13B) come out of the dict below.
+_MT0_XXL = {"model_type": "mt5", "architectures": ["MT5ForConditionalGeneration"], "_name_or_path": "bigscience/mt0-xxl",
+            "d_model": 4096, "d_ff": 10240, "d_kv": 64, "num_heads": 64, "num_layers": 24, "num_decoder_layers": 24,
+            "vocab_size": 250112, "feed_forward_proj": "gated-gelu", "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+#: DeBERTa-v2-xlarge-mnli (huggingface.co/microsoft/deberta-v2-xlarge-mnli/config.json): 1536 x 24 layers, 24 heads, FFN
+#: 6144, vocab 128100, relative attention with 256 position buckets shared with the keys (p2c + c2p), no absolute
+#: positions, a conv layer of kernel 3 after the first block; 0.89 B parameters with a 2-label head (the blog's "900M").
+_DEBERTA_V2_XLARGE = {"model_type": "deberta-v2", "architectures": ["DebertaV2ForSequenceClassification"],
+                      "_name_or_path": "microsoft/deberta-v2-xlarge-mnli", "hidden_size": 1536, "num_hidden_layers": 24,
+                      "num_attention_heads": 24, "intermediate_size": 6144, "vocab_size": 128100,
+                      "max_position_embeddings": 512, "relative_attention": True, "position_buckets": 256,
+                      "pos_att_type": ["p2c", "c2p"], "position_biased_input": False, "share_att_key": True,
+                      "norm_rel_ebd": "layer_norm", "max_relative_positions": -1, "conv_kernel_size": 3,
+                      "conv_act": "gelu", "type_vocab_size": 0, "hidden_act": "gelu", "torch_dtype": "float32"}
+
+#: BlenderBot-400M-distill (huggingface.co/facebook/blenderbot-400M-distill/config.json): d_model 1280, a 2-layer encoder and
+#: a 12-layer decoder, 32 heads, FFN 5120, vocab 8008, 128 learned positions, scaled embeddings shared by both stacks and the
+#: head; 364,802,560 parameters come out of the dict below.
+_BLENDERBOT_400M = {"model_type": "blenderbot", "architectures": ["BlenderbotForConditionalGeneration"],
+                    "_name_or_path": "facebook/blenderbot-400M-distill", "d_model": 1280, "encoder_layers": 2,
+                    "decoder_layers": 12, "encoder_attention_heads": 32, "decoder_attention_heads": 32,
+                    "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120, "vocab_size": 8008, "max_position_embeddings": 128,
+                    "scale_embedding": True, "activation_function": "gelu", "torch_dtype": "float32"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
+    "bigscience/bloomz-7b1": _BLOOMZ_7B1,
+    "bigscience/mt0-xxl": _MT0_XXL,
+    "microsoft/deberta-v2-xlarge-mnli": _DEBERTA_V2_XLARGE,
+    "facebook/blenderbot-400M-distill": _BLENDERBOT_400M,
     "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
     "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
     "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,

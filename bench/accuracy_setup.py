@@ -333,6 +333,9 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     if row["quantization"].startswith("GPTQ"):
         raise Skip("GPTQ weights are not expressible")
     text = row["seq_len"]
+    beams = re.search(r"(\d+) beams", text)
+    if beams and int(beams.group(1)) > 1:  # beam search keeps num_beams sequences (and caches) per prompt
+        raise Skip(f"beam search ({beams.group(1)} beams) is not expressible: a Setup generates one sequence per prompt")
     nums = [int(x) for x in re.findall(r"\d+", text)]
     if spec is not None and not spec.generates and text.strip().isdigit():
         seq, new = nums[0], 0  # an encoder is served by one forward pass over the stated length: nothing is generated
@@ -380,7 +383,10 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
              "NousResearch/Llama-2-70b-hf": "meta-llama/Llama-2-70b-hf",  # an ungated copy of Meta's checkpoint
              # the Instruct release keeps the base's config.json shape (4096 x 32, 8 experts of FFN 14336, top-2)
-             "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1"}
+             "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
+             # T0 3B is T5 v1.1 XL LM-adapted, fine-tuned (huggingface.co/bigscience/T0_3B/config.json): Flan-T5-XL's
+             # shape (2048 x 24 + 24 layers, 32 heads of 64, gated-GELU FFN 5120, vocab 32128, untied head)
+             "bigscience/T0_3B": "google/flan-t5-xl"}
 
 
 def _spec(hub_id: str) -> ModelSpec:
