@@ -30,21 +30,9 @@ from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transform
 from accuracy_prefill import with_prompt_logits
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
-from accuracy_setup import (
-    PAGED,
-    Skip,
-    _hardware,
-    _infer_setup,
-    _nf4_library,
-    _pre_torch2,
-    _precision,
-    _spec,
-    _train_setup,
-    checkpoint_release,
-    deepspeed_runtime,
-    t5_release,
-    trained_spec,
-)
+from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
+from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _train_setup
+from accuracy_spec import _spec, trained_spec
 
 from perfguide._data import load
 from perfguide.errors import PerfGuideError

@@ -61,7 +61,7 @@ def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> 
     peak, where these rows peak; passed with the loss bytes as the returned-cache term is. No stated or inferred
     release: nothing."""
     release = _transformers_version(row)
-    if release is None or setup.gradient_checkpointing:   # checkpointed: in the recompute (accuracy_setup.checkpoint_release)
+    if release is None or setup.gradient_checkpointing:   # checkpointed: in the recompute (accuracy_runtime.checkpoint_release)
         return 0
     ckpt = setup.gradient_checkpointing
     return (attention_era_bytes(spec, setup, release, checkpointed=ckpt)

@@ -1,20 +1,15 @@
-"""A published-measurements row read as perfguide inputs: the model spec, the hardware and the Setup it ran.
+"""A published-measurements row read as perfguide inputs: the hardware and the Setup it ran.
 
 bench/accuracy.py prices what this module reads; a row perfguide's Setup cannot express raises Skip with the
-reason the report shows. The row's loss path and library releases are read in bench/accuracy_loss.py.
+reason the report shows. The row's model is read in bench/accuracy_spec.py, its loss path and library releases in
+bench/accuracy_loss.py, and the library releases and DeepSpeed knobs it is priced under in bench/accuracy_runtime.py.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
-from accuracy_configs import CONFIGS
-
-from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
-from perfguide.memory.sharding import size_wrapped_spec
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 
@@ -191,45 +186,6 @@ ACCELERATE_AMP_OUTPUTS = {
 }
 
 
-#: sources whose FSDP1 units came from accelerate's size-based auto-wrap, with the threshold a row without one ran:
-#: accelerate 0.7's FullyShardedDataParallelPlugin sets ``default_auto_wrap_policy(min_num_params)`` whenever
-#: FSDP_MIN_NUM_PARAMS > 0; ``accelerate config`` and ``accelerate launch --min_num_params`` default to the float 1e8,
-#: which launch exports as '100000000.0' and the plugin's ``int(os.environ[...])`` rejects, so a run had a typed value
-SIZE_WRAP_DEFAULT = {
-    "hf_blog_pytorch_fsdp": 2_000,   # the SHARD_GRAD_OP row states none: the blog's sample config's 2000, since
-                                     # accelerate 0.7's own 1e8 default cannot run (row 642's notes); for GPT-2 both
-                                     # split the tied head alike (sharding.size_wrap_splits_tied_head)
-}
-
-
-def size_wrap_threshold(row: dict[str, str]) -> int | None:
-    """The row's FSDP1 ``min_num_params`` ("min_num_params=1M", "FSDP 2K + CPU offload"), or its source's default;
-    None for a row not wrapped by size."""
-    if row["source_group"] not in SIZE_WRAP_DEFAULT or "FSDP" not in row["parallelism"]:
-        return None
-    m = re.search(r"(\d+)\s*([KM])\b", row["method"])
-    return int(m.group(1)) * {"K": 1_000, "M": 1_000_000}[m.group(2)] if m else SIZE_WRAP_DEFAULT[row["source_group"]]
-
-
-def frozen_embeddings_spec(spec: ModelSpec) -> ModelSpec:
-    """The seq2seq examples' ``--freeze_embeds`` on T5 (transformers examples/seq2seq utils.py ``freeze_embeds``:
-    ``freeze_params(model.shared)`` and each stack's ``embed_tokens``, the same Parameter): the token embedding trains
-    no more, and neither does a head tied to it (T5 v1.0 ``tie_word_embeddings``: ``lm_head.weight`` is ``shared.weight``).
-    DDP buckets and AdamW states skip a parameter without a gradient, and the 4.2 DeepSpeed integration hands the engine
-    only ``filter(lambda p: p.requires_grad, model.parameters())`` (integrations.py ``init_deepspeed``), so neither
-    gradients nor fp32 masters nor optimizer state exist for it; its weight stays."""
-    trainable = (spec.trainable_params if spec.trainable_params is not None else spec.total_params) - spec.embedding_params
-    return spec.model_copy(update={"trainable_params": max(0, trainable)})
-
-
-def trained_spec(row: dict[str, str], spec: ModelSpec) -> ModelSpec:
-    """The model as the row's run trained it: FSDP1's size-based auto-wrap unties a tied head (sharding.size_wrapped_spec);
-    ``--freeze_embeds`` freezes the token embedding and the head tied to it (frozen_embeddings_spec)."""
-    threshold = size_wrap_threshold(row)
-    spec = spec if threshold is None else size_wrapped_spec(spec, threshold)
-    return frozen_embeddings_spec(spec) if "--freeze_embeds" in row["method"] and spec.model_type == "t5" else spec
-
-
 def _attn(row: dict[str, str]) -> str:
     """The row's attention; before PyTorch 2.0 there was no scaled_dot_product_attention, so HF ran eager."""
     return row["attn_impl"] or ("eager" if _pre_torch2(row) else "sdpa")
@@ -361,150 +317,3 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)
     return Setup(**fields)  # type: ignore[arg-type]
-
-
-_SPECS: dict[str, ModelSpec] = {}
-
-# Community re-uploads of a catalog model (same config.json, same weights); the catalog deliberately does not
-# resolve unknown organisations, so the bench names the original here.
-REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
-             "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2",
-             # Llama 3.3 70B reuses Llama 3.1 70B's config.json shape (80 x 8192, FFN 28672, 128256 vocab, GQA 8)
-             "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
-             # LLaMA-1 7B: Llama-2-7B's shape (4096 x 32 layers, FFN 11008, 32 heads, vocab 32000); only the
-             # position limit differs (2048 vs 4096), which holds no memory (rotary)
-             "huggyllama/llama-7b": "meta-llama/Llama-2-7b-hf",
-             # Qwen2 and Qwen2.5 share each size's config.json shape (7B: 3584 x 28, FFN 18944, 28/4 heads; 72B:
-             # 8192 x 80, FFN 29568, 64/8 heads; vocab 152064, untied)
-             "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",
-             "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B",
-             "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
-             "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf",
-             "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
-             "NousResearch/Llama-2-70b-hf": "meta-llama/Llama-2-70b-hf",  # an ungated copy of Meta's checkpoint
-             # the Instruct release keeps the base's config.json shape (4096 x 32, 8 experts of FFN 14336, top-2)
-             "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
-             # T0 3B is T5 v1.1 XL LM-adapted, fine-tuned (huggingface.co/bigscience/T0_3B/config.json): Flan-T5-XL's
-             # shape (2048 x 24 + 24 layers, 32 heads of 64, gated-GELU FFN 5120, vocab 32128, untied head)
-             "bigscience/T0_3B": "google/flan-t5-xl"}
-
-
-def _spec(hub_id: str) -> ModelSpec:
-    if hub_id not in _SPECS:
-        try:
-            _SPECS[hub_id] = ModelSpec.from_any(CONFIGS.get(hub_id) or REUPLOADS.get(hub_id, hub_id))
-        except PerfGuideError as exc:
-            raise Skip(f"model not in the offline catalog ({type(exc).__name__})") from None
-    return _SPECS[hub_id]
-
-
-@contextmanager
-def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
-    """Price a ZeRO row with the DeepSpeed release and the ``reduce_bucket_size`` its notes state or infer
-    ("DeepSpeed 0.3.10", "reduce_bucket_size 2e8"), where the model otherwise prices the installed release and
-    DeepSpeed's default bucket (memory/zero_runtime.py: before 0.4.0 each ipg buffer held 4.5 buckets). Other rows,
-    and what a row does not state: as is."""
-    import perfguide.memory.analytic as analytic
-    from perfguide._data import load
-
-    if re.search(r"DeepSpeed ZeRO-3", row["parallelism"]):
-        with zero3_knobs_stated(row):
-            yield
-        return
-    if not re.search(r"DeepSpeed ZeRO-[12]", row["parallelism"]):
-        yield
-        return
-    stated = re.search(r"DeepSpeed (\d+\.\d+\.\d+)", row["notes"])
-    bucket = re.search(r"reduce_bucket_size (\d+(?:\.\d+)?e\d+)", row["notes"])
-    table, saved_release = load("calibration"), analytic.installed_deepspeed
-    saved_bucket = table["deepspeed_bucket_elements"]["value"]
-    if stated:
-        release = stated.group(1)
-        analytic.installed_deepspeed = lambda: release   # type: ignore[assignment]
-    if bucket:
-        table["deepspeed_bucket_elements"]["value"] = int(float(bucket.group(1)))
-    try:
-        yield
-    finally:
-        analytic.installed_deepspeed = saved_release
-        table["deepspeed_bucket_elements"]["value"] = saved_bucket
-
-
-@contextmanager
-def zero3_knobs_stated(row: dict[str, str]) -> Iterator[None]:
-    """Price a ZeRO-3 row with the bucket sizes its notes state ("reduce_bucket_size 5e8, stage3_prefetch_bucket_size
-    5e7, stage3_param_persistence_threshold 1e5"), where the model otherwise prices the Trainer's "auto" values
-    (memory/zero_runtime.py zero3_knobs); a row that states none: as is."""
-    import perfguide.memory.analytic as analytic
-    from perfguide.memory.zero3_window import Zero3Knobs
-
-    keys = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold")
-    found = [re.search(rf"(?<![\w.]){key} (\d+(?:\.\d+)?e\d+)", row["notes"]) for key in keys]
-    if not all(found):
-        yield
-        return
-    knobs = Zero3Knobs(*(int(float(m.group(1))) for m in found if m))
-    saved = analytic.zero3_knobs
-    analytic.zero3_knobs = lambda spec: knobs   # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        analytic.zero3_knobs = saved
-
-
-@contextmanager
-def t5_release(row: dict[str, str]) -> Iterator[None]:
-    """Price a T5 row with the transformers release it ran (perfguide/memory/t5_releases.py: the fp32 softmax before
-    5.15, the unconditional fp16 clamp from 4.28), where the model otherwise prices the installed release. For T5 no
-    other release-dependent term exists (the causal-LM loss eras and caches skip encoder-decoders; no attention era or
-    buffer entry names t5), so only those two move. Other rows, and rows without a stated or inferred release: as is."""
-    from accuracy_loss import _transformers_version
-
-    import perfguide.memory.analytic as analytic
-
-    release = _transformers_version(row)
-    if release is None or not row["model_hf_id"].startswith("google-t5/"):
-        yield
-        return
-    saved = analytic.installed_transformers
-    analytic.installed_transformers = lambda: release   # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        analytic.installed_transformers = saved
-
-
-@contextmanager
-def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
-    """Price a checkpointed block's backward with the checkpoint variant of the transformers release the row ran
-    (perfguide/memory/block_backward.py: reentrant before 5.0, non-reentrant since) and its recompute with that
-    release's attention (eras.attention_era_bytes: accuracy_loss._attention_era_delta prices the uncheckpointed rows
-    at the loss peak), where the model otherwise takes the installed release's. Only these terms read the release
-    here; rows without a stated or inferred one: as is."""
-    from accuracy_loss import _transformers_version
-
-    with recompute_release(_transformers_version(row)):
-        yield
-
-
-@contextmanager
-def recompute_release(release: str | None) -> Iterator[None]:
-    """checkpoint_release for a release named directly (None: as is); the techniques bench uses it for sources that
-    pin a release in their example scripts."""
-    import perfguide.memory.analytic as analytic
-
-    if release is None:
-        yield
-        return
-    saved, era = analytic.block_backward_bytes, analytic.eras.attention_era_bytes
-    analytic.block_backward_bytes = lambda spec, setup, _installed=None, *a: saved(spec, setup, release, *a)   # type: ignore[assignment]
-    ran = release
-
-    def row_era(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
-        return era(spec, setup, ran if checkpointed else release, checkpointed=checkpointed)
-
-    analytic.eras.attention_era_bytes = row_era
-    try:
-        yield
-    finally:
-        analytic.block_backward_bytes, analytic.eras.attention_era_bytes = saved, era

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
 from _report import publish
-from accuracy_setup import recompute_release
+from accuracy_runtime import recompute_release
 
 from perfguide import Hardware, ModelSpec, Setup
 from perfguide.memory import estimate_memory

@@ -72,11 +72,11 @@ def test_every_row_in_the_range_is_checked_and_sources_are_many() -> None:
 
 @pytest.mark.parametrize("row_id", sorted(EXPECTED))
 def test_each_row_reads_as_the_setup_and_release_its_source_states(row_id: str) -> None:
-    setup_mod, loss_mod = load_bench("accuracy_setup"), load_bench("accuracy_loss")
+    setup_mod, loss_mod, spec_mod = load_bench("accuracy_setup"), load_bench("accuracy_loss"), load_bench("accuracy_spec")
     row = ROWS[row_id]
     strategy, off_params, off_opt, gpus, card, release = EXPECTED[row_id]
     assert re.search(r"https://(github\.com|huggingface\.co)/\S+", row["source"]), row["source"]
-    spec = setup_mod._spec(row["model_hf_id"])
+    spec = spec_mod._spec(row["model_hf_id"])
     setup = setup_mod._train_setup(row, spec)
     assert (setup.strategy, setup.offload_params, setup.offload_optimizer, setup.num_gpus) == (strategy, off_params, off_opt, gpus)
     assert setup.micro_batch_size == int(row["micro_batch"])
@@ -104,7 +104,7 @@ def test_fms_full_fine_tuning_peaks_at_the_bf16_optimizer_step(row_id: str, gpus
     moments (2 + 2 + 4 B), plus the bf16 ``torch._foreach_sqrt(exp_avg_sqs)`` copy (2 B) at the step, all sharded over
     the GPUs: 10 B per parameter. The published peaks are that count to 0.1%, the same at batch 4 and 8 (so the step,
     not activations, sets them): the pure-bf16 reading of the rows."""
-    spec = load_bench("accuracy_setup")._spec(ROWS[row_id]["model_hf_id"])
+    spec = load_bench("accuracy_spec")._spec(ROWS[row_id]["model_hf_id"])
     published = float(ROWS[row_id]["peak_mem_value"]) * GiB
     assert spec.total_params * 10 / gpus == pytest.approx(published, rel=1e-3)
 
@@ -126,7 +126,7 @@ def test_row_952_is_below_what_its_stated_setup_must_hold() -> None:
     script printed (byte2gb truncates), before any activation: the row is trust C. On the README's 8 GPUs it is not."""
     row = ROWS["952"]
     assert row["trust"] == "C" and row["peak_mem_value"] == "29"
-    spec = load_bench("accuracy_setup")._spec(row["model_hf_id"])
+    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
     assert spec.total_params == LLAMA_7B
     per_gpu = lambda n: spec.total_params * (4 + 4 + 8) / n + spec.total_params * 4 / n  # noqa: E731
     assert per_gpu(4) / GiB == pytest.approx(31.38, abs=0.01) and per_gpu(4) > 30 * GiB
@@ -138,9 +138,9 @@ def test_the_4_30_trainer_keeps_the_loaded_fp32_model_beside_offloaded_shards(ro
     """transformers 4.30's Trainer builds its optimizer before accelerate wraps FSDP; accelerate 0.20 passes
     ``device_id`` so FSDP moves the module to the GPU before flattening, CPU offload or not, and the stale optimizer
     keeps the original Parameters there: 6.74B x 4 B = 26.95 GB per GPU (eras.trainer_fsdp_pre_wrap_bytes)."""
-    setup_mod, loss_mod = load_bench("accuracy_setup"), load_bench("accuracy_loss")
+    setup_mod, loss_mod, spec_mod = load_bench("accuracy_setup"), load_bench("accuracy_loss"), load_bench("accuracy_spec")
     row = ROWS[row_id]
-    spec = setup_mod._spec(row["model_hf_id"])
+    spec = spec_mod._spec(row["model_hf_id"])
     setup = setup_mod._train_setup(row, spec)
     assert setup.offload_params and setup.weights_dtype == "fp32"
     assert loss_mod._resident_bytes(row, spec, setup) == LLAMA_7B * 4

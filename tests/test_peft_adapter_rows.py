@@ -21,7 +21,7 @@ ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "publi
 def _setup(row_id: str):  # type: ignore[no-untyped-def]
     setup_mod = load_bench("accuracy_setup")
     row = ROWS[row_id]
-    spec = setup_mod._spec(row["model_hf_id"])
+    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
     return spec, setup_mod._train_setup(row, spec)
 
 

@@ -57,7 +57,7 @@ def test_each_row_reads_as_its_stated_setup_and_names_its_source(row: dict[str, 
     setup_mod = load_bench("accuracy_setup")
     assert re.search(r"https://(github\.com|huggingface\.co)/\S+", row["source"]), row["source"]
     assert row["trust"] in ("A", "B") and row["notes"]
-    spec = setup_mod._spec(row["model_hf_id"])
+    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
     assert spec.total_params == pytest.approx(_billions(row["params"]), rel=0.02)
     setup = setup_mod._train_setup(row, spec)
     assert setup.micro_batch_size == int(row["micro_batch"])

@@ -66,7 +66,7 @@ def test_the_second_copy_is_sharded_like_the_rest() -> None:
 
 
 def test_blog_rows_read_their_thresholds() -> None:
-    acc = load_bench("accuracy_setup")
+    acc = load_bench("accuracy_spec")
     with open(Path(acc.__file__).parent / "data" / "published_measurements.csv", newline="") as f:
         rows = {r["row_id"]: r for r in csv.DictReader(f)}
     assert acc.size_wrap_threshold(rows["640"]) is None               # DDP

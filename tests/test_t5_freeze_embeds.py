@@ -38,7 +38,7 @@ def test_freezing_shared_freezes_the_tied_head_on_a_real_t5() -> None:
 
 
 def _frozen(spec: ModelSpec) -> ModelSpec:
-    spec2: ModelSpec = load_bench("accuracy_setup").frozen_embeddings_spec(spec)
+    spec2: ModelSpec = load_bench("accuracy_spec").frozen_embeddings_spec(spec)
     return spec2
 
 

@@ -56,7 +56,7 @@ def test_without_a_stated_release_the_buckets_stay_as_priced(monkeypatch: pytest
 
 
 def test_the_bench_prices_a_row_with_its_release_and_bucket_then_restores_both() -> None:
-    acc = load_bench("accuracy_setup")
+    acc = load_bench("accuracy_runtime")
     row = {"parallelism": "DeepSpeed ZeRO-2 (no CPU offload)",
            "notes": "DeepSpeed 0.3.10 (inferred); ds_config reduce_bucket_size 2e8, overlap_comm"}
     before_fn, before = analytic.installed_deepspeed, load("calibration")["deepspeed_bucket_elements"]["value"]
