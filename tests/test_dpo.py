@@ -113,6 +113,15 @@ def test_sharded_reference_gathers_its_weights_every_micro_step():
     assert comm(objective="dpo", lora={"r": 4}) == comm(lora={"r": 4})   # LoRA: the reference is the policy itself
 
 
+def test_a_dpo_plan_that_does_not_fit_offers_the_precomputed_reference():
+    """8B full DPO on a 40 GB A100: two 8B models do not fit one GPU; without the reference copy the step does."""
+    ask = dict(hardware="a100-40gb", seq_len=1024, global_batch_size=16, objective="dpo")
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", **ask)
+    assert not rec.fits and rec.suggestions[0].startswith("precompute_ref_log_probs=True fits")
+    precomputed = perfguide.recommend("meta-llama/Llama-3.1-8B", precompute_ref_log_probs=True, **ask)
+    assert precomputed.fits and f"({precomputed.setup.label})" in rec.suggestions[0]
+
+
 def test_bad_objective_and_dpo_only_settings_are_one_line_errors():
     with pytest.raises(PerfGuideError) as exc:
         perfguide.recommend(tiny_spec(), "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4, objective="ppo")
