@@ -160,6 +160,34 @@ def test_sft_and_dpo_configs_refuse_the_other_objective():
     assert kw["precompute_ref_log_probs"] is False and "packing" not in kw
 
 
+def test_check_reads_a_dpo_config_as_the_dpo_step(tmp_path):
+    """perfguide.check on a real trl.DPOConfig: TRL's defaults (checkpointing, bf16, max_length 1024), the pairs per
+    device and the reference setting it says, priced as the DPO step it runs."""
+    import dataclasses
+    import warnings
+
+    trl = pytest.importorskip("trl")
+    import transformers
+
+    from perfguide.integrations.readers import hf_keys
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    assert set(hf_keys.DPO_CONFIG) == names(trl.DPOConfig) - names(transformers.TrainingArguments) - set(hf_keys.SFT_CONFIG)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        cfg = trl.DPOConfig(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=2, precompute_ref_log_probs=True)
+    c = perfguide.check("gpt2", cfg, hardware="a100-80gb", device="cuda")
+    s = c.setup
+    assert (s.objective, s.precompute_ref_log_probs, s.micro_batch_size) == ("dpo", True, 2)
+    assert s.seq_len == cfg.max_length == 1024 and s.gradient_checkpointing is cfg.activation_checkpointing is True
+    assert c.memory == perfguide.estimate("gpt2", s, hardware="a100-80gb")
+    # a YAML / dict of DPOConfig kwargs: any DPO-only key marks the run
+    assert perfguide.check("gpt2", {"beta": 0.1, "per_device_train_batch_size": 4}, hardware="a100-80gb", device="cuda").setup.objective == "dpo"
+    assert perfguide.check("gpt2", {"per_device_train_batch_size": 4}, hardware="a100-80gb", device="cuda").setup.objective == "sft"
+
+
 # --- a real DPOTrainer on CPU --------------------------------------------------------------------------------
 
 QUIET = dict(report_to="none", save_strategy="no", logging_strategy="no", disable_tqdm=True)

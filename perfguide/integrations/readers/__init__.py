@@ -103,7 +103,7 @@ def read_command(argv: list[str] | str) -> list[Reading]:
 
 
 def read_object(obj: Any) -> Reading:
-    """A TrainingArguments / SFTConfig instance (every priced attribute read, plus what differs from the class
+    """A TrainingArguments / SFTConfig / DPOConfig instance (every priced attribute read, plus what differs from the class
     default), or a plain dict of their kwargs."""
     from . import training_args
 
@@ -113,7 +113,8 @@ def read_object(obj: Any) -> Reading:
         return col.reading()
     name = type(obj).__name__
     col = Collector("training_args", name)
-    training_args.read(object_values(obj), col, sft=hasattr(obj, "packing") and hasattr(obj, "max_length"))
+    dpo = hasattr(obj, "precompute_ref_log_probs") and hasattr(obj, "beta")   # TRL's DPOConfig
+    training_args.read(object_values(obj), col, sft=hasattr(obj, "packing") and hasattr(obj, "max_length"), dpo=dpo)
     return col.reading()
 
 

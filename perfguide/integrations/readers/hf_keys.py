@@ -1,7 +1,7 @@
 """The keys HfArgumentParser accepts for a TRL/transformers training script, as written in the pinned versions.
 
 Listed here (not read from the classes) so that reading a config never imports transformers; tests/test_check_readers.py
-checks each tuple against ``dataclasses.fields`` of transformers 5.24 ``TrainingArguments`` and TRL 1.16 ``SFTConfig``,
+checks each tuple against ``dataclasses.fields`` of transformers 5.24 ``TrainingArguments`` and TRL 1.16 ``SFTConfig``, ``DPOConfig``,
 ``ModelConfig`` and ``ScriptArguments`` (the dataclasses TRL's ``sft.py`` script parses).
 """
 
@@ -35,6 +35,12 @@ SFT_CONFIG: tuple[str, ...] = (
     "dataset_num_proc", "dataset_text_field", "eos_token", "eval_packing", "loss_type", "max_length",
     "model_init_kwargs", "packing", "packing_strategy", "pad_to_multiple_of", "pad_token", "padding_free",
     "router_aux_loss_coef", "shuffle_dataset", "truncation_mode", "trust_remote_code",
+)
+#: TRL 1.16 ``DPOConfig``'s own fields (beyond TrainingArguments and SFTConfig): any of them marks a DPO run
+DPO_CONFIG: tuple[str, ...] = (
+    "beta", "disable_dropout", "discopop_tau", "f_alpha_divergence_coef", "f_divergence_type", "label_smoothing", "ld_alpha",
+    "loss_weights", "precompute_ref_batch_size", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps",
+    "sync_ref_model", "use_weighting",
 )
 MODEL_CONFIG: tuple[str, ...] = (
     "attn_implementation", "bnb_4bit_quant_storage", "bnb_4bit_quant_type", "dtype", "load_in_4bit", "load_in_8bit",

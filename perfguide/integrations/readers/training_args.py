@@ -13,11 +13,11 @@ from typing import Any
 from ...optimizer_facts import names as optimizer_names
 from ...optimizer_facts import steps_in_backward
 from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, choice
-from .hf_keys import MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
+from .hf_keys import DPO_CONFIG, MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
 
 FORMAT = "training_args"
 SYNTAX = "kwargs"
-KNOWN = frozenset(TRAINING_ARGUMENTS + SFT_CONFIG + MODEL_CONFIG + SCRIPT_ARGUMENTS)
+KNOWN = frozenset(TRAINING_ARGUMENTS + SFT_CONFIG + DPO_CONFIG + MODEL_CONFIG + SCRIPT_ARGUMENTS)
 #: keys whose default differs between TrainingArguments and SFTConfig (TRL: bf16 unless fp16, checkpointing on)
 TA_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "optim": "adamw_torch_fused",
                "activation_checkpointing": False, "bf16": False}
@@ -29,6 +29,7 @@ PRICED = frozenset({
     "deepspeed", "max_length", "packing", "packing_strategy", "padding_free", "activation_offloading", "model_init_kwargs",
     "model_name_or_path", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "use_dora", "use_rslora", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+    "precompute_ref_log_probs",
 })
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2"}
 
@@ -36,6 +37,11 @@ _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention
 def is_sft(data: dict[str, Any]) -> bool:
     """An SFTConfig's JSON has a key only TRL's SFTConfig has; without one the TrainingArguments defaults apply."""
     return any(k in data for k in SFT_CONFIG)
+
+
+def is_dpo(data: dict[str, Any]) -> bool:
+    """A DPOConfig's JSON has a key only TRL's DPOConfig has (beta, precompute_ref_log_probs...)."""
+    return any(k in data for k in DPO_CONFIG)
 
 
 def canonical(data: dict[str, Any], col: Collector) -> dict[str, Any]:
@@ -49,14 +55,23 @@ def canonical(data: dict[str, Any], col: Collector) -> dict[str, Any]:
     return out
 
 
-def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, base_dir: str | None = None) -> None:
-    """Fill ``col`` from TrainingArguments / SFTConfig kwargs (plus TRL ModelConfig keys, as one script YAML holds them)."""
-    sft = is_sft(data) if sft is None else sft
+def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: bool | None = None, base_dir: str | None = None) -> None:
+    """Fill ``col`` from TrainingArguments / SFTConfig / DPOConfig kwargs (plus TRL ModelConfig keys, as one script YAML
+    holds them). A DPOConfig shares SFTConfig's TRL defaults (trl 1.16 base_config.py: checkpointing on, bf16,
+    max_length 1024) and prices TRL's DPOTrainer (objective='dpo')."""
+    dpo = is_dpo(data) if dpo is None else dpo
+    sft = (dpo or is_sft(data)) if sft is None else sft or dpo
     data = canonical(data, col)
     col.reject(sorted(k for k in data if k not in KNOWN and k not in REMOVED), KNOWN)
     col.ignore(*sorted(k for k in data if (k in KNOWN or k in REMOVED) and k not in PRICED))
     defaults = SFT_DEFAULTS if sft else TA_DEFAULTS
-    kind = "SFTConfig" if sft else "TrainingArguments"
+    kind = "DPOConfig" if dpo else "SFTConfig" if sft else "TrainingArguments"
+    if dpo:
+        marker = next((k for k in DPO_CONFIG if k in data), None)
+        col.set("objective", "dpo", marker or kind)
+        precompute = data.get("precompute_ref_log_probs")
+        if precompute is not None:
+            col.set("precompute_ref_log_probs", as_bool(precompute, col.where("precompute_ref_log_probs")), "precompute_ref_log_probs")
 
     def get(key: str) -> tuple[Any, str | None]:
         """(value, key it came from) or (default, None) for a key the config leaves out."""
@@ -134,7 +149,7 @@ def _sft(data: dict[str, Any], defaults: dict[str, Any], col: Collector) -> None
         else:
             col.note(f"{col.where('max_length')} is null (no truncation): the sequence length comes from --seq-len")
     else:
-        col.assume("seq_len", defaults["max_length"], "SFTConfig default max_length")
+        col.assume("seq_len", defaults["max_length"], "TRL default max_length (SFTConfig, DPOConfig)")
     packing = as_bool(data["packing"], col.where("packing")) if data.get("packing") is not None else False
     strategy = str(data.get("packing_strategy") or "bfd")
     if packing and strategy in ("bfd", "bfd_split"):
@@ -208,7 +223,7 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
               "optimizer": "optim", "liger_kernel": "use_liger_kernel", "torch_compile": "torch_compile", "tf32": "tf32",
               "padding_free": "padding_free", "activation_offloading": "activation_offloading", "seq_len": "max_length",
               "dataloader_num_workers": "dataloader_num_workers", "dataloader_pin_memory": "dataloader_pin_memory",
-              "attn_implementation": "attn_implementation"}
+              "attn_implementation": "attn_implementation", "precompute_ref_log_probs": "precompute_ref_log_probs"}
     for field, value in changes.items():
         if field in simple:
             keys[simple[field]] = value
