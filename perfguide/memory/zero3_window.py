@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..model.linears import linear_shapes
+from ..model.linears import decoder_only_linears, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .ledger import full_groups
@@ -81,28 +81,33 @@ def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool,
     return _trace(_shape(spec, pack), checkpointed, embedding_trainable)
 
 
-Shape = tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool, int]
+Shape = tuple[tuple[tuple[str, int, int, int], ...], int, int, int, bool, int, tuple[str, ...]]
 
 
 def _shape(spec: ModelSpec, pack: int = 1) -> Shape:
     """What the trace reads of a spec, hashable (a plan prices hundreds of candidates of one model)."""
     tied = bool(spec.tie_word_embeddings or not spec.lm_head_params)
-    return tuple(linear_shapes(spec)), spec.total_layers, spec.vocab_size, spec.hidden_size, tied, pack
+    decoder = tuple(name for name, *_ in decoder_only_linears(spec))
+    return tuple(linear_shapes(spec)), spec.total_layers, spec.vocab_size, spec.hidden_size, tied, pack, decoder
 
 
 @lru_cache(maxsize=64)
 def _trace(shape: Shape, checkpointed: bool, embedding_trainable: bool) -> tuple[tuple[tuple[str, int], ...], int]:
-    linears, layers, vocab_size, hidden, tied, pack = shape
+    linears, layers, vocab_size, hidden, tied, pack, decoder = shape
     head = "embed" if tied else "head"
     per_block: list[tuple[str, int]] = []
     for name, i, o, n in linears:
+        if name in decoder:   # an encoder-decoder's cross-attention runs in the decoder blocks, after the encoder's
+            continue
         if name.startswith("experts."):   # a MoE block is a ZeRO-3 leaf module: all its experts gathered at once
             if not per_block or per_block[-1][0] != "experts":
                 per_block.append(("experts", 0))
             per_block[-1] = ("experts", per_block[-1][1] + i * o // pack * (n // layers))
         else:
             per_block += [(f"{name}.{k}", i * o // pack) for k in range(max(1, n // layers))]
-    blocks = [[(f"{layer}.{name}", numel) for name, numel in per_block] for layer in range(layers)]
+    cross = [(name, i * o // pack, n) for name, i, o, n in linears if name in decoder]
+    blocks = [[(f"{layer}.{name}", numel) for name, numel in per_block]
+              + [(f"{layer}.{name}", numel) for name, numel, n in cross if layer >= layers - n] for layer in range(layers)]
     vocab = vocab_size * hidden
     forward = [("embed", vocab)] + [use for block in blocks for use in block] + [(head, vocab)]
     backward = [(head, vocab)]

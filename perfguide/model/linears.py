@@ -17,12 +17,25 @@ def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
     layers = spec.total_layers
     if spec.block_linears:
         shapes = [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1)) for k, (i, o) in spec.block_linears.items()]
+        shapes += decoder_only_linears(spec)
         share = spec.stored_share(sum(i * o * n for _, i, o, n in shapes))  # ALBERT's one shared layer: counted once
         stored = [(k, i, o, math.floor(n * share)) for k, i, o, n in shapes if math.floor(n * share) > 0]
         if stored:
             return stored
     rest = max(0, spec.total_params - spec.embedding_params - spec.lm_head_params - 2 * spec.hidden_size * layers)
     return [("block", spec.hidden_size, max(1, rest // (layers * spec.hidden_size)), layers)]
+
+
+def decoder_only_linears(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
+    """An encoder-decoder's decoder-block Linears the encoder block has no counterpart of (its cross-attention:
+    T5's ``EncDecAttention.q/k/v/o``, BART's ``encoder_attn.*_proj``), once per decoder layer. The encoder block's
+    Linears stand for the decoder's self-attention and MLP of the same shapes in every layer of both stacks; matched by
+    the module's own two-part name (``SelfAttention.q``, ``DenseReluDense.wo``), since the block index in front differs."""
+    if not (spec.is_encoder_decoder and spec.decoder_block_linears):
+        return []
+    encoder = {".".join(k.split(".")[-2:]) for k in spec.block_linears}
+    return [(k, i, o, spec.num_decoder_layers) for k, (i, o) in spec.decoder_block_linears.items()
+            if ".".join(k.split(".")[-2:]) not in encoder]
 
 
 def block_linear_shapes(spec: ModelSpec) -> list[tuple[int, int, int]]:
