@@ -113,9 +113,10 @@ def test_sharded_reference_gathers_its_weights_every_micro_step():
     assert comm(objective="dpo", lora={"r": 4}) == comm(lora={"r": 4})   # LoRA: the reference is the policy itself
 
 
-def test_a_dpo_plan_that_does_not_fit_offers_the_precomputed_reference():
-    """8B full DPO on a 40 GB A100: two 8B models do not fit one GPU; without the reference copy the step does."""
-    ask = dict(hardware="a100-40gb", seq_len=1024, global_batch_size=16, objective="dpo")
+@pytest.mark.parametrize("scenario, hw", [("train_gpu_one", "a100-40gb"), ("train_gpu_many", "a100-40gb:2")])
+def test_a_dpo_plan_that_does_not_fit_offers_the_precomputed_reference(scenario, hw):
+    """8B full DPO on 40 GB A100s: the policy's states and the reference copy do not fit; without the copy they do."""
+    ask = dict(scenario=scenario, hardware=hw, seq_len=1024, global_batch_size=16, objective="dpo", allow_offload=False)
     rec = perfguide.recommend("meta-llama/Llama-3.1-8B", **ask)
     assert not rec.fits and rec.suggestions[0].startswith("precompute_ref_log_probs=True fits")
     precomputed = perfguide.recommend("meta-llama/Llama-3.1-8B", precompute_ref_log_probs=True, **ask)
@@ -155,6 +156,8 @@ def test_sft_and_dpo_configs_refuse_the_other_objective():
         dpo.sft_config_dict()
     with pytest.raises(PerfGuideError, match="objective='dpo'"):
         sft.dpo_config_dict()
+    batch = dpo.decision("per_device_train_batch_size")
+    assert batch.number == 2 * dpo.setup.micro_batch_size * 16 and "preference pairs" in batch.reason
     kw = dpo.dpo_config_dict()
     assert kw["per_device_train_batch_size"] == dpo.setup.micro_batch_size and kw["max_length"] == 16
     assert kw["precompute_ref_log_probs"] is False and "packing" not in kw

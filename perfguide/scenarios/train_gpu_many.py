@@ -47,7 +47,7 @@ from .strategies import (
     level_index,
     levels,
 )
-from .training import attention, check_optimizer, finetune_mode, objective_fields, plan_training
+from .training import attention, check_optimizer, finetune_mode, objective_fields, plan_training, precomputed_reference
 from .types import Candidate, Plan, Request
 
 _SOURCE = f"{sources.TRAIN_GPU_MANY}; {sources.DEEPSPEED} (ZeRO stage escalation order); {sources.ZERO_ESTIMATORS} (ZeRO estimators)"
@@ -72,7 +72,8 @@ def per_rank_batch(global_batch: int, world: int) -> int:
     return global_batch // world
 
 
-def plan(request: Request) -> Plan:
+def plan(request: Request, *, suggestions: bool = True) -> Plan:
+    """``suggestions=False``: the plan alone, without pricing what would fit instead."""
     hw, spec, cons = request.hardware, request.model, request.constraints
     gpu = hw.smallest_gpu
     if gpu is None:
@@ -89,7 +90,7 @@ def plan(request: Request) -> Plan:
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
-                      suggest=partial(_what_would_fit, per_node=per_node), **layout_search(world, cons.allow_offload, cons.strategy, nodes))
+                      suggest=partial(_what_would_fit, per_node=per_node) if suggestions else lambda *_: (), **layout_search(world, cons.allow_offload, cons.strategy, nodes))
     return add_layout(request, p, batch)
 
 
@@ -337,8 +338,9 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
 def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str, *, per_node: int) -> tuple[str, ...]:
     """Nothing fits: LoRA/QLoRA here, more nodes of the same GPUs, or bigger GPUs."""
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
-    out = [f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
-           for kind, r in adapters.items() if r.chosen is not None]
+    out = [*precomputed_reference(request, partial(plan, suggestions=False)),
+           *(f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
+             for kind, r in adapters.items() if r.chosen is not None)]
     lean = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
     more = more_nodes(request, lean)
     if more:

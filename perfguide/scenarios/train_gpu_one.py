@@ -16,7 +16,7 @@ from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
 from .strategies import layout_search
 from .train_gpu_many import add_layout
-from .training import Suggest, attention, check_optimizer, objective_fields, plan_training
+from .training import Suggest, attention, check_optimizer, objective_fields, plan_training, precomputed_reference
 from .types import Plan, Request
 
 
@@ -73,7 +73,7 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
     gpu = hw.smallest_gpu
     assert gpu is not None, "train_gpu_one plans only for machines with a GPU (plan() checked)"
-    out = list(_precomputed_reference(request))
+    out = list(precomputed_reference(request, plan_without_suggestions))
     for kind, r in adapters.items():
         if r.chosen is not None:
             c = r.chosen
@@ -95,19 +95,6 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     if not out:  # nothing full fits anywhere near: the leanest adapter setup on the smallest bigger GPU
         out += _adapters_on_bigger_gpu(request, adapters)
     return tuple(out) or (f"{spec.name} does not fit on {gpu.name} in any setup perfguide knows; try more GPUs with offload",)
-
-
-def _precomputed_reference(request: Request) -> tuple[str, ...]:
-    """A DPO plan that does not fit, planned again with the reference log-probs computed before training (TRL's
-    precompute_ref_log_probs): same objective, no reference model or reference forward in the step."""
-    cons = request.constraints
-    if cons.objective != "dpo" or cons.precompute_ref_log_probs:
-        return ()
-    p = plan_without_suggestions(request.model_copy(update={"constraints": cons.model_copy(update={"precompute_ref_log_probs": True})}))
-    if not p.fits:
-        return ()
-    return (f"precompute_ref_log_probs=True fits: the reference log-probs computed once before training, no reference model "
-            f"in the step: {gib(p.memory.device_total)} per device, {p.throughput.step_time_s:.3g} s/step ({p.setup.label})",)
 
 
 def _target(gpu_name: str, priced: Setup) -> str:
@@ -137,7 +124,7 @@ def _smaller_global_batch(request: Request, mode: str) -> list[str]:
 
 
 def _adapters_on_bigger_gpu(request: Request, adapters: dict[str, SearchResult]) -> list[str]:
-    out = list(_precomputed_reference(request))
+    out = list(precomputed_reference(request, plan_without_suggestions))
     for kind, r in adapters.items():
         if r.chosen is None and r.options:
             lean = least_memory(r).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)

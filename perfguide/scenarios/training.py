@@ -67,6 +67,20 @@ def objective_fields(cons: Constraints) -> dict[str, object]:
     return {"objective": cons.objective, "precompute_ref_log_probs": cons.precompute_ref_log_probs}
 
 
+def precomputed_reference(request: Request, plan: Callable[[Request], Plan]) -> tuple[str, ...]:
+    """A DPO plan that does not fit, planned again (``plan``: the scenario's, without its own suggestions) with the
+    reference log-probs computed before training (TRL's precompute_ref_log_probs): the same objective, no reference
+    model or reference forward in the step. Said only when that fits."""
+    cons = request.constraints
+    if cons.objective != "dpo" or cons.precompute_ref_log_probs:
+        return ()
+    p = plan(request.model_copy(update={"constraints": cons.model_copy(update={"precompute_ref_log_probs": True})}))
+    if not p.fits:
+        return ()
+    return (f"precompute_ref_log_probs=True fits: the reference log-probs computed once before training, no reference model "
+            f"in the step: {gib(p.memory.device_total)} per device, {p.throughput.step_time_s:.3g} s/step ({p.setup.label})",)
+
+
 def finetune_mode(cons: Constraints) -> str:
     """None means full fine-tuning; a LoRA spec without a mode means LoRA."""
     return cons.finetune or ("lora" if cons.lora is not None else "full")
@@ -185,9 +199,12 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
     else:
         reason = (f"fastest micro-batch dividing the per-device batch {per_rank(s)} that fits with {cons.headroom:.0%} headroom: "
                   f"{gib(chosen.memory.needed)} of {gib(usable)} usable")
-    # the number is the batch itself, in tokens (the bytes it costs are in the reason and the alternatives)
+    # the number is the batch itself, in tokens (the bytes it costs are in the reason and the alternatives); a DPO
+    # micro-batch counts preference pairs, each a chosen and a rejected row in the same forward
+    rows = 2 if s.objective == "dpo" else 1
+    reason += " (preference pairs: a chosen and a rejected row each)" if rows == 2 else ""
     return Decision(setting="per_device_train_batch_size", value=s.micro_batch_size, reason=reason,
-                    number=s.micro_batch_size * s.seq_len, unit="tokens per micro-batch", source=_LADDER_SOURCE, alternatives=tuple(alts))
+                    number=rows * s.micro_batch_size * s.seq_len, unit="tokens per micro-batch", source=_LADDER_SOURCE, alternatives=tuple(alts))
 
 
 def per_rank(s: Setup) -> int:
