@@ -129,6 +129,10 @@ def test_bad_objective_and_dpo_only_settings_are_one_line_errors():
     assert "objective" in one_line(exc) and "'sft' or 'dpo'" in one_line(exc)
     with pytest.raises(PerfGuideError, match="precompute_ref_log_probs is a DPO setting"):
         perfguide.recommend(tiny_spec(), "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4, precompute_ref_log_probs=True)
+    for model in ("google/flan-t5-large", "bert-base-uncased"):   # DPOTrainer patches a causal LM's head
+        with pytest.raises(PerfGuideError, match="decoder-only causal LM") as exc:
+            perfguide.recommend(model, "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4, objective="dpo")
+        assert "\n" not in str(exc.value)
     for fields, said in ((dict(padding_free=True), "padding_free"), (dict(liger_kernel=True), "Liger"),
                          (dict(task="infer"), "train")):
         with pytest.raises(ValueError, match=said):

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..data.techniques import constant
+from ..errors import InvalidSetupError
 from ..memory import activations as act
 from ..memory.inference import prefill_transient_bytes
 from ..setup import DTYPE_BYTES
@@ -107,6 +108,7 @@ class Dpo(Technique):
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not self.active(ctx.setup):
             return terms
+        check_causal_lm(ctx.spec)
         path = loss_path_bytes(ctx.spec, ctx.setup, ctx.grad_elem_bytes)
         on_device, host = reference_weight_bytes(ctx.spec, ctx.setup)
         terms = terms.changed(reference_note(ctx.setup, on_device, host), extra_weights=terms.extra_weights + on_device,
@@ -136,6 +138,16 @@ def reference_gather_seconds(spec: ModelSpec, setup: Setup, hardware: Hardware, 
 
 
 # --- what the step holds, priced on the Setup ------------------------------------------------------------
+
+def check_causal_lm(spec: ModelSpec) -> None:
+    """TRL 1.16's DPOTrainer loads an AutoModelForCausalLM and patches its LM head (add_fused_lm_head): a decoder LM
+    only. Anything else is refused in one line rather than priced as a step that cannot run."""
+    if spec.is_encoder_decoder or not spec.generates:
+        kind = ("an encoder-decoder" if spec.is_encoder_decoder else "an encoder (masked LM)" if spec.head == "lm"
+                else f"a {spec.head} head")
+        raise InvalidSetupError(f"objective='dpo' trains a decoder-only causal LM (TRL's DPOTrainer); {spec.name} has {kind}; "
+                                "use objective='sft', or a causal LM")
+
 
 def runs_reference_forward(setup: Setup) -> bool:
     """Every DPO micro-step runs the reference forward unless its log-probs were precomputed."""
