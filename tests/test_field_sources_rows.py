@@ -73,3 +73,22 @@ def test_accelerate_deepspeed_blog_rows(acc: ModuleType, rows: dict[str, dict[st
     for row_id in ("1162", "1164"):
         result = acc.evaluate(rows[row_id], [])
         assert result.kind == "skip" and "10 beams" in result.reason
+
+
+def test_flan_t5_deepspeed_rows_read_as_the_notebook_ran(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """philschmid's FLAN-T5 table (rows 1167-1176): ZeRO-3 with or without offload per the DS offload column, fp32 on
+    V100s (the script enables bf16 only on compute capability 8.x), DeepSpeed bf16 on A100 / A10G, 500-token sources,
+    gradient checkpointing on (the script's default), an 'OOM' batch read at 1."""
+    read = {}
+    for row_id in map(str, range(1167, 1177)):
+        row = rows[row_id]
+        setup = acc._train_setup(row, acc._spec(row["model_hf_id"]))
+        read[row_id] = (setup.strategy, setup.offload_params, setup.weights_dtype, setup.autocast, setup.num_gpus,
+                        setup.micro_batch_size)
+        assert setup.seq_len == 500 and setup.gradient_checkpointing
+    assert read["1167"] == ("zero3", False, "fp32", None, 4, 1)          # XL, no offload, 4x V100, OOM
+    assert read["1169"] == ("zero3", False, "fp32", "bf16", 8, 72)       # XL, no offload, 8x A100, bf16
+    assert read["1174"] == ("zero3", True, "fp32", None, 8, 1)           # XXL, offload, 8x V100, OOM
+    assert read["1175"] == ("zero3", True, "fp32", "bf16", 4, 24)        # XXL, offload, 4x A10G, bf16
+    assert acc._hardware(rows["1175"]["gpu_type"], 4).smallest_gpu.name == "a10g"
+    assert acc._hardware(rows["1174"]["gpu_type"], 8).smallest_gpu.name == "v100-16gb"
