@@ -238,8 +238,9 @@ def test_dpo_trainer_runs_the_plan(tmp_path, mode):
     assert args.per_device_train_batch_size == s.micro_batch_size and args.gradient_accumulation_steps == s.gradient_accumulation_steps
     assert args.max_length == s.seq_len and args.gradient_checkpointing is True and args.use_cpu is True
     assert args.precompute_ref_log_probs is (mode == "precomputed") and args.bf16 is False and args.fp16 is False
-    peft_config = rec.lora_config() if mode == "lora" else None
-    trainer = trl.DPOTrainer(model=model, args=args, train_dataset=_pairs(), processing_class=tiny_tokenizer(), peft_config=peft_config)
+    if mode == "lora":   # as the report's script lines do it: the plan's adapter put on by prepare_model
+        model = rec.prepare_model(model)
+    trainer = trl.DPOTrainer(model=model, args=args, train_dataset=_pairs(), processing_class=tiny_tokenizer())
     batch = next(iter(trainer.get_train_dataloader()))
     # chosen and rejected of every pair in one forward, cut at the planned length: what the plan priced
     assert tuple(batch["input_ids"].shape) == (2 * s.micro_batch_size, s.seq_len)
