@@ -92,3 +92,16 @@ def test_flan_t5_deepspeed_rows_read_as_the_notebook_ran(acc: ModuleType, rows: 
     assert read["1175"] == ("zero3", True, "fp32", "bf16", 4, 24)        # XXL, offload, 4x A10G, bf16
     assert acc._hardware(rows["1175"]["gpu_type"], 4).smallest_gpu.name == "a10g"
     assert acc._hardware(rows["1174"]["gpu_type"], 8).smallest_gpu.name == "v100-16gb"
+
+
+def test_torchtune_lora_tutorial_rows(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """Q and V at rank 64 reads as the config; the 'all layers' lines adapt the LM head too (apply_lora_to_output),
+    which a LoraSpec of block Linears cannot hold, so they are listed as not expressible rather than priced without it."""
+    row = rows["1178"]
+    setup = acc._train_setup(row, acc._spec(row["model_hf_id"]))
+    assert setup.lora is not None and (setup.lora.r, setup.lora.alpha) == (64, 128)
+    assert setup.lora.target_modules == ("self_attn.q_proj", "self_attn.v_proj")
+    assert (setup.micro_batch_size, setup.seq_len, setup.weights_dtype, setup.gradient_checkpointing) == (2, 512, "bf16", True)
+    for row_id in ("1177", "1179"):
+        result = acc.evaluate(rows[row_id], [])
+        assert result.kind == "skip" and "output projection" in result.reason
