@@ -37,6 +37,31 @@ def _llama(d: Dims, drop: float = 0.0) -> dict[str, Any]:
                 tie_word_embeddings=False, max_position_embeddings=1024, attention_dropout=drop)
 
 
+def _gemma(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Llama's block, but GemmaRMSNorm multiplies by (1 + weight) in fp32, so a 16-bit model keeps an fp32 normalised tensor."""
+    return {**_llama(d, drop), "model_type": "gemma"}
+
+
+def _qwen3(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Llama's block plus per-head RMSNorms on q and k before the rotation (q_norm, k_norm): their fp32 upcasts stay."""
+    return {**_llama(d, drop), "model_type": "qwen3"}
+
+
+def _olmo2(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """RMSNorms over the whole q and k projections and after (not before) each sublayer."""
+    return {**_llama(d, drop), "model_type": "olmo2"}
+
+
+def _phi3(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Fused qkv_proj and gate_up_proj: the split views keep the fused outputs' storages (pad id inside the toy vocab)."""
+    return {**_llama(d, drop), "model_type": "phi3", "pad_token_id": 0}
+
+
+def _gemma3(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Gemma 2's four (1 + weight) RMSNorms per block plus q_norm / k_norm, no soft-capping (sdpa runs)."""
+    return {**_llama(d, drop), "model_type": "gemma3_text"}
+
+
 def _gpt2(d: Dims, drop: float = 0.0) -> dict[str, Any]:
     return dict(model_type="gpt2", n_embd=d["h"], n_inner=d["i"], n_head=d["h"] // 16, n_layer=2, vocab_size=VOCAB,
                 n_positions=1024, resid_pdrop=drop, embd_pdrop=drop, attn_pdrop=drop)
@@ -73,6 +98,12 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "gpt_neox": (_gpt_neox, ("h", "i")),
     "opt": (_opt, ("h", "i")),
     "biogpt": (_biogpt, ("h", "i")),
+    # their own tables since stop 36: traced against the llama alias they had, 7-25% more per token (norms they add)
+    "gemma": (_gemma, ("h", "i", "q", "kv")),
+    "qwen3": (_qwen3, ("h", "i", "q", "kv")),
+    "olmo2": (_olmo2, ("h", "i", "q", "kv")),
+    "phi3": (_phi3, ("h", "i", "q", "kv")),
+    "gemma3_text": (_gemma3, ("h", "i", "q", "kv")),
 }
 #: kv stays below q at every point: GQA and MHA models differ in which K/V copies SDPA keeps (fp32 expands them),
 #: and for MHA (q == kv) the GQA form gives the same total, so fitting on GQA shapes is exact for both.
