@@ -266,7 +266,7 @@ def check_suggestions(model: str, rec: Any, case: str, t: Tally, followed: dict[
             continue
         # the constraints the line names, as the user would pass them
         named = {k: (int(v) if v.isdigit() else v.strip("'")) for k, v in
-                 re.findall(r"\b(finetune|global_batch_size|quantization)=('[^']*'|\d+)", line)}
+                 re.findall(r"\b(finetune|global_batch_size|quantization|engine)=('[^']*'|\d+)", line)}
         key = (model, sc.group(1) if sc else rec.scenario, hw.group(1), tuple(sorted(named.items())))
         if key not in followed:
             try:

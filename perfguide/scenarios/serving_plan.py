@@ -34,7 +34,7 @@ from .serving_decisions import (
     to_setup,
     to_throughput,
 )
-from .serving_menu import Menu, checkpoint_only, half, menu
+from .serving_menu import Menu, half, menu
 from .types import SERVING_KNOBS, Candidate, Constraints, Plan, Request
 
 MAX_SEQS = 256
@@ -283,22 +283,6 @@ def _candidate(request: Request, p: Priced, chosen: Priced | None, peak: float) 
                      verdict="chosen" if p is chosen else "fits" if p.speed else "does-not-fit", why=row(p))
 
 
-def _no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: list[Priced]) -> str:
-    """What would fit instead: a pre-quantized 4-bit checkpoint (priced), more GPUs, shorter requests."""
-    best = max(tried, key=lambda p: p.memory.max_concurrency)
-    text = f"no format and layout leaves room for one {best.serving.max_model_len}-token sequence; best: {row(best)}."
-    gpu = request.hardware.smallest_gpu
-    assert gpu is not None
-    if m.checkpoint is None and not request.constraints.quantized_model:
-        for f in checkpoint_only(engine, gpu):
-            fits = [p for p in _layouts(request, engine, m._replace(served=f), f, gpus) if p.speed is not None]
-            if fits:
-                top = max(fits, key=lambda p: score(request, p))
-                return (f"{text} A pre-quantized {f} checkpoint of {request.model_id or request.model.name} fits: {row(top)}; pass "
-                        f"quantized_model='org/repo' (its repo id or local path)")
-    return f"{text} Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU"
-
-
 def plan(request: Request, engine: ServerEngine) -> Plan:
     """The engine plan: format, layout, budget; a layout nothing fits comes back with fits=False and why."""
     gpus = _gpus(request)
@@ -316,7 +300,9 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
     common = dict(setup=_setup(request, shown), memory=to_memory(shown.memory),
                   throughput=to_throughput(request.model, shown, peak), candidates=candidates, engine_memory=shown.memory)
     if chosen is None:
-        return Plan(decisions=(engine_decision,), fits=False, suggestions=(_no_fit(request, engine, m, gpus, tried),), **common)
+        from .serving_nofit import no_fit  # it prices the alternatives with this module's layouts
+
+        return Plan(decisions=(engine_decision,), fits=False, suggestions=no_fit(request, engine, m, gpus, tried), **common)
     decisions = [engine_decision, format_decision(request, engine, m, chosen, tried),
                  memory_decision(engine, chosen, request.constraints.gpu_memory_utilization is not None)]
     if gpus > 1:

@@ -1,0 +1,60 @@
+"""When no serving layout fits: what would, priced. A pre-quantized 4-bit checkpoint of the model on this engine, and
+another engine that quantizes this 16-bit checkpoint at load where this one cannot (vLLM 0.33 has no bitsandbytes;
+SGLang 0.5.23 still loads nf4), each with the row it would run at, so a suggestion followed as written fits."""
+
+from __future__ import annotations
+
+from .. import engines
+from .._serving_data import serving_facts
+from ..engines import ServerEngine
+from ..errors import ConflictingConstraintsError
+from ..memory.serving import bytes_per_weight
+from .bnb_gate import quantization_runs
+from .serving_decisions import Priced, row, score
+from .serving_menu import Menu, checkpoint_only, menu
+from .serving_plan import _choose, _layouts
+from .types import Request
+
+
+def no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: list[Priced]) -> tuple[str, ...]:
+    """The limit that was hit and what would fit instead: a pre-quantized 4-bit checkpoint (priced), another engine's
+    at-load format (priced), more GPUs, shorter requests."""
+    best = max(tried, key=lambda p: p.memory.max_concurrency)
+    text = f"no format and layout leaves room for one {best.serving.max_model_len}-token sequence; best: {row(best)}."
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    given_16bit = m.checkpoint is None and not request.constraints.quantized_model
+    others = tuple(_other_engine(request, engine, gpus)) if given_16bit and request.constraints.quantization in (None, "auto") else ()
+    if given_16bit:
+        for f in checkpoint_only(engine, gpu):
+            fits = [p for p in _layouts(request, engine, m._replace(served=f), f, gpus) if p.speed is not None]
+            if fits:
+                top = max(fits, key=lambda p: score(request, p))
+                return (f"{text} A pre-quantized {f} checkpoint of {request.model_id or request.model.name} fits: {row(top)}; pass "
+                        f"quantized_model='org/repo' (its repo id or local path)", *others)
+    return (f"{text} Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU", *others)
+
+
+def _other_engine(request: Request, engine: ServerEngine, gpus: int) -> list[str]:
+    """The first other server that quantizes this 16-bit checkpoint at load, in a format this engine cannot, and fits:
+    its plan run as the line says (engine=, quantization=) on this hardware."""
+    gpu = request.hardware.smallest_gpu
+    assert gpu is not None
+    own = {f for f, r in engine.formats.items() if r.at_load and engine.runs(f, gpu)}
+    for other in engines.servers():
+        if other.name == engine.name:
+            continue
+        formats = [f for f, r in other.formats.items() if r.at_load and f not in own and serving_facts().formats[f].bits < 16
+                   and other.runs(f, gpu) and (f != "nf4" or quantization_runs("nf4", request.hardware))]
+        for f in formats:
+            asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": other.name, "quantization": f})})
+            try:
+                chosen, _ = _choose(asked, other, menu(asked, other), gpus)
+            except ConflictingConstraintsError:
+                continue
+            if chosen is not None and chosen.speed is not None:
+                where = f" on hardware={request.hardware.name!r}" if request.hardware.name else ""
+                return [f"engine={other.name!r} with quantization={f!r} fits{where}: {other.title} quantizes this 16-bit checkpoint at load "
+                        f"({other.formats[f].choice}, {bytes_per_weight(f):.4g} B per weight, {engine.title} {engine.version} cannot): "
+                        f"{row(chosen)}"]
+    return []
