@@ -77,6 +77,7 @@ FORCED_TRAIN: tuple[dict[str, Any], ...] = (
     {"gradient_checkpointing": False}, {"optimizer": "adamw_8bit"},
 )
 FORCED_MANY: tuple[dict[str, Any], ...] = ({"strategy": "fsdp"}, {"strategy": "zero3"}, {"strategy": "ddp"}, {"num_gpus": 2})
+FORCED_ONE: tuple[dict[str, Any], ...] = ({"strategy": "zero3"},)   # DeepSpeed on one GPU: its on-GPU and offloaded layouts
 FORCED_INFER: tuple[dict[str, Any], ...] = ({"batch_size": 8}, {"engine": "vllm"}, {"engine": "sglang"}, {"quantization": "nf4"})
 
 
@@ -211,7 +212,8 @@ def cases(quick: bool) -> list[tuple[str, str, str, dict[str, Any]]]:
                 if sc.endswith("many") and ":" not in hw:
                     continue
                 out.append((m, sc, hw, {}))
-            forced = (FORCED_TRAIN + (FORCED_MANY if sc.endswith("many") else ())) if sc.startswith("train") else FORCED_INFER
+            extra = FORCED_MANY if sc.endswith("many") else FORCED_ONE if sc == "train_gpu_one" else ()
+            forced = FORCED_TRAIN + extra if sc.startswith("train") else FORCED_INFER
             hw = {"train_gpu_one": "rtx3090", "train_gpu_many": "a100-80gb:8", "infer_gpu_one": "l4", "infer_gpu_many": "h100:8"}.get(sc, "cpu")
             if sc.endswith("cpu"):
                 forced = forced[:3] if sc.startswith("train") else forced[:1]

@@ -11,7 +11,7 @@ import perfguide
 from perfguide import techniques
 from perfguide.errors import InvalidSetupError, PerfGuideError, UnknownScenarioError
 from perfguide.scenarios import registry
-from perfguide.scenarios.search import training_rungs
+from perfguide.scenarios.ladder import training_rungs
 from perfguide.setup import LoraSpec, Setup
 
 ROOT = Path(perfguide.__file__).parent

@@ -19,6 +19,7 @@ from ..setup import OPTIMIZERS, LoraSpec, Setup
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
 from .host import host_assumption_warnings, host_decision, pin_memory_decision
+from .ladder import training_rungs
 from .master_weights import check_master_weights, master_weights_decision
 from .module_state import dequantized_checkpoint_decision
 from .rules_attention import decide_attention
@@ -36,7 +37,6 @@ from .search import (
     micro_batch_choices,
     search,
     speed_warnings,
-    training_rungs,
     usable_bytes,
 )
 from .technique_decisions import technique_decisions
