@@ -50,6 +50,18 @@ def test_gpu_pinning_states_the_bytes_it_locks() -> None:
     assert "bytes" in (d.unit or "") and d.source
 
 
+def test_dpo_pinning_counts_the_chosen_and_rejected_rows() -> None:
+    """TRL's preference collator stacks each pair's chosen and rejected sequences: twice the rows of the micro-batch."""
+    from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+    rec = _rec("Qwen/Qwen2.5-0.5B", "train_gpu_one", "h100", objective="dpo")
+    s, d = rec.setup, _decision(rec, "dataloader_pin_memory")
+    half = s.seq_len // 2   # prompt + completion fill the sequence
+    pair = {"prompt_ids": list(range(1, half + 1)), "chosen_ids": list(range(1, half + 1)), "rejected_ids": list(range(1, half + 1))}
+    batch = DataCollatorForPreference(pad_token_id=0)([pair] * s.micro_batch_size)
+    assert d.number == _prefetched(s.dataloader_num_workers) * sum(t.numel() * t.element_size() for t in batch.values())
+
+
 def test_cpu_training_does_not_pin_and_says_it_locks_nothing() -> None:
     rec = _rec("meta-llama/Llama-3.2-1B", "train_cpu", "cpu")
     d = _decision(rec, "dataloader_pin_memory")

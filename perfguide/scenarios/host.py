@@ -8,7 +8,7 @@ are few and threads equal the physical cores.
 
 from __future__ import annotations
 
-from .. import sources
+from .. import sources, techniques
 from .._base import GiB, MiB
 from ..decisions import Alternative, Decision
 from ..hardware.hosts import HostGuess
@@ -22,7 +22,8 @@ _SOURCE = f"{sources.TRAIN_GPU_ONE}#data-preloading"
 #: torch.utils.data.DataLoader: ``prefetch_factor`` batches per worker, 2 by default when num_workers > 0 (the Trainer's
 #: dataloader_prefetch_factor defaults to None, which leaves torch's default)
 PREFETCH_FACTOR = 2
-#: what a causal-LM collator hands the model each micro-step: input_ids, attention_mask (or position_ids), labels; int64
+#: what TRL's collators hand the model each micro-step, int64: SFT input_ids, attention_mask (padding-free: position_ids),
+#: labels; DPO input_ids, attention_mask, completion_mask over the chosen and rejected rows
 BATCH_TENSORS, INDEX_BYTES = 3, 8
 DATALOADER_SOURCE = ("https://docs.pytorch.org/docs/stable/data.html#torch.utils.data.DataLoader (prefetch_factor); "
                      "https://docs.pytorch.org/tutorials/intermediate/pinmem_nonblock.html (pinned memory: asynchronous copies)")
@@ -51,20 +52,29 @@ def cpu_dataloader(cpu: CPU) -> tuple[int, bool, tuple[Decision, ...]]:
     return workers, False, (workers_dec,)
 
 
-def pinned_bytes(setup: Setup) -> int:
-    """Page-locked host bytes one rank's DataLoader holds at most when it pins: the batches in flight (``prefetch_factor``
-    per worker, torch's default 2, or the one batch the main process loads without workers) x one micro-batch of
-    ``BATCH_TENSORS`` int64 tensors of ``seq_len`` tokens."""
+def _batch(setup: Setup) -> tuple[int, int, int]:
+    """(batches in flight, rows, tokens per row) of one rank's DataLoader: ``prefetch_factor`` batches per worker (torch's
+    default 2), or the one batch the main process loads without workers; each micro-batch as the collator builds it,
+    which is the shape the memory model counts (``techniques.shaped``: a DPO pair is two rows, padding-free one row of
+    real tokens)."""
+    shaped = techniques.shaped(setup)
     in_flight = setup.dataloader_num_workers * PREFETCH_FACTOR if setup.dataloader_num_workers else 1
-    return in_flight * setup.micro_batch_size * setup.seq_len * BATCH_TENSORS * INDEX_BYTES
+    return in_flight, shaped.micro_batch_size, shaped.seq_len
+
+
+def pinned_bytes(setup: Setup) -> int:
+    """Page-locked host bytes one rank's DataLoader holds at most when it pins: the batches in flight x one micro-batch
+    of ``BATCH_TENSORS`` int64 tensors."""
+    in_flight, rows, tokens = _batch(setup)
+    return in_flight * rows * tokens * BATCH_TENSORS * INDEX_BYTES
 
 
 def pin_memory_decision(setup: Setup, cpu: CPU) -> Decision:
     """Pinning, with the bytes it locks: on a GPU a few prefetched micro-batches of token ids, a negligible share of
     host RAM, buy asynchronous host-to-device copies; on the CPU there is no device copy, so nothing is locked."""
     pinned, ranks = pinned_bytes(setup), setup.num_gpus if setup.device == "cuda" else 1
-    batches = f"{setup.dataloader_num_workers * PREFETCH_FACTOR or 1} batch(es) in flight x {setup.micro_batch_size} x {setup.seq_len} tokens x " \
-              f"{BATCH_TENSORS} int64 tensors"
+    in_flight, rows, tokens = _batch(setup)
+    batches = f"{in_flight} batch(es) in flight x {rows} x {tokens} tokens x {BATCH_TENSORS} int64 tensors"
     if not setup.dataloader_pin_memory:
         return Decision(setting="dataloader_pin_memory", value=False, number=0, unit="bytes page-locked",
                         reason=f"there is no device copy to speed up on CPU (use_cpu=True turns it off anyway); pinning would lock "
