@@ -98,6 +98,18 @@ def test_forced_fp32_and_forced_inference_dtype_carry_numbers() -> None:
     assert _decision(t4, "mixed_precision").number == round(gpu.fp16_tflops / gpu.fp32_tflops, 2)
     served = _rec("meta-llama/Llama-3.2-1B", "infer_gpu_one", "a10g", precision="fp16")
     assert _decision(served, "dtype").number == served.hardware.gpus[0].fp16_tflops
+    emulated = _rec("meta-llama/Llama-3.2-1B", "infer_gpu_one", "t4", precision="bf16")   # no bf16 tensor cores on a T4
+    fraction = json.loads((Path(perfguide.__file__).parent / "data" / "efficiency.json").read_text())["bf16_emulation_fraction"]["value"]
+    assert _decision(emulated, "dtype").number == pytest.approx(emulated.hardware.gpus[0].fp32_tflops * fraction)
+
+
+def test_emulated_bf16_and_tf32_off_nvidia_carry_numbers() -> None:
+    fraction = json.loads((Path(perfguide.__file__).parent / "data" / "efficiency.json").read_text())["bf16_emulation_fraction"]["value"]
+    t4 = _rec("Qwen/Qwen2.5-0.5B", "train_gpu_one", "t4", precision="bf16")   # bf16 emulated through fp32
+    assert _decision(t4, "mixed_precision").number == fraction
+    amd = _rec("Qwen/Qwen2.5-0.5B", "train_gpu_one", "mi300x")
+    tf32 = _decision(amd, "tf32")
+    assert tf32.value is False and tf32.number == amd.hardware.gpus[0].fp32_tflops
 
 
 def test_four_bit_storage_decision_states_the_weight_bytes_it_decides() -> None:
@@ -112,7 +124,7 @@ def test_four_bit_storage_decision_states_the_weight_bytes_it_decides() -> None:
 @pytest.mark.parametrize(("model", "scenario", "hardware"), [
     ("meta-llama/Llama-3.2-1B", "train_gpu_one", "rtx4090"), ("meta-llama/Llama-3.2-1B", "train_gpu_many", "a100-80gb:8"),
     ("Qwen/Qwen2.5-0.5B", "train_cpu", "cpu"), ("Qwen/Qwen2.5-0.5B", "infer_cpu", "cpu"),
-    ("google-bert/bert-base-uncased", "infer_gpu_many", "a10g:2"),
+    ("google-bert/bert-base-uncased", "infer_gpu_many", "a10g:2"), ("Qwen/Qwen2.5-0.5B", "train_gpu_many", "mi300x:8"),
 ])
 def test_no_decision_without_its_number(model: str, scenario: str, hardware: str) -> None:
     rec = _rec(model, scenario, hardware)

@@ -24,7 +24,7 @@ from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import CPU, GPU
 from ..model.types import ModelSpec
-from ..speed.rates import cpu_path, cpu_peak_gflops
+from ..speed.rates import cpu_path, cpu_peak_gflops, gpu_peak_tflops
 
 _AMP_SOURCE = f"{sources.TRAIN_GPU_ONE}#mixed-precision (bf16/fp16/tf32)"
 
@@ -43,6 +43,8 @@ class Precision:
 
 def _ratio(gpu: GPU, fast: str, slow: str = "fp32") -> float | None:
     a, b = gpu.half_tflops(fast), gpu.half_tflops(slow)
+    if not a and fast == "bf16" and not gpu.supports_bf16:   # emulated: at the rate the speed model charges it
+        a = gpu_peak_tflops(gpu, "bf16")[0]
     return round(a / b, 2) if a and b else None
 
 
@@ -120,8 +122,11 @@ def gpu_precision(spec: ModelSpec, gpu: GPU, forced: str | None) -> Precision:
     tf32 = gpu.supports_tf32
     tf32_reason = ("TF32 runs the matmuls autocast leaves in fp32 on tensor cores (same range, 10-bit mantissa)" if tf32 else
                    f"TF32 needs a CUDA GPU of Ampere or newer; transformers raises ValueError on {gpu.name} ({gpu.generation})")
-    tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, number=_ratio(gpu, "tf32") if tf32 else _cc(gpu),
-                        unit="x fp32 peak" if tf32 else _CC_UNIT if _cc(gpu) is not None else None, source=f"{sources.TRAIN_GPU_ONE}#tf32; {sources.TRAINING_ARGUMENTS}.tf32")
+    # off: the compute capability that rules it out on NVIDIA; elsewhere the fp32 rate the matmuls stay at
+    off: dict[str, float | str | None] = ({"number": _cc(gpu), "unit": _CC_UNIT} if _cc(gpu) is not None else
+                                          {"number": gpu.fp32_tflops, "unit": "fp32 TFLOP/s (dense peak) the matmuls stay at"})
+    tf32_dec = Decision(setting="tf32", value=tf32, reason=tf32_reason, **({"number": _ratio(gpu, "tf32"), "unit": "x fp32 peak"} if tf32 else off),
+                        source=f"{sources.TRAIN_GPU_ONE}#tf32; {sources.TRAINING_ARGUMENTS}.tf32")
     # precision='fp32' is honoured for a LoRA base too: no 16-bit storage (it would compute in bf16 while saying fp32)
     half = (None if forced == "fp32" else "bf16" if (gpu.supports_bf16 and forced != "fp16") or autocast == "bf16"
             else "fp16" if autocast == "fp16" else None)
@@ -195,9 +200,9 @@ def inference_gpu_dtype(spec: ModelSpec, gpu: GPU, forced: str | None) -> tuple[
     """bf16 where the card has bf16 matrix cores; fp16 otherwise (warned for bf16-trained models); a forced precision
     gets the training verdict (forced_gpu_warnings)."""
     if forced:
-        peak = gpu.half_tflops(forced)
+        peak = gpu_peak_tflops(gpu, forced)[0]   # what the speed model runs it at: emulated bf16 at a fraction of fp32
         return forced, Decision(setting="dtype", value=forced, reason="precision given as a constraint", source=SRC_DTYPE,
-                                number=peak, unit=f"{forced} TFLOP/s (dense peak)" if peak else None), \
+                                number=peak, unit=f"TFLOP/s {forced} matmuls run at (dense peak)"), \
             forced_gpu_warnings(spec, gpu, forced)
     if gpu.supports_bf16:
         return "bf16", Decision(
