@@ -65,3 +65,12 @@ def test_a_one_gpu_deepspeed_plan_launches_one_rank_without_dataparallel_talk() 
 def test_zero1_is_still_refused_on_one_gpu() -> None:
     with pytest.raises(ConflictingConstraintsError, match="zero1"):
         perfguide.recommend("Qwen/Qwen2.5-0.5B", "train_gpu_one", hardware="h100", strategy="zero1")
+
+
+@pytest.mark.parametrize("kw", [{"optimizer_in_backward": True}, {"optimizer": "lomo"}])
+def test_a_step_inside_backward_is_refused_under_zero_in_one_line(kw: dict[str, object]) -> None:
+    """The step-in-backward rung is laid out on the plain replica only: ZeRO steps after its reduce-scatter, so a forced
+    switch is refused rather than turned off, and LOMO (which needs it) is not built into an invalid Setup."""
+    with pytest.raises(ConflictingConstraintsError, match="inside backward") as e:
+        perfguide.recommend("Qwen/Qwen2.5-0.5B", "train_gpu_one", hardware="h100", strategy="zero3", **kw)
+    assert "\n" not in str(e.value)

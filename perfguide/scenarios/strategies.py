@@ -115,6 +115,9 @@ def incompatible(t: Setup, lay: Layout) -> str | None:
     under ZeRO-1/2 with bitsandbytes' default uint8 storage (sources.ZERO12_QLORA: the engine's module.half() /
     bfloat16() casts floating tensors only, so the packed 4-bit base stays as it is, replicated like DDP's).
     """
+    if t.optimizer_in_backward and lay.strategy != "single":
+        return ("the optimizer steps inside backward on one process (transformers: LOMO fused_backward / layer-wise hooks, no "
+                "accumulation); a ZeRO or FSDP layout steps after its reduce-scatter")
     if t.autocast == "fp8" and STRATEGIES[lay.strategy].zero_stage is not None:
         return ("fp8 training runs through accelerate's torchao float8 backend, which DeepSpeed plans do not use "
                 "(DeepSpeed runs bf16 here): fp8 is planned with DDP or FSDP2")
