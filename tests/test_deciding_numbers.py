@@ -121,6 +121,20 @@ def test_four_bit_storage_decision_states_the_weight_bytes_it_decides() -> None:
     assert z3.number < z2.number / 4   # sharded over 8 ranks vs whole on every GPU
 
 
+def test_offloaded_and_unservable_inference_plans_carry_numbers() -> None:
+    off = _rec("meta-llama/Llama-3.1-70B", "infer_gpu_one", "t4", allow_offload=True, host_ram="512GiB")
+    assert off.setup.offload_params
+    budget = _decision(off, "max_memory")
+    assert budget.number is not None and int(budget.number) // 2**20 == int(budget.value[0].removesuffix("MiB"))
+    quant = _decision(off, "quantization_config")   # even the leanest on-GPU layout (4-bit) is over the T4
+    assert quant.value is None and quant.number > off.hardware.gpus[0].memory_total * 0.9
+    served = _rec("meta-llama/Llama-3.1-8B", "infer_gpu_one", "t4", engine="vllm")
+    engine = _decision(served, "engine")
+    assert not served.fits and engine.number == served.engine_memory.max_concurrency < 1
+    many = _rec("meta-llama/Llama-3.1-70B", "infer_gpu_many", "a100-80gb:2", strategy="device_map")
+    assert _decision(many, "launcher").number == 1
+
+
 @pytest.mark.parametrize(("model", "scenario", "hardware"), [
     ("meta-llama/Llama-3.2-1B", "train_gpu_one", "rtx4090"), ("meta-llama/Llama-3.2-1B", "train_gpu_many", "a100-80gb:8"),
     ("Qwen/Qwen2.5-0.5B", "train_cpu", "cpu"), ("Qwen/Qwen2.5-0.5B", "infer_cpu", "cpu"),

@@ -72,15 +72,16 @@ def strategy_decision(request: Request, chosen: Candidate, priced: list[Candidat
 
 def launcher(setup: Setup) -> Decision:
     if setup.strategy == "tp":
-        return Decision(setting="launcher", value=f"torchrun --nproc-per-node {setup.num_gpus}", number=float(setup.num_gpus),
+        return Decision(setting="launcher", value=f"torchrun --nproc-per-node {setup.num_gpus}", number=float(setup.num_gpus), unit="processes",
                         reason="tp_plan='auto' needs one process per TP rank", source="transformers perf_infer_gpu_multi.md")
     if setup.strategy == "single" and setup.num_gpus > 1:
         return Decision(setting="launcher", value=f"accelerate launch --multi_gpu --num_processes {setup.num_gpus}",
-                        number=float(setup.num_gpus),
+                        number=float(setup.num_gpus), unit="processes",
                         reason="one full replica per GPU: split the prompts with accelerator.split_between_processes "
                                "(or run independent servers behind a load balancer)",
                         source="accelerate usage_guides/distributed_inference.md")
-    return Decision(setting="launcher", value="python", reason="device_map='auto' is single-process; do not use torchrun")
+    return Decision(setting="launcher", value="python", number=1.0, unit="processes", source=sources.BIG_MODEL_INFERENCE,
+                    reason="device_map='auto' is single-process; do not use torchrun")
 
 
 def plan(request: Request) -> Plan:
@@ -111,18 +112,16 @@ def transformers_plan(request: Request) -> Plan:
         priced.append(off)
         if off.verdict == "fits":
             chosen = off
-            decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, off.setup, off.memory),
-                                      reason="every GPU filled up to capacity less KV cache and transients; the rest in CPU RAM",
-                                      source=sources.BIG_MODEL_INFERENCE))
+            decisions.append(R.max_memory_decision(request, off.setup, off.memory,
+                                                   "every GPU filled up to capacity less KV cache and transients; the rest in CPU RAM"))
             warnings.append("weights do not fit all GPUs even in 4-bit: CPU offload, seconds per token")
     if chosen is None:
         return R.finish(request, min(priced, key=lambda c: c.memory.device_total), decisions, priced, warnings, ok=False)
     decisions += [R.quant_decision(request, chosen.setup, [c for c in priced if c.setup.strategy == chosen.setup.strategy]),
                   strategy_decision(request, chosen, [c for c in priced if c.setup.weights_dtype == chosen.setup.weights_dtype])]
     if chosen.setup.strategy == "device_map" and not chosen.setup.offload_params:
-        decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, chosen.setup, chosen.memory),
-                                  reason="per-GPU weight budget leaving room for the KV cache and prefill transients",
-                                  source=sources.BIG_MODEL_INFERENCE))
+        decisions.append(R.max_memory_decision(request, chosen.setup, chosen.memory,
+                                               "per-GPU weight budget leaving room for the KV cache and prefill transients"))
     if chosen.setup.strategy in ("single", "tp"):
         chosen, more = tune(request, chosen, on_gpu=True)
         decisions += more

@@ -52,9 +52,8 @@ def transformers_plan(request: Request) -> Plan:
                                         reason="even 4-bit weights do not fit: accelerate keeps what fits on the GPU and streams the "
                                                f"rest from CPU RAM every forward ({off.throughput.time_per_output_token_ms or off.throughput.step_time_s * 1000:.0f} ms/token)",
                                         source=sources.BIG_MODEL_INFERENCE))
-            decisions.append(Decision(setting="max_memory", value=R.max_memory_map(request, off.setup, off.memory),
-                                        reason="GPU budget leaves room for the KV cache and prefill transients",
-                                        source=sources.BIG_MODEL_INFERENCE))
+            decisions.append(R.max_memory_decision(request, off.setup, off.memory,
+                                                   "GPU budget leaves room for the KV cache and prefill transients"))
             warnings.append("CPU offload moves offloaded weights over PCIe for every token: expect seconds per token")
     if chosen is None:
         best = min(tried, key=lambda c: c.memory.device_total)

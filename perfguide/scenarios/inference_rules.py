@@ -187,8 +187,11 @@ def quant_decision(request: Request, chosen: Setup, tried: list[Candidate]) -> D
                               why_not=f"fits, but slower here: {c.throughput.tokens_per_s:,.1f} tok/s, "
                                       f"{c.throughput.time_per_output_token_ms or 0:.0f} ms per token")
                   for c in tried if c.verdict == "fits" and c.setup.weights_dtype != q)
-    if chosen.offload_params:
+    if chosen.offload_params:   # the number: the least any quantized layout needed on the GPU
+        short = [c.memory.device_total for c in tried if c.verdict == "does-not-fit"]
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
+                        number=float(min(short)) if short else float(chosen_weights(request, chosen)),
+                        unit="bytes the leanest GPU-only layout needs" if short else "bytes of weights",
                         reason="nothing fits on the GPU even in 4-bit; bnb 4-bit cannot be CPU-offloaded, so 16-bit weights are split")
     if q not in ("int8", "nf4"):
         return Decision(setting="quantization_config", value=None, source=SRC_QUANT, alternatives=alts,
@@ -267,8 +270,18 @@ def first_fit(request: Request, options: Iterable[tuple[Setup, str]]) -> tuple[C
 def max_memory_map(request: Request, setup: Setup, mem: MemoryEstimate) -> dict[Any, str]:
     """Per-GPU weight budgets for device_map='auto': capacity less headroom, context, KV cache and transients."""
     hw = request.hardware
-    keep = mem.peak_allocated - mem.weights  # cache + transients + logits stay on every GPU
-    per_gpu: dict[Any, str] = {g.index: f"{max(0, int(g.allocatable * (1 - request.constraints.headroom)) - mem.cuda_context - keep) // 2**20}MiB"
-               for g in hw.gpus[: setup.num_gpus]}
+    per_gpu: dict[Any, str] = {g.index: f"{_weight_budget(request, g.allocatable, mem) // 2**20}MiB" for g in hw.gpus[: setup.num_gpus]}
     per_gpu["cpu"] = f"{int(hw.cpu.ram_available * (1 - request.constraints.headroom)) // 2**20}MiB"
     return per_gpu
+
+
+def _weight_budget(request: Request, allocatable: int, mem: MemoryEstimate) -> int:
+    keep = mem.peak_allocated - mem.weights  # cache + transients + logits stay on every GPU
+    return max(0, int(allocatable * (1 - request.constraints.headroom)) - mem.cuda_context - keep)
+
+
+def max_memory_decision(request: Request, setup: Setup, mem: MemoryEstimate, reason: str) -> Decision:
+    """accelerate's ``max_memory`` for device_map='auto', with the weight bytes it lets the smallest GPU hold."""
+    budget = min(_weight_budget(request, g.allocatable, mem) for g in request.hardware.gpus[: setup.num_gpus])
+    return Decision(setting="max_memory", value=max_memory_map(request, setup, mem), number=float(budget),
+                    unit="bytes of weights per GPU", reason=reason, source=sources.BIG_MODEL_INFERENCE)

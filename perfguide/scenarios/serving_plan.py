@@ -291,12 +291,13 @@ def plan(request: Request, engine: ServerEngine) -> Plan:
     gpu = request.hardware.smallest_gpu
     assert gpu is not None
     peak = (gpu.half_tflops("bf16" if gpu.supports_bf16 else "fp16") or 0.0) * 1e12
-    speed = chosen.speed.output_tokens_per_s if chosen is not None and chosen.speed is not None else None
-    engine_decision = Decision(setting="engine", value=engine.name, reason=f"{engine.title} named by the engine constraint: "
-                               f"{engine.summary}", source=engine.docs_source,
-                               number=speed, unit="output tokens/s predicted" if speed is not None else None)
-    candidates = tuple(_candidate(request, p, chosen, peak) for p in tried)
     shown = chosen or max(tried, key=lambda p: p.memory.max_concurrency)
+    # the number: its predicted speed, or where nothing fits the KV-cache room the best layout leaves (below 1: no request)
+    number, unit = ((shown.speed.output_tokens_per_s, "output tokens/s predicted") if shown.speed is not None else
+                    (shown.memory.max_concurrency, "x max_model_len the best layout's KV cache holds"))
+    engine_decision = Decision(setting="engine", value=engine.name, reason=f"{engine.title} named by the engine constraint: "
+                               f"{engine.summary}", source=engine.docs_source, number=number, unit=unit)
+    candidates = tuple(_candidate(request, p, chosen, peak) for p in tried)
     common = dict(setup=_setup(request, shown), memory=to_memory(shown.memory),
                   throughput=to_throughput(request.model, shown, peak), candidates=candidates, engine_memory=shown.memory)
     if chosen is None:
