@@ -23,6 +23,9 @@ decoder MLP's forward becomes ``down_proj(LigerSiLUMulFunction(gate_proj(x), up_
 forward ``LigerRMSNormFunction``). Triton does not run on CPU, so scripts/liger_standins.py stands in for the two
 kernels with their storage semantics (liger-kernel 0.8.5 ops/swiglu.py, ops/rms_norm.py; that module says which).
 
+``--saved`` sets, per case, the live bytes as the recompute ends (the mark the in-flight terms are measured from)
+beside the storages the recompute saves for backward (``saved_tensors_hooks``) and what activations.layer_bytes prices.
+
 ``--full`` traces full fine-tuning (FULL_CASES: no adapter, every weight trainable; bf16 or fp32 weights, with and
 without bf16 autocast), HF's modules and the Liger stand-ins (the RMSNorm's weight gradient then accumulates in one
 fp32 row, length-free as the kernel's per-program rows are), both checkpoint variants, first with every ``.grad``
@@ -167,13 +170,18 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
 
 def block_backward(model: Any, seq: int, autocast: bool) -> tuple[int, int]:
     """(bytes the middle block's recompute keeps, peak of its backward) above the live bytes as its recompute starts."""
-    start, saved, peak = block_marks(model, seq, autocast)
+    start, saved, peak, _ = block_marks(model, seq, autocast)
     return saved - start, peak - start
 
 
-def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) -> tuple[int, int, int]:
-    """Live bytes as the middle block's recompute starts, as it ends, and the peak of its backward. ``accumulate``:
-    one untracked step first, so every ``.grad`` exists and the traced backward adds into it (a later
+def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) -> tuple[int, int, int, int]:
+    """Live bytes as the middle block's recompute starts, as it ends, the peak of its backward, and the bytes of the
+    storages its recompute saves for backward (``saved_tensors_hooks``; parameters and the rotary cos / sin left out,
+    storages alive before the recompute, such as the block's input an fp32 norm saves, counted: what
+    activations.layer_bytes prices).
+    The recompute's end holds more than it saves: the tensors the block's forward still references there (16-bit:
+    the attention's residual sum and the MLP output, 4 B per hidden unit per token), which its backward frees.
+    ``accumulate``: one untracked step first, so every ``.grad`` exists and the traced backward adds into it (a later
     micro-step of gradient accumulation); else the gradients are None (set_to_none, the first micro-step)."""
     import torch
 
@@ -215,6 +223,21 @@ def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) 
         return out
 
     cls.__torch_dispatch__ = dispatch  # type: ignore[method-assign]
+    # not the block's: the parameters, and the rotary cos / sin every block is handed (computed once per forward)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def shared(module: Any, args: Any, kwargs: Any) -> None:
+        params.update(t.untyped_storage().data_ptr() for t in kwargs.get("position_embeddings") or ())
+
+    handles.append(layers[1].self_attn.register_forward_pre_hook(shared, with_kwargs=True))
+
+    def pack(t: Any) -> Any:
+        storage = t.untyped_storage()
+        if state["open"] and storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
     ids = torch.randint(0, 256, (1, seq))
     try:
         with tracker, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -223,20 +246,22 @@ def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) 
                     tracker.charge(param.grad)
             loss = model(input_ids=ids, labels=ids).loss
             state["backward"] = True
-            loss.backward()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss.backward()
     finally:
         cls.__torch_dispatch__ = original  # type: ignore[method-assign]
         for handle in handles:
             handle.remove()
     # non-reentrant checkpointing stops recomputing once the tensors backward needs exist (torch's early stop), so the
     # MLP hook may not fire: then only the peak is known
-    return marks["start"], marks.get("saved", marks["start"]), state["peak"]
+    return marks["start"], marks.get("saved", marks["start"]), state["peak"], sum(saved.values())
 
 
 def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
               liger: bool = False, accumulate: bool = False) -> tuple[float, float]:
-    """(saved, peak) bytes per token of the middle block's backward, differenced over two lengths."""
-    _, saved, peak = per_token_marks(case, h, i, reentrant, s1, s2, liger=liger, accumulate=accumulate)
+    """(saved, peak) bytes per token of the middle block's backward above the live bytes as its recompute starts,
+    differenced over two lengths; ``saved`` is the live bytes as the recompute ends (block_marks)."""
+    _, saved, peak, _ = per_token_marks(case, h, i, reentrant, s1, s2, liger=liger, accumulate=accumulate)
     return saved, peak
 
 
@@ -250,7 +275,7 @@ def traced(case: str, h: int, i: int, reentrant: bool, tmp: str, liger: bool = F
 
 
 def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
-                    keep_inputs: bool = False, liger: bool = False, accumulate: bool = False) -> tuple[float, float, float]:
+                    keep_inputs: bool = False, liger: bool = False, accumulate: bool = False) -> tuple[float, float, float, float]:
     """Bytes per token (two lengths differenced): live as the middle block's recompute starts (every block input,
     the gradients already in flight), then the recompute's saved tensors and its backward's peak above that start.
     ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs); ``liger``: liger-kernel's patch;
@@ -259,12 +284,12 @@ def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s
     try:
         with tempfile.TemporaryDirectory() as tmp:
             model, autocast = traced(case, h, i, reentrant, tmp, liger)
-            (a1, k1, p1), (a2, k2, p2) = (block_marks(model, s, autocast, accumulate) for s in (s1, s2))
+            (a1, k1, p1, t1), (a2, k2, p2, t2) = (block_marks(model, s, autocast, accumulate) for s in (s1, s2))
     finally:
         if undo is not None:
             undo()
     ds = s2 - s1
-    return (a2 - a1) / ds, ((k2 - a2) - (k1 - a1)) / ds, ((p2 - a2) - (p1 - a1)) / ds
+    return (a2 - a1) / ds, ((k2 - a2) - (k1 - a1)) / ds, ((p2 - a2) - (p1 - a1)) / ds, (t2 - t1) / ds
 
 
 def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224, i2: int = 448,
@@ -283,8 +308,10 @@ def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224,
 
 def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448,
                  liger: bool = False, accumulate: bool = False) -> dict[str, float]:
-    """Bytes per token the backward holds beyond the recompute's saved tensors (reentrant's: non-reentrant recomputes
-    the same ones), per FFN unit ("i", two widths differenced) and per hidden unit ("h", the rest at q = h, kv = h / 4)."""
+    """Bytes per token the backward holds beyond the live bytes as the recompute ends (reentrant's: non-reentrant
+    recomputes the same ones), per FFN unit ("i", two widths differenced) and per hidden unit ("h", the rest at
+    q = h, kv = h / 4). That mark holds more than the saved tensors activations.layer_bytes prices (block_marks,
+    ``--saved``), so recompute + these terms price the block's peak that much low."""
     saved1, _ = per_token(case, h, i1, True, liger=liger, accumulate=accumulate)
     saved2, _ = per_token(case, h, i2, True, liger=liger, accumulate=accumulate)
     _, peak1 = per_token(case, h, i1, reentrant, liger=liger, accumulate=accumulate)
@@ -333,7 +360,7 @@ def length_free(case: str, reentrant: bool, coef: dict[str, float], accumulate: 
             model, autocast = traced(case, h, i, mode, tmp, liger)
             marks[mode] = block_marks(model, s, autocast, accumulate)
     saved = marks[True][1] - marks[True][0]
-    start, _, peak = marks[reentrant]
+    start, _, peak, _ = marks[reentrant]
     return round(peak - start - saved - (coef["i"] * i + coef["h"] * h) * s)
 
 
@@ -354,7 +381,41 @@ def full_main() -> int:
     return 0
 
 
+def saved_main() -> int:
+    """``--saved``: per case (reentrant, h 128, FFN 448, q = h, kv = h / 4), bytes per token: the live bytes as the
+    middle block's recompute ends (the mark the in-flight terms are measured from), the storages the recompute saves
+    for backward, and what activations.layer_bytes (+ lora_layer_bytes) prices for that block (CUDA's SDPA kernel emulated, so fp32
+    attention differs: CPU's kernel keeps grouped K/V, CUDA's memory-efficient one expanded ones, and the priced
+    16-bit logsumexp term was fitted at head_dim 16, not 32). Mark minus saved is what the block's forward still
+    references at its end without saving it (the residual sum, the norm output, the MLP output)."""
+    from perfguide.memory.activations import layer_bytes, lora_layer_bytes
+    from perfguide.memory.ledger import ledger
+    from perfguide.model.types import ModelSpec
+    from perfguide.setup import LoraSpec, Setup
+
+    h, i, seq = 128, 448, 1024
+    spec = ModelSpec.from_any({"model_type": "llama", "hidden_size": h, "intermediate_size": i, "num_attention_heads": 4,
+                               "num_key_value_heads": 1, "head_dim": h // 4, "num_hidden_layers": 3, "vocab_size": 256,
+                               "max_position_embeddings": 4096, "tie_word_embeddings": False})
+    lora = LoraSpec(r=8, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
+    setups = {"fp32_stream": dict(weights_dtype="nf4", autocast="bf16", kbit_upcast=True, lora=lora),
+              "half_autocast": dict(weights_dtype="bf16", autocast="bf16", lora=lora), "half": dict(weights_dtype="bf16", lora=lora),
+              "full_half": dict(weights_dtype="bf16"), "full_half_autocast": dict(weights_dtype="bf16", autocast="bf16"),
+              "full_fp32_autocast": dict(weights_dtype="fp32", autocast="bf16"), "full_fp32": dict(weights_dtype="fp32")}
+    for case, kw in setups.items():
+        _, mark, _, saved = per_token_marks(case, h, i, True)
+        setup = Setup(micro_batch_size=1, seq_len=seq, optimizer="sgd", gradient_checkpointing=True, **kw)
+        led = ledger(spec, setup)   # the adapters' inputs and rank-wide outputs, as analytic.training_memory adds them
+        priced = (layer_bytes(spec, setup) + lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)) / seq
+        print(f"{case}: mark {mark:.0f}, saved tensors {saved:.0f} (mark - saved {mark - saved:+.0f} = {(mark - saved) / h:+.2f} B "
+              f"per hidden unit), priced {priced:.0f} B per token")
+        sys.stdout.flush()
+    return 0
+
+
 def main() -> int:
+    if "--saved" in sys.argv:
+        return saved_main()
     if "--compare" in sys.argv:
         return compare()
     if "--liger" in sys.argv:

@@ -219,3 +219,17 @@ def test_full_finetune_liger_real_tensors_at_a_shape_not_traced(case: str) -> No
     spec = llama_spec(h=96, i=256, vocab=256, layers=3, kv=1, heads=4)
     setup = full_ft(seq_len=1000, **({} if case == "full_half_autocast" else {"weights_dtype": "fp32", "autocast": None}))
     assert block_backward_bytes(spec, setup, "4.39.3", fused_swiglu=True) / 1000 == pytest.approx(peak - saved, rel=0.05)
+
+
+def test_the_recompute_saves_what_layer_bytes_prices_and_its_end_holds_two_tensors_more() -> None:
+    """Issue 24's "7% under / 9% over" compared layer_bytes with the live bytes as the recompute ends, not with what it
+    saves. Real CPU tensors, bf16 full fine-tune under autocast, reentrant, h 96, FFN 256: the storages the recompute
+    saves for backward (saved_tensors_hooks) are what activations.layer_bytes prices (0.5%: its logsumexp term was
+    fitted at head_dim 16, here 24), and the recompute's end holds two bf16 h-wide tensors more that it does not save,
+    the attention's residual sum and the MLP output (2 x 2 B per hidden unit per token, by hand)."""
+    trace = _trace_script()
+    h, i = 96, 256
+    _, mark, _, saved = trace.per_token_marks("full_half_autocast", h, i, True, 128, 256)
+    spec = llama_spec(h=h, i=i, vocab=256, layers=3, kv=1, heads=4)
+    assert act.layer_bytes(spec, full_ft(seq_len=1000)) / 1000 == pytest.approx(saved, rel=0.005)
+    assert mark - saved == 2 * 2 * h

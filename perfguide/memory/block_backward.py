@@ -23,6 +23,13 @@ micro-step HF has added it in place and freed it before its peak; Liger's peak (
 reentrant fp32 weights under autocast (the bf16 gradient before its cast back) still hold that one h x i transient:
 not priced (2 B x h x i, 0.11 GiB at Llama-3-8B).
 
+Known gap, traced (scripts/trace_block_backward.py --saved, h 128, FFN 448): the coefficients were measured above the
+live bytes as the recompute ends, which hold more than the saved tensors layer_bytes prices: what the block's forward
+still references there (the attention's residual sum, the norm output, the MLP output), 6 B per hidden unit per token
+for LoRA on a 16-bit base, 4 in peft's fp32 stream and for a 16-bit full fine-tune, 2 for fp32 weights under
+autocast, 0 in fp32. Recompute + term therefore prices the block's peak that much low (Mistral-7B QLoRA at 32k
+tokens: 0.5 GiB); the saved tensors themselves are what layer_bytes prices, to the logsumexp's head_dim term.
+
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
 LoRA Liger's fused SwiGLU holds the same in flight: traced, scripts/trace_block_backward.py --liger; what it saves
 less is its technique hook's); the MLP's gradients come at another moment than eager attention's s x s backward
