@@ -71,6 +71,36 @@ def test_albert_shared_layer_is_counted_once():
     assert est.weights == pytest.approx(4 * stored, rel=0.02)
 
 
+def test_a_shared_encoder_decoder_embedding_is_counted_once():
+    """BART-family models (BlenderBot, BART, Pegasus) give the encoder and the decoder an nn.Embedding each that share
+    the model's one `shared` table: by hand, vocab x d_model once, plus a learned position table per stack (BART's
+    offset of 2 rows). It was counted three times, which pushed the non-embedding (Linear) count 2 x 1,600 low."""
+    from transformers import BartConfig
+
+    config = BartConfig(vocab_size=100, d_model=16, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32)
+    spec = perfguide.ModelSpec.from_any(config)
+    assert spec.embedding_params == 100 * 16 + 2 * (32 + 2) * 16
+
+
+def test_an_encoder_decoder_config_is_counted_with_both_stacks():
+    """A BartConfig without `architectures` was built as BartForCausalLM (the decoder alone): bart-large's shape
+    counted 254M parameters. By hand: the shared table and two position tables, 12 encoder layers (4 d^2 attention +
+    2 d f FFN, their biases, 2 LayerNorms), 12 decoder layers (a cross-attention and a third LayerNorm more), and
+    each stack's embedding LayerNorm: 406,291,456, the published bart-large size."""
+    from transformers import BartConfig
+
+    d, f, v, p = 1024, 4096, 50265, 1024
+    config = BartConfig(vocab_size=v, d_model=d, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+                        decoder_attention_heads=16, encoder_ffn_dim=f, decoder_ffn_dim=f, max_position_embeddings=p)
+    attention, ffn, norm = 4 * (d * d + d), 2 * d * f + f + d, 2 * d
+    encoder = 12 * (attention + ffn + 2 * norm) + norm
+    decoder = 12 * (2 * attention + ffn + 3 * norm) + norm
+    spec = perfguide.ModelSpec.from_any(config)
+    assert spec.total_params == v * d + 2 * (p + 2) * d + encoder + decoder == 406_291_456
+    assert spec.is_encoder_decoder and spec.num_decoder_layers == 12
+
+
 @pytest.mark.parametrize("scenario", ["train_gpu_one", "infer_gpu_one"])
 def test_a_hundred_million_layers_is_refused_not_hung(scenario):
     with no_hang(), pytest.raises(InvalidModelError) as exc:

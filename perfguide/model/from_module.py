@@ -157,7 +157,8 @@ def _inferred_dims(module: Any, full_config: dict[str, Any]) -> tuple[dict[str, 
                      decoder_block_linears=_linears(stacks[1][0]))
     else:
         linears = _linears(blocks[-1])  # the last block: an MoE layer where the first ones are dense
-    return dims, linears, sum(e.weight.numel() for e in embeddings)
+    unique = {id(e.weight): e.weight.numel() for e in embeddings}   # BART-style stacks share one table: count it once
+    return dims, linears, sum(unique.values())
 
 
 def _output_head(module: Any) -> dict[str, Any]:
@@ -251,11 +252,14 @@ def _hf_config(config: dict[str, Any]) -> Any:
 
 
 def _auto_class(transformers: Any, hf_config: Any, trust_remote_code: bool) -> Any:
-    """AutoModelForCausalLM where the config has a causal-LM class, else AutoModel. Asked of the auto mapping first
-    (a dict lookup): a failed ``from_config`` names every class in its error message, which imports all ~800 model
-    modules (5.6 s for EvollaConfig the first time, the slowest input of bench/fuzz.py's model-type walk)."""
+    """AutoModelForCausalLM where the config has a causal-LM class, else AutoModel; an encoder-decoder's config
+    (``is_encoder_decoder``) AutoModelForSeq2SeqLM first, since BART, mBART, Pegasus, Marian and BlenderBot also have
+    a decoder-only ForCausalLM class that would count one stack of the two (BART-large: 254M of 406M). Asked of the
+    auto mapping first (a dict lookup): a failed ``from_config`` names every class in its error message, which imports
+    all ~800 model modules (5.6 s for EvollaConfig the first time, the slowest input of bench/fuzz.py's model-type walk)."""
     remote = trust_remote_code and isinstance(getattr(hf_config, "auto_map", None), dict)
-    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModel):
+    seq2seq = (transformers.AutoModelForSeq2SeqLM,) if getattr(hf_config, "is_encoder_decoder", False) else ()
+    for auto in (*seq2seq, transformers.AutoModelForCausalLM, transformers.AutoModel):
         if type(hf_config) in auto._model_mapping or (remote and auto.__name__ in hf_config.auto_map):
             return auto
     # the words transformers' own error starts with; the caller turns it into the one-line refusal
