@@ -74,3 +74,5 @@ def test_a_step_inside_backward_is_refused_under_zero_in_one_line(kw: dict[str, 
     with pytest.raises(ConflictingConstraintsError, match="inside backward") as e:
         perfguide.recommend("Qwen/Qwen2.5-0.5B", "train_gpu_one", hardware="h100", strategy="zero3", **kw)
     assert "\n" not in str(e.value)
+    # the way out it names is one this scenario takes and that can run the step: the plain replica, not zero2/fsdp
+    assert "accepted here: single)" in str(e.value)

@@ -14,6 +14,7 @@ from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import Hardware
 from .bnb_gate import check_bnb_constraints
 from .registry import ScenarioInfo, find
+from .strategies import ONE_GPU_STRATEGIES
 from .types import SERVING_KNOBS, Constraints
 
 #: training constraints, with the switch of every training-only technique
@@ -81,8 +82,7 @@ def _check_one_device(info: ScenarioInfo, cons: Constraints) -> None:
         if value is not None and value > 1:
             raise ConflictingConstraintsError(f"{field}={value} asks for several devices but scenario {scenario!r} plans one; "
                                               f"use scenario='{many}'")
-    # ZeRO-Offload on one GPU (DeepSpeed stage 2/3 with the optimizer, and at stage 3 the weights, on the CPU)
-    one_gpu = ("single", "zero2", "zero3") if info.training and info.device == "cuda" else ("single",)
+    one_gpu = ONE_GPU_STRATEGIES if info.training and info.device == "cuda" else ("single",)
     if cons.strategy not in (None, *one_gpu):
         raise ConflictingConstraintsError(f"strategy={cons.strategy!r} needs several devices but scenario {scenario!r} plans one; "
                                           f"accepted here: {', '.join(repr(s) for s in one_gpu)}, or use scenario='{many}'")

@@ -35,6 +35,8 @@ OFFLOAD_LEVEL = "CPU offload"
 #: sharding strategies one GPU may be asked for (check_forced; train_gpu_one accepts the ZeRO ones), and the level
 #: that runs one of them with every state on the GPU
 ONE_GPU_SHARDED = ("zero2", "zero3", "fsdp")
+#: what train_gpu_one accepts as a strategy: ZeRO-Offload on one GPU (DeepSpeed stage 2/3), or nothing sharded
+ONE_GPU_STRATEGIES = ("single", "zero2", "zero3")
 ONE_GPU_LEVEL = "no offload (one GPU)"
 
 
@@ -187,7 +189,7 @@ def layout_tier(rung: Rung) -> tuple[str, bool]:
     return semantics, level == OFFLOAD_LEVEL
 
 
-def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> list[Rung]:
+def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None, world: int = 2) -> list[Rung]:
     """Each semantics rung x each on-GPU layout level, rung by rung; then the CPU-offload levels, rung by rung: offload
     is the ladder's rung after lighter states, pure bf16 and the step in backward (docs/concepts.md), so an on-GPU
     layout of a later rung (Mixtral on 8x A100: pure bf16 under FSDP, 59.5 GiB, 3.97 s/step) wins over offloading an
@@ -204,8 +206,11 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None) -> 
         why = next((w for r in rungs for t in r.templates for lv in ladder for lay in lv.layouts
                     if (w := incompatible(t, lay))), "no layout can run these settings")
         asked = f"strategy={forced!r}" if forced else "these constraints"
+        templates = [t for r in rungs for t in r.templates]
+        others = [s for s in (TRAIN_STRATEGIES if world > 1 else ONE_GPU_STRATEGIES)
+                  if s != forced and any(incompatible(t, Layout(s)) is None for t in templates)]
         raise ConflictingConstraintsError(f"{asked} cannot train what was asked: {why}; use another strategy "
-                                          f"(accepted: {', '.join(TRAIN_STRATEGIES)}) or drop the conflicting constraint")
+                                          f"(accepted here: {', '.join(others)}) or drop the conflicting constraint")
     return out
 
 
@@ -214,7 +219,7 @@ def layout_search(world: int, allow_offload: bool, forced: str | None, nodes: in
     the on-GPU levels one tier (``layout_tier``), the fastest fitting layout with the shallow / FSDP2 tie-breaks
     (``prefer_fsdp``). train_gpu_many always; train_gpu_one when a ZeRO stage is asked for."""
     ladder = allowed_levels(world, allow_offload, forced, nodes)
-    return {"expand": lambda rungs: expand(rungs, ladder, forced), "choose": prefer_fsdp, "tier": layout_tier}
+    return {"expand": lambda rungs: expand(rungs, ladder, forced, world), "choose": prefer_fsdp, "tier": layout_tier}
 
 
 def prefer_fsdp(fitting: list[Priced]) -> Priced:
