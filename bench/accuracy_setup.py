@@ -228,6 +228,13 @@ def _seq_len(text: str) -> int:
     return _int(text)
 
 
+def _target_len(text: str) -> int | None:
+    """An encoder-decoder row's decoder length: the labels' padded length its script states (``--max_target_length``,
+    or the reading the row's cell gives as ``target_len``); None where the cell states none (one length)."""
+    found = re.search(r"target_len (\d+)", text) or re.search(r"max_target_length\)? (\d+)", text)
+    return int(found.group(1)) if found else None
+
+
 def _kbit_upcast(row: dict[str, str]) -> bool:
     """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
     prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do. DeepSpeed in bf16/fp16 casting
@@ -263,6 +270,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         raise Skip("GPTQ weights are not expressible")
     fields: dict[str, object] = dict(task="train", micro_batch_size=_int(row["micro_batch"], 1),
                                      seq_len=_seq_len(row["seq_len"]),
+                                     target_len=_target_len(row["seq_len"]),
                                      gradient_accumulation_steps=_int(row["grad_accum"], 1),
                                      optimizer=_optimizer(row),
                                      gradient_checkpointing=row["grad_checkpointing"] not in ("", "no"),

@@ -150,6 +150,8 @@ def recommend(
     if cons.avg_seq_len is not None and cons.avg_seq_len > seq_len:
         raise ConflictingConstraintsError(f"avg_seq_len={cons.avg_seq_len} exceeds seq_len={seq_len}: it is the mean real tokens per "
                                           f"sample, at most seq_len; use avg_seq_len <= {seq_len}")
+    if (why := _target_len_refused(spec, cons.target_len)) is not None:
+        raise ConflictingConstraintsError(why)
     if cons.precompute_ref_log_probs and cons.objective != "dpo":
         raise ConflictingConstraintsError("precompute_ref_log_probs is a DPO setting but objective='sft'; add objective='dpo' or drop it")
     context_warnings = _check_context(spec, info, seq_len, cons)
@@ -201,10 +203,20 @@ def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
                                 f"use num_gpus <= {hw.gpu_count}, or hardware='NAME:{setup.num_gpus}'")
 
 
+def _target_len_refused(spec: ModelSpec, target_len: int | None) -> str | None:
+    """A second (decoder) length means something only where a separate decoder stack reads the encoder's output."""
+    if target_len is None or spec.is_encoder_decoder:
+        return None
+    return (f"target_len={target_len} is the decoder length of an encoder-decoder (T5, BART, ...); {spec.name} "
+            f"({spec.model_type}) has one stack, whose length is seq_len: drop target_len")
+
+
 def _refuse_unpriceable(spec: ModelSpec, s: Setup, hw: Hardware | None) -> None:
     """A combination that does not run as priced is refused in one line, not priced (Liger on GPT-2, ...)."""
     from . import techniques
 
+    if (why := _target_len_refused(spec, s.target_len)) is not None:
+        raise InvalidSetupError(why)
     n = s.num_gpus
     if s.strategy == "tp" and n > 1 and (spec.num_attention_heads % n or spec.num_key_value_heads % n):
         # tensor parallelism shards whole heads (the same rule infer_gpu_many applies to its own TP degree)

@@ -161,6 +161,7 @@ class Setup(Model):
     device: Device = "cuda"
     micro_batch_size: int = Field(default=1, ge=1, le=1_000_000)
     seq_len: int = Field(default=512, ge=1, le=10_000_000)
+    target_len: int | None = Field(default=None, ge=1, le=10_000_000, description="encoder-decoder training: tokens the decoder runs (the labels' padded length, Seq2Seq scripts' max_target_length); seq_len is then the encoder's (source) length. None: the decoder runs seq_len tokens too")
     gradient_accumulation_steps: int = Field(default=1, ge=1, le=1_000_000)
     weights_dtype: WeightsDtype = "fp32"
     autocast: Autocast | None = None
@@ -273,6 +274,12 @@ class Setup(Model):
         return self.autocast in ("bf16", "fp16") and self.weights_dtype == "fp32" and (self.is_fsdp or self.is_deepspeed)
 
     @property
+    def decoder_len(self) -> int:
+        """Tokens an encoder-decoder's decoder runs (its blocks, the head's logits and the loss): a seq2seq batch
+        pads sources and labels separately (DataCollatorForSeq2Seq), so the two stacks have their own lengths."""
+        return self.target_len or self.seq_len
+
+    @property
     def quantized(self) -> bool:
         return self.weights_dtype in QUANTIZED
 
@@ -340,6 +347,9 @@ def _own_conflict(s: Setup) -> str | None:
     if s.hybrid_shard and not (s.strategy == "fsdp" and s.fsdp_version == 2 and s.nodes > 1 and s.num_gpus > 1):
         return ("hybrid_shard (HSDP) shards within a node and replicates across nodes: it needs strategy='fsdp' with FSDP2, "
                 f"nodes > 1 and several GPUs per node, not {s.strategy!r} on {s.nodes} node(s) x {s.num_gpus} GPU(s)")
+    if s.target_len is not None and s.task != "train":
+        return (f"target_len={s.target_len} is the decoder length of an encoder-decoder training step; generation's "
+                "decoder length is new_tokens: leave target_len unset for task='infer'")
     if s.packed_doc_len is not None and s.packed_doc_len > s.seq_len:
         return (f"packed_doc_len={s.packed_doc_len} is the mean document inside a packed sequence of seq_len={s.seq_len}: "
                 "it must be at most seq_len")

@@ -9,8 +9,9 @@ the encoder output and a second s x s score map), T5LayerNorm upcasts to fp32 (`
 
 One depth step of the tracer (tracing/build.py ``with_depth``) is one encoder plus one decoder block, while the
 analytic model counts ``total_layers`` = encoder + decoder blocks, so the coefficients are half of a depth step's
-bytes: the mean of an encoder and a decoder block at equal source and target length (the decoder's cross-attention
-K/V scale with the source length; the bench rows' source and target cut-offs are equal). Per token per block from
+bytes: the mean of an encoder and a decoder block at equal source and target length. Where the labels are shorter or longer than the
+inputs (``Setup.target_len``) the decoder block is traced apart (``fit_split``: its bytes per target token, and per
+source token its cross-attention's K/V) and memory/seq2seq.py prices the encoder block as twice the mean minus it. Per token per block from
 two batch sizes (per-block constants cancel) at two lengths (the s^2 part separates), at one-at-a-time h/i/q steps.
 ``per_token`` is traced with SDPA (transformers 5.x runs T5 through SDPA with the position bias as a float mask: one bias
 map per stack, shared by its blocks, so no s^2 term per block); ``eager_per_token`` is eager minus SDPA per token.
@@ -39,9 +40,9 @@ HEAD_DIM = 16
 PER_STEP = 2
 
 
-def _t5(d: dict[str, int], drop: float = 0.0) -> dict[str, Any]:
-    return dict(model_type="t5", d_model=d["h"], d_ff=d["i"], num_heads=d["q"] // HEAD_DIM, d_kv=HEAD_DIM, num_layers=2,
-                num_decoder_layers=2, vocab_size=VOCAB, dropout_rate=drop, feed_forward_proj="relu",
+def _t5(d: dict[str, int], drop: float = 0.0, layers: tuple[int, int] = (2, 2)) -> dict[str, Any]:
+    return dict(model_type="t5", d_model=d["h"], d_ff=d["i"], num_heads=d["q"] // HEAD_DIM, d_kv=HEAD_DIM, num_layers=layers[0],
+                num_decoder_layers=layers[1], vocab_size=VOCAB, dropout_rate=drop, feed_forward_proj="relu",
                 tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 
 
@@ -69,6 +70,60 @@ def _solve(ys: list[float], points: list[dict[str, int]]) -> dict[str, float]:
     coef = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)[0]
     out = {d: round(float(c), 3) for d, c in zip((*FREE, "1"), coef)}
     return {k: v for k, v in out.items() if abs(v) > 1e-6}
+
+
+#: (source, target) lengths of the decoder split: the source steps at a fixed target, the target at a fixed source;
+#: multiples of 32, where the emulated memory-efficient kernel's logsumexp needs no padding
+SPLIT_LENGTHS = ((64, 32), (128, 32), (64, 64))
+
+
+def _decoder_block(config: dict[str, Any], kw: dict[str, Any], source: int, target: int) -> float:
+    """Bytes one decoder block keeps per batch row at (source, target): one encoder + two decoder blocks minus one
+    + one (the stacks' own tensors cancel), at two batch sizes (per-block constants cancel). SDPA attention."""
+    def rows(layers: tuple[int, int], bs: int) -> int:
+        cfg = {**config, "num_layers": layers[0], "num_decoder_layers": layers[1]}
+        setup = Setup(micro_batch_size=bs, seq_len=source, target_len=target, optimizer="sgd", attn_implementation="sdpa", **kw)
+        return run_step(cfg, setup).phases["head"].parts.get("activations", 0)
+
+    lo, hi = BATCHES
+    return ((rows((1, 2), hi) - rows((1, 1), hi)) - (rows((1, 2), lo) - rows((1, 1), lo))) / (hi - lo)
+
+
+def _decoder_split(config: dict[str, Any], kw: dict[str, Any]) -> tuple[float, float]:
+    """(bytes per target token, bytes per source token) one decoder block keeps: the per-block coefficients are
+    the mean of an encoder and a decoder block at equal lengths, and only the decoder's cross-attention K/V run over
+    the source, so a step whose labels are shorter than its inputs needs the two apart."""
+    (s1, t1), (s2, _), (_, t3) = SPLIT_LENGTHS
+    a, b, c = (_decoder_block(config, kw, s, t) for s, t in SPLIT_LENGTHS)
+    per_source = (b - a) / (s2 - s1)
+    return (c - a) / (t3 - t1), per_source
+
+
+def fit_split(regimes: dict[str, Any]) -> list[str]:
+    """Add each regime's decoder split (``decoder_per_token``, ``cross_per_source_token``, ``decoder_dropout_per_token``)."""
+    points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in FREE]
+    notes = []
+    for regime, kw in REGIMES.items():
+        target, source, drop_target, drop_source = [], [], [], []
+        for d in points:
+            (t, s), (td, sd) = _decoder_split(_t5(d), kw), _decoder_split(_t5(d, DROP), kw)
+            target.append(t)
+            source.append(s)
+            drop_target.append(td - t)
+            drop_source.append(sd - s)
+        assert max(map(abs, drop_source)) < 1e-6, f"dropout keeps bytes per source token in a decoder block ({drop_source})"
+        regimes[regime]["decoder_per_token"] = _solve(target, points)
+        regimes[regime]["cross_per_source_token"] = _solve(source, points)
+        regimes[regime]["decoder_dropout_per_token"] = _solve(drop_target, points)
+        notes.append(f"{regime} decoder split: per target token {target}, per source token {source}")
+        print(f"  t5/{regime} split: {json.dumps({k: regimes[regime][k] for k in SPLIT_KEYS})}", flush=True)
+    return notes
+
+
+SPLIT_KEYS = ("decoder_per_token", "cross_per_source_token", "decoder_dropout_per_token")
+SPLIT_SOURCE = (f"decoder_per_token / cross_per_source_token / decoder_dropout_per_token: one decoder block (1 + 2 minus 1 + 1 "
+                f"encoder + decoder blocks) per target and per source token, SDPA, from (source, target) = {list(SPLIT_LENGTHS)} "
+                "(memory/seq2seq.py prices the encoder block as twice the mean minus the decoder's);")
 
 
 def fit() -> tuple[dict[str, Any], list[str]]:
@@ -101,6 +156,7 @@ def fit() -> tuple[dict[str, Any], list[str]]:
         }
         notes.append(f"{regime}: eager s^2 per step point {alphas}, dropout's {[round(a, 3) for a in drop_alphas]}")
         print(f"  t5/{regime}: {json.dumps(out[regime])}", flush=True)
+    fit_split(out)
     return out, notes
 
 
@@ -119,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "source": (f"scripts/fit_t5.py: fake-tensor traces of HF T5 encoder-decoder steps (torch {torch.__version__}, "
                    f"transformers {transformers.__version__}), SDPA and eager attention, one-minus-two depth steps (one encoder + one "
                    f"decoder block each, halved: per block of total_layers) at h/i/q steps around {BASE} (kv = q), batches "
-                   f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); per_token is SDPA's, eager_per_token eager minus SDPA "
+                   f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); {SPLIT_SOURCE} per_token is SDPA's, eager_per_token eager minus SDPA "
                    f"per token and eager_per_head_s2 eager's s^2 part (encoder self, decoder self and cross attention, averaged per block); "
                    f"dropout terms = dropout_rate {DROP} minus 0 (T5 applies dropout_rate to hidden states and attention "
                    f"probabilities alike); frozen_linear_inputs: the generic fallback (activations.frozen_linear_inputs). "

@@ -89,6 +89,12 @@ class Regime(DataModel):
     dropout_per_token: dict[Dim, float]
     eager_dropout_per_head_s2: float
     frozen_linear_inputs_per_token: dict[Dim, float]
+    #: an encoder-decoder family's split of its per-block means (``per_token``, ``dropout_per_token``: one encoder and
+    #: one decoder block at equal lengths, halved): what a decoder block keeps per target token and, through its
+    #: cross-attention's K/V, per source token; empty: both stacks' blocks are priced at the mean, each at its length
+    decoder_per_token: dict[Dim, float] = Field(default_factory=dict)
+    cross_per_source_token: dict[Dim, float] = Field(default_factory=dict)
+    decoder_dropout_per_token: dict[Dim, float] = Field(default_factory=dict)
 
 
 class Family(DataModel):
@@ -359,6 +365,12 @@ def activation_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 
     return per_layer * spec.total_layers, per_layer
 
 
+def head_positions(spec: ModelSpec, setup: Setup) -> int:
+    """Positions per row the LM head and loss run over: an encoder-decoder's decoder tokens (the labels' length,
+    memory/seq2seq.py), else seq_len."""
+    return setup.decoder_len if spec.is_encoder_decoder else setup.seq_len
+
+
 def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Loss-path buffers at their peak: logits, fp32 log-softmax output and their gradients (b*s*V each).
 
@@ -369,5 +381,5 @@ def logits_bytes(spec: ModelSpec, setup: Setup) -> int:
     position, or one per sequence for sequence classification; a bare model has no logits.
     """
     c = _coefs(spec, setup)
-    positions = 1 if spec.logits_per_sequence else setup.seq_len
+    positions = 1 if spec.logits_per_sequence else head_positions(spec, setup)
     return int(setup.micro_batch_size * positions * spec.logits_width * c.logits_per_token_vocab) + final_softcap_bytes(spec, setup)

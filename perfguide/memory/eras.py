@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from ..model.types import ModelSpec
 from ..setup import Setup
-from .activations import AttentionEra, CacheEntry, activations_data, regime
+from .activations import AttentionEra, CacheEntry, activations_data, head_positions, regime
 from .ledger import ledger
 from .loss_path import version_tuple
 
@@ -65,7 +65,7 @@ def amp_output_conversion_bytes(spec: ModelSpec, setup: Setup, release: str, out
         return 0
     ce = activations_data().loss_paths.ce_bytes
     earlier = max(0, outputs_alive - 1)
-    logits = setup.micro_batch_size * setup.seq_len * spec.logits_width * (ce + 2 + 4 + 4 * earlier)
+    logits = setup.micro_batch_size * head_positions(spec, setup) * spec.logits_width * (ce + 2 + 4 + 4 * earlier)
     entry = None if checkpointed or not (spec.config or {}).get("use_cache", True) else _in_force(
         activations_data().training_cache.entries, spec, setup, release)
     if entry is None:

@@ -8,12 +8,12 @@ data/activations.json ``t5`` (scripts/fit_t5.py) is traced on the installed 5.24
   model an older release keeps, per score map, the fp32 softmax output (4 B per element) where the traced code keeps a
   16-bit one (2 B); without attention dropout its matmul also keeps the 16-bit ``type_as`` copy (2 B), with dropout
   that copy only feeds the dropout, whose output the matmul keeps in both releases. Under autocast the scores are
-  already fp32 (the fp32 position bias promotes them), so the releases agree; in fp32 ``.float()`` is a no-op. A T5
-  block has 1.5 score maps on average (encoder self; decoder self and cross).
+  already fp32 (the fp32 position bias promotes them), so the releases agree; in fp32 ``.float()`` is a no-op. An encoder
+  block has one score map over the source, a decoder block two (self over the target, cross target x source).
 * fp16 clamp: from 4.28.0 (absent in 4.27.0; present in 4.28.0, 4.30.0, 5.14.1, 5.24.0) ``T5Block`` clamps the hidden
   states after each sublayer whenever they are fp16 (``clamp_value = torch.where(torch.isinf(hidden_states).any(),
   ...)``; before, only ``if torch.isinf(hidden_states).any()``), and ``clamp`` keeps its fp16 input for backward: 2 B x h
-  per token for each of the 2.5 sublayers of a block (traced: fp16 minus bf16 = 5.0 x h B per token per block). bf16
+  per token for each sublayer of a block (an encoder's 2 over the source, a decoder's 3 over the target) (traced: fp16 minus bf16 = 5.0 x h B per token per block). bf16
   and autocast (an fp32 residual stream) never clamp.
 """
 
@@ -28,10 +28,8 @@ from .loss_path import version_tuple
 SOFTMAX_IN_SCORE_DTYPE_SINCE = (5, 15, 0)
 #: first release whose T5Block clamps fp16 hidden states unconditionally
 FP16_CLAMP_SINCE = (4, 28, 0)
-#: clamped sublayer outputs per block of total_layers: (encoder 2 + decoder 3) / 2 blocks
-CLAMPS_PER_BLOCK = 2.5
-#: score maps per block of total_layers: (encoder self + decoder self + decoder cross) / 2 blocks
-MAPS_PER_BLOCK = 1.5
+#: clamped sublayer outputs per encoder block (attention, FFN) and decoder block (self attention, cross attention, FFN)
+ENCODER_CLAMPS, DECODER_CLAMPS = 2, 3
 
 
 def t5_fp32_softmax_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
@@ -43,9 +41,11 @@ def t5_fp32_softmax_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkp
     if version_tuple(release) >= SOFTMAX_IN_SCORE_DTYPE_SINCE:
         return 0
     per_element = 2 if dropout_rates(spec)[1] > 0 else 4   # fp32 softmax output instead of 16-bit (+ type_as copy)
-    b, s = setup.micro_batch_size, setup.seq_len
-    per_block = MAPS_PER_BLOCK * per_element * b * spec.num_attention_heads * s * s
-    return int(per_block * (1 if checkpointed else spec.total_layers))
+    source, target = setup.seq_len, setup.decoder_len
+    # score maps per block: the encoder's self-attention over the source, the decoder's self and cross attention
+    enc, dec = source * source, target * target + target * source
+    maps = max(enc, dec) if checkpointed else enc * spec.num_layers + dec * spec.num_decoder_layers
+    return int(per_element * setup.micro_batch_size * spec.num_attention_heads * maps)
 
 
 def t5_fp16_clamp_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
@@ -54,8 +54,10 @@ def t5_fp16_clamp_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpoi
     fp16 = setup.weights_dtype == "fp16" or (engine_casts_to_16bit(setup) and setup.autocast == "fp16")
     if spec.model_type != "t5" or not fp16 or version_tuple(release) < FP16_CLAMP_SINCE:
         return 0
-    per_block = CLAMPS_PER_BLOCK * 2 * spec.hidden_size * setup.micro_batch_size * setup.seq_len
-    return int(per_block * (1 if checkpointed else spec.total_layers))
+    # clamped sublayer outputs: an encoder block's 2 over the source, a decoder block's 3 over the target
+    enc, dec = ENCODER_CLAMPS * setup.seq_len, DECODER_CLAMPS * setup.decoder_len
+    clamped = max(enc, dec) if checkpointed else enc * spec.num_layers + dec * spec.num_decoder_layers
+    return int(2 * spec.hidden_size * setup.micro_batch_size * clamped)
 
 
 def t5_release_bytes(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:

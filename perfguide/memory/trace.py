@@ -26,7 +26,7 @@ logger = logging.getLogger("perfguide.memory.trace")
 
 #: Setup fields that change what a single device holds; the rest (world size, host knobs) do not.
 #: The traced model is built as its techniques prepare it (tracing/build.py), so their fields join the key (shape_of).
-_SHAPE_FIELDS = ("micro_batch_size", "seq_len", "weights_dtype", "autocast", "optimizer", "attn_implementation", "lora",
+_SHAPE_FIELDS = ("micro_batch_size", "seq_len", "target_len", "weights_dtype", "autocast", "optimizer", "attn_implementation", "lora",
                  "device")
 #: Model types whose HF config keys match the ModelSpec fields, for specs that arrive without a raw config.
 _SPEC_KEYS = {"hidden_size": "hidden_size", "intermediate_size": "intermediate_size", "num_hidden_layers": "num_layers",

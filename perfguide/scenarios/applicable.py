@@ -18,7 +18,7 @@ from .strategies import ONE_GPU_STRATEGIES
 from .types import SERVING_KNOBS, Constraints
 
 #: training constraints, with the switch of every training-only technique
-TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "avg_seq_len",
+TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "avg_seq_len", "target_len",
                  "torch_compile", "max_steps",
                  *(t.switch for t in techniques.registry() if t.switch and t.requires.tasks == ("train",)))
 INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine", *SERVING_KNOBS)

@@ -25,7 +25,7 @@ def plan(request: Request) -> Plan:
     threads, threads_dec = cpu_threads(hw.cpu, processes=processes)
     workers, pin, host_decs = cpu_dataloader(hw.cpu)
     per_rank = request.global_batch_size // processes
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cpu", seq_len=request.seq_len, attn_implementation=impl, cpu_threads=threads,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cpu", seq_len=request.seq_len, attn_implementation=impl, cpu_threads=threads,
                  num_gpus=processes, strategy="ddp" if processes > 1 else "single",
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=per_rank)
     return plan_training(request, base, prec, (*prec.decisions, attn_dec, proc_dec, threads_dec, *host_decs),

@@ -38,7 +38,7 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, spec, request.hardware.source == "probe", request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     if cons.strategy in (None, "single"):
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,

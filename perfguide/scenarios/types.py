@@ -72,6 +72,8 @@ class Constraints(Model):
     padding_free: StrictBool | None = None
     fp8: StrictBool | None = None
     avg_seq_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample; None: samples fill seq_len")
+    target_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="encoder-decoder training: tokens the decoder runs "
+                                         "(max_target_length); seq_len is then the source length. None: seq_len")
     torch_compile: StrictBool | None = Field(default=None, description="training: compile the model (None: decided on max_steps)")
     max_steps: StrictInt | None = Field(default=None, ge=1, le=1_000_000_000, description="optimizer steps of the training run: weighs torch.compile's one-off compile time")
     objective: Literal["sft", "dpo"] = Field(default="sft", description="training: sft (next-token loss) or dpo (TRL DPOTrainer: "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..memory.activations import activation_bytes, checkpoint_boundary_bytes
+from ..memory.seq2seq import boundary_bytes, stack_activation_bytes
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import KernelFactors, MemoryContext, MemoryTerms
 
@@ -50,7 +50,7 @@ class GradientCheckpointing(Technique):
         if not self.active(ctx.setup):
             return terms
         layers = ctx.spec.total_layers
-        return terms.changed(activations=checkpoint_boundary_bytes(ctx.spec, ctx.shape) * layers,
+        return terms.changed(activations=boundary_bytes(ctx.spec, ctx.shape),
                              recompute=ctx.layer_activations, weight_casts=terms.weight_casts // layers)
 
     def kernel_factors(self, setup: Any) -> KernelFactors:
@@ -76,8 +76,8 @@ class GradientCheckpointing(Technique):
 def held_activations(spec: ModelSpec, setup: Setup) -> int:
     """Bytes the blocks keep between forward and backward: their inputs when checkpointed, else everything."""
     if GRADIENT_CHECKPOINTING.active(setup):
-        return checkpoint_boundary_bytes(spec, setup) * spec.total_layers
-    return activation_bytes(spec, setup)[0]
+        return boundary_bytes(spec, setup)
+    return stack_activation_bytes(spec, setup)[0]
 
 
 def enable(model: Any) -> None:

@@ -81,13 +81,17 @@ def _optimizer(name: str | None, params: list[Any]) -> Any | None:
     return cls(params, lr=1e-4, foreach=True)
 
 
-def _inputs(model: Any, batch: int, seq: int) -> dict[str, Any]:
-    """Unpadded token batches with labels; no attention mask, so SDPA may use its causal fast path as on GPU."""
+def _inputs(model: Any, batch: int, seq: int, target: int | None = None) -> dict[str, Any]:
+    """Unpadded token batches with labels; no attention mask, so SDPA may use its causal fast path as on GPU.
+
+    An encoder-decoder's labels set its decoder's length (the model shifts them into ``decoder_input_ids``), so
+    ``target`` tokens of labels give the decoder its own length, as a seq2seq collator's separately padded labels do."""
     import torch
 
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else model.config.vocab_size
     ids = torch.randint(0, vocab, (batch, seq))
-    return {"input_ids": ids, "labels": ids.clone()}
+    labels = torch.randint(0, vocab, (batch, target)) if target is not None else ids.clone()
+    return {"input_ids": ids, "labels": labels}
 
 
 def _head_hooks(model: Any, tracker: Any) -> list[Any]:
@@ -151,7 +155,7 @@ def run_step(config: dict[str, Any], setup: Setup) -> StepTrace:
         if setup.gradient_accumulation_steps > 1:
             for p in trainable:
                 p.grad = torch.zeros_like(p)
-        batch = _inputs(base, setup.micro_batch_size, setup.seq_len)
+        batch = _inputs(base, setup.micro_batch_size, setup.seq_len, setup.target_len)
         tracker = stack.enter_context(_tracked(model, opt, round_to))
         hooks = _head_hooks(base, tracker)
         stack.callback(_interrupt_points(tracker).remove)  # global: removed however the step ends
