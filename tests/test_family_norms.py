@@ -1,7 +1,8 @@
 """Families whose blocks add norms to Llama's: their own activation coefficients (data/activations.json).
 
 Qwen3 (q_norm / k_norm per head), Gemma (RMSNorm scaled by 1 + weight in fp32), OLMo 2, Phi-3 and Gemma 3 used to
-resolve to the llama table. Counted on the real modules (saved_tensors_hooks, fake tensors, CUDA kernel choice) the
+resolve to the llama table, StableLM too (LayerNorm, a quarter of each head rotated: 13-16% fewer bytes than it priced),
+Phi-1.5/2 and GPT-J to GPT-2's (attention and MLP in parallel off one LayerNorm: 12-20% fewer). Counted on the real modules (saved_tensors_hooks, fake tensors, CUDA kernel choice) the
 llama table priced a bf16 Qwen3 block 13-15% low per token and a Gemma block 7-9% low, so each is now fitted by
 scripts/fit_activations.py. Checked here two ways: the bytes per token by hand (bf16, full fine-tuning, SDPA, no
 checkpointing, no dropout), and the bytes the installed transformers' block saves for backward on real CPU tensors
@@ -23,10 +24,14 @@ Q, KV = HEADS * HD, KV_HEADS * HD
 B, S = 2, 64
 
 
+#: fitted with every head a key/value head (their releases' shapes: StableLM 2 1.6B, Phi-1.5, Phi-2)
+MHA = ("stablelm", "phi")
+
+
 def _config(model_type: str) -> dict[str, Any]:
     return {"model_type": model_type, "hidden_size": H, "intermediate_size": I, "num_attention_heads": HEADS,
-            "num_key_value_heads": KV_HEADS, "head_dim": HD, "num_hidden_layers": 2, "vocab_size": 512,
-            "max_position_embeddings": 1024, "tie_word_embeddings": False, "pad_token_id": 0}
+            "num_key_value_heads": HEADS if model_type in MHA else KV_HEADS, "head_dim": HD, "num_hidden_layers": 2,
+            "vocab_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": False, "pad_token_id": 0}
 
 
 def _priced(model_type: str) -> float:
@@ -95,13 +100,16 @@ def _saved_per_token(model_type: str) -> float:
     return (_saved_bytes(model_type, 2 * B) - _saved_bytes(model_type, B)) / (B * S)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "gemma", "llama"])
+@pytest.mark.parametrize("model_type", ["qwen3", "gemma", "llama", "stablelm", "phi"])
 def test_priced_block_is_what_the_real_block_saves(model_type: str) -> None:
-    assert _priced(model_type) == _saved_per_token(model_type)
+    # LayerNorm blocks: up to 8 B per token short, the per-row mean / rstd (4 x 2 B here), which the fit's 512-B
+    # allocator rounding drops at its small token counts (a row of 128-256 tokens is under one block)
+    assert _priced(model_type) == pytest.approx(_saved_per_token(model_type), abs=8 if model_type in MHA else 0)
 
 
 @pytest.mark.parametrize(("model_type", "family"), [("qwen3", "qwen3"), ("qwen3_moe", "qwen3"), ("gemma", "gemma"),
                                                     ("gemma3_text", "gemma3_text"), ("gemma3", "gemma3_text"),
-                                                    ("olmo2", "olmo2"), ("phi3", "phi3"), ("mistral", "llama")])
+                                                    ("olmo2", "olmo2"), ("phi3", "phi3"), ("mistral", "llama"),
+                                                    ("stablelm", "stablelm"), ("phi", "phi"), ("gptj", "gptj")])
 def test_families_resolve_to_their_own_tables(model_type: str, family: str) -> None:
     assert family_name("llama", model_type) == family
