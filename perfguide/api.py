@@ -152,6 +152,8 @@ def recommend(
                                           f"sample, at most seq_len; use avg_seq_len <= {seq_len}")
     if (why := _target_len_refused(spec, cons.target_len)) is not None:
         raise ConflictingConstraintsError(why)
+    if cons.objective == "dpo" and cons.trainer == "transformers":
+        raise ConflictingConstraintsError("objective='dpo' runs in TRL's DPOTrainer, not the transformers Trainer; use trainer='trl' or drop trainer")
     if cons.precompute_ref_log_probs and cons.objective != "dpo":
         raise ConflictingConstraintsError("precompute_ref_log_probs is a DPO setting but objective='sft'; add objective='dpo' or drop it")
     context_warnings = _check_context(spec, info, seq_len, cons)

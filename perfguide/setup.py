@@ -28,6 +28,7 @@ Strategy = Literal[
 Device = Literal["cuda", "cpu"]
 #: The loss a training step computes: supervised next-token (``sft``) or TRL's Direct Preference Optimization (``dpo``).
 Objective = Literal["sft", "dpo"]
+TrainerLoop = Literal["transformers", "trl"]
 WeightFormat = Literal["bf16", "fp16", "fp8", "fp8_block", "awq", "gptq", "w4a16", "mxfp4", "nvfp4", "nf4"]
 #: What a saved checkpoint's quantization_config can store (model/quantized.py reads it): bnb 4/8-bit or a serving format.
 CheckpointFormat = Literal["nf4", "int8", "gptq", "awq", "fp8", "fp8_block", "w4a16", "mxfp4", "nvfp4"]
@@ -203,6 +204,15 @@ class Setup(Model):
     # the training objective (perfguide/techniques/dpo.py prices and emits it)
     objective: Objective = Field(default="sft", description="what the step optimizes: sft (next-token loss, SFTTrainer / Trainer) or dpo (TRL DPOTrainer: chosen + rejected in one forward, plus a frozen reference model's forward)")
     precompute_ref_log_probs: bool = Field(default=False, description="DPO: the reference log-probs are computed once before training (DPOConfig precompute_ref_log_probs), so no reference model is kept and no reference forward runs per step")
+    trainer: TrainerLoop = Field(default="transformers", description="the training loop that runs the step: transformers (HF Trainer: the model's loss on full [b, s, V] logits) or trl (TRL's SFTTrainer / DPOTrainer, whose loss by TRL release builds no full logits: memory/fused_head.py); objective='dpo' implies trl")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dpo_runs_trl(cls, data: Any) -> Any:
+        """DPO only runs in TRL's DPOTrainer: a DPO Setup that names no trainer is a TRL one."""
+        if isinstance(data, dict) and data.get("objective") == "dpo" and "trainer" not in data:
+            return {**data, "trainer": "trl"}
+        return data
 
     @model_validator(mode="after")
     def _techniques(self) -> Setup:
@@ -350,6 +360,8 @@ def _own_conflict(s: Setup) -> str | None:
     if s.target_len is not None and s.task != "train":
         return (f"target_len={s.target_len} is the decoder length of an encoder-decoder training step; generation's "
                 "decoder length is new_tokens: leave target_len unset for task='infer'")
+    if s.objective == "dpo" and s.trainer != "trl":
+        return "objective='dpo' runs in TRL's DPOTrainer, not the transformers Trainer; set trainer='trl' (or leave it out)"
     if s.packed_doc_len is not None and s.packed_doc_len > s.seq_len:
         return (f"packed_doc_len={s.packed_doc_len} is the mean document inside a packed sequence of seq_len={s.seq_len}: "
                 "it must be at most seq_len")

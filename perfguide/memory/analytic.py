@@ -37,6 +37,7 @@ from . import eras
 from .block_backward import block_backward_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
+from .fused_head import sft_loss_bytes, sft_loss_note
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes
 from .optimizers import OptimizerCost, optimizer_cost
@@ -247,7 +248,10 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     logits = loss_bytes if loss_bytes is not None else terms.logits
     release_notes: tuple[str, ...] = ()
-    if loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
+    trl_loss = sft_loss_bytes(spec, setup, shape, states.grad_elem_bytes) if loss_bytes is None else None
+    if trl_loss is not None:   # TRL's SFTTrainer: its own loss, no full logits (memory/fused_head.py)
+        logits, release_notes = trl_loss, (sft_loss_note(setup, trl_loss, terms.logits),)
+    elif loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
         release = installed_transformers()
         delta = release_delta_bytes(spec, shape, release)
         logits += delta

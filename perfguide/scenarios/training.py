@@ -64,7 +64,8 @@ def technique_wants(cons: Constraints) -> dict[str, object]:
 
 def objective_fields(cons: Constraints) -> dict[str, object]:
     """The training objective every candidate of the plan shares (the user's, never searched)."""
-    return {"objective": cons.objective, "precompute_ref_log_probs": cons.precompute_ref_log_probs}
+    trainer = cons.trainer or ("trl" if cons.objective == "dpo" else "transformers")
+    return {"objective": cons.objective, "precompute_ref_log_probs": cons.precompute_ref_log_probs, "trainer": trainer}
 
 
 def precomputed_reference(request: Request, plan: Callable[[Request], Plan]) -> tuple[str, ...]:

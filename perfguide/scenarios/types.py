@@ -80,6 +80,9 @@ class Constraints(Model):
                                              "chosen + rejected per pair, a frozen reference model)")
     precompute_ref_log_probs: StrictBool = Field(default=False, description="DPO: reference log-probs computed once before training "
                                                  "(no reference model or reference forward in the step)")
+    trainer: Literal["transformers", "trl"] | None = Field(default=None, description="training: the loop that runs the step, "
+                                                           "transformers (HF Trainer, full logits) or trl (SFTTrainer / DPOTrainer: "
+                                                           "TRL's loss, no full logits since TRL 1.7); None: transformers, trl for dpo")
     master_weights: Literal["fp32", "bf16"] | None = None   # None: the plan picks (fp32 masters first) and says what it traded
     # inference
     prompt_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.techniques import constant
 from ..errors import InvalidSetupError
-from ..memory import activations as act
+from ..memory.fused_head import fused_head_parts, hidden_bytes
 from ..memory.inference import prefill_transient_bytes
 from ..setup import DTYPE_BYTES
 from ..speed.rates import half_bytes, ring_time
@@ -52,7 +52,6 @@ SOURCES = (
     "https://github.com/huggingface/trl/blob/main/trl/kernels/chunked_logprob.py (fused LM head)",
     "https://github.com/huggingface/trl/blob/main/trl/models/utils.py (prepare_deepspeed, prepare_fsdp)",
 )
-FP32 = 4
 
 
 class Dpo(Technique):
@@ -166,17 +165,6 @@ def label_positions(setup: Setup) -> int:
     return 2 * setup.micro_batch_size * max(1, setup.seq_len - 1)
 
 
-def hidden_bytes(setup: Setup) -> int:
-    """Bytes per element of the hidden states reaching the head: fp32 where the residual stream is fp32 (fp32 weights,
-    with or without autocast), 16-bit where the weights (or FSDP's / DeepSpeed's compute copy) are."""
-    return 2 if act.regime(setup) == "half" or setup.computes_on_16bit_copy else FP32
-
-
-def compute_bytes(setup: Setup) -> int:
-    """The tile buffer's dtype: the autocast dtype, else the hidden states' (chunked_logprob.py compute_dtype)."""
-    return FP32 if act.regime(setup) == "fp32" else 2
-
-
 def reference_weight_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
     """(bytes on each GPU, host RAM per node) of the reference copy, placed as trl 1.16 prepares it (module
     docstring). Loaded in the policy's dtype; DeepSpeed's bf16/fp16 mode casts it to 16 bit; ZeRO-3 and FSDP shard
@@ -218,19 +206,14 @@ def loss_path_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
     sequences, or its own head: last hidden state, label hidden states, tile, statistics), and the head's backward
     (fp32 input gradient, the tile again, and a trained head's fp32 weight gradient where the parameter is not fp32:
     autograd then casts it to a second, parameter-dtype gradient)."""
-    n, h = label_positions(setup), spec.hidden_size
-    tile = min(n, int(constant("dpo_logprob_token_chunk"))) * min(spec.vocab_size, int(constant("dpo_logprob_vocab_chunk"))) * compute_bytes(setup)
-    stats = n * int(constant("dpo_logprob_fp32_per_token")) * FP32
-    saved = n * h * hidden_bytes(setup)
-    forward = tile + stats
-    head_weight_grad = spec.vocab_size * h * FP32 if setup.lora is None and grad_elem_bytes != FP32 else 0
-    backward = n * h * FP32 + tile + head_weight_grad
+    head = fused_head_parts(spec, setup, label_positions(setup), grad_elem_bytes, int(constant("dpo_logprob_fp32_per_token")))
     reference = 0
     if runs_reference_forward(setup):
         doubled = setup.model_copy(update={"micro_batch_size": 2 * setup.micro_batch_size})
-        last_hidden = 2 * setup.micro_batch_size * setup.seq_len * h * hidden_bytes(setup)
-        reference = max(prefill_transient_bytes(spec, doubled, hidden_bytes(setup)), last_hidden + saved + tile + stats)
-    return saved + max(forward, reference, backward)
+        last_hidden = 2 * setup.micro_batch_size * setup.seq_len * spec.hidden_size * hidden_bytes(setup)
+        reference = max(prefill_transient_bytes(spec, doubled, hidden_bytes(setup)),
+                        last_hidden + head.saved + head.tile + head.stats)
+    return head.saved + max(head.forward, reference, head.backward)
 
 
 def extra_head_flops(spec: ModelSpec, setup: Setup) -> float:

@@ -1,0 +1,162 @@
+"""Loss-path bytes of TRL's trainers by TRL release: which copies of the logits SFTTrainer keeps.
+
+HF's Trainer computes the model's own loss on the full ``[b, s, V]`` logits (memory/loss_path.py prices those by
+transformers release). TRL's SFTTrainer stopped doing so in two steps, read in the released wheels:
+
+* ``full`` (TRL < 1.7): ``loss_type="nll"`` is the default, the model's own loss on full logits, as HF Trainer;
+* ``chunked`` (1.7 - 1.14): ``loss_type="chunked_nll"`` is the default: the label positions' hidden states are
+  gathered and projected 256 at a time under ``torch.utils.checkpoint``, so one ``[256, V]`` logits chunk (and its
+  fp32 cross-entropy tensors) lives at once, in forward and again in backward;
+* ``fused`` (1.15 on): every trainer scores tokens with a fused LM head (``add_fused_lm_head``,
+  ``ChunkedLogProbFunction``): one ``[4096, 32768]`` tile buffer, a dozen fp32 numbers per position, and in
+  backward fp32 input (and trained-head weight) gradients. On a device without Triton the same tiles run through
+  torch ops (``_forward_tile``), so the memory is the same shape on CPU; only the speed differs.
+
+The eras and their sources are rows of data/trl.json; the TRL release comes from the installed package, and with
+no TRL installed the plan is priced as the newest era (what ``pip install 'perfguide[trl]'`` installs today).
+DPO's fused head (techniques/dpo.py) is priced with the same pieces (``fused_head_parts``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal, NamedTuple
+
+from pydantic import Field
+
+from .._data import DataModel, validated
+from .._packages import installed_release
+from ..data.techniques import constant
+from ..model.types import ModelSpec
+from ..setup import Setup
+from . import activations as act
+from .loss_path import version_tuple
+
+FP32 = 4
+SftLoss = Literal["full", "chunked", "fused"]
+
+
+class TrlEra(DataModel):
+    since: str
+    sft_loss: SftLoss
+    source: str = Field(min_length=10)
+
+
+class TrlLoss(DataModel):
+    source: str = Field(min_length=10)
+    chunked_tokens: int = Field(ge=1)   # label positions one chunk of the 1.7-1.14 chunked_nll loss projects
+    chunked_source: str = Field(min_length=10)
+    sft_fp32_per_token: int = Field(ge=1)   # fp32 numbers the fused head keeps per position for SFTTrainer's outputs
+    sft_fp32_source: str = Field(min_length=10)
+    eras: tuple[TrlEra, ...]
+
+
+@lru_cache(maxsize=1)
+def trl_data() -> TrlLoss:
+    return validated("trl", TrlLoss)
+
+
+@lru_cache(maxsize=1)
+def installed_trl() -> str | None:
+    """The TRL release installed next to perfguide (the one a trainer='trl' plan made here trains with)."""
+    return installed_release("trl")
+
+
+def trl_era(trl_version: str | None) -> TrlEra:
+    """The last era whose first release is not newer than ``trl_version``; None (no TRL here): the newest era."""
+    eras = trl_data().eras
+    if trl_version is None:
+        return eras[-1]
+    v = version_tuple(trl_version)
+    return [e for e in eras if version_tuple(e.since) <= v][-1]
+
+
+def sft_loss_kind(setup: Setup) -> SftLoss:
+    """The loss path a plan's SFT step runs: HF Trainer always builds full logits; SFTTrainer's by TRL release."""
+    if setup.trainer != "trl" or setup.objective != "sft":
+        return "full"
+    return trl_era(installed_trl()).sft_loss
+
+
+class FusedHead(NamedTuple):
+    """The fused head's buffers (bytes): ``saved`` lives from its forward to its backward; beside it, at different
+    times, ``forward`` (tile + fp32 statistics) and ``backward`` (fp32 input gradient, tile, head weight gradient)."""
+
+    saved: int
+    tile: int
+    stats: int
+    forward: int
+    backward: int
+
+
+def hidden_bytes(setup: Setup) -> int:
+    """Bytes per element of the hidden states reaching the head: fp32 where the residual stream is fp32 (fp32 weights,
+    with or without autocast), 16-bit where the weights (or FSDP's / DeepSpeed's compute copy) are."""
+    return 2 if act.regime(setup) == "half" or setup.computes_on_16bit_copy else FP32
+
+
+def compute_bytes(setup: Setup) -> int:
+    """The tile buffer's dtype: the autocast dtype, else the hidden states' (chunked_logprob.py compute_dtype)."""
+    return FP32 if act.regime(setup) == "fp32" else 2
+
+
+def trains_head_in_fp32_copy(setup: Setup, grad_elem_bytes: int) -> bool:
+    """A trained head whose parameter is not fp32: backward accumulates an fp32 weight gradient, then autograd
+    casts it to a second, parameter-dtype gradient."""
+    return setup.lora is None and grad_elem_bytes != FP32
+
+
+def fused_head_parts(spec: ModelSpec, setup: Setup, positions: int, grad_elem_bytes: int, fp32_per_token: int) -> FusedHead:
+    """ChunkedLogProbFunction's buffers for ``positions`` label positions (TRL 1.15+, trl/kernels/chunked_logprob.py)."""
+    h = spec.hidden_size
+    tile = min(positions, int(constant("dpo_logprob_token_chunk"))) * min(spec.vocab_size, int(constant("dpo_logprob_vocab_chunk"))) * compute_bytes(setup)
+    stats = positions * fp32_per_token * FP32
+    head_weight_grad = spec.vocab_size * h * FP32 if trains_head_in_fp32_copy(setup, grad_elem_bytes) else 0
+    return FusedHead(saved=positions * h * hidden_bytes(setup), tile=tile, stats=stats, forward=tile + stats,
+                     backward=positions * h * FP32 + tile + head_weight_grad)
+
+
+def sft_positions(setup: Setup) -> int:
+    """Label positions of one SFT micro-step: every next-token label (an upper bound: prompt and padding positions
+    carry -100 and are skipped)."""
+    return setup.micro_batch_size * max(1, setup.seq_len - 1)
+
+
+def chunked_loss_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
+    """TRL 1.7-1.14 ``chunked_nll`` (sft_trainer.py _chunked_cross_entropy_loss, _chunk): the gathered label hidden
+    states (``hidden[order]``, a copy) live through backward. One checkpointed chunk at a time runs
+    ``(h @ w.t()).float()``, ``log_softmax``, ``log_p.exp()`` and the entropy product: four fp32 chunk tensors in
+    forward; its backward recomputes them, keeps log_p and exp, and adds their gradients and the logits' (three
+    more fp32) and the head-dtype logits' gradient, beside the gathered hidden states' gradient and, for a trained
+    head, the chunk's weight gradient before it is summed into the accumulated one."""
+    n, h, v = sft_positions(setup), spec.hidden_size, spec.vocab_size
+    rows = min(n, trl_data().chunked_tokens)
+    saved = n * h * hidden_bytes(setup)
+    forward = 4 * rows * v * FP32
+    weight_grad = v * h * grad_elem_bytes if setup.lora is None else 0
+    backward = saved + 5 * rows * v * FP32 + rows * v * compute_bytes(setup) + weight_grad
+    return saved + max(forward, backward)
+
+
+def sft_loss_bytes(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int) -> int | None:
+    """The loss-path bytes of ``setup``'s SFT step, counted on the micro-batch ``shape`` the activations are
+    (padding-free: one row of real tokens), where TRL's trainer builds no full logits; else None (HF's loss path).
+    Under Liger, TRL 1.7-1.14 fall back to loss_type='nll' (Liger's fused cross-entropy, priced by its technique);
+    1.15+ switch Liger's fused cross-entropy off (``fused_linear_cross_entropy: False``) and run the fused head."""
+    kind = sft_loss_kind(setup)
+    if kind == "full" or (kind == "chunked" and setup.liger_kernel) or not spec.generates or spec.is_encoder_decoder:
+        return None
+    if kind == "chunked":
+        return chunked_loss_bytes(spec, shape, grad_elem_bytes)
+    parts = fused_head_parts(spec, shape, sft_positions(shape), grad_elem_bytes, trl_data().sft_fp32_per_token)
+    return parts.saved + max(parts.forward, parts.backward)
+
+
+def sft_loss_note(setup: Setup, trl_bytes: int, full_bytes: int) -> str:
+    """The report's line: which trainer and release the loss path was priced for, against full logits."""
+    release = installed_trl()
+    kind = sft_loss_kind(setup)
+    where = f"TRL {release}" if release else f"TRL not installed here: priced as TRL >= {trl_data().eras[-1].since}"
+    what = "fused LM head (no [b, s, V] logits)" if kind == "fused" else f"chunked_nll ({trl_data().chunked_tokens}-token chunks)"
+    return (f"loss path priced for TRL's SFTTrainer ({where}): {what}, {trl_bytes / 1e9:.2f} GB at its peak "
+            f"instead of {full_bytes / 1e9:.2f} GB for full logits (trainer='transformers')")
