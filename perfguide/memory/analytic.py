@@ -35,9 +35,9 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes
+from .fused_head import sft_loss_bytes, sft_loss_note
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
-from .fused_head import sft_loss_bytes, sft_loss_note
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes
 from .optimizers import OptimizerCost, optimizer_cost

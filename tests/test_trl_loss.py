@@ -1,0 +1,114 @@
+"""trainer='trl': TRL's SFT loss path by release, counted by hand on the tiny Llama, the era table read by version, the
+one-line refusals, and a trainer='trl' plan's ``rec.sft_config()`` training a real SFTTrainer on CPU.
+
+Hand counts use the tiny Llama's dimensions (tests/helpers.py TINY_LLAMA: V 128, H 32, untied head) and what the
+TRL wheels allocate (1.16 trl/kernels/chunked_logprob.py ChunkedLogProbFunction; 1.14.2 trl/trainer/sft_trainer.py
+_chunked_cross_entropy_loss / _chunk), never perfguide's own output.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+try:  # tests/ as a plain folder or as a package
+    from helpers import TINY_LLAMA, one_line, tiny_model, tiny_spec, tiny_tokenizer
+except ImportError:  # pragma: no cover
+    from tests.helpers import TINY_LLAMA, one_line, tiny_model, tiny_spec, tiny_tokenizer
+
+import perfguide
+from perfguide import Setup
+from perfguide.errors import PerfGuideError
+from perfguide.memory import fused_head
+
+V, H = 128, 32
+GPU = "h100-80gb"
+PURE_BF16 = dict(weights_dtype="bf16", autocast="bf16", micro_batch_size=2, seq_len=16)
+
+
+def test_tiny_llama_dimensions():
+    assert (TINY_LLAMA["vocab_size"], TINY_LLAMA["hidden_size"]) == (V, H) and not TINY_LLAMA.get("tie_word_embeddings", False)
+
+
+@pytest.mark.parametrize("release, kind", [
+    ("1.0.0", "full"), ("1.6.0", "full"),           # loss_type defaults to 'nll': the model's loss on full logits
+    ("1.7.0", "chunked"), ("1.14.2", "chunked"),    # 'chunked_nll' the default (sft_config.py __post_init__)
+    ("1.15.0", "fused"), ("1.16.0+local", "fused"),   # the fused LM head (add_fused_lm_head)
+    (None, "fused"),                                 # no TRL here: what pip installs today
+])
+def test_era_by_trl_release(release, kind):
+    assert fused_head.trl_era(release).sft_loss == kind
+
+
+def test_fused_head_sft_loss_path_counted_by_hand():
+    """Pure bf16, 2 rows of 16 tokens: 2 x 15 = 30 label positions through TRL 1.16's fused head."""
+    pytest.importorskip("trl")
+    n = 2 * 15
+    saved = n * H * 2                    # the label positions' bf16 hidden states, saved for backward
+    tile = n * V * 2                     # one [min(n, 4096), min(V, 32768)] bf16 tile buffer (mm_buf)
+    stats = n * 11 * 4                   # 7 online statistics + log_z, log_probs, entropy, is_top1 (as fp32)
+    forward = tile + stats
+    backward = n * H * 4 + tile + V * H * 4          # fp32 grad_hidden, the tile again, fp32 grad_weight of the head
+    assert (saved, forward, backward) == (1_920, 9_000, 27_904)
+    if fused_head.trl_era(fused_head.installed_trl()).sft_loss != "fused":
+        pytest.skip("the installed TRL predates the fused head")
+    trl = perfguide.estimate(tiny_spec(), Setup(trainer="trl", **PURE_BF16), hardware=GPU)
+    hf = perfguide.estimate(tiny_spec(), Setup(**PURE_BF16), hardware=GPU)
+    assert trl.logits == saved + backward
+    assert hf.logits > trl.logits and any("SFTTrainer" in n and "fused LM head" in n for n in trl.notes)
+
+
+def test_chunked_nll_loss_path_counted_by_hand(monkeypatch):
+    """TRL 1.7-1.14's chunked_nll on the same step: 30 positions < one 256-position chunk."""
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: "1.14.2")
+    n = 30
+    saved = n * H * 2                    # hidden[order]: the gathered label hidden states (bf16)
+    forward = 4 * n * V * 4              # fp32 logits, log_softmax, exp, exp * log_p
+    backward = saved + 5 * n * V * 4 + n * V * 2 + V * H * 2   # grad_hidden, 5 fp32 chunk tensors, bf16 logits grad, head grad
+    setup = Setup(trainer="trl", **PURE_BF16)
+    assert fused_head.sft_loss_bytes(tiny_spec(), setup, setup, 2) == saved + max(forward, backward) == 96_512
+    # TRL 1.6 and HF Trainer: the full-logits path (None: HF's loss path prices it)
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: "1.6.0")
+    assert fused_head.sft_loss_bytes(tiny_spec(), setup, setup, 2) is None
+    hf = Setup(**PURE_BF16)
+    assert fused_head.sft_loss_bytes(tiny_spec(), hf, hf, 2) is None
+
+
+def test_dpo_implies_trl_and_refuses_the_transformers_trainer():
+    assert Setup(objective="dpo").trainer == "trl" and Setup().trainer == "transformers"
+    with pytest.raises(ValueError, match="trainer='trl'"):
+        Setup(objective="dpo", trainer="transformers")
+    with pytest.raises(PerfGuideError) as exc:
+        perfguide.recommend(tiny_spec(), "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4,
+                            objective="dpo", trainer="transformers")
+    one_line(exc, "trainer='trl'")
+    with pytest.raises(PerfGuideError) as exc:
+        perfguide.recommend(tiny_spec(), "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4, trainer="keras")
+    one_line(exc, "trainer")
+
+
+def test_cli_flag_plans_for_trl(capsys):
+    from perfguide.cli import main
+
+    assert main(["recommend", "gpt2", "--hardware", GPU, "--seq-len", "1024", "--global-batch-size", "8", "--trainer", "trl", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert '"trainer": "trl"' in out and "SFTTrainer" in out
+
+
+@pytest.mark.slow
+def test_sft_trainer_runs_a_trl_plan(tmp_path):
+    trl = pytest.importorskip("trl")
+    import datasets
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    data = datasets.Dataset.from_list([{"input_ids": torch.randint(3, V, (40,), generator=g).tolist()} for _ in range(16)])
+    model = tiny_model()
+    rec = perfguide.recommend(model, "train_cpu", seq_len=24, global_batch_size=4, precision="fp32", trainer="trl")
+    assert rec.setup.trainer == "trl"
+    args = rec.sft_config(output_dir=str(tmp_path / "out"), max_steps=2, report_to="none", save_strategy="no",
+                          logging_strategy="no", disable_tqdm=True)
+    assert isinstance(args, trl.SFTConfig) and args.loss_type == "nll" and args.max_length == 24
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tiny_tokenizer())
+    assert tuple(next(iter(trainer.get_train_dataloader()))["input_ids"].shape) == (rec.setup.micro_batch_size, 24)
+    trainer.train()
+    assert trainer.state.global_step == 2
