@@ -40,9 +40,14 @@ HEAD_DIM = 16
 PER_STEP = 2
 
 
-def _t5(d: dict[str, int], drop: float = 0.0, layers: tuple[int, int] = (2, 2)) -> dict[str, Any]:
+#: the families this script fits, by the FFN their T5 configs name (``feed_forward_proj``): T5 v1.0's ReLU block, and
+#: T5 v1.1 / Flan-T5 / mT5 / T0's gated-GELU block (wi_0 and wi_1, gelu_new on the first, their product into wo)
+FEED_FORWARD = {"t5": "relu", "t5-gated": "gated-gelu"}
+
+
+def _t5(d: dict[str, int], drop: float = 0.0, layers: tuple[int, int] = (2, 2), ff: str = "relu") -> dict[str, Any]:
     return dict(model_type="t5", d_model=d["h"], d_ff=d["i"], num_heads=d["q"] // HEAD_DIM, d_kv=HEAD_DIM, num_layers=layers[0],
-                num_decoder_layers=layers[1], vocab_size=VOCAB, dropout_rate=drop, feed_forward_proj="relu",
+                num_decoder_layers=layers[1], vocab_size=VOCAB, dropout_rate=drop, feed_forward_proj=ff,
                 tie_word_embeddings=True, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
 
 
@@ -99,14 +104,14 @@ def _decoder_split(config: dict[str, Any], kw: dict[str, Any]) -> tuple[float, f
     return (c - a) / (t3 - t1), per_source
 
 
-def fit_split(regimes: dict[str, Any]) -> list[str]:
+def fit_split(regimes: dict[str, Any], ff: str = "relu") -> list[str]:
     """Add each regime's decoder split (``decoder_per_token``, ``cross_per_source_token``, ``decoder_dropout_per_token``)."""
     points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in FREE]
     notes = []
     for regime, kw in REGIMES.items():
         target, source, drop_target, drop_source = [], [], [], []
         for d in points:
-            (t, s), (td, sd) = _decoder_split(_t5(d), kw), _decoder_split(_t5(d, DROP), kw)
+            (t, s), (td, sd) = _decoder_split(_t5(d, ff=ff), kw), _decoder_split(_t5(d, DROP, ff=ff), kw)
             target.append(t)
             source.append(s)
             drop_target.append(td - t)
@@ -126,14 +131,14 @@ SPLIT_SOURCE = (f"decoder_per_token / cross_per_source_token / decoder_dropout_p
                 "(memory/seq2seq.py prices the encoder block as twice the mean minus the decoder's);")
 
 
-def fit() -> tuple[dict[str, Any], list[str]]:
+def fit(ff: str = "relu") -> tuple[dict[str, Any], list[str]]:
     points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in FREE]
     out, notes = {}, []
     for regime, kw in REGIMES.items():
         per, sdpa, alphas, drop, drop_alphas = [], [], [], [], []
         for d in points:
-            (p, a), (pd, ad) = _per_token_and_s2(_t5(d), kw), _per_token_and_s2(_t5(d, DROP), kw)
-            ps, a_sdpa = _per_token_and_s2(_t5(d), kw, "sdpa")
+            (p, a), (pd, ad) = _per_token_and_s2(_t5(d, ff=ff), kw), _per_token_and_s2(_t5(d, DROP, ff=ff), kw)
+            ps, a_sdpa = _per_token_and_s2(_t5(d, ff=ff), kw, "sdpa")
             assert abs(a_sdpa) < 1e-6, f"SDPA keeps an s^2 term per block ({a_sdpa})"   # the bias is one per stack
             sdpa.append(ps)
             per.append(p)
@@ -142,8 +147,8 @@ def fit() -> tuple[dict[str, Any], list[str]]:
             drop_alphas.append(ad - a)
         base = points[0]
         seq, tokens = LENGTHS[0], BATCHES[1] * LENGTHS[0]
-        ckpt = _slope(_t5(base), kw, seq, gradient_checkpointing=True) / base["h"]
-        logits = run_step(_t5(base), _setup(kw, BATCHES[1], seq)).phases["backward_head"].parts["logits"] / (tokens * VOCAB)
+        ckpt = _slope(_t5(base, ff=ff), kw, seq, gradient_checkpointing=True) / base["h"]
+        logits = run_step(_t5(base, ff=ff), _setup(kw, BATCHES[1], seq)).phases["backward_head"].parts["logits"] / (tokens * VOCAB)
         out[regime] = {
             "per_token": _solve(sdpa, points),
             "eager_per_head_s2": round(sorted(alphas)[len(alphas) // 2], 3),
@@ -156,35 +161,38 @@ def fit() -> tuple[dict[str, Any], list[str]]:
         }
         notes.append(f"{regime}: eager s^2 per step point {alphas}, dropout's {[round(a, 3) for a in drop_alphas]}")
         print(f"  t5/{regime}: {json.dumps(out[regime])}", flush=True)
-    fit_split(out)
+    fit_split(out, ff)
     return out, notes
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = family_args(__doc__ or "", ("t5",), argv)
+    args = family_args(__doc__ or "", tuple(FEED_FORWARD), argv)
     import torch
     import transformers
 
-    regimes, notes = fit()
-    if args.dry_run:
-        print("\n".join(notes))
-        return 0
     data = json.loads(DATA.read_text(encoding="utf-8"))
-    data["aliases"].pop("t5", None)
-    data["families"]["t5"] = {
-        "source": (f"scripts/fit_t5.py: fake-tensor traces of HF T5 encoder-decoder steps (torch {torch.__version__}, "
-                   f"transformers {transformers.__version__}), SDPA and eager attention, one-minus-two depth steps (one encoder + one "
-                   f"decoder block each, halved: per block of total_layers) at h/i/q steps around {BASE} (kv = q), batches "
-                   f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); {SPLIT_SOURCE} per_token is SDPA's, eager_per_token eager minus SDPA "
-                   f"per token and eager_per_head_s2 eager's s^2 part (encoder self, decoder self and cross attention, averaged per block); "
-                   f"dropout terms = dropout_rate {DROP} minus 0 (T5 applies dropout_rate to hidden states and attention "
-                   f"probabilities alike); frozen_linear_inputs: the generic fallback (activations.frozen_linear_inputs). "
-                   + "; ".join(notes)),
-        "regimes": regimes,
-    }
-    DATA.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    for family in args.family or FEED_FORWARD:
+        ff = FEED_FORWARD[family]
+        regimes, notes = fit(ff)
+        if args.dry_run:
+            print("\n".join(notes))
+            continue
+        data["aliases"].pop(family, None)
+        data["families"][family] = {
+            "source": (f"scripts/fit_t5.py: fake-tensor traces of HF T5 encoder-decoder steps, feed_forward_proj {ff!r} "
+                       f"(torch {torch.__version__}, "
+                       f"transformers {transformers.__version__}), SDPA and eager attention, one-minus-two depth steps (one encoder + one "
+                       f"decoder block each, halved: per block of total_layers) at h/i/q steps around {BASE} (kv = q), batches "
+                       f"{list(BATCHES)} x lengths {list(LENGTHS)} (source = target length); {SPLIT_SOURCE} per_token is SDPA's, eager_per_token eager minus SDPA "
+                       f"per token and eager_per_head_s2 eager's s^2 part (encoder self, decoder self and cross attention, averaged per block); "
+                       f"dropout terms = dropout_rate {DROP} minus 0 (T5 applies dropout_rate to hidden states and attention "
+                       f"probabilities alike); frozen_linear_inputs: the generic fallback (activations.frozen_linear_inputs). "
+                       + "; ".join(notes)),
+            "regimes": regimes,
+        }
+    if not args.dry_run:
+        DATA.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

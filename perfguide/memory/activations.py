@@ -215,6 +215,15 @@ def family_coefficients(family: str, model_type: str = "") -> dict[RegimeName, R
     return regimes
 
 
+def spec_family(spec: ModelSpec) -> str:
+    """The activations.json family of ``spec``: ``family_name``, or its gated variant (``<family>-gated``) where an
+    encoder-decoder's config names a gated FFN (``feed_forward_proj: gated-gelu``, read into ``ModelSpec.gated_mlp``:
+    T5 v1.1, Flan-T5, T0, mT5), whose two input projections and gelu_new chain keep more per d_ff unit than v1.0's ReLU."""
+    name = family_name(spec.family, spec.model_type)
+    gated = f"{name}-gated"
+    return gated if spec.is_encoder_decoder and spec.gated_mlp and gated in activations_data().families else name
+
+
 def block_dims(spec: ModelSpec) -> dict[str, int]:
     """Dimension values of one block; MoE blocks keep activations of the experts each token visits."""
     return {
@@ -231,7 +240,7 @@ def _linear(coef: Mapping[str, float] | Mapping[Dim, float], dims: dict[str, int
 
 
 def _coefs(spec: ModelSpec, setup: Setup) -> Regime:
-    return family_coefficients(spec.family, spec.model_type)[regime(setup)]
+    return family_coefficients(spec_family(spec))[regime(setup)]
 
 
 def dropout_rates(spec: ModelSpec) -> tuple[float, float]:
@@ -328,7 +337,7 @@ def kbit_fp32_stream(setup: Setup) -> bool:
 def checkpoint_boundary_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Bytes one checkpointed block keeps between forward and backward: its input hidden states, in the
     stream's dtype (``stream_regime``)."""
-    c = family_coefficients(spec.family, spec.model_type)[stream_regime(setup)]
+    c = family_coefficients(spec_family(spec))[stream_regime(setup)]
     return int(setup.micro_batch_size * setup.seq_len * _linear(c.ckpt_per_token, block_dims(spec)))
 
 

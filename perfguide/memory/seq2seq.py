@@ -23,7 +23,18 @@ from collections.abc import Mapping
 
 from ..model.types import ModelSpec
 from ..setup import Setup
-from .activations import Dim, Regime, activation_bytes, block_dims, checkpoint_boundary_bytes, dropout_rates, family_coefficients, frozen_linear_inputs, regime
+from .activations import (
+    Dim,
+    Regime,
+    activation_bytes,
+    block_dims,
+    checkpoint_boundary_bytes,
+    dropout_rates,
+    family_coefficients,
+    frozen_linear_inputs,
+    regime,
+    spec_family,
+)
 
 #: score maps per pair of blocks (encoder self; decoder self and cross) over which a split family's s^2 terms average
 MAPS_PER_PAIR = 3
@@ -44,7 +55,7 @@ def block_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0,
     ``lora_extra_per_layer`` is the adapters' bytes of a block at ``seq_len`` (activations.lora_layer_bytes); a decoder
     block's adapters see its target tokens (a cross-attention K/V adapter's input, the source, is counted at the target
     length: a small undercount where the labels are shorter)."""
-    c = family_coefficients(spec.family, spec.model_type)[regime(setup)]
+    c = family_coefficients(spec_family(spec))[regime(setup)]
     dims = block_dims(spec)
     b, source, target = setup.micro_batch_size, setup.seq_len, setup.decoder_len
     hidden_p, attn_p = dropout_rates(spec)
