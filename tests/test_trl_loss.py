@@ -57,20 +57,36 @@ def test_fused_head_sft_loss_path_counted_by_hand():
     assert hf.logits > trl.logits and any("SFTTrainer" in n and "fused LM head" in n for n in trl.notes)
 
 
-def test_chunked_nll_loss_path_counted_by_hand(monkeypatch):
-    """TRL 1.7-1.14's chunked_nll on the same step: 30 positions < one 256-position chunk."""
-    monkeypatch.setattr(fused_head, "installed_trl", lambda: "1.14.2")
+@pytest.mark.parametrize("release, copy", [("1.14.2", 0), ("1.12.0", V * H * 4)])
+def test_chunked_nll_loss_path_counted_by_hand(monkeypatch, release, copy):
+    """TRL 1.7-1.14's chunked_nll on the same step: 30 positions, inside one 256-position chunk; through 1.12 each chunk
+    projects through an fp32 copy of the head (h.float() @ w.float().t()) whose fp32 gradient backward computes."""
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: release)
     n = 30
-    saved = n * H * 2                    # hidden[order]: the gathered label hidden states (bf16)
-    forward = 4 * n * V * 4              # fp32 logits, log_softmax, exp, exp * log_p
-    backward = saved + 5 * n * V * 4 + n * V * 2 + V * H * 2   # grad_hidden, 5 fp32 chunk tensors, bf16 logits grad, head grad
+    saved = n * H * 2                    # hidden[order]: the gathered label hidden states (bf16); its gradient alike
+    chunk = 4 * n * V * 4                # fp32 logits, log_softmax, exp, exp * log_p (and their backward's four)
+    projection = n * V * 4 + 2 * copy    # the logits' fp32 gradient, the fp32 head copy and its fp32 gradient
     setup = Setup(trainer="trl", **PURE_BF16)
-    assert fused_head.sft_loss_bytes(tiny_spec(), setup, setup, 2) == saved + max(forward, backward) == 96_512
-    # TRL 1.6 and HF Trainer: the full-logits path (None: HF's loss path prices it)
-    monkeypatch.setattr(fused_head, "installed_trl", lambda: "1.6.0")
+    expected = 2 * saved + max(chunk + copy, projection)
+    assert expected == {0: 65_280, V * H * 4: 81_664}[copy]
+    assert fused_head.sft_loss_bytes(tiny_spec(), setup, setup, 2) == expected
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: "1.6.0")   # loss_type='nll': HF's full-logits path
     assert fused_head.sft_loss_bytes(tiny_spec(), setup, setup, 2) is None
     hf = Setup(**PURE_BF16)
     assert fused_head.sft_loss_bytes(tiny_spec(), hf, hf, 2) is None
+
+
+@pytest.mark.parametrize("release, published_gb", [("1.13.0", 3.03), ("1.12.0", 5.99)])
+def test_chunked_nll_against_the_v1_13_release_measurement(monkeypatch, release, published_gb):
+    """TRL v1.13.0 release notes (https://github.com/huggingface/trl/releases/tag/v1.13.0): one chunk, 256 tokens x
+    vocab 248,320 x hidden 2048, 1xH100, bf16, fwd+bwd: peak 5.99 GB before the fix (fp32 head copy), 3.03 GB after.
+    The peak holds the bf16 head weight and its gradient beside the loss path."""
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: release)
+    v, h = 248_320, 2048
+    spec = tiny_spec().model_copy(update={"vocab_size": v, "hidden_size": h})
+    setup = Setup(trainer="trl", weights_dtype="bf16", autocast="bf16", micro_batch_size=1, seq_len=257)
+    peak = fused_head.sft_loss_bytes(spec, setup, setup, 2) + 2 * v * h * 2
+    assert abs(peak / 1e9 - published_gb) / published_gb < 0.07, peak / 1e9
 
 
 def test_dpo_implies_trl_and_refuses_the_transformers_trainer():

@@ -39,6 +39,7 @@ SftLoss = Literal["full", "chunked", "fused"]
 class TrlEra(DataModel):
     since: str
     sft_loss: SftLoss
+    fp32_head_copy: bool = False   # chunked_nll 1.7-1.12: each chunk projects through an fp32 copy of the head weight
     source: str = Field(min_length=10)
 
 
@@ -122,20 +123,23 @@ def sft_positions(setup: Setup) -> int:
     return setup.micro_batch_size * max(1, setup.seq_len - 1)
 
 
-def chunked_loss_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
+def chunked_loss_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int, fp32_head_copy: bool) -> int:
     """TRL 1.7-1.14 ``chunked_nll`` (sft_trainer.py _chunked_cross_entropy_loss, _chunk): the gathered label hidden
-    states (``hidden[order]``, a copy) live through backward. One checkpointed chunk at a time runs
-    ``(h @ w.t()).float()``, ``log_softmax``, ``log_p.exp()`` and the entropy product: four fp32 chunk tensors in
-    forward; its backward recomputes them, keeps log_p and exp, and adds their gradients and the logits' (three
-    more fp32) and the head-dtype logits' gradient, beside the gathered hidden states' gradient and, for a trained
-    head, the chunk's weight gradient before it is summed into the accumulated one."""
+    states (``hidden[order]``, a copy) live through backward. One checkpointed chunk at a time holds four fp32 chunk
+    tensors: in forward the upcast logits, ``log_softmax``, ``log_p.exp()`` and the entropy product; in its backward
+    the recomputed log_p and exp and two gradients at a time. Through 1.12 the fp32 copy of the head weight
+    (``w.float()``) sits beside them. The projection's backward runs last, on the logits' fp32 gradient alone: the
+    hidden states' gradient, a trained head's weight gradient (fp32 for the fp32 copy, then cast), which from the
+    second chunk on sits beside the accumulated one."""
     n, h, v = sft_positions(setup), spec.hidden_size, spec.vocab_size
     rows = min(n, trl_data().chunked_tokens)
     saved = n * h * hidden_bytes(setup)
-    forward = 4 * rows * v * FP32
-    weight_grad = v * h * grad_elem_bytes if setup.lora is None else 0
-    backward = saved + 5 * rows * v * FP32 + rows * v * compute_bytes(setup) + weight_grad
-    return saved + max(forward, backward)
+    chunk = 4 * rows * v * FP32
+    copy = v * h * FP32 if fp32_head_copy else 0
+    trained = setup.lora is None
+    weight_grad = v * h * grad_elem_bytes if trained and n > rows else 0
+    projection = rows * v * FP32 + copy + (copy if trained else 0) + weight_grad
+    return 2 * saved + max(chunk + copy, projection)
 
 
 def sft_loss_bytes(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int) -> int | None:
@@ -147,7 +151,7 @@ def sft_loss_bytes(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes:
     if kind == "full" or (kind == "chunked" and setup.liger_kernel) or not spec.generates or spec.is_encoder_decoder:
         return None
     if kind == "chunked":
-        return chunked_loss_bytes(spec, shape, grad_elem_bytes)
+        return chunked_loss_bytes(spec, shape, grad_elem_bytes, trl_era(installed_trl()).fp32_head_copy)
     parts = fused_head_parts(spec, shape, sft_positions(shape), grad_elem_bytes, trl_data().sft_fp32_per_token)
     return parts.saved + max(parts.forward, parts.backward)
 
