@@ -55,6 +55,8 @@ def test_fused_head_sft_loss_path_counted_by_hand():
     hf = perfguide.estimate(tiny_spec(), Setup(**PURE_BF16), hardware=GPU)
     assert trl.logits == saved + backward
     assert hf.logits > trl.logits and any("SFTTrainer" in n and "fused LM head" in n for n in trl.notes)
+    # the HF-Trainer plan says which trainer it was priced for, and what SFTTrainer would hold
+    assert any("priced for the transformers Trainer" in n and "would hold" in n for n in hf.notes)
 
 
 @pytest.mark.parametrize("release, copy", [("1.14.2", 0), ("1.12.0", V * H * 4)])

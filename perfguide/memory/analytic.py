@@ -35,7 +35,7 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes
-from .fused_head import sft_loss_bytes, sft_loss_note
+from .fused_head import sft_loss_bytes, sft_loss_note, sft_trainer_alternative
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
@@ -259,6 +259,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
             release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
+        alt = sft_trainer_alternative(spec, setup, shape, states.grad_elem_bytes)
+        release_notes += (alt,) if alt else ()
     dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu) if recompute else 0   # its gradients (block_backward.py)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram

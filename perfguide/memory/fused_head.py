@@ -164,3 +164,15 @@ def sft_loss_note(setup: Setup, trl_bytes: int, full_bytes: int) -> str:
     what = "fused LM head (no [b, s, V] logits)" if kind == "fused" else f"chunked_nll ({trl_data().chunked_tokens}-token chunks)"
     return (f"loss path priced for TRL's SFTTrainer ({where}): {what}, {trl_bytes / 1e9:.2f} GB at its peak "
             f"instead of {full_bytes / 1e9:.2f} GB for full logits (trainer='transformers')")
+
+
+def sft_trainer_alternative(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int) -> str | None:
+    """For an SFT plan priced for HF Trainer: what TRL's SFTTrainer (``rec.sft_config()``) would hold instead, since
+    the plan stays valid there with room to spare; None where SFTTrainer keeps the same full logits."""
+    if setup.trainer != "transformers" or setup.objective != "sft":
+        return None
+    trl = sft_loss_bytes(spec, setup.model_copy(update={"trainer": "trl"}), shape, grad_elem_bytes)
+    if trl is None:
+        return None
+    return (f"loss path priced for the transformers Trainer (full [b, s, V] logits); TRL's SFTTrainer "
+            f"(rec.sft_config(), trainer='trl') would hold {trl / 1e9:.2f} GB there instead")
