@@ -71,6 +71,7 @@ from .block_backward import BlockBackward
 from .kbit import kbit_fp32_parts
 from .loss_path import LossPaths
 from .masks import EagerBackward
+from .relative_positions import relative_position_bytes
 from .softcap import Softcap, attention_softcap_bytes, final_softcap_bytes
 
 DIMS = ("h", "i", "q", "kv", "1")
@@ -282,6 +283,8 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         # the full s x s in every block: HF eager applies a sliding window as a mask on full scores (Gemma 2,
         # Mistral v0.1: traced, a window of 16 and of 4096 save the same bytes at s 64 / 128)
         total += b * spec.num_attention_heads * s * s * s2 + attention_softcap_bytes(spec, setup)
+    # DeBERTa-v2's position scores, b x heads x s x 2k per kind (relative_positions.py), in the block's compute dtype
+    total += relative_position_bytes(spec, setup, 4 if regime(setup) == "fp32" else 2)
     return int(total + fp32_mlp_bytes(spec, setup))
 
 
