@@ -10,7 +10,7 @@ counts every storage an op returns until Python frees it. A forward pre-hook on 
 bytes when autograd starts to recompute it (the baseline), a forward hook when the recompute ends; the peak until
 the next block's recompute starts is the block's backward. Printed per token (two lengths, differenced, so the
 dequantized weights and other length-free transients drop out) and per FFN unit (two FFN widths, differenced):
-what the recompute keeps (``saved``) and how far the backward rises above it (``in flight``).
+what the recompute saves (``saved_tensors_hooks``) and how far the backward rises above it (``in flight``).
 
 ``--compare [--bnb-keeps-inputs]`` prints, per case and reentrant, the live bytes as the recompute starts, the saved
 bytes and the rise, each per FFN unit and per hidden unit, for the releases installed in the venv that runs it: run
@@ -23,8 +23,9 @@ decoder MLP's forward becomes ``down_proj(LigerSiLUMulFunction(gate_proj(x), up_
 forward ``LigerRMSNormFunction``). Triton does not run on CPU, so scripts/liger_standins.py stands in for the two
 kernels with their storage semantics (liger-kernel 0.8.5 ops/swiglu.py, ops/rms_norm.py; that module says which).
 
-``--saved`` sets, per case, the live bytes as the recompute ends (the mark the in-flight terms are measured from)
-beside the storages the recompute saves for backward (``saved_tensors_hooks``) and what activations.layer_bytes prices.
+``--saved`` sets, per case, the live bytes as the recompute ends (the mark stop 35's in-flight terms were measured
+from) beside the storages the recompute saves for backward (``saved_tensors_hooks``: the reference the in-flight
+terms are measured from now) and what activations.layer_bytes prices.
 
 ``--full`` traces full fine-tuning (FULL_CASES: no adapter, every weight trainable; bf16 or fp32 weights, with and
 without bf16 autocast), HF's modules and the Liger stand-ins (the RMSNorm's weight gradient then accumulates in one
@@ -308,14 +309,14 @@ def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224,
 
 def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448,
                  liger: bool = False, accumulate: bool = False) -> dict[str, float]:
-    """Bytes per token the backward holds beyond the live bytes as the recompute ends (reentrant's: non-reentrant
-    recomputes the same ones), per FFN unit ("i", two widths differenced) and per hidden unit ("h", the rest at
-    q = h, kv = h / 4). That mark holds more than the saved tensors activations.layer_bytes prices (block_marks,
-    ``--saved``), so recompute + these terms price the block's peak that much low."""
-    saved1, _ = per_token(case, h, i1, True, liger=liger, accumulate=accumulate)
-    saved2, _ = per_token(case, h, i2, True, liger=liger, accumulate=accumulate)
-    _, peak1 = per_token(case, h, i1, reentrant, liger=liger, accumulate=accumulate)
-    _, peak2 = per_token(case, h, i2, reentrant, liger=liger, accumulate=accumulate)
+    """Bytes per token the backward holds beyond the storages the recompute saves (reentrant's: non-reentrant recomputes
+    the same ones; what activations.layer_bytes prices, so that the two add up to the block's peak), per FFN unit
+    ("i", two widths differenced) and per hidden unit ("h", the rest at q = h, kv = h / 4). Stop 35's coefficients
+    were above the live bytes as the recompute ends instead, which also hold what the block's forward still
+    references there and does not save (block_marks, ``--saved``: 6 B per hidden unit per token for LoRA on a 16-bit
+    base, 4 in the fp32 stream and for a 16-bit full fine-tune, 2 for fp32 weights under autocast, 0 in fp32)."""
+    saved1, saved2 = (per_token_marks(case, h, i, True, liger=liger, accumulate=accumulate)[3] for i in (i1, i2))
+    peak1, peak2 = (per_token_marks(case, h, i, reentrant, liger=liger, accumulate=accumulate)[2] for i in (i1, i2))
     per_i = ((peak2 - saved2) - (peak1 - saved1)) / (i2 - i1)
     return {"i": round(per_i, 2), "h": round(((peak1 - saved1) - per_i * i1) / h, 2)}
 
@@ -359,7 +360,7 @@ def length_free(case: str, reentrant: bool, coef: dict[str, float], accumulate: 
         for mode in {True, reentrant}:
             model, autocast = traced(case, h, i, mode, tmp, liger)
             marks[mode] = block_marks(model, s, autocast, accumulate)
-    saved = marks[True][1] - marks[True][0]
+    saved = marks[True][3]
     start, _, peak, _ = marks[reentrant]
     return round(peak - start - saved - (coef["i"] * i + coef["h"] * h) * s)
 
@@ -383,8 +384,8 @@ def full_main() -> int:
 
 def saved_main() -> int:
     """``--saved``: per case (reentrant, h 128, FFN 448, q = h, kv = h / 4), bytes per token: the live bytes as the
-    middle block's recompute ends (the mark the in-flight terms are measured from), the storages the recompute saves
-    for backward, and what activations.layer_bytes (+ lora_layer_bytes) prices for that block (CUDA's SDPA kernel emulated, so fp32
+    middle block's recompute ends (the mark stop 35's in-flight terms were measured from), the storages the
+    recompute saves for backward (the reference they are measured from now), and what activations.layer_bytes (+ lora_layer_bytes) prices for that block (CUDA's SDPA kernel emulated, so fp32
     attention differs: CPU's kernel keeps grouped K/V, CUDA's memory-efficient one expanded ones, and the priced
     16-bit logsumexp term was fitted at head_dim 16, not 32). Mark minus saved is what the block's forward still
     references at its end without saving it (the residual sum, the norm output, the MLP output)."""
@@ -398,7 +399,7 @@ def saved_main() -> int:
                                "num_key_value_heads": 1, "head_dim": h // 4, "num_hidden_layers": 3, "vocab_size": 256,
                                "max_position_embeddings": 4096, "tie_word_embeddings": False})
     lora = LoraSpec(r=8, alpha=16, target_modules=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"))
-    setups = {"fp32_stream": dict(weights_dtype="nf4", autocast="bf16", kbit_upcast=True, lora=lora),
+    setups: dict[str, dict[str, Any]] = {"fp32_stream": dict(weights_dtype="nf4", autocast="bf16", kbit_upcast=True, lora=lora),
               "half_autocast": dict(weights_dtype="bf16", autocast="bf16", lora=lora), "half": dict(weights_dtype="bf16", lora=lora),
               "full_half": dict(weights_dtype="bf16"), "full_half_autocast": dict(weights_dtype="bf16", autocast="bf16"),
               "full_fp32_autocast": dict(weights_dtype="fp32", autocast="bf16"), "full_fp32": dict(weights_dtype="fp32")}
@@ -425,7 +426,7 @@ def main() -> int:
     for case in ("fp32_stream", "half_autocast", "half"):
         for reentrant in (True, False):
             coef = coefficients(case, reentrant)
-            saved, peak = per_token(case, 128, 448, True)[0], per_token(case, 128, 448, reentrant)[1]
+            saved, peak = per_token_marks(case, 128, 448, True)[3], per_token_marks(case, 128, 448, reentrant)[2]
             check = coef["i"] * 448 + coef["h"] * 128
             print(f"{case} reentrant={reentrant}: in flight per token {coef}; at h 128, i 448: measured "
                   f"{peak - saved:.0f} B, the coefficients give {check:.0f} B (saved {saved:.0f}, peak {peak:.0f})")

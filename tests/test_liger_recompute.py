@@ -76,11 +76,12 @@ def test_real_tensors_liger_block_keeps_what_the_hook_removes(case: str) -> None
 
 
 def test_full_finetune_recompute_also_keeps_the_normalised_tensor_less() -> None:
-    """A full fine-tune with bf16 weights under bf16 autocast: HF's two norms keep their fp32 upcast (4 B) and, the
-    weights being trainable, the normalised bf16 tensor (2 B) per hidden unit; Liger's input is the checkpoint's
-    input or the residual sum, alive in the recomputed block either way; act(gate) 2 B per FFN unit."""
+    """A full fine-tune with bf16 weights under bf16 autocast: HF's two norms save their fp32 upcast (4 B) and, the
+    weights being trainable, the normalised bf16 tensor (2 B) per hidden unit, Liger's its bf16 input (2 B: its
+    in-flight term is measured above its own saved tensors, so that input is priced with them); act(gate) 2 B per
+    FFN unit."""
     full = dict(lora=None, weights_dtype="bf16", kbit_upcast=False)
-    assert _activations(False, **full) - _activations(True, **full) == 1 * 4096 * (2 * I + 2 * (4 + 2) * H)
+    assert _activations(False, **full) - _activations(True, **full) == 1 * 4096 * (2 * I + 2 * (4 + 2 - 2) * H)
     # fp32 weights under autocast: the norms run on the fp32 stream (their .to(float32) keeps the input itself)
     amp = dict(lora=None, weights_dtype="fp32", kbit_upcast=False)
     assert _activations(False, **amp) - _activations(True, **amp) == 1 * 4096 * (2 * I + 2 * 4 * H)
@@ -88,15 +89,16 @@ def test_full_finetune_recompute_also_keeps_the_normalised_tensor_less() -> None
 
 @pytest.mark.parametrize("case", ["full_half_autocast", "full_fp32_autocast"])
 def test_real_tensors_full_finetune_liger_block(case: str) -> None:
-    """Real CPU tensors, every weight trainable, reentrant, h 96 and FFN 256: the recompute keeps the hook's
-    block_savings less under the Liger stand-ins, and the block's peak drops by that plus the in-flight difference
-    memory/block_backward.py prices (HF's product and factor gradients against Liger's product gradient alone)."""
+    """Real CPU tensors, every weight trainable, reentrant, h 96 and FFN 256: the storages the recompute saves for
+    backward (saved_tensors_hooks) are the hook's block_savings less under the Liger stand-ins, and the block's peak
+    drops by that plus the in-flight difference memory/block_backward.py prices (HF's product and factor gradients
+    against Liger's product gradient alone; each measured above its own saved tensors)."""
     from perfguide.memory.block_backward import block_backward_bytes
 
     trace = _trace_script()
     h, i = 96, 256
-    hf_saved, hf_peak = trace.per_token(case, h, i, True, 128, 256)
-    lg_saved, lg_peak = trace.per_token(case, h, i, True, 128, 256, liger=True)
+    *_, hf_peak, hf_saved = trace.per_token_marks(case, h, i, True, 128, 256)
+    *_, lg_peak, lg_saved = trace.per_token_marks(case, h, i, True, 128, 256, liger=True)
     spec = llama_spec(h=h, i=i, vocab=256, layers=3, kv=1, heads=4)
     setup = qlora(lora=None, kbit_upcast=False, seq_len=1000, liger_kernel=True,
                   weights_dtype="bf16" if case == "full_half_autocast" else "fp32")

@@ -23,16 +23,17 @@ micro-step HF has added it in place and freed it before its peak; Liger's peak (
 reentrant fp32 weights under autocast (the bf16 gradient before its cast back) still hold that one h x i transient:
 not priced (2 B x h x i, 0.11 GiB at Llama-3-8B).
 
-Known gap, traced (scripts/trace_block_backward.py --saved, h 128, FFN 448): the coefficients were measured above the
-live bytes as the recompute ends, which hold more than the saved tensors layer_bytes prices: what the block's forward
-still references there (the attention's residual sum, the norm output, the MLP output), 6 B per hidden unit per token
-for LoRA on a 16-bit base, 4 in peft's fp32 stream and for a 16-bit full fine-tune, 2 for fp32 weights under
-autocast, 0 in fp32. Recompute + term therefore prices the block's peak that much low (Mistral-7B QLoRA at 32k
-tokens: 0.5 GiB); the saved tensors themselves are what layer_bytes prices, to the logsumexp's head_dim term.
+Reference, traced (scripts/trace_block_backward.py --saved, h 128, FFN 448): every term is measured above the
+storages the recompute saves for backward (saved_tensors_hooks), which is what layer_bytes prices, so recompute +
+term is the block's peak. Stop 35's terms were measured above the live bytes as the recompute ended, which also hold
+what the block's forward still references there without saving it (the attention's residual sum, the MLP output,
+under LoRA a norm output): 6 B per hidden unit per token for LoRA on a 16-bit base, 4 in peft's fp32 stream and for
+a 16-bit full fine-tune, 2 for fp32 weights under autocast, 0 in fp32; the block's peak was priced that much low
+(Mistral-7B QLoRA at 32k tokens: 0.5 GiB). The per-FFN-unit terms do not depend on the reference.
 
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
-LoRA Liger's fused SwiGLU holds the same in flight: traced, scripts/trace_block_backward.py --liger; what it saves
-less is its technique hook's); the MLP's gradients come at another moment than eager attention's s x s backward
+LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
+traced, scripts/trace_block_backward.py --liger); the MLP's gradients come at another moment than eager attention's s x s backward
 (masks.eager_backward_transient_bytes), so the block backward holds the larger of the two (analytic.py). Other setups
 (a classic two-matrix MLP, fp8 autocast, encoder-decoders) get nothing here, as before.
 """

@@ -155,16 +155,23 @@ def norm_savings(fp32_input: bool, trainable: bool, recomputed: bool) -> int:
     HF's norm computes ``weight * (x.to(float32) * rsqrt(...)).to(x.dtype)``: autograd keeps the fp32 ``x`` (a
     copy, 4 B, when ``x`` is 16-bit; ``x`` itself when it is fp32) and, when the weight is trainable, the
     normalised tensor in ``x``'s dtype. Liger's keeps ``x`` and one fp32 rstd per row (ops/rms_norm.py
-    ``save_for_backward(X, RSTD)``). A 16-bit ``x`` is then a tensor HF does not keep (2 B), except in the block a
-    checkpointed run recomputes, where it is the checkpoint's input or the attention's residual sum, alive there
-    either way; an fp32 ``x`` both keep. Traced (scripts/trace_block_backward.py ``decomposed`` on its LoRA and
-    ``--full`` cases, the recompute; scripts/trace_liger_unchecked.py, a whole forward without checkpointing; real
-    CPU tensors, the liger-kernel 0.8.5 stand-ins of scripts/liger_standins.py), per hidden unit for a block's two
-    norms: LoRA on a bf16 base 8 recomputed (33.12 -> 25.12) and 4 without checkpointing; bf16 full fine-tune 12
-    (25.38 -> 13.38) and 8; fp32 weights, full, with or without autocast, 8 and 8; nf4 in peft's fp32 stream 0."""
+    ``save_for_backward(X, RSTD)``): a 16-bit ``x`` is 2 B HF does not save, an fp32 ``x`` both keep. That is the
+    whole difference wherever the block's in-flight term is measured above Liger's own saved tensors: outside the
+    recomputed block, and in it for a full fine-tune (memory/block_backward.py ``full_finetune_per_token["liger"]``).
+    Under LoRA the recomputed block's in-flight term is HF's for both (``in_flight_per_token``), measured above HF's
+    saved tensors, and there Liger's 16-bit ``x`` is the checkpoint's input or the attention's residual sum, alive at
+    HF's peak too: the hook then prices the peak difference, without Liger's 2 B.
+    Traced on real CPU tensors with the liger-kernel 0.8.5 stand-ins of scripts/liger_standins.py, per hidden unit
+    for a block's two norms: the recompute's saved tensors (scripts/trace_block_backward.py ``--full``, reference
+    ``saved_tensors_hooks``): bf16 full fine-tune 8, fp32 weights with or without autocast 8; the peak under LoRA on
+    a bf16 base 8 (``--liger``); without checkpointing (scripts/trace_liger_unchecked.py) LoRA on a bf16 base 4,
+    bf16 full fine-tune 8, fp32 weights 8; nf4 in peft's fp32 stream 0. Stop 35 priced the bf16 full fine-tune's
+    recompute 12, measured against the live bytes as the recompute ended (which hold the residual sum HF does not
+    save), while its in-flight term left the same 4 B out."""
     if fp32_input:
         return 4 if trainable else 0
-    return 4 + (2 if trainable else 0) - (0 if recomputed else 2)
+    liger_input = 0 if recomputed and not trainable else 2
+    return 4 + (2 if trainable else 0) - liger_input
 
 
 def fused_activation_savings(spec: Any, shape: Any) -> int:
