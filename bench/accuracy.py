@@ -33,6 +33,7 @@ from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
 from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _train_setup
 from accuracy_spec import _spec, trained_spec
+from accuracy_trl import trl_release
 
 from perfguide._data import load
 from perfguide.errors import PerfGuideError
@@ -229,7 +230,8 @@ def held_out(group: str) -> Iterator[None]:
 def evaluate_all(rows: list[dict[str, str]], timings: list[float]) -> list[Result]:
     out = []
     for row in rows:
-        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row), checkpoint_release(row), torch_era(row):
+        with held_out(row["source_group"]), t5_release(row), deepspeed_runtime(row), checkpoint_release(row), torch_era(row), \
+                trl_release(row):
             out.append(evaluate(row, timings))
     return out
 

@@ -292,6 +292,9 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         # TRL 0.7.5+ SFTTrainer given a peft_config with bf16 re-casts adapters, embeddings and head to bf16
         fields["kbit_recast_bf16"] = "peft_module_casting_to_bf16" in row["method"]
     fields["lora"] = _lora(row, spec)
+    from accuracy_trl import trl_fields
+
+    fields.update(trl_fields(row))   # a row that names its TRL release: its trainer and objective
     return Setup(**fields)  # type: ignore[arg-type]
 
 
