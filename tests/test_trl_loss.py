@@ -8,12 +8,14 @@ _chunked_cross_entropy_loss / _chunk), never perfguide's own output.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 try:  # tests/ as a plain folder or as a package
-    from helpers import TINY_LLAMA, one_line, tiny_model, tiny_spec, tiny_tokenizer
+    from helpers import TINY_LLAMA, load_bench, one_line, tiny_model, tiny_spec, tiny_tokenizer
 except ImportError:  # pragma: no cover
-    from tests.helpers import TINY_LLAMA, one_line, tiny_model, tiny_spec, tiny_tokenizer
+    from tests.helpers import TINY_LLAMA, load_bench, one_line, tiny_model, tiny_spec, tiny_tokenizer
 
 import perfguide
 from perfguide import Setup
@@ -130,3 +132,23 @@ def test_sft_trainer_runs_a_trl_plan(tmp_path):
     assert tuple(next(iter(trainer.get_train_dataloader()))["input_ids"].shape) == (rec.setup.micro_batch_size, 24)
     trainer.train()
     assert trainer.state.global_step == 2
+
+
+@pytest.mark.parametrize("method, expected", [
+    ("TRL SFTTrainer (trl==1.15.0, loss_type='nll')", {"trainer": "trl"}),
+    ("TRL SFTTrainer (trl==1.14.2, default loss_type: 'chunked_nll')", {"trainer": "trl"}),
+    ("TRL SFTTrainer (trl==1.14.2, loss_type='nll')", {"trainer": "transformers"}),   # 1.7-1.14 'nll': full logits
+    ("TRL DPOTrainer (trl==1.15.0)", {"objective": "dpo", "trainer": "trl"}),
+    ("TRL DPOTrainer (trl==1.14.2)", "full [2b, s, V] logits"),
+    ("TRL KTOTrainer (trl==1.15.0; batch size 2)", "KTOTrainer"),
+    ("TRL SFTTrainer, no release named", {}),   # older rows keep HF Trainer's loss path
+])
+def test_bench_reads_a_rows_trl_trainer_and_release(method, expected):
+    acc_trl = load_bench("accuracy_trl")
+    skip = load_bench("accuracy_setup").Skip
+    row = {"method": method}
+    if isinstance(expected, str):
+        with pytest.raises(skip, match=re.escape(expected)):
+            acc_trl.trl_fields(row)
+    else:
+        assert acc_trl.trl_fields(row) == expected
