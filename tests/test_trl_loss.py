@@ -61,6 +61,22 @@ def test_fused_head_sft_loss_path_counted_by_hand():
     assert any("priced for the transformers Trainer" in n and "would hold" in n for n in hf.notes)
 
 
+def test_fused_head_on_cpu_counts_the_torch_folds_temporaries():
+    """fp32 on CPU (no Triton): the same 30 positions, the tile folded by torch ops (_forward_tile: z, e and one
+    temporary; _backward_tile: y, z, log_p, p, grad and the entropy term's two temporaries), all fp32 tiles."""
+    pytest.importorskip("trl")
+    if fused_head.trl_era(fused_head.installed_trl()).sft_loss != "fused":
+        pytest.skip("the installed TRL predates the fused head")
+    n = 30
+    cells = n * V
+    saved = n * H * 4                            # fp32 hidden states
+    forward = cells * 4 + n * 11 * 4 + 3 * cells * 4
+    backward = n * H * 4 + cells * 4 + 7 * cells * 4   # fp32 weights: the head's gradient is the fp32 .grad itself
+    cpu = Setup(trainer="trl", device="cpu", weights_dtype="fp32", micro_batch_size=2, seq_len=16)
+    assert (forward, backward) == (62_760, 126_720)
+    assert fused_head.sft_loss_bytes(tiny_spec(), cpu, cpu, 4) == saved + backward == 130_560
+
+
 @pytest.mark.parametrize("release, copy", [("1.14.2", 0), ("1.12.0", V * H * 4)])
 def test_chunked_nll_loss_path_counted_by_hand(monkeypatch, release, copy):
     """TRL 1.7-1.14's chunked_nll on the same step: 30 positions, inside one 256-position chunk; through 1.12 each chunk

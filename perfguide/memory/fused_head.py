@@ -9,8 +9,9 @@ transformers release). TRL's SFTTrainer stopped doing so in two steps, read in t
   fp32 cross-entropy tensors) lives at once, in forward and again in backward;
 * ``fused`` (1.15 on): every trainer scores tokens with a fused LM head (``add_fused_lm_head``,
   ``ChunkedLogProbFunction``): one ``[4096, 32768]`` tile buffer, a dozen fp32 numbers per position, and in
-  backward fp32 input (and trained-head weight) gradients. On a device without Triton the same tiles run through
-  torch ops (``_forward_tile``), so the memory is the same shape on CPU; only the speed differs.
+  backward fp32 input (and trained-head weight) gradients. On a device without Triton (every CPU) the same tiles
+  are folded by torch ops (``_forward_tile``, ``_backward_tile``): no full logits either, but a few fp32 tile-sized
+  temporaries the Triton kernels never write (data/trl.json torch_fold_*).
 
 The eras and their sources are rows of data/trl.json; the TRL release comes from the installed package, and with
 no TRL installed the plan is priced as the newest era (what ``pip install 'perfguide[trl]'`` installs today).
@@ -49,6 +50,9 @@ class TrlLoss(DataModel):
     chunked_source: str = Field(min_length=10)
     sft_fp32_per_token: int = Field(ge=1)   # fp32 numbers the fused head keeps per position for SFTTrainer's outputs
     sft_fp32_source: str = Field(min_length=10)
+    torch_fold_fp32_tiles_forward: int = Field(ge=0)   # fp32 tile-sized temporaries of the torch fallback (no Triton)
+    torch_fold_fp32_tiles_backward: int = Field(ge=0)
+    torch_fold_source: str = Field(min_length=10)
     eras: tuple[TrlEra, ...]
 
 
@@ -110,11 +114,16 @@ def trains_head_in_fp32_copy(setup: Setup, grad_elem_bytes: int) -> bool:
 def fused_head_parts(spec: ModelSpec, setup: Setup, positions: int, grad_elem_bytes: int, fp32_per_token: int) -> FusedHead:
     """ChunkedLogProbFunction's buffers for ``positions`` label positions (TRL 1.15+, trl/kernels/chunked_logprob.py)."""
     h = spec.hidden_size
-    tile = min(positions, int(constant("dpo_logprob_token_chunk"))) * min(spec.vocab_size, int(constant("dpo_logprob_vocab_chunk"))) * compute_bytes(setup)
+    cells = min(positions, int(constant("dpo_logprob_token_chunk"))) * min(spec.vocab_size, int(constant("dpo_logprob_vocab_chunk")))
+    tile = cells * compute_bytes(setup)
     stats = positions * fp32_per_token * FP32
     head_weight_grad = spec.vocab_size * h * FP32 if trains_head_in_fp32_copy(setup, grad_elem_bytes) else 0
-    return FusedHead(saved=positions * h * hidden_bytes(setup), tile=tile, stats=stats, forward=tile + stats,
-                     backward=positions * h * FP32 + tile + head_weight_grad)
+    data = trl_data()
+    # no Triton on a CPU: the tiles are folded by torch ops, whose fp32 temporaries the GPU kernels never write
+    fold_fwd, fold_bwd = ((data.torch_fold_fp32_tiles_forward, data.torch_fold_fp32_tiles_backward) if setup.device == "cpu" else (0, 0))
+    return FusedHead(saved=positions * h * hidden_bytes(setup), tile=tile, stats=stats,
+                     forward=tile + stats + fold_fwd * cells * FP32,
+                     backward=positions * h * FP32 + tile + head_weight_grad + fold_bwd * cells * FP32)
 
 
 def sft_positions(setup: Setup) -> int:
