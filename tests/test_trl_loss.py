@@ -168,3 +168,14 @@ def test_bench_reads_a_rows_trl_trainer_and_release(method, expected):
             acc_trl.trl_fields(row)
     else:
         assert acc_trl.trl_fields(row) == expected
+
+
+def test_trl_step_runs_one_more_head_gemm():
+    """The fused head's backward recomputes each tile: 2 V H FLOPs per position more than HF Trainer's step."""
+    pytest.importorskip("trl")
+    if fused_head.trl_era(fused_head.installed_trl()).sft_loss == "full":
+        pytest.skip("the installed TRL builds full logits")
+    common = dict(weights_dtype="bf16", autocast="bf16", micro_batch_size=2, seq_len=16)
+    trl = perfguide.estimate_speed(tiny_spec(), Setup(trainer="trl", **common), hardware=GPU).flops_per_step
+    hf = perfguide.estimate_speed(tiny_spec(), Setup(**common), hardware=GPU).flops_per_step
+    assert trl - hf == 2 * V * H * 2 * 16

@@ -83,6 +83,16 @@ def sft_loss_kind(setup: Setup) -> SftLoss:
     return trl_era(installed_trl()).sft_loss
 
 
+def trl_loss_kind(spec: ModelSpec, setup: Setup) -> SftLoss:
+    """``sft_loss_kind`` where TRL's own loss runs: a decoder LM. Under Liger, TRL 1.7-1.14 fall back to 'nll' (Liger's
+    fused cross-entropy, priced by its technique); 1.15+ switch Liger's off (``fused_linear_cross_entropy: False``)
+    and run the fused head."""
+    kind = sft_loss_kind(setup)
+    if (kind == "chunked" and setup.liger_kernel) or not spec.generates or spec.is_encoder_decoder:
+        return "full"
+    return kind
+
+
 class FusedHead(NamedTuple):
     """The fused head's buffers (bytes): ``saved`` lives from its forward to its backward; beside it, at different
     times, ``forward`` (tile + fp32 statistics) and ``backward`` (fp32 input gradient, tile, head weight gradient)."""
@@ -153,11 +163,9 @@ def chunked_loss_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int, fp32
 
 def sft_loss_bytes(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int) -> int | None:
     """The loss-path bytes of ``setup``'s SFT step, counted on the micro-batch ``shape`` the activations are
-    (padding-free: one row of real tokens), where TRL's trainer builds no full logits; else None (HF's loss path).
-    Under Liger, TRL 1.7-1.14 fall back to loss_type='nll' (Liger's fused cross-entropy, priced by its technique);
-    1.15+ switch Liger's fused cross-entropy off (``fused_linear_cross_entropy: False``) and run the fused head."""
-    kind = sft_loss_kind(setup)
-    if kind == "full" or (kind == "chunked" and setup.liger_kernel) or not spec.generates or spec.is_encoder_decoder:
+    (padding-free: one row of real tokens), where TRL's trainer builds no full logits; else None (HF's loss path)."""
+    kind = trl_loss_kind(spec, setup)
+    if kind == "full":
         return None
     if kind == "chunked":
         return chunked_loss_bytes(spec, shape, grad_elem_bytes, trl_era(installed_trl()).fp32_head_copy)
@@ -185,3 +193,9 @@ def sft_trainer_alternative(spec: ModelSpec, setup: Setup, shape: Setup, grad_el
         return None
     return (f"loss path priced for the transformers Trainer (full [b, s, V] logits); TRL's SFTTrainer "
             f"(rec.sft_config(), trainer='trl') would hold {trl / 1e9:.2f} GB there instead")
+
+
+def trl_head_recompute_flops(spec: ModelSpec, setup: Setup, tokens: int) -> float:
+    """Head GEMM FLOPs TRL's SFT loss adds to a step: the fused head's backward recomputes every logits tile, and
+    1.7-1.14's chunked_nll re-runs each checkpointed chunk's projection: one more 2 V H per position either way."""
+    return 0.0 if trl_loss_kind(spec, setup) == "full" else 2.0 * spec.vocab_size * spec.hidden_size * tokens
