@@ -46,35 +46,53 @@ def test_fused_head_sft_loss_path_counted_by_hand():
     pytest.importorskip("trl")
     n = 2 * 15
     saved = n * H * 2                    # the label positions' bf16 hidden states, saved for backward
-    tile = n * V * 2                     # one [min(n, 4096), min(V, 32768)] bf16 tile buffer (mm_buf)
+    tile = n * 32768 * 2                 # mm_buf: [min(n, 4096), 32768] bf16, allocated 32768 wide whatever V is
     stats = n * 11 * 4                   # 7 online statistics + log_z, log_probs, entropy, is_top1 (as fp32)
     forward = tile + stats
     backward = n * H * 4 + tile + V * H * 4          # fp32 grad_hidden, the tile again, fp32 grad_weight of the head
-    assert (saved, forward, backward) == (1_920, 9_000, 27_904)
+    assert (saved, forward, backward) == (1_920, 1_967_400, 1_986_304)
     if fused_head.trl_era(fused_head.installed_trl()).sft_loss != "fused":
         pytest.skip("the installed TRL predates the fused head")
     trl = perfguide.estimate(tiny_spec(), Setup(trainer="trl", **PURE_BF16), hardware=GPU)
     hf = perfguide.estimate(tiny_spec(), Setup(**PURE_BF16), hardware=GPU)
     assert trl.logits == saved + backward
-    assert hf.logits > trl.logits and any("SFTTrainer" in n and "fused LM head" in n for n in trl.notes)
+    # the tiny vocabulary's full logits are smaller than the 32768-wide buffer: priced as TRL allocates it
+    assert hf.logits < trl.logits and any("SFTTrainer" in n and "fused LM head" in n for n in trl.notes)
     # the HF-Trainer plan says which trainer it was priced for, and what SFTTrainer would hold
     assert any("priced for the transformers Trainer" in n and "would hold" in n for n in hf.notes)
 
 
-def test_fused_head_on_cpu_counts_the_torch_folds_temporaries():
-    """fp32 on CPU (no Triton): the same 30 positions, the tile folded by torch ops (_forward_tile: z, e and one
-    temporary; _backward_tile: y, z, log_p, p, grad and the entropy term's two temporaries), all fp32 tiles."""
+@pytest.mark.parametrize("n, v", [(30, 128), (100, 1000)])
+def test_fused_head_on_cpu_against_a_real_tensor_trace(n, v):
+    """No Triton on a CPU: trl 1.16's ChunkedLogProbFunction run forward and backward on real fp32 CPU tensors under
+    perfguide's live-bytes tracker; its peak (tile buffer, statistics, the torch fold's fp32 temporaries, the input
+    gradient, plus the hidden states made before the trace) against the priced loss path. The head's fp32 gradient
+    becomes its .grad, priced with the gradients, so it is taken off the trace."""
     pytest.importorskip("trl")
+    import torch
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    from perfguide.memory.tracing.tracker import make_tracker
+
     if fused_head.trl_era(fused_head.installed_trl()).sft_loss != "fused":
         pytest.skip("the installed TRL predates the fused head")
-    n = 30
-    cells = n * V
-    saved = n * H * 4                            # fp32 hidden states
-    forward = cells * 4 + n * 11 * 4 + 3 * cells * 4
-    backward = n * H * 4 + cells * 4 + 7 * cells * 4   # fp32 weights: the head's gradient is the fp32 .grad itself
-    cpu = Setup(trainer="trl", device="cpu", weights_dtype="fp32", micro_batch_size=2, seq_len=16)
-    assert (forward, backward) == (62_760, 126_720)
-    assert fused_head.sft_loss_bytes(tiny_spec(), cpu, cpu, 4) == saved + backward == 130_560
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(n, H, generator=g, requires_grad=True)
+    weight = torch.randn(v, H, generator=g, requires_grad=True)
+    targets = torch.randint(0, v, (n,), generator=g)
+    tracker = make_tracker(1)
+    with tracker:
+        log_probs, *_ = ChunkedLogProbFunction.apply(hidden, weight, None, targets, 1.0, 32768, None, 1.0,
+                                                     ("log_probs", "entropy", "is_top1"))
+        tracker.set_phase("backward")
+        (-log_probs.sum()).backward()
+    traced = max(peak for peak, _ in tracker.peaks.values()) - v * H * 4 + n * H * 4
+    spec = tiny_spec().model_copy(update={"vocab_size": v})
+    cpu = Setup(trainer="trl", device="cpu", weights_dtype="fp32", micro_batch_size=1, seq_len=n + 1)
+    priced = fused_head.sft_loss_bytes(spec, cpu, cpu, 4)
+    assert abs(priced - traced) / traced < 0.02, (priced, traced)
+    gpu = cpu.replace(device="cuda")   # the Triton kernels write no tile-sized temporaries
+    assert fused_head.sft_loss_bytes(spec, gpu, gpu, 4) < priced
 
 
 @pytest.mark.parametrize("release, copy", [("1.14.2", 0), ("1.12.0", V * H * 4)])

@@ -259,7 +259,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
             release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
-        alt = sft_trainer_alternative(spec, setup, shape, states.grad_elem_bytes)
+        alt = sft_trainer_alternative(spec, setup, shape, states.grad_elem_bytes, logits)
         release_notes += (alt,) if alt else ()
     dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu) if recompute else 0   # its gradients (block_backward.py)

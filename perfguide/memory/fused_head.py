@@ -50,8 +50,8 @@ class TrlLoss(DataModel):
     chunked_source: str = Field(min_length=10)
     sft_fp32_per_token: int = Field(ge=1)   # fp32 numbers the fused head keeps per position for SFTTrainer's outputs
     sft_fp32_source: str = Field(min_length=10)
-    torch_fold_fp32_tiles_forward: int = Field(ge=0)   # fp32 tile-sized temporaries of the torch fallback (no Triton)
-    torch_fold_fp32_tiles_backward: int = Field(ge=0)
+    torch_fold_fp32_tiles_forward: float = Field(ge=0)   # fp32 tile-sized temporaries of the torch fallback (no Triton)
+    torch_fold_fp32_tiles_backward: float = Field(ge=0)
     torch_fold_source: str = Field(min_length=10)
     eras: tuple[TrlEra, ...]
 
@@ -124,16 +124,17 @@ def trains_head_in_fp32_copy(setup: Setup, grad_elem_bytes: int) -> bool:
 def fused_head_parts(spec: ModelSpec, setup: Setup, positions: int, grad_elem_bytes: int, fp32_per_token: int) -> FusedHead:
     """ChunkedLogProbFunction's buffers for ``positions`` label positions (TRL 1.15+, trl/kernels/chunked_logprob.py)."""
     h = spec.hidden_size
-    cells = min(positions, int(constant("dpo_logprob_token_chunk"))) * min(spec.vocab_size, int(constant("dpo_logprob_vocab_chunk")))
-    tile = cells * compute_bytes(setup)
+    rows, width = min(positions, int(constant("dpo_logprob_token_chunk"))), int(constant("dpo_logprob_vocab_chunk"))
+    tile = rows * width * compute_bytes(setup)   # mm_buf is allocated 32768 wide even for a narrower vocabulary
+    cells = rows * min(spec.vocab_size, width)   # the tile view the fold reads
     stats = positions * fp32_per_token * FP32
     head_weight_grad = spec.vocab_size * h * FP32 if trains_head_in_fp32_copy(setup, grad_elem_bytes) else 0
     data = trl_data()
     # no Triton on a CPU: the tiles are folded by torch ops, whose fp32 temporaries the GPU kernels never write
     fold_fwd, fold_bwd = ((data.torch_fold_fp32_tiles_forward, data.torch_fold_fp32_tiles_backward) if setup.device == "cpu" else (0, 0))
     return FusedHead(saved=positions * h * hidden_bytes(setup), tile=tile, stats=stats,
-                     forward=tile + stats + fold_fwd * cells * FP32,
-                     backward=positions * h * FP32 + tile + head_weight_grad + fold_bwd * cells * FP32)
+                     forward=tile + stats + int(fold_fwd * cells * FP32),
+                     backward=positions * h * FP32 + tile + head_weight_grad + int(fold_bwd * cells * FP32))
 
 
 def sft_positions(setup: Setup) -> int:
@@ -183,16 +184,17 @@ def sft_loss_note(setup: Setup, trl_bytes: int, full_bytes: int) -> str:
             f"instead of {full_bytes / 1e9:.2f} GB for full logits (trainer='transformers')")
 
 
-def sft_trainer_alternative(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int) -> str | None:
-    """For an SFT plan priced for HF Trainer: what TRL's SFTTrainer (``rec.sft_config()``) would hold instead, since
-    the plan stays valid there with room to spare; None where SFTTrainer keeps the same full logits."""
+def sft_trainer_alternative(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int, full_bytes: int) -> str | None:
+    """For an SFT plan priced for HF Trainer: what TRL's SFTTrainer (``rec.sft_config()``) would hold for its loss
+    path instead (less for any real vocabulary; its 32768-wide tile buffer can exceed a tiny model's full logits);
+    None where SFTTrainer keeps the same full logits."""
     if setup.trainer != "transformers" or setup.objective != "sft":
         return None
     trl = sft_loss_bytes(spec, setup.model_copy(update={"trainer": "trl"}), shape, grad_elem_bytes)
     if trl is None:
         return None
-    return (f"loss path priced for the transformers Trainer (full [b, s, V] logits); TRL's SFTTrainer "
-            f"(rec.sft_config(), trainer='trl') would hold {trl / 1e9:.2f} GB there instead")
+    return (f"loss path priced for the transformers Trainer (full [b, s, V] logits, {full_bytes / 1e9:.2f} GB); TRL's "
+            f"SFTTrainer (rec.sft_config(), trainer='trl') would hold {trl / 1e9:.2f} GB there instead")
 
 
 def trl_head_recompute_flops(spec: ModelSpec, setup: Setup, tokens: int) -> float:
