@@ -197,3 +197,12 @@ def test_trl_step_runs_one_more_head_gemm():
     trl = perfguide.estimate_speed(tiny_spec(), Setup(trainer="trl", **common), hardware=GPU).flops_per_step
     hf = perfguide.estimate_speed(tiny_spec(), Setup(**common), hardware=GPU).flops_per_step
     assert trl - hf == 2 * V * H * 2 * 16
+
+
+def test_dpo_plan_says_when_the_installed_trl_predates_the_fused_head(monkeypatch):
+    from perfguide.techniques import dpo
+
+    monkeypatch.setattr(dpo, "installed_trl", lambda: "1.14.2")
+    assert "installed TRL 1.14.2 builds the full logits" in dpo.older_trl_warning()
+    monkeypatch.setattr(dpo, "installed_trl", lambda: "1.15.0")
+    assert dpo.older_trl_warning() == ""

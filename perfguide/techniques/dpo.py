@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.techniques import constant
 from ..errors import InvalidSetupError
-from ..memory.fused_head import fused_head_parts, hidden_bytes
+from ..memory.fused_head import fused_head_parts, hidden_bytes, installed_trl, trl_era
 from ..memory.inference import prefill_transient_bytes
 from ..setup import DTYPE_BYTES
 from ..speed.rates import half_bytes, ring_time
@@ -113,7 +113,7 @@ class Dpo(Technique):
         terms = terms.changed(reference_note(ctx.setup, on_device, host), extra_weights=terms.extra_weights + on_device,
                               cpu_ram=terms.cpu_ram + host)
         return terms.changed(f"DPO loss path: TRL's fused LM head on {label_positions(ctx.setup)} label positions "
-                             f"({path / 1e9:.2f} GB at its peak) instead of [2b, s, V] logits", logits=path,
+                             f"({path / 1e9:.2f} GB at its peak) instead of [2b, s, V] logits{older_trl_warning()}", logits=path,
                              head_cast_saved=False)   # ChunkedLogProbFunction saves the fp32 head, casting per tile
 
     def kernel_factors(self, setup: Any) -> KernelFactors:
@@ -124,6 +124,15 @@ class Dpo(Technique):
             return StepSeconds()
         return StepSeconds(compute=extra_head_flops(ctx.spec, ctx.setup) / ctx.rate,
                            comm=reference_gather_seconds(ctx.spec, ctx.setup, ctx.hardware, ctx.gpu))
+
+
+def older_trl_warning() -> str:
+    """The fused head DPOTrainer scores with since TRL 1.15 (data/trl.json eras); an older installed TRL builds the
+    full logits, which this plan does not price: said in the note rather than priced silently."""
+    release = installed_trl()
+    if trl_era(release).sft_loss == "fused":
+        return ""
+    return f" (priced for TRL >= 1.15; the installed TRL {release} builds the full logits: upgrade TRL to train this plan)"
 
 
 def reference_gather_seconds(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> float:
