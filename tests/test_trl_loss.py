@@ -206,3 +206,10 @@ def test_dpo_plan_says_when_the_installed_trl_predates_the_fused_head(monkeypatc
     assert "installed TRL 1.14.2 builds the full logits" in dpo.older_trl_warning()
     monkeypatch.setattr(dpo, "installed_trl", lambda: "1.15.0")
     assert dpo.older_trl_warning() == ""
+
+
+def test_a_trl_plans_script_lines_run_sft_trainer():
+    rec = perfguide.recommend(tiny_spec(), "train_gpu_one", hardware=GPU, seq_len=16, global_batch_size=4, trainer="trl")
+    text = rec.report()
+    assert 'args = rec.sft_config(output_dir="out")' in text and "SFTTrainer(model=model, args=args" in text
+    assert "rec.training_args(" not in text

@@ -179,6 +179,10 @@ def trainer_lines(rec: Recommendation) -> tuple[str, ...]:
         return ("import perfguide", f"from transformers import {auto}", "from trl import DPOTrainer", recommend_call(rec),
                 'args = rec.dpo_config(output_dir="out")', f"model = rec.prepare_model({load})",
                 f"DPOTrainer(model=model, args=args, train_dataset=pairs{extra}).train()   # prompt / chosen / rejected rows")
+    if rec.setup.trainer == "trl":   # priced for SFTTrainer's own loss path: run SFTTrainer with the plan's SFTConfig
+        return ("import perfguide", f"from transformers import {auto}", "from trl import SFTTrainer", recommend_call(rec),
+                'args = rec.sft_config(output_dir="out")', f"model = rec.prepare_model({load})",
+                f"SFTTrainer(model=model, args=args, train_dataset=train_dataset{extra}).train()")
     return (
         "import perfguide",
         f"from transformers import {auto}, Trainer",
