@@ -213,3 +213,10 @@ def test_a_trl_plans_script_lines_run_sft_trainer():
     text = rec.report()
     assert 'args = rec.sft_config(output_dir="out")' in text and "SFTTrainer(model=model, args=args" in text
     assert "rec.training_args(" not in text
+
+
+def test_hf_training_args_for_a_trl_plan_warn():
+    pytest.importorskip("transformers")
+    rec = perfguide.recommend(tiny_model(), "train_cpu", seq_len=16, global_batch_size=4, precision="fp32", trainer="trl")
+    with pytest.warns(UserWarning, match="priced for TRL's SFTTrainer"):
+        rec.training_args(output_dir="out", report_to="none")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSetupError, WrongMachineError
@@ -89,7 +90,12 @@ def check_machine(rec: Recommendation, kw: dict[str, Any]) -> None:
 
 
 def training_args(rec: Recommendation, **overrides: Any) -> transformers.TrainingArguments:
-    """A real TrainingArguments; WrongMachineError when this machine cannot run the plan."""
+    """A real TrainingArguments; WrongMachineError when this machine cannot run the plan. A plan priced for TRL's
+    SFTTrainer (trainer='trl') is warned about: HF Trainer computes the model's loss on the full logits it left out."""
+    if rec.setup.trainer == "trl" and rec.setup.objective == "sft":
+        warnings.warn("this plan was priced for TRL's SFTTrainer (trainer='trl'), whose loss builds no full [b, s, V] logits; "
+                      "HF Trainer's does and may not fit: train with trl.SFTTrainer and rec.sft_config(), or plan with "
+                      "trainer='transformers'", stacklevel=3)
     kw = training_args_dict(rec, **overrides)
     check_machine(rec, kw)
     from transformers import TrainingArguments
