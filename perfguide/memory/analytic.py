@@ -12,7 +12,9 @@ layers (overhead.py). The peak is the maximum over the step's phases, not the su
   activations. The loss buffers die with the head's backward, before autograd reaches the top block and
   re-runs it (torch.utils.checkpoint recomputes lazily, on the first unpack of a saved tensor); traced
   steps show the two never coincide;
-* end of backward: weights + optimizer state + all gradients (+ the last checkpointed block's recompute);
+* end of backward: weights + optimizer state + all gradients (+ the last checkpointed block's recompute, its input
+  and its incoming gradient: block_backward.recompute_start_bytes, which also prices the top block's incoming
+  gradient, the rotary cos / sin and the batch at the first recompute);
 * optimizer step: weights + gradients + state + the step's temporaries (foreach AdamW: a parameter-sized
   sqrt buffer). On the first step the state is created here, so steady state and first step coincide.
 
@@ -34,7 +36,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
-from .block_backward import block_backward_bytes
+from .block_backward import block_backward_bytes, recompute_start_bytes
 from .fused_head import sft_loss_bytes, sft_loss_note, sft_trainer_alternative
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
@@ -286,17 +288,19 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
     tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
     tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
-    backward_start = (resident + early_grads + held_tail + tied_wait + acts + recompute + dequant + ipg
+    # as a block's recompute starts: its incoming gradient, the rotary pair, the batch (+ block 0's input at the end)
+    top_held, end_held = (recompute_start_bytes(spec, shape, first_block=b) if recompute else 0 for b in (False, True))
+    backward_start = (resident + early_grads + held_tail + tied_wait + acts + recompute + dequant + ipg + top_held
                       + (block_peak := max(in_flight, eager_backward_transient_bytes(spec, shape))))   # MLP's, eager's: apart
-    backward_end = resident + accumulated + grad_tail + recompute + in_flight + dequant + ipg
+    backward_end = resident + accumulated + grad_tail + recompute + in_flight + dequant + ipg + end_held
     step = resident + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     # what the peak phase holds beyond the reported weights, gradients, states, activations and logits
-    phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg + block_peak,
-                   "end of backward": grad_tail + dequant + ipg + in_flight, "optimizer step": grad_tail + dequant + step_temp}
+    phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg + block_peak + top_held,
+                   "end of backward": grad_tail + dequant + ipg + in_flight + end_held, "optimizer step": grad_tail + dequant + step_temp}
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))

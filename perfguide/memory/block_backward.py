@@ -31,6 +31,13 @@ under LoRA a norm output): 6 B per hidden unit per token for LoRA on a 16-bit ba
 a 16-bit full fine-tune, 2 for fp32 weights under autocast, 0 in fp32; the block's peak was priced that much low
 (Mistral-7B QLoRA at 32k tokens: 0.5 GiB). The per-FFN-unit terms do not depend on the reference.
 
+Non-reentrant checkpointing recomputes on the first unpack of a saved tensor, so the block's nodes that save none
+(the residual add, peft's cast and scaling, the cast of the gradient to the bf16 MLP output) run first: the terms'
+start mark holds their gradients, 2-6 B per hidden unit per token (data ``before_recompute_per_token``, traced and
+hand-counted), added here. Alive as each recompute starts and priced by no other term: the gradient into the block,
+the rotary cos / sin, the batch, and at block 0 (the end of backward) its own input (``recompute_start_bytes``,
+scripts/trace_backward_phases.py names every storage there).
+
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
 LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
 traced, scripts/trace_block_backward.py --liger); the MLP's gradients come at another moment than eager attention's s x s backward
@@ -48,6 +55,9 @@ from .._data import DataModel
 from ..model.types import ModelSpec
 from ..setup import Setup
 
+#: bytes of an int64 element, and the collated batch's int64 tensors a causal LM's loop holds through the step:
+#: input_ids, labels, attention_mask (transformers' DataCollatorForLanguageModeling)
+INT64, BATCH_TENSORS = 8, 3
 Case = Literal["fp32_stream", "half_autocast", "half"]
 FullCase = Literal["half", "half_autocast", "fp32_autocast", "fp32"]
 Mode = Literal["reentrant", "non_reentrant"]
@@ -63,6 +73,10 @@ class BlockBackward(DataModel):
     full_finetune_source: str = Field(min_length=10)
     #: full fine-tuning, by the MLP the patched model runs: HF's modules ("hf") or Liger's fused SwiGLU ("liger")
     full_finetune_per_token: dict[Literal["hf", "liger"], dict[FullCase, PerToken]]
+    before_recompute_source: str = Field(min_length=10)
+    #: non-reentrant only: per hidden unit per token, the block's gradients made before its recompute starts (the
+    #: coefficients' start mark holds them), LoRA by stream case, full fine-tuning by full case
+    before_recompute_per_token: dict[Literal["lora", "full"], dict[str, float]]
 
 
 def stream_case(setup: Setup) -> Case | None:
@@ -111,16 +125,37 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
         return 0
     from .activations import activations_data
 
-    data = activations_data().block_backward
+    data, mode = activations_data().block_backward, checkpoint_mode(release)
+    key: str | None
     if setup.lora is None:
-        full = full_case(setup)
-        if full is None:
-            return 0
-        coef = data.full_finetune_per_token["liger" if fused_swiglu else "hf"][full][checkpoint_mode(release)]
+        key = full_case(setup)
+        coef = data.full_finetune_per_token["liger" if fused_swiglu else "hf"][key][mode] if key is not None else {}
     else:
-        case = stream_case(setup)
-        if case is None:
-            return 0
-        coef = data.in_flight_per_token[case][checkpoint_mode(release)]
-    per_token = coef["i"] * spec.active_intermediate_size + coef["h"] * spec.hidden_size
+        key = stream_case(setup)
+        coef = data.in_flight_per_token[key][mode] if key is not None else {}
+    if key is None:
+        return 0
+    early = data.before_recompute_per_token["full" if setup.lora is None else "lora"][key] if mode == "non_reentrant" else 0.0
+    per_token = coef["i"] * spec.active_intermediate_size + (coef["h"] + early) * spec.hidden_size
     return max(0, int(setup.micro_batch_size * setup.seq_len * per_token))
+
+
+def recompute_start_bytes(spec: ModelSpec, setup: Setup, *, first_block: bool) -> int:
+    """Bytes alive as autograd starts to recompute a block that no other phase term prices: the gradient backward
+    hands the block (its output's: the next block's input in shape and dtype), the rotary cos / sin every
+    checkpointed block is handed (one pair per sequence, ``[1, s, head_dim]`` in the stream's dtype: transformers
+    makes position ids ``[1, s]`` when the batch brings none), the position ids and the collated batch the loop
+    holds (input ids, labels, attention mask: int64). ``first_block``: block 0, the end of backward, where its
+    own input (the checkpoint keeps it) is alive too; the top block's is in the blocks' inputs (boundary_bytes).
+    Traced (scripts/trace_backward_phases.py: a 3-block Llama, h 128, head_dim 32, every case and checkpoint
+    variant), each storage named and per token to the byte. Decoder-only stacks; the rotary pair for gated-MLP
+    (rotary) families only, one pair (Gemma 3's second, local rotary pair is not priced)."""
+    if spec.is_encoder_decoder or not spec.generates:
+        return 0
+    from .activations import checkpoint_boundary_bytes, stream_regime
+
+    boundary = checkpoint_boundary_bytes(spec, setup)   # one block's input: its gradient is the same shape and dtype
+    rope_dim = spec.qk_rope_head_dim or spec.head_dim
+    rotary = 2 * rope_dim * (2 if stream_regime(setup) == "half" else 4) * setup.seq_len if spec.gated_mlp else 0
+    batch = INT64 * (BATCH_TENSORS * setup.micro_batch_size + 1) * setup.seq_len   # + the position ids, per sequence
+    return boundary * (2 if first_block else 1) + rotary + batch

@@ -1,0 +1,115 @@
+"""What is alive as a checkpointed backward starts to recompute a block, beyond the blocks' inputs and the block's own
+terms (memory/block_backward.py ``recompute_start_bytes``, ``before_recompute_per_token``; analytic.py's
+``backward_start`` and ``backward_end``). Hand counts from the shapes, then every storage of a real CPU step named
+(scripts/trace_backward_phases.py) at a shape the terms were not traced on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import pytest
+
+from perfguide.memory import activations as act
+from perfguide.memory import analytic
+from perfguide.memory.block_backward import block_backward_bytes, recompute_start_bytes
+from perfguide.memory.seq2seq import boundary_bytes
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+ALL = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def llama(h: int = 4096, i: int = 14336, heads: int = 32, kv: int = 8, layers: int = 32, vocab: int = 32000) -> ModelSpec:
+    """Mistral-7B's shape by default (h 4096, head_dim 128)."""
+    return ModelSpec.from_any({"model_type": "llama", "hidden_size": h, "intermediate_size": i, "num_attention_heads": heads,
+                               "num_key_value_heads": kv, "head_dim": h // heads, "num_hidden_layers": layers,
+                               "vocab_size": vocab, "max_position_embeddings": 32768, "tie_word_embeddings": False})
+
+
+def setup(case: str, seq: int, batch: int = 1) -> Setup:
+    """The traced cases (scripts/trace_block_backward.py CASES / FULL_CASES), checkpointed, SDPA."""
+    lora = LoraSpec(r=8, alpha=16, target_modules=ALL)
+    cases: dict[str, dict[str, Any]] = {"fp32_stream": dict(weights_dtype="nf4", autocast="bf16", kbit_upcast=True, lora=lora),
+                          "half": dict(weights_dtype="bf16", lora=lora), "full_half": dict(weights_dtype="bf16"),
+                          "full_fp32_autocast": dict(weights_dtype="fp32", autocast="bf16")}
+    kw = cases[case]
+    return Setup(task="train", micro_batch_size=batch, seq_len=seq, optimizer="adamw_torch", gradient_checkpointing=True,
+                 attn_implementation="sdpa", **kw)
+
+
+def test_hand_count_at_mistral_7b() -> None:
+    """QLoRA in peft's fp32 stream, 2 rows of 4096 tokens: the top block's incoming gradient is an fp32 h-wide
+    tensor (4 x 4096 B per token), the rotary cos and sin one [1, s, 128] fp32 pair per sequence, the batch's
+    input ids, labels and attention mask int64 per token and the position ids int64 per sequence; block 0 adds its
+    own fp32 input. A bf16 base: 2-byte gradient and rotary pair."""
+    spec, s = llama(), 4096
+    rotary, batch = 2 * 128 * 4 * s, 8 * 3 * 2 * s + 8 * s
+    grad = 2 * s * 4096 * 4
+    assert recompute_start_bytes(spec, setup("fp32_stream", s, 2), first_block=False) == grad + rotary + batch
+    assert recompute_start_bytes(spec, setup("fp32_stream", s, 2), first_block=True) == 2 * grad + rotary + batch
+    assert recompute_start_bytes(spec, setup("half", s, 2), first_block=True) == grad + rotary // 2 + batch
+    t5 = spec.model_copy(update={"is_encoder_decoder": True})
+    assert recompute_start_bytes(t5, setup("half", s), first_block=True) == 0   # not traced
+
+
+def test_non_reentrant_gradients_before_the_recompute_by_hand() -> None:
+    """Non-reentrant checkpointing recomputes on down_proj's first unpack; before it, LoRA on a bf16 base has made the
+    base path's bf16 gradient of the MLP output (2 B) and the fp32 adapter path's after its scaling (4 B), an fp32
+    full fine-tune under autocast the bf16 MLP output's gradient cast from the fp32 residual's (2 B). Reentrant
+    recomputes before any of the block's nodes run: nothing."""
+    spec, s = llama(), 1024
+    for case, early in (("half", 2 + 4), ("fp32_stream", 2), ("full_half", 0), ("full_fp32_autocast", 2)):
+        gap = block_backward_bytes(spec, setup(case, s), "5.24.0") - block_backward_bytes(spec, setup(case, s), "4.39.3")
+        data = act.activations_data().block_backward
+        table = data.full_finetune_per_token["hf"] if case.startswith("full") else data.in_flight_per_token
+        key = case.removeprefix("full_")
+        coef = {mode: table[key][mode]["h"] * 4096 + table[key][mode]["i"] * 14336 for mode in ("reentrant", "non_reentrant")}   # type: ignore[index]
+        assert gap - s * (coef["non_reentrant"] - coef["reentrant"]) == pytest.approx(s * early * 4096, abs=2)   # int()
+
+
+def test_both_backward_phases_carry_the_terms(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QLoRA Mistral-7B at 16k tokens peaks at the top block's recompute: the peak rises by the incoming fp32
+    gradient, the rotary pair and the batch, to the byte."""
+    spec, s = llama(), 16384
+    qlora = setup("fp32_stream", s)
+    with_terms = analytic.training_memory(spec, qlora)
+    monkeypatch.setattr(analytic, "recompute_start_bytes", lambda *a, **k: 0)
+    without = analytic.training_memory(spec, qlora)
+    assert with_terms.notes[0] == without.notes[0] == "peak in checkpoint recompute"
+    assert with_terms.peak_allocated - without.peak_allocated == s * 4096 * 4 + 2 * 128 * 4 * s + 8 * 4 * s
+
+
+def _trace_script() -> ModuleType:
+    path = Path(__file__).resolve().parents[1] / "scripts" / "trace_backward_phases.py"
+    spec = importlib.util.spec_from_file_location("trace_backward_phases", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("case", "reentrant"), [("full_half", True), ("half", False), ("full_fp32_autocast", False)])
+def test_every_storage_alive_as_a_recompute_starts(case: str, reentrant: bool) -> None:
+    """Real CPU tensors, h 96 (head_dim 24; the terms came from h 128), three blocks: the live bytes per token as
+    the top block's and block 0's recompute start (every storage, two lengths differenced) are the blocks' inputs
+    still kept (boundary_bytes at the top; block 0's own at the end is in the term) plus recompute_start_bytes plus,
+    under non-reentrant checkpointing, the block's gradients made before its recompute."""
+    if case == "half":
+        pytest.importorskip("peft")
+    trace = _trace_script()
+    h, s1, s2 = 96, 128, 256
+    one, two = (trace.live_at_recompute(case, reentrant, s, h=h, i=256) for s in (s1, s2))
+    per_token = {k: (sum(two[k].values()) - sum(one[k].values())) / (s2 - s1) for k in one}
+    spec, priced = llama(h=h, i=256, heads=4, kv=1, layers=3, vocab=256), setup(case, 1000)
+    key: Literal["full", "lora"] = "full" if case.startswith("full") else "lora"
+    stream_key = case.removeprefix("full_")
+    early = 0.0 if reentrant else act.activations_data().block_backward.before_recompute_per_token[key][stream_key] * h
+    top = (boundary_bytes(spec, priced) + recompute_start_bytes(spec, priced, first_block=False)) / 1000 + early
+    end = recompute_start_bytes(spec, priced, first_block=True) / 1000 + early
+    assert (per_token[2], per_token[0]) == (pytest.approx(top, abs=1e-6), pytest.approx(end, abs=1e-6))
