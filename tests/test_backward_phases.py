@@ -6,13 +6,10 @@ terms (memory/block_backward.py ``recompute_start_bytes``, ``before_recompute_pe
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any, Literal
 
 import pytest
+from test_block_backward import _trace_script
 
 from perfguide.memory import activations as act
 from perfguide.memory import analytic
@@ -84,16 +81,6 @@ def test_both_backward_phases_carry_the_terms(monkeypatch: pytest.MonkeyPatch) -
     assert with_terms.peak_allocated - without.peak_allocated == s * 4096 * 4 + 2 * 128 * 4 * s + 8 * 4 * s
 
 
-def _trace_script() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "scripts" / "trace_backward_phases.py"
-    spec = importlib.util.spec_from_file_location("trace_backward_phases", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize(("case", "reentrant"), [("full_half", True), ("half", False), ("full_fp32_autocast", False)])
 def test_every_storage_alive_as_a_recompute_starts(case: str, reentrant: bool) -> None:
     """Real CPU tensors, h 96 (head_dim 24; the terms came from h 128), three blocks: the live bytes per token as
@@ -102,7 +89,7 @@ def test_every_storage_alive_as_a_recompute_starts(case: str, reentrant: bool) -
     under non-reentrant checkpointing, the block's gradients made before its recompute."""
     if case == "half":
         pytest.importorskip("peft")
-    trace = _trace_script()
+    trace = _trace_script("trace_backward_phases")
     h, s1, s2 = 96, 128, 256
     one, two = (trace.live_at_recompute(case, reentrant, s, h=h, i=256) for s in (s1, s2))
     per_token = {k: (sum(two[k].values()) - sum(one[k].values())) / (s2 - s1) for k in one}

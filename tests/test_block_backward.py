@@ -99,9 +99,10 @@ def test_the_peak_moves_to_the_block_backward_only_with_a_small_vocabulary(monke
     assert with_term["large"].peak_allocated == without["large"].peak_allocated
 
 
-def _trace_script() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "scripts" / "trace_block_backward.py"
-    spec = importlib.util.spec_from_file_location("trace_block_backward", path)
+def _trace_script(name: str = "trace_block_backward") -> ModuleType:
+    """scripts/<name>.py, loaded by path (scripts/ is no package)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
