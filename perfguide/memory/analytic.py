@@ -37,7 +37,6 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes, recompute_start_bytes
-from .fused_head import sft_loss_bytes, sft_loss_note, sft_trainer_alternative
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
@@ -250,10 +249,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     logits = loss_bytes if loss_bytes is not None else terms.logits
     release_notes: tuple[str, ...] = ()
-    trl_loss = sft_loss_bytes(spec, setup, shape, states.grad_elem_bytes) if loss_bytes is None else None
-    if trl_loss is not None:   # TRL's SFTTrainer: its own loss, no full logits (memory/fused_head.py)
-        logits, release_notes = trl_loss, (sft_loss_note(setup, trl_loss, terms.logits),)
-    elif loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
+    if loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
         release = installed_transformers()
         delta = release_delta_bytes(spec, shape, release)
         logits += delta
@@ -261,8 +257,6 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
             release_notes = (f"transformers {release} keeps one more copy of the logits at batch > 1 than the release "
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
-        alt = sft_trainer_alternative(spec, setup, shape, states.grad_elem_bytes, logits)
-        release_notes += (alt,) if alt else ()
     dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu) if recompute else 0   # its gradients (block_backward.py)
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram

@@ -76,23 +76,6 @@ def trl_era(trl_version: str | None) -> TrlEra:
     return [e for e in eras if version_tuple(e.since) <= v][-1]
 
 
-def sft_loss_kind(setup: Setup) -> SftLoss:
-    """The loss path a plan's SFT step runs: HF Trainer always builds full logits; SFTTrainer's by TRL release."""
-    if setup.trainer != "trl" or setup.objective != "sft":
-        return "full"
-    return trl_era(installed_trl()).sft_loss
-
-
-def trl_loss_kind(spec: ModelSpec, setup: Setup) -> SftLoss:
-    """``sft_loss_kind`` where TRL's own loss runs: a decoder LM. Under Liger, TRL 1.7-1.14 fall back to 'nll' (Liger's
-    fused cross-entropy, priced by its technique); 1.15+ switch Liger's off (``fused_linear_cross_entropy: False``)
-    and run the fused head."""
-    kind = sft_loss_kind(setup)
-    if (kind == "chunked" and setup.liger_kernel) or not spec.generates or spec.is_encoder_decoder:
-        return "full"
-    return kind
-
-
 class FusedHead(NamedTuple):
     """The fused head's buffers (bytes): ``saved`` lives from its forward to its backward; beside it, at different
     times, ``forward`` (tile + fp32 statistics) and ``backward`` (fp32 input gradient, tile, head weight gradient)."""
@@ -160,44 +143,3 @@ def chunked_loss_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int, fp32
     weight_grad = v * h * grad_elem_bytes if trained and n > rows else 0
     projection = rows * v * FP32 + copy + (copy if trained else 0) + weight_grad
     return 2 * saved + max(chunk + copy, projection)
-
-
-def sft_loss_bytes(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int) -> int | None:
-    """The loss-path bytes of ``setup``'s SFT step, counted on the micro-batch ``shape`` the activations are
-    (padding-free: one row of real tokens), where TRL's trainer builds no full logits; else None (HF's loss path)."""
-    kind = trl_loss_kind(spec, setup)
-    if kind == "full":
-        return None
-    if kind == "chunked":
-        return chunked_loss_bytes(spec, shape, grad_elem_bytes, trl_era(installed_trl()).fp32_head_copy)
-    parts = fused_head_parts(spec, shape, sft_positions(shape), grad_elem_bytes, trl_data().sft_fp32_per_token)
-    return parts.saved + max(parts.forward, parts.backward)
-
-
-def sft_loss_note(setup: Setup, trl_bytes: int, full_bytes: int) -> str:
-    """The report's line: which trainer and release the loss path was priced for, against full logits."""
-    release = installed_trl()
-    kind = sft_loss_kind(setup)
-    where = f"TRL {release}" if release else f"TRL not installed here: priced as TRL >= {trl_data().eras[-1].since}"
-    what = "fused LM head (no [b, s, V] logits)" if kind == "fused" else f"chunked_nll ({trl_data().chunked_tokens}-token chunks)"
-    return (f"loss path priced for TRL's SFTTrainer ({where}): {what}, {trl_bytes / 1e9:.2f} GB at its peak "
-            f"instead of {full_bytes / 1e9:.2f} GB for full logits (trainer='transformers')")
-
-
-def sft_trainer_alternative(spec: ModelSpec, setup: Setup, shape: Setup, grad_elem_bytes: int, full_bytes: int) -> str | None:
-    """For an SFT plan priced for HF Trainer: what TRL's SFTTrainer (``rec.sft_config()``) would hold for its loss
-    path instead (less for any real vocabulary; its 32768-wide tile buffer can exceed a tiny model's full logits);
-    None where SFTTrainer keeps the same full logits."""
-    if setup.trainer != "transformers" or setup.objective != "sft":
-        return None
-    trl = sft_loss_bytes(spec, setup.model_copy(update={"trainer": "trl"}), shape, grad_elem_bytes)
-    if trl is None:
-        return None
-    return (f"loss path priced for the transformers Trainer (full [b, s, V] logits, {full_bytes / 1e9:.2f} GB); TRL's "
-            f"SFTTrainer (rec.sft_config(), trainer='trl') would hold {trl / 1e9:.2f} GB there instead")
-
-
-def trl_head_recompute_flops(spec: ModelSpec, setup: Setup, tokens: int) -> float:
-    """Head GEMM FLOPs TRL's SFT loss adds to a step: the fused head's backward recomputes every logits tile, and
-    1.7-1.14's chunked_nll re-runs each checkpointed chunk's projection: one more 2 V H per position either way."""
-    return 0.0 if trl_loss_kind(spec, setup) == "full" else 2.0 * spec.vocab_size * spec.hidden_size * tokens

@@ -17,7 +17,6 @@ from .. import techniques
 from ..errors import InvalidSetupError
 from ..hardware.types import GPU, Hardware
 from ..memory.analytic import training_memory
-from ..memory.fused_head import trl_head_recompute_flops
 from ..memory.ledger import ledger
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
@@ -99,7 +98,6 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     model = mm + attn
     recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
     mm += recompute * 2.0 * recomputed_matmul_params(spec) * tokens   # the blocks re-run; the head does not
-    mm += trl_head_recompute_flops(spec, setup, tokens)   # TRL's chunked / fused loss re-projects in backward
     attn += recompute * fwd_attn
     return mm, attn, model
 
