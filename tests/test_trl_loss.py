@@ -222,3 +222,9 @@ def test_hf_training_args_for_a_trl_plan_warn():
     rec = perfguide.recommend(tiny_model(), "train_cpu", seq_len=16, global_batch_size=4, precision="fp32", trainer="trl")
     with pytest.warns(UserWarning, match="priced for TRL's SFTTrainer"):
         rec.training_args(output_dir="out", report_to="none")
+
+
+def test_trainer_is_refused_by_an_inference_scenario():
+    with pytest.raises(PerfGuideError) as exc:
+        perfguide.recommend(tiny_spec(), "infer_gpu_one", hardware=GPU, trainer="trl")
+    one_line(exc, "trainer")

@@ -35,6 +35,7 @@ class TrlTrainer(Technique):
     summary = "TRL's SFTTrainer: its loss builds no full [b, s, V] logits (chunked_nll in TRL 1.7-1.14, a fused LM head from 1.15)"
     sources = SOURCES
     requires = Requires(tasks=("train",))
+    switch = "trainer"
     order = 37   # after Liger (36): TRL 1.15+ switches Liger's fused cross-entropy off and runs its own head
 
     def active(self, setup: Any) -> bool:
