@@ -48,6 +48,8 @@ class TechniqueRules(Protocol):
     @property
     def label_order(self) -> int | None: ...
 
+    def implied(self, fields: dict[str, Any]) -> dict[str, Any]: ...
+
     def conflict(self, setup: Setup) -> str | None: ...
 
     def label_word(self, setup: Setup) -> str | None: ...
@@ -208,10 +210,12 @@ class Setup(Model):
 
     @model_validator(mode="before")
     @classmethod
-    def _dpo_runs_trl(cls, data: Any) -> Any:
-        """DPO only runs in TRL's DPOTrainer: a DPO Setup that names no trainer is a TRL one."""
-        if isinstance(data, dict) and data.get("objective") == "dpo" and "trainer" not in data:
-            return {**data, "trainer": "trl"}
+    def _implied(cls, data: Any) -> Any:
+        """Fields a technique's switch decides when the input leaves them out (Technique.implied)."""
+        if not isinstance(data, dict):
+            return data
+        for t in _technique_rules():
+            data = {**t.implied(data), **data}
         return data
 
     @model_validator(mode="after")
@@ -360,8 +364,6 @@ def _own_conflict(s: Setup) -> str | None:
     if s.target_len is not None and s.task != "train":
         return (f"target_len={s.target_len} is the decoder length of an encoder-decoder training step; generation's "
                 "decoder length is new_tokens: leave target_len unset for task='infer'")
-    if s.objective == "dpo" and s.trainer != "trl":
-        return "objective='dpo' runs in TRL's DPOTrainer, not the transformers Trainer; set trainer='trl' (or leave it out)"
     if s.packed_doc_len is not None and s.packed_doc_len > s.seq_len:
         return (f"packed_doc_len={s.packed_doc_len} is the mean document inside a packed sequence of seq_len={s.seq_len}: "
                 "it must be at most seq_len")

@@ -27,7 +27,6 @@ from pydantic import Field
 
 from .._data import DataModel, validated
 from .._packages import installed_release
-from ..data.techniques import constant
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import activations as act
@@ -50,6 +49,10 @@ class TrlLoss(DataModel):
     chunked_source: str = Field(min_length=10)
     sft_fp32_per_token: int = Field(ge=1)   # fp32 numbers the fused head keeps per position for SFTTrainer's outputs
     sft_fp32_source: str = Field(min_length=10)
+    tile_tokens: int = Field(ge=1)   # label positions one fused-head tile projects (TOKEN_CHUNK_SIZE)
+    tile_tokens_source: str = Field(min_length=10)
+    tile_vocab: int = Field(ge=1)    # vocabulary columns of the tile buffer, whatever the vocabulary
+    tile_vocab_source: str = Field(min_length=10)
     torch_fold_fp32_tiles_forward: float = Field(ge=0)   # fp32 tile-sized temporaries of the torch fallback (no Triton)
     torch_fold_fp32_tiles_backward: float = Field(ge=0)
     torch_fold_source: str = Field(min_length=10)
@@ -106,13 +109,12 @@ def trains_head_in_fp32_copy(setup: Setup, grad_elem_bytes: int) -> bool:
 
 def fused_head_parts(spec: ModelSpec, setup: Setup, positions: int, grad_elem_bytes: int, fp32_per_token: int) -> FusedHead:
     """ChunkedLogProbFunction's buffers for ``positions`` label positions (TRL 1.15+, trl/kernels/chunked_logprob.py)."""
-    h = spec.hidden_size
-    rows, width = min(positions, int(constant("dpo_logprob_token_chunk"))), int(constant("dpo_logprob_vocab_chunk"))
+    h, data = spec.hidden_size, trl_data()
+    rows, width = min(positions, data.tile_tokens), data.tile_vocab
     tile = rows * width * compute_bytes(setup)   # mm_buf is allocated 32768 wide even for a narrower vocabulary
     cells = rows * min(spec.vocab_size, width)   # the tile view the fold reads
     stats = positions * fp32_per_token * FP32
     head_weight_grad = spec.vocab_size * h * FP32 if trains_head_in_fp32_copy(setup, grad_elem_bytes) else 0
-    data = trl_data()
     # no Triton on a CPU: the tiles are folded by torch ops, whose fp32 temporaries the GPU kernels never write
     fold_fwd, fold_bwd = ((data.torch_fold_fp32_tiles_forward, data.torch_fold_fp32_tiles_backward) if setup.device == "cpu" else (0, 0))
     return FusedHead(saved=positions * h * hidden_bytes(setup), tile=tile, stats=stats,

@@ -144,6 +144,11 @@ class Technique:
             return f"{self.name} needs {req.gpu_capability.replace('supports_', '')} on the GPU; {gpu.name} lacks it"
         return None
 
+    def implied(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Fields the user left out that this technique's switch decides, from the Setup's raw input ``fields`` (a
+        DPO step runs in TRL's DPOTrainer: ``trainer='trl'``). Only fields absent from ``fields``; none by default."""
+        return {}
+
     def conflict(self, setup: Setup) -> str | None:
         """Why ``setup`` cannot run with this technique as it sets it (None: it can), for Setup's own validation:
         with a binding ``requires``, the device, task, fine-tuning and strategy it names; a technique adds the

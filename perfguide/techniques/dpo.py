@@ -67,7 +67,13 @@ class Dpo(Technique):
     def active(self, setup: Any) -> bool:
         return bool(setup.objective == "dpo")
 
+    def implied(self, fields: dict[str, Any]) -> dict[str, Any]:
+        # DPO only runs in TRL's DPOTrainer: a DPO Setup that names no trainer is a TRL one
+        return {"trainer": "trl"} if fields.get("objective") == "dpo" and "trainer" not in fields else {}
+
     def conflict(self, setup: Any) -> str | None:
+        if self.active(setup) and setup.trainer != "trl":
+            return "objective='dpo' runs in TRL's DPOTrainer, not the transformers Trainer; set trainer='trl' (or leave it out)"
         if setup.precompute_ref_log_probs and not self.active(setup):
             return "precompute_ref_log_probs is a DPO setting; set objective='dpo', or precompute_ref_log_probs=False"
         if self.active(setup) and setup.padding_free:
