@@ -18,6 +18,18 @@ BERT's bidirectional mask is not kept (same trace: none alive at the head, eager
 transformers 4.42-4.47's Gemma2 built only the full mask up front and each sliding block its own inside the block
 (freed with it), so those releases kept one; this module prices the installed release's two.
 
+SDPA's additive bias. ``F.scaled_dot_product_attention`` turns a bool mask into an additive one of the query's
+dtype before it picks a kernel (ATen attention.cpp ``convert_boolean_attn_mask``: ``at::where(mask, 0, -inf)``;
+torch 2.1-2.4 ``where(mask.logical_not(), -inf, 0)``), expands it over the heads as a view (``preprocess_mask``,
+padded only when s is not a multiple of 8) and the memory-efficient kernel, the one CUDA takes for a masked bf16 call,
+saves it for backward (derivatives.yaml ``_scaled_dot_product_efficient_attention``: ``attn_bias``). So every
+sliding layer holds b x s x s x 2 bytes (bf16 / autocast queries; 4 in fp32) from its forward to its backward:
+without checkpointing all of them at the loss peak; checkpointed, one block's from its recompute to its backward
+(the forward's copy dies with the block). Traced (tiny Gemma 3, 5 sliding + 1 full layer, window 16, bf16, s 512-2048,
+b 1 and 2, CUDA kernel choice emulated): s^2 coefficient per b 10.0 bytes without checkpointing (5 x 2) and, with it,
+3 for the bool mask plus the recomputed block's bias (the fake-tensor trace adds 1 more: it also materialises the
+full-attention mask, as transformers cannot read a fake position_ids to rule out packed sequences).
+
 Eager backward. The block's backward turns the 16-bit probability gradient into fp32 and builds the score gradient
 while the fp32 softmax output is still held (data/activations.json ``eager_backward``, traced): the bytes beyond the
 saved ones exist for one block at a time, when its backward (or, checkpointed, its recompute and backward) starts.
@@ -51,13 +63,29 @@ def checkpointed_mask_bytes(spec: ModelSpec, setup: Setup) -> int:
         return 0
     b, s = setup.micro_batch_size, setup.seq_len
     kinds = set(spec.cache_layer_types())
-    window = spec.sliding_window
     if setup.attn_implementation == "eager":
         masks = len(kinds & {"full_attention", "sliding_attention"})
         return masks * b * s * s * (2 if stream_regime(setup) == "half" else 4)
-    if setup.attn_implementation == "sdpa" and "sliding_attention" in kinds and window is not None and s > window:
-        return b * s * s
-    return 0
+    return b * s * s if _sdpa_sliding_mask(spec, setup) else 0
+
+
+def _sdpa_sliding_mask(spec: ModelSpec, setup: Setup) -> bool:
+    """SDPA gets a materialised (bool) mask: a sliding window shorter than the sequence, which ``is_causal`` cannot say."""
+    window = spec.sliding_window
+    return (setup.attn_implementation == "sdpa" and spec.generates and not spec.is_encoder_decoder
+            and "sliding_attention" in spec.cache_layer_types() and window is not None and setup.seq_len > window)
+
+
+def sdpa_bias_bytes(spec: ModelSpec, setup: Setup, *, checkpointed: bool) -> int:
+    """Bytes of the additive biases SDPA makes of the sliding mask and keeps for backward: one layer's while its
+    checkpointed block is recomputed and back-propagated, every sliding layer's at the loss peak otherwise."""
+    if not _sdpa_sliding_mask(spec, setup):
+        return 0
+    from .activations import stream_regime
+
+    query = 2 if setup.autocast or stream_regime(setup) == "half" else 4   # autocast runs SDPA in 16 bits
+    layers = 1 if checkpointed else spec.cache_layer_types().count("sliding_attention")
+    return layers * setup.micro_batch_size * setup.seq_len ** 2 * query
 
 
 def eager_backward_transient_bytes(spec: ModelSpec, setup: Setup) -> int:
