@@ -80,6 +80,15 @@ def test_activations_per_block_equal_hand_count():
     assert one.sdpa_kernels["efficient"] == 1 and one.sdpa_kernels["flash"] == 0
 
 
+def test_checkpointed_bf16_llama_runs_flash_without_a_mask():
+    """Real training builds no causal mask for SDPA (is_causal; transformers finds the rows unpacked from their
+    position_ids), checkpointed or not; the fake trace cannot read position_ids, so it must not take the rows for
+    packed sequences and build a b x s x s mask that sends SDPA to the memory-efficient kernel. 2 blocks, forward and
+    recompute: 4 flash calls."""
+    step = _run(LLAMA, optimizer="adamw_torch", weights_dtype="bf16", gradient_checkpointing=True)
+    assert step.sdpa_kernels["flash"] == 4 and step.sdpa_kernels["efficient"] == 0
+
+
 def test_loss_path_holds_logits_sized_buffers():
     """log_softmax output (fp32 b*s*V) is kept for backward; at the start of backward its gradient and the
     logits' gradient join it (the logits themselves die with the model output, as in Trainer.compute_loss)."""

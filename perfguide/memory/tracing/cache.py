@@ -22,7 +22,7 @@ from .step import StepTrace
 logger = logging.getLogger("perfguide.memory.trace")
 
 #: Bump when the tracer's accounting changes, so stale cache entries are ignored.
-TRACER_VERSION = 3  # 2: CUDA native_dropout (1-byte masks) emulated; 3: memory-bound traffic counted
+TRACER_VERSION = 4  # 2: CUDA native_dropout (1-byte masks) emulated; 3: memory-bound traffic counted; 4: rows not taken for packed sequences (step._unpacked_rows)
 #: Config keys that never change tensor bytes (names, provenance, generation defaults).
 _IRRELEVANT = ("_name_or_path", "transformers_version", "architectures_note", "torch_dtype", "dtype", "auto_map",
                "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "_commit_hash")

@@ -136,6 +136,7 @@ def run_step(config: dict[str, Any], setup: Setup) -> StepTrace:
     round_to = ALLOCATOR_BLOCK if setup.device == "cuda" else 1
     emulation = make_cuda_emulation(low, emulate_sdpa=setup.device == "cuda")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(_unpacked_rows())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(make_scalar_fallback())
         model.to_empty(device="cpu")
@@ -181,6 +182,31 @@ def run_step(config: dict[str, Any], setup: Setup) -> StepTrace:
         sdpa_kernels=dict(emulation.kernels), optimizer_traced=opt is not None,
         trainable_groups=groups, trainable_bytes_per_param=elem_bytes, traffic=dict(tracker.traffic),
     )
+
+
+@contextlib.contextmanager
+def _unpacked_rows() -> Any:
+    """Tell transformers' mask builder that the traced rows are not packed sequences, as it finds on a GPU.
+
+    Without a 2-D attention mask and without a cache (training with checkpointing: use_cache is off) masking_utils
+    reads position_ids to detect packed sequences, and on a tensor it cannot read (a fake one) it assumes packing: it
+    then builds a b x 1 x s x s bool causal mask that real training never builds (is_causal, flash kernel), and SDPA
+    runs the memory-efficient kernel with its b x s x s bias. Our batches are one sequence per row (``_inputs``), for
+    which the real function returns None."""
+    try:
+        from transformers import masking_utils
+    except ImportError:   # releases before masking_utils never looked
+        yield
+        return
+    real = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if real is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = real
 
 
 @contextlib.contextmanager
