@@ -107,3 +107,24 @@ def test_step_s2_coefficient_by_hand() -> None:
         s1, s2, s3 = lengths
         expected = per_b_s2 * B * (s3 * s3 - s2 * s2 - 2 * (s2 * s2 - s1 * s1))
         assert abs(d2 - 2 * d1 - expected) <= 2, gc   # the fitted per-token coefficients round to whole bytes
+
+
+def test_dpo_reference_forward_builds_its_own_mask_and_bias_by_hand() -> None:
+    """DPO's no-grad reference forward over the 2 b sequences builds its own bool sliding mask (1 byte per element,
+    alive through its blocks) and, one layer at a time, the bf16 SDPA bias (2): 3 x 2b x s^2 on top of its layer
+    buffers. At 16,384 tokens that branch outgrows the fused head's, so the loss path is the head's saved hidden
+    states + the reference's layer buffers + the masks."""
+    from perfguide.data.techniques import constant
+    from perfguide.memory.fused_head import fused_head_parts
+    from perfguide.memory.inference import prefill_transient_bytes
+    from perfguide.memory.masks import no_grad_forward_mask_bytes
+    from perfguide.techniques.dpo import label_positions, loss_path_bytes
+
+    s = 16384
+    setup = _setup("sdpa", weights_dtype="bf16", objective="dpo", trainer="trl").replace(seq_len=s)
+    spec = _spec("gemma3_text", sliding_window=32, num_hidden_layers=6, vocab_size=64, max_position_embeddings=s)
+    doubled = setup.replace(micro_batch_size=2 * B)
+    assert no_grad_forward_mask_bytes(spec, doubled) == 3 * 2 * B * s * s
+    assert no_grad_forward_mask_bytes(spec, doubled.replace(attn_implementation="flash_attention_2")) == 0
+    head = fused_head_parts(spec, setup, label_positions(setup), 2, int(constant("dpo_logprob_fp32_per_token")))
+    assert loss_path_bytes(spec, setup, 2) == head.saved + prefill_transient_bytes(spec, doubled, 2) + 3 * 2 * B * s * s

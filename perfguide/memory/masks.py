@@ -88,6 +88,14 @@ def sdpa_bias_bytes(spec: ModelSpec, setup: Setup, *, checkpointed: bool) -> int
     return layers * setup.micro_batch_size * setup.seq_len ** 2 * query
 
 
+def no_grad_forward_mask_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Peak mask bytes of a no-grad forward (DPO's reference): its own bool sliding mask for the whole pass plus one
+    layer's SDPA bias at a time (nothing is saved, so each layer's dies with it)."""
+    if not _sdpa_sliding_mask(spec, setup):
+        return 0
+    return setup.micro_batch_size * setup.seq_len ** 2 + sdpa_bias_bytes(spec, setup, checkpointed=True)
+
+
 def eager_backward_transient_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Bytes one eager block's backward holds beyond the s x s tensors its forward saved (0 for other attention and
     for families without a traced entry)."""

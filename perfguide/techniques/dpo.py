@@ -35,6 +35,7 @@ from ..data.techniques import constant
 from ..errors import InvalidSetupError
 from ..memory.fused_head import fused_head_parts, hidden_bytes, installed_trl, trl_era
 from ..memory.inference import prefill_transient_bytes
+from ..memory.masks import no_grad_forward_mask_bytes
 from ..setup import DTYPE_BYTES
 from ..speed.rates import half_bytes, ring_time
 from .base import EmitContext, Requires, Technique
@@ -218,7 +219,8 @@ def loss_path_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
 
     The saved label hidden states live from the head's forward to its backward; beside them, at different times:
     the forward's tile buffer and fp32 statistics, the reference forward (one layer's no-grad buffers over the 2 b
-    sequences, or its own head: last hidden state, label hidden states, tile, statistics), and the head's backward
+    sequences, with its own sliding mask and one layer's SDPA bias where SDPA gets a mask (memory/masks.py), or its
+    own head: last hidden state, label hidden states, tile, statistics), and the head's backward
     (fp32 input gradient, the tile again, and a trained head's fp32 weight gradient where the parameter is not fp32:
     autograd then casts it to a second, parameter-dtype gradient)."""
     head = fused_head_parts(spec, setup, label_positions(setup), grad_elem_bytes, int(constant("dpo_logprob_fp32_per_token")))
@@ -226,7 +228,7 @@ def loss_path_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
     if runs_reference_forward(setup):
         doubled = setup.model_copy(update={"micro_batch_size": 2 * setup.micro_batch_size})
         last_hidden = 2 * setup.micro_batch_size * setup.seq_len * spec.hidden_size * hidden_bytes(setup)
-        reference = max(prefill_transient_bytes(spec, doubled, hidden_bytes(setup)),
+        reference = max(prefill_transient_bytes(spec, doubled, hidden_bytes(setup)) + no_grad_forward_mask_bytes(spec, doubled),
                         last_hidden + head.saved + head.tile + head.stats)
     return head.saved + max(head.forward, reference, head.backward)
 
