@@ -1,5 +1,6 @@
-"""Attention bytes beyond the saved activations: the 4-D masks gradient checkpointing keeps alive, and the s x s
-gradients one eager block's backward holds on top of what its forward saved.
+"""Attention bytes beyond the saved activations: the 4-D masks gradient checkpointing keeps alive, the additive bias
+SDPA makes of a bool mask and saves, and the s x s gradients one eager block's backward holds on top of what its
+forward saved.
 
 Masks. transformers builds one b x 1 x s x s mask per attention kind (masking_utils: a full causal one, a
 sliding-window one) before the decoder loop and hands it to every block. Without checkpointing nothing saves it
@@ -26,9 +27,10 @@ saves it for backward (derivatives.yaml ``_scaled_dot_product_efficient_attentio
 sliding layer holds b x s x s x 2 bytes (bf16 / autocast queries; 4 in fp32) from its forward to its backward:
 without checkpointing all of them at the loss peak; checkpointed, one block's from its recompute to its backward
 (the forward's copy dies with the block). Traced (tiny Gemma 3, 5 sliding + 1 full layer, window 16, bf16, s 512-2048,
-b 1 and 2, CUDA kernel choice emulated): s^2 coefficient per b 10.0 bytes without checkpointing (5 x 2) and, with it,
-3 for the bool mask plus the recomputed block's bias (the fake-tensor trace adds 1 more: it also materialises the
-full-attention mask, as transformers cannot read a fake position_ids to rule out packed sequences).
+b 1, CUDA kernel choice emulated): s^2 coefficient 10.0 bytes without checkpointing (5 x 2) and, with it, 3: the
+bool mask plus the recomputed block's bias. Real CPU SDPA saves the bf16 bias, not the bool mask (tests/test_masks.py).
+The bool mask is b x 1 x s x s when the batch carries a 2-D attention mask (collators pass one); without one
+transformers builds it for one row and expands it (the trace's inputs), while the bias is b x s x s either way.
 
 Eager backward. The block's backward turns the 16-bit probability gradient into fp32 and builds the score gradient
 while the fp32 softmax output is still held (data/activations.json ``eager_backward``, traced): the bytes beyond the
