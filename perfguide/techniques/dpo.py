@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.techniques import constant
 from ..errors import InvalidSetupError
-from ..memory.fused_head import fused_head_parts, hidden_bytes, installed_trl, trl_era
+from ..memory.fused_head import fused_head_parts, hidden_bytes, installed_trl, sft_positions, trl_era
 from ..memory.inference import prefill_transient_bytes
 from ..memory.masks import no_grad_forward_mask_bytes
 from ..setup import DTYPE_BYTES
@@ -177,8 +177,8 @@ def keeps_reference_copy(setup: Setup) -> bool:
 
 def label_positions(setup: Setup) -> int:
     """Positions the fused head scores per micro-step: every next-token label of the 2 b sequences (an upper bound:
-    prompt positions carry label -100 and are skipped on CUDA)."""
-    return 2 * setup.micro_batch_size * max(1, setup.seq_len - 1)
+    prompt positions carry label -100 and are skipped on CUDA): an SFT step's positions, over two rows per pair."""
+    return 2 * sft_positions(setup)
 
 
 def reference_weight_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
