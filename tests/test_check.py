@@ -84,7 +84,17 @@ def test_sft_config_instance_keeps_trl_defaults(tmp_path: Path) -> None:
     assert s.gradient_checkpointing is sft.activation_checkpointing is True  # TRL's default, not transformers'
     assert s.autocast == ("bf16" if sft.bf16 else None)
     assert s.padding_free is (sft.packing and sft.packing_strategy == "bfd")
+    assert s.trainer == "trl"   # SFTTrainer runs it: TRL's loss path, not HF Trainer's full logits
     assert_priced_like_estimate(c, "gpt2", HW)
+
+
+def test_training_arguments_keep_the_hf_trainer_loop(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        ta = TrainingArguments(output_dir=str(tmp_path), use_cpu=True)
+    assert perfguide.check("gpt2", ta, hardware=HW, device="cuda", seq_len=512).setup.trainer == "transformers"
 
 
 # --- files HfArgumentParser reads --------------------------------------------------------------------------------
@@ -273,8 +283,10 @@ def test_written_configs_read_back_as_the_same_plan(tmp_path: Path, capsys: pyte
         extra = ({"seq_len": 1024, "activation_offloading": rec.setup.activation_offloading, "padding_free": rec.setup.padding_free}
                  if files[0] == "training_args.json" else {})
         c = perfguide.check(model, [str(tmp_path / f) for f in files], hardware=hardware, **kept, **extra)
-        assert c.setup == rec.setup, {f: (getattr(rec.setup, f), getattr(c.setup, f)) for f in type(rec.setup).model_fields
-                                      if getattr(rec.setup, f) != getattr(c.setup, f)}
+        # an SFTConfig is run by SFTTrainer, so it reads back as TRL's loop whatever loop the plan priced
+        want = rec.setup if files[0] == "training_args.json" else rec.setup.model_copy(update={"trainer": "trl"})
+        assert c.setup == want, {f: (getattr(want, f), getattr(c.setup, f)) for f in type(want).model_fields
+                                 if getattr(want, f) != getattr(c.setup, f)}
         assert c.fits is rec.fits
 
 

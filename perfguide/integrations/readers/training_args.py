@@ -143,6 +143,8 @@ def _optimizer(data: dict[str, Any], col: Collector, kind: str) -> None:
 
 
 def _sft(data: dict[str, Any], defaults: dict[str, Any], col: Collector) -> None:
+    # an SFTConfig (or DPOConfig) is what TRL's trainers read: their loss path is TRL's, by release (memory/fused_head.py)
+    col.assume("trainer", "trl", "SFTConfig / DPOConfig: run by TRL's SFTTrainer / DPOTrainer")
     if "max_length" in data:
         if data["max_length"] is not None:
             col.set("seq_len", as_int(data["max_length"], col.where("max_length")), "max_length")
