@@ -20,6 +20,7 @@ from .._data import DataModel, fact_value, validated
 from ..memory.activations import Dim, RegimeName, activations_data, block_dims, dropout_rates, regime
 from ..model.types import ModelSpec
 from ..setup import Setup
+from . import stacks
 
 Component = Literal["rmsnorm_per_h", "rope_per_qk", "swiglu_per_i"]
 
@@ -81,13 +82,13 @@ def block_bytes(spec: ModelSpec, setup: Setup, tokens: int, recompute: float = 0
     """All blocks' memory-bound bytes for ``tokens`` tokens; ``recompute`` forwards re-run in backward."""
     c = coefficients(spec, setup)
     per_token = _form(c.per_token, spec) + recompute * _form(c.forward_per_token, spec)
-    return tokens * per_token * spec.total_layers
+    return tokens * per_token * spec.total_layers * stacks.layer_factor(spec, setup)   # a decoder at its own length
 
 
 def logit_count(spec: ModelSpec, setup: Setup) -> int:
     """Logits one micro-step computes: micro-batch x the positions that get logits x ``ModelSpec.logits_width``
     (the vocabulary, or a classifier's labels on its one pooled position)."""
-    positions = 1 if spec.logits_per_sequence else setup.seq_len
+    positions = 1 if spec.logits_per_sequence else setup.decoder_len   # an encoder-decoder's head runs the target
     return setup.micro_batch_size * positions * spec.logits_width
 
 
@@ -102,7 +103,8 @@ def eager_score_bytes(spec: ModelSpec, setup: Setup, recompute: float = 0.0) -> 
     attention-probability dropout's when the model trains with one; a checkpointed forward re-runs a third. Eager
     builds the full s x s scores whatever the sliding window (the window is a mask applied to them)."""
     c = coefficients(spec, setup)
-    elements = setup.micro_batch_size * spec.num_attention_heads * setup.seq_len ** 2 * spec.total_layers
+    elements = (setup.micro_batch_size * spec.num_attention_heads * setup.seq_len ** 2 * spec.total_layers
+                * stacks.score_factor(spec, setup))   # a decoder's self and cross maps at their own lengths
     per_element = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if dropout_rates(spec)[1] > 0 else 0.0)
     return elements * per_element * (3 + recompute) / 3
 

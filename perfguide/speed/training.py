@@ -21,7 +21,7 @@ from ..memory.ledger import ledger
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..setup import Setup
-from . import rates, terms
+from . import rates, stacks, terms
 from .rates import (
     attention_flops_fwd,
     constant,
@@ -88,16 +88,17 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
 def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     """(matmul FLOPs, attention FLOPs, model FLOPs without recompute) of one micro-step on one device."""
     shape = techniques.step_shape(setup)
-    tokens = shape.matmul_tokens
-    n = matmul_params(spec)
+    n, blocks = matmul_params(spec), recomputed_matmul_params(spec)
+    tokens = shape.matmul_tokens * stacks.matmul_factor(spec, setup, n, n - blocks)   # an encoder-decoder's two lengths
     fwd_mm = 2.0 * n * tokens
-    fwd_attn = attention_flops_fwd(spec, *shape.attention)
+    fwd_attn = attention_flops_fwd(spec, *shape.attention) * stacks.score_factor(spec, setup)
     weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * trainable_params(spec, setup) * tokens
     mm = fwd_mm + 2.0 * n * tokens + weight_grads
     attn = 3.0 * fwd_attn
     model = mm + attn
     recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
-    mm += recompute * 2.0 * recomputed_matmul_params(spec) * tokens   # the blocks re-run; the head does not
+    block_tokens = shape.matmul_tokens * stacks.matmul_factor(spec, setup, blocks, 0)
+    mm += recompute * 2.0 * blocks * block_tokens   # the blocks re-run; the head does not
     attn += recompute * fwd_attn
     return mm, attn, model
 
