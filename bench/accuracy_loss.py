@@ -128,6 +128,8 @@ LOOP_KEEPS_OUTPUTS = {
     "open_instruct_issue_25": "open_instruct/finetune.py @0d2e152d7: outputs = model(**batch, use_cache=False); "
                               "loss = outputs.loss; ... accelerator.backward(loss)",
     "open_instruct_issue_12": "open_instruct/finetune.py @609312b24: the same loop",
+    "peft_method_comparison_metamathqa": "peft method_comparison/MetaMathQA/run.py train(): outputs = model(**batch, "
+                                         "num_items_in_batch=...); loss = outputs.loss; grad_scaler.scale(loss).backward()",
 }
 #: transformers release current when a pre-PyTorch-2.0 row ran (hf_blog_pytorch_fsdp, 2022-04-29: 4.18.0 of 2022-04-06)
 PRE_TORCH2_TRANSFORMERS = "4.18.0"

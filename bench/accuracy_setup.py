@@ -112,7 +112,24 @@ def _peft_keeps_base_dtype(row: dict[str, str]) -> bool:
     return date is not None and first_day <= date.group() < last_day
 
 
+#: what a PEFT row trains that LoraSpec cannot say, as the row's method words name it (the PEFT method comparison's
+#: result files: peft_type, LoraConfig use_bdlora / init_lora_weights, the run's optimizer_type)
+PEFT_NOT_LORA = ((re.compile(r"^PEFT (\w+)"), "PEFT {0}: perfguide prices LoRA and DoRA adapters only"),
+                 (re.compile(r"use_bdlora"), "block-diagonal LoRA (use_bdlora) is not expressible"),
+                 (re.compile(r"init_lora_weights '(\w+)'"), "LoRA init '{0}' trains part of each adapter: not expressible"),
+                 (re.compile(r"optimizer_type '(lora-fa)'"), "the {0} optimizer (A frozen, only B trained) is not expressible"))
+
+
+def _peft_not_lora(method: str) -> None:
+    """A PEFT method or LoRA variant whose trained parameters a LoraSpec cannot express raises Skip naming it."""
+    for pattern, reason in PEFT_NOT_LORA:
+        found = pattern.search(method)
+        if found:
+            raise Skip(reason.format(*found.groups()))
+
+
 def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
+    _peft_not_lora(row["method"])
     if not row["lora_rank"]:
         if "adapter" in row["method"].lower():
             raise Skip("litgpt Adapter v1/v2 is not expressible (only LoRA)")
@@ -128,6 +145,7 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))),
                     dropout=float(dropout.group(1)) if dropout else 0.0,
                     modules_to_save=tuple(saved.group(1).split(",")) if saved else (),
+                    use_dora="use_dora True" in row["method"], use_rslora="use_rslora True" in row["method"],
                     autocast_adapter_dtype=not _peft_keeps_base_dtype(row))
 
 
@@ -176,6 +194,8 @@ def _pre_torch2(row: dict[str, str]) -> bool:
 LOOP_REBINDS_OUTPUTS = {
     "hf_blog_pytorch_fsdp": "blog assets/62_pytorch_fsdp/run_clm_no_trainer.py: 'for step, batch in ...: outputs = "
                             "model(**batch)'; no del, and the eval loop rebinds the same name",
+    "peft_method_comparison_metamathqa": "peft method_comparison/MetaMathQA/run.py train(): 'for step, batch in ...: "
+                                         "outputs = model(**batch, num_items_in_batch=...)'; no del before the next step",
 }
 
 
