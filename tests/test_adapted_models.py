@@ -149,3 +149,14 @@ def test_a_quantized_module_is_planned_quantized(tmp_path):
     with pytest.raises(ConflictingConstraintsError) as info:
         perfguide.recommend(int8, hardware="a100-80gb", seq_len=32)
     one_line(info, "8-bit")
+
+
+def test_dora_trains_a_magnitude_per_adapted_linear():
+    """PEFT's DoRA adds one trainable vector of out_features per adapted Linear to the LoRA pair: the ledger counts
+    what get_peft_model(use_dora=True) leaves trainable on a real model (the PEFT method comparison's DoRA run prints
+    9,289,728 on Llama-3.2-3B: 9,175,040 for rank 32 on q/v plus 28 x (3072 + 1024))."""
+    have = peft.get_peft_model(tiny_model(), peft.LoraConfig(**QV, use_dora=True))
+    spec = ModelSpec.from_any(tiny_model())
+    lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
+    dora = ledger(spec, Setup(task="train", lora=lora))
+    assert dora.trainable_params == trainable(have) > ledger(spec, Setup(task="train", lora={**lora, "use_dora": False})).trainable_params

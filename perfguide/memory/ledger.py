@@ -189,6 +189,9 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     r = setup.lora.r
     chosen = _targets(spec, setup)
     groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))
+    if setup.lora.use_dora:  # DoRA trains a magnitude of out_features per adapted Linear (peft lora_magnitude_vector,
+        # one of LoraLayer.adapter_layer_names, so upcast with the adapters)
+        groups += tuple(TensorGroup(n, o, 1, "other") for _, _, o, n in chosen)
     trainable = sum(g.total for g in groups)
     layers = spec.total_layers
     inputs = sum(i * n for _, i, _, n in chosen) // layers
