@@ -60,7 +60,7 @@ from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
 from .zero3_window import zero3_buffer_bytes, zero3_knobs
-from .zero_runtime import backward_only_bucket_bytes, installed_deepspeed, step_only_fp32_grads
+from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, installed_deepspeed, step_only_fp32_grads
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> tuple[int, int]:
@@ -273,7 +273,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
-    head_grad = min(grads, (spec.lm_head_params or spec.embedding_params) * states.grad_elem_bytes) if setup.lora is None else 0
+    head_grad = early_head_grad_bytes(spec, setup, grads, states.grad_elem_bytes)   # none for a task head or ZeRO-2's bucketed one
     early_grads = held_grads + max(head_grad - held_grads, 0)
     grad_tail = grad_tails if grads else 0   # the allocator tails travel with the whole gradient set
     held_tail = grad_tail if held_grads else 0

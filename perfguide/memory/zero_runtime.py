@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .._data import fact_value
 from .._packages import installed_release
+from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .loss_path import version_tuple
 from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements
@@ -19,6 +20,16 @@ from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements
 #: ``int(reduce_bucket_size)``
 IPG_SIZED_BY_BUCKET_SINCE = (0, 4, 0)
 OLD_IPG_FACTOR = 4.5
+
+
+def ipg_buffers(overlap_comm: bool) -> int:
+    """How many ``reduce_bucket_size`` ipg buffers ZeRO-1/2's ``backward()`` allocates: ``buf_0`` whenever
+    contiguous_gradients is on (the default), ``buf_1`` only "if self.overlap_comm" ("double buffers to avoid data
+    access conflict"; stage_1_and_2.py v0.7.2 ``backward``, 0.19.8 ``setup_buckets``). DeepSpeed's own default is
+    ``overlap_comm = stage == 3`` (zero/config.py ``overlap_comm_valid``, v0.7.2 and 0.19.8), so a ZeRO-2 config that
+    leaves the key out (accelerate 0.12's DeepSpeedPlugin builds one) runs a single buffer; perfguide's configs set it
+    true (calibration.json ``deepspeed_bucket_copies``)."""
+    return 2 if overlap_comm else 1
 
 
 def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
@@ -52,6 +63,33 @@ def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: in
         # v0.3.x: each buffer is 4.5 x reduce_bucket_size fp16 elements, whatever the model's size
         return int(OLD_IPG_FACTOR * deepspeed_bucket_elements(setup) * 2 * fact_value("calibration", "deepspeed_bucket_copies"))
     return bucket_bytes(setup, trainable, grad_elem_bytes)
+
+
+def early_head_grad_bytes(spec: ModelSpec, setup: Setup, grads: int, grad_elem_bytes: int) -> int:
+    """Bytes of the output head's weight gradient alive from the head's backward, the first in the step, to the end of
+    backward (0 where none is): the gradient a rank holds beside every saved activation at the start of backward.
+
+    An LM head's gradient lands in ``.grad`` as backward begins and stays there; a tied head's waits in autograd's
+    input buffer for the embedding's share, which comes last. None is vocabulary-sized when:
+
+    * the head is a task head (a classifier's num_labels x h, ``ModelSpec.logits_width`` below the vocabulary) or
+      none: the embedding's gradient is then the last of the step, not the first;
+    * ZeRO-2 trains an untied head no larger than ``reduce_bucket_size``: the AccumulateGrad hook
+      ``reduce_independent_p_g_buckets_and_remove_grads`` copies the gradient into the ipg buffer (priced as
+      ``backward_only_bucket_bytes``) and points ``.grad`` at that slot, freeing its own storage:
+      ``new_grad_tensor.copy_(param.grad.view(-1)); param.grad.data = new_grad_tensor.data.view_as(param.grad)``
+      (deepspeed/runtime/zero/stage_1_and_2.py v0.7.2; the same copy in 0.19.8). A larger head is reduced on its own
+      (``extra_large_param_to_reduce``) from its ``.grad``, and ZeRO-1 hooks the reduce only with overlap_comm
+      (v0.7.2 ``if self.partition_gradients or self.overlap_comm``): both keep the gradient as priced.
+    """
+    if setup.lora is not None or spec.logits_width != spec.vocab_size:
+        return 0
+    head = spec.lm_head_params or spec.embedding_params
+    tied = spec.tie_word_embeddings and not spec.lm_head_params
+    if setup.shards_grads and not setup.gathers_params and setup.is_deepspeed and not tied \
+            and head <= deepspeed_bucket_elements(setup):
+        return 0
+    return min(grads, head * grad_elem_bytes)
 
 
 def installed_deepspeed() -> str | None:
