@@ -16,11 +16,9 @@ from contextlib import contextmanager
 from accuracy_setup import Skip
 
 from perfguide.memory import fused_head
-from perfguide.memory.loss_path import version_tuple
 
 TRL_RELEASE = re.compile(r"\btrl==(\d+\.\d+(?:\.\d+)?)")
 UNPRICED = ("KTOTrainer", "GRPOTrainer", "RLOOTrainer")
-FUSED_DPO = (1, 15)   # DPOTrainer's fused LM head, the only DPO loss path techniques/dpo.py prices
 
 
 def row_trl_release(row: dict[str, str]) -> str | None:
@@ -39,11 +37,15 @@ def trl_fields(row: dict[str, str]) -> dict[str, object]:
             raise Skip(f"not expressible: TRL's {name} step (its own objective, rollouts or scoring passes) is not one "
                        "perfguide prices (objective sft or dpo)")
     if "DPOTrainer" in method:
-        if version_tuple(release) < FUSED_DPO:
-            raise Skip(f"not expressible: TRL {release}'s DPOTrainer scores on full [2b, s, V] logits (dpo_trainer.py: "
-                       "selective_log_softmax_and_entropy without Liger); perfguide prices DPOTrainer's fused LM head "
-                       "(TRL >= 1.15)")
-        return {"objective": "dpo", "trainer": "trl"}
+        if fused_head.trl_era(release).dpo_loss == "unpriced":
+            raise Skip(f"not expressible: TRL {release}'s DPOTrainer (0.x concatenated_forward, its reference pass first) "
+                       "is not priced; perfguide prices DPOTrainer from TRL 1.0 (data/trl.json eras)")
+        fields: dict[str, object] = {"objective": "dpo", "trainer": "trl"}
+        if "bf16=True" in row.get("precision", ""):
+            # the trainer's bf16=True makes accelerate return the model's outputs through convert_outputs_to_fp32 on
+            # bf16 weights too (autocast changes no matmul there): DPOTrainer reads fp32 logits (memory/dpo_logits.py)
+            fields["autocast"] = "bf16"
+        return fields
     if "loss_type='nll'" in method and fused_head.trl_era(release).sft_loss == "chunked":
         return {"trainer": "transformers"}   # 1.7-1.14's 'nll': the model's own loss on full logits, as HF Trainer
     return {"trainer": "trl"}

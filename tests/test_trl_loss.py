@@ -172,7 +172,8 @@ def test_sft_trainer_runs_a_trl_plan(tmp_path):
     ("TRL SFTTrainer (trl==1.14.2, default loss_type: 'chunked_nll')", {"trainer": "trl"}),
     ("TRL SFTTrainer (trl==1.14.2, loss_type='nll')", {"trainer": "transformers"}),   # 1.7-1.14 'nll': full logits
     ("TRL DPOTrainer (trl==1.15.0)", {"objective": "dpo", "trainer": "trl"}),
-    ("TRL DPOTrainer (trl==1.14.2)", "full [2b, s, V] logits"),
+    ("TRL DPOTrainer (trl==1.14.2)", {"objective": "dpo", "trainer": "trl"}),   # full logits: memory/dpo_logits.py
+    ("TRL DPOTrainer (trl==0.19.1)", "0.x concatenated_forward"),
     ("TRL KTOTrainer (trl==1.15.0; batch size 2)", "KTOTrainer"),
     ("TRL SFTTrainer, no release named", {}),   # older rows keep HF Trainer's loss path
 ])
@@ -201,13 +202,15 @@ def test_trl_step_runs_one_more_head_gemm():
     assert trl > hf
 
 
-def test_dpo_plan_says_when_the_installed_trl_predates_the_fused_head(monkeypatch):
+def test_dpo_plan_says_when_the_installed_trl_is_not_priced(monkeypatch):
+    """TRL 0.x's DPOTrainer is not priced: the plan says so; 1.0-1.14 are priced on full logits, 1.15+ fused."""
     from perfguide.techniques import dpo
 
-    monkeypatch.setattr(dpo, "installed_trl", lambda: "1.14.2")
-    assert "installed TRL 1.14.2 builds the full logits" in dpo.older_trl_warning()
-    monkeypatch.setattr(dpo, "installed_trl", lambda: "1.15.0")
-    assert dpo.older_trl_warning() == ""
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: "0.19.1")
+    assert "installed TRL 0.19.1 builds the full logits" in dpo.older_trl_warning()
+    for release in ("1.14.2", "1.15.0"):
+        monkeypatch.setattr(fused_head, "installed_trl", lambda release=release: release)
+        assert dpo.older_trl_warning() == ""
 
 
 def test_a_trl_plans_script_lines_run_sft_trainer():

@@ -34,6 +34,7 @@ from .loss_path import version_tuple
 
 FP32 = 4
 SftLoss = Literal["full", "chunked", "fused"]
+DpoLoss = Literal["unpriced", "torch", "kernel", "fused"]   # DPOTrainer's log-probs: memory/dpo_logits.py
 
 
 class TrlEra(DataModel):
@@ -41,6 +42,9 @@ class TrlEra(DataModel):
     sft_loss: SftLoss
     fp32_head_copy: bool = False   # chunked_nll 1.7-1.12: each chunk projects through an fp32 copy of the head weight
     source: str = Field(min_length=10)
+    dpo_loss: DpoLoss
+    dpo_contiguous: bool = False   # 1.0-1.5: DPOTrainer copies the shifted logits (.contiguous()), policy and reference
+    dpo_source: str = Field(min_length=10)
 
 
 class TrlLoss(DataModel):

@@ -33,9 +33,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..data.techniques import constant
 from ..errors import InvalidSetupError
-from ..memory.fused_head import fused_head_parts, hidden_bytes, installed_trl, sft_positions, trl_era
+from ..memory import fused_head
+from ..memory.dpo_logits import dpo_logits_bytes, path_kind
+from ..memory.fused_head import TrlEra, fused_head_parts, hidden_bytes, sft_positions, trl_era
 from ..memory.inference import prefill_transient_bytes
+from ..memory.loss_path import installed_transformers
 from ..memory.masks import no_grad_forward_mask_bytes
+from ..memory.softcap import final_softcap_bytes
 from ..setup import DTYPE_BYTES
 from ..speed.rates import half_bytes, ring_time
 from .base import EmitContext, Requires, Technique
@@ -115,10 +119,17 @@ class Dpo(Technique):
         if not self.active(ctx.setup):
             return terms
         check_causal_lm(ctx.spec)
-        path = loss_path_bytes(ctx.spec, ctx.setup, ctx.grad_elem_bytes)
         on_device, host = reference_weight_bytes(ctx.spec, ctx.setup)
         terms = terms.changed(reference_note(ctx.setup, on_device, host), extra_weights=terms.extra_weights + on_device,
                               cpu_ram=terms.cpu_ram + host)
+        release = fused_head.installed_trl()
+        era = trl_era(release)
+        if era.dpo_loss in ("torch", "kernel"):   # TRL 1.0-1.14: full [2b, s, V] logits, policy and reference
+            path = full_logits_path_bytes(ctx.spec, ctx.setup, era)
+            kind = "Triton log-prob kernel" if path_kind(era, ctx.setup) == "kernel" else "torch selective_log_softmax"
+            return terms.changed(f"DPO loss path: TRL {release}'s full [2b, s, V] logits ({kind}), {path / 1e9:.2f} GB at its "
+                                 "peak; TRL >= 1.15 scores with a fused LM head and keeps far less", logits=path)
+        path = loss_path_bytes(ctx.spec, ctx.setup, ctx.grad_elem_bytes)
         return terms.changed(f"DPO loss path: TRL's fused LM head on {label_positions(ctx.setup)} label positions "
                              f"({path / 1e9:.2f} GB at its peak) instead of [2b, s, V] logits{older_trl_warning()}", logits=path,
                              head_cast_saved=False)   # ChunkedLogProbFunction saves the fp32 head, casting per tile
@@ -134,10 +145,10 @@ class Dpo(Technique):
 
 
 def older_trl_warning() -> str:
-    """The fused head DPOTrainer scores with since TRL 1.15 (data/trl.json eras); an older installed TRL builds the
-    full logits, which this plan does not price: said in the note rather than priced silently."""
-    release = installed_trl()
-    if trl_era(release).sft_loss == "fused":
+    """TRL 0.x's DPOTrainer (concatenated_forward, its reference pass first) is not priced (data/trl.json eras): the
+    plan is priced as TRL >= 1.15 and says so rather than pricing it silently."""
+    release = fused_head.installed_trl()
+    if trl_era(release).dpo_loss != "unpriced":
         return ""
     return f" (priced for TRL >= 1.15; the installed TRL {release} builds the full logits: upgrade TRL to train this plan)"
 
@@ -233,11 +244,21 @@ def loss_path_bytes(spec: ModelSpec, setup: Setup, grad_elem_bytes: int) -> int:
     return head.saved + max(head.forward, reference, head.backward)
 
 
+def full_logits_path_bytes(spec: ModelSpec, setup: Setup, era: TrlEra) -> int:
+    """TRL 1.0-1.14's loss path (memory/dpo_logits.py) on the 2 b rows, with the policy's final soft-cap output and
+    the reference forward's own transient (one layer's buffers and its mask) where it runs."""
+    doubled = setup.model_copy(update={"micro_batch_size": 2 * setup.micro_batch_size})
+    reference = (prefill_transient_bytes(spec, doubled, hidden_bytes(setup)) + no_grad_forward_mask_bytes(spec, doubled)
+                 if runs_reference_forward(setup) else None)
+    return dpo_logits_bytes(spec, setup, era, installed_transformers(), reference) + final_softcap_bytes(spec, doubled)
+
+
 def extra_head_flops(spec: ModelSpec, setup: Setup) -> float:
     """Head GEMM FLOPs an SFT step does not run: the fused head's backward recomputes each logits tile (2 V H per
     label position), and the reference forward projects every label position once more (the reference's blocks are
     priced as a forward through ``kernel_factors.recompute``, which leaves the head out)."""
-    heads = 1 + (1 if runs_reference_forward(setup) else 0)
+    fused = trl_era(fused_head.installed_trl()).dpo_loss in ("fused", "unpriced")   # TRL 1.0-1.14's head runs no recompute
+    heads = (1 if fused else 0) + (1 if runs_reference_forward(setup) else 0)
     return heads * 2.0 * spec.vocab_size * spec.hidden_size * label_positions(setup)
 
 
