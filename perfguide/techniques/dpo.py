@@ -25,6 +25,8 @@ buffers and the reference forward's transient in place of HF's full-logits loss 
 second forward of the blocks (``kernel_factors.recompute``), the two extra head GEMMs and, where the reference is
 sharded, its all-gather (``speed``). Every
 position after the first is counted as a completion token (an upper bound: prompt positions carry no label).
+With TRL 1.0-1.14 installed (data/trl.json eras) DPOTrainer builds the full ``[2b, s, V]`` logits of the policy and
+the reference instead of the fused head's buffers: memory/dpo_logits.py prices them, and the head runs no recompute.
 """
 
 from __future__ import annotations
