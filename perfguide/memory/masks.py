@@ -31,6 +31,10 @@ b 1, CUDA kernel choice emulated): s^2 coefficient 10.0 bytes without checkpoint
 bool mask plus the recomputed block's bias. Real CPU SDPA saves the bf16 bias, not the bool mask (tests/test_masks.py).
 The bool mask is b x 1 x s x s when the batch carries a 2-D attention mask (collators pass one); without one
 transformers builds it for one row and expands it (the trace's inputs), while the bias is b x s x s either way.
+A real TRL step (trl 1.16 SFTTrainer and DPOTrainer, scripts/trace_trl_gemma.py, tests/test_trl_gemma_trace.py) holds
+the same at every recompute: the bool mask, plus the bias in a sliding block, 3 B per row x s^2 (DPO: 2 rows a pair).
+A DPO pair padded to the longer completion carries zeros in its 2-D mask, so the full-attention layers get a bool mask
+too (1 B per row x s^2 until the last full layer is back-propagated): not priced, a Setup says nothing of padding.
 
 Eager backward. The block's backward turns the 16-bit probability gradient into fp32 and builds the score gradient
 while the fp32 softmax output is still held (data/activations.json ``eager_backward``, traced): the bytes beyond the
