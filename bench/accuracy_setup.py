@@ -124,7 +124,7 @@ def _peft_keeps_base_dtype(row: dict[str, str]) -> bool:
 
 #: what a PEFT row trains that LoraSpec cannot say, as the row's method words name it (the PEFT method comparison's
 #: result files: peft_type, LoraConfig use_bdlora / init_lora_weights, the run's optimizer_type)
-PEFT_NOT_LORA = ((re.compile(r"^PEFT (\w+)"), "PEFT {0}: perfguide prices LoRA and DoRA adapters only"),
+PEFT_NOT_LORA = ((re.compile(r"^(?:PEFT|swift tuner) (\w+)"), "{0}: perfguide prices LoRA and DoRA adapters only"),
                  (re.compile(r"use_bdlora"), "block-diagonal LoRA (use_bdlora) is not expressible"),
                  (re.compile(r"init_lora_weights '(\w+)'"), "LoRA init '{0}' trains part of each adapter: not expressible"),
                  (re.compile(r"optimizer_type '(lora-fa)'"), "the {0} optimizer (A frozen, only B trained) is not expressible"))
@@ -296,8 +296,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
     q = row["quantization"]
-    if q.startswith("GPTQ"):
-        raise Skip("GPTQ weights are not expressible")
+    if q.startswith(("GPTQ", "AWQ", "AQLM")):   # pre-quantized checkpoints: perfguide's training bases are bnb nf4 / int8
+        raise Skip(f"{q.split()[0]} weights are not expressible")
     fields: dict[str, object] = dict(task="train", micro_batch_size=_int(row["micro_batch"], 1),
                                      seq_len=_seq_len(row["seq_len"]),
                                      target_len=_target_len(row["seq_len"]),

@@ -68,7 +68,8 @@ def test_lora_trainable_counts_match_the_result_files(row: dict[str, str]) -> No
 
 
 @pytest.mark.parametrize(("method", "reason"), [
-    ("PEFT BOFT (not expressible: ...)", "PEFT BOFT"),
+    ("PEFT BOFT (not expressible: ...)", "BOFT"),
+    ("swift tuner LLAMAPRO (swift sft llamapro: num_blocks=4; ...)", "LLAMAPRO"),
     ("LoRA (..., not expressible: block-diagonal LoRA (use_bdlora {'nblocks': 2}); loop)", "use_bdlora"),
     ("LoRA (..., not expressible: init_lora_weights 'mica' (trains 5,505,024 ...); loop)", "'mica'"),
     ("LoRA (..., not expressible: optimizer_type 'lora-fa' (LoRA-FA ...); loop)", "lora-fa"),

@@ -84,3 +84,43 @@ def test_rows_outside_perfguide_are_skipped_with_their_reason() -> None:
             continue
         with pytest.raises(setup_mod.Skip):
             setup_mod._train_setup(r, spec_mod._spec(r["model_hf_id"]))
+
+
+# --- the April-May 2024 tuner campaign (scripts/benchmark/config/tuner.json; rows 2000-2030) ---------------------------
+
+TUNERS = "swift_benchmark_doc_tuners"
+
+
+def _tuner_rows() -> list[dict[str, str]]:
+    with (ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8") as fh:
+        return [r for r in csv.DictReader(fh) if r["source_group"] == TUNERS]
+
+
+def test_every_tuner_campaign_row_is_one_csv_row() -> None:
+    rows = _tuner_rows()
+    assert [int(r["row_id"]) for r in rows] == list(range(2000, 2031))
+    counts = {t: sum(f"table '{t}'" in r["source"] for r in rows) for t in ("Tuners", "unsloth", "AWQ", "AQLM", "Sequence Parallel")}
+    assert counts == {"Tuners": 24, "unsloth": 1, "AWQ": 1, "AQLM": 1, "Sequence Parallel": 4}
+
+
+@pytest.mark.parametrize("row", [r for r in _tuner_rows() if r["method"].startswith(("LoRA (swift sft --sft_type", "full fine-tuning"))],
+                         ids=lambda r: r["row_id"])
+def test_tuner_campaign_rows_read_as_tuner_json(row: dict[str, str]) -> None:
+    """tuner.json's args: batch 1, max_length 2048, accumulation 16, flash attention, checkpointing; LoRA r=8 alpha 32
+    on every block Linear ('ALL'); the one DDP run on 2 GPUs."""
+    setup = load_bench("accuracy_setup")._train_setup(row, load_bench("accuracy_spec")._spec(row["model_hf_id"]))
+    assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (1, 2048, 16)
+    assert setup.gradient_checkpointing and setup.attn_implementation == "flash_attention_2"
+    assert (setup.strategy, setup.num_gpus) == (("ddp", 2) if "*2" in row["notes"] else ("single", 1))
+    if setup.lora is not None:
+        assert (setup.lora.r, setup.lora.alpha, setup.lora.dropout) == (8, 32, 0.05)
+        assert setup.lora.use_dora == ("use_dora=True" in row["notes"])
+        assert "17.8913" in row["notes"] or "19.2512" in row["notes"]   # r=8 on every fused Linear (DoRA: + magnitudes)
+
+
+@pytest.mark.parametrize("quant", ["AWQ (qwen1half-7b-chat-awq)", "AQLM (llama2-7b-aqlm-2bit-1x16)", "GPTQ int4 (auto_gptq)"])
+def test_pre_quantized_checkpoints_are_skipped(quant: str) -> None:
+    setup_mod = load_bench("accuracy_setup")
+    row = next(r for r in _priced() if not r["quantization"])
+    with pytest.raises(setup_mod.Skip, match=quant.split()[0]):
+        setup_mod._train_setup({**row, "quantization": quant}, load_bench("accuracy_spec")._spec(row["model_hf_id"]))
