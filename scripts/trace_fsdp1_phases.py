@@ -50,6 +50,18 @@ def live_peaks(events: list[tuple[int, int, str]]) -> dict[str, int]:
     return out
 
 
+def allocator_events(prof: Any) -> list[tuple[int, int, str]]:
+    """A finished ``torch.profiler.profile(profile_memory=True)`` -> (time, bytes, mark) events: every allocation
+    (+bytes) and free (-bytes), and each ``record_function("MARK_<name>")`` as (time, 0, name)."""
+    events = []
+    for e in prof.profiler.kineto_results.events():
+        if e.name() == "[memory]":
+            events.append((e.start_ns(), e.nbytes(), ""))
+        elif e.name().startswith("MARK_"):
+            events.append((e.start_ns(), 0, e.name()[5:]))
+    return events
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -88,30 +100,38 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             opt.zero_grad(set_to_none=False)
         assert prof is not None
         prof.__exit__(None, None, None)
-        events = []
-        for e in prof.profiler.kineto_results.events():  # type: ignore[union-attr]
-            if e.name() == "[memory]":
-                events.append((e.start_ns(), e.nbytes(), ""))
-            elif e.name().startswith("MARK_"):
-                events.append((e.start_ns(), 0, e.name()[5:]))
-        report[run] = live_peaks(events)
+        report[run] = live_peaks(allocator_events(prof))
         del outputs, opt, model
+    finish_rank(rank, out_dir, report)
+
+
+def finish_rank(rank: int, out_dir: str, report: Any) -> None:
+    """Write this rank's ``report`` as ``out_dir/rank<rank>.json`` (run_ranks returns rank 0's), then leave the group
+    together with the other ranks."""
+    import torch.distributed as dist
+
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def trace() -> dict[str, dict[str, int]]:
-    """Rank 0's peak live bytes per run above those at the third step's start: ``forward`` (forward + loss) and
-    ``backward``."""
+def run_ranks(worker: Any, world: int = WORLD) -> Any:
+    """Spawn ``world`` gloo ranks running ``worker(rank, port, out_dir)`` and return what rank 0 wrote as JSON to
+    ``out_dir/rank0.json``."""
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(port, tmp), nprocs=WORLD, join=True)
-        report: dict[str, dict[str, int]] = json.loads(Path(tmp, "rank0.json").read_text())
+        mp.spawn(worker, args=(port, tmp), nprocs=world, join=True)
+        return json.loads(Path(tmp, "rank0.json").read_text())
+
+
+def trace() -> dict[str, dict[str, int]]:
+    """Rank 0's peak live bytes per run above those at the third step's start: ``forward`` (forward + loss) and
+    ``backward``."""
+    report: dict[str, dict[str, int]] = run_ranks(_worker)
     return report
 
 

@@ -7,6 +7,7 @@ built from a config (never downloaded), small enough to train a few steps on one
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import sys
@@ -191,3 +192,14 @@ def damaged_data(monkeypatch: pytest.MonkeyPatch, name: str, edit: Callable[[Any
         yield
     finally:
         _data.validated.cache_clear()
+
+
+def script_trace(name: str) -> Any:
+    """``scripts/<name>.py``'s ``trace()``, run with the scripts folder on sys.path: the ranks it spawns import the
+    script by name from there."""
+    folder = str(Path(__file__).resolve().parents[1] / "scripts")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name).trace()
+    finally:
+        sys.path.remove(folder)

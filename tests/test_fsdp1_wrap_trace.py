@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import script_trace
 
 from perfguide.memory.analytic import _gather_bytes
 from perfguide.memory.sharding import size_wrap_splits_tied_head, size_wrapped_spec
@@ -28,13 +29,8 @@ UNTIED_BYTES = 7_288_320 * 4
 
 @pytest.fixture(scope="module")
 def traced() -> dict[str, dict[str, int]]:
-    sys.path.insert(0, str(ROOT / "scripts"))   # the spawned ranks import the script by name from this path
-    try:
-        import trace_fsdp1_phases
-
-        return trace_fsdp1_phases.trace()
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
+    result: dict[str, dict[str, int]] = script_trace("trace_fsdp1_phases")
+    return result
 
 
 def _spec() -> ModelSpec:

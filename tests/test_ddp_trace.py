@@ -1,0 +1,53 @@
+"""DDP traced on two real gloo ranks (scripts/trace_ddp_phases.py): what the Reducer holds beyond the unwrapped model
+through every phase of a DeBERTa-v2 classifier step, against what sharding.py prices for DDP.
+
+Hand count of the traced DeBERTa-v2 (h 128, 2 blocks, 4 heads, FFN 512, vocab 1000, 32 position buckets, shared
+attention keys, no absolute positions, 2 labels): word embeddings 1000 x 128 = 128,000 and their LayerNorm 256; a
+block is query / key / value / attention-output 4 x (128 x 128 + 128) = 66,048, two LayerNorms 512, intermediate
+128 x 512 + 512 = 66,048, output 512 x 128 + 128 = 65,664: 198,272; the relative embeddings 2 x 32 x 128 = 8,192 and
+their LayerNorm 256; the pooler 128 x 128 + 128 = 16,512 and the classifier 128 x 2 + 2 = 258. Total 550,018, so one
+fp32 copy of every gradient is 2,200,072 B.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import script_trace
+
+from perfguide.memory.sharding import bucket_bytes
+from perfguide.setup import Setup
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = 128_000 + 256 + 2 * (66_048 + 512 + 66_048 + 65_664) + 8_192 + 256 + 16_512 + 258
+PHASES = ("start", "forward", "backward", "step")
+#: the Reducer's bookkeeping (per-tensor flags and counters; seen 0 to 928 B) stays below this; a second copy of the gradients or of a
+#: block's activations would be over 100 KB here (one 4 x 64 x 128 fp32 hidden state is 131,072 B)
+BOOKKEEPING = 4096
+
+
+@pytest.fixture(scope="module")
+def traced() -> dict[str, Any]:
+    result: dict[str, Any] = script_trace("trace_ddp_phases")
+    return result
+
+
+def test_hand_count() -> None:
+    assert PARAMS == 550_018
+    ddp = Setup(task="train", micro_batch_size=4, seq_len=64, weights_dtype="fp32", strategy="ddp", num_gpus=2)
+    assert bucket_bytes(ddp, PARAMS, 4) == 4 * PARAMS == 2_200_072
+
+
+@pytest.mark.slow
+def test_ddp_holds_one_fp32_gradient_copy_in_every_phase_and_nothing_else(traced: dict[str, Any]) -> None:
+    """accelerate 0.12 wraps with no DDP kwargs (gradient_as_bucket_view=False): the Reducer's flat buckets, allocated
+    at construction, are the only bytes the wrapped step holds beyond the unwrapped one, from the step's start through
+    forward, backward and the optimizer step; with bucket views the gradients are the buckets and DDP adds nothing."""
+    assert traced["params"] == PARAMS
+    ddp = Setup(task="train", micro_batch_size=4, seq_len=64, weights_dtype="fp32", strategy="ddp", num_gpus=2)
+    priced = bucket_bytes(ddp, PARAMS, 4)
+    for phase in PHASES:   # beyond that, a few hundred bytes of the Reducer's bookkeeping, nothing
+        assert 0 <= traced["ddp"][phase] - traced["plain"][phase] - priced < BOOKKEEPING, phase
+        assert 0 <= traced["ddp_bucket_view"][phase] - traced["plain"][phase] < BOOKKEEPING, phase
