@@ -1,0 +1,72 @@
+"""The part of accuracy.md that says what is known about the TRL v1.15.0 long-context rows (1180-1185): perfguide fits
+them 16-40% longer than published, and the room it leaves at the published length, per row x s^2 and per row-token,
+is what any missing term has to fill. Nothing here changes a price; the section lists what was checked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
+SOURCE = "trl_v1_15_fused_head"
+GiB = 2**30
+TRAINER = re.compile(r"TRL (\w+Trainer) \(trl==([\d.]+)(?:, (loss_type='\w+'|default loss_type))?")
+
+CHECKED = (
+    "the setup as it ran (the release's details, quoted by a summary of the notes: bench/data row notes): one B300 with "
+    "the caching allocator capped at 79 GiB, gemma-3-1b-pt from its config with random bf16 weights; priced so "
+    "(reserved within the cap, the CUDA context outside it), which moved the lengths 0.5-0.8% longer",
+    "the s x s tensors of a real TRL step (trl 1.16 SFTTrainer and DPOTrainer on a tiny Gemma 3, CPU, bf16, SDPA, the "
+    "trainers' checkpointing; scripts/trace_trl_gemma.py, tests/test_trl_gemma_trace.py): at every block's recompute "
+    "only the kept bool sliding mask (1 B per row x s^2) and the recomputed block's bf16 bias (2 B), as memory/masks.py "
+    "prices; the measured s^2 coefficient of each recompute phase is 3.000 (SFT and DPO alike, per row)",
+    "SDPA's bool-to-bias conversion: at::where(mask, 0, -inf), no logical_not transient (torch 2.13, dispatch trace)",
+    "the kernel: on sm90 / sm100 / sm103 with cuDNN > 9.15 torch puts cuDNN attention first (sdp_utils.cpp "
+    "check_prefer_cudnn_attention), for head_dim 256 only with cuDNN > 9.22; cuDNN and the memory-efficient kernel both "
+    "take the bias broadcast over the heads (an expand, attention.cu) and save it for backward: the same 2 B per row x s^2",
+    "the 8,192-token peaks (rows 1186-1189) do not test the recompute's terms: the optimizer step, the end of backward "
+    "or the full-logits loss holds the peak there",
+)
+OPEN = (
+    "a DPO pair padded to its longer completion carries zeros in its 2-D mask, so the full-attention layers get a bool "
+    "mask too (traced: +1 B per row x s^2 while a full layer is still ahead in backward); the release does not say "
+    "whether its pairs were padded",
+    "CUDA-only buffers no CPU trace shows: cuDNN's SDPA backward workspace on Blackwell",
+    "TRL 1.14.2's full-logits rows (1180, 1182) leave 26-95 B per row x s^2 at 10-20k tokens, beyond any mask term: "
+    "their gap is not the fused-head rows' one",
+    "the caching allocator around blocks of 10-22 GiB (the bool mask is 10.8 GiB and one bias 21.5 GiB at 107,520 "
+    "tokens): a smaller request split out of a cached bias block and still alive at the next recompute strands the "
+    "rest, and an OOM can release only whole free segments; 2 B per row x s^2 (one stranded bias) is the size of the "
+    "SFT residual, not of DPO's",
+)
+
+
+class _Context(Protocol):
+    row: dict[str, str]
+    kind: str
+    predicted: float | None
+    err_pct: float | None
+    margin: str
+
+
+def trl_long_context(results: Sequence[_Context]) -> list[str]:
+    """The section: each row's lengths, the room left at the published length, then what was checked and what is open."""
+    rows = [r for r in results if r.kind == "context" and r.row["source_group"] == SOURCE and r.margin]
+    if not rows:
+        return []
+    lines = ["## Open gap: TRL v1.15.0's long-context rows (gemma-3-1b)", "",
+             "| row | trainer | published | perfguide | err % | room at the published length | per row x s^2 | per row-token |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s, pairs = int(r.row["seq_len"]), "DPOTrainer" in r.row["method"]
+        rows_per_step = 2 if pairs else 1
+        needed, capacity = (float(x) for x in r.margin.split(" / "))
+        room = (capacity - needed) * GiB
+        m = TRAINER.search(r.row["method"])
+        trainer = " ".join(x for x in m.groups() if x) if m else r.row["method"][:30]
+        lines.append(f"| {r.row['row_id']} | {trainer} | {s:,} | {int(r.predicted or 0):,} | {r.err_pct:.1f} | "
+                     f"{room / GiB:.1f} GiB | {room / (rows_per_step * s * s):.2f} B | "
+                     f"{room / (rows_per_step * s) / 2**20:.3f} MiB |")
+    lines += ["", "Checked:", *(f"- {t}" for t in CHECKED), "", "Open:", *(f"- {t}" for t in OPEN), ""]
+    return lines
