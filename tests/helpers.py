@@ -203,3 +203,37 @@ def script_trace(name: str) -> Any:
         return importlib.import_module(name).trace()
     finally:
         sys.path.remove(folder)
+
+
+def block_saved_bytes(config: dict[str, Any], batch: int, seq: int) -> int:
+    """Bytes of the storages block 1 of the real bf16 model (SDPA, training mode) saves for backward, counted with
+    ``saved_tensors_hooks``: the tracer's answer checked without the tracer."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    hf_config = transformers.AutoConfig.for_model(**config)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=torch.bfloat16).train()
+    # the parameters, and what block 0 saved first (the rotary cos / sin every block shares), are not block 1's
+    outside = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, seen = [False], {}
+
+    def pack(t: Any) -> Any:
+        storage = t.untyped_storage()
+        if not inside[0]:
+            outside.add(storage.data_ptr())
+        elif storage.data_ptr() not in outside:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    block = model.model.layers[1]
+    hooks = [block.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)),
+             block.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
+    ids = torch.randint(0, hf_config.vocab_size, (batch, seq))
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sum(seen.values())

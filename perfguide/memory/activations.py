@@ -74,8 +74,8 @@ from .masks import EagerBackward
 from .relative_positions import relative_position_bytes
 from .softcap import Softcap, attention_softcap_bytes, final_softcap_bytes
 
-DIMS = ("h", "i", "q", "kv", "1")
-Dim = Literal["h", "i", "q", "kv", "1"]
+DIMS = ("h", "i", "q", "kv", "1", "hk", "ir", "e", "k")
+Dim = Literal["h", "i", "q", "kv", "1", "hk", "ir", "e", "k"]
 RegimeName = Literal["fp32", "amp", "half"]
 
 
@@ -226,13 +226,25 @@ def spec_family(spec: ModelSpec) -> str:
 
 
 def block_dims(spec: ModelSpec) -> dict[str, int]:
-    """Dimension values of one block; MoE blocks keep activations of the experts each token visits."""
+    """Dimension values of one block; MoE blocks keep activations of the experts each token visits.
+
+    The MoE dims are 0 for a dense model: ``hk`` (hidden x top-k: transformers 5's grouped_mm experts keep one
+    gathered copy of the hidden state and one expert output per routed pair), ``ir`` (the routed part of the active
+    FFN width, which can keep other dtypes than a dense FFN: grouped_mm is not on autocast's lists), ``e`` (routed
+    experts: the router's probabilities) and ``k`` (top-k: the sort and gather indices). Every routed tensor has
+    tokens x top-k rows however the router splits them over experts, so no term depends on the split."""
+    moe = spec.num_experts > 1
+    k = spec.num_experts_per_tok if moe else 0
     return {
         "h": spec.hidden_size,
         "i": spec.active_intermediate_size,
         "q": spec.num_attention_heads * spec.head_dim,
         "kv": spec.num_key_value_heads * spec.head_dim,
         "1": 1,
+        "hk": spec.hidden_size * k,
+        "ir": (spec.moe_intermediate_size or spec.intermediate_size) * k,
+        "e": spec.num_experts if moe else 0,
+        "k": k,
     }
 
 

@@ -1,0 +1,194 @@
+"""Fit the MoE families of perfguide/data/activations.json: a dense family's table plus the MoE block's difference.
+
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_moe_activations.py [--dry-run] [--family mixtral]``.
+
+transformers 5 runs a MoE block's experts through ``config._experts_implementation``, which
+``PreTrainedModel.get_correct_experts_implementation`` sets to ``grouped_mm`` for every model whose experts class
+carries ``@use_experts_implementation`` (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss, DeepSeek-V3 ...), on CUDA and
+CPU alike; ``integrations/moe.grouped_mm_experts_forward`` sorts the (token, expert) pairs by expert, gathers one copy
+of the hidden state per pair, and runs ``torch.nn.functional.grouped_mm`` (CUDA: the CUTLASS kernel in bf16 on SM80+,
+a loop of mm for other dtypes; CPU: the same op, autograd's formula saving the same operands), so a CPU run takes the
+CUDA code path. Its fake kernel refuses fp32 operands (``_meta_grouped_mm_common`` checks bf16), where a fake-tensor
+trace stops, so this fit runs real CPU tensors: the MoE sublayer of a one-block model and the FFN of a dense model of
+the same hidden size whose width is the MoE block's active width, each fed the normed hidden state (requiring grad, as
+in training) at two token counts; the bytes of the storages autograd saves (``saved_tensors_hooks``; parameters and the
+shared input left out) differenced per token, in the three dtype regimes (autocast: perfguide's CUDA autocast lists,
+``memory/tracing/cuda_emulation.py``) and with the base frozen (LoRA elsewhere: the frozen FFN keeps no input for a
+weight gradient). Everything else in the block (norms, attention, residual adds) is the same code in both, so the
+per-token difference is the MoE block's over the dense table (scripts/fit_activations.py's fake-tensor traces), fitted
+as a linear form over the block dims plus four MoE dims (``activations.block_dims``): ``hk`` = hidden x top-k (the
+dispatch copy and the experts' output, one per routed pair), ``ir`` = routed active FFN width (top-k x expert width),
+``e`` = routed experts (the fp32 router probabilities) and ``k`` = top-k (index tensors).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from fit_activations import DATA, family_args
+
+Dims = dict[str, int]
+#: base point of the fit; every other point changes one or two of these (h and k together separate h x k from h and k)
+BASE: Dims = {"h": 64, "ie": 64, "e": 4, "k": 2, "shared": 0}
+TOKENS = (128, 256)
+#: weights dtype and autocast dtype of each regime (activations.regime)
+REGIMES = {"fp32": ("float32", None), "amp": ("float32", "bfloat16"), "half": ("bfloat16", None)}
+
+
+def _common(d: Dims) -> dict[str, Any]:
+    return dict(hidden_size=d["h"], num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=1,
+                vocab_size=256, tie_word_embeddings=False, max_position_embeddings=1024)
+
+
+def _mixtral(d: Dims) -> dict[str, Any]:
+    """Softmax router in fp32 whose top-k weights stay fp32 into the combine."""
+    return {**_common(d), "model_type": "mixtral", "intermediate_size": d["ie"], "num_local_experts": d["e"],
+            "num_experts_per_tok": d["k"]}
+
+
+def _qwen3_moe(d: Dims) -> dict[str, Any]:
+    """Top-k weights renormalised (Qwen3-30B-A3B's norm_topk_prob) and cast back to the logits' dtype."""
+    return {**_common(d), "model_type": "qwen3_moe", "moe_intermediate_size": d["ie"], "intermediate_size": 4 * d["h"],
+            "num_experts": d["e"], "num_experts_per_tok": d["k"], "norm_topk_prob": True}
+
+
+def _qwen2_moe(d: Dims) -> dict[str, Any]:
+    """A dense shared expert beside the routed ones, scaled by a sigmoid gate; top-k not renormalised (Qwen1.5-MoE-A2.7B)."""
+    return {**_common(d), "model_type": "qwen2_moe", "moe_intermediate_size": d["ie"], "intermediate_size": 4 * d["h"],
+            "num_experts": d["e"], "num_experts_per_tok": d["k"], "norm_topk_prob": False,
+            "shared_expert_intermediate_size": d["shared"]}
+
+
+def _dense(model_type: str) -> Callable[[Dims], dict[str, Any]]:
+    """The dense model whose FFN is as wide as the MoE block's active experts."""
+    def build(d: Dims) -> dict[str, Any]:
+        return {**_common(d), "model_type": model_type, "intermediate_size": d["k"] * d["ie"] + d["shared"]}
+    return build
+
+
+#: MoE family -> (MoE config builder, dense comparator builder, dense family whose table it extends, extra points)
+MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str, Any]], str, tuple[Dims, ...]]] = {
+    "mixtral": (_mixtral, _dense("mistral"), "llama", ()),
+    "qwen3_moe": (_qwen3_moe, _dense("qwen3"), "qwen3", ()),
+    "qwen2_moe": (_qwen2_moe, _dense("qwen2"), "llama", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
+}
+STEPS: tuple[Dims, ...] = (
+    BASE, {**BASE, "h": 128}, {**BASE, "ie": 128}, {**BASE, "k": 4}, {**BASE, "h": 128, "k": 4}, {**BASE, "k": 1},
+    {**BASE, "e": 8}, {**BASE, "e": 8, "k": 3},
+)
+
+
+def features(d: Dims) -> dict[str, int]:
+    """The block dims ``activations.block_dims`` gives a MoE model of these sizes."""
+    return {"h": d["h"], "i": d["k"] * d["ie"] + d["shared"], "hk": d["h"] * d["k"], "ir": d["k"] * d["ie"],
+            "e": d["e"], "k": d["k"], "1": 1}
+
+
+def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) -> int:
+    """Bytes of the storages block 0's FFN (dense MLP or MoE block) saves for backward on ``tokens`` tokens."""
+    import torch
+    import transformers
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+
+    weights, autocast = REGIMES[regime]
+    torch.manual_seed(0)
+    hf_config = transformers.AutoConfig.for_model(**config)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, weights)).train()
+    ffn = model.model.layers[0].mlp
+    if getattr(model.config, "num_local_experts", getattr(model.config, "num_experts", 1)) > 1:
+        assert model.config._experts_implementation == "grouped_mm", model.config._experts_implementation
+    for p in ffn.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+        p.requires_grad_(not frozen)
+    # not a leaf, as the normed hidden state is not: autocast caches the casts of leaves (weights) only
+    x = torch.randn(1, tokens, config["hidden_size"], dtype=getattr(torch, weights), requires_grad=True) * 1.0
+    outside = {p.untyped_storage().data_ptr() for p in ffn.parameters()} | {x.untyped_storage().data_ptr()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        if t.untyped_storage().data_ptr() not in outside:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    emulation = make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), emulation:
+        out = ffn(x)
+    del out
+    return sum(seen.values())
+
+
+def slope(config: dict[str, Any], regime: str, frozen: bool = False) -> float:
+    """Bytes per token: two token counts differenced, so per-call constants (offsets, autocast's weight casts) cancel."""
+    a, b = (ffn_saved(config, regime, t, frozen) for t in TOKENS)
+    return (b - a) / (TOKENS[1] - TOKENS[0])
+
+
+def fit(points: list[Dims], ys: list[float], free: tuple[str, ...]) -> dict[str, float]:
+    """Least squares over ``free`` dims; the worst residual is printed (0 where the form is exact)."""
+    import numpy as np
+
+    rows = np.array([[features(d)[k] for k in free] for d in points], dtype=float)
+    coef, *_ = np.linalg.lstsq(rows, np.array(ys), rcond=None)
+    worst = float(np.max(np.abs(rows @ coef - np.array(ys))))
+    print(f"    fit over {len(points)} points, worst residual {worst:.3f} B/token", flush=True)
+    out = {d: round(float(c), 3) for d, c in zip(free, coef)}
+    return {k: v for k, v in out.items() if abs(v) > 1e-6}
+
+
+def merged(base: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = round(out.get(k, 0.0) + v, 3)
+    return {k: v for k, v in out.items() if abs(v) > 1e-6}
+
+
+def fit_family(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    moe, dense, base_family, extra_points = MOE[name]
+    points = [*STEPS, *extra_points]
+    free = ("h", "hk", "ir", "e", "k", "1") + (("i",) if extra_points else ())
+    regimes = {}
+    for regime in REGIMES:
+        table = dict(data["families"][base_family]["regimes"][regime])
+        full = [slope(moe(d), regime) - slope(dense(d), regime) for d in points]
+        kept = [slope(moe(d), regime, frozen=True) - slope(dense(d), regime, frozen=True) for d in points]
+        per_token = fit(points, full, free)
+        frozen = fit(points, [f - k for f, k in zip(full, kept)], free)
+        table["per_token"] = merged(table["per_token"], per_token)
+        table["frozen_linear_inputs_per_token"] = merged(table["frozen_linear_inputs_per_token"], frozen)
+        regimes[regime] = table
+        print(f"  {name}/{regime}: moe-minus-dense {json.dumps(per_token)}, frozen {json.dumps(frozen)}", flush=True)
+    return regimes
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = family_args(__doc__ or "", MOE, argv)
+    import torch
+    import transformers
+
+    data = json.loads(DATA.read_text(encoding="utf-8"))
+    for name in args.family or sorted(MOE):
+        print(f"tracing {name} ...", flush=True)
+        regimes = fit_family(name, data)
+        base_family = MOE[name][2]
+        data["aliases"].pop(name, None)
+        data["families"][name] = {"regimes": regimes, "source": (
+            f"scripts/fit_moe_activations.py: the {base_family} table (scripts/fit_activations.py) plus what a {name} "
+            f"MoE block saves for backward beyond a dense FFN of its active width, counted on real CPU tensors "
+            f"(saved_tensors_hooks; torch {torch.__version__}, transformers {transformers.__version__}, "
+            f"experts_implementation grouped_mm: the release's default on CUDA and CPU; CUDA autocast lists emulated), "
+            f"per token between {TOKENS[0]} and {TOKENS[1]} tokens, at steps in h, expert width, experts and top-k "
+            f"around {BASE}; frozen_linear_inputs the same difference with the FFN's weights frozen. Other terms "
+            "(attention, eager, checkpoint boundary, logits, dropout) are the dense table's: the MoE block changes "
+            "none of them.")}
+    if not args.dry_run:
+        DATA.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {DATA}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
