@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         regimes = fit_family(name, data)
         base_family = MOE[name][2]
         data["aliases"].pop(name, None)
-        data["families"][name] = {"regimes": regimes, "source": (
+        data["families"][name] = {"regimes": regimes, "dense": base_family, "source": (
             f"scripts/fit_moe_activations.py: the {base_family} table (scripts/fit_activations.py) plus what a {name} "
             f"MoE block saves for backward beyond a dense FFN of its active width, counted on real CPU tensors "
             f"(saved_tensors_hooks; torch {torch.__version__}, transformers {transformers.__version__}, "

@@ -160,3 +160,14 @@ def test_routed_bytes_do_not_depend_on_the_split(dtype: str) -> None:
     skewed = _experts_saved(torch, block, (torch.rand(1, tokens, H) + 1).to(dt).requires_grad_())
     n = 2 if dtype == "bfloat16" else 4
     assert spread == skewed == tokens * (2 * n * H * K + 4 * n * IE * K + 4 * E + 40 * K + 4) + 4 * E
+
+
+def test_moe_family_keeps_its_dense_family_attention_tables() -> None:
+    """The eager backward's transient scores are keyed by family: a Mixtral block's attention is Mistral's code, so it
+    is priced with the llama entry as when mixtral was an alias of llama."""
+    from perfguide.memory.masks import eager_backward_transient_bytes
+
+    setup = Setup(task="train", micro_batch_size=B, seq_len=S, weights_dtype="bf16", optimizer="sgd", attn_implementation="eager")
+    moe = ModelSpec.from_any(_config("mixtral"))
+    dense = ModelSpec.from_any({**_config("mixtral"), "model_type": "mistral", "intermediate_size": K * IE})
+    assert eager_backward_transient_bytes(moe, setup) == eager_backward_transient_bytes(dense, setup) > 0

@@ -102,6 +102,9 @@ class Family(DataModel):
     source: str = Field(min_length=10)
     regimes: dict[RegimeName, Regime] | None = None
     same_as: str | None = None
+    #: a MoE family's dense family: the table its terms extend (its FFN aside, the block is that family's code), so
+    #: the attention-side tables keyed by family (eager backward) are that family's (``attention_family``)
+    dense: str | None = None
 
 
 class Dropout(DataModel):
@@ -202,6 +205,12 @@ def family_name(family: str, model_type: str = "") -> str:
         name = target
         seen.add(name)
     return name
+
+
+def attention_family(family: str, model_type: str = "") -> str:
+    """``family_name``, or the dense family a MoE table extends: the key of tables that price the attention."""
+    name = family_name(family, model_type)
+    return activations_data().families[name].dense or name
 
 
 def family_coefficients(family: str, model_type: str = "") -> dict[RegimeName, Regime]:

@@ -107,9 +107,9 @@ def eager_backward_transient_bytes(spec: ModelSpec, setup: Setup) -> int:
     for families without a traced entry)."""
     if setup.attn_implementation != "eager":
         return 0
-    from .activations import activations_data, dropout_rates, family_name, regime
+    from .activations import activations_data, attention_family, dropout_rates, regime
 
-    table = activations_data().eager_backward.transient_per_head_s2.get(family_name(spec.family, spec.model_type))
+    table = activations_data().eager_backward.transient_per_head_s2.get(attention_family(spec.family, spec.model_type))
     if table is None:
         return 0
     extra = table[regime(setup)]["on" if dropout_rates(spec)[1] > 0 else "off"]
