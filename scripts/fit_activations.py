@@ -313,10 +313,15 @@ def main(argv: list[str] | None = None) -> int:
                                      "a model's own config value wins"}
     for r in remarks:
         print("note:", r)
-    if not args.dry_run:
+    write_data(data, args.dry_run)
+    return 0
+
+
+def write_data(data: dict[str, Any], dry_run: bool) -> None:
+    """Rewrite activations.json (the fit scripts' last step), unless ``--dry-run``."""
+    if not dry_run:
         DATA.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {DATA}")
-    return 0
 
 
 if __name__ == "__main__":

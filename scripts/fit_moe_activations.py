@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fit_activations import DATA, family_args
+from fit_activations import DATA, family_args, write_data
 
 Dims = dict[str, int]
 #: base point of the fit; every other point changes one or two of these (h and k together separate h x k from h and k)
@@ -184,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             f"around {BASE}; frozen_linear_inputs the same difference with the FFN's weights frozen. Other terms "
             "(attention, eager, checkpoint boundary, logits, dropout) are the dense table's: the MoE block changes "
             "none of them.")}
-    if not args.dry_run:
-        DATA.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        print(f"wrote {DATA}")
+    write_data(data, args.dry_run)
     return 0
 
 
