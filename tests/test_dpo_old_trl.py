@@ -48,11 +48,11 @@ def _priced(release: str, monkeypatch, **fields) -> int:
 # Per element of the [2b, s, V] = [2, 16, 4096] logits (131,072 elements):
 #   1.14 kernel on CUDA: policy fp32 (4) + the reference's bf16 output (2) and its fp32 copy (4) = 10;
 #       backward: the saved logits + grad_logits (4 + 4) = 8
-#   1.7-1.13 torch: as above forward (10); backward: saved logits, gather's gradient, the row gradients and their
-#       stack (4 x 4) = 16
-#   1.0-1.5: + the policy's and the reference's .contiguous() copies: 4 + 4 + 4 + 4, + one row's logsumexp
-#       temporary (4 / 2) or the chosen rows' metric copy (4 / 2) = 18
-@pytest.mark.parametrize("release, per_logit", [("1.14.2", 10), ("1.13.0", 16), ("1.7.0", 16), ("1.2.0", 18)])
+#   1.6-1.13 torch: the entropy metric after the reference forward: policy 4 + reference 4 + the reshape's copy of
+#       the shifted view 4 + one 128-row chunk (here all 32 positions) of log_softmax, exp and product 3 x 4 = 24;
+#       backward: saved logits, gather's gradient, the row gradients and their stack 4 x 4 = 16
+#   1.0-1.5: the policy's and the reference's .contiguous() copies (4 + 4 each), no reshape copy, the chunk 12 = 28
+@pytest.mark.parametrize("release, per_logit", [("1.14.2", 10), ("1.13.0", 24), ("1.7.0", 24), ("1.2.0", 28)])
 def test_full_logits_loss_path_counted_by_hand(monkeypatch, release, per_logit):
     elements = 2 * 16 * V
     stats = 2 * 16 * 4 * 4 * 2 if release == "1.14.2" else 0   # the kernel's 4 fp32 per position, policy + reference
@@ -62,10 +62,11 @@ def test_full_logits_loss_path_counted_by_hand(monkeypatch, release, per_logit):
 
 def test_without_mixed_precision_the_logits_stay_16_bit(monkeypatch):
     """Pure bf16 (bf16=False: perfguide's plans write it out): no convert_outputs_to_fp32. 1.13's torch path on bf16
-    logits: policy 2 + its saved log_softmax rows 2 + the reference's 2 + two of its rows alive (2 x 2 / 2) = 8 per
-    logit; the kernel: policy 2 + reference 2 + the chosen rows' copy 1 = 5."""
+    logits, at the entropy metric: policy 2 + its saved log_softmax rows 2 + the reference's 2 + the reshape copy 2
+    + the chunk's three 2-byte tensors 6 = 14 per logit; the kernel: policy 2 + reference 2 + the chosen rows' copy 1
+    = 5."""
     elements = 2 * 16 * V
-    assert _priced("1.13.0", monkeypatch, weights_dtype="bf16") == 8 * elements
+    assert _priced("1.13.0", monkeypatch, weights_dtype="bf16") == 14 * elements
     assert _priced("1.14.2", monkeypatch, weights_dtype="bf16") == 5 * elements + 2 * 16 * 4 * 4 * 2
 
 
@@ -150,14 +151,8 @@ def _trace(kind: str, contiguous: bool, rows: int, s: int, v: int, dtype: str, c
 
     kernel = _kernel_replay() if kind == "kernel" else None
 
-    def logps(shift, labels, grad):
-        if kernel is not None:
-            return kernel.apply(shift, labels)[0]
-        out = selective_log_softmax(shift, labels)
-        if grad:
-            with torch.no_grad():
-                entropy_from_logits(shift.detach())
-        return out
+    def logps(shift, labels):
+        return kernel.apply(shift, labels)[0] if kernel is not None else selective_log_softmax(shift, labels)
 
     tracker = make_tracker(1)
     with tracker:
@@ -165,14 +160,16 @@ def _trace(kind: str, contiguous: bool, rows: int, s: int, v: int, dtype: str, c
         shift = outputs["logits"][..., :-1, :]
         shift = shift.contiguous() if contiguous else shift
         labels = ids[..., 1:]
-        policy = logps(shift, labels, True).sum(1)
+        policy = logps(shift, labels).sum(1)
         with torch.no_grad():
             ref_outputs = head(ref_weight)(hidden.detach())             # the frozen reference
             ref_shift = ref_outputs["logits"][..., :-1, :]
             ref_shift = ref_shift.contiguous() if contiguous else ref_shift
-            reference = logps(ref_shift, labels, False).sum(1)
+            reference = logps(ref_shift, labels).sum(1)
         ratios = (policy - reference).view(2, -1)
         loss = -F.logsigmoid(ratios[0] - ratios[1]).mean()
+        if kernel is None:   # 1.0-1.13: the entropy metric, logged after the loss (the kernel returns its own)
+            entropy_from_logits(shift.detach())
         chosen, rejected = shift.detach().chunk(2, dim=0)               # metrics: logits/chosen, logits/rejected
         chosen_mask, rejected_mask = mask[..., 1:].chunk(2, dim=0)
         chosen[chosen_mask.bool()].mean(-1).sum()
@@ -194,12 +191,14 @@ def _trace(kind: str, contiguous: bool, rows: int, s: int, v: int, dtype: str, c
 def test_loss_path_per_logit_against_a_trace(kind, contiguous, rows, dtype, convert):
     """The priced bytes per logit against the replayed step's live-bytes peak (the head's and hidden states' own
     gradients are a fraction of a percent here). The tracker does not see temporaries inside one ATen kernel
-    (logsumexp's row-sized exp), but those never set these peaks: the metrics' chosen-rows copy is larger."""
+    (logsumexp's row-sized exp), but those never set these peaks: the metrics' chosen-rows copy is larger.
+    scripts/trace_dpo_old_trl.py runs the released DPOTrainer's own training_step the same way."""
     pytest.importorskip("trl")
     s, v = 1025, 2048
     traced = _trace(kind, contiguous, rows, s, v, dtype, convert)
     d, upcast = (4, 2) if convert else ({"bf16": 2, "fp32": 4}[dtype], 0)
-    forward, backward = dpo_logits.units(kind, contiguous, d, upcast, rows, reference=True)   # type: ignore[arg-type]
+    chunk = fused_head.trl_data().dpo_entropy_chunk_rows / (rows * s)
+    forward, backward = dpo_logits.units(kind, contiguous, d, upcast, rows, reference=True, chunk_share=chunk)   # type: ignore[arg-type]
     assert abs(max(forward, backward) - traced) / traced < 0.03, (forward, backward, traced)
 
 

@@ -14,8 +14,9 @@ Only the loss goes back to the Trainer, so backward starts with what autograd sa
   logits: ``gather``, then one ``logsumexp`` per row, whose ATen kernel makes a row-sized ``(x - max).exp_()``
   temporary; autograd saves the logits, and backward holds the gather's full-size gradient, every row's gradient
   (waiting for ``unbind``'s backward) and their ``stack``: four logits-sized tensors with the saved logits. The
-  entropy metric (``entropy_from_logits`` on the detached shifted view) reshapes it, a full copy where the view is
-  not contiguous (1.6 on; in 1.0-1.5 the policy's copy already is).
+  entropy metric (``entropy_from_logits`` on the detached shifted view, after the reference forward in 1.0-1.13,
+  inside the policy's call in 1.14) reshapes it, a full copy where the view is not contiguous (1.6 on; in 1.0-1.5
+  the policy's copy already is), and folds it in 128-row chunks (data/trl.json ``dpo_entropy_chunk_rows``).
   16-bit logits: one ``log_softmax`` per row, whose outputs autograd saves (a second copy); the reference's loop
   keeps two rows alive as it rebinds ``row_logps``; backward holds the gradient rows and their stack;
 * ``kernel`` (1.14 on CUDA): ``trl/kernels/logprob_entropy.py`` reads the logits in place and writes four fp32
@@ -24,14 +25,13 @@ Only the loss goes back to the Trainer, so backward starts with what autograd sa
   logits.
 
 Units below are bytes per element of the ``[2b, s, V]`` logits (``s - 1`` shifted positions counted as ``s``).
-The entropy metric's 128-row chunks (``entropy_from_logits``) are left out: a few MB beside logits of GBs.
 """
 
 from __future__ import annotations
 
 from ..model.types import ModelSpec
 from ..setup import Setup
-from .fused_head import DpoLoss, TrlEra
+from .fused_head import DpoLoss, TrlEra, trl_data
 from .loss_path import head_bytes, loss_era
 
 FP32 = 4
@@ -55,8 +55,11 @@ def logit_bytes(setup: Setup, transformers_release: str | None) -> tuple[int, in
     return head, 0
 
 
-def units(kind: DpoLoss, contiguous: bool, d: int, upcast: int, rows: int, reference: bool) -> tuple[float, float]:
-    """(forward, backward) peak loss-path bytes per logit; ``rows`` = 2 b, ``reference``: a reference forward runs."""
+def units(kind: DpoLoss, contiguous: bool, d: int, upcast: int, rows: int, reference: bool, *,
+          entropy_after_reference: bool = True, chunk_share: float = 0.0) -> tuple[float, float]:
+    """(forward, backward) peak loss-path bytes per logit; ``rows`` = 2 b, ``reference``: a reference forward runs;
+    ``entropy_after_reference``: 1.0-1.13 log the entropy after the reference forward, 1.14's torch fallback inside
+    the policy's call; ``chunk_share``: the entropy chunk's rows over all 2 b x s positions."""
     k = d if contiguous else 0
     policy = d + k          # the output and (1.0-1.5) its shifted copy, held to the end of _compute_loss
     ref = (d + k) if reference else 0
@@ -65,14 +68,17 @@ def units(kind: DpoLoss, contiguous: bool, d: int, upcast: int, rows: int, refer
         forward = max(d + upcast, policy + ref + (upcast if reference else 0), policy + ref + chosen_copy)
         return forward, 2 * d
     row = d / rows
+    saved = 0 if d == FP32 else d   # 16-bit logits: every row's log_softmax output, saved for backward
+    # entropy_from_logits: a reshape of the shifted view (a copy unless 1.0-1.5's is contiguous), then per chunk
+    # the log_softmax output, its exp and their product
+    entropy = policy + saved + (ref if entropy_after_reference else 0) + (0 if contiguous else d) + 3 * d * chunk_share
     if d == FP32:
-        forward = max(d + upcast, policy + row, 2 * d,                # one row's logsumexp temporary; entropy's copy
+        forward = max(d + upcast, policy + row, entropy,                # one row's logsumexp temporary
                       policy + (d + upcast if reference else 0),      # the reference's output being upcast
                       policy + ref + (row if reference else 0),       # the reference's logsumexp rows
                       policy + ref + chosen_copy)
         return forward, 4 * d
-    saved = d               # every row's 16-bit log_softmax output, saved for backward
-    forward = max(policy + saved + (0 if contiguous else d), policy + saved + ref + (2 * row if reference else 0), policy + saved + ref + chosen_copy)
+    forward = max(entropy, policy + saved + ref + (2 * row if reference else 0), policy + saved + ref + chosen_copy)
     return forward, 2 * d
 
 
@@ -91,8 +97,10 @@ def dpo_logits_bytes(spec: ModelSpec, setup: Setup, era: TrlEra, transformers_re
     rows = 2 * setup.micro_batch_size
     reference = reference_transient is not None
     kind, contiguous = path_kind(era, setup), era.dpo_contiguous
-    forward, backward = units(kind, contiguous, d, upcast, rows, reference)
-    logits = rows * setup.seq_len * spec.logits_width
-    stats = rows * setup.seq_len * KERNEL_FP32_PER_POSITION * FP32 * (1 + reference) if kind == "kernel" else 0
+    positions = rows * setup.seq_len
+    forward, backward = units(kind, contiguous, d, upcast, rows, reference, entropy_after_reference=era.dpo_loss == "torch",
+                              chunk_share=min(1.0, trl_data().dpo_entropy_chunk_rows / positions))
+    logits = positions * spec.logits_width
+    stats = positions * KERNEL_FP32_PER_POSITION * FP32 * (1 + reference) if kind == "kernel" else 0
     held = (d + (d if contiguous else 0)) * logits
     return int(max(forward * logits + stats, backward * logits, held + (reference_transient or 0)))

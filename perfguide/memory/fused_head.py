@@ -60,6 +60,8 @@ class TrlLoss(DataModel):
     torch_fold_fp32_tiles_forward: float = Field(ge=0)   # fp32 tile-sized temporaries of the torch fallback (no Triton)
     torch_fold_fp32_tiles_backward: float = Field(ge=0)
     torch_fold_source: str = Field(min_length=10)
+    dpo_entropy_chunk_rows: int = Field(ge=1)   # positions entropy_from_logits folds at a time (TRL 1.0-1.14 DPO)
+    dpo_entropy_chunk_source: str = Field(min_length=10)
     eras: tuple[TrlEra, ...]
 
 
