@@ -1,7 +1,7 @@
 """Name every storage alive as a checkpointed backward reaches each block (memory/block_backward.py, phase terms).
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/trace_backward_phases.py [--liger] [CASE ...]``. The models of
-scripts/trace_block_backward.py (a random-init Llama, three blocks, h 128, FFN 448, q = h, kv = h / 4, head_dim h / 4,
+scripts/trace_models.py (a random-init Llama, three blocks, h 128, FFN 448, q = h, kv = h / 4, head_dim h / 4,
 SDPA): bf16 full fine-tuning, fp32 weights under bf16 autocast, LoRA r 8 on a bf16 base, and the nf4 base under peft's
 kbit preparation (the fp32 stream), each with reentrant and non-reentrant checkpointing. perfguide's live-bytes
 tracker counts every storage an op returns until Python frees it; forward hooks note which storage is which (each
@@ -25,7 +25,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from trace_block_backward import decoder, traced
+from trace_models import decoder, traced
 
 CASES = ("full_half", "full_fp32_autocast", "half", "fp32_stream")
 

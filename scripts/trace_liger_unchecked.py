@@ -2,7 +2,7 @@
 (techniques/liger_kernel.py ``norm_savings``, the blocks that are not recomputed).
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/trace_liger_unchecked.py``. The models and cases are
-scripts/trace_block_backward.py's (a random-init Mistral-shaped Llama, three blocks; LoRA r 8 on a bf16 base under
+scripts/trace_models.py's (a random-init Mistral-shaped Llama, three blocks; LoRA r 8 on a bf16 base under
 bf16 autocast, and the ``--full`` cases: every weight trainable), with checkpointing switched off, and the Liger
 stand-ins of scripts/liger_standins.py. perfguide's live-bytes tracker notes the live bytes as the middle block's
 forward starts and as the next block's starts: what the middle block added is what it keeps for backward plus its
@@ -21,7 +21,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import trace_block_backward as trace
+import trace_models as trace
 
 
 def block_kept(case: str, h: int, i: int, liger: bool, seq: int) -> int:
