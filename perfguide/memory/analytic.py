@@ -7,7 +7,8 @@ per-family coefficients (activations.py), then sharding (sharding.py), the techn
 layers (overhead.py). The peak is the maximum over the step's phases, not the sum of components:
 
 * end of forward / start of backward: weights + optimizer state + activations + loss buffers
-  (+ gradients when accumulating over several micro-batches: they survive between micro-batches);
+  (+ gradients when accumulating over several micro-batches: they survive between micro-batches; with
+  checkpointing + the rotary pair(s) and the batch, block_backward.step_input_bytes);
 * with checkpointing, the first recompute in backward: the same minus the loss buffers plus one block's full
   activations. The loss buffers die with the head's backward, before autograd reaches the top block and
   re-runs it (torch.utils.checkpoint recomputes lazily, on the first unpack of a saved tensor); traced
@@ -36,7 +37,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
-from .block_backward import block_backward_bytes, recompute_start_bytes
+from .block_backward import block_backward_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
@@ -278,6 +279,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     grad_tail = grad_tails if grads else 0   # the allocator tails travel with the whole gradient set
     held_tail = grad_tail if held_grads else 0
     top = final_norm_bytes(spec, shape, checkpointed=recompute > 0) + loss_peak_dequant_bytes(spec, setup)
+    top += step_input_bytes(spec, shape) if recompute else 0   # the rotary pair(s) and the batch, to the end of backward
     forward = resident + early_grads + held_tail + acts + logits + top   # no block Linear runs at the loss peak
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
@@ -285,10 +287,13 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     tied = held_grads and spec.tie_word_embeddings and not spec.lm_head_params
     tied_wait = min(head_grad, spec.vocab_size * spec.hidden_size * states.grad_elem_bytes) if tied else 0
     # as a block's recompute starts: its incoming gradient, the rotary pair, the batch (+ block 0's input at the end)
-    top_held, end_held = (recompute_start_bytes(spec, shape, first_block=b) if recompute else 0 for b in (False, True))
+    top_held, end_held = (recompute_start_bytes(spec, shape, first_block=b, release=installed_transformers()) if recompute else 0
+                          for b in (False, True))
     backward_start = (resident + early_grads + held_tail + tied_wait + acts + recompute + dequant + ipg + top_held
                       + (block_peak := max(in_flight, eager_backward_transient_bytes(spec, shape))))   # MLP's, eager's: apart
-    backward_end = resident + accumulated + grad_tail + recompute + in_flight + dequant + ipg + end_held
+    # a first micro-step has not made block 0's gradients nor an untied embedding's at block 0's peak (block_backward.py)
+    pending = min(accumulated, first_step_pending_params(spec, setup) * states.grad_elem_bytes) if recompute and not held_grads else 0
+    backward_end = resident + accumulated - pending + grad_tail + recompute + in_flight + dequant + ipg + end_held
     step = resident + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
@@ -305,7 +310,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     if (load := kbit_zero3_load_bytes(spec, setup)) > peak:
         notes = (*notes, f"loading holds more: the quantized model whole on every GPU before ZeRO-3 partitions it ({load / 1e9:.2f} GB)")
     return to_estimate(
-        setup=setup, hardware=hardware, weights=dev.weights + terms.extra_weights, gradients=accumulated, optimizer_states=dev.optimizer,
+        setup=setup, hardware=hardware, weights=dev.weights + terms.extra_weights, gradients=accumulated - (pending if phase == "end of backward" else 0), optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
         side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),

@@ -36,7 +36,10 @@ Non-reentrant checkpointing recomputes on the first unpack of a saved tensor, so
 start mark holds their gradients, 2-6 B per hidden unit per token (data ``before_recompute_per_token``, traced and
 hand-counted), added here. Alive as each recompute starts and priced by no other term: the gradient into the block,
 the rotary cos / sin, the batch, and at block 0 (the end of backward) its own input (``recompute_start_bytes``,
-scripts/trace_backward_phases.py names every storage there).
+scripts/trace_backward_phases.py names every storage there). The rotary pair(s) and the batch are alive from the
+forward on, so the loss peak of a checkpointed step holds them too (``step_input_bytes``; Gemma 3 computes a pair
+for its local layers and one for its global ones). At block 0 a first micro-step has not yet made block 0's
+gradients nor an untied embedding's (``first_step_pending_params``), which the end of backward no longer counts.
 
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
 LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
@@ -77,6 +80,9 @@ class BlockBackward(DataModel):
     #: non-reentrant only: per hidden unit per token, the block's gradients made before its recompute starts (the
     #: coefficients' start mark holds them), LoRA by stream case, full fine-tuning by full case
     before_recompute_per_token: dict[Literal["lora", "full"], dict[str, float]]
+    rotary_per_layer_type_source: str = Field(min_length=10)
+    #: model types whose decoder computes one rotary cos / sin pair per kind of layer (config.layer_types)
+    rotary_per_layer_type: list[str]
 
 
 def stream_case(setup: Setup) -> Case | None:
@@ -140,22 +146,63 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
     return max(0, int(setup.micro_batch_size * setup.seq_len * per_token))
 
 
-def recompute_start_bytes(spec: ModelSpec, setup: Setup, *, first_block: bool) -> int:
-    """Bytes alive as autograd starts to recompute a block that no other phase term prices: the gradient backward
-    hands the block (its output's: the next block's input in shape and dtype), the rotary cos / sin every
-    checkpointed block is handed (one pair per sequence, ``[1, s, head_dim]`` in the stream's dtype: transformers
-    makes position ids ``[1, s]`` when the batch brings none), the position ids and the collated batch the loop
-    holds (input ids, labels, attention mask: int64). ``first_block``: block 0, the end of backward, where its
-    own input (the checkpoint keeps it) is alive too; the top block's is in the blocks' inputs (boundary_bytes).
-    Traced (scripts/trace_backward_phases.py: a 3-block Llama, h 128, head_dim 32, every case and checkpoint
-    variant), each storage named and per token to the byte. Decoder-only stacks; the rotary pair for gated-MLP
-    (rotary) families only, one pair (Gemma 3's second, local rotary pair is not priced)."""
+def rotary_pairs(spec: ModelSpec) -> int:
+    """The rotary cos / sin pairs a decoder's forward computes: one per kind of layer where the model computes one for
+    each (data ``rotary_per_layer_type``: Gemma 3's local and global rope), else one."""
+    from .activations import activations_data
+
+    if spec.model_type in activations_data().block_backward.rotary_per_layer_type:
+        return len(set(spec.cache_layer_types()))
+    return 1
+
+
+def step_input_bytes(spec: ModelSpec, setup: Setup, *, pairs: int | None = None) -> int:
+    """Bytes a checkpointed decoder-only step holds from its forward to the end of backward that no activation term
+    prices: the rotary cos / sin (``pairs`` of them, default rotary_pairs; ``[1, s, head_dim]`` each in the stream's
+    dtype: transformers makes position ids ``[1, s]`` when the batch brings none), the position ids, and the collated
+    batch the loop holds (input ids, labels, attention mask: int64). Alive at the loss (analytic's forward phase) and
+    as every block's recompute starts. The rotary pair for gated-MLP (rotary) families only."""
     if spec.is_encoder_decoder or not spec.generates:
         return 0
-    from .activations import checkpoint_boundary_bytes, stream_regime
+    from .activations import stream_regime
+
+    rope_dim = spec.qk_rope_head_dim or spec.head_dim
+    count = rotary_pairs(spec) if pairs is None else pairs
+    rotary = count * 2 * rope_dim * (2 if stream_regime(setup) == "half" else 4) * setup.seq_len if spec.gated_mlp else 0
+    batch = INT64 * (BATCH_TENSORS * setup.micro_batch_size + 1) * setup.seq_len   # + the position ids, per sequence
+    return rotary + batch
+
+
+def recompute_start_bytes(spec: ModelSpec, setup: Setup, *, first_block: bool, release: str | None = None) -> int:
+    """Bytes alive as autograd starts to recompute a block that no other phase term prices: the gradient backward
+    hands the block (its output's: the next block's input in shape and dtype) and step_input_bytes. ``first_block``:
+    block 0, the end of backward, where its own input (the checkpoint keeps it) is alive too; the top block's is in
+    the blocks' inputs (boundary_bytes). At block 0 non-reentrant checkpointing (``release``: checkpoint_mode's) has
+    freed every rotary pair but block 0's kind's with the last block of that kind; reentrant's CheckpointFunction keeps
+    its non-tensor arguments (the pair) until the graph is freed, so all are alive.
+    Traced (scripts/trace_backward_phases.py: a 3-block Llama, h 128, head_dim 32, every case and checkpoint
+    variant; ``--arch=gemma3``: two local blocks and a global one), each storage named and per token to the byte.
+    Decoder-only stacks."""
+    if spec.is_encoder_decoder or not spec.generates:
+        return 0
+    from .activations import checkpoint_boundary_bytes
 
     boundary = checkpoint_boundary_bytes(spec, setup)   # one block's input: its gradient is the same shape and dtype
-    rope_dim = spec.qk_rope_head_dim or spec.head_dim
-    rotary = 2 * rope_dim * (2 if stream_regime(setup) == "half" else 4) * setup.seq_len if spec.gated_mlp else 0
-    batch = INT64 * (BATCH_TENSORS * setup.micro_batch_size + 1) * setup.seq_len   # + the position ids, per sequence
-    return boundary * (2 if first_block else 1) + rotary + batch
+    pairs = 1 if first_block and checkpoint_mode(release) == "non_reentrant" else None
+    return boundary * (2 if first_block else 1) + step_input_bytes(spec, setup, pairs=pairs)
+
+
+def first_step_pending_params(spec: ModelSpec, setup: Setup) -> int:
+    """Parameters whose gradient a first micro-step (every ``.grad`` None: ``zero_grad(set_to_none=True)``, no
+    accumulation) has not made yet at block 0's backward peak, which the end-of-backward phase would otherwise hold
+    whole. Traced (scripts/trace_backward_phases.py ``--grads``, both checkpoint variants): block 0's own gradients
+    but down_proj's (its backward runs first; in the Gemma 3 trace the peak came before it, so this is the lower
+    count), and an untied embedding's, made by the embedding's backward after block 0's; a tied one's gradient is the
+    head's, waiting in autograd's input buffer from the start of backward, so alive. Full fine-tuning of a dense
+    decoder on one GPU or under DDP (each ``.grad`` made by its AccumulateGrad); sharded gradients (ZeRO, FSDP) and
+    MoE get nothing, and LoRA's pending gradients (block 0's adapters) are not priced (tens of MB at most)."""
+    if setup.lora is not None or spec.is_moe or spec.is_encoder_decoder or not spec.generates or setup.strategy not in ("single", "ddp"):
+        return 0
+    stack = spec.total_params - spec.embedding_params - spec.lm_head_params - spec.vision_params - spec.hidden_size   # less the final norm
+    down = spec.intermediate_size * spec.hidden_size if spec.gated_mlp else 0
+    return max(0, stack // spec.num_layers - down) + (spec.embedding_params if spec.lm_head_params else 0)
