@@ -95,12 +95,13 @@ def _hand_70b_weights() -> int:
 def test_70b_allocated_term_by_term(acc: ModuleType, rows: dict[str, dict[str, str]], rid: str) -> None:
     """At the published length the allocated peak is the weights, adamw_8bit's state, the head's bf16 cast (saved by
     the head's matmul under autocast), and per token the fp32 residual stream the 80 checkpointed blocks keep, the
-    final norm's fp32 input and the loss backward's 12 B per logit; nothing else."""
+    final norm's fp32 input, the loss backward's 12 B per logit, the fp32 rotary pair (2 x 128 x 4 B) and the int64
+    batch and position ids (4 x 8 B); nothing else."""
     est, _, setup = _estimate(acc, rows[rid])
     s = setup.seq_len
     assert est.weights == _hand_70b_weights()
     assert round(_hand_70b_weights() / GiB, 2) == 42.26
-    per_token = 4 * H * L + 4 * H + 12 * V
+    per_token = 4 * H * L + 4 * H + 12 * V + 2 * 128 * 4 + 4 * 8
     hand = _hand_70b_weights() + est.optimizer_states + 2 * V * H + per_token * s
     assert est.peak_allocated == pytest.approx(hand, rel=1e-6)
     assert round(4 * H * L / 2**20, 2) == 2.5 and round(12 * V / 2**20, 2) == 1.47 and round(2 * V * H / GiB, 2) == 1.96
