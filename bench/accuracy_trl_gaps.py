@@ -20,7 +20,9 @@ CHECKED = (
     "the s x s tensors of a real TRL step (trl 1.16 SFTTrainer and DPOTrainer on a tiny Gemma 3, CPU, bf16, SDPA, the "
     "trainers' checkpointing; scripts/trace_trl_gemma.py, tests/test_trl_gemma_trace.py): at every block's recompute "
     "only the kept bool sliding mask (1 B per row x s^2) and the recomputed block's bf16 bias (2 B), as memory/masks.py "
-    "prices; the measured s^2 coefficient of each recompute phase is 3.000 (SFT and DPO alike, per row)",
+    "prices; the measured s^2 coefficient of each recompute phase is 3.000 (SFT and DPO alike, per row). The most s x s "
+    "bytes alive at any moment of any phase is what is priced too: 3 B per row in the forward (mask building, or the "
+    "mask and one bias), 4 in DPO's reference forward (the policy's kept mask, the reference's own, one bias)",
     "SDPA's bool-to-bias conversion: at::where(mask, 0, -inf), no logical_not transient (torch 2.13, dispatch trace)",
     "the kernel: on sm90 / sm100 / sm103 with cuDNN > 9.15 torch puts cuDNN attention first (sdp_utils.cpp "
     "check_prefer_cudnn_attention), for head_dim 256 only with cuDNN > 9.22; cuDNN and the memory-efficient kernel both "
@@ -30,8 +32,8 @@ CHECKED = (
 )
 OPEN = (
     "a DPO pair padded to its longer completion carries zeros in its 2-D mask, so the full-attention layers get a bool "
-    "mask too (traced: +1 B per row x s^2 while a full layer is still ahead in backward); the release does not say "
-    "whether its pairs were padded",
+    "mask too (traced: +1 B per row x s^2 at the recompute while a full layer is still ahead in backward, +2 in the "
+    "reference forward, which builds both masks again); the release does not say whether its pairs were padded",
     "CUDA-only buffers no CPU trace shows: cuDNN's SDPA backward workspace on Blackwell",
     "TRL 1.14.2's full-logits rows (1180, 1182) leave 26-95 B per row x s^2 at 10-20k tokens, beyond any mask term: "
     "their gap is not the fused-head rows' one",

@@ -8,7 +8,9 @@ This runs the installed trainers for real (trl 1.16, transformers 5.24, torch CP
 weights, ``bf16=True``, SDPA, the trainers' default gradient checkpointing (``use_reentrant=False``), batch 1 (one pair
 for DPO), at s = 512, 1024, 2048. Live bytes are counted per storage (torch dispatch mode, as
 memory/tracing/tracker.py does) and split by phase: forward, the fused head's backward, and each block's
-recompute + backward. The s^2 coefficient is the second difference over s, 2s, 4s (linear and constant terms cancel).
+recompute + backward (and, for DPO, the no-grad reference forward). The s^2 coefficient is the second difference
+over s, 2s, 4s (linear and constant terms cancel); the most s x s bytes alive at any moment of each phase is printed
+too, since at these shapes the LM head's tiles, not the masks, hold the forward's total peak.
 
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/trace_trl_gemma.py [--pad N]`` (``--pad``: the DPO rejected
 completion N tokens shorter, so the pair is padded and the 2-D attention mask carries zeros).
@@ -58,14 +60,17 @@ def word_tokenizer() -> Any:
 
 
 class Storages:
-    """Live bytes by storage, the phase's peak, and the s^2-sized storages alive at it (creator op, shape, dtype)."""
+    """Live bytes by storage, the phase's peak, and the s^2-sized storages alive at it (creator op, shape, dtype);
+    beside it, the most bytes of s x s tensors alive at any moment of the phase (``square_peaks``), which at these
+    small shapes the LM-head tiles hide from the phase's total peak (the mask building, the reference forward)."""
 
-    def __init__(self, big: int) -> None:
+    def __init__(self, s: int) -> None:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_flatten
 
-        self.big, self.total, self.phase = big, 0, "forward"
+        self.s, self.big, self.total, self.square, self.phase = s, s * s // 2, 0, 0, "forward"
+        self.square_peaks: dict[str, tuple[int, list[tuple[str, str, str, int]]]] = {}
         self.seen: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
         self.peaks: dict[str, tuple[int, list[tuple[str, str, str, int]]]] = {}
         outer = self
@@ -84,20 +89,27 @@ class Storages:
         storage = t.untyped_storage()
         if storage in self.seen:
             return
-        rec = [storage.nbytes(), f"{func.overloadpacket.__name__} in {self.phase}", tuple(t.shape), str(t.dtype)]
+        square = t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.s
+        rec = [storage.nbytes(), f"{func.overloadpacket.__name__} in {self.phase}", tuple(t.shape), str(t.dtype), square]
         self.seen[storage] = rec
         self.total += rec[0]
+        self.square += rec[0] if square else 0
         weakref.finalize(storage, self._free, rec)
         self.note()
 
     def _free(self, rec: list[Any]) -> None:
         self.total -= rec[0]
+        self.square -= rec[0] if rec[4] else 0
 
     def note(self) -> None:
         best = self.peaks.get(self.phase)
         if best is None or self.total > best[0]:
             alive = [(r[1], str(r[2]), r[3], r[0]) for r in self.seen.values() if r[0] >= self.big]
             self.peaks[self.phase] = (self.total, alive)
+        best = self.square_peaks.get(self.phase)
+        if best is None or self.square > best[0]:
+            alive = [(r[1], str(r[2]), r[3], r[0]) for r in self.seen.values() if r[4]]
+            self.square_peaks[self.phase] = (self.square, alive)
 
 
 def recompute_phases(model: Any, meter: Storages) -> Callable[[], None]:
@@ -118,9 +130,9 @@ def recompute_phases(model: Any, meter: Storages) -> Callable[[], None]:
     return remove
 
 
-def traced_step(trainer: Any, batch: dict[str, Any], s: int) -> dict[str, tuple[int, list[tuple[str, str, str, int]]]]:
+def traced_step(trainer: Any, batch: dict[str, Any], s: int) -> Storages:
     """One ``training_step`` (forward, loss, backward) under the meter; the backward's start names the head phase."""
-    meter = Storages(big=s * s // 2)
+    meter = Storages(s)
     backward = trainer.accelerator.backward
 
     def timed_backward(loss: Any, **kw: Any) -> Any:
@@ -136,13 +148,24 @@ def traced_step(trainer: Any, batch: dict[str, Any], s: int) -> dict[str, tuple[
     trainer.model.activation_checkpointing_enable(activation_checkpointing_kwargs=trainer.args.activation_checkpointing_kwargs)
     assert trainer.args.activation_checkpointing and trainer.model.is_activation_checkpointing
     remove = recompute_phases(trainer.model, meter)
+    reference = getattr(trainer, "ref_model", None)
+    if reference is not None:   # DPO: the no-grad reference forward, from its mask building on
+        def ref_start(_mod: Any, _args: Any, _kwargs: Any) -> None:
+            meter.phase = "reference forward"
+            meter.note()
+        handle = reference.model.register_forward_pre_hook(ref_start, with_kwargs=True)
+        remove_policy = remove
+
+        def remove() -> None:
+            remove_policy()
+            handle.remove()
     try:
         with meter.mode:
             trainer.training_step(trainer.model, batch)
     finally:
         remove()
         trainer.accelerator.backward = backward
-    return meter.peaks
+    return meter
 
 
 def sft_trainer(out: str, s: int) -> tuple[Any, dict[str, Any]]:
@@ -200,8 +223,9 @@ def square_bytes(peak: tuple[int, list[tuple[str, str, str, int]]], s: int) -> l
     return [t for t in peak[1] if t[1].endswith(f"{s}, {s})")]
 
 
-def report(name: str, runs: list[dict[str, tuple[int, list[tuple[str, str, str, int]]]]], rows: int) -> None:
+def report(name: str, meters: list[Storages], rows: int) -> None:
     print(f"\n== {name}: {rows} row(s) per step, s = {LENGTHS}")
+    runs = [m.peaks for m in meters]
     phases = [p for p in runs[-1] if all(p in r for r in runs)]
     for phase in phases:
         totals = [r[phase][0] for r in runs]
@@ -216,6 +240,11 @@ def report(name: str, runs: list[dict[str, tuple[int, list[tuple[str, str, str, 
     print(f"   s x s tensors alive there: {sum(t[3] for t in square) / (rows * s * s):.3f} B per row x s^2")
     for op, shape, dtype, nbytes in sorted(square, key=lambda t: -t[3]):
         print(f"   {nbytes / (rows * s * s):5.2f} B/row/s^2  {dtype:15s} {shape:28s} made by {op}")
+    print(f"most s x s bytes alive at any moment of each phase (s={s}), per row x s^2:")
+    for phase, (nbytes, alive) in meters[-1].square_peaks.items():
+        made = ", ".join(f"{op.split(' in ')[0]} {dtype.removeprefix('torch.')} {b / (rows * s * s):.0f}"
+                         for op, _shape, dtype, b in sorted(alive, key=lambda t: -t[3]))
+        print(f"   {phase:46s} {nbytes / (rows * s * s):5.2f}  ({made})")
 
 
 def main() -> int:

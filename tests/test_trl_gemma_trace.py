@@ -4,8 +4,10 @@ The installed SFTTrainer and DPOTrainer run one step on a tiny Gemma 3 (5 slidin
 SDPA, checkpointing as Trainer.train() switches it on) on real CPU tensors, and every s x s tensor alive at each
 block's recompute peak is counted: the bool sliding mask the checkpointed blocks keep (1 byte per row x s^2) and, in
 a sliding block, the bf16 bias SDPA makes of it (2). memory/masks.py prices the same; the trainer's count is the
-independent reference. A DPO pair whose rejected completion is shorter is padded, so the full-attention layer gets a
-materialised mask too (one more byte per row while the full layer is ahead in backward): not priced, shown here.
+independent reference; so is DPO's no-grad reference forward (its own mask and one bias beside the policy's kept
+mask: 4 B per row x s^2 at most). A DPO pair whose rejected completion is shorter is padded, so the full-attention
+layer gets a materialised mask too (one more byte per row while the full layer is ahead in backward, two more in the
+reference forward): not priced, shown here.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ S = 256
 pytestmark = pytest.mark.slow
 
 
-def _trace(name: str, pad: int = 0) -> tuple[dict[str, Any], Any]:
+def _trace(name: str, pad: int = 0) -> tuple[Any, Any]:
     sys.path.insert(0, str(ROOT / "scripts"))
     try:
         import trace_trl_gemma as t
@@ -39,7 +41,8 @@ def _square(peaks: dict[str, Any], phase: str, t: Any) -> list[tuple[str, str, i
 
 @pytest.mark.parametrize(("name", "rows"), [("sft", 1), ("dpo", 2)])
 def test_recompute_holds_the_mask_and_one_bias(name: str, rows: int) -> None:
-    peaks, t = _trace(name)
+    meter, t = _trace(name)
+    peaks = meter.peaks
     mask, bias = rows * S * S, 2 * rows * S * S   # bool: 1 byte; bf16 bias: 2
     for i in range(5):
         phase = f"recompute+backward block {i} (sliding_attention)"
@@ -48,10 +51,20 @@ def test_recompute_holds_the_mask_and_one_bias(name: str, rows: int) -> None:
     full = "recompute+backward block 5 (full_attention)"
     assert _square(peaks, full, t) == [("bitwise_and", "torch.bool", mask)]
     assert t.perfguide_s2(rows, S, sliding=False) * rows * S * S == mask
+    if name == "dpo":   # the no-grad reference forward: its own mask and one bias beside the policy's kept mask
+        from perfguide import ModelSpec, Setup
+        from perfguide.memory.masks import checkpointed_mask_bytes, no_grad_forward_mask_bytes
+
+        spec = ModelSpec.from_any({**t.GEMMA3, "max_position_embeddings": S})
+        setup = Setup(attn_implementation="sdpa", micro_batch_size=rows, seq_len=S, gradient_checkpointing=True,
+                      weights_dtype="bf16")
+        priced = checkpointed_mask_bytes(spec, setup) + no_grad_forward_mask_bytes(spec, setup)
+        assert meter.square_peaks["reference forward"][0] == priced == 4 * rows * S * S
 
 
 def test_padded_dpo_pair_materialises_the_full_mask() -> None:
-    peaks, t = _trace("dpo", pad=64)
+    meter, t = _trace("dpo", pad=64)
     rows = 2
-    full = _square(peaks, "recompute+backward block 5 (full_attention)", t)
+    full = _square(meter.peaks, "recompute+backward block 5 (full_attention)", t)
     assert full == [("bitwise_and", "torch.bool", rows * S * S)] * 2 + [("where", "torch.bfloat16", 2 * rows * S * S)]
+    assert meter.square_peaks["reference forward"][0] == 6 * rows * S * S   # both masks twice, one bias
