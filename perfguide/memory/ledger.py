@@ -35,6 +35,7 @@ class Ledger:
     param_bytes: int                 # bytes per element of trainable params, grads and torch optimizer state
     lora_inputs_per_layer: int = 0   # sum of input widths of adapted Linears in one block
     lora_rank_per_layer: int = 0
+    dora_outputs_per_layer: int = 0  # sum of output widths of DoRA-adapted Linears in one block (0 without DoRA)
 
 
 def _expert_matrices(spec: ModelSpec) -> list[TensorGroup]:
@@ -196,8 +197,9 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     layers = spec.total_layers
     inputs = sum(i * n for _, i, _, n in chosen) // layers
     ranks = sum(r * n for *_, n in chosen) // layers
+    dora = sum(o * n for _, _, o, n in chosen) // layers if setup.lora.use_dora else 0
     saved = saved_module_groups(spec, setup)
     groups += saved
     trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
-    return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks)
+    return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora)

@@ -1,0 +1,79 @@
+"""DoRA's saved activations (memory/activations.lora_layer_bytes), against the tensors autograd saves in a real PEFT
+DoRA model on CPU: the saved-tensor set reachable from the loss, DoRA minus plain LoRA on the same base and targets.
+
+Each DoRA-adapted Linear saves its base output and its adapter output for the magnitude's gradient (peft
+``DoraLinearLayer.forward``), per token and output unit: 2 + 4 B on a bf16 base with fp32 adapters, 2 + 2 under
+autocast, 4 + 4 in fp32. The trace also holds a few magnitude-sized vectors per Linear (the norm, the scale, the
+scale minus one: about 10 B per output unit, independent of the tokens), which are not priced.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from perfguide import Setup
+from perfguide.memory.activations import lora_layer_bytes
+from perfguide.memory.ledger import ledger
+from perfguide.model.resolve import spec_from_any
+from perfguide.setup import LoraSpec
+
+CONFIG = dict(model_type="llama", hidden_size=96, intermediate_size=160, num_hidden_layers=3, num_attention_heads=6,
+              num_key_value_heads=2, head_dim=16, vocab_size=320, max_position_embeddings=512)
+TARGETS = ("q_proj", "v_proj", "down_proj")
+OUTPUTS = 96 + 2 * 16 + 96          # q, v and down_proj output widths of one block
+B, S = 2, 40
+
+
+def _saved_bytes(use_dora: bool, dtype: Any, autocast: bool) -> int:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = {k: v for k, v in CONFIG.items() if k != "model_type"}
+    model = get_peft_model(LlamaForCausalLM(LlamaConfig(**cfg)).to(dtype),
+                           LoraConfig(r=8, target_modules=list(TARGETS), use_dora=use_dora, lora_dropout=0.0))
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    ids = torch.randint(0, CONFIG["vocab_size"], (B, S))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=ids, labels=ids).loss
+    seen: dict[int, int] = {}
+    stack, done = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in done:
+            continue
+        done.add(node)
+        for name in (a for a in dir(node) if a.startswith("_saved_")):
+            try:
+                value = getattr(node, name)
+            except RuntimeError:
+                continue
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
+                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack += [f for f, _ in node.next_functions]
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("weights, autocast, per_unit", [("bf16", None, 2 + 4), ("fp32", "bf16", 2 + 2), ("fp32", None, 4 + 4)])
+def test_dora_saves_both_branch_outputs(weights: str, autocast: str | None, per_unit: int) -> None:
+    import torch
+
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    traced = _saved_bytes(True, dtype, autocast is not None) - _saved_bytes(False, dtype, autocast is not None)
+    layers = CONFIG["num_hidden_layers"]
+    assert OUTPUTS * per_unit * B * S * layers <= traced <= OUTPUTS * (per_unit * B * S + 12) * layers   # hand count
+
+    spec = spec_from_any(dict(CONFIG))
+
+    def priced(dora: bool) -> int:
+        setup = Setup(seq_len=S, micro_batch_size=B, weights_dtype=weights, autocast=autocast,  # type: ignore[arg-type]
+                      lora=LoraSpec(r=8, target_modules=TARGETS, use_dora=dora, dropout=0.0))
+        led = ledger(spec, setup)
+        return lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer)
+
+    assert (priced(True) - priced(False)) * layers == OUTPUTS * per_unit * B * S * layers
