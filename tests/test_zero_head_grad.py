@@ -118,3 +118,14 @@ def test_a_classifier_gets_its_embedding_gradient_last_an_lm_its_head_gradient_f
                                             intermediate_size=128, tie_word_embeddings=False))
     order = _grad_order(neox, input_ids=ids, labels=ids)
     assert order[0] == "lm_head.weight" and order[-1] == "gpt_neox.embed_in.weight"
+
+
+def test_ipg_buffers_hold_the_whole_bucket_however_few_gradients_train() -> None:
+    """``torch.empty(int(self.reduce_bucket_size))`` per buffer: LoRA's few adapter gradients still get two 5e8-element
+    fp16 buffers (2,000,000,000 B) under perfguide's ZeRO-2 config, as many as full fine-tuning of a larger model."""
+    from perfguide.memory.sharding import bucket_bytes
+
+    lora = Setup(micro_batch_size=1, seq_len=512, strategy="zero2", num_gpus=2, weights_dtype="bf16",
+                 lora={"r": 8, "alpha": 16})
+    assert bucket_bytes(lora, 4_194_304, 2) == 2 * 500_000_000 * 2
+    assert bucket_bytes(lora.replace(lora=None), 124_439_808, 2) == 2 * 500_000_000 * 2

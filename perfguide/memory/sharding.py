@@ -77,15 +77,20 @@ def deepspeed_bf16_master(param_count: int, trainable: int, optimizer_state_bf16
 
 
 def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
-    """Communication buffers allocated through the caching allocator on each rank."""
+    """Communication buffers allocated through the caching allocator on each rank.
+
+    DDP's Reducer keeps one flat copy of every gradient (``bucket.gradients``, traced: scripts/trace_ddp_phases.py).
+    ZeRO-1/2's ipg buffers are ``torch.empty(int(self.reduce_bucket_size))`` each, whatever the trainable count: a
+    LoRA run under the 5e8 default holds 1 GB per buffer for a few million adapter gradients (stage_1_and_2.py v0.7.2
+    ``backward``, 0.19.8 ``setup_buckets``).
+    """
     if setup.world_size == 1 and setup.strategy in ("single", "ddp"):
         return 0
     if setup.strategy == "ddp":
         # DDP (accelerate default gradient_as_bucket_view=False) keeps flat bucket copies of all gradients
         return trainable * grad_elem_bytes
     if setup.is_deepspeed and not setup.gathers_params:
-        elems = min(trainable, deepspeed_bucket_elements(setup))
-        return int(elems * grad_elem_bytes * _const("deepspeed_bucket_copies"))
+        return int(deepspeed_bucket_elements(setup) * grad_elem_bytes * _const("deepspeed_bucket_copies"))
     return 0
 
 
