@@ -171,3 +171,24 @@ def test_moe_family_keeps_its_dense_family_attention_tables() -> None:
     moe = ModelSpec.from_any(_config("mixtral"))
     dense = ModelSpec.from_any({**_config("mixtral"), "model_type": "mistral", "intermediate_size": K * IE})
     assert eager_backward_transient_bytes(moe, setup) == eager_backward_transient_bytes(dense, setup) > 0
+
+
+#: fms-acceleration a100_80gb.csv @24bdadb, framework_config baseline-peft-bnb, Mixtral lines:
+#: row_id -> (GPUs, per-device batch, mem_peak_torch_mem_alloc_in_bytes)
+FMS_QLORA = {"1301": (1, 4, 42794268160), "1302": (2, 2, 21129981952), "1303": (1, 8, 60545920512),
+             "1304": (2, 4, 28146350592)}
+
+
+@pytest.mark.parametrize("row_id", sorted(FMS_QLORA))
+def test_fms_mixtral_qlora_rows_read_as_the_table_and_loader(acc: Any, rows: Any, row_id: str) -> None:
+    """HF from_pretrained with nf4 double quant, LoRA r 16 on the attention projections, packed 4096 tokens, --bf16
+    autocast; one GPU: TRL's prepare_model_for_kbit_training and bf16 recast; two: FSDP, no kbit preparation."""
+    gpus, batch, peak = FMS_QLORA[row_id]
+    row = rows[row_id]
+    assert float(row["peak_mem_value"]) == pytest.approx(peak / 2**30, abs=0.005) and row["peak_mem_unit"] == "GiB"
+    setup = acc._train_setup(row, acc._spec(row["model_hf_id"]))
+    assert (setup.num_gpus, setup.micro_batch_size, setup.seq_len) == (gpus, batch, 4096)
+    assert (setup.weights_dtype, setup.nf4_double_quant, setup.autocast, setup.gradient_checkpointing) == ("nf4", True, "bf16", True)
+    assert setup.lora is not None and (setup.lora.r, setup.lora.alpha, setup.lora.dropout) == (16, 16, 0.1)
+    assert set(setup.lora.target_modules) == {f"self_attn.{p}_proj" for p in "qkvo"}
+    assert (setup.strategy == "fsdp", setup.kbit_upcast, setup.kbit_recast_bf16) == (gpus == 2, gpus == 1, gpus == 1)
