@@ -52,13 +52,19 @@ def open_gaps(values: list[_Value]) -> list[str]:
     rows = [r for r in values if r.row["row_id"] in GAP_ROWS and r.published is not None and r.predicted is not None]
     if not rows:
         return []
-    lines = ["## Open gap: 70B FSDP + bitsandbytes QLoRA", "",
-             "| row | source | offload | published | perfguide | under by | err % |", "|---|---|---|---|---|---|---|"]
+    table = ["| row | source | offload | published | perfguide | under by | err % |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         unit = r.row["peak_mem_unit"].split()[0]
         offload = "CPU" if "offload" in r.row["parallelism"].lower() else "no"
-        lines.append(f"| {r.row['row_id']} | {r.row['source_group']} | {offload} | {r.published:g} {unit} | "
+        table.append(f"| {r.row['row_id']} | {r.row['source_group']} | {offload} | {r.published:g} {unit} | "
                      f"{r.predicted:.2f} | {r.published - r.predicted:.2f} | {r.err_pct:.1f} |")
-    lines += ["", "Priced:", *(f"- {t}" for t in PRICED), "", "Checked and not the gap:", *(f"- {t}" for t in RULED_OUT),
-              "", "Left open (allocator-level, not derivable without tracing a GPU run):", *(f"- {t}" for t in EVIDENCE), ""]
-    return lines
+    return gap_section("Open gap: 70B FSDP + bitsandbytes QLoRA", table, PRICED, RULED_OUT,
+                       "Left open (allocator-level, not derivable without tracing a GPU run):", EVIDENCE)
+
+
+def gap_section(title: str, table: list[str], priced: tuple[str, ...], ruled_out: tuple[str, ...], open_label: str,
+                evidence: tuple[str, ...]) -> list[str]:
+    """One open-gap section of accuracy.md: the rows' residuals, then what is priced, what was checked and is not the
+    gap, and what is left open with its evidence (the same four parts for every gap, so they read alike)."""
+    return [f"## {title}", "", *table, "", "Priced:", *(f"- {t}" for t in priced), "", "Checked and not the gap:",
+            *(f"- {t}" for t in ruled_out), "", open_label, *(f"- {t}" for t in evidence), ""]

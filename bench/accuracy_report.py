@@ -12,6 +12,7 @@ from _report import SourceSummary
 from accuracy_gaps import open_gaps
 from accuracy_open_verdicts import open_verdicts
 from accuracy_reserved import context_notes
+from accuracy_swift_gap import swift_gap
 from accuracy_trl_gaps import trl_long_context
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +100,7 @@ def report(results: list[Result], timings: list[float]) -> str:
     if timings:
         lines.append(f"Estimate latency: median {statistics.median(timings) * 1e3:.3f} ms, max {max(timings) * 1e3:.3f} ms "
                      f"over {len(timings)} calls.")
-    lines += ["", *open_gaps(values), *open_verdicts(results), *trl_long_context(results)]
+    lines += ["", *open_gaps(values), *swift_gap(values), *open_verdicts(results), *trl_long_context(results)]
     lines += ["## Compared rows", "", "| row | model | setup | metric | published | perfguide | err % |", "|---|---|---|---|---|---|---|"]
     for r in values:
         row = r.row

@@ -124,3 +124,55 @@ def test_pre_quantized_checkpoints_are_skipped(quant: str) -> None:
     row = next(r for r in _priced() if not r["quantization"])
     with pytest.raises(setup_mod.Skip, match=quant.split()[0]):
         setup_mod._train_setup({**row, "quantization": quant}, load_bench("accuracy_spec")._spec(row["model_hf_id"]))
+
+
+# --- the open gap (bench/accuracy_swift_gap.py): what the code that ran holds, by hand --------------------------------
+
+def _row(row_id: str) -> dict[str, str]:
+    return next(r for r in _rows() + _tuner_rows() if r["row_id"] == row_id)
+
+
+def test_qwen1_loss_path_is_priced_at_its_hand_count() -> None:
+    """Qwen-1's QWenLMHeadModel.forward under accelerate's bf16 autocast at the loss: bf16 logits (2) + the shifted
+    .contiguous() copy (2) + cross_entropy's fp32 upcast (4, autocast fp32 list) + the fp32 log-softmax it saves (4)
+    = 12 B per logit; 1 x 2048 x 151,936 logits (Qwen-7B's vocab) for row 1919. The priced logits term must be that."""
+    acc = load_bench("accuracy")
+    row = _row("1919")
+    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
+    setup = load_bench("accuracy_setup")._train_setup(row, spec)
+    est = acc.estimate_memory(spec, setup, acc._hardware(row["gpu_type"], 1))
+    assert est.logits == pytest.approx((2 + 2 + 4 + 4) * 1 * 2048 * 151_936, rel=0.005)
+
+
+def test_gap_per_logit_is_the_residual_over_batch_length_and_vocab() -> None:
+    """Row 1919: 27.74 - 20.58 = 7.16 GiB over 1 x 2048 x 151,936 logits = 24.71 B; row 1924 (Qwen-14B, vocab
+    152,064): 40.14 - 34.37 = 5.77 GiB over 311,427,072 logits = 19.89 B."""
+    gap = load_bench("accuracy_swift_gap")
+    assert gap.gap_per_logit(_row("1919"), 27.74, 20.58) == pytest.approx(7.16 * 2**30 / 311_164_928, rel=1e-9)
+    assert gap.gap_per_logit(_row("1919"), 27.74, 20.58) == pytest.approx(24.71, abs=0.01)
+    assert gap.gap_per_logit(_row("1924"), 40.14, 34.37) == pytest.approx(19.89, abs=0.01)
+
+
+def test_samples_drawn_follows_run_single() -> None:
+    """run_single.py: ``train_dataset_sample = 1000`` when max_length > 2048, else -1 (every kept sample)."""
+    gap = load_bench("accuracy_swift_gap")
+    assert [gap.samples_drawn(_row(i)) for i in ("1912", "1914", "1915", "1916", "2013")] == [
+        "all kept", "all kept", "1000 sampled", "1000 sampled", "tuner.json, 2 epochs"]
+
+
+def test_published_full_fine_tuning_falls_with_length_where_every_priced_term_grows() -> None:
+    """The evidence against a fixed per-logit term: Qwen-1.8B full fine-tuning publishes more at 2048 tokens (whole
+    dataset) than at 4096 (1000 samples), while the priced peak grows with the length."""
+    acc = load_bench("accuracy")
+    published = {i: float(_row(i)["peak_mem_value"]) for i in ("1964", "1965")}
+    assert published["1964"] > published["1965"]
+    priced = {i: acc.evaluate(_row(i), []).predicted for i in ("1964", "1965")}
+    assert priced["1964"] < priced["1965"]
+
+
+def test_swift_gap_section_lists_every_priced_swift_row() -> None:
+    acc, gap = load_bench("accuracy"), load_bench("accuracy_swift_gap")
+    values = [r for r in (acc.evaluate(row, []) for row in _rows() + _tuner_rows()) if r.kind == "value"]
+    lines = gap.swift_gap(values)
+    listed = [ln.split(" | ")[0].lstrip("| ") for ln in lines if ln.startswith("| 19") or ln.startswith("| 20")]
+    assert listed == [r.row["row_id"] for r in values] and len(listed) == 58
