@@ -52,6 +52,11 @@ EVIDENCE = (
     "then grows with how many lengths the run saw, as the rows do (whole dataset at <= 2048 tokens above the "
     "1000-sample runs; the 2-epoch tuner campaign highest; the rows near the card's 80 GB, full fine-tuning of 7B, "
     "within 0.1-8.4%)",
+    "the packed tuner run (row 2023: nearly every row 2048 tokens; ConstantLengthDataset packs the validation set too) "
+    "is still 7.37 GiB under: packing fixes the length but not the loss path's blocks, since compute_scaled_loss copies "
+    "the label positions (`shift_logits[masks]`, fp32) and their log-softmax and gradients, a count that changes every "
+    "step; packing lowers the gap from the unpacked LoRA runs' 11.66 GiB (rows 2013-2018), which the allocator reading "
+    "predicts and a fixed term does not",
     "not priced: a plan's fit is decided by the allocator's footprint at an OOM (it frees its cache and retries first), "
     "so this cache is no plan term; reading it into these rows needs each run's sequence of lengths (cls-fudan-news-zh "
     "is not available offline) replayed through CUDACachingAllocator on a GPU trace, which this check did not have",
