@@ -1,8 +1,9 @@
 """Trace the live bytes inside one recomputed decoder block's backward (memory/block_backward.py).
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/trace_block_backward.py``. Real CPU tensors: a random-init
-Mistral-shaped Llama (GQA 4:1, FFN 3.5 x hidden, three blocks) saved and reloaded through transformers'
-bitsandbytes integration (nf4, double quant, bf16 compute), prepared with peft's prepare_model_for_kbit_training
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/trace_block_backward.py [--arch=A] [CASE ...]`` (``--arch``:
+trace_models.ARCHS; the cases: trace_models.CASES or FULL_CASES, default the three LoRA ones priced).
+Real CPU tensors: a random-init Mistral-shaped Llama (GQA 4:1, FFN 3.5 x hidden, three blocks) saved and reloaded
+through transformers' bitsandbytes integration (nf4, double quant, bf16 compute), prepared with peft's prepare_model_for_kbit_training
 (fp32 embeddings, norms and head: the hidden stream is fp32), LoRA on all seven Linears, bf16 autocast, gradient
 checkpointing with ``use_reentrant=True`` (transformers 4.35-4.4x's default) and False (the current one). The 16-bit
 case is the same model in bf16 without the kbit preparation. perfguide's live-bytes tracker (tracing/tracker.py)
@@ -145,7 +146,8 @@ def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int
 
 
 def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
-                    keep_inputs: bool = False, liger: bool = False, accumulate: bool = False) -> tuple[float, float, float, float]:
+                    keep_inputs: bool = False, liger: bool = False, accumulate: bool = False,
+                    arch: str = "llama") -> tuple[float, float, float, float]:
     """Bytes per token (two lengths differenced): live as the middle block's recompute starts (every block input,
     the gradients already in flight), then the recompute's saved tensors and its backward's peak above that start.
     ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs); ``liger``: liger-kernel's patch;
@@ -153,7 +155,7 @@ def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s
     undo = keep_4bit_inputs() if keep_inputs else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model, autocast = traced(case, h, i, reentrant, tmp, liger)
+            model, autocast = traced(case, h, i, reentrant, tmp, liger, arch)
             (a1, k1, p1, t1), (a2, k2, p2, t2) = (block_marks(model, s, autocast, accumulate) for s in (s1, s2))
     finally:
         if undo is not None:
@@ -177,15 +179,15 @@ def decomposed(case: str, keep_inputs: bool = False, h: int = 64, i1: int = 224,
 
 
 def coefficients(case: str, reentrant: bool, h: int = 64, i1: int = 224, i2: int = 448,
-                 liger: bool = False, accumulate: bool = False) -> dict[str, float]:
+                 liger: bool = False, accumulate: bool = False, arch: str = "llama") -> dict[str, float]:
     """Bytes per token the backward holds beyond the storages the recompute saves (reentrant's: non-reentrant recomputes
     the same ones; what activations.layer_bytes prices, so that the two add up to the block's peak), per FFN unit
     ("i", two widths differenced) and per hidden unit ("h", the rest at q = h, kv = h / 4). Stop 35's coefficients
     were above the live bytes as the recompute ends instead, which also hold what the block's forward still
     references there and does not save (block_marks, ``--saved``: 6 B per hidden unit per token for LoRA on a 16-bit
     base, 4 in the fp32 stream and for a 16-bit full fine-tune, 2 for fp32 weights under autocast, 0 in fp32)."""
-    saved1, saved2 = (per_token_marks(case, h, i, True, liger=liger, accumulate=accumulate)[3] for i in (i1, i2))
-    peak1, peak2 = (per_token_marks(case, h, i, reentrant, liger=liger, accumulate=accumulate)[2] for i in (i1, i2))
+    saved1, saved2 = (per_token_marks(case, h, i, True, liger=liger, accumulate=accumulate, arch=arch)[3] for i in (i1, i2))
+    peak1, peak2 = (per_token_marks(case, h, i, reentrant, liger=liger, accumulate=accumulate, arch=arch)[2] for i in (i1, i2))
     per_i = ((peak2 - saved2) - (peak1 - saved1)) / (i2 - i1)
     return {"i": round(per_i, 2), "h": round(((peak1 - saved1) - per_i * i1) / h, 2)}
 
@@ -292,10 +294,12 @@ def main() -> int:
         return liger_main()
     if "--full" in sys.argv:
         return full_main()
-    for case in ("fp32_stream", "half_autocast", "half"):
+    arch = next((a.removeprefix("--arch=") for a in sys.argv if a.startswith("--arch=")), "llama")
+    for case in tuple(a for a in sys.argv[1:] if not a.startswith("--")) or ("fp32_stream", "half_autocast", "half"):
         for reentrant in (True, False):
-            coef = coefficients(case, reentrant)
-            saved, peak = per_token_marks(case, 128, 448, True)[3], per_token_marks(case, 128, 448, reentrant)[2]
+            coef = coefficients(case, reentrant, arch=arch)
+            saved = per_token_marks(case, 128, 448, True, arch=arch)[3]
+            peak = per_token_marks(case, 128, 448, reentrant, arch=arch)[2]
             check = coef["i"] * 448 + coef["h"] * 128
             print(f"{case} reentrant={reentrant}: in flight per token {coef}; at h 128, i 448: measured "
                   f"{peak - saved:.0f} B, the coefficients give {check:.0f} B (saved {saved:.0f}, peak {peak:.0f})")

@@ -98,14 +98,16 @@ ARCHS = ("llama", "mistral", "gemma3")
 
 def model_config(arch: str, h: int, i: int) -> Any:
     """The three-block config of ``arch`` (ARCHS) at hidden ``h`` and FFN ``i``: q = h, kv = h / 4, head_dim h / 4,
-    vocabulary 256. Gemma 3's blocks are two local (sliding, window 64) and one global, the last as in its 5:1 pattern."""
+    vocabulary 256. Gemma 3's blocks are local (sliding, window 64), global, local: the middle block, the one
+    scripts/trace_block_backward.py measures, is global, so its SDPA runs without a mask as Llama's does (the local
+    layers' mask is masks.py's); block 0 and the top block are local."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
 
     shape = dict(hidden_size=h, intermediate_size=i, num_attention_heads=4, num_key_value_heads=1, head_dim=h // 4,
                  num_hidden_layers=3, vocab_size=256, max_position_embeddings=4096)
     if arch == "gemma3":
         return Gemma3TextConfig(**shape, sliding_window=64, query_pre_attn_scalar=h // 4, tie_word_embeddings=True,
-                                layer_types=["sliding_attention", "sliding_attention", "full_attention"])
+                                layer_types=["sliding_attention", "full_attention", "sliding_attention"])
     if arch == "mistral":
         return MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False)
     if arch != "llama":

@@ -193,7 +193,7 @@ def test_every_storage_alive_at_the_loss_and_gemma_3s_pairs(reentrant: bool) -> 
     assert pairs == {trace.LOSS: 2 * pair, trace.LOSS_BACKWARD: 2 * pair, 2: 2 * pair, 0: (2 if reentrant else 1) * pair}
     assert set(batch.values()) == {4 * 8}   # int64, at every moment
     small = gemma3(h=h, i=256, layers=3, vocab=256, head_dim=24).model_copy(
-        update={"layer_types": ("sliding_attention", "sliding_attention", "full_attention")})
+        update={"layer_types": ("sliding_attention", "full_attention", "sliding_attention")})
     release, block = ("4.39.3" if reentrant else "5.24.0"), 2 * h * 1000   # one block's bf16 input
     assert step_input_bytes(small, priced) == 1000 * (2 * pair + 32)
     assert recompute_start_bytes(small, priced, first_block=True, release=release) == 2 * block + 1000 * (pairs[0] + 32)

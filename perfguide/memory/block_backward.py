@@ -45,7 +45,13 @@ Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU
 LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
 traced, scripts/trace_block_backward.py --liger); the MLP's gradients come at another moment than eager attention's s x s backward
 (masks.eager_backward_transient_bytes), so the block backward holds the larger of the two (analytic.py). Other setups
-(a classic two-matrix MLP, fp8 autocast, encoder-decoders) get nothing here, as before.
+(a classic two-matrix MLP, fp8 autocast, encoder-decoders) get nothing here, as before. Gemma 3 runs Llama's
+coefficients, which price its block high: traced (scripts/trace_block_backward.py --arch=gemma3 full_half, its global
+block, so without a mask), its bf16 full fine-tune holds 1.14 B per FFN unit + 13.94 (reentrant) / 7.94 + 4 of
+gradients made before the recompute (non-reentrant: its post-FFN norm's fp32 cast of the incoming gradient) per hidden
+unit at h 64, i 224 / 448, but 1,724 / 1,148 B per token at h 96, i 576 (16-19% under that fit: the peak moves between
+the norms' fp32 backward and the MLP's), against Llama's 4 B per FFN unit (2,304 B there); not priced until a trace
+over more shapes pins where the peak sits.
 """
 
 from __future__ import annotations
