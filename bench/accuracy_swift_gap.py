@@ -18,10 +18,12 @@ WHOLE_DATASET_MAX_LENGTH = 2048
 
 PRICED = (
     "Qwen-1's loss (modeling_qwen.py QWenLMHeadModel.forward): the head's bf16 logits (2 B per logit), the shifted "
-    "`.contiguous()` copy (2), CrossEntropyLoss under accelerate's bf16 autocast (cross_entropy is on autocast's fp32 "
-    "list: an fp32 copy (4) and the fp32 log-softmax saved for backward (4)): 12 B per logit at the loss, and the "
-    "backward of the loss holds the saved log-softmax, its incoming and its input gradient (4 + 4 + 4); perfguide's "
-    "loss path charges the same 12 B per logit on these rows (3.48 GiB at 2048 tokens); accelerate's "
+    "`.contiguous()` copy (2; none at batch 1, where the slice is contiguous already), CrossEntropyLoss under "
+    "accelerate's bf16 autocast (cross_entropy is on autocast's fp32 list: an fp32 copy (4) and the fp32 log-softmax "
+    "saved for backward (4)), and the backward of the loss holds the saved log-softmax, its incoming and its input "
+    "gradient (4 + 4 + 4): 12 B per logit at the peak (a live-bytes trace of these lines on real CPU tensors under the "
+    "CUDA autocast lists: 10.1 forward, 12.09 backward, tests/test_swift_benchmark_rows.py); perfguide's loss path "
+    "charges the same 12 B per logit on these rows (3.48 GiB at 2048 tokens); accelerate's "
     "convert_outputs_to_fp32 then swaps the returned logits for an fp32 copy (4, beside the saved 4: below that peak)",
 )
 RULED_OUT = (

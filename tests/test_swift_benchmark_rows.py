@@ -133,15 +133,16 @@ def _row(row_id: str) -> dict[str, str]:
 
 
 def test_qwen1_loss_path_is_priced_at_its_hand_count() -> None:
-    """Qwen-1's QWenLMHeadModel.forward under accelerate's bf16 autocast at the loss: bf16 logits (2) + the shifted
-    .contiguous() copy (2) + cross_entropy's fp32 upcast (4, autocast fp32 list) + the fp32 log-softmax it saves (4)
-    = 12 B per logit; 1 x 2048 x 151,936 logits (Qwen-7B's vocab) for row 1919. The priced logits term must be that."""
+    """Qwen-1's QWenLMHeadModel.forward under accelerate's bf16 autocast peaks in the loss's backward: the fp32
+    log-softmax cross_entropy saved (4, autocast fp32 list), its incoming gradient (4) and its input gradient (4) = 12 B
+    per logit (the forward holds 2 + 4 + 4 at batch 1); 1 x 2048 x 151,936 logits (Qwen-7B's vocab) for row 1919.
+    The priced logits term must be that."""
     acc = load_bench("accuracy")
     row = _row("1919")
     spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
     setup = load_bench("accuracy_setup")._train_setup(row, spec)
     est = acc.estimate_memory(spec, setup, acc._hardware(row["gpu_type"], 1))
-    assert est.logits == pytest.approx((2 + 2 + 4 + 4) * 1 * 2048 * 151_936, rel=0.005)
+    assert est.logits == pytest.approx((4 + 4 + 4) * 1 * 2048 * 151_936, rel=0.005)
 
 
 def test_gap_per_logit_is_the_residual_over_batch_length_and_vocab() -> None:
@@ -176,3 +177,40 @@ def test_swift_gap_section_lists_every_priced_swift_row() -> None:
     lines = gap.swift_gap(values)
     listed = [ln.split(" | ")[0].lstrip("| ") for ln in lines if ln.startswith("| 19") or ln.startswith("| 20")]
     assert listed == [r.row["row_id"] for r in values] and len(listed) == 58
+
+
+def test_qwen1_loss_lines_traced_on_cpu_hold_12_bytes_per_logit() -> None:
+    """The loss as Qwen-1's QWenLMHeadModel.forward and swift's compute_loss run it (bf16 head, shift, cross-entropy
+    under the CUDA autocast lists, accelerate's fp32 copy of the returned logits, swift's argmax), traced for live
+    bytes on real CPU tensors. Hand count at batch 1: forward 2 (logits) + 4 (fp32 upcast) + 4 (log-softmax) = 10 B
+    per logit (the shifted slice of one sequence is contiguous: no copy); backward 4 (saved log-softmax) + 4
+    (incoming gradient) + 4 (input gradient) = 12 B per logit, the step's loss peak."""
+    import torch
+    import torch.nn.functional as F
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+    from perfguide.memory.tracing.tracker import make_tracker
+
+    torch.manual_seed(0)
+    hidden_size, seq, vocab = 16, 256, 4096
+    head = torch.nn.Linear(hidden_size, vocab, bias=False, dtype=torch.bfloat16).requires_grad_(False)
+    hidden = torch.randn(1, seq, hidden_size, dtype=torch.bfloat16, requires_grad=True)  # LoRA blocks below need it
+    labels = torch.randint(0, vocab, (1, seq))
+    tracker, emulation = make_tracker(1), make_cuda_emulation(torch.bfloat16, emulate_sdpa=False)
+    with tracker:
+        tracker.set_phase("forward")
+        with emulation:
+            logits = head(hidden)
+            shift = logits[..., :-1, :].contiguous()
+            loss = F.cross_entropy(shift.view(-1, vocab), labels[..., 1:].contiguous().view(-1))
+            emulation.casting = False                  # accelerate wraps only the forward in autocast
+            returned = logits.float()                  # convert_outputs_to_fp32
+            del logits, shift
+            preds = returned.argmax(dim=2)             # swift's token accuracy
+            del returned, preds                        # compute_loss returns the loss only
+            emulation.end_region()
+            tracker.set_phase("backward_head")
+            emulation.backward(loss)
+    per_logit = {phase: peak[0] / (seq * vocab) for phase, peak in tracker.peaks.items()}
+    assert per_logit["forward"] == pytest.approx(10, abs=0.2)
+    assert per_logit["backward_head"] == pytest.approx(12, abs=0.2)
