@@ -42,6 +42,7 @@ from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
+from .moe_lora import expert_lora_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .seq2seq import stack_activation_bytes
@@ -231,7 +232,10 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
-    acts, per_layer = stack_activation_bytes(spec, act_setup, lora_extra, quantized_matmul_keeps_inputs(setup, bnb_version))
+    keeps_inputs = quantized_matmul_keeps_inputs(setup, bnb_version)
+    lora_extra += expert_lora_bytes(spec, shape, led.experts, led.param_bytes, act_setup.lora is not None and not keeps_inputs,
+                                    act.regime(shape))
+    acts, per_layer = stack_activation_bytes(spec, act_setup, lora_extra, keeps_inputs)
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
     largest = max((g.numel for g in led.trainable), default=0)
     ctx = techniques.MemoryContext(spec, setup, shape, largest, states.grad_elem_bytes, led.trainable_params, cost.states,

@@ -15,6 +15,7 @@ from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from .kbit import kbit_fp32_parts
+from .moe_lora import ExpertAdapters, all_linear_extra, split_targets
 from .optimizers import TensorGroup
 from .top_of_stack import quantized_head
 
@@ -36,6 +37,7 @@ class Ledger:
     lora_inputs_per_layer: int = 0   # sum of input widths of adapted Linears in one block
     lora_rank_per_layer: int = 0
     dora_outputs_per_layer: int = 0  # sum of output widths of DoRA-adapted Linears in one block (0 without DoRA)
+    experts: ExpertAdapters | None = None  # LoRA on fused MoE experts / router as parameters (memory/moe_lora.py)
 
 
 def _expert_matrices(spec: ModelSpec) -> list[TensorGroup]:
@@ -76,7 +78,7 @@ def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
     shapes = linear_shapes(spec)
     targets = setup.lora.target_modules  # type: ignore[union-attr]
     if targets == "all-linear":
-        return shapes
+        return shapes + all_linear_extra(spec, shapes)
     chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)]
     if not chosen:
         names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
@@ -188,9 +190,13 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
         groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)
         return Ledger(base, spec.total_params, groups, trainable, DTYPE_BYTES[wd])
     r = setup.lora.r
-    chosen = _targets(spec, setup)
+    chosen, wrapped, experts = split_targets(spec, _targets(spec, setup), r)
     groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))
-    if setup.lora.use_dora:  # DoRA trains a magnitude of out_features per adapted Linear (peft lora_magnitude_vector,
+    groups += tuple(TensorGroup(n, rows, cols) for n, rows, cols in wrapped)
+    if experts and (setup.lora.use_dora or setup.lora.dropout):  # peft ParamWrapper.__init__ raises on both
+        raise InvalidSetupError(f"LoRA on {spec.name}'s fused MoE experts / router (peft ParamWrapper) accepts neither use_dora "
+                                "nor lora_dropout > 0: set dropout 0 and no DoRA, or target the attention projections only")
+    if setup.lora.use_dora:  # DoRA (refused by peft's ParamWrapper, so on the Linears only) trains a magnitude of out_features per adapted Linear (peft lora_magnitude_vector,
         # one of LoraLayer.adapter_layer_names, so upcast with the adapters)
         groups += tuple(TensorGroup(n, o, 1, "other") for _, _, o, n in chosen)
     trainable = sum(g.total for g in groups)
@@ -202,4 +208,4 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     groups += saved
     trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
-    return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora)
+    return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora, experts)

@@ -1,0 +1,123 @@
+"""LoRA on a transformers-5 MoE layer's fused experts and router: adapted as parameters, priced per block.
+
+transformers 5 stores a Mixtral / Qwen-MoE layer's experts as two 3-D parameters (``experts.gate_up_proj``,
+``experts.down_proj``, run by ``grouped_mm``) and its router as a custom module around ``gate.weight``, none of them an
+``nn.Linear``. From peft 0.20 ``target_modules="all-linear"`` (and a list naming the v4 expert or router names) is
+rewritten to ``target_parameters`` for them (peft utils/transformers_weight_conversion.py
+``_resolve_string_target_modules`` / ``_convert_peft_config_moe``; peft 0.19 left a string untouched), each wrapped by
+``lora.ParamWrapper``: r x experts rows in ``lora_A`` / ``lora_B``, and ``gate_up_proj`` at rank 2r (its rank_pattern:
+gate and up fused, alpha doubled too). ParamWrapper keeps no per-token adapter tensor: its forward parametrizes the
+weight as ``W + s A B`` (peft 0.21 ``_LoraFactorsProxy``: one ``baddbmm`` over the expert stack; the router's 2-D
+weight ``W + delta``) and runs the base module on it. So a block keeps, for backward:
+
+- the merged expert stack (``grouped_mm`` saves its weight operand, which now requires grad), in the weight's dtype,
+  and the merged router weight (none added under autocast, where the frozen router's matmul keeps a bf16 cast of its
+  weight already);
+- the factors ``baddbmm`` saves: on a 16-bit base ``.to(param.dtype)`` copies of the fp32 adapters, 2 B per
+  r' x (in + out) element per expert; none where the adapters already have the weight's dtype. Under autocast the
+  router's 2-D delta ``B @ A`` runs in bf16 and keeps 16-bit casts of both factors;
+- per token, what the frozen experts and router did not keep: the router's input (``h``, its matmul's dtype), the
+  gathered copy ``grouped_mm`` keeps for the gate_up weight's gradient (``hk``) and the product the down weight's
+  gradient needs (``ir``), both in the experts' dtype (fp32 on fp32 weights under autocast: grouped_mm is on no
+  autocast list).
+
+Traced on real CPU tensors (peft 0.21.2, transformers 5.24, tests/test_moe_lora.py). With checkpointing only the
+recomputed block holds the merged weights; without, every block does: at real sizes ~2.8 GB per Mixtral-8x7B layer
+and ~1.2 GB per Qwen3-30B-A3B layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..model.types import ModelSpec
+from ..setup import Setup
+
+ROUTER = "mlp.gate"
+GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"
+
+
+@dataclass(frozen=True)
+class ExpertAdapters:
+    """Per MoE layer: elements of the merged weights and of the factor copies one block keeps (see module doc)."""
+
+    moe_layers: int
+    expert_elems: int      # merged gate_up + down stacks
+    factor_elems: int      # lhs + rhs of every adapted expert stack (r' x (in + out) per expert)
+    router_elems: int      # merged router weight (0: router not adapted)
+    router_factor_elems: int
+
+
+def fused_experts(spec: ModelSpec) -> bool:
+    """A MoE whose experts are 3-D parameters (transformers 5), not one module per expert (remote code, v4)."""
+    return spec.num_experts > 1 and not spec.separate_expert_modules
+
+
+def _moe_layers(spec: ModelSpec) -> int:
+    return spec.total_layers if spec.num_moe_layers is None else spec.num_moe_layers
+
+
+def _is_param_target(spec: ModelSpec, name: str, out: int) -> bool:
+    return name.startswith("experts.") or (name.rsplit(".", 1)[-1] == "gate" and out == spec.num_experts)
+
+
+def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
+    """The expert stacks and router ``all-linear`` reaches on a spec that counts its fused experts only in
+    ``expert_params`` (Qwen3-MoE, Qwen2-MoE from their configs): one gate_up (h x 2 width) and one down per expert,
+    the router (h x experts), per MoE layer; nothing when the spec's own shapes list them or the counts disagree."""
+    if not fused_experts(spec) or any(_is_param_target(spec, k, o) for k, _, o, _ in shapes):
+        return []
+    h, w, e, layers = spec.hidden_size, spec.moe_intermediate_size or spec.intermediate_size, spec.num_experts, _moe_layers(spec)
+    if spec.expert_params != 3 * h * w * e * layers:
+        return []
+    return [(ROUTER, h, e, layers), (GATE_UP, h, 2 * w, e * layers), (DOWN, w, h, e * layers)]
+
+
+def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: int
+                  ) -> tuple[list[tuple[str, int, int, int]], list[tuple[int, int, int]], ExpertAdapters | None]:
+    """(Linears with per-token LoRA branches, trainable (count, rows, cols) of the ParamWrapper adapters, the block's
+    merged-weight facts) of the chosen targets. ``chosen`` counts an expert stack once per expert (n = experts x
+    layers); gate_up trains at rank 2r as peft's rank_pattern sets it."""
+    if not fused_experts(spec):
+        return chosen, [], None
+    linear = [t for t in chosen if not _is_param_target(spec, t[0], t[2])]
+    params = [t for t in chosen if _is_param_target(spec, t[0], t[2])]
+    if not params:
+        return chosen, [], None
+    layers, e = _moe_layers(spec), spec.num_experts
+    groups: list[tuple[int, int, int]] = []
+    expert = factors = router = router_factors = 0
+    for name, i, o, n in params:
+        if name.startswith("experts."):   # one (rank x experts, in) lora_A and (out, rank x experts) lora_B per layer
+            rank = 2 * r if name == GATE_UP else r
+            groups += [(n // e, rank * e, i), (n // e, o, rank * e)]
+            expert += i * o * n // layers
+            factors += rank * (i + o) * n // layers
+        else:
+            groups += [(n, r, i), (n, o, r)]
+            router += i * o * n // layers
+            router_factors += r * (i + o) * n // layers
+    return linear, groups, ExpertAdapters(layers, expert, factors, router, router_factors)
+
+
+def expert_lora_bytes(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters | None, adapter_bytes: int,
+                      restores_inputs: bool, regime: str) -> int:
+    """Bytes one block keeps for its ParamWrapper adapters, averaged over all layers (a MoE layer's bytes x MoE
+    layers / layers). ``restores_inputs``: the frozen-FFN prices dropped the router and experts' weight-gradient
+    inputs (False where every frozen Linear keeps its inputs anyway: FSDP + LoRA); ``regime``: activations.regime."""
+    if adapters is None:
+        return 0
+    weight = 4 if regime in ("fp32", "amp") else 2          # the expert stack's dtype (bf16 / fp16 / fp32)
+    router = 2 if regime == "amp" else weight              # the router matmul's dtype: autocast's 16-bit cast
+    # under autocast the router's matmul keeps a 16-bit cast of its weight, merged or frozen alike: nothing added
+    per_layer = adapters.expert_elems * weight + (0 if regime == "amp" else adapters.router_elems * router)
+    if adapter_bytes != weight:                             # fp32 adapters cast to the base's 16 bits for baddbmm
+        per_layer += adapters.factor_elems * weight
+    if regime == "amp":                                     # the router delta B @ A under autocast: 16-bit casts
+        per_layer += adapters.router_factor_elems * 2
+    if restores_inputs:
+        h, k = spec.hidden_size, spec.num_experts_per_tok
+        routed = (h + (spec.moe_intermediate_size or spec.intermediate_size)) * k
+        per_token = (h * router if adapters.router_elems else 0) + (routed * weight if adapters.expert_elems else 0)
+        per_layer += setup.micro_batch_size * setup.seq_len * per_token
+    return per_layer * adapters.moe_layers // spec.total_layers

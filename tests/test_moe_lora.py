@@ -1,0 +1,149 @@
+"""LoRA on a transformers-5 MoE's fused experts and router (memory/moe_lora.py), against a real PEFT model on CPU.
+
+peft >= 0.20 turns ``target_modules="all-linear"`` on Mixtral / Qwen3-MoE into ``target_parameters`` for the 3-D
+expert stacks and the router weight (lora.ParamWrapper): no per-token adapter branch, a merged weight ``W + s A B``
+per block instead. Checked three ways: the bytes block 1 saves for backward (``saved_tensors_hooks``), all-linear
+minus attention-only LoRA, at two batch sizes (per token and per block); the trainable count against the real model's;
+and the merged bytes of the real checkpoints by hand.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from perfguide.errors import InvalidSetupError
+from perfguide.hardware.types import Hardware
+from perfguide.memory import estimate_memory
+from perfguide.memory.ledger import ledger
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+# shapes none of the moe fit's points nor tests/test_moe_activations.py use: h 80, expert width 56, 5 experts, top-2
+H, W, E, K, R, S = 80, 56, 5, 2, 4, 24
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _config(model_type: str) -> dict[str, Any]:
+    common = {"model_type": model_type, "hidden_size": H, "num_attention_heads": 5, "num_key_value_heads": 1,
+              "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 384, "max_position_embeddings": 512,
+              "tie_word_embeddings": False, "num_experts_per_tok": K}
+    if model_type == "mixtral":
+        return {**common, "intermediate_size": W, "num_local_experts": E}
+    return {**common, "intermediate_size": 3 * H, "moe_intermediate_size": W, "num_experts": E, "norm_topk_prob": True}
+
+
+def _peft_model(config: dict[str, Any], targets: Any, dtype: Any) -> Any:
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config),
+                                                          attn_implementation="sdpa", dtype=dtype)
+    return peft.get_peft_model(model, peft.LoraConfig(r=R, lora_alpha=8, target_modules=targets, lora_dropout=0.0)).train()
+
+
+def _block_saved(config: dict[str, Any], targets: Any, dtype: Any, autocast: bool, batch: int) -> int:
+    """Bytes of the storages block 1 saves for backward, the parameters and block 0's saves left out."""
+    import torch
+
+    model = _peft_model(config, targets, dtype)
+    outside = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    inside, seen = [False], {}
+
+    def pack(t: Any) -> Any:
+        ptr = t.untyped_storage().data_ptr()
+        if not inside[0]:
+            outside.add(ptr)
+        elif ptr not in outside:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    block = model.get_base_model().model.layers[1]
+    hooks = [block.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)),
+             block.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
+    ids = torch.randint(0, config["vocab_size"], (batch, S))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    try:
+        with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, labels=ids, use_cache=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sum(seen.values())
+
+
+#: (weights, autocast) -> (bytes per element of the expert stack, of the router's matmul, of the factor copies
+#: baddbmm keeps: fp32 adapters cast to a 16-bit base's dtype, none on an fp32 base)
+REGIMES = {("bf16", None): (2, 2, 2), ("fp32", None): (4, 4, 0), ("fp32", "bf16"): (4, 2, 0)}
+
+
+def _hand(weights: str, autocast: str | None, batch: int) -> int:
+    """Block 1's all-linear minus attention-only bytes, counted off the modules (peft 0.21 ParamWrapper)."""
+    n, router, factors = REGIMES[(weights, autocast)]
+    merged = E * (H * 2 * W + W * H) * n                              # gate_up and down stacks, W + s A B
+    # router: its merged E x H weight (under autocast the frozen one's bf16 cast was kept already), and under autocast
+    # the 16-bit casts of A (r x h) and B (E x r) its delta's matmul keeps
+    merged += E * H * router if autocast is None else 2 * R * (H + E)
+    merged += factors * E * (2 * R * (H + 2 * W) + R * (W + H))        # lhs / rhs copies: gate_up at rank 2r, down at r
+    # per token: the router's input, the gathered copy and the down input (weight-gradient operands)
+    per_token = H * router + K * (H + W) * n
+    return merged + batch * S * per_token
+
+
+def _setup(targets: Any, weights: str, autocast: str | None, batch: int) -> Setup:
+    return Setup(task="train", micro_batch_size=batch, seq_len=S, weights_dtype=weights, autocast=autocast,
+                 optimizer="sgd", lora=LoraSpec(r=R, alpha=8, target_modules=targets, dropout=0.0))
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize(("weights", "autocast"), list(REGIMES))
+def test_all_linear_on_fused_experts_keeps_the_merged_weights(model_type: str, weights: str, autocast: str | None) -> None:
+    torch = pytest.importorskip("torch")
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    config = _config(model_type)
+    spec = ModelSpec.from_any(config)
+    hw = Hardware.from_name("a100-80gb")
+    for batch in (1, 3):
+        traced = (_block_saved(config, "all-linear", dtype, autocast is not None, batch)
+                  - _block_saved(config, list(ATTN), dtype, autocast is not None, batch))
+        assert traced == _hand(weights, autocast, batch)
+        priced = (estimate_memory(spec, _setup("all-linear", weights, autocast, batch), hw).activations
+                  - estimate_memory(spec, _setup(ATTN, weights, autocast, batch), hw).activations)
+        assert priced == traced * config["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_trainable_count_is_the_real_models(model_type: str) -> None:
+    """gate_up trains at rank 2r (peft's rank_pattern for the fused gate and up), down and the router at r."""
+    torch = pytest.importorskip("torch")
+    config = _config(model_type)
+    model = _peft_model(config, "all-linear", torch.bfloat16)
+    real = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    layers, q, kv = config["num_hidden_layers"], 5 * 16, 16
+    attention = R * (H + q) + R * (H + kv) * 2 + R * (q + H)
+    hand = layers * (attention + R * (H + E) + 2 * R * E * (H + 2 * W) + R * E * (W + H))
+    assert real == hand
+    assert ledger(ModelSpec.from_any(config), _setup("all-linear", "bf16", None, 1)).trainable_params == hand
+
+
+@pytest.mark.parametrize(("model", "per_layer"), [
+    # Mixtral-8x7B: 8 experts x 3 x 4096 x 14336 bf16; Qwen3-30B-A3B: 128 experts x 3 x 2048 x 768 bf16
+    ("mistralai/Mixtral-8x7B-Instruct-v0.1", 8 * 3 * 4096 * 14336 * 2),
+    ("Qwen/Qwen3-30B-A3B", 128 * 3 * 2048 * 768 * 2),
+])
+def test_real_checkpoints_merged_stack(model: str, per_layer: int) -> None:
+    spec = ModelSpec.from_any(model)
+    experts = ledger(spec, _setup("all-linear", "bf16", None, 1)).experts
+    assert experts is not None and experts.expert_elems * 2 == per_layer
+    assert ledger(spec, _setup(ATTN, "bf16", None, 1)).experts is None
+
+
+def test_param_wrapper_refuses_dropout_and_dora() -> None:
+    spec = ModelSpec.from_any(_config("qwen3_moe"))
+    for lora in (LoraSpec(r=R, dropout=0.1), LoraSpec(r=R, use_dora=True, dropout=0.0)):
+        setup = Setup(task="train", micro_batch_size=1, seq_len=S, weights_dtype="bf16", lora=lora)
+        with pytest.raises(InvalidSetupError, match="ParamWrapper"):
+            ledger(spec, setup)
