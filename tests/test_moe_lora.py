@@ -147,3 +147,15 @@ def test_param_wrapper_refuses_dropout_and_dora() -> None:
         setup = Setup(task="train", micro_batch_size=1, seq_len=S, weights_dtype="bf16", lora=lora)
         with pytest.raises(InvalidSetupError, match="ParamWrapper"):
             ledger(spec, setup)
+
+
+def test_converted_types_are_peft_and_transformers_own() -> None:
+    """The model types peft's all-linear reaches the experts of: its copy of transformers' conversion patterns, the
+    mixtral and qwen2_moe ones (the only two its _MOE_TARGET_MODULE_MAPPING maps)."""
+    pytest.importorskip("transformers")
+    conversion = pytest.importorskip("peft.utils.transformers_weight_conversion")
+    from perfguide.memory.moe_lora import CONVERTED_MOE_TYPES
+
+    patterns = conversion._MODEL_TO_CONVERSION_PATTERN
+    assert set(conversion._MOE_TARGET_MODULE_MAPPING) == {"mixtral", "qwen2_moe"}
+    assert CONVERTED_MOE_TYPES == {k for k, v in patterns.items() if v in conversion._MOE_TARGET_MODULE_MAPPING}

@@ -48,9 +48,21 @@ class ExpertAdapters:
     router_factor_elems: int
 
 
+#: model types whose v4 expert / router names peft rewrites to ``target_parameters`` on transformers 5: the
+#: ``mixtral`` and ``qwen2_moe`` patterns of transformers 5.24 conversion_mapping ``_MODEL_TO_CONVERSION_PATTERN`` (peft
+#: 0.21 ``_MOE_TARGET_MODULE_MAPPING`` knows only those two). Others with 3-D experts (gpt-oss) keep them untargeted.
+#: ``qwen2_moe`` itself (Qwen1.5-MoE) is no key there, so peft leaves its experts alone.
+CONVERTED_MOE_TYPES = frozenset({
+    "mixtral", "minimax", "minimax_m2", "Dots3NoteTextModel", "UnlimitedOcrTextModel", "afmoe", "deepseek_v2", "deepseek_v3",
+    "deepseek_v32", "dots1", "ernie4_5_moe", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe", "longcat_flash",
+    "solar_open", "mellum", "qwen3_moe", "beam", "qwen3_omni_moe", "qwen3_omni_moe_thinker", "qwen3_omni_moe_text",
+    "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe", "sarvam_mla", "exaone_moe", "cohere2_moe"})
+
+
 def fused_experts(spec: ModelSpec) -> bool:
-    """A MoE whose experts are 3-D parameters (transformers 5), not one module per expert (remote code, v4)."""
-    return spec.num_experts > 1 and not spec.separate_expert_modules
+    """A MoE whose experts are 3-D parameters (transformers 5, not one module per expert: remote code, v4) that
+    peft's all-linear reaches (``CONVERTED_MOE_TYPES``)."""
+    return spec.num_experts > 1 and not spec.separate_expert_modules and spec.model_type in CONVERTED_MOE_TYPES
 
 
 def _moe_layers(spec: ModelSpec) -> int:
@@ -63,7 +75,7 @@ def _is_param_target(spec: ModelSpec, name: str, out: int) -> bool:
 
 def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
     """The expert stacks and router ``all-linear`` reaches on a spec that counts its fused experts only in
-    ``expert_params`` (Qwen3-MoE, Qwen2-MoE from their configs): one gate_up (h x 2 width) and one down per expert,
+    ``expert_params`` (Qwen3-MoE from its config): one gate_up (h x 2 width) and one down per expert,
     the router (h x experts), per MoE layer; nothing when the spec's own shapes list them or the counts disagree."""
     if not fused_experts(spec) or any(_is_param_target(spec, k, o) for k, _, o, _ in shapes):
         return []
