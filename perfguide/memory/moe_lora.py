@@ -1,10 +1,11 @@
 """LoRA on a transformers-5 MoE layer's fused experts and router: adapted as parameters, priced per block.
 
-transformers 5 stores a Mixtral / Qwen-MoE layer's experts as two 3-D parameters (``experts.gate_up_proj``,
+transformers 5 stores a Mixtral / Qwen3-MoE layer's experts as two 3-D parameters (``experts.gate_up_proj``,
 ``experts.down_proj``, run by ``grouped_mm``) and its router as a custom module around ``gate.weight``, none of them an
 ``nn.Linear``. From peft 0.20 ``target_modules="all-linear"`` (and a list naming the v4 expert or router names) is
 rewritten to ``target_parameters`` for them (peft utils/transformers_weight_conversion.py
-``_resolve_string_target_modules`` / ``_convert_peft_config_moe``; peft 0.19 left a string untouched), each wrapped by
+``_resolve_string_target_modules`` / ``_convert_peft_config_moe``; peft 0.19's conversion had no string resolution:
+it took ``set()`` of the string, not run here), each wrapped by
 ``lora.ParamWrapper``: r x experts rows in ``lora_A`` / ``lora_B``, and ``gate_up_proj`` at rank 2r (its rank_pattern:
 gate and up fused, alpha doubled too). ParamWrapper keeps no per-token adapter tensor: its forward parametrizes the
 weight as ``W + s A B`` (peft 0.21 ``_LoraFactorsProxy``: one ``baddbmm`` over the expert stack; the router's 2-D
