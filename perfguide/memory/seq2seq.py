@@ -12,9 +12,9 @@ and loss over the source's length. Here each stack is priced at its own length:
   in a decoder block (self and cross), where a T5 family's ``eager_per_head_s2`` is their mean over a pair of blocks
   at equal lengths (3 maps over 2 blocks).
 
-A family whose coefficients split the decoder from the encoder (``Regime.decoder_per_token`` and friends, traced on T5)
-is priced exactly so; one borrowed from an encoder-only family (BART and BlenderBot take BERT's block) keeps that
-block at each stack's own length, its cross-attention's K/V not counted (as before the split).
+A family whose coefficients split the decoder from the encoder (``Regime.decoder_per_token`` and friends, traced by
+scripts/fit_t5.py on T5 and BlenderBot) is priced exactly so; one borrowed from an encoder-only family (BART takes
+BERT's block) keeps that block at each stack's own length, its cross-attention's K/V not counted (as before the split).
 """
 
 from __future__ import annotations
