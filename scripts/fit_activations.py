@@ -218,9 +218,9 @@ def frozen_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
     """Bytes per token per block that full fine-tuning keeps and a frozen (LoRA) base does not.
 
     Full-FT slope minus the LoRA slope (all-linear, r=LORA_R), plus back the adapters' own tensors as
-    ``activations.lora_layer_bytes`` counts them, so that analytic = full - frozen + lora_layer_bytes holds."""
-    from perfguide.memory.activations import lora_layer_bytes
+    ``lora_activations.lora_layer_bytes`` counts them, so that analytic = full - frozen + lora_layer_bytes holds."""
     from perfguide.memory.ledger import ledger
+    from perfguide.memory.lora_activations import lora_layer_bytes
     from perfguide.model.types import ModelSpec
     from perfguide.setup import LoraSpec
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             "amp per-token terms exclude autocast's cached 16-bit weight copies (a per-block constant of 2 bytes per Linear weight). "
             f"Base terms traced with dropout off; dropout terms = traces at p={DROP} minus p=0 (CUDA fused native_dropout: "
             f"1-byte masks); frozen_linear_inputs = full fine-tuning minus PEFT LoRA all-linear r={LORA_R}, plus the adapters' "
-            "own tensors as activations.lora_layer_bytes counts them."
+            "own tensors as lora_activations.lora_layer_bytes counts them."
             " eager_per_token = eager minus SDPA bytes per token per block at the same dimension steps (the per-token "
             "part of the two-length eager fit)."
         )

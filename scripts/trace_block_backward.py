@@ -260,8 +260,9 @@ def saved_main() -> int:
     attention differs: CPU's kernel keeps grouped K/V, CUDA's memory-efficient one expanded ones, and the priced
     16-bit logsumexp term was fitted at head_dim 16, not 32). Mark minus saved is what the block's forward still
     references at its end without saving it (the residual sum, the norm output, the MLP output)."""
-    from perfguide.memory.activations import layer_bytes, lora_layer_bytes
+    from perfguide.memory.activations import layer_bytes
     from perfguide.memory.ledger import ledger
+    from perfguide.memory.lora_activations import lora_layer_bytes
     from perfguide.model.types import ModelSpec
     from perfguide.setup import LoraSpec, Setup
 

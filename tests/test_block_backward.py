@@ -18,6 +18,7 @@ from perfguide.memory import activations as act
 from perfguide.memory import analytic
 from perfguide.memory.block_backward import block_backward_bytes, checkpoint_mode, full_case, stream_case
 from perfguide.memory.ledger import ledger
+from perfguide.memory.lora_activations import lora_layer_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 
@@ -59,9 +60,9 @@ def test_lora_inputs_under_autocast_are_the_16_bit_casts() -> None:
     led = ledger(spec, qlora())
     assert (led.lora_inputs_per_layer, led.lora_rank_per_layer) == (6 * 4096 + 14336, 7 * 32)
     elements = B * S * (6 * 4096 + 14336 + 7 * 32)
-    assert act.lora_layer_bytes(qlora(), led.lora_inputs_per_layer, led.lora_rank_per_layer) == elements * 2
+    assert lora_layer_bytes(qlora(), led.lora_inputs_per_layer, led.lora_rank_per_layer) == elements * 2
     no_autocast = qlora(weights_dtype="bf16", autocast=None, kbit_upcast=False)
-    assert act.lora_layer_bytes(no_autocast, led.lora_inputs_per_layer, led.lora_rank_per_layer) == elements * 4
+    assert lora_layer_bytes(no_autocast, led.lora_inputs_per_layer, led.lora_rank_per_layer) == elements * 4
 
 
 def test_in_flight_ffn_coefficients_are_the_hand_count() -> None:
@@ -125,7 +126,7 @@ def test_real_tensors_at_a_shape_not_traced_for_the_coefficients(case: str) -> N
     in_flight = block_backward_bytes(spec, setup, "4.39.3") / 1000
     assert in_flight == pytest.approx(peak - saved, rel=0.05)
     led = ledger(spec, setup)
-    block = (act.layer_bytes(spec, setup) + act.lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)) / 1000
+    block = (act.layer_bytes(spec, setup) + lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer)) / 1000
     assert block + in_flight == pytest.approx(peak, rel=0.10)
 
 

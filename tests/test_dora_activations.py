@@ -1,4 +1,4 @@
-"""DoRA's saved activations (memory/activations.lora_layer_bytes), against the tensors autograd saves in a real PEFT
+"""DoRA's saved activations (memory/lora_activations.lora_layer_bytes), against the tensors autograd saves in a real PEFT
 DoRA model on CPU: the saved-tensor set reachable from the loss, DoRA minus plain LoRA on the same base and targets.
 
 Each DoRA-adapted Linear saves its base output and its adapter output for the magnitude's gradient (peft
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from perfguide import Setup
-from perfguide.memory.activations import lora_layer_bytes
 from perfguide.memory.ledger import ledger
+from perfguide.memory.lora_activations import lora_layer_bytes
 from perfguide.model.resolve import spec_from_any
 from perfguide.setup import LoraSpec
 

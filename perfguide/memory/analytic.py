@@ -40,6 +40,7 @@ from . import eras
 from .block_backward import block_backward_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
+from .lora_activations import lora_layer_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
 from .moe_lora import expert_lora_bytes
@@ -229,7 +230,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                       notes=(*dev.notes, f"bnb 4-bit absmax replicated on every GPU under FSDP and ZeRO-3 (+{kept / 1e9:.2f} GB)"))
 
     shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
-    lora_extra = act.lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer)
+    lora_extra = lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
     keeps_inputs = quantized_matmul_keeps_inputs(setup, bnb_version)

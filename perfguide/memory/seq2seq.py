@@ -52,7 +52,7 @@ def block_bytes(spec: ModelSpec, setup: Setup, lora_extra_per_layer: int = 0,
                 keeps_frozen_inputs: bool = False) -> tuple[int, int]:
     """(bytes one encoder block keeps, bytes one decoder block keeps) for one micro-batch, nothing recomputed.
 
-    ``lora_extra_per_layer`` is the adapters' bytes of a block at ``seq_len`` (activations.lora_layer_bytes); a decoder
+    ``lora_extra_per_layer`` is the adapters' bytes of a block at ``seq_len`` (lora_activations.lora_layer_bytes); a decoder
     block's adapters see its target tokens (a cross-attention K/V adapter's input, the source, is counted at the target
     length: a small undercount where the labels are shorter)."""
     c = family_coefficients(spec_family(spec))[regime(setup)]
