@@ -17,6 +17,7 @@ from ..errors import ConflictingConstraintsError
 from ..setup import QUANTIZED, Setup
 from .host import gpu_dataloader
 from .hybrid import hybrid_decision
+from .moe_targets import expert_free_lora
 from .rules_precision import gpu_precision
 from .search import (
     Option,
@@ -336,11 +337,12 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
 # --- nothing fits ---------------------------------------------------------------------------------------
 
 def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str, *, per_node: int) -> tuple[str, ...]:
-    """Nothing fits: LoRA/QLoRA here, more nodes of the same GPUs, or bigger GPUs."""
+    """Nothing fits: LoRA/QLoRA here, LoRA off the MoE experts, more nodes of the same GPUs, or bigger GPUs."""
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
     out = [*precomputed_reference(request, partial(plan, suggestions=False)),
            *(f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
-             for kind, r in adapters.items() if r.chosen is not None)]
+             for kind, r in adapters.items() if r.chosen is not None),
+           *expert_free_lora(request, result, adapters, partial(plan, suggestions=False), "GPU")]
     lean = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
     more = more_nodes(request, lean)
     if more:

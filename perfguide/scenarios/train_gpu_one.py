@@ -12,6 +12,7 @@ from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..hardware.types import Hardware
 from ..setup import Setup
 from .host import gpu_dataloader
+from .moe_targets import expert_free_lora
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
 from .strategies import layout_search
@@ -69,7 +70,7 @@ def idle_gpus(request: Request, p: Plan) -> list[str]:
 
 
 def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str) -> tuple[str, ...]:
-    """Nothing fits here: price LoRA/QLoRA, the smallest bigger named GPU, and a sharded N-GPU run."""
+    """Nothing fits here: price LoRA/QLoRA, LoRA off the MoE experts, the smallest bigger named GPU, and a sharded N-GPU run."""
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
     gpu = hw.smallest_gpu
     assert gpu is not None, "train_gpu_one plans only for machines with a GPU (plan() checked)"
@@ -79,6 +80,7 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
             c = r.chosen
             out.append(f"finetune={kind!r} fits on {gpu.name}: {gib(c.memory.device_total)} per device, "
                        f"{c.step_time:.3g} s/step ({c.setup.label})")
+    out += expert_free_lora(request, result, adapters, plan_without_suggestions, "device")
     # what a bigger GPU or N GPUs would run: the leanest on-GPU setup (host offload already failed here)
     reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1, strategy="single",
                                                     offload_optimizer=False, offload_params=False, activation_offloading=False)
