@@ -41,7 +41,7 @@ def expert_free_lora(request: Request, result: SearchResult, adapters: dict[str,
     cons, spec = request.constraints, request.model
     mode = finetune_mode(cons)
     searched = result if mode != "full" else adapters.get("lora")
-    if searched is None or not searched.options:
+    if searched is None or searched.chosen is not None or not searched.options:   # all-linear LoRA fits already
         return ()
     lean = least_memory(searched)
     before = ledger(spec, lean.setup)
