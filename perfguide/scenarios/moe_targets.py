@@ -5,7 +5,7 @@ router (memory/moe_lora.py), which is where most of the adapters, their AdamW st
 go. Practitioners keep LoRA off the experts by naming the attention projections; peft converts only the v4 expert /
 router names (``gate``, ``w1``-``w3``, ``gate_proj``/``up_proj``/``down_proj``: ``_MOE_TARGET_MODULE_MAPPING``), so a
 list of attention names stays plain Linear targets. The MLP names are left out on purpose: on a qwen2_moe-pattern
-model a dense or shared-expert ``gate_proj`` in the list would be rewritten to the experts too. Offered, never chosen:
+model a dense or shared-expert ``gate_proj`` in the list is rewritten to the experts' ``gate_up_proj`` instead. Offered, never chosen:
 the adapters change what trains.
 """
 
