@@ -15,7 +15,7 @@ from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from .kbit import kbit_fp32_parts
-from .moe_lora import ExpertAdapters, all_linear_extra, split_targets
+from .moe_lora import ExpertAdapters, all_linear_extra, listed_targets, split_targets
 from .optimizers import TensorGroup
 from .top_of_stack import quantized_head
 
@@ -79,7 +79,8 @@ def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
     targets = setup.lora.target_modules  # type: ignore[union-attr]
     if targets == "all-linear":
         return shapes + all_linear_extra(spec, shapes)
-    chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)]
+    targets, experts = listed_targets(spec, targets, shapes)   # v4 expert / router names peft turns into parameters
+    chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)] + experts
     if not chosen:
         names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
         raise InvalidSetupError(f"LoRA target_modules {list(targets)} match no Linear of {spec.name}; accepted: all-linear, {names}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InvalidSetupError
 from ..model.types import ModelSpec
 from ..setup import Setup
 
@@ -84,6 +85,36 @@ def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -
     if spec.expert_params != 3 * h * w * e * layers:
         return []
     return [(ROUTER, h, e, layers), (GATE_UP, h, 2 * w, e * layers), (DOWN, w, h, e * layers)]
+
+
+#: peft 0.21 ``_MOE_TARGET_MODULE_MAPPING``: the v4 names a target list may spell, by conversion pattern (transformers
+#: 5.24 ``_MODEL_TO_CONVERSION_PATTERN``: mixtral and minimax take the mixtral one, the other converted types qwen2_moe's)
+_V4_NAMES = {"mixtral": {"gate": ROUTER, "w1": GATE_UP, "w3": GATE_UP, "w2": DOWN},
+             "qwen2_moe": {"gate": ROUTER, "gate_proj": GATE_UP, "up_proj": GATE_UP, "down_proj": DOWN}}
+_MIXTRAL_PATTERN = frozenset({"mixtral", "minimax", "minimax_m2"})
+
+
+def listed_targets(spec: ModelSpec, targets: tuple[str, ...], shapes: list[tuple[str, int, int, int]]
+                   ) -> tuple[tuple[str, ...], list[tuple[str, int, int, int]]]:
+    """(the targets left as modules, the expert stacks and router they became) for a target list on a converted MoE.
+
+    peft rewrites a listed v4 name (equal, or ending in ``.<name>``) to its expert parameter and drops it from the
+    module targets (``_convert_peft_config_moe``): ``down_proj`` on Qwen3-MoE adapts the expert stack, and no longer
+    a dense or shared MLP's Linear of that name. One half of a fused pair (``gate_proj`` without ``up_proj``) is
+    refused, as peft refuses it."""
+    if not fused_experts(spec):
+        return targets, []
+    names = _V4_NAMES["mixtral" if spec.model_type in _MIXTRAL_PATTERN else "qwen2_moe"]
+    olds = {t: old for t in targets for old in names if t == old or t.endswith("." + old)}
+    fused = {old for old, new in names.items() if new == GATE_UP}
+    if 0 < len(fused & set(olds.values())) < len(fused):
+        raise InvalidSetupError(f"LoRA target_modules name {sorted(fused & set(olds.values()))} but not "
+                                f"{sorted(fused - set(olds.values()))} on {spec.name} ({spec.model_type}): peft fuses them into the "
+                                "experts' gate_up_proj and refuses one without the other; list both, or neither")
+    stacks = {names[old] for old in olds.values()}
+    candidates = [s for s in shapes if _is_param_target(spec, s[0], s[2])] or all_linear_extra(spec, shapes)
+    chosen = [s for s in candidates if (s[0] if s[0].startswith("experts.") else ROUTER) in stacks]
+    return tuple(t for t in targets if t not in olds), chosen
 
 
 def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: int
