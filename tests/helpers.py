@@ -214,7 +214,17 @@ def block_saved_bytes(config: dict[str, Any], batch: int, seq: int) -> int:
     torch.manual_seed(0)
     hf_config = transformers.AutoConfig.for_model(**config)
     model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=torch.bfloat16).train()
-    # the parameters, and what block 0 saved first (the rotary cos / sin every block shares), are not block 1's
+    return saved_in_block(model, model.model.layers[1], torch.randint(0, hf_config.vocab_size, (batch, seq)))
+
+
+def saved_in_block(model: Any, block: Any, ids: Any, autocast: bool = False) -> int:
+    """Bytes of the storages ``block`` saves for backward in one training forward of ``model`` on ``ids`` (bf16
+    autocast on CPU if asked): the parameters, and what earlier blocks saved first (the rotary cos / sin every block
+    shares), are not the block's."""
+    import contextlib
+
+    import torch
+
     outside = {p.untyped_storage().data_ptr() for p in model.parameters()}
     inside, seen = [False], {}
 
@@ -226,12 +236,11 @@ def block_saved_bytes(config: dict[str, Any], batch: int, seq: int) -> int:
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    block = model.model.layers[1]
     hooks = [block.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)),
              block.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
-    ids = torch.randint(0, hf_config.vocab_size, (batch, seq))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             model(input_ids=ids, labels=ids, use_cache=False)
     finally:
         for hook in hooks:

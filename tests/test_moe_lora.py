@@ -9,10 +9,10 @@ and the merged bytes of the real checkpoints by hand.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import pytest
+from helpers import saved_in_block
 
 from perfguide.errors import InvalidSetupError
 from perfguide.hardware.types import Hardware
@@ -50,29 +50,8 @@ def _block_saved(config: dict[str, Any], targets: Any, dtype: Any, autocast: boo
     import torch
 
     model = _peft_model(config, targets, dtype)
-    outside = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    inside, seen = [False], {}
-
-    def pack(t: Any) -> Any:
-        ptr = t.untyped_storage().data_ptr()
-        if not inside[0]:
-            outside.add(ptr)
-        elif ptr not in outside:
-            seen[ptr] = t.untyped_storage().nbytes()
-        return t
-
-    block = model.get_base_model().model.layers[1]
-    hooks = [block.register_forward_pre_hook(lambda m, a: inside.__setitem__(0, True)),
-             block.register_forward_hook(lambda m, a, o: inside.__setitem__(0, False))]
     ids = torch.randint(0, config["vocab_size"], (batch, S))
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
-    try:
-        with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(input_ids=ids, labels=ids, use_cache=False)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return sum(seen.values())
+    return saved_in_block(model, model.get_base_model().model.layers[1], ids, autocast)
 
 
 #: (weights, autocast) -> (bytes per element of the expert stack, of the router's matmul, of the factor copies
