@@ -67,12 +67,15 @@ def head_bytes(setup: Setup) -> int:
     return 2
 
 
-def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs: bool) -> int:
-    """Peak loss-path bytes per (batch x position x logit); see the module docstring."""
+def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs: bool, ce_bytes: int | None = None) -> int:
+    """Peak loss-path bytes per (batch x position x logit); see the module docstring. ``ce_bytes``: the bytes per
+    element of the cross-entropy's own tensors (log-softmax output and the gradients); None is HF's loss, which
+    upcasts the logits to fp32 first (loss_paths.ce_bytes), where a bare ``torch.nn.functional.cross_entropy`` on
+    16-bit logits runs in their dtype (Liger-Kernel's benchmark reference: bench/kernels.py)."""
     era = loss_era(transformers_version)
     from .activations import activations_data
 
-    ce = activations_data().loss_paths.ce_bytes
+    ce = activations_data().loss_paths.ce_bytes if ce_bytes is None else ce_bytes
     head = head_bytes(setup)
     held = ce if era.output_keeps == "fp32" else head
     upcast = 0 if era.output_keeps == "fp32" or head == ce else ce
