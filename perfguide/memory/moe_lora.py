@@ -48,6 +48,9 @@ class ExpertAdapters:
     factor_elems: int      # lhs + rhs of every adapted expert stack (r' x (in + out) per expert)
     router_elems: int      # merged router weight (0: router not adapted)
     router_factor_elems: int
+    rank_elems: int        # sum of experts x in x out x r' over the adapted stacks: the multiply-adds of one A B
+    router_rank_elems: int  # experts x hidden x r: the router delta's multiply-adds
+    adapter_params: int     # the ParamWrapper adapters' trainable elements, all layers (no per-token branch)
 
 
 #: model types whose v4 expert / router names peft rewrites to ``target_parameters`` on transformers 5: the
@@ -130,18 +133,28 @@ def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: i
         return chosen, [], None
     layers, e = _moe_layers(spec), spec.num_experts
     groups: list[tuple[int, int, int]] = []
-    expert = factors = router = router_factors = 0
+    expert = factors = router = router_factors = ranked = router_ranked = 0
     for name, i, o, n in params:
         if name.startswith("experts."):   # one (rank x experts, in) lora_A and (out, rank x experts) lora_B per layer
             rank = 2 * r if name == GATE_UP else r
             groups += [(n // e, rank * e, i), (n // e, o, rank * e)]
             expert += i * o * n // layers
             factors += rank * (i + o) * n // layers
+            ranked += rank * i * o * n // layers
         else:
             groups += [(n, r, i), (n, o, r)]
             router += i * o * n // layers
             router_factors += r * (i + o) * n // layers
-    return linear, groups, ExpertAdapters(layers, expert, factors, router, router_factors)
+            router_ranked += r * i * o * n // layers
+    trainable = sum(n * rows * cols for n, rows, cols in groups)
+    return linear, groups, ExpertAdapters(layers, expert, factors, router, router_factors, ranked, router_ranked, trainable)
+
+
+def stack_bytes(regime: str) -> int:
+    """Bytes per element of the merged expert stack: the stored weight's dtype (fp32 weights stay fp32 under autocast:
+    the merge's ``baddbmm`` runs with autocast disabled and ``grouped_mm`` is on no autocast list). ``regime``:
+    activations.regime."""
+    return 4 if regime in ("fp32", "amp") else 2
 
 
 def expert_lora_bytes(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters | None, adapter_bytes: int,
@@ -151,7 +164,7 @@ def expert_lora_bytes(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters | 
     inputs (False where every frozen Linear keeps its inputs anyway: FSDP + LoRA); ``regime``: activations.regime."""
     if adapters is None:
         return 0
-    weight = 4 if regime in ("fp32", "amp") else 2          # the expert stack's dtype (bf16 / fp16 / fp32)
+    weight = stack_bytes(regime)                            # the expert stack's dtype (bf16 / fp16 / fp32)
     router = 2 if regime == "amp" else weight              # the router matmul's dtype: autocast's 16-bit cast
     # under autocast the router's matmul keeps a 16-bit cast of its weight, merged or frozen alike: nothing added
     per_layer = adapters.expert_elems * weight + (0 if regime == "amp" else adapters.router_elems * router)

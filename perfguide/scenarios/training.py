@@ -16,6 +16,7 @@ from ..hardware.types import GPU, Hardware
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
+from ..speed.training import merged_expert_seconds
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
 from .host import host_assumption_warnings, host_decision, pin_memory_decision
@@ -304,8 +305,21 @@ def _finetune_decision(request: Request, chosen: Priced, mode: str, adapters: di
     if mode != "full":
         lora = chosen.setup.lora
         reason += f" (r={lora.r}, alpha={lora.alpha}, targets={lora.target_modules})" if lora else ""
+        reason += _merged_experts_note(request, chosen)
     return Decision(setting="finetune", value=mode, reason=reason, number=chosen.memory.device_total, unit="bytes",
                     source=techniques.get("lora").source, alternatives=tuple(alts))
+
+
+def _merged_experts_note(request: Request, chosen: Priced) -> str:
+    """What LoRA on a MoE's fused experts costs in time (speed/moe_lora.py): said where the plan's targets reach them."""
+    merged, seconds = merged_expert_seconds(request.model, chosen.setup, request.hardware, chosen.throughput)
+    if not merged.flops:
+        return ""
+    share = f", ~{seconds:.3g} s of the {chosen.step_time:.3g} s step" if seconds else ""
+    return (f"; peft runs {request.model.name}'s fused experts on a merged weight W + s*A@B, rebuilt from the whole expert "
+            f"stack twice per forward, and computes their full weight gradient: {merged.flops / 1e12:,.1f} TFLOP and "
+            f"{merged.bytes / 1e9:,.0f} GB per micro-step{share}; LoRA on the attention projections alone skips it "
+            f"({sources.PEFT_MOE_TARGETS})")
 
 
 def _fits(p: Priced, request: Request) -> bool:

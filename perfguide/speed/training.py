@@ -3,7 +3,8 @@
 Conventions (so numbers can be compared with papers): a token costs 2*N FLOPs forward and 4*N backward
 (input grads 2*N + weight grads 2*N) over the matmul parameters N; attention scores and values cost
 4*L*d_attn*s per token forward (the PaLM/Megatron count, no causal halving), twice that backward.
-A recomputed forward (checkpointing, ``KernelFactors.recompute``) costs a forward's FLOPs again. LoRA skips the weight-grad half for frozen weights (~4*N).
+A recomputed forward (checkpointing, ``KernelFactors.recompute``) costs a forward's FLOPs again. LoRA skips the weight-grad half for frozen weights (~4*N);
+LoRA on a MoE's fused experts runs on a merged weight instead, its experts' weight gradients included (speed/moe_lora.py).
 The step is ``GA x (micro-step compute + exposed micro-step communication/offload) + step-level
 communication + optimizer step``; communication hides behind compute only up to ``comm_overlap``.
 """
@@ -21,7 +22,7 @@ from ..memory.ledger import ledger
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..setup import Setup
-from . import rates, stacks, terms
+from . import moe_lora, rates, stacks, terms
 from .rates import (
     attention_flops_fwd,
     constant,
@@ -42,11 +43,29 @@ from .types import Throughput
 
 
 def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
-    """Weight bytes one micro-step streams through the GEMMs (the memory side of the roofline)."""
+    """Weight bytes one micro-step streams through the GEMMs (the memory side of the roofline), LoRA's merged MoE
+    expert stacks and their gradients included."""
     passes = constant("weight_passes")
-    n = passes["lora" if setup.lora is not None else "train"] + passes["recompute"] * techniques.kernel_factors(setup).recompute
+    recompute = techniques.kernel_factors(setup).recompute
+    n = passes["lora" if setup.lora is not None else "train"] + passes["recompute"] * recompute
     cbytes = 4 if setup.compute_dtype in ("fp32", "tf32") else 2
-    return n * matmul_params(spec) * cbytes
+    return n * matmul_params(spec) * cbytes + _merged(spec, setup).bytes
+
+
+def _merged(spec: ModelSpec, setup: Setup) -> moe_lora.MergedCost:
+    return moe_lora.merged_cost(spec, setup, techniques.step_shape(setup).matmul_tokens, techniques.kernel_factors(setup).recompute)
+
+
+def merged_expert_seconds(spec: ModelSpec, setup: Setup, hardware: Hardware, tp: Throughput) -> tuple[moe_lora.MergedCost, float]:
+    """(one micro-step's merged-weight cost, its seconds per optimizer step) of LoRA on a MoE's fused experts
+    (speed/moe_lora.py), for the plan to say what all-linear costs: its FLOPs at the step's achievable rate (``tp``)
+    plus its bytes at the GPU's usable bandwidth (perfguide's plans run under HF Trainer); 0 s without a GPU."""
+    merged, gpu = _merged(spec, setup), hardware.smallest_gpu
+    if not merged.flops or gpu is None or setup.device == "cpu" or not tp.achievable_tflops:
+        return merged, 0.0
+    bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * constant("memory_bandwidth_fraction")
+    micro = merged.flops / (tp.achievable_tflops * 1e12) + (merged.bytes / bw if bw else 0.0)
+    return merged, setup.gradient_accumulation_steps * micro
 
 
 # --- step parts -----------------------------------------------------------------------------------
@@ -92,10 +111,12 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     tokens = shape.matmul_tokens * stacks.matmul_factor(spec, setup, n, n - blocks)   # an encoder-decoder's two lengths
     fwd_mm = 2.0 * n * tokens
     fwd_attn = attention_flops_fwd(spec, *shape.attention) * stacks.score_factor(spec, setup)
-    weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * trainable_params(spec, setup) * tokens
-    mm = fwd_mm + 2.0 * n * tokens + weight_grads
+    merged = _merged(spec, setup)   # LoRA on fused MoE experts: merged weights, no per-token branch for those adapters
+    weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * (trainable_params(spec, setup) - merged.adapter_params) * tokens
+    mm = fwd_mm + 2.0 * n * tokens + weight_grads + merged.model_flops
     attn = 3.0 * fwd_attn
     model = mm + attn
+    mm += merged.flops - merged.model_flops   # the recomputed forwards' merges
     recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
     block_tokens = shape.matmul_tokens * stacks.matmul_factor(spec, setup, blocks, 0)
     mm += recompute * 2.0 * blocks * block_tokens   # the blocks re-run; the head does not
