@@ -60,6 +60,29 @@ def tiny_config(**update: Any) -> Any:
     return LlamaConfig(**{**TINY_LLAMA, **update})
 
 
+def moe_config(model_type: str, hidden: int, width: int, experts: int, top_k: int) -> dict[str, Any]:
+    """A two-layer Mixtral / Qwen3-MoE config dict (AutoConfig.for_model's kwargs) of the given expert shape."""
+    common = {"model_type": model_type, "hidden_size": hidden, "num_attention_heads": 5, "num_key_value_heads": 1,
+              "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 384, "max_position_embeddings": 512,
+              "tie_word_embeddings": False, "num_experts_per_tok": top_k}
+    if model_type == "mixtral":
+        return {**common, "intermediate_size": width, "num_local_experts": experts}
+    return {**common, "intermediate_size": 3 * hidden, "moe_intermediate_size": width, "num_experts": experts, "norm_topk_prob": True}
+
+
+def moe_peft_model(config: dict[str, Any], targets: Any, dtype: Any, r: int, experts_implementation: str | None = None) -> Any:
+    """A real peft LoRA (alpha 8, no dropout: ParamWrapper refuses it) on a tiny MoE built from ``moe_config``."""
+    import peft
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    kwargs = {"experts_implementation": experts_implementation} if experts_implementation else {}
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config),
+                                                          attn_implementation="sdpa", dtype=dtype, **kwargs)
+    return peft.get_peft_model(model, peft.LoraConfig(r=r, lora_alpha=8, target_modules=targets, lora_dropout=0.0)).train()
+
+
 def tiny_model(seed: int = 0, **update: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import saved_in_block
+from helpers import moe_config, moe_peft_model, saved_in_block
 
 from perfguide.errors import InvalidSetupError
 from perfguide.hardware.types import Hardware
@@ -27,22 +27,12 @@ ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def _config(model_type: str) -> dict[str, Any]:
-    common = {"model_type": model_type, "hidden_size": H, "num_attention_heads": 5, "num_key_value_heads": 1,
-              "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 384, "max_position_embeddings": 512,
-              "tie_word_embeddings": False, "num_experts_per_tok": K}
-    if model_type == "mixtral":
-        return {**common, "intermediate_size": W, "num_local_experts": E}
-    return {**common, "intermediate_size": 3 * H, "moe_intermediate_size": W, "num_experts": E, "norm_topk_prob": True}
+    return moe_config(model_type, H, W, E, K)
 
 
 def _peft_model(config: dict[str, Any], targets: Any, dtype: Any) -> Any:
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    peft = pytest.importorskip("peft")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config),
-                                                          attn_implementation="sdpa", dtype=dtype)
-    return peft.get_peft_model(model, peft.LoraConfig(r=R, lora_alpha=8, target_modules=targets, lora_dropout=0.0)).train()
+    pytest.importorskip("peft")
+    return moe_peft_model(config, targets, dtype, R)
 
 
 def _block_saved(config: dict[str, Any], targets: Any, dtype: Any, autocast: bool, batch: int) -> int:
