@@ -10,7 +10,9 @@ here (``cuda_ops_per_layer``, ``recompute_ops_factor``, ``autocast_ops_factor``,
 Method: a ``TorchDispatchMode`` counts every aten op of one forward + backward of a tiny transformers
 ``LlamaForCausalLM`` (SDPA attention, loss on the labels), for 1 and 3 decoder layers; the difference / 2 is one
 layer's share. The count does not depend on the tensor sizes (the same modules run), so a tiny model on the CPU
-counts what a 7B model dispatches on a GPU. Variants: PEFT LoRA on all Linears, gradient checkpointing, autocast.
+counts what a 7B model dispatches on a GPU. Variants: PEFT LoRA on all Linears, gradient checkpointing, autocast;
+and a tiny Qwen3-MoE (bf16, peft's fp32 adapters) with all-linear LoRA minus attention-only LoRA: the ops of peft's
+ParamWrapper on the fused experts and router (the merged weight rebuilt each forward, speed/moe_lora.py).
 """
 
 from __future__ import annotations
@@ -75,6 +77,36 @@ def per_layer(lora: bool, checkpointing: bool, autocast: bool = False) -> float:
     return (count_ops(3, lora, checkpointing, autocast) - count_ops(1, lora, checkpointing, autocast)) / 2
 
 
+def moe_ops(layers: int, targets: Any) -> int:
+    """Aten ops of one micro-step of a tiny bf16 Qwen3-MoE (5 experts, top-2) with peft LoRA r=4 on ``targets``."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from helpers import moe_config, moe_peft_model
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = moe_peft_model({**moe_config("qwen3_moe", 80, 56, 5, 2), "num_hidden_layers": layers}, targets, torch.bfloat16, 4)
+    ids = torch.randint(0, 384, (1, 24))
+    model(input_ids=ids, labels=ids).loss.backward()          # first call: lazy inits out of the count
+    counter = Count()
+    with counter:
+        model(input_ids=ids, labels=ids).loss.backward()
+    return counter.n
+
+
+def param_wrapper_ops() -> float:
+    """Ops peft's ParamWrapper adds per MoE layer (gate_up, down and router adapted): all-linear minus attention-only."""
+    attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    return ((moe_ops(3, "all-linear") - moe_ops(1, "all-linear")) - (moe_ops(3, attention) - moe_ops(1, attention))) / 2
+
+
 def measure() -> dict[str, float]:
     full, full_ckpt = per_layer(False, False), per_layer(False, True)
     lora, lora_ckpt = per_layer(True, False), per_layer(True, True)
@@ -82,7 +114,7 @@ def measure() -> dict[str, float]:
     return {"full": full, "full_ckpt": full_ckpt, "lora": lora, "lora_ckpt": lora_ckpt, "full_amp": full_amp, "lora_amp": lora_amp,
             "recompute_factor": (full_ckpt / full + lora_ckpt / lora) / 2,
             "autocast_factor": (full_amp / full + lora_amp / lora) / 2,
-            "lora_per_linear": (lora - full) / LINEARS_PER_LAYER}
+            "lora_per_linear": (lora - full) / LINEARS_PER_LAYER, "param_wrapper": param_wrapper_ops()}
 
 
 def report(m: dict[str, float]) -> str:
@@ -104,11 +136,14 @@ def report(m: dict[str, float]) -> str:
         f"| full, under autocast (bf16) | {m['full_amp']:.0f} |", f"| LoRA, under autocast (bf16) | {m['lora_amp']:.0f} |", "",
         f"- recompute factor (with / without checkpointing, mean of full and LoRA): {m['recompute_factor']:.2f}",
         f"- autocast factor (the casts AMP inserts, mean of full and LoRA): {m['autocast_factor']:.2f}",
-        f"- ops one LoRA Linear adds: {m['lora_per_linear']:.1f}", "",
+        f"- ops one LoRA Linear adds: {m['lora_per_linear']:.1f}",
+        f"- ops peft's ParamWrapper adds per MoE layer (tiny bf16 Qwen3-MoE, all-linear minus attention-only LoRA: the "
+        f"experts' gate_up / down and the router adapted as parameters): {m['param_wrapper']:.0f}", "",
         "efficiency.json as shipped: "
         f"cuda_ops_per_layer {eff['cuda_ops_per_layer']['value']}, recompute_ops_factor {eff['recompute_ops_factor']['value']}, "
         f"autocast_ops_factor {eff['autocast_ops_factor']['value']}, "
-        f"lora_ops_per_adapted_linear {eff['lora_ops_per_adapted_linear']['value']} (tests/test_host_ops.py checks they match this count).",
+        f"lora_ops_per_adapted_linear {eff['lora_ops_per_adapted_linear']['value']}, "
+        f"param_wrapper_ops_per_moe_layer {eff['param_wrapper_ops_per_moe_layer']['value']} (tests/test_host_ops.py checks they match this count).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -24,6 +24,7 @@ def test_shipped_op_counts_match_a_real_count(counted: dict[str, float]) -> None
     assert _const("recompute_ops_factor") == pytest.approx(counted["recompute_factor"], rel=0.05)
     assert _const("lora_ops_per_adapted_linear") == pytest.approx(counted["lora_per_linear"], rel=0.1)
     assert _const("autocast_ops_factor") == pytest.approx(counted["autocast_factor"], rel=0.05)
+    assert _const("param_wrapper_ops_per_moe_layer") == pytest.approx(counted["param_wrapper"], rel=0.1)
 
 
 def test_launch_floor_by_hand() -> None:
@@ -42,3 +43,17 @@ def test_launch_floor_by_hand() -> None:
     amp = base.model_copy(update={"weights_dtype": "fp32", "autocast": "bf16"})
     assert _launch_ops(spec, amp) == pytest.approx(32 * _const("cuda_ops_per_layer") * _const("autocast_ops_factor"))
     assert _launch_ops(spec, only_qv) == pytest.approx(32 * (_const("cuda_ops_per_layer") + 2 * _const("lora_ops_per_adapted_linear")) * _const("recompute_ops_factor"))
+
+
+def test_launch_floor_of_moe_expert_lora_by_hand() -> None:
+    """Qwen3-30B-A3B (48 layers, all MoE): all-linear LoRA adds the ParamWrapper ops to every layer, attention-only
+    LoRA 4 adapted Linears' ops only."""
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.training import _launch_ops
+
+    spec = ModelSpec.from_any("Qwen/Qwen3-30B-A3B")
+    attention = Setup(weights_dtype="bf16", seq_len=256, lora=LoraSpec(r=16, dropout=0.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")))
+    block, adapter = _const("cuda_ops_per_layer"), _const("lora_ops_per_adapted_linear")
+    assert _launch_ops(spec, attention) == pytest.approx(48 * (block + 4 * adapter))
+    every = attention.model_copy(update={"lora": LoraSpec(r=16, dropout=0.0, target_modules="all-linear")})
+    assert _launch_ops(spec, every) == pytest.approx(48 * (block + 4 * adapter + _const("param_wrapper_ops_per_moe_layer")))

@@ -125,8 +125,12 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
 
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
-    """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops."""
-    per_layer = constant("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, ledger(spec, setup).lora_rank_per_layer)
+    """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops and
+    peft's ParamWrapper ops on a MoE's fused experts and router (averaged over the layers)."""
+    led = ledger(spec, setup)
+    per_layer = constant("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, led.lora_rank_per_layer)
+    if led.experts is not None:
+        per_layer += constant("param_wrapper_ops_per_moe_layer") * led.experts.moe_layers / spec.total_layers
     kernels = techniques.kernel_factors(setup)
     per_layer *= constant("recompute_ops_factor") ** kernels.recompute * kernels.launches
     per_layer *= constant("autocast_ops_factor") if setup.autocast else 1.0
