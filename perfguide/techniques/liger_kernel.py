@@ -85,7 +85,8 @@ class LigerKernel(Technique):
         recomputed = block_savings(ctx.spec, ctx.shape, recomputed=True) if terms.recompute and ctx.shape.gradient_checkpointing else 0
         note = ("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward"
                 + (" (in the recomputed block)" if recomputed else "")) if saved or recomputed else None
-        return terms.changed(note, logits=loss_bytes(ctx.spec, ctx.shape), activations=max(0, terms.activations - saved),
+        logits = loss_bytes(ctx.spec, ctx.shape) + accumulating_head_grad_bytes(ctx.spec, ctx.setup, ctx.grad_elem_bytes)
+        return terms.changed(note, logits=logits, activations=max(0, terms.activations - saved),
                              recompute=max(0, terms.recompute - recomputed), fused_swiglu=True)
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
@@ -197,6 +198,22 @@ def loss_bytes(spec: Any, shape: Any) -> int:
     tokens = shape.micro_batch_size * shape.seq_len
     cbytes = 4 if shape.compute_dtype in ("fp32", "tf32") else 2
     return chunk_rows(spec, tokens) * spec.vocab_size * cbytes * 2 + tokens * spec.hidden_size * cbytes + tokens * 4
+
+
+def accumulating_head_grad_bytes(spec: Any, setup: Any, grad_elem_bytes: int) -> int:
+    """The head-weight gradient buffer Liger's fused linear cross-entropy allocates in forward
+    (``grad_weight = torch.zeros_like(weight)``, ops/fused_linear_cross_entropy.py) where the head's ``.grad`` is
+    already there: on every micro-step after the first of an accumulation. Autograd adds it into ``.grad`` in place
+    as backward begins (AccumulateGrad) and frees it, so it lives beside the held gradients through the loss peak;
+    on a first micro-step it becomes ``.grad`` itself, the head gradient the fold already counts there.
+
+    Liger-Kernel's own benchmark measures exactly this: its FLCE rows (bench/results/kernels.md) hold the previous
+    call's weight ``.grad`` and this buffer, V x H each. Priced where the head trains (no adapter) and ``.grad``
+    persists whole between micro-steps: one GPU or DDP. Under FSDP and DeepSpeed the gradient's life follows their
+    own hooks (sharded, or moved to buckets and ``.grad`` set to None), which this term does not price."""
+    if setup.lora is not None or setup.gradient_accumulation_steps <= 1 or setup.shards_grads or setup.is_deepspeed:
+        return 0
+    return int(spec.vocab_size * spec.hidden_size * grad_elem_bytes)
 
 
 def loss_seconds(spec: Any, setup: Any, tokens: int, rate_at: float, rate_chunk: float, bandwidth: float) -> float:
