@@ -39,17 +39,7 @@ def count_ops(layers: int, lora: bool, checkpointing: bool, autocast: bool = Fal
     if autocast:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return count_ops(layers, lora, checkpointing)
-    from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    class Count(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = 0
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.n += 1
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
     config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
@@ -65,7 +55,20 @@ def count_ops(layers: int, lora: bool, checkpointing: bool, autocast: bool = Fal
         if lora:
             model.enable_input_require_grads()
     model.train()
-    ids = torch.randint(0, 128, (1, 16))
+    return _count_step(model, torch.randint(0, 128, (1, 16)))
+
+
+def _count_step(model: Any, ids: Any) -> int:
+    """Aten ops of one forward + loss + backward on ``ids``, after a first step that runs the lazy inits."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
     model(input_ids=ids, labels=ids).loss.backward()          # first call: lazy inits out of the count
     counter = Count()
     with counter:
@@ -80,25 +83,12 @@ def per_layer(lora: bool, checkpointing: bool, autocast: bool = False) -> float:
 def moe_ops(layers: int, targets: Any) -> int:
     """Aten ops of one micro-step of a tiny bf16 Qwen3-MoE (5 experts, top-2) with peft LoRA r=4 on ``targets``."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     sys.path.insert(0, str(ROOT / "tests"))
     from helpers import moe_config, moe_peft_model
 
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.n += 1
-            return func(*args, **(kwargs or {}))
-
     model = moe_peft_model({**moe_config("qwen3_moe", 80, 56, 5, 2), "num_hidden_layers": layers}, targets, torch.bfloat16, 4)
-    ids = torch.randint(0, 384, (1, 24))
-    model(input_ids=ids, labels=ids).loss.backward()          # first call: lazy inits out of the count
-    counter = Count()
-    with counter:
-        model(input_ids=ids, labels=ids).loss.backward()
-    return counter.n
+    return _count_step(model, torch.randint(0, 384, (1, 24)))
 
 
 def param_wrapper_ops() -> float:
