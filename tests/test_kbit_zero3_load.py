@@ -5,7 +5,7 @@ import pytest
 
 import perfguide
 from perfguide import ModelSpec, Setup
-from perfguide.memory.analytic import kbit_zero3_load_bytes
+from perfguide.memory.analytic import zero3_load_bytes
 from perfguide.memory.kbit import kbit_fp32_parts
 
 # Llama-2-70B by hand: 80 blocks of q, o (8192^2), k, v (8192 x 1024) and gate, up, down (8192 x 28672); 32000-token
@@ -26,8 +26,8 @@ def _setup(**kw: object) -> Setup:
 def test_the_load_peak_is_the_whole_quantized_model_per_gpu():
     spec = ModelSpec.from_any("meta-llama/Llama-2-70b-hf")
     hand = LINEAR * NF4_DQ + REST * 2 + ADAPTERS * 4   # the rest in bf16: the engine casts peft's upcast back
-    assert kbit_zero3_load_bytes(spec, _setup()) == pytest.approx(hand, rel=0.01)
-    assert kbit_zero3_load_bytes(spec, _setup(strategy="fsdp")) == 0   # FSDP loads shard by shard (cpu_ram_efficient_loading)
+    assert zero3_load_bytes(spec, _setup()) == pytest.approx(hand, rel=0.01)
+    assert zero3_load_bytes(spec, _setup(strategy="fsdp")) == 0   # FSDP loads shard by shard (cpu_ram_efficient_loading)
 
 
 def test_the_engine_casts_the_upcast_back():

@@ -83,7 +83,7 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
     elif stage is not None:
         from accelerate.utils import DeepSpeedPlugin
 
-        kw["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=resolved_deepspeed_config(rec), zero3_init_flag=stage == 3)
+        kw["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=resolved_deepspeed_config(rec), zero3_init_flag=stage == 3 and s.zero3_init)
     elif s.world_size > 1 and rec.model.separate_expert_modules:
         from accelerate.utils import DistributedDataParallelKwargs
 
@@ -157,7 +157,7 @@ def accelerate_config(rec: Recommendation, deepspeed_config_file: str | None = N
     elif dist_type == "DEEPSPEED":
         del cfg["mixed_precision"]  # the DeepSpeed JSON owns precision ("auto" from TrainingArguments)
         ds_file = deepspeed_config_file or deepspeed_file_for(DEFAULT_CONFIG_FILE).name
-        ds: dict[str, Any] = {"deepspeed_config_file": ds_file, "zero3_init_flag": s.zero_stage == 3}
+        ds: dict[str, Any] = {"deepspeed_config_file": ds_file, "zero3_init_flag": s.zero_stage == 3 and s.zero3_init}
         if s.nodes > 1:
             ds["deepspeed_multinode_launcher"] = "standard"
         cfg["deepspeed_config"] = ds

@@ -186,12 +186,21 @@ def replicated_quant_state(spec: ModelSpec, setup: Setup, nf4_library: str = "bi
     return qs if offloaded else qs - qs // setup.shard_degree   # ``offloaded``: CPU offload placed the flat shards on the host
 
 
-def kbit_zero3_load_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """A quantized base under ZeRO-3 is whole on every GPU before DeepSpeed partitions it: transformers loads a
-    bitsandbytes model without zero.Init, and deepspeed.initialize splits it only afterwards (huggingface/peft#2016,
-    bitsandbytes-foundation/bitsandbytes#1249: 'parameters first fully loaded to each GPU and then sharded'). A lower
-    bound: the stored weights, without peft's fp32 upcast that the engine later casts back."""
-    return ledger(spec, setup).weight_bytes if setup.strategy == "zero3" and setup.quantized else 0
+def zero3_load_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Under ZeRO-3 a model not built under zero.Init is whole on every GPU before DeepSpeed partitions it:
+    ``deepspeed.initialize`` casts it to the engine's 16-bit dtype and moves it whole to the device, and only then
+    does ZeRO-3 split it (runtime/engine.py ``_configure_distributed_model``: 0.8.0 ``module.half()`` /
+    ``.bfloat16()`` then ``module.to(device)``; 0.19.8 skips the move only where a parameter has ``ds_id``).
+    transformers builds under zero.Init only when a ZeRO-3 config exists as from_pretrained runs, never for a
+    bitsandbytes model (huggingface/peft#2016, bitsandbytes-foundation/bitsandbytes#1249: 'parameters first fully
+    loaded to each GPU and then sharded'), so a quantized base always loads whole. A lower bound: the stored
+    weights, without peft's fp32 upcast that the engine later casts back."""
+    if setup.strategy != "zero3" or (setup.zero3_init and not setup.quantized):
+        return 0
+    led = ledger(spec, setup)
+    if setup.quantized or setup.autocast not in ("bf16", "fp16"):
+        return led.weight_bytes   # the ledger already holds the engine's cast of a quantized base's fp32 parts
+    return int(led.param_count * DTYPE_BYTES[setup.autocast])   # every floating parameter cast first, adapters too
 
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
@@ -312,8 +321,11 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                if accumulated > grads else ()))
     if staging:
         notes = (*notes, f"offloaded shards are staged on a stream of their own: +{staging / 1e9:.2f} GB reserved")
-    if (load := kbit_zero3_load_bytes(spec, setup)) > peak:
-        notes = (*notes, f"loading holds more: the quantized model whole on every GPU before ZeRO-3 partitions it ({load / 1e9:.2f} GB)")
+    if (load := zero3_load_bytes(spec, setup)) > peak:
+        notes = (*notes, f"loading holds more: the {'quantized ' if setup.quantized else ''}model whole on every GPU before "
+                         f"ZeRO-3 partitions it ({load / 1e9:.2f} GB)" + ("" if setup.quantized else
+                         "; build it under zero.Init: create TrainingArguments(deepspeed=...) (or HfDeepSpeedConfig, or "
+                         "accelerate's zero3_init_flag) before from_pretrained"))
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights + terms.extra_weights, gradients=accumulated - (pending if phase == "end of backward" else 0), optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],

@@ -133,7 +133,7 @@ def to_estimate(
     the Python/torch process baseline, compared with available RAM. ``side_stream_reserved``: blocks a side
     stream's pool keeps cached apart from the compute stream's peak (sharding.offload_staging_bytes), reserved only:
     they are free cached blocks, which the allocator releases before an OOM, so the fit footprint leaves them out.
-    ``load_allocated``: bytes allocated once while the model loads, before any step (a quantized base under ZeRO-3):
+    ``load_allocated``: bytes allocated once while the model loads, before any step (a model not built under zero.Init under ZeRO-3):
     the allocator keeps their segments cached for the step to reuse, so they floor the peak, reserved and fit
     footprint, unscaled by the steady-state ratio (one-off whole-tensor allocations leave no transient slack).
     """

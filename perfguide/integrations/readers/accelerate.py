@@ -95,15 +95,31 @@ def _fsdp(cfg: dict[str, Any], col: Collector) -> None:
                                                                          "fsdp_offload_params", "fsdp_activation_checkpointing")))
 
 
+#: what a false zero3_init_flag means for the model's load, said once for the config key and the launcher flag
+ZERO3_INIT_NOTE = ("{key} is false: priced as a model loaded whole and moved onto every GPU before ZeRO-3 partitions it "
+                   "(accelerate before 1.0 then builds no HfDeepSpeedConfig, so from_pretrained runs without zero.Init; "
+                   "from 1.0 the plugin builds one whatever the flag, and a model loaded after Accelerator() or "
+                   "TrainingArguments is still built under zero.Init: then leave the flag true)")
+
+
+def zero3_init(value: Any, col: Collector, key: str) -> None:
+    """accelerate's ``zero3_init_flag`` (config key or ``--zero3_init_flag``; accelerate's default: true under ZeRO-3)."""
+    if not as_bool(value, col.where(key)):
+        col.set("zero3_init", False, key)
+        col.note(ZERO3_INIT_NOTE.format(key=col.where(key)))
+
+
 def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> None:
     where = "deepspeed_config."
     col.reject([where + k for k in cfg if k not in DS_KEYS], DS_KEYS)
+    if cfg.get("zero3_init_flag") is not None:   # a plugin field, with or without a config file
+        zero3_init(cfg["zero3_init_flag"], col, where + "zero3_init_flag")
     if cfg.get("deepspeed_config_file"):
         data, name = load_deepspeed(str(cfg["deepspeed_config_file"]), base_dir)
         inner = Collector("deepspeed", name)
         read_deepspeed(data, inner)
         merge_into(col, inner)
-        col.ignore(*(where + k for k in cfg if k != "deepspeed_config_file"))
+        col.ignore(*(where + k for k in cfg if k not in ("deepspeed_config_file", "zero3_init_flag")))
         return
     stage = as_int(cfg.get("zero_stage", 2), col.where(where + "zero_stage"), 0)
     if stage:
@@ -117,7 +133,7 @@ def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> Non
         col.set("gradient_accumulation_steps", as_int(cfg["gradient_accumulation_steps"], col.where(where + "gradient_accumulation_steps")),
                 where + "gradient_accumulation_steps")
     col.ignore(*(where + k for k in cfg if k not in ("zero_stage", "offload_optimizer_device", "offload_param_device",
-                                                     "gradient_accumulation_steps")))
+                                                     "gradient_accumulation_steps", "zero3_init_flag")))
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .accelerate import zero3_init
 from .base import Collector, ConfigReadError, Reading, as_bool, as_int, choice, take_flags
 from .deepspeed import merge_into
 
@@ -16,7 +17,7 @@ FORMAT = "launcher"
 SYNTAX = "flags"
 #: flags that take no value (accelerate launch / torchrun / deepspeed); every other ``--flag`` takes one
 SWITCHES = frozenset({"multi_gpu", "use_deepspeed", "use_fsdp", "use_cpu", "cpu", "tpu", "use_megatron_lm", "debug", "quiet", "no_python",
-                      "module", "m", "standalone", "run_path", "no_local_rank", "same_network", "zero3_init_flag", "q"})
+                      "module", "m", "standalone", "run_path", "no_local_rank", "same_network", "q"})
 PYTHONS = ("python", "python3")
 
 
@@ -60,7 +61,8 @@ def read_launcher(name: str, flags: dict[str, Any], col: Collector, base_dir: st
             col.set("nodes", as_int(flags["num_nodes"], col.where("--num_nodes")), "--num_nodes")
     known = {"accelerate": ("config_file", "num_processes", "num_machines", "mixed_precision", "use_deepspeed", "zero_stage",
                             "deepspeed_config_file", "offload_optimizer_device", "offload_param_device", "use_fsdp", "fsdp_version",
-                            "fsdp_offload_params", "fsdp_reshard_after_forward", "multi_gpu", "use_cpu", "gradient_accumulation_steps"),
+                            "fsdp_offload_params", "fsdp_reshard_after_forward", "multi_gpu", "use_cpu", "gradient_accumulation_steps",
+                            "zero3_init_flag"),
              "torchrun": ("nproc_per_node", "nnodes"), "deepspeed": ("num_gpus", "num_nodes")}.get(name, ())
     col.ignore(*(f"--{k}" for k in flags if k not in known))
     return extra
@@ -99,6 +101,8 @@ def _accelerate(flags: dict[str, Any], col: Collector, base_dir: str | None) -> 
         for key, field in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):
             if flags.get(key) not in (None, True):
                 col.set(field, choice(flags[key], col.where(f"--{key}"), {"cpu": True, "nvme": True, "none": False}), f"--{key}")
+    if flags.get("zero3_init_flag") not in (None, True):   # a value ("true" | "false"), over the config file's
+        zero3_init(flags["zero3_init_flag"], col, "--zero3_init_flag")
     if flags.get("use_fsdp"):
         reshard = flags.get("fsdp_reshard_after_forward", True)
         col.set("strategy", "fsdp" if as_bool(reshard, col.where("--fsdp_reshard_after_forward")) else "fsdp_shard_grad_op", "--use_fsdp")
