@@ -122,6 +122,12 @@ def test_accelerate_launch_zero3_init_flag_takes_a_value(tmp_path: Path) -> None
     assert c.setup.strategy == "zero3" and c.setup.zero3_init is False
     on = perfguide.check("google/flan-t5-xxl", [*argv[:7], "--zero3_init_flag", "true", *argv[9:]], hardware="a10g:4", seq_len=512)
     assert on.setup.zero3_init is True
+    # the stage from the --config_file it names; under ZeRO-2 accelerate drops the flag (DeepSpeedPlugin) and so does the read
+    config = _yaml(tmp_path / "z3.yaml", {"distributed_type": "DEEPSPEED", "num_processes": 4, "deepspeed_config": {"zero_stage": 3}})
+    filed = ["accelerate", "launch", "--config_file", config, "--zero3_init_flag", "false", "train.py", "--per_device_train_batch_size", "1"]
+    assert perfguide.check("google/flan-t5-xxl", filed, hardware="a10g:4", seq_len=512).setup.zero3_init is False
+    zero2 = [*argv[:6], "2", *argv[7:]]
+    assert perfguide.check("google/flan-t5-xxl", zero2, hardware="a10g:4", seq_len=512).setup.zero3_init is True
 
 
 def test_emitted_accelerate_config_reads_back_with_zero_init(tmp_path: Path) -> None:

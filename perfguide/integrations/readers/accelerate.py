@@ -102,9 +102,12 @@ ZERO3_INIT_NOTE = ("{key} is false: priced as a model loaded whole and moved ont
                    "TrainingArguments is still built under zero.Init: then leave the flag true)")
 
 
-def zero3_init(value: Any, col: Collector, key: str) -> None:
-    """accelerate's ``zero3_init_flag`` (config key or ``--zero3_init_flag``; accelerate's default: true under ZeRO-3)."""
-    if not as_bool(value, col.where(key)):
+def zero3_init(value: Any, col: Collector, key: str, stage: str | None = None) -> None:
+    """accelerate's ``zero3_init_flag`` (config key or ``--zero3_init_flag``; accelerate's default: true under ZeRO-3).
+    Read where the plugin it sits in is ZeRO-3 (``stage``: the strategy read elsewhere, else ``col``'s): accelerate
+    sets it False for any other stage (DeepSpeedPlugin.__post_init__)."""
+    stage = next((s.value for s in reversed(col.settings) if s.field == "strategy"), stage)
+    if not as_bool(value, col.where(key)) and stage == "zero3":
         col.set("zero3_init", False, key)
         col.note(ZERO3_INIT_NOTE.format(key=col.where(key)))
 
@@ -112,13 +115,13 @@ def zero3_init(value: Any, col: Collector, key: str) -> None:
 def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> None:
     where = "deepspeed_config."
     col.reject([where + k for k in cfg if k not in DS_KEYS], DS_KEYS)
-    if cfg.get("zero3_init_flag") is not None:   # a plugin field, with or without a config file
-        zero3_init(cfg["zero3_init_flag"], col, where + "zero3_init_flag")
     if cfg.get("deepspeed_config_file"):
         data, name = load_deepspeed(str(cfg["deepspeed_config_file"]), base_dir)
         inner = Collector("deepspeed", name)
         read_deepspeed(data, inner)
         merge_into(col, inner)
+        if cfg.get("zero3_init_flag") is not None:   # a plugin field, with or without a config file
+            zero3_init(cfg["zero3_init_flag"], col, where + "zero3_init_flag")
         col.ignore(*(where + k for k in cfg if k not in ("deepspeed_config_file", "zero3_init_flag")))
         return
     stage = as_int(cfg.get("zero_stage", 2), col.where(where + "zero_stage"), 0)
@@ -132,6 +135,8 @@ def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> Non
     if cfg.get("gradient_accumulation_steps") is not None:
         col.set("gradient_accumulation_steps", as_int(cfg["gradient_accumulation_steps"], col.where(where + "gradient_accumulation_steps")),
                 where + "gradient_accumulation_steps")
+    if cfg.get("zero3_init_flag") is not None:
+        zero3_init(cfg["zero3_init_flag"], col, where + "zero3_init_flag")
     col.ignore(*(where + k for k in cfg if k not in ("zero_stage", "offload_optimizer_device", "offload_param_device",
                                                      "gradient_accumulation_steps", "zero3_init_flag")))
 

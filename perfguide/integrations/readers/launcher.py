@@ -102,7 +102,8 @@ def _accelerate(flags: dict[str, Any], col: Collector, base_dir: str | None) -> 
             if flags.get(key) not in (None, True):
                 col.set(field, choice(flags[key], col.where(f"--{key}"), {"cpu": True, "nvme": True, "none": False}), f"--{key}")
     if flags.get("zero3_init_flag") not in (None, True):   # a value ("true" | "false"), over the config file's
-        zero3_init(flags["zero3_init_flag"], col, "--zero3_init_flag")
+        from_file = next((x.value for r in extra for x in r.settings if x.field == "strategy"), None)
+        zero3_init(flags["zero3_init_flag"], col, "--zero3_init_flag", from_file)
     if flags.get("use_fsdp"):
         reshard = flags.get("fsdp_reshard_after_forward", True)
         col.set("strategy", "fsdp" if as_bool(reshard, col.where("--fsdp_reshard_after_forward")) else "fsdp_shard_grad_op", "--use_fsdp")
