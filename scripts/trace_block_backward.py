@@ -92,7 +92,8 @@ def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) 
 
     # the checkpointed layer's own hooks do not fire on recompute (GradientCheckpointingLayer re-runs its forward);
     # its first submodule's (the input norm) and last one's (the MLP) do
-    handles = [m.input_layernorm.register_forward_pre_hook(pre) for m in layers] + [layers[1].mlp.register_forward_hook(post)]
+    ffn = getattr(layers[1], "block_sparse_moe", None) or layers[1].mlp   # transformers 4.x Mixtral names its MoE block so
+    handles = [m.input_layernorm.register_forward_pre_hook(pre) for m in layers] + [ffn.register_forward_hook(post)]
     cls = type(tracker)
     original = cls.__torch_dispatch__
 

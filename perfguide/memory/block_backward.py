@@ -41,6 +41,12 @@ forward on, so the loss peak of a checkpointed step holds them too (``step_input
 for its local layers and one for its global ones). At block 0 a first micro-step has not yet made block 0's
 gradients nor an untied embedding's (``first_step_pending_params``), which the end of backward no longer counts.
 
+MoE blocks: the coefficients are per active FFN unit (the k routed experts' width), as transformers 5's grouped_mm runs
+every routed pair at once. transformers 4 runs the experts one after another, so its backward holds one expert's
+gradients at a time: ``expert_loop_per_token`` (traced under 4.48.1 for Mixtral, LoRA on a frozen base, reentrant;
+scripts/trace_moe_block.py), about a quarter of an active expert's width per token for Mixtral's top-2 of 8 (the
+fms-acceleration QLoRA rows, 4.48.1, were priced 7-11% high without it).
+
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
 LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
 traced, scripts/trace_block_backward.py --liger); the MLP's gradients come at another moment than eager attention's s x s backward
@@ -73,6 +79,18 @@ Mode = Literal["reentrant", "non_reentrant"]
 PerToken = dict[Mode, dict[Literal["i", "h"], float]]
 
 
+class ExpertLoop(DataModel):
+    """data/activations.json ``block_backward.expert_loop``: a MoE block whose experts run one after another
+    (transformers 4's ``for expert_idx in range(self.num_experts)``), LoRA on a frozen base, reentrant checkpointing.
+    Bytes per token by stream case: ``expert_i`` per FFN unit of one expert per token that expert takes, ``expert_h``
+    per hidden unit beside it, ``rest_h`` per hidden unit where the block's backward peaks outside the experts."""
+
+    source: str = Field(min_length=10)
+    loops_before: str   # the first transformers release whose MoE blocks run every expert at once (grouped_mm)
+    model_types: list[str]
+    per_token: dict[Case, dict[Literal["expert_i", "expert_h", "rest_h"], float]]
+
+
 class BlockBackward(DataModel):
     """data/activations.json ``block_backward``: bytes per token in flight, per FFN unit ("i") and hidden unit ("h")."""
 
@@ -89,6 +107,7 @@ class BlockBackward(DataModel):
     rotary_per_layer_type_source: str = Field(min_length=10)
     #: model types whose decoder computes one rotary cos / sin pair per kind of layer (config.layer_types)
     rotary_per_layer_type: list[str]
+    expert_loop: ExpertLoop | None = None
 
 
 def stream_case(setup: Setup) -> Case | None:
@@ -149,7 +168,41 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
         return 0
     early = data.before_recompute_per_token["full" if setup.lora is None else "lora"][key] if mode == "non_reentrant" else 0.0
     per_token = coef["i"] * spec.active_intermediate_size + (coef["h"] + early) * spec.hidden_size
-    return max(0, int(setup.micro_batch_size * setup.seq_len * per_token))
+    looped = expert_loop_per_token(spec, setup, release, key if setup.lora is not None else None)
+    return max(0, int(setup.micro_batch_size * setup.seq_len * (per_token if looped is None else looped)))
+
+
+def expert_loop_per_token(spec: ModelSpec, setup: Setup, release: str | None, case: str | None) -> float | None:
+    """Bytes per token a MoE block's backward holds in flight where ``release`` runs its experts one after another
+    (None: not such a block, or not traced; the grouped coefficients then apply).
+
+    transformers 4's MoE blocks loop over the experts (``current_state = hidden_states[None, top_x]``, the expert's
+    MLP, ``index_add_``), so autograd runs one expert's backward at a time and frees its saved tensors before the next
+    expert's starts: at the gated product's backward of the first expert backward reaches (the loop's last) its gradient
+    and its two factors' gradients, 3 x 4 B (fp32 stream) / 3 x 2 B (16-bit) per unit of that expert's width and per
+    token it takes, are in flight, not the k routed experts' of every token that grouped_mm (transformers 5) holds.
+    That expert takes ``tokens x top-k / experts`` of a balanced router (Mixtral is trained with a load-balancing loss;
+    its paper, arXiv:2401.04088 section 5, finds the expert assignment of layers 0, 15 and 31 near 1/8 on every Pile
+    domain). Where the block's backward peaks outside the experts (its output's gradient, the per-expert scatter of the
+    input gradient, the attention) the traced ``rest_h`` applies. Traced: scripts/trace_moe_block.py under 4.48.1."""
+    loop = _expert_loop()
+    if (loop is None or case is None or release is None or not spec.is_moe or spec.model_type not in loop.model_types
+            or checkpoint_mode(release) != "reentrant" or case not in loop.per_token):
+        return None
+    from .loss_path import version_tuple
+
+    if version_tuple(release) >= version_tuple(loop.loops_before):
+        return None
+    coef = loop.per_token[case]
+    expert = spec.moe_intermediate_size or spec.intermediate_size
+    one_expert = coef["expert_i"] * expert * spec.num_experts_per_tok / spec.num_experts + coef["expert_h"] * spec.hidden_size
+    return max(one_expert, coef["rest_h"] * spec.hidden_size)
+
+
+def _expert_loop() -> ExpertLoop | None:
+    from .activations import activations_data
+
+    return activations_data().block_backward.expert_loop
 
 
 def rotary_pairs(spec: ModelSpec) -> int:
