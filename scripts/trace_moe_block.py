@@ -171,13 +171,11 @@ def main() -> int:
         hand = HAND_COUNT[case] * WIDTHS[1] * last
         print(f"{case}: saved {per_unit:.2f} B per routed expert unit per token; width {WIDTHS[1]}, {seq} tokens, "
               f"loads {loads}: backward {r2} B above saved, hand count {HAND_COUNT[case]} x {WIDTHS[1]} x {last} = {hand} "
-              f"(expert_h {(r2 - hand) / seq / H:+.2f} B per hidden unit per token)")
-        sys.stdout.flush()
+              f"(expert_h {(r2 - hand) / seq / H:+.2f} B per hidden unit per token)", flush=True)
         for seed in ROUTER_SEEDS:
             (a, _, _), (b, _, _) = (rise(case, 16, seed, s) for s in LENGTHS)
             print(f"  expert width 16, router seed {seed}: rest_h {(b - a) / (LENGTHS[1] - LENGTHS[0]) / H:.2f} B per hidden "
-                  f"unit per token")
-            sys.stdout.flush()
+                  f"unit per token", flush=True)
     return 0
 
 
