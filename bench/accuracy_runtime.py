@@ -9,7 +9,6 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from perfguide.memory.zero_runtime import ipg_buffers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -27,11 +26,11 @@ def _patched(module: object, name: str, value: object) -> Iterator[None]:
 
 @contextmanager
 def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
-    """Price a ZeRO row with the DeepSpeed release, the ``reduce_bucket_size`` and the ``overlap_comm`` its notes state
-    or infer ("DeepSpeed 0.3.10", "reduce_bucket_size 2e8", "overlap_comm false"), where the model otherwise prices the
-    installed release, DeepSpeed's default bucket and perfguide's own overlap_comm true (memory/zero_runtime.py:
-    before 0.4.0 each ipg buffer held 4.5 buckets; one buffer without overlap_comm, two with it). Other rows, and what
-    a row does not state: as is."""
+    """Price a ZeRO row with the DeepSpeed release and the ``reduce_bucket_size`` its notes state or infer
+    ("DeepSpeed 0.3.10", "reduce_bucket_size 2e8"), where the model otherwise prices the installed release and
+    DeepSpeed's default bucket (memory/zero_runtime.py: before 0.4.0 each ipg buffer held 4.5 buckets). The
+    ``overlap_comm`` a row states is its Setup's field (accuracy_setup._strategy). Other rows, and what a row does not
+    state: as is."""
     import perfguide.memory.analytic as analytic
     from perfguide._data import load
 
@@ -44,22 +43,18 @@ def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
         return
     stated = re.search(r"DeepSpeed (\d+\.\d+\.\d+)", row["notes"])
     bucket = re.search(r"reduce_bucket_size (\d+(?:\.\d+)?e\d+)", row["notes"])
-    overlap = re.search(r"overlap_comm (true|false)", row["notes"])
     table, saved_release = load("calibration"), analytic.installed_deepspeed
-    saved_bucket, saved_copies = table["deepspeed_bucket_elements"]["value"], table["deepspeed_bucket_copies"]["value"]
+    saved_bucket = table["deepspeed_bucket_elements"]["value"]
     if stated:
         release = stated.group(1)
         analytic.installed_deepspeed = lambda: release   # type: ignore[assignment]
     if bucket:
         table["deepspeed_bucket_elements"]["value"] = int(float(bucket.group(1)))
-    if overlap:   # backward() allocates a second ipg buffer only with overlap_comm
-        table["deepspeed_bucket_copies"]["value"] = ipg_buffers(overlap.group(1) == "true")
     try:
         yield
     finally:
         analytic.installed_deepspeed = saved_release
         table["deepspeed_bucket_elements"]["value"] = saved_bucket
-        table["deepspeed_bucket_copies"]["value"] = saved_copies
 
 
 @contextmanager

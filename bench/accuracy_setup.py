@@ -166,8 +166,11 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
         added = par.lower().partition("+")[2]  # what follows the stage; "(no CPU offload)" before it adds nothing
         # a script that loads the model before its ZeRO-3 config exists (the row's notes say "no zero.Init", read in
         # its code): deepspeed.initialize moves the whole model onto every GPU first (Setup.zero3_init)
+        # overlap_comm as the notes state it ("overlap_comm false": one ipg buffer); unstated: perfguide's own true
+        overlap = re.search(r"overlap_comm (true|false)", row["notes"])
         return {"strategy": f"zero{zero.group(1)}", "offload_optimizer": "offload" in added,
-                "offload_params": "offload of params" in added, "zero3_init": "no zero.Init" not in row["notes"]}
+                "offload_params": "offload of params" in added, "zero3_init": "no zero.Init" not in row["notes"],
+                "overlap_comm": overlap is None or overlap.group(1) == "true"}
     if par.startswith("DDP"):
         return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
     if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):

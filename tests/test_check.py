@@ -170,7 +170,7 @@ def test_accelerate_with_deepspeed_file_auto_filled_from_training_args(tmp_path:
     assert s.offload_optimizer is hf.is_offload() is True and s.offload_params is False
     assert (s.micro_batch_size, s.gradient_accumulation_steps, s.autocast) == (4, 2, "bf16")  # "auto" filled from the Trainer's args
     assert any('train_micro_batch_size_per_gpu is "auto": filled with 4' in n for n in c.notes)
-    assert "ds.json: zero_optimization.overlap_comm" in c.ignored
+    assert s.overlap_comm is True and source_of(c, "overlap_comm") == "ds.json: zero_optimization.overlap_comm"   # now priced
     assert_priced_like_estimate(c, "llama-3-8b", "a100-80gb:8")
 
 

@@ -67,27 +67,24 @@ def test_the_step_peak_drops_by_the_head_gradient_under_zero2() -> None:
 
 def test_ipg_buffers_follow_overlap_comm() -> None:
     assert ipg_buffers(True) == 2 and ipg_buffers(False) == 1
-    assert load("calibration")["deepspeed_bucket_copies"]["value"] == ipg_buffers(True)   # perfguide's configs
+    assert Setup().overlap_comm is True   # perfguide's configs (and the transformers ZeRO templates) set it
 
 
-def test_the_bench_prices_a_row_without_overlap_comm_with_one_buffer_then_restores_it() -> None:
-    acc = load_bench("accuracy_runtime")
+def test_overlap_comm_false_holds_one_bucket_and_the_bench_reads_it_from_the_row() -> None:
     spec = ModelSpec.from_any("google-t5/t5-large")
     # batch 8 x 128: the loss buffers stay small, so the step peaks as backward starts, beside the ipg buffers
     setup = Setup(micro_batch_size=8, seq_len=128, strategy="zero2", num_gpus=2, weights_dtype="fp32", autocast="fp16",
                   attn_implementation="eager")
-    row = {"parallelism": "DeepSpeed ZeRO-2 (no CPU offload)",
-           "notes": "DeepSpeed's defaults run: reduce_bucket_size 5e8, overlap_comm false, contiguous_gradients true"}
-    two = training_memory(spec, setup)
-    with acc.deepspeed_runtime(row):
-        assert load("calibration")["deepspeed_bucket_copies"]["value"] == 1
-        one = training_memory(spec, setup)
-    assert load("calibration")["deepspeed_bucket_copies"]["value"] == 2
+    two, one = training_memory(spec, setup), training_memory(spec, setup.replace(overlap_comm=False))
     assert one.notes[0] == two.notes[0] == "peak in checkpoint recompute"   # the start of backward
     # T5-large trains more than 5e8 weights: each buffer is 5e8 fp16 elements, 1e9 B
     assert two.peak_allocated - one.peak_allocated == 500_000_000 * 2
-    with acc.deepspeed_runtime({**row, "notes": "zero2_config_accelerate.json: overlap_comm true"}):
-        assert load("calibration")["deepspeed_bucket_copies"]["value"] == 2
+    read = load_bench("accuracy_setup")._strategy
+    row = {"parallelism": "DeepSpeed ZeRO-2 (no CPU offload)", "num_gpus": "2",
+           "notes": "DeepSpeed's defaults run: reduce_bucket_size 5e8, overlap_comm false, contiguous_gradients true"}
+    assert read(row)["overlap_comm"] is False
+    assert read({**row, "notes": "zero2_config_accelerate.json: overlap_comm true"})["overlap_comm"] is True
+    assert read({**row, "notes": "no knob stated"})["overlap_comm"] is True   # unstated: perfguide's own
 
 
 def _grad_order(model: object, **batch: object) -> list[str]:

@@ -25,7 +25,7 @@ def _zero_block(rec: Recommendation, stage: int) -> dict[str, Any]:
     s = rec.setup
     if s.offload_params and stage < 3:
         raise InvalidSetupError(f"offload_params needs ZeRO stage 3 (strategy 'zero3'), got {s.strategy!r}")
-    zo: dict[str, Any] = {"stage": stage, "overlap_comm": True, "contiguous_gradients": True}
+    zo: dict[str, Any] = {"stage": stage, "overlap_comm": s.overlap_comm, "contiguous_gradients": True}   # Setup.overlap_comm: what is priced
     if stage >= 2:
         zo.update(allgather_partitions=True, reduce_scatter=True, allgather_bucket_size=5e8, reduce_bucket_size=5e8)
     if stage == 3:

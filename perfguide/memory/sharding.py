@@ -90,8 +90,17 @@ def bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int) -> int:
         # DDP (accelerate default gradient_as_bucket_view=False) keeps flat bucket copies of all gradients
         return trainable * grad_elem_bytes
     if setup.is_deepspeed and not setup.gathers_params:
-        return int(deepspeed_bucket_elements(setup) * grad_elem_bytes * _const("deepspeed_bucket_copies"))
+        return int(deepspeed_bucket_elements(setup) * grad_elem_bytes * ipg_buffers(setup.overlap_comm))
     return 0
+
+
+def ipg_buffers(overlap_comm: bool) -> int:
+    """How many ``reduce_bucket_size`` ipg buffers ZeRO-1/2's ``backward()`` allocates: ``buf_0`` whenever
+    contiguous_gradients is on (the default), ``buf_1`` only "if self.overlap_comm" ("double buffers to avoid data
+    access conflict"; stage_1_and_2.py v0.7.2 ``backward``, 0.19.8 ``setup_buckets``). DeepSpeed's own default is
+    ``overlap_comm = stage == 3`` (zero/config.py ``overlap_comm_valid``, v0.7.2 and 0.19.8), so a ZeRO-2 config that
+    leaves the key out (accelerate's DeepSpeedPlugin builds one) runs a single buffer (``Setup.overlap_comm``)."""
+    return 2 if overlap_comm else 1
 
 
 def deepspeed_bucket_elements(setup: Setup) -> int:

@@ -7,12 +7,11 @@ stage_1_and_2.py v0.14.4), so the forward and backward peaks hold less than the 
 
 from __future__ import annotations
 
-from .._data import fact_value
 from .._packages import installed_release
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .loss_path import version_tuple
-from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements
+from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements, ipg_buffers
 
 #: first DeepSpeed release whose ZeRO-1/2 ipg buffer holds ``reduce_bucket_size`` elements; before it (v0.3.x, read in
 #: zero/stage2.py v0.3.10, v0.3.13, v0.3.16) ``backward()`` allocated ``torch.empty(int(reduce_bucket_size * 4.5),
@@ -20,16 +19,6 @@ from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements
 #: ``int(reduce_bucket_size)``
 IPG_SIZED_BY_BUCKET_SINCE = (0, 4, 0)
 OLD_IPG_FACTOR = 4.5
-
-
-def ipg_buffers(overlap_comm: bool) -> int:
-    """How many ``reduce_bucket_size`` ipg buffers ZeRO-1/2's ``backward()`` allocates: ``buf_0`` whenever
-    contiguous_gradients is on (the default), ``buf_1`` only "if self.overlap_comm" ("double buffers to avoid data
-    access conflict"; stage_1_and_2.py v0.7.2 ``backward``, 0.19.8 ``setup_buckets``). DeepSpeed's own default is
-    ``overlap_comm = stage == 3`` (zero/config.py ``overlap_comm_valid``, v0.7.2 and 0.19.8), so a ZeRO-2 config that
-    leaves the key out (accelerate 0.12's DeepSpeedPlugin builds one) runs a single buffer; perfguide's configs set it
-    true (calibration.json ``deepspeed_bucket_copies``)."""
-    return 2 if overlap_comm else 1
 
 
 def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
@@ -61,7 +50,7 @@ def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: in
         return 0
     if release is not None and version_tuple(release) < IPG_SIZED_BY_BUCKET_SINCE:
         # v0.3.x: each buffer is 4.5 x reduce_bucket_size fp16 elements, whatever the model's size
-        return int(OLD_IPG_FACTOR * deepspeed_bucket_elements(setup) * 2 * fact_value("calibration", "deepspeed_bucket_copies"))
+        return int(OLD_IPG_FACTOR * deepspeed_bucket_elements(setup) * 2 * ipg_buffers(setup.overlap_comm))
     return bucket_bytes(setup, trainable, grad_elem_bytes)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Collector, ConfigReadError, as_bool, as_int, choice, mapping
-from .deepspeed import _OFFLOAD, merge_into
+from .deepspeed import _OFFLOAD, deepspeed_overlap_default, merge_into
 from .deepspeed import load as load_deepspeed
 from .deepspeed import read as read_deepspeed
 
@@ -127,6 +127,7 @@ def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> Non
     stage = as_int(cfg.get("zero_stage", 2), col.where(where + "zero_stage"), 0)
     if stage:
         col.set("strategy", f"zero{stage}", where + "zero_stage")
+        deepspeed_overlap_default(stage, col, where + "zero_stage")   # DeepSpeedPlugin's own config has no overlap_comm
     else:
         col.set("_zero0", True, where + "zero_stage")
     for key, field in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):

@@ -137,12 +137,19 @@ def _precision(data: dict[str, Any], col: Collector) -> None:
         col.set("weights_dtype", "bf16", "bf16.bf16_master_weights_and_grads")
 
 
+def deepspeed_overlap_default(stage: int, col: Collector, key: str) -> None:
+    """A ZeRO config without ``overlap_comm`` runs DeepSpeed's default, ``stage == 3`` (zero/config.py
+    ``overlap_comm_valid``): one ipg buffer at stages 1-2, where Setup's default is perfguide's own true."""
+    if stage in (1, 2):
+        col.set("overlap_comm", False, key + " (absent: DeepSpeed's default, stage == 3)")
+
+
 def _zero(zero: Any, col: Collector) -> None:
     if not isinstance(zero, dict):
         raise ConfigReadError(f"{col.where('zero_optimization')} must be an object, got {zero!r}")
     where = "zero_optimization."
     col.reject([where + k for k in zero if k not in ZERO_KEYS], ZERO_KEYS)
-    col.ignore(*(where + k for k in zero if k in ZERO_KEYS and k not in ("stage", "offload_optimizer", "offload_param")))
+    col.ignore(*(where + k for k in zero if k in ZERO_KEYS and k not in ("stage", "offload_optimizer", "offload_param", "overlap_comm")))
     stage = as_int(zero.get("stage", 0), col.where(where + "stage"), 0)
     if stage > 3:
         raise ConfigReadError(f"{col.where(where + 'stage')}={stage}: DeepSpeed ZeRO has stages 0, 1, 2 and 3")
@@ -150,6 +157,10 @@ def _zero(zero: Any, col: Collector) -> None:
         col.set("strategy", f"zero{stage}", where + "stage")
     else:
         col.set("_zero0", True, where + "stage")
+    if "overlap_comm" in zero:
+        col.set("overlap_comm", as_bool(zero["overlap_comm"], col.where(where + "overlap_comm")), where + "overlap_comm")
+    else:
+        deepspeed_overlap_default(stage, col, where + "overlap_comm")
     for key, field in (("offload_optimizer", "offload_optimizer"), ("offload_param", "offload_params")):
         block = zero.get(key)
         if isinstance(block, dict) and block.get("device") is not None:
@@ -173,6 +184,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys["zero_optimization.stage"] = setup.zero_stage
         elif field == "offload_optimizer":
             keys["zero_optimization.offload_optimizer.device"] = "cpu" if value else "none"
+        elif field == "overlap_comm":
+            keys["zero_optimization.overlap_comm"] = value
         elif field == "offload_params":
             keys["zero_optimization.offload_param.device"] = "cpu" if value else "none"
         elif field == "autocast" and value in ("bf16", "fp16", None):

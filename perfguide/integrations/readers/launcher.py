@@ -11,7 +11,7 @@ from typing import Any
 
 from .accelerate import zero3_init
 from .base import Collector, ConfigReadError, Reading, as_bool, as_int, choice, take_flags
-from .deepspeed import merge_into
+from .deepspeed import deepspeed_overlap_default, merge_into
 
 FORMAT = "launcher"
 SYNTAX = "flags"
@@ -98,6 +98,7 @@ def _accelerate(flags: dict[str, Any], col: Collector, base_dir: str | None) -> 
         elif flags.get("zero_stage") not in (None, True):
             stage = as_int(flags["zero_stage"], col.where("--zero_stage"), 0)
             col.set("strategy", f"zero{stage}" if stage else "ddp", "--zero_stage")
+            deepspeed_overlap_default(stage, col, "--zero_stage")   # the plugin's own config has no overlap_comm
         for key, field in (("offload_optimizer_device", "offload_optimizer"), ("offload_param_device", "offload_params")):
             if flags.get(key) not in (None, True):
                 col.set(field, choice(flags[key], col.where(f"--{key}"), {"cpu": True, "nvme": True, "none": False}), f"--{key}")
