@@ -137,3 +137,14 @@ def test_emitted_accelerate_config_reads_back_with_zero_init(tmp_path: Path) -> 
 
     assert load_config_from_file(str(path)).deepspeed_config["zero3_init_flag"] is True
     assert perfguide.check("google/flan-t5-xl", str(path), hardware="a100-40gb:8", seq_len=512).setup.zero3_init is True
+
+
+def test_the_fix_is_written_as_the_flag_only_for_a_zero3_target() -> None:
+    from perfguide.integrations.readers import accelerate as acc_reader
+    from perfguide.integrations.readers import launcher
+
+    zero3, fsdp = Setup(strategy="zero3", num_gpus=4), Setup(strategy="fsdp", num_gpus=4)
+    assert acc_reader.write({"zero3_init": True}, zero3) == ({"deepspeed_config.zero3_init_flag": True}, {})
+    assert "zero3_init_flag" in acc_reader.DS_KEYS   # a key of accelerate's own config (checked in test_check)
+    assert acc_reader.write({"zero3_init": True}, fsdp) == ({}, {})   # an FSDP plan reads no zero.Init flag
+    assert launcher.write({"zero3_init": True}, zero3) == ({"--zero3_init_flag": "true"}, {})

@@ -164,6 +164,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys[f"deepspeed_config.{field.replace('params', 'param')}_device"] = "cpu" if value else "none"
         elif field == "gradient_checkpointing" and setup.is_fsdp:
             keys["fsdp_config.fsdp_activation_checkpointing"] = value
+        elif field == "zero3_init":   # only a ZeRO-3 plugin reads it; another strategy needs no key
+            keys.update({"deepspeed_config.zero3_init_flag": value} if setup.strategy == "zero3" else {})
         else:
             rest[field] = value
     return keys, rest

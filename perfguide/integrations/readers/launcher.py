@@ -128,6 +128,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys.update({"--use_deepspeed": True, "--zero_stage": setup.zero_stage})
         elif field == "strategy" and setup.is_fsdp:
             keys.update({"--use_fsdp": True, "--fsdp_version": setup.fsdp_version, "--fsdp_reshard_after_forward": setup.gathers_params})
+        elif field == "zero3_init":   # only a ZeRO-3 plugin reads it; another strategy needs no flag
+            keys.update({"--zero3_init_flag": str(value).lower()} if setup.strategy == "zero3" else {})
         else:
             rest[field] = value
     return keys, rest
