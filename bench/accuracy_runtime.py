@@ -96,9 +96,10 @@ def t5_release(row: dict[str, str]) -> Iterator[None]:
 @contextmanager
 def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
     """Price a checkpointed block's backward with the checkpoint variant of the transformers release the row ran
-    (perfguide/memory/block_backward.py: reentrant before 5.0, non-reentrant since) and its recompute with that
-    release's attention (eras.attention_era_bytes: accuracy_loss._attention_era_delta prices the uncheckpointed rows
-    at the loss peak), where the model otherwise takes the installed release's. Only these terms read the release
+    (perfguide/memory/block_backward.py: reentrant before 5.0, non-reentrant since; a MoE block's experts one at a time
+    before 5.0, with the copies that loop saves: expert_loop_saved_bytes) and its recompute with that release's
+    attention (eras.attention_era_bytes: accuracy_loss._attention_era_delta prices the uncheckpointed rows at the loss
+    peak), where the model otherwise takes the installed release's. Only these terms read the release
     here; rows without a stated or inferred one: as is."""
     from accuracy_loss import _transformers_version
 
@@ -115,8 +116,9 @@ def recompute_release(release: str | None) -> Iterator[None]:
     if release is None:
         yield
         return
-    saved, era = analytic.block_backward_bytes, analytic.eras.attention_era_bytes
+    saved, era, loop = analytic.block_backward_bytes, analytic.eras.attention_era_bytes, analytic.expert_loop_saved_bytes
     analytic.block_backward_bytes = lambda spec, setup, _installed=None, *a: saved(spec, setup, release, *a)   # type: ignore[assignment]
+    analytic.expert_loop_saved_bytes = lambda spec, setup, _installed, **kw: loop(spec, setup, release, **kw)   # type: ignore[assignment]
     ran = release
 
     def row_era(spec: ModelSpec, setup: Setup, release: str, *, checkpointed: bool = False) -> int:
@@ -126,4 +128,4 @@ def recompute_release(release: str | None) -> Iterator[None]:
     try:
         yield
     finally:
-        analytic.block_backward_bytes, analytic.eras.attention_era_bytes = saved, era
+        analytic.block_backward_bytes, analytic.eras.attention_era_bytes, analytic.expert_loop_saved_bytes = saved, era, loop

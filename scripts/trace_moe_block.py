@@ -17,7 +17,8 @@ installed trl: norms fp32, embeddings and head bf16, the adapters left fp32: 0.8
 0.9.2 on do not). half_autocast (the FSDP rows): neither preparation nor recast, bf16 norms and stream. bf16 autocast.
 trace_block_backward.block_marks measures the middle block: the storages its recompute saves (``saved_tensors_hooks``)
 and the peak of its backward above them. Printed: the saved bytes per routed expert unit (two expert widths
-differenced), the rise at expert width 448 against the hand count of the loop's last expert (the first backward
+differenced), the saved storages one expert's tokens x hidden wide per routed hidden unit (the expert's output and
+the weighted product index_add_ keeps), the rise at expert width 448 against the hand count of the loop's last expert (the first backward
 reaches: transformers 4 runs ``for expert_idx in range(self.num_experts)``, so backward holds one expert's gradients
 at a time), and the rise at expert width 16, where the block peaks outside the experts (two lengths differenced).
 Every parameter but the experts' comes from one seed and the experts' output is scaled down, so both widths route
@@ -152,6 +153,37 @@ def rise(case: str, width: int, seed: int, seq: int) -> tuple[int, int, list[int
         return peak - start - saved, saved, routing(model, seq)
 
 
+def routed_copies(case: str, seq: int) -> float:
+    """Bytes per routed hidden unit per token of the storages the middle block's recompute saves that are one expert's
+    tokens x hidden (the expert's output and the weighted product, per expert), at expert width 224."""
+    import torch
+    from trace_models import decoder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = build(WIDTHS[0], tmp, 0, case)
+        layer = decoder(model).layers[1]
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        state, found = {"in": False}, {}
+        handles = [layer.register_forward_pre_hook(lambda m, a: state.update(on=True)),
+                   layer.register_forward_hook(lambda m, a, o: state.update(on=False))]
+
+        def pack(t: Any) -> Any:
+            ptr = t.untyped_storage().data_ptr()
+            if state.get("on") and ptr not in params and t.dim() == 2 and t.shape[1] == H and t.shape[0] < seq:
+                found[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        torch.manual_seed(1)
+        ids = torch.randint(0, 256, (1, seq))
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                model(input_ids=ids, labels=ids).loss.backward()   # reentrant: the layer's hooks fire on its recompute
+        finally:
+            for handle in handles:
+                handle.remove()
+    return sum(found.values()) / (seq * TOP_K * H)
+
+
 def main() -> int:
     """Per case: the saved bytes per routed expert unit; the expert peak against the hand count (HAND_COUNT B per
     unit of the loop's last expert's width per token it takes: its gated product's gradient and its two factors');
@@ -172,6 +204,7 @@ def main() -> int:
         print(f"{case}: saved {per_unit:.2f} B per routed expert unit per token; width {WIDTHS[1]}, {seq} tokens, "
               f"loads {loads}: backward {r2} B above saved, hand count {HAND_COUNT[case]} x {WIDTHS[1]} x {last} = {hand} "
               f"(expert_h {(r2 - hand) / seq / H:+.2f} B per hidden unit per token)", flush=True)
+        print(f"  routed copies saved: {routed_copies(case, seq):.2f} B per routed hidden unit per token", flush=True)
         for seed in ROUTER_SEEDS:
             (a, _, _), (b, _, _) = (rise(case, 16, seed, s) for s in LENGTHS)
             print(f"  expert width 16, router seed {seed}: rest_h {(b - a) / (LENGTHS[1] - LENGTHS[0]) / H:.2f} B per hidden "

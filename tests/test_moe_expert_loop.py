@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from perfguide.memory.block_backward import block_backward_bytes, expert_loop_per_token, stream_case
+from perfguide.memory.activations import family_coefficients
+from perfguide.memory.block_backward import block_backward_bytes, expert_loop_per_token, expert_loop_saved_bytes, stream_case
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 
@@ -65,6 +66,23 @@ def test_grouped_experts_hold_every_routed_pair() -> None:
     assert block_backward_bytes(spec, qlora(), "4.48.1") * 5 < grouped
 
 
+@pytest.mark.parametrize(("setup", "nbytes"), [(qlora(), 4), (qlora(kbit_upcast=False, kbit_recast_bf16=False), 2)],
+                         ids=["fp32_stream", "half_autocast"])
+def test_the_loop_saves_two_copies_per_routed_pair(setup: Setup, nbytes: int) -> None:
+    """transformers 4 keeps, per routed pair, the expert's output (``* routing_weights`` saves it) and the weighted
+    product (``index_add_`` saves its whole ``source``), h wide each in the stream's dtype; the grouped table of
+    transformers 5 counts one 16-bit copy per routed pair with the experts frozen (its hk coefficient less the frozen
+    one). Checkpointed: the recomputed block only; else every block."""
+    spec = mixtral()
+    table = family_coefficients("mixtral")["half"]
+    grouped = table.per_token["hk"] - (table.frozen_linear_inputs_per_token or {}).get("hk", 0.0)
+    assert grouped == 2
+    per_block = TOKENS * TOP_K * H * (2 * nbytes - 2)
+    assert expert_loop_saved_bytes(spec, setup, "4.48.1", checkpointed=True) == per_block
+    assert expert_loop_saved_bytes(spec, setup, "4.48.1", checkpointed=False) == per_block * 32
+    assert expert_loop_saved_bytes(spec, setup, "5.0.0", checkpointed=True) == 0
+
+
 @pytest.mark.parametrize("case", ["dense", "other_moe", "full", "no_autocast"])
 def test_only_the_traced_loop_moves(case: str) -> None:
     """What was not traced keeps its price: a dense model (no row of a dense model moves), a MoE family whose loop
@@ -84,3 +102,4 @@ def test_only_the_traced_loop_moves(case: str) -> None:
         setup = qlora(weights_dtype="bf16", autocast=None, kbit_upcast=False, kbit_recast_bf16=False)
     key = stream_case(setup) if setup.lora is not None else None
     assert expert_loop_per_token(spec, setup, "4.48.1", key) is None
+    assert expert_loop_saved_bytes(spec, setup, "4.48.1", checkpointed=True) == 0

@@ -37,7 +37,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
-from .block_backward import block_backward_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
+from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .lora_activations import lora_layer_bytes
@@ -260,6 +260,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     recompute = terms.recompute
     era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
     era += t5_release_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 softmax, fp16 clamp
+    era += expert_loop_saved_bytes(spec, shape, installed_transformers(), checkpointed=recompute > 0)   # transformers 4's MoE loop
     acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     acts += 0 if recompute else sdpa_bias_bytes(spec, shape, checkpointed=False)   # each sliding layer's SDPA bias

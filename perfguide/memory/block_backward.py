@@ -44,8 +44,10 @@ gradients nor an untied embedding's (``first_step_pending_params``), which the e
 MoE blocks: the coefficients are per active FFN unit (the k routed experts' width), as transformers 5's grouped_mm runs
 every routed pair at once. transformers 4 runs the experts one after another, so its backward holds one expert's
 gradients at a time: ``expert_loop_per_token`` (traced under 4.48.1 for Mixtral, LoRA on a frozen base, reentrant;
-scripts/trace_moe_block.py), about a quarter of an active expert's width per token for Mixtral's top-2 of 8 (the
-fms-acceleration QLoRA rows, 4.48.1, were priced 7-11% high without it).
+scripts/trace_moe_block.py), about a quarter of an active expert's width per token for Mixtral's top-2 of 8; its
+recompute saves two h-wide copies per routed pair in the stream's dtype where the grouped table has one 16-bit copy
+(``expert_loop_saved_bytes``, added to the recompute by analytic.py). The fms-acceleration QLoRA rows (4.48.1) were
+priced 7-11% high without them.
 
 Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU / GeGLU) as HF runs them (under
 LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
@@ -89,6 +91,8 @@ class ExpertLoop(DataModel):
     loops_before: str   # the first transformers release whose MoE blocks run every expert at once (grouped_mm)
     model_types: list[str]
     per_token: dict[Case, dict[Literal["expert_i", "expert_h", "rest_h"], float]]
+    #: bytes per routed hidden unit per token the loop's recompute saves beyond the grouped table (expert_loop_saved_bytes)
+    saved_hk: dict[Case, float]
 
 
 class BlockBackward(DataModel):
@@ -185,24 +189,43 @@ def expert_loop_per_token(spec: ModelSpec, setup: Setup, release: str | None, ca
     its paper, arXiv:2401.04088 section 5, finds the expert assignment of layers 0, 15 and 31 near 1/8 on every Pile
     domain). Where the block's backward peaks outside the experts (its output's gradient, the per-expert scatter of the
     input gradient, the attention) the traced ``rest_h`` applies. Traced: scripts/trace_moe_block.py under 4.48.1."""
-    loop = _expert_loop()
-    if (loop is None or case is None or release is None or not spec.is_moe or spec.model_type not in loop.model_types
-            or checkpoint_mode(release) != "reentrant" or case not in loop.per_token):
+    loop = _looping(spec, release, case)
+    if loop is None or case is None or checkpoint_mode(release) != "reentrant":
         return None
-    from .loss_path import version_tuple
-
-    if version_tuple(release) >= version_tuple(loop.loops_before):
-        return None
-    coef = loop.per_token[case]
+    coef = loop.per_token[case]   # type: ignore[index]
     expert = spec.moe_intermediate_size or spec.intermediate_size
     one_expert = coef["expert_i"] * expert * spec.num_experts_per_tok / spec.num_experts + coef["expert_h"] * spec.hidden_size
     return max(one_expert, coef["rest_h"] * spec.hidden_size)
 
 
-def _expert_loop() -> ExpertLoop | None:
-    from .activations import activations_data
+def expert_loop_saved_bytes(spec: ModelSpec, setup: Setup, release: str | None, *, checkpointed: bool) -> int:
+    """Bytes a MoE block of a release that loops over its experts saves for backward beyond the grouped table (which
+    transformers 5 was traced on: one 16-bit copy per routed pair, 2 B per hidden unit, with the experts frozen).
 
-    return activations_data().block_backward.expert_loop
+    Per routed pair transformers 4 keeps the expert's output (saved by ``* routing_weights``) and the weighted product
+    (saved whole by ``index_add_``, whose backward formula names ``source``: torch's IndexAddBackward0 holds
+    ``source_``), both in the stream's dtype: fp32 in peft's kbit stream (bitsandbytes' Linear4bit returns fp32 there),
+    bf16 otherwise (data ``saved_hk``: traced 8 / 4 B per routed hidden unit, less the grouped table's 2). Every block
+    keeps them unless checkpointed (then the recomputed one). LoRA on a frozen base in the traced stream cases only."""
+    case = stream_case(setup) if setup.lora is not None else None
+    loop = _looping(spec, release, case)
+    if loop is None or case is None or case not in loop.saved_hk:
+        return 0
+    per_token = loop.saved_hk[case] * spec.hidden_size * spec.num_experts_per_tok
+    return int(setup.micro_batch_size * setup.seq_len * per_token * (1 if checkpointed else spec.total_layers))
+
+
+def _looping(spec: ModelSpec, release: str | None, case: str | None) -> ExpertLoop | None:
+    """The traced expert-loop entry where ``release`` runs ``spec``'s experts one after another in a traced case."""
+    from .activations import activations_data
+    from .loss_path import version_tuple
+
+    loop = activations_data().block_backward.expert_loop
+    if loop is None or case is None or release is None or not spec.is_moe or spec.model_type not in loop.model_types:
+        return None
+    if case not in loop.per_token or version_tuple(release) >= version_tuple(loop.loops_before):
+        return None
+    return loop
 
 
 def rotary_pairs(spec: ModelSpec) -> int:
