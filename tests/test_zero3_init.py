@@ -110,24 +110,44 @@ def test_accelerate_zero3_init_flag_false_is_read(tmp_path: Path) -> None:
 
         assert load_config_from_file(path).deepspeed_config["zero3_init_flag"] is False   # accelerate's own loader agrees
         c = perfguide.check("google/flan-t5-xxl", path, hardware="a10g:4", seq_len=512, micro_batch_size=1)
-        assert c.setup.strategy == "zero3" and c.setup.zero3_init is False
-        assert any("zero3_init_flag is false" in n for n in c.notes)
+        # the installed accelerate (>= 1.0) builds the HfDeepSpeedConfig whatever the flag: still zero.Init, said so
+        assert c.setup.strategy == "zero3" and c.setup.zero3_init is True
+        assert any("zero3_init_flag is false, but accelerate" in n for n in c.notes)
         assert "deepspeed_config.zero3_init_flag" not in " ".join(c.ignored)
+
+
+def test_a_false_flag_means_no_zero_init_only_before_accelerate_1_0() -> None:
+    """accelerate 0.34's DeepSpeedPlugin.set_deepspeed_weakref builds the HfDeepSpeedConfig only under
+    ``if self.zero3_init_flag``; the installed one builds it unconditionally (read here, not assumed)."""
+    import inspect
+
+    from accelerate.utils import DeepSpeedPlugin
+
+    from perfguide.integrations.readers import accelerate as acc_reader
+    from perfguide.integrations.readers.base import Collector
+
+    body = inspect.getsource(DeepSpeedPlugin.set_deepspeed_weakref)
+    assert "self.dschf = HfDeepSpeedConfig(ds_config)" in body   # the installed release's unconditional build
+    for release, expected in (("0.34.2", False), ("1.0.0", None), ("1.15.0", None)):
+        col = Collector("accelerate", "acc.yaml")
+        acc_reader.zero3_init(False, col, "deepspeed_config.zero3_init_flag", "zero3", release=release)
+        assert next((x.value for x in col.settings if x.field == "zero3_init"), None) is expected, release
+        assert col.notes and release in col.notes[0]
 
 
 def test_accelerate_launch_zero3_init_flag_takes_a_value(tmp_path: Path) -> None:
     argv = ["accelerate", "launch", "--num_processes", "4", "--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "false",
             "train.py", "--per_device_train_batch_size", "1"]
     c = perfguide.check("google/flan-t5-xxl", argv, hardware="a10g:4", seq_len=512)
-    assert c.setup.strategy == "zero3" and c.setup.zero3_init is False
+    assert c.setup.strategy == "zero3" and any("--zero3_init_flag is false" in n for n in c.notes)
     on = perfguide.check("google/flan-t5-xxl", [*argv[:7], "--zero3_init_flag", "true", *argv[9:]], hardware="a10g:4", seq_len=512)
-    assert on.setup.zero3_init is True
+    assert on.setup.zero3_init is True and not any("zero3_init_flag" in n for n in on.notes)
     # the stage from the --config_file it names; under ZeRO-2 accelerate drops the flag (DeepSpeedPlugin) and so does the read
     config = _yaml(tmp_path / "z3.yaml", {"distributed_type": "DEEPSPEED", "num_processes": 4, "deepspeed_config": {"zero_stage": 3}})
     filed = ["accelerate", "launch", "--config_file", config, "--zero3_init_flag", "false", "train.py", "--per_device_train_batch_size", "1"]
-    assert perfguide.check("google/flan-t5-xxl", filed, hardware="a10g:4", seq_len=512).setup.zero3_init is False
+    assert any("--zero3_init_flag is false" in n for n in perfguide.check("google/flan-t5-xxl", filed, hardware="a10g:4", seq_len=512).notes)
     zero2 = [*argv[:6], "2", *argv[7:]]
-    assert perfguide.check("google/flan-t5-xxl", zero2, hardware="a10g:4", seq_len=512).setup.zero3_init is True
+    assert not any("zero3_init_flag" in n for n in perfguide.check("google/flan-t5-xxl", zero2, hardware="a10g:4", seq_len=512).notes)
 
 
 def test_emitted_accelerate_config_reads_back_with_zero_init(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._packages import installed_release
+from ...memory.loss_path import version_tuple
 from .base import Collector, ConfigReadError, as_bool, as_int, choice, mapping
 from .deepspeed import _OFFLOAD, deepspeed_overlap_default, merge_into
 from .deepspeed import load as load_deepspeed
@@ -95,21 +97,32 @@ def _fsdp(cfg: dict[str, Any], col: Collector) -> None:
                                                                          "fsdp_offload_params", "fsdp_activation_checkpointing")))
 
 
-#: what a false zero3_init_flag means for the model's load, said once for the config key and the launcher flag
-ZERO3_INIT_NOTE = ("{key} is false: priced as a model loaded whole and moved onto every GPU before ZeRO-3 partitions it "
-                   "(accelerate before 1.0 then builds no HfDeepSpeedConfig, so from_pretrained runs without zero.Init; "
-                   "from 1.0 the plugin builds one whatever the flag, and a model loaded after Accelerator() or "
-                   "TrainingArguments is still built under zero.Init: then leave the flag true)")
+#: what a false zero3_init_flag means for the model's load, by the accelerate release that reads it
+ZERO3_INIT_OFF = ("{key} is false: priced as a model loaded whole and moved onto every GPU before ZeRO-3 partitions it "
+                  "(accelerate {release} builds no HfDeepSpeedConfig for a false flag, so from_pretrained runs without "
+                  "zero.Init)")
+ZERO3_INIT_IGNORED = ("{key} is false, but accelerate {release} builds the HfDeepSpeedConfig whatever the flag "
+                      "(DeepSpeedPlugin.set_deepspeed_weakref since 1.0), so a model loaded after Accelerator() or "
+                      "TrainingArguments is still built under zero.Init: priced so; a script that loads the model before "
+                      "either is not (Setup.zero3_init=False)")
+#: the first accelerate release whose plugin builds the HfDeepSpeedConfig whatever zero3_init_flag says
+FLAG_IGNORED_SINCE = (1, 0)
 
 
-def zero3_init(value: Any, col: Collector, key: str, stage: str | None = None) -> None:
+def zero3_init(value: Any, col: Collector, key: str, stage: str | None = None, release: str | None = None) -> None:
     """accelerate's ``zero3_init_flag`` (config key or ``--zero3_init_flag``; accelerate's default: true under ZeRO-3).
     Read where the plugin it sits in is ZeRO-3 (``stage``: the strategy read elsewhere, else ``col``'s): accelerate
-    sets it False for any other stage (DeepSpeedPlugin.__post_init__)."""
+    sets it False for any other stage (DeepSpeedPlugin.__post_init__). ``release``: the accelerate that runs the
+    script (default: the installed one); only before 1.0 does a false flag keep from_pretrained off zero.Init."""
     stage = next((s.value for s in reversed(col.settings) if s.field == "strategy"), stage)
-    if not as_bool(value, col.where(key)) and stage == "zero3":
-        col.set("zero3_init", False, key)
-        col.note(ZERO3_INIT_NOTE.format(key=col.where(key)))
+    if as_bool(value, col.where(key)) or stage != "zero3":
+        return
+    release = release or installed_release("accelerate") or "0"
+    if version_tuple(release)[:2] >= FLAG_IGNORED_SINCE:
+        col.note(ZERO3_INIT_IGNORED.format(key=col.where(key), release=release))
+        return
+    col.set("zero3_init", False, key)
+    col.note(ZERO3_INIT_OFF.format(key=col.where(key), release=release))
 
 
 def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> None:
