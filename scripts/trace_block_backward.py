@@ -47,6 +47,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from trace_models import FULL_CASES, decoder, keep_4bit_inputs, traced
 
+#: where the last traced backward peaked: the autograd node running (``node``: its name, or "" outside a node's
+#: backward, as the recompute runs) and the op that made the peak's storage (``op``)
+PEAK_AT: dict[str, str] = {}
+#: set to a list to record, for every op the traced window runs, (the autograd node running, live bytes after it)
+PROFILE: list[tuple[str, int]] | None = None
+
 
 def block_backward(model: Any, seq: int, autocast: bool) -> tuple[int, int]:
     """(bytes the middle block's recompute keeps, peak of its backward) above the live bytes as its recompute starts."""
@@ -100,7 +106,13 @@ def block_marks(model: Any, seq: int, autocast: bool, accumulate: bool = False) 
     def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = original(self, func, types, args, kwargs)
         if state["open"]:
-            state["peak"] = max(state["peak"], self.total)
+            node = torch._C._current_autograd_node()
+            name = "" if node is None else node.name()
+            if PROFILE is not None:
+                PROFILE.append((name, self.total))
+            if self.total > state["peak"]:
+                state["peak"] = self.total
+                PEAK_AT.update(node=name, op=str(func))
         return out
 
     cls.__torch_dispatch__ = dispatch  # type: ignore[method-assign]
@@ -148,15 +160,15 @@ def per_token(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int
 
 def per_token_marks(case: str, h: int, i: int, reentrant: bool, s1: int = 256, s2: int = 512,
                     keep_inputs: bool = False, liger: bool = False, accumulate: bool = False,
-                    arch: str = "llama") -> tuple[float, float, float, float]:
+                    arch: str = "llama", dims: dict[str, Any] | None = None) -> tuple[float, float, float, float]:
     """Bytes per token (two lengths differenced): live as the middle block's recompute starts (every block input,
     the gradients already in flight), then the recompute's saved tensors and its backward's peak above that start.
     ``keep_inputs``: bitsandbytes before 0.43.2's MatMul4Bit (keep_4bit_inputs); ``liger``: liger-kernel's patch;
-    ``accumulate``: the gradients already exist (block_marks)."""
+    ``accumulate``: the gradients already exist (block_marks); ``arch``, ``dims``: trace_models.model_config's."""
     undo = keep_4bit_inputs() if keep_inputs else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            model, autocast = traced(case, h, i, reentrant, tmp, liger, arch)
+            model, autocast = traced(case, h, i, reentrant, tmp, liger, arch, dims)
             (a1, k1, p1, t1), (a2, k2, p2, t2) = (block_marks(model, s, autocast, accumulate) for s in (s1, s2))
     finally:
         if undo is not None:

@@ -91,23 +91,34 @@ def keep_4bit_inputs() -> Any:
 
 
 
-#: the architectures a trace can build: Llama (the default), Mistral-7B-v0.2's (no sliding window) and Gemma 3's text
-#: decoder (local and global layers, each kind with its own rotary pair and mask; Gemma ties its head)
-ARCHS = ("llama", "mistral", "gemma3")
+#: the architectures a trace can build: Llama (the default), Mistral-7B-v0.2's (no sliding window), Gemma 3's text
+#: decoder (local and global layers, each kind with its own rotary pair and mask; Gemma ties its head) and Gemma 2's
+#: (the same four fp32 norms per block, no q / k norms)
+ARCHS = ("llama", "mistral", "gemma3", "gemma2")
 
 
-def model_config(arch: str, h: int, i: int) -> Any:
+def model_config(arch: str, h: int, i: int, dims: dict[str, Any] | None = None) -> Any:
     """The three-block config of ``arch`` (ARCHS) at hidden ``h`` and FFN ``i``: q = h, kv = h / 4, head_dim h / 4,
-    vocabulary 256. Gemma 3's blocks are local (sliding, window 64), global, local: the middle block, the one
-    scripts/trace_block_backward.py measures, is global, so its SDPA runs without a mask as Llama's does (the local
-    layers' mask is masks.py's); block 0 and the top block are local."""
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig
+    vocabulary 256, unless ``dims`` says otherwise (``heads``, ``kv``, ``head_dim``; Gemma only: ``middle``, the
+    middle block's kind, "full_attention" by default or "sliding_attention"). Gemma's blocks are local (sliding,
+    window 64), global, local: the middle block, the one scripts/trace_block_backward.py measures, is global, so its
+    SDPA runs without a mask as Llama's does (the local layers' mask is masks.py's); block 0 and the top block are
+    local. Gemma 2's logit soft-caps are off (SDPA cannot run them; they act on the scores and the logits, not on the
+    block's norms and MLP)."""
+    from transformers import Gemma2Config, Gemma3TextConfig, LlamaConfig, MistralConfig
 
-    shape = dict(hidden_size=h, intermediate_size=i, num_attention_heads=4, num_key_value_heads=1, head_dim=h // 4,
-                 num_hidden_layers=3, vocab_size=256, max_position_embeddings=4096)
-    if arch == "gemma3":
-        return Gemma3TextConfig(**shape, sliding_window=64, query_pre_attn_scalar=h // 4, tie_word_embeddings=True,
-                                layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    dims = dims or {}
+    heads, head_dim = dims.get("heads", 4), dims.get("head_dim", h // 4)
+    shape = dict(hidden_size=h, intermediate_size=i, num_attention_heads=heads, num_key_value_heads=dims.get("kv", 1),
+                 head_dim=head_dim, num_hidden_layers=3, vocab_size=256, max_position_embeddings=4096)
+    if arch in ("gemma3", "gemma2"):
+        middle = dims.get("middle", "full_attention")
+        other = "full_attention" if middle == "sliding_attention" else "sliding_attention"
+        gemma = dict(shape, sliding_window=64, query_pre_attn_scalar=head_dim, tie_word_embeddings=True,
+                     layer_types=[other, middle, other])
+        if arch == "gemma2":
+            return Gemma2Config(**gemma, attn_logit_softcapping=None, final_logit_softcapping=None)
+        return Gemma3TextConfig(**gemma)
     if arch == "mistral":
         return MistralConfig(**shape, sliding_window=None, tie_word_embeddings=False)
     if arch != "llama":
@@ -116,15 +127,21 @@ def model_config(arch: str, h: int, i: int) -> Any:
 
 
 def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True, liger: bool = False,
-          full: str | None = None, arch: str = "llama") -> Any:
+          full: str | None = None, arch: str = "llama", dims: dict[str, Any] | None = None) -> Any:
     """The traced model; ``full``: the weights dtype of a full fine-tune ("bf16" / "fp32": no adapter, every weight
-    trainable), else LoRA r 8 on all seven Linears; ``arch``: model_config's."""
+    trainable), else LoRA r 8 on all seven Linears; ``arch``, ``dims``: model_config's."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     torch.manual_seed(0)
-    config = model_config(arch, h, i)
+    config = model_config(arch, h, i, dims)
+    if arch == "gemma2":
+        # transformers 5.24's Gemma 2 declares no SDPA support (for its soft-caps, off here): its attention calls the
+        # same attention interface as Gemma 3's, so the blocks run SDPA as the other architectures' traces do
+        from transformers.models.gemma2.modeling_gemma2 import Gemma2PreTrainedModel
+
+        Gemma2PreTrainedModel._supports_sdpa = True
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
     kwargs: dict[str, Any] = {"attn_implementation": "sdpa", dtype_keyword(): torch.float32 if full == "fp32" else torch.bfloat16}
     if kbit:
@@ -163,10 +180,10 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
 
 
 def traced(case: str, h: int, i: int, reentrant: bool, tmp: str, liger: bool = False,
-           arch: str = "llama") -> tuple[Any, bool]:
-    """(model, autocast) of a LoRA case (CASES) or a full fine-tuning one (FULL_CASES)."""
+           arch: str = "llama", dims: dict[str, Any] | None = None) -> tuple[Any, bool]:
+    """(model, autocast) of a LoRA case (CASES) or a full fine-tuning one (FULL_CASES); ``dims``: model_config's."""
     if case in FULL_CASES:
         weights, autocast = FULL_CASES[case]
-        return build(h, i, False, reentrant, tmp, liger=liger, full=weights, arch=arch), autocast
+        return build(h, i, False, reentrant, tmp, liger=liger, full=weights, arch=arch, dims=dims), autocast
     kbit, prepare, autocast = CASES[case]
-    return build(h, i, kbit, reentrant, tmp, prepare, liger, arch=arch), autocast
+    return build(h, i, kbit, reentrant, tmp, prepare, liger, arch=arch, dims=dims), autocast
