@@ -53,13 +53,17 @@ Scope, as traced: LoRA on a frozen base and full fine-tuning, gated MLPs (SwiGLU
 LoRA Liger's fused RMSNorm / SwiGLU run the same terms: its technique hook prices the block's peak difference,
 traced, scripts/trace_block_backward.py --liger); the MLP's gradients come at another moment than eager attention's s x s backward
 (masks.eager_backward_transient_bytes), so the block backward holds the larger of the two (analytic.py). Other setups
-(a classic two-matrix MLP, fp8 autocast, encoder-decoders) get nothing here, as before. Gemma 3 runs Llama's
-coefficients, which price its block high: traced (scripts/trace_block_backward.py --arch=gemma3 full_half, its global
-block, so without a mask), its bf16 full fine-tune holds 1.14 B per FFN unit + 13.94 (reentrant) / 7.94 + 4 of
-gradients made before the recompute (non-reentrant: its post-FFN norm's fp32 cast of the incoming gradient) per hidden
-unit at h 64, i 224 / 448, but 1,724 / 1,148 B per token at h 96, i 576 (16-19% under that fit: the peak moves between
-the norms' fp32 backward and the MLP's), against Llama's 4 B per FFN unit (2,304 B there); not priced until a trace
-over more shapes pins where the peak sits.
+(a classic two-matrix MLP, fp8 autocast, encoder-decoders) get nothing here, as before.
+
+Gemma 2 and 3 (data ``post_mlp_norm``): each block has four RMSNorms that compute in fp32 (``x.float()``,
+``* (1 + weight.float())``, ``.type_as(x)``), one of them after the MLP, so the block's backward starts with that
+norm's fp32 backward while every tensor the recompute saved is alive, and the MLP's gradients come after it, once the
+norm has freed its fp32 copies. The peak is the larger of the two moments, each linear in the shapes: in a bf16 full
+fine-tune 18 B per hidden unit per token at the norm's ``pow`` backward (reentrant) against 4 B per FFN unit less 6
+per hidden unit at the gated product's, where Llama's coefficients priced 4 per FFN unit + 2 per hidden unit (Gemma
+3 1B: 20.7 KB per token against 30.0). Traced over h, FFN, heads, kv heads, head_dim, local and global blocks and
+Gemma 3 1B's own block shape (scripts/trace_gemma_block_backward.py); every coefficient counted from the ops in the
+data's source. Liger's patch (fused_swiglu) replaces the norms too and keeps Llama's Liger terms, not traced here.
 """
 
 from __future__ import annotations
@@ -79,6 +83,24 @@ Case = Literal["fp32_stream", "half_autocast", "half"]
 FullCase = Literal["half", "half_autocast", "fp32_autocast", "fp32"]
 Mode = Literal["reentrant", "non_reentrant"]
 PerToken = dict[Mode, dict[Literal["i", "h"], float]]
+
+
+#: per checkpoint variant, the two moments of a block whose last norm follows its MLP (PostMlpNorm)
+Moments = dict[Mode, dict[Literal["norm", "mlp"], dict[Literal["i", "h"], float]]]
+
+
+class PostMlpNorm(DataModel):
+    """data/activations.json ``block_backward.post_mlp_norm``: blocks with an fp32 norm after the MLP (Gemma 2 / 3),
+    whose backward peaks at the larger of two moments, each in bytes per token per FFN unit ("i") and hidden unit
+    ("h"): the norm's fp32 backward ("norm") and the gated product's ("mlp"), by LoRA stream case and full case."""
+
+    source: str = Field(min_length=10)
+    model_types: list[str]
+    lora: dict[Case, Moments]
+    full: dict[FullCase, Moments]
+    #: non-reentrant only, per hidden unit per token: the gradients made before the recompute starts (the norm's
+    #: fp32 cast of the incoming gradient), held by the moments' start mark as before_recompute_per_token's are
+    before_recompute: dict[Literal["lora", "full"], dict[str, float]]
 
 
 class ExpertLoop(DataModel):
@@ -112,6 +134,7 @@ class BlockBackward(DataModel):
     #: model types whose decoder computes one rotary cos / sin pair per kind of layer (config.layer_types)
     rotary_per_layer_type: list[str]
     expert_loop: ExpertLoop | None = None
+    post_mlp_norm: PostMlpNorm
 
 
 def stream_case(setup: Setup) -> Case | None:
@@ -161,18 +184,23 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
     from .activations import activations_data
 
     data, mode = activations_data().block_backward, checkpoint_mode(release)
-    key: str | None
-    if setup.lora is None:
-        key = full_case(setup)
-        coef = data.full_finetune_per_token["liger" if fused_swiglu else "hf"][key][mode] if key is not None else {}
-    else:
-        key = stream_case(setup)
-        coef = data.in_flight_per_token[key][mode] if key is not None else {}
+    lora = setup.lora is not None
+    key = stream_case(setup) if lora else full_case(setup)
     if key is None:
         return 0
-    early = data.before_recompute_per_token["full" if setup.lora is None else "lora"][key] if mode == "non_reentrant" else 0.0
-    per_token = coef["i"] * spec.active_intermediate_size + (coef["h"] + early) * spec.hidden_size
-    looped = expert_loop_per_token(spec, setup, release, key if setup.lora is not None else None)
+    group: Literal["lora", "full"] = "lora" if lora else "full"
+    i, h = spec.active_intermediate_size, spec.hidden_size
+    gemma = data.post_mlp_norm
+    if spec.model_type in gemma.model_types and not fused_swiglu:
+        moments = (gemma.lora[key] if lora else gemma.full[key])[mode]  # type: ignore[index]
+        norm, mlp = moments["norm"], moments["mlp"]
+        early = gemma.before_recompute[group][key] if mode == "non_reentrant" else 0.0
+        per_token = max(norm["h"] * h, mlp["i"] * i + mlp["h"] * h) + early * h
+    else:
+        coef = data.in_flight_per_token[key][mode] if lora else data.full_finetune_per_token["liger" if fused_swiglu else "hf"][key][mode]  # type: ignore[index]
+        early = data.before_recompute_per_token[group][key] if mode == "non_reentrant" else 0.0
+        per_token = coef["i"] * i + (coef["h"] + early) * h
+    looped = expert_loop_per_token(spec, setup, release, key if lora else None)
     return max(0, int(setup.micro_batch_size * setup.seq_len * (per_token if looped is None else looped)))
 
 
