@@ -29,6 +29,10 @@ CHECKED = (
     "take the bias broadcast over the heads (an expand, attention.cu) and save it for backward: the same 2 B per row x s^2",
     "the 8,192-token peaks (rows 1186-1189) do not test the recompute's terms: the optimizer step, the end of backward "
     "or the full-logits loss holds the peak there",
+    "the recomputed block's gradients in flight (memory/block_backward.py, data post_mlp_norm): Gemma's fp32 norm after "
+    "the MLP makes a bf16 full fine-tune's block backward peak at max(12 h, 4 i - 12 h) + 4 h per token (non-reentrant), "
+    "18,432 B at gemma-3-1b's block, where Llama's coefficients priced 27,648 (traced on that block's shape, "
+    "scripts/trace_gemma_block_backward.py --real): rows 1183-1185 about 1,200 tokens longer, away from the published",
 )
 OPEN = (
     "a DPO pair padded to its longer completion carries zeros in its 2-D mask, so the full-attention layers get a bool "
