@@ -111,22 +111,26 @@ def predicted(forms: dict[str, dict[str, float]], h: int, i: int) -> float:
     return max(norm["h"] * h + norm["t"], mlp["i"] * i + mlp["h"] * h + mlp["t"])
 
 
+def check(case: str, arch: str, forms: dict[str, dict[str, dict[str, float]]], h: int, i: int, dims: dict[str, Any],
+          lengths: tuple[int, int] = (128, 256)) -> None:
+    """Print the traced in-flight bytes at a shape beside the larger of the fitted forms, per checkpoint variant."""
+    got = in_flight(case, arch, h, i, dims, lengths)
+    lines = [f"  check {arch} {case} {mode} h {h} i {i} {dims}: measured {got[mode][0]:.0f} B per token (at {got[mode][1]}), "
+             f"the larger form gives {predicted(forms[mode], h, i):.0f} ({got[mode][0] / predicted(forms[mode], h, i) - 1:+.2%}); "
+             f"before the recompute {got['before'] / h:.2f} h" for mode in ("reentrant", "non_reentrant")]
+    print("\n".join(lines), flush=True)
+
+
 def main() -> int:
     arch = next((a.removeprefix("--arch=") for a in sys.argv if a.startswith("--arch=")), "gemma3")
     cases = tuple(a for a in sys.argv[1:] if not a.startswith("--")) or (*tuple(c for c in CASES if c != "nf4_half_stream"), *FULL_CASES)
-    checks = CHECKS + (((*REAL, (32, 64)),) if "--real" in sys.argv else ())
     for case in cases:
         forms = fit(case, arch)
-        for h, i, dims, *lengths in ((*c, (128, 256)) if len(c) == 3 else c for c in checks):
-            got = in_flight(case, arch, h, i, dims, *lengths)
-            for mode in ("reentrant", "non_reentrant"):
-                want = predicted(forms[mode], h, i)
-                value, node = got[mode]
-                print(f"  check {arch} {case} {mode} h {h} i {i} {dims}: measured {value:.0f} B per token (at {node}), "
-                      f"the larger form gives {want:.0f} ({(value - want) / want:+.2%}); before the recompute {got['before'] / h:.2f} h")
-                sys.stdout.flush()
+        for h, i, dims in CHECKS:
+            check(case, arch, forms, h, i, dims)
+        if "--real" in sys.argv:
+            check(case, arch, forms, *REAL, lengths=(32, 64))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
