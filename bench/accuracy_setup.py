@@ -297,6 +297,24 @@ def bnb_embedding_override(stack: str, optimizer: str) -> bool:
     return not ("torchtune" in stack.lower() or re.search(r"bnb\.optim\.|Adam8bit|PagedAdamW8bit|bnb 8-bit", optimizer))
 
 
+#: the SFTTrainer release a row that ran TRL's recast states ("trl SFTTrainer 0.7.10")
+_SFT_TRAINER_RELEASE = re.compile(r"\btrl SFTTrainer (\d+\.\d+\.\d+)", re.IGNORECASE)
+#: the last TRL release whose peft_module_casting_to_bf16 casts every PEFT tuner layer to bf16 (trl/trainer/utils.py
+#: 'if isinstance(module, BaseTunerLayer): module = module.to(torch.bfloat16)', read in the 0.7.5, 0.8.0 and 0.8.6
+#: wheels); 0.9.2, the next release on PyPI, and every later one dropped that branch (read in 0.9.2, 0.9.6, 0.12.1,
+#: 0.13.0 and 0.21.0)
+TRL_LAST_ADAPTER_RECAST = (0, 8, 6)
+
+
+def trl_recasts_adapters(row: dict[str, str]) -> bool:
+    """Whether the TRL release a recast row ran still cast the adapters (Setup.kbit_recast_adapters)."""
+    m = _SFT_TRAINER_RELEASE.search(row["method"])
+    if m is None:
+        raise ValueError(f"row {row['row_id']}: a peft_module_casting_to_bf16 row names its release ('trl SFTTrainer X.Y.Z' "
+                         "in its method): TRL 0.7.5-0.8.6 cast the adapters too, later releases do not")
+    return tuple(int(x) for x in m.group(1).split(".")) <= TRL_LAST_ADAPTER_RECAST
+
+
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
@@ -324,8 +342,10 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         # litgpt's bnb.nf4 is Lightning's _NF4Linear (compress_statistics=False), bnb.nf4-dq its _NF4DQLinear; the
         # HF, Unsloth, fsdp_qlora and axolotl rows quantize with double quant (stated, or Linear4bit's default)
         fields["nf4_double_quant"] = not (_kbit_quantizer(row) == "litgpt" and not q.endswith("-dq"))
-        # TRL 0.7.5+ SFTTrainer given a peft_config with bf16 re-casts adapters, embeddings and head to bf16
+        # TRL 0.7.5-0.21 SFTTrainer given a peft_config with bf16 re-casts embeddings and head to bf16; 0.7.5-0.8.6 the
+        # adapters too
         fields["kbit_recast_bf16"] = "peft_module_casting_to_bf16" in row["method"]
+        fields["kbit_recast_adapters"] = fields["kbit_recast_bf16"] and trl_recasts_adapters(row)
     fields["lora"] = _lora(row, spec)
     from accuracy_trl import trl_fields
 

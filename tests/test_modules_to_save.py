@@ -26,7 +26,7 @@ def test_each_saved_module_adds_a_trained_vocab_by_hidden_copy_by_hand() -> None
     copy = 128256 * 4096   # Llama-3.1-8B's embedding and head, each vocab x hidden
     plain = ledger(spec, _qlora().replace(lora={"r": 16, "alpha": 16, "target_modules": "all-linear"}))
     for recast, nbytes in ((False, 4), (True, 2)):
-        saved = ledger(spec, _qlora(kbit_recast_bf16=recast))
+        saved = ledger(spec, _qlora(kbit_recast_bf16=recast, kbit_recast_adapters=recast))   # TRL 0.7.5-0.8.6's recast
         assert saved.trainable_params - plain.trainable_params == 2 * copy == 1_050_673_152
         assert saved.param_bytes == nbytes
     upcast = ledger(spec, _qlora())
@@ -38,6 +38,9 @@ def test_copies_of_another_width_than_the_adapters_are_refused() -> None:
     bf16 = Setup(weights_dtype="bf16", lora={"r": 8, "modules_to_save": SAVED})
     with pytest.raises(InvalidSetupError, match="one width"):
         ledger(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), bf16)
+    with pytest.raises(InvalidSetupError, match="2-byte copies beside 4-byte adapters"):
+        # TRL 0.9.2-0.21's recast takes the copies to bf16 (their names contain lm_head / embed_tokens), not the adapters
+        ledger(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), _qlora(kbit_recast_bf16=True))
     with pytest.raises(InvalidSetupError, match="classifier"):
         ledger(ModelSpec.from_any("meta-llama/Llama-3.1-8B"), _qlora().replace(
             lora={"r": 8, "modules_to_save": ("classifier",)}))
@@ -56,7 +59,8 @@ def test_prepare_model_holds_the_bytes_and_trainable_count_priced(tmp_path, reca
         from tests.helpers import prepared_tiny_qlora
         from tests.test_adapted_models import _bytes
 
-    spec, rec, model = prepared_tiny_qlora(tmp_path, lora={"r": 4, "modules_to_save": SAVED}, kbit_recast_bf16=recast)
+    spec, rec, model = prepared_tiny_qlora(tmp_path, lora={"r": 4, "modules_to_save": SAVED}, kbit_recast_bf16=recast,
+                                           kbit_recast_adapters=recast)
     priced = ledger(spec, rec.setup)
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert trained == priced.trainable_params

@@ -50,8 +50,10 @@ def test_releases_outside_0_6_to_0_11_keep_fp32_adapters() -> None:
 
 
 def test_single_gpu_rows_read_as_their_sources_state() -> None:
-    _, trl_cast = _setup("903")          # trl 0.9.6 SFTTrainer + peft_config, 4-bit, bf16: the recast
-    assert trl_cast.kbit_recast_bf16 and trl_cast.weights_dtype == "nf4" and trl_cast.kbit_upcast
+    _, trl_cast = _setup("903")          # trl 0.9.6 SFTTrainer + peft_config, 4-bit, bf16: the recast, adapters left fp32
+    assert trl_cast.kbit_recast_bf16 and not trl_cast.kbit_recast_adapters and trl_cast.weights_dtype == "nf4" and trl_cast.kbit_upcast
+    _, trl_old = _setup("902")           # trl 0.7.10: its recast casts the adapters too (0.7.5-0.8.6)
+    assert trl_old.kbit_recast_bf16 and trl_old.kbit_recast_adapters
     _, own_peft = _setup("900")          # trl 0.4.7 given a PeftModel the notebook built: no recast
     assert not own_peft.kbit_recast_bf16 and own_peft.micro_batch_size == 4 and own_peft.seq_len == 2048
     _, liger = _setup("916")             # 2025 blog: Liger, modules_to_save embed and head, batch 4 x 1024

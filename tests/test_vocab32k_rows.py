@@ -138,7 +138,8 @@ def test_70b_and_8b_weight_shares_as_quoted(acc: ModuleType, rows: dict[str, dic
 
 
 def test_bf16_recast_reading_as_the_section_quotes(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
-    """The section's check of the other reading, TRL's peft_module_casting_to_bf16 (Setup.kbit_recast_bf16): the 70B
+    """The section's check of the other reading, TRL's peft_module_casting_to_bf16 as 0.7.5-0.8.6 ran it, adapters
+    included (Setup.kbit_recast_bf16 and kbit_recast_adapters): the 70B
     line's longest context, row 1008's line at 7,500 tokens and the same post's 8B length at 12 GB, each as quoted."""
     reserved = load_bench("accuracy_reserved")
     text = " ".join(load_bench("accuracy_open_verdicts").ROWS_70B)
@@ -146,7 +147,7 @@ def test_bf16_recast_reading_as_the_section_quotes(acc: ModuleType, rows: dict[s
     for rid in ("685", "1008", "679"):
         row = rows[rid]
         spec = acc._spec(row["model_hf_id"])
-        setup = acc._train_setup(row, spec).replace(kbit_recast_bf16=True)
+        setup = acc._train_setup(row, spec).replace(kbit_recast_bf16=True, kbit_recast_adapters=True)
         hw = acc._hardware(row["gpu_type"], 1)
         est = acc._verdict_estimate(row, spec, setup, hw)
         out[rid] = (acc.max_context(row, spec, setup, hw), reserved.line_bytes(est, spec, setup) / GiB, setup.seq_len)

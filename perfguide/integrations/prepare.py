@@ -40,21 +40,23 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
     # peft >= 0.12's switch; False keeps the adapters in a 16-bit base's dtype, as every peft before 0.12 did
     model = get_peft_model(model, config, autocast_adapter_dtype=lora is None or lora.autocast_adapter_dtype)
     if rec.setup.kbit_recast_bf16:
-        recast_bf16(model)
+        recast_bf16(model, adapters=rec.setup.kbit_recast_adapters)
     return model
 
 
-def recast_bf16(model: Any) -> None:
-    """The dtypes ``Setup.kbit_recast_bf16`` priced, as TRL's SFTTrainer (0.7.5+, bf16, 4-bit base, peft_config) leaves
-    them after peft's upcast: every PEFT tuner layer (its adapters) in bf16, the norms fp32, fp32 token / position
-    embeddings and head in bf16. Quantized storage (uint8 / int8) is not floating point, so ``.to`` leaves it."""
+def recast_bf16(model: Any, *, adapters: bool) -> None:
+    """The dtypes ``Setup.kbit_recast_bf16`` priced, as TRL's SFTTrainer (0.7.5-0.21.0, bf16, 4-bit base, peft_config)
+    leaves them after peft's upcast: the norms fp32, fp32 token / position embeddings and head in bf16, and with
+    ``adapters`` (``kbit_recast_adapters``: TRL 0.7.5-0.8.6's first branch) every PEFT tuner layer in bf16 too; without
+    it a tuner layer meets the later releases' name checks like any module. Quantized storage (uint8 / int8) is not
+    floating point, so ``.to`` leaves it."""
     import torch
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     embedding_words = ("lm_head", "embed_tokens", "wte", "wpe")
     for name, module in model.named_modules():
         weight = getattr(module, "weight", None)
-        if isinstance(module, BaseTunerLayer):
+        if adapters and isinstance(module, BaseTunerLayer):
             target = torch.bfloat16
         elif "norm" in name or isinstance(module, torch.nn.LayerNorm):
             target = torch.float32

@@ -142,7 +142,7 @@ def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
     return derived(spec, ("ledger", setup.weights_dtype, kbit_fp32_parts(setup), setup.kbit_quantizer, setup.nf4_double_quant,
-                          setup.kbit_recast_bf16, setup.lora), lambda: _ledger(spec, setup))
+                          setup.kbit_recast_bf16, setup.kbit_recast_adapters, setup.lora), lambda: _ledger(spec, setup))
 
 
 def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...]:
@@ -173,9 +173,10 @@ def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...
 def adapter_bytes(setup: Setup) -> int:
     """Bytes per LoRA adapter element (parameter, gradient, each AdamW moment: torch keeps the moments in the
     parameter's dtype): fp32 as PEFT creates them on a quantized base and upcasts them on a 16-bit one
-    (``autocast_adapter_dtype``), bf16 after TRL's recast (``kbit_recast_bf16``: ``module.to(torch.bfloat16)`` on
-    every PEFT tuner layer), and the base's 16 bits on a bf16/fp16 base without the upcast (peft before 0.12)."""
-    if setup.kbit_recast_bf16:
+    (``autocast_adapter_dtype``), bf16 after TRL 0.7.5-0.8.6's recast (``kbit_recast_adapters``: ``module.to(torch.bfloat16)``
+    on every PEFT tuner layer; later releases' recast leaves them fp32), and the base's 16 bits on a bf16/fp16 base
+    without the upcast (peft before 0.12)."""
+    if setup.kbit_recast_adapters:
         return 2
     keeps_base_dtype = setup.lora is not None and not setup.lora.autocast_adapter_dtype
     return DTYPE_BYTES[setup.weights_dtype] if keeps_base_dtype and setup.weights_dtype in ("bf16", "fp16") else LORA_ADAPTER_BYTES

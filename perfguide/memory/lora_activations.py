@@ -26,8 +26,8 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     """
     if not lora_inputs_per_layer:
         return 0
-    sixteen_bit_adapters = setup.kbit_recast_bf16 or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
-                                                      and setup.weights_dtype in ("bf16", "fp16"))
+    sixteen_bit_adapters = setup.kbit_recast_adapters or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
+                                                          and setup.weights_dtype in ("bf16", "fp16"))
     # under autocast (fp32 weights or a 16-bit / k-bit base alike) lora_A's matmul keeps autocast's 16-bit cast of its
     # input; the fp32 copy peft makes first is freed (traced, scripts/trace_block_backward.py: 2 B per input element)
     autocast_runs = setup.autocast is not None and not engine_casts_to_16bit(setup)

@@ -20,7 +20,7 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 class QLora(Technique):
     name = "qlora"
-    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant", "kbit_recast_bf16")
+    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant", "kbit_recast_bf16", "kbit_recast_adapters")
     summary = "LoRA adapters on a 4-bit NF4 base; also the bitsandbytes config of int8/nf4 inference"
     sources = SOURCES
     requires = Requires(devices=("cuda",), packages=("bitsandbytes", "peft"), finetune=("qlora",))
@@ -32,10 +32,13 @@ class QLora(Technique):
 
     def conflict(self, setup: Any) -> str | None:
         """``kbit_recast_bf16`` undoes part of peft's kbit upcast on a bf16-autocast QLoRA run; anywhere else it
-        would price a cast no stack makes."""
+        would price a cast no stack makes. ``kbit_recast_adapters`` is one branch of that same cast (TRL 0.7.5-0.8.6)."""
+        if setup.kbit_recast_adapters and not setup.kbit_recast_bf16:
+            return ("kbit_recast_adapters is a branch of TRL's bf16 recast (TRL 0.7.5-0.8.6), which casts the embeddings "
+                    "and head too: set kbit_recast_bf16=True with it, or turn it off (kbit_recast_adapters=False)")
         if setup.kbit_recast_bf16 and not (setup.quantized and setup.kbit_upcast and setup.lora is not None
                                            and setup.autocast == "bf16"):
-            return ("kbit_recast_bf16 re-casts a kbit-upcast (kbit_upcast=True) quantized base's adapters to bf16 under "
+            return ("kbit_recast_bf16 re-casts a kbit-upcast (kbit_upcast=True) quantized base's embeddings and head to bf16 under "
                     "autocast='bf16' with LoRA; or turn it off (kbit_recast_bf16=False)")
         if setup.kbit_recast_bf16 and setup.shards_params:
             # TRL skips both the upcast and the recast for sharded QLoRA (sft_trainer.py is_sharded_qlora)
