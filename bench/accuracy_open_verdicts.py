@@ -60,9 +60,11 @@ ROWS_70B = (
     "per-source medians 5.4 -> 6.4%); the FSDP pairs' ratios (1.30-2.63) and the single-GPU pairs' (1.03-1.20) do not "
     "share one value (docs/validation.md 7b, bench/results/allocator_resident.md)",
     "the reading: TRL's peft_module_casting_to_bf16 (SFTTrainer given a peft_config, bf16=True: bf16 embedding, head "
-    "and adapters; the fp32 norms keep the residual stream fp32) would put the 70B line's longest context at 8,079 "
-    "tokens: row 1008 would fit (77.3 GiB on the line at 7,500, 7.7% long) but row 685 would be 16.8% long and the "
-    "same post's 8B rows far off (932 -> 2,383 tokens at 12 GB). Neither post states the HF baseline's trainer or "
+    "and, in TRL 0.7.5-0.8.6, adapters; the fp32 norms keep the residual stream fp32) would put the 70B line's longest "
+    "context at 8,079 tokens: row 1008 would fit (77.3 GiB on the line at 7,500, 7.7% long) but row 685 would be 16.8% "
+    "long and the same post's 8B rows far off (932 -> 2,383 tokens at 12 GB). With TRL 0.9.2-0.21's cast (fp32 "
+    "adapters) the line's longest context is 7,887 tokens: row 1008 would fit (78.1 GiB at 7,500, 5.2% long), row 685 "
+    "would be 14.0% long, the 8B rows 932 -> 2,303 tokens. Neither post states the HF baseline's trainer or "
     "casts, and the December table the 8B rows share with row 685 reads as the upcast; row 1008's April 2024 baseline "
     "code is not public, so its reading stays",
 )

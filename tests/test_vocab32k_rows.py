@@ -137,22 +137,24 @@ def test_70b_and_8b_weight_shares_as_quoted(acc: ModuleType, rows: dict[str, dic
     assert "59% weights" in " ".join(load_bench("accuracy_open_verdicts").ROWS_70B)
 
 
-def test_bf16_recast_reading_as_the_section_quotes(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
-    """The section's check of the other reading, TRL's peft_module_casting_to_bf16 as 0.7.5-0.8.6 ran it, adapters
-    included (Setup.kbit_recast_bf16 and kbit_recast_adapters): the 70B
-    line's longest context, row 1008's line at 7,500 tokens and the same post's 8B length at 12 GB, each as quoted."""
+@pytest.mark.parametrize(("adapters", "line_at"), [(True, "GiB on the line at 7,500"), (False, "GiB at 7,500")])
+def test_bf16_recast_reading_as_the_section_quotes(acc: ModuleType, rows: dict[str, dict[str, str]], adapters: bool,
+                                                   line_at: str) -> None:
+    """The section's check of the other reading, TRL's peft_module_casting_to_bf16 (Setup.kbit_recast_bf16) as 0.7.5-0.8.6
+    ran it, adapters included (kbit_recast_adapters), and as 0.9.2-0.21 did (fp32 adapters): the 70B line's longest
+    context, row 1008's line at 7,500 tokens and the same post's 8B length at 12 GB, each as quoted."""
     reserved = load_bench("accuracy_reserved")
     text = " ".join(load_bench("accuracy_open_verdicts").ROWS_70B)
     out = {}
     for rid in ("685", "1008", "679"):
         row = rows[rid]
         spec = acc._spec(row["model_hf_id"])
-        setup = acc._train_setup(row, spec).replace(kbit_recast_bf16=True, kbit_recast_adapters=True)
+        setup = acc._train_setup(row, spec).replace(kbit_recast_bf16=True, kbit_recast_adapters=adapters)
         hw = acc._hardware(row["gpu_type"], 1)
         est = acc._verdict_estimate(row, spec, setup, hw)
         out[rid] = (acc.max_context(row, spec, setup, hw), reserved.line_bytes(est, spec, setup) / GiB, setup.seq_len)
     longest = out["685"][0]
     assert out["1008"][0] == longest and f"{longest:,} tokens" in text
-    assert f"{out['1008'][1]:.1f} GiB on the line at 7,500" in text and out["1008"][1] < 80
+    assert f"{out['1008'][1]:.1f} {line_at}" in text and out["1008"][1] < 80
     assert f"{(longest / 7500 - 1) * 100:.1f}% long" in text and f"{(longest / 6916 - 1) * 100:.1f}% long" in text
     assert f"932 -> {out['679'][0]:,} tokens" in text and out["679"][0] > 2 * 932
