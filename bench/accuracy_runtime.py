@@ -103,21 +103,31 @@ def checkpoint_release(row: dict[str, str]) -> Iterator[None]:
     here; rows without a stated or inferred one: as is."""
     from accuracy_loss import _transformers_version
 
-    with recompute_release(_transformers_version(row)):
+    release = _transformers_version(row)
+    variant = None if FSDP_WRAPPER_NON_REENTRANT in row["grad_checkpointing"] else release
+    with recompute_release(release, variant):
         yield
 
 
+#: blocks checkpointed by FSDP's own wrapper, not transformers' gradient_checkpointing_enable: accelerate's FSDP plugin
+#: (fsdp_config activation_checkpointing) applies torch's checkpoint_wrapper with CheckpointImpl.NO_REENTRANT (accelerate
+#: 0.34.0 Accelerator.prepare_model), non-reentrant whatever the transformers release
+FSDP_WRAPPER_NON_REENTRANT = "checkpoint_wrapper NO_REENTRANT"
+
+
 @contextmanager
-def recompute_release(release: str | None) -> Iterator[None]:
+def recompute_release(release: str | None, variant: str | None = "") -> Iterator[None]:
     """checkpoint_release for a release named directly (None: as is); the techniques bench uses it for sources that
-    pin a release in their example scripts."""
+    pin a release in their example scripts. ``variant``: the release whose checkpoint variant the blocks ran (None: a
+    current one, non-reentrant), where it is not the training release's own ("": the release's)."""
     import perfguide.memory.analytic as analytic
 
     if release is None:
         yield
         return
     saved, era, loop = analytic.block_backward_bytes, analytic.eras.attention_era_bytes, analytic.expert_loop_saved_bytes
-    analytic.block_backward_bytes = lambda spec, setup, _installed=None, *a: saved(spec, setup, release, *a)   # type: ignore[assignment]
+    checkpoint = release if variant == "" else variant
+    analytic.block_backward_bytes = lambda spec, setup, _installed=None, *a: saved(spec, setup, checkpoint, *a)   # type: ignore[assignment]
     analytic.expert_loop_saved_bytes = lambda spec, setup, _installed, **kw: loop(spec, setup, release, **kw)   # type: ignore[assignment]
     ran = release
 

@@ -315,9 +315,18 @@ def trl_recasts_adapters(row: dict[str, str]) -> bool:
     return tuple(int(x) for x in m.group(1).split(".")) <= TRL_LAST_ADAPTER_RECAST
 
 
+#: Liger runs whose kernels Setup.liger_kernel (fused linear cross-entropy with fused RMSNorm, RoPE and SwiGLU) cannot
+#: say: a post-init class patch leaves the built norms and MLPs HF's (only the CausalLM forward and the rotary function
+#: are looked up at call time), and Liger's gemma2 patch of September 2024 had a plain cross-entropy kernel, no fused one
+LIGER_PARTIAL = ("Liger partially applied", "Liger kernels without fused linear cross-entropy")
+
+
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
+    partial = next((p for p in LIGER_PARTIAL if p in row["method"]), None)
+    if partial:
+        raise Skip(f"{partial}: Setup.liger_kernel prices fused linear cross-entropy with every fused kernel")
     q = row["quantization"]
     if q.startswith(("GPTQ", "AWQ", "AQLM")):   # pre-quantized checkpoints: perfguide's training bases are bnb nf4 / int8
         raise Skip(f"{q.split()[0]} weights are not expressible")

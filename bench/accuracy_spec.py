@@ -38,7 +38,11 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
              # T0 3B is T5 v1.1 XL LM-adapted, fine-tuned (huggingface.co/bigscience/T0_3B/config.json): Flan-T5-XL's
              # shape (2048 x 24 + 24 layers, 32 heads of 64, gated-GELU FFN 5120, vocab 32128, untied head)
-             "bigscience/T0_3B": "google/flan-t5-xl"}
+             "bigscience/T0_3B": "google/flan-t5-xl",
+             # Phi-3.5-mini keeps Phi-3-mini's block and tokenizer (its model card: 3.8B, "same tokenizer as Phi-3 Mini";
+             # config.json 3072 x 32 layers, FFN 8192, 32 heads, vocab 32064, untied head); its 131072 longrope positions
+             # and sliding window differ from the 4k checkpoint's, which hold no memory at the 512 tokens its rows train
+             "microsoft/Phi-3.5-mini-instruct": "microsoft/Phi-3-mini-4k-instruct"}
 
 
 def _spec(hub_id: str) -> ModelSpec:
