@@ -6,7 +6,9 @@ The Liger runs of Llama-3-8B, Mistral-7B and Gemma-7B peak at one value whatever
 peaks are flat): the optimizer step. It is counted here by hand: accelerate 0.34 upcasts the bf16-loaded FlatParameters
 to fp32, so each rank holds a quarter of the fp32 parameters, their fp32 gradients, AdamW's two fp32 moments and the
 foreach step's one parameter-sized temporary (torch.optim.AdamW foreach: ``_foreach_sqrt(exp_avg_sqs)``): 5 x 4 B x P / 4.
-Each row also reads back as the setup its log ran."""
+No gathered unit is alive there: FULL_SHARD FSDP reshards every unit after its backward once gradients sync
+(torch distributed/fsdp/_runtime_utils.py ``_should_free_in_backward``), so the estimate must not carry FSDP's gather
+window into the optimizer step. Each row also reads back as the setup its log ran."""
 
 from __future__ import annotations
 
@@ -15,6 +17,11 @@ from pathlib import Path
 
 import pytest
 from helpers import load_bench
+
+from perfguide.hardware.types import Hardware
+from perfguide.memory import estimate_memory
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / "bench" / "data" / "published_measurements.csv"
@@ -47,6 +54,18 @@ def test_liger_runs_peak_at_the_hand_counted_optimizer_step(rows, params):
         published = float(ROWS[rid]["peak_mem_value"])
         assert ROWS[rid]["peak_mem_unit"] == "MiB"
         assert published == pytest.approx(_step_peak(params), rel=0.001)   # what the log shows is that step
+
+
+def test_fsdp_full_shard_optimizer_step_holds_no_gathered_unit():
+    """Llama-3-8B, FULL_SHARD on 4 GPUs, fp32 masters under bf16 autocast, Liger's fused head at 16 tokens: the peak is
+    the optimizer step and it is the hand count, without the gathered root unit (embedding and head: 3.9 GiB)."""
+    spec = ModelSpec.from_any("meta-llama/Meta-Llama-3-8B")
+    assert spec.total_params == LLAMA3_8B
+    setup = Setup(micro_batch_size=1, seq_len=16, autocast="bf16", optimizer="adamw_torch", gradient_checkpointing=True,
+                  strategy="fsdp", num_gpus=4, fsdp_version=1, liger_kernel=True)
+    est = estimate_memory(spec, setup, Hardware.from_name("a100-80gb:4"))
+    assert "peak in optimizer step" in est.notes
+    assert est.peak_allocated / MiB == pytest.approx(_step_peak(LLAMA3_8B), rel=1e-4)
 
 
 def test_rows_read_back_as_the_runs():

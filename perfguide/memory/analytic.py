@@ -309,14 +309,18 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # a first micro-step has not made block 0's gradients nor an untied embedding's at block 0's peak (block_backward.py)
     pending = min(accumulated, first_step_pending_params(spec, setup) * states.grad_elem_bytes) if recompute and not held_grads else 0
     backward_end = resident + accumulated - pending + grad_tail + recompute + in_flight + dequant + ipg + end_held
-    step = resident + grads + grad_tail + step_temp
+    # FULL_SHARD FSDP has resharded every unit and freed each unsharded gradient after its reduce-scatter by the end of
+    # backward (torch fsdp/_runtime_utils.py _should_free_in_backward: True once gradients sync), so its gather
+    # window is not alive through the optimizer step
+    step_gather = gather if setup.is_fsdp and setup.gathers_params else 0
+    step = resident - step_gather + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     # what the peak phase holds beyond the reported weights, gradients, states, activations and logits
     phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg + block_peak + top_held,
-                   "end of backward": grad_tail + dequant + ipg + in_flight + end_held, "optimizer step": grad_tail + dequant + step_temp}
+                   "end of backward": grad_tail + dequant + ipg + in_flight + end_held, "optimizer step": grad_tail + dequant + step_temp - step_gather}
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
                if accumulated > grads else ()))
