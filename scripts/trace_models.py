@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,6 +128,24 @@ def model_config(arch: str, h: int, i: int, dims: dict[str, Any] | None = None) 
     return LlamaConfig(**shape, tie_word_embeddings=False)
 
 
+
+@contextmanager
+def _sdpa_allowed(arch: str) -> Iterator[None]:
+    """transformers 5.24's Gemma 2 declares no SDPA support (for its soft-caps, off in these configs); its attention
+    calls the same interface as Gemma 3's, so while the traced model loads the class accepts SDPA, as the other
+    architectures' traces run it. Restored after: a process that builds a soft-capped Gemma 2 next must not get SDPA."""
+    if arch != "gemma2":
+        yield
+        return
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2PreTrainedModel
+
+    before = Gemma2PreTrainedModel._supports_sdpa
+    Gemma2PreTrainedModel._supports_sdpa = True
+    try:
+        yield
+    finally:
+        Gemma2PreTrainedModel._supports_sdpa = before
+
 def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool = True, liger: bool = False,
           full: str | None = None, arch: str = "llama", dims: dict[str, Any] | None = None) -> Any:
     """The traced model; ``full``: the weights dtype of a full fine-tune ("bf16" / "fp32": no adapter, every weight
@@ -136,22 +156,17 @@ def build(h: int, i: int, kbit: bool, reentrant: bool, tmp: str, prepare: bool =
 
     torch.manual_seed(0)
     config = model_config(arch, h, i, dims)
-    if arch == "gemma2":
-        # transformers 5.24's Gemma 2 declares no SDPA support (for its soft-caps, off here): its attention calls the
-        # same attention interface as Gemma 3's, so the blocks run SDPA as the other architectures' traces do
-        from transformers.models.gemma2.modeling_gemma2 import Gemma2PreTrainedModel
-
-        Gemma2PreTrainedModel._supports_sdpa = True
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
     kwargs: dict[str, Any] = {"attn_implementation": "sdpa", dtype_keyword(): torch.float32 if full == "fp32" else torch.bfloat16}
     if kbit:
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                            bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=torch.bfloat16)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
-    except ImportError:  # transformers before CPU bitsandbytes support (4.39.3: its bnb quantizer requires CUDA)
-        kwargs.pop("quantization_config")
-        model = quantize_nf4(AutoModelForCausalLM.from_pretrained(tmp, **kwargs))
+    with _sdpa_allowed(arch):
+        AutoModelForCausalLM.from_config(config).save_pretrained(tmp)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(tmp, **kwargs)
+        except ImportError:  # transformers before CPU bitsandbytes support (4.39.3: its bnb quantizer requires CUDA)
+            kwargs.pop("quantization_config")
+            model = quantize_nf4(AutoModelForCausalLM.from_pretrained(tmp, **kwargs))
     ckpt = {"use_reentrant": reentrant}
     if kbit and prepare:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=ckpt)

@@ -77,8 +77,13 @@ def test_each_row_reads_as_its_stated_setup_and_names_its_source(row: dict[str, 
 ])
 def test_deepspeed_words_read_as_the_stage_and_offload_they_name(words: str, strategy: str, offload_optimizer: bool,
                                                                   offload_params: bool) -> None:
-    read = load_bench("accuracy_setup")._strategy({"parallelism": words, "num_gpus": "2", "source": "", "method": ""})
-    assert read == {"strategy": strategy, "offload_optimizer": offload_optimizer, "offload_params": offload_params}
+    read = load_bench("accuracy_setup")._strategy({"parallelism": words, "num_gpus": "2", "source": "", "method": "", "notes": ""})
+    # notes that state neither "no zero.Init" nor overlap_comm: the defaults (built under zero.Init, two ipg buffers)
+    assert read == {"strategy": strategy, "offload_optimizer": offload_optimizer, "offload_params": offload_params,
+                    "zero3_init": True, "overlap_comm": True}
+    stated = load_bench("accuracy_setup")._strategy({"parallelism": words, "num_gpus": "2", "source": "", "method": "",
+                                                     "notes": "the script loads the model first (no zero.Init); overlap_comm false"})
+    assert (stated["zero3_init"], stated["overlap_comm"]) == (False, False)
 
 
 def test_each_pending_oom_pair_is_its_rows_message() -> None:
