@@ -330,7 +330,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         notes = (*notes, f"loading holds more: the {'quantized ' if setup.quantized else ''}model whole on every GPU before "
                          f"ZeRO-3 partitions it ({load / 1e9:.2f} GB)" + ("" if setup.quantized else
                          "; build it under zero.Init: create TrainingArguments(deepspeed=...) (or HfDeepSpeedConfig, or "
-                         "accelerate's zero3_init_flag) before from_pretrained"))
+                         "the Accelerator with its ZeRO-3 plugin) before from_pretrained"))
     return to_estimate(
         setup=setup, hardware=hardware, weights=dev.weights + terms.extra_weights, gradients=accumulated - (pending if phase == "end of backward" else 0), optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],
