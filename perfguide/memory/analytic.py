@@ -101,8 +101,10 @@ def frozen_params_get_grads(setup: Setup) -> bool:
 
 
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
-    def cost_at(param_bytes: int) -> OptimizerCost:   # the trainable tensors' state at this parameter width
-        return optimizer_cost(setup.optimizer, list(led.trainable), param_bytes, embedding_32bit=setup.bnb_embedding_override)
+    def cost_at(param_bytes: int | None) -> OptimizerCost:
+        """The trainable tensors' state cast to ``param_bytes`` (DeepSpeed's masters), or each at its own width (None)."""
+        groups = list(led.trainable) if param_bytes is None else [replace(g, width=None) for g in led.trainable]
+        return optimizer_cost(setup.optimizer, groups, param_bytes or led.param_bytes, embedding_32bit=setup.bnb_embedding_override)
 
     if setup.strategy in DEEPSPEED and setup.lora is None and setup.weights_dtype == "bf16":   # pure bf16, bf16 masters
         cost = cost_at(2)
@@ -118,8 +120,8 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
     if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
         cost = cost_at(4)
         return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost
-    cost = cost_at(led.param_bytes)
-    grads = led.trainable_params * led.param_bytes
+    cost = cost_at(None)
+    grads = led.trainable_bytes
     if frozen_params_get_grads(setup):
         grads += spec.total_params * DTYPE_BYTES[setup.weights_dtype]
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes), cost
@@ -248,7 +250,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts, per_layer = stack_activation_bytes(spec, act_setup, lora_extra, keeps_inputs)
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
     largest = max((g.numel for g in led.trainable), default=0)
-    ctx = techniques.MemoryContext(spec, setup, shape, largest, states.grad_elem_bytes, led.trainable_params, cost.states,
+    # the largest gradient's width: its own where the step keeps the ledger's widths (not DeepSpeed's 16-bit casts)
+    grad_elem = led.largest_width if states.grad_elem_bytes == led.param_bytes else states.grad_elem_bytes
+    ctx = techniques.MemoryContext(spec, setup, shape, largest, grad_elem, led.trainable_params, cost.states,
                                    dev.optimizer, per_layer)
     base_logits = act.logits_bytes(spec, shape)
     terms = techniques.memory_terms(ctx, techniques.MemoryTerms(

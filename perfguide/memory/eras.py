@@ -147,6 +147,5 @@ def trainer_fsdp_pre_wrap_bytes(spec: ModelSpec, setup: Setup, release: str) -> 
     lo, hi = (version_tuple(r) for r in TRAINER_FSDP_PRE_WRAP_OPTIMIZER)
     if not setup.is_fsdp or not lo <= v < hi:
         return 0
-    led = ledger(spec, setup)
-    return int(led.trainable_params * led.param_bytes)
+    return ledger(spec, setup).trainable_bytes
 

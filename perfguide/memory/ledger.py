@@ -16,7 +16,7 @@ from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from .kbit import kbit_fp32_parts
 from .moe_lora import ExpertAdapters, all_linear_extra, listed_targets, split_targets
-from .optimizers import TensorGroup
+from .optimizers import TensorGroup, group_bytes
 from .top_of_stack import quantized_head
 
 #: Bytes of the unquantized weight dtypes, as ints (setup.DTYPE_BYTES is the one table).
@@ -33,11 +33,22 @@ class Ledger:
     param_count: int
     trainable: tuple[TensorGroup, ...]
     trainable_params: int
-    param_bytes: int                 # bytes per element of trainable params, grads and torch optimizer state
+    param_bytes: int                 # bytes per element of the adapters (or every trainable tensor): params, grads, torch state
     lora_inputs_per_layer: int = 0   # sum of input widths of adapted Linears in one block
     lora_rank_per_layer: int = 0
     dora_outputs_per_layer: int = 0  # sum of output widths of DoRA-adapted Linears in one block (0 without DoRA)
     experts: ExpertAdapters | None = None  # LoRA on fused MoE experts / router as parameters (memory/moe_lora.py)
+
+    @property
+    def trainable_bytes(self) -> int:
+        """One copy of the trainable tensors (their weights, or their gradients), each group at its own width."""
+        return group_bytes(self.trainable, self.param_bytes)
+
+    @property
+    def largest_width(self) -> int:
+        """Bytes per element of the largest trainable tensor (a 16-bit modules_to_save copy beside fp32 adapters)."""
+        top = max(self.trainable, key=lambda g: g.numel, default=None)
+        return (top.width if top is not None else None) or self.param_bytes
 
 
 def _expert_matrices(spec: ModelSpec) -> list[TensorGroup]:
@@ -149,9 +160,10 @@ def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...
     """The trainable copies ``modules_to_save`` adds: PEFT's ModulesToSaveWrapper keeps the original (frozen, already
     in the weights) and trains a deep copy, one vocabulary x hidden matrix per named embedding or head.
 
-    The copy takes the dtype the original has when ``get_peft_model`` runs; the ledger prices every trainable tensor
-    at one width, so a copy whose width differs from the adapters' (16-bit copies beside fp32 adapters on a 16-bit
-    base) is refused rather than priced at the wrong one."""
+    The copy takes the dtype the original has when ``get_peft_model`` runs (a deep copy; peft's
+    ``autocast_adapter_dtype`` upcasts only the adapter layers), so on a 16-bit base, or after TRL's bf16 recast of the
+    embeddings and head, the copies are 16-bit beside fp32 adapters: such a group carries its own ``width``, which its
+    weights, gradients and optimizer states take (checked on a real peft model, tests/test_mixed_width.py)."""
     lora = setup.lora
     if lora is None or not lora.modules_to_save:
         return ()
@@ -161,13 +173,10 @@ def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...
                                 f"({', '.join(SAVED_EMBEDDINGS[:2] + SAVED_HEADS[:1])}, ...)")
     wd = setup.weights_dtype
     copy_bytes = DTYPE_BYTES[wd] if wd in DTYPE_BYTES else (2 if setup.kbit_recast_bf16 or not kbit_fp32_parts(setup) else 4)
-    if copy_bytes != adapter_bytes(setup):
-        raise InvalidSetupError(f"modules_to_save on this base keeps {copy_bytes}-byte copies beside {adapter_bytes(setup)}-byte "
-                                "adapters; perfguide prices trainable tensors at one width: train the copies on an fp32 or "
-                                "kbit-upcast base, or drop modules_to_save")
+    width = copy_bytes if copy_bytes != adapter_bytes(setup) else None
     # the copy is a module of its original's class: an embedding's copy takes the Trainer's 32-bit bnb state override
-    return tuple(TensorGroup(1, spec.vocab_size, spec.hidden_size, "embedding" if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS else "head")
-                 for n in lora.modules_to_save)
+    return tuple(TensorGroup(1, spec.vocab_size, spec.hidden_size, "embedding" if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS else "head",
+                             width) for n in lora.modules_to_save)
 
 
 def adapter_bytes(setup: Setup) -> int:
@@ -210,4 +219,5 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     groups += saved
     trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
-    return Ledger(base + trainable * nbytes, spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora, experts)
+    return Ledger(base + group_bytes(groups, nbytes), spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora,
+                  experts)

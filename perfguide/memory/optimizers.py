@@ -10,7 +10,7 @@ rows of data/optimizers.json (perfguide.optimizer_facts), each with its public s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Literal
 
@@ -26,12 +26,17 @@ TORCHAO_BLOCK = {8: 256, 4: 128}
 
 @dataclass(frozen=True)
 class TensorGroup:
-    """``count`` trainable tensors of shape (rows, cols); cols == 1 for 1-D tensors (norms, biases)."""
+    """``count`` trainable tensors of shape (rows, cols); cols == 1 for 1-D tensors (norms, biases).
+
+    ``width``: bytes per element where these tensors are stored at another width than the rest (PEFT's
+    modules_to_save copies keep their original's 16 bits beside fp32 adapters); None: the width the pricing is handed
+    (``param_bytes``), which a step that casts every trainable tensor (DeepSpeed's fp32 masters) also imposes."""
 
     count: int
     rows: int
     cols: int
     kind: Kind = "linear"
+    width: int | None = None
 
     @property
     def numel(self) -> int:
@@ -40,6 +45,11 @@ class TensorGroup:
     @property
     def total(self) -> int:
         return self.count * self.numel
+
+
+def group_bytes(groups: tuple[TensorGroup, ...] | list[TensorGroup], param_bytes: int) -> int:
+    """Bytes of one copy of ``groups`` (the weights, or their gradients), each at its own width or ``param_bytes``."""
+    return sum(g.total * (g.width or param_bytes) for g in groups)
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,8 @@ def optimizer_cost(name: str | None, groups: list[TensorGroup], param_bytes: int
 def _optimizer_cost(name: str | None, groups: tuple[TensorGroup, ...], param_bytes: int, embedding_32bit: bool = True) -> OptimizerCost:
     if name is None:
         return OptimizerCost(0, 0)
+    if any(g.width is not None for g in groups):
+        return _per_width(name, groups, param_bytes, embedding_32bit)
     facts = row(name)
     family, states, bits = facts.family, facts.states, facts.bits
     largest = max((g.numel for g in groups), default=0)
@@ -137,6 +149,20 @@ def _optimizer_cost(name: str | None, groups: tuple[TensorGroup, ...], param_byt
         return OptimizerCost(state, largest * 4 * 2)   # one tensor's projection + update temporaries in fp32
     state = sum(_torchao_state_bytes(g, states, bits, param_bytes) for g in groups)
     return OptimizerCost(state, largest * 4 * states)
+
+
+def _per_width(name: str, groups: tuple[TensorGroup, ...], param_bytes: int, embedding_32bit: bool) -> OptimizerCost:
+    """Tensors of two widths: each width's states priced at it and added. Step temporaries: torch's foreach step
+    runs once per (device, dtype) group (``Optimizer._group_tensors_by_device_and_dtype`` in torch/optim/adam.py
+    ``_multi_tensor_adam``) and the group's ``exp_avg_sq_sqrt`` list is only rebound, not deleted, by the next
+    group's ``torch._foreach_sqrt``, so the two groups' temporaries are alive together: their sum (measured on CPU
+    tensors, tests/test_mixed_width.py). The per-tensor temporaries of the other families are one tensor's: the max."""
+    widths = sorted({g.width or param_bytes for g in groups})
+    parts = [_optimizer_cost(name, tuple(replace(g, width=None) for g in groups if (g.width or param_bytes) == w), w,
+                             embedding_32bit) for w in widths]
+    temps = [p.step_temp for p in parts]
+    temp = sum(temps) if row(name).family == "torch" else max(temps)
+    return OptimizerCost(sum(p.states for p in parts), temp, any(p.paged for p in parts))
 
 
 def state_bytes_per_param(name: str | None, param_bytes: int = 4) -> float:

@@ -188,7 +188,7 @@ def unsplit_tail_bytes(nbytes: int) -> int:
 
 
 def _tails(groups: list[TensorGroup] | tuple[TensorGroup, ...], elem_bytes: int) -> int:
-    return sum(g.count * unsplit_tail_bytes(g.numel * elem_bytes) for g in groups)
+    return sum(g.count * unsplit_tail_bytes(g.numel * (g.width or elem_bytes)) for g in groups)
 
 
 def per_tensor_state_tails(spec: ModelSpec, setup: Setup, led: Ledger, optimizer_states: int) -> tuple[int, int]:
@@ -200,7 +200,7 @@ def per_tensor_state_tails(spec: ModelSpec, setup: Setup, led: Ledger, optimizer
     if setup.is_fsdp or setup.is_deepspeed or setup.weights_dtype not in DTYPE_BYTES:
         return 0, 0
     grads = _tails(led.trainable, led.param_bytes)
-    per = led.trainable_params * led.param_bytes
+    per = led.trainable_bytes
     copies = optimizer_states // per if per and optimizer_states % per == 0 else 0
     return _tails(full_groups(spec), DTYPE_BYTES[setup.weights_dtype]) + copies * grads, grads
 

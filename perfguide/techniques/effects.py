@@ -27,7 +27,7 @@ class MemoryContext:
     setup: Setup                 # the Setup as planned
     shape: Setup                 # the (batch, sequence) the model really computes on (after every ``shape`` hook)
     largest_trainable: int       # elements of the largest trainable tensor
-    grad_elem_bytes: int         # bytes per gradient element
+    grad_elem_bytes: int         # bytes per element of the largest trainable tensor's gradient
     trainable_params: int
     state_bytes: int             # optimizer state of the whole model, before sharding
     optimizer_bytes: int         # optimizer state on this device (after sharding and offload)
