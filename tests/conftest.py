@@ -5,11 +5,12 @@ published rows, which several test files read."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers import load_bench
+from helpers import load_bench, reset_accelerate_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,3 +34,22 @@ def rows() -> dict[str, dict[str, str]]:
     """bench/data/published_measurements.csv by row_id (a test module may define its own ``rows``)."""
     with (ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8") as fh:
         return {r["row_id"]: r for r in csv.DictReader(fh)}
+
+
+@pytest.fixture
+def gloo_group(tmp_path: Path) -> Iterator[None]:
+    """A one-rank gloo process group (CPU) with a fresh accelerate state, for FSDP/DDP wraps in this process."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    from accelerate import PartialState
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    reset_accelerate_state()
+    PartialState(cpu=True)  # accelerate's logging (its upcast warning) needs a state
+    try:
+        yield
+    finally:
+        reset_accelerate_state()
+        dist.destroy_process_group()

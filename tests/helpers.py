@@ -173,6 +173,25 @@ def reset_accelerate_state() -> None:
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
+def accelerate_fsdp2(rec: Recommendation, model: Any, mixed_precision: str) -> Any:
+    """``model`` put through accelerate's own ``fsdp2_prepare_model`` with the plan's FSDP plugin, on the one-rank gloo
+    group a test holds (CPU): the wrap, the upcast and the mixed-precision policy a user's run gets."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+    from perfguide.integrations.accelerate import fsdp_plugin
+
+    plugin = fsdp_plugin(rec)
+    if mixed_precision != "no":
+        plugin.set_mixed_precision(mixed_precision)   # what AcceleratorState does with a mixed_precision
+    plugin.set_auto_wrap_policy(model)
+    shim = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), device=torch.device("cpu"), is_main_process=True,
+                           mixed_precision=mixed_precision, torch_device_mesh=None, parallelism_config=None)
+    return fsdp2_prepare_model(shim, model)
+
+
 def one_line(exc: pytest.ExceptionInfo[BaseException], *named: str) -> str:
     """The message is one line, names each of ``named`` and points at what is accepted."""
     msg = str(exc.value)

@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
 try:
-    from helpers import GiB, make_rec, reset_accelerate_state, tiny_model
+    from helpers import GiB, accelerate_fsdp2, make_rec, tiny_model
 except ImportError:  # pragma: no cover
-    from tests.helpers import GiB, make_rec, reset_accelerate_state, tiny_model
+    from tests.helpers import GiB, accelerate_fsdp2, make_rec, tiny_model
 
 MODEL = "meta-llama/Llama-3.1-8B"
 
@@ -74,19 +74,9 @@ def test_master_weights_bf16_with_lora_refused():
 def _prepare(mixed_precision: str):
     """accelerate's FSDP2 preparation of a bf16 tiny Llama on a one-rank gloo group (CPU), then one AdamW step."""
     import torch.distributed as dist
-    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
-
-    from perfguide.integrations.accelerate import fsdp_plugin
 
     rec = make_rec({"strategy": "fsdp", "num_gpus": 2, "weights_dtype": "bf16", "autocast": "bf16", "micro_batch_size": 1})
-    plugin = fsdp_plugin(rec)
-    model = tiny_model().to(torch.bfloat16)
-    plugin.set_auto_wrap_policy(model)
-    from types import SimpleNamespace
-
-    shim = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), device=torch.device("cpu"), is_main_process=True,
-                           mixed_precision=mixed_precision, torch_device_mesh=None, parallelism_config=None)
-    model = fsdp2_prepare_model(shim, model)
+    model = accelerate_fsdp2(rec, tiny_model().to(torch.bfloat16), mixed_precision)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 128, (1, 16))
     model(input_ids=ids, labels=ids).loss.backward()
@@ -94,24 +84,6 @@ def _prepare(mixed_precision: str):
     assert dist.is_initialized()
     states = [t for st in opt.state.values() for k, t in st.items() if k in ("exp_avg", "exp_avg_sq")]
     return {p.dtype for p in model.parameters()}, {t.dtype for t in states}
-
-
-@pytest.fixture
-def gloo_group(tmp_path):
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this process")
-    from accelerate import PartialState
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
-    reset_accelerate_state()
-    PartialState(cpu=True)  # accelerate's logging (its upcast warning) needs a state
-    try:
-        yield
-    finally:
-        reset_accelerate_state()
-        dist.destroy_process_group()
 
 
 def test_accelerate_fsdp2_keeps_bf16_only_without_mixed_precision(gloo_group):

@@ -121,10 +121,11 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
         cost = cost_at(4)
         return deepspeed_half(led.param_count, led.trainable_params, cost.states), cost
     cost = cost_at(None)
-    grads = led.trainable_bytes
+    grads, elements = led.trainable_bytes, led.trainable_params
     if frozen_params_get_grads(setup):
         grads += spec.total_params * DTYPE_BYTES[setup.weights_dtype]
-    return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes), cost
+        elements += spec.total_params
+    return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes, elements), cost
 
 
 #: bitsandbytes release whose MatMul4Bit stops saving the input of a frozen 4-bit Linear (bnb PR #1270,

@@ -153,7 +153,8 @@ def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
     return derived(spec, ("ledger", setup.weights_dtype, kbit_fp32_parts(setup), setup.kbit_quantizer, setup.nf4_double_quant,
-                          setup.kbit_recast_bf16, setup.kbit_recast_adapters, setup.lora), lambda: _ledger(spec, setup))
+                          setup.kbit_recast_bf16, setup.kbit_recast_adapters, setup.lora, fsdp2_upcasts_trainables(setup)),
+                   lambda: _ledger(spec, setup))
 
 
 def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...]:
@@ -173,10 +174,22 @@ def saved_module_groups(spec: ModelSpec, setup: Setup) -> tuple[TensorGroup, ...
                                 f"({', '.join(SAVED_EMBEDDINGS[:2] + SAVED_HEADS[:1])}, ...)")
     wd = setup.weights_dtype
     copy_bytes = DTYPE_BYTES[wd] if wd in DTYPE_BYTES else (2 if setup.kbit_recast_bf16 or not kbit_fp32_parts(setup) else 4)
+    copy_bytes = LORA_ADAPTER_BYTES if fsdp2_upcasts_trainables(setup) else copy_bytes
     width = copy_bytes if copy_bytes != adapter_bytes(setup) else None
     # the copy is a module of its original's class: an embedding's copy takes the Trainer's 32-bit bnb state override
     return tuple(TensorGroup(1, spec.vocab_size, spec.hidden_size, "embedding" if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS else "head",
                              width) for n in lora.modules_to_save)
+
+
+def fsdp2_upcasts_trainables(setup: Setup) -> bool:
+    """Whether accelerate makes every trainable tensor fp32 before ``fully_shard``: its ``fsdp2_prepare_model`` casts
+    each trainable parameter that is not fp32 to fp32 whenever ``mixed_precision`` is not "no" (a LoRA plan's autocast
+    dtype, techniques/precision.py) and the model holds no bitsandbytes Params4bit (accelerate 1.15 utils/fsdp_utils.py:
+    "FSDP2 requires uniform orig_dtype among trainable params in each group"; torch's ``FSDPParamGroup._init_mp_dtypes``
+    raises "FSDP expects uniform original parameter dtype" on a unit holding both). A 16-bit modules_to_save copy or
+    16-bit adapters then train in fp32 (checked with accelerate's own preparation on CPU, tests/test_mixed_width_fsdp.py)."""
+    return (setup.lora is not None and setup.is_fsdp and setup.fsdp_version == 2 and setup.autocast is not None
+            and setup.weights_dtype != "nf4")
 
 
 def adapter_bytes(setup: Setup) -> int:
@@ -185,6 +198,8 @@ def adapter_bytes(setup: Setup) -> int:
     (``autocast_adapter_dtype``), bf16 after TRL 0.7.5-0.8.6's recast (``kbit_recast_adapters``: ``module.to(torch.bfloat16)``
     on every PEFT tuner layer; later releases' recast leaves them fp32), and the base's 16 bits on a bf16/fp16 base
     without the upcast (peft before 0.12)."""
+    if fsdp2_upcasts_trainables(setup):
+        return LORA_ADAPTER_BYTES
     if setup.kbit_recast_adapters:
         return 2
     keeps_base_dtype = setup.lora is not None and not setup.lora.autocast_adapter_dtype

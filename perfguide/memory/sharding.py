@@ -35,6 +35,7 @@ class States:
     optimizer: int            # optimizer state, plus fp32 master / fp32 grad partitions under DeepSpeed
     trainable_params: int
     grad_elem_bytes: int
+    grad_elements: int | None = None   # elements behind ``grads`` where their widths differ; None: grads // grad_elem_bytes
 
 
 @dataclass(frozen=True)
@@ -145,11 +146,15 @@ def no_sync_grads(setup: Setup, states: States, sharded_grads: int) -> int:
     ``Accelerator.no_sync`` calls it for FSDP2 modules. So ``states.grads`` (every parameter whose gradient exists:
     the frozen base too under FSDP1 use_orig_params=True LoRA, analytic.frozen_params_get_grads) replaces the 1/N
     share until the last micro-step's backward. Under autocast FSDP runs on 16-bit gathered parameters (accelerate's
-    MixedPrecision param_dtype = reduce_dtype = the autocast dtype), so autograd's unsharded gradients are 16-bit.
+    MixedPrecision param_dtype = reduce_dtype = the autocast dtype), so autograd's unsharded gradients are 16-bit:
+    2 bytes for every gradient element, whatever width each tensor is stored at (fp32 LoRA adapters beside a
+    modules_to_save copy: FSDP2 casts each group to ``param_dtype``, and with ``reduce_dtype`` the same, its
+    ``to_accumulated_grad_if_needed`` keeps the 16-bit ``.grad``; torch _fully_shard/_fsdp_param.py).
     """
     if not (setup.is_fsdp and setup.gradient_accumulation_steps > 1):
         return sharded_grads
-    full = states.grads * 2 // states.grad_elem_bytes if setup.autocast in ("bf16", "fp16") else states.grads
+    elements = states.grads // states.grad_elem_bytes if states.grad_elements is None else states.grad_elements
+    full = elements * 2 if setup.autocast in ("bf16", "fp16") else states.grads
     return max(full, sharded_grads)
 
 

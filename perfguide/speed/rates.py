@@ -136,21 +136,20 @@ def optimizer_bytes(spec: ModelSpec, setup: Setup) -> float:
     """Bytes the optimizer step streams per device: read weights, grads, states; write weights, states; grad-norm read."""
     if setup.optimizer is None:
         return 0.0
-    weight = grad = grad_bytes(setup)
+    weights = grads = trainable_bytes(spec, setup)
     facts = optimizer_row(setup.optimizer)                 # data/optimizers.json
-    state = facts.streamed_state_bytes
-    if weight == 2 and not facts.low_bit:
-        state /= 2                                         # 32-bit states follow the (bf16) parameter dtype
-    passes = facts.passes
+    # 32-bit states follow each parameter's dtype (torch keeps exp_avg in p's dtype): a bf16 tensor's are half an
+    # fp32 one's; low-bit states are per element whatever the width
+    states = facts.streamed_state_bytes * (ledger(spec, setup).trainable_params if facts.low_bit else weights / 4)
     shards = setup.shard_degree if setup.shards_optimizer else 1
-    per_param = passes * (2 * weight + grad + 2 * state) + grad
-    return per_param * trainable_params(spec, setup) / shards
+    return (facts.passes * (2 * weights + grads + 2 * states) + grads) / shards
 
 
-def grad_bytes(setup: Setup) -> float:
-    """Bytes of one trainable parameter's weight and gradient: the stored dtype's, or fp32 for LoRA adapters (PEFT
-    creates them in fp32)."""
-    return 4 if setup.lora is not None else setup.weight_bytes
+def trainable_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """One copy of the trainable tensors (their weights, or their gradients) at the widths the memory ledger gives
+    them: fp32 LoRA adapters (16-bit where peft < 0.12 or TRL 0.7.5-0.8.6's recast keeps them), a PEFT
+    modules_to_save copy at its original's 16 bits beside them, or the stored dtype of a full fine-tune."""
+    return ledger(spec, setup).trainable_bytes
 
 
 def class_constant(table: str, cls: str, gpu: GPU, path: str | None = None) -> float:

@@ -272,4 +272,4 @@ def recipe_grad_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:
     if framework != "torchtune" or setup.optimizer is None:
         return 0.0
     passes = 0 if techniques.kernel_factors(setup).step_per_tensor else 2
-    return (passes - 1) * rates.grad_bytes(setup) * rates.trainable_params(spec, setup)
+    return (passes - 1) * rates.trainable_bytes(spec, setup)
