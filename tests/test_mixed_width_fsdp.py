@@ -25,12 +25,10 @@ from perfguide.speed import rates, terms
 
 try:
     from helpers import accelerate_fsdp2, make_rec, tiny_model
+    from test_mixed_width import ADAPTERS, COPIES, SAVED  # Llama-3.1-8B's r=16 adapters and its two trained copies
 except ImportError:  # pragma: no cover
     from tests.helpers import accelerate_fsdp2, make_rec, tiny_model
-
-SAVED = ("embed_tokens", "lm_head")
-ADAPTERS = 41_943_040            # Llama-3.1-8B r=16 on every block Linear (tests/test_modules_to_save.py derives it)
-COPIES = 2 * 128_256 * 4_096     # its embedding and head, one trained vocab x hidden copy each
+    from tests.test_mixed_width import ADAPTERS, COPIES, SAVED
 
 
 def _lora(**fields: Any) -> Setup:
