@@ -21,6 +21,7 @@ check of that on a real Reducer. torch 2.13 runs here; the Reducer's bucket allo
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from typing import Any
@@ -85,6 +86,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         for step in range(3):
             mark = step == 2
             if mark:
+                # both ranks past the previous step and no garbage from it pending: the start is the steady state, not
+                # a moment another rank's collective or a reference cycle happens to hold a buffer
+                dist.barrier()
+                gc.collect()
                 with record_function("MARK_start"):
                     pass
             outputs = model(input_ids=ids, labels=labels)   # the loop rebinds: the previous output lives until here
