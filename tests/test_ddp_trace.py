@@ -11,11 +11,14 @@ fp32 copy of every gradient is 2,200,072 B.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import script_trace
 
 from perfguide.memory.sharding import bucket_bytes
 from perfguide.setup import Setup
@@ -30,7 +33,14 @@ BOOKKEEPING = 4096
 
 @pytest.fixture(scope="module")
 def traced() -> dict[str, Any]:
-    result: dict[str, Any] = script_trace("trace_ddp_phases")
+    """The trace in a fresh interpreter: its two spawned ranks then see only the environment a standalone run gives
+    them, not what the test process has built up (inside a full suite run the ranks once saw one more bucket-sized
+    buffer alive at the third step's start, never in a standalone run)."""
+    code = "import json, sys; sys.path.insert(0, 'scripts'); import trace_ddp_phases as t; print(json.dumps(t.trace()))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_", "LOCAL_", "PYTORCH_"))}
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     return result
 
 
