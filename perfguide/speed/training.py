@@ -56,6 +56,11 @@ def _merged(spec: ModelSpec, setup: Setup) -> moe_lora.MergedCost:
     return moe_lora.merged_cost(spec, setup, techniques.step_shape(setup).matmul_tokens, techniques.kernel_factors(setup).recompute)
 
 
+def usable_bandwidth(gpu: GPU) -> float:
+    """Bytes per second a step's memory-bound kernels reach: the datasheet bandwidth times memory_bandwidth_fraction."""
+    return (gpu.memory_bandwidth_gbps or 0) * 1e9 * constant("memory_bandwidth_fraction")
+
+
 def merged_expert_seconds(spec: ModelSpec, setup: Setup, hardware: Hardware, tp: Throughput) -> tuple[moe_lora.MergedCost, float]:
     """(one micro-step's merged-weight cost, its seconds per optimizer step) of LoRA on a MoE's fused experts
     (speed/moe_lora.py), for the plan to say what all-linear costs: its FLOPs at the step's achievable rate (``tp``)
@@ -63,7 +68,7 @@ def merged_expert_seconds(spec: ModelSpec, setup: Setup, hardware: Hardware, tp:
     merged, gpu = _merged(spec, setup), hardware.smallest_gpu
     if not merged.flops or gpu is None or setup.device == "cpu" or not tp.achievable_tflops:
         return merged, 0.0
-    bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * constant("memory_bandwidth_fraction")
+    bw = usable_bandwidth(gpu)
     micro = merged.flops / (tp.achievable_tflops * 1e12) + (merged.bytes / bw if bw else 0.0)
     return merged, setup.gradient_accumulation_steps * micro
 
@@ -176,7 +181,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     slow = constant("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
     gemm_attn = 0.0 if rates.fused_attention(setup) else attn * rates.causal_fraction(spec, setup) / rates.attention_efficiency(setup)
     gpu_time = mm * slow / rate + gemm_attn / rate
-    bw = (gpu.memory_bandwidth_gbps or 0) * 1e9 * constant("memory_bandwidth_fraction")
+    bw = usable_bandwidth(gpu)
     pcie = pcie_gbps(gpu) * 1e9
 
     def gemm_rate(peak_tflops: float, fraction: float, rows: int) -> float:
