@@ -344,6 +344,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
+    if row["source_group"].startswith("litgpt"):   # litgpt's own GPT: an LM head of its own (perfguide/model/code.py)
+        fields["model_code"] = "litgpt"
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)

@@ -32,6 +32,7 @@ from dataclasses import replace
 from .. import techniques
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
+from ..model.code import built_by
 from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
@@ -224,6 +225,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         raise InvalidSetupError(f"training_memory prices training steps, not task={setup.task!r}; perfguide.memory.estimate_memory prices both")
     if setup.strategy in ("device_map", "tp"):
         raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")
+    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
     led = ledger(spec, setup)
     states, cost = _states(spec, setup, led)
     gather, unsharded = _gather_bytes(spec, setup)

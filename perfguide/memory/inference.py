@@ -14,6 +14,7 @@ from typing import Literal
 from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
 from ..model.catalog import catalog_file
+from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .overhead import capacity_bytes, cuda_context_bytes, to_estimate
@@ -242,6 +243,7 @@ def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, re
 def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None,
                        headroom: float = OFFLOAD_HEADROOM) -> MemoryEstimate:
     """Bytes on the most loaded device for one ``generate`` call with ``micro_batch_size`` sequences."""
+    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
     weights = weight_bytes(spec, setup.weights_dtype, stored=setup.checkpoint_format)

@@ -20,6 +20,7 @@ from .. import techniques
 from .._data import fact_value
 from ..hardware.types import Hardware
 from ..memory.inference import InferenceData, activation_bytes_per_element, inference_data, kv_cache_bytes, weight_bytes
+from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .rates import cpu_path, cpu_peak_gflops, host_bandwidth_gbps
@@ -81,6 +82,7 @@ def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> floa
 
 def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float | None = None) -> Throughput:
     """Prefill + (new_tokens - 1) decode steps; tokens/s counts every sequence of every replica."""
+    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
     on_gpu = setup.device == "cuda" and hardware.has_gpu
     dev = _gpu_device(spec, setup, hardware) if on_gpu else _cpu_device(setup, hardware)
     tp = setup.num_gpus if setup.strategy == "tp" and on_gpu else 1

@@ -20,6 +20,7 @@ from ..hardware.types import GPU, Hardware
 from ..memory.analytic import training_memory
 from ..memory.ledger import ledger
 from ..memory.types import MemoryEstimate
+from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import moe_lora, rates, stacks, terms
@@ -159,6 +160,7 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_speed prices training steps, not task={setup.task!r}; perfguide.speed.estimate_speed prices both")
+    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
     return _gpu_training(spec, setup, hardware, framework, attention_kernel, optimizer_impl, loss)

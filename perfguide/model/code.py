@@ -1,0 +1,34 @@
+"""The model as the code that runs it builds it, where that differs from the Hub checkpoint's own layout.
+
+litgpt's ``GPT`` (litgpt/model.py and litgpt/lora.py, read in litgpt 0.3.1 and 0.4.12) declares ``self.lm_head =
+nn.Linear(config.n_embd, config.padded_vocab_size)`` beside ``transformer.wte = nn.Embedding(config.padded_vocab_size,
+config.n_embd)`` and never shares their weights: only its pretraining script ties them (``train.tie_embeddings``), and
+its fine-tuning scripts refuse that argument (``unsupported = [(train, [..., "tie_embeddings", ...])]``); its
+checkpoint converter (scripts/convert_hf_checkpoint.py: ``if "lm_head.weight" not in state_dict:
+state_dict["lm_head.weight"] = state_dict["transformer.wte.weight"]``) fills the head from a tied Hub checkpoint's
+embedding, and loading copies it into the head's own parameter. A Hub model with tied embeddings (Gemma,
+Llama-3.2-1B/3B, ...) therefore holds vocabulary x hidden parameters more under litgpt: their weight always, their
+gradient and optimizer state when the head trains (full fine-tuning). Traced on real CPU tensors (litgpt 0.4.12,
+one- and two-block Llama-3- and Gemma-shaped GPTs at vocabulary 1024, scripts/trace_litgpt.py): the model's bytes
+are the Hub count plus the 1024 x hidden copy. litgpt's padded_vocab_size equals the Hub config's vocab_size (the
+embedding rows the checkpoint stores) for the bench's models, so the copy is vocab_size x hidden.
+"""
+
+from __future__ import annotations
+
+from .types import ModelSpec, derived
+
+
+def built_by(spec: ModelSpec, model_code: str) -> ModelSpec:
+    """``spec`` as ``model_code`` builds it: under litgpt a tied decoder gets an LM head of its own; otherwise
+    ``spec`` itself."""
+    if model_code != "litgpt" or spec.lm_head_params or spec.head != "lm" or spec.is_encoder_decoder:
+        return spec
+
+    def untie() -> ModelSpec:
+        head = spec.vocab_size * spec.hidden_size
+        trainable = None if spec.trainable_params is None else spec.trainable_params + head   # the copy trains too
+        return spec.model_copy(update={"lm_head_params": head, "total_params": spec.total_params + head,
+                                       "trainable_params": trainable, "tie_word_embeddings": False})
+
+    return derived(spec, ("built_by", model_code), untie)
