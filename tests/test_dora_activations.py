@@ -26,15 +26,16 @@ OUTPUTS = 96 + 2 * 16 + 96          # q, v and down_proj output widths of one bl
 B, S = 2, 40
 
 
-def _saved_bytes(use_dora: bool, dtype: Any, autocast: bool) -> int:
+def _saved_bytes(use_dora: bool, dtype: Any, autocast: bool, dropout: float = 0.0, layers: int = 3, upcast: bool = True) -> int:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = {k: v for k, v in CONFIG.items() if k != "model_type"}
+    cfg = {k: v for k, v in CONFIG.items() if k != "model_type"} | {"num_hidden_layers": layers}
     model = get_peft_model(LlamaForCausalLM(LlamaConfig(**cfg)).to(dtype),
-                           LoraConfig(r=8, target_modules=list(TARGETS), use_dora=use_dora, lora_dropout=0.0))
+                           LoraConfig(r=8, target_modules=list(TARGETS), use_dora=use_dora, lora_dropout=dropout),
+                           autocast_adapter_dtype=upcast)
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     ids = torch.randint(0, CONFIG["vocab_size"], (B, S))
@@ -77,3 +78,53 @@ def test_dora_saves_both_branch_outputs(weights: str, autocast: str | None, per_
         return lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer)
 
     assert (priced(True) - priced(False)) * layers == OUTPUTS * per_unit * B * S * layers
+
+
+WEIGHTS = 96 * 96 + 96 * 32 + 160 * 96   # in x out of q, v and down_proj: one block's DoRA base weights
+
+
+def _per_block(use_dora: bool, dtype: Any, autocast: bool, dropout: float, upcast: bool = True) -> int:
+    """Saved bytes of one block: three blocks minus two, so the first block (whose attention input needs no gradient,
+    so its re-run matmuls keep no weight) and the head drop out."""
+    def traced(layers: int) -> int:
+        return _saved_bytes(use_dora, dtype, autocast, dropout=dropout, layers=layers, upcast=upcast)
+    return traced(3) - traced(2)
+
+
+@pytest.mark.parametrize("weights, autocast, upcast, per_unit, copy", [
+    ("bf16", None, True, 4 + 4, 4),     # x and the weight go fp32 (peft casts x to the adapters' dtype, W.to(x.dtype))
+    ("bf16", "bf16", True, 2 + 2, 2),   # autocast casts the fp32 weight copy back to bf16 and keeps that
+    ("fp32", "bf16", True, 2 + 2, 2),
+    ("fp32", None, True, 4 + 4, 0),     # W.to(fp32) is W itself
+    ("bf16", "bf16", False, 2 + 2, 0),  # 16-bit adapters (peft < 0.12): W.to(bf16) is W, autocast's cast too
+])
+def test_dora_dropout_reruns_base_and_keeps_its_weight(weights: str, autocast: str | None, upcast: bool, per_unit: int,
+                                                       copy: int) -> None:
+    """With lora_dropout > 0 each DoRA Linear runs F.linear(dropout(x), W.to(x.dtype)) again: its output (x's dtype)
+    and the weight it ran with are kept, the weight a new tensor where its dtype changed (hand count per block)."""
+    import torch
+
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    traced = (_per_block(True, dtype, autocast is not None, 0.1, upcast)
+              - _per_block(False, dtype, autocast is not None, 0.1, upcast))
+    hand = OUTPUTS * per_unit * B * S + WEIGHTS * copy
+    assert hand <= traced <= hand + OUTPUTS * 12   # the magnitude-sized vectors (norm, scale) are not priced
+
+    spec = spec_from_any(dict(CONFIG))
+
+    def priced(dora: bool) -> int:
+        setup = Setup(seq_len=S, micro_batch_size=B, weights_dtype=weights, autocast=autocast,  # type: ignore[arg-type]
+                      lora=LoraSpec(r=8, target_modules=TARGETS, use_dora=dora, dropout=0.1, autocast_adapter_dtype=upcast))
+        led = ledger(spec, setup)
+        return lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer,
+                                led.dora_weights_per_layer)
+
+    assert priced(True) - priced(False) == hand
+
+
+def test_dora_without_dropout_keeps_no_weight() -> None:
+    """Dropout 0 (peft >= 0.14): the base output is reused, no weight is kept, per block (the same hand count as above)."""
+    import torch
+
+    traced = _per_block(True, torch.bfloat16, False, 0.0) - _per_block(False, torch.bfloat16, False, 0.0)
+    assert OUTPUTS * (2 + 4) * B * S <= traced <= OUTPUTS * ((2 + 4) * B * S + 12)

@@ -38,6 +38,7 @@ class Ledger:
     lora_rank_per_layer: int = 0
     dora_outputs_per_layer: int = 0  # sum of output widths of DoRA-adapted Linears in one block (0 without DoRA)
     experts: ExpertAdapters | None = None  # LoRA on fused MoE experts / router as parameters (memory/moe_lora.py)
+    dora_weights_per_layer: int = 0  # sum of in x out of DoRA-adapted Linears in one block (their base weights' elements)
 
     @property
     def trainable_bytes(self) -> int:
@@ -230,9 +231,10 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     inputs = sum(i * n for _, i, _, n in chosen) // layers
     ranks = sum(r * n for *_, n in chosen) // layers
     dora = sum(o * n for _, _, o, n in chosen) // layers if setup.lora.use_dora else 0
+    dora_weights = sum(i * o * n for _, i, o, n in chosen) // layers if setup.lora.use_dora else 0
     saved = saved_module_groups(spec, setup)
     groups += saved
     trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
     return Ledger(base + group_bytes(groups, nbytes), spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora,
-                  experts)
+                  experts, dora_weights)

@@ -5,11 +5,38 @@ tests/test_dora_activations.py."""
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from .._packages import installed_release
 from ..setup import Setup
 from .activations import engine_casts_to_16bit
+from .loss_path import version_tuple
+
+#: the first peft release whose DoRA forward reuses the base layer's output when the adapter's dropout is the identity
+#: (huggingface/peft#2122, "Optimize DoRA in eval and no dropout"; DoraLinearLayer.forward(base_result=...)); 0.9.0
+#: to 0.13.x run ``F.linear(x, W)`` again in every DoRA forward, dropout or not
+DORA_REUSES_BASE = (0, 14)
 
 
-def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int, dora_outputs_per_layer: int = 0) -> int:
+@lru_cache(maxsize=1)
+def installed_peft() -> str | None:
+    """The peft release installed next to perfguide (the one a plan made here trains with); None if absent."""
+    return installed_release("peft")
+
+
+def dora_reruns_base(setup: Setup) -> bool:
+    """Whether each DoRA Linear runs its base matmul a second time, on the adapter's input: with ``lora_dropout`` > 0
+    the dropped input cannot reuse the base layer's output (peft DoraLinearVariant.forward: ``x = dropout(x);
+    base_result = None``), and peft before 0.14 re-ran it always. The installed release decides; none installed: the
+    newest behaviour."""
+    if setup.lora is None or not setup.lora.use_dora:
+        return False
+    release = installed_peft()
+    return setup.lora.dropout > 0 or (release is not None and version_tuple(release)[:2] < DORA_REUSES_BASE)
+
+
+def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int, dora_outputs_per_layer: int = 0,
+                     dora_weights_per_layer: int = 0) -> int:
     """Adapter tensors per block: the input each adapted Linear's ``lora_A`` keeps, plus its r-wide output.
 
     PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so
@@ -21,21 +48,50 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     DoRA (``dora_outputs_per_layer``: the adapted Linears' output widths) rescales both branches by the trainable
     magnitude (peft ``DoraLinearLayer.forward``: ``(m / ||W + sBA|| - 1) * base_result + m / ||.|| * lora_result *
     s``), and each product saves its full-width operand for the magnitude's gradient: the base layer's output (its
-    compute dtype; with dropout the base matmul re-runs on the dropped, adapter-dtype input) and the adapter output
-    (the adapters' compute dtype). Traced on real CPU tensors, peft 0.21 (tests/test_dora_activations.py).
+    compute dtype) and the adapter output (the adapters' compute dtype). Where the base matmul runs again
+    (``dora_reruns_base``) its output is in the adapter input's dtype, and ``F.linear`` keeps the weight it ran with
+    for the input's gradient: ``weight.to(x.dtype)``, a new tensor of ``dora_weights_per_layer`` elements
+    (``dora_weight_copy_bytes``). Traced on real CPU tensors, peft 0.21 (tests/test_dora_activations.py).
     """
     if not lora_inputs_per_layer:
         return 0
-    sixteen_bit_adapters = setup.kbit_recast_adapters or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
-                                                          and setup.weights_dtype in ("bf16", "fp16"))
+    autocast_runs, nbytes = _adapter_input(setup)
+    mask = 1 if setup.lora is not None and setup.lora.dropout > 0 else 0
+    tokens = setup.micro_batch_size * setup.seq_len
+    reruns = dora_reruns_base(setup)
+    dora = dora_outputs_per_layer * (nbytes + (nbytes if reruns else _base_output_bytes(setup, autocast_runs)))
+    copies = dora_weights_per_layer * dora_weight_copy_bytes(setup) if reruns else 0
+    return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask + dora)) + copies
+
+
+def dora_weight_copy_bytes(setup: Setup) -> int:
+    """Bytes per base-weight element the re-run DoRA matmul keeps for backward beyond the weight itself: peft passes
+    ``dequantize_module_weight(base).to(x.dtype)``, with ``x`` in the adapters' dtype. Under autocast ``F.linear``
+    keeps autocast's 16-bit cast of it, a new tensor unless it was 16-bit already (16-bit adapters on a 16-bit base);
+    without autocast the copy itself, unless the adapters share the base weight's dtype (then ``.to`` returns the
+    weight). A k-bit base is dequantized into a new tensor every forward, so it always keeps one."""
+    autocast_runs, _ = _adapter_input(setup)
+    adapters = 2 if _sixteen_bit_adapters(setup) else 4
+    if setup.weights_dtype not in ("fp32", "bf16", "fp16"):   # k-bit
+        return 2 if autocast_runs else adapters
+    weight = 4 if setup.weights_dtype == "fp32" else 2
+    if autocast_runs:   # autocast's cast returns the tensor itself only when it is already in autocast's dtype
+        return 0 if adapters == weight == 2 and setup.weights_dtype == setup.autocast else 2
+    return 0 if adapters == weight else adapters
+
+
+def _adapter_input(setup: Setup) -> tuple[bool, int]:
+    """(autocast runs, bytes per element of the input the adapters compute on)."""
     # under autocast (fp32 weights or a 16-bit / k-bit base alike) lora_A's matmul keeps autocast's 16-bit cast of its
     # input; the fp32 copy peft makes first is freed (traced, scripts/trace_block_backward.py: 2 B per input element)
     autocast_runs = setup.autocast is not None and not engine_casts_to_16bit(setup)
-    nbytes = 2 if autocast_runs or sixteen_bit_adapters else 4  # 16-bit adapters: 16-bit inputs
-    mask = 1 if setup.lora is not None and setup.lora.dropout > 0 else 0
-    tokens = setup.micro_batch_size * setup.seq_len
-    dora = dora_outputs_per_layer * (nbytes + (nbytes if mask else _base_output_bytes(setup, autocast_runs)))
-    return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask + dora))
+    return autocast_runs, 2 if autocast_runs or _sixteen_bit_adapters(setup) else 4   # 16-bit adapters: 16-bit inputs
+
+
+def _sixteen_bit_adapters(setup: Setup) -> bool:
+    """Adapters kept in 16 bits: TRL 0.7.5-0.8.6's recast on a k-bit base, or no upcast on a 16-bit base (peft < 0.12)."""
+    return setup.kbit_recast_adapters or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
+                                          and setup.weights_dtype in ("bf16", "fp16"))
 
 
 def _base_output_bytes(setup: Setup, autocast_runs: bool) -> int:
