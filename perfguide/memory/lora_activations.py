@@ -71,7 +71,7 @@ def dora_weight_copy_bytes(setup: Setup) -> int:
     without autocast the copy itself, unless the adapters share the base weight's dtype (then ``.to`` returns the
     weight). A k-bit base is dequantized into a new tensor every forward, so it always keeps one."""
     autocast_runs, _ = _adapter_input(setup)
-    adapters = 2 if _sixteen_bit_adapters(setup) else 4
+    adapters = adapter_dtype_bytes(setup)
     if setup.weights_dtype not in ("fp32", "bf16", "fp16"):   # k-bit
         return 2 if autocast_runs else adapters
     weight = 4 if setup.weights_dtype == "fp32" else 2
@@ -86,6 +86,11 @@ def _adapter_input(setup: Setup) -> tuple[bool, int]:
     # input; the fp32 copy peft makes first is freed (traced, scripts/trace_block_backward.py: 2 B per input element)
     autocast_runs = setup.autocast is not None and not engine_casts_to_16bit(setup)
     return autocast_runs, 2 if autocast_runs or _sixteen_bit_adapters(setup) else 4   # 16-bit adapters: 16-bit inputs
+
+
+def adapter_dtype_bytes(setup: Setup) -> int:
+    """Bytes per element of the adapters' weights, the dtype peft casts a Linear's input to before the adapter runs."""
+    return 2 if _sixteen_bit_adapters(setup) else 4
 
 
 def _sixteen_bit_adapters(setup: Setup) -> bool:

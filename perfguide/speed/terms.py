@@ -161,11 +161,15 @@ def lora_bytes(setup: Setup, lora_inputs_per_layer: int, layers: int) -> float:
 def lora_ops_per_layer(setup: Setup, lora_rank_per_layer: int) -> float:
     """Extra eager ops per block a PEFT LoRA adds: every adapted Linear runs dropout, lora_A, lora_B, the scaling
     multiply and the add in forward, and their gradients (A's and B's weight grads included) in backward -
-    ``lora_ops_per_adapted_linear`` host dispatches each, whatever the tensor size (counted by bench/host_ops.py).
+    ``lora_ops_per_adapted_linear`` host dispatches each, whatever the tensor size (counted by bench/host_ops.py);
+    DoRA ``dora_ops_per_adapted_linear`` more (scripts/count_dora_bytes.py).
     ``lora_rank_per_layer`` is r x adapted Linears of one block (the memory ledger's count)."""
     if setup.lora is None or not lora_rank_per_layer:
         return 0.0
-    return float(constant("lora_ops_per_adapted_linear")) * lora_rank_per_layer / setup.lora.r
+    per_linear = float(constant("lora_ops_per_adapted_linear"))
+    if setup.lora.use_dora:   # DoRA's norm and rescaling (speed/dora.py), DoRA adapting Linears only
+        per_linear += float(constant("dora_ops_per_adapted_linear")["dropout" if setup.lora.dropout > 0 else "no_dropout"])
+    return per_linear * lora_rank_per_layer / setup.lora.r
 
 
 def trainable_tensors(spec: ModelSpec, setup: Setup) -> int:

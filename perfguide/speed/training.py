@@ -23,7 +23,7 @@ from ..memory.types import MemoryEstimate
 from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
-from . import moe_lora, rates, stacks, terms
+from . import dora, moe_lora, rates, stacks, terms
 from .rates import (
     attention_flops_fwd,
     constant,
@@ -50,11 +50,15 @@ def weight_traffic_bytes(spec: ModelSpec, setup: Setup) -> float:
     recompute = techniques.kernel_factors(setup).recompute
     n = passes["lora" if setup.lora is not None else "train"] + passes["recompute"] * recompute
     cbytes = 4 if setup.compute_dtype in ("fp32", "tf32") else 2
-    return n * matmul_params(spec) * cbytes + _merged(spec, setup).bytes
+    return n * matmul_params(spec) * cbytes + _merged(spec, setup).bytes + _dora(spec, setup).bytes
 
 
 def _merged(spec: ModelSpec, setup: Setup) -> moe_lora.MergedCost:
     return moe_lora.merged_cost(spec, setup, techniques.step_shape(setup).matmul_tokens, techniques.kernel_factors(setup).recompute)
+
+
+def _dora(spec: ModelSpec, setup: Setup) -> dora.DoraCost:
+    return dora.dora_cost(spec, setup, techniques.step_shape(setup).matmul_tokens, techniques.kernel_factors(setup).recompute)
 
 
 def usable_bandwidth(gpu: GPU) -> float:
@@ -119,10 +123,11 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
     fwd_attn = attention_flops_fwd(spec, *shape.attention) * stacks.score_factor(spec, setup)
     merged = _merged(spec, setup)   # LoRA on fused MoE experts: merged weights, no per-token branch for those adapters
     weight_grads = 2.0 * n * tokens if setup.lora is None else 6.0 * (trainable_params(spec, setup) - merged.adapter_params) * tokens
-    mm = fwd_mm + 2.0 * n * tokens + weight_grads + merged.model_flops
+    extra = _dora(spec, setup)   # DoRA's weight norm, and its base matmul again where dropout is on (speed/dora.py)
+    mm = fwd_mm + 2.0 * n * tokens + weight_grads + merged.model_flops + extra.model_flops
     attn = 3.0 * fwd_attn
     model = mm + attn
-    mm += merged.flops - merged.model_flops   # the recomputed forwards' merges
+    mm += merged.flops - merged.model_flops + extra.flops - extra.model_flops   # the recomputed forwards' merges, norms
     recompute = techniques.kernel_factors(setup).recompute   # forwards re-run in backward (checkpointing)
     block_tokens = shape.matmul_tokens * stacks.matmul_factor(spec, setup, blocks, 0)
     mm += recompute * 2.0 * blocks * block_tokens   # the blocks re-run; the head does not
@@ -183,6 +188,9 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     slow = constant("quantized_matmul_slowdown").get(setup.weights_dtype, 1.0)
     gemm_attn = 0.0 if rates.fused_attention(setup) else attn * rates.causal_fraction(spec, setup) / rates.attention_efficiency(setup)
     gpu_time = mm * slow / rate + gemm_attn / rate
+    fp32_rerun = _dora(spec, setup).fp32_flops   # DoRA's re-run matmul in fp32 on a pure 16-bit step: at the fp32 rate
+    if fp32_rerun:
+        gpu_time += fp32_rerun / (gpu_peak_tflops(gpu, "fp32")[0] * 1e12 * eff) - fp32_rerun * slow / rate
     bw = usable_bandwidth(gpu)
     pcie = pcie_gbps(gpu) * 1e9
 
