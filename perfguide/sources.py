@@ -53,3 +53,9 @@ GPT_OSS_BF16_SFT = ("https://developer.nvidia.com/blog/fine-tuning-gpt-oss-for-a
 #: on the fused experts and the router; a list of other names (the attention projections) is left as Linear targets
 PEFT_MOE_TARGETS = ("https://github.com/huggingface/peft/blob/main/src/peft/utils/transformers_weight_conversion.py "
                     "(_convert_peft_config_moe, _MOE_TARGET_MODULE_MAPPING)")
+
+#: peft's DoRA: the weight norm ||W + sBA|| every forward, detached (the paper's section 4.3); the base output reused
+#: only without dropout (and in eval) since peft 0.14 (huggingface/peft#2122), otherwise F.linear(dropout(x), W) again
+PEFT_DORA = ("https://huggingface.co/docs/peft/main/package_reference/lora_variant_dora (Optimization: 'DoRA is "
+             "optimized (computes faster and takes less memory) for models in the evaluation mode, or when dropout is set "
+             "to 0'); https://github.com/huggingface/peft/pull/2122; https://huggingface.co/papers/2402.09353 (section 4.3)")

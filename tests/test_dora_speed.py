@@ -96,3 +96,25 @@ def test_norm_bytes_against_the_dispatch_count() -> None:
     assert priced == weights * (7 * 4 + 2 + 4) + 2 * identity * 4   # the hand count, fp32 adapters on a bf16 base
     assert abs(priced - counted) <= 0.1 * counted
     assert slope == pytest.approx(84, abs=0.5)   # efficiency.json dora_token_bytes "plain" is this count
+
+
+def test_the_plan_names_doras_cost_and_dropouts() -> None:
+    """A user asking for DoRA with dropout gets a fine-tuning decision that prices DoRA against plain LoRA and dropout
+    against none (the plan's Setup priced again: more memory and a longer step each time)."""
+    import re
+
+    import perfguide
+
+    rec = perfguide.recommend("meta-llama/Llama-3.2-3B", scenario="train_gpu_one", hardware="l40s", seq_len=1024,
+                              lora=LoraSpec(r=16, target_modules=("q_proj", "v_proj"), use_dora=True, dropout=0.05))
+    decision = rec.decision("finetune")
+    assert decision is not None
+    assert "DoRA recomputes each adapted weight's norm" in decision.reason and "lora_dropout=0.05" in decision.reason
+    for other in ("plain LoRA", "lora_dropout=0"):
+        saved = re.search(re.escape(other) + r": ([\d.]+) (GiB|MiB) less per device, ([\d.e-]+) s less per step", decision.reason)
+        assert saved is not None and float(saved.group(1)) > 0 and float(saved.group(3)) > 0, decision.reason
+    assert "peft/pull/2122" in decision.reason
+
+    plain = perfguide.recommend("meta-llama/Llama-3.2-3B", scenario="train_gpu_one", hardware="l40s", seq_len=1024,
+                                lora=LoraSpec(r=16, target_modules=("q_proj", "v_proj"), dropout=0.05)).decision("finetune")
+    assert plain is not None and "DoRA" not in plain.reason

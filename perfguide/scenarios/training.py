@@ -19,6 +19,7 @@ from ..setup import OPTIMIZERS, LoraSpec, Setup
 from ..speed.training import merged_expert_seconds
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
+from .dora_note import dora_note
 from .host import host_assumption_warnings, host_decision, pin_memory_decision
 from .ladder import training_rungs
 from .master_weights import check_master_weights, master_weights_decision
@@ -305,7 +306,7 @@ def _finetune_decision(request: Request, chosen: Priced, mode: str, adapters: di
     if mode != "full":
         lora = chosen.setup.lora
         reason += f" (r={lora.r}, alpha={lora.alpha}, targets={lora.target_modules})" if lora else ""
-        reason += _merged_experts_note(request, chosen)
+        reason += _merged_experts_note(request, chosen) + dora_note(request, chosen)
     return Decision(setting="finetune", value=mode, reason=reason, number=chosen.memory.device_total, unit="bytes",
                     source=techniques.get("lora").source, alternatives=tuple(alts))
 
