@@ -51,7 +51,9 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     compute dtype) and the adapter output (the adapters' compute dtype). Where the base matmul runs again
     (``dora_reruns_base``) its output is in the adapter input's dtype, and ``F.linear`` keeps the weight it ran with
     for the input's gradient: ``weight.to(x.dtype)``, a new tensor of ``dora_weights_per_layer`` elements
-    (``dora_weight_copy_bytes``). Traced on real CPU tensors, peft 0.21 (tests/test_dora_activations.py).
+    (``dora_weight_copy_bytes``); counted in every block, though the first block's attention targets keep none where
+    the embeddings' output needs no gradient (no checkpointing's enable_input_require_grads). Traced on real CPU
+    tensors, peft 0.21 (tests/test_dora_activations.py).
     """
     if not lora_inputs_per_layer:
         return 0
