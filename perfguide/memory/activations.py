@@ -186,8 +186,16 @@ def engine_casts_to_16bit(setup: Setup) -> bool:
 
 
 def regime(setup: Setup) -> RegimeName:
-    """Which coefficient set applies: what dtype the saved tensors are in follows weights x autocast."""
-    if setup.weights_dtype == "fp32" and not engine_casts_to_16bit(setup):
+    """Which coefficient set applies: what dtype the saved tensors are in follows weights x autocast.
+
+    fp32 weights under FSDP or DeepSpeed mixed precision are "half" (``Setup.computes_on_16bit_copy``): DeepSpeed
+    casts the module (``engine_casts_to_16bit``), FSDP gathers each unit at ``MixedPrecision.param_dtype``, which
+    accelerate (0.18 through 1.15 ``set_mixed_precision``, FSDP1 and FSDP2) and transformers 4.28's own Trainer FSDP
+    path set to the autocast dtype. Autocast then finds only 16-bit weights, so it casts none, and the embedding and
+    norms return 16 bits, so the stream is 16-bit. Traced on two gloo ranks (scripts/trace_fsdp_mixed_precision.py,
+    accelerate's FSDP1 and FSDP2 plugins, bf16, tiny Llama): the same saved bytes, dtype by dtype, as the model cast to
+    bf16 without autocast, and none of plain AMP's weight casts or fp32 stream."""
+    if setup.weights_dtype == "fp32" and not setup.computes_on_16bit_copy:
         return "amp" if setup.autocast else "fp32"
     return "half"
 

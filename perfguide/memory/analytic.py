@@ -22,7 +22,9 @@ layers (overhead.py). The peak is the maximum over the step's phases, not the su
 Autocast with fp32 weights: torch autocast casts each weight per op; the 16-bit copy is saved for backward
 by the matmul, so without checkpointing every block's Linear copies stay alive until backward
 (a FakeTensor trace of the step, memory/trace.py: +6.6 GiB forward peak for a 7B model). We count them as activations; with
-checkpointing only the recomputed block's copies exist.
+checkpointing only the recomputed block's copies exist. Not under FSDP or DeepSpeed mixed precision
+(``Setup.computes_on_16bit_copy``): they run the model on 16-bit copies, so autocast casts nothing
+(activations.regime; traced in scripts/trace_fsdp_mixed_precision.py).
 """
 
 from __future__ import annotations
@@ -158,8 +160,8 @@ def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
     ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
     """
     fp32_head = setup.weights_dtype == "fp32" or (kbit_fp32_parts(setup) and not setup.kbit_recast_bf16)
-    if not (setup.autocast and fp32_head and spec.head == "lm") or act.engine_casts_to_16bit(setup):
-        return 0
+    if not (setup.autocast and fp32_head and spec.head == "lm") or setup.computes_on_16bit_copy:
+        return 0   # DeepSpeed's 16-bit module, FSDP's param_dtype gather: the head is 16-bit before autocast sees it
     return 2 * spec.vocab_size * spec.hidden_size
 
 
