@@ -15,7 +15,7 @@ import pytest
 
 from perfguide import Setup
 from perfguide.memory.ledger import ledger
-from perfguide.memory.lora_activations import lora_layer_bytes
+from perfguide.memory.lora_activations import dora_norm_bytes, lora_layer_bytes
 from perfguide.model.resolve import spec_from_any
 from perfguide.setup import LoraSpec
 
@@ -128,3 +128,72 @@ def test_dora_without_dropout_keeps_no_weight() -> None:
 
     traced = _per_block(True, torch.bfloat16, False, 0.0) - _per_block(False, torch.bfloat16, False, 0.0)
     assert OUTPUTS * (2 + 4) * B * S <= traced <= OUTPUTS * ((2 + 4) * B * S + 12)
+
+
+def _norm_transient(use_dora: bool, dtype: Any, autocast: bool, fan_in: int, fan_out: int) -> int:
+    """Peak minus end-of-forward live bytes of one adapted Linear's forward: storages the dispatched ops create, each
+    counted until its storage is freed (weakref.finalize)."""
+    import weakref
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Live(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live = self.peak = 0
+            self.sizes: dict[int, int] = {}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.sizes and t.untyped_storage().nbytes():
+                    storage = t.untyped_storage()
+                    self.sizes[storage.data_ptr()] = storage.nbytes()
+                    self.live += storage.nbytes()
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self.free, storage.data_ptr())
+            return out
+
+        def free(self, key: int) -> None:
+            self.live -= self.sizes.pop(key, 0)
+
+    class One(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(fan_in, fan_out, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    model = get_peft_model(One().to(dtype), LoraConfig(r=8, target_modules=["lin"], use_dora=use_dora))
+    model.train()
+    x = torch.randn(4, 8, fan_in, dtype=dtype, requires_grad=True)
+    live = Live()
+    with live, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        model(x)
+    return live.peak - live.live
+
+
+@pytest.mark.parametrize("weights, autocast, hand", [
+    ("bf16", None, lambda i, o: i * i * 4 + i * o * (3 * 4 + 4)),    # fp32 identity kept; delta, cast weight, scaled, sum
+    ("fp32", None, lambda i, o: i * i * 4 + i * o * 3 * 4),          # W.to(fp32) is W
+    ("bf16", "bf16", lambda i, o: i * i * 2 + i * o * (3 * 4 + 4)),  # the identity's bf16 cast kept instead
+    ("fp32", "bf16", lambda i, o: i * i * 2 + i * o * 3 * 4),
+])
+def test_dora_weight_norm_transient(weights: str, autocast: str | None, hand: Any) -> None:
+    """The weight norm's transient (DoRA minus LoRA, peak minus what the forward leaves) against the hand count and the
+    priced dora_norm_bytes; within 5% (the magnitude-sized vectors)."""
+    import torch
+
+    fan_in, fan_out = 512, 256
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    traced = (_norm_transient(True, dtype, autocast is not None, fan_in, fan_out)
+              - _norm_transient(False, dtype, autocast is not None, fan_in, fan_out))
+    setup = Setup(seq_len=S, micro_batch_size=B, weights_dtype=weights, autocast=autocast,  # type: ignore[arg-type]
+                  lora=LoraSpec(r=8, target_modules=("lin",), use_dora=True))
+    priced = dora_norm_bytes(setup, (fan_in, fan_out))
+    assert priced == hand(fan_in, fan_out)
+    assert abs(traced - priced) <= 0.05 * priced, (traced, priced)

@@ -43,7 +43,7 @@ from . import eras
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
-from .lora_activations import lora_layer_bytes
+from .lora_activations import dora_norm_bytes, lora_layer_bytes
 from .loss_path import installed_transformers, release_delta_bytes, version_tuple
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
 from .moe_lora import expert_lora_bytes
@@ -285,6 +285,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                              f"the loss term was traced on (+{delta / 2**30:.1f} GiB)",)
         logits += eras.training_cache_bytes(spec, shape, release, checkpointed=recompute > 0) if release else 0   # a returned KV cache (old GPT-2)
     dequant = block_dequant_bytes(spec, setup)   # a block's matmul, beside its recompute (top_of_stack.py)
+    # or, recomputed, a DoRA Linear's weight norm (its forward runs in the recompute; lora_activations.dora_norm_bytes)
+    dequant = max(dequant, dora_norm_bytes(shape, led.dora_largest) if recompute else 0)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu) if recompute else 0   # its gradients (block_backward.py)
     in_flight += sdpa_bias_bytes(spec, shape, checkpointed=True) if recompute else 0   # + its SDPA bias, recompute to backward
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram

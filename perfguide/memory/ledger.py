@@ -40,6 +40,7 @@ class Ledger:
     experts: ExpertAdapters | None = None  # LoRA on fused MoE experts / router as parameters (memory/moe_lora.py)
     dora_weights_per_layer: int = 0  # sum of in x out of DoRA-adapted Linears in one block (their base weights' elements)
     dora_identity_per_layer: int = 0  # sum of in x (in + out) of them: peft runs lora_A and lora_B on an in x in identity
+    dora_largest: tuple[int, int] = (0, 0)  # (in, out) of the DoRA Linear whose weight norm holds the most at once
 
     @property
     def trainable_bytes(self) -> int:
@@ -234,9 +235,10 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     dora = sum(o * n for _, _, o, n in chosen) // layers if setup.lora.use_dora else 0
     dora_weights = sum(i * o * n for _, i, o, n in chosen) // layers if setup.lora.use_dora else 0
     identity = sum(i * (i + o) * n for _, i, o, n in chosen) // layers if setup.lora.use_dora else 0
+    largest = max(((i, o) for _, i, o, _ in chosen), key=lambda s: s[0] * (s[0] + 4 * s[1]), default=(0, 0)) if setup.lora.use_dora else (0, 0)
     saved = saved_module_groups(spec, setup)
     groups += saved
     trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
     return Ledger(base + group_bytes(groups, nbytes), spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora,
-                  experts, dora_weights, identity)
+                  experts, dora_weights, identity, largest)

@@ -82,6 +82,24 @@ def dora_weight_copy_bytes(setup: Setup) -> int:
     return 0 if adapters == weight else adapters
 
 
+def dora_norm_bytes(setup: Setup, largest: tuple[int, int]) -> int:
+    """The weight norm's transient in one DoRA Linear's forward (peft ``DoraLinearLayer.forward``), for the Linear
+    ``largest`` = (in, out): alive together while ``||W + s BA||`` is taken are the in x in identity ``lora_A`` keeps
+    for its weight gradient while the delta ``lora_B(lora_A(eye)).T`` lives (the adapters' dtype; under autocast its
+    16-bit cast, the identity itself then freed), and, in the adapters' dtype, the delta, the weight cast to it (where
+    the dtypes differ; a k-bit base dequantized to 16 bits first), ``s * delta`` and the sum; all freed before the next
+    Linear. Traced on a DoRA Linear's forward on CPU tensors (tests/test_dora_activations.py)."""
+    fan_in, fan_out = largest
+    if not fan_in:
+        return 0
+    a = adapter_dtype_bytes(setup)
+    kbit = setup.weights_dtype not in ("fp32", "bf16", "fp16")
+    weight = 4 if setup.weights_dtype == "fp32" else 2
+    cast = (2 + a) if kbit else (a if weight != a else 0)
+    identity = 2 if setup.autocast is not None and not engine_casts_to_16bit(setup) else a
+    return fan_in * fan_in * identity + fan_in * fan_out * (3 * a + cast)
+
+
 def _adapter_input(setup: Setup) -> tuple[bool, int]:
     """(autocast runs, bytes per element of the input the adapters compute on)."""
     # under autocast (fp32 weights or a 16-bit / k-bit base alike) lora_A's matmul keeps autocast's 16-bit cast of its
