@@ -80,6 +80,8 @@ def _precision(p: str) -> dict[str, object]:
     low = p.lower()
     if "float8" in low:
         raise Skip("Float8 linears are not expressible")
+    if low.startswith("fp32") and "no autocast" in low:   # llama-recipes' bfSixteen_mixed: FSDP param_dtype fp32
+        return {"weights_dtype": "fp32"}
     if "mixed" in low and "bf16" in low and "fsdp" not in low:
         return {"weights_dtype": "fp32", "autocast": "bf16"}
     if "fsdp mixed precision" in low:

@@ -85,3 +85,16 @@ def test_traced_fsdp_mixed_precision_saves_what_a_bf16_model_saves(traced: dict[
     assert saved.pop("gathered_weight:bfloat16") > 0
     assert saved == traced["half"]["saved"]
     assert saved["activation:float32"] < traced["amp"]["saved"]["activation:float32"]   # AMP's fp32 stream
+
+
+def test_bench_reads_fp32_param_dtype_without_autocast() -> None:
+    """llama-recipes' bfSixteen_mixed (row 952's precision) keeps FSDP's param_dtype fp32 and runs no autocast: the
+    bench reads it as fp32 weights without autocast, not as the AMP its 'mixed' and 'bf16' words would suggest; the
+    other FSDP mixed-precision readings keep autocast."""
+    from helpers import load_bench
+
+    setup = load_bench("accuracy_setup")
+    assert setup._precision("fp32 (mixed_precision True on an A100 picks bfSixteen_mixed: param_dtype float32, reduce "
+                            "and buffers bf16, no autocast: compute and weights fp32)") == {"weights_dtype": "fp32"}
+    assert setup._precision("bf16 mixed (--bf16 True: FSDP mixed precision over fp32 weights)") == {
+        "weights_dtype": "fp32", "autocast": "bf16"}
