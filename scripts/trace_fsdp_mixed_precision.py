@@ -18,7 +18,8 @@ at b 3 x s 20, four ways, two steps each (AdamW), and record the second step:
 What is recorded through forward + loss (``torch.autograd.graph.saved_tensors_hooks``), per distinct storage:
 activation bytes by dtype, 16-bit weight copies autocast made and a matmul saved (a saved tensor shaped like a
 weight that is not the parameter itself nor FSDP's gathered copy), and the dtype of the weights each Linear ran on
-(a forward hook reads ``module.weight`` inside the FSDP unit). Also the live bytes the allocator holds at the end
+(a forward hook reads ``module.weight`` inside the FSDP unit), the dtype of each unit's unsharded gradient as FSDP
+hands it to the reduce-scatter (``dist.reduce_scatter_single``, wrapped). Also the live bytes the allocator holds at the end
 of forward + loss above the step's start (``torch.profiler`` memory events, scripts/trace_fsdp1_phases.py).
 Why: perfguide priced FSDP mixed precision over fp32 weights as plain AMP (fp32 stream, every Linear's 16-bit cast
 saved), and this shows what FSDP's param_dtype cast does instead.
@@ -138,6 +139,14 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     report: dict[str, Any] = {}
+    reduced: list[str] = []
+    original = dist.reduce_scatter_single
+
+    def recording(output: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+        reduced.append(str(input.dtype))   # the unit's unsharded gradient as FSDP hands it to the collective
+        return original(output, input, *args, **kwargs)
+
+    dist.reduce_scatter_single = recording   # FSDP1 _reduce_grad and FSDP2 foreach_reduce call dist.reduce_scatter_single
     for run in RUNS:
         model = _prepare(run, _model(torch.bfloat16 if run == "half" else torch.float32))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -154,9 +163,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                     with record_function("MARK_backward"):
                         pass
                 record["live"] = live_peaks(allocator_events(prof))
+                record["reduce_scatter_dtypes"] = sorted(set(reduced))
                 report[run] = record
             else:
                 model(input_ids=ids, labels=ids).loss.backward()
+                reduced.clear()
             opt.step()
             opt.zero_grad(set_to_none=True)
         del model, opt

@@ -87,6 +87,20 @@ def test_traced_fsdp_mixed_precision_saves_what_a_bf16_model_saves(traced: dict[
     assert saved["activation:float32"] < traced["amp"]["saved"]["activation:float32"]   # AMP's fp32 stream
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["fsdp1", "fsdp2"])
+def test_traced_unsharded_gradients_are_16bit(traced: dict[str, Any], run: str) -> None:
+    """Each unit's unsharded gradient reaches the reduce-scatter in bf16 (reduce_dtype = param_dtype), the width
+    sharding.no_sync_grads prices for the whole set FSDP keeps between accumulation micro-steps under autocast."""
+    assert traced[run]["reduce_scatter_dtypes"] == ["torch.bfloat16"]
+    spec, kw = _traced_model()
+    # on 8 ranks the fp32 shards (72,432 x 4 / 8 B) are below the unsharded bf16 set, so the priced term shows its width
+    setup = Setup(weights_dtype="fp32", autocast="bf16", strategy="fsdp", fsdp_version=2 if run == "fsdp2" else 1,
+                  num_gpus=8, **kw, gradient_accumulation_steps=2)
+    assert spec.total_params == BLOCK_LINEARS + HEAD + 200 * 48 + 5 * 48 == 72_432   # + embedding + 2 x 2 + 1 norms
+    assert training_memory(spec, setup).gradients == 2 * 72_432
+
+
 def test_bench_reads_fp32_param_dtype_without_autocast() -> None:
     """llama-recipes' bfSixteen_mixed (row 952's precision) keeps FSDP's param_dtype fp32 and runs no autocast: the
     bench reads it as fp32 weights without autocast, not as the AMP its 'mixed' and 'bf16' words would suggest; the
