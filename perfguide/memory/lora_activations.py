@@ -16,12 +16,27 @@ from .loss_path import version_tuple
 #: (huggingface/peft#2122, "Optimize DoRA in eval and no dropout"; DoraLinearLayer.forward(base_result=...)); 0.9.0
 #: to 0.13.x run ``F.linear(x, W)`` again in every DoRA forward, dropout or not
 DORA_REUSES_BASE = (0, 14)
+#: the first peft release that builds DoRA's delta weight through the modules on an in x in identity
+#: (``lora_B(lora_A(torch.eye(in))).T``, so FSDP's hooks run: huggingface/peft#1806, "Refactor to make DoRA and QDoRA
+#: work with FSDP"); 0.9.0 to 0.11.x multiplied the weights (``lora_B.weight @ lora_A.weight``): no identity
+DORA_IDENTITY = (0, 12)
 
 
 @lru_cache(maxsize=1)
 def installed_peft() -> str | None:
     """The peft release installed next to perfguide (the one a plan made here trains with); None if absent."""
     return installed_release("peft")
+
+
+def _peft_before(release: tuple[int, int]) -> bool:
+    """The installed peft is older than ``release``; none installed: the newest behaviour."""
+    installed = installed_peft()
+    return installed is not None and version_tuple(installed)[:2] < release
+
+
+def dora_identity(setup: Setup) -> bool:
+    """Whether DoRA's delta weight runs through the modules on an identity (peft >= 0.12, ``DORA_IDENTITY``)."""
+    return setup.lora is not None and setup.lora.use_dora and not _peft_before(DORA_IDENTITY)
 
 
 def dora_reruns_base(setup: Setup) -> bool:
@@ -31,8 +46,7 @@ def dora_reruns_base(setup: Setup) -> bool:
     newest behaviour."""
     if setup.lora is None or not setup.lora.use_dora:
         return False
-    release = installed_peft()
-    return setup.lora.dropout > 0 or (release is not None and version_tuple(release)[:2] < DORA_REUSES_BASE)
+    return setup.lora.dropout > 0 or _peft_before(DORA_REUSES_BASE)
 
 
 def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int, dora_outputs_per_layer: int = 0,
@@ -88,7 +102,8 @@ def dora_norm_bytes(setup: Setup, largest: tuple[int, int]) -> int:
     for its weight gradient while the delta ``lora_B(lora_A(eye)).T`` lives (the adapters' dtype; under autocast its
     16-bit cast, the identity itself then freed), and, in the adapters' dtype, the delta, the weight cast to it (where
     the dtypes differ; a k-bit base dequantized to 16 bits first), ``s * delta`` and the sum; all freed before the next
-    Linear. Traced on a DoRA Linear's forward on CPU tensors (tests/test_dora_activations.py)."""
+    Linear; before peft 0.12 no identity (``DORA_IDENTITY``). Traced on a DoRA Linear's forward on CPU tensors, peft
+    0.21 (tests/test_dora_activations.py)."""
     fan_in, fan_out = largest
     if not fan_in:
         return 0
@@ -97,6 +112,7 @@ def dora_norm_bytes(setup: Setup, largest: tuple[int, int]) -> int:
     weight = 4 if setup.weights_dtype == "fp32" else 2
     cast = (2 + a) if kbit else (a if weight != a else 0)
     identity = 2 if setup.autocast is not None and not engine_casts_to_16bit(setup) else a
+    identity = identity if dora_identity(setup) else 0   # before peft 0.12: lora_B.weight @ lora_A.weight
     return fan_in * fan_in * identity + fan_in * fan_out * (3 * a + cast)
 
 

@@ -3,7 +3,8 @@
 peft's ``DoraLinearLayer.forward`` (0.21; the same arithmetic since 0.12) does, per adapted Linear and forward:
 
 - the delta weight through the modules (``get_lora_weight``: ``lora_B(lora_A(torch.eye(in))).T``, so FSDP's hooks
-  run): ``2 in^2 r + 2 in r out`` FLOPs, and an in x in identity written and read;
+  run): ``2 in^2 r + 2 in r out`` FLOPs, and an in x in identity written and read (before peft 0.12
+  ``lora_B.weight @ lora_A.weight``: ``2 r in out``, no identity);
 - the column norm ``||W.to(x.dtype) + s BA||`` (``get_weight_norm``), detached as the paper's section 4.3 says, so
   no gradient flows through it: memory-bound passes over in x out elements, counted below;
 - where the base matmul runs again (``memory.lora_activations.dora_reruns_base``: ``lora_dropout`` > 0, or peft
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..memory.ledger import ledger
-from ..memory.lora_activations import adapter_dtype_bytes, dora_reruns_base
+from ..memory.lora_activations import adapter_dtype_bytes, dora_identity, dora_reruns_base
 from ..model.types import ModelSpec
 from ..setup import DTYPE_BYTES, Setup
 from .rates import constant
@@ -52,7 +53,9 @@ def dora_cost(spec: ModelSpec, setup: Setup, tokens: float, recompute: float) ->
     if setup.lora is None or not led.dora_weights_per_layer:
         return NONE
     weights, layers = led.dora_weights_per_layer, spec.total_layers
-    identity = 2.0 * setup.lora.r * led.dora_identity_per_layer
+    # before peft 0.12 the delta is lora_B.weight @ lora_A.weight: 2 r in out, no identity (DORA_IDENTITY)
+    through_identity = dora_identity(setup)
+    identity = 2.0 * setup.lora.r * (led.dora_identity_per_layer if through_identity else weights)
     rerun = 2.0 * tokens * weights if dora_reruns_base(setup) else 0.0   # forward; its input gradient as many
     forward, backward = identity + rerun, rerun
     a = adapter_dtype_bytes(setup)
@@ -61,7 +64,7 @@ def dora_cost(spec: ModelSpec, setup: Setup, tokens: float, recompute: float) ->
         cast = w + 2 + (2 + a if a != 2 else 0)
     else:
         cast = 0 if w == a else w + a
-    moved = weights * (NORM_PASSES * a + cast) + 2 * (led.dora_identity_per_layer - weights) * a
+    moved = weights * (NORM_PASSES * a + cast) + (2 * (led.dora_identity_per_layer - weights) * a if through_identity else 0)
     runs = 1 + recompute
     fp32 = layers * (runs * rerun + rerun) if fp32_rerun(setup) else 0.0
     scaled = layers * tokens * led.dora_outputs_per_layer * token_bytes(setup, recompute)
