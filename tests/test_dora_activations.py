@@ -197,3 +197,68 @@ def test_dora_weight_norm_transient(weights: str, autocast: str | None, hand: An
     priced = dora_norm_bytes(setup, (fan_in, fan_out))
     assert priced == hand(fan_in, fan_out)
     assert abs(traced - priced) <= 0.05 * priced, (traced, priced)
+
+
+def _qdora_saved(use_dora: bool, dropout: float, fan_in: int, fan_out: int) -> int:
+    """Bytes autograd keeps (reachable from the output) for one bitsandbytes nf4 Linear with a PEFT adapter, on CPU."""
+    import bitsandbytes as bnb
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    class One(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = bnb.nn.Linear4bit(fan_in, fan_out, bias=False, compute_dtype=torch.bfloat16, quant_type="nf4")
+
+        def forward(self, x: Any) -> Any:
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    module = One()
+    module.lin.weight = bnb.nn.Params4bit(torch.randn(fan_out, fan_in, dtype=torch.bfloat16) * 0.02, requires_grad=False,
+                                          quant_type="nf4")
+    module = module.to("cpu")   # quantizes: packed uint8 with its quant_state
+    assert module.lin.weight.dtype == torch.uint8
+    model = get_peft_model(module, LoraConfig(r=8, target_modules=["lin"], use_dora=use_dora, lora_dropout=dropout))
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    out = model(torch.randn(B, S, fan_in, dtype=torch.bfloat16, requires_grad=True))
+    seen: dict[int, int] = {}
+    stack, done = [out.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in done:
+            continue
+        done.add(node)
+        for name in (a for a in dir(node) if a.startswith("_saved_")):
+            try:
+                value = getattr(node, name)
+            except RuntimeError:
+                continue
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
+                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack += [f for f, _ in node.next_functions]
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dropout, per_unit, copy", [(0.0, 2 + 4, 0), (0.1, 4 + 4, 4)])
+def test_qdora_keeps_the_dequantized_weight_with_dropout(dropout: float, per_unit: int, copy: int) -> None:
+    """QDoRA (nf4 base, fp32 adapters): with dropout the re-run matmul keeps the dequantized weight cast to fp32
+    (dequantize_module_weight(base).to(x.dtype)), 4 B per weight element, and its fp32 output; without, as on a bf16 base."""
+    fan_in, fan_out = 512, 256
+    traced = _qdora_saved(True, dropout, fan_in, fan_out) - _qdora_saved(False, dropout, fan_in, fan_out)
+    hand = fan_out * per_unit * B * S + fan_in * fan_out * copy
+    assert hand <= traced <= hand + fan_out * 12
+
+    spec = spec_from_any(dict(CONFIG))
+
+    def priced(dora: bool) -> int:
+        setup = Setup(seq_len=S, micro_batch_size=B, weights_dtype="nf4",
+                      lora=LoraSpec(r=8, target_modules=("q_proj",), use_dora=dora, dropout=dropout))
+        led = ledger(spec, setup)
+        return lora_layer_bytes(setup, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer,
+                                led.dora_weights_per_layer)
+
+    q_proj = 96   # CONFIG's q_proj: 96 x 96, one per block
+    assert priced(True) - priced(False) == q_proj * per_unit * B * S + q_proj * q_proj * copy
