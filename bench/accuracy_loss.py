@@ -21,14 +21,21 @@ from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
+#: litgpt's chunked cross-entropy at its backward peak, bytes per b*s*V (traced: _loss_bytes)
+LITGPT_LOSS_BYTES_PER_LOGIT = 6
+
 
 def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | None:
     """Rows whose loss is not HF's fp32 cross-entropy: the framework's loss-path bytes (None = perfguide's).
 
     The transformers SDPA tables use ``loss=logits.sum()`` on 16-bit logits: the logits the script keeps plus
     their gradient, which SumBackward hands over as a stride-0 expand that the head's matmul backward makes
-    contiguous (2 + 2 bytes per b*s*V). litgpt uses chunked cross-entropy on 16-bit logits (logits + their
-    gradient; fp32 only per 128-token chunk): also 4 bytes per b*s*V.
+    contiguous (2 + 2 bytes per b*s*V). litgpt uses chunked cross-entropy on 16-bit logits (``model(input_ids,
+    lm_head_chunk_size=128)``, ``chunked_cross_entropy``): traced on real CPU tensors (scripts/trace_litgpt.py, litgpt
+    0.4.12, vocabulary 32768) its backward peaks at 6.0 bytes per b*s*V above the states: the 16-bit logit chunks the
+    loop holds (2), every chunk's logit gradient, which waits for the head's matmul backward until the last chunk's
+    cross-entropy backward has run (2), and the cross-entropy chunks not yet run backward, half of them at that point:
+    their saved 16-bit log-softmax outputs and their nll gradients (1 + 1).
     """
     if setup.task != "train" or setup.liger_kernel:  # Liger's fused linear cross-entropy: the technique prices it
         return None
@@ -36,7 +43,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return (4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)
                 + _attention_era_delta(row, spec, setup))
     if row["source_group"].startswith("litgpt"):
-        return 4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size
+        return LITGPT_LOSS_BYTES_PER_LOGIT * setup.micro_batch_size * setup.seq_len * spec.vocab_size
     if "CEWithChunkedOutputLoss" in row["method"]:
         # torchtune: every chunk's 16-bit logits (2) live until the recipe's `del logits`. Eager: each chunk's fp32
         # log-softmax output (4) is saved for backward and one chunk's fp32 upcast (4 / 8 chunks) is transient.
