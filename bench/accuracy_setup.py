@@ -140,6 +140,16 @@ def _peft_not_lora(method: str) -> None:
             raise Skip(reason.format(*found.groups()))
 
 
+def _litgpt_lora_dropout(row: dict[str, str]) -> float:
+    """litgpt's lora_dropout where the row ran litgpt (its rows do not state it): Lit-GPT 8641822b's finetune/lora.py
+    (the resource tables) sets ``lora_dropout = 0.05``; the config hub's YAMLs (config_hub/finetune/*/lora.yaml and
+    qlora.yaml, unchanged from each file's first commit through 00af8b0d, the README's last row) set 0.1 for the
+    Gemma and Gemma 2 configs and 0.05 for every other. Other rows: 0 (a LoraConfig's dropout is stated)."""
+    if not row["source_group"].startswith("litgpt"):
+        return 0.0
+    return 0.1 if "gemma" in row["method"].lower() else 0.05
+
+
 def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     _peft_not_lora(row["method"])
     if not row["lora_rank"]:
@@ -155,7 +165,7 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     dropout = re.search(r"dropout ([\d.]+)", row["method"])  # the row's LoraConfig lora_dropout: its masks are kept
     saved = re.search(r"modules_to_save \[([\w,]+)\]", row["method"])  # LoraConfig modules_to_save: trained copies
     return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))),
-                    dropout=float(dropout.group(1)) if dropout else 0.0,
+                    dropout=float(dropout.group(1)) if dropout else _litgpt_lora_dropout(row),
                     modules_to_save=tuple(saved.group(1).split(",")) if saved else (),
                     use_dora="use_dora True" in row["method"], use_rslora="use_rslora True" in row["method"],
                     autocast_adapter_dtype=not _peft_keeps_base_dtype(row))

@@ -35,31 +35,48 @@ CASES: dict[str, tuple[str, dict[str, Any], tuple[str, ...], int]] = {
 VOCAB, B, S = 1024, 2, 256
 
 
-def step_bytes(name: str, overrides: dict[str, Any], targets: tuple[str, ...], rank: int, n_layer: int) -> dict[str, Any]:
-    """Two LoRA fine-tuning steps of litgpt's GPT as finetune/lora.py runs them, measured by perfguide's tracker."""
+def build(name: str, lora: bool = True, **config: Any) -> Any:
+    """litgpt's LoRA GPT as finetune/lora.py builds it under bf16-true: bf16 default dtype at construction
+    (``fabric.init_module``), cast whole (``HalfPrecision.convert_module``), ``max_seq_length`` set afterwards as
+    ``fit`` does (which rebuilds the rope cache in fp32), and everything but the adapters frozen when ``lora``."""
     import torch
     from litgpt.lora import GPT, Config, mark_only_lora_as_trainable
-    from litgpt.utils import chunked_cross_entropy
-
-    from perfguide.memory.tracing.tracker import make_tracker
 
     torch.manual_seed(0)
-    switches = {f"lora_{t}": True for t in targets}
-    config = Config.from_name(name, n_layer=n_layer, padded_vocab_size=VOCAB, vocab_size=VOCAB, lora_r=rank,
-                              lora_alpha=16, lora_dropout=0.05, **overrides, **switches)
-    torch.set_default_dtype(torch.bfloat16)   # fabric.init_module() under bf16-true
-    model = GPT(config)
+    torch.set_default_dtype(torch.bfloat16)
+    model = GPT(Config.from_name(name, **config))
     torch.set_default_dtype(torch.float32)
-    model = model.to(torch.bfloat16)          # HalfPrecision.convert_module
+    model = model.to(torch.bfloat16)
     model.max_seq_length = S
-    mark_only_lora_as_trainable(model)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
-    tracker = make_tracker(512)
-    forward_end = 0
+    if lora:
+        mark_only_lora_as_trainable(model)
+    return model
+
+
+def charged(model: Any) -> Any:
+    """perfguide's live-bytes tracker (no rounding) with the model's parameters and buffers charged first."""
+    from perfguide.memory.tracing.tracker import make_tracker
+
+    tracker = make_tracker(1)
     with tracker:
         for tensor in (*model.parameters(), *model.buffers()):
             tracker.charge(tensor, "weights")
+    return tracker
+
+
+def step_bytes(name: str, overrides: dict[str, Any], targets: tuple[str, ...], rank: int, n_layer: int) -> dict[str, Any]:
+    """Two LoRA fine-tuning steps of litgpt's GPT as finetune/lora.py runs them, measured by perfguide's tracker."""
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+
+    switches = {f"lora_{t}": True for t in targets}
+    model = build(name, n_layer=n_layer, padded_vocab_size=VOCAB, vocab_size=VOCAB, lora_r=rank, lora_alpha=16,
+                  lora_dropout=0.05, **overrides, **switches)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+    tracker = charged(model)
+    forward_end = 0
+    with tracker:
         states = tracker.total
         for _ in range(2):
             idx = torch.randint(0, VOCAB, (B, S))
@@ -83,7 +100,29 @@ def step_bytes(name: str, overrides: dict[str, Any], targets: tuple[str, ...], r
             "peaks": {phase: peak[0] for phase, peak in tracker.peaks.items()}}
 
 
+def loss_path_bytes(vocab: int = 32768) -> dict[str, float]:
+    """Bytes per b*s*V above the model's states at each phase's peak, for a one-block GPT whose logits dwarf its
+    block (h 64): litgpt's chunked head and cross-entropy (bench/accuracy_loss.py LITGPT_LOSS_BYTES_PER_LOGIT)."""
+    import torch
+    from litgpt.utils import chunked_cross_entropy
+
+    model = build("Llama-3-8B", n_layer=1, padded_vocab_size=vocab, vocab_size=vocab, n_embd=64, n_head=2,
+                  n_query_groups=1, head_size=32, intermediate_size=128, lora_r=8, lora_alpha=16, lora_query=True,
+                  lora_value=True)
+    tracker = charged(model)
+    states = tracker.total
+    with tracker:
+        logits = model(torch.randint(0, vocab, (B, S)), lm_head_chunk_size=128)
+        logits[-1] = logits[-1][..., :-1, :]
+        tracker.set_phase("head")
+        loss = chunked_cross_entropy(logits, torch.randint(0, vocab, (B, S))[..., 1:])
+        tracker.set_phase("backward")
+        loss.backward()
+    return {phase: round((peak[0] - states) / (B * S * vocab), 3) for phase, peak in tracker.peaks.items()}
+
+
 def main() -> None:
+    print(json.dumps({"loss_path_bytes_per_logit": loss_path_bytes()}))
     for key, (name, overrides, targets, rank) in CASES.items():
         one, two = (step_bytes(name, overrides, targets, rank, n) for n in (1, 2))
         per_block = (two["forward_end"] - one["forward_end"]) / (B * S)

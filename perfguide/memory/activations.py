@@ -69,6 +69,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .block_backward import BlockBackward
 from .kbit import kbit_fp32_parts
+from .litgpt_blocks import LitgptDim, litgpt_family
 from .loss_path import LossPaths
 from .masks import EagerBackward
 from .relative_positions import relative_position_bytes
@@ -265,7 +266,7 @@ def block_dims(spec: ModelSpec) -> dict[str, int]:
     }
 
 
-def _linear(coef: Mapping[str, float] | Mapping[Dim, float], dims: dict[str, int]) -> float:
+def _linear(coef: Mapping[str, float] | Mapping[Dim, float] | Mapping[LitgptDim, float], dims: dict[str, int]) -> float:
     return sum(float(v) * dims[k] for k, v in coef.items())
 
 
@@ -300,13 +301,17 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     b, s = setup.micro_batch_size, setup.seq_len
     dims = block_dims(spec)
     hidden_p, attn_p = dropout_rates(spec)
-    per_token = _linear(c.per_token, dims)
-    if hidden_p > 0:
+    # litgpt's own block (litgpt_blocks.py): no dropout, always SDPA
+    lit = litgpt_family(spec, setup) if regime(setup) == "half" else None
+    per_token = _linear(lit.per_token if lit else c.per_token, dims)
+    if hidden_p > 0 and lit is None:
         per_token += _linear(c.dropout_per_token, dims)
-    if setup.lora is not None and not keeps_frozen_inputs:
+    if setup.lora is not None and lit is not None:   # bnb keeping frozen inputs: only the norms' trained-weight tensors go
+        per_token -= _linear(lit.frozen_linear_inputs_per_token, dims) - (_linear(lit.linear_inputs_per_token, dims) if keeps_frozen_inputs else 0)
+    elif setup.lora is not None and not keeps_frozen_inputs:
         per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
     total = b * s * per_token
-    if setup.attn_implementation == "eager":
+    if setup.attn_implementation == "eager" and lit is None:
         total += b * s * _linear(c.eager_per_token, dims)
         s2 = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if attn_p > 0 else 0.0)
         # the full s x s in every block: HF eager applies a sliding window as a mask on full scores (Gemma 2,

@@ -247,7 +247,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
 
     shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
     lora_extra = lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer,
-                                  led.dora_weights_per_layer)
+                                  led.dora_weights_per_layer,
+                                  padded_outputs_per_layer=led.padded_outputs_per_layer)
     # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
     keeps_inputs = quantized_matmul_keeps_inputs(setup, bnb_version)

@@ -41,6 +41,7 @@ class Ledger:
     dora_weights_per_layer: int = 0  # sum of in x out of DoRA-adapted Linears in one block (their base weights' elements)
     dora_identity_per_layer: int = 0  # sum of in x (in + out) of them: peft runs lora_A and lora_B on an in x in identity
     dora_largest: tuple[int, int] = (0, 0)  # (in, out) of the DoRA Linear whose weight norm holds the most at once
+    padded_outputs_per_layer: int = 0  # litgpt LoRAQKVLinear with some of q/k/v adapted: their output widths (_padded_outputs)
 
     @property
     def trainable_bytes(self) -> int:
@@ -156,7 +157,8 @@ def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
     return derived(spec, ("ledger", setup.weights_dtype, kbit_fp32_parts(setup), setup.kbit_quantizer, setup.nf4_double_quant,
-                          setup.kbit_recast_bf16, setup.kbit_recast_adapters, setup.lora, fsdp2_upcasts_trainables(setup)),
+                          setup.kbit_recast_bf16, setup.kbit_recast_adapters, setup.lora, fsdp2_upcasts_trainables(setup),
+                          setup.model_code),
                    lambda: _ledger(spec, setup))
 
 
@@ -200,13 +202,43 @@ def adapter_bytes(setup: Setup) -> int:
     parameter's dtype): fp32 as PEFT creates them on a quantized base and upcasts them on a 16-bit one
     (``autocast_adapter_dtype``), bf16 after TRL 0.7.5-0.8.6's recast (``kbit_recast_adapters``: ``module.to(torch.bfloat16)``
     on every PEFT tuner layer; later releases' recast leaves them fp32), and the base's 16 bits on a bf16/fp16 base
-    without the upcast (peft before 0.12)."""
+    without the upcast (peft before 0.12). litgpt creates its adapters (``lora_A``, ``lora_B``) inside
+    ``fabric.init_module()``, whose precision plugin sets the default dtype (HalfPrecision's and
+    BitsandbytesPrecision's ``_DtypeContextManager``), so they take the run's compute dtype: bf16 under ``bf16-true``,
+    on a 16-bit and a quantized base alike (traced: scripts/trace_litgpt.py)."""
     if fsdp2_upcasts_trainables(setup):
         return LORA_ADAPTER_BYTES
+    if setup.model_code == "litgpt" and setup.autocast is None:
+        return DTYPE_BYTES.get(setup.compute_dtype, LORA_ADAPTER_BYTES)
     if setup.kbit_recast_adapters:
         return 2
     keeps_base_dtype = setup.lora is not None and not setup.lora.autocast_adapter_dtype
     return DTYPE_BYTES[setup.weights_dtype] if keeps_base_dtype and setup.weights_dtype in ("bf16", "fp16") else LORA_ADAPTER_BYTES
+
+
+#: the query / key / value projections litgpt fuses into one Linear (``attn.attn``, a ``LoRAQKVLinear``)
+QKV_NAMES = frozenset({"q_proj", "k_proj", "v_proj", "query", "key", "value"})
+
+
+def _lora_inputs(chosen: list[tuple[str, int, int, int]], model_code: str) -> list[tuple[str, int, int, int]]:
+    """The adapted Linears whose inputs the adapters keep: each one's under transformers (PEFT adapts q_proj, k_proj,
+    v_proj separately, each with its own dropout and input copy); litgpt's ``LoRAQKVLinear`` adapts the fused qkv
+    Linear once, one ``lora_dropout(x)`` and one ``lora_A`` for every enabled projection (litgpt/lora.py), so the
+    q / k / v targets count one input."""
+    if model_code != "litgpt":
+        return chosen
+    qkv = [s for s in chosen if s[0].rsplit(".", 1)[-1] in QKV_NAMES]
+    return [s for s in chosen if s not in qkv] + qkv[:1]
+
+
+def _padded_outputs(chosen: list[tuple[str, int, int, int]], model_code: str) -> int:
+    """Output elements over the model that litgpt's ``LoRAQKVLinear`` keeps when some but not all of q, k, v are
+    adapted: its ``lora_B`` (a grouped conv1d) returns the enabled projections only and ``zero_pad`` scatters them
+    into the fused width, which keeps the conv1d output alive until backward; with all three enabled it skips the
+    padding. Traced (litgpt 0.4.12, real CPU tensors, scripts/trace_litgpt.py): phi-shaped, q and v of 320 each
+    adapted, 1280 B per token per block (2 B per element), none with q, k, v all adapted."""
+    qkv = [s for s in chosen if s[0].rsplit(".", 1)[-1] in QKV_NAMES]
+    return sum(o * n for _, _, o, n in qkv) if model_code == "litgpt" and 0 < len(qkv) < 3 else 0
 
 
 def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
@@ -230,7 +262,7 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
         groups += tuple(TensorGroup(n, o, 1, "other") for _, _, o, n in chosen)
     trainable = sum(g.total for g in groups)
     layers = spec.total_layers
-    inputs = sum(i * n for _, i, _, n in chosen) // layers
+    inputs = sum(i * n for _, i, _, n in _lora_inputs(chosen, setup.model_code)) // layers
     ranks = sum(r * n for *_, n in chosen) // layers
     dora = sum(o * n for _, _, o, n in chosen) // layers if setup.lora.use_dora else 0
     dora_weights = sum(i * o * n for _, i, o, n in chosen) // layers if setup.lora.use_dora else 0
@@ -241,4 +273,5 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     trainable += sum(g.total for g in saved)
     nbytes = adapter_bytes(setup)
     return Ledger(base + group_bytes(groups, nbytes), spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora,
-                  experts, dora_weights, identity, largest)
+                  experts, dora_weights, identity, largest,
+                  padded_outputs_per_layer=_padded_outputs(chosen, setup.model_code) // layers)

@@ -50,7 +50,7 @@ def dora_reruns_base(setup: Setup) -> bool:
 
 
 def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int, dora_outputs_per_layer: int = 0,
-                     dora_weights_per_layer: int = 0) -> int:
+                     dora_weights_per_layer: int = 0, *, padded_outputs_per_layer: int = 0) -> int:
     """Adapter tensors per block: the input each adapted Linear's ``lora_A`` keeps, plus its r-wide output.
 
     PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so
@@ -58,6 +58,9 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     own 16-bit cast, on fp32 weights and on a 16-bit or k-bit base alike; in fp32 the (shared) input itself, counted per target (a small overcount). With
     ``lora_dropout`` > 0 the dropout (peft ``lora_A(dropout(x))``) also keeps its mask: one byte per input element
     (native_dropout's bool mask, ATen Dropout.cpp), and lora_A keeps the dropped copy instead of the input.
+    litgpt (``model_code``) creates its adapters in the run's 16-bit dtype, so lora_A keeps the 16-bit input (or its
+    dropped copy); its q/k/v share one input (ledger._lora_inputs) and a partly enabled fused qkv keeps its lora_B
+    output (``padded_outputs_per_layer``, ledger._padded_outputs).
 
     DoRA (``dora_outputs_per_layer``: the adapted Linears' output widths) rescales both branches by the trainable
     magnitude (peft ``DoraLinearLayer.forward``: ``(m / ||W + sBA|| - 1) * base_result + m / ||.|| * lora_result *
@@ -77,7 +80,9 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     reruns = dora_reruns_base(setup)
     dora = dora_outputs_per_layer * (nbytes + (nbytes if reruns else _base_output_bytes(setup, autocast_runs)))
     copies = dora_weights_per_layer * dora_weight_copy_bytes(setup) if reruns else 0
-    return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask + dora)) + copies
+    # litgpt's partly enabled LoRAQKVLinear keeps its lora_B output (ledger._padded_outputs), in the adapters' dtype
+    padded = padded_outputs_per_layer * nbytes
+    return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask + dora + padded)) + copies
 
 
 def dora_weight_copy_bytes(setup: Setup) -> int:
@@ -130,9 +135,11 @@ def adapter_dtype_bytes(setup: Setup) -> int:
 
 
 def _sixteen_bit_adapters(setup: Setup) -> bool:
-    """Adapters kept in 16 bits: TRL 0.7.5-0.8.6's recast on a k-bit base, or no upcast on a 16-bit base (peft < 0.12)."""
-    return setup.kbit_recast_adapters or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
-                                          and setup.weights_dtype in ("bf16", "fp16"))
+    """Adapters kept in 16 bits: TRL 0.7.5-0.8.6's recast on a k-bit base, no upcast on a 16-bit base (peft < 0.12),
+    or litgpt's, created in the run's 16-bit dtype (ledger.adapter_bytes)."""
+    litgpt = setup.model_code == "litgpt" and setup.autocast is None and setup.compute_dtype in ("bf16", "fp16")
+    return litgpt or setup.kbit_recast_adapters or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
+                                                    and setup.weights_dtype in ("bf16", "fp16"))
 
 
 def _base_output_bytes(setup: Setup, autocast_runs: bool) -> int:
