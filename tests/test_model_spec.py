@@ -305,3 +305,22 @@ def test_import_and_catalog_stay_light() -> None:
             "assert s.total_params == 8030261248; heavy = {'torch', 'transformers'} & set(sys.modules); assert not heavy, heavy")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("variant", [
+    dict(multi_query=True, new_decoder_architecture=False),                  # falcon-7b: one shared kv head
+    dict(multi_query=False, new_decoder_architecture=False),                 # plain multi-head
+    dict(new_decoder_architecture=True, num_kv_heads=2),                     # falcon-40b's grouped layout
+])
+def test_falcon_kv_heads_and_mlp_width_from_the_module(variant: dict) -> None:
+    """Falcon's configs name no num_key_value_heads and no intermediate_size, so both come from the module tree; its
+    fused query_key_value is wider than the hidden size too. The reference is the built module's own attention and
+    MLP (transformers' FalconAttention.num_kv_heads, dense_h_to_4h.out_features), not perfguide's reading."""
+    from transformers import FalconConfig, FalconForCausalLM
+
+    config = FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=8, **variant)
+    module = FalconForCausalLM(config)
+    block = module.transformer.h[0]
+    spec = ModelSpec.from_any(module)
+    assert spec.num_key_value_heads == block.self_attention.num_kv_heads
+    assert spec.intermediate_size == block.mlp.dense_h_to_4h.out_features == 4 * 64

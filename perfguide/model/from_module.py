@@ -81,6 +81,27 @@ def _experts(module: Any) -> tuple[int, int, bool]:
     return total, len(layers), separate
 
 
+_ATTENTION_NAMES = ("attn", "attention", "query", "qkv", "q_proj", "k_proj", "v_proj")
+
+
+def _is_attention(name: str) -> bool:
+    """A block Linear of the attention: a fused q/k/v projection is wider than the hidden size too (Falcon's
+    query_key_value: 4,672 on falcon-7b), so it must not be read as the MLP's width."""
+    return any(part in name.lower() for part in _ATTENTION_NAMES)
+
+
+def _fused_kv_heads(linears: Linears, h: int, heads: int, head_dim: int) -> int | None:
+    """Key/value heads read off a fused q/k/v projection, whose output is (heads + 2 x kv) x head_dim: Falcon's
+    configs carry no num_key_value_heads (falcon-7b is multi-query: 4,672 = (71 + 2) x 64, one kv head; falcon-40b's
+    new decoder architecture 9,216 = (128 + 2 x 8) x 64). None without a fused projection or when it does not divide."""
+    for name, (i, o) in linears.items():
+        if i == h and any(k in name.lower() for k in ("query_key_value", "qkv", "c_attn")) and o % head_dim == 0:
+            kv2 = o // head_dim - heads
+            if kv2 > 0 and kv2 % 2 == 0 and heads % (kv2 // 2) == 0:
+                return kv2 // 2
+    return None
+
+
 def _linears(block: Any) -> Linears:
     """(in, out) of each Linear / GPT-2 Conv1D in one block, keyed by its path inside the block."""
     out: Linears = {}
@@ -145,10 +166,11 @@ def _inferred_dims(module: Any, full_config: dict[str, Any]) -> tuple[dict[str, 
         raise InvalidModelError(f"cannot infer the attention head count of {type(module).__name__}: no "
                                 f"{'/'.join(_HEAD_ATTRS)} attribute or config key; pass its transformers config.")
     h, heads = dims["hidden_size"], dims["num_attention_heads"]
-    wider = [o for i, o in linears.values() if i == h and o > h]
+    wider = [o for name, (i, o) in linears.items() if i == h and o > h and not _is_attention(name)]
     mla = isinstance(config.get("kv_lora_rank"), int)
     head_dim = (config["qk_nope_head_dim"] + config["qk_rope_head_dim"]) if mla else (config.get("head_dim") or h // heads)
-    dims |= dict(num_key_value_heads=config.get("num_key_value_heads") or heads, head_dim=head_dim,
+    dims |= dict(num_key_value_heads=config.get("num_key_value_heads") or _fused_kv_heads(linears, h, heads, head_dim)
+                 or heads, head_dim=head_dim,
                  intermediate_size=config.get("intermediate_size") or config.get("ffn_dim") or config.get("encoder_ffn_dim")
                  or (min(wider) if wider else 4 * h),
                  gated_mlp=sum(1 for k in linears if "gate" in k or "wi_0" in k) > 0)
