@@ -68,3 +68,18 @@ def test_litgpt_adapters_take_the_models_dtype() -> None:
     lit, hf = training_memory(spec, setup.replace(model_code="litgpt")), training_memory(spec, setup)
     assert (lit.gradients, lit.optimizer_states) == (2 * adapters, 4 * adapters)
     assert (hf.gradients, hf.optimizer_states) == (4 * adapters, 8 * adapters)
+
+
+@pytest.mark.parametrize(("shape", "traced"), [
+    (dict(hidden_size=320, num_attention_heads=5, multi_query=True), 9880),                 # falcon-7b's layout
+    (dict(hidden_size=512, num_attention_heads=8, new_decoder_architecture=True, num_kv_heads=2), 15396),
+])
+def test_falcon_full_fine_tuning_block_as_traced(shape: dict[str, Any], traced: int) -> None:
+    """litgpt's falcon block (fitted at h 256 with one key/value group) against litgpt 0.4.12's falcon-7b code traced
+    at these shapes (MLP 4 x hidden, heads of 64, one norm shared by attention and MLP; the second with two key/value
+    groups, which transformers builds only under new_decoder_architecture, whose second norm the form leaves out, as
+    data/litgpt.json says). Falcon's configs name no kv heads and no MLP width, so this also needs them read off the
+    module (a fused query_key_value of (heads + 2 kv) x 64)."""
+    config = dict(model_type="falcon", vocab_size=V, parallel_attn=True, bias=False, alibi=False,
+                  tie_word_embeddings=True, max_position_embeddings=2048, architectures=["FalconForCausalLM"], **shape)
+    assert block_bytes_per_token(config, None) == pytest.approx(traced, rel=0.005)
