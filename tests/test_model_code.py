@@ -63,3 +63,18 @@ def test_litgpt_quantized_head_is_counted_once() -> None:
                   optimizer="adamw_torch", micro_batch_size=1, seq_len=512)
     spec = ModelSpec.from_any("google/gemma-2b")
     assert ledger(built_by(spec, "litgpt"), setup).weight_bytes == ledger(spec, setup).weight_bytes
+
+
+def test_transformers_configs_refuse_a_litgpt_priced_plan() -> None:
+    """A plan priced as litgpt's own GPT has no TrainingArguments / LoraConfig / accelerate file to write: one line
+    names the field and what to plan with, as the kbit_quantizer guard does."""
+    import pytest
+    from helpers import make_rec
+
+    from perfguide.errors import InvalidSetupError
+
+    rec = make_rec({"weights_dtype": "bf16", "lora": {}, "model_code": "litgpt"})
+    for emit in (lambda: rec.training_args(output_dir="out"), rec.lora_config, rec.accelerate_config):
+        with pytest.raises(InvalidSetupError, match="model_code='transformers'"):
+            emit()
+    make_rec({"weights_dtype": "bf16", "lora": {}}).lora_config()   # the same plan with transformers' code writes it

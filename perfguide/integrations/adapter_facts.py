@@ -30,7 +30,16 @@ LAUNCHED_ENV = ("LOCAL_RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", 
 
 def emit_context(rec: Recommendation) -> EmitContext:
     """What the techniques need to write their adapter keys: the Setup and the target it runs on."""
+    require_transformers_code(rec)
     return EmitContext(setup=rec.setup, hardware=rec.hardware, model=rec.model, from_scratch=rec.request.constraints.from_scratch)
+
+
+def require_transformers_code(rec: Recommendation) -> None:
+    """A plan priced for litgpt's own GPT (Setup.model_code) has no transformers / PEFT / TRL / accelerate config to
+    write: those drive transformers' classes, whose layout (a tied head held once) differs from the one priced."""
+    if rec.setup.model_code != "transformers":
+        raise InvalidSetupError(f"model_code={rec.setup.model_code!r} prices {rec.setup.model_code}'s own model code; these "
+                                "configs drive transformers' classes: plan with model_code='transformers'")
 
 
 def in_order(values: dict[str, Any], order: tuple[str, ...]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSetupError
+from .adapter_facts import require_transformers_code
 
 if TYPE_CHECKING:
     import peft
@@ -61,6 +62,7 @@ def target_modules(spec: ModelSpec, lora: LoraSpec) -> list[str] | str:
 
 def lora_config_kwargs(rec: Recommendation) -> dict[str, Any]:
     """``LoraConfig`` kwargs as plain data (``task_type`` as its name); raises when the plan has no adapter."""
+    require_transformers_code(rec)
     lora = rec.setup.lora
     if lora is None:
         raise InvalidSetupError(f"this plan trains without adapters ({rec.setup.label}); use recommend(..., finetune='lora') "
