@@ -310,7 +310,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         per_token -= _linear(lit.frozen_linear_inputs_per_token, dims) - (_linear(lit.linear_inputs_per_token, dims) if keeps_frozen_inputs else 0)
     elif setup.lora is not None and not keeps_frozen_inputs:
         per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
-    total = b * s * per_token
+    total = b * s * per_token + (b * spec.num_attention_heads * s * s * lit.per_head_s2 if lit else 0.0)
     if setup.attn_implementation == "eager" and lit is None:
         total += b * s * _linear(c.eager_per_token, dims)
         s2 = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if attn_p > 0 else 0.0)

@@ -32,6 +32,11 @@ class LitgptFamily(DataModel):
     #: input (before 0.43.2, analytic.quantized_matmul_keeps_inputs) still keeps; the rest is what the norms keep
     #: for their trained weights (litgpt's RMSNorm multiplies by ``weight.float()``: an fp32 product)
     linear_inputs_per_token: dict[LitgptDim, float]
+    #: bytes per b x heads x s^2 (full fine-tuning and LoRA alike): Gemma 2's attention soft-capping takes litgpt off
+    #: SDPA (``CausalSelfAttention.scaled_dot_product_attention``: "with softcapping we cannot use SDPA") onto its own
+    #: scores, which keep the tanh output (2 B), the fp32 softmax (4 B) and its 16-bit copy for ``scores @ v`` (2 B);
+    #: the sliding window is a mask added to full scores, so every block keeps all s^2
+    per_head_s2: float = 0.0
 
 
 class LitgptBlocks(DataModel):
