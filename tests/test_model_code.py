@@ -78,3 +78,18 @@ def test_transformers_configs_refuse_a_litgpt_priced_plan() -> None:
         with pytest.raises(InvalidSetupError, match="model_code='transformers'"):
             emit()
     make_rec({"weights_dtype": "bf16", "lora": {}}).lora_config()   # the same plan with transformers' code writes it
+
+
+def test_litgpt_lora_head_skips_the_final_soft_cap() -> None:
+    """litgpt 0.4.12's LoRA step runs the head in chunks (finetune/lora.py lm_head_chunk_size=128), and lora.GPT.forward
+    returns those chunks before the final-logit soft-cap line; transformers' Gemma 2 and litgpt's unchunked full step
+    keep the cap's tanh output: b x s x vocab in the head's 2 bytes."""
+    from perfguide.memory.softcap import final_softcap_bytes
+
+    spec = ModelSpec.from_any("google/gemma-2-2b")
+    lora = LoraSpec(r=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    setup = Setup(task="train", weights_dtype="bf16", optimizer="adamw_torch", micro_batch_size=2, seq_len=512, lora=lora)
+    capped = 2 * 512 * 256000 * 2
+    assert final_softcap_bytes(spec, setup) == capped
+    assert final_softcap_bytes(spec, setup.replace(model_code="litgpt")) == 0
+    assert final_softcap_bytes(spec, setup.replace(model_code="litgpt", lora=None)) == capped

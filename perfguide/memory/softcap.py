@@ -63,8 +63,12 @@ def attention_softcap_bytes(spec: ModelSpec, setup: Setup) -> int:
 
 def final_softcap_bytes(spec: ModelSpec, setup: Setup) -> int:
     """Bytes of the final-logit soft-cap's tanh output (b x positions x logits width in the head's dtype) alive at
-    the loss peak; nothing for models without the cap or without a generating head."""
+    the loss peak; nothing for models without the cap or without a generating head, nor for litgpt's LoRA step,
+    whose chunked head (lm_head_chunk_size > 0 in finetune/lora.py) returns before the cap line (litgpt 0.4.12
+    lora.GPT.forward, traced: scripts/fit_litgpt.py)."""
     if not spec.generates or _cap(spec, "final_logit_softcapping", _data().final_defaults) is None:
+        return 0
+    if setup.model_code == "litgpt" and setup.lora is not None and setup.task == "train":
         return 0
     from .loss_path import head_bytes
 
