@@ -26,23 +26,13 @@ OUTPUTS = 96 + 2 * 16 + 96          # q, v and down_proj output widths of one bl
 B, S = 2, 40
 
 
-def _saved_bytes(use_dora: bool, dtype: Any, autocast: bool, dropout: float = 0.0, layers: int = 3, upcast: bool = True) -> int:
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
-    cfg = {k: v for k, v in CONFIG.items() if k != "model_type"} | {"num_hidden_layers": layers}
-    model = get_peft_model(LlamaForCausalLM(LlamaConfig(**cfg)).to(dtype),
-                           LoraConfig(r=8, target_modules=list(TARGETS), use_dora=use_dora, lora_dropout=dropout),
-                           autocast_adapter_dtype=upcast)
-    model.train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    ids = torch.randint(0, CONFIG["vocab_size"], (B, S))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        loss = model(input_ids=ids, labels=ids).loss
+def saved_bytes(root: Any, params: set[int]) -> int:
+    """Distinct storages autograd saved for backward below ``root`` (parameters excluded): what the step keeps."""
+    import torch
+
     seen: dict[int, int] = {}
-    stack, done = [loss.grad_fn], set()
+    stack, done = [root.grad_fn], set()
     while stack:
         node = stack.pop()
         if node is None or node in done:
@@ -58,6 +48,23 @@ def _saved_bytes(use_dora: bool, dtype: Any, autocast: bool, dropout: float = 0.
                     seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         stack += [f for f, _ in node.next_functions]
     return sum(seen.values())
+
+def _saved_bytes(use_dora: bool, dtype: Any, autocast: bool, dropout: float = 0.0, layers: int = 3, upcast: bool = True) -> int:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = {k: v for k, v in CONFIG.items() if k != "model_type"} | {"num_hidden_layers": layers}
+    model = get_peft_model(LlamaForCausalLM(LlamaConfig(**cfg)).to(dtype),
+                           LoraConfig(r=8, target_modules=list(TARGETS), use_dora=use_dora, lora_dropout=dropout),
+                           autocast_adapter_dtype=upcast)
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    ids = torch.randint(0, CONFIG["vocab_size"], (B, S))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = model(input_ids=ids, labels=ids).loss
+    return saved_bytes(loss, params)
 
 
 @pytest.mark.parametrize("weights, autocast, per_unit", [("bf16", None, 2 + 4), ("fp32", "bf16", 2 + 2), ("fp32", None, 4 + 4)])
@@ -223,23 +230,7 @@ def _qdora_saved(use_dora: bool, dropout: float, fan_in: int, fan_out: int) -> i
     model.train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     out = model(torch.randn(B, S, fan_in, dtype=torch.bfloat16, requires_grad=True))
-    seen: dict[int, int] = {}
-    stack, done = [out.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in done:
-            continue
-        done.add(node)
-        for name in (a for a in dir(node) if a.startswith("_saved_")):
-            try:
-                value = getattr(node, name)
-            except RuntimeError:
-                continue
-            for t in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in params:
-                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        stack += [f for f, _ in node.next_functions]
-    return sum(seen.values())
+    return saved_bytes(out, params)
 
 
 @pytest.mark.parametrize("dropout, per_unit, copy", [(0.0, 2 + 4, 0), (0.1, 4 + 4, 4)])
