@@ -114,7 +114,10 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
     except Skip as exc:
         return Result(row, "skip", str(exc))
     except (PerfGuideError, NotImplementedError, ValueError) as exc:
-        return Result(row, "skip", f"not expressible: {str(exc).splitlines()[0][:120]}")
+        # a Setup pydantic rejects: its first line only counts the errors ("1 validation error for Setup"); show the reason
+        errors = getattr(exc, "errors", None)
+        reason = str(errors()[0]["msg"]) if callable(errors) else str(exc).splitlines()[0]
+        return Result(row, "skip", f"not expressible: {reason[:160]}")
     if kind in ("oom", "fits", "max_batch_fit", "max_seq_fit"):
         if hw is None:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")

@@ -19,7 +19,7 @@ GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4"), ("v100 32gb", "v100-32gb"), ("a800", "a100-80gb"),
         ("nvidia l4", "l4"), ("v100s", "v100-pcie-32gb"), ("rtx a6000", "a6000"), ("v100 16gb", "v100-16gb"), ("a10 ", "a10"),
-        ("b300", "b200")]
+        ("b300", "b200"), ("tesla t4", "t4")]
 # B300 (Blackwell Ultra, cc 10.3) has no gpus.json row: the B200's (cc 10) is borrowed; its rows state their own memory
 # A800 is the A100 with NVLink capped at 400 GB/s (export variant): same GA100 die, same 80 GB HBM2e
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
@@ -353,6 +353,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      optimizer_in_backward="optimizer_in_bwd True" in row["method"],
                                      torch_compile="torch.compile enabled" in row["method"],
                                      liger_kernel="Liger kernels on" in row["method"],
+                                     activation_offloading="activation_offloading=True" in row["method"],  # TRL SFTConfig
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))

@@ -30,6 +30,9 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # 8192 x 80, FFN 29568, 64/8 heads; vocab 152064, untied)
              "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",
              "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit": "meta-llama/Llama-3.1-8B",
+             # Unsloth's 'dynamic' bnb 4-bit upload of Qwen3-14B: its config.json shape; the modules its quantization_config
+             # leaves 16-bit are not known here, so it is priced with every block Linear nf4 (the row's notes say so)
+             "unsloth/qwen3-14b-unsloth-bnb-4bit": "Qwen/Qwen3-14B",
              "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
              "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf",
              "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
