@@ -267,3 +267,23 @@ def test_biogpt_has_its_own_traced_block_not_the_generic_one() -> None:
     bio, opt, neox = (family_coefficients("generic", t)["half"].per_token for t in ("biogpt", "opt", "gpt_neox"))
     assert bio["i"] == neox["i"] == 2 * opt["i"] == 4.0
     assert bio["h"] == opt["h"]
+
+
+def test_trl_notebook_rows_read_as_its_two_configs(acc: ModuleType, rows) -> None:
+    """TRL's sft_trl_lora_qlora notebook: the first version (28bba8c6b) trained Qwen3-8B at batch 2 with adamw_8bit on an
+    A100 40GB; the 14B run (f6834206a) at batch 1 with paged_adamw_8bit, Liger and activation offloading on a Colab T4,
+    whose CUDA total the notebook prints as 14.741 GB (gpus.json: 14.56-14.75 GiB on T4s)."""
+    a, b = rows["2055"], rows["2056"]
+    sa = acc._train_setup(a, acc._spec(a["model_hf_id"]))
+    assert (sa.micro_batch_size, sa.gradient_accumulation_steps, sa.seq_len) == (2, 8, 1024)
+    assert sa.optimizer == "adamw_bnb_8bit" and not sa.liger_kernel and not sa.activation_offloading
+    assert sa.weights_dtype == "nf4" and sa.kbit_upcast and sa.kbit_recast_bf16 and not sa.kbit_recast_adapters
+    assert sa.lora is not None and (sa.lora.r, sa.lora.alpha, len(sa.lora.target_modules)) == (32, 32, 7)
+    sb = acc._train_setup(b, acc._spec(b["model_hf_id"]))
+    assert (sb.micro_batch_size, sb.gradient_accumulation_steps) == (1, 4)
+    assert sb.optimizer == "paged_adamw_8bit" and sb.liger_kernel and sb.activation_offloading
+    t4 = acc._hardware(b["gpu_type"], 1).smallest_gpu.memory_total / 2**30
+    assert 14.5 < t4 < 15.1
+    assert acc._spec(b["model_hf_id"]).name == "Qwen/Qwen3-14B"   # Unsloth's 4-bit upload, priced by its config shape
+    # the '~X GB VRAM' comments have no known config: listed, not compared
+    assert acc.evaluate(rows["2059"], []).kind == "skip"
