@@ -366,7 +366,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         # litgpt's bnb.nf4 is Lightning's _NF4Linear (compress_statistics=False), bnb.nf4-dq its _NF4DQLinear; the
         # HF, Unsloth, fsdp_qlora and axolotl rows quantize with double quant (stated, or Linear4bit's default)
         fields["nf4_double_quant"] = not (_kbit_quantizer(row) == "litgpt" and not q.endswith("-dq"))
-        # TRL 0.7.5-0.21 SFTTrainer given a peft_config with bf16 re-casts embeddings and head to bf16; 0.7.5-0.8.6 the
+        # TRL 0.7.5-0.25 SFTTrainer given a peft_config with bf16 re-casts embeddings and head to bf16; 0.7.5-0.8.6 the
         # adapters too
         fields["kbit_recast_bf16"] = "peft_module_casting_to_bf16" in row["method"]
         fields["kbit_recast_adapters"] = fields["kbit_recast_bf16"] and trl_recasts_adapters(row)

@@ -1,7 +1,8 @@
 """TRL's re-cast after peft's kbit upcast (``Setup.kbit_recast_bf16``, ``kbit_recast_adapters``): what the plan prices
 is what the model holds.
 
-TRL's SFTTrainer (v0.7.5 of 2023-12-22 through v0.21; v0.22.0 of 2025-08-29 dropped the cast) given a ``peft_config`` on a 4-bit model with
+TRL's SFTTrainer (v0.7.5 of 2023-12-22 through v0.25.1, from v0.22.0 through trl/models/utils.py prepare_peft_model;
+v0.26.0 dropped the cast) given a ``peft_config`` on a 4-bit model with
 ``bf16=True`` runs peft's ``prepare_model_for_kbit_training`` (every non-quantized parameter to fp32), then
 ``get_peft_model``, then ``peft_module_casting_to_bf16`` (trl/trainer/utils.py): norms to fp32, fp32 embeddings / head
 to bf16, and in 0.7.5-0.8.6 only (read in their wheels; 0.9.2 on have no such branch) every PEFT tuner layer to bf16,

@@ -45,7 +45,7 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
 
 
 def recast_bf16(model: Any, *, adapters: bool) -> None:
-    """The dtypes ``Setup.kbit_recast_bf16`` priced, as TRL's SFTTrainer (0.7.5-0.21.0, bf16, 4-bit base, peft_config)
+    """The dtypes ``Setup.kbit_recast_bf16`` priced, as TRL's SFTTrainer (0.7.5-0.25.1, bf16, 4-bit base, peft_config)
     leaves them after peft's upcast: the norms fp32, fp32 token / position embeddings and head in bf16, and with
     ``adapters`` (``kbit_recast_adapters``: TRL 0.7.5-0.8.6's first branch) every PEFT tuner layer in bf16 too; without
     it a tuner layer meets the later releases' name checks like any module. Quantized storage (uint8 / int8) is not
