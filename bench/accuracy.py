@@ -28,6 +28,7 @@ from accuracy_context import torch_era
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
+from accuracy_replay import with_replayed_reserve
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
@@ -111,6 +112,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         release = _transformers_version(row)
         if setup.task == "infer" and release is not None:  # generate's prefill logits as the row's release ran it
             est = with_prompt_logits(est, spec, setup, release)
+        est = with_replayed_reserve(row, setup, est)   # reserved from the allocator replayed over the row's own step
     except Skip as exc:
         return Result(row, "skip", str(exc))
     except (PerfGuideError, NotImplementedError, ValueError) as exc:

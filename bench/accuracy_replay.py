@@ -1,0 +1,48 @@
+"""Measured rows whose reserved bytes come from a replay of the caching allocator over their own step.
+
+perfguide prices reserved as allocated times one training ratio (calibration.json reserved_over_allocated_training,
+1.116: the median of published pairs). What the allocator keeps cached depends on the order and sizes of the
+step's requests, and for LLaMA-Factory's long-context QLoRA step (rows 1000-1005) scripts/trace_allocator_lfwiki.py
+traces that order at the model's real shape and length and scripts/caching_allocator.py replays PyTorch's allocator
+rules over it (docs/validation.md section 25). The replay's allocated peak is perfguide's own step bytes to the MiB
+from 4,096 tokens on, so the row keeps perfguide's allocated peak and adds the bytes the replay leaves cached at its
+reserved peak (reserved - allocated of the step's own tensors) in place of the ratio. The weights and optimizer
+states are taken as packed (no load-time cache: not replayed), and only measured rows below the card read it: an
+OOM verdict is decided by what the allocator keeps after it frees its cache and retries.
+"""
+
+from __future__ import annotations
+
+import csv
+from functools import cache
+from pathlib import Path
+
+from perfguide.memory.types import MemoryEstimate
+from perfguide.setup import Setup
+
+TABLE = Path(__file__).resolve().parent / "data" / "allocator_replays.csv"
+
+
+@cache
+def _replays() -> dict[tuple[str, int], tuple[int, int]]:
+    """(source group, length) -> (allocated, reserved) peaks of the step's own tensors in the replay."""
+    with TABLE.open(newline="") as f:
+        return {(r["source_group"], int(r["seq_len"])): (int(r["step_allocated_bytes"]), int(r["step_reserved_bytes"]))
+                for r in csv.DictReader(f)}
+
+
+def replayed_cache(row: dict[str, str], setup: Setup) -> int | None:
+    """Bytes the replay leaves cached above the step's allocated peak, or None when the row's step was not replayed."""
+    if row["value_kind"] != "measured" or setup.micro_batch_size != 1:
+        return None
+    hit = _replays().get((row["source_group"], setup.seq_len))
+    return None if hit is None else hit[1] - hit[0]
+
+
+def with_replayed_reserve(row: dict[str, str], setup: Setup, est: MemoryEstimate) -> MemoryEstimate:
+    """The estimate with reserved = perfguide's allocated peak + the replay's cached bytes (device total follows)."""
+    cached = replayed_cache(row, setup)
+    if cached is None:
+        return est
+    reserved = est.peak_allocated + cached
+    return est.model_copy(update={"peak_reserved": reserved, "device_total": est.device_total - est.peak_reserved + reserved})

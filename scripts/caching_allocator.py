@@ -1,0 +1,139 @@
+"""A replay of PyTorch's CUDA caching allocator (c10/cuda/CUDACachingAllocator.cpp, torch 2.2 defaults) over a
+sequence of tensor allocations and frees, to read the reserved bytes a step's own order of requests leaves behind.
+
+Rules replayed, each from the allocator's source (constants as named there):
+
+* every request rounds up to 512 B (``kMinBlockSize``); requests up to 1 MiB (``kSmallSize``) go to the small pool,
+  larger ones to the large pool, and a block never serves the other pool;
+* a request takes the smallest cached free block of its pool that is large enough (``get_free_block``: the pool is a
+  set ordered by size, then address, searched with ``lower_bound``);
+* a free block is split when the rest is worth keeping (``should_split``: 512 B or more in the small pool, more than
+  1 MiB in the large one; ``max_split_size`` is unlimited by default), the request taking the front;
+* with no fitting block a new segment is reserved (``get_allocation_size``): 2 MiB for a small request, 20 MiB
+  (``kLargeBuffer``) for a large one under 10 MiB (``kMinLargeAlloc``), else the request rounded up to 2 MiB
+  (``kRoundLarge``);
+* a freed block merges with free neighbours in its segment (``try_merge_blocks``); segments are returned to CUDA
+  only when a cudaMalloc fails or on ``empty_cache()``, neither of which a run below the card's capacity does, so
+  the reserved bytes only grow.
+
+The expandable-segments mode (off by default) and the garbage-collection threshold (unset by default) are not
+replayed. One stream, as a single-GPU training step runs.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+MIN_BLOCK = 512
+SMALL_SIZE = 1 << 20
+SMALL_BUFFER = 2 << 20
+LARGE_BUFFER = 20 << 20
+MIN_LARGE_ALLOC = 10 << 20
+ROUND_LARGE = 2 << 20
+
+
+def round_size(size: int) -> int:
+    """The bytes a request takes (``round_size`` with roundup_power2_divisions unset)."""
+    return MIN_BLOCK if size < MIN_BLOCK else MIN_BLOCK * -(-size // MIN_BLOCK)
+
+
+def allocation_size(size: int) -> int:
+    """The segment reserved for a request no cached block can serve (``get_allocation_size``)."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return ROUND_LARGE * -(-size // ROUND_LARGE)
+
+
+@dataclass(eq=False)
+class Block:
+    """One block of a segment: [ptr, ptr + size), allocated or cached free."""
+
+    ptr: int
+    size: int
+    small: bool
+    free: bool = True
+    prev: Block | None = None
+    next: Block | None = None
+
+
+@dataclass
+class Allocator:
+    """The caching allocator's state: two pools of free blocks, the live blocks by tensor id, and its counters."""
+
+    pools: dict[bool, list[tuple[int, int, Block]]] = field(default_factory=lambda: {True: [], False: []})
+    live: dict[int, Block] = field(default_factory=dict)
+    reserved: int = 0
+    allocated: int = 0
+    peak_reserved: int = 0
+    peak_allocated: int = 0
+    segments: int = 0
+    _next_ptr: int = 0
+
+    def _insert(self, block: Block) -> None:
+        bisect.insort(self.pools[block.small], (block.size, block.ptr, block))
+
+    def _remove(self, block: Block) -> None:
+        pool = self.pools[block.small]
+        i = bisect.bisect_left(pool, (block.size, block.ptr))
+        while pool[i][2] is not block:
+            i += 1
+        pool.pop(i)
+
+    def malloc(self, key: int, nbytes: int) -> None:
+        """Serve tensor ``key``'s request of ``nbytes``."""
+        size = round_size(nbytes)
+        small = size <= SMALL_SIZE
+        pool = self.pools[small]
+        i = bisect.bisect_left(pool, (size, -1))
+        if i < len(pool):
+            block = pool.pop(i)[2]
+        else:
+            seg = allocation_size(size)
+            block = Block(self._next_ptr, seg, small)
+            self._next_ptr += seg + (1 << 40)   # segments are never adjacent: no merge across them
+            self.reserved += seg
+            self.segments += 1
+        rest = block.size - size
+        if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
+            tail = Block(block.ptr + size, rest, small, prev=block, next=block.next)
+            if block.next is not None:
+                block.next.prev = tail
+            block.next, block.size = tail, size
+            self._insert(tail)
+        block.free = False
+        self.live[key] = block
+        self.allocated += block.size
+        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def free(self, key: int) -> None:
+        """Return tensor ``key``'s block to its pool, merged with its free neighbours."""
+        block = self.live.pop(key)
+        self.allocated -= block.size
+        block.free = True
+        for other in (block.prev, block.next):
+            if other is not None and other.free:
+                self._remove(other)
+                if other is block.prev:
+                    other.size += block.size
+                    other.next = block.next
+                    if block.next is not None:
+                        block.next.prev = other
+                    block = other
+                else:
+                    block.size += other.size
+                    block.next = other.next
+                    if other.next is not None:
+                        other.next.prev = block
+        self._insert(block)
+
+    def replay(self, events: list[tuple[str, int, int]]) -> None:
+        """Apply ``("a", key, nbytes)`` / ``("f", key, 0)`` events in order."""
+        for kind, key, nbytes in events:
+            if kind == "a":
+                self.malloc(key, nbytes)
+            else:
+                self.free(key)

@@ -1,0 +1,238 @@
+"""Reserved bytes of LLaMA-Factory's long-context QLoRA step (bench rows 1000-1005: Llama-2-7B, nf4, LoRA r 8 on all
+seven Linears, fp16, FlashAttention-2, reentrant checkpointing, batch 1), read by replaying the caching allocator
+(scripts/caching_allocator.py) over the step's own order of tensor allocations and frees.
+
+The step runs on fake tensors at the model's real shape (32 x 4096, FFN 11008, vocabulary 32,000) and the row's real
+length, so every request has its real size; the installed transformers' Llama modules run, with what the April-2024
+stack did differently put back where it changes a request:
+
+* transformers 4.39.3's head and loss (LlamaForCausalLM.forward): ``logits = logits.float()`` on the head's fp16
+  output (here a forward hook on lm_head, so the fp16 block is freed and the returned logits are fp32, as there),
+  then ``logits[..., :-1, :].contiguous()`` and CrossEntropyLoss on it;
+* peft 0.10.0's bnb Linear4bit.forward: ``result = self.base_layer(x); result = result.clone()``;
+* bitsandbytes 0.43.1's MatMul4Bit: the weight dequantized to fp16 for the matmul in forward and again in backward
+  (a weight-sized transient each time), the input kept on the node (``ctx.tensors = (A, B)``);
+* LLaMA-Factory 0.6.x: gradient checkpointing with use_reentrant=True and enable_input_require_grads, the LoRA
+  weights cast to fp32 (model/adapter.py), fp16 autocast (Trainer fp16), FA2 (here the CUDA flash kernel's
+  aten op through perfguide's CUDA emulation: output and log-sum-exp).
+
+Weights, LoRA gradients of the earlier micro-steps and AdamW's states exist before the step and sit in their own
+blocks; the replay covers what the step allocates: forward, loss, backward, and the optimizer step. Steps repeat
+(the same requests each micro-step), so the replay runs the event list several times and reports the reserved
+bytes the run settles at. Prints GiB: peak allocated and reserved of the step's own tensors, and their ratio.
+
+Usage: python scripts/trace_allocator_lfwiki.py [--write] [SEQ ...]   (default: the rows' lengths 1024 ... 32768;
+``--write``: into bench/data/allocator_replays.csv, which bench/accuracy_replay.py reads)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import weakref
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from caching_allocator import Allocator
+
+GiB = 2**30
+LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768)
+#: the op, shape and dtype that made each event's storage (for reading a replay)
+OPS: dict[int, tuple[str, tuple[int, ...], str]] = {}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def llama2_7b(layers: int = 32) -> Any:
+    from transformers import LlamaConfig
+
+    # meta-llama/Llama-2-7b-hf config.json
+    return LlamaConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
+                       num_hidden_layers=layers, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       tie_word_embeddings=False)
+
+
+def loss_439(logits: Any, labels: Any, vocab_size: int, **_: Any) -> Any:
+    """transformers 4.39.3 LlamaForCausalLM.forward's loss on already-upcast logits."""
+    import torch
+
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    return torch.nn.CrossEntropyLoss()(shift_logits.view(-1, vocab_size), shift_labels.view(-1))
+
+
+def matmul_4bit() -> Any:
+    """bitsandbytes 0.43.1 MatMul4Bit's storage behaviour on a frozen weight: dequantize (fp16, weight-sized) for the
+    forward matmul and again for the input gradient; ``ctx.tensors = (A, B)`` keeps the input on the node."""
+    import torch
+
+    class MatMul4Bit(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, a: Any, shape: tuple[int, int]) -> Any:
+            w = torch.empty(shape, dtype=a.dtype)          # F.dequantize_4bit(B, state).to(A.dtype)
+            out = torch.nn.functional.linear(a, w)
+            del w
+            ctx.kept = a
+            ctx.shape = shape
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            w = torch.empty(ctx.shape, dtype=grad.dtype)
+            return grad @ w, None
+
+    return MatMul4Bit
+
+
+def quantized_forward(fn: Any, layer: Any) -> Any:
+    shape = (layer.out_features, layer.in_features)
+
+    def forward(x: Any) -> Any:
+        return fn.apply(x, shape)
+    return forward
+
+
+def build(seq: int, layers: int) -> tuple[Any, Any]:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM._from_config(llama2_7b(layers), attn_implementation="sdpa", dtype=torch.float16)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model.enable_input_require_grads()
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS))
+    model.train()
+    return model, model.get_base_model()
+
+
+def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool = True) -> tuple[list[tuple[str, int, int]], int]:
+    """The step's allocation events in order, and the bytes that existed before it (weights, grads, states).
+    ``clone`` / ``dequant``: put back peft 0.10.0's clone / bitsandbytes' dequantized weight (off: to see what each
+    changes)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation, make_scalar_fallback
+    from perfguide.memory.tracing.step import _unpacked_rows
+
+    model, base = build(seq, layers)
+    fn = matmul_4bit()
+    events: list[tuple[str, int, int]] = []
+    seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+    counter = [0]
+
+    class Log(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    st = t.untyped_storage()
+                    if st not in seen and st.nbytes() > 0:
+                        counter[0] += 1
+                        seen[st] = counter[0]
+                        events.append(("a", counter[0], st.nbytes()))
+                        OPS[counter[0]] = (str(func), tuple(t.shape), str(t.dtype))
+                        weakref.finalize(st, events.append, ("f", counter[0], 0))
+            return out
+
+    emulation = make_cuda_emulation(torch.float16, emulate_sdpa=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_unpacked_rows())
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(make_scalar_fallback())
+        model.to_empty(device="cpu")
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()              # LLaMA-Factory adapter.py: trainable weights in fp32
+        for module in model.modules():
+            if hasattr(module, "base_layer") and isinstance(module.base_layer, torch.nn.Linear):
+                if dequant:
+                    module.base_layer.forward = quantized_forward(fn, module.base_layer)
+                if clone:
+                    module.base_layer.register_forward_hook(lambda m, a, out: out.clone())   # peft 0.10.0 result.clone()
+                module.cast_input_dtype_enabled = False   # peft 0.10.0 casts x to the adapter's dtype only without autocast
+        base.lm_head.register_forward_hook(lambda m, a, out: out.float())              # 4.39.3 logits.float()
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        before = sum(p.untyped_storage().nbytes() for p in model.parameters())
+        opt = torch.optim.AdamW(trainable, lr=1e-4, foreach=True)
+        for p in trainable:
+            p.grad = torch.zeros_like(p)
+        opt.step()                                   # states exist (steady state); grads of earlier micro-steps held
+        before += sum(3 * p.numel() * 4 for p in trainable)
+        ids = torch.randint(0, 32000, (1, seq))
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        cls = type(base)
+        saved = cls.loss_function
+        cls.loss_function = property(lambda self: loss_439)
+        stack.callback(setattr, cls, "loss_function", saved)
+        existing = [*model.parameters(), *model.buffers(), *(p.grad for p in trainable),
+                    *(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
+        for t in existing:
+            seen[t.untyped_storage()] = 0              # allocated before the step: not replayed
+        stack.enter_context(Log())
+        with emulation:
+            loss = model(**batch).loss
+            emulation.end_region()
+            emulation.backward(loss)
+            del loss
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0, foreach=True)
+        opt.step()
+    return events, before
+
+
+def replay(events: list[tuple[str, int, int]], steps: int = 3) -> Allocator:
+    """The allocator after ``steps`` micro-steps of the same requests (keys renumbered per step)."""
+    alloc = Allocator()
+    live_at_end = {k for k, _ in _live(events)}
+    for n in range(steps):
+        offset = n * 10**9
+        alloc.replay([(kind, key + offset, nbytes) for kind, key, nbytes in events])
+        # what the step leaves alive (the loss, grads swapped in) is freed by the next step's start
+        for k in live_at_end:
+            if k + offset in alloc.live:
+                alloc.free(k + offset)
+    return alloc
+
+
+def _live(events: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
+    freed = {k for kind, k, _ in events if kind == "f"}
+    return [(k, b) for kind, k, b in events if kind == "a" and k not in freed]
+
+
+#: where ``--write`` puts the replays bench/accuracy_replay.py reads
+TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "data", "allocator_replays.csv")
+SOURCE_GROUP = "llamafactory_wiki_performance"
+STACK = ("LLaMA-Factory 0.6.2/0.6.3 step as traced by scripts/trace_allocator_lfwiki.py (transformers 5.24 Llama modules "
+         "with 4.39.3's head and loss, peft 0.10.0's clone, bitsandbytes 0.43.1's dequantized weight and kept input, "
+         "reentrant checkpointing, fp16 autocast, flash kernel), replayed by scripts/caching_allocator.py over 3 micro-steps")
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    write = "--write" in args
+    lengths = [int(a) for a in args if a != "--write"] or list(LENGTHS)
+    print("seq  allocated_peak  reserved_peak  ratio  segments  (GiB, the step's own tensors)")
+    rows = []
+    for seq in lengths:
+        events, before = events_of_step(seq)
+        a = replay(events)
+        rows.append((seq, a.peak_allocated, a.peak_reserved))
+        print(f"{seq:6d}  {a.peak_allocated / GiB:7.3f}  {a.peak_reserved / GiB:7.3f}  "
+              f"{a.peak_reserved / max(1, a.peak_allocated):.3f}  {a.segments}  (before the step: {before / GiB:.3f})")
+    if write:
+        import csv
+
+        with open(TABLE, "w", newline="") as f:
+            out = csv.writer(f)
+            out.writerow(["source_group", "seq_len", "step_allocated_bytes", "step_reserved_bytes", "source"])
+            out.writerows([SOURCE_GROUP, seq, al, rs, STACK] for seq, al, rs in rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
