@@ -223,7 +223,8 @@ def main() -> int:
         a = replay(events)
         rows.append((seq, a.peak_allocated, a.peak_reserved))
         print(f"{seq:6d}  {a.peak_allocated / GiB:7.3f}  {a.peak_reserved / GiB:7.3f}  "
-              f"{a.peak_reserved / max(1, a.peak_allocated):.3f}  {a.segments}  (before the step: {before / GiB:.3f})")
+              f"{a.peak_reserved / max(1, a.peak_allocated):.3f}  {a.segments}  (not replayed: {before / GiB:.3f} of fp16 "
+              "stand-in weights, LoRA gradients and AdamW state)")
     if write:
         import csv
 
