@@ -2,7 +2,7 @@
 
 perfguide prices reserved as allocated times one training ratio (calibration.json reserved_over_allocated_training,
 1.116: the median of published pairs). What the allocator keeps cached depends on the order and sizes of the
-step's requests, and for LLaMA-Factory's long-context QLoRA step (rows 1000-1005) scripts/trace_allocator_lfwiki.py
+step's requests, and for LLaMA-Factory's long-context QLoRA step (rows 1000-1005) scripts/trace_allocator_replay.py
 traces that order at the model's real shape and length and scripts/caching_allocator.py replays PyTorch's allocator
 rules over it (docs/validation.md section 25). The replay's allocated peak is perfguide's own step bytes to the MiB
 from 4,096 tokens on, so the row keeps perfguide's allocated peak and adds the bytes the replay leaves cached at its

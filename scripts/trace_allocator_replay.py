@@ -1,6 +1,10 @@
-"""Reserved bytes of LLaMA-Factory's long-context QLoRA step (bench rows 1000-1005: Llama-2-7B, nf4, LoRA r 8 on all
-seven Linears, fp16, FlashAttention-2, reentrant checkpointing, batch 1), read by replaying the caching allocator
-(scripts/caching_allocator.py) over the step's own order of tensor allocations and frees.
+"""Reserved bytes of a long-context QLoRA step of the April-2024 stack, read by replaying the caching allocator
+(scripts/caching_allocator.py) over the step's own order of tensor allocations and frees. Two cases (CASES):
+``llamafactory`` (bench rows 1000-1005: Llama-2-7B, nf4, LoRA r 8 on all seven Linears, fp16, FlashAttention-2,
+reentrant checkpointing, batch 1, LLaMA-Factory's own preparation: 16-bit norms, embedding and head) and
+``unsloth_mistral`` (rows 1009-1015, Unsloth's "Hugging Face + FA2" baseline: Mistral-7B's shape, LoRA r 32, bf16,
+peft's prepare_model_for_kbit_training: every non-quantized weight in fp32, so the stream is fp32 and each
+Linear4bit returns fp32).
 
 The step runs on fake tensors at the model's real shape (32 x 4096, FFN 11008, vocabulary 32,000) and the row's real
 length, so every request has its real size; the installed transformers' Llama modules run, with what the April-2024
@@ -12,17 +16,20 @@ stack did differently put back where it changes a request:
 * peft 0.10.0's bnb Linear4bit.forward: ``result = self.base_layer(x); result = result.clone()``;
 * bitsandbytes 0.43.1's MatMul4Bit: the weight dequantized to fp16 for the matmul in forward and again in backward
   (a weight-sized transient each time), the input kept on the node (``ctx.tensors = (A, B)``);
+* bitsandbytes' Linear4bit.forward returns ``out.to(inp_dtype)`` (fp32 in an fp32 stream, a no-op at 16 bits);
 * LLaMA-Factory 0.6.x: gradient checkpointing with use_reentrant=True and enable_input_require_grads, the LoRA
   weights cast to fp32 (model/adapter.py), fp16 autocast (Trainer fp16), FA2 (here the CUDA flash kernel's
-  aten op through perfguide's CUDA emulation: output and log-sum-exp).
+  aten op through perfguide's CUDA emulation: output and log-sum-exp); peft's kbit preparation for the Unsloth case
+  (the same checkpointing; Mistral's 4.39.3 FA2 repeats the grouped keys and values inside the recomputed block,
+  not run here: 12 KB per token in one block).
 
 Weights, LoRA gradients of the earlier micro-steps and AdamW's states exist before the step and sit in their own
 blocks; the replay covers what the step allocates: forward, loss, backward, and the optimizer step. Steps repeat
 (the same requests each micro-step), so the replay runs the event list several times and reports the reserved
 bytes the run settles at. Prints GiB: peak allocated and reserved of the step's own tensors, and their ratio.
 
-Usage: python scripts/trace_allocator_lfwiki.py [--write] [SEQ ...]   (default: the rows' lengths 1024 ... 32768;
-``--write``: into bench/data/allocator_replays.csv, which bench/accuracy_replay.py reads)
+Usage: python scripts/trace_allocator_replay.py [--case NAME] [--write] [SEQ ...]   (default: the rows' lengths 1024 ... 32768;
+``--write``, llamafactory case only: into bench/data/allocator_replays.csv, which bench/accuracy_replay.py reads)
 """
 
 from __future__ import annotations
@@ -45,13 +52,21 @@ OPS: dict[int, tuple[str, tuple[int, ...], str]] = {}
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def llama2_7b(layers: int = 32) -> Any:
+#: (key/value heads, FFN width, LoRA rank, autocast dtype, every weight fp32 (peft's kbit preparation), rope theta,
+#: positions): meta-llama/Llama-2-7b-hf and mistralai/Mistral-7B-v0.2 config.json, the rows' LoRA ranks and precisions
+CASES: dict[str, tuple[int, int, int, str, bool, float, int]] = {
+    "llamafactory": (32, 11008, 8, "float16", False, 10000.0, 4096),
+    "unsloth_mistral": (8, 14336, 32, "bfloat16", True, 1e6, 32768),
+}
+
+
+def model_config(case: str, layers: int = 32) -> Any:
     from transformers import LlamaConfig
 
-    # meta-llama/Llama-2-7b-hf config.json
-    return LlamaConfig(hidden_size=4096, intermediate_size=11008, num_attention_heads=32, num_key_value_heads=32,
-                       num_hidden_layers=layers, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
-                       tie_word_embeddings=False)
+    kv, ffn, _, _, _, theta, positions = CASES[case]
+    return LlamaConfig(hidden_size=4096, intermediate_size=ffn, num_attention_heads=32, num_key_value_heads=kv,
+                       num_hidden_layers=layers, vocab_size=32000, max_position_embeddings=positions, rms_norm_eps=1e-5,
+                       rope_theta=theta, tie_word_embeddings=False)
 
 
 def loss_439(logits: Any, labels: Any, vocab_size: int, **_: Any) -> Any:
@@ -72,7 +87,7 @@ def matmul_4bit() -> Any:
         @staticmethod
         def forward(ctx: Any, a: Any, shape: tuple[int, int]) -> Any:
             w = torch.empty(shape, dtype=a.dtype)          # F.dequantize_4bit(B, state).to(A.dtype)
-            out = torch.nn.functional.linear(a, w)
+            out = torch.nn.functional.linear(a, w).to(a.dtype)   # Linear4bit.forward: out.to(inp_dtype)
             del w
             ctx.kept = a
             ctx.shape = shape
@@ -81,7 +96,7 @@ def matmul_4bit() -> Any:
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
             w = torch.empty(ctx.shape, dtype=grad.dtype)
-            return grad @ w, None
+            return (grad @ w).to(grad.dtype), None
 
     return MatMul4Bit
 
@@ -94,21 +109,23 @@ def quantized_forward(fn: Any, layer: Any) -> Any:
     return forward
 
 
-def build(seq: int, layers: int) -> tuple[Any, Any]:
+def build(case: str, layers: int) -> tuple[Any, Any]:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaForCausalLM
 
     with torch.device("meta"):
-        model = LlamaForCausalLM._from_config(llama2_7b(layers), attn_implementation="sdpa", dtype=torch.float16)
+        model = LlamaForCausalLM._from_config(model_config(case, layers), attn_implementation="sdpa",
+                                              dtype=getattr(torch, CASES[case][3]))
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.enable_input_require_grads()
-    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS))
+    model = get_peft_model(model, LoraConfig(r=CASES[case][2], lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS))
     model.train()
     return model, model.get_base_model()
 
 
-def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool = True) -> tuple[list[tuple[str, int, int]], int]:
+def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool = True,
+                   case: str = "llamafactory") -> tuple[list[tuple[str, int, int]], int]:
     """The step's allocation events in order, and the bytes that existed before it (weights, grads, states).
     ``clone`` / ``dequant``: put back peft 0.10.0's clone / bitsandbytes' dequantized weight (off: to see what each
     changes)."""
@@ -120,7 +137,8 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation, make_scalar_fallback
     from perfguide.memory.tracing.step import _unpacked_rows
 
-    model, base = build(seq, layers)
+    model, base = build(case, layers)
+    low, upcast = getattr(torch, CASES[case][3]), CASES[case][4]
     fn = matmul_4bit()
     events: list[tuple[str, int, int]] = []
     seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
@@ -140,15 +158,15 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
                         weakref.finalize(st, events.append, ("f", counter[0], 0))
             return out
 
-    emulation = make_cuda_emulation(torch.float16, emulate_sdpa=True)
+    emulation = make_cuda_emulation(low, emulate_sdpa=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(_unpacked_rows())
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(make_scalar_fallback())
         model.to_empty(device="cpu")
         for p in model.parameters():
-            if p.requires_grad:
-                p.data = p.data.float()              # LLaMA-Factory adapter.py: trainable weights in fp32
+            if p.requires_grad or upcast:
+                p.data = p.data.float()   # trainable weights fp32 (LLaMA-Factory adapter.py, peft); all under kbit prep
         for module in model.modules():
             if hasattr(module, "base_layer") and isinstance(module.base_layer, torch.nn.Linear):
                 if dequant:
@@ -207,7 +225,7 @@ def _live(events: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
 #: where ``--write`` puts the replays bench/accuracy_replay.py reads
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "data", "allocator_replays.csv")
 SOURCE_GROUP = "llamafactory_wiki_performance"
-STACK = ("LLaMA-Factory 0.6.2/0.6.3 step as traced by scripts/trace_allocator_lfwiki.py (transformers 5.24 Llama modules "
+STACK = ("LLaMA-Factory 0.6.2/0.6.3 step as traced by scripts/trace_allocator_replay.py (transformers 5.24 Llama modules "
          "with 4.39.3's head and loss, peft 0.10.0's clone, bitsandbytes 0.43.1's dequantized weight and kept input, "
          "reentrant checkpointing, fp16 autocast, flash kernel), replayed by scripts/caching_allocator.py over 3 micro-steps")
 
@@ -215,17 +233,18 @@ STACK = ("LLaMA-Factory 0.6.2/0.6.3 step as traced by scripts/trace_allocator_lf
 def main() -> int:
     args = sys.argv[1:]
     write = "--write" in args
-    lengths = [int(a) for a in args if a != "--write"] or list(LENGTHS)
+    case = args[args.index("--case") + 1] if "--case" in args else "llamafactory"
+    lengths = [int(a) for a in args if a.isdigit()] or list(LENGTHS)
     print("seq  allocated_peak  reserved_peak  ratio  segments  (GiB, the step's own tensors)")
     rows = []
     for seq in lengths:
-        events, before = events_of_step(seq)
+        events, before = events_of_step(seq, case=case)
         a = replay(events)
         rows.append((seq, a.peak_allocated, a.peak_reserved))
         print(f"{seq:6d}  {a.peak_allocated / GiB:7.3f}  {a.peak_reserved / GiB:7.3f}  "
-              f"{a.peak_reserved / max(1, a.peak_allocated):.3f}  {a.segments}  (not replayed: {before / GiB:.3f} of fp16 "
+              f"{a.peak_reserved / max(1, a.peak_allocated):.3f}  {a.segments}  (not replayed: {before / GiB:.3f} of 16-bit or fp32 "
               "stand-in weights, LoRA gradients and AdamW state)")
-    if write:
+    if write and case == "llamafactory":
         import csv
 
         with open(TABLE, "w", newline="") as f:
