@@ -28,6 +28,10 @@ blocks; the replay covers what the step allocates: forward, loss, backward, and 
 (the same requests each micro-step), so the replay runs the event list several times and reports the reserved
 bytes the run settles at. Prints GiB: peak allocated and reserved of the step's own tensors, and their ratio.
 
+It also runs under the rows' own releases: ``pip install --no-deps --target DIR transformers==4.39.3 peft==0.10.0
+tokenizers==0.15.2 huggingface_hub==0.22.2 accelerate==0.28.0 requests`` and DIR first on PYTHONPATH (4.39.3's
+sdpa attention, its s x s mask builder switched off as FA2 builds none for an unpadded batch; docs/validation.md 25).
+
 Usage: python scripts/trace_allocator_replay.py [--case NAME] [--write] [SEQ ...]   (default: the rows' lengths 1024 ... 32768;
 ``--write``, llamafactory case only: into bench/data/allocator_replays.csv, which bench/accuracy_replay.py reads)
 """
@@ -109,14 +113,36 @@ def quantized_forward(fn: Any, layer: Any) -> Any:
     return forward
 
 
+def lora_forward(module: Any, clone: bool) -> Any:
+    """peft 0.10.0's bnb Linear4bit.forward under autocast: the base output cloned ("As per Tim Dettmers, for 4bit,
+    we need to defensively clone here"), the adapters' input not cast (``requires_conversion = not
+    torch.is_autocast_enabled()``: autocast is on in a real run, emulated here), their output added."""
+    def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
+        result = module.base_layer(x, *args, **kwargs)
+        if clone:
+            result = result.clone()
+        for name in module.active_adapters:
+            result = result + module.lora_B[name](module.lora_A[name](module.lora_dropout[name](x))) * module.scaling[name]
+        return result
+    return forward
+
+
 def build(case: str, layers: int) -> tuple[Any, Any]:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaForCausalLM
+    from transformers import LlamaForCausalLM, __version__
 
+    from perfguide.memory.loss_path import version_tuple
+
+    # from_pretrained's dtype keyword: ``torch_dtype`` before transformers 4.56 (4.39.3, when run under that release)
+    key = "dtype" if version_tuple(__version__) >= version_tuple("4.56.0") else "torch_dtype"
     with torch.device("meta"):
         model = LlamaForCausalLM._from_config(model_config(case, layers), attn_implementation="sdpa",
-                                              dtype=getattr(torch, CASES[case][3]))
+                                              **{key: getattr(torch, CASES[case][3])})
+    if hasattr(model.model, "_update_causal_mask"):
+        # 4.3x's sdpa path builds an s x s mask the FA2 runs never hold (4.39's FA2 path returns None unpadded); None
+        # makes its sdpa call is_causal=True, as the installed release does for an unpadded batch
+        model.model._update_causal_mask = lambda *args, **kwargs: None
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
     model.enable_input_require_grads()
     model = get_peft_model(model, LoraConfig(r=CASES[case][2], lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS))
@@ -171,9 +197,7 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
             if hasattr(module, "base_layer") and isinstance(module.base_layer, torch.nn.Linear):
                 if dequant:
                     module.base_layer.forward = quantized_forward(fn, module.base_layer)
-                if clone:
-                    module.base_layer.register_forward_hook(lambda m, a, out: out.clone())   # peft 0.10.0 result.clone()
-                module.cast_input_dtype_enabled = False   # peft 0.10.0 casts x to the adapter's dtype only without autocast
+                module.forward = lora_forward(module, clone)
         base.lm_head.register_forward_hook(lambda m, a, out: out.float())              # 4.39.3 logits.float()
         trainable = [p for p in model.parameters() if p.requires_grad]
         before = sum(p.untyped_storage().nbytes() for p in model.parameters())
@@ -185,9 +209,10 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
         ids = torch.randint(0, 32000, (1, seq))
         batch = {"input_ids": ids, "labels": ids.clone()}
         cls = type(base)
-        saved = cls.loss_function
-        cls.loss_function = property(lambda self: loss_439)
-        stack.callback(setattr, cls, "loss_function", saved)
+        if hasattr(cls, "loss_function"):            # releases from 4.46 call it; 4.39.3's forward is loss_439 itself
+            saved = cls.loss_function
+            cls.loss_function = property(lambda self: loss_439)
+            stack.callback(setattr, cls, "loss_function", saved)
         existing = [*model.parameters(), *model.buffers(), *(p.grad for p in trainable),
                     *(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
         for t in existing:
