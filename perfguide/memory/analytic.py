@@ -41,6 +41,7 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
+from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .lora_activations import dora_norm_bytes, lora_layer_bytes
@@ -70,23 +71,53 @@ from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, ins
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> tuple[int, int]:
-    """(ZeRO-3/FSDP per-rank gathered bytes, full unsharded 16-bit weights for SHARD_GRAD_OP); ``checkpointed``: ZeRO-3's
-    trace with the blocks' recompute (training_memory prices the other trace once it knows nothing is recomputed)."""
+    """(ZeRO-3/FSDP per-rank gathered bytes through backward, full unsharded 16-bit weights for SHARD_GRAD_OP);
+    ``checkpointed``: ZeRO-3's trace with the blocks' recompute (training_memory prices the other trace once it knows
+    nothing is recomputed). FULL_SHARD FSDP holds less at the loss: ``_loss_gather_bytes``."""
     per_block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // spec.total_layers
     largest = max(per_block, spec.embedding_params, spec.lm_head_params)
-    cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
-    stored = (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
-    if setup.lora is not None and setup.fsdp_version == 2 and setup.strategy in ("fsdp", "fsdp_shard_grad_op"):
-        # FSDP2 gathers each parameter as stored: NF4 stays packed (0.5 B + absmax per 64), frozen weights get no
-        # unsharded gradient; only the unit's adapters do (torch distributed/fsdp/_fully_shard, per-parameter DTensor)
-        adapters = ledger(spec, setup).trainable_params // max(1, spec.total_layers)
-        return int(2 * per_block * stored) + 2 * max(spec.embedding_params, spec.lm_head_params) * 2 + adapters * 4, int(spec.total_params * stored)
+    cbytes, stored = _gathered_widths(setup)
     if setup.strategy == "zero3":   # the coordinator's gathered window (QLoRA's packed storage), the ipg bucket, one gradient in flight
         trainable = ledger(spec, setup).trainable
         return (zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec), checkpointed=checkpointed),
                 int(spec.total_params * stored))
-    # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter
+    if (window := _fsdp_windows(spec, setup)) is not None:
+        return window.backward, int(spec.total_params * stored)
+    # current + prefetched unit in compute dtype, plus the unit's unsharded gradient before reduce-scatter (FSDP1 over
+    # quantized weights: not traced live)
     return 2 * largest * cbytes + largest * 4, spec.total_params * cbytes
+
+
+def _gathered_widths(setup: Setup) -> tuple[int, float]:
+    """(compute bytes per element, bytes per element as a unit is gathered: packed for 8- and 4-bit storage)."""
+    cbytes = 2 if (setup.autocast or setup.weights_dtype != "fp32") else 4
+    return cbytes, (0.5 + 4 / NF4_BLOCK) if setup.weights_dtype == "nf4" else 1.0 if setup.weights_dtype == "int8" else cbytes
+
+
+def _fsdp_windows(spec: ModelSpec, setup: Setup) -> Window | None:
+    """FULL_SHARD FSDP's (at the loss, through backward) bytes (memory/fsdp_window.py), where traced: 16- and 32-bit
+    weights, and FSDP2 LoRA, which gathers each parameter as stored (NF4 stays packed: 0.5 B + absmax per 64, frozen
+    weights get no unsharded gradient; torch distributed/fsdp/_fully_shard, per-parameter DTensor), on torch 2.x's
+    runtime (fsdp_window.traced_runtime), sharded over more than one GPU (one rank gathers nothing: FSDP1 there runs
+    NO_SHARD, sharding.unsharded_compute_copies). None otherwise."""
+    fsdp2_lora = setup.lora is not None and setup.fsdp_version == 2
+    if not (setup.is_fsdp and setup.gathers_params and setup.shard_degree > 1 and (setup.weights_dtype in DTYPE_BYTES or fsdp2_lora)
+            and traced_runtime()):
+        return None
+    cbytes, stored = _gathered_widths(setup)
+    per_block = sum(i * o * n for _, i, o, n in linear_shapes(spec)) // spec.total_layers
+    adapters = ledger(spec, setup).trainable_params // spec.total_layers if setup.lora is not None else 0
+    # FSDP1 LoRA: the whole unit gets a gradient (frozen_params_get_grads); FSDP2 LoRA: its adapters
+    trained = adapters if fsdp2_lora else per_block + adapters
+    return fsdp_window(spec, setup, stored, 2 if fsdp2_lora else cbytes, trained, adapters * cbytes)
+
+
+def _loss_gather_bytes(spec: ModelSpec, setup: Setup, through_backward: int) -> tuple[int, int]:
+    """(allocated, reserved beside it on the all-gather stream) of the gathered window at the loss: FULL_SHARD FSDP's
+    root unit alone and its decoder units' idle blocks (fsdp_window.Window); ZeRO-3's and the untraced layouts'
+    window as through backward (``through_backward``), nothing beside it."""
+    window = _fsdp_windows(spec, setup)
+    return (through_backward, 0) if window is None else (window.at_loss, window.idle_pool)
 
 
 def frozen_params_get_grads(setup: Setup) -> bool:
@@ -302,13 +333,17 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
-    head_grad = early_head_grad_bytes(spec, setup, grads, states.grad_elem_bytes)   # none for a task head or ZeRO-2's bucketed one
+    # none for a task head or ZeRO-2's bucketed one; FSDP's waits unsharded, at the compute width, for the root's hook
+    head_grad = early_head_grad_bytes(spec, setup, grads, unit_grad_bytes(setup) if setup.is_fsdp and traced_runtime() else states.grad_elem_bytes)
     early_grads = held_grads + max(head_grad - held_grads, 0)
     grad_tail = grad_tails if grads else 0   # the allocator tails travel with the whole gradient set
     held_tail = grad_tail if held_grads else 0
     top = final_norm_bytes(spec, shape, checkpointed=recompute > 0) + loss_peak_dequant_bytes(spec, setup)
     top += step_input_bytes(spec, shape) if recompute else 0   # the rotary pair(s) and the batch, to the end of backward
-    forward = resident + early_grads + held_tail + acts + logits + top   # no block Linear runs at the loss peak
+    # no block Linear runs at the loss peak; FULL_SHARD FSDP then holds its root unit alone (fsdp_window.py)
+    loss_gather, idle_gather_pool = _loss_gather_bytes(spec, setup, gather) if setup.gathers_params else (gather, 0)
+    loss_cut = gather - loss_gather
+    forward = resident - loss_cut + early_grads + held_tail + acts + logits + top
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
@@ -332,7 +367,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     # what the peak phase holds beyond the reported weights, gradients, states, activations and logits
-    phase_other = {"forward/loss": held_tail + top, "checkpoint recompute": held_tail + dequant + ipg + block_peak + top_held,
+    phase_other = {"forward/loss": held_tail + top - loss_cut, "checkpoint recompute": held_tail + dequant + ipg + block_peak + top_held,
                    "end of backward": grad_tail + dequant + ipg + in_flight + end_held, "optimizer step": grad_tail + dequant + step_temp - step_gather}
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)
@@ -348,6 +383,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         setup=setup, hardware=hardware, weights=dev.weights + terms.extra_weights, gradients=accumulated - (pending if phase == "end of backward" else 0), optimizer_states=dev.optimizer,
         activations=acts + recompute, logits=logits, other=buffers + state_tails + phase_other[phase],
         peak_allocated=peak, cpu_ram=cpu_ram, notes=notes,
-        side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist),
+        side_stream_reserved=staging + idle_grad_pool_bytes(setup, grads, phase in ("forward/loss", "checkpoint recompute"), grads_persist)
+        + (idle_gather_pool if phase == "forward/loss" else 0),
         load_allocated=load,
     )
