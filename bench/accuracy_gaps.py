@@ -20,7 +20,9 @@ PRICED = (
     "`set_requires_gradient_sync(False)`, both called by accelerate's `accumulate`), on the GPU under CPU offload",
 )
 RULED_OUT = (
-    "the root unit (embedding + head) and two decoder units unsharded at once: priced (`limit_all_gathers` allows two)",
+    "the root unit (embedding + head) and two decoder units unsharded at once: priced through backward with the running "
+    "unit's 16-bit gradient (`limit_all_gathers` allows two); at the loss the root alone, the decoder units' blocks "
+    "reserved on the all-gather stream (memory/fsdp_window.py, traced live: scripts/trace_fsdp_live_peak.py)",
     "reentrant checkpointing's second unshard of a unit: the recompute's `_post_forward` reshards before the "
     "pre-backward hook unshards into the same storage, so at most the current and the prefetched unit are gathered",
     "bnb dequantization: one 16-bit weight at a time inside MatMul4Bit (its forward runs with autograd off), priced",
