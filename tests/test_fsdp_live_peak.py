@@ -141,3 +141,17 @@ def test_persistent_bytes(traced: dict[str, Any], run: str) -> None:
     est = analytic.training_memory(spec, setup)
     assert traced[run]["shard_weights"] == est.weights
     assert traced[run]["shard_states"] == est.optimizer_states
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", ["fsdp1_lora", "fsdp1_lora_ac"])
+def test_fsdp1_lora_root_gets_no_gradient(traced: dict[str, Any], run: str) -> None:
+    """FSDP1 LoRA under use_orig_params: every decoder unit reduce-scatters a gradient for all its elements, frozen
+    ones too (4 x 200,000), the all-frozen root none; perfguide's gradient elements are the same but for the final
+    norm's 128 (counted, untraced: it sits in the root)."""
+    reduced = traced[run]["reduced"]
+    assert {u for u, _, _ in reduced} == {"L0", "L1", "L2", "L3"}
+    traced_elements = sum(n for _, _, n in reduced) // 2
+    spec, setup = _setup(run)
+    states, _ = analytic._states(spec, setup, analytic.ledger(spec, setup))
+    assert traced_elements == 4 * (BLOCK + 2 * 128 + ADAPTERS) and states.grad_elements == traced_elements + 128

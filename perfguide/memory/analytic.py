@@ -127,8 +127,9 @@ def frozen_params_get_grads(setup: Setup) -> bool:
     The frozen base and the adapters share each block's FlatParameter, which then requires grad; in forward
     FSDP hands the module plain views of it (``_use_unsharded_views(as_params=False)``, torch
     distributed/fsdp/_flat_param.py), so autograd computes and FSDP reduce-scatters a gradient for every
-    weight, and each frozen Linear keeps its input for that weight gradient. The FSDP docs say it: mixing
-    frozen and trainable parameters in one unit makes "the gradient memory usage ... equivalent to not
+    weight of a unit holding an adapter (not the all-frozen root: _states), and each frozen Linear keeps its
+    input. The FSDP docs say it: mixing frozen and trainable parameters in one unit makes "the gradient memory
+    usage ... equivalent to not
     freezing those parameters". Measured: litgpt LoRA + FSDP rows (https://github.com/Lightning-AI/litgpt/blob/main/tutorials/resource-tables.md) barely drop with N.
     """
     return setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES and setup.fsdp_version == 1
@@ -157,8 +158,11 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
     cost = cost_at(None)
     grads, elements = led.trainable_bytes, led.trainable_params
     if frozen_params_get_grads(setup):
-        grads += spec.total_params * DTYPE_BYTES[setup.weights_dtype]
-        elements += spec.total_params
+        # the root unit (embedding, head) holds no adapter, so its FlatParameter needs no gradient (traced: FSDP1 LoRA
+        # reduce-scatters none for it, scripts/trace_fsdp_live_peak.py), unless modules_to_save trains a copy there
+        frozen = spec.total_params - (0 if setup.lora and setup.lora.modules_to_save else spec.embedding_params + spec.lm_head_params)
+        grads += frozen * DTYPE_BYTES[setup.weights_dtype]
+        elements += frozen
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes, elements), cost
 
 
