@@ -105,7 +105,13 @@ def make_cuda_emulation(autocast_dtype: Any | None, emulate_sdpa: bool) -> Any:
                   scale: float | None = None, enable_gqa: bool = False) -> Any:
             head_dim = q.shape[-1]
             flash = attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and head_dim % 8 == 0
-            if k.shape[-3] != q.shape[-3] and not (flash and enable_gqa):
+            if k.shape[-3] != q.shape[-3] and not enable_gqa:
+                # heads broadcast, not grouped (Falcon-7B's and GPT-BigCode's one K/V head handed over as is): every
+                # fused CUDA kernel needs q, k and v with the same head count (sdp_utils_cpp.h
+                # check_batch_size_and_num_heads_dense), so torch runs the math path, which keeps the s x s scores
+                self.kernels["math"] += 1
+                return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, attn_mask, dropout_p, is_causal, scale=scale)[0]
+            if k.shape[-3] != q.shape[-3] and not flash:
                 # only the flash kernel reads grouped K/V natively; other paths see them expanded
                 rep = q.shape[-3] // k.shape[-3]
                 k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
