@@ -15,6 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,49 @@ def _biogpt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
                 attention_probs_dropout_prob=drop, activation_dropout=0.0, layerdrop=0.0)
 
 
+def _falcon(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Falcon-7B's block: attention and a GELU MLP in parallel off one LayerNorm, multi-query (one K/V head), rotary.
+    (Falcon-40B/180B's new_decoder_architecture broadcasts K and V to every query head and adds a second LayerNorm.)"""
+    return dict(model_type="falcon", hidden_size=d["h"], ffn_hidden_size=d["i"], num_attention_heads=d["h"] // 16,
+                multi_query=True, new_decoder_architecture=False, parallel_attn=True, bias=False, alibi=False,
+                num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024, tie_word_embeddings=False,
+                hidden_dropout=drop, attention_dropout=drop)
+
+
+def _gpt_bigcode(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """GPT-2's block with one shared K/V head (multi_query, StarCoder / SantaCoder) and gelu_pytorch_tanh."""
+    return dict(model_type="gpt_bigcode", n_embd=d["h"], n_inner=d["i"], n_head=d["h"] // 16, multi_query=True,
+                n_layer=2, vocab_size=VOCAB, n_positions=1024, resid_pdrop=drop, embd_pdrop=drop, attn_pdrop=drop)
+
+
+def _starcoder2(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """GQA with biases, LayerNorms and a plain (not gated) gelu_pytorch_tanh MLP: c_fc, c_proj."""
+    return dict(model_type="starcoder2", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["h"] // 16,
+                num_key_value_heads=d["kv"] // 16, num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024,
+                tie_word_embeddings=False, residual_dropout=drop, embedding_dropout=drop, attention_dropout=drop)
+
+
+def _cohere(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Attention and a SwiGLU MLP in parallel off one bias-free LayerNorm (fp32 statistics), GQA."""
+    return dict(model_type="cohere", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["h"] // 16,
+                num_key_value_heads=d["kv"] // 16, num_hidden_layers=2, vocab_size=VOCAB, max_position_embeddings=1024,
+                tie_word_embeddings=False, attention_dropout=drop, pad_token_id=0)
+
+
+def _bloom(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """ALiBi and eager attention only (BloomPreTrainedModel sets no _supports_sdpa); FFN fixed at 4h, gelu by hand."""
+    return dict(model_type="bloom", hidden_size=d["h"], n_head=d["h"] // 16, n_layer=2, vocab_size=VOCAB,
+                tie_word_embeddings=False, hidden_dropout=drop, attention_dropout=drop)
+
+
+def _mpt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """MPT: ALiBi, eager attention only (MptPreTrainedModel sets no _supports_sdpa), no biases, FFN expansion_ratio x h.
+    Hidden dropout only: 5.24's MptAttentionConfig types attn_pdrop as int and refuses 0.1 (MPT-7B's config says 0)."""
+    return dict(model_type="mpt", d_model=d["h"], n_heads=d["h"] // 16, n_layers=2, expansion_ratio=4, max_seq_len=1024,
+                vocab_size=VOCAB, tie_word_embeddings=False, resid_pdrop=drop, emb_pdrop=drop,
+                attn_config={"alibi": True})
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -128,7 +172,20 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "stablelm": (_stablelm, ("h", "i")),
     "phi": (_phi, ("h", "i")),
     "gptj": (_gptj, ("h", "i")),
+    # stop 40 (bench/family_audit.py): priced through the gpt2 alias or the generic (llama) table, 4-90% off
+    "falcon": (_falcon, ("h", "i")),
+    "gpt_bigcode": (_gpt_bigcode, ("h", "i")),
+    "starcoder2": (_starcoder2, ("h", "i", "kv")),
+    "cohere": (_cohere, ("h", "i", "kv")),
+    "bloom": (_bloom, ("h",)),
+    "mpt": (_mpt, ("h",)),
 }
+#: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
+#: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty
+EAGER_ONLY = frozenset({"bloom", "mpt"})
+#: families whose SDPA call runs the math path (heads broadcast without enable_gqa): fitted like EAGER_ONLY under
+#: SDPA, the s^2 part stored as sdpa_per_head_s2 and added to eager's excess, so eager_per_head_s2 is eager's whole term
+MATH_SDPA = frozenset({"falcon"})
 #: kv stays below q at every point: GQA and MHA models differ in which K/V copies SDPA keeps (fp32 expands them),
 #: and for MHA (q == kv) the GQA form gives the same total, so fitting on GQA shapes is exact for both.
 FAMILIES_FREE = {build: free for build, free in FAMILIES.values()}
@@ -149,10 +206,22 @@ def block_bytes(config: dict[str, Any], setup: Setup, phase: str = "head", part:
     return two - one
 
 
-def token_slope(config: dict[str, Any], regime: dict[str, Any], **extra: Any) -> float:
+def token_slope(config: dict[str, Any], regime: dict[str, Any], seq: int = SEQ, **extra: Any) -> float:
     """Bytes per token per block: the block's bytes at two batch sizes, so per-block constants cancel."""
-    a, b = (block_bytes(config, Setup(micro_batch_size=bs, seq_len=SEQ, optimizer="sgd", **regime, **extra)) for bs in BATCHES)
-    return (b - a) / ((BATCHES[1] - BATCHES[0]) * SEQ)
+    a, b = (block_bytes(config, Setup(micro_batch_size=bs, seq_len=seq, optimizer="sgd", **regime, **extra)) for bs in BATCHES)
+    return (b - a) / ((BATCHES[1] - BATCHES[0]) * seq)
+
+
+def eager_only_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
+    """The per-token part of an eager-only block's bytes: its slope per token is p + alpha x heads x s, so two lengths
+    (s and 2s) give p = 2 slope(s) - slope(2s)."""
+    return 2 * token_slope(config, regime) - token_slope(config, regime, seq=2 * SEQ)
+
+
+def eager_only_s2(config: dict[str, Any], regime: dict[str, Any]) -> float:
+    """An eager-only block's bytes per (batch x head x s^2): (slope(2s) - slope(s)) / (heads x s)."""
+    heads = config.get("num_attention_heads") or config.get("n_head") or config["n_heads"]
+    return (token_slope(config, regime, seq=2 * SEQ) - token_slope(config, regime)) / (heads * SEQ)
 
 
 def per_token(build: Callable[..., dict[str, Any]], free: tuple[str, ...], regime: dict[str, Any],
@@ -163,10 +232,10 @@ def per_token(build: Callable[..., dict[str, Any]], free: tuple[str, ...], regim
     import numpy as np
 
     slope = slope or (lambda cfg: token_slope(cfg, regime))
-    points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in free]
+    points = _points(free)
     rows, ys = [], []
     for dims in points:
-        full = {**dims, **({} if "q" in free else {"q": dims["h"], "kv": dims["h"]})}
+        full = _full(dims, free)
         ys.append(slope(build(full)))
         rows.append([full[d] for d in free] + [1])
     coef = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)[0]
@@ -199,10 +268,10 @@ def eager_per_token(build: Callable[..., dict[str, Any]], free: tuple[str, ...],
     per-token bytes differ from the SDPA trace by a few hidden-sized tensors, with a sign that depends on the family."""
     import numpy as np
 
-    points = [dict(BASE)] + [{**BASE, d: BASE[d] * 2} for d in free]
+    points = _points(free)
     rows, ys = [], []
     for dims in points:
-        full = {**dims, **({} if "q" in free else {"q": dims["h"], "kv": dims["h"]})}
+        full = _full(dims, free)
         ys.append(eager_s2(build, regime, dims=full)[1])
         rows.append([full[d] for d in free] + [1])
     coef = np.linalg.lstsq(np.array(rows, dtype=float), np.array(ys), rcond=None)[0]
@@ -210,8 +279,26 @@ def eager_per_token(build: Callable[..., dict[str, Any]], free: tuple[str, ...],
     return {k: v for k, v in out.items() if abs(v) > 1e-6}
 
 
+def _full(dims: Dims, free: tuple[str, ...]) -> Dims:
+    """The point's q and kv: a family without free heads ties them to h (q alone where only kv varies)."""
+    return {**dims, **({} if "q" in free else {"q": dims["h"]}), **({} if "kv" in free or "q" in free else {"kv": dims["h"]})}
+
+
+def _base(free: tuple[str, ...]) -> Dims:
+    """The fit's centre point: where q is tied to h (64) but kv is free, kv starts at a quarter of q, so that its
+    doubled step stays grouped (kv < q) like the others (an MHA point would switch SDPA's kept copies)."""
+    return {**BASE, "kv": BASE["kv"] // 2} if "kv" in free and "q" not in free else BASE
+
+
+def _points(free: tuple[str, ...]) -> list[Dims]:
+    """The centre and one doubled step per free dimension."""
+    base = _base(free)
+    return [dict(base)] + [{**base, d: base[d] * 2} for d in free]
+
+
 def _base_dims(build: Callable[..., dict[str, Any]]) -> Dims:
-    return BASE if "q" in FAMILIES_FREE[build] else {**BASE, "q": BASE["h"], "kv": BASE["h"]}
+    free = FAMILIES_FREE[build]
+    return _full(_base(free), free)
 
 
 def frozen_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
@@ -250,21 +337,33 @@ def dropout_defaults() -> dict[str, dict[str, float]]:
 def fit_family(name: str) -> tuple[dict[str, Any], list[str]]:
     build, free = FAMILIES[name]
     regimes, remarks = {}, []
+    eager_only, math_sdpa = name in EAGER_ONLY, name in MATH_SDPA
     for regime, kw in REGIMES.items():
         t0 = time.perf_counter()
+        kw = {**kw, "attn_implementation": "eager"} if eager_only else kw
         dims = _base_dims(build)
         base, dropped = build(dims), build(dims, DROP)
         tokens = BATCHES[1] * SEQ
         setup = Setup(micro_batch_size=BATCHES[1], seq_len=SEQ, optimizer="sgd", **kw)
         ckpt = token_slope(base, kw, gradient_checkpointing=True) / BASE["h"]
         logits = run_step(base, setup).phases["backward_head"].parts["logits"] / (tokens * VOCAB)
-        alpha, _ = eager_s2(build, kw)
-        alpha_drop, _ = eager_s2(build, kw, DROP)
-        drop_h = (token_slope(dropped, kw) - token_slope(base, kw)) / BASE["h"]
+        sdpa_s2 = round(eager_only_s2(base, kw), 3) if math_sdpa else 0.0
+        if eager_only or math_sdpa:
+            drop_h = (eager_only_slope(dropped, kw) - eager_only_slope(base, kw)) / BASE["h"]
+        else:
+            drop_h = (token_slope(dropped, kw) - token_slope(base, kw)) / BASE["h"]
+        if eager_only:
+            alpha, alpha_drop = (round(eager_only_s2(cfg, kw), 3) for cfg in (base, dropped))
+        else:
+            alpha, _ = eager_s2(build, kw)
+            alpha_drop, _ = eager_s2(build, kw, DROP)
+            alpha = round(alpha + sdpa_s2, 3)
+            alpha_drop = round(alpha_drop + sdpa_s2, 3)
         regimes[regime] = {
-            "per_token": per_token(build, free, kw),
+            "per_token": per_token(build, free, kw, slope=partial(eager_only_slope, regime=kw) if eager_only or math_sdpa else None),
             "eager_per_head_s2": alpha,
-            "eager_per_token": eager_per_token(build, free, kw),
+            **({"sdpa_per_head_s2": sdpa_s2} if math_sdpa else {}),
+            "eager_per_token": {} if eager_only else eager_per_token(build, free, kw),
             "ckpt_per_token": {"h": round(ckpt, 3)},
             "logits_per_token_vocab": round(logits, 3),
             "dropout_per_token": {"h": round(drop_h, 3)},
@@ -306,6 +405,13 @@ def main(argv: list[str] | None = None) -> int:
             "own tensors as lora_activations.lora_layer_bytes counts them."
             " eager_per_token = eager minus SDPA bytes per token per block at the same dimension steps (the per-token "
             "part of the two-length eager fit)."
+            + (f" Eager only (the model class refuses SDPA): every term traced with eager attention; per_token = the "
+               f"per-token part of traces at s {SEQ} and {2 * SEQ} (2 slope(s) - slope(2s)), eager_per_head_s2 the "
+               "rest; eager_per_token empty." if name in EAGER_ONLY else "")
+            + (f" SDPA runs the math path (one K/V head broadcast, no enable_gqa): per_token = 2 slope(s) - slope(2s) "
+               f"at s {SEQ}, sdpa_per_head_s2 the rest; eager_per_head_s2 = eager's excess over SDPA plus it."
+               if name in MATH_SDPA else "")
+            + f" Block code: transformers/models/{name}/modeling_{name}.py."
         )
     if not args.family:
         data["dropout"] = {"keys": DROPOUT_KEYS, "defaults": dropout_defaults(),

@@ -247,16 +247,19 @@ def script_trace(name: str) -> Any:
         sys.path.remove(folder)
 
 
-def block_saved_bytes(config: dict[str, Any], batch: int, seq: int) -> int:
-    """Bytes of the storages block 1 of the real bf16 model (SDPA, training mode) saves for backward, counted with
-    ``saved_tensors_hooks``: the tracer's answer checked without the tracer."""
+def block_saved_bytes(config: dict[str, Any], batch: int, seq: int, attn_implementation: str = "sdpa") -> int:
+    """Bytes of the storages block 1 of the real bf16 model (SDPA unless told, training mode) saves for backward,
+    counted with ``saved_tensors_hooks``: the tracer's answer checked without the tracer."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
 
     torch.manual_seed(0)
     hf_config = transformers.AutoConfig.for_model(**config)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa", dtype=torch.bfloat16).train()
-    return saved_in_block(model, model.model.layers[1], torch.randint(0, hf_config.vocab_size, (batch, seq)))
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation=attn_implementation,
+                                                          dtype=torch.bfloat16).train()
+    # the decoder stack: model.layers (Llama and most), transformer.h (GPT-2, Falcon, BLOOM, GPT-BigCode)
+    blocks = next(m for m in model.modules() if isinstance(m, torch.nn.ModuleList))
+    return saved_in_block(model, blocks[1], torch.randint(0, hf_config.vocab_size, (batch, seq)))
 
 
 def saved_in_block(model: Any, block: Any, ids: Any, autocast: bool = False) -> int:

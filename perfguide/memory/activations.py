@@ -14,6 +14,7 @@ Format of ``perfguide/data/activations.json`` (``format_version`` 1; scripts/fit
                   #   a*hidden_size + b*intermediate_size(active experts) + c*(heads*head_dim)
                   #   + d*(kv_heads*head_dim) + e          (flash/SDPA attention: no s^2 term)
               "eager_per_head_s2": f,        # extra BYTES per (batch * heads * seq^2) with eager attention
+              "sdpa_per_head_s2": f2,        # BYTES per (batch * heads * seq^2) with SDPA on its math path (optional)
               "eager_per_token": {"h": ..., "1": ...},  # BYTES per token per block eager keeps beyond SDPA (its
                                              # contiguous q/k/v copies, no SDPA output or logsumexp); may be < 0
               "ckpt_per_token": {"h": g},    # BYTES per token per block kept under full checkpointing
@@ -91,6 +92,9 @@ class Regime(DataModel):
     dropout_per_token: dict[Dim, float]
     eager_dropout_per_head_s2: float
     frozen_linear_inputs_per_token: dict[Dim, float]
+    #: BYTES per (b x heads x s^2) under SDPA where the call gets no fused kernel (Falcon-7B's unexpanded K/V head: the
+    #: math path); eager_per_head_s2 is then eager's whole s^2 term, not its excess over SDPA
+    sdpa_per_head_s2: float = 0.0
     #: an encoder-decoder family's split of its per-block means (``per_token``, ``dropout_per_token``: one encoder and
     #: one decoder block at equal lengths, halved): what a decoder block keeps per target token and, through its
     #: cross-attention's K/V, per source token; empty: both stacks' blocks are priced at the mean, each at its length
@@ -311,6 +315,8 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     elif setup.lora is not None and not keeps_frozen_inputs:
         per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
     total = b * s * per_token + (b * spec.num_attention_heads * s * s * lit.per_head_s2 if lit else 0.0)
+    if setup.attn_implementation == "sdpa" and lit is None:
+        total += b * spec.num_attention_heads * s * s * c.sdpa_per_head_s2
     if setup.attn_implementation == "eager" and lit is None:
         total += b * s * _linear(c.eager_per_token, dims)
         s2 = c.eager_per_head_s2 + (c.eager_dropout_per_head_s2 if attn_p > 0 else 0.0)

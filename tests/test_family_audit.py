@@ -1,0 +1,105 @@
+"""Decoder families that were priced through another family's activation table (bench/family_audit.py).
+
+Falcon and BLOOM resolved to GPT-2's table through an alias, StarCoder 2, GPT-BigCode and Cohere to the generic
+(Llama) table. Traced on the real blocks, GPT-2's priced a bf16 Falcon-7B-shaped block about 2x what it saves (its
+gelu_new chain keeps five FFN-sized tensors, Falcon's nn.GELU two; one K/V head), StarCoder 2 and GPT-BigCode 1.7-1.8x
+(a plain GELU MLP, LayerNorms, GPT-BigCode's one K/V head), Cohere 4% high; BLOOM, which loads eager attention
+(its class sets no ``_supports_sdpa``), was priced as SDPA with no s x s term. Each now has a table fitted by
+scripts/fit_activations.py; checked here against the bytes the installed transformers' block saves for backward
+on real CPU tensors, at dims the fit never used (hidden 160, FFN 448), bf16, full fine-tuning, no checkpointing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import block_saved_bytes
+
+from perfguide.memory.activations import layer_bytes
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
+
+H, I, HEADS, KV_HEADS = 160, 448, 10, 2
+B, S = 2, 64
+COMMON = {"num_hidden_layers": 2, "vocab_size": 512, "tie_word_embeddings": False}
+
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    # Falcon-7B's structure: multi-query, attention and MLP in parallel off one LayerNorm, no biases
+    "falcon": {"hidden_size": H, "ffn_hidden_size": I, "num_attention_heads": HEADS, "multi_query": True,
+               "new_decoder_architecture": False, "parallel_attn": True, "bias": False, "alibi": False},
+    "gpt_bigcode": {"n_embd": H, "n_inner": I, "n_head": HEADS, "n_layer": 2, "multi_query": True, "resid_pdrop": 0.0,
+                    "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    "starcoder2": {"hidden_size": H, "intermediate_size": I, "num_attention_heads": HEADS,
+                   "num_key_value_heads": KV_HEADS, "residual_dropout": 0.0, "embedding_dropout": 0.0},
+    "cohere": {"hidden_size": H, "intermediate_size": I, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+               "pad_token_id": 0},
+    # the FFN is 4 x hidden in BLOOM's code (no key for it), expansion_ratio x hidden in MPT's
+    "bloom": {"hidden_size": H, "n_head": HEADS, "n_layer": 2},
+    "mpt": {"d_model": H, "n_heads": HEADS, "n_layers": 2, "expansion_ratio": 3, "max_seq_len": 1024},
+}
+#: model classes that refuse SDPA: traced and priced with the eager attention they load
+EAGER = {"bloom", "mpt"}
+
+
+def _config(model_type: str) -> dict[str, Any]:
+    return {"model_type": model_type, **COMMON, **CONFIGS[model_type]}
+
+
+def _attn(model_type: str) -> str:
+    return "eager" if model_type in EAGER else "sdpa"
+
+
+def _priced(model_type: str) -> float:
+    setup = Setup(task="train", micro_batch_size=B, seq_len=S, weights_dtype="bf16", optimizer="sgd",
+                  attn_implementation=_attn(model_type))
+    return layer_bytes(ModelSpec.from_any(_config(model_type)), setup) / (B * S)
+
+
+def _saved_per_token(model_type: str) -> float:
+    """Per token: two batch sizes differenced, so per-block constants cancel (the s x s terms scale with the batch)."""
+    config, attn = _config(model_type), _attn(model_type)
+    return (block_saved_bytes(config, 2 * B, S, attn) - block_saved_bytes(config, B, S, attn)) / (B * S)
+
+
+#: one K/V head: the tracer (CUDA kernels emulated), whose traces the fit solves exactly, keeps 56 B per token more
+#: than this CPU run at hidden 160 (the same at 64 and 128 tokens, so no s x s term), under 1.5% of the block
+MQA = ("falcon", "gpt_bigcode")
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_priced_block_is_what_the_real_block_saves(model_type: str) -> None:
+    # LayerNorm blocks: up to 8 B per token short, the per-row mean / rstd the fit's 512-B allocator rounding drops
+    saved = _saved_per_token(model_type)
+    assert _priced(model_type) == pytest.approx(saved, rel=0.015 if model_type in MQA else 0, abs=8)
+
+
+def test_falcon_sdpa_keeps_the_math_paths_scores() -> None:
+    # Falcon-7B hands SDPA one K/V head without enable_gqa: no fused kernel takes it, so the math path keeps the
+    # softmax of the fp32-upcast scores (4 B per head per s x s): per token, heads x s x 4 B more each time s doubles
+    # (the GPT-2 table it used to share prices a fused kernel: no s x s term at all)
+    short = _saved_per_token("falcon")
+    global S
+    S, before = 2 * S, S
+    try:
+        long = _saved_per_token("falcon")
+        priced = _priced("falcon")
+    finally:
+        S = before
+    assert long - short >= HEADS * before * 4       # the s^2 growth is real ...
+    assert priced == pytest.approx(long, rel=0.015)  # ... and priced at the new length
+
+
+@pytest.mark.parametrize("model_type", ["bloom", "mpt", "gpt_neo", "falcon", "starcoder2", "gpt_bigcode", "cohere", "gpt2"])
+def test_classes_that_refuse_sdpa_are_listed(model_type: str) -> None:
+    # BLOOM, MPT and GPT-Neo never set _supports_sdpa (PreTrainedModel's default is False): from_pretrained(
+    # attn_implementation="sdpa") raises and they load eager, which the catalog's list did not say until stop 40
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from perfguide.model.catalog import catalog_file
+
+    refuses = not getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])._supports_sdpa
+    assert (model_type in catalog_file().no_sdpa_model_types.value) == refuses
+    assert refuses == (model_type in ("bloom", "mpt", "gpt_neo"))
