@@ -1,10 +1,11 @@
 """Decoder families that were priced through another family's activation table (bench/family_audit.py).
 
-Falcon and BLOOM resolved to GPT-2's table through an alias, StarCoder 2, GPT-BigCode and Cohere to the generic
-(Llama) table. Traced on the real blocks, GPT-2's priced a bf16 Falcon-7B-shaped block about 2x what it saves (its
-gelu_new chain keeps five FFN-sized tensors, Falcon's nn.GELU two; one K/V head), StarCoder 2 and GPT-BigCode 1.7-1.8x
-(a plain GELU MLP, LayerNorms, GPT-BigCode's one K/V head), Cohere 4% high; BLOOM, which loads eager attention
-(its class sets no ``_supports_sdpa``), was priced as SDPA with no s x s term. Each now has a table fitted by
+Falcon and BLOOM resolved to GPT-2's table through an alias; StarCoder 2, GPT-BigCode, Cohere and MPT to the generic
+(Llama) table. GPT-2's table had no s x s term for Falcon-7B, whose SDPA call takes its one K/V head unexpanded and so
+runs the math path (fp32 scores per head), and priced the rest of its bf16 block about 2x (GPT-2's gelu_new chain
+keeps five FFN-sized tensors, Falcon's nn.GELU two); Llama's priced StarCoder 2 and GPT-BigCode 1.7-1.8x (a plain GELU
+MLP, LayerNorms, GPT-BigCode's one K/V head), Cohere 4% high, MPT 1.5x; BLOOM and MPT load eager attention (their
+classes set no ``_supports_sdpa``), which the catalog did not say. Each now has a table fitted by
 scripts/fit_activations.py; checked here against the bytes the installed transformers' block saves for backward
 on real CPU tensors, at dims the fit never used (hidden 160, FFN 448), bf16, full fine-tuning, no checkpointing.
 """
