@@ -104,3 +104,17 @@ def test_classes_that_refuse_sdpa_are_listed(model_type: str) -> None:
     refuses = not getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])._supports_sdpa
     assert (model_type in catalog_file().no_sdpa_model_types.value) == refuses
     assert refuses == (model_type in ("bloom", "mpt", "gpt_neo"))
+
+
+@pytest.mark.parametrize("arch", [{"new_decoder_architecture": True, "num_kv_heads": KV_HEADS, "num_ln_in_parallel_attn": 2},
+                                  {"multi_query": False}])
+def test_falcon_with_expanded_heads_keeps_no_scores(arch: dict[str, Any]) -> None:
+    # Falcon-40B/180B (new_decoder_architecture: K and V broadcast and flattened to every head) and Falcon-RW (one
+    # K/V head per query head) hand SDPA equal head counts: a fused kernel, nothing growing with s per token
+    config = {**_config("falcon"), "multi_query": False, **arch}
+    setup = Setup(task="train", micro_batch_size=B, seq_len=S, weights_dtype="bf16", optimizer="sgd")
+    short = layer_bytes(ModelSpec.from_any(config), setup) / (B * S)
+    longer = layer_bytes(ModelSpec.from_any(config), setup.model_copy(update={"seq_len": 2 * S})) / (2 * B * S)
+    saved = [(block_saved_bytes(config, 2 * B, s) - block_saved_bytes(config, B, s)) / (B * s) for s in (S, 2 * S)]
+    assert short == longer
+    assert saved[1] - saved[0] < HEADS * S      # a math path would add >= 4 B x heads x s per token

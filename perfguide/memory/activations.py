@@ -315,7 +315,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     elif setup.lora is not None and not keeps_frozen_inputs:
         per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
     total = b * s * per_token + (b * spec.num_attention_heads * s * s * lit.per_head_s2 if lit else 0.0)
-    if setup.attn_implementation == "sdpa" and lit is None:
+    if setup.attn_implementation == "sdpa" and lit is None and unexpanded_kv(spec):
         total += b * spec.num_attention_heads * s * s * c.sdpa_per_head_s2
     if setup.attn_implementation == "eager" and lit is None:
         total += b * s * _linear(c.eager_per_token, dims)
@@ -326,6 +326,12 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     # DeBERTa-v2's position scores, b x heads x s x 2k per kind (relative_positions.py), in the block's compute dtype
     total += relative_position_bytes(spec, setup, 4 if regime(setup) == "fp32" else 2)
     return int(total + fp32_mlp_bytes(spec, setup))
+
+
+def unexpanded_kv(spec: ModelSpec) -> bool:
+    """Grouped K/V heads reach SDPA as they are (Falcon-7B's multi-query branch); Falcon-40B/180B's new architecture
+    expands them to every query head first (modeling_falcon.py ``_split_heads``): a fused kernel, no s x s."""
+    return spec.num_key_value_heads < spec.num_attention_heads and not (spec.config or {}).get("new_decoder_architecture")
 
 
 def fp32_mlp_bytes(spec: ModelSpec, setup: Setup) -> int:
