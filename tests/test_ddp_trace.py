@@ -54,10 +54,23 @@ def test_hand_count() -> None:
 def test_ddp_holds_one_fp32_gradient_copy_in_every_phase_and_nothing_else(traced: dict[str, Any]) -> None:
     """accelerate 0.12 wraps with no DDP kwargs (gradient_as_bucket_view=False): the Reducer's flat buckets, allocated
     at construction, are the only bytes the wrapped step holds beyond the unwrapped one, from the step's start through
-    forward, backward and the optimizer step; with bucket views the gradients are the buckets and DDP adds nothing."""
+    forward, backward and the optimizer step."""
     assert traced["params"] == PARAMS
     ddp = Setup(task="train", micro_batch_size=4, seq_len=64, weights_dtype="fp32", strategy="ddp", num_gpus=2)
     priced = bucket_bytes(ddp, PARAMS, 4)
     for phase in PHASES:   # beyond that, a few hundred bytes of the Reducer's bookkeeping, nothing
         assert 0 <= traced["ddp"][phase] - traced["plain"][phase] - priced < BOOKKEEPING, phase
-        assert 0 <= traced["ddp_bucket_view"][phase] - traced["plain"][phase] < BOOKKEEPING, phase
+
+
+@pytest.mark.slow
+def test_bucket_views_make_the_gradients_the_buckets(traced: dict[str, Any]) -> None:
+    """With gradient_as_bucket_view=True the .grad tensors are views of the Reducer's flat buckets, so DDP adds no
+    copy. Read from where the gradients live, not from the profiled bytes, which miss a free made on gloo's worker
+    thread in some runs (scripts/trace_ddp_phases.py ``trace``); the profiled run never holds more than the one
+    without views."""
+    plain, viewed, copied = (traced["grads"][run] for run in ("plain", "ddp_bucket_view", "ddp"))
+    assert plain[1] == viewed[1] == copied[1] == 4 * PARAMS     # one fp32 gradient per parameter in every run
+    assert plain[0] == copied[0] == plain[2]                    # one storage per parameter tensor
+    assert viewed[0] < plain[2] // 10                           # a few flat buckets hold all of them
+    for phase in PHASES:
+        assert traced["ddp_bucket_view"][phase] <= traced["ddp"][phase] + BOOKKEEPING, phase
