@@ -27,7 +27,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from fit_activations import BATCHES, SEQ, token_slope
 
-from perfguide.memory.activations import activations_data, family_name, layer_bytes
+from perfguide.memory.activations import family_name, layer_bytes
+from perfguide.memory.activations_data import activations_data
 from perfguide.model.fields import family
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup

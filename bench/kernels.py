@@ -39,7 +39,8 @@ from kernels_rows import CSV, BenchRow, load
 
 from perfguide import ModelSpec, Setup
 from perfguide.data.techniques import constant
-from perfguide.memory.activations import activations_data, family_coefficients, regime
+from perfguide.memory.activations import family_coefficients, regime
+from perfguide.memory.activations_data import activations_data
 from perfguide.memory.loss_path import loss_path_units
 from perfguide.techniques import liger_kernel
 

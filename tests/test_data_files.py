@@ -10,7 +10,7 @@ import pytest
 
 from perfguide import _data
 from perfguide.errors import DataFileError, PerfGuideError
-from perfguide.memory.activations import ActivationsData
+from perfguide.memory.activations_data import ActivationsData
 from perfguide.memory.inference import InferenceData
 
 

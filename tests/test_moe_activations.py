@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from helpers import block_saved_bytes
 
-from perfguide.memory.activations import activations_data, block_dims, family_name, layer_bytes
+from perfguide.memory.activations import block_dims, family_name, layer_bytes
+from perfguide.memory.activations_data import activations_data
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from perfguide.memory.activations import activations_data
+from perfguide.memory.activations_data import activations_data
 from perfguide.memory.eras import training_cache_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup

@@ -168,7 +168,7 @@ def full_case(setup: Setup) -> FullCase | None:
 
 def checkpoint_mode(release: str | None) -> Mode:
     """transformers' default checkpoint variant at ``release`` (None: a current one)."""
-    from .activations import activations_data
+    from .activations_data import activations_data
     from .loss_path import version_tuple
 
     first = activations_data().block_backward.reentrant_before
@@ -181,7 +181,7 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
     ``fused_swiglu``: Liger's SwiGLU runs the MLP (its technique's hook says so: MemoryTerms.fused_swiglu)."""
     if not spec.gated_mlp or spec.is_encoder_decoder:
         return 0
-    from .activations import activations_data
+    from .activations_data import activations_data
 
     data, mode = activations_data().block_backward, checkpoint_mode(release)
     lora = setup.lora is not None
@@ -245,7 +245,7 @@ def expert_loop_saved_bytes(spec: ModelSpec, setup: Setup, release: str | None, 
 
 def _looping(spec: ModelSpec, release: str | None, case: str | None) -> ExpertLoop | None:
     """The traced expert-loop entry where ``release`` runs ``spec``'s experts one after another in a traced case."""
-    from .activations import activations_data
+    from .activations_data import activations_data
     from .loss_path import version_tuple
 
     loop = activations_data().block_backward.expert_loop
@@ -259,7 +259,7 @@ def _looping(spec: ModelSpec, release: str | None, case: str | None) -> ExpertLo
 def rotary_pairs(spec: ModelSpec) -> int:
     """The rotary cos / sin pairs a decoder's forward computes: one per kind of layer where the model computes one for
     each (data ``rotary_per_layer_type``: Gemma 3's local and global rope), else one."""
-    from .activations import activations_data
+    from .activations_data import activations_data
 
     if spec.model_type in activations_data().block_backward.rotary_per_layer_type:
         return len(set(spec.cache_layer_types()))

@@ -9,7 +9,8 @@ from typing import TypeVar
 
 from ..model.types import ModelSpec
 from ..setup import Setup
-from .activations import AttentionEra, CacheEntry, activations_data, head_positions, regime
+from .activations import head_positions, regime
+from .activations_data import AttentionEra, CacheEntry, activations_data
 from .ledger import ledger
 from .loss_path import version_tuple
 

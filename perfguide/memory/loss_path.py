@@ -50,7 +50,7 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 def loss_era(transformers_version: str) -> LossEra:
     """The last era whose first release is not newer than ``transformers_version``."""
-    from .activations import activations_data
+    from .activations_data import activations_data
 
     eras = activations_data().loss_paths.eras
     v = version_tuple(transformers_version)
@@ -73,7 +73,7 @@ def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs:
     upcasts the logits to fp32 first (loss_paths.ce_bytes), where a bare ``torch.nn.functional.cross_entropy`` on
     16-bit logits runs in their dtype (Liger-Kernel's benchmark reference: bench/kernels.py)."""
     era = loss_era(transformers_version)
-    from .activations import activations_data
+    from .activations_data import activations_data
 
     ce = activations_data().loss_paths.ce_bytes if ce_bytes is None else ce_bytes
     head = head_bytes(setup)
@@ -105,7 +105,7 @@ def release_delta_bytes(spec: ModelSpec, setup: Setup, release: str | None) -> i
     keep the 16-bit head logits, the fp32 upcast and its shift copy at batch > 1 (14 B per logit vs 12)."""
     if release is None or not spec.generates or spec.is_encoder_decoder:
         return 0
-    from .activations import activations_data
+    from .activations_data import activations_data
 
     traced = activations_data().loss_paths.traced_release
     units = loss_path_units(setup, release, False) - loss_path_units(setup, traced, False)

@@ -107,7 +107,8 @@ def eager_backward_transient_bytes(spec: ModelSpec, setup: Setup) -> int:
     for families without a traced entry)."""
     if setup.attn_implementation != "eager":
         return 0
-    from .activations import activations_data, attention_family, dropout_rates, regime
+    from .activations import attention_family, dropout_rates, regime
+    from .activations_data import activations_data
 
     table = activations_data().eager_backward.transient_per_head_s2.get(attention_family(spec.family, spec.model_type))
     if table is None:

@@ -42,7 +42,7 @@ def _cap(spec: ModelSpec, key: str, defaults: dict[str, float]) -> float | None:
 
 
 def _data() -> Softcap:
-    from .activations import activations_data
+    from .activations_data import activations_data
 
     return activations_data().softcap
 

@@ -17,7 +17,8 @@ from typing import Literal
 from pydantic import Field
 
 from .._data import DataModel, fact_value, validated
-from ..memory.activations import Dim, RegimeName, activations_data, block_dims, dropout_rates, regime
+from ..memory.activations import block_dims, dropout_rates, regime
+from ..memory.activations_data import Dim, RegimeName, activations_data
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import stacks
