@@ -71,6 +71,15 @@ def _olmoe(d: Dims) -> dict[str, Any]:
             "num_experts_per_tok": d["k"], "norm_topk_prob": False}
 
 
+def _gpt_oss(d: Dims) -> dict[str, Any]:
+    """gpt-oss: a biased router whose top-k logits are softmaxed in their own dtype; experts with biases, the
+    gate/up columns interleaved, both clamped (``swiglu_limit``) and gated as ``(up + 1) * gate * sigmoid(alpha *
+    gate)``, which saves more per routed unit than Mixtral's ``silu(gate) * up``. intermediate_size is the expert
+    width. Its attention (sinks, eager only) is the dense table's (see NOTES)."""
+    return {**_common(d), "model_type": "gpt_oss", "intermediate_size": d["ie"], "num_local_experts": d["e"],
+            "num_experts_per_tok": d["k"], "layer_types": ["full_attention"]}
+
+
 def _dense(model_type: str) -> Callable[[Dims], dict[str, Any]]:
     """The dense model whose FFN is as wide as the MoE block's active experts."""
     def build(d: Dims) -> dict[str, Any]:
@@ -85,6 +94,8 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     "qwen2_moe": (_qwen2_moe, _dense("qwen2"), "llama", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
     # stop 40 (bench/family_audit.py): priced by the generic (dense llama) table, 17% low
     "olmoe": (_olmoe, _dense("qwen3"), "qwen3", ()),
+    # stop 41 (bench/family_audit.py): priced by the mixtral table, 21% low in bf16
+    "gpt_oss": (_gpt_oss, _dense("mistral"), "llama", ()),
 }
 #: what a family's source says beyond the common text
 NOTES = {"olmoe": " OLMoE's RMSNorms over the whole q and k projections keep one rsqrt per token where Qwen3's per-head "
@@ -142,6 +153,127 @@ def slope(config: dict[str, Any], regime: str, frozen: bool = False) -> float:
     return (b - a) / (TOKENS[1] - TOKENS[0])
 
 
+#: attention shapes of the eager-only fit (h, heads, kv heads) at gpt-oss's head_dim 64, so per-head terms (the sink
+#: column of the probabilities, max's int64 indices) land in ``q`` at the width every gpt-oss release has
+ATTN_SHAPES = ((64, 4, 2), (128, 4, 2), (64, 8, 2), (64, 4, 4))
+ATTN_HEAD_DIM = 64
+#: (batch, length) points: batch differences at two lengths separate b x s from b x heads x s^2
+ATTN_POINTS = ((1, 32), (2, 32), (1, 64), (2, 64))
+#: families whose attention runs only eager and saves other bytes than their dense table's: (config builder)
+EAGER_ONLY = {"gpt_oss": "gpt_oss"}
+
+
+def attn_saved(model_type: str, shape: tuple[int, int, int], regime: str, batch: int, seq: int) -> int:
+    """Bytes of the storages block 0's eager self-attention saves for backward (real CPU tensors)."""
+    import torch
+    import transformers
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+
+    h, heads, kv = shape
+    weights, autocast = REGIMES[regime]
+    extra: dict[str, Any] = {"layer_types": ["full_attention"]} if model_type == "gpt_oss" else {}
+    config = transformers.AutoConfig.for_model(model_type, hidden_size=h, num_attention_heads=heads,
+                                               num_key_value_heads=kv, head_dim=ATTN_HEAD_DIM, num_hidden_layers=1,
+                                               intermediate_size=64, vocab_size=256, max_position_embeddings=1024,
+                                               attention_dropout=0.0, **extra)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, weights),
+                                                          attn_implementation="eager").train()
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(batch, seq, h, dtype=getattr(torch, weights), requires_grad=True) * 1.0
+    pos = torch.arange(seq)[None].expand(batch, seq)
+    emulation = make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False)
+    outside = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        if t.untyped_storage().data_ptr() not in outside:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with emulation:
+        rope = model.model.rotary_emb(x, pos)
+        outside |= {t.untyped_storage().data_ptr() for t in rope}   # shared by every block: not the block's
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = attn(x, position_embeddings=rope, attention_mask=None)
+    del out
+    return sum(seen.values())
+
+
+def attn_terms(model_type: str, shape: tuple[int, int, int], regime: str) -> tuple[float, float]:
+    """(bytes per token, bytes per batch x heads x s^2) of the eager attention at one shape."""
+    b1s1, b2s1, b1s2, b2s2 = (attn_saved(model_type, shape, regime, b, s) for b, s in ATTN_POINTS)
+    (s1, s2), heads = (ATTN_POINTS[0][1], ATTN_POINTS[2][1]), shape[1]
+    d1, d2 = b2s1 - b1s1, b2s2 - b1s2           # one more row: s P + heads s^2 Q at each length
+    q = (d2 / s2 - d1 / s1) / (heads * (s2 - s1))
+    return d1 / s1 - heads * s1 * q, q
+
+
+def norms_saved(model_type: str, h: int, regime: str, tokens: int) -> int:
+    """Bytes block 0's two RMSNorms save for backward on ``tokens`` tokens (real CPU tensors, input left out)."""
+    import torch
+    import transformers
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+
+    weights, autocast = REGIMES[regime]
+    extra: dict[str, Any] = {"layer_types": ["full_attention"]} if model_type == "gpt_oss" else {}
+    config = transformers.AutoConfig.for_model(model_type, hidden_size=h, num_attention_heads=4, num_key_value_heads=2,
+                                               head_dim=16, num_hidden_layers=1, intermediate_size=64, vocab_size=256,
+                                               **extra)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, weights)).train()
+    layer = model.model.layers[0]
+    total = 0
+    for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        x = torch.randn(1, tokens, h, dtype=getattr(torch, weights), requires_grad=True) * 1.0
+        outside = {p.untyped_storage().data_ptr() for p in norm.parameters()} | {x.untyped_storage().data_ptr()}
+        seen: dict[int, int] = {}
+
+        def pack(t: Any, seen: dict[int, int] = seen, outside: set[int] = outside) -> Any:
+            if t.untyped_storage().data_ptr() not in outside:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = norm(x)
+        del out
+        total += sum(seen.values())
+    return total
+
+
+def norms_difference(name: str, regime: str) -> float:
+    """Bytes per token per h the family's two norms keep beyond Llama's (gpt-oss multiplies the weight in fp32 and
+    casts after, so under bf16 weights it keeps the fp32 product where Llama keeps a bf16 copy)."""
+    def per_token(model_type: str, h: int) -> float:
+        return (norms_saved(model_type, h, regime, 256) - norms_saved(model_type, h, regime, 128)) / 128
+
+    diffs = [(per_token(EAGER_ONLY[name], h) - per_token("llama", h)) / h for h in (64, 128)]
+    assert abs(diffs[0] - diffs[1]) < 1e-9, diffs   # linear in h, nothing per token beside it
+    return diffs[0]
+
+
+def fit_eager_attention(name: str, regime: str, table: dict[str, Any]) -> dict[str, Any]:
+    """The family's eager terms: its own s^2 coefficient, and its eager per-token bytes as the dense table's plus
+    what its attention saves per token beyond the dense family's (Llama's) at the same shapes; and what its norms
+    keep beyond Llama's, in ``per_token``."""
+    import numpy as np
+
+    ours = [attn_terms(EAGER_ONLY[name], shape, regime) for shape in ATTN_SHAPES]
+    dense = [attn_terms("llama", shape, regime) for shape in ATTN_SHAPES]
+    rows = np.array([[h, heads * ATTN_HEAD_DIM, kv * ATTN_HEAD_DIM, 1] for h, heads, kv in ATTN_SHAPES], dtype=float)
+    diff = np.array([o[0] - d[0] for o, d in zip(ours, dense)])
+    coef, *_ = np.linalg.lstsq(rows, diff, rcond=None)
+    print(f"    eager attention: s^2 {[round(o[1], 3) for o in ours]} B, per-token difference {diff.tolist()}, "
+          f"worst residual {float(np.max(np.abs(rows @ coef - diff))):.3f}", flush=True)
+    extra = {k: round(float(c), 3) for k, c in zip(("h", "q", "kv", "1"), coef) if abs(c) > 1e-6}
+    norms = norms_difference(name, regime)
+    print(f"    norms: {norms:+.3f} B per token per h beyond Llama's", flush=True)
+    return {**table, "per_token": merged(table["per_token"], {"h": norms}), "eager_per_head_s2": round(ours[0][1], 3),
+            "eager_per_token": merged(table["eager_per_token"], extra)}
+
+
 def fit(points: list[Dims], ys: list[float], free: tuple[str, ...]) -> dict[str, float]:
     """Least squares over ``free`` dims; the worst residual is printed (0 where the form is exact)."""
     import numpy as np
@@ -174,7 +306,7 @@ def fit_family(name: str, data: dict[str, Any]) -> dict[str, Any]:
         frozen = fit(points, [f - k for f, k in zip(full, kept)], free)
         table["per_token"] = merged(table["per_token"], per_token)
         table["frozen_linear_inputs_per_token"] = merged(table["frozen_linear_inputs_per_token"], frozen)
-        regimes[regime] = table
+        regimes[regime] = fit_eager_attention(name, regime, table) if name in EAGER_ONLY else table
         print(f"  {name}/{regime}: moe-minus-dense {json.dumps(per_token)}, frozen {json.dumps(frozen)}", flush=True)
     return regimes
 
