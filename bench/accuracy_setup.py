@@ -124,6 +124,15 @@ def _peft_keeps_base_dtype(row: dict[str, str]) -> bool:
     return date is not None and first_day <= date.group() < last_day
 
 
+def _torchtune_run_dtype_adapters(row: dict[str, str]) -> bool:
+    """torchtune builds the whole model, adapters included, under ``set_default_dtype(dtype)`` (recipes
+    lora_finetune_single_device.py / lora_finetune_distributed.py: ``with training.set_default_dtype(self._dtype),
+    self._device: model = config.instantiate(cfg_model)``; LoRALinear's lora_a / lora_b are plain nn.Linear made
+    there; read at fef3ed10d and 1814feb17): a bf16 run trains bf16 adapters, whose gradients and AdamW moments take
+    2 bytes each. No peft, so no fp32 upcast."""
+    return "torchtune" in row["source"]
+
+
 #: what a PEFT row trains that LoraSpec cannot say, as the row's method words name it (the PEFT method comparison's
 #: result files: peft_type, LoraConfig use_bdlora / init_lora_weights, the run's optimizer_type)
 PEFT_NOT_LORA = ((re.compile(r"^(?:PEFT|swift tuner) (\w+)"), "{0}: perfguide prices LoRA and DoRA adapters only"),
@@ -168,7 +177,7 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
                     dropout=float(dropout.group(1)) if dropout else _litgpt_lora_dropout(row),
                     modules_to_save=tuple(saved.group(1).split(",")) if saved else (),
                     use_dora="use_dora True" in row["method"], use_rslora="use_rslora True" in row["method"],
-                    autocast_adapter_dtype=not _peft_keeps_base_dtype(row))
+                    autocast_adapter_dtype=not (_peft_keeps_base_dtype(row) or _torchtune_run_dtype_adapters(row)))
 
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:

@@ -287,3 +287,43 @@ def test_trl_notebook_rows_read_as_its_two_configs(acc: ModuleType, rows) -> Non
     assert acc._spec(b["model_hf_id"]).name == "Qwen/Qwen3-14B"   # Unsloth's 4-bit upload, priced by its config shape
     # the '~X GB VRAM' comments have no known config: listed, not compared
     assert acc.evaluate(rows["2059"], []).kind == "skip"
+
+
+def test_torchtune_optimization_flags_rows_read_as_the_readme_ladder(acc: ModuleType, rows) -> None:
+    """torchtune's README 'Optimization flags' table (1814feb17): Llama 3.2 3B, batch 2, packs of 4096 tokens, each flag
+    added on top of the previous one; the unpacked baseline states no length, so it is listed, not compared. The
+    model states are checked against the config's shape by hand: 128256 x 3072 tied embedding + 28 blocks of
+    (2 x 3072^2 + 2 x 3072 x 1024 + 3 x 3072 x 8192 + 2 x 3072) + 3072 = 3,212,749,824 parameters."""
+    assert acc.evaluate(rows["2074"], []).kind == "skip"
+    n = 128256 * 3072 + 28 * (2 * 3072**2 + 2 * 3072 * 1024 + 3 * 3072 * 8192 + 2 * 3072) + 3072
+    assert n == 3_212_749_824
+    ckpt = rows["2078"]   # + checkpointing: torch AdamW (foreach), states in the weights' bf16
+    s = acc._train_setup(ckpt, acc._spec(ckpt["model_hf_id"]))
+    assert (s.micro_batch_size, s.seq_len, s.gradient_checkpointing, s.torch_compile) == (2, 4096, True, True)
+    assert s.optimizer == "adamw_torch" and not s.optimizer_in_backward and not s.activation_offloading
+    est = acc.estimate_memory(acc._spec(ckpt["model_hf_id"]), s, acc._hardware(ckpt["gpu_type"], 1))
+    assert est.weights == 2 * n and est.optimizer_states == 4 * n
+    eight = rows["2081"]  # + 8-bit AdamW: on the device (not the paged variant), stepped in backward, offloaded
+    s8 = acc._train_setup(eight, acc._spec(eight["model_hf_id"]))
+    assert s8.optimizer == "adamw_bnb_8bit" and s8.optimizer_in_backward and s8.activation_offloading
+    q = rows["2083"]
+    sq = acc._train_setup(q, acc._spec(q["model_hf_id"]))
+    assert sq.weights_dtype == "nf4" and not sq.kbit_upcast and not sq.optimizer_in_backward
+    assert sq.lora is not None and (sq.lora.r, sq.lora.alpha, len(sq.lora.target_modules)) == (64, 128, 6)
+
+
+def test_torchtune_lora_rows_train_adapters_in_the_run_dtype(acc: ModuleType, rows) -> None:
+    """torchtune instantiates the model, LoRA's lora_a / lora_b included, under set_default_dtype(bf16) and runs no
+    peft: row 2082's adapters (rank 64 on q, v, output_proj, w1, w2, w3 of 28 blocks: 28 x 64 x (6144 + 4096 + 6144 +
+    3 x 11264) = 89,915,392 parameters) are bf16, 2 bytes each, not peft's fp32 upcast."""
+    r = rows["2082"]
+    spec = acc._spec(r["model_hf_id"])
+    s = acc._train_setup(r, spec)
+    assert s.lora is not None and s.lora.autocast_adapter_dtype is False
+    n = 28 * 64 * (6144 + 4096 + 6144 + 3 * 11264)
+    assert n == 89_915_392
+    hw = acc._hardware(r["gpu_type"], 1)
+    fp32 = s.replace(lora=s.lora.model_copy(update={"autocast_adapter_dtype": True}))
+    assert acc.estimate_memory(spec, fp32, hw).weights - acc.estimate_memory(spec, s, hw).weights == 2 * n
+    peft = rows["2055"]   # a peft row of 2025 (peft 0.17): its adapters are still upcast to fp32
+    assert acc._train_setup(peft, acc._spec(peft["model_hf_id"])).lora.autocast_adapter_dtype is True
