@@ -104,7 +104,10 @@ def make_cuda_emulation(autocast_dtype: Any | None, emulate_sdpa: bool) -> Any:
         def _sdpa(self, q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
                   scale: float | None = None, enable_gqa: bool = False) -> Any:
             head_dim = q.shape[-1]
-            flash = attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256 and head_dim % 8 == 0
+            # flash needs one head dim for q, k and v (sdp_utils_cpp.h check_head_dim_size_flash): MLA's values
+            # (DeepSeek-V2/V3: v_head_dim 128 beside qk 192) take the memory-efficient kernel, which only needs q = k
+            flash = (attn_mask is None and q.dtype in (torch.float16, torch.bfloat16) and head_dim <= 256
+                     and head_dim % 8 == 0 and k.shape[-1] == v.shape[-1] == head_dim)
             if k.shape[-3] != q.shape[-3] and not enable_gqa:
                 # heads broadcast, not grouped (Falcon-7B's and GPT-BigCode's one K/V head handed over as is): every
                 # fused CUDA kernel needs q, k and v with the same head count (sdp_utils_cpp.h
