@@ -293,11 +293,16 @@ def run_lengths(stats: dict[str, float], max_length: int, sampled: int | None, b
 #: (model, max_length, lora, samples drawn (None: the whole dataset), batch): the January runs' cells replayed
 RUNS: tuple[tuple[str, int, bool, int | None, int], ...] = (
     ("Qwen/Qwen-1_8B-Chat", 512, True, None, 1), ("Qwen/Qwen-1_8B-Chat", 1024, True, None, 1),
-    ("Qwen/Qwen-1_8B-Chat", 2048, True, None, 1),
+    ("Qwen/Qwen-1_8B-Chat", 2048, True, None, 1), ("Qwen/Qwen-1_8B-Chat", 4096, True, 1000, 1),
+    ("Qwen/Qwen-1_8B-Chat", 8192, True, 1000, 1),
     ("Qwen/Qwen-7B-Chat", 512, True, None, 1), ("Qwen/Qwen-7B-Chat", 1024, True, None, 1),
-    ("Qwen/Qwen-7B-Chat", 2048, True, None, 1),
+    ("Qwen/Qwen-7B-Chat", 2048, True, None, 1), ("Qwen/Qwen-7B-Chat", 4096, True, 1000, 1),
 )
 SEEDS = (0, 1, 2)
+SOURCE = ("scripts/trace_swift_replay.py: the Qwen-1 LoRA step (Llama modules at Qwen-1's sizes, bf16, reentrant "
+          "checkpointing, flash kernel, Qwen-1's loss, accelerate's fp32 logits) replayed by scripts/caching_allocator.py "
+          "over one epoch of lengths drawn from bench/data/swift_dataset_lengths.csv (restricted log-normal, 'delete' "
+          "above max_length, batch 1), seeds 0-2; run_* of the median seed, min / max over the seeds")
 
 
 def main() -> int:
@@ -329,8 +334,8 @@ def main() -> int:
             out = csv.writer(f)
             out.writerow(["model_hf_id", "max_length", "method", "micro_batch", "steps", "run_allocated_bytes",
                           "run_reserved_bytes_median", "run_reserved_bytes_min", "run_reserved_bytes_max",
-                          "fixed_length_allocated_bytes", "fixed_length_reserved_bytes"])
-            out.writerows(rows)
+                          "fixed_length_allocated_bytes", "fixed_length_reserved_bytes", "source"])
+            out.writerows([*row, SOURCE] for row in rows)
     return 0
 
 

@@ -6,6 +6,7 @@ replay against an allocator sequence worked by hand."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import random
 import statistics
 import sys
@@ -42,9 +43,10 @@ def test_the_sampler_matches_the_published_statistics(sw: ModuleType) -> None:
 def test_a_run_drops_long_samples_and_pads_each_batch_to_its_longest(sw: ModuleType) -> None:
     stats = sw.read_lengths("cls-fudan-news-zh")
     steps = sw.run_lengths(stats, 2048, None, 1, 1, random.Random(0))
-    # truncation_strategy 'delete' keeps the samples up to 2048 tokens: the log-normal's share below 2048 of 4959
-    mu, sigma = sw.lognormal_params(3234.4, 2547.5)
-    share = statistics.NormalDist(mu, sigma).cdf(__import__("math").log(2048.5))
+    # truncation_strategy 'delete' keeps the samples up to 2048 tokens: the restricted log-normal's share of 4959
+    mu, sigma = sw.fitted_params(stats)
+    cdf = statistics.NormalDist(mu, sigma).cdf
+    share = (cdf(math.log(2048.5)) - cdf(math.log(90.5))) / (cdf(math.log(19548.5)) - cdf(math.log(90.5)))
     assert len(steps) == pytest.approx(4959 * share, rel=0.05) and max(steps) <= 2048
     pairs = sw.run_lengths(stats, 2048, 1000, 2, 1, random.Random(0))
     singles = sw.run_lengths(stats, 2048, 1000, 1, 1, random.Random(0))
