@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
 from accuracy_context import torch_era
+from accuracy_hardware import _hardware
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
@@ -32,7 +33,7 @@ from accuracy_replay import with_replayed_reserve
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
-from accuracy_setup import PAGED, Skip, _hardware, _infer_setup, _nf4_library, _pre_torch2, _precision, _train_setup
+from accuracy_setup import PAGED, Skip, _infer_setup, _nf4_library, _pre_torch2, _precision, _train_setup
 from accuracy_spec import _spec, trained_spec
 from accuracy_trl import trl_release
 

@@ -104,7 +104,7 @@ def test_a_published_oom_is_an_oom_from_its_own_allocated_bytes() -> None:
     the 1.31 GiB cc-7 context perfguide used before (a V100 with eager loading) this alone called the OOM an OOM; the
     row's own message puts the context at 0.87 GiB (23.65 - 22.76 reserved - 0.02 free), so the allocated bytes alone
     sit at the line and the verdict is the activation model's (bench/accuracy.py prices row 647 at 26.7 GiB)."""
-    hw = load_bench("accuracy_setup")._hardware("TITAN RTX 24GB", 1)
+    hw = load_bench("accuracy_hardware")._hardware("TITAN RTX 24GB", 1)
     acc = load_bench("accuracy")
     row = {"source_group": "hf_blog_pytorch_fsdp", "notes": "PyTorch nightly ~1.12", "gpu_type": "TITAN RTX 24GB", "commit_or_date": ""}
     with acc.held_out("hf_blog_pytorch_fsdp"), load_bench("accuracy_context").torch_era(row):

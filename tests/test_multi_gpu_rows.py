@@ -82,7 +82,7 @@ def test_each_row_reads_as_the_setup_and_release_its_source_states(row_id: str) 
     assert setup.micro_batch_size == int(row["micro_batch"])
     assert setup.seq_len == int(re.match(r"\d+", row["seq_len"]).group())  # type: ignore[union-attr]
     assert setup.gradient_checkpointing == row["grad_checkpointing"].startswith("yes")
-    hw = setup_mod._hardware(row["gpu_type"], setup.num_gpus)
+    hw = load_bench("accuracy_hardware")._hardware(row["gpu_type"], setup.num_gpus)
     assert hw is not None and len(hw.gpus) == gpus and hw.gpus[0].name == card
     assert loss_mod._transformers_version(row) == release
 
@@ -111,9 +111,9 @@ def test_fms_full_fine_tuning_peaks_at_the_bf16_optimizer_step(row_id: str, gpus
 
 def test_consumer_cards_read_with_their_own_memory() -> None:
     """The RTX A6000 and a 16 GB V100 are gpus.json entries of their own (48 GB GDDR6, 16 GB HBM2)."""
-    setup_mod = load_bench("accuracy_setup")
-    a6000 = setup_mod._hardware("RTX A6000 48GB", 2)
-    v100 = setup_mod._hardware("V100 16GB", 8)
+    hardware = load_bench("accuracy_hardware")
+    a6000 = hardware._hardware("RTX A6000 48GB", 2)
+    v100 = hardware._hardware("V100 16GB", 8)
     assert a6000 is not None and a6000.gpus[0].memory_total == 49140 * 2**20   # nvidia-smi's 49140MiB
     assert v100 is not None and a6000.gpus[0].name == "a6000" and v100.gpus[0].name == "v100-16gb"
     assert 15.5 * GiB < v100.gpus[0].memory_total <= 16 * GiB   # the row's message: 'total capacty of 15.77 GiB'

@@ -51,7 +51,7 @@ def test_lora_and_full_rows_read_as_their_config(row: dict[str, str]) -> None:
     setup = setup_mod._train_setup(row, spec)
     assert (setup.micro_batch_size, setup.seq_len, setup.gradient_checkpointing) == (4, 768, False)
     assert (setup.weights_dtype, setup.autocast, setup.optimizer, setup.attn_implementation) == ("bf16", None, "adamw_torch", "sdpa")
-    hw = setup_mod._hardware(row["gpu_type"], 1)
+    hw = load_bench("accuracy_hardware")._hardware(row["gpu_type"], 1)
     assert hw is not None and hw.gpus[0].name == "l40s"
     if setup.lora is not None:
         assert setup.lora.use_dora == ("use_dora True" in row["method"])

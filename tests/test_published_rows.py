@@ -65,7 +65,7 @@ def test_each_row_reads_as_its_stated_setup_and_names_its_source(row: dict[str, 
     assert setup.num_gpus == int(row["num_gpus"])
     assert setup.gradient_checkpointing == row["grad_checkpointing"].startswith("yes")
     assert (setup.lora is None) == (row["lora_rank"] == "")
-    assert setup_mod._hardware(row["gpu_type"], setup.num_gpus) is not None
+    assert load_bench("accuracy_hardware")._hardware(row["gpu_type"], setup.num_gpus) is not None
 
 
 @pytest.mark.parametrize(("words", "strategy", "offload_optimizer", "offload_params"), [

@@ -52,7 +52,7 @@ def test_the_line_adds_the_cached_bf16_head_block_to_reserved() -> None:
     reserved, acc = load_bench("accuracy_reserved"), load_bench("accuracy")
     spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
     setup = _qlora(1024)
-    hw = load_bench("accuracy_setup")._hardware("12 GB GPU (model not stated)", 1)
+    hw = load_bench("accuracy_hardware")._hardware("12 GB GPU (model not stated)", 1)
     est = acc.estimate_memory(spec, setup, hw)
     from perfguide.memory.overhead import reserved_from_allocated
 
@@ -106,7 +106,7 @@ def test_the_bf16_recast_head_prices_further_from_the_published_line() -> None:
     acc, reserved, setup_mod = load_bench("accuracy"), load_bench("accuracy_reserved"), load_bench("accuracy_setup")
     row = _rows()["679"]
     spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
-    hw = setup_mod._hardware(row["gpu_type"], 1)
+    hw = load_bench("accuracy_hardware")._hardware(row["gpu_type"], 1)
     fixed = {}
     for upcast in (True, False):
         base = setup_mod._train_setup(row, spec).replace(kbit_upcast=upcast)
