@@ -57,7 +57,10 @@ DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_v
                         # partial rotary (CodeGen, GPT-J style) within the 16-wide heads
                         "rotary_dim": 8}
 #: keys a type's config class validates against the depth (GPT-Neo's global/local pattern of 2 layers)
-EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]}}
+EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+                                    # every DeepSeek-V3 release: as many K/V heads as query heads, values narrower than
+                                    # queries and keys (128 vs 192), which decides the CUDA kernel (flash needs equal dims)
+                                    "deepseek_v3": {"num_key_value_heads": 8, "v_head_dim": 16}}
 
 
 def audited_types() -> list[tuple[str, str, str]]:
@@ -86,7 +89,7 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     kwargs = {k: v for k, v in DIMS.items() if k in have and getattr(default, k, None) is not None}
     if "qk_rope_head_dim" in kwargs:   # latent attention: the head dims are the qk_* / v_head_dim keys
         kwargs.pop("head_dim", None)
-    return dict(AutoConfig.for_model(model_type, **kwargs, **EXTRA.get(model_type, {})).to_dict())
+    return dict(AutoConfig.for_model(model_type, **{**kwargs, **EXTRA.get(model_type, {})}).to_dict())
 
 
 def priced_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
