@@ -16,6 +16,10 @@ Rules replayed, each from the allocator's source (constants as named there):
   only when a cudaMalloc fails or on ``empty_cache()``, neither of which a run below the card's capacity does, so
   the reserved bytes only grow.
 
+With a cap (``limit``, as ``set_per_process_memory_fraction`` sets it), a new segment that would take the reserved
+bytes over it fails as cudaMalloc would; the allocator then returns every cached free segment that is whole (not
+split: ``release_cached_blocks``) and tries once more, and a second failure is an out-of-memory error.
+
 The expandable-segments mode (off by default) and the garbage-collection threshold (unset by default) are not
 replayed. One stream, as a single-GPU training step runs.
 """
@@ -47,6 +51,14 @@ def allocation_size(size: int) -> int:
     return ROUND_LARGE * -(-size // ROUND_LARGE)
 
 
+class OutOfMemory(Exception):
+    """A request the capped allocator could not serve after releasing its cached whole segments."""
+
+    def __init__(self, allocator: Allocator, size: int, key: int) -> None:
+        super().__init__(f"cannot reserve {size} B for tensor {key}: {allocator.reserved} B reserved of {allocator.limit}")
+        self.allocator, self.size, self.key = allocator, size, key
+
+
 @dataclass(eq=False)
 class Block:
     """One block of a segment: [ptr, ptr + size), allocated or cached free."""
@@ -70,6 +82,7 @@ class Allocator:
     peak_reserved: int = 0
     peak_allocated: int = 0
     segments: int = 0
+    limit: int | None = None
     _next_ptr: int = 0
 
     def _insert(self, block: Block) -> None:
@@ -92,6 +105,10 @@ class Allocator:
             block = pool.pop(i)[2]
         else:
             seg = allocation_size(size)
+            if self.limit is not None and self.reserved + seg > self.limit:
+                self.release_cached()
+                if self.reserved + seg > self.limit:
+                    raise OutOfMemory(self, seg, key)
             block = Block(self._next_ptr, seg, small)
             self._next_ptr += seg + (1 << 40)   # segments are never adjacent: no merge across them
             self.reserved += seg
@@ -108,6 +125,19 @@ class Allocator:
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+
+    def release_cached(self) -> None:
+        """Return every free block that is a whole segment to CUDA (``release_cached_blocks``); split segments stay."""
+        for small, pool in self.pools.items():
+            keep = []
+            for entry in pool:
+                block = entry[2]
+                if block.prev is None and block.next is None:
+                    self.reserved -= block.size
+                    self.segments -= 1
+                else:
+                    keep.append(entry)
+            self.pools[small] = keep
 
     def free(self, key: int) -> None:
         """Return tensor ``key``'s block to its pool, merged with its free neighbours."""

@@ -116,3 +116,28 @@ def test_measured_rows_take_the_replayed_cache(acc: ModuleType, rows: dict[str, 
         assert replayed_cache(rows[rid], acc._train_setup(rows[rid], spec)) is None
     other = dict(rows["1005"], source_group="another_source")
     assert replayed_cache(other, acc._train_setup(other, spec)) is None
+
+
+def test_cap_releases_whole_cached_segments_then_retries(ca: ModuleType) -> None:
+    """Capped at 40 MiB: a freed 20 MiB segment stays cached; a 30 MiB request finds no fitting block, a new 30 MiB
+    segment would make 50 MiB, so the allocator returns the whole cached segment (20 -> 0) and retries: 30 MiB."""
+    a = ca.Allocator(limit=40 * MiB)
+    a.replay([("a", 1, 20 * MiB), ("f", 1, 0)])
+    assert (a.reserved, a.segments) == (20 * MiB, 1)
+    a.replay([("a", 2, 30 * MiB)])
+    assert (a.reserved, a.allocated, a.segments) == (30 * MiB, 30 * MiB, 1)
+
+
+def test_cap_cannot_release_a_split_segment(ca: ModuleType) -> None:
+    """Capped at 64 MiB: a 40 MiB segment freed, then a 12 MiB request split out of it (28 MiB stay free in it); a
+    30 MiB request fits no free block, a new 30 MiB segment would make 70 MiB, and the 40 MiB segment is not whole
+    (the 12 MiB block lives in it), so nothing is released: out of memory with 42 MiB live under a 64 MiB cap."""
+    a = ca.Allocator(limit=64 * MiB)
+    a.replay([("a", 1, 40 * MiB), ("f", 1, 0), ("a", 2, 12 * MiB)])
+    assert (a.reserved, a.allocated) == (40 * MiB, 12 * MiB)
+    with pytest.raises(ca.OutOfMemory) as err:
+        a.replay([("a", 3, 30 * MiB)])
+    assert (err.value.size, err.value.key, a.reserved) == (30 * MiB, 3, 40 * MiB)
+    b = ca.Allocator(limit=64 * MiB)                       # the same requests with the 12 MiB block freed first
+    b.replay([("a", 1, 40 * MiB), ("f", 1, 0), ("a", 2, 12 * MiB), ("f", 2, 0), ("a", 3, 30 * MiB)])
+    assert b.reserved == 40 * MiB                          # the merged 40 MiB block serves it: no new segment
