@@ -29,7 +29,7 @@ from accuracy_hardware import _hardware
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
-from accuracy_replay import with_replayed_reserve
+from accuracy_replay import replayed_max_context, with_replayed_reserve
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
@@ -200,7 +200,8 @@ def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, 
         return Result(row, "verdict", verdict_ok=fits and not bigger, reason="published max batch that fits",
                       predicted=largest, published=setup.micro_batch_size, err_pct=_pct(largest, setup.micro_batch_size),
                       margin=margin)
-    longest = max_context(row, spec, setup, hw)
+    # the capped allocator replayed over the row's own step where it was (bench-only reading), else the plan's search
+    longest = replayed_max_context(row) or max_context(row, spec, setup, hw)
     return Result(row, "context", predicted=longest, published=setup.seq_len, err_pct=_pct(longest, setup.seq_len),
                   verdict_ok=fits, reason="published max context (fits at that length)", note=note, margin=margin)
 

@@ -21,6 +21,9 @@ from perfguide.memory.types import MemoryEstimate
 from perfguide.setup import Setup
 
 TABLE = Path(__file__).resolve().parent / "data" / "allocator_replays.csv"
+#: max-context rows whose longest length comes from the capped allocator replayed over their own step (TRL's
+#: gemma-3-1b SFT rows, scripts/trace_trl_gemma_replay.py, docs/validation.md section 28)
+MAX_CONTEXT = Path(__file__).resolve().parent / "data" / "allocator_max_context.csv"
 
 
 @cache
@@ -46,3 +49,15 @@ def with_replayed_reserve(row: dict[str, str], setup: Setup, est: MemoryEstimate
         return est
     reserved = est.peak_allocated + cached
     return est.model_copy(update={"peak_reserved": reserved, "device_total": est.device_total - est.peak_reserved + reserved})
+
+
+@cache
+def _max_contexts() -> dict[str, int]:
+    with MAX_CONTEXT.open(newline="") as f:
+        return {r["row_id"]: int(r["max_seq_len"]) for r in csv.DictReader(f)}
+
+
+def replayed_max_context(row: dict[str, str]) -> int | None:
+    """The longest length (a multiple of 1,024, the release's step) that survives the capped allocator replayed over
+    the row's own step, or None when the row's step was not replayed. perfguide's plan is not changed by it."""
+    return _max_contexts().get(row["row_id"]) if row["value_kind"] == "max_seq_fit" else None

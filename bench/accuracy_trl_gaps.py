@@ -24,6 +24,12 @@ CHECKED = (
     "bytes alive at any moment of any phase is what is priced too: 3 B per row in the forward (mask building, or the "
     "mask and one bias), 4 in DPO's reference forward (the policy's kept mask, the reference's own, one bias)",
     "SDPA's bool-to-bias conversion: at::where(mask, 0, -inf), no logical_not transient (torch 2.13, dispatch trace)",
+    "the caching allocator, capped at 79 GiB, replayed over the SFT step's own allocations and frees at the real "
+    "shape and length (scripts/trace_trl_gemma_replay.py: fake tensors, 2 steps; its allocated peak is perfguide's "
+    "within 0.4% at 107,520 tokens and 1.1% at 20,480): the SFT rows' lengths (1182-1185, the 'priced' column) are the "
+    "longest multiple of 1,024 that survives it (bench/data/allocator_max_context.csv); row 1182 (full logits) "
+    "23,759 -> 21,504 against 20,480: at 22,528 a 22 GiB fp32 logits-sized request fails with 18.8 GiB cached in "
+    "split segments no OOM can release",
     "the kernel: on sm90 / sm100 / sm103 with cuDNN > 9.15 torch puts cuDNN attention first (sdp_utils.cpp "
     "check_prefer_cudnn_attention), for head_dim 256 only with cuDNN > 9.22; cuDNN and the memory-efficient kernel both "
     "take the bias broadcast over the heads (an expand, attention.cu) and save it for backward: the same 2 B per row x s^2",
@@ -39,12 +45,11 @@ OPEN = (
     "mask too (traced: +1 B per row x s^2 at the recompute while a full layer is still ahead in backward, +2 in the "
     "reference forward, which builds both masks again); the release does not say whether its pairs were padded",
     "CUDA-only buffers no CPU trace shows: cuDNN's SDPA backward workspace on Blackwell",
-    "TRL 1.14.2's full-logits rows (1180, 1182) leave 26-95 B per row x s^2 at 10-20k tokens, beyond any mask term: "
-    "their gap is not the fused-head rows' one",
-    "the caching allocator around blocks of 10-22 GiB (the bool mask is 10.8 GiB and one bias 21.5 GiB at 107,520 "
-    "tokens): a smaller request split out of a cached bias block and still alive at the next recompute strands the "
-    "rest, and an OOM can release only whole free segments; 2 B per row x s^2 (one stranded bias) is the size of the "
-    "SFT residual, not of DPO's",
+    "TRL 1.14.2's DPO full-logits row (1180) leaves 95 B per row x s^2 at 10,240 tokens, beyond any mask term: "
+    "its gap is not the fused-head rows' one",
+    "the fused-head SFT rows (1183-1185) beyond the caching allocator: with the release's 79 GiB cap the replay "
+    "(docs/validation.md 28) keeps 128,000 tokens (perfguide's plan 131,004; the published 107,520), so what holds "
+    "them 19% short is not the allocator's cache as replayed; DPO's rows (1180, 1181) are not replayed yet",
 )
 
 
@@ -62,7 +67,7 @@ def trl_long_context(results: Sequence[_Context]) -> list[str]:
     if not rows:
         return []
     lines = ["## Open gap: TRL v1.15.0's long-context rows (gemma-3-1b)", "",
-             "| row | trainer | published | perfguide | err % | room at the published length | per row x s^2 | per row-token |",
+             "| row | trainer | published | priced | err % | room at the published length | per row x s^2 | per row-token |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, pairs = int(r.row["seq_len"]), "DPOTrainer" in r.row["method"]
