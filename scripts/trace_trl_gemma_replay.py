@@ -78,14 +78,13 @@ def sdpa_as_gpu() -> Any:
 def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | None = None) -> list[tuple[str, int, int]]:
     """The run's allocation events in order: the weights, then ``steps`` training steps."""
     import torch
+    import transformers.masking_utils as masking
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
     from transformers import Gemma3ForCausalLM
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation, make_scalar_fallback
-
-    import transformers.masking_utils as masking
 
     # masking_utils reads a fake tensor as "tracing" and then builds the full-attention layers' s x s mask a real run
     # skips (SDPA's is_causal for an unpadded batch): not tracing here, so the real run's choice is put back
