@@ -41,12 +41,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import weakref
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from allocation_log import AllocationLog
 from caching_allocator import Allocator
 
 GiB = 2**30
@@ -157,8 +157,6 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
     changes)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation, make_scalar_fallback
     from perfguide.memory.tracing.step import _unpacked_rows
@@ -166,23 +164,8 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
     model, base = build(case, layers)
     low, upcast = getattr(torch, CASES[case][3]), CASES[case][4]
     fn = matmul_4bit()
-    events: list[tuple[str, int, int]] = []
-    seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-    counter = [0]
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    st = t.untyped_storage()
-                    if st not in seen and st.nbytes() > 0:
-                        counter[0] += 1
-                        seen[st] = counter[0]
-                        events.append(("a", counter[0], st.nbytes()))
-                        OPS[counter[0]] = (str(func), tuple(t.shape), str(t.dtype))
-                        weakref.finalize(st, events.append, ("f", counter[0], 0))
-            return out
+    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype))))
+    events = log.events
 
     emulation = make_cuda_emulation(low, emulate_sdpa=True)
     with contextlib.ExitStack() as stack:
@@ -215,9 +198,8 @@ def events_of_step(seq: int, layers: int = 32, clone: bool = True, dequant: bool
             stack.callback(setattr, cls, "loss_function", saved)
         existing = [*model.parameters(), *model.buffers(), *(p.grad for p in trainable),
                     *(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
-        for t in existing:
-            seen[t.untyped_storage()] = 0              # allocated before the step: not replayed
-        stack.enter_context(Log())
+        log.existing(existing)                       # allocated before the step: not replayed
+        stack.enter_context(log.mode())
         with emulation:
             loss = model(**batch).loss
             emulation.end_region()

@@ -30,12 +30,12 @@ import math
 import os
 import random
 import sys
-import weakref
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from allocation_log import AllocationLog
 from caching_allocator import Allocator
 
 GiB = 2**30
@@ -114,29 +114,13 @@ def events_of_step(model_id: str, seq: int, batch: int = 1, lora: bool = True, c
     """One micro-step's events (forward, loss, swift's accuracy, backward) and the optimizer step's, in order."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation, make_scalar_fallback
     from perfguide.memory.tracing.step import _unpacked_rows
 
     model, base = build(model_id, layers, lora, checkpointing)
-    events: list[Event] = []
-    seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-    counter = [0]
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    st = t.untyped_storage()
-                    if st not in seen and st.nbytes() > 0:
-                        counter[0] += 1
-                        seen[st] = counter[0]
-                        events.append(("a", counter[0], st.nbytes()))
-                        weakref.finalize(st, events.append, ("f", counter[0], 0))
-            return out
+    log = AllocationLog()
+    events = log.events
 
     emulation = make_cuda_emulation(torch.bfloat16, emulate_sdpa=True)
     cls = type(base)
@@ -157,9 +141,8 @@ def events_of_step(model_id: str, seq: int, batch: int = 1, lora: bool = True, c
         stack.callback(setattr, cls, "loss_function", saved)
         existing = [*model.parameters(), *model.buffers(), *(p.grad for p in trainable), *inputs.values(),
                     *(v for state in opt.state.values() for v in state.values() if isinstance(v, torch.Tensor))]
-        for t in existing:
-            seen[t.untyped_storage()] = 0              # allocated before the step: not replayed
-        stack.enter_context(Log())
+        log.existing(existing)                       # allocated before the step: not replayed
+        stack.enter_context(log.mode())
         with emulation:
             out = model(**inputs)
             loss = out.loss

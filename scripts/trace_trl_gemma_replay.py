@@ -24,12 +24,12 @@ import contextlib
 import json
 import os
 import sys
-import weakref
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from allocation_log import AllocationLog
 from caching_allocator import Allocator, OutOfMemory
 
 GiB = 2**30
@@ -80,8 +80,6 @@ def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | No
     import torch
     import transformers.masking_utils as masking
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_flatten
     from transformers import Gemma3ForCausalLM
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation, make_scalar_fallback
@@ -100,26 +98,9 @@ def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | No
         add_fused_lm_head(model)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    events: list[tuple[str, int, int]] = []
-    seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-    counter = [0]
-
-    def charge(t: Any, op: str = "to_empty") -> None:
-        st = t.untyped_storage()
-        if st not in seen and st.nbytes() > 0:
-            counter[0] += 1
-            seen[st] = counter[0]
-            events.append(("a", counter[0], st.nbytes()))
-            OPS[counter[0]] = (op, tuple(t.shape), str(t.dtype).removeprefix("torch."), PHASE[0])
-            weakref.finalize(st, events.append, ("f", counter[0], 0))
-
-    class Log(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                    charge(t, str(func))
-            return out
+    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                                              PHASE[0])))
+    events, charge = log.events, log.charge
 
     emulation = make_cuda_emulation(torch.bfloat16, emulate_sdpa=True)
     with stack_patch, contextlib.ExitStack() as stack:
@@ -128,12 +109,12 @@ def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | No
         model.to_empty(device="cpu")
         model.lm_head.weight = model.model.embed_tokens.weight   # to_empty unties them; the checkpoint ties the head
         for p in model.parameters():   # model.to("cuda"): one block per parameter (the tied head is the embedding)
-            charge(p)
+            charge(p, "to_empty")
         for b in model.buffers():
-            charge(b)
+            charge(b, "to_empty")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)   # adamw_torch_fused: no foreach transients
         ids = torch.randint(4, 262144, (1, seq))
-        stack.enter_context(Log())
+        stack.enter_context(log.mode())
         for step in range(steps):
             PHASE[0] = f"step {step + 1} forward"
             batch = {"input_ids": ids.clone(), "labels": ids.clone()}
