@@ -23,6 +23,7 @@ dispatch copy and the experts' output, one per routed pair), ``ir`` = routed act
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -113,26 +114,14 @@ def features(d: Dims) -> dict[str, int]:
             "e": d["e"], "k": d["k"], "1": 1}
 
 
-def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) -> int:
-    """Bytes of the storages block 0's FFN (dense MLP or MoE block) saves for backward on ``tokens`` tokens."""
+def saved_bytes(run: Callable[[], Any], outside: set[int], regime: str) -> int:
+    """Bytes of the storages autograd saves while ``run`` runs (CUDA autocast lists emulated in the amp regime),
+    ``outside`` (data pointers of parameters and inputs: not the measured part's) left out."""
     import torch
-    import transformers
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
 
-    weights, autocast = REGIMES[regime]
-    torch.manual_seed(0)
-    hf_config = transformers.AutoConfig.for_model(**config)
-    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, weights)).train()
-    ffn = model.model.layers[0].mlp
-    if getattr(model.config, "num_local_experts", getattr(model.config, "num_experts", 1)) > 1:
-        assert model.config._experts_implementation == "grouped_mm", model.config._experts_implementation
-    for p in ffn.parameters():
-        torch.nn.init.normal_(p, std=0.02)
-        p.requires_grad_(not frozen)
-    # not a leaf, as the normed hidden state is not: autocast caches the casts of leaves (weights) only
-    x = torch.randn(1, tokens, config["hidden_size"], dtype=getattr(torch, weights), requires_grad=True) * 1.0
-    outside = {p.untyped_storage().data_ptr() for p in ffn.parameters()} | {x.untyped_storage().data_ptr()}
+    autocast = REGIMES[regime][1]
     seen: dict[int, int] = {}
 
     def pack(t: Any) -> Any:
@@ -140,11 +129,49 @@ def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) ->
             seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
-    emulation = make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), emulation:
-        out = ffn(x)
+    with make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            out = run()
     del out
     return sum(seen.values())
+
+
+def one_block(config: dict[str, Any], regime: str, **kw: Any) -> Any:
+    """A one-block model of ``config`` (a raw dict naming its model_type) in the regime's weights dtype, training."""
+    import torch
+    import transformers
+
+    layer_types = {"layer_types": ["full_attention"]} if config["model_type"] == "gpt_oss" else {}
+    hf_config = transformers.AutoConfig.for_model(**{**config, "num_hidden_layers": 1, **layer_types})
+    torch.manual_seed(0)
+    dtype = getattr(torch, REGIMES[regime][0])
+    return transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype, **kw).train()
+
+
+def _input(shape: tuple[int, ...], regime: str) -> Any:
+    """A hidden state requiring grad and not a leaf, as a normed one is: autocast caches the casts of leaves only."""
+    import torch
+
+    return torch.randn(*shape, dtype=getattr(torch, REGIMES[regime][0]), requires_grad=True) * 1.0
+
+
+def _ptrs(tensors: Any) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) -> int:
+    """Bytes of the storages block 0's FFN (dense MLP or MoE block) saves for backward on ``tokens`` tokens."""
+    import torch
+
+    model = one_block(config, regime)
+    ffn = model.model.layers[0].mlp
+    if getattr(model.config, "num_local_experts", getattr(model.config, "num_experts", 1)) > 1:
+        assert model.config._experts_implementation == "grouped_mm", model.config._experts_implementation
+    for p in ffn.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+        p.requires_grad_(not frozen)
+    x = _input((1, tokens, config["hidden_size"]), regime)
+    return saved_bytes(lambda: ffn(x), _ptrs(ffn.parameters()) | _ptrs([x]), regime)
 
 
 def slope(config: dict[str, Any], regime: str, frozen: bool = False) -> float:
@@ -159,46 +186,25 @@ ATTN_SHAPES = ((64, 4, 2), (128, 4, 2), (64, 8, 2), (64, 4, 4))
 ATTN_HEAD_DIM = 64
 #: (batch, length) points: batch differences at two lengths separate b x s from b x heads x s^2
 ATTN_POINTS = ((1, 32), (2, 32), (1, 64), (2, 64))
-#: families whose attention runs only eager and saves other bytes than their dense table's: (config builder)
-EAGER_ONLY = {"gpt_oss": "gpt_oss"}
+#: families whose attention runs only eager and saves other bytes than their dense table's
+EAGER_ONLY = frozenset({"gpt_oss"})
 
 
 def attn_saved(model_type: str, shape: tuple[int, int, int], regime: str, batch: int, seq: int) -> int:
     """Bytes of the storages block 0's eager self-attention saves for backward (real CPU tensors)."""
     import torch
-    import transformers
-
-    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
 
     h, heads, kv = shape
-    weights, autocast = REGIMES[regime]
-    extra: dict[str, Any] = {"layer_types": ["full_attention"]} if model_type == "gpt_oss" else {}
-    config = transformers.AutoConfig.for_model(model_type, hidden_size=h, num_attention_heads=heads,
-                                               num_key_value_heads=kv, head_dim=ATTN_HEAD_DIM, num_hidden_layers=1,
-                                               intermediate_size=64, vocab_size=256, max_position_embeddings=1024,
-                                               attention_dropout=0.0, **extra)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, weights),
-                                                          attn_implementation="eager").train()
+    model = one_block({"model_type": model_type, "hidden_size": h, "num_attention_heads": heads,
+                       "num_key_value_heads": kv, "head_dim": ATTN_HEAD_DIM, "intermediate_size": 64,
+                       "vocab_size": 256, "max_position_embeddings": 1024, "attention_dropout": 0.0},
+                      regime, attn_implementation="eager")
     attn = model.model.layers[0].self_attn
-    x = torch.randn(batch, seq, h, dtype=getattr(torch, weights), requires_grad=True) * 1.0
-    pos = torch.arange(seq)[None].expand(batch, seq)
-    emulation = make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False)
-    outside = {p.untyped_storage().data_ptr() for p in model.parameters()} | {x.untyped_storage().data_ptr()}
-    seen: dict[int, int] = {}
-
-    def pack(t: Any) -> Any:
-        if t.untyped_storage().data_ptr() not in outside:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with emulation:
-        rope = model.model.rotary_emb(x, pos)
-        outside |= {t.untyped_storage().data_ptr() for t in rope}   # shared by every block: not the block's
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            out = attn(x, position_embeddings=rope, attention_mask=None)
-    del out
-    return sum(seen.values())
+    x = _input((batch, seq, h), regime)
+    rope = model.model.rotary_emb(x, torch.arange(seq)[None].expand(batch, seq))
+    # the rotary cos / sin are shared by every block: not the block's
+    outside = _ptrs(model.parameters()) | _ptrs([x]) | _ptrs(rope)
+    return saved_bytes(lambda: attn(x, position_embeddings=rope, attention_mask=None), outside, regime)
 
 
 def attn_terms(model_type: str, shape: tuple[int, int, int], regime: str) -> tuple[float, float]:
@@ -212,34 +218,12 @@ def attn_terms(model_type: str, shape: tuple[int, int, int], regime: str) -> tup
 
 def norms_saved(model_type: str, h: int, regime: str, tokens: int) -> int:
     """Bytes block 0's two RMSNorms save for backward on ``tokens`` tokens (real CPU tensors, input left out)."""
-    import torch
-    import transformers
-
-    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
-
-    weights, autocast = REGIMES[regime]
-    extra: dict[str, Any] = {"layer_types": ["full_attention"]} if model_type == "gpt_oss" else {}
-    config = transformers.AutoConfig.for_model(model_type, hidden_size=h, num_attention_heads=4, num_key_value_heads=2,
-                                               head_dim=16, num_hidden_layers=1, intermediate_size=64, vocab_size=256,
-                                               **extra)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, weights)).train()
-    layer = model.model.layers[0]
-    total = 0
+    model = one_block({"model_type": model_type, "hidden_size": h, "num_attention_heads": 4, "num_key_value_heads": 2,
+                       "head_dim": 16, "intermediate_size": 64, "vocab_size": 256}, regime)
+    layer, total = model.model.layers[0], 0
     for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-        x = torch.randn(1, tokens, h, dtype=getattr(torch, weights), requires_grad=True) * 1.0
-        outside = {p.untyped_storage().data_ptr() for p in norm.parameters()} | {x.untyped_storage().data_ptr()}
-        seen: dict[int, int] = {}
-
-        def pack(t: Any, seen: dict[int, int] = seen, outside: set[int] = outside) -> Any:
-            if t.untyped_storage().data_ptr() not in outside:
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with make_cuda_emulation(getattr(torch, autocast) if autocast else None, emulate_sdpa=False):
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = norm(x)
-        del out
-        total += sum(seen.values())
+        x = _input((1, tokens, h), regime)
+        total += saved_bytes(functools.partial(norm, x), _ptrs(norm.parameters()) | _ptrs([x]), regime)
     return total
 
 
@@ -249,7 +233,7 @@ def norms_difference(name: str, regime: str) -> float:
     def per_token(model_type: str, h: int) -> float:
         return (norms_saved(model_type, h, regime, 256) - norms_saved(model_type, h, regime, 128)) / 128
 
-    diffs = [(per_token(EAGER_ONLY[name], h) - per_token("llama", h)) / h for h in (64, 128)]
+    diffs = [(per_token(name, h) - per_token("llama", h)) / h for h in (64, 128)]
     assert abs(diffs[0] - diffs[1]) < 1e-9, diffs   # linear in h, nothing per token beside it
     return diffs[0]
 
@@ -260,7 +244,7 @@ def fit_eager_attention(name: str, regime: str, table: dict[str, Any]) -> dict[s
     keep beyond Llama's, in ``per_token``."""
     import numpy as np
 
-    ours = [attn_terms(EAGER_ONLY[name], shape, regime) for shape in ATTN_SHAPES]
+    ours = [attn_terms(name, shape, regime) for shape in ATTN_SHAPES]
     dense = [attn_terms("llama", shape, regime) for shape in ATTN_SHAPES]
     rows = np.array([[h, heads * ATTN_HEAD_DIM, kv * ATTN_HEAD_DIM, 1] for h, heads, kv in ATTN_SHAPES], dtype=float)
     diff = np.array([o[0] - d[0] for o, d in zip(ours, dense)])
