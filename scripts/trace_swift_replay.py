@@ -1,5 +1,5 @@
 """ms-swift's benchmark runs (bench rows 1900-1995) replayed through the caching allocator over the lengths each run
-saw: the reading docs/validation.md section 27 tests.
+saw: the reading docs/validation.md section 31 tests.
 
 swift pads each batch to its own longest sample and its trainer reports torch.cuda.max_memory_reserved() over the
 whole run. Far below the card the caching allocator never returns a segment (scripts/caching_allocator.py), so the

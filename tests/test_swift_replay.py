@@ -1,4 +1,4 @@
-"""scripts/trace_swift_replay.py, behind docs/validation.md section 27: the length sampler against the published token
+"""scripts/trace_swift_replay.py, behind docs/validation.md section 31: the length sampler against the published token
 statistics of cls-fudan-news-zh (bench/data/swift_dataset_lengths.csv), the traced step's loss-path requests against
 bytes counted by hand from Qwen-1's loss lines, the affine reading of a step's requests in the length, and a run's
 replay against an allocator sequence worked by hand."""
