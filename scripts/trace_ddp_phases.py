@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -94,6 +95,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         outputs = None
         for step in range(3):
             mark = step == 2
+            if step == 1:
+                # the second forward rebuilds DDP's buckets and drops the first ones; let gloo's worker threads let go
+                # of the first step's work (and its bucket tensors) before, so that free happens on this thread, where
+                # the profiler sees it (without this pause about one run in four kept the old buckets on the books)
+                dist.barrier()
+                time.sleep(0.2)
+                gc.collect()
             if mark:
                 # both ranks past the previous step and no garbage from it pending: the start is the steady state, not
                 # a moment another rank's collective or a reference cycle happens to hold a buffer
@@ -129,8 +137,9 @@ def trace() -> dict[str, Any]:
     The profiler sees the frees made on the profiled thread only: when gloo's worker thread drops the last reference
     to the buckets DDP replaces at its first-iteration rebuild, that free is missing from the events (and from the
     reporter's running total), and the run reads one bucket set high for the rest of the profile. Seen in about one
-    bucket-view run in four on torch 2.13 (the event count one short, the ``.grad`` tensors meanwhile views of two
-    flat buckets); never in the run without bucket views, whose Reducer copies into the buckets on this thread."""
+    run in four on torch 2.13 (the event count one short, the ``.grad`` tensors meanwhile views of two flat buckets
+    in the bucket-view run), in either DDP run; the worker pauses before the rebuild so the free happens on its own
+    thread (16 of 16 runs clean), and the bucket-view claim is read from ``grads`` as well."""
     from trace_fsdp1_phases import run_ranks
 
     report: dict[str, Any] = run_ranks(_worker, WORLD)
