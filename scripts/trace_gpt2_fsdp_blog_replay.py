@@ -1,0 +1,222 @@
+"""The 2022 PyTorch FSDP blog's GPT-2 large DDP rows (bench rows 640 fp32, 641 fp16 AMP; published max batch 7 for
+both, 2x TITAN RTX, 128 tokens) as a sequence of allocations and frees at the real shape, on fake tensors, replayed
+through the caching allocator (scripts/caching_allocator.py) under the card's cap.
+
+Why: perfguide prices row 641's batch 8 0.03 GiB under the card (fits: max batch 8 against 7 published), with the
+allocator as one footprint ratio; the replay reads the reserved bytes the step's own order of requests leaves. The
+blocks of 128 tokens are full (wikitext-2 grouped into ``block_size`` chunks): no padding question here.
+
+What runs: GPT2LMHeadModel from gpt2-large's config (perfguide/data/architectures.json), fp32 weights, eager
+attention, dropout 0.1, and the blog's loop (blog assets/62_pytorch_fsdp/run_clm_no_trainer.py) on transformers
+4.18 (``--release DIR``: ``pip install --no-deps --target DIR transformers==4.18.0 requests==2.31.0 urllib3==1.26.18
+idna certifi charset_normalizer``), accelerate 0.7 and PyTorch ~1.12:
+
+* ``model.to(device)``: one block per parameter and buffer (4.18's ``attn.bias``: a 1024 x 1024 uint8 causal mask per block);
+* DistributedDataParallel (accelerate 0.7 ``prepare_model``, no kwargs): the construction's broadcast of the
+  parameters and buffers (``_sync_params_and_buffers``: ``named_parameters`` and ``named_buffers``, 250 MB flat
+  buckets per dtype, all alive until the broadcasts finish), the Reducer's flat fp32 buckets (1 MB first, then
+  25 MB; ``gradient_as_bucket_view`` False), their rebuild before the second forward, and each forward's buffer
+  broadcast (``broadcast_buffers`` True: the uint8 masks flattened);
+* ``outputs = model(**batch)`` with the forward wrapped as accelerate 0.7 does under ``--mixed_precision fp16``
+  (``convert_outputs_to_fp32(autocast()(forward))``: ``.float()`` of every fp16 output, the logits and each
+  returned key/value), the loss inside GPT2LMHeadModel.forward (labels); the name rebound each step, so the previous
+  output lives through the next forward;
+* ``accelerator.backward(loss)`` (``scaler.scale(loss).backward()`` under fp16), transformers 4.18 ``AdamW``
+  (weight decay 0) stepped through the scaler (unscale in place), ``optimizer.zero_grad()`` (grads zeroed in place:
+  set_to_none False before 2.0).
+
+Usage: python scripts/trace_gpt2_fsdp_blog_replay.py [--release DIR] [--amp] [--batch B] [--steps N] [--search]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from allocation_log import AllocationLog
+from caching_allocator import Allocator, OutOfMemory
+from trace_t5_blog_replay import BROADCAST_BUCKET, ROOT, GiB, adamw_42, bucket_sizes, live_at, live_peak, scalar_fallback, use_release
+
+#: the op, shape, dtype and phase that made each event's storage (for reading a replay)
+OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
+PHASE = ["weights"]
+#: the event count when each step's output is returned (its backward not yet begun)
+AFTER_FORWARD: list[int] = []
+SEQ = 128
+
+
+def gpt2_config(model: str = "openai-community/gpt2-large", layers: int | None = None, **over: Any) -> Any:
+    from transformers import GPT2Config
+
+    with open(os.path.join(ROOT, "perfguide", "data", "architectures.json")) as f:
+        models = json.load(f)["models"]
+    entry = models[model]
+    cfg = dict(models[entry["extends"]]["config"]) if "extends" in entry else {}
+    cfg.update(entry["config"])
+    for k in ("model_type", "architectures", "torch_dtype"):
+        cfg.pop(k, None)
+    if layers is not None:
+        cfg["n_layer"] = layers
+    cfg.update(over)
+    config = GPT2Config(**cfg)
+    config._attn_implementation = "eager"   # 4.18 GPT-2 has only eager attention; 5.x would pick SDPA
+    return config
+
+
+def to_fp32(out: Any) -> Any:
+    """accelerate 0.7 ``convert_to_fp32``: every fp16 tensor of the output (nested tuples, ModelOutput) as ``.float()``."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype == torch.float16 else out
+    if isinstance(out, tuple):
+        return type(out)(to_fp32(t) for t in out)
+    if isinstance(out, dict):
+        return type(out)({k: to_fp32(v) for k, v in out.items()})
+    return out
+
+
+def events_of_run(batch: int, steps: int = 3, config: Any = None, amp: bool = True,
+                  seq: int = SEQ) -> list[tuple[str, int, int]]:
+    """The run's allocation events in order: weights and buffers, DDP's construction, then ``steps`` steps."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import GPT2LMHeadModel
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+
+    AFTER_FORWARD.clear()
+    OPS.clear()
+    PHASE[0] = "weights"
+    config = config if config is not None else gpt2_config()
+    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                                              PHASE[0])))
+    charge = log.charge
+    emulation = make_cuda_emulation(torch.float16 if amp else None, emulate_sdpa=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(scalar_fallback())
+        model = GPT2LMHeadModel(config)   # built on fake tensors; the head tied to wte
+        model.train()
+        assert model.lm_head.weight is model.transformer.wte.weight
+        params = list(model.parameters())
+        buffers = list(model.buffers())
+        for t in params + buffers:   # model.to("cuda")
+            charge(t, "to(cuda)")
+        stack.enter_context(log.mode())
+
+        def broadcast(tensors: list[Any]) -> None:
+            """torch DDP ``_distributed_broadcast_coalesced``: flat buckets per dtype, all alive until the waits."""
+            flats = []
+            for dtype in dict.fromkeys(t.dtype for t in tensors):
+                group = [t.numel() for t in tensors if t.dtype == dtype]
+                flats += [torch.empty(n, dtype=dtype) for n in bucket_sizes(group, (BROADCAST_BUCKET,), dtype.itemsize)]
+            del flats
+
+        PHASE[0] = "ddp broadcast"
+        broadcast(params + buffers)
+        PHASE[0] = "ddp buckets"
+        buckets = [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in params]))]
+        state: dict[int, dict[str, Any]] = {}
+        outputs = None
+        for step in range(steps):
+            if step == 1:   # rebuild_buckets before the second forward: in grad-ready order (about reversed)
+                PHASE[0] = "ddp rebuild"
+                buckets.clear()
+                buckets = [torch.empty(n) for n in bucket_sizes([p.numel() for p in reversed(params)])]
+            PHASE[0] = f"step {step + 1} forward"
+            ids = torch.randint(0, config.vocab_size, (batch, seq))
+            batch_in = {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids.clone()}
+            broadcast(buffers)   # broadcast_buffers=True: every forward
+            emulation.cache_enabled = True
+            with emulation:
+                out = model(**batch_in)
+                emulation.end_region()
+            outputs = to_fp32(out) if amp else out   # rebinds: the previous step's output dies only here
+            del out
+            AFTER_FORWARD.append(len(log.events))
+            loss = outputs.loss
+            PHASE[0] = f"step {step + 1} backward"
+            with emulation:
+                emulation.backward(loss * 65536.0 if amp else loss)   # GradScaler.scale under fp16
+            del loss
+            PHASE[0] = f"step {step + 1} optimizer"
+            adamw_42(params, state)
+            for p in params:
+                p.grad.detach_().zero_()
+        del outputs
+    return log.events
+
+
+def fits(batch: int, cap: int, amp: bool, steps: int = 3) -> tuple[bool, Allocator]:
+    events = events_of_run(batch, steps, amp=amp)
+    a = Allocator(limit=cap)
+    try:
+        a.replay(events)
+        return True, a
+    except OutOfMemory as e:
+        print(f"  OOM: a {e.size / GiB:.3f} GiB segment for {OPS[e.key]}", flush=True)
+        return False, e.allocator
+
+
+def card_cap(row_id: str) -> int:
+    """The bytes the allocator may reserve: perfguide's TITAN RTX (CUDA's allocatable bytes) less the CUDA context
+    and NCCL's buffers it prices for the row (bench/accuracy.py)."""
+    from trace_t5_blog_replay import card_cap as cap
+
+    return cap(row_id)
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    if "--release" in args:
+        use_release(args[args.index("--release") + 1])
+    amp = "--amp" in args
+    batch = int(args[args.index("--batch") + 1]) if "--batch" in args else 7
+    steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 3
+    import transformers
+
+    print(f"transformers {transformers.__version__}")
+    if "--search" in args:
+        cap = card_cap("641" if amp else "640")
+        print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
+        b, largest, smallest_oom = max(1, batch - 2), 0, 0   # up from the start while it fits, down while it does not
+        while not largest or not smallest_oom:
+            ok, a = fits(b, cap, amp, steps)
+            print(f"b={b} amp={amp}: {'fits' if ok else 'OOM'} peak allocated {a.peak_allocated / GiB:.3f} "
+                  f"reserved {a.peak_reserved / GiB:.3f}", flush=True)
+            if ok:
+                largest = b
+            else:
+                smallest_oom = b
+            if b == 1 and not ok:
+                break
+            b = b + 1 if ok else b - 1
+            if largest and smallest_oom:
+                break
+        print(f"largest fitting batch: {largest}")
+        return 0
+    events = events_of_run(batch, steps, amp=amp)
+    a = Allocator()
+    a.replay(events)
+    peak, at = live_peak(events)
+    print(f"b={batch} amp={amp}: live peak {peak / GiB:.3f} GiB, allocator allocated {a.peak_allocated / GiB:.3f}, "
+          f"reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
+    by: dict[str, int] = {}
+    for k, v in at.items():
+        key = OPS[k][3]
+        by[key] = by.get(key, 0) + v
+    for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
+        print(f"  {v / GiB:8.4f} GiB  {k}")
+    print(f"after the last forward: {sum(live_at(events, AFTER_FORWARD[-1]).values()) / GiB:.3f} GiB alive")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
