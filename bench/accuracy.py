@@ -29,7 +29,7 @@ from accuracy_hardware import _hardware
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
-from accuracy_replay import replayed_max_context, with_replayed_reserve
+from accuracy_replay import replayed_max_batch, replayed_max_context, with_replayed_reserve
 from accuracy_report import Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
@@ -195,6 +195,12 @@ def _boundary(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, 
     if kind == "fits":  # a run the source says trained at its stated setup (no claim that one more would not)
         return Result(row, "verdict", verdict_ok=fits, reason="published run that fits", margin=margin)
     if kind == "max_batch_fit":
+        replayed = replayed_max_batch(row)   # the capped allocator over the row's own step, where it was replayed
+        if replayed is not None:
+            return Result(row, "verdict", verdict_ok=replayed == setup.micro_batch_size, reason="published max batch that fits",
+                          predicted=replayed, published=setup.micro_batch_size,
+                          err_pct=_pct(replayed, setup.micro_batch_size), margin=margin,
+                          note=f"allocator replay; perfguide's plan: {max_batch(row, spec, setup, hw)}")
         bigger = _fits(row, spec, setup.replace(micro_batch_size=setup.micro_batch_size + 1), hw)
         largest = max_batch(row, spec, setup, hw)
         return Result(row, "verdict", verdict_ok=fits and not bigger, reason="published max batch that fits",

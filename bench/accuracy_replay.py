@@ -24,6 +24,10 @@ TABLE = Path(__file__).resolve().parent / "data" / "allocator_replays.csv"
 #: max-context rows whose longest length comes from the capped allocator replayed over their own step (TRL's
 #: gemma-3-1b SFT rows, scripts/trace_trl_gemma_replay.py, docs/validation.md section 28)
 MAX_CONTEXT = Path(__file__).resolve().parent / "data" / "allocator_max_context.csv"
+#: max-batch rows whose largest batch comes from the capped allocator replayed over their own step (the 2021 ZeRO
+#: blog's t5-large DDP rows, scripts/trace_t5_blog_replay.py; the 2022 FSDP blog's gpt2-large DDP rows,
+#: scripts/trace_gpt2_fsdp_blog_replay.py; docs/validation.md section 32)
+MAX_BATCH = Path(__file__).resolve().parent / "data" / "allocator_max_batch.csv"
 
 
 @cache
@@ -61,3 +65,17 @@ def replayed_max_context(row: dict[str, str]) -> int | None:
     """The longest length (a multiple of 1,024, the release's step) that survives the capped allocator replayed over
     the row's own step, or None when the row's step was not replayed. perfguide's plan is not changed by it."""
     return _max_contexts().get(row["row_id"]) if row["value_kind"] == "max_seq_fit" else None
+
+
+@cache
+def _max_batches() -> dict[str, int]:
+    with MAX_BATCH.open(newline="") as f:
+        return {r["row_id"]: int(r["max_batch"]) for r in csv.DictReader(f)}
+
+
+def replayed_max_batch(row: dict[str, str]) -> int | None:
+    """The largest micro-batch whose step survives the capped allocator replayed over the row's own step (the card's
+    allocatable bytes less perfguide's CUDA context and NCCL buffers for the row), or None when it was not replayed.
+    The replay runs the row's own releases' model code, so it reads what perfguide's one footprint ratio cannot: the
+    free space each request order leaves inside split segments. perfguide's plan is not changed by it."""
+    return _max_batches().get(row["row_id"]) if row["value_kind"] == "max_batch_fit" else None

@@ -199,10 +199,14 @@ def _max_batches(rows: list[Result], verdicts: list[Result], ok: int) -> list[st
              f"(all verdicts under that rule: {alt}/{len(verdicts)}, {alt / len(verdicts):.0%})",
              f"- perfguide's max batch within one of the published: {within_one}/{len(rows)}; median |error| "
              f"{statistics.median(r.err_pct or 0.0 for r in rows):.1f}%", "",
+             "Rows marked * read the capped allocator replayed over their own step (bench/data/allocator_max_batch.csv; "
+             "the plan's own largest batch in parentheses).", "",
              "| row | source | model | setup | published | perfguide | err % |", "|---|---|---|---|---|---|---|"]
     for r in rows:
+        plan = r.note.rsplit(": ", 1)[-1] if r.note.startswith("allocator replay") else ""
+        shown = f"{r.predicted:.0f}* ({plan})" if plan else f"{r.predicted:.0f}"
         lines.append(f"| {r.row['row_id']} | {r.row['source_group']} | {r.row['model_hf_id']} | {r.row['method'][:40]} | "
-                     f"{r.published:.0f} | {r.predicted:.0f} | {r.err_pct:.1f} |")
+                     f"{r.published:.0f} | {shown} | {r.err_pct:.1f} |")
     return [*lines, ""]
 
 

@@ -82,3 +82,25 @@ def test_accelerate_output_conversion() -> None:
     assert out["loss"] is loss and out["ids"] is ids
     assert out["logits"].dtype == torch.float32 and out["logits"].untyped_storage().nbytes() == 2 * 8 * 16 * 4
     assert [t.dtype for t in out["past_key_values"][0]] == [torch.float32, torch.float32]
+
+
+def test_replayed_max_batches_are_the_replays_boundaries() -> None:
+    """Each replayed largest batch is a max-batch row of the measurements and the batch its replay saw fit, one more
+    being its OOM (as the table's own text records them); other rows keep the plan's search."""
+    import csv
+    import re
+
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+    sys.path.insert(0, bench)
+    from accuracy_replay import MAX_BATCH, replayed_max_batch
+
+    rows = {r["row_id"]: r for r in csv.DictReader(open(os.path.join(bench, "data", "published_measurements.csv")))}
+    with MAX_BATCH.open(newline="") as f:
+        table = list(csv.DictReader(f))
+    assert {r["row_id"] for r in table} == {"640", "641", "761", "762"}
+    for r in table:
+        row = rows[r["row_id"]]
+        assert row["value_kind"] == "max_batch_fit" and replayed_max_batch(row) == int(r["max_batch"])
+        fits, oom = re.search(r"b=(\d+) fits", r["source"]), re.search(r"b=(\d+) OOM", r["source"])
+        assert fits and oom and int(fits.group(1)) == int(r["max_batch"]) and int(oom.group(1)) == int(r["max_batch"]) + 1
+    assert replayed_max_batch(rows["763"]) is None and replayed_max_batch(rows["765"]) is None
