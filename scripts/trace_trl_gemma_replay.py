@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -75,8 +76,19 @@ def sdpa_as_gpu() -> Any:
     return Mode()
 
 
-def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | None = None) -> list[tuple[str, int, int]]:
-    """The run's allocation events in order: the weights, then ``steps`` training steps."""
+#: one training step's loss: (policy, reference or None, input ids [rows, s], the CUDA emulation) -> the loss tensor
+Step = Callable[[Any, Any, Any, Any], Any]
+
+
+def events_of_steps(seq: int, step: Step, steps: int = 2, layers: int | None = None, *, rows: int = 1,
+                    reference: bool = False, prepare: Callable[[Any, Any, Any], None] | None = None,
+                    unpadded: bool = True, modes: tuple[Any, ...] = ()) -> list[tuple[str, int, int]]:
+    """The run's allocation events in order: the weights (the policy's, then a frozen reference copy's where
+    ``reference``), then ``steps`` training steps of ``step`` over ``rows`` x ``seq`` ids. ``prepare(policy, reference,
+    emulation)`` patches the models before they are placed (TRL's fused head, accelerate's forward wrapper);
+    ``modes``: dispatch modes entered under the allocation log (their outputs are logged). ``unpadded``: the real
+    run's choice of SDPA's is_causal for the full-attention layers is put back (below); False keeps the mask those
+    layers get when the batch carries padding."""
     import torch
     import transformers.masking_utils as masking
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -87,50 +99,78 @@ def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | No
     # masking_utils reads a fake tensor as "tracing" and then builds the full-attention layers' s x s mask a real run
     # skips (SDPA's is_causal for an unpadded batch): not tracing here, so the real run's choice is put back
     stack_patch = contextlib.ExitStack()
-    saved = masking.is_tracing
-    masking.is_tracing = lambda tensor=None: False
-    stack_patch.callback(setattr, masking, "is_tracing", saved)
+    if unpadded:
+        saved = masking.is_tracing
+        masking.is_tracing = lambda tensor=None: False
+        stack_patch.callback(setattr, masking, "is_tracing", saved)
     with torch.device("meta"):
-        model = Gemma3ForCausalLM._from_config(gemma_config(layers), attn_implementation="sdpa", dtype=torch.bfloat16)
-    if fused:
-        from trl.trainer.utils import add_fused_lm_head
-
-        add_fused_lm_head(model)
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    model.train()
+        models = [Gemma3ForCausalLM._from_config(gemma_config(layers), attn_implementation="sdpa", dtype=torch.bfloat16)
+                  for _ in range(1 + reference)]
+    policy, ref = models[0], (models[1] if reference else None)
+    emulation = make_cuda_emulation(torch.bfloat16, emulate_sdpa=True)
+    if prepare is not None:
+        prepare(policy, ref, emulation)
+    policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    policy.train()
+    if ref is not None:
+        ref.eval()
     log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
                                                               PHASE[0])))
     events, charge = log.events, log.charge
 
-    emulation = make_cuda_emulation(torch.bfloat16, emulate_sdpa=True)
     with stack_patch, contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         stack.enter_context(make_scalar_fallback())
-        model.to_empty(device="cpu")
-        model.lm_head.weight = model.model.embed_tokens.weight   # to_empty unties them; the checkpoint ties the head
-        for p in model.parameters():   # model.to("cuda"): one block per parameter (the tied head is the embedding)
-            charge(p, "to_empty")
-        for b in model.buffers():
-            charge(b, "to_empty")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)   # adamw_torch_fused: no foreach transients
-        ids = torch.randint(4, 262144, (1, seq))
+        for mode in modes:
+            stack.enter_context(mode)
+        for model in models:
+            model.to_empty(device="cpu")
+            model.lm_head.weight = model.model.embed_tokens.weight   # to_empty unties them; the checkpoint ties the head
+            for p in model.parameters():   # model.to("cuda"): one block per parameter (the tied head is the embedding)
+                charge(p, "to_empty")
+            for b in model.buffers():
+                charge(b, "to_empty")
+        opt = torch.optim.AdamW(policy.parameters(), lr=1e-5, fused=True)   # adamw_torch_fused: no foreach transients
+        ids = torch.randint(4, 262144, (rows, seq))
         stack.enter_context(log.mode())
-        for step in range(steps):
-            PHASE[0] = f"step {step + 1} forward"
-            batch = {"input_ids": ids.clone(), "labels": ids.clone()}
+        for i in range(steps):
+            PHASE[0] = f"step {i + 1} forward"
             with emulation, sdpa_as_gpu():
-                out = model(**batch, fused_lm_head=True) if fused else model(**batch)
-                loss = out.loss
-                del out, batch
+                loss = step(policy, ref, ids, emulation)
                 emulation.end_region()
-                PHASE[0] = f"step {step + 1} backward"
+                PHASE[0] = f"step {i + 1} backward"
+                emulation.casting = True   # checkpoint's recompute runs under the forward's autocast state
                 emulation.backward(loss)
                 del loss
-            PHASE[0] = f"step {step + 1} optimizer"
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+            PHASE[0] = f"step {i + 1} optimizer"
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0, foreach=True)
             opt.step()
             opt.zero_grad(set_to_none=True)
     return events
+
+
+def sft_step(fused: bool) -> Step:
+    """SFTTrainer's step: the model's own loss on ``labels`` (1.14.2's nll, full logits) or TRL's fused head."""
+
+    def step(policy: Any, ref: Any, ids: Any, emulation: Any) -> Any:
+        batch = {"input_ids": ids.clone(), "labels": ids.clone()}
+        out = policy(**batch, fused_lm_head=True) if fused else policy(**batch)
+        loss = out.loss
+        del out, batch
+        return loss
+
+    return step
+
+
+def add_fused_head(policy: Any, ref: Any, emulation: Any) -> None:
+    from trl.trainer.utils import add_fused_lm_head
+
+    add_fused_lm_head(policy)
+
+
+def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | None = None) -> list[tuple[str, int, int]]:
+    """The SFT run's allocation events in order: the weights, then ``steps`` training steps."""
+    return events_of_steps(seq, sft_step(fused), steps, layers, prepare=add_fused_head if fused else None)
 
 
 def replay(events: list[tuple[str, int, int]], cap: int | None = CAP) -> Allocator:
@@ -155,13 +195,37 @@ def live_peak(events: list[tuple[str, int, int]]) -> tuple[int, dict[int, int]]:
     return peak, at
 
 
-def fits(seq: int, fused: bool, steps: int) -> tuple[bool, Allocator]:
-    events = events_of_run(seq, fused, steps)
+def fits(events: list[tuple[str, int, int]]) -> tuple[bool, Allocator]:
     try:
         return True, replay(events)
     except OutOfMemory as e:
         print(f"  OOM: a {e.size / GiB:.3f} GiB segment for {OPS[e.key]}", flush=True)
         return False, e.allocator
+
+
+def print_peak(events: list[tuple[str, int, int]], seq: int, label: str) -> None:
+    """The uncapped replay's peaks and the storages of 0.25 GiB or more alive at the live peak."""
+    a = replay(events, cap=None)
+    peak, at = live_peak(events)
+    print(f"s={seq} {label}: live peak {peak / GiB:.3f} GiB, allocator allocated "
+          f"{a.peak_allocated / GiB:.3f}, reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
+    big = sorted(((b, k) for k, b in at.items() if b >= GiB // 4), reverse=True)
+    print(f"alive at the peak: {len(at)} storages; those of 0.25 GiB or more ({sum(b for b, _ in big) / GiB:.3f} GiB):")
+    for b, k in big:
+        print(f"  {b / GiB:8.3f} GiB  {b / seq**2:6.3f} B/s^2  {OPS[k]}")
+
+
+def search(events_at: Callable[[int], list[tuple[str, int, int]]], lo: int, hi: int) -> int:
+    """The longest multiple of 1,024 in [lo, hi) whose events survive the capped replay (lo fits, hi does not)."""
+    lo, hi = lo // 1024, hi // 1024
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok, a = fits(events_at(mid * 1024))
+        print(f"s={mid * 1024}: {'fits' if ok else 'OOM'} reserved {a.reserved / GiB:.3f} allocated "
+              f"{a.allocated / GiB:.3f} peak allocated {a.peak_allocated / GiB:.3f}", flush=True)
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    print(f"longest fitting: {lo * 1024}")
+    return lo * 1024
 
 
 def main() -> int:
@@ -170,25 +234,10 @@ def main() -> int:
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 2
     if "--peak" in args:
         seq = int(args[args.index("--peak") + 1])
-        events = events_of_run(seq, fused, steps)
-        a = replay(events, cap=None)
-        peak, at = live_peak(events)
-        print(f"s={seq} fused={fused}: live peak {peak / GiB:.3f} GiB, allocator allocated "
-              f"{a.peak_allocated / GiB:.3f}, reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
-        big = sorted(((b, k) for k, b in at.items() if b >= GiB // 4), reverse=True)
-        print(f"alive at the peak: {len(at)} storages; those of 0.25 GiB or more ({sum(b for b, _ in big) / GiB:.3f} GiB):")
-        for b, k in big:
-            print(f"  {b / GiB:8.3f} GiB  {b / seq**2:6.3f} B/s^2  {OPS[k]}")
+        print_peak(events_of_run(seq, fused, steps), seq, f"fused={fused}")
     if "--search" in args:
         i = args.index("--search")
-        lo, hi = int(args[i + 1]) // 1024, int(args[i + 2]) // 1024   # lo fits, hi does not (the caller's bounds)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ok, a = fits(mid * 1024, fused, steps)
-            print(f"s={mid * 1024}: {'fits' if ok else 'OOM'} reserved {a.reserved / GiB:.3f} allocated "
-                  f"{a.allocated / GiB:.3f} peak allocated {a.peak_allocated / GiB:.3f}", flush=True)
-            lo, hi = (mid, hi) if ok else (lo, mid)
-        print(f"longest fitting: {lo * 1024}")
+        search(lambda s: events_of_run(s, fused, steps), int(args[i + 1]), int(args[i + 2]))
     return 0
 
 
