@@ -22,7 +22,8 @@ from perfguide.setup import Setup
 
 TABLE = Path(__file__).resolve().parent / "data" / "allocator_replays.csv"
 #: max-context rows whose longest length comes from the capped allocator replayed over their own step (TRL's
-#: gemma-3-1b SFT rows, scripts/trace_trl_gemma_replay.py, docs/validation.md section 28)
+#: gemma-3-1b SFT rows, scripts/trace_trl_gemma_replay.py, docs/validation.md section 28; its DPO rows,
+#: scripts/trace_trl_dpo_replay.py, section 33)
 MAX_CONTEXT = Path(__file__).resolve().parent / "data" / "allocator_max_context.csv"
 #: max-batch rows whose largest batch comes from the capped allocator replayed over their own step (the 2021 ZeRO
 #: blog's t5-large DDP rows, scripts/trace_t5_blog_replay.py; the 2022 FSDP blog's gpt2-large DDP rows,

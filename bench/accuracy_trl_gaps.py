@@ -30,6 +30,14 @@ CHECKED = (
     "longest multiple of 1,024 that survives it (bench/data/allocator_max_context.csv); row 1182 (full logits) "
     "23,759 -> 21,504 against 20,480: at 22,528 a 22 GiB fp32 logits-sized request fails with 18.8 GiB cached in "
     "split segments no OOM can release",
+    "the DPO rows through the same replay with the release's own DPOTrainer.compute_loss (scripts/"
+    "trace_trl_dpo_replay.py: trl 1.14.2's and 1.15.0's wheels, the policy and a frozen bf16 reference prepared as "
+    "accelerate's bf16 AMP, one unpadded pair; allocated peak within 1.1% (10,240) and 0.3% (59,392) of perfguide's "
+    "plan): row 1180 (full logits) 13,855 -> 10,240, the published length, padded or not; its room at the published "
+    "length (the table) is the allocator's: at 11,264 the second step's 22 GiB fp32 reference logits fail with 19.5 "
+    "GiB cached in split segments (the AdamW states took the first step's cached bf16 logits segment, so the bf16 head "
+    "output split a cached fp32 one), 42.3 GiB live. The logits-sized tensors are the plan's: 10 B per logit in the forward (the policy's "
+    "fp32 copy, the reference's bf16 output and fp32 copy), 8 in backward (the kernel's saved logits and grad_logits)",
     "the kernel: on sm90 / sm100 / sm103 with cuDNN > 9.15 torch puts cuDNN attention first (sdp_utils.cpp "
     "check_prefer_cudnn_attention), for head_dim 256 only with cuDNN > 9.22; cuDNN and the memory-efficient kernel both "
     "take the bias broadcast over the heads (an expand, attention.cu) and save it for backward: the same 2 B per row x s^2",
@@ -43,13 +51,14 @@ CHECKED = (
 OPEN = (
     "a DPO pair padded to its longer completion carries zeros in its 2-D mask, so the full-attention layers get a bool "
     "mask too (traced: +1 B per row x s^2 at the recompute while a full layer is still ahead in backward, +2 in the "
-    "reference forward, which builds both masks again); the release does not say whether its pairs were padded",
+    "reference forward, which builds both masks again); the release does not say whether its pairs were padded. "
+    "Replayed both ways (scripts/trace_trl_dpo_replay.py): row 1181 fits 77,824 tokens unpadded (the reading of a "
+    "max-length benchmark, both rows at max_length: the 'priced' column), 66,560 padded (12.1% long); row 1180 "
+    "10,240 either way",
     "CUDA-only buffers no CPU trace shows: cuDNN's SDPA backward workspace on Blackwell",
-    "TRL 1.14.2's DPO full-logits row (1180) leaves 95 B per row x s^2 at 10,240 tokens, beyond any mask term: "
-    "its gap is not the fused-head rows' one",
-    "the fused-head SFT rows (1183-1185) beyond the caching allocator: with the release's 79 GiB cap the replay "
-    "(docs/validation.md 28) keeps 128,000 tokens (perfguide's plan 131,004; the published 107,520), so what holds "
-    "them 19% short is not the allocator's cache as replayed; DPO's rows (1180, 1181) are not replayed yet",
+    "the fused-head rows beyond the caching allocator: with the release's 79 GiB cap the replays keep 128,000 tokens "
+    "for SFT (1183-1185; perfguide's plan 131,004; the published 107,520) and 77,824 for DPO (1181; the plan 82,941; "
+    "the published 59,392), so what holds them 19% and 31% short is not the allocator's cache as replayed",
 )
 
 

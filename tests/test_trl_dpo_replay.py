@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,19 @@ print(json.dumps({"trl": version, "events": out}))
 """
 
 
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """trl ``version`` unpacked once per module (its wheel from PyPI, no dependencies)."""
+    unpacked: dict[str, Path] = {}
+
+    def get(version: str) -> Path:
+        if version not in unpacked:
+            unpacked[version] = _release(version, tmp_path_factory.mktemp(f"trl-{version}"))
+        return unpacked[version]
+
+    return get
+
+
 def _release(version: str, tmp: Path) -> Path:
     """trl ``version`` unpacked under ``tmp`` (its wheel from PyPI, no dependencies)."""
     wheels = tmp / "wheels"
@@ -65,9 +79,9 @@ def _release(version: str, tmp: Path) -> Path:
     return target
 
 
-def _traced(version: str, tmp: Path, seq: int, layers: int, padded: bool, least: int) -> list[list[Any]]:
+def _traced(release: Path, version: str, seq: int, layers: int, padded: bool, least: int) -> list[list[Any]]:
     """The step's allocations and frees of storages of ``least`` bytes or more: [kind, id, bytes, op, shape, dtype, phase]."""
-    env = {**os.environ, "PYTHONPATH": str(_release(version, tmp)), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(release), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = subprocess.run([sys.executable, "-c", TRACE, str(ROOT / "scripts"), json.dumps([seq, layers, padded, least])],
                          capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -92,11 +106,11 @@ def _most_alive(events: list[list[Any]], phase: str) -> int:
     return most
 
 
-def test_full_logits_step_of_trl_1_14_2(tmp_path: Path) -> None:
+def test_full_logits_step_of_trl_1_14_2(releases: Callable[[str], Path]) -> None:
     s = 1024
     logits = 2 * s * V                     # elements of the pair's [2, s, V] logits
     row = (s - 1) * V                      # one row's shifted logits (every position read as a completion token)
-    events = _traced("1.14.2", tmp_path, s, 2, False, logits // 4)
+    events = _traced(releases("1.14.2"), "1.14.2", s, 2, False, logits // 4)
     # (kind, bytes, dtype, the phase the storage was made in)
     step = [(kind, nbytes, dtype, phase.split()[-1]) for kind, _, nbytes, _, _, dtype, phase in events if phase != "weights"]
     assert step[:13] == [
@@ -127,9 +141,10 @@ def test_full_logits_step_of_trl_1_14_2(tmp_path: Path) -> None:
     # reference's two and one bias
     (True, 4, 3 * 6, 6),
 ])
-def test_fused_head_step_of_trl_1_15_0(tmp_path: Path, padded: bool, masks: int, biases: int, most: int) -> None:
+def test_fused_head_step_of_trl_1_15_0(releases: Callable[[str], Path], padded: bool, masks: int, biases: int,
+                                       most: int) -> None:
     s = 16384
-    events = _traced("1.15.0", tmp_path, s, 6, padded, s * s)        # 1 B per s^2 or more
+    events = _traced(releases("1.15.0"), "1.15.0", s, 6, padded, s * s)   # 1 B per s^2 or more
     step = [e for e in events if e[6] != "weights"]
     assert max(nbytes for _, _, nbytes, *_ in step) < s * V          # nothing logits-sized: the head runs in tiles
     square = [e for e in step if e[4][-2:] == [s, s]]
