@@ -6,7 +6,7 @@ are written in the file and in the technique that reads them, nowhere else.
 
 from __future__ import annotations
 
-from pydantic import ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from .._data import DataModel, Fact, validated
 from ..errors import DataFileError
@@ -20,6 +20,26 @@ class Fp16Families(DataModel):
     source: str
 
 
+class CompiledBlock(BaseModel):
+    """One block code's bytes kept for backward per token, eager and under torch.compile (Inductor), as traced."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    eager_bytes_per_token: int
+    compiled_bytes_per_token: int
+    hidden_size: int
+    intermediate_size: int
+
+
+class CompiledBlocks(BaseModel):
+    """scripts/trace_compiled_block.py's counts, keyed ``<code>:<model_type>`` (``transformers:llama``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str = Field(min_length=10)
+    blocks: dict[str, CompiledBlock]
+
+
 class TechniquesFile(DataModel):
     """techniques.json: any number of ``{"value": number, "source": "..."}`` rows, and ``fp16_by_family``."""
 
@@ -27,6 +47,7 @@ class TechniquesFile(DataModel):
     __pydantic_extra__: dict[str, Fact[float]]
 
     fp16_by_family: Fp16Families
+    compiled_blocks: CompiledBlocks
 
 
 def _file() -> TechniquesFile:
@@ -39,6 +60,11 @@ def constant(name: str) -> float:
     if name not in rows:
         raise DataFileError(f"perfguide/data/techniques.json has no row {name!r}; the bundled data is damaged, reinstall perfguide")
     return float(rows[name].value)
+
+
+def compiled_blocks() -> CompiledBlocks:
+    """The traced eager / compiled block bytes (techniques/torch_compile.py prices a compiled step from them)."""
+    return _file().compiled_blocks
 
 
 def fp16_verdict(model_type: str) -> tuple[str, str]:
