@@ -27,7 +27,7 @@ from accuracy_anchors import accelerate_anchor, deepspeed_anchor
 from accuracy_context import torch_era
 from accuracy_hardware import _hardware
 from accuracy_litgpt import litgpt_inference
-from accuracy_loss import _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
+from accuracy_loss import _block_code_bytes, _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_prompt_logits
 from accuracy_replay import replayed_max_batch, replayed_max_context, with_replayed_reserve
 from accuracy_report import Result, report
@@ -54,13 +54,13 @@ UNITS = {"GB": 1e9, "MB": 1e6, "GiB": 2**30, "MiB": 2**20}
 
 def estimate_memory(spec: ModelSpec, setup: Setup, hw: Hardware | None, *, loss_bytes: int | None = None,
                     bnb_version: str | None = None, grads_persist: bool = False,
-                    nf4_library: str = "bitsandbytes", resident_bytes: int = 0) -> MemoryEstimate:
+                    nf4_library: str = "bitsandbytes", resident_bytes: int = 0, block_code_bytes: int = 0) -> MemoryEstimate:
     """The memory model for a row: training with the row's loss path, bitsandbytes release, zero_grad
     behaviour and 4-bit library, or inference."""
     if setup.task == "infer":
         return estimate_inference(spec, setup, hw)
     return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version, grads_persist=grads_persist,
-                           nf4_library=nf4_library, resident_bytes=resident_bytes)
+                           nf4_library=nf4_library, resident_bytes=resident_bytes, block_code_bytes=block_code_bytes)
 
 
 def _unit(unit: str) -> float:
@@ -105,7 +105,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()
         est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb, grads_persist=_pre_torch2(row),
-                              nf4_library=_nf4_library(row), resident_bytes=_resident_bytes(row, spec, setup))
+                              nf4_library=_nf4_library(row), resident_bytes=_resident_bytes(row, spec, setup),
+                              block_code_bytes=_block_code_bytes(row, spec, setup))
         timings.append(time.perf_counter() - t0)
         if setup.task == "infer" and setup.num_gpus == 1 and row["source_group"].startswith("litgpt"):  # litgpt layout
             compute = str(_precision(row["precision"])["weights_dtype"])

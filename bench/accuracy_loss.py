@@ -47,10 +47,13 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     if "CEWithChunkedOutputLoss" in row["method"]:
         # torchtune: every chunk's 16-bit logits (2) live until the recipe's `del logits`. Eager: each chunk's fp32
         # log-softmax output (4) is saved for backward and one chunk's fp32 upcast (4 / 8 chunks) is transient.
-        # Compiled (torch.compile of the loss): the graph saves only the 16-bit logits and per-row statistics
-        # (saved_tensors_hooks on the chunked loss: 4.0 B per logit saved eager, 0.004 compiled; torch 2.13 CPU
-        # inductor), recomputing one chunk's fp32 upcast, softmax and gradient (12 / 8 chunks) in backward
-        per_logit = 2 + 12 / TORCHTUNE_CHUNKS if setup.torch_compile else 2 + 4 + 4 / TORCHTUNE_CHUNKS
+        # Compiled (torch.compile of compute_cross_entropy): the graph saves only the 16-bit chunk and per-row
+        # statistics, and its backward is one fused kernel that writes the chunk's 16-bit gradient and nothing else
+        # (torch 2.13 CPU Inductor's generated code, tests/test_compiled_block.py); autograd runs every chunk's
+        # cross-entropy backward before any head matmul's (higher sequence numbers first), so a chunk's gradient
+        # replaces its logits and one chunk holds both at once: 2 + 2 / 8. (Stop 41 priced 12 / 8 here, an fp32
+        # upcast, softmax and gradient per chunk that the generated code never allocates.)
+        per_logit = 2 + 2 / TORCHTUNE_CHUNKS if setup.torch_compile else 2 + 4 + 4 / TORCHTUNE_CHUNKS
         return int(per_logit * setup.micro_batch_size * setup.seq_len * spec.vocab_size)
     version = _transformers_version(row)
     if version is not None and spec.generates and not spec.is_encoder_decoder:
@@ -87,6 +90,27 @@ def _resident_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
     trainer = trainer_fsdp_pre_wrap_bytes(spec, setup, release) if "HF Trainer" in row["method"] else 0
     return (attention_buffer_bytes(spec, setup, release)
             - attention_buffer_bytes(spec, setup, installed_transformers() or "0") + trainer)
+
+
+def _block_code_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
+    """What torchtune's own block saves for backward beyond transformers' LlamaDecoderLayer (the table perfguide
+    prices), on the blocks that are not checkpointed (a checkpointed run holds one recomputed block's worth: left out).
+
+    torchtune's MultiHeadAttention (modules/attention.py, 0.4.0 and 1814feb17) expands k and v to every query head
+    and reshapes them, a copy, before the attention kernel, which saves the copies: 2 x (heads - kv heads) x head_dim
+    16-bit values per token more than transformers' SDPA path (``enable_gqa``). On packed rows the rotary takes
+    ``input_pos``, so each of its two calls (q, k) gathers the fp32 cache at the tokens' positions ([b, s, head_dim
+    / 2, 2] fp32), which the rotation's products save: 2 x 4 x head_dim bytes per token eager, one gather compiled
+    (Inductor's graph computes it once). Traced (scripts/trace_compiled_block.py, data/techniques.json
+    ``compiled_blocks``, Llama-3.2-3B's widths): torchtune 140,392 B per token eager, transformers 131,176:
+    9,216 = 8,192 + 1,024; compiled 98,920 against 90,216: 8,704 = 8,192 + 512."""
+    if "torchtune" not in row["source"] or setup.task != "train" or setup.gradient_checkpointing:
+        return 0
+    width = 2 if setup.weights_dtype in ("bf16", "fp16") else 4
+    heads, kv, d = spec.num_attention_heads, spec.num_key_value_heads or spec.num_attention_heads, spec.head_dim
+    expanded = 2 * (heads - kv) * d * width
+    rope = (1 if setup.torch_compile else 2) * 4 * d if "packed" in row["seq_len"] else 0
+    return (expanded + rope) * setup.micro_batch_size * setup.seq_len * spec.num_layers
 
 
 def _held_cache_bytes(spec: ModelSpec, setup: Setup) -> int:

@@ -246,7 +246,8 @@ def zero3_load_bytes(spec: ModelSpec, setup: Setup) -> int:
 
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
                     loss_bytes: int | None = None, bnb_version: str | None = None,
-                    grads_persist: bool = False, nf4_library: str = "bitsandbytes", resident_bytes: int = 0) -> MemoryEstimate:
+                    grads_persist: bool = False, nf4_library: str = "bitsandbytes", resident_bytes: int = 0,
+                    block_code_bytes: int = 0) -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
     ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
@@ -256,7 +257,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     quantized_matmul_keeps_inputs. ``grads_persist``: the loop zeroes gradients in place instead of freeing them
     (``zero_grad(set_to_none=False)``, torch.optim's and nn.Module's default before PyTorch 2.0, which HF Trainer
     and accelerate loops of that time called), so the previous step's gradients are allocated through forward.
-    ``nf4_library``: which library quantized an nf4 base (replicated_quant_state).
+    ``nf4_library``: which library quantized an nf4 base (replicated_quant_state). ``block_code_bytes``: what the
+    run's own block code saves for backward beyond transformers' modules (a framework's attention), counted with the
+    activations.
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_memory prices training steps, not task={setup.task!r}; perfguide.memory.estimate_memory prices both")
@@ -302,6 +305,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if act.regime(setup) == "amp" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + (head_cast_bytes(spec, setup) if terms.head_cast_saved else 0)
+    acts += block_code_bytes
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
     era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
