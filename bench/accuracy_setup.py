@@ -132,7 +132,18 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
                     dropout=float(dropout.group(1)) if dropout else _litgpt_lora_dropout(row),
                     modules_to_save=tuple(saved.group(1).split(",")) if saved else (),
                     use_dora="use_dora True" in row["method"], use_rslora="use_rslora True" in row["method"],
-                    autocast_adapter_dtype=not (_peft_keeps_base_dtype(row) or _torchtune_run_dtype_adapters(row)))
+                    autocast_adapter_dtype=not (_peft_keeps_base_dtype(row) or _torchtune_run_dtype_adapters(row)),
+                    adapter_dtype=_torchtune_adapter_dtype(row))
+
+
+def _torchtune_adapter_dtype(row: dict[str, str]) -> str | None:
+    """The run dtype torchtune makes its adapters in (``_torchtune_run_dtype_adapters``), on an NF4 base too: its
+    QLoRA builders quantize the base Linears with torchao's ``to_nf4`` after building them, and the adapters stay
+    the plain bf16 ``nn.Linear`` they were made as. None for every other stack (PEFT's rules)."""
+    if not _torchtune_run_dtype_adapters(row):
+        return None
+    run = str(_precision(row["precision"]).get("weights_dtype"))
+    return run if run in ("bf16", "fp16", "fp32") else None
 
 
 def _strategy(row: dict[str, str]) -> dict[str, object]:

@@ -125,6 +125,7 @@ class LoraSpec(Model):
     use_dora: bool = Field(default=False, description="DoRA (weight-decomposed LoRA): a magnitude vector per adapted Linear")
     use_rslora: bool = Field(default=False, description="rank-stabilized scaling alpha/sqrt(r) instead of alpha/r; same memory")
     autocast_adapter_dtype: bool = Field(default=True, description="PEFT get_peft_model's autocast_adapter_dtype (peft >= 0.12): adapters on a bf16/fp16 base upcast to fp32; False keeps them in the base's 16 bits, which every peft before 0.12 did (LoraLayer.update_layer casts the adapter to the base weight's dtype): parameters, gradients and AdamW moments then take 2 bytes")
+    adapter_dtype: Literal["bf16", "fp16", "fp32"] | None = Field(default=None, description="the adapters' own dtype where the training stack creates them itself, outside PEFT's rules: torchtune builds its LoRALinear (lora_a, lora_b) under set_default_dtype(dtype), so a bf16 run trains bf16 adapters on a 16-bit and an NF4 base alike; parameters, gradients and AdamW moments then take its bytes. None: PEFT's (autocast_adapter_dtype; fp32 on a quantized base)")
     modules_to_save: tuple[str, ...] = Field(default=(), description="modules PEFT trains in full beside the adapters (LoraConfig modules_to_save): a trainable copy of each, with its gradient and optimizer state; the token embedding and the LM head (embed_tokens, lm_head, ...) are priced")
 
     @field_validator("modules_to_save", mode="before")

@@ -320,11 +320,17 @@ def test_torchtune_lora_rows_train_adapters_in_the_run_dtype(acc: ModuleType, ro
     r = rows["2082"]
     spec = acc._spec(r["model_hf_id"])
     s = acc._train_setup(r, spec)
-    assert s.lora is not None and s.lora.autocast_adapter_dtype is False
+    assert s.lora is not None and s.lora.autocast_adapter_dtype is False and s.lora.adapter_dtype == "bf16"
     n = 28 * 64 * (6144 + 4096 + 6144 + 3 * 11264)
     assert n == 89_915_392
     hw = acc._hardware(r["gpu_type"], 1)
-    fp32 = s.replace(lora=s.lora.model_copy(update={"autocast_adapter_dtype": True}))
+    fp32 = s.replace(lora=s.lora.model_copy(update={"autocast_adapter_dtype": True, "adapter_dtype": None}))
     assert acc.estimate_memory(spec, fp32, hw).weights - acc.estimate_memory(spec, s, hw).weights == 2 * n
+    # the QLoRA row too: torchao's to_nf4 quantizes the base Linears after they are built; the adapters stay bf16
+    q = acc._train_setup(rows["2083"], spec)
+    assert q.weights_dtype == "nf4" and q.lora is not None and q.lora.adapter_dtype == "bf16"
+    as_peft = q.replace(lora=q.lora.model_copy(update={"adapter_dtype": None}))   # peft's fp32 adapters on a 4-bit base
+    assert acc.estimate_memory(spec, as_peft, hw).gradients - acc.estimate_memory(spec, q, hw).gradients == 2 * n
     peft = rows["2055"]   # a peft row of 2025 (peft 0.17): its adapters are still upcast to fp32
-    assert acc._train_setup(peft, acc._spec(peft["model_hf_id"])).lora.autocast_adapter_dtype is True
+    peft_lora = acc._train_setup(peft, acc._spec(peft["model_hf_id"])).lora
+    assert peft_lora.autocast_adapter_dtype is True and peft_lora.adapter_dtype is None

@@ -101,17 +101,18 @@ def test_compiled_chunk_cross_entropy_keeps_and_writes_one_16bit_chunk() -> None
         return F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
 
     torch._dynamo.reset()
-    compiled = torch.compile(cce, dynamic=False)
-    chunk = torch.randn(rows, vocab, dtype=torch.bfloat16, requires_grad=True) * 1.0
-    labels = torch.randint(0, vocab, (rows,))
-    loss = compiled(chunk, labels)
-    node = loss.grad_fn
-    while "CompiledFunction" not in type(node).__name__:
-        node = node.next_functions[0][0]
-    big = [t for t in node.saved_tensors if t.numel() >= rows * vocab]
-    assert len(big) == 1 and big[0].untyped_storage().data_ptr() == chunk.untyped_storage().data_ptr()
-    assert sum(t.untyped_storage().nbytes() for t in node.saved_tensors if t.numel() < rows * vocab) <= rows * 16
-    _, codes = run_and_get_code(loss.backward)
+    with torch._inductor.config.patch(force_disable_caches=True):   # a cached graph would skip the code generation
+        compiled = torch.compile(cce, dynamic=False)
+        chunk = torch.randn(rows, vocab, dtype=torch.bfloat16, requires_grad=True) * 1.0
+        labels = torch.randint(0, vocab, (rows,))
+        loss = compiled(chunk, labels)
+        node = loss.grad_fn
+        while "CompiledFunction" not in type(node).__name__:
+            node = node.next_functions[0][0]
+        big = [t for t in node.saved_tensors if t.numel() >= rows * vocab]
+        assert len(big) == 1 and big[0].untyped_storage().data_ptr() == chunk.untyped_storage().data_ptr()
+        assert sum(t.untyped_storage().nbytes() for t in node.saved_tensors if t.numel() < rows * vocab) <= rows * 16
+        _, codes = run_and_get_code(loss.backward)
     allocs = [line for code in codes for line in code.splitlines() if f"(({rows}, {vocab})" in line and "empty_strided" in line]
     assert len(allocs) == 1 and "torch.bfloat16" in allocs[0], allocs
 
@@ -128,3 +129,39 @@ def test_torchtune_block_code_bytes_hand_derived() -> None:
         setup = acc._train_setup(row, spec)
         want = 0 if rope is None else (expanded + rope) * TOKENS * LAYERS
         assert acc._block_code_bytes(row, spec, setup) == want, row_id
+
+
+# --- torchtune's adapters: made in the run dtype ------------------------------------------------------------------------
+
+#: Llama-3.2-3B, rank 64 on q, v, o and the MLP (torchtune's 3B QLoRA config): per block q 3072x3072, v 3072x1024,
+#: o 3072x3072, gate / up 3072x8192, down 8192x3072, each adapter r x (in + out)
+ADAPTER_PARAMS = LAYERS * 64 * ((3072 + 3072) + (3072 + 1024) + (3072 + 3072) + 2 * (3072 + 8192) + (8192 + 3072))
+
+
+@pytest.mark.parametrize("dtype, width", [(None, 4), ("bf16", 2), ("fp32", 4)])
+def test_adapter_dtype_prices_the_adapters_in_it(llama: ModelSpec, dtype: str | None, width: int) -> None:
+    """On an NF4 base PEFT's adapters are fp32; torchtune's are the run dtype: the parameter, gradient and both
+    AdamW moments take its bytes."""
+    assert ADAPTER_PARAMS == 89_915_392
+    targets = ("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    lora = LoraSpec(r=64, alpha=128, target_modules=targets, autocast_adapter_dtype=False, adapter_dtype=dtype)
+    est = _est(llama, weights_dtype="nf4", lora=lora, gradient_checkpointing=True, kbit_upcast=False)
+    assert est.gradients == ADAPTER_PARAMS * width
+    assert est.optimizer_states == 2 * ADAPTER_PARAMS * width
+
+
+def test_prepare_casts_the_adapters_it_priced() -> None:
+    """``prepare_model`` leaves the adapters in ``adapter_dtype`` (PEFT makes them fp32 on this bf16 base with its
+    upcast), the base Linears untouched."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from helpers import tiny_model
+    from peft import LoraConfig, get_peft_model
+
+    from perfguide.integrations.prepare import cast_adapters
+
+    model = get_peft_model(tiny_model().to(torch.bfloat16), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    cast_adapters(model, "bf16")
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.bfloat16}
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" not in n} == {torch.bfloat16}

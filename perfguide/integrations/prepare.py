@@ -41,7 +41,22 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
     model = get_peft_model(model, config, autocast_adapter_dtype=lora is None or lora.autocast_adapter_dtype)
     if rec.setup.kbit_recast_bf16:
         recast_bf16(model, adapters=rec.setup.kbit_recast_adapters)
+    if lora is not None and lora.adapter_dtype is not None:
+        cast_adapters(model, lora.adapter_dtype)
     return model
+
+
+def cast_adapters(model: Any, dtype: str) -> None:
+    """The adapters in the dtype ``LoraSpec.adapter_dtype`` priced (what torchtune creates under its run dtype):
+    every LoRA tuner layer's ``lora_A`` / ``lora_B`` (and DoRA's magnitude) cast, the base layer left as it is."""
+    import torch
+
+    target = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    for module in model.modules():
+        for name in ("lora_A", "lora_B", "lora_magnitude_vector"):
+            part = getattr(module, name, None)
+            if isinstance(part, torch.nn.Module):
+                part.to(target)
 
 
 def recast_bf16(model: Any, *, adapters: bool) -> None:

@@ -205,9 +205,12 @@ def adapter_bytes(setup: Setup) -> int:
     without the upcast (peft before 0.12). litgpt creates its adapters (``lora_A``, ``lora_B``) inside
     ``fabric.init_module()``, whose precision plugin sets the default dtype (HalfPrecision's and
     BitsandbytesPrecision's ``_DtypeContextManager``), so they take the run's compute dtype: bf16 under ``bf16-true``,
-    on a 16-bit and a quantized base alike (traced: scripts/trace_litgpt.py)."""
+    on a 16-bit and a quantized base alike (traced: scripts/trace_litgpt.py). ``LoraSpec.adapter_dtype`` names the
+    dtype a stack that makes its adapters itself gives them (torchtune: its run dtype)."""
     if fsdp2_upcasts_trainables(setup):
         return LORA_ADAPTER_BYTES
+    if setup.lora is not None and setup.lora.adapter_dtype is not None:   # made by the stack itself (torchtune)
+        return int(DTYPE_BYTES[setup.lora.adapter_dtype])
     if setup.model_code == "litgpt" and setup.autocast is None:
         return DTYPE_BYTES.get(setup.compute_dtype, LORA_ADAPTER_BYTES)
     if setup.kbit_recast_adapters:

@@ -136,7 +136,10 @@ def adapter_dtype_bytes(setup: Setup) -> int:
 
 def _sixteen_bit_adapters(setup: Setup) -> bool:
     """Adapters kept in 16 bits: TRL 0.7.5-0.8.6's recast on a k-bit base, no upcast on a 16-bit base (peft < 0.12),
-    or litgpt's, created in the run's 16-bit dtype (ledger.adapter_bytes)."""
+    or litgpt's, created in the run's 16-bit dtype (ledger.adapter_bytes), or a stack's own named 16-bit adapters
+    (``LoraSpec.adapter_dtype``: torchtune's)."""
+    if setup.lora is not None and setup.lora.adapter_dtype is not None:
+        return setup.lora.adapter_dtype in ("bf16", "fp16")
     litgpt = setup.model_code == "litgpt" and setup.autocast is None and setup.compute_dtype in ("bf16", "fp16")
     return litgpt or setup.kbit_recast_adapters or (setup.lora is not None and not setup.lora.autocast_adapter_dtype
                                                     and setup.weights_dtype in ("bf16", "fp16"))

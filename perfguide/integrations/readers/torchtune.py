@@ -76,7 +76,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         kind, name = builder_model(str(model["_component_"]), col.where("model._component_"))
         col.set_model(name, "model._component_")
         if kind:
-            _lora(model, kind, col)
+            _lora(model, kind, col, data.get("dtype"))
     tokenizer = _block(data, "tokenizer")
     if tokenizer.get("max_seq_len") is not None:
         col.set("seq_len", as_int(tokenizer["max_seq_len"], col.where("tokenizer.max_seq_len")), "tokenizer.max_seq_len")
@@ -107,7 +107,7 @@ def _block(data: dict[str, Any], key: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _lora(model: dict[str, Any], kind: str, col: Collector) -> None:
+def _lora(model: dict[str, Any], kind: str, col: Collector, dtype: Any) -> None:
     modules = [ATTN_MODULES.get(str(m), str(m)) for m in model.get("lora_attn_modules") or []]
     if model.get("apply_lora_to_mlp"):
         modules += ["gate_proj", "up_proj", "down_proj"]
@@ -119,6 +119,8 @@ def _lora(model: dict[str, Any], kind: str, col: Collector) -> None:
             "dropout": as_float(model.get("lora_dropout", 0.0), col.where("model.lora_dropout")),
             "use_dora": bool(model.get("use_dora", False)),
             "target_modules": "all-linear" if everything else tuple(modules)}
+    if dtype is not None:   # the recipes build the model, adapters included, under set_default_dtype(dtype): no peft
+        lora["adapter_dtype"] = choice(dtype, col.where("dtype"), DTYPES)
     col.set("lora", lora, "model._component_")
     if kind == "qlora" or model.get("quantize_base"):
         col.set("weights_dtype", "nf4", "model._component_" if kind == "qlora" else "model.quantize_base")
