@@ -38,6 +38,10 @@ CHECKED = (
     "GiB cached in split segments (the AdamW states took the first step's cached bf16 logits segment, so the bf16 head "
     "output split a cached fp32 one), 42.3 GiB live. The logits-sized tensors are the plan's: 10 B per logit in the forward (the policy's "
     "fp32 copy, the reference's bf16 output and fp32 copy), 8 in backward (the kernel's saved logits and grad_logits)",
+    "the replayed DPO step against the same release's 8,192-token peaks (rows 1186, 1187, nothing fitted): allocated "
+    "48.79 GiB (1.14.2; published 48.97) and 11.86 (1.15.0; published 12.00). A reference at create_model_from_path's "
+    "float32 default (TRL 1.14.2 / 1.15.0 given a model object and no ref_model; 1.16 takes the policy's dtype) would "
+    "read 50.63 and 15.08 GiB: the release's reference was bf16, as priced",
     "the kernel: on sm90 / sm100 / sm103 with cuDNN > 9.15 torch puts cuDNN attention first (sdp_utils.cpp "
     "check_prefer_cudnn_attention), for head_dim 256 only with cuDNN > 9.22; cuDNN and the memory-efficient kernel both "
     "take the bias broadcast over the heads (an expand, attention.cu) and save it for backward: the same 2 B per row x s^2",

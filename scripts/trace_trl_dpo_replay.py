@@ -21,8 +21,8 @@ What runs as on the GPU, not as the CPU would:
   has a data-dependent size; fake ids carry no values, so every position is read as a completion token (the
   prompt's p tokens would shrink these copies by p / s).
 
-Usage: PYTHONPATH=/tmp/trl-1.14.2 python scripts/trace_trl_dpo_replay.py [--padded] [--steps N] [--peak SEQ]
-[--search LO HI] (``pip download --no-deps trl==1.14.2 -d /tmp/w && unzip -q /tmp/w/*.whl -d /tmp/trl-1.14.2``).
+Usage: PYTHONPATH=/tmp/trl-1.14.2 python scripts/trace_trl_dpo_replay.py [--padded] [--reference-fp32] [--steps N]
+[--peak SEQ] [--search LO HI] (``pip download --no-deps trl==1.14.2 -d /tmp/w && unzip -q /tmp/w/*.whl -d /tmp/trl-1.14.2``).
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def accelerate_prepared(model: Any, emulation: Any) -> None:
 
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
         emulation.casting = True
+        emulation.cache_enabled = True   # torch.autocast's default: fp32 leaf weights' casts kept for the region
         try:
             return inner(*args, **kwargs)
         finally:
@@ -136,8 +137,15 @@ def accelerate_prepared(model: Any, emulation: Any) -> None:
     model.forward = convert_outputs_to_fp32(autocast_forward)
 
 
-def prepare(version: str) -> Any:
+def prepare(version: str, reference_fp32: bool = False) -> Any:
+    """``reference_fp32``: the reference as TRL loads it when given none (create_model_from_path: dtype float32 unless
+    model_init_kwargs says otherwise), where the policy is bf16."""
+
     def run(policy: Any, ref: Any, emulation: Any) -> None:
+        if reference_fp32:
+            import torch
+
+            ref.to(torch.float32)
         if version != "1.14.2":   # 1.15.0 dpo_trainer.py 932-938: the fused head on both, the policy's extra fields
             from trl.trainer.utils import add_fused_lm_head
 
@@ -189,25 +197,27 @@ def dpo_step() -> shared.Step:
     return step
 
 
-def events_of_run(seq: int, version: str, steps: int = 2, layers: int | None = None,
-                  padded: bool = False) -> list[tuple[str, int, int]]:
-    return shared.events_of_steps(seq, dpo_step(), steps, layers, rows=2, reference=True, prepare=prepare(version),
-                                  unpadded=not padded, modes=(every_position_mode(),))
+def events_of_run(seq: int, version: str, steps: int = 2, layers: int | None = None, padded: bool = False,
+                  reference_fp32: bool = False) -> list[tuple[str, int, int]]:
+    return shared.events_of_steps(seq, dpo_step(), steps, layers, rows=2, reference=True,
+                                  prepare=prepare(version, reference_fp32), unpadded=not padded,
+                                  modes=(every_position_mode(),))
 
 
 def main() -> int:
     args = sys.argv[1:]
     version = release()
-    padded = "--padded" in args
+    padded, fp32 = "--padded" in args, "--reference-fp32" in args
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 2
-    label = f"trl {version} DPO {'padded' if padded else 'unpadded'}"
+    label = f"trl {version} DPO {'padded' if padded else 'unpadded'}{', fp32 reference' if fp32 else ''}"
     if "--peak" in args:
         seq = int(args[args.index("--peak") + 1])
-        shared.print_peak(events_of_run(seq, version, steps, padded=padded), seq, label)
+        shared.print_peak(events_of_run(seq, version, steps, padded=padded, reference_fp32=fp32), seq, label)
     if "--search" in args:
         i = args.index("--search")
         print(label)
-        shared.search(lambda s: events_of_run(s, version, steps, padded=padded), int(args[i + 1]), int(args[i + 2]))
+        shared.search(lambda s: events_of_run(s, version, steps, padded=padded, reference_fp32=fp32),
+                      int(args[i + 1]), int(args[i + 2]))
     return 0
 
 

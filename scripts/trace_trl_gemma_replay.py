@@ -54,9 +54,11 @@ def gemma_config(layers: int | None = None) -> Any:
     return Gemma3TextConfig(**cfg, pad_token_id=0)
 
 
-def sdpa_as_gpu() -> Any:
+def sdpa_as_gpu(emulation: Any = None) -> Any:
     """F.scaled_dot_product_attention with a bool mask as the GPU runs it: at::where(mask, 0, -inf) in the query's
-    dtype (2 B per row x s^2), then the emulation's memory-efficient kernel, which expands it over the heads."""
+    dtype (2 B per row x s^2), then the emulation's memory-efficient kernel, which expands it over the heads. The
+    query's dtype is the one SDPA runs in: under autocast (``emulation.casting``) the low dtype, which the emulation
+    casts q, k, v to only after this mode (an fp32 model's rotary makes q fp32 before autocast's cast)."""
     import torch
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
@@ -68,7 +70,8 @@ def sdpa_as_gpu() -> Any:
                 q = args[0]
                 mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
                 if mask is not None and mask.dtype == torch.bool:
-                    bias = torch.where(mask, torch.zeros((), dtype=q.dtype), torch.full((), float("-inf"), dtype=q.dtype))
+                    dtype = torch.bfloat16 if emulation is not None and emulation.casting and q.is_floating_point() else q.dtype
+                    bias = torch.where(mask, torch.zeros((), dtype=dtype), torch.full((), float("-inf"), dtype=dtype))
                     args = tuple(args[:3])
                     kwargs["attn_mask"] = bias
             return func(*args, **kwargs)
@@ -135,7 +138,7 @@ def events_of_steps(seq: int, step: Step, steps: int = 2, layers: int | None = N
         stack.enter_context(log.mode())
         for i in range(steps):
             PHASE[0] = f"step {i + 1} forward"
-            with emulation, sdpa_as_gpu():
+            with emulation, sdpa_as_gpu(emulation):
                 loss = step(policy, ref, ids, emulation)
                 emulation.end_region()
                 PHASE[0] = f"step {i + 1} backward"

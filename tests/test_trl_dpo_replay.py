@@ -155,3 +155,32 @@ def test_fused_head_step_of_trl_1_15_0(releases: Callable[[str], Path], padded: 
     assert all(dtype == "bool" and shape[0] == 1 for _, _, _, _, shape, dtype, _ in square if shape[0] != 2)
     assert all(nbytes == (2 if dtype == "bfloat16" else 1) * shape[0] * s * s for _, _, nbytes, _, shape, dtype, _ in square)
     assert _most_alive(square, "forward") == most * 2 * s * s
+
+
+@pytest.mark.parametrize("casting, bias", [(True, "torch.bfloat16"), (False, "torch.float32")])
+def test_sdpa_bias_takes_the_dtype_sdpa_runs_in(casting: bool, bias: str) -> None:
+    """An fp32 model's rotary leaves q fp32 (the reference loaded at float32); under autocast SDPA runs in bf16 and
+    converts its bool mask to that dtype (at::scaled_dot_product_attention, after autocast's cast): one bf16 s x s
+    bias, 2 B per s^2, not an fp32 one and its bf16 cast. Without autocast the query's own dtype."""
+    import torch
+    import torch.nn.functional as F
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import trace_trl_gemma_replay as t
+        from allocation_log import AllocationLog
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    emulation = make_cuda_emulation(torch.bfloat16, emulate_sdpa=True)
+    emulation.casting = casting
+    made: list[tuple[str, tuple[int, ...], str]] = []
+    log = AllocationLog(lambda i, op, x: made.append((op, tuple(x.shape), str(x.dtype))))
+    with FakeTensorMode():
+        q = torch.randn(1, 2, 64, 16)
+        mask = torch.ones(1, 1, 64, 64, dtype=torch.bool)
+        with log.mode(), emulation, t.sdpa_as_gpu(emulation):
+            F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    assert [(op, dtype) for op, shape, dtype in made if shape[-2:] == (64, 64)] == [("aten.where.self", bias)]
