@@ -14,7 +14,7 @@ idna certifi charset_normalizer``), accelerate 0.7 and PyTorch ~1.12:
 * ``model.to(device)``: one block per parameter and buffer (4.18's ``attn.bias``: a 1024 x 1024 uint8 causal mask per block);
 * DistributedDataParallel (accelerate 0.7 ``prepare_model``, no kwargs): the construction's broadcast of the
   parameters and buffers (``_sync_params_and_buffers``: ``named_parameters`` and ``named_buffers``, 250 MB flat
-  buckets per dtype, all alive until the broadcasts finish), the Reducer's flat fp32 buckets (1 MB first, then
+  buckets per dtype, two in flight), the Reducer's flat fp32 buckets (1 MB first, then
   25 MB; ``gradient_as_bucket_view`` False), their rebuild before the second forward, and each forward's buffer
   broadcast (``broadcast_buffers`` True: the uint8 masks flattened);
 * ``outputs = model(**batch)`` with the forward wrapped as accelerate 0.7 does under ``--mixed_precision fp16``
@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from allocation_log import AllocationLog
 from caching_allocator import Allocator, OutOfMemory
-from trace_t5_blog_replay import BROADCAST_BUCKET, ROOT, GiB, adamw_42, bucket_sizes, live_at, live_peak, scalar_fallback, use_release
+from trace_t5_blog_replay import ROOT, GiB, adamw_42, broadcast_coalesced, bucket_sizes, live_at, live_peak, scalar_fallback, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -111,16 +111,8 @@ def events_of_run(batch: int, steps: int = 3, config: Any = None, amp: bool = Tr
             charge(t, "to(cuda)")
         stack.enter_context(log.mode())
 
-        def broadcast(tensors: list[Any]) -> None:
-            """torch DDP ``_distributed_broadcast_coalesced``: flat buckets per dtype, all alive until the waits."""
-            flats = []
-            for dtype in dict.fromkeys(t.dtype for t in tensors):
-                group = [t.numel() for t in tensors if t.dtype == dtype]
-                flats += [torch.empty(n, dtype=dtype) for n in bucket_sizes(group, (BROADCAST_BUCKET,), dtype.itemsize)]
-            del flats
-
         PHASE[0] = "ddp broadcast"
-        broadcast(params + buffers)
+        broadcast_coalesced(params + buffers)
         PHASE[0] = "ddp buckets"
         buckets = [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in params]))]
         state: dict[int, dict[str, Any]] = {}
@@ -133,7 +125,7 @@ def events_of_run(batch: int, steps: int = 3, config: Any = None, amp: bool = Tr
             PHASE[0] = f"step {step + 1} forward"
             ids = torch.randint(0, config.vocab_size, (batch, seq))
             batch_in = {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids.clone()}
-            broadcast(buffers)   # broadcast_buffers=True: every forward
+            broadcast_coalesced(buffers)   # broadcast_buffers=True: every forward
             emulation.cache_enabled = True
             with emulation:
                 out = model(**batch_in)

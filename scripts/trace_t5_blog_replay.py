@@ -12,8 +12,8 @@ utils.py ``freeze_embeds``), and the loop of examples/seq2seq/finetune_trainer.p
 
 * the weights one block per parameter (Trainer's ``model.to(device)``);
 * DistributedDataParallel's construction (PyTorch 1.7.1 distributed.py / reducer.cpp): ``_sync_params_and_buffers``
-  broadcasts ``state_dict().values()`` (the tied embedding four times) as flat 250 MB buckets, all alive until the
-  broadcasts finish (comm.cpp ``broadcast_coalesced``), then the Reducer's flat bucket per group of trainable
+  broadcasts ``state_dict().values()`` (the tied embedding four times) as flat 250 MB buckets, two in flight at a
+  time (c10d ``broadcast_coalesced``), then the Reducer's flat bucket per group of trainable
   parameters (``compute_bucket_assignment_by_size``, 1 MB first bucket then 25 MB, a bucket closing once it reaches its
   limit; ``gradient_as_bucket_view`` False, so the grads stay separate); before the second forward the Reducer rebuilds
   its buckets in the order the grads became ready (``rebuild_buckets``: the old ones are cleared first);
@@ -100,6 +100,22 @@ def bucket_sizes(numels: list[int], limits: tuple[int, ...] = (FIRST_BUCKET, BUC
             out.append(cur)
             cur, i = 0, i + 1
     return out + ([cur] if cur else [])
+
+
+def broadcast_coalesced(tensors: list[Any], limit: int = BROADCAST_BUCKET) -> None:
+    """torch 1.x c10d ``broadcast_coalesced`` (DDP's parameter and buffer sync): flat buckets of up to ``limit`` bytes
+    per dtype, at most two in flight (``max_in_flight = 2``: the oldest finishes and its flat is freed before a third
+    is made), the last two freed at the end."""
+    import torch
+
+    in_flight: list[Any] = []
+    for dtype in dict.fromkeys(t.dtype for t in tensors):
+        for n in bucket_sizes([t.numel() for t in tensors if t.dtype == dtype], (limit,), dtype.itemsize):
+            if len(in_flight) >= 2:
+                in_flight.pop(0)
+            in_flight.append(torch.empty(n, dtype=dtype))
+    while in_flight:
+        in_flight.pop(0)
 
 
 def label_smoothed_nll_loss(lprobs: Any, target: Any, epsilon: float, ignore_index: int) -> Any:
@@ -202,11 +218,7 @@ def events_of_run(batch: int, src: int, tgt: int, steps: int = 3, config: Any = 
         trainable = [p for p in params if p.requires_grad]
         stack.enter_context(log.mode())
         PHASE[0] = "ddp broadcast"
-        states = list(model.state_dict().values())   # the tied embedding four times, as 1.7 passes them
-        flats = []
-        for n in bucket_sizes([t.numel() for t in states], (BROADCAST_BUCKET,)):
-            flats.append(torch.empty(n))
-        del flats
+        broadcast_coalesced(list(model.state_dict().values()))   # the tied embedding four times, as 1.7 passes them
         PHASE[0] = "ddp buckets"
         buckets = [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in trainable]))]
         state: dict[int, dict[str, Any]] = {}

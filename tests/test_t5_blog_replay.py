@@ -37,6 +37,19 @@ def test_bucket_assignment_by_size() -> None:
     assert t5.bucket_sizes([1 << 20] * 300, (250 * 2**20,), 1) == [250 << 20, 50 << 20]
 
 
+def test_broadcast_keeps_two_flats_in_flight() -> None:
+    """c10d ``broadcast_coalesced``: ten 1 KiB fp32 tensors in 1 KiB buckets make ten flats, at most two alive."""
+    from allocation_log import AllocationLog
+
+    tensors = [torch.zeros(256) for _ in range(10)]
+    log = AllocationLog()
+    with log.mode():
+        t5.broadcast_coalesced(tensors, limit=1024)
+    made = [n for kind, _, n in log.events if kind == "a"]
+    assert made == [1024] * 10
+    assert t5.live_peak(log.events)[0] == 2048 and not t5.live_at(log.events, len(log.events))
+
+
 def test_t5_block_pair_and_ddp_bytes_by_hand() -> None:
     """Layers 2 minus 1 at the moment step 2's loss is made (its backward not begun): one encoder and one decoder
     block's saved tensors plus their parameters' five fp32 copies (weight, grad, exp_avg, exp_avg_sq, DDP bucket)."""
