@@ -11,7 +11,9 @@ Read in trl 1.16 (trainer/dpo_trainer.py, trainer/utils.py, kernels/chunked_logp
   backward recomputes every tile (one more head GEMM) and accumulates the input and (trained head) weight
   gradients in fp32;
 * the reference: full fine-tuning loads a second, frozen copy in the policy's dtype (``create_model_from_path``
-  with ``dtype=self.model.dtype``), placed by ``accelerator.prepare_model(evaluation_mode=True)`` on one GPU / DDP,
+  with ``dtype=self.model.dtype``, TRL 1.16; 1.14.2 and 1.15.0 pass no dtype, so a model object without a
+  ``ref_model`` or a ``model_init_kwargs`` dtype gets the function's float32 default: not priced, and TRL v1.15's
+  own DPO rows ran a bf16 reference, docs/validation.md 33), placed by ``accelerator.prepare_model(evaluation_mode=True)`` on one GPU / DDP,
   by a ZeRO stage-0 DeepSpeed engine under ZeRO-1/2 (a whole copy per GPU, cast to 16 bit by the engine's bf16/fp16
   mode), sharded under ZeRO-3 (its offload_param kept) and under FSDP (``prepare_fsdp``: ``fully_shard`` with the
   plugin's reshard and offload policy). With a PEFT model there is no copy: the reference forward runs the policy
