@@ -29,7 +29,9 @@ CHECKED = (
     "within 0.4% at 107,520 tokens and 1.1% at 20,480): the SFT rows' lengths (1182-1185, the 'priced' column) are the "
     "longest multiple of 1,024 that survives it (bench/data/allocator_max_context.csv); row 1182 (full logits) "
     "23,759 -> 21,504 against 20,480: at 22,528 a 22 GiB fp32 logits-sized request fails with 18.8 GiB cached in "
-    "split segments no OOM can release",
+    "split segments no OOM can release; replayed with 1.15.0's own fused head (its CUDA branch: the boolean gather of "
+    "the scored positions, the Triton tiles; scripts/trace_trl_dpo_replay.py's stand-in) in place of the installed "
+    "1.16's CPU branch, rows 1183-1185 keep 128,000",
     "the DPO rows through the same replay with the release's own DPOTrainer.compute_loss (scripts/"
     "trace_trl_dpo_replay.py: trl 1.14.2's and 1.15.0's wheels, the policy and a frozen bf16 reference prepared as "
     "accelerate's bf16 AMP, one unpadded pair; allocated peak within 1.1% (10,240) and 0.3% (59,392) of perfguide's "

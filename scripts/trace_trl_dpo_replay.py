@@ -21,8 +21,8 @@ What runs as on the GPU, not as the CPU would:
   has a data-dependent size; fake ids carry no values, so every position is read as a completion token (the
   prompt's p tokens would shrink these copies by p / s).
 
-Usage: PYTHONPATH=/tmp/trl-1.14.2 python scripts/trace_trl_dpo_replay.py [--padded] [--reference-fp32] [--steps N]
-[--peak SEQ] [--search LO HI] (``pip download --no-deps trl==1.14.2 -d /tmp/w && unzip -q /tmp/w/*.whl -d /tmp/trl-1.14.2``).
+Usage: PYTHONPATH=/tmp/trl-1.14.2 python scripts/trace_trl_dpo_replay.py [--padded] [--reference-fp32] [--sft]
+[--steps N] [--peak SEQ] [--search LO HI] (``--sft``: SFTTrainer's fused-head step, section 28's, on the release's code) (``pip download --no-deps trl==1.14.2 -d /tmp/w && unzip -q /tmp/w/*.whl -d /tmp/trl-1.14.2``).
 """
 
 from __future__ import annotations
@@ -204,20 +204,30 @@ def events_of_run(seq: int, version: str, steps: int = 2, layers: int | None = N
                                   modes=(every_position_mode(),))
 
 
+def sft_events_of_run(seq: int, steps: int = 2) -> list[tuple[str, int, int]]:
+    """SFTTrainer's fused-head step (scripts/trace_trl_gemma_replay.py) with the release's own fused head (1.15.0)."""
+    return shared.events_of_steps(seq, shared.sft_step(True), steps, prepare=shared.add_fused_head,
+                                  modes=(every_position_mode(),))
+
+
 def main() -> int:
     args = sys.argv[1:]
     version = release()
-    padded, fp32 = "--padded" in args, "--reference-fp32" in args
+    padded, fp32, sft = "--padded" in args, "--reference-fp32" in args, "--sft" in args
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 2
     label = f"trl {version} DPO {'padded' if padded else 'unpadded'}{', fp32 reference' if fp32 else ''}"
+    label = f"trl {version} SFT fused head" if sft else label
+
+    def events_at(s: int) -> list[tuple[str, int, int]]:
+        return sft_events_of_run(s, steps) if sft else events_of_run(s, version, steps, padded=padded, reference_fp32=fp32)
+
     if "--peak" in args:
         seq = int(args[args.index("--peak") + 1])
-        shared.print_peak(events_of_run(seq, version, steps, padded=padded, reference_fp32=fp32), seq, label)
+        shared.print_peak(events_at(seq), seq, label)
     if "--search" in args:
         i = args.index("--search")
         print(label)
-        shared.search(lambda s: events_of_run(s, version, steps, padded=padded, reference_fp32=fp32),
-                      int(args[i + 1]), int(args[i + 2]))
+        shared.search(events_at, int(args[i + 1]), int(args[i + 2]))
     return 0
 
 
