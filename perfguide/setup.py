@@ -289,8 +289,10 @@ class Setup(Model):
     def computes_on_16bit_copy(self) -> bool:
         """Mixed precision under FSDP or DeepSpeed ZeRO runs the model on a 16-bit copy of its fp32 weights (FSDP
         MixedPrecision param_dtype, DeepSpeed's bf16/fp16 modes): activations are 16-bit from the embedding on and
-        autocast casts no weight per op. Plain AMP (single GPU, DDP) computes on the fp32 weights through autocast."""
-        return self.autocast in ("bf16", "fp16") and self.weights_dtype == "fp32" and (self.is_fsdp or self.is_deepspeed)
+        autocast casts no weight per op. fp8 training gathers the same 16-bit copy (torchtitan's float8 recipes run FSDP2
+        with param_dtype bf16; only the float8 Linears' GEMMs cast to fp8, Setup.compute_dtype). Plain AMP (single GPU,
+        DDP) computes on the fp32 weights through autocast."""
+        return self.autocast in ("bf16", "fp16", "fp8") and self.weights_dtype == "fp32" and (self.is_fsdp or self.is_deepspeed)
 
     @property
     def decoder_len(self) -> int:

@@ -66,6 +66,18 @@ def test_fsdp_mixed_precision_is_priced_as_a_16bit_model(version: int) -> None:
     assert amp - training_memory(spec, Setup(weights_dtype="bf16", **kw)).activations >= AMP_CASTS
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_fsdp_fp8_training_gathers_the_same_16bit_copy(version: int) -> None:
+    """fp8 training under FSDP (torchtitan's float8 recipes: FSDP2 with param_dtype bf16, only the float8 Linears'
+    GEMMs cast to fp8) runs on the gathered bf16 unit as bf16 mixed precision does: no fp32 stream, no weight or head
+    casts, so fp32 master weights price the same activations as bf16 ones (61e5f6c had left fp8 on plain AMP's casts)."""
+    spec, kw = _traced_model()
+    fp8 = Setup(weights_dtype="fp32", autocast="fp8", strategy="fsdp", fsdp_version=version, num_gpus=2, **kw)
+    on_bf16 = Setup(weights_dtype="bf16", autocast="fp8", strategy="fsdp", fsdp_version=version, num_gpus=2, **kw)
+    assert fp8.computes_on_16bit_copy and act.regime(fp8) == "half" and head_cast_bytes(spec, fp8) == 0
+    assert training_memory(spec, fp8).activations == training_memory(spec, on_bf16).activations
+
+
 @pytest.mark.slow
 def test_traced_amp_saves_every_linear_cast(traced: dict[str, Any]) -> None:
     """The reference run: plain AMP saves the hand-counted bf16 copy of every Linear and runs them on fp32 weights."""
