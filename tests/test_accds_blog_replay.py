@@ -82,3 +82,26 @@ def test_blenderbot_decoder_inputs_are_the_labels_shifted() -> None:
     batch = r.batch_of("blenderbot", config, 2, 5, 4)
     labels, dec = batch["labels"], batch["decoder_input_ids"]
     assert dec.shape == labels.shape == (2, 4) and (dec[:, 0] == 0).all() and (dec[:, 1:] == labels[:, :-1]).all()
+
+
+def test_deberta_block_keeps_its_position_table_and_indices() -> None:
+    """DeBERTa-v2 (h 64, 4 heads, 16 buckets: 2k = 32), batch 2, 24 tokens, fp16 autocast, dropout 0.1: per block, when
+    step 2's output is returned, c2p's and p2c's int64 s x s index (the clamps gather keeps), query_proj's and
+    key_proj's fp16 casts of the 2k x h position table and pos_dropout's 1-byte mask of it
+    (perfguide/memory/relative_positions.py position_table_bytes)."""
+    kept: dict[int, dict[tuple[str, tuple[int, ...], str], int]] = {}
+    for layers in (1, 2):
+        config = r.config_of("deberta", num_hidden_layers=layers, hidden_size=64, num_attention_heads=4,
+                             intermediate_size=128, vocab_size=100, position_buckets=16)
+        events = r.events_of_run("deberta", 2, 24, 0, steps=2, config=config)
+        count: dict[tuple[str, tuple[int, ...], str], int] = {}
+        for key in r.live_at(events, r.AFTER_FORWARD[1]):
+            op, shape, dtype, phase = r.OPS[key]
+            if phase == "step 2 forward":
+                count[(op, shape, dtype)] = count.get((op, shape, dtype), 0) + 1
+        kept[layers] = count
+    block = {k: kept[2].get(k, 0) - kept[1].get(k, 0) for k in kept[2]}
+    assert block[("aten.clamp.default", (1, 1, 24, 24), "int64")] == 2
+    assert block[("aten._to_copy.default", (1, 32, 64), "float16")] == 2
+    # the mask: XDropout's ``.to(torch.bool)`` in 4.22, the fused native_dropout of nn.Dropout in 5.x
+    assert sum(n for (op, shape, dtype), n in block.items() if shape == (32, 64) and dtype == "bool") == 1

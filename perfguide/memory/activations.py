@@ -12,7 +12,7 @@ from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
 from .kbit import kbit_fp32_parts
 from .litgpt_blocks import LitgptDim, litgpt_family
-from .relative_positions import relative_position_bytes
+from .relative_positions import position_table_bytes, relative_position_bytes
 from .softcap import attention_softcap_bytes, final_softcap_bytes
 
 
@@ -159,6 +159,8 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         total += b * spec.num_attention_heads * s * s * s2 + attention_softcap_bytes(spec, setup)
     # DeBERTa-v2's position scores, b x heads x s x 2k per kind (relative_positions.py), in the block's compute dtype
     total += relative_position_bytes(spec, setup, 4 if regime(setup) == "fp32" else 2)
+    total += position_table_bytes(spec, setup, 4 if regime(setup) == "fp32" else 2, regime(setup) == "amp",
+                                  dropout_rates(spec)[0])
     return int(total + fp32_mlp_bytes(spec, setup))
 
 
