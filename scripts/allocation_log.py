@@ -25,6 +25,13 @@ class AllocationLog:
         self.note = note
         self._count = 0
 
+    @classmethod
+    def noting(cls, ops: dict[int, tuple[str, tuple[int, ...], str, str]], phase: list[str]) -> AllocationLog:
+        """A log that records, per storage, the op, shape, dtype and the current ``phase[0]`` that made it in ``ops``
+        (what the replays print at an OOM or a peak)."""
+        return cls(lambda i, op, t: ops.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                                        phase[0])))
+
     def existing(self, tensors: Any) -> None:
         """Storages allocated before the logged region (weights, states): never replayed, their frees ignored."""
         for t in tensors:
@@ -58,3 +65,30 @@ class AllocationLog:
                 return out
 
         return Log()
+
+
+def live_peak(events: list[Event]) -> tuple[int, dict[int, int]]:
+    """The most bytes alive at once, and the storages alive then (key -> bytes)."""
+    live = peak = 0
+    sizes: dict[int, int] = {}
+    at: dict[int, int] = {}
+    for kind, key, nbytes in events:
+        if kind == "a":
+            sizes[key] = nbytes
+            live += nbytes
+            if live > peak:
+                peak, at = live, dict(sizes)
+        else:
+            live -= sizes.pop(key)
+    return peak, at
+
+
+def live_at(events: list[Event], index: int) -> dict[int, int]:
+    """The storages alive after the first ``index`` events (key -> bytes)."""
+    sizes: dict[int, int] = {}
+    for kind, key, nbytes in events[:index]:
+        if kind == "a":
+            sizes[key] = nbytes
+        else:
+            del sizes[key]
+    return sizes

@@ -27,6 +27,7 @@ replayed. One stream, as a single-GPU training step runs.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MIN_BLOCK = 512
@@ -167,3 +168,33 @@ class Allocator:
                 self.malloc(key, nbytes)
             else:
                 self.free(key)
+
+
+def replay_under(events: list[tuple[str, int, int]], cap: int | None,
+                 describe: Callable[[int], object] | None = None) -> tuple[bool, Allocator]:
+    """Replay ``events`` under ``cap``: (True, the allocator after them) or (False, the allocator at the OOM), printing
+    the failed request with ``describe(key)`` (what made the tensor) when given."""
+    allocator = Allocator(limit=cap)
+    try:
+        allocator.replay(events)
+        return True, allocator
+    except OutOfMemory as e:
+        if describe is not None:
+            print(f"  OOM: a {e.size / 2**30:.3f} GiB segment for {describe(e.key)}", flush=True)
+        return False, e.allocator
+
+
+def largest_fitting(fits: Callable[[int], tuple[bool, Allocator]], start: int, label: Callable[[int], str]) -> int:
+    """The largest batch that fits: up from ``start`` while it fits, down while it does not (0 if even 1 fails);
+    each try printed as ``label(batch)`` with its peaks."""
+    b, largest, smallest_oom = start, 0, 0
+    while True:
+        ok, a = fits(b)
+        print(f"{label(b)}: {'fits' if ok else 'OOM'} peak allocated {a.peak_allocated / 2**30:.3f} "
+              f"reserved {a.peak_reserved / 2**30:.3f}", flush=True)
+        largest, smallest_oom = (b, smallest_oom) if ok else (largest, b)
+        if (largest and smallest_oom) or (b == 1 and not ok):
+            break
+        b = b + 1 if ok else b - 1
+    print(f"largest fitting batch: {largest}")
+    return largest

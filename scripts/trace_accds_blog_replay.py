@@ -42,10 +42,10 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from allocation_log import AllocationLog
-from caching_allocator import Allocator, OutOfMemory
-from trace_gpt2_fsdp_blog_replay import to_fp32
-from trace_t5_blog_replay import ROOT, GiB, broadcast_coalesced, bucket_sizes, card_cap, live_at, live_peak, scalar_fallback, use_release
+from allocation_log import AllocationLog, live_at, live_peak
+from caching_allocator import Allocator, largest_fitting, replay_under
+from trace_gpt2_fsdp_blog_replay import ddp_amp_run
+from trace_t5_blog_replay import ROOT, GiB, breakdown, card_cap, scalar_fallback, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -155,8 +155,7 @@ def events_of_run(kind: str, batch: int, src: int, tgt: int = 0, steps: int = 3,
     OPS.clear()
     PHASE[0] = "weights"
     config = config if config is not None else config_of(kind)
-    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                                                              PHASE[0])))
+    log = AllocationLog.noting(OPS, PHASE)
     emulation = make_cuda_emulation(torch.float16 if amp else None, emulate_sdpa=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
@@ -165,55 +164,14 @@ def events_of_run(kind: str, batch: int, src: int, tgt: int = 0, steps: int = 3,
         cls = DebertaV2ForSequenceClassification if kind == "deberta" else BlenderbotForConditionalGeneration
         model = cls(config)
         model.train()
-        params = list(model.parameters())
-        buffers = list(model.buffers())
-        for t in params + buffers:   # model.to("cuda")
-            log.charge(t, "to(cuda)")
-        stack.enter_context(log.mode())
-        PHASE[0] = "ddp broadcast"
-        broadcast_coalesced(params + buffers)
-        PHASE[0] = "ddp buckets"
-        buckets = [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in params]))]
-        state: dict[int, dict[str, Any]] = {}
-        outputs = None
-        for step in range(steps):
-            if step == 1:   # rebuild_buckets before the second forward: in grad-ready order (about reversed)
-                PHASE[0] = "ddp rebuild"
-                buckets.clear()
-                buckets = [torch.empty(n) for n in bucket_sizes([p.numel() for p in reversed(params)])]
-            PHASE[0] = f"step {step + 1} forward"
-            batch_in = batch_of(kind, config, batch, src, tgt)
-            broadcast_coalesced(buffers)   # broadcast_buffers=True: every forward
-            emulation.cache_enabled = True
-            with emulation:
-                out = model(**batch_in)
-                emulation.end_region()
-            outputs = to_fp32(out) if amp else out   # rebinds: the previous step's output dies only here
-            del out, batch_in
-            AFTER_FORWARD.append(len(log.events))
-            loss = outputs.loss
-            PHASE[0] = f"step {step + 1} backward"
-            with emulation:
-                emulation.backward(loss * 65536.0 if amp else loss)   # GradScaler.scale under fp16
-            del loss
-            PHASE[0] = f"step {step + 1} optimizer"
-            adam_112(params, state)
-            for p in params:
-                p.grad.detach_().zero_()
-        del outputs
+        ddp_amp_run(model, stack, log, emulation, steps, amp, lambda: batch_of(kind, config, batch, src, tgt), adam_112,
+                    PHASE, AFTER_FORWARD, hold_batch=False)
     return log.events
 
 
 def fits(kind: str, batch: int, src: int, tgt: int, cap: int, steps: int = 3,
          amp: bool = True) -> tuple[bool, Allocator]:
-    events = events_of_run(kind, batch, src, tgt, steps, amp=amp)
-    a = Allocator(limit=cap)
-    try:
-        a.replay(events)
-        return True, a
-    except OutOfMemory as e:
-        print(f"  OOM: a {e.size / GiB:.3f} GiB segment for {OPS[e.key]}", flush=True)
-        return False, e.allocator
+    return replay_under(events_of_run(kind, batch, src, tgt, steps, amp=amp), cap, OPS.get)
 
 
 def main() -> int:
@@ -233,16 +191,7 @@ def main() -> int:
     if "--search" in args:
         cap = card_cap(ROWS[kind][1])
         print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
-        b, largest, smallest_oom = batch, 0, 0   # up from the start while it fits, down while it does not
-        while True:
-            ok, a = fits(kind, b, src, tgt, cap, steps, amp)
-            print(f"b={b} {src}/{tgt}: {'fits' if ok else 'OOM'} peak allocated {a.peak_allocated / GiB:.3f} "
-                  f"reserved {a.peak_reserved / GiB:.3f}", flush=True)
-            largest, smallest_oom = (b, smallest_oom) if ok else (largest, b)
-            if (largest and smallest_oom) or (b == 1 and not ok):
-                break
-            b = b + 1 if ok else b - 1
-        print(f"largest fitting batch: {largest}")
+        largest_fitting(lambda b: fits(kind, b, src, tgt, cap, steps, amp), batch, lambda b: f"b={b} {src}/{tgt}")
         return 0
     events = events_of_run(kind, batch, src, tgt, steps, amp=amp)
     a = Allocator()
@@ -250,11 +199,7 @@ def main() -> int:
     peak, at = live_peak(events)
     print(f"b={batch} {src}/{tgt}: live peak {peak / GiB:.3f} GiB, allocator allocated {a.peak_allocated / GiB:.3f}, "
           f"reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
-    by: dict[str, int] = {}
-    for k, v in at.items():
-        key = OPS[k][3] if not OPS[k][3].endswith(("forward", "backward")) else f"{OPS[k][3]}: {OPS[k][0]}"
-        by[key] = by.get(key, 0) + v
-    for k, v in sorted(by.items(), key=lambda kv: -kv[1]):
+    for k, v in breakdown(at, OPS).items():
         if v >= 2**20:
             print(f"  {v / GiB:8.4f} GiB  {k}")
     print(f"after the last forward: {sum(live_at(events, AFTER_FORWARD[-1]).values()) / GiB:.3f} GiB alive")

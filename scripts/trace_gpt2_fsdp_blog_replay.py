@@ -34,14 +34,15 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from allocation_log import AllocationLog
-from caching_allocator import Allocator, OutOfMemory
-from trace_t5_blog_replay import ROOT, GiB, adamw_42, broadcast_coalesced, bucket_sizes, live_at, live_peak, scalar_fallback, use_release
+from allocation_log import AllocationLog, live_at, live_peak
+from caching_allocator import Allocator, largest_fitting, replay_under
+from trace_t5_blog_replay import ROOT, GiB, adamw_42, broadcast_coalesced, ddp_rebuild, ddp_start, scalar_fallback, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -95,9 +96,7 @@ def events_of_run(batch: int, steps: int = 3, config: Any = None, amp: bool = Tr
     OPS.clear()
     PHASE[0] = "weights"
     config = config if config is not None else gpt2_config()
-    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                                                              PHASE[0])))
-    charge = log.charge
+    log = AllocationLog.noting(OPS, PHASE)
     emulation = make_cuda_emulation(torch.float16 if amp else None, emulate_sdpa=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
@@ -105,56 +104,59 @@ def events_of_run(batch: int, steps: int = 3, config: Any = None, amp: bool = Tr
         model = GPT2LMHeadModel(config)   # built on fake tensors; the head tied to wte
         model.train()
         assert model.lm_head.weight is model.transformer.wte.weight
-        params = list(model.parameters())
-        buffers = list(model.buffers())
-        for t in params + buffers:   # model.to("cuda")
-            charge(t, "to(cuda)")
-        stack.enter_context(log.mode())
-
-        PHASE[0] = "ddp broadcast"
-        broadcast_coalesced(params + buffers)
-        PHASE[0] = "ddp buckets"
-        buckets = [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in params]))]
-        state: dict[int, dict[str, Any]] = {}
-        outputs = None
-        for step in range(steps):
-            if step == 1:   # rebuild_buckets before the second forward: in grad-ready order (about reversed)
-                PHASE[0] = "ddp rebuild"
-                buckets.clear()
-                buckets = [torch.empty(n) for n in bucket_sizes([p.numel() for p in reversed(params)])]
-            PHASE[0] = f"step {step + 1} forward"
+        def batch_of_step() -> dict[str, Any]:
             ids = torch.randint(0, config.vocab_size, (batch, seq))
-            batch_in = {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids.clone()}
-            broadcast_coalesced(buffers)   # broadcast_buffers=True: every forward
-            emulation.cache_enabled = True
-            with emulation:
-                out = model(**batch_in)
-                emulation.end_region()
-            outputs = to_fp32(out) if amp else out   # rebinds: the previous step's output dies only here
-            del out
-            AFTER_FORWARD.append(len(log.events))
-            loss = outputs.loss
-            PHASE[0] = f"step {step + 1} backward"
-            with emulation:
-                emulation.backward(loss * 65536.0 if amp else loss)   # GradScaler.scale under fp16
-            del loss
-            PHASE[0] = f"step {step + 1} optimizer"
-            adamw_42(params, state)
-            for p in params:
-                p.grad.detach_().zero_()
-        del outputs
+            return {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids.clone()}
+
+        ddp_amp_run(model, stack, log, emulation, steps, amp, batch_of_step, adamw_42, PHASE, AFTER_FORWARD)
     return log.events
 
 
+def ddp_amp_run(model: Any, stack: contextlib.ExitStack, log: AllocationLog, emulation: Any, steps: int, amp: bool,
+                batch_of_step: Callable[[], dict[str, Any]],
+                optimizer: Callable[[list[Any], dict[int, dict[str, Any]]], None], phase: list[str],
+                after_forward: list[int], hold_batch: bool = True) -> None:
+    """The blogs' accelerate loops under torch 1.x DDP, step by step: the weights and buffers moved to the GPU, DDP's
+    construction, then each step's batch, the buffers' broadcast (``broadcast_buffers=True``), the forward (under
+    autocast with ``amp``, its output converted to fp32 by accelerate), the scaled backward, the optimizer and an
+    in-place ``zero_grad``. The output is rebound, so the previous step's dies only at the next forward's end;
+    ``hold_batch`` False drops the batch once the forward has run."""
+    params, buffers = list(model.parameters()), list(model.buffers())
+    for t in params + buffers:   # model.to("cuda")
+        log.charge(t, "to(cuda)")
+    stack.enter_context(log.mode())
+    buckets = ddp_start(phase, params + buffers, params)
+    state: dict[int, dict[str, Any]] = {}
+    outputs = batch_in = None
+    for step in range(steps):
+        if step == 1:
+            buckets = ddp_rebuild(phase, params, buckets)
+        phase[0] = f"step {step + 1} forward"
+        batch_in = batch_of_step()
+        broadcast_coalesced(buffers)   # broadcast_buffers=True: every forward
+        emulation.cache_enabled = True
+        with emulation:
+            out = model(**batch_in)
+            emulation.end_region()
+        outputs = to_fp32(out) if amp else out   # rebinds: the previous step's output dies only here
+        del out
+        if not hold_batch:
+            batch_in = None
+        after_forward.append(len(log.events))
+        loss = outputs.loss
+        phase[0] = f"step {step + 1} backward"
+        with emulation:
+            emulation.backward(loss * 65536.0 if amp else loss)   # GradScaler.scale under fp16
+        del loss
+        phase[0] = f"step {step + 1} optimizer"
+        optimizer(params, state)
+        for p in params:
+            p.grad.detach_().zero_()
+    del outputs, batch_in, buckets
+
+
 def fits(batch: int, cap: int, amp: bool, steps: int = 3) -> tuple[bool, Allocator]:
-    events = events_of_run(batch, steps, amp=amp)
-    a = Allocator(limit=cap)
-    try:
-        a.replay(events)
-        return True, a
-    except OutOfMemory as e:
-        print(f"  OOM: a {e.size / GiB:.3f} GiB segment for {OPS[e.key]}", flush=True)
-        return False, e.allocator
+    return replay_under(events_of_run(batch, steps, amp=amp), cap, OPS.get)
 
 
 def card_cap(row_id: str) -> int:
@@ -178,21 +180,7 @@ def main() -> int:
     if "--search" in args:
         cap = card_cap("641" if amp else "640")
         print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
-        b, largest, smallest_oom = max(1, batch - 2), 0, 0   # up from the start while it fits, down while it does not
-        while not largest or not smallest_oom:
-            ok, a = fits(b, cap, amp, steps)
-            print(f"b={b} amp={amp}: {'fits' if ok else 'OOM'} peak allocated {a.peak_allocated / GiB:.3f} "
-                  f"reserved {a.peak_reserved / GiB:.3f}", flush=True)
-            if ok:
-                largest = b
-            else:
-                smallest_oom = b
-            if b == 1 and not ok:
-                break
-            b = b + 1 if ok else b - 1
-            if largest and smallest_oom:
-                break
-        print(f"largest fitting batch: {largest}")
+        largest_fitting(lambda b: fits(b, cap, amp, steps), max(1, batch - 2), lambda b: f"b={b} amp={amp}")
         return 0
     events = events_of_run(batch, steps, amp=amp)
     a = Allocator()

@@ -44,8 +44,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from allocation_log import AllocationLog
-from caching_allocator import Allocator, OutOfMemory
+from allocation_log import AllocationLog, live_peak
+from caching_allocator import Allocator, largest_fitting, replay_under
 
 GiB = 2**30
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -118,6 +118,27 @@ def broadcast_coalesced(tensors: list[Any], limit: int = BROADCAST_BUCKET) -> No
         in_flight.pop(0)
 
 
+def ddp_start(phase: list[str], broadcast: list[Any], trainable: list[Any]) -> list[Any]:
+    """DDP's construction as torch 1.x allocates it: the broadcast of ``broadcast`` (the module's state), then the
+    Reducer's flat fp32 buckets, in reverse parameter order."""
+    import torch
+
+    phase[0] = "ddp broadcast"
+    broadcast_coalesced(broadcast)
+    phase[0] = "ddp buckets"
+    return [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in trainable]))]
+
+
+def ddp_rebuild(phase: list[str], trainable: list[Any], buckets: list[Any]) -> list[Any]:
+    """``rebuild_buckets`` before the second forward: the old buckets freed, new ones in grad-ready order (about the
+    parameters' reverse)."""
+    import torch
+
+    phase[0] = "ddp rebuild"
+    buckets.clear()
+    return [torch.empty(n) for n in bucket_sizes([p.numel() for p in reversed(trainable)])]
+
+
 def label_smoothed_nll_loss(lprobs: Any, target: Any, epsilon: float, ignore_index: int) -> Any:
     """examples/seq2seq/utils.py (transformers 4.2) ``label_smoothed_nll_loss`` ("From fairseq"), the loss only."""
     if target.dim() == lprobs.dim() - 1:
@@ -167,21 +188,9 @@ def clip_grad_norm_17(params: list[Any], max_norm: float = 1.0) -> None:
 
 def scalar_fallback() -> Any:
     """``.item()`` / ``bool()`` on a fake tensor: False for a bool (4.2's ``isinf(...).any()``: no overflow), else 1."""
-    import torch
-    from torch._subclasses.fake_tensor import DataDependentOutputException
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from perfguide.memory.tracing.cuda_emulation import make_scalar_fallback
 
-    class Fallback(TorchDispatchMode):
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            if func is torch.ops.aten._local_scalar_dense.default:
-                try:
-                    return func(*args, **(kwargs or {}))
-                except DataDependentOutputException:
-                    t = args[0]
-                    return False if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
-            return func(*args, **(kwargs or {}))
-
-    return Fallback()
+    return make_scalar_fallback(bool_answer=False)
 
 
 def events_of_run(batch: int, src: int, tgt: int, steps: int = 3, config: Any = None,
@@ -199,8 +208,7 @@ def events_of_run(batch: int, src: int, tgt: int, steps: int = 3, config: Any = 
     OPS.clear()
     PHASE[0] = "weights"
     config = config if config is not None else t5_config()
-    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                                                              PHASE[0])))
+    log = AllocationLog.noting(OPS, PHASE)
     charge = log.charge
     # CUDA's autocast lists (amp) and fused dropout (1-byte mask)
     emulation = make_cuda_emulation(torch.float16 if amp else None, emulate_sdpa=True)
@@ -217,16 +225,12 @@ def events_of_run(batch: int, src: int, tgt: int, steps: int = 3, config: Any = 
             charge(p, "to(cuda)")
         trainable = [p for p in params if p.requires_grad]
         stack.enter_context(log.mode())
-        PHASE[0] = "ddp broadcast"
-        broadcast_coalesced(list(model.state_dict().values()))   # the tied embedding four times, as 1.7 passes them
-        PHASE[0] = "ddp buckets"
-        buckets = [torch.empty(n) for n in reversed(bucket_sizes([p.numel() for p in trainable]))]
+        # the tied embedding four times in the state, as 1.7 passes it
+        buckets = ddp_start(PHASE, list(model.state_dict().values()), trainable)
         state: dict[int, dict[str, Any]] = {}
         for step in range(steps):
-            if step == 1:   # rebuild_buckets before the second forward: in grad-ready order (about reversed)
-                PHASE[0] = "ddp rebuild"
-                buckets.clear()
-                buckets = [torch.empty(n) for n in bucket_sizes([p.numel() for p in reversed(trainable)])]
+            if step == 1:
+                buckets = ddp_rebuild(PHASE, trainable, buckets)
             PHASE[0] = f"step {step + 1} forward"
             inputs = {"input_ids": torch.randint(2, 32128, (batch, src)), "attention_mask": torch.ones(batch, src, dtype=torch.long),
                       "decoder_input_ids": torch.randint(2, 32128, (batch, tgt))}
@@ -252,52 +256,18 @@ def events_of_run(batch: int, src: int, tgt: int, steps: int = 3, config: Any = 
     return log.events
 
 
-def live_peak(events: list[tuple[str, int, int]]) -> tuple[int, dict[int, int]]:
-    """The most bytes alive at once, and the storages alive then (key -> bytes)."""
-    live = peak = 0
-    sizes: dict[int, int] = {}
-    at: dict[int, int] = {}
-    for kind, key, nbytes in events:
-        if kind == "a":
-            sizes[key] = nbytes
-            live += nbytes
-            if live > peak:
-                peak, at = live, dict(sizes)
-        else:
-            live -= sizes.pop(key)
-    return peak, at
-
-
-def live_at(events: list[tuple[str, int, int]], index: int) -> dict[int, int]:
-    """The storages alive after the first ``index`` events (key -> bytes)."""
-    sizes: dict[int, int] = {}
-    for kind, key, nbytes in events[:index]:
-        if kind == "a":
-            sizes[key] = nbytes
-        else:
-            del sizes[key]
-    return sizes
-
-
-def breakdown(at: dict[int, int]) -> dict[str, int]:
+def breakdown(at: dict[int, int], ops: dict[int, tuple[str, tuple[int, ...], str, str]] = OPS) -> dict[str, int]:
     """Bytes alive at the peak by the phase that made them (and, for steps, by op)."""
     out: dict[str, int] = {}
     for k, b in at.items():
-        op, _, _, phase = OPS[k]
+        op, _, _, phase = ops[k]
         key = phase if not phase.endswith(("forward", "backward")) else f"{phase}: {op}"
         out[key] = out.get(key, 0) + b
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def fits(batch: int, src: int, tgt: int, cap: int, steps: int = 3) -> tuple[bool, Allocator]:
-    events = events_of_run(batch, src, tgt, steps, amp=AMP[0])
-    a = Allocator(limit=cap)
-    try:
-        a.replay(events)
-        return True, a
-    except OutOfMemory as e:
-        print(f"  OOM: a {e.size / GiB:.3f} GiB segment for {OPS[e.key]}", flush=True)
-        return False, e.allocator
+    return replay_under(events_of_run(batch, src, tgt, steps, amp=AMP[0]), cap, OPS.get)
 
 
 def card_cap(row_id: str = "761") -> int:
@@ -348,21 +318,7 @@ def main() -> int:
     if "--search" in args:
         cap = card_cap("762" if AMP[0] else "761")
         print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
-        b, largest, smallest_oom = max(1, batch - 6), 0, 0   # up from the start while it fits, down while it does not
-        while not largest or not smallest_oom:
-            ok, a = fits(b, src, tgt, cap, steps)
-            print(f"b={b} {src}/{tgt}: {'fits' if ok else 'OOM'} peak allocated {a.peak_allocated / GiB:.3f} "
-                  f"reserved {a.peak_reserved / GiB:.3f}", flush=True)
-            if ok:
-                largest = b
-            else:
-                smallest_oom = b
-            if b == 1 and not ok:
-                break
-            b = b + 1 if ok else b - 1
-            if largest and smallest_oom:
-                break
-        print(f"largest fitting batch: {largest}")
+        largest_fitting(lambda b: fits(b, src, tgt, cap, steps), max(1, batch - 6), lambda b: f"b={b} {src}/{tgt}")
         return 0
     events = events_of_run(batch, src, tgt, steps, amp=AMP[0])
     a = Allocator()

@@ -30,8 +30,8 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from allocation_log import AllocationLog
-from caching_allocator import Allocator, OutOfMemory
+from allocation_log import AllocationLog, live_peak
+from caching_allocator import Allocator, replay_under
 
 GiB = 2**30
 #: the op, shape and dtype that made each event's storage, and the phase it was made in (for reading a replay)
@@ -117,8 +117,7 @@ def events_of_steps(seq: int, step: Step, steps: int = 2, layers: int | None = N
     policy.train()
     if ref is not None:
         ref.eval()
-    log = AllocationLog(lambda i, op, t: OPS.__setitem__(i, (op, tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                                                              PHASE[0])))
+    log = AllocationLog.noting(OPS, PHASE)
     events, charge = log.events, log.charge
 
     with stack_patch, contextlib.ExitStack() as stack:
@@ -182,28 +181,8 @@ def replay(events: list[tuple[str, int, int]], cap: int | None = CAP) -> Allocat
     return alloc
 
 
-def live_peak(events: list[tuple[str, int, int]]) -> tuple[int, dict[int, int]]:
-    """The most bytes alive at once, and the storages alive then (key -> bytes)."""
-    live = peak = 0
-    sizes: dict[int, int] = {}
-    at: dict[int, int] = {}
-    for kind, key, nbytes in events:
-        if kind == "a":
-            sizes[key] = nbytes
-            live += nbytes
-            if live > peak:
-                peak, at = live, dict(sizes)
-        else:
-            live -= sizes.pop(key)
-    return peak, at
-
-
 def fits(events: list[tuple[str, int, int]]) -> tuple[bool, Allocator]:
-    try:
-        return True, replay(events)
-    except OutOfMemory as e:
-        print(f"  OOM: a {e.size / GiB:.3f} GiB segment for {OPS[e.key]}", flush=True)
-        return False, e.allocator
+    return replay_under(events, CAP, OPS.get)
 
 
 def print_peak(events: list[tuple[str, int, int]], seq: int, label: str) -> None:

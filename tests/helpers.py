@@ -291,3 +291,22 @@ def saved_in_block(model: Any, block: Any, ids: Any, autocast: bool = False) -> 
         for hook in hooks:
             hook.remove()
     return sum(seen.values())
+
+
+def pypi_release(package: str, version: str, tmp: Path) -> Path:
+    """``package`` ``version`` unpacked under ``tmp`` (its wheel from PyPI, no dependencies), to run or read a release
+    other than the installed one; the test is skipped where PyPI cannot be reached."""
+    import subprocess
+    import sys
+    import zipfile
+
+    wheels = tmp / "wheels"
+    got = subprocess.run([sys.executable, "-m", "pip", "download", f"{package}=={version}", "--no-deps", "-d", str(wheels),
+                          "-q"], capture_output=True, text=True, timeout=300)
+    wheel = next(wheels.glob(f"{package}-{version}-*.whl"), None) if wheels.exists() else None
+    if got.returncode or wheel is None:
+        pytest.skip(f"{package} {version} wheel not downloadable here: {got.stderr.strip()[-200:]}")
+    target = tmp / f"{package}-{version}"
+    with zipfile.ZipFile(wheel) as whl:
+        whl.extractall(target)
+    return target

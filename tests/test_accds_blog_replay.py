@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 import trace_accds_blog_replay as r  # noqa: E402
+from allocation_log import live_at, live_peak  # noqa: E402
 
 #: the tiny BlenderBot: d_model 64, FFN 256, 4 heads, vocabulary 128; batch 4, source 16, target 8 tokens
 H, FF, HEADS, V = 64, 256, 4, 128
@@ -40,8 +41,8 @@ def test_adam_112_keeps_the_previous_denom_through_the_next_parameters_temporari
     made = [n for kind, _, n in log.events if kind == "a"]
     assert made == [4 * n1] * 4 + [4 * n2] * 4   # exp_avg, exp_avg_sq, sqrt, quotient per parameter
     # at the second parameter's quotient: both moments of both, the first's denom, the second's sqrt and quotient
-    assert r.live_peak(log.events)[0] == 4 * (3 * n1 + 4 * n2)
-    alive = r.live_at(log.events, len(log.events))
+    assert live_peak(log.events)[0] == 4 * (3 * n1 + 4 * n2)
+    alive = live_at(log.events, len(log.events))
     assert sorted(alive.values()) == sorted([4 * n1] * 2 + [4 * n2] * 2)   # the moments (state kept); every denom freed
 
 
@@ -57,7 +58,7 @@ def test_blenderbot_decoder_block_bytes_by_hand() -> None:
     alive = {}
     for layers in (1, 2):
         events = r.events_of_run("blenderbot", B, S, T, steps=2, config=_config(layers))
-        alive[layers] = sum(r.live_at(events, r.AFTER_FORWARD[1]).values())
+        alive[layers] = sum(live_at(events, r.AFTER_FORWARD[1]).values())
     # per target token, each of the three pre-norm sublayers: layer_norm's fp32 mean and rstd (8), the fp16 mask of
     # the sublayer's dropout (1h) and the fp32 residual sum (4h). Self-attention: q, k and v each cast the fp32 norm
     # output to fp16 (autocast caches only leaf weights: 3 x 2h) and keep contiguous per-head copies (3 x 2h); the
@@ -95,7 +96,7 @@ def test_deberta_block_keeps_its_position_table_and_indices() -> None:
                              intermediate_size=128, vocab_size=100, position_buckets=16)
         events = r.events_of_run("deberta", 2, 24, 0, steps=2, config=config)
         count: dict[tuple[str, tuple[int, ...], str], int] = {}
-        for key in r.live_at(events, r.AFTER_FORWARD[1]):
+        for key in live_at(events, r.AFTER_FORWARD[1]):
             op, shape, dtype, phase = r.OPS[key]
             if phase == "step 2 forward":
                 count[(op, shape, dtype)] = count.get((op, shape, dtype), 0) + 1

@@ -17,11 +17,11 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import pypi_release
 
 from perfguide import Setup
 from perfguide.memory import lora_activations
@@ -78,17 +78,7 @@ print(json.dumps({"peft": __version__, "flops": block[True][0] - block[False][0]
 
 
 def _release(version: str, tmp: Path) -> Path:
-    """peft ``version`` unpacked under ``tmp`` (its wheel from PyPI, no dependencies)."""
-    wheels = tmp / "wheels"
-    got = subprocess.run([sys.executable, "-m", "pip", "download", f"peft=={version}", "--no-deps", "-d", str(wheels), "-q"],
-                         capture_output=True, text=True, timeout=300)
-    wheel = next(wheels.glob(f"peft-{version}-*.whl"), None) if wheels.exists() else None
-    if got.returncode or wheel is None:
-        pytest.skip(f"peft {version} wheel not downloadable here: {got.stderr.strip()[-200:]}")
-    target = tmp / f"peft-{version}"
-    with zipfile.ZipFile(wheel) as whl:
-        whl.extractall(target)
-    return target
+    return pypi_release("peft", version, tmp)
 
 
 def _traced(version: str, tmp: Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 
 import trace_t5_blog_replay as t5  # noqa: E402
+from allocation_log import live_at, live_peak  # noqa: E402
 
 #: the tiny T5: d_model 64, d_ff 256, 4 heads of 16 (inner 64), vocabulary 128; batch 4, source 32, target 24
 H, FF, HEADS, INNER, V = 64, 256, 4, 64, 128
@@ -47,7 +48,7 @@ def test_broadcast_keeps_two_flats_in_flight() -> None:
         t5.broadcast_coalesced(tensors, limit=1024)
     made = [n for kind, _, n in log.events if kind == "a"]
     assert made == [1024] * 10
-    assert t5.live_peak(log.events)[0] == 2048 and not t5.live_at(log.events, len(log.events))
+    assert live_peak(log.events)[0] == 2048 and not live_at(log.events, len(log.events))
 
 
 def test_t5_block_pair_and_ddp_bytes_by_hand() -> None:
@@ -56,7 +57,7 @@ def test_t5_block_pair_and_ddp_bytes_by_hand() -> None:
     alive = {}
     for layers in (1, 2):
         events = t5.events_of_run(B, S, T, steps=3, config=_config(layers))
-        alive[layers] = sum(t5.live_at(events, t5.AFTER_LOSS[1]).values())
+        alive[layers] = sum(live_at(events, t5.AFTER_LOSS[1]).values())
         if layers == 1:   # DDP at construction: the state_dict broadcast (tied embedding 4x), one flat bucket
             made = {}
             for kind, key, nbytes in events:

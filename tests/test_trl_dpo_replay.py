@@ -21,12 +21,12 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import pypi_release
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 262144
@@ -66,17 +66,7 @@ def releases(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
 
 
 def _release(version: str, tmp: Path) -> Path:
-    """trl ``version`` unpacked under ``tmp`` (its wheel from PyPI, no dependencies)."""
-    wheels = tmp / "wheels"
-    got = subprocess.run([sys.executable, "-m", "pip", "download", f"trl=={version}", "--no-deps", "-d", str(wheels), "-q"],
-                         capture_output=True, text=True, timeout=300)
-    wheel = next(wheels.glob(f"trl-{version}-*.whl"), None) if wheels.exists() else None
-    if got.returncode or wheel is None:
-        pytest.skip(f"trl {version} wheel not downloadable here: {got.stderr.strip()[-200:]}")
-    target = tmp / f"trl-{version}"
-    with zipfile.ZipFile(wheel) as whl:
-        whl.extractall(target)
-    return target
+    return pypi_release("trl", version, tmp)
 
 
 def _traced(release: Path, version: str, seq: int, layers: int, padded: bool, least: int) -> list[list[Any]]:

@@ -162,8 +162,9 @@ def make_cuda_emulation(autocast_dtype: Any | None, emulate_sdpa: bool) -> Any:
     return CudaEmulation()
 
 
-def make_scalar_fallback() -> Any:
-    """A dispatch mode answering ``.item()`` on fake tensors with 1 (1.0, True), where the value is unknowable."""
+def make_scalar_fallback(bool_answer: bool = True) -> Any:
+    """A dispatch mode answering ``.item()`` on fake tensors with 1 (1.0, ``bool_answer``), where the value is
+    unknowable; a caller whose code branches on an overflow check passes False (no overflow)."""
     import torch
     from torch._subclasses.fake_tensor import DataDependentOutputException
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -175,7 +176,7 @@ def make_scalar_fallback() -> Any:
                     return func(*args, **(kwargs or {}))
                 except DataDependentOutputException:
                     t = args[0]
-                    return True if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
+                    return bool_answer if t.dtype == torch.bool else (1.0 if t.is_floating_point() else 1)
             return func(*args, **(kwargs or {}))
 
     return ScalarFallback()
