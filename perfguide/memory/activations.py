@@ -139,8 +139,9 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     b, s = setup.micro_batch_size, setup.seq_len
     dims = block_dims(spec)
     hidden_p, attn_p = dropout_rates(spec)
+    mode = regime(setup)
     # litgpt's own block (litgpt_blocks.py): no dropout, always SDPA
-    lit = litgpt_family(spec, setup) if regime(setup) == "half" else None
+    lit = litgpt_family(spec, setup) if mode == "half" else None
     per_token = _linear(lit.per_token if lit else c.per_token, dims)
     if hidden_p > 0 and lit is None:
         per_token += _linear(c.dropout_per_token, dims)
@@ -158,9 +159,9 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         # Mistral v0.1: traced, a window of 16 and of 4096 save the same bytes at s 64 / 128)
         total += b * spec.num_attention_heads * s * s * s2 + attention_softcap_bytes(spec, setup)
     # DeBERTa-v2's position scores, b x heads x s x 2k per kind (relative_positions.py), in the block's compute dtype
-    total += relative_position_bytes(spec, setup, 4 if regime(setup) == "fp32" else 2)
-    total += position_table_bytes(spec, setup, 4 if regime(setup) == "fp32" else 2, regime(setup) == "amp",
-                                  dropout_rates(spec)[0])
+    nbytes = 4 if mode == "fp32" else 2
+    total += relative_position_bytes(spec, setup, nbytes)
+    total += position_table_bytes(spec, setup, nbytes, mode == "amp", hidden_p)   # pos_dropout: hidden_dropout_prob
     return int(total + fp32_mlp_bytes(spec, setup))
 
 
