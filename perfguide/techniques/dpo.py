@@ -11,9 +11,10 @@ Read in trl 1.16 (trainer/dpo_trainer.py, trainer/utils.py, kernels/chunked_logp
   backward recomputes every tile (one more head GEMM) and accumulates the input and (trained head) weight
   gradients in fp32;
 * the reference: full fine-tuning loads a second, frozen copy in the policy's dtype (``create_model_from_path``
-  with ``dtype=self.model.dtype``, TRL 1.16; 1.14.2 and 1.15.0 pass no dtype, so a model object without a
-  ``ref_model`` or a ``model_init_kwargs`` dtype gets the function's float32 default: not priced, and TRL v1.15's
-  own DPO rows ran a bf16 reference, docs/validation.md 33), placed by ``accelerator.prepare_model(evaluation_mode=True)`` on one GPU / DDP,
+  with ``dtype=self.model.dtype``, TRL 1.16; 1.0-1.15 pass no dtype, so a model object without a ``ref_model`` or a
+  ``model_init_kwargs`` dtype gets the function's float32 default: the plan's DPOConfig names the policy's dtype in
+  ``model_init_kwargs``, ``reference_init_kwargs``; TRL v1.15's own DPO rows ran a bf16 reference,
+  docs/validation.md 33), placed by ``accelerator.prepare_model(evaluation_mode=True)`` on one GPU / DDP,
   by a ZeRO stage-0 DeepSpeed engine under ZeRO-1/2 (a whole copy per GPU, cast to 16 bit by the engine's bf16/fp16
   mode), sharded under ZeRO-3 (its offload_param kept) and under FSDP (``prepare_fsdp``: ``fully_shard`` with the
   plugin's reshard and offload policy). With a PEFT model there is no copy: the reference forward runs the policy
@@ -41,7 +42,7 @@ from ..memory import fused_head
 from ..memory.dpo_logits import dpo_logits_bytes, path_kind
 from ..memory.fused_head import TrlEra, fused_head_parts, hidden_bytes, sft_positions, trl_era
 from ..memory.inference import prefill_transient_bytes
-from ..memory.loss_path import installed_transformers
+from ..memory.loss_path import installed_transformers, version_tuple
 from ..memory.masks import no_grad_forward_mask_bytes
 from ..memory.softcap import final_softcap_bytes
 from ..setup import DTYPE_BYTES
@@ -104,7 +105,9 @@ class Dpo(Technique):
     # --- adapters ------------------------------------------------------------------------------------
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         # DPOConfig only (integrations/trl_dpo.py); an SFT plan emits nothing, so SFTConfig never sees the key
-        return {"precompute_ref_log_probs": bool(ctx.setup.precompute_ref_log_probs)} if self.active(ctx.setup) else {}
+        if not self.active(ctx.setup):
+            return {}
+        return {"precompute_ref_log_probs": bool(ctx.setup.precompute_ref_log_probs), **reference_init_kwargs(ctx.setup)}
 
     # --- the cost model ------------------------------------------------------------------------------
     def shape(self, setup: Any) -> Any:
@@ -124,9 +127,9 @@ class Dpo(Technique):
             return terms
         check_causal_lm(ctx.spec)
         on_device, host = reference_weight_bytes(ctx.spec, ctx.setup)
-        terms = terms.changed(reference_note(ctx.setup, on_device, host), extra_weights=terms.extra_weights + on_device,
-                              cpu_ram=terms.cpu_ram + host)
         release = fused_head.installed_trl()
+        terms = terms.changed(reference_note(ctx.setup, on_device, host) + fp32_reference_warning(ctx.setup, release),
+                              extra_weights=terms.extra_weights + on_device, cpu_ram=terms.cpu_ram + host)
         era = trl_era(release)
         if era.dpo_loss in ("torch", "kernel"):   # TRL 1.0-1.14: full [2b, s, V] logits, policy and reference
             path = full_logits_path_bytes(ctx.spec, ctx.setup, era)
@@ -194,6 +197,32 @@ def label_positions(setup: Setup) -> int:
     """Positions the fused head scores per micro-step: every next-token label of the 2 b sequences (an upper bound:
     prompt positions carry label -100 and are skipped on CUDA): an SFT step's positions, over two rows per pair."""
     return 2 * sft_positions(setup)
+
+
+#: ``from_pretrained`` dtype names of the weight dtypes a full fine-tune's reference copy is priced at
+TRL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def reference_init_kwargs(setup: Setup) -> dict[str, Any]:
+    """``model_init_kwargs`` naming the policy's dtype, so the reference TRL loads is the copy the plan priced.
+
+    DPOTrainer builds the reference with ``create_model_from_path(ref_model_path, **args.model_init_kwargs)``, whose
+    dtype defaults to float32 (trl/trainer/utils.py, 1.0.0-1.16.0). TRL 1.16 first sets the policy's dtype
+    (``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)``); 1.0-1.15 do not, so a bf16 model object without
+    a ``ref_model`` gets an fp32 reference, twice the bytes priced (read in the 1.0.0, 1.8.0, 1.13.0, 1.14.2 and
+    1.15.0 wheels). Naming the dtype fixes it in every 1.x release; a model given as a string loads at it too, as
+    the plan priced the policy. Nothing when no reference copy is kept (LoRA, precomputed log-probs)."""
+    name = TRL_DTYPE_NAMES.get(setup.weights_dtype)
+    return {"model_init_kwargs": {"dtype": name}} if keeps_reference_copy(setup) and name else {}
+
+
+def fp32_reference_warning(setup: Setup, release: str | None) -> str:
+    """Said where the installed TRL (1.0-1.15) would load an fp32 reference beside a 16-bit policy object unless
+    the config names the dtype (``reference_init_kwargs``), which a DPOConfig of the user's own may not."""
+    if not (keeps_reference_copy(setup) and release and version_tuple(release) < (1, 16)) or setup.weights_dtype == "fp32":
+        return ""
+    return (f"; TRL {release} loads it in float32 unless DPOConfig.model_init_kwargs names a dtype (rec.dpo_config() sets "
+            f"{reference_init_kwargs(setup)['model_init_kwargs']}), or pass ref_model")
 
 
 def reference_weight_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
