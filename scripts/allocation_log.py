@@ -8,8 +8,9 @@ tensors carry real storage sizes, so a step at a model's real shape logs its rea
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: ("a", id, bytes) for an allocation, ("f", id, 0) for its free
@@ -24,6 +25,9 @@ class AllocationLog:
         self.seen: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.note = note
         self._count = 0
+        #: the CUDA stream new storages are requested on (0: the default stream), and each storage's stream where not 0
+        self.stream = 0
+        self.streams: dict[int, int] = {}
 
     @classmethod
     def noting(cls, ops: dict[int, tuple[str, tuple[int, ...], str, str]], phase: list[str]) -> AllocationLog:
@@ -44,9 +48,20 @@ class AllocationLog:
         self._count += 1
         self.seen[storage] = self._count
         self.events.append(("a", self._count, storage.nbytes()))
+        if self.stream:
+            self.streams[self._count] = self.stream
         if self.note is not None:
             self.note(self._count, op, t)
         weakref.finalize(storage, self.events.append, ("f", self._count, 0))
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: int) -> Iterator[None]:
+        """Storages made inside are requested on ``stream`` (a side stream's ``with torch.cuda.stream(s):`` block)."""
+        before, self.stream = self.stream, stream
+        try:
+            yield
+        finally:
+            self.stream = before
 
     def mode(self) -> Any:
         """A TorchDispatchMode charging every op's non-meta tensor outputs."""

@@ -20,8 +20,15 @@ With a cap (``limit``, as ``set_per_process_memory_fraction`` sets it), a new se
 bytes over it fails as cudaMalloc would; the allocator then returns every cached free segment that is whole (not
 split: ``release_cached_blocks``) and tries once more, and a second failure is an out-of-memory error.
 
+Streams: a block belongs to the stream its request was made on, and a free block serves only requests of that stream
+(the pools are ordered by stream first: ``BlockComparator``, and ``get_free_block`` gives up when the block found is
+another stream's); a segment is reserved for one stream. A replay tags a request with its stream through ``streams``
+(tensor id -> stream; 0, the default stream, otherwise). What is not replayed is time: ``record_stream`` keeps a
+freed block from reuse until the other stream's recorded events complete (``process_events``), and the replay frees
+it at once, so a multi-stream replay is optimistic there.
+
 The expandable-segments mode (off by default) and the garbage-collection threshold (unset by default) are not
-replayed. One stream, as a single-GPU training step runs.
+replayed.
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Block:
     ptr: int
     size: int
     small: bool
+    stream: int = 0
     free: bool = True
     prev: Block | None = None
     next: Block | None = None
@@ -74,9 +82,10 @@ class Block:
 
 @dataclass
 class Allocator:
-    """The caching allocator's state: two pools of free blocks, the live blocks by tensor id, and its counters."""
+    """The caching allocator's state: the pools of free blocks (small or large, per stream), the live blocks by tensor
+    id, and its counters."""
 
-    pools: dict[bool, list[tuple[int, int, Block]]] = field(default_factory=lambda: {True: [], False: []})
+    pools: dict[tuple[bool, int], list[tuple[int, int, Block]]] = field(default_factory=dict)
     live: dict[int, Block] = field(default_factory=dict)
     reserved: int = 0
     allocated: int = 0
@@ -86,21 +95,24 @@ class Allocator:
     limit: int | None = None
     _next_ptr: int = 0
 
+    def _pool(self, small: bool, stream: int) -> list[tuple[int, int, Block]]:
+        return self.pools.setdefault((small, stream), [])
+
     def _insert(self, block: Block) -> None:
-        bisect.insort(self.pools[block.small], (block.size, block.ptr, block))
+        bisect.insort(self._pool(block.small, block.stream), (block.size, block.ptr, block))
 
     def _remove(self, block: Block) -> None:
-        pool = self.pools[block.small]
+        pool = self._pool(block.small, block.stream)
         i = bisect.bisect_left(pool, (block.size, block.ptr))
         while pool[i][2] is not block:
             i += 1
         pool.pop(i)
 
-    def malloc(self, key: int, nbytes: int) -> None:
-        """Serve tensor ``key``'s request of ``nbytes``."""
+    def malloc(self, key: int, nbytes: int, stream: int = 0) -> None:
+        """Serve tensor ``key``'s request of ``nbytes`` made on ``stream``."""
         size = round_size(nbytes)
         small = size <= SMALL_SIZE
-        pool = self.pools[small]
+        pool = self._pool(small, stream)
         i = bisect.bisect_left(pool, (size, -1))
         if i < len(pool):
             block = pool.pop(i)[2]
@@ -110,13 +122,13 @@ class Allocator:
                 self.release_cached()
                 if self.reserved + seg > self.limit:
                     raise OutOfMemory(self, seg, key)
-            block = Block(self._next_ptr, seg, small)
+            block = Block(self._next_ptr, seg, small, stream)
             self._next_ptr += seg + (1 << 40)   # segments are never adjacent: no merge across them
             self.reserved += seg
             self.segments += 1
         rest = block.size - size
         if (rest >= MIN_BLOCK) if small else (rest > SMALL_SIZE):
-            tail = Block(block.ptr + size, rest, small, prev=block, next=block.next)
+            tail = Block(block.ptr + size, rest, small, block.stream, prev=block, next=block.next)
             if block.next is not None:
                 block.next.prev = tail
             block.next, block.size = tail, size
@@ -128,8 +140,9 @@ class Allocator:
         self.peak_reserved = max(self.peak_reserved, self.reserved)
 
     def release_cached(self) -> None:
-        """Return every free block that is a whole segment to CUDA (``release_cached_blocks``); split segments stay."""
-        for small, pool in self.pools.items():
+        """Return every free block that is a whole segment to CUDA, of every stream (``release_cached_blocks``); split
+        segments stay."""
+        for pool_key, pool in self.pools.items():
             keep = []
             for entry in pool:
                 block = entry[2]
@@ -138,7 +151,7 @@ class Allocator:
                     self.segments -= 1
                 else:
                     keep.append(entry)
-            self.pools[small] = keep
+            self.pools[pool_key] = keep
 
     def free(self, key: int) -> None:
         """Return tensor ``key``'s block to its pool, merged with its free neighbours."""
@@ -161,22 +174,25 @@ class Allocator:
                         other.next.prev = block
         self._insert(block)
 
-    def replay(self, events: list[tuple[str, int, int]]) -> None:
-        """Apply ``("a", key, nbytes)`` / ``("f", key, 0)`` events in order."""
+    def replay(self, events: list[tuple[str, int, int]], streams: dict[int, int] | None = None) -> None:
+        """Apply ``("a", key, nbytes)`` / ``("f", key, 0)`` events in order, each request on ``streams[key]`` (default 0)."""
+        streams = streams or {}
         for kind, key, nbytes in events:
             if kind == "a":
-                self.malloc(key, nbytes)
+                self.malloc(key, nbytes, streams.get(key, 0))
             else:
                 self.free(key)
 
 
 def replay_under(events: list[tuple[str, int, int]], cap: int | None,
-                 describe: Callable[[int], object] | None = None) -> tuple[bool, Allocator]:
-    """Replay ``events`` under ``cap``: (True, the allocator after them) or (False, the allocator at the OOM), printing
-    the failed request with ``describe(key)`` (what made the tensor) when given."""
+                 describe: Callable[[int], object] | None = None,
+                 streams: dict[int, int] | None = None) -> tuple[bool, Allocator]:
+    """Replay ``events`` (on ``streams``, see ``Allocator.replay``) under ``cap``: (True, the allocator after them) or
+    (False, the allocator at the OOM), printing the failed request with ``describe(key)`` (what made the tensor) when
+    given."""
     allocator = Allocator(limit=cap)
     try:
-        allocator.replay(events)
+        allocator.replay(events, streams)
         return True, allocator
     except OutOfMemory as e:
         if describe is not None:

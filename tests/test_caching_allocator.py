@@ -141,3 +141,24 @@ def test_cap_cannot_release_a_split_segment(ca: ModuleType) -> None:
     b = ca.Allocator(limit=64 * MiB)                       # the same requests with the 12 MiB block freed first
     b.replay([("a", 1, 40 * MiB), ("f", 1, 0), ("a", 2, 12 * MiB), ("f", 2, 0), ("a", 3, 30 * MiB)])
     assert b.reserved == 40 * MiB                          # the merged 40 MiB block serves it: no new segment
+
+
+def test_a_freed_block_serves_only_its_own_streams_requests(ca: ModuleType) -> None:
+    """The pools are ordered by stream first (``BlockComparator``) and ``get_free_block`` gives up on another stream's
+    block: a 100 MiB block freed on stream 1 does not serve a default-stream request of 50 MiB, which reserves a
+    segment of its own; a later stream-1 request of 60 MiB splits the cached block (more than 1 MiB left); at a cap
+    the default stream's request gets the other stream's whole cached segment back (``release_cached_blocks`` frees
+    every stream's), but not a split one."""
+    a = ca.Allocator()
+    a.replay([("a", 1, 100 * MiB), ("f", 1, 0), ("a", 2, 50 * MiB)], {1: 1})
+    assert (a.reserved, a.segments) == (150 * MiB, 2)
+    a.replay([("a", 3, 60 * MiB)], {3: 1})
+    assert a.reserved == 150 * MiB and a.live[3].stream == 1
+    capped = ca.Allocator(limit=160 * MiB)
+    capped.replay([("a", 1, 100 * MiB), ("f", 1, 0), ("a", 2, 50 * MiB), ("a", 4, 100 * MiB)], {1: 1})
+    assert (capped.reserved, capped.segments) == (150 * MiB, 2)   # the stream-1 segment released, then reserved again
+    split = ca.Allocator(limit=160 * MiB)
+    split.replay([("a", 1, 100 * MiB), ("f", 1, 0), ("a", 5, 30 * MiB), ("a", 2, 50 * MiB)], {1: 1, 5: 1})
+    assert split.reserved == 150 * MiB
+    with pytest.raises(ca.OutOfMemory):
+        split.malloc(6, 20 * MiB)   # stream 1's 70 MiB free block is part of a split segment: nothing to release
