@@ -25,7 +25,13 @@ idna certifi charset_normalizer``), accelerate 0.7 and PyTorch ~1.12:
   (weight decay 0) stepped through the scaler (unscale in place), ``optimizer.zero_grad()`` (grads zeroed in place:
   set_to_none False before 2.0).
 
-Usage: python scripts/trace_gpt2_fsdp_blog_replay.py [--release DIR] [--amp] [--batch B] [--steps N] [--search]
+With ``--fsdp ROW`` (the blog's FSDP rows, fp32, 2 GPUs: ``FSDP_ROWS``) the same loop runs under torch 1.12's FSDP1
+as scripts/fsdp1_emulation.py allocates it (accelerate 0.7 wraps the CPU model, then ``model.to(device)`` unless
+parameters are offloaded; the optimizer is made on the wrapped model's shards), the requests on FSDP's
+``all_gather`` and ``post_backward`` streams kept to their streams' blocks in the replay.
+
+Usage: python scripts/trace_gpt2_fsdp_blog_replay.py [--release DIR] [--amp | --fsdp ROW] [--batch B] [--steps N]
+[--search]
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from allocation_log import AllocationLog, live_at, live_peak
 from caching_allocator import Allocator, largest_fitting, replay_under
+from fsdp1_emulation import run as fsdp1_run
+from fsdp1_emulation import wrap as fsdp1_wrap
 from trace_t5_blog_replay import ROOT, GiB, adamw_42, broadcast_coalesced, ddp_rebuild, ddp_start, scalar_fallback, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
@@ -50,6 +58,19 @@ PHASE = ["weights"]
 #: the event count when each step's output is returned (its backward not yet begun)
 AFTER_FORWARD: list[int] = []
 SEQ = 128
+#: the streams of the last run's requests (tensor id -> stream), for the replay
+STREAMS: dict[int, int] = {}
+#: the blog's FSDP rows on 2 GPUs (bench/data/published_measurements.csv): model, FULL_SHARD (else SHARD_GRAD_OP),
+#: min_num_params (642 states none: the blog's sample config's 2000, validation.md 13), CPU offload
+FSDP_ROWS: dict[str, tuple[str, bool, int, bool]] = {
+    "642": ("openai-community/gpt2-large", False, 2000, False),
+    "643": ("openai-community/gpt2-large", True, 1_000_000, False),
+    "644": ("openai-community/gpt2-large", True, 2000, False),
+    "645": ("openai-community/gpt2-large", True, 1_000_000, True),
+    "646": ("openai-community/gpt2-large", True, 2000, True),
+    "650": ("openai-community/gpt2-xl", True, 2000, False),
+    "652": ("openai-community/gpt2-xl", True, 2000, True),
+}
 
 
 def gpt2_config(model: str = "openai-community/gpt2-large", layers: int | None = None, **over: Any) -> Any:
@@ -112,6 +133,41 @@ def events_of_run(batch: int, steps: int = 3, config: Any = None, amp: bool = Tr
     return log.events
 
 
+def events_of_fsdp_run(row: str, batch: int, steps: int = 3, config: Any = None,
+                       seq: int = SEQ) -> list[tuple[str, int, int]]:
+    """Row ``row``'s run under FSDP1 (fp32), its events in order; the requests' streams in ``STREAMS``. GPT-2's head
+    is untied first: 1.12 flattens the tied weight once in wte's unit and again where lm_head is wrapped."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import GPT2LMHeadModel
+
+    from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
+
+    model_id, full_shard, min_num_params, offload = FSDP_ROWS[row]
+    AFTER_FORWARD.clear()
+    OPS.clear()
+    STREAMS.clear()
+    PHASE[0] = "weights"
+    config = config if config is not None else gpt2_config(model_id)
+    log = AllocationLog.noting(OPS, PHASE)
+    emulation = make_cuda_emulation(None, emulate_sdpa=True)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+        stack.enter_context(scalar_fallback())
+        model = GPT2LMHeadModel(config)
+        model.train()
+        model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
+        units = fsdp1_wrap(log, model, min_num_params, 2, full_shard, offload)
+
+        def batch_of_step() -> dict[str, Any]:
+            ids = torch.randint(0, config.vocab_size, (batch, seq))
+            return {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids.clone()}
+
+        fsdp1_run(model, units, stack, log, emulation, steps, offload, batch_of_step, adamw_42, PHASE, AFTER_FORWARD)
+    STREAMS.update(log.streams)
+    return log.events
+
+
 def ddp_amp_run(model: Any, stack: contextlib.ExitStack, log: AllocationLog, emulation: Any, steps: int, amp: bool,
                 batch_of_step: Callable[[], dict[str, Any]],
                 optimizer: Callable[[list[Any], dict[int, dict[str, Any]]], None], phase: list[str],
@@ -155,7 +211,9 @@ def ddp_amp_run(model: Any, stack: contextlib.ExitStack, log: AllocationLog, emu
     del outputs, batch_in, buckets
 
 
-def fits(batch: int, cap: int, amp: bool, steps: int = 3) -> tuple[bool, Allocator]:
+def fits(batch: int, cap: int, amp: bool, steps: int = 3, fsdp: str | None = None) -> tuple[bool, Allocator]:
+    if fsdp is not None:
+        return replay_under(events_of_fsdp_run(fsdp, batch, steps), cap, OPS.get, STREAMS)
     return replay_under(events_of_run(batch, steps, amp=amp), cap, OPS.get)
 
 
@@ -172,19 +230,21 @@ def main() -> int:
     if "--release" in args:
         use_release(args[args.index("--release") + 1])
     amp = "--amp" in args
+    fsdp = args[args.index("--fsdp") + 1] if "--fsdp" in args else None
     batch = int(args[args.index("--batch") + 1]) if "--batch" in args else 7
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 3
     import transformers
 
     print(f"transformers {transformers.__version__}")
     if "--search" in args:
-        cap = card_cap("641" if amp else "640")
+        cap = card_cap(fsdp or ("641" if amp else "640"))
         print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
-        largest_fitting(lambda b: fits(b, cap, amp, steps), max(1, batch - 2), lambda b: f"b={b} amp={amp}")
+        largest_fitting(lambda b: fits(b, cap, amp, steps, fsdp), max(1, batch - 2),
+                        lambda b: f"b={b} {f'fsdp row {fsdp}' if fsdp else f'amp={amp}'}")
         return 0
-    events = events_of_run(batch, steps, amp=amp)
+    events = events_of_fsdp_run(fsdp, batch, steps) if fsdp else events_of_run(batch, steps, amp=amp)
     a = Allocator()
-    a.replay(events)
+    a.replay(events, STREAMS)
     peak, at = live_peak(events)
     print(f"b={batch} amp={amp}: live peak {peak / GiB:.3f} GiB, allocator allocated {a.peak_allocated / GiB:.3f}, "
           f"reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
