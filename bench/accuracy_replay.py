@@ -27,8 +27,9 @@ TABLE = Path(__file__).resolve().parent / "data" / "allocator_replays.csv"
 MAX_CONTEXT = Path(__file__).resolve().parent / "data" / "allocator_max_context.csv"
 #: max-batch rows whose largest batch comes from the capped allocator replayed over their own step (the 2021 ZeRO
 #: blog's t5-large DDP rows, scripts/trace_t5_blog_replay.py; the 2022 FSDP blog's gpt2-large DDP rows,
-#: scripts/trace_gpt2_fsdp_blog_replay.py; docs/validation.md section 32; the 2022 accelerate + DeepSpeed blog's DDP
-#: rows, scripts/trace_accds_blog_replay.py, section 35)
+#: scripts/trace_gpt2_fsdp_blog_replay.py; docs/validation.md section 32; its FSDP rows under torch 1.12's FSDP1, the
+#: same script's --fsdp mode, section 36; the 2022 accelerate + DeepSpeed blog's DDP rows,
+#: scripts/trace_accds_blog_replay.py, section 35)
 MAX_BATCH = Path(__file__).resolve().parent / "data" / "allocator_max_batch.csv"
 
 
