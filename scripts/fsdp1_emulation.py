@@ -36,7 +36,11 @@ Read in torch 1.12.0's torch/distributed/fsdp (fully_sharded_data_parallel.py, f
 Streams: requests on the ``all_gather`` and ``post_backward`` streams are tagged (``AllocationLog.on_stream``), and the
 replay keeps each stream's free blocks for its own requests. ``record_stream`` timing is not replayed: a freed block
 is free at once, an optimistic reading where the real allocator waits for the other stream's events.
-No ``backward_prefetch`` (accelerate 0.7 passes None unless configured), no mixed precision, ``world > 1``.
+One rank (``world`` 1) keeps each flat parameter whole: nothing is gathered or reduce-scattered, and under offload
+each forward and pre-backward hook copies the whole flat parameter to the GPU (``p.data.to(device)``), the views the
+forward made (module attributes until the next forward, tensors saved for backward) keeping the forward's copy, and the
+unsharded gradient stays ``p.grad`` until ``_finalize_params`` swaps in ``_cpu_grad``.
+No ``backward_prefetch`` (accelerate 0.7 passes None unless configured), no mixed precision, no NO_SHARD.
 """
 
 from __future__ import annotations
@@ -106,8 +110,10 @@ class Unit:
         self.places = [(m, n, tuple(getattr(m, n).shape)) for m, n in places]
         self.numels = [getattr(m, n).numel() for m, n in places]
         self.numel = sum(self.numels)
+        self.sharded = world > 1   # _shard_parameters: one rank (or NO_SHARD) keeps the flat parameter whole
         self.shard = -(-self.numel // world)
         self.flat = torch.nn.Parameter(torch.empty(self.numel)) if places else None
+        self.host = self.flat.data if self.flat is not None else None   # p._local_shard, never charged
         for m, n in places:
             del m._parameters[n]
         if self.flat is not None:   # a parameter of the module, as FlattenParamsWrapper registers it (``dtype`` reads it)
@@ -130,10 +136,17 @@ class Unit:
             self.local = torch.nn.Parameter(torch.empty(self.shard))
 
     def _gather(self) -> None:
-        """``_rebuild_full_params`` on the all_gather stream (nothing when the full parameter is still there)."""
+        """``_rebuild_full_params`` on the all_gather stream (nothing when the full parameter is still there). Unsharded
+        under offload: ``p.data = p.data.to(device)``, the whole flat parameter copied and used as it is, so the views
+        made from it (the module's attributes, the tensors saved for backward) keep the copy alive."""
         import torch
 
         if self.flat is None or self.full is not None:
+            return
+        if not self.sharded:
+            if self.offload:
+                with self.log.on_stream(ALL_GATHER):
+                    self.flat.data = torch.empty(self.numel)
             return
         with self.log.on_stream(ALL_GATHER):
             copy = torch.empty(self.shard) if self.offload else None   # p.data.to(compute_device)
@@ -147,7 +160,8 @@ class Unit:
             return
         if not self.initialized:   # _lazy_init -> _init_param_attributes, default stream
             self.initialized = True
-            torch.zeros(self.shard * self.world)
+            if self.sharded:
+                torch.zeros(self.shard * self.world)
         self._gather()
         for (m, n, shape), view in zip(self.places, self.flat.split(self.numels)):
             setattr(m, n, view.view(shape))   # FlattenParamsWrapper._unflatten_params_as_views
@@ -158,6 +172,7 @@ class Unit:
             return
         if self.reshard:
             self.full = None   # _free_full_params
+        self._use_local_shard()
         for t in _tensors(out):
             if t.requires_grad:
                 t.register_hook(lambda grad: self._pre_backward())
@@ -167,10 +182,18 @@ class Unit:
             self.pre_backward_ran = True
             self._gather()
 
+    def _use_local_shard(self) -> None:
+        """``_use_param_local_shard``: ``p.data = p._local_shard`` (what else holds the old data keeps it)."""
+        if self.flat is not None and not self.sharded and self.offload:
+            self.flat.data = self.host
+
     def _post_backward(self, flat: Any) -> None:
         import torch
 
         self.full = None
+        self._use_local_shard()
+        if not self.sharded:   # no reduce-scatter; the gradient stays p.grad (copied to _cpu_grad) to _finalize_params
+            return
         grad, flat.grad = flat.grad, None
         with self.log.on_stream(POST_BACKWARD):
             padded = torch.empty(self.shard * self.world)   # F.pad(grad_flatten, [0, num_pad])
@@ -185,6 +208,8 @@ class Unit:
         """``_finalize_params``: under offload the GPU gradient shard is dropped (``p.grad = p._cpu_grad``)."""
         if self.offload:
             self.saved_grad = None
+            if self.flat is not None and not self.sharded:
+                self.flat.grad = None   # p.grad = p._cpu_grad
 
 
 def wrap(log: AllocationLog, model: Any, min_num_params: int, world: int, full_shard: bool,

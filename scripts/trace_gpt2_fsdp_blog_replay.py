@@ -25,7 +25,7 @@ idna certifi charset_normalizer``), accelerate 0.7 and PyTorch ~1.12:
   (weight decay 0) stepped through the scaler (unscale in place), ``optimizer.zero_grad()`` (grads zeroed in place:
   set_to_none False before 2.0).
 
-With ``--fsdp ROW`` (the blog's FSDP rows, fp32, 2 GPUs: ``FSDP_ROWS``) the same loop runs under torch 1.12's FSDP1
+With ``--fsdp ROW`` (the blog's FSDP rows, fp32: ``FSDP_ROWS``) the same loop runs under torch 1.12's FSDP1
 as scripts/fsdp1_emulation.py allocates it (accelerate 0.7 wraps the CPU model, then ``model.to(device)`` unless
 parameters are offloaded; the optimizer is made on the wrapped model's shards), the requests on FSDP's
 ``all_gather`` and ``post_backward`` streams kept to their streams' blocks in the replay.
@@ -60,16 +60,17 @@ AFTER_FORWARD: list[int] = []
 SEQ = 128
 #: the streams of the last run's requests (tensor id -> stream), for the replay
 STREAMS: dict[int, int] = {}
-#: the blog's FSDP rows on 2 GPUs (bench/data/published_measurements.csv): model, FULL_SHARD (else SHARD_GRAD_OP),
-#: min_num_params (642 states none: the blog's sample config's 2000, validation.md 13), CPU offload
-FSDP_ROWS: dict[str, tuple[str, bool, int, bool]] = {
-    "642": ("openai-community/gpt2-large", False, 2000, False),
-    "643": ("openai-community/gpt2-large", True, 1_000_000, False),
-    "644": ("openai-community/gpt2-large", True, 2000, False),
-    "645": ("openai-community/gpt2-large", True, 1_000_000, True),
-    "646": ("openai-community/gpt2-large", True, 2000, True),
-    "650": ("openai-community/gpt2-xl", True, 2000, False),
-    "652": ("openai-community/gpt2-xl", True, 2000, True),
+#: the blog's FSDP rows (bench/data/published_measurements.csv): model, FULL_SHARD (else SHARD_GRAD_OP),
+#: min_num_params (642 states none: the blog's sample config's 2000, validation.md 13), CPU offload, GPUs
+FSDP_ROWS: dict[str, tuple[str, bool, int, bool, int]] = {
+    "642": ("openai-community/gpt2-large", False, 2000, False, 2),
+    "643": ("openai-community/gpt2-large", True, 1_000_000, False, 2),
+    "644": ("openai-community/gpt2-large", True, 2000, False, 2),
+    "645": ("openai-community/gpt2-large", True, 1_000_000, True, 2),
+    "646": ("openai-community/gpt2-large", True, 2000, True, 2),
+    "650": ("openai-community/gpt2-xl", True, 2000, False, 2),
+    "651": ("openai-community/gpt2-xl", True, 2000, True, 1),
+    "652": ("openai-community/gpt2-xl", True, 2000, True, 2),
 }
 
 
@@ -143,7 +144,7 @@ def events_of_fsdp_run(row: str, batch: int, steps: int = 3, config: Any = None,
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
 
-    model_id, full_shard, min_num_params, offload = FSDP_ROWS[row]
+    model_id, full_shard, min_num_params, offload, world = FSDP_ROWS[row]
     AFTER_FORWARD.clear()
     OPS.clear()
     STREAMS.clear()
@@ -157,7 +158,7 @@ def events_of_fsdp_run(row: str, batch: int, steps: int = 3, config: Any = None,
         model = GPT2LMHeadModel(config)
         model.train()
         model.lm_head.weight = torch.nn.Parameter(torch.empty_like(model.lm_head.weight))
-        units = fsdp1_wrap(log, model, min_num_params, 2, full_shard, offload)
+        units = fsdp1_wrap(log, model, min_num_params, world, full_shard, offload)
 
         def batch_of_step() -> dict[str, Any]:
             ids = torch.randint(0, config.vocab_size, (batch, seq))

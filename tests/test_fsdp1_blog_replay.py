@@ -123,3 +123,23 @@ def test_cpu_offload_leaves_copies_and_gradient_shards_until_the_backward_ends()
     assert not [n for kind, key, n in events if kind == "a" and g.OPS[key][3].endswith("optimizer")]
     weights = [n for kind, key, n in events[:f1] if kind == "a" and g.OPS[key][3] == "weights"]
     assert sum(weights) < 2**21   # the model's buffers only
+
+
+def test_one_rank_under_offload_copies_whole_flat_parameters() -> None:
+    """Row 651's FSDP (one GPU, CPU offload): nothing is sharded, gathered or reduce-scattered; each forward and each
+    pre-backward hook copies the unit's whole flat parameter to the GPU (n x 4 B, ``p.data.to(device)``). The forward's
+    copies stay alive through the module's view attributes (FlattenParamsWrapper's) until the next forward, so at the
+    loss the whole model is on the GPU once; each unit's unsharded gradient (the ``cat``) stays ``p.grad`` to the end
+    of the backward, where ``_cpu_grad`` replaces it."""
+    events = _run("651")
+    f1, f2, f3 = g.AFTER_FORWARD
+    whole = [4 * n for n in [ROOT, *UNITS]]
+    assert _made(events, f1, f2, ALL_GATHER, "forward") == whole
+    assert sorted(_made(events, f2, f3, ALL_GATHER, "backward")) == sorted(whole)
+    assert _alive(events, f2, ALL_GATHER) == sum(whole)
+    assert not [n for kind, key, n in events if kind == "a" and g.STREAMS.get(key) == POST_BACKWARD]
+    last = max(i for i, (kind, key, _) in enumerate(events[:f3]) if kind == "a" and g.OPS[key][3] == "step 2 backward")
+    grads = [n for key, n in live_at(events, last + 1).items()
+             if g.OPS[key][0] == "aten.cat.default" and g.OPS[key][3] == "step 2 backward" and len(g.OPS[key][1]) == 1]
+    assert sorted(grads) == sorted(whole)
+    assert not [key for key in live_at(events, f3) if g.OPS[key][3] == "step 2 backward"]

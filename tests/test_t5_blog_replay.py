@@ -111,7 +111,8 @@ def test_replayed_max_batches_are_the_replays_boundaries() -> None:
     rows = {r["row_id"]: r for r in csv.DictReader(open(os.path.join(bench, "data", "published_measurements.csv")))}
     with MAX_BATCH.open(newline="") as f:
         table = list(csv.DictReader(f))
-    assert {r["row_id"] for r in table} == {"640", "641", "642", "643", "644", "645", "646", "650", "652", "761", "762",
+    assert {r["row_id"] for r in table} == {"640", "641", "642", "643", "644", "645", "646", "650", "651", "652", "761",
+                                            "762",
                                             "1159", "1161"}
     for r in table:
         row = rows[r["row_id"]]
