@@ -223,10 +223,11 @@ class Zero2Engine:
         torch.zeros(1, dtype=torch.uint8)   # overflow_gpu
 
     def _grad_norm(self, i: int) -> None:
-        """``get_grad_norm_direct``: an fp64 copy of each averaged gradient of group ``i``, its norm; the total."""
+        """``get_grad_norm_direct``: an fp64 copy of each averaged gradient of group ``i``, its norm; the total. It
+        zips the gradients with the owned parameters, so the last partition's zero padding is not normed."""
         import torch
 
-        for g in self.averaged[i]:
+        for g in self.averaged[i][:len(self.in_partition[i])]:
             float(g.double().norm(2))
         torch.zeros(1)   # total_norm_cuda
 
