@@ -64,7 +64,8 @@ EVIDENCE = (
     "ratio) is the same for the three model sizes at each max_length: 2.57-2.59 GiB at 512, 5.29-5.79 at 1024, "
     "9.19-9.34 at 2048 (the whole dataset), 12.85-12.96 at 4096, 17.04-18.83 at 8192 (1000 samples): 32-40 B per "
     "logit at max_length up to 2048, 22 at 4096, 15-16 at 8192; the unpriced bytes follow the run's lengths and the "
-    "vocabulary, not the model",
+    "vocabulary, not the model (the three sizes ran the same samples in the same order: every run seeds 42; "
+    "docs/validation.md 38)",
     "replayed over lengths drawn from the published statistics of cls-fudan-news-zh (scripts/trace_swift_replay.py, "
     "docs/validation.md 31): the allocator keeps three fp32 loss-path blocks for every new longest length, and a "
     "random order of n kept samples sets about ln(n) such records; the replay's cache is model-independent too, but "
