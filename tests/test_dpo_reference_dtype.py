@@ -50,7 +50,15 @@ def _bf16_plan() -> perfguide.Recommendation:
     return perfguide.recommend(tiny_spec(), "train_gpu_one", precision="bf16", master_weights="bf16", **PLAN)
 
 
-def test_a_full_dpo_plan_names_the_policy_dtype_for_the_reference() -> None:
+@pytest.fixture
+def trl_1_15(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans made where TRL 1.15.0 is installed (the release lookup only; tests below run the real 1.14.2)."""
+    from perfguide.memory import fused_head
+
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: "1.15.0")
+
+
+def test_a_full_dpo_plan_names_the_policy_dtype_for_the_reference(trl_1_15: None) -> None:
     rec = _bf16_plan()
     assert rec.setup.weights_dtype == "bf16"
     assert rec.dpo_config_dict()["model_init_kwargs"] == {"dtype": "bfloat16"}
@@ -62,6 +70,15 @@ def test_a_full_dpo_plan_names_the_policy_dtype_for_the_reference() -> None:
     assert "model_init_kwargs" not in lora.dpo_config_dict() and "model_init_kwargs" not in pre.dpo_config_dict()
     # perfguide check reads the emitted config back as the same weights
     assert perfguide.check(tiny_spec(), rec.dpo_config_dict(), hardware=GPU, device="cuda").setup.weights_dtype == "bf16"
+
+
+def test_trl_1_16_and_later_get_no_key() -> None:
+    """1.16+ load the reference at the policy's dtype already; the key would only make TRL warn on a model object."""
+    from perfguide.techniques.dpo import reference_init_kwargs
+
+    s = _bf16_plan().setup
+    assert reference_init_kwargs(s, "1.16.0") == reference_init_kwargs(s, "2.0.0") == {}
+    assert reference_init_kwargs(s, None) == reference_init_kwargs(s, "1.0.0") == {"model_init_kwargs": {"dtype": "bfloat16"}}
 
 
 def _reference_dtypes(tmp: Path, release: Path | None, init_kwargs: dict[str, str] | None) -> dict[str, object]:
@@ -83,7 +100,11 @@ def _reference_dtypes(tmp: Path, release: Path | None, init_kwargs: dict[str, st
 @pytest.mark.parametrize("version", ["1.14.2", None])
 def test_trl_builds_the_reference_the_plan_priced(tmp_path: Path, version: str | None) -> None:
     release = pypi_release("trl", version, tmp_path) if version else None
-    emitted = _bf16_plan().dpo_config_dict()["model_init_kwargs"]
+    from perfguide.techniques.dpo import reference_init_kwargs
+
+    emitted = reference_init_kwargs(_bf16_plan().setup, version)["model_init_kwargs"] if version else None
+    if version is None:   # the installed release (1.16+) gets no key from the plan: the policy's dtype is its default
+        assert "model_init_kwargs" not in _bf16_plan().dpo_config_dict()
     planned = _reference_dtypes(tmp_path, release, emitted)
     assert version is None or planned["trl"] == version
     assert planned["policy"] == planned["reference"] == ["torch.bfloat16"]

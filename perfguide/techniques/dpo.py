@@ -107,7 +107,8 @@ class Dpo(Technique):
         # DPOConfig only (integrations/trl_dpo.py); an SFT plan emits nothing, so SFTConfig never sees the key
         if not self.active(ctx.setup):
             return {}
-        return {"precompute_ref_log_probs": bool(ctx.setup.precompute_ref_log_probs), **reference_init_kwargs(ctx.setup)}
+        return {"precompute_ref_log_probs": bool(ctx.setup.precompute_ref_log_probs),
+                **reference_init_kwargs(ctx.setup, fused_head.installed_trl())}
 
     # --- the cost model ------------------------------------------------------------------------------
     def shape(self, setup: Any) -> Any:
@@ -203,17 +204,20 @@ def label_positions(setup: Setup) -> int:
 TRL_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def reference_init_kwargs(setup: Setup) -> dict[str, Any]:
-    """``model_init_kwargs`` naming the policy's dtype, so the reference TRL loads is the copy the plan priced.
+def reference_init_kwargs(setup: Setup, release: str | None) -> dict[str, Any]:
+    """``model_init_kwargs`` naming the policy's dtype, so the reference TRL ``release`` loads is the copy the plan
+    priced (None: TRL not installed here, the target's release unknown).
 
     DPOTrainer builds the reference with ``create_model_from_path(ref_model_path, **args.model_init_kwargs)``, whose
     dtype defaults to float32 (trl/trainer/utils.py, 1.0.0-1.16.0). TRL 1.16 first sets the policy's dtype
     (``ref_model_init_kwargs.setdefault("dtype", self.model.dtype)``); 1.0-1.15 do not, so a bf16 model object without
     a ``ref_model`` gets an fp32 reference, twice the bytes priced (read in the 1.0.0, 1.8.0, 1.13.0, 1.14.2 and
-    1.15.0 wheels). Naming the dtype fixes it in every 1.x release; a model given as a string loads at it too, as
-    the plan priced the policy. Nothing when no reference copy is kept (LoRA, precomputed log-probs)."""
+    1.15.0 wheels). Naming the dtype fixes it in every 1.x release (a model given as a string loads at it too, as the
+    plan priced the policy); it is left out under 1.16+, where it changes nothing and a model object makes TRL warn
+    that ``model_init_kwargs`` are ignored. Nothing when no reference copy is kept (LoRA, precomputed log-probs)."""
     name = TRL_DTYPE_NAMES.get(setup.weights_dtype)
-    return {"model_init_kwargs": {"dtype": name}} if keeps_reference_copy(setup) and name else {}
+    newer = release is not None and version_tuple(release) >= (1, 16)
+    return {"model_init_kwargs": {"dtype": name}} if keeps_reference_copy(setup) and name and not newer else {}
 
 
 def fp32_reference_warning(setup: Setup, release: str | None) -> str:
@@ -222,7 +226,8 @@ def fp32_reference_warning(setup: Setup, release: str | None) -> str:
     if not (keeps_reference_copy(setup) and release and version_tuple(release) < (1, 16)) or setup.weights_dtype == "fp32":
         return ""
     return (f"; TRL {release} loads it in float32 unless DPOConfig.model_init_kwargs names a dtype (rec.dpo_config() sets "
-            f"{reference_init_kwargs(setup)['model_init_kwargs']}), or pass ref_model")
+            f"{reference_init_kwargs(setup, release)['model_init_kwargs']}; TRL's warning that they are ignored concerns "
+            "the policy object only), or pass ref_model")
 
 
 def reference_weight_bytes(spec: ModelSpec, setup: Setup) -> tuple[int, int]:
