@@ -193,17 +193,23 @@ def main() -> int:
         print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
         largest_fitting(lambda b: fits(kind, b, src, tgt, cap, steps, amp), batch, lambda b: f"b={b} {src}/{tgt}")
         return 0
-    events = events_of_run(kind, batch, src, tgt, steps, amp=amp)
+    print_run(events_of_run(kind, batch, src, tgt, steps, amp=amp), f"b={batch} {src}/{tgt}", OPS, AFTER_FORWARD[-1])
+    return 0
+
+
+def print_run(events: list[tuple[str, int, int]], label: str, ops: dict[int, tuple[str, tuple[int, ...], str, str]],
+              last_forward: int, streams: dict[int, int] | None = None) -> None:
+    """One replayed run, as the CLI prints it: the live peak and what holds it (``ops``: the run's requests), the
+    allocator's peaks, the bytes alive after the last forward (event ``last_forward``); the DDP and ZeRO-2 replays."""
     a = Allocator()
-    a.replay(events)
+    a.replay(events, streams)
     peak, at = live_peak(events)
-    print(f"b={batch} {src}/{tgt}: live peak {peak / GiB:.3f} GiB, allocator allocated {a.peak_allocated / GiB:.3f}, "
+    print(f"{label}: live peak {peak / GiB:.3f} GiB, allocator allocated {a.peak_allocated / GiB:.3f}, "
           f"reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
-    for k, v in breakdown(at, OPS).items():
+    for k, v in breakdown(at, ops).items():
         if v >= 2**20:
             print(f"  {v / GiB:8.4f} GiB  {k}")
-    print(f"after the last forward: {sum(live_at(events, AFTER_FORWARD[-1]).values()) / GiB:.3f} GiB alive")
-    return 0
+    print(f"after the last forward: {sum(live_at(events, last_forward).values()) / GiB:.3f} GiB alive")
 
 
 if __name__ == "__main__":

@@ -46,10 +46,10 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from allocation_log import AllocationLog, live_at, live_peak
+from allocation_log import AllocationLog
 from caching_allocator import Allocator, largest_fitting, replay_under
-from trace_accds_blog_replay import ROWS, _adam_loop, all_nonzero, batch_of, config_of
-from trace_t5_blog_replay import GiB, breakdown, card_cap, scalar_fallback, use_release
+from trace_accds_blog_replay import ROWS, _adam_loop, all_nonzero, batch_of, config_of, print_run
+from trace_t5_blog_replay import GiB, card_cap, scalar_fallback, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -334,15 +334,7 @@ def main() -> int:
         largest_fitting(lambda b: fits(kind, b, src, tgt, cap, steps, rank), batch, lambda b: f"b={b} {src}/{tgt}")
         return 0
     events = events_of_run(kind, batch, src, tgt, steps, rank=rank)
-    a = Allocator()
-    a.replay(events, STREAMS)
-    peak, at = live_peak(events)
-    print(f"b={batch} {src}/{tgt}: live peak {peak / GiB:.3f} GiB, allocator allocated {a.peak_allocated / GiB:.3f}, "
-          f"reserved {a.peak_reserved / GiB:.3f}, segments {a.segments}")
-    for k, v in breakdown(at, OPS).items():
-        if v >= 2**20:
-            print(f"  {v / GiB:8.4f} GiB  {k}")
-    print(f"after the last forward: {sum(live_at(events, AFTER_FORWARD[-1]).values()) / GiB:.3f} GiB alive")
+    print_run(events, f"b={batch} {src}/{tgt}", OPS, AFTER_FORWARD[-1], STREAMS)
     return 0
 
 
