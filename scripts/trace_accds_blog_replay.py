@@ -146,8 +146,6 @@ def events_of_run(kind: str, batch: int, src: int, tgt: int = 0, steps: int = 3,
     """The run's allocation events in order: weights and buffers, DDP's construction, then ``steps`` steps. ``amp``
     False: accelerate without mixed precision (a check of the rows' inferred fp16; docs/validation.md 35)."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import BlenderbotForConditionalGeneration, DebertaV2ForSequenceClassification
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
 
@@ -158,15 +156,25 @@ def events_of_run(kind: str, batch: int, src: int, tgt: int = 0, steps: int = 3,
     log = AllocationLog.noting(OPS, PHASE)
     emulation = make_cuda_emulation(torch.float16 if amp else None, emulate_sdpa=True)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        stack.enter_context(scalar_fallback())
-        stack.enter_context(all_nonzero())
-        cls = DebertaV2ForSequenceClassification if kind == "deberta" else BlenderbotForConditionalGeneration
-        model = cls(config)
-        model.train()
+        model = fake_model(stack, kind, config)
         ddp_amp_run(model, stack, log, emulation, steps, amp, lambda: batch_of(kind, config, batch, src, tgt), adam_112,
                     PHASE, AFTER_FORWARD, hold_batch=False)
     return log.events
+
+
+def fake_model(stack: contextlib.ExitStack, kind: str, config: Any) -> Any:
+    """The row's model from ``config`` on fake tensors, in train mode, with the fake-mode helpers every replay of
+    this blog enters on ``stack`` (the DDP and the ZeRO-2 replays)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import BlenderbotForConditionalGeneration, DebertaV2ForSequenceClassification
+
+    stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    stack.enter_context(scalar_fallback())
+    stack.enter_context(all_nonzero())
+    cls = DebertaV2ForSequenceClassification if kind == "deberta" else BlenderbotForConditionalGeneration
+    model = cls(config)
+    model.train()
+    return model
 
 
 def fits(kind: str, batch: int, src: int, tgt: int, cap: int, steps: int = 3,

@@ -48,8 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from allocation_log import AllocationLog
 from caching_allocator import Allocator, largest_fitting, replay_under
-from trace_accds_blog_replay import ROWS, _adam_loop, all_nonzero, batch_of, config_of, print_run
-from trace_t5_blog_replay import GiB, card_cap, scalar_fallback, use_release
+from trace_accds_blog_replay import ROWS, _adam_loop, batch_of, config_of, fake_model, print_run
+from trace_t5_blog_replay import GiB, card_cap, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -259,8 +259,6 @@ def events_of_run(kind: str, batch: int, src: int, tgt: int = 0, steps: int = 3,
     """The run's allocation events on rank ``rank`` in order: the engine's fp16 model, ZeRO-2's flats, fp32 partition
     and moments, then ``steps`` steps."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from transformers import BlenderbotForConditionalGeneration, DebertaV2ForSequenceClassification
 
     from perfguide.memory.tracing.cuda_emulation import make_cuda_emulation
 
@@ -275,12 +273,7 @@ def events_of_run(kind: str, batch: int, src: int, tgt: int = 0, steps: int = 3,
     log = AllocationLog.noting(OPS, PHASE)
     emulation = make_cuda_emulation(None, emulate_sdpa=True)   # no autocast: the engine runs the fp16 module
     with contextlib.ExitStack() as stack:
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        stack.enter_context(scalar_fallback())
-        stack.enter_context(all_nonzero())
-        cls = DebertaV2ForSequenceClassification if kind == "deberta" else BlenderbotForConditionalGeneration
-        model = cls(config)
-        model.train()
+        model = fake_model(stack, kind, config)
         groups = param_groups(model)
         for t in list(model.parameters()) + list(model.buffers()):   # module.half() on the host (torch 1.12's _apply)
             if t.is_floating_point():
