@@ -182,8 +182,9 @@ def fits(kind: str, batch: int, src: int, tgt: int, cap: int, steps: int = 3,
     return replay_under(events_of_run(kind, batch, src, tgt, steps, amp=amp), cap, OPS.get)
 
 
-def main() -> int:
-    args = sys.argv[1:]
+def run_args(args: list[str]) -> tuple[str, int, int, int, int]:
+    """The CLI's row and shape (kind, source and target length, batch, steps) after ``--release`` is put first on the
+    path; ``--len`` is the (source) padded length in place of the row's cut-off. Shared with the ZeRO-2 replay."""
     if "--release" in args:
         use_release(args[args.index("--release") + 1])
     kind = next(a for a in args if a in ROWS)
@@ -192,6 +193,12 @@ def main() -> int:
         src = int(args[args.index("--len") + 1])
     batch = int(args[args.index("--batch") + 1]) if "--batch" in args else 8
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 3
+    return kind, src, tgt, batch, steps
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    kind, src, tgt, batch, steps = run_args(args)
     amp = "--fp32" not in args
     import transformers
 

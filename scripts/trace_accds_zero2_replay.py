@@ -48,8 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from allocation_log import AllocationLog
 from caching_allocator import Allocator, largest_fitting, replay_under
-from trace_accds_blog_replay import ROWS, _adam_loop, batch_of, config_of, fake_model, print_run
-from trace_t5_blog_replay import GiB, card_cap, use_release
+from trace_accds_blog_replay import _adam_loop, batch_of, config_of, fake_model, print_run, run_args
+from trace_t5_blog_replay import GiB, card_cap
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -309,14 +309,7 @@ def fits(kind: str, batch: int, src: int, tgt: int, cap: int, steps: int = 3, ra
 
 def main() -> int:
     args = sys.argv[1:]
-    if "--release" in args:
-        use_release(args[args.index("--release") + 1])
-    kind = next(a for a in args if a in ROWS)
-    src, tgt = ROWS[kind][2]
-    if "--len" in args:   # the (source) padded length, in place of the row's cut-off
-        src = int(args[args.index("--len") + 1])
-    batch = int(args[args.index("--batch") + 1]) if "--batch" in args else 8
-    steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 3
+    kind, src, tgt, batch, steps = run_args(args)
     rank = int(args[args.index("--rank") + 1]) if "--rank" in args else 0
     import transformers
 
