@@ -284,10 +284,12 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                       notes=(*dev.notes, f"bnb 4-bit absmax replicated on every GPU under FSDP and ZeRO-3 (+{kept / 1e9:.2f} GB)"))
 
     shape = techniques.shaped(setup)   # padding-free: the micro-batch as one row of its real tokens
+    # under FSDP1 + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway (the input
+    # an uncast, undropped adapter keeps too: lora_activations.lora_layer_bytes ``base_keeps_inputs``)
     lora_extra = lora_layer_bytes(shape, led.lora_inputs_per_layer, led.lora_rank_per_layer, led.dora_outputs_per_layer,
-                                  led.dora_weights_per_layer,
-                                  padded_outputs_per_layer=led.padded_outputs_per_layer)
-    # under FSDP + LoRA every frozen Linear keeps its input for the weight gradient FSDP computes anyway
+                                  led.dora_weights_per_layer, padded_outputs_per_layer=led.padded_outputs_per_layer,
+                                  shared_inputs_per_layer=led.shared_inputs_per_layer, base_keeps_inputs=frozen_params_get_grads(setup),
+                                  attention_output_inputs_per_layer=led.attention_output_inputs_per_layer)
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
     keeps_inputs = quantized_matmul_keeps_inputs(setup, bnb_version)
     lora_extra += expert_lora_bytes(spec, shape, led.experts, led.param_bytes, act_setup.lora is not None and not keeps_inputs,

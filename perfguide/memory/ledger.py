@@ -42,6 +42,8 @@ class Ledger:
     dora_identity_per_layer: int = 0  # sum of in x (in + out) of them: peft runs lora_A and lora_B on an in x in identity
     dora_largest: tuple[int, int] = (0, 0)  # (in, out) of the DoRA Linear whose weight norm holds the most at once
     padded_outputs_per_layer: int = 0  # litgpt LoRAQKVLinear with some of q/k/v adapted: their output widths (_padded_outputs)
+    shared_inputs_per_layer: int = 0  # input widths of adapted Linears that read a tensor another one reads (_shared_inputs)
+    attention_output_inputs_per_layer: int = 0  # input width of an adapted o_proj that reads the attention's saved output
 
     @property
     def trainable_bytes(self) -> int:
@@ -234,6 +236,42 @@ def _lora_inputs(chosen: list[tuple[str, int, int, int]], model_code: str) -> li
     return [s for s in chosen if s not in qkv] + qkv[:1]
 
 
+#: Linears of one module that read one input tensor in transformers' decoder blocks: attention's q / k / v (self-
+#: attention) and the gated MLP's gate / up (LlamaAttention.forward, LlamaMLP.forward: ``self.q_proj(hidden_states)``,
+#: ``self.k_proj(hidden_states)``...; ``self.gate_proj(x)``, ``self.up_proj(x)``)
+SHARED_INPUT_SETS = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_proj", "up_proj"}))
+
+
+def _shared_inputs(chosen: list[tuple[str, int, int, int]], spec: ModelSpec, model_code: str) -> int:
+    """Input elements over the model of the adapted Linears that read the same tensor as another adapted Linear of
+    their module (every reader after the first): PEFT's ``lora_A`` keeps that tensor itself where the adapter takes it
+    uncast and undropped (lora_activations.lora_layer_bytes), one storage for all its readers. Decoder-only
+    transformers blocks (an encoder-decoder's cross-attention reads q and k / v from different tensors); litgpt's
+    fused qkv already counts one input (``_lora_inputs``)."""
+    if model_code != "transformers" or spec.is_encoder_decoder:
+        return 0
+    total = 0
+    for names in SHARED_INPUT_SETS:
+        readers: dict[str, list[int]] = {}
+        for name, i, _, n in chosen:
+            parent, _, leaf = name.rpartition(".")
+            if leaf in names:
+                readers.setdefault(parent, []).append(i * n)
+        total += sum(sum(group[1:]) for group in readers.values())
+    return total
+
+
+def _attention_output_inputs(chosen: list[tuple[str, int, int, int]], spec: ModelSpec, setup: Setup) -> int:
+    """Input elements over the model of an adapted ``o_proj`` whose input is the attention kernel's own saved output:
+    SDPA's flash and memory-efficient kernels and flash-attn return it in [batch, seq, heads, head_dim] memory, so
+    transformers' ``attn_output.transpose(1, 2).contiguous()`` and reshape are views of it (traced on CPU's flash
+    kernel, scripts/trace_compiled_block.py; the CUDA kernels allocate their output the same way). Eager attention's
+    ``probs @ v`` is [batch, heads, seq, head_dim]: the transpose copies."""
+    if setup.model_code != "transformers" or spec.is_encoder_decoder or setup.attn_implementation == "eager":
+        return 0
+    return sum(i * n for name, i, _, n in chosen if name.rpartition(".")[2] == "o_proj")
+
+
 def _padded_outputs(chosen: list[tuple[str, int, int, int]], model_code: str) -> int:
     """Output elements over the model that litgpt's ``LoRAQKVLinear`` keeps when some but not all of q, k, v are
     adapted: its ``lora_B`` (a grouped conv1d) returns the enabled projections only and ``zero_pad`` scatters them
@@ -277,4 +315,6 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     nbytes = adapter_bytes(setup)
     return Ledger(base + group_bytes(groups, nbytes), spec.total_params + trainable, groups, trainable, nbytes, inputs, ranks, dora,
                   experts, dora_weights, identity, largest,
-                  padded_outputs_per_layer=_padded_outputs(chosen, setup.model_code) // layers)
+                  padded_outputs_per_layer=_padded_outputs(chosen, setup.model_code) // layers,
+                  shared_inputs_per_layer=_shared_inputs(chosen, spec, setup.model_code) // layers,
+                  attention_output_inputs_per_layer=_attention_output_inputs(chosen, spec, setup) // layers)

@@ -50,7 +50,9 @@ def dora_reruns_base(setup: Setup) -> bool:
 
 
 def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: int, dora_outputs_per_layer: int = 0,
-                     dora_weights_per_layer: int = 0, *, padded_outputs_per_layer: int = 0) -> int:
+                     dora_weights_per_layer: int = 0, *, padded_outputs_per_layer: int = 0,
+                     shared_inputs_per_layer: int = 0, attention_output_inputs_per_layer: int = 0,
+                     base_keeps_inputs: bool = False) -> int:
     """Adapter tensors per block: the input each adapted Linear's ``lora_A`` keeps, plus its r-wide output.
 
     PEFT keeps adapters fp32 and casts a 16-bit input to fp32 before ``lora_A`` (``_cast_input_dtype``), so
@@ -71,6 +73,16 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     (``dora_weight_copy_bytes``); counted in every block, though the first block's attention targets keep none where
     the embeddings' output needs no gradient (no checkpointing's enable_input_require_grads). Traced on real CPU
     tensors, peft 0.21 (tests/test_dora_activations.py).
+
+    16-bit adapters on a 16-bit base without dropout or autocast take the block's tensor itself (``_cast_input_dtype``
+    returns it): q / k / v, and gate / up, keep one storage between them (``shared_inputs_per_layer``,
+    ledger._shared_inputs, counted once), and o_proj's is the attention's saved output, already counted in the block
+    (``attention_output_inputs_per_layer``, ledger._attention_output_inputs). Traced, scripts/trace_compiled_block.py
+    (transformers' LlamaDecoderLayer at Llama-3.2-3B's widths, peft 0.21, real CPU tensors): bf16 adapters on every
+    Linear keep 2 B per element of q's and gate's inputs and down_proj's, nothing for k, v, up or o; fp32 adapters
+    one fp32 copy per adapted Linear (each ``x.to(float32)`` a new tensor), as counted here. Where every frozen base
+    Linear keeps its input (``base_keeps_inputs``: FSDP1's shared FlatParameter, analytic.frozen_params_get_grads),
+    such an adapter's input is that same tensor: none of it counted again.
     """
     if not lora_inputs_per_layer:
         return 0
@@ -82,7 +94,21 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     copies = dora_weights_per_layer * dora_weight_copy_bytes(setup) if reruns else 0
     # litgpt's partly enabled LoRAQKVLinear keeps its lora_B output (ledger._padded_outputs), in the adapters' dtype
     padded = padded_outputs_per_layer * nbytes
-    return int(tokens * ((lora_inputs_per_layer + lora_rank_total) * nbytes + lora_inputs_per_layer * mask + dora + padded)) + copies
+    kept = shared_inputs_per_layer + attention_output_inputs_per_layer if input_is_shared(setup) else 0
+    kept = lora_inputs_per_layer if base_keeps_inputs and input_is_shared(setup) else kept
+    inputs = lora_inputs_per_layer - kept
+    return int(tokens * (inputs * nbytes + lora_rank_total * nbytes + lora_inputs_per_layer * mask + dora + padded)) + copies
+
+
+def input_is_shared(setup: Setup) -> bool:
+    """Whether each adapted Linear's ``lora_A`` keeps the block's own tensor, uncast and undropped, so Linears that read
+    one tensor keep one storage: 16-bit adapters in a 16-bit base's dtype, no autocast, no dropout, plain LoRA (the
+    traced case; fp32 adapters on fp32 weights would share too, not traced here)."""
+    lora = setup.lora
+    if lora is None or lora.dropout > 0 or lora.use_dora or setup.weights_dtype not in ("bf16", "fp16"):
+        return False
+    autocast_runs, nbytes = _adapter_input(setup)
+    return not autocast_runs and nbytes == 2 and (lora.adapter_dtype is None or lora.adapter_dtype == setup.weights_dtype)
 
 
 def dora_weight_copy_bytes(setup: Setup) -> int:
