@@ -15,6 +15,11 @@ weights and activations, every parameter trainable:
 * ``transformers``: transformers' ``LlamaDecoderLayer`` (the installed release), the code perfguide's activation
   table (data/activations.json) was traced on, fed the model's rotary (cos, sin) as its model does.
 
+``--lora``: PEFT's LoRA (the installed peft, r 16) on transformers' block, its base frozen bf16, adapters fp32 (PEFT's
+default ``autocast_adapter_dtype`` on a bf16 base) or bf16, on all seven Linears or q / v, lora_dropout 0 or 0.05
+(``LORA_SETUPS``; docs/validation.md section 39). Off CUDA eager dropout keeps its mask in the input's dtype
+(ATen ``_dropout_impl``), CUDA's ``native_dropout`` and the compiled graph a 1-byte one.
+
 Eager: the storages autograd's saved-tensor hooks see (``saved_tensors_hooks``). Compiled: the tensors
 AOTAutograd's compiled function saved for its backward (``grad_fn.saved_tensors`` of the layer output's
 ``CompiledFunctionBackward``: the min-cut partitioner's choice). Both leave out the parameters and the rotary
@@ -134,12 +139,43 @@ def _storage_bytes(tensors: Any, skip: set[int]) -> int:
     return sum(seen.values())
 
 
-def saved_bytes(code: str, compiled: bool, batch: int, seq: int, dims: dict[str, int] = DIMS) -> int:
-    """Bytes one block saves for backward at (batch, seq), bf16, every parameter trainable."""
+#: PEFT LoRA setups traced on transformers' block: (targets, adapters' dtype, lora_dropout); r 16, frozen bf16 base
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_SETUPS = {
+    "all:fp32:0": (ALL_LINEAR, "fp32", 0.0), "all:fp32:0.05": (ALL_LINEAR, "fp32", 0.05),
+    "all:bf16:0": (ALL_LINEAR, "bf16", 0.0), "all:bf16:0.05": (ALL_LINEAR, "bf16", 0.05),
+    "qv:fp32:0": (("q_proj", "v_proj"), "fp32", 0.0), "qv:fp32:0.05": (("q_proj", "v_proj"), "fp32", 0.05),
+    "qv:bf16:0": (("q_proj", "v_proj"), "bf16", 0.0),
+}
+LORA_R = 16
+
+
+def _add_lora(layer: Any, lora: tuple[tuple[str, ...], str, float]) -> Any:
+    """PEFT's LoRA on the block (the installed peft's ``inject_adapter_in_model``), its base frozen; the adapters in
+    fp32 as ``get_peft_model``'s default ``autocast_adapter_dtype`` leaves them on a bf16 base, or kept bf16."""
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets, dtype, dropout = lora
+    layer = inject_adapter_in_model(LoraConfig(r=LORA_R, lora_alpha=2 * LORA_R, lora_dropout=dropout,
+                                               target_modules=list(targets)), layer)
+    for name, p in layer.named_parameters():
+        p.requires_grad_("lora_" in name)
+        if "lora_" in name:
+            p.data = p.data.to(torch.float32 if dtype == "fp32" else torch.bfloat16)
+    return layer.train()
+
+
+def saved_bytes(code: str, compiled: bool, batch: int, seq: int, dims: dict[str, int] = DIMS,
+                lora: tuple[tuple[str, ...], str, float] | None = None) -> int:
+    """Bytes one block saves for backward at (batch, seq), bf16, every parameter trainable (or ``lora``: PEFT's
+    adapters on the frozen block)."""
     import torch
 
     torch.manual_seed(0)
     layer = (_torchtune_layer(dims, 4096) if code == "torchtune" else _transformers_layer(dims)).to(torch.bfloat16)
+    if lora is not None:
+        layer = _add_lora(layer, lora)
     params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
     x = (torch.randn(batch, seq, dims["h"], dtype=torch.bfloat16, requires_grad=True) * 1.0)
     pos = torch.arange(seq).unsqueeze(0).expand(batch, seq)
@@ -162,15 +198,20 @@ def saved_bytes(code: str, compiled: bool, batch: int, seq: int, dims: dict[str,
     return total
 
 
-def per_token(code: str, compiled: bool, dims: dict[str, int] = DIMS) -> float:
+def per_token(code: str, compiled: bool, dims: dict[str, int] = DIMS,
+              lora: tuple[tuple[str, ...], str, float] | None = None) -> float:
     (b0, s0), (b1, s1) = SHAPES
-    return (saved_bytes(code, compiled, b1, s1, dims) - saved_bytes(code, compiled, b0, s0, dims)) / (b1 * s1 - b0 * s0)
+    return ((saved_bytes(code, compiled, b1, s1, dims, lora) - saved_bytes(code, compiled, b0, s0, dims, lora))
+            / (b1 * s1 - b0 * s0))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true", help="write the compiled_blocks entry of perfguide/data/techniques.json")
+    ap.add_argument("--lora", action="store_true", help="trace the PEFT LoRA setups (LORA_SETUPS) only; --write merges them")
     args = ap.parse_args()
+    if args.lora:
+        return _main_lora(args.write)
     import torch
     import transformers
 
@@ -192,6 +233,31 @@ def main() -> int:
             "blocks": blocks}
         DATA.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
     return 0 if all(math.isfinite(b["compiled_bytes_per_token"]) for b in blocks.values()) else 1
+
+
+def _main_lora(write: bool) -> int:
+    """PEFT LoRA (r 16) on transformers' frozen bf16 block, each of LORA_SETUPS eager and compiled; ``write`` merges
+    them into ``compiled_blocks`` as ``transformers:llama:lora:<targets>:<adapters' dtype>:<dropout>``."""
+    import peft
+
+    blocks: dict[str, Any] = {}
+    for key, lora in LORA_SETUPS.items():
+        eager, comp = per_token("transformers", False, lora=lora), per_token("transformers", True, lora=lora)
+        blocks[f"transformers:llama:lora:{key}"] = {"eager_bytes_per_token": round(eager), "compiled_bytes_per_token": round(comp),
+                                                    "hidden_size": DIMS["h"], "intermediate_size": DIMS["i"]}
+        print(key, blocks[f"transformers:llama:lora:{key}"], f"eager - compiled {eager - comp:.0f}", flush=True)
+    if write:
+        doc = json.loads(DATA.read_text())
+        entry = doc["compiled_blocks"]
+        entry["blocks"] = {k: v for k, v in entry["blocks"].items() if ":lora:" not in k} | blocks
+        if "LoRA:" not in entry["source"]:
+            entry["source"] += (f". LoRA: ``--lora``, peft {peft.__version__}'s inject_adapter_in_model on the same "
+                                "transformers block, base frozen bf16, r 16 (alpha 32), keyed lora:<targets: all = q/k/v/o/"
+                                "gate/up/down, qv = q/v>:<adapters: fp32 as get_peft_model's autocast_adapter_dtype leaves "
+                                "them, or bf16>:<lora_dropout>; CPU eager dropout keeps an input-dtype mask where CUDA's "
+                                "native_dropout keeps a 1-byte one (the compiled graph keeps the 1-byte mask on either)")
+        DATA.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

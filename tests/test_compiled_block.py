@@ -60,9 +60,11 @@ def test_compile_prices_the_traced_saving(llama: ModelSpec) -> None:
     assert eager.activations - compiled.activations == _hand_saving(H, I) * TOKENS
 
 
-@pytest.mark.parametrize("kw", [dict(lora=LoraSpec(r=16)), dict(weights_dtype="fp32", autocast="bf16"), dict(liger_kernel=True)])
+@pytest.mark.parametrize("kw", [dict(lora=LoraSpec(r=16, use_dora=True)), dict(weights_dtype="fp32", autocast="bf16"),
+                                dict(liger_kernel=True)])
 def test_compile_changes_nothing_untraced_or_already_fused(llama: ModelSpec, kw: dict[str, object]) -> None:
-    """Adapters and autocast were not traced compiled; Liger's kernels already keep only what Inductor keeps."""
+    """DoRA and autocast were not traced compiled (PEFT LoRA was: tests/test_compiled_lora.py); Liger's kernels
+    already keep only what Inductor keeps."""
     assert _est(llama, **kw).activations == _est(llama, torch_compile=True, **kw).activations
 
 

@@ -32,7 +32,8 @@ class CompiledBlock(BaseModel):
 
 
 class CompiledBlocks(BaseModel):
-    """scripts/trace_compiled_block.py's counts, keyed ``<code>:<model_type>`` (``transformers:llama``)."""
+    """scripts/trace_compiled_block.py's counts, keyed ``<code>:<model_type>`` (``transformers:llama``), PEFT LoRA on
+    the frozen block ``<code>:<model_type>:lora:<targets>:<adapters' dtype>:<lora_dropout>``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

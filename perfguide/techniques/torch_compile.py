@@ -16,6 +16,8 @@ from .._data import fact_value
 from ..data.techniques import compiled_blocks, constant
 from ..memory.activations import regime
 from ..memory.inference import inference_data
+from ..memory.ledger import ledger
+from ..memory.lora_activations import adapter_dtype_bytes
 from .base import EmitContext, Technique
 from .effects import KernelFactors, MemoryContext, MemoryTerms
 from .liger_kernel import block_savings
@@ -57,11 +59,23 @@ class TorchCompile(Technique):
         = 8 x 3,072 + 2 x 8,192. Priced on the blocks that are not checkpointed and on the one a checkpointed run
         recomputes (its forward runs the compiled graph again); only where traced: the model types in
         ``compiled_blocks``, 16-bit weights without autocast, every parameter trained. With Liger on, its kernels
-        already keep only these tensors."""
+        already keep only these tensors.
+
+        PEFT LoRA on the frozen 16-bit block (traced, ``compiled_blocks`` keys ``...:lora:...``): the frozen norms
+        keep their fp32 upcast eager (no normalised copy: the weight takes no gradient) and their 16-bit input
+        compiled, 2 B per hidden unit per norm, SiLU(gate) 2 B per FFN unit (``block_savings`` with adapters); and
+        fp32 adapters without dropout each cast their input to fp32 eager, which the graph casts once per tensor
+        (q / k / v, gate / up: ``lora_cast_savings``). Dropout gives each adapter its own mask and dropped copy, which
+        the graph keeps as eager does. Not priced: LoRA with checkpointing (the recomputed block's peak is
+        memory/block_backward.py's in-flight term, not traced compiled), DoRA, a k-bit base (QLoRA: bitsandbytes'
+        4-bit matmul does not run on CPU), autocast."""
         setup, shape, spec = ctx.setup, ctx.shape, ctx.spec
         if not (self.active(setup) and setup.task == "train" and traced_block(spec, shape)) or setup.liger_kernel:
             return terms
-        saved = 0 if shape.gradient_checkpointing else block_savings(spec, shape) * spec.total_layers
+        if shape.lora is not None and shape.gradient_checkpointing:
+            return terms
+        per_block = block_savings(spec, shape) + lora_cast_savings(spec, shape)
+        saved = 0 if shape.gradient_checkpointing else per_block * spec.total_layers
         recomputed = block_savings(spec, shape, recomputed=True) if terms.recompute and shape.gradient_checkpointing else 0
         if not (saved or recomputed):
             return terms
@@ -74,9 +88,29 @@ class TorchCompile(Technique):
 
 def traced_block(spec: Any, shape: Any) -> bool:
     """Whether a compiled block of ``spec`` was traced in ``shape``'s regime: its transformers model type in
-    techniques.json ``compiled_blocks``, 16-bit weights without autocast, a full fine-tune (no adapters)."""
-    return (f"transformers:{spec.model_type}" in compiled_blocks().blocks and regime(shape) == "half"
-            and shape.lora is None)
+    techniques.json ``compiled_blocks``, 16-bit weights without autocast; a full fine-tune, or PEFT LoRA (fp32 or
+    the base's 16-bit adapters, any targets and dropout) on a 16-bit base where a ``<code>:<type>:lora:`` block was
+    traced, not DoRA, transformers' model code."""
+    blocks = compiled_blocks().blocks
+    if f"transformers:{spec.model_type}" not in blocks or regime(shape) != "half":
+        return False
+    lora = shape.lora
+    if lora is None:
+        return True
+    return (any(k.startswith(f"transformers:{spec.model_type}:lora:") for k in blocks) and not lora.use_dora
+            and shape.weights_dtype in ("bf16", "fp16") and shape.autocast is None and shape.model_code == "transformers"
+            and not spec.is_encoder_decoder)
+
+
+def lora_cast_savings(spec: Any, shape: Any) -> int:
+    """Bytes per micro-step one compiled LoRA block keeps less than eager for its adapters' inputs: fp32 adapters
+    without dropout keep each adapted Linear's fp32 cast of its input eager (peft ``_cast_input_dtype``, a new tensor
+    per Linear), and the compiled graph one cast per input tensor (the casts of one tensor are one node after
+    tracing): 4 B per element of the reads that share a tensor (ledger ``shared_inputs_per_layer``). 16-bit adapters
+    share the tensor eager too (lora_activations.input_is_shared); dropout makes a copy per adapter either way."""
+    if shape.lora is None or shape.lora.dropout > 0 or adapter_dtype_bytes(shape) != 4:
+        return 0
+    return shape.micro_batch_size * shape.seq_len * ledger(spec, shape).shared_inputs_per_layer * 4
 
 
 def compile_seconds(spec: Any, setup: Any) -> float:
