@@ -204,20 +204,31 @@ def one_line(exc: pytest.ExceptionInfo[BaseException], *named: str) -> str:
 
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
+SCRIPTS = BENCH.parent / "scripts"
 
 
-def load_bench(name: str) -> ModuleType:
-    """A bench script as a module (bench/ is not a package; its scripts import their siblings), loaded once."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
+def _load_from(folder: Path, name: str) -> ModuleType:
+    """``folder/name.py`` as a module, loaded once, with ``folder`` on the path (its scripts import their siblings)."""
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_bench(name: str) -> ModuleType:
+    """A bench script as a module (bench/ is not a package)."""
+    return _load_from(BENCH, name)
+
+
+def load_script(name: str) -> ModuleType:
+    """A trace script of scripts/ as a module (not a package either)."""
+    return _load_from(SCRIPTS, name)
 
 
 @contextmanager

@@ -6,18 +6,13 @@ normalised copy, and recomputes SiLU(gate): 8 B per hidden unit and 2 B per FFN 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
-from helpers import load_bench
+from helpers import load_bench, load_script
 
 from perfguide import Hardware, LoraSpec, ModelSpec, Setup
 from perfguide.data.techniques import compiled_blocks
 from perfguide.memory import estimate_memory
 
-ROOT = Path(__file__).resolve().parents[1]
 H, I, HEADS, KV, D, LAYERS = 3072, 8192, 24, 8, 128, 28   # Llama-3.2-3B (its config.json)
 TOKENS = 2 * 4096
 
@@ -68,20 +63,11 @@ def test_compile_changes_nothing_untraced_or_already_fused(llama: ModelSpec, kw:
     assert _est(llama, **kw).activations == _est(llama, torch_compile=True, **kw).activations
 
 
-def _script() -> ModuleType:
-    path = ROOT / "scripts" / "trace_compiled_block.py"
-    loader = importlib.util.spec_from_file_location("trace_compiled_block", path)
-    assert loader is not None and loader.loader is not None
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return module
-
-
 def test_small_block_traced_saving_is_the_hand_count() -> None:
     """The script's counters on a small Llama block (real CPU tensors, Inductor compiling it twice): the eager and
     compiled bytes per token differ by the hand count; torchtune's eager block by its expanded k / v and rotary."""
     pytest.importorskip("torch")
-    trace = _script()
+    trace = load_script("trace_compiled_block")
     dims = {"h": 256, "heads": 4, "kv": 2, "d": 64, "i": 512}
     eager, compiled = trace.per_token("transformers", False, dims), trace.per_token("transformers", True, dims)
     assert eager - compiled == _hand_saving(256, 512)

@@ -13,11 +13,8 @@ CPU's eager dropout one in the input's dtype)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 import pytest
+from helpers import load_script
 
 from perfguide import Hardware, LoraSpec, ModelSpec, Setup
 from perfguide.data.techniques import compiled_blocks
@@ -25,7 +22,6 @@ from perfguide.memory import estimate_memory
 from perfguide.memory.ledger import ledger
 from perfguide.memory.lora_activations import lora_layer_bytes
 
-ROOT = Path(__file__).resolve().parents[1]
 LLAMA_3B = {"h": 3072, "heads": 24, "kv": 8, "d": 128, "i": 8192}   # Llama-3.2-3B's config.json
 SMALL = {"h": 256, "heads": 4, "kv": 2, "d": 64, "i": 512}
 R, LAYERS, TOKENS = 16, 28, 2 * 4096
@@ -151,21 +147,12 @@ def test_untraced_lora_setups_stay_eager(llama: ModelSpec, kw: dict[str, object]
     assert estimate_memory(llama, _setup(**kw), hw).activations == estimate_memory(llama, _setup(torch_compile=True, **kw), hw).activations
 
 
-def _script() -> ModuleType:
-    path = ROOT / "scripts" / "trace_compiled_block.py"
-    loader = importlib.util.spec_from_file_location("trace_compiled_block", path)
-    assert loader is not None and loader.loader is not None
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("key", ["all:bf16:0", "qv:bf16:0", "all:fp32:0"])
 def test_small_block_eager_lora_is_the_hand_count(key: str) -> None:
     """PEFT on a small real block, eager (saved_tensors_hooks storages): bf16 adapters keep one storage per shared
     input and none for o_proj (SDPA's output), fp32 adapters a cast per Linear."""
     pytest.importorskip("peft")
-    trace = _script()
+    trace = load_script("trace_compiled_block")
     targets, dtype, p = _key(key)
     got = trace.per_token("transformers", False, SMALL, trace.LORA_SETUPS[key])
     assert got == _frozen_block(SMALL, False) + _adapters(SMALL, targets, dtype, p, compiled=False, mask=4)
@@ -175,6 +162,6 @@ def test_small_block_compiled_lora_is_the_hand_count() -> None:
     """The compiled small block (Inductor on CPU, in the test): one fp32 cast per input tensor, norms' bf16 inputs,
     SiLU recomputed."""
     pytest.importorskip("peft")
-    trace = _script()
+    trace = load_script("trace_compiled_block")
     got = trace.per_token("transformers", True, SMALL, trace.LORA_SETUPS["all:fp32:0"])
     assert got == _frozen_block(SMALL, True) + _adapters(SMALL, "all", "fp32", 0.0, compiled=True, mask=4)
