@@ -37,7 +37,6 @@ Usage: python scripts/trace_gpt2_fsdp_blog_replay.py [--release DIR] [--amp | --
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -50,7 +49,7 @@ from allocation_log import AllocationLog, live_at, live_peak
 from caching_allocator import Allocator, largest_fitting, replay_under
 from fsdp1_emulation import run as fsdp1_run
 from fsdp1_emulation import wrap as fsdp1_wrap
-from trace_t5_blog_replay import ROOT, GiB, adamw_42, broadcast_coalesced, ddp_rebuild, ddp_start, scalar_fallback, use_release
+from trace_t5_blog_replay import GiB, adamw_42, broadcast_coalesced, ddp_rebuild, ddp_start, scalar_fallback, use_release
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -77,11 +76,9 @@ FSDP_ROWS: dict[str, tuple[str, bool, int, bool, int]] = {
 def gpt2_config(model: str = "openai-community/gpt2-large", layers: int | None = None, **over: Any) -> Any:
     from transformers import GPT2Config
 
-    with open(os.path.join(ROOT, "perfguide", "data", "architectures.json")) as f:
-        models = json.load(f)["models"]
-    entry = models[model]
-    cfg = dict(models[entry["extends"]]["config"]) if "extends" in entry else {}
-    cfg.update(entry["config"])
+    from perfguide.model.catalog import config_of
+
+    cfg = config_of(model)   # the catalog's config.json values, its ``extends`` followed
     for k in ("model_type", "architectures", "torch_dtype"):
         cfg.pop(k, None)
     if layers is not None:

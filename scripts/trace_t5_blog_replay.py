@@ -35,7 +35,6 @@ Usage: python scripts/trace_t5_blog_replay.py [--release DIR] [--batch B] [--len
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import types
@@ -74,11 +73,9 @@ def use_release(path: str) -> None:
 def t5_config(model: str = "google-t5/t5-large", layers: int | None = None, **over: Any) -> Any:
     from transformers import T5Config
 
-    with open(os.path.join(ROOT, "perfguide", "data", "architectures.json")) as f:
-        models = json.load(f)["models"]
-    entry = models[model]
-    cfg = dict(models[entry["extends"]]["config"]) if "extends" in entry else {}
-    cfg.update(entry["config"])
+    from perfguide.model.catalog import config_of
+
+    cfg = config_of(model)   # the catalog's config.json values, its ``extends`` followed
     for k in ("model_type", "architectures"):
         cfg.pop(k, None)
     if layers is not None:
