@@ -37,6 +37,7 @@ import contextlib
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -196,6 +197,13 @@ def run_args(args: list[str]) -> tuple[str, int, int, int, int]:
     return kind, src, tgt, batch, steps
 
 
+def search(gpu: str, fits_at: Callable[[int, int], tuple[bool, Allocator]], batch: int, shape: str) -> None:
+    """The largest batch from ``batch`` up whose replay fits under ``gpu``'s cap (``fits_at(batch, cap)``), printed."""
+    cap = card_cap(gpu)
+    print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
+    largest_fitting(lambda b: fits_at(b, cap), batch, lambda b: f"b={b} {shape}")
+
+
 def main() -> int:
     args = sys.argv[1:]
     kind, src, tgt, batch, steps = run_args(args)
@@ -204,9 +212,7 @@ def main() -> int:
 
     print(f"transformers {transformers.__version__}")
     if "--search" in args:
-        cap = card_cap(ROWS[kind][1])
-        print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
-        largest_fitting(lambda b: fits(kind, b, src, tgt, cap, steps, amp), batch, lambda b: f"b={b} {src}/{tgt}")
+        search(ROWS[kind][1], lambda b, cap: fits(kind, b, src, tgt, cap, steps, amp), batch, f"{src}/{tgt}")
         return 0
     print_run(events_of_run(kind, batch, src, tgt, steps, amp=amp), f"b={batch} {src}/{tgt}", OPS, AFTER_FORWARD[-1])
     return 0

@@ -47,9 +47,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from allocation_log import AllocationLog
-from caching_allocator import Allocator, largest_fitting, replay_under
-from trace_accds_blog_replay import _adam_loop, batch_of, config_of, fake_model, print_run, run_args
-from trace_t5_blog_replay import GiB, card_cap
+from caching_allocator import Allocator, replay_under
+from trace_accds_blog_replay import _adam_loop, batch_of, config_of, fake_model, print_run, run_args, search
 
 #: the op, shape, dtype and phase that made each event's storage (for reading a replay)
 OPS: dict[int, tuple[str, tuple[int, ...], str, str]] = {}
@@ -315,9 +314,7 @@ def main() -> int:
 
     print(f"transformers {transformers.__version__}, rank {rank}")
     if "--search" in args:
-        cap = card_cap(ZERO_ROWS[kind][0])
-        print(f"cap on reserved bytes: {cap / GiB:.3f} GiB")
-        largest_fitting(lambda b: fits(kind, b, src, tgt, cap, steps, rank), batch, lambda b: f"b={b} {src}/{tgt}")
+        search(ZERO_ROWS[kind][0], lambda b, cap: fits(kind, b, src, tgt, cap, steps, rank), batch, f"{src}/{tgt}")
         return 0
     events = events_of_run(kind, batch, src, tgt, steps, rank=rank)
     print_run(events, f"b={batch} {src}/{tgt}", OPS, AFTER_FORWARD[-1], STREAMS)
