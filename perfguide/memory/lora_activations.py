@@ -94,9 +94,9 @@ def lora_layer_bytes(setup: Setup, lora_inputs_per_layer: int, lora_rank_total: 
     copies = dora_weights_per_layer * dora_weight_copy_bytes(setup) if reruns else 0
     # litgpt's partly enabled LoRAQKVLinear keeps its lora_B output (ledger._padded_outputs), in the adapters' dtype
     padded = padded_outputs_per_layer * nbytes
-    kept = shared_inputs_per_layer + attention_output_inputs_per_layer if input_is_shared(setup) else 0
-    kept = lora_inputs_per_layer if base_keeps_inputs and input_is_shared(setup) else kept
-    inputs = lora_inputs_per_layer - kept
+    # an adapter taking the block's own tensor keeps nothing of its own where that tensor is kept already
+    kept_elsewhere = lora_inputs_per_layer if base_keeps_inputs else shared_inputs_per_layer + attention_output_inputs_per_layer
+    inputs = lora_inputs_per_layer - (kept_elsewhere if input_is_shared(setup) else 0)
     return int(tokens * (inputs * nbytes + lora_rank_total * nbytes + lora_inputs_per_layer * mask + dora + padded)) + copies
 
 
