@@ -177,7 +177,10 @@ def test_llama_3_3_70b_instruct_resolves_offline_with_its_published_shape() -> N
 
 
 def test_gemma_3_1b_it_resolves_like_the_other_gemma_3_it_names() -> None:
-    assert perfguide.ModelSpec.from_any("google/gemma-3-1b-it").name == perfguide.ModelSpec.from_any("google/gemma-3-1b-pt").name
+    """Offline, the -it checkpoint takes the -pt entry's shape; it keeps its own id (the one a script must load)."""
+    it, pt = (perfguide.ModelSpec.from_any(f"google/gemma-3-1b-{v}") for v in ("it", "pt"))
+    assert it.model_dump(exclude={"name", "config"}) == pt.model_dump(exclude={"name", "config"})
+    assert (it.name, pt.name) == ("google/gemma-3-1b-it", "google/gemma-3-1b-pt")
 
 
 # --- a suggestion, followed, holds -----------------------------------------------------------------------------------------

@@ -122,12 +122,23 @@ def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
     hub_id = catalog.lookup(text)
     if hub_id is not None:
         facts = catalog.counted_of(hub_id)  # recorded meta-device counts: no transformers import for catalogued models
-        config = catalog.config_of(hub_id)
-        return spec_from_facts(config, facts, hub_id, "catalog") if facts else spec_from_config(config, hub_id, "catalog")
+        name = _loaded_id(text, hub_id)
+        config = catalog.config_of(hub_id) | {"_name_or_path": name}
+        return spec_from_facts(config, facts, name, "catalog") if facts else spec_from_config(config, name, "catalog")
     if not _HUB_ID.match(text.strip()):
         kind = "path does not exist" if text.startswith(("/", ".", "~")) or text.endswith(".json") else "is not a hub id"
         raise InvalidModelError(f"model {text!r}: {kind}; accepted: {_ACCEPTED}.")
     return _from_hub(text.strip(), trust_remote_code)
+
+
+def _loaded_id(text: str, hub_id: str) -> str:
+    """The repo id the plan's code and commands load. The catalog files an -Instruct / -it / -chat variant under its
+    base model (same shape), but the user's scripts must load the checkpoint they named, not the base: a repo id they
+    gave stays theirs; a short name or a mere case variant takes the entry's id."""
+    given = text.strip()
+    if "/" in given and _HUB_ID.match(given) and given.lower() != hub_id.lower():
+        return given
+    return hub_id
 
 
 #: Config values transformers itself would reject or misread; checked once, at the door.
