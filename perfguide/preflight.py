@@ -116,9 +116,15 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
     if info is None:
         return None
     finetune = None if s.lora is None else "qlora" if s.quantized else "lora"
+    # the way of training and the data the config states are the run's, not choices: a DPO config's plan is DPO's, and a
+    # config that packs keeps packing (with no avg_seq_len perfguide prices full rows, where packing gains nothing, and
+    # would otherwise tell a user with short samples to stop packing)
+    same = {"objective": s.objective, "avg_seq_len": s.avg_seq_len, "target_len": s.target_len,
+            "padding_free": True if s.padding_free else None}
     try:
         rec = recommend(price.spec, info.name, hardware=price.hw, seq_len=s.seq_len, global_batch_size=s.global_batch_size,
-                        num_gpus=s.num_gpus if info.multi_gpu else None, nodes=s.nodes, finetune=finetune, lora=s.lora)
+                        num_gpus=s.num_gpus if info.multi_gpu else None, nodes=s.nodes, finetune=finetune, lora=s.lora,
+                        **{k: v for k, v in same.items() if v is not None})
     except PerfGuideError as exc:
         c.notes.append(f"no recommended plan to compare with: {exc}")
         return None

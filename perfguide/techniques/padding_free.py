@@ -72,11 +72,12 @@ class PaddingFree(Technique):
         return setup.model_copy(update={"micro_batch_size": 1, "seq_len": real_tokens(setup), "padding_free": False, "avg_seq_len": None})
 
     def step_shape(self, setup: Any, shape: StepShape) -> StepShape:
-        if not (setup.padding_free and setup.avg_seq_len):
+        if not setup.padding_free:
             return shape
-        tokens = setup.micro_batch_size * setup.avg_seq_len
+        length = setup.avg_seq_len or setup.seq_len   # as real_tokens: without avg_seq_len every sample fills seq_len
+        tokens = setup.micro_batch_size * length
         if setup.attn_implementation == "flash_attention_2":
-            attention = (setup.micro_batch_size, setup.avg_seq_len)   # varlen: each sample attends to itself only
+            attention = (setup.micro_batch_size, length)   # varlen: each sample attends to itself only
         else:
             attention = (1, tokens)                                     # one row with a block-diagonal mask
         return StepShape(tokens, attention, shape.real_tokens)
