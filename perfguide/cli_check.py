@@ -17,6 +17,7 @@ examples:
   perfguide check sft.yaml --hardware h100-80gb --json        # the model is the YAML's model_name_or_path
   perfguide check --hardware h100-80gb:2 -- vllm serve meta-llama/Llama-3.1-8B --max-model-len 32768
   perfguide check --hardware a100-80gb:8 -- torchrun --nproc_per_node 8 train.py --model_name_or_path llama-3-8b --bf16
+  perfguide check --hardware a100-80gb:8 -- trl sft --model_name_or_path Qwen/Qwen2.5-7B --num_processes 8 --accelerate_config zero3
 """
 #: Setup fields with their own options above (or that a config always decides)
 SKIPPED = ("task",)

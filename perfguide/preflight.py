@@ -41,7 +41,7 @@ def readings(config: Any) -> list[Reading]:
     return [read_object(config)]
 
 
-LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm")
+LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm", "trl")
 
 
 def is_command(config: Any) -> bool:
@@ -116,10 +116,11 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
     if info is None:
         return None
     finetune = None if s.lora is None else "qlora" if s.quantized else "lora"
-    # the way of training and the data the config states are the run's, not choices: a DPO config's plan is DPO's, and a
+    # the way of training and the data the config states are the run's, not choices: a DPO config's plan is DPO's, a
+    # TRL script's runs under TRL's trainer, and a
     # config that packs keeps packing (with no avg_seq_len perfguide prices full rows, where packing gains nothing, and
     # would otherwise tell a user with short samples to stop packing)
-    same = {"objective": s.objective, "avg_seq_len": s.avg_seq_len, "target_len": s.target_len,
+    same = {"objective": s.objective, "trainer": s.trainer, "avg_seq_len": s.avg_seq_len, "target_len": s.target_len,
             "padding_free": True if s.padding_free else None}
     try:
         rec = recommend(price.spec, info.name, hardware=price.hw, seq_len=s.seq_len, global_batch_size=s.global_batch_size,

@@ -93,8 +93,12 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     from . import launcher, script_flags
 
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
-    name, flags, script_args = launcher.split(words)
     base_dir = str(Path.cwd())
+    if words and words[0].rsplit("/", 1)[-1] == "trl":
+        from . import trl_cli
+
+        return trl_cli.read(words, base_dir)
+    name, flags, script_args = launcher.split(words)
     script = Collector("script_flags", "script flags")
     script_flags.read(script_flags.parse(script_args), script, base_dir=base_dir)
     outer = Collector("launcher", f"{name} flags")

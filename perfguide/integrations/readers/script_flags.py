@@ -4,9 +4,10 @@ keys, read by perfguide.integrations.readers.training_args; changes come back as
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from .base import Collector
+from .base import Collector, nest
 from .training_args import read as read_training_args
 from .training_args import write as write_training_args
 
@@ -34,5 +35,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """As TrainingArguments keys, spelled as flags; a nested key (``fsdp_config.activation_checkpointing``) becomes its
+    parent's flag with a JSON object, the one spelling HfArgumentParser takes for a dict argument."""
     keys, rest = write_training_args(changes, setup)
-    return {f"--{k}": v for k, v in keys.items()}, rest
+    return {f"--{k}": json.dumps(v) if isinstance(v, dict) else v for k, v in nest(keys).items()}, rest

@@ -1,0 +1,85 @@
+"""`perfguide check -- trl sft ...` / `trl dpo ...`: TRL's own CLI, the first command of TRL's docs.
+
+The split of flags between the script and `accelerate launch` is checked against TRL's own parser
+(trl.scripts.<sft|dpo>.make_parser().parse_args_and_config, which trl/cli/commands/training.py runs), and the named
+accelerate configs against the files the installed TRL ships.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+import perfguide
+from perfguide.errors import PerfGuideError
+from perfguide.integrations.readers import trl_cli
+from perfguide.integrations.readers.script_flags import write
+
+ARGV = ["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps", "4",
+        "--num_processes", "8", "--accelerate_config", "zero3", "--mixed_precision", "bf16", "--use_peft", "--lora_r", "32",
+        "--max_length", "2048", "--output_dir", "out"]
+
+
+def _trl_split(sub: str, argv: list[str]) -> set[str]:
+    """The flags TRL's CLI hands to accelerate launch (its parser's leftovers); --use_cpu only lets the CPU build the
+    config (bf16 needs a GPU there) and is the script's either way."""
+    parser = importlib.import_module(f"trl.scripts.{sub}").make_parser(prog=f"trl {sub}")
+    *_, from_config, from_cli = parser.parse_args_and_config([*argv, "--use_cpu"], return_remaining_strings=True,
+                                                             separate_remaining_strings=True)
+    return {w[2:] for w in (*from_config, *from_cli) if w.startswith("--")}
+
+
+@pytest.mark.parametrize("sub", ["sft", "dpo"])
+def test_flags_split_as_trls_own_cli_splits_them(sub: str) -> None:
+    _, script, launch = trl_cli.split(["trl", sub, *ARGV])
+    assert set(launch) == _trl_split(sub, ARGV) == {"num_processes", "accelerate_config", "mixed_precision"}
+    assert script["gradient_accumulation_steps"] == "4"   # accelerate has the flag too; TRL's script parser takes it first
+
+
+def test_trl_sft_command_is_priced_as_its_flags_say() -> None:
+    check = perfguide.check(None, ["trl", "sft", *ARGV], hardware="a100-80gb:8")
+    s = check.setup
+    assert (s.micro_batch_size, s.gradient_accumulation_steps, s.seq_len, s.num_gpus) == (2, 4, 2048, 8)
+    assert s.lora is not None and s.lora.r == 32 and s.trainer == "trl" and s.objective == "sft"
+    shipped = yaml.safe_load((Path(importlib.import_module("trl").__file__).parent / "accelerate_configs" / "zero3.yaml").read_text())
+    assert shipped["deepspeed_config"]["zero_stage"] == 3 and s.strategy == "zero3"
+    recommended = [c for c in check.changes if c.kind == "recommended"]
+    assert recommended and not {"trainer", "objective"} & set(recommended[0].setup)   # compared with a TRL plan
+
+
+def test_trl_dpo_command_prices_dpo() -> None:
+    s = perfguide.check(None, ["trl", "dpo", *ARGV], hardware="a100-80gb:8").setup
+    assert s.objective == "dpo" and s.trainer == "trl"
+
+
+def test_a_config_file_under_the_command_line(tmp_path: Path) -> None:
+    """TrlParser: the --config YAML's values, each overridden by the same flag on the command line."""
+    cfg = tmp_path / "sft.yaml"
+    cfg.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 8\nmax_length: 4096\nnum_processes: 2\n")
+    s = perfguide.check(None, ["trl", "sft", "--config", str(cfg), "--per_device_train_batch_size", "4"], hardware="a100-80gb:2").setup
+    assert (s.micro_batch_size, s.seq_len, s.num_gpus) == (4, 4096, 2)
+
+
+def test_what_perfguide_cannot_read_is_one_line() -> None:
+    with pytest.raises(PerfGuideError, match="accepted: `trl sft ...` and `trl dpo ...`"):
+        perfguide.check(None, ["trl", "grpo", "--model_name_or_path", "gpt2"], hardware="a100-80gb")
+    with pytest.raises(PerfGuideError, match="neither a file nor a config TRL ships; accepted: a path, or .*zero3"):
+        perfguide.check(None, ["trl", "sft", "--model_name_or_path", "gpt2", "--accelerate_config", "zero9"], hardware="a100-80gb")
+    check = perfguide.check(None, ["trl", "sft", "--model_name_or_path", "gpt2", "--per_device_batch_size", "2"], hardware="a100-80gb")
+    assert any("--per_device_batch_size" in u and "--per_device_train_batch_size" in u for u in check.unknown)
+
+
+def test_a_nested_change_is_one_json_flag_the_script_parses() -> None:
+    """A dict argument is spelled as JSON after its flag (HfArgumentParser's only spelling), quoted for the shell."""
+    setup = perfguide.Setup(task="train", strategy="fsdp", num_gpus=2, gradient_checkpointing=False)
+    keys, _ = write({"gradient_checkpointing": False}, setup)
+    flag, value = next((k, v) for k, v in keys.items() if "fsdp" in k)
+    assert "." not in flag and isinstance(json.loads(value), dict)
+    from perfguide.integrations.readers.verdict import Edit
+
+    line = Edit(format="script_flags", source="flags", syntax="flags", keys=keys).text()
+    assert json.loads(shlex.split(line)[shlex.split(line).index(flag) + 1]) == json.loads(value)
