@@ -53,7 +53,7 @@ def split(words: list[str]) -> tuple[str, dict[str, Any], dict[str, Any]]:
 def read(words: list[str], base_dir: str) -> list[Reading]:
     """The script's settings (its ``--config`` YAML under its flags), then accelerate launch's, then any accelerate
     config file they name."""
-    from . import load, launcher, training_args
+    from . import launcher, load, training_args
 
     sub, script, launch = split(words)
     data = dict(script)

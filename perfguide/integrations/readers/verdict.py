@@ -28,7 +28,7 @@ class Edit(Model):
         if self.syntax == "json":
             return json.dumps(nest(self.keys))
         if self.syntax == "flags":
-            import shlex   # pasted into a shell: a JSON object or a spaced value stays one word
+            import shlex  # pasted into a shell: a JSON object or a spaced value stays one word
 
             return " ".join(f"{k}" if v is True else f"{k} {shlex.quote(str(v))}" for k, v in self.keys.items())
         return ", ".join(f"{k}={v!r}" for k, v in nest(self.keys).items())
