@@ -41,7 +41,10 @@ def _hardware(gpu_type: str, num_gpus: int) -> Hardware | None:
     name = "a100-80gb" if unstated else next((n for key, n in GPUS if key in low), None)
     if name is None:
         return None
-    hw = Hardware.from_name(f"{name}:{num_gpus}")
+    # a row over 16 GPUs ran on 8-GPU nodes (ALST's recipes: "H100 80GB nodes w/ 8 GPUs per node"); Hardware names
+    # such a cluster GPUS_PER_NODExNODES
+    count = f"8x{num_gpus // 8}" if num_gpus > 16 and num_gpus % 8 == 0 else str(num_gpus)
+    hw = Hardware.from_name(f"{name}:{count}")
     mem = int(unstated.group(1)) * 2**30 if unstated else next((v for k, v in GPU_MEMORY.items() if k in low), None)
     cap = ALLOCATOR_CAP.search(gpu_type)
     if cap:

@@ -149,6 +149,8 @@ def _torchtune_adapter_dtype(row: dict[str, str]) -> str | None:
 def _strategy(row: dict[str, str]) -> dict[str, object]:
     par = row["parallelism"]
     zero = re.search(r"DeepSpeed ZeRO-([123])", par)
+    if zero and "sequence parallel" in par:  # DeepSpeed Ulysses (ALST, ms-swift): each GPU holds a slice of the sequence
+        raise Skip(f"parallelism {par!r}: Ulysses sequence parallelism is not priced for training")
     if zero:  # "+ optimizer offload" (offload_optimizer) / "+ CPU offload of params and optimizer" (ZeRO-3 offload_param)
         added = par.lower().partition("+")[2]  # what follows the stage; "(no CPU offload)" before it adds nothing
         # a script that loads the model before its ZeRO-3 config exists (the row's notes say "no zero.Init", read in
@@ -308,9 +310,17 @@ def trl_recasts_adapters(row: dict[str, str]) -> bool:
 LIGER_PARTIAL = ("Liger partially applied", "Liger kernels without fused linear cross-entropy")
 
 
+#: Arctic Long Sequence Training's own memory tricks (ArcticTraining recipes): the MLP run in sequence shards and recomputed
+#: in backward (TiledMLP), and its own patch of the checkpoint function that moves each checkpointed layer input to the CPU
+ALST_TILING = ("tiled_mlp_compute", "activation_checkpoint_cpu_offload")
+
+
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
+    alst = next((t for t in ALST_TILING if t in row["method"]), None)
+    if alst:
+        raise Skip(f"ALST's {alst} is not expressible: no Setup field prices it")
     partial = next((p for p in LIGER_PARTIAL if p in row["method"]), None)
     if partial:
         raise Skip(f"{partial}: Setup.liger_kernel prices fused linear cross-entropy with every fused kernel")
