@@ -18,6 +18,7 @@ examples:
   perfguide check --hardware h100-80gb:2 -- vllm serve meta-llama/Llama-3.1-8B --max-model-len 32768
   perfguide check --hardware a100-80gb:8 -- torchrun --nproc_per_node 8 train.py --model_name_or_path llama-3-8b --bf16
   perfguide check --hardware a100-80gb:8 -- trl sft --model_name_or_path Qwen/Qwen2.5-7B --num_processes 8 --accelerate_config zero3
+  perfguide check --hardware rtx4090:2 -- tune run --nproc_per_node 2 lora_finetune_distributed --config my.yaml batch_size=4
 """
 #: Setup fields with their own options above (or that a config always decides)
 SKIPPED = ("task",)

@@ -41,7 +41,7 @@ def readings(config: Any) -> list[Reading]:
     return [read_object(config)]
 
 
-LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm", "trl")
+LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm", "trl", "tune", "llamafactory-cli", "axolotl")
 
 
 def is_command(config: Any) -> bool:

@@ -98,6 +98,10 @@ def read_command(argv: list[str] | str) -> list[Reading]:
         from . import trl_cli
 
         return trl_cli.read(words, base_dir)
+    if words and words[0].rsplit("/", 1)[-1] in ("tune", "llamafactory-cli", "axolotl"):
+        from . import tool_commands
+
+        return tool_commands.read(words, base_dir)
     name, flags, script_args = launcher.split(words)
     script = Collector("script_flags", "script flags")
     script_flags.read(script_flags.parse(script_args), script, base_dir=base_dir)

@@ -33,7 +33,13 @@ _LEGACY_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "s
                      "flex_attention": "flex_attention", "sage_attention": "sage"}
 
 
+#: the only command that runs this format starts a process per visible GPU when it names no count
+LAUNCH = ("axolotl train runs accelerate launch, one process per visible GPU unless its "
+          "accelerate config says otherwise (--num-gpus N here)")
+
+
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
+    col.spans_gpus = LAUNCH
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED and data[k] is not None))
     if data.get("base_model"):

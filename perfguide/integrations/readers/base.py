@@ -44,6 +44,7 @@ class Reading(Model):
     model: str | None = None
     notes: tuple[str, ...] = ()
     multi_process: str = "ddp"      # the strategy the format's own launcher uses for several processes (torchtune: FSDP2)
+    spans_gpus: str = ""            # why the command's launcher starts one process per visible GPU when it names no count
 
 
 class Collector:
@@ -58,6 +59,7 @@ class Collector:
         self.notes: list[str] = []
         self.model: str | None = None
         self.multi_process = "ddp"
+        self.spans_gpus = ""
 
     def where(self, key: str) -> str:
         return f"{self.source}: {self.prefix}{key}"
@@ -95,7 +97,7 @@ class Collector:
     def reading(self) -> Reading:
         return Reading(format=self.format, source=self.source, settings=tuple(self.settings), auto=self.auto,
                        ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes),
-                       multi_process=self.multi_process)
+                       multi_process=self.multi_process, spans_gpus=self.spans_gpus)
 
 
 def take_flags(words: list[str], name: Callable[[str], str], switches: Collection[str], on: Any = True) -> tuple[dict[str, Any], int]:

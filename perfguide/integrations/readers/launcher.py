@@ -37,7 +37,8 @@ def split(argv: list[str]) -> tuple[str, dict[str, Any], list[str]]:
     elif name in ("torchrun", "deepspeed", *PYTHONS):
         name, words = ("python" if name in PYTHONS else name), words[1:]
     else:
-        raise ConfigReadError(f"cannot read a {name!r} command; accepted: accelerate launch, torchrun, deepspeed, python script.py, trl sft, trl dpo")
+        raise ConfigReadError(f"cannot read a {name!r} command; accepted: accelerate launch, torchrun, deepspeed, "
+                               "python script.py, trl sft / dpo, tune run, llamafactory-cli train, axolotl train")
     flags, i = take_flags(words, lambda w: w.lstrip("-").replace("-", "_"), SWITCHES)
     if i >= len(words):
         raise ConfigReadError(f"the {name} command names no script to run")

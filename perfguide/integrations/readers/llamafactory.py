@@ -28,7 +28,13 @@ PRICED = frozenset({"finetuning_type", "lora_rank", "lora_alpha", "lora_dropout"
 ATTENTION = {"auto": None, "fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
 
 
+#: the only command that runs this format starts a process per visible GPU when it names no count
+LAUNCH = ("llamafactory-cli train starts torchrun over every visible GPU when there is more than one "
+          "(NPROC_PER_NODE / CUDA_VISIBLE_DEVICES change it; --num-gpus N here)")
+
+
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
+    col.spans_gpus = LAUNCH
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     hf = TA_KNOWN | frozenset(REMOVED)
     ours = {k: v for k, v in data.items() if (k in KNOWN and k not in hf) or k == "model_name_or_path"}

@@ -47,6 +47,9 @@ _TRAINER_DEFAULTS = (
 def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
     """What a config left to its library's defaults or to the launcher, said as an assumption in the report."""
     c.assume("device", "cuda" if hw.has_gpu else "cpu", "the hardware checked on" + ("" if hw.has_gpu else " has no GPU"))
+    span = next((r.spans_gpus for r in c.readings if r.spans_gpus), "")
+    if span and hw.gpu_count > 1:
+        c.assume("num_gpus", hw.gpu_count, span)
     c.assume("num_gpus", 1, "one process (`python train.py`); pass --num-gpus N, or the accelerate config, for a launcher")
     for field, value, why in _TRAINER_DEFAULTS:
         c.assume(field, value, why)

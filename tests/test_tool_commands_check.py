@@ -1,0 +1,63 @@
+"""`perfguide check -- tune run ... / llamafactory-cli train ... / axolotl train ...`: the tools' own commands.
+
+Each reads the config file the command names, with the command line's overrides applied as the tool applies them
+(OmegaConf dot-lists for torchtune and LLaMA-Factory: `key=value`, dotted for nested keys, values parsed as YAML
+scalars; `--key value` flags for axolotl), and the process count its launcher uses. The expected values are read
+from the example files and the command words here, not from perfguide.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import perfguide
+from perfguide.errors import PerfGuideError
+
+DATA = Path(__file__).parent / "data" / "check"
+TUNE = DATA / "torchtune_llama3_2_1B_lora_single_device.yaml"
+LMF = DATA / "llamafactory_qwen3_lora_sft_ds3.yaml"
+AXO = DATA / "axolotl_lora-1b.yml"
+
+
+def test_tune_run_applies_dotted_overrides_and_torchruns_process_count() -> None:
+    y = yaml.safe_load(TUNE.read_text())
+    assert y["batch_size"] == 4 and y["tokenizer"]["max_seq_len"] is None   # the premise: the overrides change both
+    cmd = ["tune", "run", "--nproc_per_node", "2", "lora_finetune_distributed", "--config", str(TUNE), "batch_size=8",
+           "tokenizer.max_seq_len=4096"]
+    s = perfguide.check(None, cmd, hardware="a100-80gb:2").setup
+    assert (s.micro_batch_size, s.seq_len, s.num_gpus) == (8, 4096, 2)
+    assert s.strategy == "fsdp"   # torchtune's distributed recipes shard with FSDP2
+    plain = perfguide.check(None, ["tune", "run", "lora_finetune_single_device", "--config", str(TUNE)], hardware="a100-80gb",
+                            seq_len=2048).setup
+    assert (plain.micro_batch_size, plain.num_gpus) == (y["batch_size"], 1)
+
+
+def test_llamafactory_cli_train_overrides_and_spans_the_visible_gpus() -> None:
+    y = yaml.safe_load(LMF.read_text())
+    assert y["per_device_train_batch_size"] == 1
+    s = perfguide.check("Qwen/Qwen3-4B", ["llamafactory-cli", "train", str(LMF), "per_device_train_batch_size=2"],
+                        hardware="a100-80gb:4").setup
+    assert (s.micro_batch_size, s.seq_len, s.num_gpus) == (2, y["cutoff_len"], 4)
+    check = perfguide.check("Qwen/Qwen3-4B", ["llamafactory-cli", "train", str(LMF)], hardware="a100-80gb:4", num_gpus=2)
+    assert check.setup.num_gpus == 2   # a count given to check wins over the launcher's default
+
+
+def test_axolotl_train_flag_overrides() -> None:
+    y = yaml.safe_load(AXO.read_text())
+    assert y["micro_batch_size"] == 2
+    s = perfguide.check("meta-llama/Llama-3.2-1B", ["axolotl", "train", str(AXO), "--micro-batch-size", "4"], hardware="a100-80gb").setup
+    assert (s.micro_batch_size, s.gradient_accumulation_steps, s.seq_len) == (4, y["gradient_accumulation_steps"], y["sequence_len"])
+
+
+@pytest.mark.parametrize(("cmd", "message"), [
+    (["tune", "run", "lora_finetune_single_device", "--config", "llama3_2/1B_lora_single_device"], "tune cp llama3_2/1B_lora_single_device"),
+    (["tune", "ls"], "accepted: `tune run ...`"),
+    (["llamafactory-cli", "export", "x.yaml"], "accepted: `llamafactory-cli train ...`"),
+    (["llamafactory-cli", "train", str(LMF), "--per_device_train_batch_size", "2"], "accepted overrides: key=value"),
+    (["axolotl", "train"], "names no config file"),
+])
+def test_what_cannot_be_read_is_one_line(cmd: list[str], message: str) -> None:
+    with pytest.raises(PerfGuideError, match=message.replace("(", r"\(").replace("`", "`").replace(".", r"\.")):
+        perfguide.check("meta-llama/Llama-3.2-1B", cmd, hardware="a100-80gb")
