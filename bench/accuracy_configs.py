@@ -43,6 +43,14 @@ _STARCODERBASE_1B = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeF
                      "activation_function": "gelu_pytorch_tanh", "layer_norm_epsilon": 1e-5, "bos_token_id": 0,
                      "eos_token_id": 0, "tie_word_embeddings": True, "torch_dtype": "float32"}
 
+#: StarCoder 15.5B (huggingface.co/bigcode/starcoder/config.json, GPTBigCodeForCausalLM): StarCoderBase-1B's block at 6144 x
+#: 40 layers, 48 heads with multi-query attention (one 128-wide key/value head), FFN 24576, vocab 49152, 8192 learned
+#: positions, head tied to wte. 15,517,456,384 parameters come out of the dict below, as the Personal Copilot blog's
+#: print_trainable_parameters gives them ('trainable params: 110,428,160 || all params: 15,627,884,544': all less the
+#: r=32 LoRA on c_attn, c_proj, c_fc of 40 blocks, 40 x 32 x (12544 + 12288 + 30720 + 30720) = 110,428,160)
+_STARCODER = {**_STARCODERBASE_1B, "_name_or_path": "bigcode/starcoder", "n_embd": 6144, "n_head": 48, "n_layer": 40,
+              "n_inner": 24576}
+
 #: ModernBERT-base (huggingface.co/answerdotai/ModernBERT-base/config.json): 768 x 22 layers, 12 heads, GeGLU FFN
 #: 1152, vocab 50368, no biases, tied decoder; 149,655,232 parameters (the model card's 149M)
 _MODERNBERT_BASE = {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"],
@@ -93,6 +101,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "facebook/blenderbot-400M-distill": _BLENDERBOT_400M,
     "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
     "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
+    "bigcode/starcoder": _STARCODER,
     "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
     "Qwen/Qwen-7B-Chat": _qwen1("Qwen/Qwen-7B-Chat", 4096, 32, 32, 22016, 151936),

@@ -295,8 +295,18 @@ _SFT_TRAINER_RELEASE = re.compile(r"\btrl SFTTrainer (\d+\.\d+\.\d+)", re.IGNORE
 TRL_LAST_ADAPTER_RECAST = (0, 8, 6)
 
 
+#: a training script's own copy of the recast, run before the optimizer is built, whose LoraLayer branch casts the
+#: adapters too: DHS-LLM-Workshop's personal_copilot/training/train.py at 797a0af ('if isinstance(module, LoraLayer):
+#: if args.bf16: module = module.to(torch.bfloat16)', then norms to fp32 and wte/wpe/lm_head to bf16, after
+#: Trainer() and before trainer.train()); the row's method says so in these words
+OWN_RECAST_WITH_ADAPTERS = "peft_module_casting_to_bf16 with its LoraLayer branch"
+
+
 def trl_recasts_adapters(row: dict[str, str]) -> bool:
-    """Whether the TRL release a recast row ran still cast the adapters (Setup.kbit_recast_adapters)."""
+    """Whether the recast a row ran also cast the adapters (Setup.kbit_recast_adapters): the TRL release it names
+    (0.7.5-0.8.6 did), or a script's own copy with the LoraLayer branch (OWN_RECAST_WITH_ADAPTERS)."""
+    if OWN_RECAST_WITH_ADAPTERS in row["method"]:
+        return True
     m = _SFT_TRAINER_RELEASE.search(row["method"])
     if m is None:
         raise ValueError(f"row {row['row_id']}: a peft_module_casting_to_bf16 row names its release ('trl SFTTrainer X.Y.Z' "
