@@ -31,6 +31,13 @@ def _int(text: str, default: int | None = None) -> int:
     return default
 
 
+def offloads(par: str) -> bool:
+    """An FSDP row's CPU offload, said as "+ CPU offload" or a CPUOffload / offload_params setting; "no offload" and
+    "without CPU offload" say the opposite."""
+    low = par.lower()
+    return "offload" in re.sub(r"\b(no|without)( cpu)? offload\b", "", low)
+
+
 def _precision(p: str) -> dict[str, object]:
     low = p.lower()
     if "float8" in low:
@@ -168,7 +175,7 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
         return {"strategy": "fsdp_shard_grad_op", "fsdp_version": 2 if "FSDP2" in par else 1}
     if "FSDP" in par:
         n = _int(row["num_gpus"], 1)
-        offload = "offload" in par.lower()
+        offload = offloads(par)
         out: dict[str, object] = {"strategy": "fsdp" if n > 1 or offload else "single"}  # 1-GPU FSDP still offloads
         # FSDP2 (fully_shard) only where the row says so; litgpt/Lightning and the older HF rows ran FSDP1.
         # fsdp_qlora's FSDP1 is priced as FSDP2 (per-parameter): its llama-recipes policy wraps every leaf whose weight

@@ -118,3 +118,12 @@ def test_llama_7b_and_flan_t5_xl_have_their_published_sizes() -> None:
     assert llama.total_params == 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 2 * 32000 * 4096 + 4096
     _, t5, _ = _read("2105")
     assert t5.total_params == pytest.approx(2.85e9, rel=0.01)
+
+
+@pytest.mark.parametrize(("words", "offload"), [
+    ("FSDP FULL_SHARD + CPU offload", True), ("FSDP FULL_SHARD + CPUOffload(offload_params=True)", True),
+    ("FSDP FULL_SHARD (no offload)", False), ("FSDP1 FULL_SHARD, without CPU offload", False), ("FSDP2 FULL_SHARD", False),
+])
+def test_fsdp_offload_words_read_as_they_say(words: str, offload: bool) -> None:
+    """A row that says "no offload" once read as CPU offload (any 'offload' in the words counted)."""
+    assert load_bench("accuracy_setup").offloads(words) is offload
