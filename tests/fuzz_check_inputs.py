@@ -4,7 +4,8 @@ Files are the published examples under tests/data/check (TrainingArguments / TRL
 JSON, axolotl, LLaMA-Factory, torchtune) with values swapped for hostile strings, wrong types, huge numbers,
 NaN/inf and deep nesting, keys dropped or added, then written back as JSON or YAML; plus byte-level junk
 (truncations, binary, a nesting bomb, a YAML alias bomb). Commands are torchrun / accelerate / deepspeed launch
-lines and vllm / sglang serve commands with fuzzed flags. The invariant is the CLI's: exit 0 (fits) or 3 (does
+lines, TRL's / torchtune's / LLaMA-Factory's / axolotl's own commands and vllm / sglang serve commands
+with fuzzed flags. The invariant is the CLI's: exit 0 (fits) or 3 (does
 not fit) with a report, or exit 2 with exactly one line on stderr, never a traceback and never another status.
 Used by tests/test_fuzz.py (a few examples) and bench/fuzz.py (the counted run).
 """
@@ -151,7 +152,18 @@ serve_lines = st.builds(lambda head, model, flags: [*head, model, *flags],
                         st.sampled_from([["vllm", "serve"], ["python", "-m", "sglang.launch_server", "--model-path"],
                                          ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model"]]),
                         models | hostile_text, serve_flags)
-check_commands = launch_lines | serve_lines
+launch_flags = _pairs(("--num_processes", "2"), ("--accelerate_config", "zero3"), ("--accelerate_config", "fsdp2"),
+                     ("--mixed_precision", "bf16"), ("--config", str(DATA / "trl_example_config.yaml"))) | fuzzed_script_flags
+trl_lines = st.builds(lambda sub, model, flags, launch: ["trl", sub, "--model_name_or_path", model, *flags, *launch],
+                      st.sampled_from(["sft", "dpo", "grpo", ""]), models | hostile_text, script_flags, launch_flags)
+overrides = st.lists(st.sampled_from(["batch_size=2", "tokenizer.max_seq_len=4096", "per_device_train_batch_size=4", "cutoff_len=8192",
+                                      "model=3", "a.b.c=x", "=1", "~x", "enable_activation_checkpointing=false"]) | flag_values, max_size=4)
+tool_lines = st.one_of(
+    st.builds(lambda n, o: ["tune", "run", "--nproc_per_node", n, "lora_finetune_distributed", "--config",
+                            str(DATA / "torchtune_llama3_2_1B_lora_single_device.yaml"), *o], st.sampled_from(["1", "2"]) | flag_values, overrides),
+    st.builds(lambda o: ["llamafactory-cli", "train", str(DATA / "llamafactory_qwen3_lora_sft_ds3.yaml"), *o], overrides),
+    st.builds(lambda f: ["axolotl", "train", str(DATA / "axolotl_lora-1b.yml"), *f], script_flags | fuzzed_script_flags))
+check_commands = launch_lines | serve_lines | trl_lines | tool_lines
 
 
 def cli_check(argv: list[str]) -> str:
