@@ -35,7 +35,7 @@ def test_mpt_shapes_reproduce_llm_foundry_num_params(rows: ModuleType) -> None:
         foundry = [r for r in csv.DictReader(f) if r["source"] == "mosaicml/llm-foundry"]
     assert len(foundry) > 200
     for r in foundry:
-        spec = rows.mpt_spec(r["model"], int(r["seq_len"]))
+        spec = _bench("throughput_specs").mpt_spec(r["model"], int(r["seq_len"]))
         with_positions = spec.total_params + int(r["seq_len"]) * spec.hidden_size
         assert with_positions == pytest.approx(int(r["num_params"]), rel=1e-3), r["row_id"]
 
@@ -76,7 +76,7 @@ def test_qwen_shapes_reproduce_the_published_sizes(rows: ModuleType) -> None:
     from perfguide.model.types import ModelSpec
 
     for key, total in sizes.items():
-        assert ModelSpec.from_any(rows.QWEN_V1[key]).total_params == pytest.approx(total, rel=0.005), key
+        assert ModelSpec.from_any(_bench("throughput_specs").QWEN_V1[key]).total_params == pytest.approx(total, rel=0.005), key
 
 
 def test_qwen_rows_are_exact_lengths_and_tokens_from_step_time(rows: ModuleType) -> None:
