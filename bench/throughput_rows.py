@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accuracy_setup import bnb_embedding_override
+from accuracy_setup import LIGER_PARTIAL, PEFT_NOT_LORA, bnb_embedding_override
 from throughput_specs import Skip, model_spec
 
 from perfguide.hardware.types import Hardware
@@ -69,6 +69,7 @@ GROUPS = [  # (source, path prefix) -> group name
     ("pytorch/ao", "torchao/optim", "torchao-optim"),
     ("pytorch/ao", "torchao/prototype/quantized_training", "torchao-qt"),
     ("hiyouga/LLaMA-Factory (GitHub wiki)", "", "llama-factory"),
+    ("linkedin/Liger-Kernel", "examples/huggingface/results", "liger-hf-example-logs"),
     ("linkedin/Liger-Kernel", "", "liger"),
     ("huggingface/blog", "", "hf-blog-fsdp-deepspeed"),
     ("QwenLM/Qwen", "", "qwen-finetune"),
@@ -80,6 +81,7 @@ GROUPS = [  # (source, path prefix) -> group name
     ("jzhang38/TinyLlama", "README.md", "tinyllama"),
     ("foundation-model-stack/fms-acceleration", "scripts/benchmarks", "fms-acceleration"),
     ("huggingface/accelerate", "examples/fsdp2", "accelerate-fsdp2"),
+    ("huggingface/peft", "method_comparison/MetaMathQA", "peft-method-comparison"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
@@ -87,7 +89,7 @@ GROUPS = [  # (source, path prefix) -> group name
 GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
              ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
              ("rtx 4070 ti super", "rtx4070tisuper"), ("rtx a6000", "a6000"),
-             ("mi300x", "mi300x"), ("b200", "b200")]
+             ("mi300x", "mi300x"), ("b200", "b200"), ("l40s", "l40s")]
 # Multi-node rows that do not state their network: every 8-GPU H100 / H200 / B200 SXM platform ships one
 # 400 Gb/s NIC per GPU (DGX H100 / H200 / B200 datasheets, AWS p5, Azure ND H100 v5: 3,200 Gb/s per node), so
 # those rows get the named DGX node's network (perfguide/data/gpus.json "nodes") instead of the one-port default.
@@ -263,6 +265,15 @@ def _expressible(row: dict[str, str]) -> None:
     if framework_of(row) == "unsloth":
         raise Skip("Unsloth: hand-written Triton kernels (fused LoRA MLP / attention projections, RoPE, RMSNorm, "
                    "cross-entropy) and its own offloaded checkpointing replace the HF + PEFT step perfguide prices")
+    for pattern, reason in PEFT_NOT_LORA:   # a PEFT method or LoRA variant a LoraSpec cannot state (the memory bench's reading)
+        found = pattern.search(row["finetune"])
+        if found:
+            raise Skip(reason.format(*found.groups()))
+    partial = next((p for p in LIGER_PARTIAL if p in row["finetune"]), None)
+    if partial:   # Liger's post_init_class patch, or its gemma2 patch of September 2024 (the memory bench's reading)
+        raise Skip(f"{partial}: Setup.liger_kernel prices fused linear cross-entropy with every fused kernel")
+    if "the log holds no training step" in row["notes"]:
+        raise Skip("the run logged no training step (it stopped before its first logged step): no rate to compare")
     if "gptq" in row["precision"].lower():
         raise Skip("GPTQ int4 base (AutoGPTQ kernels, fp16 under DeepSpeed): perfguide prices bitsandbytes nf4 / int8 bases")
     if "physically inconsistent as stated" in row["notes"]:
@@ -305,7 +316,8 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
         targets = re.search(r"lora targets: ([\w,]+)", row["notes"])
         alpha = re.search(r"lora alpha: (\d+)", row["notes"])
         lora = LoraSpec(r=_int(row["lora_rank"]) or 8, alpha=int(alpha.group(1)) if alpha else 16,
-                        target_modules=tuple(targets.group(1).split(",")) if targets else "all-linear")
+                        target_modules=tuple(targets.group(1).split(",")) if targets else "all-linear",
+                        use_dora="use_dora True" in row["finetune"], use_rslora="use_rslora True" in row["finetune"])
     attn = row["attn_impl"].lower()
     attn_impl = "flash_attention_2" if "flash" in attn else ("eager" if attn.startswith("eager") else "sdpa")
     setup = Setup(micro_batch_size=mb, seq_len=seq, gradient_accumulation_steps=ga, optimizer=_optimizer(row),
@@ -315,6 +327,7 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
                   optimizer_in_backward="optimizer step in backward" in row["optimizer"].lower(),
                   activation_offloading=row["activation_offload"].lower().startswith("true"),
                   hybrid_shard=row["sharding"].lower().startswith("hsdp"), packed_doc_len=packed_doc_len_of(row),
+                  liger_kernel="Liger kernels on" in row["finetune"],
                   bnb_embedding_override=bnb_embedding_override(row["framework"], row["optimizer"]), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
