@@ -83,3 +83,7 @@ def test_a_nested_change_is_one_json_flag_the_script_parses() -> None:
 
     line = Edit(format="script_flags", source="flags", syntax="flags", keys=keys).text()
     assert json.loads(shlex.split(line)[shlex.split(line).index(flag) + 1]) == json.loads(value)
+    from transformers import HfArgumentParser, TrainingArguments
+
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(["--output_dir", "out", flag, value])
+    assert args.fsdp_config == json.loads(value)   # the flag as written is what transformers' own parser reads

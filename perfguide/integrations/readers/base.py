@@ -7,6 +7,7 @@ from, every default it had to assume says so, and every key it read but cannot p
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -209,3 +210,9 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
             node = node.setdefault(part, {})
         node[last] = value
     return out
+
+
+def under(value: str, base_dir: str) -> Path:
+    """A path a command line names: ``~`` expanded, a relative one taken from the directory the command runs in."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else Path(base_dir) / path

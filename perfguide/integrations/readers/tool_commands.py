@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .base import Collector, ConfigReadError, Reading, take_flags
+from .base import Collector, ConfigReadError, Reading, take_flags, under
 
 TOOLS = ("tune", "llamafactory-cli", "axolotl")
 #: the format each tool's config file is read in, and the subcommand that trains
@@ -88,8 +88,7 @@ def _set(data: dict[str, Any], key: str, value: str, tool: str) -> None:
 
 
 def _path(config: str, base_dir: str, tool: str) -> str:
-    path = Path(config).expanduser()
-    path = path if path.is_absolute() else Path(base_dir) / path
+    path = under(config, base_dir)
     if path.is_file():
         return str(path)
     if tool == "tune" and not path.suffix:

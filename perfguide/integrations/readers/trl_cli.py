@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import Collector, ConfigReadError, Reading
+from .base import Collector, ConfigReadError, Reading, under
 from .script_flags import parse
 
 #: the TRL subcommands perfguide prices, and whether the script is DPO's (the others train objectives it does not price)
@@ -60,7 +60,7 @@ def read(words: list[str], base_dir: str) -> list[Reading]:
     name = f"trl {sub} flags"
     config = data.pop("config", None)
     if config not in (None, True):
-        path = _path(str(config), base_dir)
+        path = str(under(str(config), base_dir))
         from_file = load(path)
         launch = {**{k: v for k, v in from_file.items() if k not in training_args.KNOWN}, **launch}
         data = {**{k: v for k, v in from_file.items() if k in training_args.KNOWN}, **data}
@@ -79,9 +79,7 @@ def read(words: list[str], base_dir: str) -> list[Reading]:
 
 def accelerate_config_file(value: str, base_dir: str) -> str:
     """``--accelerate_config``: a file, else the config of that name TRL ships (resolved as TRL resolves it)."""
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        path = Path(base_dir) / path
+    path = under(value, base_dir)
     if path.is_file():
         return str(path)
     try:
@@ -98,7 +96,3 @@ def accelerate_config_file(value: str, base_dir: str) -> str:
                               f"{', '.join(names)}")
     return str(shipped)
 
-
-def _path(value: str, base_dir: str) -> str:
-    path = Path(value).expanduser()
-    return str(path if path.is_absolute() else Path(base_dir) / path)
