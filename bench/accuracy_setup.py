@@ -217,6 +217,18 @@ def _kbit_upcast(row: dict[str, str]) -> bool:
     return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
 
 
+def _nf4_double_quant(row: dict[str, str]) -> bool:
+    """Whether the 4-bit absmax statistics were quantized again. litgpt's bnb.nf4 is Lightning's _NF4Linear
+    (compress_statistics=False), bnb.nf4-dq its _NF4DQLinear; a row whose quantization cell says "no double quant"
+    ran transformers' BitsAndBytesConfig with bnb_4bit_use_double_quant False (its default; TRL's
+    get_quantization_config passes use_bnb_nested_quant, default False); every other HF, Unsloth, fsdp_qlora and
+    axolotl row is read with double quant (stated, or Linear4bit's default)."""
+    q = row["quantization"]
+    if "no double quant" in q:
+        return False
+    return not (_kbit_quantizer(row) == "litgpt" and not q.endswith("-dq"))
+
+
 def _kbit_quantizer(row: dict[str, str]) -> str:
     """litgpt's ``--quantize bnb.*`` runs Lightning Fabric's BitsandbytesPrecision, which replaces every nn.Linear of
     litgpt's GPT, lm_head included (``ignore_modules`` left empty by litgpt/finetune/lora.py), quantizing each from
@@ -307,9 +319,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)
         fields["kbit_quantizer"] = _kbit_quantizer(row)
-        # litgpt's bnb.nf4 is Lightning's _NF4Linear (compress_statistics=False), bnb.nf4-dq its _NF4DQLinear; the
-        # HF, Unsloth, fsdp_qlora and axolotl rows quantize with double quant (stated, or Linear4bit's default)
-        fields["nf4_double_quant"] = not (_kbit_quantizer(row) == "litgpt" and not q.endswith("-dq"))
+        fields["nf4_double_quant"] = _nf4_double_quant(row)
         # TRL 0.7.5-0.25 SFTTrainer given a peft_config with bf16 re-casts embeddings and head to bf16; 0.7.5-0.8.6 the
         # adapters too
         fields["kbit_recast_bf16"] = "peft_module_casting_to_bf16" in row["method"]
