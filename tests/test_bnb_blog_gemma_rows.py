@@ -1,8 +1,8 @@
-"""Rows 2300-2314: two public training sources new to bench/data, added whole (issue 24).
+"""Rows 2300-2315: three public training sources new to bench/data, added whole (issue 24).
 
 The HF blog '4-bit transformers and bitsandbytes' (QLoRA release, 2023-05-24) tables fourteen fine-tuning runs of
 LLaMA-7B / 13B on T4s as OOM / no OOM; the Gemma launch post (2024-02-21) trains Gemma-7B with QLoRA on one A10G
-with TRL's sft.py. Each row reads back as the setup the source and the code at the stated commit give; the byte
+and the Mixtral launch post (2023-12-11) Mixtral-8x7B on one A100, both with TRL's sft.py. Each row reads back as the setup the source and the code at the stated commit give; the byte
 counts checked here are derived by hand from the config shapes, not taken from perfguide's output. perfguide's
 verdicts on them are reported by bench/accuracy.py.
 """
@@ -29,6 +29,11 @@ LLAMA13 = LLAMA13_LINEAR + 2 * 32000 * 5120 + 40 * 2 * 5120 + 5120
 GEMMA7 = 28 * (3 * 3072 * 4096 + 4096 * 3072 + 3 * 3072 * 24576 + 2 * 3072) + 256000 * 3072 + 3072
 #: the command's LoRA: r 16 on q_proj, k_proj, v_proj (3072 -> 4096) and o_proj (4096 -> 3072) of 28 blocks
 GEMMA_ADAPTERS = 28 * 16 * 4 * (3072 + 4096)
+#: Mixtral-8x7B by hand (4096 x 32 layers, 32 query / 8 KV heads of 128, 8 experts of FFN 14336 with a 4096 x 8 router,
+#: vocab 32000, untied head)
+MIXTRAL = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 4096 * 8 + 2 * 4096) + 2 * 32000 * 4096 + 4096
+#: r 16 on q_proj (4096 -> 4096), k_proj / v_proj (4096 -> 1024) and o_proj (4096 -> 4096) of 32 blocks
+MIXTRAL_ADAPTERS = 32 * 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024))
 
 
 def _read(row_id: str):  # type: ignore[no-untyped-def]
@@ -45,8 +50,10 @@ def test_rows_are_the_two_posts_whole_in_their_range() -> None:
     assert all(r["notes"].startswith("table row: 'decapoda-research/llama-") for r in rows)
     gemma = ROWS["2314"]
     assert gemma["source_group"] == "hf_blog_gemma_trl" and gemma["value_kind"] == "fits" and gemma["trust"] == "B"
-    assert not any(r["source_group"] in ("hf_blog_4bit_bitsandbytes", "hf_blog_gemma_trl") for i, r in ROWS.items()
-                   if not 2300 <= int(i) <= 2314)
+    mixtral = ROWS["2315"]
+    assert mixtral["source_group"] == "hf_blog_mixtral_trl" and mixtral["value_kind"] == "fits" and mixtral["trust"] == "B"
+    groups = ("hf_blog_4bit_bitsandbytes", "hf_blog_gemma_trl", "hf_blog_mixtral_trl")
+    assert not any(r["source_group"] in groups for i, r in ROWS.items() if not 2300 <= int(i) <= 2315)
 
 
 def test_llama_13b_reupload_has_llama_1_13b_shape() -> None:
@@ -111,3 +118,18 @@ def test_gemma_row_reads_as_the_posts_command() -> None:
     assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (2, 512, 1)
     led = ledger(spec, setup)
     assert led.trainable_params == GEMMA_ADAPTERS == 12_845_056 and led.param_bytes == 4
+
+
+def test_mixtral_row_reads_as_the_posts_command() -> None:
+    """sft.py at 8f0fc4c8: BitsAndBytesConfig(load_in_4bit=True) takes bnb's defaults (fp4 codes, the same 4-bit layout
+    as nf4, no double quant), torch_dtype bfloat16 then the kbit preparation's fp32; bf16 autocast from multi_gpu.yaml;
+    batch 2 x 512, no checkpointing; r 16 adapters on q/k/v/o in fp32; the post's own A100s are 80GB cards."""
+    row, spec, setup = _read("2315")
+    assert spec.total_params == MIXTRAL == 46_702_792_704
+    assert row["quantization"].startswith("bnb fp4") and setup.weights_dtype == "nf4" and not setup.nf4_double_quant
+    assert setup.kbit_upcast and not setup.kbit_recast_bf16 and setup.autocast == "bf16"
+    assert not setup.gradient_checkpointing and (setup.micro_batch_size, setup.seq_len) == (2, 512)
+    led = ledger(spec, setup)
+    assert led.trainable_params == MIXTRAL_ADAPTERS == 13_631_488 and led.param_bytes == 4
+    hw = load_bench("accuracy_hardware")._hardware(row["gpu_type"], 1)
+    assert hw is not None and hw.gpus[0].memory_total > 79 * 2**30
