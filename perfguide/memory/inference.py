@@ -177,17 +177,22 @@ def prefill_transient_bytes(spec: ModelSpec, setup: Setup, dtype_bytes: int, sha
     return residual + max(attention, mlp)
 
 
-def _split_sequential(sizes: list[int], parts: int) -> list[list[int]]:
-    """accelerate's "balanced" map in miniature: modules in order, each device filled to about total/parts."""
-    target = sum(sizes) / parts
+def _balanced_map(sizes: list[int], parts: int, block: int) -> list[list[int]]:
+    """accelerate's device_map="auto" over modules in order (transformers calls get_balanced_memory, then
+    infer_auto_device_map). Every GPU but the last is capped at total/parts plus a buffer of 1.25 decoder blocks (the
+    largest no-split module; the mean leaf module it is compared with is far smaller in a decoder), the first GPU also
+    keeps room for the largest module still to place, and the last takes the rest. Without the buffer, equal blocks that
+    do not divide evenly would pile onto the last GPU (Qwen3-235B-A22B on 8 GPUs: 13 blocks on the most loaded, not 17)."""
+    per_gpu = sum(sizes) // parts + int(1.25 * block)
     groups: list[list[int]] = [[]]
-    load_ = 0.0
+    used = 0
     for i, size in enumerate(sizes):
-        if groups[-1] and load_ + size > target * 1.0001 and len(groups) < parts:
+        limit = per_gpu - max(sizes[i:]) if len(groups) == 1 else per_gpu
+        while len(groups) < parts and used + size > limit:
             groups.append([])
-            load_ = 0.0
+            used, limit = 0, per_gpu
         groups[-1].append(i)
-        load_ += size
+        used += size
     return groups
 
 
@@ -198,7 +203,7 @@ def _device_map_share(spec: ModelSpec, setup: Setup, weights: int, kv: int) -> t
     head = spec.lm_head_params * (FP32 if setup.weights_dtype == "fp32" else HALF)
     per_layer = max(0, weights - embed - head) // spec.total_layers
     sizes = [embed] + [per_layer] * layers + [head]
-    groups = _split_sequential(sizes, setup.num_gpus)
+    groups = _balanced_map(sizes, setup.num_gpus, per_layer)
     kv_per_layer = kv // layers
     best = max(groups, key=lambda g: sum(sizes[i] for i in g))
     n_layers = sum(1 for i in best if 0 < i <= layers)
@@ -247,6 +252,7 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
     weights = weight_bytes(spec, setup.weights_dtype, stored=setup.checkpoint_format)
+    whole = weights
     b, tokens = setup.micro_batch_size, cached_tokens(setup, spec)
     prompt_tokens = min(tokens, 1 if spec.is_encoder_decoder else setup.seq_len)
     cross = setup.seq_len if spec.is_encoder_decoder else 0
@@ -276,6 +282,8 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     logits = logits_bytes(spec, setup, act)
     rest = max(kv_prompt + transient, kv_full + decode_transient) + logits
     weights, offloaded = _offload_split(setup, hardware, weights, rest, headroom)
+    if offloaded and setup.strategy == "device_map":  # every GPU is filled to the budget first; CPU RAM takes the rest
+        offloaded = max(offloaded, whole - max(1, setup.num_gpus) * weights)
     if offloaded:
         notes.append(f"{offloaded / 1e9:.1f} GB of weights offloaded to CPU RAM (moved to the GPU every forward)")
     peak = weights + rest
