@@ -73,8 +73,13 @@ CPU_LABELS = MemoryLabels(
 def memory_labels(device: str) -> MemoryLabels:
     return CPU_LABELS if device == "cpu" else GPU_LABELS
 
-TRAIN_ONLY = frozenset({"gradient_accumulation_steps", "optimizer", "gradient_checkpointing", "offload_optimizer", "lora"})
-INFER_ONLY = frozenset({"new_tokens", "cache_implementation"})
+TRAIN_ONLY = frozenset({"target_len", "gradient_accumulation_steps", "optimizer", "gradient_checkpointing", "lora",
+                        "offload_optimizer", "dataloader_num_workers", "dataloader_pin_memory", "liger_kernel",
+                        "optimizer_in_backward", "activation_offloading", "padding_free", "avg_seq_len", "packed_doc_len",
+                        "fsdp_version", "kbit_upcast", "kbit_recast_bf16", "kbit_recast_adapters",
+                        "bnb_embedding_override", "hybrid_shard", "overlap_comm", "zero3_init", "objective",
+                        "precompute_ref_log_probs", "trainer"})
+INFER_ONLY = frozenset({"new_tokens", "cache_implementation", "serving"})
 MAX_CANDIDATES = 20
 HEADLINE_SUGGESTIONS = 3
 DATAPARALLEL_WARNING = (
@@ -134,14 +139,22 @@ def _setup_fields(setup: Setup) -> list[str]:
     return [name for name in Setup.model_fields if name not in skip]
 
 
+#: a value longer than this (a nested engine config) gets a line of its own below the table: in a cell it would
+#: widen the whole column, and the two-pair table would no longer fit a screen
+_CELL_CHARS = 40
+
+
 def _setup_section(setup: Setup, title: str = "Chosen setup") -> Section:
     """Two setting/value pairs per row keeps the ~20 knobs on one screen."""
-    pairs = [(name, fmt_value(getattr(setup, name))) for name in _setup_fields(setup)]
+    values = [(name, fmt_value(getattr(setup, name))) for name in _setup_fields(setup)]
+    pairs = [(name, value) for name, value in values if len(value) <= _CELL_CHARS]
+    long = tuple((name, value) for name, value in values if len(value) > _CELL_CHARS)
     if len(pairs) % 2:
         pairs.append(("", ""))
     half = len(pairs) // 2
     rows = tuple((*left, *right) for left, right in zip(pairs[:half], pairs[half:]))
-    return Section(f"{title} ({setup.label})", (Table(("setting", "value", "setting", "value"), rows),))
+    table = Table(("setting", "value", "setting", "value"), rows)
+    return Section(f"{title} ({setup.label})", (table, Fields(long)) if long else (table,))
 
 
 # --- decisions ----------------------------------------------------------------------------------
