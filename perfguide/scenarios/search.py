@@ -279,11 +279,16 @@ def _named_gpus() -> tuple[tuple[str, Hardware], ...]:
     return tuple(sorted(((n, h) for n, h in hws if h.gpu_count == 1), key=lambda nh: (nh[1].gpus[0].memory_total, nh[0])))
 
 
+#: the smallest memory ratio that makes another card "bigger" (named cards of one class differ by a few MiB)
+BIGGER = 1.05
+
+
 def bigger_gpu(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float) -> tuple[str, Priced] | None:
-    """The smallest named GPU with more memory than this one on which ``setup`` fits."""
+    """The smallest named GPU with more memory than this one on which ``setup`` fits. A card of the same nominal size
+    is no answer (an RTX 3090's 24,576 MiB against an RTX 4090's 24,564): bigger means at least ``BIGGER`` times."""
     gpu = hardware.smallest_gpu
     for name, hw in _named_gpus():
-        if gpu is not None and (hw.gpus[0].memory_total <= gpu.memory_total or hw.gpus[0].vendor != gpu.vendor):
+        if gpu is not None and (hw.gpus[0].memory_total < gpu.memory_total * BIGGER or hw.gpus[0].vendor != gpu.vendor):
             continue  # a bigger card of the same vendor: the user's software stack stays the same
         p = price(spec, setup, hw)
         if fits(p.memory, hw, headroom):

@@ -14,10 +14,10 @@ from ..setup import Setup
 from .host import gpu_dataloader
 from .moe_targets import expert_free_lora
 from .rules_precision import gpu_precision
-from .search import SearchResult, bigger_gpu, gib, least_memory, sharded_gpus_needed
+from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
 from .train_gpu_many import add_layout
-from .training import Suggest, attention, check_optimizer, objective_fields, plan_training, precomputed_reference
+from .training import Suggest, attention, check_optimizer, freed_knobs, objective_fields, plan_training, precomputed_reference
 from .types import Plan, Request
 
 
@@ -74,7 +74,7 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     hw, spec, h = request.hardware, request.model, request.constraints.headroom
     gpu = hw.smallest_gpu
     assert gpu is not None, "train_gpu_one plans only for machines with a GPU (plan() checked)"
-    out = list(precomputed_reference(request, plan_without_suggestions))
+    out = [*freed_knobs(request, plan_without_suggestions), *precomputed_reference(request, plan_without_suggestions)]
     for kind, r in adapters.items():
         if r.chosen is not None:
             c = r.chosen
@@ -84,6 +84,8 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     # what a bigger GPU or N GPUs would run: the leanest on-GPU setup (host offload already failed here)
     reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1, strategy="single",
                                                     offload_optimizer=False, offload_params=False, activation_offloading=False)
+    if fits(price(spec, reference, hw).memory, hw, h):
+        return tuple(out) or (f"at micro-batch 1 this setup fits {gpu.name}; what the request forces does not",)
     big = bigger_gpu(spec, reference, hw, h)
     if big:
         name, p = big

@@ -84,6 +84,30 @@ def precomputed_reference(request: Request, plan: Callable[[Request], Plan]) -> 
             f"in the step: {gib(p.memory.device_total)} per device, {p.throughput.step_time_s:.3g} s/step ({p.setup.label})",)
 
 
+#: switches whose forced "off" can be what keeps a plan's activations off the card
+_SAVING_SWITCHES = ("gradient_checkpointing", "liger_kernel", "activation_offloading")
+
+
+def freed_knobs(request: Request, plan: Callable[[Request], Plan]) -> tuple[str, ...]:
+    """A plan that does not fit because of a forced micro-batch, checkpointing off, Liger off or activation offloading
+    off, planned again (``plan``: the scenario's, without its own suggestions) with those knobs left to perfguide: the
+    value that fits at the same global batch. Said only when that fits; the user's value is never replaced."""
+    cons = request.constraints
+    forced: dict[str, object] = {k: False for k in _SAVING_SWITCHES if getattr(cons, k) is False}
+    if cons.micro_batch_size is not None:
+        forced["micro_batch_size"] = cons.micro_batch_size
+    if not forced:
+        return ()
+    p = plan(request.model_copy(update={"constraints": cons.model_copy(update=dict.fromkeys(forced))}))
+    if not p.fits:
+        return ()
+    asked = ", ".join(f"{k}={v!r}" for k, v in forced.items())
+    chosen = ", ".join(f"{k}={getattr(p.setup, k)!r}" for k in forced)
+    return (f"{chosen} fits (instead of the requested {asked}; global batch {request.global_batch_size} kept with "
+            f"gradient_accumulation_steps={p.setup.gradient_accumulation_steps}): {gib(p.memory.device_total)} per device, "
+            f"{p.throughput.step_time_s:.3g} s/step ({p.setup.label})",)
+
+
 def finetune_mode(cons: Constraints) -> str:
     """None means full fine-tuning; a LoRA spec without a mode means LoRA."""
     return cons.finetune or ("lora" if cons.lora is not None else "full")
