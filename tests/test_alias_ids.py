@@ -16,7 +16,16 @@ from perfguide.model.catalog import lookup
 #: (the id a user types, the catalog entry whose shape it takes): variants named on their model cards as fine-tunes of
 #: the base checkpoint, so the shape is the base's and only the weights differ
 VARIANTS = [("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B"),
-            ("google/gemma-3-27b-it", "google/gemma-3-27b-pt")]
+            ("google/gemma-3-27b-it", "google/gemma-3-27b-pt"),
+            ("mistralai/Mistral-Small-24B-Instruct-2501", "mistralai/Mistral-Small-24B-Base-2501"),
+            ("Qwen/Qwen3-30B-A3B-Base", "Qwen/Qwen3-30B-A3B")]
+
+
+def test_base_as_a_size_still_tells_models_apart() -> None:
+    """'-Base' is dropped only beside a parameter count; in BERT / T5 names it is the size."""
+    assert lookup("t5-base") == "google-t5/t5-base" != lookup("t5-3b")
+    assert lookup("bert-base-uncased") not in (None, lookup("bert-large-uncased"))
+    assert lookup("FacebookAI/roberta-base") == "FacebookAI/roberta-base"
 
 
 @pytest.mark.parametrize(("given", "entry"), VARIANTS)

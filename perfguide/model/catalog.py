@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from functools import lru_cache
 from typing import Any
 
@@ -12,11 +13,18 @@ from .._data import DataModel, Fact, validated
 from .facts import ModuleFacts
 
 _VARIANT_TOKENS = frozenset({"instruct", "chat", "it"})
+#: dropped only beside a parameter count ('Mistral-Small-24B-Base-2501', 'Qwen3-4B-Base', 'gemma-3-27b-pt'): alone,
+#: 'base' is a size ('bert-base-uncased', 't5-base') and must keep telling models apart
+_BASE_TOKENS = frozenset({"base", "pt"})
+_PARAM_COUNT = re.compile(r"^(a?\d+(\.\d+)?[bm])$")
 
 
 def normalize(name: str) -> str:
-    """Lower-case and drop '-instruct' / '-chat' / '-it' tokens: chat variants share their base model's shape."""
-    return "-".join(t for t in name.strip().lower().split("-") if t not in _VARIANT_TOKENS)
+    """Lower-case and drop '-instruct' / '-chat' / '-it' tokens (and '-base' / '-pt' beside a parameter count):
+    chat variants share their base model's shape."""
+    tokens = name.strip().lower().split("-")
+    drop = _VARIANT_TOKENS | (_BASE_TOKENS if any(_PARAM_COUNT.match(t) for t in tokens) else frozenset())
+    return "-".join(t for t in tokens if t not in drop)
 
 
 class CatalogEntry(DataModel):
