@@ -290,6 +290,8 @@ def bigger_gpu(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: floa
     for name, hw in _named_gpus():
         if gpu is not None and (hw.gpus[0].memory_total < gpu.memory_total * BIGGER or hw.gpus[0].vendor != gpu.vendor):
             continue  # a bigger card of the same vendor: the user's software stack stays the same
+        if "bf16" in (setup.autocast, setup.weights_dtype) and not hw.gpus[0].supports_bf16:
+            continue  # the setup priced is a bf16 one: a V100 would run another (fp16) setup
         p = price(spec, setup, hw)
         if fits(p.memory, hw, headroom):
             return name, p
