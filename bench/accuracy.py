@@ -108,9 +108,9 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
                               nf4_library=_nf4_library(row), resident_bytes=_resident_bytes(row, spec, setup),
                               block_code_bytes=_block_code_bytes(row, spec, setup))
         timings.append(time.perf_counter() - t0)
-        if setup.task == "infer" and setup.num_gpus == 1 and row["source_group"].startswith("litgpt"):  # litgpt layout
+        if setup.task == "infer" and setup.strategy != "tp" and row["source_group"].startswith("litgpt"):  # litgpt layout
             compute = str(_precision(row["precision"])["weights_dtype"])
-            est = litgpt_inference(spec, est, row["quantization"], compute)
+            est = litgpt_inference(spec, est, row["quantization"], compute, setup.num_gpus)
         release = _transformers_version(row)
         if setup.task == "infer" and release is not None:  # generate's prefill logits as the row's release ran it
             est = with_prompt_logits(est, spec, setup, release)

@@ -35,16 +35,18 @@ def _format(quantization: str) -> tuple[str, bool] | None:
     return None
 
 
-def litgpt_linears(spec: ModelSpec) -> list[tuple[int, int]]:
-    """Every Linear of litgpt's GPT as (in, out): the blocks' (experts counted) and its own lm_head."""
+def litgpt_linears(spec: ModelSpec, blocks: int | None = None) -> list[tuple[int, int]]:
+    """Every Linear of litgpt's GPT as (in, out): the blocks' (experts counted) and its own lm_head; ``blocks``: only
+    that many blocks (the root device of generate/sequentially.py, which also holds the lm_head)."""
     block = list(spec.block_linears.values())
-    return block * spec.total_layers + [(spec.hidden_size, spec.vocab_size)]
+    return block * (spec.total_layers if blocks is None else blocks) + [(spec.hidden_size, spec.vocab_size)]
 
 
-def litgpt_weight_bytes(spec: ModelSpec, quantization: str, dtype_bytes: int) -> int:
-    """Weights as litgpt holds them: every Linear in the bnb layout (lm_head too), the rest 16-bit / fp32."""
+def litgpt_weight_bytes(spec: ModelSpec, quantization: str, dtype_bytes: int, blocks: int | None = None) -> int:
+    """Weights as litgpt holds them: every Linear in the bnb layout (lm_head too), the rest (embedding, norms) 16-bit
+    / fp32; with ``blocks``, the root device's share."""
     fmt = _format(quantization)
-    linears = litgpt_linears(spec)
+    linears = litgpt_linears(spec, blocks)
     linear_elts = sum(i * o for i, o in linears)
     rest = spec.total_params - spec.lm_head_params - spec.linear_params
     if fmt is None:
@@ -54,13 +56,14 @@ def litgpt_weight_bytes(spec: ModelSpec, quantization: str, dtype_bytes: int) ->
     return int(quantized + rest * dtype_bytes)
 
 
-def litgpt_transient_bytes(spec: ModelSpec, quantization: str, compute_bytes: int, compute_is_fp16: bool) -> tuple[int, int]:
+def litgpt_transient_bytes(spec: ModelSpec, quantization: str, compute_bytes: int, compute_is_fp16: bool,
+                           blocks: int | None = None) -> tuple[int, int]:
     """(load transient, prefill transient) of the largest quantized Linear, in bytes."""
     fmt = _format(quantization)
     if fmt is None:
         return 0, 0
     layout, dq = fmt
-    i, o = max(litgpt_linears(spec), key=lambda s: s[0] * s[1])
+    i, o = max(litgpt_linears(spec, blocks), key=lambda s: s[0] * s[1])
     n = i * o
     new = _linear_weight_bytes(i, o, layout, dq)
     if layout == "int8":
@@ -72,12 +75,16 @@ def litgpt_transient_bytes(spec: ModelSpec, quantization: str, compute_bytes: in
     return int(load), prefill
 
 
-def litgpt_inference(spec: ModelSpec, est: MemoryEstimate, quantization: str, weights_dtype: str) -> MemoryEstimate:
-    """``est`` (perfguide's transformers-layout estimate) re-laid out as litgpt runs it."""
+def litgpt_inference(spec: ModelSpec, est: MemoryEstimate, quantization: str, weights_dtype: str,
+                     devices: int = 1) -> MemoryEstimate:
+    """``est`` (perfguide's transformers-layout estimate) re-laid out as litgpt runs it; on several devices
+    (generate/sequentially.py) the root's share, whose max_memory_allocated litgpt prints: n_layer / devices blocks
+    with the embedding, final norm and lm_head."""
     dtype_bytes = FP32 if weights_dtype == "fp32" else HALF
-    weights = litgpt_weight_bytes(spec, quantization, dtype_bytes)
+    blocks = None if devices == 1 else -(-spec.total_layers // devices)
+    weights = litgpt_weight_bytes(spec, quantization, dtype_bytes, blocks)
     rest = est.peak_allocated - est.weights  # KV cache, prefill activations, logits
-    load, prefill = litgpt_transient_bytes(spec, quantization, dtype_bytes, weights_dtype == "fp16")
+    load, prefill = litgpt_transient_bytes(spec, quantization, dtype_bytes, weights_dtype == "fp16", blocks)
     peak = weights + max(rest + prefill, load)
     delta = peak - est.peak_allocated
     return est.model_copy(update={"weights": weights, "peak_allocated": peak,

@@ -144,6 +144,8 @@ def test_litgpt_bnb_layout_by_hand() -> None:
     load, prefill = lit.litgpt_transient_bytes(spec, "bnb.nf4-dq", 2, False)
     assert prefill == 4 * head and load == 2 * head + head // 2 + head // 64 + 4 * head // (64 * 256)
     assert lit.litgpt_transient_bytes(spec, "bnb.nf4", 2, True)[1] == 2 * head  # fp16 compute: no second cast
+    # generate/sequentially.py on 4 devices: the root holds 8 blocks with the embedding and lm_head
+    assert lit.litgpt_weight_bytes(spec, "", 2, blocks=8) == 2 * (8 * block + 2 * head + norms_biases)
 
 
 def test_qwen_readme_rows_read_as_finetune_lora_single_gpu(acc: ModuleType, rows) -> None:

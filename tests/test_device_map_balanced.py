@@ -76,3 +76,18 @@ def test_offloaded_bytes_are_the_model_less_every_gpu_budget() -> None:
     mem = estimate_inference(spec, setup, _gpus(2, 24))
     assert mem.cpu_ram == whole - 2 * mem.weights
     assert mem.cpu_ram > whole * 0.6
+
+
+def test_litgpt_sequential_keeps_its_own_split_on_the_root() -> None:
+    """litgpt generate/sequentially.py gives each device n_layer / devices blocks and keeps the embedding, final norm and
+    head on the root, whose max_memory_allocated litgpt reports: Llama-2-70B's shapes on 4 GPUs, 20 blocks + both."""
+    config = _config(80).__class__(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                                   num_key_value_heads=8, vocab_size=32000, tie_word_embeddings=False)
+    spec = spec_from_any(config)
+    block = 2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    root = 2 * (20 * block + 2 * 32000 * 8192 + 8192)
+    setup = Setup(task="infer", weights_dtype="bf16", strategy="device_map", num_gpus=4, seq_len=16, new_tokens=50,
+                  model_code="litgpt")
+    mem = estimate_inference(spec, setup, _gpus(4, 40))
+    assert abs(mem.weights - root) <= 2 * 8192
+    assert "most loaded GPU holds 20 layers" in " ".join(mem.notes)

@@ -202,6 +202,9 @@ def _device_map_share(spec: ModelSpec, setup: Setup, weights: int, kv: int) -> t
     embed = spec.embedding_params * (FP32 if setup.weights_dtype == "fp32" else HALF)
     head = spec.lm_head_params * (FP32 if setup.weights_dtype == "fp32" else HALF)
     per_layer = max(0, weights - embed - head) // spec.total_layers
+    if setup.model_code == "litgpt":  # litgpt generate/sequentially.py: n_layer / devices blocks each, the rest on the root
+        n_layers = math.ceil(layers / setup.num_gpus)
+        return embed + head + n_layers * per_layer, kv // layers * n_layers, n_layers
     sizes = [embed] + [per_layer] * layers + [head]
     groups = _balanced_map(sizes, setup.num_gpus, per_layer)
     kv_per_layer = kv // layers
