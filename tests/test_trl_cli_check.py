@@ -87,3 +87,20 @@ def test_a_nested_change_is_one_json_flag_the_script_parses() -> None:
 
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(["--output_dir", "out", flag, value])
     assert args.fsdp_config == json.loads(value)   # the flag as written is what transformers' own parser reads
+
+
+@pytest.mark.parametrize(("target", "expect_fsdp", "expect_ds"), [
+    ({"strategy": "zero2", "num_gpus": 2}, False, True),
+    ({"strategy": "fsdp", "num_gpus": 2}, True, False),
+    ({"strategy": "ddp", "num_gpus": 2}, False, False),
+])
+def test_strategy_flags_parse_in_transformers(target: dict, expect_fsdp: bool, expect_ds: bool) -> None:
+    """`fsdp` and `deepspeed` are string arguments on the command line: a written 'False' / 'None' would be read as an
+    FSDP option or a config path and refused by TrainingArguments; off is '' and FSDP on its sharding option."""
+    from transformers import HfArgumentParser, TrainingArguments
+
+    setup = perfguide.Setup(task="train", **target)
+    keys, _ = write({"strategy": setup.strategy}, setup)
+    flags = [tok for k, v in keys.items() for tok in ((k,) if v is True else (k, str(v)))]
+    (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(["--output_dir", "out", "--use_cpu", *flags])
+    assert bool(args.fsdp) is expect_fsdp and bool(args.deepspeed) is expect_ds

@@ -34,8 +34,22 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     read_training_args(data, col, base_dir=base_dir)
 
 
+def _flag_value(key: str, value: Any, setup: Any) -> Any:
+    """A value as the flag's parser takes it. ``fsdp`` and ``deepspeed`` are string arguments on the command line
+    (TrainingArguments: ``fsdp: str | None``, ``deepspeed: dict | str | None``): 'False' / 'None' would be read as
+    an FSDP option or a config path and refused, so off is the empty string and FSDP on is its sharding option,
+    which transformers folds into fsdp_config (whose reshard_after_forward, when given, wins)."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if key in ("fsdp", "deepspeed") and value in (False, None):
+        return ""
+    if key == "fsdp" and value is True:
+        return "full_shard" if setup.gathers_params else "shard_grad_op"
+    return value
+
+
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """As TrainingArguments keys, spelled as flags; a nested key (``fsdp_config.activation_checkpointing``) becomes its
     parent's flag with a JSON object, the one spelling HfArgumentParser takes for a dict argument."""
     keys, rest = write_training_args(changes, setup)
-    return {f"--{k}": json.dumps(v) if isinstance(v, dict) else v for k, v in nest(keys).items()}, rest
+    return {f"--{k}": _flag_value(k, v, setup) for k, v in nest(keys).items()}, rest
