@@ -10,7 +10,7 @@ transformers, no ``auto_map``); everything else is accelerate's own ``gather_dat
 folder, ``init_empty_weights`` + ``AutoModel.from_config`` on the meta device, ``calculate_maximum_sizes`` and
 ``estimate_training_usage`` for each dtype. perfguide gets the same config dict.
 
-The memory-error section calls bench/accuracy.py's public ``evaluate`` on every published row and summarises the
+The memory-error section calls bench/accuracy.py's ``evaluate_all`` on every published row and summarises the
 trust A/B measured rows (the same rows accuracy.md's summary uses).
 """
 
@@ -224,7 +224,7 @@ def memory_error(trust: tuple[str, ...] = ("A", "B"), max_rows: int | None = Non
     timings: list[float] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = [acc.evaluate(r, timings) for r in rows]
+        results = acc.evaluate_all(rows, timings)   # each row read as accuracy.md reads it (held-out constants, releases)
     values = [r for r in results if r.kind == "value" and r.row["trust"] in trust]
     errors: dict[str, list[float]] = {"perfguide": [r.err_pct for r in values]}
     for r in values:
