@@ -14,15 +14,18 @@ GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4"), ("v100 32gb", "v100-32gb"), ("a800", "a100-80gb"),
         ("nvidia l4", "l4"), ("v100s", "v100-pcie-32gb"), ("rtx a6000", "a6000"), ("v100 16gb", "v100-16gb"), ("a10 ", "a10"),
-        ("b300", "b200"), ("tesla t4", "t4")]
+        ("b300", "b200"), ("tesla t4", "t4"), ("h20 ", "h100-80gb")]
 # B300 (Blackwell Ultra, cc 10.3) has no gpus.json row: the B200's (cc 10) is borrowed; its rows state their own memory
+# H20 (Hopper GH100, cc 9.0, 96 GB HBM3) has no gpus.json row: the H100's spec with the H20's memory (GPU_MEMORY);
+# its key "h20 " ends in a space so that no H200 row matches it
 # A800 is the A100 with NVLink capped at 400 GB/s (export variant): same GA100 die, same 80 GB HBM2e
 # TITAN RTX is Turing (TU102, compute capability 7.5) like the T4: same CUDA context class (calibration by_cc_major)
 # TITAN RTX: the card's total as the hf_blog_pytorch_fsdp source's own OOM message prints it ("GPU 0; 23.65 GiB total
 # capacity"), the cudaMemGetInfo total that nvidia-smi also shows (24220 MiB), not the nominal 24 GiB
 # RTX 3080 Ti Laptop GPU: nvidia-smi shows 16384 MiB; no torch print found, so CUDA's total by gpus.json's rule (2):
 # less the most a published cc-8.6 card holds back (A10: 23028 MiB vs 21.99 GiB, 510 MiB) -> 15.50 GiB
-GPU_MEMORY = {"rtx3080ti": int(15.50 * 2**30), "rtx 2060": 8 * 2**30, "titan rtx": int(23.65 * 2**30), "h100 96gb": 96 * 2**30}
+GPU_MEMORY = {"rtx3080ti": int(15.50 * 2**30), "rtx 2060": 8 * 2**30, "titan rtx": int(23.65 * 2**30), "h100 96gb": 96 * 2**30,
+              "h20 ": 96 * 2**30}
 
 
 #: a row that states only the card's memory ("24 GB GPU (model not stated)"), or whose length the publisher solved at a
