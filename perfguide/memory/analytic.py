@@ -66,8 +66,8 @@ from .sharding import (
 from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
-from .zero3_window import zero3_buffer_bytes, zero3_knobs
-from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, installed_deepspeed, step_only_fp32_grads
+from .zero3_window import zero3_buffer_bytes, zero3_knobs, zero3_step_release
+from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, installed_deepspeed, step_grad_bytes, step_only_fp32_grads
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> tuple[int, int]:
@@ -333,7 +333,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     in_flight += sdpa_bias_bytes(spec, shape, checkpointed=True) if recompute else 0   # + its SDPA bias, recompute to backward
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
-    optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + grad32 * 3 // 2   # + the flat fp16 copy
+    optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + step_grad_bytes(setup, grad32, led.trainable)   # ZeRO-3: a sub-group
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
     ipg_priced = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # in dev.buffers
     ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes, installed_deepspeed())   # ZeRO-1/2: backward only
@@ -368,9 +368,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     pending = min(accumulated, first_step_pending_params(spec, setup) * states.grad_elem_bytes) if recompute and not held_grads else 0
     backward_end = resident + accumulated - pending + grad_tail + recompute + in_flight + dequant + ipg + end_held
     # FULL_SHARD FSDP has resharded every unit and freed each unsharded gradient after its reduce-scatter by the end of
-    # backward (torch fsdp/_runtime_utils.py _should_free_in_backward: True once gradients sync), so its gather
-    # window is not alive through the optimizer step
-    step_gather = gather if setup.is_fsdp and setup.gathers_params else 0
+    # backward (torch fsdp/_runtime_utils.py _should_free_in_backward: True once gradients sync), so its gather window
+    # is not alive through the optimizer step; ZeRO-3's step partitions every gathered parameter first (zero3_window)
+    step_gather = gather if setup.is_fsdp and setup.gathers_params else zero3_step_release(spec, setup, led.trainable, gather, checkpointed=recompute > 0)
     step = resident - step_gather + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 

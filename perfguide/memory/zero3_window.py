@@ -247,6 +247,23 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
     return elem * (gathered + knobs.reduce_bucket_size + largest)
 
 
+def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], window: int, *, checkpointed: bool) -> int:
+    """Bytes of ZeRO-3's ``window`` (``zero3_buffer_bytes`` as the phases before the step price it) that ``step()``
+    no longer holds: stage3.py 0.16.5 ``step`` starts with ``_partition_all_parameters`` (``release_and_reset_all``:
+    every gathered parameter partitioned again, its full copy freed; a parameter left available raises), and no
+    gradient is in flight any more. What stays is the persistent tensors' whole copies (``ds_persist``: never
+    partitioned) and the ipg bucket (kept until ``destroy()``). 0 off ZeRO-3. ``checkpointed``: as ``window`` was
+    priced (without recompute the bytes the forward walk holds)."""
+    if setup.strategy != "zero3":
+        return 0
+    knobs = zero3_knobs(spec)
+    if not checkpointed:
+        window = zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=False)
+    elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
+    adapters = trainable if setup.lora is not None else ()
+    return max(window - elem * (persistent_elements(spec, adapters, knobs) + knobs.reduce_bucket_size), 0)
+
+
 @lru_cache(maxsize=256)
 def _gathered(shape: Shape, checkpointed: bool,
               embedding_trainable: bool, knobs: Zero3Knobs, persistent: int) -> int:

@@ -11,6 +11,7 @@ from .._packages import installed_release
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .loss_path import version_tuple
+from .optimizers import TensorGroup
 from .sharding import DEEPSPEED, bucket_bytes, deepspeed_bucket_elements, ipg_buffers
 
 #: first DeepSpeed release whose ZeRO-1/2 ipg buffer holds ``reduce_bucket_size`` elements; before it (v0.3.x, read in
@@ -35,6 +36,28 @@ def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
     if not (qlora or setup.autocast or setup.weights_dtype in ("bf16", "fp16")):
         return 0   # fp32 without mixed precision: the optimizer steps the fp32 weights' own gradients (as _states)
     return 4 * trainable // setup.shard_degree
+
+
+#: ZeRO-3 ``sub_group_size`` in elements: DeepSpeed's default (runtime/zero/config.py 0.16.5, ``sub_group_size: int =
+#: Field(pp_int(1e9))``), the value perfguide's own config emits (integrations/deepspeed.py) and ms-swift's zero3.json sets
+SUB_GROUP_ELEMENTS = 10**9
+
+
+def step_grad_bytes(setup: Setup, grad32: int, trainable: tuple[TensorGroup, ...]) -> int:
+    """Bytes ``step()`` builds at once from the fp32 gradient partition ``grad32`` (``step_only_fp32_grads``): the flat
+    16-bit copy and its fp32 conversion, 1.5 x the fp32 bytes, alive together in ``flatten(...).to(fp32)``.
+
+    ZeRO-1/2 convert the whole partition. ZeRO-3 steps one sub-group at a time (stage3.py 0.16.5 ``step``:
+    ``_prepare_sub_group`` -> ``_prepare_fp32_grad_for_sub_group`` -> ``_optimizer_step`` -> ``_release_sub_group``, whose
+    "get rid of the fp32 gradients" sets the sub-group's fp32 ``.grad`` to None), so only the largest sub-group's are
+    alive. ``_create_fp16_sub_groups`` closes a sub-group once its parameters' partition elements reach
+    ``sub_group_size``, so one holds at most ``SUB_GROUP_ELEMENTS`` plus the partition of the parameter that crosses it,
+    bounded here by the largest of the ``trainable`` tensors' (its elements over the shard degree, rounded up).
+    """
+    if setup.strategy == "zero3" and grad32:
+        largest = max((g.numel for g in trainable), default=0)
+        grad32 = min(grad32, 4 * (SUB_GROUP_ELEMENTS + -(-largest // setup.shard_degree)))
+    return grad32 * 3 // 2
 
 
 def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int, release: str | None = None) -> int:
