@@ -67,7 +67,7 @@ from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
 from .zero3_window import zero3_buffer_bytes, zero3_knobs, zero3_step_release
-from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, installed_deepspeed, step_grad_bytes, step_only_fp32_grads
+from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, installed_deepspeed, step_only_fp32_grads, sub_group_step_bytes
 
 
 def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> tuple[int, int]:
@@ -332,8 +332,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu) if recompute else 0   # its gradients (block_backward.py)
     in_flight += sdpa_bias_bytes(spec, shape, checkpointed=True) if recompute else 0   # + its SDPA bias, recompute to backward
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
-    grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0
-    optimizer_on_device, step_temp = optimizer_on_device - grad32, step_temp + step_grad_bytes(setup, grad32, led.trainable)   # ZeRO-3: a sub-group
+    grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0   # + its flat 16-bit copy in step()
+    optimizer_on_device, step_temp = optimizer_on_device - grad32, sub_group_step_bytes(setup, led.trainable_params, led.trainable, step_temp + grad32 * 3 // 2)
     # resident_bytes: held beside the weights in every phase, e.g. an older release's per-block mask buffers (a benchmark)
     ipg_priced = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes)   # in dev.buffers
     ipg = backward_only_bucket_bytes(setup, states.trainable_params, states.grad_elem_bytes, installed_deepspeed())   # ZeRO-1/2: backward only

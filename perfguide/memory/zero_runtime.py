@@ -43,21 +43,25 @@ def step_only_fp32_grads(setup: Setup, trainable: int) -> int:
 SUB_GROUP_ELEMENTS = 10**9
 
 
-def step_grad_bytes(setup: Setup, grad32: int, trainable: tuple[TensorGroup, ...]) -> int:
-    """Bytes ``step()`` builds at once from the fp32 gradient partition ``grad32`` (``step_only_fp32_grads``): the flat
-    16-bit copy and its fp32 conversion, 1.5 x the fp32 bytes, alive together in ``flatten(...).to(fp32)``.
+def sub_group_step_bytes(setup: Setup, trainable_params: int, trainable: tuple[TensorGroup, ...], step_bytes: int) -> int:
+    """The part of ``step_bytes`` (a rank's optimizer-step temporaries, priced over its whole partition: the
+    optimizer's own and the fp32 gradients ``step()`` builds, 1.5 x ``step_only_fp32_grads`` with the flat 16-bit
+    copy ``flatten(...).to(fp32)`` makes first) that is alive at once.
 
-    ZeRO-1/2 convert the whole partition. ZeRO-3 steps one sub-group at a time (stage3.py 0.16.5 ``step``:
-    ``_prepare_sub_group`` -> ``_prepare_fp32_grad_for_sub_group`` -> ``_optimizer_step`` -> ``_release_sub_group``, whose
-    "get rid of the fp32 gradients" sets the sub-group's fp32 ``.grad`` to None), so only the largest sub-group's are
-    alive. ``_create_fp16_sub_groups`` closes a sub-group once its parameters' partition elements reach
-    ``sub_group_size``, so one holds at most ``SUB_GROUP_ELEMENTS`` plus the partition of the parameter that crosses it,
-    bounded here by the largest of the ``trainable`` tensors' (its elements over the shard degree, rounded up).
+    ZeRO-1/2 step the whole partition. ZeRO-3 steps one sub-group at a time (stage3.py 0.16.5 ``step``:
+    ``_prepare_sub_group`` -> ``_prepare_fp32_grad_for_sub_group``; ``_optimizer_step`` hands the optimizer that
+    sub-group's flat fp32 partition alone (``param_groups[i]['params'] = [fp32_param]``), so a foreach step's
+    temporaries are its size; ``_release_sub_group``, "get rid of the fp32 gradients. Not needed anymore").
+    ``_create_fp16_sub_groups`` closes a sub-group once its parameters' partition elements reach ``sub_group_size``,
+    so one holds at most ``SUB_GROUP_ELEMENTS`` plus the partition of the parameter that crosses it, bounded here by
+    the largest of the ``trainable`` tensors' (its elements over the shard degree, rounded up).
     """
-    if setup.strategy == "zero3" and grad32:
-        largest = max((g.numel for g in trainable), default=0)
-        grad32 = min(grad32, 4 * (SUB_GROUP_ELEMENTS + -(-largest // setup.shard_degree)))
-    return grad32 * 3 // 2
+    partition = -(-trainable_params // setup.shard_degree)
+    if setup.strategy != "zero3" or partition == 0:
+        return step_bytes
+    largest = max((g.numel for g in trainable), default=0)
+    sub_group = min(partition, SUB_GROUP_ELEMENTS + -(-largest // setup.shard_degree))
+    return step_bytes * sub_group // partition
 
 
 def backward_only_bucket_bytes(setup: Setup, trainable: int, grad_elem_bytes: int, release: str | None = None) -> int:
