@@ -48,7 +48,7 @@ from .strategies import (
     level_index,
     levels,
 )
-from .training import attention, check_optimizer, finetune_mode, freed_knobs, objective_fields, plan_training, precomputed_reference
+from .training import attention, check_optimizer, finetune_mode, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
 from .types import Candidate, Plan, Request
 
 _SOURCE = f"{sources.TRAIN_GPU_MANY}; {sources.DEEPSPEED} (ZeRO stage escalation order); {sources.ZERO_ESTIMATORS} (ZeRO estimators)"
@@ -342,7 +342,8 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
     out = [*freed_knobs(request, partial(plan, suggestions=False)), *precomputed_reference(request, partial(plan, suggestions=False)),
            *(f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
              for kind, r in adapters.items() if r.chosen is not None),
-           *expert_free_lora(request, result, adapters, partial(plan, suggestions=False), "GPU")]
+           *expert_free_lora(request, result, adapters, partial(plan, suggestions=False), "GPU"),
+           *longest_sequence(request, partial(plan, suggestions=False))]
     lean = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
     more = more_nodes(request, lean)
     if more:

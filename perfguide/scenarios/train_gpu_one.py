@@ -17,7 +17,7 @@ from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
 from .train_gpu_many import add_layout
-from .training import Suggest, attention, check_optimizer, freed_knobs, objective_fields, plan_training, precomputed_reference
+from .training import Suggest, attention, check_optimizer, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
 from .types import Plan, Request
 
 
@@ -84,13 +84,13 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
     # what a bigger GPU or N GPUs would run: the leanest on-GPU setup (host offload already failed here)
     reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1, strategy="single",
                                                     offload_optimizer=False, offload_params=False, activation_offloading=False)
-    if fits(price(spec, reference, hw).memory, hw, h):
-        return tuple(out) or (f"at micro-batch 1 this setup fits {gpu.name}; what the request forces does not",)
-    big = bigger_gpu(spec, reference, hw, h)
+    out += longest_sequence(request, plan_without_suggestions)   # what this card runs, before what another would
+    here = fits(price(spec, reference, hw).memory, hw, h)   # micro-batch 1 fits this card: no bigger one is the answer
+    big = None if here else bigger_gpu(spec, reference, hw, h)
     if big:
         name, p = big
         out.append(f"hardware={name!r} fits this {mode} setup ({reference.label}): {gib(p.memory.device_total)} per device")
-    sharded = sharded_gpus_needed(spec, reference, gpu, hw, h)
+    sharded = None if here else sharded_gpus_needed(spec, reference, gpu, hw, h)
     if sharded:
         n, p = sharded
         out.append(f"{n} x {gpu.name} with FSDP full sharding (scenario='train_gpu_many'{_target(gpu.name, p.setup)}): "

@@ -108,6 +108,36 @@ def freed_knobs(request: Request, plan: Callable[[Request], Plan]) -> tuple[str,
             f"{p.throughput.step_time_s:.3g} s/step ({p.setup.label})",)
 
 
+#: the sequence-length grid a shorter-context suggestion searches on (tokenizers' padding multiples divide it)
+_SEQ_STEP = 256
+
+
+def longest_sequence(request: Request, plan: Callable[[Request], Plan]) -> tuple[str, ...]:
+    """The longest sequence (a multiple of 256 below the request's) at which the scenario's plan (``plan``: without
+    its own suggestions) fits at the same global batch: what a long-context user asks first. Offered, never chosen."""
+    if request.seq_len <= _SEQ_STEP or request.constraints.avg_seq_len is not None:
+        return ()
+
+    def fitting(steps: int) -> Plan | None:
+        p = plan(request.model_copy(update={"seq_len": steps * _SEQ_STEP}))
+        return p if p.fits else None
+
+    lo, hi = 0, (request.seq_len - 1) // _SEQ_STEP   # fits at lo steps (0: none known), hi the most to try
+    best: Plan | None = None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        p = fitting(mid)
+        if p is None:
+            hi = mid - 1
+        else:
+            lo, best = mid, p
+    if best is None:
+        return ()
+    return (f"seq_len={lo * _SEQ_STEP} is the longest that fits this setup (a multiple of {_SEQ_STEP}, global batch "
+            f"{request.global_batch_size} kept): {gib(best.memory.device_total)} per device, "
+            f"{best.throughput.step_time_s:.3g} s/step ({best.setup.label})",)
+
+
 def finetune_mode(cons: Constraints) -> str:
     """None means full fine-tuning; a LoRA spec without a mode means LoRA."""
     return cons.finetune or ("lora" if cons.lora is not None else "full")

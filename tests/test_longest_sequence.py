@@ -1,0 +1,28 @@
+"""A training plan that does not fit at the requested length names the longest multiple of 256 that does, at the same
+global batch: asked for, that length fits and 256 tokens more does not."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import perfguide
+
+CASES = [("meta-llama/Llama-3.1-8B", "rtx4090", "qlora", 65536), ("mistralai/Mistral-Small-24B-Instruct-2501", "rtx4090", "qlora", 4096)]
+
+
+@pytest.mark.parametrize(("model", "hardware", "finetune", "seq_len"), CASES)
+def test_the_longest_sequence_named_is_the_boundary(model: str, hardware: str, finetune: str, seq_len: int) -> None:
+    rec = perfguide.recommend(model, "train_gpu_one", hardware=hardware, finetune=finetune, seq_len=seq_len)
+    assert not rec.fits and rec.request.seq_len == seq_len          # the request is kept as asked
+    line = next(s for s in rec.suggestions if s.startswith("seq_len="))
+    longest = int(re.match(r"seq_len=(\d+)", line).group(1))
+    assert longest % 256 == 0 and 256 <= longest < seq_len
+    assert perfguide.recommend(model, "train_gpu_one", hardware=hardware, finetune=finetune, seq_len=longest).fits
+    assert not perfguide.recommend(model, "train_gpu_one", hardware=hardware, finetune=finetune, seq_len=longest + 256).fits
+
+
+def test_no_length_is_offered_below_the_grid() -> None:
+    rec = perfguide.recommend("meta-llama/Llama-3.1-70B", "train_gpu_one", hardware="t4", finetune="full", seq_len=256)
+    assert not rec.fits and not any(s.startswith("seq_len=") for s in rec.suggestions)
