@@ -82,11 +82,14 @@ GROUPS = [  # (source, path prefix) -> group name
     ("foundation-model-stack/fms-acceleration", "scripts/benchmarks", "fms-acceleration"),
     ("huggingface/accelerate", "examples/fsdp2", "accelerate-fsdp2"),
     ("huggingface/peft", "method_comparison/MetaMathQA", "peft-method-comparison"),
+    ("lambdal/deeplearning-benchmark", "pytorch/", "lambda-bert-squad"),
+    ("huggingface/optimum-benchmark", "examples/training-llamas", "optimum-benchmark-llama-peft"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
 # 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
-GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
+GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("v100 16gb", "v100-16gb"), ("a100 80gb pcie", "a100-80gb-pcie"),
+             ("h100 80gb pcie", "h100-pcie"), ("nvidia a10 24gb", "a10"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
              ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
              ("rtx 4070 ti super", "rtx4070tisuper"), ("rtx a6000", "a6000"),
              ("mi300x", "mi300x"), ("b200", "b200"), ("l40s", "l40s")]
@@ -95,6 +98,9 @@ GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("rtx 3090", "rtx3090"), ("h100 96
 # those rows get the named DGX node's network (perfguide/data/gpus.json "nodes") instead of the one-port default.
 STATED_NETWORK = re.compile(r"(\d+) Gbps node-node")
 DGX_NODE = {"h100-80gb": "dgx-h100", "h200": "dgx-h200", "b200": "dgx-b200"}
+#: publisher parts a needle above would misname: gpus.json has the A100 40GB as the 400 W SXM4 part only (the PCIe
+#: card is 250 W), so a row on the PCIe card is listed, not priced as the SXM part
+UNNAMED_PARTS = ("a100 40gb pcie",)
 
 
 # llm-foundry's tables do not print the attention kernel; its benchmark launcher sets it. At the commits that added
@@ -131,7 +137,7 @@ def table_of(row: dict[str, str], group: str) -> str:
         return f"{group} table {m.group(1)}"
     if group == "deepspeed-autotuning":
         return group
-    if group in ("answerai-fsdp-qlora", "torchtune-readme") and named:   # its case studies and the accelerator table are separate tables
+    if group in ("answerai-fsdp-qlora", "torchtune-readme", "optimum-benchmark-llama-peft") and named:   # its case studies and the accelerator table are separate tables
         return f"{group}: {named.group(1)}"
     return group
 
@@ -163,6 +169,8 @@ def _int(text: str) -> int | None:
 
 def _hardware(row: dict[str, str], num_gpus: int, nodes: int) -> Hardware:
     gpu = row["gpu_type"].lower()
+    if any(part in gpu for part in UNNAMED_PARTS):
+        raise Skip(f"GPU {row['gpu_type']!r} is not a perfguide named GPU")
     for needle, name in GPU_NAMES:
         if needle in gpu:
             per_node = num_gpus // nodes
@@ -185,6 +193,11 @@ def _precision(row: dict[str, str]) -> dict[str, Any]:
         raise Skip("fp8 / fp4 / int8 matmuls: not a Setup precision")
     if row["finetune"].lower().startswith("yes (qlora"):
         return {"weights_dtype": "nf4"}
+    if "apex amp o2" in p:
+        # apex amp O2 casts the model to fp16 (cast_model_type) and patches no torch function: every op, softmax and
+        # LayerNorm too, runs in fp16 on fp16 weights (the fp32 masters live in the optimizer), unlike torch autocast,
+        # which runs softmax / layer_norm in fp32 over fp32 weights cast per op
+        return {"weights_dtype": "fp16"}
     if ("amp" in p and "fp16" in p) or p.startswith("fp16"):
         return {"weights_dtype": "fp32", "autocast": "fp16"}
     if p.startswith("fp32"):
@@ -275,7 +288,7 @@ def _expressible(row: dict[str, str]) -> None:
     if "the log holds no training step" in row["notes"]:
         raise Skip("the run logged no training step (it stopped before its first logged step): no rate to compare")
     if "gptq" in row["precision"].lower():
-        raise Skip("GPTQ int4 base (AutoGPTQ kernels, fp16 under DeepSpeed): perfguide prices bitsandbytes nf4 / int8 bases")
+        raise Skip("GPTQ int4 base (AutoGPTQ kernels): perfguide prices bitsandbytes nf4 / int8 bases")
     if "physically inconsistent as stated" in row["notes"]:
         raise Skip("the published rate exceeds the GPU's dense peak on the FLOPs of the stated setup (the notes column "
                    "gives the arithmetic): the run cannot have been the setup the source states")
@@ -305,6 +318,8 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
     spec = model_spec(row, seq)
     if "SequenceClassification" in row["finetune"]:  # a 2-label classifier on the pooled token, not the MLM head
         spec = spec.model_copy(update={"head": "sequence_classification", "num_labels": 2})
+    if "BertForQuestionAnswering" in row["finetune"]:  # SQuAD: a 2-logit span head on every token, no MLM head
+        spec = spec.model_copy(update={"head": "question_answering", "num_labels": 2})
     if "run_glue" in row["finetune"]:
         # GLUE fine-tuning puts a 3-way classifier on the encoder, not the tied masked-LM vocabulary head
         spec = spec.model_copy(update={"vocab_size": 3, "tie_word_embeddings": False})
@@ -328,6 +343,7 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
                   activation_offloading=row["activation_offload"].lower().startswith("true"),
                   hybrid_shard=row["sharding"].lower().startswith("hsdp"), packed_doc_len=packed_doc_len_of(row),
                   liger_kernel="Liger kernels on" in row["finetune"],
+                  kbit_upcast="skips prepare_model_for_kbit_training" not in row["notes"],   # get_peft_model alone
                   bnb_embedding_override=bnb_embedding_override(row["framework"], row["optimizer"]), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
