@@ -99,7 +99,7 @@ def freed_knobs(request: Request, plan: Callable[[Request], Plan]) -> tuple[str,
     if not forced:
         return ()
     p = plan(request.model_copy(update={"constraints": cons.model_copy(update=dict.fromkeys(forced))}))
-    if not p.fits:
+    if not p.fits or all(getattr(p.setup, k) == v for k, v in forced.items()):   # the knobs were not what kept it off
         return ()
     asked = ", ".join(f"{k}={v!r}" for k, v in forced.items())
     chosen = ", ".join(f"{k}={getattr(p.setup, k)!r}" for k in forced)
