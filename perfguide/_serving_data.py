@@ -26,6 +26,14 @@ class EngineFormat(Model):
     vendors: tuple[str, ...] = Field(min_length=1, description="GPU vendors the engine runs it on")
 
 
+class HybridSwaFacts(Model):
+    """An engine's separate KV pool for sliding-window layers: which models get it and how it is sized."""
+
+    model_types: list[str] = Field(min_length=1, description="config model_type values the engine pools this way")
+    swa_full_tokens_ratio: float = Field(gt=0, le=1, description="sliding-window pool tokens per full-attention pool token")
+    source: str = Field(min_length=10)
+
+
 class EngineFacts(Model):
     version: str
     default_gpu_memory_utilization: float = Field(gt=0, le=1)
@@ -39,6 +47,8 @@ class EngineFacts(Model):
     source: str = Field(min_length=10)
     formats: dict[str, EngineFormat] = Field(min_length=1)
     formats_source: str = Field(min_length=10)
+    hybrid_swa: HybridSwaFacts | None = Field(default=None, description="a separate sliding-window KV pool (None: every "
+                                              "layer in one pool, or the engine's own allocator rule)")
     dropped_choices: dict[str, str] = Field(default_factory=dict, description="quantization values earlier releases took that "
                                             "this one refuses at start (value -> what changed, with its source): named when a command passes one")
 

@@ -142,9 +142,10 @@ class ServerEngine(Engine):
         """The KV-cache size in tokens as its start-up log prints it."""
         return blocks * self.facts.block_size
 
-    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[int, int]:
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[float, int]:
         """(layers one pool block spans, blocks one max_model_len request takes): every layer in one block, and
-        as many blocks as the request has tokens. An engine with a hybrid allocator overrides it."""
+        as many blocks as the request has tokens. An engine with a hybrid allocator overrides it (a pool sized by a
+        ratio spans a fractional number of layers)."""
         layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
         return layers, math.ceil(serving.max_model_len / self.facts.block_size)
 
@@ -170,7 +171,7 @@ class ServerEngine(Engine):
         block = facts.block_size
         layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
         group, per_request = self.pool_layout(spec, serving)
-        blocks = max(0, kv) // (block * per_token // layers * group)
+        blocks = int(max(0, kv) // (block * per_token // layers * group))
         concurrency = blocks / per_request
         return EngineMemory(
             engine=self.name, total=total, budget=budget, weights=weights, activation_peak=act, non_torch=other,

@@ -102,6 +102,20 @@ class SGLang(ServerEngine):
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         return budget - weights
 
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[float, int]:
+        """A hybrid-SWA model (data/serving.json ``hybrid_swa``) gets two pools from the same bytes: one token of the
+        full-attention pool spans ``full + ratio x sliding`` layers, so the log's max_total_num_tokens (the full pool)
+        is the bytes over that; a request takes its length there and min(length, window) in the sliding pool, which
+        holds ``ratio`` of the full pool's tokens."""
+        hybrid = self.facts.hybrid_swa
+        kinds = spec.cache_layer_types()
+        slide = sum(1 for k in kinds if k == "sliding_attention")
+        if (hybrid is None or spec.model_type not in hybrid.model_types or not slide or spec.sliding_window is None
+                or serving.pipeline_parallel_size > 1):
+            return super().pool_layout(spec, serving)
+        ratio, length = hybrid.swa_full_tokens_ratio, serving.max_model_len
+        return len(kinds) - slide + ratio * slide, max(length, math.ceil(min(length, spec.sliding_window) / ratio))
+
     def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
         """'Load weight end ... mem usage': the fall in free device memory across the load (model_runner.load_model
         reads get_available_gpu_memory before and after), so what the caching allocator reserves beyond the tensors

@@ -61,7 +61,7 @@ class VLLM(ServerEngine):
         """'GPU KV cache size' = max concurrency x max_model_len (kv_cache_utils.get_kv_cache_capacity)."""
         return int(concurrency * serving.max_model_len)
 
-    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[int, int]:
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[float, int]:
         """The hybrid allocator (vllm/v1/core/kv_cache_utils.py): full-attention and sliding-window layers fall in
         groups of the smaller count; one pool block holds a page of one layer of every group, and a request takes
         cdiv(max_model_len, 16) blocks per full group and cdiv(min(window - 1 + max_num_batched_tokens,
