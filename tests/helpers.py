@@ -321,3 +321,15 @@ def pypi_release(package: str, version: str, tmp: Path) -> Path:
     with zipfile.ZipFile(wheel) as whl:
         whl.extractall(target)
     return target
+
+
+def throughput_rows_in(rows: ModuleType, ids: range) -> tuple[dict, dict[str, str], list[dict[str, str]], list[dict[str, str]]]:
+    """bench/throughput_rows.py read as the bench reads it, for one source's row ids: (priced cases by id, why each
+    skipped row is skipped, that source's CSV rows, every CSV row)."""
+    import csv
+
+    cases, skipped = rows.load()
+    with rows.CSV.open(newline="", encoding="utf-8") as f:
+        every = list(csv.DictReader(f))
+    return ({c.row_id: c for c in cases}, {r["row_id"]: why for r, why in skipped},
+            [r for r in every if int(r["row_id"]) in ids], every)

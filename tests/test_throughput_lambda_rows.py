@@ -11,12 +11,11 @@ patch_torch_functions False), a reading only these rows carry.
 
 from __future__ import annotations
 
-import csv
 import re
 from types import ModuleType
 
 import pytest
-from helpers import load_bench
+from helpers import load_bench, throughput_rows_in
 
 LAMBDA = range(600, 653)
 
@@ -28,11 +27,7 @@ def rows() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def loaded(rows: ModuleType) -> tuple[dict, dict[str, str], list[dict[str, str]], list[dict[str, str]]]:
-    cases, skipped = rows.load()
-    with rows.CSV.open(newline="", encoding="utf-8") as f:
-        every = list(csv.DictReader(f))
-    raw = [r for r in every if int(r["row_id"]) in LAMBDA]
-    return {c.row_id: c for c in cases}, {r["row_id"]: why for r, why in skipped}, raw, every
+    return throughput_rows_in(rows, LAMBDA)
 
 
 def test_every_system_of_the_column_is_a_row_and_its_rate_is_its_logs(loaded) -> None:

@@ -9,12 +9,11 @@ Re-derived here from the counters the notes quote, never from what perfguide pre
 
 from __future__ import annotations
 
-import csv
 import re
 from types import ModuleType
 
 import pytest
-from helpers import load_bench
+from helpers import load_bench, throughput_rows_in
 
 OPTIMUM = range(653, 668)
 
@@ -26,11 +25,7 @@ def rows() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def loaded(rows: ModuleType) -> tuple[dict, dict[str, str], list[dict[str, str]], list[dict[str, str]]]:
-    cases, skipped = rows.load()
-    with rows.CSV.open(newline="", encoding="utf-8") as f:
-        every = list(csv.DictReader(f))
-    return ({c.row_id: c for c in cases}, {r["row_id"]: why for r, why in skipped},
-            [r for r in every if int(r["row_id"]) in OPTIMUM], every)
+    return throughput_rows_in(rows, OPTIMUM)
 
 
 def test_both_reports_are_whole_and_each_rate_is_its_counter(loaded) -> None:
