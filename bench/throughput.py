@@ -173,14 +173,15 @@ def main() -> int:
         how = "Constants: perfguide/data/efficiency.json as shipped, applied to rows it was fitted on (in-sample)."
         return publish(report(cases, skipped, preds, hands, how, "in sample"), OUT.with_name("throughput_in_sample.md"))
     nested = "--flat" not in sys.argv
-    preds, folds = loso(cases, predict, nested=nested)
+    jobs = int(sys.argv[sys.argv.index("--jobs") + 1]) if "--jobs" in sys.argv else 1   # folds in parallel processes
+    preds, folds = loso(cases, predict, nested=nested, jobs=jobs)
     weights = ", ".join(f"{g} {v[('prior_weight',)]}" for g, v in folds.items())
     how = ("Out of sample: each source's rows are predicted with the constants of bench/throughput_fit.py refitted on "
            f"the other {len(folds) - 1} sources (leave one source out); constants no remaining row informs keep their "
            "physical prior. The fit is a MAP fit (log-normal prior on each constant); its weight is chosen among "
            f"{' / '.join(map(str, PRIOR_WEIGHTS))} inside each fold by an inner leave-one-source-out on that fold's "
            f"training sources only (nested), so no choice sees the source it predicts (chosen: {weights}). "
-           "`--flat` skips the inner loop (weight fixed at "
+           "`--jobs N` runs the folds in N processes (same numbers); `--flat` skips the inner loop (weight fixed at "
            f"{PRIOR_WEIGHT}); `--as-shipped` prices the rows with the all-rows fit stored in efficiency.json (in sample).")
     if not nested:
         how += " This run: --flat."
