@@ -8,7 +8,6 @@ import re
 import pytest
 
 import perfguide
-from perfguide.scenarios.moe_targets import fused_experts
 
 
 def test_bnb_replacement_leaves_gpt_oss_experts_unquantized() -> None:
@@ -33,7 +32,7 @@ def test_gpt_oss_20b_expert_count_by_hand() -> None:
     """24 layers x 32 experts x (gate_up 2880 x 5760 + down 2880 x 2880 + their biases 5760 + 2880)."""
     spec = perfguide.ModelSpec.from_any("openai/gpt-oss-20b")
     by_hand = 24 * 32 * (2880 * 5760 + 2880 * 2880 + 5760 + 2880)
-    assert abs(fused_experts(spec) - by_hand) <= by_hand * 1e-3
+    assert abs(spec.fused_expert_params - by_hand) <= by_hand * 1e-3
 
 
 def test_a_qlora_plan_that_does_not_fit_names_the_lora_plan_that_does() -> None:

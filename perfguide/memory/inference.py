@@ -217,7 +217,7 @@ def _tp_shards_fused_experts(spec: ModelSpec) -> bool:
     """Whether tp_plan="auto" splits routed experts that ``linear_params`` does not count (transformers 5 fuses them into
     3-D tensors): their config's ``base_model_tp_plan`` names ``experts.gate_up_proj`` (Qwen3-MoE), or not (gpt-oss),
     as data/architectures.json ``tp_split_expert_model_types`` records it (no transformers import while planning)."""
-    if not spec.expert_params or any(k.startswith("experts.") for k in spec.block_linears):
+    if not spec.fused_expert_params:
         return False
     return spec.model_type in catalog_file().tp_split_expert_model_types.value
 

@@ -61,7 +61,7 @@ def _expert_matrices(spec: ModelSpec) -> list[TensorGroup]:
     """Routed-expert weights a spec counts only in ``expert_params`` (fused 3-D expert tensors: Qwen3-MoE, gpt-oss,
     DeepSeek), as matrices of one expert's width: optimizers see them as large tensors (bitsandbytes quantizes their
     state to 8 bits, torchao too), not as 1-D vectors kept in fp32."""
-    if not spec.expert_params or any(k.startswith("experts.") for k in spec.block_linears):
+    if not spec.fused_expert_params:
         return []
     width = spec.moe_intermediate_size or spec.intermediate_size
     n = spec.expert_params // (spec.hidden_size * width)

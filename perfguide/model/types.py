@@ -178,6 +178,12 @@ class ModelSpec(Model):
             return None
         return limit - _POSITION_OFFSET.get(self.model_type, 0)
 
+    @property
+    def fused_expert_params(self) -> int:
+        """Routed-expert weights held as fused 3-D parameters (transformers 5's MoE blocks: Qwen3-MoE, gpt-oss,
+        DeepSeek), which ``block_linears`` does not list: no nn.Linear to quantize, shard by name or adapt as one."""
+        return 0 if any(k.startswith("experts.") for k in self.block_linears) else self.expert_params
+
     def cache_layer_types(self) -> tuple[LayerType, ...]:
         """What each (decoder) layer stores in transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs)."""
         layers = self.num_decoder_layers or self.num_layers

@@ -64,18 +64,12 @@ def expert_free_lora(request: Request, result: SearchResult, adapters: dict[str,
             f"a list of other names stays Linear targets ({sources.PEFT_MOE_TARGETS})",)
 
 
-def fused_experts(spec: ModelSpec) -> int:
-    """Routed-expert weights stored as fused 3-D parameters (transformers 5's MoE blocks), not nn.Linear modules:
-    bitsandbytes' 4-bit replacement takes Linear layers only, so these stay 16-bit under QLoRA."""
-    return 0 if any(k.startswith("experts.") for k in spec.block_linears) else spec.expert_params
-
-
 def lora_for_unquantized_experts(request: Request, result: SearchResult, plan: Callable[[Request], Plan], per: str) -> tuple[str, ...]:
     """A QLoRA plan that does not fit on a model whose experts bitsandbytes cannot quantize: its weights barely shrink,
     and peft's prepare_model_for_kbit_training upcasts every 16-bit parameter left (the experts) to fp32, so plain
     LoRA on the 16-bit model needs less. Said, with the LoRA plan, when that fits."""
     spec, cons = request.model, request.constraints
-    experts = fused_experts(spec)
+    experts = spec.fused_expert_params   # bitsandbytes replaces nn.Linear only: these stay 16-bit
     if finetune_mode(cons) != "qlora" or result.chosen is not None or not experts:
         return ()
     lora = plan(request.model_copy(update={"constraints": cons.model_copy(update={"finetune": "lora"})}))
