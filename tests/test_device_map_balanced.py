@@ -76,6 +76,24 @@ def test_offloaded_bytes_are_the_model_less_every_gpu_budget() -> None:
     mem = estimate_inference(spec, setup, _gpus(2, 24))
     assert mem.cpu_ram == whole - 2 * mem.weights
     assert mem.cpu_ram > whole * 0.6
+    # accelerate, given each GPU the weight budget the plan sizes, sends the same bytes to CPU within three blocks: it
+    # keeps the largest module's room free on the first GPU and packs whole blocks (up to one short on each GPU)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.utils import compute_module_sizes, get_balanced_memory
+
+    with accelerate.init_empty_weights():
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    room = {0: mem.weights, 1: mem.weights, "cpu": 2**41}
+    no_split = model._no_split_modules
+    budgets = get_balanced_memory(model, max_memory=room, no_split_module_classes=no_split, dtype=torch.bfloat16)
+    device_map = accelerate.infer_auto_device_map(model, max_memory=budgets, no_split_module_classes=no_split,
+                                                  dtype=torch.bfloat16)
+    sizes = compute_module_sizes(model, dtype=torch.bfloat16)
+    on_cpu = sum(sizes[name] for name, dev in device_map.items() if dev == "cpu")
+    block = 2 * (2 * 8192 * 8192 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192)
+    assert abs(on_cpu - mem.cpu_ram) <= 3 * block
 
 
 def test_litgpt_sequential_keeps_its_own_split_on_the_root() -> None:
