@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
 from accuracy_context import torch_era
+from accuracy_gauge import gauge_bytes, gauge_fits, gauge_note, gauged
 from accuracy_hardware import _hardware
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _block_code_bytes, _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
@@ -127,6 +128,8 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
             return Result(row, "skip", f"verdict row without a known GPU ({row['gpu_type']!r})")
         note = "" if RESERVED_LINE not in row["mem_metric"] else (
             f"{boundary_note(est, spec, setup, hw)}; a plan on this card fits {max_context(row, spec, setup, hw, False):,} tokens")
+        if gauged(row) and kind == "max_seq_fit":   # the recipes' NVML reading (bench/accuracy_gauge.py)
+            note = gauge_note(_verdict_estimate(row, spec, setup, hw), spec, setup, max_context(row, spec, setup, hw, False))
         return _boundary(row, spec, setup, hw, _fits(row, spec, setup, hw), note)
     try:
         scale, metric = _unit(row["peak_mem_unit"]), _metric(row["mem_metric"])
@@ -141,7 +144,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         return Result(row, "skip", f"published {published:g} is below the model states of the stated setup "
                                    f"({states / scale:.2f}: weights + grads + optimizer state, no activations); "
                                    "the setup fields cannot be what ran")
-    pred = getattr(est, metric) / scale
+    pred = (gauge_bytes(est, spec, setup) if gauged(row) and metric == "device_total" else getattr(est, metric)) / scale
     anchors = {}
     if setup.task == "train" or metric == "peak_allocated":
         anchors["accelerate"] = _pct(accelerate_anchor(spec, setup) / scale, published)
@@ -158,8 +161,10 @@ def _verdict_estimate(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Ha
 
 
 def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_line: bool = True) -> bool:
-    """The row's verdict; ``on_line=False``: a plan's own (reserved + CUDA context within the card) for a line row."""
+    """The row's verdict; ``on_line=False``: a plan's own (reserved + CUDA context within the card) for a line or gauge row."""
     est = _verdict_estimate(row, spec, setup, hw)
+    if on_line and gauged(row):   # a recipe's length: where its authors' NVML reading meets the card
+        return gauge_fits(est, spec, setup)
     return reserved_line_fits(est, spec, setup, hw) if on_line and RESERVED_LINE in row["mem_metric"] else est.fits
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from _report import SourceSummary
 from accuracy_gaps import open_gaps
+from accuracy_gauge import gauge_notes
 from accuracy_open_verdicts import open_verdicts
 from accuracy_reserved import context_notes
 from accuracy_swift_gap import swift_gap
@@ -173,7 +174,7 @@ def _contexts(rows: list[Result]) -> list[str]:
     for r in rows:
         lines.append(f"| {r.row['row_id']} | {r.row['source_group']} | {r.row['model_hf_id']} | {r.row['gpu_type'][:32]} | "
                      f"{r.published:,.0f} | {r.predicted:,.0f} | {r.err_pct:.1f} |")
-    return [*lines, "", *_context_slopes(rows), *context_notes(rows)]
+    return [*lines, "", *_context_slopes(rows), *context_notes(rows), *gauge_notes(rows)]
 
 
 #: the reason bench/accuracy.py gives a published max-batch row
