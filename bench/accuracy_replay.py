@@ -29,8 +29,9 @@ MAX_CONTEXT = Path(__file__).resolve().parent / "data" / "allocator_max_context.
 #: blog's t5-large DDP rows, scripts/trace_t5_blog_replay.py; the 2022 FSDP blog's gpt2-large DDP rows,
 #: scripts/trace_gpt2_fsdp_blog_replay.py; docs/validation.md section 32; its FSDP rows under torch 1.12's FSDP1, the
 #: same script's --fsdp mode, section 36; the 2022 accelerate + DeepSpeed blog's DDP rows,
-#: scripts/trace_accds_blog_replay.py, section 35, and its ZeRO-2 rows through DeepSpeed 0.7.2's engine,
-#: scripts/trace_accds_zero2_replay.py, section 37)
+#: scripts/trace_accds_blog_replay.py, section 35, its ZeRO-2 rows through DeepSpeed 0.7.2's engine,
+#: scripts/trace_accds_zero2_replay.py, section 37, and its ZeRO-3 + CPU offload row through 0.7.2's parameter
+#: coordinator, scripts/trace_accds_zero3_replay.py, section 49)
 MAX_BATCH = Path(__file__).resolve().parent / "data" / "allocator_max_batch.csv"
 
 

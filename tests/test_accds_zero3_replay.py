@@ -4,7 +4,7 @@ partition_parameters.py, partitioned_param_coordinator.py, stage3.py and coalesc
 Linear(8, 16) -> ReLU -> Linear(16, 4) in fp16 on two ranks, parameters w1 (128), b1 (16), w2 (64), b2 (4) in that
 ds_id order, persistence threshold 10 (b2 stays gathered; Linear(8, 16) gathers two parameters in one coalesced call,
 Linear(16, 4) one). Real CPU tensors, so every size is the code's own. The full-size replay needs the transformers
-4.22 wheel (docs/validation.md 47); its result is in bench/data/allocator_max_batch.csv."""
+4.22 wheel (docs/validation.md 49); its result is in bench/data/allocator_max_batch.csv."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def test_replayed_max_batches_are_the_replays_boundaries() -> None:
         table = list(csv.DictReader(f))
     assert {r["row_id"] for r in table} == {"640", "641", "642", "643", "644", "645", "646", "650", "651", "652", "761",
                                             "762",
-                                            "1159", "1160", "1161", "1163"}
+                                            "1159", "1160", "1161", "1163", "1166"}
     for r in table:
         row = rows[r["row_id"]]
         assert row["value_kind"] == "max_batch_fit" and replayed_max_batch(row) == int(r["max_batch"])
