@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import SourceSummary, publish
+from throughput_bnb import bnb_release
 from throughput_rows import PROTOCOL, Case, load
 
 from perfguide.speed.rates import gpu_peak_tflops
@@ -38,7 +39,7 @@ Predictor = Callable[[Case], float]
 
 def predict(case: Case) -> float:
     """perfguide's tokens/s per GPU for the case (the raw cost model: no machine calibration)."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), bnb_release(case.bnb_release):
         warnings.simplefilter("ignore")
         tp = training_speed(case.spec, case.setup, case.hardware, framework=case.framework,
                             attention_kernel=case.attention_kernel, optimizer_impl=case.optimizer_impl,

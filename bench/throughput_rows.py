@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accuracy_setup import LIGER_PARTIAL, PEFT_NOT_LORA, bnb_embedding_override
+from throughput_bnb import bnb_release_of, quant_type_fields
 from throughput_specs import Skip, model_spec
 
 from perfguide.hardware.types import Hardware
@@ -55,6 +56,7 @@ class Case:
     attention_kernel: str | None = None  # a fused attention kernel older than FlashAttention-2 (efficiency.json)
     optimizer_impl: str | None = None    # a per-tensor optimizer loop of a pre-torch-2.0 stack (efficiency.json)
     loss: LossImpl | None = None         # a loss path other than transformers' (torchtune's, speed/terms.loss_bytes)
+    bnb_release: str | None = None       # the bitsandbytes a 4-bit row ran (its dequantize kernel, speed/dequant.py)
 
 
 GROUPS = [  # (source, path prefix) -> group name
@@ -192,7 +194,7 @@ def _precision(row: dict[str, str]) -> dict[str, Any]:
     if any(k in p for k in ("fp8", "float8", "nvfp4", "int8", "rowwise", "tensorwise")):
         raise Skip("fp8 / fp4 / int8 matmuls: not a Setup precision")
     if row["finetune"].lower().startswith("yes (qlora"):
-        return {"weights_dtype": "nf4"}
+        return {"weights_dtype": "nf4", **quant_type_fields(row)}
     if "apex amp o2" in p:
         # apex amp O2 casts the model to fp16 (cast_model_type) and patches no torch function: every op, softmax and
         # LayerNorm too, runs in fp16 on fp16 weights (the fp32 masters live in the optimizer), unlike torch autocast,
@@ -353,7 +355,8 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
     m = re.search(r"steps per run: (\d+)", row["notes"])   # HF Trainer train_samples_per_second: whole train()
     table = table_of(row, group)
     return Case(row["row_id"], group, table, framework_of(row), label, spec, setup, hw, published,
-                int(m.group(1)) if m else None, attention_kernel_of(row, table), optimizer_impl_of(row), loss_of(row))
+                int(m.group(1)) if m else None, attention_kernel_of(row, table), optimizer_impl_of(row), loss_of(row),
+                bnb_release_of(group))
 
 
 def _checkpointing_if_needed(spec: ModelSpec, setup: Setup, hw: Hardware) -> Setup:

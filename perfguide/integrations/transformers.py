@@ -125,7 +125,7 @@ def quantization_config(rec: Recommendation) -> Any:
     compute = half_dtype_name(rec)
     # sharding flattens/shards the packed 4-bit storage: it must share the dtype of the other params
     storage = compute if s.shards_params else None
-    return bnb_config(s.weights_dtype, compute, storage, s.nf4_double_quant)
+    return bnb_config(s.weights_dtype, compute, storage, s.nf4_double_quant, s.bnb_4bit_quant_type)
 
 
 def _device_map(rec: Recommendation) -> Any:

@@ -128,8 +128,12 @@ def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: int) -> float:
     q = _QUANT_BYTES.get(setup.weights_dtype)
     if q is None:
         return 0.0
-    passes = 2 + techniques.kernel_factors(setup).recompute
-    return passes * matmul_params * (q + 2) * float(constant("dequant_traffic_factor"))
+    return dequant_passes(setup) * matmul_params * (q + 2) * float(constant("dequant_traffic_factor"))
+
+
+def dequant_passes(setup: Setup) -> float:
+    """Times a micro-step dequantizes each k-bit weight: forward, the input-gradient pass, and each recompute."""
+    return 2 + techniques.kernel_factors(setup).recompute
 
 
 def kbit_cast_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:

@@ -23,7 +23,7 @@ from ..memory.types import MemoryEstimate
 from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
-from . import dora, moe_lora, rates, stacks, terms
+from . import dequant, dora, moe_lora, rates, stacks, terms
 from .rates import (
     attention_flops_fwd,
     constant,
@@ -206,12 +206,11 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     if bw:
         led = ledger(spec, setup)
         moved = weight_traffic_bytes(spec, setup) + terms.elementwise_bytes(spec, setup, framework, loss) + terms.eager_score_bytes(spec, setup)
-        moved += terms.dequant_bytes(spec, setup, matmul_params(spec))
         moved += terms.kbit_cast_bytes(spec, setup, framework)
         moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
         if setup.autocast and setup.weights_dtype == "fp32" and not setup.computes_on_16bit_copy:
             moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
-        gpu_time += moved / bw
+        gpu_time += moved / bw + dequant.dequant_seconds(spec, setup, gpu, bw, matmul_params(spec))   # bytes or ALU
     gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn, kernel)
     launch = _launch_ops(spec, setup) * constant("kernel_launch_s")
     micro = max(gpu_time, launch)

@@ -20,7 +20,7 @@ _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 class QLora(Technique):
     name = "qlora"
-    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant", "kbit_recast_bf16", "kbit_recast_adapters")
+    fields = ("kbit_upcast", "kbit_quantizer", "nf4_double_quant", "bnb_4bit_quant_type", "kbit_recast_bf16", "kbit_recast_adapters")
     summary = "LoRA adapters on a 4-bit NF4 base; also the bitsandbytes config of int8/nf4 inference"
     sources = SOURCES
     requires = Requires(devices=("cuda",), packages=("bitsandbytes", "peft"), finetune=("qlora",))
@@ -55,12 +55,14 @@ class QLora(Technique):
         return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", (template,))]
 
 
-def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None = None, double_quant: bool = True) -> Any:
+def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None = None, double_quant: bool = True,
+               quant_type: str = "nf4") -> Any:
     """``BitsAndBytesConfig`` for int8 / nf4 weights (None for any other dtype).
 
     ``quant_storage``: under FSDP / ZeRO-3 the packed 4-bit storage is flattened with the other parameters,
     so it must share their dtype (accelerate utils/fsdp_utils.py; PEFT's FSDP+QLoRA guide). ``double_quant``: the
-    Setup's ``nf4_double_quant``, which the memory model priced.
+    Setup's ``nf4_double_quant``, which the memory model priced; ``quant_type``: its ``bnb_4bit_quant_type``, which
+    the speed model's dequantize kernel priced.
     """
     if weights_dtype not in ("int8", "nf4"):
         return None
@@ -72,7 +74,7 @@ def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None
 
     compute = getattr(torch, _TORCH_DTYPES[compute_dtype])
     extra: dict[str, Any] = {"bnb_4bit_quant_storage": getattr(torch, _TORCH_DTYPES[quant_storage])} if quant_storage else {}
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=double_quant,
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type, bnb_4bit_use_double_quant=double_quant,
                               bnb_4bit_compute_dtype=compute, **extra)
 
 
