@@ -24,6 +24,12 @@ CHECKED = (
     "bytes alive at any moment of any phase is what is priced too: 3 B per row in the forward (mask building, or the "
     "mask and one bias), 4 in DPO's reference forward (the policy's kept mask, the reference's own, one bias)",
     "SDPA's bool-to-bias conversion: at::where(mask, 0, -inf), no logical_not transient (torch 2.13, dispatch trace)",
+    "a full-attention mask in the release's own code (TRL 1.15.0's collators and transformers 5.19.0, the release "
+    "current on TRL 1.15.0's date; scripts/trace_trl_release_masks.py, real CPU tensors): an unpadded batch hands the "
+    "full-attention layers no mask (SDPA's is_causal), a padded one a bool rows x 1 x s x s mask the checkpointed "
+    "blocks keep; the collators pad to the batch's longest sequence (pad_to_multiple_of None by default), so SFT at "
+    "batch 1 is never padded. Replayed with that mask kept anyway (scripts/trace_trl_gemma_replay.py --full-mask), "
+    "rows 1183-1185 would fit 114,688 (6.7% long) and 1182 21,504 (unchanged); row 1181 padded fits 66,560 (below)",
     "the caching allocator, capped at 79 GiB, replayed over the SFT step's own allocations and frees at the real "
     "shape and length (scripts/trace_trl_gemma_replay.py: fake tensors, 2 steps; its allocated peak is perfguide's "
     "within 0.4% at 107,520 tokens and 1.1% at 20,480): the SFT rows' lengths (1182-1185, the 'priced' column) are the "

@@ -15,7 +15,7 @@ The allocator (scripts/caching_allocator.py) replays ``STEPS`` steps under the c
 frees the cached whole segments and retries, then is an OOM. The longest surviving multiple of 1,024 is found by
 bisection.
 
-Usage: python scripts/trace_trl_gemma_replay.py [--full-logits] [--steps N] [--peak SEQ] [--search LO HI]
+Usage: python scripts/trace_trl_gemma_replay.py [--full-logits] [--full-mask] [--steps N] [--peak SEQ] [--search LO HI]
 """
 
 from __future__ import annotations
@@ -170,9 +170,12 @@ def add_fused_head(policy: Any, ref: Any, emulation: Any) -> None:
     add_fused_lm_head(policy)
 
 
-def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | None = None) -> list[tuple[str, int, int]]:
-    """The SFT run's allocation events in order: the weights, then ``steps`` training steps."""
-    return events_of_steps(seq, sft_step(fused), steps, layers, prepare=add_fused_head if fused else None)
+def events_of_run(seq: int, fused: bool = True, steps: int = 2, layers: int | None = None,
+                  unpadded: bool = True) -> list[tuple[str, int, int]]:
+    """The SFT run's allocation events in order: the weights, then ``steps`` training steps (``unpadded`` False: the
+    full-attention layers keep a bool mask too, as a padded batch's do)."""
+    return events_of_steps(seq, sft_step(fused), steps, layers, prepare=add_fused_head if fused else None,
+                           unpadded=unpadded)
 
 
 def replay(events: list[tuple[str, int, int]], cap: int | None = CAP) -> Allocator:
@@ -214,12 +217,13 @@ def main() -> int:
     args = sys.argv[1:]
     fused = "--full-logits" not in args
     steps = int(args[args.index("--steps") + 1]) if "--steps" in args else 2
+    unpadded = "--full-mask" not in args   # the full-attention layers keep a mask, as a padded batch's do
     if "--peak" in args:
         seq = int(args[args.index("--peak") + 1])
-        print_peak(events_of_run(seq, fused, steps), seq, f"fused={fused}")
+        print_peak(events_of_run(seq, fused, steps, unpadded=unpadded), seq, f"fused={fused} unpadded={unpadded}")
     if "--search" in args:
         i = args.index("--search")
-        search(lambda s: events_of_run(s, fused, steps), int(args[i + 1]), int(args[i + 2]))
+        search(lambda s: events_of_run(s, fused, steps, unpadded=unpadded), int(args[i + 1]), int(args[i + 2]))
     return 0
 
 
