@@ -343,12 +343,16 @@ def _to_gpu(device: _Device, ordinal: int, wholes: list[_Device | None]) -> GPU:
     )
 
 
+#: what a MIG slice gets by its memory share (its memory controllers and the L2 slices beside them), not its SMs
+_MEMORY_SIDE = ("memory_bandwidth_gbps", "l2_cache_mib", "l2_bandwidth_gbps")
+
+
 def _scale_for_slice(numbers: dict[str, Any], device: _Device, parent: _Device | None) -> dict[str, Any]:
-    """A MIG slice gets its share of the parent's peaks: compute by SMs, bandwidth by memory share."""
+    """A MIG slice gets its share of the parent's peaks: compute by SMs, bandwidth and L2 by memory share."""
     mem_share = device.memory_total / parent.memory_total if parent and parent.memory_total else 1.0
     sm_share = device.multiprocessors / parent.multiprocessors if parent and parent.multiprocessors and device.multiprocessors else mem_share
     return {
-        field: None if value is None else round(value * (mem_share if field == "memory_bandwidth_gbps" else sm_share), 2)
+        field: None if value is None else round(value * (mem_share if field in _MEMORY_SIDE else sm_share), 2)
         for field, value in numbers.items()
     }
 

@@ -19,7 +19,7 @@ from .types import CPU, GPU, Capabilities, Interconnect, Vendor
 #: the most of nvidia-smi's total any published card's driver holds back is under 3% (T4: 451 of 15,360 MiB)
 _MAX_HELD_BACK = 0.05
 _SPEC_FIELDS = ("bf16_tflops", "fp16_tflops", "tf32_tflops", "fp32_tflops", "fp8_tflops", "memory_bandwidth_gbps",
-                "matmul_tflops")
+                "matmul_tflops", "l2_cache_mib", "l2_bandwidth_gbps")
 
 
 class GpuRow(Model):
@@ -50,6 +50,10 @@ class GpuRow(Model):
     #: measured maximum achievable bf16 matmul TFLOP/s (MAMF), where a public measurement exists
     matmul_tflops: float | None = Field(default=None, gt=0)
     matmul_source: str | None = Field(default=None, min_length=10)
+    #: the whitepaper's L2 size and a measured rate of reads it serves (speed/terms.py l2_bytes), with their source
+    l2_cache_mib: float | None = Field(default=None, gt=0)
+    l2_bandwidth_gbps: float | None = Field(default=None, gt=0)
+    l2_source: str | None = Field(default=None, min_length=10)
     #: efficiency.json classes its kernels reach (required off NVIDIA; NVIDIA's follow from the compute capability)
     efficiency_class: str | None = None
     attention_class: str | None = None
@@ -58,6 +62,11 @@ class GpuRow(Model):
     def _measured_has_source(self) -> GpuRow:
         if (self.matmul_tflops is None) != (self.matmul_source is None):
             raise ValueError("matmul_tflops and matmul_source come together")
+        if (self.l2_cache_mib is None) != (self.l2_source is None) or (self.l2_bandwidth_gbps is not None and self.l2_cache_mib is None):
+            raise ValueError("l2_cache_mib and l2_source come together, and l2_bandwidth_gbps needs the L2's size")
+        if self.l2_bandwidth_gbps is not None and self.l2_bandwidth_gbps <= self.memory_bandwidth_gbps:
+            raise ValueError(f"l2_bandwidth_gbps {self.l2_bandwidth_gbps} is not above memory_bandwidth_gbps "
+                             f"{self.memory_bandwidth_gbps}: an L2 serves reads faster than the DRAM behind it")
         if self.vendor != "nvidia" and (self.efficiency_class is None or self.attention_class is None):
             raise ValueError(f"a {self.vendor} row needs efficiency_class and attention_class (NVIDIA's follow from compute_capability)")
         return self

@@ -61,6 +61,9 @@ class GPU(Model):
     fp8_tflops: float | None = None
     memory_bandwidth_gbps: float | None = Field(default=None, description="GB/s (1e9 bytes)")
     matmul_tflops: float | None = Field(default=None, description="measured max achievable bf16 matmul TFLOP/s (MAMF)")
+    l2_cache_mib: float | None = Field(default=None, description="L2 cache, MiB (the whitepaper's 'MB'); None: unknown")
+    l2_bandwidth_gbps: float | None = Field(default=None, description="GB/s a kernel reads data resident in L2 at "
+                                            "(measured); None: every byte priced at memory_bandwidth_gbps")
     efficiency_class: str | None = Field(default=None, description="the class whose share of peak its matmuls reach "
                                          "(efficiency.json peak_fraction_by_class); None on NVIDIA: from the compute capability")
     attention_class: str | None = Field(default=None, description="its fused-attention kernel class (efficiency.json "
