@@ -136,6 +136,23 @@ def dequant_passes(setup: Setup) -> float:
     return 2 + techniques.kernel_factors(setup).recompute
 
 
+def l2_bytes(spec: ModelSpec, setup: Setup, gpu: GPU) -> float:
+    """Of the bytes one micro-step's matmuls read (``weight_traffic_bytes``), those read back from the GPU's L2
+    instead of DRAM: bitsandbytes writes each Linear's dequantized 16-bit weight with one kernel (``dequant_bytes``)
+    and the matmul reads it with the next, so where the in x out x 2 bytes fit in ``traffic.l2_room`` (the L2 is
+    write-back: the line the dequantize wrote is still there), that read is served at ``traffic.l2_rate``, in every
+    pass that dequantizes (forward, input gradient, recompute). The dequantize's own read and write stay at the DRAM
+    rate. A MoE's experts are not Linears bnb quantizes one by one: left out. Chains of pointwise kernels over small
+    activations were looked at and are not priced here (docs/validation.md section 50)."""
+    room = traffic.l2_room(gpu)
+    if not room or setup.weights_dtype not in _QUANT_BYTES:
+        return 0.0
+    layers = [(spec.block_linears, spec.num_layers), (spec.decoder_block_linears or spec.block_linears, spec.num_decoder_layers)]
+    fits = sum(n * sum(2 * i * o for name, (i, o) in linears.items() if not name.startswith("experts.") and 2 * i * o <= room)
+               for linears, n in layers)
+    return (2 + techniques.kernel_factors(setup).recompute) * fits
+
+
 def kbit_cast_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:
     """HF + PEFT QLoRA runs its residual stream in fp32: peft's prepare_model_for_kbit_training (``kbit_upcast``)
     casts the embeddings and norms to fp32, and each bitsandbytes Linear4bit casts its input to the compute dtype and

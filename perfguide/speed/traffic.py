@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from .._data import DataModel, fact_value, validated
+from ..hardware.types import GPU
 from ..memory.activations import block_dims, dropout_rates, regime
 from ..memory.activations_data import Dim, RegimeName, activations_data
 from ..model.types import ModelSpec
@@ -119,3 +120,19 @@ def priced(nbytes: float) -> float:
 def seconds(nbytes: float, bandwidth: float) -> float:
     """Time memory-bound kernels take to move ``nbytes`` at ``bandwidth`` (B/s, already the streaming fraction)."""
     return priced(nbytes) / bandwidth if bandwidth else 0.0
+
+
+def l2_rate(gpu: GPU) -> float:
+    """Bytes per second a kernel reads data resident in the GPU's L2 at (gpus.json ``l2_bandwidth_gbps``, a measured
+    rate, so no streaming fraction applies); 0 where no measurement is known."""
+    return (gpu.l2_bandwidth_gbps or 0.0) * 1e9
+
+
+def l2_room(gpu: GPU) -> float:
+    """The largest tensor a kernel can write and the next one read back from L2: ``l2_resident_fraction`` of the
+    whitepaper's L2 (gpu-benches' read rate holds up to that share of it); 0 without a measured L2 rate, so a GPU
+    without one is priced with every byte at its DRAM bandwidth."""
+    if not gpu.l2_cache_mib or not l2_rate(gpu):
+        return 0.0
+    return gpu.l2_cache_mib * 2**20 * float(fact_value("efficiency", "l2_resident_fraction"))
+

@@ -23,7 +23,7 @@ from ..memory.types import MemoryEstimate
 from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
-from . import dequant, dora, moe_lora, rates, stacks, terms
+from . import dequant, dora, moe_lora, rates, stacks, terms, traffic
 from .rates import (
     attention_flops_fwd,
     constant,
@@ -210,7 +210,9 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         moved += terms.lora_bytes(setup, led.lora_inputs_per_layer, spec.total_layers)
         if setup.autocast and setup.weights_dtype == "fp32" and not setup.computes_on_16bit_copy:
             moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
-        gpu_time += moved / bw + dequant.dequant_seconds(spec, setup, gpu, bw, matmul_params(spec))   # bytes or ALU
+        cached = terms.l2_bytes(spec, setup, gpu)   # dequantized weights the matmuls read back from L2, not DRAM
+        gpu_time += (moved - cached) / bw + (cached / traffic.l2_rate(gpu) if cached else 0.0)
+        gpu_time += dequant.dequant_seconds(spec, setup, gpu, bw, matmul_params(spec))   # bytes or ALU
     gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn, kernel)
     launch = _launch_ops(spec, setup) * constant("kernel_launch_s")
     micro = max(gpu_time, launch)
