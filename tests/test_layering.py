@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("memory and speed primitives", ("memory/", "speed/")),
     ("techniques", ("techniques/",)),
     ("cost-model fold", ("memory/__init__", "memory/analytic", "memory/trace", "memory/tracing/",
-                         "speed/__init__", "speed/training", "speed/terms", "speed/inference")),
+                         "speed/__init__", "speed/training", "speed/terms", "speed/dequant", "speed/inference")),
     ("engines", ("engines/",)),
     ("planning", ("scenarios/",)),
     ("adapters, render, measure", ("integrations/", "render/", "measure/")),
