@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from _releases import release_as
 from accuracy_setup import Skip
 
 from perfguide.memory import fused_head
@@ -58,9 +59,5 @@ def trl_release(row: dict[str, str]) -> Iterator[None]:
     if release is None:
         yield
         return
-    saved = fused_head.installed_trl
-    fused_head.installed_trl = lambda: release   # type: ignore[assignment]
-    try:
+    with release_as(fused_head, "installed_trl", release):
         yield
-    finally:
-        fused_head.installed_trl = saved   # type: ignore[assignment]

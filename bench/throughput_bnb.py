@@ -7,9 +7,10 @@ reads them here: the release from each source's date and install notes, the code
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
+
+from _releases import release_as
 
 from perfguide.speed import dequant
 
@@ -35,12 +36,6 @@ def quant_type_fields(row: dict[str, str]) -> dict[str, Any]:
     return {"bnb_4bit_quant_type": "fp4"} if "the 4-bit type is fp4" in row["notes"] else {}
 
 
-@contextmanager
-def bnb_release(release: str | None) -> Iterator[None]:
+def bnb_release(release: str | None) -> AbstractContextManager[None]:
     """Price inside the block with bitsandbytes ``release`` installed (None: none installed, the newest kernel)."""
-    saved = dequant.installed_bitsandbytes
-    dequant.installed_bitsandbytes = lambda: release   # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        dequant.installed_bitsandbytes = saved   # type: ignore[assignment]
+    return release_as(dequant, "installed_bitsandbytes", release)
