@@ -143,6 +143,25 @@ def test_trl_script_yaml_names_the_model_and_lora(tmp_path: Path) -> None:
     assert_priced_like_estimate(c, "gpt2", HW)
 
 
+def test_trl_model_config_4bit_code_is_read(tmp_path: Path) -> None:
+    """ModelConfig's bnb_4bit_quant_type reaches the Setup (fp4 and nf4 store the same bytes, but their bitsandbytes
+    dequantize kernels decode at different speeds, speed/dequant.py); a code bitsandbytes has not is one line."""
+    from transformers import HfArgumentParser
+    from trl import ModelConfig, ScriptArguments, SFTConfig
+
+    keys = {"model_name_or_path": "gpt2", "load_in_4bit": True, "bnb_4bit_quant_type": "fp4", "use_peft": True,
+            "output_dir": "out", "use_cpu": True}
+    path = write_yaml(tmp_path / "sft.yaml", keys)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        *_, model_cfg = HfArgumentParser((ScriptArguments, SFTConfig, ModelConfig)).parse_yaml_file(path)
+    s = perfguide.check(None, path, hardware=HW, device="cuda", seq_len=512).setup
+    assert s.weights_dtype == "nf4" and s.bnb_4bit_quant_type == model_cfg.bnb_4bit_quant_type == "fp4"
+    bad = write_yaml(tmp_path / "bad.yaml", {**keys, "bnb_4bit_quant_type": "int3"})
+    with pytest.raises(ConfigReadError, match=r"bnb_4bit_quant_type='int3' is not a value perfguide can price.*Accepted: fp4, nf4"):
+        perfguide.check(None, bad, hardware=HW, device="cuda", seq_len=512)
+
+
 # --- accelerate + DeepSpeed ----------------------------------------------------------------------------------------
 
 def _accelerate_loads(path: str) -> object:

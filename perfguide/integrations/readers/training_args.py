@@ -32,6 +32,8 @@ PRICED = frozenset({
     "precompute_ref_log_probs",
 })
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2"}
+#: BitsAndBytesConfig / TRL ModelConfig bnb_4bit_quant_type words (TRL's default nf4; transformers' own default fp4)
+_QUANT_TYPES = {"nf4": "nf4", "fp4": "fp4"}
 
 
 def is_sft(data: dict[str, Any]) -> bool:
@@ -177,10 +179,10 @@ def _model_config(data: dict[str, Any], col: Collector) -> None:
     if data.get("attn_implementation"):
         col.set("attn_implementation", choice(data["attn_implementation"], col.where("attn_implementation"), _ATTN), "attn_implementation")
     if data.get("load_in_4bit") and as_bool(data["load_in_4bit"], col.where("load_in_4bit")):
-        quant = str(data.get("bnb_4bit_quant_type") or "nf4")
-        if quant != "nf4":
-            col.note(f"{col.where('bnb_4bit_quant_type')}={quant!r} is priced like nf4 (the same 4 bits per weight)")
-        col.set("weights_dtype", "nf4", "load_in_4bit")
+        col.set("weights_dtype", "nf4", "load_in_4bit")   # Setup's word for any bitsandbytes 4-bit base
+        if data.get("bnb_4bit_quant_type") is not None:   # the same bytes; the two codes decode at different speeds
+            col.set("bnb_4bit_quant_type", choice(data["bnb_4bit_quant_type"], col.where("bnb_4bit_quant_type"), _QUANT_TYPES),
+                    "bnb_4bit_quant_type")
     elif data.get("load_in_8bit") and as_bool(data["load_in_8bit"], col.where("load_in_8bit")):
         col.set("weights_dtype", "int8", "load_in_8bit")
     if data.get("use_peft") and as_bool(data["use_peft"], col.where("use_peft")):
