@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from helpers import frozen_head_batch
 
-from perfguide.memory.loss_path import hf_loss_bytes, loss_era, loss_path_units
+from perfguide.memory.loss_path import era_at, hf_loss_bytes, loss_era, loss_path_units
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -41,6 +41,14 @@ def test_fp32_head_has_no_separate_upcast() -> None:
 def test_eras_switch_at_the_releases_that_changed_the_code() -> None:
     assert [loss_era(v).output_keeps for v in ("4.45.2", "4.46.0")] == ["fp32", "head"]
     assert [loss_era(v).shift_copy for v in ("4.48.0", "4.49.0")] == [True, False]
+
+
+def test_era_at_picks_the_last_era_begun_by_the_release() -> None:
+    """The shared rule (loss, TRL and bitsandbytes-kernel eras): a release at an era's first version is in it, one
+    before it is in the previous, none installed is the newest, and one older than every era is the first."""
+    eras = [("a", "0.39.0"), ("b", "0.48.0"), ("c", "1.2")]
+    pick = [era_at(eras, r, lambda e: e[1])[0] for r in ("0.48.0", "0.47.2", "1.10.0", "1.2.0+cu121", None, "0.30")]
+    assert pick == ["b", "a", "c", "c", "c", "a"]
 
 
 def test_bytes_scale_with_batch_positions_and_vocab() -> None:

@@ -30,7 +30,7 @@ from .._packages import installed_release
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import activations as act
-from .loss_path import version_tuple
+from .loss_path import era_at
 
 FP32 = 4
 SftLoss = Literal["full", "chunked", "fused"]
@@ -78,11 +78,7 @@ def installed_trl() -> str | None:
 
 def trl_era(trl_version: str | None) -> TrlEra:
     """The last era whose first release is not newer than ``trl_version``; None (no TRL here): the newest era."""
-    eras = trl_data().eras
-    if trl_version is None:
-        return eras[-1]
-    v = version_tuple(trl_version)
-    return [e for e in eras if version_tuple(e.since) <= v][-1]
+    return era_at(trl_data().eras, trl_version, lambda e: e.since)
 
 
 class FusedHead(NamedTuple):

@@ -17,8 +17,9 @@ The eras and their sources are rows of data/activations.json (``loss_paths``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -48,13 +49,24 @@ def version_tuple(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split("+")[0].split(".")[:3] if p.isdigit())
 
 
+_Era = TypeVar("_Era")
+
+
+def era_at(eras: Sequence[_Era], release: str | None, since: Callable[[_Era], str]) -> _Era:
+    """The last of ``eras`` (oldest first) whose first release (``since``) is not newer than ``release``: the one
+    rule every release-dependent fact uses. None (the package is not installed here): the newest; a release older
+    than every era: the first."""
+    if release is None:
+        return eras[-1]
+    v = version_tuple(release)
+    return ([e for e in eras if version_tuple(since(e)) <= v] or [eras[0]])[-1]
+
+
 def loss_era(transformers_version: str) -> LossEra:
     """The last era whose first release is not newer than ``transformers_version``."""
     from .activations_data import activations_data
 
-    eras = activations_data().loss_paths.eras
-    v = version_tuple(transformers_version)
-    return [e for e in eras if version_tuple(e.since) <= v][-1]
+    return era_at(activations_data().loss_paths.eras, transformers_version, lambda e: e.since)
 
 
 def head_bytes(setup: Setup) -> int:

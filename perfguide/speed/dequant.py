@@ -20,7 +20,7 @@ from functools import cache
 
 from .._packages import installed_release
 from ..hardware.types import GPU
-from ..memory.loss_path import version_tuple
+from ..memory.loss_path import era_at, version_tuple
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import terms
@@ -37,10 +37,7 @@ def kernel_era(release: str | None) -> str:
     """The last kernel era whose first release is not newer than ``release``; None (no bitsandbytes here): the
     newest. A release older than the first 4-bit one (0.39.0) takes the first era."""
     eras = sorted(constant("bnb_4bit_dequant_ops_per_element").items(), key=lambda kv: version_tuple(kv[1]["since"]))
-    if release is None:
-        return eras[-1][0]
-    v = version_tuple(release)
-    return ([name for name, e in eras if version_tuple(e["since"]) <= v] or [eras[0][0]])[-1]
+    return era_at(eras, release, lambda kv: kv[1]["since"])[0]
 
 
 def sm_clocks_per_s(gpu: GPU) -> float:

@@ -143,14 +143,14 @@ def l2_bytes(spec: ModelSpec, setup: Setup, gpu: GPU) -> float:
     write-back: the line the dequantize wrote is still there), that read is served at ``traffic.l2_rate``, in every
     pass that dequantizes (forward, input gradient, recompute). The dequantize's own read and write stay at the DRAM
     rate. A MoE's experts are not Linears bnb quantizes one by one: left out. Chains of pointwise kernels over small
-    activations were looked at and are not priced here (docs/validation.md section 50)."""
+    activations were looked at and are not priced here (docs/validation.md section 52)."""
     room = traffic.l2_room(gpu)
     if not room or setup.weights_dtype not in _QUANT_BYTES:
         return 0.0
     layers = [(spec.block_linears, spec.num_layers), (spec.decoder_block_linears or spec.block_linears, spec.num_decoder_layers)]
     fits = sum(n * sum(2 * i * o for name, (i, o) in linears.items() if not name.startswith("experts.") and 2 * i * o <= room)
                for linears, n in layers)
-    return (2 + techniques.kernel_factors(setup).recompute) * fits
+    return dequant_passes(setup) * fits
 
 
 def kbit_cast_bytes(spec: ModelSpec, setup: Setup, framework: str) -> float:

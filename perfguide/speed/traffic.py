@@ -135,4 +135,3 @@ def l2_room(gpu: GPU) -> float:
     if not gpu.l2_cache_mib or not l2_rate(gpu):
         return 0.0
     return gpu.l2_cache_mib * 2**20 * float(fact_value("efficiency", "l2_resident_fraction"))
-
