@@ -344,8 +344,7 @@ class Setup(Model):
             layout = f"TP{s.tensor_parallel_size}" + (f" PP{s.pipeline_parallel_size}" if s.pipeline_parallel_size > 1 else "")
             return (f"{s.engine} {s.weight_format} weights {layout}{' EP' if s.enable_expert_parallel else ''} x {s.data_parallel_size} "
                     f"replica(s), batch {self.micro_batch_size}/replica")
-        weights = "fp4" if self.weights_dtype == "nf4" and self.bnb_4bit_quant_type == "fp4" else self.weights_dtype   # the 4-bit code run
-        words = [(0, f"mb={self.micro_batch_size}"), (0, f"ga={self.gradient_accumulation_steps}"), (0, weights)]
+        words = [(0, f"mb={self.micro_batch_size}"), (0, f"ga={self.gradient_accumulation_steps}"), (0, self.weights_dtype)]
         if self.strategy != "single":
             words.append((_STRATEGY_LABEL_ORDER, self.strategy + ("-hybrid" if self.hybrid_shard else "")))
         words += [(t.order if t.label_order is None else t.label_order, word)
