@@ -45,7 +45,7 @@ def predict(case: Case) -> float:
                             attention_kernel=case.attention_kernel, optimizer_impl=case.optimizer_impl,
                             loss=case.loss)
     step = tp.step_time_s + (PROTOCOL["run_overhead_s"] / case.steps if case.steps else 0.0)
-    return tp.tokens_per_s * tp.step_time_s / step / case.setup.world_size
+    return tp.tokens_per_s * tp.step_time_s / step / case.setup.world_size * case.rank_share
 
 
 def hand(case: Case) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 
 from accuracy_setup import LIGER_PARTIAL, PEFT_NOT_LORA, bnb_embedding_override
 from throughput_bnb import bnb_release_of, quant_type_fields
+from throughput_padding import effective_lengths
 from throughput_specs import Skip, model_spec
 
 from perfguide.hardware.types import Hardware
@@ -32,6 +33,9 @@ CSV = ROOT / "bench" / "data" / "published_throughput.csv"
 # CUDA/cuBLAS initialisation, the first step's allocations). Fitted by bench/throughput_fit.py on those rows
 # only; it never enters perfguide's model. Prior 0 (no start-up) when the rows that inform it are held out.
 PROTOCOL = {"run_overhead_s": 0.0}
+
+#: per row id: (ranks' mean padded length, the slowest rank's expected length), for rows logged per rank-step
+_PADDING = effective_lengths()
 
 
 #: why a row whose paged optimizer states overflow the GPU stays out of this fit; bench/techniques.py prices it
@@ -57,6 +61,7 @@ class Case:
     optimizer_impl: str | None = None    # a per-tensor optimizer loop of a pre-torch-2.0 stack (efficiency.json)
     loss: LossImpl | None = None         # a loss path other than transformers' (torchtune's, speed/terms.loss_bytes)
     bnb_release: str | None = None       # the bitsandbytes a 4-bit row ran (its dequantize kernel, speed/dequant.py)
+    rank_share: float = 1.0   # ranks' mean padded length / the slowest rank's (bench/throughput_padding.py)
 
 
 GROUPS = [  # (source, path prefix) -> group name
@@ -318,6 +323,8 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
     if "cpuoffload" in row["sharding"].lower():
         raise Skip("FSDP CPUOffload(offload_params=True): the speed model does not price parameter offload in training")
     spec = model_spec(row, seq)
+    # per-rank padding to each batch's longest: the step is the slowest rank's, the rate counts every rank's tokens
+    mean_len, step_len = _PADDING.get(row["row_id"], (float(seq), float(seq)))
     if "SequenceClassification" in row["finetune"]:  # a 2-label classifier on the pooled token, not the MLM head
         spec = spec.model_copy(update={"head": "sequence_classification", "num_labels": 2})
     if "BertForQuestionAnswering" in row["finetune"]:  # SQuAD: a 2-logit span head on every token, no MLM head
@@ -337,7 +344,7 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
                         use_dora="use_dora True" in row["finetune"], use_rslora="use_rslora True" in row["finetune"])
     attn = row["attn_impl"].lower()
     attn_impl = "flash_attention_2" if "flash" in attn else ("eager" if attn.startswith("eager") else "sdpa")
-    setup = Setup(micro_batch_size=mb, seq_len=seq, gradient_accumulation_steps=ga, optimizer=_optimizer(row),
+    setup = Setup(micro_batch_size=mb, seq_len=round(step_len), gradient_accumulation_steps=ga, optimizer=_optimizer(row),
                   gradient_checkpointing=ckpt.startswith(("true", "full")) or (group == "llama-factory"),
                   attn_implementation=attn_impl, lora=lora, num_gpus=num_gpus // nodes, nodes=nodes,
                   torch_compile=row["torch_compile"].lower().startswith("yes"),
@@ -356,7 +363,7 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
     table = table_of(row, group)
     return Case(row["row_id"], group, table, framework_of(row), label, spec, setup, hw, published,
                 int(m.group(1)) if m else None, attention_kernel_of(row, table), optimizer_impl_of(row), loss_of(row),
-                bnb_release_of(group))
+                bnb_release_of(group), mean_len / round(step_len))
 
 
 def _checkpointing_if_needed(spec: ModelSpec, setup: Setup, hw: Hardware) -> Setup:
