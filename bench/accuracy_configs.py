@@ -94,6 +94,14 @@ _BLENDERBOT_400M = {"model_type": "blenderbot", "architectures": ["BlenderbotFor
                     "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120, "vocab_size": 8008, "max_position_embeddings": 128,
                     "scale_embedding": True, "activation_function": "gelu", "torch_dtype": "float32"}
 
+#: OpenLLaMA 3B v2 (huggingface.co/openlm-research/open_llama_3b_v2/config.json, LlamaForCausalLM): 3200 x 26 layers,
+#: 32 heads of 100 (no GQA), FFN 8640, vocab 32000, untied head, 2048 positions, rms_norm_eps 1e-6: 3,426,473,600
+#: parameters (26 x (4 x 3200^2 + 3 x 3200 x 8640 + 2 x 3200) + 2 x 32000 x 3200 + 3200)
+_OPEN_LLAMA_3B_V2 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "_name_or_path": "openlm-research/open_llama_3b_v2",
+                     "hidden_size": 3200, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 26,
+                     "intermediate_size": 8640, "vocab_size": 32000, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
+                     "tie_word_embeddings": False, "torch_dtype": "float16"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "bigscience/bloomz-7b1": _BLOOMZ_7B1,
     "bigscience/mt0-xxl": _MT0_XXL,
@@ -103,6 +111,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
     "bigcode/starcoder": _STARCODER,
     "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,
+    "openlm-research/open_llama_3b_v2": _OPEN_LLAMA_3B_V2,
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),
     "Qwen/Qwen-7B-Chat": _qwen1("Qwen/Qwen-7B-Chat", 4096, 32, 32, 22016, 151936),
     "Qwen/Qwen-14B-Chat": _qwen1("Qwen/Qwen-14B-Chat", 5120, 40, 40, 27392, 152064),
