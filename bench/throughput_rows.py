@@ -91,12 +91,13 @@ GROUPS = [  # (source, path prefix) -> group name
     ("huggingface/peft", "method_comparison/MetaMathQA", "peft-method-comparison"),
     ("lambdal/deeplearning-benchmark", "pytorch/", "lambda-bert-squad"),
     ("huggingface/optimum-benchmark", "examples/training-llamas", "optimum-benchmark-llama-peft"),
+    ("mli/transformers-benchmarks", "transformers.ipynb", "mli-transformers-benchmarks"),
 ]
 
 # Publisher GPU names -> perfguide named GPUs. Torchtitan's H100s are 96GB HBM2e parts at 500 W (not stock
 # 80GB SXM); the nearest named part is used and the report says so. "A100 (memory unstated)" -> 80GB SXM.
 GPU_NAMES = [("v100-sxm2-16gb", "v100-16gb"), ("v100 16gb", "v100-16gb"), ("a100 80gb pcie", "a100-80gb-pcie"),
-             ("h100 80gb pcie", "h100-pcie"), ("nvidia a10 24gb", "a10"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
+             ("h100 80gb pcie", "h100-pcie"), ("nvidia a10 24gb", "a10"), ("rtx 3090 ti", "rtx3090ti"), ("rtx 3090", "rtx3090"), ("h100 96gb", "h100-80gb"), ("h100", "h100-80gb"), ("h200", "h200"), ("a100-40gb", "a100-40gb"),
              ("a100-80gb", "a100-80gb"), ("a100", "a100-80gb"), ("v100", "v100-32gb"), ("rtx 4090", "rtx4090"),
              ("rtx 4070 ti super", "rtx4070tisuper"), ("rtx a6000", "a6000"),
              ("mi300x", "mi300x"), ("b200", "b200"), ("l40s", "l40s")]
@@ -144,7 +145,7 @@ def table_of(row: dict[str, str], group: str) -> str:
         return f"{group} table {m.group(1)}"
     if group == "deepspeed-autotuning":
         return group
-    if group in ("answerai-fsdp-qlora", "torchtune-readme", "optimum-benchmark-llama-peft") and named:   # its case studies and the accelerator table are separate tables
+    if group in ("answerai-fsdp-qlora", "torchtune-readme", "optimum-benchmark-llama-peft", "mli-transformers-benchmarks") and named:   # its case studies and the accelerator table are separate tables
         return f"{group}: {named.group(1)}"
     return group
 
@@ -292,8 +293,8 @@ def _expressible(row: dict[str, str]) -> None:
     partial = next((p for p in LIGER_PARTIAL if p in row["finetune"]), None)
     if partial:   # Liger's post_init_class patch, or its gemma2 patch of September 2024 (the memory bench's reading)
         raise Skip(f"{partial}: Setup.liger_kernel prices fused linear cross-entropy with every fused kernel")
-    if "the log holds no training step" in row["notes"]:
-        raise Skip("the run logged no training step (it stopped before its first logged step): no rate to compare")
+    if "the log holds no training step" in row["notes"] or "prints no rate" in row["notes"]:   # mli's notebook: SVG-only cells
+        raise Skip("no rate to compare: the run logged no training step (stopped before its first logged step), or the source prints no rate for it")
     if "gptq" in row["precision"].lower():
         raise Skip("GPTQ int4 base (AutoGPTQ kernels): perfguide prices bitsandbytes nf4 / int8 bases")
     if "physically inconsistent as stated" in row["notes"]:
