@@ -161,6 +161,8 @@ LOOP_KEEPS_OUTPUTS = {
     "open_instruct_issue_12": "open_instruct/finetune.py @609312b24: the same loop",
     "peft_method_comparison_metamathqa": "peft method_comparison/MetaMathQA/run.py train(): outputs = model(**batch, "
                                          "num_items_in_batch=...); loss = outputs.loss; grad_scaler.scale(loss).backward()",
+    "peft_issue_76_tracemalloc": "peft examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
+                                 "@83ded43e: outputs = model(**batch); loss = outputs.loss; ... accelerator.backward(loss)",
 }
 #: transformers release current when a pre-PyTorch-2.0 row ran (hf_blog_pytorch_fsdp, 2022-04-29: 4.18.0 of 2022-04-06)
 PRE_TORCH2_TRANSFORMERS = "4.18.0"

@@ -149,6 +149,9 @@ LOOP_REBINDS_OUTPUTS = {
                             "model(**batch)'; no del, and the eval loop rebinds the same name",
     "peft_method_comparison_metamathqa": "peft method_comparison/MetaMathQA/run.py train(): 'for step, batch in ...: "
                                          "outputs = model(**batch, num_items_in_batch=...)'; no del before the next step",
+    "peft_issue_76_tracemalloc": "peft examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
+                                 "@83ded43e: 'for step, batch in enumerate(tqdm(train_dataloader)): outputs = "
+                                 "model(**batch)'; no del before the next step",
 }
 
 
