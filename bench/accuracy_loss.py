@@ -163,6 +163,8 @@ LOOP_KEEPS_OUTPUTS = {
                                          "num_items_in_batch=...); loss = outputs.loss; grad_scaler.scale(loss).backward()",
     "peft_issue_76_tracemalloc": "peft examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
                                  "@83ded43e: outputs = model(**batch); loss = outputs.loss; ... accelerator.backward(loss)",
+    "peft_readme_memory_table": "pet examples/{conditional_generation/pet_lora_seq2seq,causal_language_modeling/"
+                                "pet_lora_clm}_accelerate_ds_zero3_offload.py @61c577fc4: the same loop",
 }
 #: transformers release current when a pre-PyTorch-2.0 row ran (hf_blog_pytorch_fsdp, 2022-04-29: 4.18.0 of 2022-04-06)
 PRE_TORCH2_TRANSFORMERS = "4.18.0"

@@ -152,6 +152,8 @@ LOOP_REBINDS_OUTPUTS = {
     "peft_issue_76_tracemalloc": "peft examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
                                  "@83ded43e: 'for step, batch in enumerate(tqdm(train_dataloader)): outputs = "
                                  "model(**batch)'; no del before the next step",
+    "peft_readme_memory_table": "pet examples/{conditional_generation/pet_lora_seq2seq,causal_language_modeling/"
+                                "pet_lora_clm}_accelerate_ds_zero3_offload.py @61c577fc4: the same loop",
 }
 
 
