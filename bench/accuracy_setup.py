@@ -222,9 +222,17 @@ def _target_len(text: str) -> int | None:
 def _kbit_upcast(row: dict[str, str]) -> bool:
     """litgpt, Answer.AI's fsdp_qlora and torchtune quantize the Linears themselves and never run peft's
     prepare_model_for_kbit_training, so nothing is cast to fp32; HF + PEFT rows do. DeepSpeed in bf16/fp16 casting
-    the upcast back is the model's (``memory/kbit.kbit_fp32_parts``), read from the row's strategy and precision."""
+    the upcast back is the model's (``memory/kbit.kbit_fp32_parts``), read from the row's strategy and precision.
+
+    litgpt under Fabric's ``bf16-mixed`` lands in that state without peft: the MixedPrecision plugin only autocasts
+    and converts no module, so the embedding, the norms and the LoRA matrices stay the fp32 they were built in
+    (``bf16-true`` builds under the bf16 default dtype instead), and bitsandbytes' Linear4bit returns
+    ``out.to(input dtype)``, so the stream stays fp32 (lit-gpt 064fd523 finetune/lora.py with ``--quantize`` and no
+    ``--precision``: rows 2702-2703 and 2708-2709)."""
     if "skips prepare_model_for_kbit_training" in row["method"]:  # TRL's SFTTrainer on FSDP-sharded QLoRA
         return False
+    if _kbit_quantizer(row) == "litgpt" and _precision(row["precision"]) == {"weights_dtype": "fp32", "autocast": "bf16"}:
+        return True
     return not any(k in row["source"].lower() for k in ("litgpt", "fsdp_qlora", "torchtune"))
 
 
