@@ -162,7 +162,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     nbytes = 4 if mode == "fp32" else 2
     total += relative_position_bytes(spec, setup, nbytes)
     total += position_table_bytes(spec, setup, nbytes, mode == "amp", hidden_p)   # pos_dropout: hidden_dropout_prob
-    return int(total + fp32_mlp_bytes(spec, setup))
+    return int(total + fp32_mlp_bytes(spec, setup, keeps_frozen_inputs))
 
 
 def unexpanded_kv(spec: ModelSpec) -> bool:
@@ -171,18 +171,25 @@ def unexpanded_kv(spec: ModelSpec) -> bool:
     return spec.num_key_value_heads < spec.num_attention_heads and not (spec.config or {}).get("new_decoder_architecture")
 
 
-def fp32_mlp_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """Bytes a gated MLP keeps beyond the 16-bit coefficients when its quantized base runs in an fp32 stream.
+def fp32_mlp_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:
+    """Bytes an MLP keeps beyond the 16-bit coefficients when its quantized base runs in an fp32 stream.
 
     bitsandbytes' Linear4bit / Linear8bitLt return ``out.to(input dtype)``, so after peft's kbit upcast (fp32 stream,
     ``stream_regime``) gate_proj and up_proj return fp32 and the activation of the fp32 gate is fp32: the three
     tensors the gated product's backward needs (the gate for the activation's backward, the activated gate and up for
     the product's) take 4 B instead of the 2 the ``half`` coefficients count. Traced (scripts/trace_block_backward.py,
     real nf4 tensors): the recompute saves 14 B per FFN unit per token in the fp32 stream against 8 with a bf16 base.
+    A two-matrix MLP (GPT-NeoX, OPT, Falcon) has one such tensor, the activation's fp32 input. Where the frozen
+    4-bit down projection keeps its input (``keeps_frozen_inputs``: bitsandbytes before 0.43.2, MatMul4Bit's
+    ``ctx.tensors = (A, B)``), that input (the gated product, or the activation's output) is fp32 too: one tensor
+    more. Traced on lit-gpt 064fd523's blocks (scripts/trace_litgpt_mixed_stream.py: bnb nf4 on CPU with the input
+    kept, bf16-mixed minus bf16-true per token per block): 8 B per FFN unit for its Llama block, 4 for its GPT-NeoX
+    block, as these counts give.
     """
-    if not spec.gated_mlp or spec.is_encoder_decoder or not kbit_fp32_stream(setup):
+    if spec.is_encoder_decoder or not kbit_fp32_stream(setup):
         return 0
-    return setup.micro_batch_size * setup.seq_len * spec.active_intermediate_size * 3 * 2
+    tensors = (3 if spec.gated_mlp else 1) + (1 if keeps_frozen_inputs else 0)
+    return setup.micro_batch_size * setup.seq_len * spec.active_intermediate_size * tensors * 2
 
 
 def frozen_linear_inputs(setup: Setup) -> dict[str, float]:
