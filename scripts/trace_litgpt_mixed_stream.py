@@ -89,14 +89,14 @@ def saved_bytes(name: str, n_layer: int, mixed: bool, n_embd: int, inter: int, b
             pack(a)
         return out
 
-    setattr(MatMul4Bit, "forward", staticmethod(forward))
+    MatMul4Bit.forward = staticmethod(forward)  # type: ignore[method-assign,assignment]
     try:
         x = torch.randint(0, 1024, (b, s))
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
                 torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed):
             model(x, max_seq_length=s)
     finally:
-        setattr(MatMul4Bit, "forward", staticmethod(original))
+        MatMul4Bit.forward = staticmethod(original)  # type: ignore[method-assign]
     return sum(seen.values())
 
 
