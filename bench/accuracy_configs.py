@@ -102,8 +102,19 @@ _OPEN_LLAMA_3B_V2 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"
                      "intermediate_size": 8640, "vocab_size": 32000, "rms_norm_eps": 1e-6, "max_position_embeddings": 2048,
                      "tie_word_embeddings": False, "torch_dtype": "float16"}
 
+#: SmolLM2-1.7B (huggingface.co/HuggingFaceTB/SmolLM2-1.7B/config.json, LlamaForCausalLM): 2048 x 24 layers, 32 heads
+#: without GQA (32 key/value heads), SwiGLU FFN 8192, vocab 49152, head tied to the embedding, 8192 rotary positions (no
+#: memory). The config file itself is not in the stored corpora (read from memory of the Hub file, unverified here); the
+#: shape gives 1,711,376,384 parameters (49152 x 2048 + 24 x (4 x 2048^2 + 3 x 2048 x 8192) + norms), the "1.7B" of its
+#: model card and the 1.71 B of third-party model listings.
+_SMOLLM2_1_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "_name_or_path": "HuggingFaceTB/SmolLM2-1.7B",
+                 "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 24,
+                 "intermediate_size": 8192, "vocab_size": 49152, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
+                 "rope_theta": 130000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
     "bigscience/bloomz-7b1": _BLOOMZ_7B1,
+    "HuggingFaceTB/SmolLM2-1.7B": _SMOLLM2_1_7B,
     "bigscience/mt0-xxl": _MT0_XXL,
     "microsoft/deberta-v2-xlarge-mnli": _DEBERTA_V2_XLARGE,
     "facebook/blenderbot-400M-distill": _BLENDERBOT_400M,

@@ -21,6 +21,9 @@ _SPECS: dict[str, ModelSpec] = {}
 # resolve unknown organisations, so the bench names the original here.
 REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "unsloth/Mistral-7B-v0.2": "mistralai/Mistral-7B-v0.2",
+             # the Instruct release keeps the base's shape (lit-gpt 2647dbda lit_gpt/config.py builds both from one dict:
+             # 4096 x 32, 8 query groups, FFN 14336, vocab 32000)
+             "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
              # Llama 3.3 70B reuses Llama 3.1 70B's config.json shape (80 x 8192, FFN 28672, 128256 vocab, GQA 8)
              "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
              # LLaMA-1 7B: Llama-2-7B's shape (4096 x 32 layers, FFN 11008, 32 heads, vocab 32000); only the
