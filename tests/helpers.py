@@ -7,6 +7,8 @@ built from a config (never downloaded), small enough to train a few steps on one
 
 from __future__ import annotations
 
+import csv
+import functools
 import importlib
 import importlib.util
 import json
@@ -229,6 +231,21 @@ def load_bench(name: str) -> ModuleType:
 def load_script(name: str) -> ModuleType:
     """A trace script of scripts/ as a module (not a package either)."""
     return _load_from(SCRIPTS, name)
+
+
+@functools.cache
+def published_rows() -> dict[str, dict[str, str]]:
+    """The memory bench's published rows by row id (bench/data/published_measurements.csv), read once."""
+    with (BENCH / "data" / "published_measurements.csv").open(encoding="utf-8", newline="") as f:
+        return {r["row_id"]: r for r in csv.DictReader(f)}
+
+
+def read_row(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
+    """A training row with the ModelSpec and Setup bench/accuracy.py reads from it (the row tests check that reading)."""
+    row = published_rows()[row_id]
+    spec: ModelSpec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
+    setup: Setup = load_bench("accuracy_setup")._train_setup(row, spec)
+    return row, spec, setup
 
 
 @contextmanager

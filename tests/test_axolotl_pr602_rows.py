@@ -8,18 +8,11 @@ perfguide's output; perfguide's errors on the rows are reported by bench/accurac
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
-from helpers import load_bench
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
-from perfguide.model.types import ModelSpec
-from perfguide.setup import Setup
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8",
-                                                                                                           newline=""))}
+ROWS = published_rows()
 IDS = ("2610", "2611", "2612")
 
 #: OpenLLaMA 3B v2 by hand (3200 x 26 layers, FFN 8640, vocab 32000, untied head, two RMSNorms a block, a final one)
@@ -27,12 +20,6 @@ OPEN_LLAMA_3B = 26 * (4 * 3200**2 + 3 * 3200 * 8640 + 2 * 3200) + 2 * 32000 * 32
 #: r=8 on q,k,v,o (3200 -> 3200), gate and up (3200 -> 8640) and down (8640 -> 3200) of 26 blocks: r x (in + out) each
 ADAPTERS = 26 * 8 * (4 * (3200 + 3200) + 3 * (3200 + 8640))
 
-
-def _read(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
-    row = ROWS[row_id]
-    spec: ModelSpec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    setup: Setup = load_bench("accuracy_setup")._train_setup(row, spec)
-    return row, spec, setup
 
 
 def test_rows_are_the_thread_whole_and_quote_its_figures() -> None:
@@ -48,7 +35,7 @@ def test_rows_are_the_thread_whole_and_quote_its_figures() -> None:
 
 
 def test_open_llama_3b_v2_has_its_hand_derived_size() -> None:
-    _, spec, _ = _read("2610")
+    _, spec, _ = read_row("2610")
     assert OPEN_LLAMA_3B == 3_426_473_600 and spec.total_params == OPEN_LLAMA_3B
 
 
@@ -57,20 +44,20 @@ def test_lora_and_qlora_rows_read_as_the_yamls_ran() -> None:
     norms, embeddings and head cast back to float16 after prepare_model_for_kbit_training; fp16 autocast."""
     for row_id, weights, optimizer, dropout in (("2610", "int8", "adamw_bnb_8bit", 0.0),
                                                 ("2611", "nf4", "paged_adamw_32bit", 0.05)):
-        _, spec, setup = _read(row_id)
+        _, spec, setup = read_row(row_id)
         assert setup.weights_dtype == weights and setup.autocast == "fp16" and not setup.kbit_upcast
         assert setup.optimizer == optimizer and setup.gradient_checkpointing
         assert (setup.micro_batch_size, setup.seq_len) == (1, 2048) and setup.attn_implementation == "flash_attention_2"
         assert setup.lora is not None and setup.lora.r == 8 and len(setup.lora.target_modules) == 7
         assert setup.lora.dropout == dropout
         assert ledger(spec, setup).trainable_params == ADAPTERS
-    _, _, qlora = _read("2611")
+    _, _, qlora = read_row("2611")
     assert qlora.nf4_double_quant and qlora.lora is not None and qlora.lora.alpha == 32
 
 
 def test_full_row_is_pure_fp16_with_its_states_by_hand() -> None:
     """float16: true with fp16 and bf16 false: fp16 weights and gradients, no autocast (2 + 2 bytes a parameter)."""
-    _, spec, setup = _read("2612")
+    _, spec, setup = read_row("2612")
     assert setup.weights_dtype == "fp16" and setup.autocast is None and setup.lora is None
     assert (setup.micro_batch_size, setup.seq_len, setup.optimizer) == (1, 1024, "adamw_bnb_8bit")
     est = load_bench("accuracy").estimate_memory(spec, setup, None)

@@ -9,16 +9,12 @@ verdicts on them are reported by bench/accuracy.py.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import pytest
-from helpers import load_bench
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8"))}
+ROWS = published_rows()
 BLOG = tuple(str(i) for i in range(2300, 2314))
 INT8 = ("2300", "2301", "2307", "2308")
 
@@ -36,11 +32,6 @@ MIXTRAL = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 8 * 3 * 4096 * 14336 + 4096 * 8 
 MIXTRAL_ADAPTERS = 32 * 16 * (2 * (4096 + 4096) + 2 * (4096 + 1024))
 
 
-def _read(row_id: str):  # type: ignore[no-untyped-def]
-    row = ROWS[row_id]
-    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    return row, spec, load_bench("accuracy_setup")._train_setup(row, spec)
-
 
 def test_rows_are_the_two_posts_whole_in_their_range() -> None:
     rows = [ROWS[i] for i in BLOG]
@@ -57,7 +48,7 @@ def test_rows_are_the_two_posts_whole_in_their_range() -> None:
 
 
 def test_llama_13b_reupload_has_llama_1_13b_shape() -> None:
-    _, spec, _ = _read("2312")
+    _, spec, _ = read_row("2312")
     assert spec.total_params == LLAMA13 == 13_015_864_320
 
 
@@ -65,8 +56,8 @@ def test_no_double_quant_is_read_from_the_quantization_words() -> None:
     """The table's NQ column: 2312 and 2313 differ only in it. Without double quant bnb keeps one fp32 absmax per
     64 weights; with it one uint8 per 64 plus one fp32 per 256 of those: for LLaMA-13B's 12,687,769,600 Linear
     weights that is 198,246,400 x 4 against 198,246,400 + 774,400 x 4 bytes."""
-    _, spec, plain = _read("2312")
-    _, _, nested = _read("2313")
+    _, spec, plain = read_row("2312")
+    _, _, nested = read_row("2313")
     assert not plain.nf4_double_quant and nested.nf4_double_quant
     assert plain.replace(nf4_double_quant=True) == nested
     blocks = LLAMA13_LINEAR // 64
@@ -77,7 +68,7 @@ def test_no_double_quant_is_read_from_the_quantization_words() -> None:
     assert bench.estimate_memory(spec, plain, hw).weights - bench.estimate_memory(spec, nested, hw).weights == hand
     for row_id in BLOG:
         if row_id not in INT8 and row_id != "2313":
-            assert not _read(row_id)[2].nf4_double_quant, row_id
+            assert not read_row(row_id)[2].nf4_double_quant, row_id
 
 
 def test_blog_rows_read_as_the_sft_trainer_of_that_day_ran_them() -> None:
@@ -87,14 +78,14 @@ def test_blog_rows_read_as_the_sft_trainer_of_that_day_ran_them() -> None:
     for row_id in BLOG:
         if row_id == "2307":
             continue
-        row, _, setup = _read(row_id)
+        row, _, setup = read_row(row_id)
         int8 = row_id in INT8
         assert setup.weights_dtype == ("int8" if int8 else "nf4") and setup.kbit_upcast is int8
         assert setup.autocast is None and setup.attn_implementation == "eager"
         assert (setup.micro_batch_size, setup.gradient_accumulation_steps) == (1, 4) and setup.seq_len in (512, 1024)
         assert setup.gradient_checkpointing is (row["grad_checkpointing"] != "no") and not setup.kbit_recast_bf16
         assert setup.lora is not None and setup.lora.r == 16 and setup.lora.autocast_adapter_dtype
-    assert [_read(i)[2].gradient_checkpointing for i in ("2302", "2304", "2306", "2309", "2311")] == [False, False, True,
+    assert [read_row(i)[2].gradient_checkpointing for i in ("2302", "2304", "2306", "2309", "2311")] == [False, False, True,
                                                                                                         False, True]
 
 
@@ -111,7 +102,7 @@ def test_gemma_row_reads_as_the_posts_command() -> None:
     """sft.py at 4f97fb4a under multi_gpu.yaml (mixed_precision bf16) with --load_in_4bit: nf4 without double quant,
     the kbit preparation's fp32 non-quantized weights (the tied 256000 x 3072 embedding among them), no checkpointing,
     packed 512-token rows, two a step; r 16 adapters on q/k/v/o in fp32 (peft 0.8.2 keeps a 4-bit base's adapters fp32)."""
-    _, spec, setup = _read("2314")
+    _, spec, setup = read_row("2314")
     assert spec.total_params == GEMMA7 == 8_537_680_896
     assert setup.weights_dtype == "nf4" and not setup.nf4_double_quant and setup.kbit_upcast and not setup.kbit_recast_bf16
     assert setup.autocast == "bf16" and not setup.gradient_checkpointing and setup.attn_implementation == "sdpa"
@@ -124,7 +115,7 @@ def test_mixtral_row_reads_as_the_posts_command() -> None:
     """sft.py at 8f0fc4c8: BitsAndBytesConfig(load_in_4bit=True) takes bnb's defaults (fp4 codes, the same 4-bit layout
     as nf4, no double quant), torch_dtype bfloat16 then the kbit preparation's fp32; bf16 autocast from multi_gpu.yaml;
     batch 2 x 512, no checkpointing; r 16 adapters on q/k/v/o in fp32; the post's own A100s are 80GB cards."""
-    row, spec, setup = _read("2315")
+    row, spec, setup = read_row("2315")
     assert spec.total_params == MIXTRAL == 46_702_792_704
     assert row["quantization"].startswith("bnb fp4") and setup.weights_dtype == "nf4" and not setup.nf4_double_quant
     assert setup.kbit_upcast and not setup.kbit_recast_bf16 and setup.autocast == "bf16"

@@ -10,16 +10,12 @@ not perfguide's output. perfguide's errors and verdicts on them are reported by 
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import pytest
-from helpers import load_bench
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8"))}
+ROWS = published_rows()
 IDS = ("2100", "2101", "2102", "2103", "2104", "2105", "2106")
 
 #: StarCoder's parameters as the post prints them ('trainable params: 110,428,160 || all params: 15,627,884,544'), the
@@ -31,11 +27,6 @@ STARCODER = 40 * (6144 * 6400 + 6400 + 6144**2 + 6144 + 2 * 6144 * 24576 + 24576
 #: r=32 on c_attn (6144 -> 6400), attn c_proj (6144 -> 6144), c_fc (6144 -> 24576), mlp c_proj (24576 -> 6144) of 40 blocks
 ADAPTERS = 40 * 32 * ((6144 + 6400) + (6144 + 6144) + (6144 + 24576) + (24576 + 6144))
 
-
-def _read(row_id: str):  # type: ignore[no-untyped-def]
-    row = ROWS[row_id]
-    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    return row, spec, load_bench("accuracy_setup")._train_setup(row, spec)
 
 
 def test_rows_are_the_two_posts_whole_in_their_range() -> None:
@@ -52,14 +43,14 @@ def test_rows_are_the_two_posts_whole_in_their_range() -> None:
 
 def test_starcoder_config_has_the_posts_parameter_count() -> None:
     assert STARCODER == 15_627_884_544 - 110_428_160 and ADAPTERS == 110_428_160
-    _, spec, _ = _read("2100")
+    _, spec, _ = read_row("2100")
     assert spec.total_params == STARCODER
 
 
 def test_qlora_row_trains_the_printed_adapters_in_bf16() -> None:
     """train.py casts every LoraLayer to bf16 before trainer.train() builds AdamW: 2 bytes an adapter element for the
     weight and its gradient (the two moments follow the parameter's dtype), against peft's fp32 without the cast."""
-    _, spec, setup = _read("2100")
+    _, spec, setup = read_row("2100")
     assert setup.weights_dtype == "nf4" and setup.nf4_double_quant and setup.kbit_upcast
     assert setup.kbit_recast_bf16 and setup.kbit_recast_adapters
     assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (4, 2048, 4)
@@ -82,7 +73,7 @@ def test_the_scripts_own_recast_is_read_only_from_its_words() -> None:
 def test_fsdp_rows_keep_their_parameters_on_the_gpus() -> None:
     """The yaml's fsdp_offload_params false: the parallelism words must not read as CPU offload."""
     for row_id, gpus, optimizer in (("2101", 8, "adamw_torch"), ("2102", 16, "paged_adamw_32bit")):
-        _, _, setup = _read(row_id)
+        _, _, setup = read_row(row_id)
         assert setup.strategy == "fsdp" and setup.fsdp_version == 1 and setup.num_gpus == gpus
         assert not setup.offload_params and not setup.offload_optimizer
         assert setup.weights_dtype == "fp32" and setup.autocast == "bf16" and setup.optimizer == optimizer
@@ -92,7 +83,7 @@ def test_fsdp_rows_keep_their_parameters_on_the_gpus() -> None:
 def test_full_fine_tune_accumulates_two_micro_batches() -> None:
     """run_fsdp.sh's --gradient_accumulation_steps 2: the Trainer's accelerate accumulate() runs the first micro-batch
     under FSDP no_sync, so that row is priced with the unsharded gradients (15,517,456,384 x 2 bytes) between them."""
-    row, spec, setup = _read("2101")
+    row, spec, setup = read_row("2101")
     assert setup.gradient_accumulation_steps == 2 and setup.micro_batch_size == 1
     hw = load_bench("accuracy_hardware")._hardware(row["gpu_type"], setup.num_gpus)
     est = load_bench("accuracy").estimate_memory(spec, setup, hw)
@@ -103,20 +94,20 @@ def test_fastchat_rows_train_fp32_weights_under_bf16_autocast() -> None:
     """train.py / train_flant5.py load without torch_dtype (fp32) and pass --bf16 True to the Trainer's FSDP wrap: the
     precision words naming bf16 MixedPrecision must not read as bf16 weights (4 bytes a weight sharded over 4 GPUs)."""
     for row_id, micro, accum, attn in (("2104", 2, 16, "flash_attention_2"), ("2105", 1, 4, "eager")):
-        _, _, setup = _read(row_id)
+        _, _, setup = read_row(row_id)
         assert setup.weights_dtype == "fp32" and setup.autocast == "bf16" and setup.strategy == "fsdp"
         assert (setup.micro_batch_size, setup.gradient_accumulation_steps, setup.num_gpus) == (micro, accum, 4)
         assert setup.seq_len == 2048 and setup.attn_implementation == attn and not setup.offload_params
-    _, _, t5 = _read("2105")
+    _, _, t5 = read_row("2105")
     assert t5.target_len == 2048   # FastChat-T5 priced at its truncation bound on both sides
 
 
 def test_llama_7b_and_flan_t5_xl_have_their_published_sizes() -> None:
     """LLaMA-7B: 32 x (4 x 4096^2 + 3 x 4096 x 11008 + 2 x 4096) + 2 x 32000 x 4096 + 4096 = 6,738,415,616;
     Flan-T5-XL's 2.85B (its model card)."""
-    _, llama, _ = _read("2104")
+    _, llama, _ = read_row("2104")
     assert llama.total_params == 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 2 * 32000 * 4096 + 4096
-    _, t5, _ = _read("2105")
+    _, t5, _ = read_row("2105")
     assert t5.total_params == pytest.approx(2.85e9, rel=0.01)
 
 

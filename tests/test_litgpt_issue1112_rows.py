@@ -9,18 +9,11 @@ are in docs/validation.md.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
-from helpers import load_bench
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
-from perfguide.model.types import ModelSpec
-from perfguide.setup import Setup
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8",
-                                                                                                           newline=""))}
+ROWS = published_rows()
 IDS = ("2620", "2621")
 
 #: TinyLlama 1.1B by hand from its config.json (2048 x 22 layers, 32 query heads of 64 and 4 key/value heads, FFN 5632,
@@ -29,12 +22,6 @@ TINYLLAMA = 22 * (2 * 2048**2 + 2 * 2048 * 256 + 3 * 2048 * 5632 + 2 * 2048) + 2
 #: r=32 on query (2048 -> 2048) and value (2048 -> 256) of 22 blocks: r x (in + out) each
 ADAPTERS = 22 * 32 * ((2048 + 2048) + (2048 + 256))
 
-
-def _read(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
-    row = ROWS[row_id]
-    spec: ModelSpec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    setup: Setup = load_bench("accuracy_setup")._train_setup(row, spec)
-    return row, spec, setup
 
 
 def test_rows_are_the_issue_whole_and_quote_its_logs() -> None:
@@ -52,13 +39,13 @@ def test_rows_read_as_the_printed_configs() -> None:
     """The two resolved configs differ only in ``quantize``: litgpt's own GPT, pure bf16, no checkpointing, batch 8 x 512,
     LoRA r=32 on query and value with dropout 0.05; the quantized run steps bitsandbytes' PagedAdamW."""
     for row_id, weights, optimizer in (("2620", "bf16", "adamw_torch"), ("2621", "nf4", "paged_adamw_32bit")):
-        _, spec, setup = _read(row_id)
+        _, spec, setup = read_row(row_id)
         assert spec.total_params == TINYLLAMA
         assert setup.model_code == "litgpt" and setup.weights_dtype == weights and setup.optimizer == optimizer
         assert (setup.micro_batch_size, setup.seq_len, setup.gradient_checkpointing) == (8, 512, False)
         assert setup.lora is not None and setup.lora.r == 32 and setup.lora.alpha == 16 and setup.lora.dropout == 0.05
         assert ledger(spec, setup).trainable_params == ADAPTERS
-    _, _, qlora = _read("2621")
+    _, _, qlora = read_row("2621")
     assert not qlora.nf4_double_quant and not qlora.kbit_upcast   # bnb.nf4 (not -dq), Fabric's own quantizer
 
 

@@ -10,19 +10,12 @@ from perfguide's output. perfguide's errors on the rows (and the rows it misses)
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
-from helpers import load_bench
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.activations import fp32_mlp_bytes
 from perfguide.memory.ledger import ledger
-from perfguide.model.types import ModelSpec
-from perfguide.setup import Setup
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8",
-                                                                                                           newline=""))}
+ROWS = published_rows()
 #: tutorials/finetune_lora.md @064fd523, 'Training Memory' in table order (StableLM 3B, then Llama 2 7B), None = OOM
 TRAINING = {"2700": "33.50", "2701": "15.86", "2702": "22.34", "2703": "22.18", "2704": "14.81", "2705": "14.65",
             "2706": None, "2707": "20.60", "2708": "19.62", "2709": "19.32", "2710": "13.44", "2711": "13.15"}
@@ -40,12 +33,6 @@ LLAMA_UNQUANTIZED = 32000 * 4096 + 32 * 2 * 4096 + 4096
 STABLELM_ADAPTERS = 16 * 2 * 8 * (4096 + 4096)
 LLAMA_ADAPTERS = 32 * 2 * 8 * (4096 + 4096)
 
-
-def _read(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
-    row = ROWS[row_id]
-    spec: ModelSpec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    setup: Setup = load_bench("accuracy_setup")._train_setup(row, spec)
-    return row, spec, setup
 
 
 def test_rows_are_the_tables_whole_as_published() -> None:
@@ -71,7 +58,7 @@ def test_rows_read_as_lit_gpt_ran_them() -> None:
     for row_id in TRAINING:
         if TRAINING[row_id] is None:
             continue
-        row, _, setup = _read(row_id)
+        row, _, setup = read_row(row_id)
         stablelm = "stablelm" in row["model_hf_id"]
         assert (setup.micro_batch_size, setup.seq_len) == ((4, 1034) if stablelm else (1, 1304))
         assert setup.model_code == "litgpt" and not setup.gradient_checkpointing
@@ -91,8 +78,8 @@ def test_mixed_precision_keeps_the_unquantized_parameters_in_fp32() -> None:
     the 4-bit weights are the same bytes in both: the ledgers differ by exactly 2 B per such parameter."""
     for mixed, true, unquantized, adapters in (("2702", "2704", STABLELM_UNQUANTIZED, STABLELM_ADAPTERS),
                                                ("2708", "2710", LLAMA_UNQUANTIZED, LLAMA_ADAPTERS)):
-        _, spec, m = _read(mixed)
-        _, _, t = _read(true)
+        _, spec, m = read_row(mixed)
+        _, _, t = read_row(true)
         assert ledger(spec, m).trainable_params == ledger(spec, t).trainable_params == adapters
         assert ledger(spec, m).weight_bytes - ledger(spec, t).weight_bytes == 2 * (unquantized + adapters)
 
@@ -113,9 +100,9 @@ def test_fp32_stream_keeps_the_mlp_tensors_at_four_bytes() -> None:
     and up; bitsandbytes 0.41.1 (these rows) keeps the down projection's input too (MatMul4Bit ``ctx.tensors = (A, B)``):
     the gelu output / the gated product. scripts/trace_litgpt_mixed_stream.py traces the same +4 / +8 B per FFN unit."""
     for row_id, tokens, inter, tensors in (("2702", 4 * 1034, 16384, 2), ("2708", 1 * 1304, 11008, 4)):
-        _, spec, setup = _read(row_id)
+        _, spec, setup = read_row(row_id)
         assert fp32_mlp_bytes(spec, setup, keeps_frozen_inputs=True) == tokens * inter * tensors * 2
         assert fp32_mlp_bytes(spec, setup, keeps_frozen_inputs=False) == tokens * inter * (tensors - 1) * 2
     for row_id in ("2704", "2710"):   # bf16-true: a 16-bit stream, nothing beyond the coefficients
-        _, spec, setup = _read(row_id)
+        _, spec, setup = read_row(row_id)
         assert fp32_mlp_bytes(spec, setup, keeps_frozen_inputs=True) == 0

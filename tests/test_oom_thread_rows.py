@@ -14,18 +14,11 @@ perfguide's output. perfguide's verdicts on the rows are in docs/validation.md.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
-from helpers import load_bench
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
-from perfguide.model.types import ModelSpec
-from perfguide.setup import Setup
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8",
-                                                                                                           newline=""))}
+ROWS = published_rows()
 GROUPS = {"2900": "litgpt_issue_781", "2901": "axolotl_pr_2412"}
 
 #: Mistral 7B by hand (vocab 32000, h 4096, 32 blocks, 32 query heads and 8 key/value heads of 128, FFN 14336, untied
@@ -36,12 +29,6 @@ MISTRAL_ADAPTERS = 32 * 8 * ((4096 + 4096) + (4096 + 1024))
 #: SmolLM2-1.7B by hand (vocab 49152 tied, h 2048, 24 blocks, 32 heads without GQA, FFN 8192)
 SMOLLM2_PARAMS = 49152 * 2048 + 24 * (4 * 2048 * 2048 + 3 * 2048 * 8192 + 2 * 2048) + 2048
 
-
-def _read(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
-    row = ROWS[row_id]
-    spec: ModelSpec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    setup: Setup = load_bench("accuracy_setup")._train_setup(row, spec)
-    return row, spec, setup
 
 
 def test_rows_are_the_threads_whole_as_posted() -> None:
@@ -69,12 +56,12 @@ def test_rows_are_the_threads_whole_as_posted() -> None:
 def test_rows_read_as_the_code_ran_them() -> None:
     """lit-gpt: micro-batch 4 at the longest Alpaca sample (forced into the first training step), pure bf16, LoRA on
     query and value, no checkpointing; axolotl: one packed 16384-token row, bf16 weights, bnb 8-bit AdamW."""
-    _, _, lit = _read("2900")
+    _, _, lit = read_row("2900")
     assert (lit.micro_batch_size, lit.seq_len, lit.weights_dtype, lit.autocast) == (4, 1304, "bf16", None)
     assert lit.model_code == "litgpt" and not lit.gradient_checkpointing and lit.optimizer == "adamw_torch"
     assert lit.lora is not None and (lit.lora.r, lit.lora.alpha, lit.lora.dropout) == (8, 16, 0.05)
     assert set(lit.lora.target_modules) == {"self_attn.q_proj", "self_attn.v_proj"}
-    _, _, axo = _read("2901")
+    _, _, axo = read_row("2901")
     assert (axo.micro_batch_size, axo.seq_len, axo.weights_dtype, axo.lora) == (1, 16384, "bf16", None)
     assert axo.optimizer == "adamw_bnb_8bit" and not axo.gradient_checkpointing
     assert axo.attn_implementation == "flash_attention_2" and axo.strategy == "single"
@@ -82,13 +69,13 @@ def test_rows_read_as_the_code_ran_them() -> None:
 
 def test_model_shapes_are_the_configs() -> None:
     """The Instruct checkpoint is priced as the base's shape; SmolLM2-1.7B's dict gives the 1.71 B of its config."""
-    _, mistral, lit = _read("2900")
+    _, mistral, lit = read_row("2900")
     assert (mistral.hidden_size, mistral.num_layers, mistral.num_key_value_heads, mistral.intermediate_size) == (4096, 32, 8, 14336)
     assert mistral.total_params == MISTRAL_PARAMS == 7_241_732_096
     book = ledger(mistral, lit)
     assert book.trainable_params == MISTRAL_ADAPTERS == 3_407_872
     assert book.weight_bytes == 2 * (MISTRAL_PARAMS + MISTRAL_ADAPTERS)
-    _, smol, axo = _read("2901")
+    _, smol, axo = read_row("2901")
     assert smol.total_params == SMOLLM2_PARAMS == 1_711_376_384
     assert ledger(smol, axo).trainable_params == SMOLLM2_PARAMS
     assert ledger(smol, axo).weight_bytes == 2 * SMOLLM2_PARAMS

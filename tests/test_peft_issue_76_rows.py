@@ -10,14 +10,11 @@ against model states derived by hand from bloomz-7b1's config, not against perfg
 
 from __future__ import annotations
 
-import csv
 import re
-from pathlib import Path
 
-from helpers import load_bench
+from helpers import load_bench, published_rows
 
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8"))}
+ROWS = published_rows()
 MiB = 2**20
 
 #: bloomz-7b1 by hand from its config.json (BloomForCausalLM: hidden 4096, 30 blocks, 32 heads, vocab 250880, biased

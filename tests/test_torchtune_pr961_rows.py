@@ -10,29 +10,15 @@ the rows are reported by bench/accuracy.py.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
+from helpers import load_bench, published_rows, read_row
 
-from helpers import load_bench
-
-from perfguide.model.types import ModelSpec
-from perfguide.setup import Setup
-
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8",
-                                                                                                           newline=""))}
+ROWS = published_rows()
 IDS = ("2600", "2601")
 
 #: Llama-2-7B by hand from its config.json (4096 x 32 layers, FFN 11008, vocab 32000, untied head, two RMSNorms a
 #: block and a final one): 6,738,415,616
 LLAMA2_7B = 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 2 * 32000 * 4096 + 4096
 
-
-def _read(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
-    row = ROWS[row_id]
-    spec: ModelSpec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
-    setup: Setup = load_bench("accuracy_setup")._train_setup(row, spec)
-    return row, spec, setup
 
 
 def test_rows_are_the_thread_whole_and_quote_its_figures() -> None:
@@ -52,7 +38,7 @@ def test_rows_read_as_the_recipe_ran() -> None:
     """7B_full_low_memory.yaml at 30c75d4a7 with batch_size=4 and the PR's 2048-token inputs: pure bf16, PagedAdamW
     stepped in backward, activation checkpointing, no accumulation, no LoRA."""
     for row_id in IDS:
-        _, spec, setup = _read(row_id)
+        _, spec, setup = read_row(row_id)
         assert spec.total_params == LLAMA2_7B
         assert setup.weights_dtype == "bf16" and setup.autocast is None and setup.lora is None
         assert setup.optimizer == "paged_adamw_32bit" and setup.optimizer_in_backward
@@ -64,7 +50,7 @@ def test_model_states_are_the_hand_derived_bytes() -> None:
     """bf16 weights 2 bytes each; optimizer in backward holds one parameter's gradient at a time (the largest: the
     32000 x 4096 embedding or head, 2 bytes an element); PagedAdamW's two fp32 moments (8 bytes a parameter) live in
     CUDA unified memory, outside the caching allocator whose peak the rows quote."""
-    row, spec, setup = _read("2600")
+    row, spec, setup = read_row("2600")
     hw = load_bench("accuracy_hardware")._hardware(row["gpu_type"], setup.num_gpus)
     est = load_bench("accuracy").estimate_memory(spec, setup, hw)
     assert est.weights == 2 * LLAMA2_7B

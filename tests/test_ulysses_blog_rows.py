@@ -9,17 +9,9 @@ counts checked here are derived by hand from Qwen3-4B's config.json, not perfgui
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
+from helpers import load_bench, published_rows, read_row
 
-from helpers import load_bench
-
-from perfguide.model.types import ModelSpec
-from perfguide.setup import Setup
-
-ROOT = Path(__file__).resolve().parents[1]
-ROWS = {r["row_id"]: r for r in csv.DictReader((ROOT / "bench" / "data" / "published_measurements.csv").open(encoding="utf-8",
-                                                                                                           newline=""))}
+ROWS = published_rows()
 IDS = ("2800", "2801", "2802", "2803", "2804", "2805")
 #: the blog's 'Memory Reduction' table as printed: (GPUs, sequence length, Peak Memory)
 TABLE = {"2800": (1, 8192, "76.4"), "2801": (4, 8192, "23.4"), "2802": (4, 32768, "35.0"), "2803": (4, 65536, "50.5"),
@@ -44,15 +36,10 @@ def test_rows_are_the_blog_table_whole() -> None:
     assert group["2805"]["value_kind"] == "oom" and "requires ~81 GB and OOMs" in group["2805"]["mem_metric"]
 
 
-def _read(row_id: str) -> tuple[ModelSpec, Setup]:
-    spec: ModelSpec = load_bench("accuracy_spec")._spec(ROWS[row_id]["model_hf_id"])
-    return spec, load_bench("accuracy_setup")._train_setup(ROWS[row_id], spec)
-
-
 def test_baseline_reads_as_the_blog_states_it() -> None:
     """One H100, ZeRO-3 with the optimizer (not the parameters) offloaded, batch 1 x 8,192 packed tokens, grad acc 8,
     checkpointing and FA2, TRL's SFTTrainer of the day (0.29: the model's own loss on full logits)."""
-    spec, setup = _read("2800")
+    _, spec, setup = read_row("2800")
     assert spec.total_params == QWEN3_4B
     assert (setup.strategy, setup.num_gpus, setup.offload_optimizer, setup.offload_params) == ("zero3", 1, True, False)
     assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (1, 8192, 8)
