@@ -34,14 +34,15 @@ def deepspeed_runtime(row: dict[str, str]) -> Iterator[None]:
     import perfguide.memory.analytic as analytic
     from perfguide._data import load
 
-    if re.search(r"DeepSpeed ZeRO-3", row["parallelism"]):
-        with zero3_knobs_stated(row):
+    stated = re.search(r"DeepSpeed (\d+\.\d+\.\d+)", row["notes"])
+    if re.search(r"DeepSpeed ZeRO-3", row["parallelism"]):   # the release: whether one GPU gathers (zero3_window)
+        ran = stated.group(1) if stated else None
+        with zero3_knobs_stated(row), _patched(analytic, "installed_deepspeed", (lambda: ran) if stated else analytic.installed_deepspeed):
             yield
         return
     if not re.search(r"DeepSpeed ZeRO-[12]", row["parallelism"]):
         yield
         return
-    stated = re.search(r"DeepSpeed (\d+\.\d+\.\d+)", row["notes"])
     bucket = re.search(r"reduce_bucket_size (\d+(?:\.\d+)?e\d+)", row["notes"])
     table, saved_release = load("calibration"), analytic.installed_deepspeed
     saved_bucket = table["deepspeed_bucket_elements"]["value"]

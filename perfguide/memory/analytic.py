@@ -79,7 +79,8 @@ def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> t
     cbytes, stored = _gathered_widths(setup)
     if setup.strategy == "zero3":   # the coordinator's gathered window (QLoRA's packed storage), the ipg bucket, one gradient in flight
         trainable = ledger(spec, setup).trainable
-        return (zero3_buffer_bytes(spec, setup, trainable, zero3_knobs(spec), checkpointed=checkpointed),
+        knobs, release = zero3_knobs(spec), installed_deepspeed()   # the release: offloaded gathers' copies
+        return (zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=checkpointed, release=release),
                 int(spec.total_params * stored))
     if (window := _fsdp_windows(spec, setup)) is not None:
         return window.backward, int(spec.total_params * stored)
@@ -370,7 +371,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # FULL_SHARD FSDP has resharded every unit and freed each unsharded gradient after its reduce-scatter by the end of
     # backward (torch fsdp/_runtime_utils.py _should_free_in_backward: True once gradients sync), so its gather window
     # is not alive through the optimizer step; ZeRO-3's step partitions every gathered parameter first (zero3_window)
-    step_gather = gather if setup.is_fsdp and setup.gathers_params else zero3_step_release(spec, setup, led.trainable, gather, checkpointed=recompute > 0)
+    step_gather = gather if setup.is_fsdp and setup.gathers_params else zero3_step_release(
+        spec, setup, led.trainable, gather, checkpointed=recompute > 0, release=installed_deepspeed())
     step = resident - step_gather + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 

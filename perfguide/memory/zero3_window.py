@@ -17,6 +17,7 @@ from ..model.linears import decoder_only_linears, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .ledger import full_groups
+from .loss_path import version_tuple
 from .optimizers import TensorGroup
 
 
@@ -63,6 +64,26 @@ def stored_per_element(setup: Setup) -> int:
     upper bound, as no published recipe runs LLM.int8 under ZeRO-3.
     """
     return 4 if setup.weights_dtype == "nf4" else 1
+
+
+#: first DeepSpeed release whose ``all_gather_coalesced`` gathers nothing on a single partition: 0.9.0 returns
+#: ``_no_gather_coalesced(params)`` when ``num_partitions == 1`` (``param.data = param.ds_tensor.data.to(device)``),
+#: where 0.7.2 to 0.8.3 all-gather at world size 1 too, copying the whole offloaded parameter to the GPU first and
+#: gathering it into a second whole-size buffer (runtime/zero/partition_parameters.py, read in each release's sdist)
+NO_GATHER_AT_ONE_PARTITION_SINCE = (0, 9, 0)
+
+
+def offload_copy_shards(setup: Setup, release: str | None) -> int:
+    """What a ZeRO-3 gather's partition copies are divided by (``zero3_live_elements`` ``copy_shards``): the shard
+    degree when the parameters are offloaded (``offload_param``: ``ds_tensor`` lives in host memory, and
+    ``all_gather_coalesced`` passes ``param.ds_tensor.to(device)`` to the all-gather), else 0 (``.to`` of a partition
+    already on the GPU is the partition itself). On one GPU from 0.9.0 nothing is gathered (the partition's copy *is*
+    the parameter): 0. ``release``: the DeepSpeed release that runs (None: a current one)."""
+    if setup.strategy != "zero3" or not setup.offload_params:
+        return 0
+    if setup.shard_degree == 1 and (release is None or version_tuple(release) >= NO_GATHER_AT_ONE_PARTITION_SINCE):
+        return 0
+    return setup.shard_degree
 
 
 def zero3_trace(spec: ModelSpec, checkpointed: bool, embedding_trainable: bool,
@@ -121,7 +142,7 @@ def _trace(shape: Shape, checkpointed: bool, embedding_trainable: bool) -> tuple
 
 @lru_cache(maxsize=64)
 def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, knobs: Zero3Knobs,
-                        persistent: int = 0) -> tuple[int, int]:
+                        persistent: int = 0, copy_shards: int = 0) -> tuple[int, int]:
     """(forward, backward) peak of gathered elements on a rank in a steady-state step, as DeepSpeed 0.14's
     PartitionedParameterCoordinator decides them.
 
@@ -140,6 +161,12 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
       a module within ``max_reuse_distance`` elements of the trace ahead uses again (``__params_to_release``).
     - a prefetch of several parameters is one ``all_gather_coalesced``: its flat buffer stays with the handle until
       the last member is waited on, and the first wait copies every member out of it (``AllGatherCoalescedHandle``).
+
+    - ``copy_shards`` (``offload_copy_shards``): with the parameters offloaded each gather first copies the rank's
+      partition of every parameter it gathers to the GPU (``param.ds_tensor.to(device)``, the single gather's input;
+      the coalesced one's ``torch.cat([p.ds_tensor.to(device) for p in params], out=...)``), beside the buffer it
+      gathers into until the call returns: ``ceil(elements / copy_shards)`` each, a transient on top of the window.
+      0: no copy (the partitions already live on the GPU).
 
     Checked on DeepSpeed 0.14.4 itself (scripts/trace_zero3_window.py, tests/test_zero3_window.py). Each Linear sits
     inside a parent module DeepSpeed also hooks, so two parameter uses never have adjacent step ids (``> step_id``).
@@ -165,7 +192,10 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
     copied: set[int] = set()
     peaks = [0, 0]
 
-    def prefetch(i: int) -> None:   # one fetch_sub_module's prefetch: at most a bucket, or to the max_live test
+    def copies(params: list[str]) -> int:   # the partitions a gather copies to the GPU first (param offload)
+        return sum(-(-size[p] // copy_shards) for p in params) if copy_shards else 0
+
+    def prefetch(i: int, phase: int) -> None:   # one fetch_sub_module's prefetch: a bucket, or to the max_live test
         nonlocal head, live, counter
         budget = min(knobs.max_live_parameters - counter, knobs.prefetch_bucket_size)
         chosen: list[str] = []
@@ -180,16 +210,19 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
             head += 1
         live += prefetched
         counter += prefetched
+        peaks[phase] = max(peaks[phase], persistent + live + flat + copies(chosen))
         if len(chosen) > 1:   # one all_gather_coalesced call; a single parameter is gathered in place
             groups[i] = (prefetched, set(chosen))
             group_of.update((p, i) for p in chosen)
 
     for i, (param, numel) in enumerate(trace):
-        prefetch(-i - 1)   # the parent module's fetch (a decoder layer, its attention / MLP, PEFT's LoRA wrapper)
+        phase = int(i >= backward_from)
+        prefetch(-i - 1, phase)   # the parent module's fetch (a decoder layer, its attention / MLP, PEFT's LoRA wrapper)
         if param not in available:
             available.add(param)
             live += numel
             counter += numel
+            peaks[phase] = max(peaks[phase], persistent + live + flat + copies([param]))
         if param in group_of:   # the handle's first wait() cats every member out of the flat buffer the handle keeps
             gid = group_of.pop(param)
             elements, left = groups[gid]
@@ -202,8 +235,7 @@ def zero3_live_elements(trace: tuple[tuple[str, int], ...], backward_from: int, 
                 del groups[gid]
         if marked.get(param, -1) < i:   # pop this use off the queue (the prefetcher may have done it already)
             marked[param], head = i, max(head, i + 1)
-        prefetch(i)
-        phase = int(i >= backward_from)
+        prefetch(i, phase)
         peaks[phase] = max(peaks[phase], persistent + live + flat)
         later = nxt[i]
         reused = later is not None and prefix[later] - prefix[i + 1] < knobs.max_reuse_distance
@@ -223,13 +255,14 @@ def persistent_elements(spec: ModelSpec, adapters: tuple[TensorGroup, ...], knob
 
 
 def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], knobs: Zero3Knobs, *,
-                       checkpointed: bool) -> int:
+                       checkpointed: bool, release: str | None = None) -> int:
     """Bytes ZeRO-3 holds on a rank beyond its partitions, priced in every phase (the larger of forward and backward).
 
     - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32), the
       persistent tensors' whole copies included, a QLoRA base's Linears as their packed storage
       (``stored_per_element``); a frozen parameter is gathered like a trainable one and gets no
-      gradient;
+      gradient; with the parameters offloaded, each gather's partition copies on top (``offload_copy_shards``, for
+      the DeepSpeed ``release`` that runs: on one GPU before 0.9.0 a whole second copy of what a gather fetches);
     - the ipg bucket: ``torch.empty(reduce_bucket_size, dtype=self.dtype)`` built in ``DeepSpeedZeroOptimizer_Stage3
       .__init__`` when contiguous_gradients (the default) and kept until ``destroy()``, however few parameters train;
     - one gradient in flight: autograd's full-size 16-bit gradient of a trainable parameter, alive until the
@@ -242,12 +275,14 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
     """
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
     adapters = trainable if setup.lora is not None else ()
-    gathered = _gathered(_shape(spec, stored_per_element(setup)), checkpointed, setup.lora is None, knobs, persistent_elements(spec, adapters, knobs))
+    gathered = _gathered(_shape(spec, stored_per_element(setup)), checkpointed, setup.lora is None, knobs,
+                         persistent_elements(spec, adapters, knobs), offload_copy_shards(setup, release))
     largest = max((g.numel for g in trainable), default=0)
     return elem * (gathered + knobs.reduce_bucket_size + largest)
 
 
-def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], window: int, *, checkpointed: bool) -> int:
+def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], window: int, *, checkpointed: bool,
+                       release: str | None = None) -> int:
     """Bytes of ZeRO-3's ``window`` (``zero3_buffer_bytes`` as the phases before the step price it) that ``step()``
     no longer holds: stage3.py 0.16.5 ``step`` starts with ``_partition_all_parameters`` (``release_and_reset_all``:
     every gathered parameter partitioned again, its full copy freed; a parameter left available raises), and no
@@ -258,7 +293,7 @@ def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
         return 0
     knobs = zero3_knobs(spec)
     if not checkpointed:
-        window = zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=False)
+        window = zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=False, release=release)
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
     adapters = trainable if setup.lora is not None else ()
     return max(window - elem * (persistent_elements(spec, adapters, knobs) + knobs.reduce_bucket_size), 0)
@@ -266,6 +301,6 @@ def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
 
 @lru_cache(maxsize=256)
 def _gathered(shape: Shape, checkpointed: bool,
-              embedding_trainable: bool, knobs: Zero3Knobs, persistent: int) -> int:
+              embedding_trainable: bool, knobs: Zero3Knobs, persistent: int, copy_shards: int = 0) -> int:
     """The larger of the walk's forward and backward peaks, kept per model shape (hashing a whole trace costs more)."""
-    return max(zero3_live_elements(*_trace(shape, checkpointed, embedding_trainable), knobs, persistent))
+    return max(zero3_live_elements(*_trace(shape, checkpointed, embedding_trainable), knobs, persistent, copy_shards))
