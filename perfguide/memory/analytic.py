@@ -66,7 +66,7 @@ from .sharding import (
 from .t5_releases import t5_release_bytes
 from .top_of_stack import block_dequant_bytes, final_norm_bytes, loss_peak_dequant_bytes
 from .types import MemoryEstimate
-from .zero3_window import zero3_buffer_bytes, zero3_knobs, zero3_step_release
+from .zero3_window import zero3_buffer_bytes, zero3_copy_bytes, zero3_knobs, zero3_step_release
 from .zero_runtime import backward_only_bucket_bytes, early_head_grad_bytes, installed_deepspeed, step_only_fp32_grads, sub_group_step_bytes
 
 
@@ -353,8 +353,10 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     top += step_input_bytes(spec, shape) if recompute else 0   # the rotary pair(s) and the batch, to the end of backward
     # no block Linear runs at the loss peak; FULL_SHARD FSDP then holds its root unit alone (fsdp_window.py)
     loss_gather, idle_gather_pool = _loss_gather_bytes(spec, setup, gather) if setup.gathers_params else (gather, 0)
-    loss_cut = gather - loss_gather
-    forward = resident - loss_cut + early_grads + held_tail + acts + logits + top
+    # ZeRO-3's offloaded gathers copy partitions to the GPU only inside the all-gather call: never beside the loss path
+    copy = zero3_copy_bytes(spec, setup, led.trainable, zero3_knobs(spec), checkpointed=recompute > 0, release=installed_deepspeed())
+    loss_cut, over = gather - loss_gather + copy, max(copy - logits, 0)
+    forward = resident - loss_cut + early_grads + held_tail + acts + logits + top + over
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
@@ -379,7 +381,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     phase = ("forward/loss" if peak == forward else "checkpoint recompute" if peak == backward_start
              else "end of backward" if peak == backward_end else "optimizer step")
     # what the peak phase holds beyond the reported weights, gradients, states, activations and logits
-    phase_other = {"forward/loss": held_tail + top - loss_cut, "checkpoint recompute": held_tail + dequant + ipg + block_peak + top_held,
+    phase_other = {"forward/loss": held_tail + top - loss_cut + over, "checkpoint recompute": held_tail + dequant + ipg + block_peak + top_held,
                    "end of backward": grad_tail + dequant + ipg + in_flight + end_held, "optimizer step": grad_tail + dequant + step_temp - step_gather}
     notes = (f"peak in {phase}", *dev.notes, *terms.notes, *release_notes,
              *((f"FSDP no_sync keeps unsharded gradients between accumulation micro-steps ({accumulated / 1e9:.2f} GB)",)

@@ -273,10 +273,26 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
     trainable tensors (LoRA's adapters, or every tensor); ``checkpointed``: the step recomputes its blocks (the trace
     then holds the recompute and the embedding's input-grad backward).
     """
+    return _buffer_bytes(spec, setup, trainable, knobs, checkpointed, offload_copy_shards(setup, release))
+
+
+def zero3_copy_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], knobs: Zero3Knobs, *,
+                     checkpointed: bool, release: str | None = None) -> int:
+    """Bytes of ``zero3_buffer_bytes`` that are offloaded gathers' partition copies (``offload_copy_shards``): alive
+    only while an all-gather call runs, so never beside the loss path, which no gather interrupts. 0 without them."""
+    shards = offload_copy_shards(setup, release)
+    if not shards:
+        return 0
+    return (_buffer_bytes(spec, setup, trainable, knobs, checkpointed, shards)
+            - _buffer_bytes(spec, setup, trainable, knobs, checkpointed, 0))
+
+
+def _buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], knobs: Zero3Knobs,
+                  checkpointed: bool, shards: int) -> int:
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
     adapters = trainable if setup.lora is not None else ()
     gathered = _gathered(_shape(spec, stored_per_element(setup)), checkpointed, setup.lora is None, knobs,
-                         persistent_elements(spec, adapters, knobs), offload_copy_shards(setup, release))
+                         persistent_elements(spec, adapters, knobs), shards)
     largest = max((g.numel for g in trainable), default=0)
     return elem * (gathered + knobs.reduce_bucket_size + largest)
 
