@@ -248,6 +248,15 @@ def read_row(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
     return row, spec, setup
 
 
+def assert_evaluated_as_values(ids: tuple[str, ...]) -> None:
+    """Each row is compared by bench/accuracy.py as a measured value, in the number the source printed."""
+    accuracy, rows = load_bench("accuracy"), published_rows()
+    for row_id in ids:
+        result = accuracy.evaluate(rows[row_id], [])
+        assert result.kind == "value", result
+        assert result.published == float(rows[row_id]["peak_mem_value"]), row_id
+
+
 @contextmanager
 def damaged_data(monkeypatch: pytest.MonkeyPatch, name: str, edit: Callable[[Any], object]) -> Iterator[None]:
     """perfguide/data/NAME.json as ``edit`` leaves a deep copy of it, for the validated loaders to read afresh."""

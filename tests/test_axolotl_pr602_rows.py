@@ -8,7 +8,7 @@ perfguide's output; perfguide's errors on the rows are reported by bench/accurac
 
 from __future__ import annotations
 
-from helpers import load_bench, published_rows, read_row
+from helpers import assert_evaluated_as_values, load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
 
@@ -65,8 +65,4 @@ def test_full_row_is_pure_fp16_with_its_states_by_hand() -> None:
 
 
 def test_rows_are_evaluated_as_values() -> None:
-    accuracy = load_bench("accuracy")
-    for row_id in IDS:
-        result = accuracy.evaluate(ROWS[row_id], [])
-        assert result.kind == "value", result
-        assert result.published == float(ROWS[row_id]["peak_mem_value"])
+    assert_evaluated_as_values(IDS)

@@ -9,7 +9,7 @@ are in docs/validation.md.
 
 from __future__ import annotations
 
-from helpers import load_bench, published_rows, read_row
+from helpers import assert_evaluated_as_values, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
 
@@ -50,8 +50,4 @@ def test_rows_read_as_the_printed_configs() -> None:
 
 
 def test_rows_are_evaluated_as_values() -> None:
-    accuracy = load_bench("accuracy")
-    for row_id in IDS:
-        result = accuracy.evaluate(ROWS[row_id], [])
-        assert result.kind == "value", result
-        assert result.published == float(ROWS[row_id]["peak_mem_value"])
+    assert_evaluated_as_values(IDS)

@@ -10,7 +10,7 @@ the rows are reported by bench/accuracy.py.
 
 from __future__ import annotations
 
-from helpers import load_bench, published_rows, read_row
+from helpers import assert_evaluated_as_values, load_bench, published_rows, read_row
 
 ROWS = published_rows()
 IDS = ("2600", "2601")
@@ -60,8 +60,4 @@ def test_model_states_are_the_hand_derived_bytes() -> None:
 
 
 def test_rows_are_evaluated_as_values() -> None:
-    accuracy = load_bench("accuracy")
-    for row_id in IDS:
-        result = accuracy.evaluate(ROWS[row_id], [])
-        assert result.kind == "value", result
-        assert result.published == float(ROWS[row_id]["peak_mem_value"])
+    assert_evaluated_as_values(IDS)
