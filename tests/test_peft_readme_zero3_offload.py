@@ -40,7 +40,8 @@ def test_the_copy_is_the_whole_head_in_fp32_before_0_9(row_id: str) -> None:
     assert setup.strategy == "zero3" and setup.offload_params and setup.num_gpus == 1 and setup.weights_dtype == "fp32"
     assert spec.vocab_size * spec.hidden_size == HEADS[row_id]
     trainable = ledger(spec, setup).trainable
-    copy = {release: zero3_copy_bytes(spec, setup, trainable, DEEPSPEED_DEFAULT_KNOBS, checkpointed=False, release=release)
+    copy = {release: zero3_copy_bytes(spec, setup, trainable, DEEPSPEED_DEFAULT_KNOBS, checkpointed=False, release=release,
+                                      params_offloaded=True)
             for release in ("0.8.0", "0.9.0")}
     assert copy == {"0.8.0": 4 * (HEADS[row_id] - AFTER_HEAD[row_id]), "0.9.0": 0}
 
@@ -53,7 +54,7 @@ def test_the_rows_run_0_8_and_the_copy_is_not_stacked_on_the_loss_path(row_id: s
     import perfguide.memory.zero3_window as window
 
     (with_copy,) = accuracy.evaluate_all([row], [])
-    monkeypatch.setattr(window, "offload_copy_shards", lambda setup, release: 0)
+    monkeypatch.setattr(window, "offload_copy_shards", lambda setup, release, params_offloaded: 0)
     (without,) = accuracy.evaluate_all([row], [])
     spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
     setup = load_bench("accuracy_setup")._train_setup(row, spec)

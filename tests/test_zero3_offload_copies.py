@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from perfguide import techniques
 from perfguide.memory.zero3_window import Zero3Knobs, offload_copy_shards, zero3_live_elements
 from perfguide.setup import Setup
 
@@ -50,4 +51,4 @@ def test_a_coalesced_gather_copies_every_partition_at_once() -> None:
 ])
 def test_copy_shards_by_release_and_world(num_gpus: int, offload: bool, release: str | None, shards: int) -> None:
     setup = Setup(task="train", strategy="zero3", num_gpus=num_gpus, offload_params=offload, offload_optimizer=offload)
-    assert offload_copy_shards(setup, release) == shards
+    assert offload_copy_shards(setup, release, techniques.weights_on_host(setup)) == shards

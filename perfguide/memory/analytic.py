@@ -80,7 +80,8 @@ def _gather_bytes(spec: ModelSpec, setup: Setup, checkpointed: bool = True) -> t
     if setup.strategy == "zero3":   # the coordinator's gathered window (QLoRA's packed storage), the ipg bucket, one gradient in flight
         trainable = ledger(spec, setup).trainable
         knobs, release = zero3_knobs(spec), installed_deepspeed()   # the release: offloaded gathers' copies
-        return (zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=checkpointed, release=release),
+        return (zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=checkpointed, release=release,
+                                   params_offloaded=techniques.weights_on_host(setup)),
                 int(spec.total_params * stored))
     if (window := _fsdp_windows(spec, setup)) is not None:
         return window.backward, int(spec.total_params * stored)
@@ -354,7 +355,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # no block Linear runs at the loss peak; FULL_SHARD FSDP then holds its root unit alone (fsdp_window.py)
     loss_gather, idle_gather_pool = _loss_gather_bytes(spec, setup, gather) if setup.gathers_params else (gather, 0)
     # ZeRO-3's offloaded gathers copy partitions to the GPU only inside the all-gather call: never beside the loss path
-    copy = zero3_copy_bytes(spec, setup, led.trainable, zero3_knobs(spec), checkpointed=recompute > 0, release=installed_deepspeed())
+    copy = zero3_copy_bytes(spec, setup, led.trainable, zero3_knobs(spec), checkpointed=recompute > 0, release=installed_deepspeed(),
+                            params_offloaded=techniques.weights_on_host(setup))
     loss_cut, over = gather - loss_gather + copy, max(copy - logits, 0)
     forward = resident - loss_cut + early_grads + held_tail + acts + logits + top + over
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
@@ -374,7 +376,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # backward (torch fsdp/_runtime_utils.py _should_free_in_backward: True once gradients sync), so its gather window
     # is not alive through the optimizer step; ZeRO-3's step partitions every gathered parameter first (zero3_window)
     step_gather = gather if setup.is_fsdp and setup.gathers_params else zero3_step_release(
-        spec, setup, led.trainable, gather, checkpointed=recompute > 0, release=installed_deepspeed())
+        spec, setup, led.trainable, gather, checkpointed=recompute > 0, release=installed_deepspeed(),
+        params_offloaded=techniques.weights_on_host(setup))
     step = resident - step_gather + grads + grad_tail + step_temp
     peak = max(forward, backward_start, backward_end, step)
 

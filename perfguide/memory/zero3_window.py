@@ -73,13 +73,14 @@ def stored_per_element(setup: Setup) -> int:
 NO_GATHER_AT_ONE_PARTITION_SINCE = (0, 9, 0)
 
 
-def offload_copy_shards(setup: Setup, release: str | None) -> int:
+def offload_copy_shards(setup: Setup, release: str | None, params_offloaded: bool) -> int:
     """What a ZeRO-3 gather's partition copies are divided by (``zero3_live_elements`` ``copy_shards``): the shard
     degree when the parameters are offloaded (``offload_param``: ``ds_tensor`` lives in host memory, and
     ``all_gather_coalesced`` passes ``param.ds_tensor.to(device)`` to the all-gather), else 0 (``.to`` of a partition
     already on the GPU is the partition itself). On one GPU from 0.9.0 nothing is gathered (the partition's copy *is*
-    the parameter): 0. ``release``: the DeepSpeed release that runs (None: a current one)."""
-    if setup.strategy != "zero3" or not setup.offload_params:
+    the parameter): 0. ``release``: the DeepSpeed release that runs (None: a current one); ``params_offloaded``: CPU
+    offload's placement moved the partitions to host RAM (the cost model asks the placement, not the switch)."""
+    if setup.strategy != "zero3" or not params_offloaded:
         return 0
     if setup.shard_degree == 1 and (release is None or version_tuple(release) >= NO_GATHER_AT_ONE_PARTITION_SINCE):
         return 0
@@ -255,7 +256,7 @@ def persistent_elements(spec: ModelSpec, adapters: tuple[TensorGroup, ...], knob
 
 
 def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], knobs: Zero3Knobs, *,
-                       checkpointed: bool, release: str | None = None) -> int:
+                       checkpointed: bool, release: str | None = None, params_offloaded: bool = False) -> int:
     """Bytes ZeRO-3 holds on a rank beyond its partitions, priced in every phase (the larger of forward and backward).
 
     - gathered parameters: ``zero3_live_elements`` in the compute dtype (16-bit under bf16/fp16, else fp32), the
@@ -273,14 +274,14 @@ def zero3_buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
     trainable tensors (LoRA's adapters, or every tensor); ``checkpointed``: the step recomputes its blocks (the trace
     then holds the recompute and the embedding's input-grad backward).
     """
-    return _buffer_bytes(spec, setup, trainable, knobs, checkpointed, offload_copy_shards(setup, release))
+    return _buffer_bytes(spec, setup, trainable, knobs, checkpointed, offload_copy_shards(setup, release, params_offloaded))
 
 
 def zero3_copy_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], knobs: Zero3Knobs, *,
-                     checkpointed: bool, release: str | None = None) -> int:
+                     checkpointed: bool, release: str | None = None, params_offloaded: bool = False) -> int:
     """Bytes of ``zero3_buffer_bytes`` that are offloaded gathers' partition copies (``offload_copy_shards``): alive
     only while an all-gather call runs, so never beside the loss path, which no gather interrupts. 0 without them."""
-    shards = offload_copy_shards(setup, release)
+    shards = offload_copy_shards(setup, release, params_offloaded)
     if not shards:
         return 0
     return (_buffer_bytes(spec, setup, trainable, knobs, checkpointed, shards)
@@ -298,7 +299,7 @@ def _buffer_bytes(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, .
 
 
 def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGroup, ...], window: int, *, checkpointed: bool,
-                       release: str | None = None) -> int:
+                       release: str | None = None, params_offloaded: bool = False) -> int:
     """Bytes of ZeRO-3's ``window`` (``zero3_buffer_bytes`` as the phases before the step price it) that ``step()``
     no longer holds: stage3.py 0.16.5 ``step`` starts with ``_partition_all_parameters`` (``release_and_reset_all``:
     every gathered parameter partitioned again, its full copy freed; a parameter left available raises), and no
@@ -309,7 +310,8 @@ def zero3_step_release(spec: ModelSpec, setup: Setup, trainable: tuple[TensorGro
         return 0
     knobs = zero3_knobs(spec)
     if not checkpointed:
-        window = zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=False, release=release)
+        window = zero3_buffer_bytes(spec, setup, trainable, knobs, checkpointed=False, release=release,
+                                    params_offloaded=params_offloaded)
     elem = 2 if (setup.autocast or setup.weights_dtype in ("bf16", "fp16")) else 4
     adapters = trainable if setup.lora is not None else ()
     return max(window - elem * (persistent_elements(spec, adapters, knobs) + knobs.reduce_bucket_size), 0)

@@ -116,6 +116,14 @@ def placed(setup: Setup, dev: PerDevice) -> PerDevice:
     return dev
 
 
+def weights_on_host(setup: Setup) -> bool:
+    """Whether the techniques' placement moves the weights off the device (CPU offload's hook), asked of the placement
+    itself so a cost-model module need not read the switch."""
+    from ..memory.sharding import PerDevice
+
+    return placed(setup, PerDevice(weights=1, grads=0, optimizer=0, buffers=0, cpu_ram=0)).weights == 0
+
+
 def shaped(setup: Setup) -> Setup:
     """The Setup whose (batch, sequence) the model really computes on, for the memory model."""
     for t in registry():
