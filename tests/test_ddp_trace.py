@@ -29,6 +29,8 @@ PHASES = ("start", "forward", "backward", "step")
 #: the Reducer's bookkeeping (per-tensor flags and counters; seen 0 to 928 B) stays below this; a second copy of the gradients or of a
 #: block's activations would be over 100 KB here (one 4 x 64 x 128 fp32 hidden state is 131,072 B)
 BOOKKEEPING = 4096
+#: traces run before the profiler's missed free (``_missed_bucket_free``) is taken for a result
+TRIES = 3
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +40,23 @@ def traced() -> dict[str, Any]:
     buffer alive at the third step's start, never in a standalone run)."""
     code = "import json, sys; sys.path.insert(0, 'scripts'); import trace_ddp_phases as t; print(json.dumps(t.trace()))"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "RANK", "WORLD_", "LOCAL_", "PYTORCH_"))}
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-2000:]
-    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    for _ in range(TRIES):
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+        if not _missed_bucket_free(result):
+            break
     return result
+
+
+def _missed_bucket_free(result: dict[str, Any]) -> bool:
+    """The profiler's known blind spot (scripts/trace_ddp_phases.py ``trace``): when gloo's worker thread, not the
+    profiled one, frees the bucket set DDP replaces at its rebuild, that set never leaves the books, and the copying
+    run reads exactly one more whole set (4 x PARAMS bytes) from the step's start on. The worker's pause makes it rare
+    (on a loaded 2-core machine it still came back once in CI); a rerun in a fresh interpreter is read instead. A
+    real second copy would show in every run, so the test still fails on one."""
+    over = result["ddp"]["start"] - result["plain"]["start"] - 2 * 4 * PARAMS
+    return 0 <= over < BOOKKEEPING
 
 
 def test_hand_count() -> None:
