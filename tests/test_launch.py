@@ -142,3 +142,20 @@ def test_ddp_cpu_plan_runs_from_the_inline_command(tmp_path):
     ranks = _run(make_rec(CPU_DDP), tmp_path, None)
     assert [r["world_size"] for r in ranks] == [2, 2] and all(r["steps"] == 2 for r in ranks)
     assert all(r["distributed_type"] == "DistributedType.MULTI_CPU" for r in ranks)
+
+
+def test_fp8_plans_name_their_backend_in_the_inline_command_as_in_the_yaml(tmp_path):
+    """The YAML's ``fp8_config: {backend: AO}`` is what perfguide priced (torchao Float8Linear); the flags must carry
+    it too, or accelerate picks a backend from what happens to be installed. Both read by accelerate's own parser."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    rec = make_rec({"autocast": "fp8", "num_gpus": 8, "strategy": "ddp"}, hw=hardware("h100", 8))
+    assert rec.setup.autocast == "fp8"
+    inline = rec.launch_command("train.py").split()
+    assert inline[inline.index("--fp8_backend") + 1] == "ao"
+    from_flags, _, _ = _validate_launch_command(launch_command_parser().parse_args(inline[2:]))
+    path = tmp_path / "acc.yaml"
+    rec.write_accelerate_config(path)
+    from_yaml, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
+    assert from_flags.mixed_precision == from_yaml.mixed_precision == "fp8"
+    assert from_flags.fp8_backend.lower() == from_yaml.fp8_backend.lower() == "ao"

@@ -63,6 +63,10 @@ def _inline_flags(rec: Recommendation) -> list[str]:
     for section in ("fsdp_config", "deepspeed_config"):
         for key, value in cfg.get(section, {}).items():
             flags += [f"--{key}", _flag_value(value)]
+    # the YAML's fp8_config keys lack the prefix the flags carry (accelerate adds ``fp8_`` when it reads the file);
+    # without the backend the flags leave accelerate to pick one from what is installed, not the one priced
+    for key, value in cfg.get("fp8_config", {}).items():
+        flags += [f"--fp8_{key}", _flag_value(value).lower()]
     return flags
 
 
