@@ -64,9 +64,11 @@ def _inline_flags(rec: Recommendation) -> list[str]:
         for key, value in cfg.get(section, {}).items():
             flags += [f"--{key}", _flag_value(value)]
     # the YAML's fp8_config keys lack the prefix the flags carry (accelerate adds ``fp8_`` when it reads the file);
-    # without the backend the flags leave accelerate to pick one from what is installed, not the one priced
+    # without the backend the flags leave accelerate to pick one from what is installed, not the one priced. Only the
+    # backend's flag takes lower case (ao / te / msamp, where the YAML names the enum AO); --fp8_format wants HYBRID
     for key, value in cfg.get("fp8_config", {}).items():
-        flags += [f"--fp8_{key}", _flag_value(value).lower()]
+        text = _flag_value(value)
+        flags += [f"--fp8_{key}", text.lower() if key == "backend" else text]
     return flags
 
 
