@@ -10,6 +10,7 @@ import re
 
 from accuracy_setup import ACCELERATE_AMP_OUTPUTS, LOOP_REBINDS_OUTPUTS, _pre_torch2
 
+from perfguide.memory.bnb_inputs import kept_input_bytes
 from perfguide.memory.eras import (
     amp_output_conversion_bytes,
     attention_buffer_bytes,
@@ -23,6 +24,9 @@ from perfguide.setup import Setup
 
 #: litgpt's chunked cross-entropy at its backward peak, bytes per b*s*V (traced: _loss_bytes)
 LITGPT_LOSS_BYTES_PER_LOGIT = 6
+#: litgpt's loop as its next forward returns, bytes per b*s*V: the new 16-bit logit chunks and the previous step's,
+#: which the loop still holds (``logits = model(input_ids, ...)`` rebinds the name only once the call returns)
+LITGPT_FORWARD_END_BYTES_PER_LOGIT = 4
 
 
 def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | None:
@@ -43,7 +47,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         return (4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)
                 + _attention_era_delta(row, spec, setup))
     if row["source_group"].startswith("litgpt"):
-        return LITGPT_LOSS_BYTES_PER_LOGIT * setup.micro_batch_size * setup.seq_len * spec.vocab_size
+        return _litgpt_loss_bytes(row, spec, setup)
     if "CEWithChunkedOutputLoss" in row["method"]:
         # torchtune: every chunk's 16-bit logits (2) live until the recipe's `del logits`. Eager: each chunk's fp32
         # log-softmax output (4) is saved for backward and one chunk's fp32 upcast (4 / 8 chunks) is transient.
@@ -63,6 +67,33 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
         converted = amp_output_conversion_bytes(spec, setup, version, alive, checkpointed=setup.gradient_checkpointing)
         return max(held, converted if row["source_group"] in ACCELERATE_AMP_OUTPUTS else 0)
     return None
+
+
+def _litgpt_loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
+    """litgpt's loss-path peak, or the end of the next forward where that is higher.
+
+    litgpt's loop (finetune/lora.py ``fit``, lit-gpt 2023 to litgpt 2024) keeps the previous micro-step's ``logits``
+    list until ``logits = model(...)`` returns, and through its chunks' ``grad_fn`` the previous step's whole graph.
+    A bitsandbytes release that keeps its matmul inputs as context attributes (bnb_inputs.kept_input_bytes: 4-bit
+    up to 0.43.1; litgpt pinned 0.41.0 and then 0.42.0 through 2024) keeps them with that graph, so as the next
+    forward returns its own activations meet the previous step's inputs and both steps' logits. Priced where
+    consecutive micro-steps run the row's length: rows read at a ``max_seq_length`` cap that the data set's longer
+    samples keep reaching (``_same_length_steps``). Where the row's length is its longest sample, lit-gpt 2023
+    forces that sample into the first step (``get_batch(..., longest_seq_ix if iter_num == 0 else None)``) and the
+    step after it is a random one, so the held inputs meet a shorter forward: not priced at the row's length.
+    """
+    logits = setup.micro_batch_size * setup.seq_len * spec.vocab_size
+    backward_peak = LITGPT_LOSS_BYTES_PER_LOGIT * logits
+    if not _same_length_steps(row):
+        return backward_peak
+    forward_end = LITGPT_FORWARD_END_BYTES_PER_LOGIT * logits + kept_input_bytes(spec, setup, _bnb_version(row))
+    return max(backward_peak, forward_end)
+
+
+def _same_length_steps(row: dict[str, str]) -> bool:
+    """Consecutive micro-steps run at the row's length: it is a ``max_seq_length`` cut-off that padded batches keep
+    reaching, not one longest sample."""
+    return "max_seq_length" in row["seq_len"]
 
 
 def _attention_era_delta(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:

@@ -86,7 +86,7 @@ def test_the_april_2024_stack_saves_the_repeated_kv_and_nothing_per_ffn_unit() -
     repeated keys and values (4 x (128 - 32) B: 4.39.3's sdpa path repeats as its FA2 path does) and the per-layer
     fp32 rotary cos/sin (2 x 4 x 32 B; the installed release builds them once per step) more, to the byte; the
     backward's rise above the recompute is the same. With MatMul4Bit keeping its input (bitsandbytes before 0.43.2,
-    priced by analytic.quantized_matmul_keeps_inputs) both stacks save the same bytes more."""
+    priced by bnb_inputs.quantized_matmul_keeps_inputs) both stacks save the same bytes more."""
     old = _old_python()
     new = sys.executable
     (_, o_saved, o_peak), (_, n_saved, n_peak) = _marks(old, False), _marks(new, False)

@@ -133,7 +133,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     """Bytes one block keeps for backward for one micro-batch (no checkpointing).
 
     ``keeps_frozen_inputs``: the frozen Linears still keep their inputs (bitsandbytes before 0.43.2, see
-    analytic.quantized_matmul_keeps_inputs), so LoRA does not drop them.
+    bnb_inputs.quantized_matmul_keeps_inputs), so LoRA does not drop them.
     """
     c = _coefs(spec, setup)
     b, s = setup.micro_batch_size, setup.seq_len

@@ -41,11 +41,12 @@ from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
+from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
 from .lora_activations import dora_norm_bytes, lora_layer_bytes
-from .loss_path import installed_transformers, release_delta_bytes, version_tuple
+from .loss_path import installed_transformers, release_delta_bytes
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
 from .moe_lora import expert_lora_bytes
 from .optimizers import OptimizerCost, optimizer_cost
@@ -166,25 +167,6 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
         grads += frozen * DTYPE_BYTES[setup.weights_dtype]
         elements += frozen
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes, elements), cost
-
-
-#: bitsandbytes release whose MatMul4Bit stops saving the input of a frozen 4-bit Linear (bnb PR #1270,
-#: "delete useless buffered activation", merged 2024-07-16; before it ``ctx.tensors = (A, B)``)
-BNB_4BIT_DROPS_INPUTS = (0, 43, 2)
-
-
-def quantized_matmul_keeps_inputs(setup: Setup, bnb_version: str | None) -> bool:
-    """Whether a frozen int8/nf4 Linear keeps its 16-bit input for backward although no weight grad needs it.
-
-    bnb's MatMul8bitLt saves ``(CAt, subA, A)`` whenever an input needs grad (bitsandbytes/autograd/
-    _functions.py, still in 0.50); MatMul4Bit saved ``(A, B)`` up to 0.43.1 and ``(None, B)`` since 0.43.2.
-    ``bnb_version`` None means a current release.
-    """
-    if setup.lora is None or setup.weights_dtype not in ("int8", "nf4"):
-        return False
-    if setup.weights_dtype == "int8":
-        return True
-    return bnb_version is not None and version_tuple(bnb_version) < BNB_4BIT_DROPS_INPUTS
 
 
 def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:

@@ -29,7 +29,7 @@ class LitgptFamily(DataModel):
     per_token: dict[LitgptDim, float]
     frozen_linear_inputs_per_token: dict[LitgptDim, float]
     #: the block Linears' distinct 16-bit inputs, the part of the frozen form a bitsandbytes matmul that keeps its
-    #: input (before 0.43.2, analytic.quantized_matmul_keeps_inputs) still keeps; the rest is what the norms keep
+    #: input (before 0.43.2, bnb_inputs.quantized_matmul_keeps_inputs) still keeps; the rest is what the norms keep
     #: for their trained weights (litgpt's RMSNorm multiplies by ``weight.float()``: an fp32 product)
     linear_inputs_per_token: dict[LitgptDim, float]
     #: bytes per b x heads x s^2 (full fine-tuning and LoRA alike): Gemma 2's attention soft-capping takes litgpt off
