@@ -3,7 +3,7 @@
 A release whose generate passes the legacy tuple cache (up to 4.41) keeps the previous step's cache (one position
 shorter, every layer) referenced while the model builds the next one; from 4.42 generate passes a Cache object that
 the model updates in place. Prints one JSON line: {"transformers": release, "steps": [{length: tensors, ...}, ...]}
-for a 3-layer tiny Llama (batch 2, 4 key/value heads of 16), a 20-token prompt and 6 new tokens. Run it with an
+for a 3-layer tiny Llama (batch 2, 3 key/value heads of 24), a 20-token prompt and 6 new tokens. Run it with an
 older release on the path to see the other behaviour, e.g. (releases traced for bench/accuracy_prefill.py):
 
     pip install --no-deps --target /tmp/tf441 transformers==4.41.2 tokenizers==0.19.1 huggingface_hub==0.23.5 \\
@@ -17,18 +17,19 @@ import gc
 import json
 from typing import Any
 
-LAYERS, KV_HEADS, HEAD_DIM, BATCH, PROMPT, NEW = 3, 4, 16, 2, 20, 6
+LAYERS, KV_HEADS, HEAD_DIM, BATCH, PROMPT, NEW = 3, 3, 24, 2, 20, 6
 
 
 def _cache_tensors() -> dict[int, int]:
-    """Live tensors shaped like one layer's key or value cache, by cached length."""
+    """Live tensors shaped like one layer's key or value cache at a length the run can cache, by that length (other
+    tensors of the process that happen to share the shape are left out by the length)."""
     import torch
 
     gc.collect()
     by_length: dict[int, int] = {}
     for obj in gc.get_objects():
         if isinstance(obj, torch.Tensor) and obj.dim() == 4 and (obj.shape[0], obj.shape[1], obj.shape[3]) == (
-                BATCH, KV_HEADS, HEAD_DIM):
+                BATCH, KV_HEADS, HEAD_DIM) and PROMPT <= obj.shape[2] <= PROMPT + NEW:
             by_length[obj.shape[2]] = by_length.get(obj.shape[2], 0) + 1
     return by_length
 

@@ -28,19 +28,24 @@ def _layers() -> int:
     return load_script("trace_legacy_decode_cache").LAYERS
 
 
+def _trace(pythonpath: str | None = None) -> dict:  # type: ignore[type-arg]
+    """The script's JSON line from a fresh process (its count of live tensors must not see this one's)."""
+    env = {**os.environ, **({"PYTHONPATH": pythonpath} if pythonpath else {})}
+    out = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
 def test_the_installed_release_keeps_one_cache() -> None:
-    traced = load_script("trace_legacy_decode_cache").trace()
-    prompt = load_script("trace_legacy_decode_cache").PROMPT
+    traced = _trace()
+    prompt, n = load_script("trace_legacy_decode_cache").PROMPT, 2 * _layers()
     # every decode forward ends with one tensor per layer for keys and one for values, at the new length only
-    assert [step for step in traced["steps"][1:]] == [{prompt + k: 2 * _layers()} for k in range(1, 6)]
+    assert traced["steps"][1:] == [{str(prompt + k): n} for k in range(1, 6)]
 
 
 @pytest.mark.skipif(not os.environ.get("PERFGUIDE_TRANSFORMERS_441"), reason="set PERFGUIDE_TRANSFORMERS_441 to a "
                     "directory holding transformers 4.41.2 (see scripts/trace_legacy_decode_cache.py)")
 def test_a_release_before_4_42_keeps_the_previous_cache_too() -> None:
-    env = {**os.environ, "PYTHONPATH": os.environ["PERFGUIDE_TRANSFORMERS_441"]}
-    out = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, check=True).stdout
-    traced = json.loads(out.strip().splitlines()[-1])
+    traced = _trace(os.environ["PERFGUIDE_TRANSFORMERS_441"])
     assert traced["transformers"].startswith("4.41")
     prompt, n = load_script("trace_legacy_decode_cache").PROMPT, 2 * _layers()
     assert traced["steps"][1:] == [{str(prompt + k - 1): n, str(prompt + k): n} for k in range(1, 6)]
