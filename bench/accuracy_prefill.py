@@ -53,7 +53,8 @@ CACHE_OBJECT_SINCE = (4, 42)
 
 def previous_cache_bytes(est: MemoryEstimate, spec: ModelSpec, setup: Setup, release: str) -> int:
     """The previous decode step's whole KV cache, alive beside the new one at the end of each decode forward under a
-    release before 4.42 (0 from 4.42 on, for a static cache, or with nothing to decode).
+    release before 4.42 (0 from 4.42 on, for a static cache, with nothing to decode, or for a cache split over several
+    GPUs, where the estimate holds the most loaded GPU's share: not traced).
 
     Releases up to 4.41 pass the cache as a tuple of per-layer tensors: each layer's ``torch.cat`` makes a new tensor
     one position longer while generate still holds the old tuple (it rebinds ``model_inputs`` only at the next step),
