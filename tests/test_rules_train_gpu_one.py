@@ -61,8 +61,13 @@ def test_7b_full_finetune_on_a100_80gb_needs_the_ladder() -> None:
     assert p.memory.needed <= 0.9 * 80 * GiB
     assert any(c.verdict == "does-not-fit" and c.setup.optimizer == "adamw_torch_fused" and c.setup.weights_dtype == "fp32"
                for c in p.candidates)
+    # fp32 masters + 8-bit AdamW (4 + 4 + 2 B/param = 67 GB) would fit but for autocast's weight cache: a checkpointed
+    # forward ends with a bf16 copy of every trainable Linear (2 B x 6.5e9 = 13 GB; analytic.autocast_cached_casts)
+    assert all(c.verdict == "does-not-fit" for c in p.candidates
+               if c.setup.weights_dtype == "fp32" and c.setup.optimizer == "adamw_bnb_8bit" and c.setup.gradient_checkpointing)
     optim = decision(p, "optim")
-    assert any(a.value == "adamw_torch_fused" and "does not fit" in a.why_not for a in optim.alternatives)
+    assert any(a.value == "adamw_torch_fused" and ("does not fit" in a.why_not or "s/step" in a.why_not)
+               for a in optim.alternatives)
 
 
 def test_7b_on_a100_40gb_goes_past_lighter_optimizers() -> None:

@@ -40,6 +40,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
+from .activations import regime as activation_regime
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
@@ -167,6 +168,21 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
         grads += frozen * DTYPE_BYTES[setup.weights_dtype]
         elements += frozen
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes, elements), cost
+
+
+def autocast_cached_casts(spec: ModelSpec, setup: Setup, priced: int) -> int:
+    """The trainable block Linears' 16-bit copies autocast's weight cache keeps to the end of a checkpointed forward,
+    beyond the one block's copies ``priced`` already holds.
+
+    torch.autocast caches the cast of every fp32 leaf weight that requires grad until the outermost autocast region
+    exits (``cached_cast``'s ``can_try_cache``; ``clear_autocast_cache`` at exit), whether or not autograd saves it,
+    so a checkpointed forward ends with every trainable Linear's copy alive, through an HF model's loss inside that
+    region. The recompute in backward enters a region of its own per block, so backward holds one block's copies.
+    Frozen weights (LoRA's base) are not cached. Traced on CPU (tests/test_autocast_cache.py).
+    """
+    if setup.lora is not None or activation_regime(setup) != "amp":
+        return 0
+    return max(linear_params(spec) * 2 - priced, 0)
 
 
 def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
@@ -298,6 +314,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     era += t5_release_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 softmax, fp16 clamp
     era += expert_loop_saved_bytes(spec, shape, installed_transformers(), checkpointed=recompute > 0)   # transformers 4's MoE loop
     acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
+    cached_casts = autocast_cached_casts(spec, setup, terms.weight_casts) if recompute else 0
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     acts += 0 if recompute else sdpa_bias_bytes(spec, shape, checkpointed=False)   # each sliding layer's SDPA bias
     logits = loss_bytes if loss_bytes is not None else terms.logits
@@ -340,7 +357,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     copy = zero3_copy_bytes(spec, setup, led.trainable, zero3_knobs(spec), checkpointed=recompute > 0, release=installed_deepspeed(),
                             params_offloaded=techniques.weights_on_host(setup))
     loss_cut, over = gather - loss_gather + copy, max(copy - logits, 0)
-    forward = resident - loss_cut + early_grads + held_tail + acts + logits + top + over
+    forward = resident - loss_cut + early_grads + held_tail + acts + logits + top + over + cached_casts
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)
