@@ -178,7 +178,8 @@ def autocast_cached_casts(spec: ModelSpec, setup: Setup, priced: int) -> int:
     exits (``cached_cast``'s ``can_try_cache``; ``clear_autocast_cache`` at exit), whether or not autograd saves it,
     so a checkpointed forward ends with every trainable Linear's copy alive, through an HF model's loss inside that
     region. The recompute in backward enters a region of its own per block, so backward holds one block's copies.
-    Frozen weights (LoRA's base) are not cached. Traced on CPU (tests/test_autocast_cache.py).
+    Frozen weights (LoRA's base) are not cached. Traced on CPU (tests/test_autocast_cache.py); reported in the field
+    as layer-by-layer build-up under checkpointing (ecmwf/anemoi-core issue #134).
     """
     if setup.lora is not None or activation_regime(setup) != "amp":
         return 0
