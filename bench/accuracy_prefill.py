@@ -39,9 +39,15 @@ def with_prompt_logits(est: MemoryEstimate, spec: ModelSpec, setup: Setup, relea
     if not full:
         return est
     prompt_kv = est.kv_cache * setup.seq_len // max(1, setup.seq_len + setup.new_tokens)
-    peak = max(est.peak_allocated, est.weights + prompt_kv + full)
-    delta = peak - est.peak_allocated
-    return est.model_copy(update={"peak_allocated": peak, "peak_reserved": est.peak_reserved + delta,
+    return _with_peak(est, est.weights + prompt_kv + full)
+
+
+def _with_peak(est: MemoryEstimate, candidate: int) -> MemoryEstimate:
+    """``est`` with its allocated peak raised to ``candidate`` where that is higher, and every total above it with it."""
+    delta = max(candidate - est.peak_allocated, 0)
+    if not delta:
+        return est
+    return est.model_copy(update={"peak_allocated": est.peak_allocated + delta, "peak_reserved": est.peak_reserved + delta,
                                   "device_total": est.device_total + delta, "fit_total": est.needed + delta})
 
 
@@ -75,7 +81,4 @@ def with_previous_cache(est: MemoryEstimate, spec: ModelSpec, setup: Setup, rele
     if not old:
         return est
     layer = est.kv_cache // max(1, spec.num_decoder_layers or spec.num_layers)   # the one the model already prices
-    peak = max(est.peak_allocated, est.weights + est.kv_cache + est.logits + max(old, layer))
-    delta = peak - est.peak_allocated
-    return est.model_copy(update={"peak_allocated": peak, "peak_reserved": est.peak_reserved + delta,
-                                  "device_total": est.device_total + delta, "fit_total": est.needed + delta})
+    return _with_peak(est, est.weights + est.kv_cache + est.logits + max(old, layer))

@@ -40,7 +40,6 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
-from .activations import regime as activation_regime
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
@@ -181,7 +180,7 @@ def autocast_cached_casts(spec: ModelSpec, setup: Setup, priced: int) -> int:
     Frozen weights (LoRA's base) are not cached. Traced on CPU (tests/test_autocast_cache.py); reported in the field
     as layer-by-layer build-up under checkpointing (ecmwf/anemoi-core issue #134).
     """
-    if setup.lora is not None or activation_regime(setup) != "amp":
+    if setup.lora is not None or act.regime(setup) != "amp":
         return 0
     return max(linear_params(spec) * 2 - priced, 0)
 
