@@ -45,8 +45,8 @@ from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
-from .lora_activations import dora_norm_bytes, lora_layer_bytes
-from .loss_path import installed_transformers, release_delta_bytes
+from .lora_activations import adapter_cast_bytes, dora_norm_bytes, lora_layer_bytes
+from .loss_path import forward_loss_bytes, installed_transformers, release_delta_bytes
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
 from .moe_lora import expert_lora_bytes
 from .optimizers import OptimizerCost, optimizer_cost
@@ -314,7 +314,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     era += t5_release_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 softmax, fp16 clamp
     era += expert_loop_saved_bytes(spec, shape, installed_transformers(), checkpointed=recompute > 0)   # transformers 4's MoE loop
     acts, recompute = (acts, recompute + era) if recompute else (acts + era, recompute)
-    cached_casts = autocast_cached_casts(spec, setup, terms.weight_casts) if recompute else 0
+    adapter_casts = adapter_cast_bytes(shape, led.linear_adapter_params)   # saved, or cached to the forward's end
+    cached_casts = autocast_cached_casts(spec, setup, terms.weight_casts) + adapter_casts if recompute else 0
+    acts += 0 if recompute else adapter_casts
     acts += checkpointed_mask_bytes(spec, shape) if recompute else 0   # the 4-D masks checkpointed blocks keep (masks.py)
     acts += 0 if recompute else sdpa_bias_bytes(spec, shape, checkpointed=False)   # each sliding layer's SDPA bias
     logits = loss_bytes if loss_bytes is not None else terms.logits
@@ -357,7 +359,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     copy = zero3_copy_bytes(spec, setup, led.trainable, zero3_knobs(spec), checkpointed=recompute > 0, release=installed_deepspeed(),
                             params_offloaded=techniques.weights_on_host(setup))
     loss_cut, over = gather - loss_gather + copy, max(copy - logits, 0)
-    forward = resident - loss_cut + early_grads + held_tail + acts + logits + top + over + cached_casts
+    # autocast's cache empties as the model returns: its casts sit beside the loss's forward, not its backward
+    beside = forward_loss_bytes(spec, shape, installed_transformers()) if loss_bytes is None and terms.logits == base_logits else 0
+    forward = resident - loss_cut + early_grads + held_tail + acts + max(logits, beside + cached_casts) + top + over
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the
     # end of backward; where .grad already exists (kept or accumulating) that wait is a buffer beside it (torch InputBuffer)

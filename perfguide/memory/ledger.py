@@ -44,6 +44,7 @@ class Ledger:
     padded_outputs_per_layer: int = 0  # litgpt LoRAQKVLinear with some of q/k/v adapted: their output widths (_padded_outputs)
     shared_inputs_per_layer: int = 0  # input widths of adapted Linears that read a tensor another one reads (_shared_inputs)
     attention_output_inputs_per_layer: int = 0  # input width of an adapted o_proj that reads the attention's saved output
+    linear_adapter_params: int = 0   # lora_A + lora_B elements on the adapted Linears (no MoE wrappers, DoRA or saved copies)
 
     @property
     def trainable_bytes(self) -> int:
@@ -294,6 +295,7 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     r = setup.lora.r
     chosen, wrapped, experts = split_targets(spec, _targets(spec, setup), r)
     groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))
+    linear_adapters = sum(g.total for g in groups)
     groups += tuple(TensorGroup(n, rows, cols) for n, rows, cols in wrapped)
     if experts and (setup.lora.use_dora or setup.lora.dropout):  # peft ParamWrapper.__init__ raises on both
         raise InvalidSetupError(f"LoRA on {spec.name}'s fused MoE experts / router (peft ParamWrapper) accepts neither use_dora "
@@ -317,4 +319,5 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
                   experts, dora_weights, identity, largest,
                   padded_outputs_per_layer=_padded_outputs(chosen, setup.model_code) // layers,
                   shared_inputs_per_layer=_shared_inputs(chosen, spec, setup.model_code) // layers,
-                  attention_output_inputs_per_layer=_attention_output_inputs(chosen, spec, setup) // layers)
+                  attention_output_inputs_per_layer=_attention_output_inputs(chosen, spec, setup) // layers,
+                  linear_adapter_params=linear_adapters)

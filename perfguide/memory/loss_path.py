@@ -84,6 +84,15 @@ def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs:
     element of the cross-entropy's own tensors (log-softmax output and the gradients); None is HF's loss, which
     upcasts the logits to fp32 first (loss_paths.ce_bytes), where a bare ``torch.nn.functional.cross_entropy`` on
     16-bit logits runs in their dtype (Liger-Kernel's benchmark reference: bench/kernels.py)."""
+    return max(loss_path_phases(setup, transformers_version, loop_keeps_outputs, ce_bytes))
+
+
+def loss_path_phases(setup: Setup, transformers_version: str, loop_keeps_outputs: bool,
+                     ce_bytes: int | None = None) -> tuple[int, int]:
+    """(the cross-entropy's forward, the start of its backward), bytes per logit. They sit on either side of the
+    model's return: HF computes the loss inside ``forward``, so inside the autocast region accelerate and Trainer wrap
+    around it, and the backward runs after the region has exited (what autocast's weight cache holds until then:
+    analytic.autocast_cached_casts, lora_activations.adapter_cast_bytes)."""
     era = loss_era(transformers_version)
     from .activations_data import activations_data
 
@@ -94,7 +103,7 @@ def loss_path_units(setup: Setup, transformers_version: str, loop_keeps_outputs:
     shift = ce if era.shift_copy and setup.micro_batch_size > 1 else 0
     forward = held + upcast + shift + ce
     backward = (held if loop_keeps_outputs else 0) + 3 * ce
-    return max(forward, backward)
+    return forward, backward
 
 
 def hf_loss_bytes(spec: ModelSpec, setup: Setup, transformers_version: str, loop_keeps_outputs: bool) -> int:
@@ -109,6 +118,17 @@ def hf_loss_bytes(spec: ModelSpec, setup: Setup, transformers_version: str, loop
 def installed_transformers() -> str | None:
     """The transformers release installed next to perfguide (the one a plan made here will train with)."""
     return installed_release("transformers")
+
+
+def forward_loss_bytes(spec: ModelSpec, setup: Setup, release: str | None) -> int:
+    """What HF's own loss holds at its forward, inside the model's autocast region (a trainer that drops the output
+    before backward): the bytes autocast's cached casts sit beside. 0 where no causal-LM loss runs."""
+    if not spec.generates or spec.is_encoder_decoder:
+        return 0
+    from .activations_data import activations_data
+
+    forward, _ = loss_path_phases(setup, release or activations_data().loss_paths.traced_release, False)
+    return setup.micro_batch_size * setup.seq_len * spec.logits_width * forward
 
 
 def release_delta_bytes(spec: ModelSpec, setup: Setup, release: str | None) -> int:
