@@ -1,4 +1,4 @@
-"""autocast's 16-bit copies of PEFT's fp32 adapters (memory/lora_activations.py ``adapter_cast_bytes``; issue 24).
+"""autocast's 16-bit copies of PEFT's fp32 adapters (memory/autocast_copies.py ``adapter_cast_bytes``; issue 24).
 
 PEFT upcasts adapters on a 16-bit base to fp32 (``autocast_adapter_dtype``), so under HF Trainer's bf16 autocast each
 ``lora_A`` / ``lora_B`` weight is an fp32 leaf that requires grad, and autocast caches its bf16 cast until the region
@@ -17,8 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from perfguide.memory import analytic
+from perfguide.memory.autocast_copies import adapter_cast_bytes
 from perfguide.memory.ledger import ledger
-from perfguide.memory.lora_activations import adapter_cast_bytes
 from perfguide.memory.loss_path import forward_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup

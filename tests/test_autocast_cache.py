@@ -1,5 +1,5 @@
 """autocast's weight cache keeps every trainable Linear's 16-bit copy to the end of a checkpointed forward
-(memory/analytic.py ``autocast_cached_casts``; issue 24).
+(memory/autocast_copies.py ``autocast_cached_casts``; issue 24).
 
 torch.autocast caches the cast of each fp32 leaf weight that requires grad until the outermost autocast region exits,
 whether or not autograd saves it. Without checkpointing the matmuls save those copies anyway (``weight_casts``); with
@@ -20,7 +20,7 @@ from helpers import load_bench, published_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
-from perfguide.memory.analytic import autocast_cached_casts
+from perfguide.memory.autocast_copies import autocast_cached_casts
 from perfguide.model.linears import linear_params
 from perfguide.setup import LoraSpec, Setup
 

@@ -18,7 +18,8 @@ import pytest
 from helpers import script_trace
 
 from perfguide.memory import activations as act
-from perfguide.memory.analytic import head_cast_bytes, training_memory
+from perfguide.memory.analytic import training_memory
+from perfguide.memory.autocast_copies import head_cast_bytes
 from perfguide.model.linears import linear_params
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import load_bench
 
-from perfguide.memory.analytic import head_cast_bytes
+from perfguide.memory.autocast_copies import head_cast_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
 

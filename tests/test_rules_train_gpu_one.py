@@ -62,7 +62,7 @@ def test_7b_full_finetune_on_a100_80gb_needs_the_ladder() -> None:
     assert any(c.verdict == "does-not-fit" and c.setup.optimizer == "adamw_torch_fused" and c.setup.weights_dtype == "fp32"
                for c in p.candidates)
     # fp32 masters + 8-bit AdamW (4 + 4 + 2 B/param = 67 GB) would fit but for autocast's weight cache: a checkpointed
-    # forward ends with a bf16 copy of every trainable Linear (2 B x 6.5e9 = 13 GB; analytic.autocast_cached_casts)
+    # forward ends with a bf16 copy of every trainable Linear (2 B x 6.5e9 = 13 GB; autocast_copies.autocast_cached_casts)
     fp32_8bit_ckpt = [c for c in p.candidates if c.setup.weights_dtype == "fp32" and c.setup.optimizer == "adamw_bnb_8bit"
                       and c.setup.gradient_checkpointing]
     assert fp32_8bit_ckpt and all(c.verdict == "does-not-fit" for c in fp32_8bit_ckpt)

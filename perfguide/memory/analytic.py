@@ -40,12 +40,12 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import eras
+from .autocast_copies import adapter_cast_bytes, autocast_cached_casts, head_cast_bytes
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
-from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
-from .lora_activations import adapter_cast_bytes, dora_norm_bytes, lora_layer_bytes
+from .lora_activations import dora_norm_bytes, lora_layer_bytes
 from .loss_path import forward_loss_bytes, installed_transformers, release_delta_bytes
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
 from .moe_lora import expert_lora_bytes
@@ -167,37 +167,6 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
         grads += frozen * DTYPE_BYTES[setup.weights_dtype]
         elements += frozen
     return States(led.weight_bytes, grads, cost.states, led.trainable_params, led.param_bytes, elements), cost
-
-
-def autocast_cached_casts(spec: ModelSpec, setup: Setup, priced: int) -> int:
-    """The trainable block Linears' 16-bit copies autocast's weight cache keeps to the end of a checkpointed forward,
-    beyond the one block's copies ``priced`` already holds.
-
-    torch.autocast caches the cast of every fp32 leaf weight that requires grad until the outermost autocast region
-    exits (``cached_cast``'s ``can_try_cache``; ``clear_autocast_cache`` at exit), whether or not autograd saves it,
-    so a checkpointed forward ends with every trainable Linear's copy alive, through an HF model's loss inside that
-    region. The recompute in backward enters a region of its own per block, so backward holds one block's copies.
-    Frozen weights (LoRA's base) are not cached. Traced on CPU (tests/test_autocast_cache.py); reported in the field
-    as layer-by-layer build-up under checkpointing (ecmwf/anemoi-core issue #134).
-    """
-    if setup.lora is not None or act.regime(setup) != "amp":
-        return 0
-    return max(linear_params(spec) * 2 - priced, 0)
-
-
-def head_cast_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """The 16-bit copy of an fp32 LM head that autocast makes and the head's matmul saves for backward.
-
-    Under autocast ``F.linear(hidden, W_fp32)`` runs on a bf16/fp16 cast of ``W``; the matmul saves that cast to
-    compute the input gradient, so it lives from the forward to the head's backward (across the loss peak). The
-    head is fp32 for fp32 weights and for a k-bit base after peft's prepare_model_for_kbit_training (it upcasts
-    every non-quantized parameter; bitsandbytes leaves the head unquantized). The block Linears' casts are
-    ``weight_casts``; this is the head's (Llama-3.1-8B: 128256 x 4096 x 2 B = 1.05 GB).
-    """
-    fp32_head = setup.weights_dtype == "fp32" or (kbit_fp32_parts(setup) and not setup.kbit_recast_bf16)
-    if not (setup.autocast and fp32_head and spec.head == "lm") or setup.computes_on_16bit_copy:
-        return 0   # DeepSpeed's 16-bit module, FSDP's param_dtype gather: the head is 16-bit before autocast sees it
-    return 2 * spec.vocab_size * spec.hidden_size
 
 
 #: where a 4-bit base comes from: bitsandbytes (perfguide's plans: BitsAndBytesConfig) or torchao's NF4Tensor (torchtune)

@@ -155,22 +155,6 @@ def _adapter_input(setup: Setup) -> tuple[bool, int]:
     return autocast_runs, 2 if autocast_runs or _sixteen_bit_adapters(setup) else 4   # 16-bit adapters: 16-bit inputs
 
 
-def adapter_cast_bytes(setup: Setup, adapter_params: int) -> int:
-    """autocast's 16-bit copies of fp32 adapters, alive together at the end of the forward (and the loss inside it).
-
-    PEFT's ``lora_A`` / ``lora_B`` are fp32 leaves that require grad, so ``F.linear`` under autocast casts each weight
-    once and autocast's cache keeps the copy until the outermost region exits (aten autocast_mode.cpp ``cached_cast``:
-    ``can_try_cache`` for fp32 leaves requiring grad), saved for backward or not. Without checkpointing the matmuls
-    also save them into backward; with it the cache alone holds them to the forward's end. (litgpt's adapters,
-    which its bf16-mixed runs keep fp32, multiply by transposed views autocast does not cache, but its finetune
-    scripts checkpoint only under FSDP, which casts first; unchecked, the matmuls save those copies all the same.)
-    2 B per adapter element (Llama-3.1-8B, r=64 on every Linear: 0.34 GB). Traced on a real peft model on CPU
-    (tests/test_adapter_casts.py). None where autocast finds 16-bit adapters (16-bit adapters, DeepSpeed's 16-bit
-    module, FSDP's param_dtype gather)."""
-    plain_amp = setup.autocast in ("bf16", "fp16") and not (setup.is_fsdp or setup.is_deepspeed)
-    return 2 * adapter_params if setup.lora is not None and plain_amp and adapter_dtype_bytes(setup) == 4 else 0
-
-
 def adapter_dtype_bytes(setup: Setup) -> int:
     """Bytes per element of the adapters' weights, the dtype peft casts a Linear's input to before the adapter runs."""
     return 2 if _sixteen_bit_adapters(setup) else 4

@@ -92,7 +92,7 @@ def loss_path_phases(setup: Setup, transformers_version: str, loop_keeps_outputs
     """(the cross-entropy's forward, the start of its backward), bytes per logit. They sit on either side of the
     model's return: HF computes the loss inside ``forward``, so inside the autocast region accelerate and Trainer wrap
     around it, and the backward runs after the region has exited (what autocast's weight cache holds until then:
-    analytic.autocast_cached_casts, lora_activations.adapter_cast_bytes)."""
+    memory/autocast_copies.py)."""
     era = loss_era(transformers_version)
     from .activations_data import activations_data
 
