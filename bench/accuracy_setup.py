@@ -26,6 +26,8 @@ def _precision(p: str) -> dict[str, object]:
         raise Skip("Float8 linears are not expressible")
     if low.startswith("fp32") and "no autocast" in low:   # llama-recipes' bfSixteen_mixed: FSDP param_dtype fp32
         return {"weights_dtype": "fp32"}
+    if low.startswith("bf16 + autocast"):   # 16-bit weights under Trainer bf16=True: autocast casts fp32 adapters only
+        return {"weights_dtype": "bf16", "autocast": "bf16"}
     if "mixed" in low and "bf16" in low and "fsdp" not in low:
         return {"weights_dtype": "fp32", "autocast": "bf16"}
     if "fsdp mixed precision" in low:
