@@ -33,6 +33,14 @@ _LEGACY_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "s
                      "flex_attention": "flex_attention", "sage_attention": "sage"}
 
 
+#: axolotl's CutCrossEntropyPlugin (its ``cut_cross_entropy`` switch defaults to true once the plugin is listed)
+CCE_PLUGIN = "cut_cross_entropy"
+CCE_NOTE = ("cut_cross_entropy (axolotl's CutCrossEntropyPlugin, apple/ml-cross-entropy) is not priced: the check prices "
+            "HF's loss over the full logits, 12 bytes per token per vocabulary entry at its peak, which Cut Cross-Entropy "
+            "never writes (it keeps an fp32 log-sum-exp per token and, in backward, the hidden states' gradient), so the "
+            "peak here is high by about that much; Liger's fused linear cross-entropy (the LigerPlugin with "
+            "liger_fused_linear_cross_entropy: true) is priced")
+
 #: the only command that runs this format starts a process per visible GPU when it names no count
 LAUNCH = ("axolotl train runs accelerate launch, one process per visible GPU unless its "
           "accelerate config says otherwise (--num-gpus N here)")
@@ -65,6 +73,8 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
     if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
         col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
+    if any(CCE_PLUGIN in p.lower() for p in plugins) and data.get(CCE_PLUGIN, True) not in (False, None):
+        col.note(CCE_NOTE)
     if data.get("torch_compile") not in (None, False):
         col.set("torch_compile", True, "torch_compile")
     for key in ("dataloader_num_workers", "dataloader_pin_memory"):
