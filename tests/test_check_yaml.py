@@ -85,6 +85,33 @@ def test_axolotl_cut_cross_entropy_is_named_not_priced(switch: bool | None, tmp_
     assert c.memory.peak_allocated == plain.memory.peak_allocated   # priced as HF's loss, as the note says
 
 
+@pytest.mark.parametrize(("extra", "upcast", "recast"), [({}, False, False), ({"fp32_norms": True}, True, True)])
+def test_axolotl_kbit_base_keeps_axolotls_dtypes(extra: dict, upcast: bool, recast: bool, tmp_path: Path) -> None:
+    """axolotl (067b021c8, loaders/model.py) casts a k-bit base's norms, embedding and head back to torch_dtype after
+    peft's k-bit preparation for every adapter run, so they are not the fp32 that prepare_model_for_kbit_training
+    leaves; ``fp32_norms`` keeps the norms fp32. Priced so, and the difference is the bytes by hand."""
+    y = {**load("axolotl_qlora-1b.yml"), **extra}
+    path = tmp_path / "q.yml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+    assert (c.setup.kbit_upcast, c.setup.kbit_recast_bf16) == (upcast, recast)
+    assert any("casts the norms, embeddings and head back to torch_dtype" in s.source for s in c.read)
+    same_as_estimate(c, "meta-llama/Llama-3.2-1B", "a100-80gb")
+    if not extra:
+        peft_reading = perfguide.estimate("meta-llama/Llama-3.2-1B", c.setup.model_copy(update={"kbit_upcast": True}),
+                                          hardware="a100-80gb")
+        tied_embedding = 128256 * 2048   # Llama-3.2-1B's one embedding matrix, also its head
+        assert peft_reading.weights - c.memory.weights == tied_embedding * (4 - 2) + 2048 * 33 * (4 - 2)   # + 33 norms
+
+
+def test_axolotl_peft_autocast_adapter_dtype_is_read(tmp_path: Path) -> None:
+    y = {**load("axolotl_lora-1b.yml"), "peft_autocast_adapter_dtype": False}
+    path = tmp_path / "l.yml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+    assert c.setup.lora is not None and c.setup.lora.autocast_adapter_dtype is False
+
+
 def test_axolotl_change_is_written_in_axolotl_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     y = {**load("axolotl_lora-1b.yml"), "base_model": "meta-llama/Llama-3.1-8B", "micro_batch_size": 16, "sequence_len": 4096,
          "gradient_checkpointing": False}

@@ -24,7 +24,7 @@ PRICED = frozenset({
     "bf16", "fp16", "bfloat16", "float16", "tf32", "optimizer", "gradient_checkpointing", "activation_offloading", "attn_implementation",
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
-    "dataloader_num_workers", "dataloader_pin_memory",
+    "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype",
 })
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
@@ -140,10 +140,28 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
     lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 8), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 16), col.where("lora_alpha")),
                             "dropout": as_float(data.get("lora_dropout") or 0.0, col.where("lora_dropout")),
                             "target_modules": targets if isinstance(targets, str) else tuple(str(t) for t in targets)}
-    for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora")):
+    for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora"),
+                     ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):   # loaders/adapter.py: get_peft_model's
         if data.get(src) is not None:
             lora[dst] = as_bool(data[src], col.where(src))
     col.set("lora", lora, "adapter")
+    if data.get("load_in_4bit") or data.get("load_in_8bit"):
+        _kbit_dtypes(data, col)
+
+
+#: where axolotl leaves a k-bit base's other parameters (commit 067b021c8, src/axolotl/loaders/model.py): after
+#: peft's prepare_model_for_kbit_training (or none: QLoRA under FSDP or ZeRO-3 skips it), every LoRA / QLoRA run casts
+#: the norms and the embedding and head (``get_linear_embedding_layers``) to ``torch_dtype``
+#: (``_convert_embedding_modules_dtype``, ``should_convert``: ``needs_fa2_dtype`` is set for any adapter); with
+#: ``fp32_norms`` the norm classes stay fp32
+KBIT_DTYPES = "axolotl casts the norms, embeddings and head back to torch_dtype after k-bit preparation (loaders/model.py)"
+
+
+def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
+    if data.get("fp32_norms") and as_bool(data["fp32_norms"], col.where("fp32_norms")):
+        col.set("kbit_recast_bf16", True, f"fp32_norms ({KBIT_DTYPES}; the norms stay fp32)")
+    else:
+        col.set("kbit_upcast", False, f"adapter ({KBIT_DTYPES})")
 
 
 def _attention(data: dict[str, Any], col: Collector) -> None:
