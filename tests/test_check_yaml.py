@@ -151,6 +151,17 @@ def test_llamafactory_full_and_qlora() -> None:
     assert y["quantization_bit"] == 4 and q.setup.weights_dtype == "nf4" and q.setup.lora is not None
     assert q.setup.gradient_accumulation_steps == y["gradient_accumulation_steps"]
     same_as_estimate(q, "Qwen/Qwen3-4B", "l4")
+    # LLaMA-Factory runs no peft k-bit preparation: embedding, head and norms stay in the load dtype
+    assert (q.setup.kbit_upcast, q.setup.kbit_recast_bf16) == (False, False)
+
+
+def test_llamafactory_upcast_layernorm_keeps_only_the_norms_fp32(tmp_path: Path) -> None:
+    y = {**load("llamafactory_qwen3_lora_sft_otfq.yaml"), "upcast_layernorm": True, "upcast_lmhead_output": True}
+    path = tmp_path / "q.yaml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    q = perfguide.check("Qwen/Qwen3-4B", path, hardware="l4")
+    assert (q.setup.kbit_upcast, q.setup.kbit_recast_bf16) == (True, True)
+    assert any("upcast_lmhead_output" in n and "not priced" in n for n in q.notes)
 
 
 # --- torchtune -------------------------------------------------------------------------------------------------------

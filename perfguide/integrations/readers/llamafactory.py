@@ -24,7 +24,7 @@ SYNTAX = "yaml"
 KNOWN = LLAMAFACTORY | TA_KNOWN | frozenset(SEQ2SEQ) | frozenset(REMOVED)
 PRICED = frozenset({"finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora", "use_rslora", "quantization_bit",
                     "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "disable_gradient_checkpointing", "pure_bf16",
-                    "model_name_or_path"})
+                    "model_name_or_path", "upcast_layernorm", "upcast_lmhead_output"})
 ATTENTION = {"auto": None, "fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
 
 
@@ -81,6 +81,7 @@ def _weights(data: dict[str, Any], col: Collector, kind: str) -> None:
         if method != "bnb":
             col.note(f"{col.where('quantization_method')}={method!r} is priced like bitsandbytes {dtype} (the same bits per weight)")
         col.set("weights_dtype", dtype, "quantization_bit")
+        _kbit_dtypes(data, col)
         return
     half = "bf16" if data.get("bf16") else "fp16" if data.get("fp16") else None
     if half is None:
@@ -89,6 +90,22 @@ def _weights(data: dict[str, Any], col: Collector, kind: str) -> None:
         col.set("weights_dtype", "fp32", "finetuning_type (full: trainable parameters upcast to fp32 unless pure_bf16)")
     else:
         col.set("weights_dtype", half, "pure_bf16" if kind == "full" else "bf16")
+
+
+#: LLaMA-Factory never runs peft's prepare_model_for_kbit_training (absent from src/ at ff6d4d12): a k-bit base keeps
+#: its embedding, head and norms in the load dtype; ``upcast_layernorm`` (default False) turns the norm weights fp32
+#: (model/model_utils/checkpointing.py ``prepare_model_for_training``)
+KBIT_DTYPES = "LLaMA-Factory runs no peft k-bit preparation (model/model_utils/checkpointing.py prepare_model_for_training)"
+
+
+def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
+    if data.get("upcast_layernorm") and as_bool(data["upcast_layernorm"], col.where("upcast_layernorm")):
+        col.set("kbit_recast_bf16", True, f"upcast_layernorm ({KBIT_DTYPES}; only the norm weights turn fp32)")
+    else:
+        col.set("kbit_upcast", False, f"quantization_bit ({KBIT_DTYPES}: embedding, head and norms stay in the load dtype)")
+    if data.get("upcast_lmhead_output") and as_bool(data["upcast_lmhead_output"], col.where("upcast_lmhead_output")):
+        col.note(f"{col.where('upcast_lmhead_output')}: the head's fp32 output copy is not priced (a forward hook "
+                 "returning output.to(float32))")
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
