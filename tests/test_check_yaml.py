@@ -180,6 +180,8 @@ def test_torchtune_lora_builders(name: str) -> None:
     assert set(s.lora.target_modules) == expected
     assert s.weights_dtype == ("nf4" if ".qlora_" in m["_component_"] else y["dtype"]) and s.autocast is None
     assert s.lora.adapter_dtype == y["dtype"]   # built under set_default_dtype(dtype), on an NF4 base too: no peft
+    if ".qlora_" in m["_component_"]:
+        assert not s.kbit_upcast   # torchao NF4 Linears only: the embedding, head and norms stay in the run dtype
     assert s.gradient_checkpointing is y["enable_activation_checkpointing"] and s.torch_compile is y["compile"]
     assert s.optimizer == ("adamw_torch_fused" if y["optimizer"].get("fused") else "adamw_torch")
     same_as_estimate(c, "meta-llama/Llama-3.2-1B", "a100-80gb")

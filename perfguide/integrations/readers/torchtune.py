@@ -124,6 +124,9 @@ def _lora(model: dict[str, Any], kind: str, col: Collector, dtype: Any) -> None:
     col.set("lora", lora, "model._component_")
     if kind == "qlora" or model.get("quantize_base"):
         col.set("weights_dtype", "nf4", "model._component_" if kind == "qlora" else "model.quantize_base")
+        # torchtune builds the model in its run dtype and turns only the Linears into torchao NF4Tensors: no peft
+        # k-bit preparation, so the embedding, head and norms stay in that dtype
+        col.set("kbit_upcast", False, "model._component_ (torchtune quantizes the Linears only and runs no peft k-bit preparation)")
 
 
 def _optimizer(opt: Any, col: Collector) -> None:
