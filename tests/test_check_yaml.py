@@ -104,6 +104,17 @@ def test_axolotl_kbit_base_keeps_axolotls_dtypes(extra: dict, upcast: bool, reca
         assert peft_reading.weights - c.memory.weights == tied_embedding * (4 - 2) + 2048 * 33 * (4 - 2)   # + 33 norms
 
 
+def test_axolotl_fp32_norms_under_fsdp_is_named_not_a_conflict(tmp_path: Path) -> None:
+    """Sharded QLoRA skips the k-bit preparation (and TRL's-style recast cannot apply there): the base stays 16-bit
+    and the fp32 norms are named as priced 16-bit."""
+    y = {**load("axolotl_qlora-1b.yml"), "fp32_norms": True, "fsdp_config": {"fsdp_version": 2}}
+    path = tmp_path / "q.yml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb:2", num_gpus=2)
+    assert c.setup.strategy == "fsdp" and (c.setup.kbit_upcast, c.setup.kbit_recast_bf16) == (False, False)
+    assert any("fp32_norms" in n and "priced 16-bit" in n for n in c.notes)
+
+
 def test_axolotl_peft_autocast_adapter_dtype_is_read(tmp_path: Path) -> None:
     y = {**load("axolotl_lora-1b.yml"), "peft_autocast_adapter_dtype": False}
     path = tmp_path / "l.yml"

@@ -158,10 +158,16 @@ KBIT_DTYPES = "axolotl casts the norms, embeddings and head back to torch_dtype 
 
 
 def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
-    if data.get("fp32_norms") and as_bool(data["fp32_norms"], col.where("fp32_norms")):
+    fp32_norms = bool(data.get("fp32_norms")) and as_bool(data["fp32_norms"], col.where("fp32_norms"))
+    sharded = bool(data.get("fsdp") or data.get("fsdp_config") or data.get("deepspeed"))
+    bf16 = any(s.field == "autocast" and s.value == "bf16" for s in col.settings)
+    if fp32_norms and not sharded and bf16:
         col.set("kbit_recast_bf16", True, f"fp32_norms ({KBIT_DTYPES}; the norms stay fp32)")
-    else:
-        col.set("kbit_upcast", False, f"adapter ({KBIT_DTYPES})")
+        return
+    col.set("kbit_upcast", False, f"adapter ({KBIT_DTYPES})")
+    if fp32_norms:
+        col.note(f"{col.where('fp32_norms')}: the fp32 norms of a sharded or fp16 run are priced 16-bit (their weights and "
+                 "the stream they keep: a few MB per block)")
 
 
 def _attention(data: dict[str, Any], col: Collector) -> None:

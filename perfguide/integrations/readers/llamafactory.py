@@ -99,10 +99,15 @@ KBIT_DTYPES = "LLaMA-Factory runs no peft k-bit preparation (model/model_utils/c
 
 
 def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
-    if data.get("upcast_layernorm") and as_bool(data["upcast_layernorm"], col.where("upcast_layernorm")):
+    upcast = bool(data.get("upcast_layernorm")) and as_bool(data["upcast_layernorm"], col.where("upcast_layernorm"))
+    sharded = bool(data.get("deepspeed") or data.get("fsdp"))
+    if upcast and not sharded and data.get("bf16"):
         col.set("kbit_recast_bf16", True, f"upcast_layernorm ({KBIT_DTYPES}; only the norm weights turn fp32)")
     else:
         col.set("kbit_upcast", False, f"quantization_bit ({KBIT_DTYPES}: embedding, head and norms stay in the load dtype)")
+        if upcast:
+            col.note(f"{col.where('upcast_layernorm')}: the fp32 norms of a sharded or fp16 run are priced 16-bit (their "
+                     "weights and the stream they keep: a few MB per block)")
     if data.get("upcast_lmhead_output") and as_bool(data["upcast_lmhead_output"], col.where("upcast_lmhead_output")):
         col.note(f"{col.where('upcast_lmhead_output')}: the head's fp32 output copy is not priced (a forward hook "
                  "returning output.to(float32))")
