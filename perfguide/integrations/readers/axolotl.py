@@ -166,8 +166,8 @@ def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
         return
     col.set("kbit_upcast", False, f"adapter ({KBIT_DTYPES})")
     if fp32_norms:
-        col.note(f"{col.where('fp32_norms')}: the fp32 norms of a sharded or fp16 run are priced 16-bit (their weights and "
-                 "the stream they keep: a few MB per block)")
+        col.note(f"{col.where('fp32_norms')}: the fp32 norms of a sharded or fp16 run are priced 16-bit: their weights "
+                 "(KB) and the fp32 outputs they pass on are not counted")
 
 
 def _attention(data: dict[str, Any], col: Collector) -> None:

@@ -106,8 +106,8 @@ def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
     else:
         col.set("kbit_upcast", False, f"quantization_bit ({KBIT_DTYPES}: embedding, head and norms stay in the load dtype)")
         if upcast:
-            col.note(f"{col.where('upcast_layernorm')}: the fp32 norms of a sharded or fp16 run are priced 16-bit (their "
-                     "weights and the stream they keep: a few MB per block)")
+            col.note(f"{col.where('upcast_layernorm')}: the fp32 norms of a sharded or fp16 run are priced 16-bit: their "
+                     "weights (KB) and the fp32 outputs they pass on are not counted")
     if data.get("upcast_lmhead_output") and as_bool(data["upcast_lmhead_output"], col.where("upcast_lmhead_output")):
         col.note(f"{col.where('upcast_lmhead_output')}: the head's fp32 output copy is not priced (a forward hook "
                  "returning output.to(float32))")
