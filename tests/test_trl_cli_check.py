@@ -51,6 +51,19 @@ def test_trl_sft_command_is_priced_as_its_flags_say() -> None:
     assert recommended and not {"trainer", "objective"} & set(recommended[0].setup)   # compared with a TRL plan
 
 
+def test_a_4bit_base_stays_16_bit_outside_its_linears() -> None:
+    """The installed TRL's trainers run no peft k-bit preparation (SFTTrainer and DPOTrainer call neither
+    prepare_model_for_kbit_training nor the bf16 recast: only trl.experimental's ORPO / CPO import them), so
+    ``--load_in_4bit --use_peft`` reads the embedding, head and norms in the load dtype."""
+    import trl
+
+    root = Path(trl.__file__).parent
+    calls = [p.relative_to(root) for p in root.rglob("*.py") if "prepare_model_for_kbit_training(" in p.read_text(encoding="utf-8")]
+    assert calls and all(str(c).startswith("experimental") for c in calls)
+    s = perfguide.check(None, ["trl", "sft", *ARGV, "--load_in_4bit"], hardware="a100-80gb:8").setup
+    assert s.weights_dtype == "nf4" and s.kbit_upcast is False and not s.kbit_recast_bf16
+
+
 def test_trl_dpo_command_prices_dpo() -> None:
     s = perfguide.check(None, ["trl", "dpo", *ARGV], hardware="a100-80gb:8").setup
     assert s.objective == "dpo" and s.trainer == "trl"

@@ -195,6 +195,28 @@ def _model_config(data: dict[str, Any], col: Collector) -> None:
             if data.get(flag) is not None:
                 lora[flag] = as_bool(data[flag], col.where(flag))
         col.set("lora", lora, "use_peft")
+        if data.get("load_in_4bit") or data.get("load_in_8bit"):
+            _trl_kbit_dtypes(data, col)
+
+
+#: the first TRL release whose trainers run no peft k-bit preparation and no bf16 recast (Setup.kbit_recast_bf16:
+#: 0.26.0's SFTTrainer calls neither; read again in the 1.16 wheel: only trl.experimental's ORPO / CPO still do)
+TRL_NO_KBIT_PREP = (0, 26)
+
+
+def _trl_kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
+    """A TRL ModelConfig's k-bit base trained by the installed TRL (the one ``trl sft`` runs): from 0.26 its embedding,
+    head and norms stay in the load dtype; before, TRL ran peft's upcast and, on an unsharded bf16 run, cast the
+    embedding and head back to bf16 (``peft_module_casting_to_bf16``)."""
+    from ..._packages import installed_release
+    from ...memory.loss_path import version_tuple
+
+    release = installed_release("trl")
+    if release is None or version_tuple(release)[:2] >= TRL_NO_KBIT_PREP:
+        col.set("kbit_upcast", False, f"load_in_4bit / use_peft (TRL {release or '(newest)'}: its trainers run no peft k-bit "
+                                       "preparation, so the embedding, head and norms stay in the load dtype)")
+    elif data.get("bf16") and not (data.get("fsdp") or data.get("deepspeed")):
+        col.set("kbit_recast_bf16", True, f"bf16 (TRL {release}: peft's k-bit upcast, then the embedding and head back to bf16)")
 
 
 def read_fsdp(fsdp: Any, config: Any, col: Collector, default_version: int = 2) -> None:
