@@ -290,7 +290,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts += 0 if recompute else sdpa_bias_bytes(spec, shape, checkpointed=False)   # each sliding layer's SDPA bias
     logits = loss_bytes if loss_bytes is not None else terms.logits
     release_notes: tuple[str, ...] = ()
-    if loss_bytes is None and terms.logits == base_logits:  # HF's own loss: the installed release decides its copies
+    hf_loss = loss_bytes is None and terms.logits == base_logits   # HF's own loss: the installed release decides its copies
+    if hf_loss:
         release = installed_transformers()
         delta = release_delta_bytes(spec, shape, release)
         logits += delta
@@ -329,7 +330,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                             params_offloaded=techniques.weights_on_host(setup))
     loss_cut, over = gather - loss_gather + copy, max(copy - logits, 0)
     # autocast's cache empties as the model returns: its casts sit beside the loss's forward, not its backward
-    beside = forward_loss_bytes(spec, shape, installed_transformers()) if loss_bytes is None and terms.logits == base_logits else 0
+    beside = forward_loss_bytes(spec, shape, installed_transformers()) if hf_loss else 0
     forward = resident - loss_cut + early_grads + held_tail + acts + max(logits, beside + cached_casts) + top + over
     # checkpointing: the top block is recomputed only once the loss buffers are gone (traced: never together)
     # a tied head's gradient waits in autograd's input buffer for the embedding's (one AccumulateGrad, two inputs) to the

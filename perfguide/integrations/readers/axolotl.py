@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, listing, mapping
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, listing, mapping, set_kbit_dtypes
 from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
 from .training_args import read_fsdp
 
@@ -161,13 +161,9 @@ def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
     fp32_norms = bool(data.get("fp32_norms")) and as_bool(data["fp32_norms"], col.where("fp32_norms"))
     sharded = bool(data.get("fsdp") or data.get("fsdp_config") or data.get("deepspeed"))
     bf16 = any(s.field == "autocast" and s.value == "bf16" for s in col.settings)
-    if fp32_norms and not sharded and bf16:
-        col.set("kbit_recast_bf16", True, f"fp32_norms ({KBIT_DTYPES}; the norms stay fp32)")
-        return
-    col.set("kbit_upcast", False, f"adapter ({KBIT_DTYPES})")
-    if fp32_norms:
-        col.note(f"{col.where('fp32_norms')}: the fp32 norms of a sharded or fp16 run are priced 16-bit: their weights "
-                 "(KB) and the fp32 outputs they pass on are not counted")
+    recast = fp32_norms and not sharded and bf16
+    set_kbit_dtypes(col, "fp32_norms" if recast else "adapter", KBIT_DTYPES + ("; the norms stay fp32" if recast else ""),
+                    recast=recast, fp32_norms_key="fp32_norms" if fp32_norms else None)
 
 
 def _attention(data: dict[str, Any], col: Collector) -> None:

@@ -101,6 +101,20 @@ class Collector:
                        multi_process=self.multi_process, spans_gpus=self.spans_gpus)
 
 
+def set_kbit_dtypes(col: Collector, key: str, why: str, *, recast: bool = False, fp32_norms_key: str | None = None) -> None:
+    """A k-bit base's embedding, head and norms as the training framework leaves them (``why``, read in its code): in
+    the load dtype (``kbit_upcast=False``), or, where ``recast``, peft's upcast with the embedding and head cast back
+    to bf16 and the norms fp32 (``kbit_recast_bf16``, which perfguide prices on unsharded bf16 runs only). A framework
+    switch that keeps fp32 norms where the recast cannot be priced (``fp32_norms_key``) is named in the notes."""
+    if recast:
+        col.set("kbit_recast_bf16", True, f"{key} ({why})")
+        return
+    col.set("kbit_upcast", False, f"{key} ({why})")
+    if fp32_norms_key:
+        col.note(f"{col.where(fp32_norms_key)}: the fp32 norms of a sharded or fp16 run are priced 16-bit: their weights "
+                 "(KB) and the fp32 outputs they pass on are not counted")
+
+
 def take_flags(words: list[str], name: Callable[[str], str], switches: Collection[str], on: Any = True) -> tuple[dict[str, Any], int]:
     """The leading ``--flag value`` / ``--flag=value`` / switch words of a command (a switch gets ``on``), and the
     index of the first word that is not a flag: launchers and servers share argparse's spelling."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes
 from .foreign_keys import LLAMAFACTORY
 from .hf_keys import REMOVED, SEQ2SEQ
 from .training_args import KNOWN as TA_KNOWN
@@ -100,14 +100,10 @@ KBIT_DTYPES = "LLaMA-Factory runs no peft k-bit preparation (model/model_utils/c
 
 def _kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
     upcast = bool(data.get("upcast_layernorm")) and as_bool(data["upcast_layernorm"], col.where("upcast_layernorm"))
-    sharded = bool(data.get("deepspeed") or data.get("fsdp"))
-    if upcast and not sharded and data.get("bf16"):
-        col.set("kbit_recast_bf16", True, f"upcast_layernorm ({KBIT_DTYPES}; only the norm weights turn fp32)")
-    else:
-        col.set("kbit_upcast", False, f"quantization_bit ({KBIT_DTYPES}: embedding, head and norms stay in the load dtype)")
-        if upcast:
-            col.note(f"{col.where('upcast_layernorm')}: the fp32 norms of a sharded or fp16 run are priced 16-bit: their "
-                     "weights (KB) and the fp32 outputs they pass on are not counted")
+    recast = upcast and bool(data.get("bf16")) and not (data.get("deepspeed") or data.get("fsdp"))
+    set_kbit_dtypes(col, "upcast_layernorm" if recast else "quantization_bit",
+                    KBIT_DTYPES + ("; only the norm weights turn fp32" if recast else ": embedding, head and norms stay in the load dtype"),
+                    recast=recast, fp32_norms_key="upcast_layernorm" if upcast else None)
     if data.get("upcast_lmhead_output") and as_bool(data["upcast_lmhead_output"], col.where("upcast_lmhead_output")):
         col.note(f"{col.where('upcast_lmhead_output')}: the head's fp32 output copy is not priced (a forward hook "
                  "returning output.to(float32))")

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ...optimizer_facts import row
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes
 
 FORMAT = "torchtune"
 SYNTAX = "yaml"
@@ -124,9 +124,8 @@ def _lora(model: dict[str, Any], kind: str, col: Collector, dtype: Any) -> None:
     col.set("lora", lora, "model._component_")
     if kind == "qlora" or model.get("quantize_base"):
         col.set("weights_dtype", "nf4", "model._component_" if kind == "qlora" else "model.quantize_base")
-        # torchtune builds the model in its run dtype and turns only the Linears into torchao NF4Tensors: no peft
-        # k-bit preparation, so the embedding, head and norms stay in that dtype
-        col.set("kbit_upcast", False, "model._component_ (torchtune quantizes the Linears only and runs no peft k-bit preparation)")
+        # torchtune builds the model in its run dtype and turns only the Linears into torchao NF4Tensors
+        set_kbit_dtypes(col, "model._component_", "torchtune quantizes the Linears only and runs no peft k-bit preparation")
 
 
 def _optimizer(opt: Any, col: Collector) -> None:

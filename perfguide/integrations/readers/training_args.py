@@ -12,7 +12,7 @@ from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
 from ...optimizer_facts import steps_in_backward
-from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, choice
+from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes
 from .hf_keys import DPO_CONFIG, MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
 
 FORMAT = "training_args"
@@ -208,15 +208,15 @@ def _trl_kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
     """A TRL ModelConfig's k-bit base trained by the installed TRL (the one ``trl sft`` runs): from 0.26 its embedding,
     head and norms stay in the load dtype; before, TRL ran peft's upcast and, on an unsharded bf16 run, cast the
     embedding and head back to bf16 (``peft_module_casting_to_bf16``)."""
-    from ..._packages import installed_release
+    from ...memory.fused_head import installed_trl
     from ...memory.loss_path import version_tuple
 
-    release = installed_release("trl")
+    release = installed_trl()
     if release is None or version_tuple(release)[:2] >= TRL_NO_KBIT_PREP:
-        col.set("kbit_upcast", False, f"load_in_4bit / use_peft (TRL {release or '(newest)'}: its trainers run no peft k-bit "
-                                       "preparation, so the embedding, head and norms stay in the load dtype)")
+        set_kbit_dtypes(col, "load_in_4bit / use_peft", f"TRL {release or '(newest)'}: its trainers run no peft k-bit "
+                        "preparation, so the embedding, head and norms stay in the load dtype")
     elif data.get("bf16") and not (data.get("fsdp") or data.get("deepspeed")):
-        col.set("kbit_recast_bf16", True, f"bf16 (TRL {release}: peft's k-bit upcast, then the embedding and head back to bf16)")
+        set_kbit_dtypes(col, "bf16", f"TRL {release}: peft's k-bit upcast, then the embedding and head back to bf16", recast=True)
 
 
 def read_fsdp(fsdp: Any, config: Any, col: Collector, default_version: int = 2) -> None:
