@@ -73,7 +73,8 @@ INSTALL = {"torch": "pip install 'torch>=2.4'", "transformers": "pip install 'tr
            "accelerate": "pip install 'accelerate>=1.0'", "peft": "pip install 'peft>=0.19'",
            "bitsandbytes": "pip install 'bitsandbytes>=0.46.1'", "trl": "pip install 'perfguide[trl]'",
            "deepspeed": "pip install 'perfguide[deepspeed]'", "matplotlib": "pip install 'perfguide[plot]'",
-           "rich": "pip install 'perfguide[rich]'", "yaml": "pip install pyyaml"}
+           "rich": "pip install 'perfguide[rich]'", "yaml": "pip install pyyaml",
+           "cut_cross_entropy": "pip install 'cut-cross-entropy[transformers]'"}
 
 
 def needs_packages(method: Callable[P, T]) -> Callable[P, T]:

@@ -66,25 +66,6 @@ def test_axolotl_fsdp_liger_example() -> None:
     same_as_estimate(c, "meta-llama/Llama-3.1-8B", "a100-80gb:8")
 
 
-@pytest.mark.parametrize("switch", [None, True, False])
-def test_axolotl_cut_cross_entropy_is_named_not_priced(switch: bool | None, tmp_path: Path) -> None:
-    """axolotl's CutCrossEntropyPlugin (its ``cut_cross_entropy`` defaults to true once listed) runs a loss perfguide
-    does not price: the check says so and by how much per logit, and prices HF's full-logits loss as before."""
-    y = {**load("axolotl_qlora-1b.yml"), "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
-    if switch is not None:
-        y["cut_cross_entropy"] = switch
-    path = tmp_path / "cce.yml"
-    path.write_text(yaml.safe_dump(y), encoding="utf-8")
-    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
-    named_cce = [n for n in c.notes if n.startswith("cut_cross_entropy (axolotl's CutCrossEntropyPlugin")]
-    assert len(named_cce) == (0 if switch is False else 1)
-    if named_cce:
-        assert "12 bytes per token per vocabulary entry" in named_cce[0] and "not priced" in named_cce[0]
-    assert not c.setup.liger_kernel
-    plain = perfguide.check("meta-llama/Llama-3.2-1B", DATA / "axolotl_qlora-1b.yml", hardware="a100-80gb")
-    assert c.memory.peak_allocated == plain.memory.peak_allocated   # priced as HF's loss, as the note says
-
-
 @pytest.mark.parametrize(("extra", "upcast", "recast"), [({}, False, False), ({"fp32_norms": True}, True, True)])
 def test_axolotl_kbit_base_keeps_axolotls_dtypes(extra: dict, upcast: bool, recast: bool, tmp_path: Path) -> None:
     """axolotl (067b021c8, loaders/model.py) casts a k-bit base's norms, embedding and head back to torch_dtype after

@@ -67,6 +67,7 @@ class Constraints(Model):
     from_scratch: StrictBool = False
     # the technique stack (perfguide.techniques): None lets the search decide, True/False forces
     liger_kernel: StrictBool | None = None
+    cut_cross_entropy: StrictBool | None = None
     optimizer_in_backward: StrictBool | None = None
     activation_offloading: StrictBool | None = None
     padding_free: StrictBool | None = None

@@ -93,7 +93,8 @@ class LigerKernel(Technique):
         if not (self.active(ctx.setup) and ctx.setup.task == "train" and supported(ctx.spec.model_type)):
             return StepSeconds()  # an unpatched model runs HF's own loss and modules: nothing changes
         chunk_rate = ctx.gemm_rate(ctx.peak_tflops, ctx.asymptote, chunk_rows(ctx.spec, ctx.tokens))
-        loss = loss_seconds(ctx.spec, ctx.setup, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth)
+        # under Cut Cross-Entropy Liger's fused cross-entropy is switched off (``training_args``): CCE prices the loss
+        loss = 0.0 if ctx.setup.cut_cross_entropy else loss_seconds(ctx.spec, ctx.setup, ctx.tokens, ctx.rate, chunk_rate, ctx.bandwidth)
         # under torch.compile the step model already charges the chains at compile_elementwise_factor of their eager
         # bytes; Liger's kernels (opaque to Inductor) bring them the rest of the way to one fused pass
         from . import kernel_factors  # the folded factors of every active technique (compile's among them)
@@ -116,7 +117,11 @@ class LigerKernel(Technique):
         return [{"liger_kernel": True}] if wanted else [{}, {"liger_kernel": True}]
 
     def training_args(self, ctx: EmitContext) -> dict[str, Any]:
-        return {"use_liger_kernel": True} if self.active(ctx.setup) else {}
+        if not self.active(ctx.setup):
+            return {}
+        # Cut Cross-Entropy patches the model's forward (prepare_model); Liger's fused cross-entropy would patch it again
+        off = {"liger_kernel_config": {"fused_linear_cross_entropy": False}} if ctx.setup.cut_cross_entropy else {}
+        return {"use_liger_kernel": True, **off}
 
     def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
         return {"use_liger_kernel": self.active(ctx.setup)}   # SFTConfig: written out both ways

@@ -3,7 +3,7 @@
 ``bf16: auto`` is true on a bf16 GPU, and the model then loads in bf16 (``resolve_dtype`` in
 src/axolotl/utils/config/__init__.py: bf16 -> torch_dtype bfloat16; load_in_8bit or fp16 -> float16; else float32).
 ``sample_packing`` packs samples into rows with position ids (multipack), priced padding-free; the Liger plugin's
-fused linear cross-entropy is Liger's. The world size comes from the launcher, not the YAML.
+fused linear cross-entropy is Liger's, the CutCrossEntropyPlugin's loss Cut Cross-Entropy's. The world size comes from the launcher, not the YAML.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ PRICED = frozenset({
     "bf16", "fp16", "bfloat16", "float16", "tf32", "optimizer", "gradient_checkpointing", "activation_offloading", "attn_implementation",
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
-    "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype",
+    "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy",
 })
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
@@ -33,13 +33,10 @@ _LEGACY_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "s
                      "flex_attention": "flex_attention", "sage_attention": "sage"}
 
 
-#: axolotl's CutCrossEntropyPlugin (its ``cut_cross_entropy`` switch defaults to true once the plugin is listed)
+#: axolotl's CutCrossEntropyPlugin (its ``cut_cross_entropy`` switch defaults to true once the plugin is listed); its
+#: fork of apple/ml-cross-entropy patches any llama-like causal LM (integrations/cut_cross_entropy ``patch_llama_like``)
 CCE_PLUGIN = "cut_cross_entropy"
-CCE_NOTE = ("cut_cross_entropy (axolotl's CutCrossEntropyPlugin, apple/ml-cross-entropy) is not priced: the check prices "
-            "HF's loss over the full logits, 12 bytes per token per vocabulary entry at its peak, which Cut Cross-Entropy "
-            "never writes (it keeps an fp32 log-sum-exp per token and, in backward, the hidden states' gradient), so the "
-            "peak here is high by about that much; Liger's fused linear cross-entropy (the LigerPlugin with "
-            "liger_fused_linear_cross_entropy: true) is priced")
+CCE_PLUGIN_PATH = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
 
 #: the only command that runs this format starts a process per visible GPU when it names no count
 LAUNCH = ("axolotl train runs accelerate launch, one process per visible GPU unless its "
@@ -74,7 +71,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
         col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
     if any(CCE_PLUGIN in p.lower() for p in plugins) and data.get(CCE_PLUGIN, True) not in (False, None):
-        col.note(CCE_NOTE)
+        col.set("cut_cross_entropy", True, "plugins" if CCE_PLUGIN not in data else CCE_PLUGIN)
     if data.get("torch_compile") not in (None, False):
         col.set("torch_compile", True, "torch_compile")
     for key in ("dataloader_num_workers", "dataloader_pin_memory"):
@@ -192,6 +189,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys[simple[field]] = value
         elif field == "liger_kernel":
             keys.update({"plugins": ["axolotl.integrations.liger.LigerPlugin"], "liger_fused_linear_cross_entropy": value})
+        elif field == "cut_cross_entropy":
+            keys.update({"plugins": [CCE_PLUGIN_PATH], "cut_cross_entropy": value})
         elif field == "autocast" and value != "fp8":
             keys.update(bf16=value == "bf16", fp16=value == "fp16")
         elif field == "weights_dtype" and value in ("nf4", "int8"):
