@@ -41,7 +41,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     cross-entropy backward has run (2), and the cross-entropy chunks not yet run backward, half of them at that point:
     their saved 16-bit log-softmax outputs and their nll gradients (1 + 1).
     """
-    if setup.task != "train" or setup.liger_kernel:  # Liger's fused linear cross-entropy: the technique prices it
+    if setup.task != "train" or setup.liger_kernel or setup.cut_cross_entropy:  # a fused loss: its technique prices it
         return None
     if "loss=logits.sum()" in row["method"]:
         return (4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)

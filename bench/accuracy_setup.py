@@ -330,6 +330,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      optimizer_in_backward="optimizer_in_bwd True" in row["method"],
                                      torch_compile="torch.compile enabled" in row["method"],
                                      liger_kernel="Liger kernels on" in row["method"],
+                                     cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
                                      activation_offloading="activation_offloading=True" in row["method"],  # TRL SFTConfig
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))

@@ -51,7 +51,13 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # Phi-3.5-mini keeps Phi-3-mini's block and tokenizer (its model card: 3.8B, "same tokenizer as Phi-3 Mini";
              # config.json 3072 x 32 layers, FFN 8192, 32 heads, vocab 32064, untied head); its 131072 longrope positions
              # and sliding window differ from the 4k checkpoint's, which hold no memory at the 512 tokens its rows train
-             "microsoft/Phi-3.5-mini-instruct": "microsoft/Phi-3-mini-4k-instruct"}
+             "microsoft/Phi-3.5-mini-instruct": "microsoft/Phi-3-mini-4k-instruct",
+             # Devstral Small and Magistral Small are text-only fine-tunes of Mistral Small 3.1 (their model cards): its
+             # text decoder, Mistral Small 3's shape (5120 x 40 blocks, 32 / 8 heads of 128, FFN 32768, vocabulary 131072,
+             # untied); rows 3100-3102 say the inference
+             "mistralai/Devstral-Small-2505": "mistralai/Mistral-Small-24B-Base-2501",
+             "mistralai/Magistral-Small-2506": "mistralai/Mistral-Small-24B-Base-2501",
+             "mistralai/Magistral-Small-2507": "mistralai/Mistral-Small-24B-Base-2501"}
 
 
 def _spec(hub_id: str) -> ModelSpec:
