@@ -97,3 +97,11 @@ def test_forced_where_it_cannot_run_is_a_clear_error(model: str, hardware: str, 
 def test_cpu_setup_is_refused() -> None:
     with pytest.raises(ValueError, match="cut_cross_entropy needs a cuda device"):
         perfguide.Setup(device="cpu", cut_cross_entropy=True)
+
+
+def test_axolotl_plugin_without_half_precision_is_refused(tmp_path: Path) -> None:
+    """axolotl's CutCrossEntropyArgs refuses the plugin without bf16 or fp16 training (check_dtype_is_half); so does the
+    check, in one line naming the key, instead of pricing a run that never starts."""
+    path = _axolotl(tmp_path, bf16=False, fp16=False)
+    with pytest.raises(perfguide.PerfGuideError, match="CutCrossEntropyPlugin needs bf16 or fp16"):
+        perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")

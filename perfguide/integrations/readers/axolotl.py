@@ -71,6 +71,10 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
         col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
     if any(CCE_PLUGIN in p.lower() for p in plugins) and data.get(CCE_PLUGIN, True) not in (False, None):
+        if not any(st.field == "autocast" or (st.field == "weights_dtype" and st.value in ("bf16", "fp16")) for st in col.settings):
+            # CutCrossEntropyArgs.check_dtype_is_half: axolotl refuses the config before it trains
+            raise ConfigReadError(f"{col.where(CCE_PLUGIN)}: axolotl's CutCrossEntropyPlugin needs bf16 or fp16 training "
+                                  "(axolotl refuses this config); set bf16: true (or auto) or fp16: true, or remove the plugin")
         col.set("cut_cross_entropy", True, "plugins" if CCE_PLUGIN not in data else CCE_PLUGIN)
     if data.get("torch_compile") not in (None, False):
         col.set("torch_compile", True, "torch_compile")
