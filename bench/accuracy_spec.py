@@ -57,7 +57,8 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # untied); rows 3100-3102 say the inference
              "mistralai/Devstral-Small-2505": "mistralai/Mistral-Small-24B-Base-2501",
              "mistralai/Magistral-Small-2506": "mistralai/Mistral-Small-24B-Base-2501",
-             "mistralai/Magistral-Small-2507": "mistralai/Mistral-Small-24B-Base-2501"}
+             "mistralai/Magistral-Small-2507": "mistralai/Mistral-Small-24B-Base-2501",
+             "casperhansen/llama-3-70b-fp16": "meta-llama/Meta-Llama-3-70B"}  # Meta's weights in fp16: the same config.json shape
 
 
 def _spec(hub_id: str) -> ModelSpec:

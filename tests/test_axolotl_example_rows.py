@@ -1,5 +1,5 @@
-"""Rows 3100-3102: axolotl's example READMEs' memory figures for Mistral Small 3.1 fine-tunes (issue 24; out of
-sample, docs/validation.md 75), two of them with the Cut Cross-Entropy plugin.
+"""Rows 3100-3105: axolotl's example READMEs' memory figures (issue 24; out of sample, docs/validation.md 75): Mistral
+Small 3.1 fine-tunes, two of them with the Cut Cross-Entropy plugin, and the llama-3 examples of April 2024.
 
 The values checked are the READMEs' and yamls' own (at the commit that wrote each figure) and counts by hand from
 Mistral Small's config, not perfguide's output.
@@ -25,8 +25,16 @@ BLOCK_LINEARS = ((5120, 4096), (5120, 1024), (5120, 1024), (4096, 5120), (5120, 
 ADAPTERS = 40 * 32 * sum(i + o for i, o in BLOCK_LINEARS)
 
 
+#: the llama-3 README (one line for three yamls): row -> (yaml, the figure, GPUs, trust)
+LLAMA3 = {"3103": ("qlora-fsdp-70b.yaml", "21", "2", "B"), "3104": ("lora-8b.yml", "11", "1", "C"), "3105": ("fft-8b.yaml", "48", "1", "C")}
+
+
 def test_rows_are_the_readmes_figures() -> None:
-    assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted(READMES)
+    assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted({**READMES, **LLAMA3})
+    for row_id, (yaml_name, value, gpus, trust) in LLAMA3.items():
+        row = ROWS[row_id]
+        assert "examples/llama-3/README.md @15f7910d3" in row["source"] and f"({yaml_name})" in row["source"].replace("./", "")
+        assert (row["peak_mem_value"], row["num_gpus"], row["trust"]) == (value, gpus, trust), row_id
     for row_id, (readme, value, optimizer, _, _) in READMES.items():
         row = ROWS[row_id]
         assert readme in row["source"] and row["peak_mem_value"] == value and row["optimizer"].startswith(optimizer), row_id
@@ -49,3 +57,18 @@ def test_mistral_small_is_its_config() -> None:
     _, spec, _ = read_row("3100")
     blocks = 40 * (sum(i * o for i, o in BLOCK_LINEARS) + 2 * 5120)
     assert spec.total_params == 2 * 131072 * 5120 + blocks + 5120 == 23_572_403_200
+
+
+def test_llama3_rows_read_as_the_yamls_ran() -> None:
+    """The 70B QLoRA: r 8 on every Linear of Llama-3-70B, 512 tokens, FSDP full shard with CPU offload on two GPUs,
+    axolotl skipping the k-bit preparation under FSDP; its adapters by hand."""
+    _, spec, setup = read_row("3103")
+    assert (spec.hidden_size, spec.num_layers, spec.vocab_size) == (8192, 80, 128256)
+    assert setup.strategy == "fsdp" and setup.offload_params and setup.num_gpus == 2 and not setup.kbit_upcast
+    assert (setup.micro_batch_size, setup.seq_len) == (1, 512) and setup.weights_dtype == "nf4"
+    linears = ((8192, 8192), (8192, 1024), (8192, 1024), (8192, 8192), (8192, 28672), (8192, 28672), (28672, 8192))
+    assert ledger(spec, setup).trainable_params == 80 * 8 * sum(i + o for i, o in linears) == 103_546_880
+    _, _, int8 = read_row("3104")
+    assert int8.weights_dtype == "int8" and (int8.micro_batch_size, int8.seq_len) == (2, 4096)
+    _, _, full = read_row("3105")
+    assert full.lora is None and full.optimizer == "paged_adamw_8bit" and full.seq_len == 8192
