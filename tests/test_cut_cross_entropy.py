@@ -105,3 +105,21 @@ def test_axolotl_plugin_without_half_precision_is_refused(tmp_path: Path) -> Non
     path = _axolotl(tmp_path, bf16=False, fp16=False)
     with pytest.raises(perfguide.PerfGuideError, match="CutCrossEntropyPlugin needs bf16 or fp16"):
         perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+
+
+def test_axolotl_liger_norms_beside_cce_are_priced(tmp_path: Path) -> None:
+    """axolotl's recent examples pair the CCE plugin with the LigerPlugin's RMSNorm and GLU kernels, its fused loss
+    left off (examples/gemma4/31b-qlora.yaml): read as Liger's kernels with CCE's loss, the keys priced, not ignored.
+    The Liger kernels without CCE (HF's loss beside them) are not a Setup perfguide has: ignored, as before."""
+    liger = {"liger_rms_norm": True, "liger_glu_activation": True}
+    path = _axolotl(tmp_path, plugins=[PLUGIN, "axolotl.integrations.liger.LigerPlugin"], **liger)
+    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+    assert c.setup.cut_cross_entropy and c.setup.liger_kernel
+    assert not [i for i in c.ignored if "liger_rms_norm" in i or "liger_glu_activation" in i]
+    cce_only = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path), hardware="a100-80gb")
+    assert c.memory.logits == cce_only.memory.logits   # the loss is CCE's either way
+    assert c.memory.activations < cce_only.memory.activations   # Liger's norms and SwiGLU keep less
+    no_cce = _axolotl(tmp_path, plugins=["axolotl.integrations.liger.LigerPlugin"], **liger)
+    plain = perfguide.check("meta-llama/Llama-3.2-1B", no_cce, hardware="a100-80gb")
+    assert not plain.setup.liger_kernel and not plain.setup.cut_cross_entropy
+    assert [i for i in plain.ignored if i.endswith("liger_rms_norm")]

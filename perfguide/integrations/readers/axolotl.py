@@ -37,6 +37,7 @@ _LEGACY_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "s
 #: fork of apple/ml-cross-entropy patches any llama-like causal LM (integrations/cut_cross_entropy ``patch_llama_like``)
 CCE_PLUGIN = "cut_cross_entropy"
 CCE_PLUGIN_PATH = "axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"
+LIGER_PLUGIN_PATH = "axolotl.integrations.liger.LigerPlugin"
 
 #: the only command that runs this format starts a process per visible GPU when it names no count
 LAUNCH = ("axolotl train runs accelerate launch, one process per visible GPU unless its "
@@ -46,7 +47,9 @@ LAUNCH = ("axolotl train runs accelerate launch, one process per visible GPU unl
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.spans_gpus = LAUNCH
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
-    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED and data[k] is not None))
+    plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
+    liger_kernels = _liger_beside_cce(data, plugins)
+    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED | liger_kernels and data[k] is not None))
     if data.get("base_model"):
         col.set_model(data["base_model"], "base_model")
     _batch(data, col)
@@ -67,10 +70,11 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     _attention(data, col)
     if data.get("sample_packing") is not None and as_bool(data["sample_packing"], col.where("sample_packing")):
         col.set("padding_free", True, "sample_packing")
-    plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
     if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
         col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
-    if any(CCE_PLUGIN in p.lower() for p in plugins) and data.get(CCE_PLUGIN, True) not in (False, None):
+    elif liger_kernels:
+        col.set("liger_kernel", True, " + ".join(sorted(liger_kernels)) + " (the loss is Cut Cross-Entropy's)")
+    if _cce_on(data, plugins):
         if not any(st.field == "autocast" or (st.field == "weights_dtype" and st.value in ("bf16", "fp16")) for st in col.settings):
             # CutCrossEntropyArgs.check_dtype_is_half: axolotl refuses the config before it trains
             raise ConfigReadError(f"{col.where(CCE_PLUGIN)}: axolotl's CutCrossEntropyPlugin needs bf16 or fp16 training "
@@ -88,6 +92,19 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         from . import deepspeed
 
         deepspeed.read_nested(data["deepspeed"], col, base_dir)
+
+
+def _cce_on(data: dict[str, Any], plugins: list[str]) -> bool:
+    return any(CCE_PLUGIN in p.lower() for p in plugins) and data.get(CCE_PLUGIN, True) not in (False, None)
+
+
+def _liger_beside_cce(data: dict[str, Any], plugins: list[str]) -> frozenset[str]:
+    """The LigerPlugin's RMSNorm and GLU kernels beside the Cut Cross-Entropy plugin (its fused cross-entropy left off,
+    as axolotl's recent examples pair them): Setup's liger_kernel with cut_cross_entropy prices exactly that (Liger's
+    fused loss off, its norm and SwiGLU kernels on). Without both kernels, or without CCE, nothing is priced from them."""
+    keys = frozenset({"liger_rms_norm", "liger_glu_activation"})
+    on = any("liger" in p.lower() for p in plugins) and _cce_on(data, plugins) and all(data.get(k) for k in keys)
+    return keys if on and not data.get("liger_fused_linear_cross_entropy") else frozenset()
 
 
 def _batch(data: dict[str, Any], col: Collector) -> None:
@@ -191,10 +208,13 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
     for field, value in changes.items():
         if field in simple:
             keys[simple[field]] = value
+        elif field == "liger_kernel" and getattr(setup, "cut_cross_entropy", False):
+            keys.update({"plugins": [CCE_PLUGIN_PATH, LIGER_PLUGIN_PATH], "liger_rms_norm": value, "liger_glu_activation": value})
         elif field == "liger_kernel":
-            keys.update({"plugins": ["axolotl.integrations.liger.LigerPlugin"], "liger_fused_linear_cross_entropy": value})
+            keys.update({"plugins": [LIGER_PLUGIN_PATH], "liger_fused_linear_cross_entropy": value})
         elif field == "cut_cross_entropy":
-            keys.update({"plugins": [CCE_PLUGIN_PATH], "cut_cross_entropy": value})
+            plugins = [CCE_PLUGIN_PATH, LIGER_PLUGIN_PATH] if getattr(setup, "liger_kernel", False) else [CCE_PLUGIN_PATH]
+            keys.update({"plugins": plugins, "cut_cross_entropy": value})
         elif field == "autocast" and value != "fp8":
             keys.update(bf16=value == "bf16", fp16=value == "fp16")
         elif field == "weights_dtype" and value in ("nf4", "int8"):
