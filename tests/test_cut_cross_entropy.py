@@ -123,3 +123,21 @@ def test_axolotl_liger_norms_beside_cce_are_priced(tmp_path: Path) -> None:
     plain = perfguide.check("meta-llama/Llama-3.2-1B", no_cce, hardware="a100-80gb")
     assert not plain.setup.liger_kernel and not plain.setup.cut_cross_entropy
     assert [i for i in plain.ignored if i.endswith("liger_rms_norm")]
+
+
+@pytest.mark.parametrize(("weights", "accumulation", "head_extra"), [
+    ("bf16", 1, 0),                     # pure bf16, first micro-step: dc becomes .grad itself
+    ("bf16", 4, 2),                     # accumulating: dc (bf16) beside .grad until autograd adds it in
+    ("fp32", 1, 2),                     # fp32 head under autocast: dc in bf16, cast to fp32 by autograd's engine
+    ("fp32", 4, 2 + 4),                 # ... and accumulating: the fp32 cast too beside the fp32 .grad
+])
+def test_full_finetune_head_gradient_buffers(weights: str, accumulation: int, head_extra: int) -> None:
+    """A trained head: cce_backward's ``dc = zeros_like(c)`` in c's dtype (the autocast copy's bf16 for an fp32 head),
+    which autograd's engine casts to the weight's dtype (validate_outputs) and AccumulateGrad adds into an existing
+    ``.grad``. Bytes by hand per head element on top of the hidden-state terms (Llama-3.2-1B, 2 x 1024 tokens)."""
+    setup = {"micro_batch_size": 2, "seq_len": 1024, "weights_dtype": weights, "gradient_accumulation_steps": accumulation,
+             "cut_cross_entropy": True, **({"autocast": "bf16"} if weights == "fp32" else {})}
+    est = perfguide.estimate("meta-llama/Llama-3.2-1B", setup, hardware="a100-80gb")
+    n, h, v = 2048, 2048, 128_256
+    backward = (4 + 4) * n + 4 * v + n * h * 2 + 12 * v + head_extra * v * h
+    assert est.logits == max(24 * n + 4 * v, backward)

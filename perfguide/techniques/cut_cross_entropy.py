@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..memory.autocast_copies import head_cast_bytes
 from .base import EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 from .liger_kernel import accumulating_head_grad_bytes
@@ -79,12 +80,15 @@ def supported(spec: Any) -> bool:
 
 def loss_bytes(spec: Any, setup: Any, shape: Any, grad_elem_bytes: int) -> int:
     """The loss path's peak under Cut Cross-Entropy on the computed ``shape``: the larger of its forward and its
-    backward (what the backward allocates beside the saved tensors); the head's gradient is the ledger's, plus the
-    second buffer an accumulating micro-step holds."""
+    backward (what the backward allocates beside the saved tensors). The head's gradient is the ledger's, plus the
+    second buffer an accumulating micro-step holds; a trained fp32 head under autocast gets ``dc`` in the cast's 16
+    bits, which autograd's engine casts to the weight's fp32 before accumulating (validate_outputs), so that 16-bit
+    buffer sits beside the fp32 one: the size of the head's autocast copy (``head_cast_bytes``)."""
     positions = shape.micro_batch_size * shape.seq_len
     parts = cce_parts(positions, spec.hidden_size, spec.vocab_size, 2, head_trains=False)
     accumulating = accumulating_head_grad_bytes(spec, setup, grad_elem_bytes)
-    return max(parts.forward, parts.saved + parts.backward + accumulating)
+    cast_grad = head_cast_bytes(spec, setup) if setup.lora is None else 0
+    return max(parts.forward, parts.saved + parts.backward + accumulating + cast_grad)
 
 
 class CutCrossEntropy(Technique):
@@ -121,8 +125,9 @@ class CutCrossEntropy(Technique):
         if not self.runs_loss(ctx.spec, ctx.setup):
             return terms
         path = loss_bytes(ctx.spec, ctx.setup, ctx.shape, ctx.grad_elem_bytes)
+        before = "Liger's fused linear cross-entropy (switched off beside it)" if ctx.setup.liger_kernel else "HF's loss on full logits"
         note = (f"loss path priced for Cut Cross-Entropy: {path / 1e9:.3f} GB at its peak (no logits written) "
-                f"instead of {terms.logits / 1e9:.2f} GB for HF's loss on full logits")
+                f"instead of {terms.logits / 1e9:.2f} GB for {before}")
         return terms.changed(note, logits=path)
 
     def runs_loss(self, spec: Any, setup: Any) -> bool:
