@@ -119,9 +119,10 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
     # the way of training and the data the config states are the run's, not choices: a DPO config's plan is DPO's, a
     # TRL script's runs under TRL's trainer, and a
     # config that packs keeps packing (with no avg_seq_len perfguide prices full rows, where packing gains nothing, and
-    # would otherwise tell a user with short samples to stop packing)
+    # would otherwise tell a user with short samples to stop packing); a config on Cut Cross-Entropy keeps it (never
+    # searched, and its gradient filtering is not priced, so a plan without it would be compared on a slow reading)
     same = {"objective": s.objective, "trainer": s.trainer, "avg_seq_len": s.avg_seq_len, "target_len": s.target_len,
-            "padding_free": True if s.padding_free else None}
+            "padding_free": True if s.padding_free else None, "cut_cross_entropy": True if s.cut_cross_entropy else None}
     try:
         rec = recommend(price.spec, info.name, hardware=price.hw, seq_len=s.seq_len, global_batch_size=s.global_batch_size,
                         num_gpus=s.num_gpus if info.multi_gpu else None, nodes=s.nodes, finetune=finetune, lora=s.lora,

@@ -50,3 +50,20 @@ def test_padding_free_without_avg_seq_len_attends_over_full_rows() -> None:
         assert (out.matmul_tokens, out.attention) == (16384, attention)
     stated = base.model_copy(update={"attn_implementation": "sdpa", "avg_seq_len": 4096})
     assert PaddingFree().step_shape(stated, shape) == PaddingFree().step_shape(base.model_copy(update={"attn_implementation": "sdpa"}), shape)
+
+
+def test_a_cut_cross_entropy_config_is_compared_with_a_cce_plan(tmp_path: Path) -> None:
+    """CCE is never searched and its gradient filtering is not priced, so a plan without it would tell a CCE user to
+    switch on a slow reading: the plan keeps it, and the edits leave the plugin alone. Where perfguide's plans cannot
+    emit it (a model type apple/ml-cross-entropy's cce_patch lacks, which axolotl's fork patches), no plan is
+    compared, and the note says why."""
+    y = {**yaml.safe_load((DATA / "axolotl_qlora-1b.yml").read_text()),
+         "plugins": ["axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin"]}
+    path = tmp_path / "cce.yml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    rec = _recommended(perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="rtx4090"))
+    assert "cut_cross_entropy" not in rec.setup
+    assert all("cut_cross_entropy" not in edit.keys for edit in rec.edits)
+    qwen3 = perfguide.check("Qwen/Qwen3-0.6B", path, hardware="rtx4090")
+    assert qwen3.setup.cut_cross_entropy and not [c for c in qwen3.changes if c.kind == "recommended"]
+    assert any("no recommended plan to compare with" in n and "'qwen3'" in n for n in qwen3.notes)

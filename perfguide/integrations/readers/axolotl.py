@@ -212,9 +212,11 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys.update({"plugins": [CCE_PLUGIN_PATH, LIGER_PLUGIN_PATH], "liger_rms_norm": value, "liger_glu_activation": value})
         elif field == "liger_kernel":
             keys.update({"plugins": [LIGER_PLUGIN_PATH], "liger_fused_linear_cross_entropy": value})
-        elif field == "cut_cross_entropy":
+        elif field == "cut_cross_entropy" and value:
             plugins = [CCE_PLUGIN_PATH, LIGER_PLUGIN_PATH] if getattr(setup, "liger_kernel", False) else [CCE_PLUGIN_PATH]
-            keys.update({"plugins": plugins, "cut_cross_entropy": value})
+            keys.update({"plugins": plugins, "cut_cross_entropy": True})
+        elif field == "cut_cross_entropy":
+            keys["cut_cross_entropy"] = False   # the plugin stays listed, switched off
         elif field == "autocast" and value != "fp8":
             keys.update(bf16=value == "bf16", fp16=value == "fp16")
         elif field == "weights_dtype" and value in ("nf4", "int8"):
