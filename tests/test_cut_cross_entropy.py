@@ -141,3 +141,12 @@ def test_full_finetune_head_gradient_buffers(weights: str, accumulation: int, he
     n, h, v = 2048, 2048, 128_256
     backward = (4 + 4) * n + 4 * v + n * h * 2 + 12 * v + head_extra * v * h
     assert est.logits == max(24 * n + 4 * v, backward)
+
+
+def test_refused_where_trl_runs_its_own_loss() -> None:
+    """TRL >= 1.7's SFT loss and DPO's log-probs score tokens with TRL's own head: the patched forward's loss never
+    runs there, so forcing CCE is a one-line error, not a plan priced as if it ran (TRL 1.16 is installed here)."""
+    for objective in ("sft", "dpo"):
+        with pytest.raises(ValueError, match="TRL's trainer does not run here"):
+            perfguide.Setup(trainer="trl", objective=objective, cut_cross_entropy=True)
+    assert perfguide.Setup(trainer="transformers", cut_cross_entropy=True).cut_cross_entropy

@@ -121,6 +121,17 @@ class CutCrossEntropy(Technique):
     def off(self) -> dict[str, Any]:
         return {"cut_cross_entropy": False}
 
+    def conflict(self, setup: Any) -> str | None:
+        """TRL's own loss (DPO's log-probs, SFT's chunked or fused head from TRL 1.7) scores tokens with a head of its
+        own, so the patched forward's loss never runs: refused rather than priced as if it did."""
+        if self.active(setup) and setup.trainer == "trl":
+            from .trl_trainer import sft_loss_kind
+
+            if setup.objective != "sft" or sft_loss_kind(setup) != "full":
+                return self._refused("cut_cross_entropy patches the model's own loss, which TRL's trainer does not run here "
+                                     "(its loss scores tokens with a head of its own); use trainer='transformers'")
+        return super().conflict(setup)
+
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not self.runs_loss(ctx.spec, ctx.setup):
             return terms
