@@ -74,7 +74,7 @@ TARGETS = ("cpu", "t4", "rtx3090", "rtx4090:2", "l4", "a10g", "a100-40gb:8", "a1
 #: forced constraints per scenario family: each must survive into the plan's setup (or be refused in one line)
 FORCED_TRAIN: tuple[dict[str, Any], ...] = (
     {"finetune": "lora"}, {"finetune": "qlora"}, {"micro_batch_size": 2}, {"precision": "fp16"},
-    {"gradient_checkpointing": False}, {"optimizer": "adamw_8bit"},
+    {"gradient_checkpointing": False}, {"optimizer": "adamw_8bit"}, {"cut_cross_entropy": True},
 )
 FORCED_MANY: tuple[dict[str, Any], ...] = ({"strategy": "fsdp"}, {"strategy": "zero3"}, {"strategy": "ddp"}, {"num_gpus": 2})
 FORCED_ONE: tuple[dict[str, Any], ...] = ({"strategy": "zero3"},)   # DeepSpeed on one GPU: its on-GPU and offloaded layouts
