@@ -150,3 +150,16 @@ def test_refused_where_trl_runs_its_own_loss() -> None:
         with pytest.raises(ValueError, match="TRL's trainer does not run here"):
             perfguide.Setup(trainer="trl", objective=objective, cut_cross_entropy=True)
     assert perfguide.Setup(trainer="transformers", cut_cross_entropy=True).cut_cross_entropy
+
+
+def test_priced_for_any_decoder_lm_emitted_for_the_packages_types() -> None:
+    """axolotl's fork patches any llama-like causal LM, so a Setup on CCE is priced for Qwen3 (estimate, check);
+    a plan forcing it must apply the package's own cce_patch, which has no qwen3 patch: refused there, in one line.
+    An encoder is not a causal LM: refused for pricing too."""
+    setup = {"micro_batch_size": 1, "seq_len": 1024, "weights_dtype": "bf16", "cut_cross_entropy": True}
+    est = perfguide.estimate("Qwen/Qwen3-0.6B", setup, hardware="a100-80gb")
+    assert est.logits < 1024 * 151_936 * 2   # below even one 16-bit copy of the logits: CCE's path, not HF's
+    with pytest.raises(ConflictingConstraintsError, match="no patch for model type 'qwen3'"):
+        perfguide.recommend("Qwen/Qwen3-0.6B", scenario="train_gpu_one", hardware="a100-80gb", cut_cross_entropy=True)
+    with pytest.raises(perfguide.PerfGuideError, match="'bert' is not a causal LM"):
+        perfguide.estimate("google-bert/bert-base-uncased", {**setup, "weights_dtype": "fp32"}, hardware="a100-80gb")

@@ -110,12 +110,20 @@ class CutCrossEntropy(Technique):
         return "cce" if self.active(setup) else None
 
     def why_not(self, setup: Any, hardware: Any = None, model: Any = None) -> str | None:
+        """Where it cannot run at all; priced (estimate, check) for every decoder LM, which axolotl's fork patches."""
         base = super().why_not(setup, hardware, model)
         if base:
             return base
+        if model is not None and not supported(model):
+            return f"cut-cross-entropy replaces a causal LM's next-token loss; {model.model_type!r} is not a causal LM here"
+        return None
+
+    def not_emitted(self, model: Any) -> str | None:
+        """Why a plan cannot apply it itself: ``prepare_model`` calls the package's ``cce_patch``, which knows a few
+        model types (axolotl's fork, which patches any llama-like model, is axolotl's to apply)."""
         if model is not None and model.model_type not in MODEL_TYPES:
-            return (f"cut-cross-entropy's cce_patch has no patch for model type {model.model_type!r} "
-                    f"(it patches {', '.join(sorted(MODEL_TYPES))})")
+            return (f"cut-cross-entropy's cce_patch, which prepare_model applies, has no patch for model type "
+                    f"{model.model_type!r} (it patches {', '.join(sorted(MODEL_TYPES))})")
         return None
 
     def off(self) -> dict[str, Any]:
@@ -159,7 +167,7 @@ class CutCrossEntropy(Technique):
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:
         if not ctx.wants.get("cut_cross_entropy"):
             return [{}]   # priced where a config runs it or the user forces it; Liger is the searched fused loss
-        problem = self.why_not(ctx.base, ctx.hardware, ctx.model)
+        problem = self.why_not(ctx.base, ctx.hardware, ctx.model) or self.not_emitted(ctx.model)
         if problem:
             from ..errors import ConflictingConstraintsError
 
