@@ -57,13 +57,26 @@ ALLOCATED_PLUS_CONTEXT = "allocated_plus_context"
 
 def estimate_memory(spec: ModelSpec, setup: Setup, hw: Hardware | None, *, loss_bytes: int | None = None,
                     bnb_version: str | None = None, grads_persist: bool = False,
-                    nf4_library: str = "bitsandbytes", resident_bytes: int = 0, block_code_bytes: int = 0) -> MemoryEstimate:
-    """The memory model for a row: training with the row's loss path, bitsandbytes release, zero_grad
-    behaviour and 4-bit library, or inference."""
+                    nf4_library: str = "bitsandbytes", resident_bytes: int = 0, block_code_bytes: int = 0,
+                    accelerate_version: str | None = None) -> MemoryEstimate:
+    """The memory model for a row: training with the row's loss path, bitsandbytes and accelerate releases,
+    zero_grad behaviour and 4-bit library, or inference."""
     if setup.task == "infer":
         return estimate_inference(spec, setup, hw)
     return training_memory(spec, setup, hw, loss_bytes=loss_bytes, bnb_version=bnb_version, grads_persist=grads_persist,
-                           nf4_library=nf4_library, resident_bytes=resident_bytes, block_code_bytes=block_code_bytes)
+                           nf4_library=nf4_library, resident_bytes=resident_bytes, block_code_bytes=block_code_bytes,
+                           accelerate_version=accelerate_version)
+
+
+#: a row's accelerate release, where its notes state one ("accelerate 1.10.0"); None: the installed one
+ACCELERATE_RELEASE = re.compile(r"\baccelerate (\d+\.\d+(?:\.\d+)?)\b")
+
+
+def _accelerate_version(row: dict[str, str]) -> str | None:
+    """The release, for rows that ran FSDP2 itself: the HF + peft FSDP1 rows priced with per-parameter units
+    (accuracy_parallelism) accumulated through FSDP1's own no_sync, whatever their accelerate."""
+    found = ACCELERATE_RELEASE.search(row["notes"])
+    return found.group(1) if found and "FSDP2" in row["parallelism"] else None
 
 
 def _unit(unit: str) -> float:
@@ -110,6 +123,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         loss, bnb = _loss_bytes(row, spec, setup), _bnb_version(row)
         t0 = time.perf_counter()
         est = estimate_memory(spec, setup, hw, loss_bytes=loss, bnb_version=bnb, grads_persist=_pre_torch2(row),
+                              accelerate_version=_accelerate_version(row),
                               nf4_library=_nf4_library(row), resident_bytes=_resident_bytes(row, spec, setup),
                               block_code_bytes=_block_code_bytes(row, spec, setup))
         timings.append(time.perf_counter() - t0)
@@ -163,6 +177,7 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
 def _verdict_estimate(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware) -> MemoryEstimate:
     """The estimate a verdict row is judged on: the row's loss path, bitsandbytes release and gradient lifetime."""
     return estimate_memory(spec, setup, hw, loss_bytes=_loss_bytes(row, spec, setup), bnb_version=_bnb_version(row),
+                           accelerate_version=_accelerate_version(row),
                            grads_persist=_pre_torch2(row), nf4_library=_nf4_library(row),
                            resident_bytes=_resident_bytes(row, spec, setup))
 

@@ -7,7 +7,7 @@ Mistral Small's config, not perfguide's output.
 
 from __future__ import annotations
 
-from helpers import published_rows, read_row
+from helpers import load_bench, published_rows, read_row
 
 from perfguide.memory.ledger import ledger
 
@@ -29,8 +29,14 @@ ADAPTERS = 40 * 32 * sum(i + o for i, o in BLOCK_LINEARS)
 LLAMA3 = {"3103": ("qlora-fsdp-70b.yaml", "21", "2", "B"), "3104": ("lora-8b.yml", "11", "1", "C"), "3105": ("fft-8b.yaml", "48", "1", "C")}
 
 
+#: the gpt-oss README (device_mem_reserved(gib), stated): row -> (its figure, GPUs, strategy, CPU offload)
+GPT_OSS = {"3106": ("44", "1", "single", False), "3107": ("21", "2", "fsdp", True), "3108": ("36", "8", "fsdp", False),
+           "3109": ("46", "4", "fsdp", False)}
+
+
 def test_rows_are_the_readmes_figures() -> None:
-    assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted({**READMES, **LLAMA3})
+    assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted(
+        {**READMES, **LLAMA3, **GPT_OSS})
     for row_id, (yaml_name, value, gpus, trust) in LLAMA3.items():
         row = ROWS[row_id]
         assert "examples/llama-3/README.md @15f7910d3" in row["source"] and f"({yaml_name})" in row["source"].replace("./", "")
@@ -72,3 +78,21 @@ def test_llama3_rows_read_as_the_yamls_ran() -> None:
     assert int8.weights_dtype == "int8" and (int8.micro_batch_size, int8.seq_len) == (2, 4096)
     _, _, full = read_row("3105")
     assert full.lora is None and full.optimizer == "paged_adamw_8bit" and full.seq_len == 8192
+
+
+def test_gpt_oss_rows_read_as_the_yamls_ran() -> None:
+    """gpt-oss-20b dequantized to bf16, 4,096 packed tokens, checkpointing with activation offloading, the CCE plugin;
+    the FSDP2 rows ran accelerate 1.10, before FSDP2 kept unsharded gradients between micro-steps (the bench passes
+    the release); the LoRA row's adapters on the attention Linears only, by hand."""
+    for row_id, (value, gpus, strategy, offload) in GPT_OSS.items():
+        row, spec, setup = read_row(row_id)
+        assert row["peak_mem_value"] == value and "device_mem_reserved(gib)" in row["mem_metric"] and row["trust"] == "B"
+        assert (setup.num_gpus, setup.strategy, setup.offload_params) == (int(gpus), strategy, offload), row_id
+        assert setup.weights_dtype == "bf16" and setup.cut_cross_entropy and setup.activation_offloading, row_id
+        assert (setup.micro_batch_size, setup.seq_len) == (1, 4096), row_id
+        if strategy == "fsdp":
+            assert setup.fsdp_version == 2 and load_bench("accuracy")._accelerate_version(row) == "1.10.0"
+    _, spec, lora = read_row("3106")
+    # r 8 on q (2880 -> 64 heads x 64), k and v (2880 -> 8 x 64), o (4096 -> 2880), in each of the 24 blocks
+    assert lora.lora is not None and ledger(spec, lora).trainable_params == 24 * 8 * (
+        (2880 + 4096) + 2 * (2880 + 512) + (4096 + 2880)) == 3_981_312

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import techniques
+from .._packages import installed_release
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
 from ..model.code import built_by
@@ -216,7 +217,7 @@ def zero3_load_bytes(spec: ModelSpec, setup: Setup) -> int:
 def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None, *,
                     loss_bytes: int | None = None, bnb_version: str | None = None,
                     grads_persist: bool = False, nf4_library: str = "bitsandbytes", resident_bytes: int = 0,
-                    block_code_bytes: int = 0) -> MemoryEstimate:
+                    block_code_bytes: int = 0, accelerate_version: str | None = None) -> MemoryEstimate:
     """Per-device memory of one step of ``setup`` for ``spec`` (see the module docstring for the phases).
 
     ``loss_bytes`` replaces the loss-path buffers (default: HF's fp32 cross-entropy on full logits, see
@@ -226,7 +227,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     quantized_matmul_keeps_inputs. ``grads_persist``: the loop zeroes gradients in place instead of freeing them
     (``zero_grad(set_to_none=False)``, torch.optim's and nn.Module's default before PyTorch 2.0, which HF Trainer
     and accelerate loops of that time called), so the previous step's gradients are allocated through forward.
-    ``nf4_library``: which library quantized an nf4 base (replicated_quant_state). ``block_code_bytes``: what the
+    ``nf4_library``: which library quantized an nf4 base (replicated_quant_state). ``accelerate_version``: the
+    accelerate release that drove the loop (None: the installed one), which decides whether FSDP2 accumulates
+    unsharded gradients (sharding.no_sync_grads). ``block_code_bytes``: what the
     run's own block code saves for backward beyond transformers' modules (a framework's attention), counted with the
     activations.
     """
@@ -313,7 +316,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     buffers = dev.buffers - ipg_priced + resident_bytes + eras.attention_buffer_bytes(spec, shape, installed_transformers() or "0")
     buffers -= gather - _gather_bytes(spec, setup, checkpointed=False)[0] if setup.strategy == "zero3" and not recompute else 0
     resident = dev.weights + terms.extra_weights + optimizer_on_device + buffers + state_tails
-    accumulated = no_sync_grads(setup, states, grads)   # FSDP no_sync: unsharded until the last micro-step
+    # FSDP no_sync: unsharded until the last micro-step (FSDP2: from the accelerate release that turns its sync off)
+    accumulated = no_sync_grads(setup, states, grads, accelerate_version or installed_release("accelerate"))
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
     # none for a task head or ZeRO-2's bucketed one; FSDP's waits unsharded, at the compute width, for the root's hook

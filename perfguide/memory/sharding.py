@@ -16,6 +16,7 @@ from ..model.types import ModelSpec
 from ..setup import STRATEGIES, Setup
 from .kbit import kbit_fp32_parts
 from .ledger import DTYPE_BYTES, KBIT_PREPARED_REST_BYTES, Ledger, full_groups
+from .loss_path import version_tuple
 from .optimizers import TensorGroup
 
 #: Strategy families, derived from the one table in setup.py (Setup.is_deepspeed / Setup.is_fsdp per Setup).
@@ -133,7 +134,14 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
     return PerDevice(weights, grads, opt, buffers, 0)
 
 
-def no_sync_grads(setup: Setup, states: States, sharded_grads: int) -> int:
+#: the first accelerate release whose ``Accelerator.no_sync`` turns an FSDP2 module's gradient sync off
+#: (``set_requires_gradient_sync(False)``: huggingface/accelerate ec92b1af, PR #3762, 2025-09-07, first tagged v1.11.0);
+#: before it ``no_sync`` looked for a ``no_sync`` method, which ``fully_shard`` modules lack, so every micro-step
+#: reduce-scattered and only the 1/N shard of the gradients was held (axolotl's gpt-oss FSDP2 examples ran on v1.10)
+ACCELERATE_FSDP2_NO_SYNC = (1, 11)
+
+
+def no_sync_grads(setup: Setup, states: States, sharded_grads: int, accelerate: str | None = None) -> int:
     """Gradient bytes a rank holds through an accumulation micro-step under FSDP: the whole unsharded set.
 
     Loops that accumulate under FSDP skip the reduce-scatter on all but the last micro-step, and the unsharded
@@ -153,6 +161,8 @@ def no_sync_grads(setup: Setup, states: States, sharded_grads: int) -> int:
     """
     if not (setup.is_fsdp and setup.gradient_accumulation_steps > 1):
         return sharded_grads
+    if setup.fsdp_version == 2 and accelerate is not None and version_tuple(accelerate)[:2] < ACCELERATE_FSDP2_NO_SYNC:
+        return sharded_grads   # ``accelerate``: the release driving the loop (None: a current one)
     elements = states.grads // states.grad_elem_bytes if states.grad_elements is None else states.grad_elements
     full = elements * 2 if setup.autocast in ("bf16", "fp16") else states.grads
     return max(full, sharded_grads)

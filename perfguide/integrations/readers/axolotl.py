@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, listing, mapping, set_kbit_dtypes
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, listing, mapping, set_kbit_dtypes
 from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
 from .training_args import read_fsdp
 
@@ -191,8 +191,8 @@ def _attention(data: dict[str, Any], col: Collector) -> None:
         word = _LEGACY_ATTENTION.get(key)
     if word is None:
         return
-    priced = choice(word, col.where(key), ATTENTION)
-    if priced != word:
+    priced = attention(word, col.where(key), ATTENTION, col)
+    if priced != word and "/" not in str(word):
         col.note(f"{col.where(key)}={word!r} is priced as {priced} (the same memory order: no s x s score matrix kept)")
     col.set("attn_implementation", priced, key)
 

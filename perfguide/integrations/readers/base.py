@@ -6,6 +6,7 @@ from, every default it had to assume says so, and every key it read but cannot p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -194,6 +195,26 @@ def choice(value: Any, where: str, mapping: Mapping[str, Any]) -> Any:
         accepted = ", ".join(sorted(mapping))
         raise ConfigReadError(f"{where}={value!r} is not a value perfguide can price.{did_you_mean(key, mapping)} Accepted: {accepted}")
     return mapping[key]
+
+
+#: ``attn_implementation`` naming a Hub kernel repository (``org/repo``, optionally ``:function``), which transformers
+#: loads through the ``kernels`` package (axolotl's gpt-oss examples: ``kernels-community/vllm-flash-attn3``)
+_HUB_KERNEL = re.compile(r"^[\w.-]+/[\w.-]+(?::[\w.]+)?$")
+
+
+def attention(value: Any, where: str, mapping: Mapping[str, Any], col: Collector) -> Any:
+    """An ``attn_implementation`` word; a Hub flash-attention kernel is priced as FlashAttention-2 (a flash build keeps
+    no s x s scores, the same memory order) and noted; other Hub kernels are refused in one line."""
+    text = str(value).strip()
+    if _HUB_KERNEL.match(text):
+        if "flash" not in text.lower():
+            raise ConfigReadError(f"{where}={text!r} is a Hub attention kernel perfguide cannot price (only flash-attention "
+                                  f"builds are: their names say flash). Accepted: {', '.join(sorted(mapping))}, or a Hub "
+                                  "flash-attention kernel id")
+        col.note(f"{where}={text!r} is a Hub kernel (transformers loads it through the kernels package): priced as "
+                 "flash_attention_2, a flash-attention build that keeps no s x s score matrix")
+        return "flash_attention_2"
+    return choice(value, where, mapping)
 
 
 #: torch dtype spellings (from_pretrained ``dtype``, axolotl/LLaMA-Factory flags) -> Setup.weights_dtype

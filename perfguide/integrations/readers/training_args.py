@@ -12,7 +12,7 @@ from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
 from ...optimizer_facts import steps_in_backward
-from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes
+from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, set_kbit_dtypes
 from .hf_keys import DPO_CONFIG, MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
 
 FORMAT = "training_args"
@@ -166,7 +166,7 @@ def _sft(data: dict[str, Any], defaults: dict[str, Any], col: Collector) -> None
         col.set("weights_dtype", choice(kwargs.get("dtype", kwargs.get("torch_dtype")), col.where("model_init_kwargs.dtype"), DTYPE_WORDS),
                 "model_init_kwargs.dtype")
     if kwargs.get("attn_implementation"):
-        col.set("attn_implementation", choice(kwargs["attn_implementation"], col.where("model_init_kwargs.attn_implementation"), _ATTN),
+        col.set("attn_implementation", attention(kwargs["attn_implementation"], col.where("model_init_kwargs.attn_implementation"), _ATTN, col),
                 "model_init_kwargs.attn_implementation")
 
 
@@ -177,7 +177,7 @@ def _model_config(data: dict[str, Any], col: Collector) -> None:
     if data.get("dtype") not in (None, "auto"):
         col.set("weights_dtype", choice(data["dtype"], col.where("dtype"), DTYPE_WORDS), "dtype")
     if data.get("attn_implementation"):
-        col.set("attn_implementation", choice(data["attn_implementation"], col.where("attn_implementation"), _ATTN), "attn_implementation")
+        col.set("attn_implementation", attention(data["attn_implementation"], col.where("attn_implementation"), _ATTN, col), "attn_implementation")
     if data.get("load_in_4bit") and as_bool(data["load_in_4bit"], col.where("load_in_4bit")):
         col.set("weights_dtype", "nf4", "load_in_4bit")   # Setup's word for any bitsandbytes 4-bit base
         if data.get("bnb_4bit_quant_type") is not None:   # the same bytes; the two codes decode at different speeds
