@@ -317,7 +317,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     buffers -= gather - _gather_bytes(spec, setup, checkpointed=False)[0] if setup.strategy == "zero3" and not recompute else 0
     resident = dev.weights + terms.extra_weights + optimizer_on_device + buffers + state_tails
     # FSDP no_sync: unsharded until the last micro-step (FSDP2: from the accelerate release that turns its sync off)
-    accumulated = no_sync_grads(setup, states, grads, accelerate_version or installed_release("accelerate"))
+    accumulated = grads if terms.grads_synced_each_micro_step else no_sync_grads(
+        setup, states, grads, accelerate_version or installed_release("accelerate"))
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
     # none for a task head or ZeRO-2's bucketed one; FSDP's waits unsharded, at the compute width, for the root's hook

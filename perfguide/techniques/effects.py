@@ -50,6 +50,8 @@ class MemoryTerms:
     extra_weights: int = 0       # frozen weights of a second model held on the device in every phase (DPO's reference copy)
     head_cast_saved: bool = True  # the loss path's head matmul saves autocast's 16-bit copy of an fp32 head for backward
                                   # (HF's loss); a fused head that saves the fp32 weight itself sets False (TRL's DPO)
+    grads_synced_each_micro_step: bool = False   # FSDP reduce-scatters on every accumulation micro-step (no no_sync):
+                                                 # only the 1/N gradient shard is held between micro-steps
     fused_swiglu: bool = False   # a fused gate x up kernel writes its factors' gradients in place (Liger's SwiGLU):
                                  # fewer FFN-wide gradients in flight in a recomputed block (memory/block_backward.py)
     notes: tuple[str, ...] = ()

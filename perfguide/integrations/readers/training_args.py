@@ -65,7 +65,11 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
     sft = (dpo or is_sft(data)) if sft is None else sft or dpo
     data = canonical(data, col)
     col.reject(sorted(k for k in data if k not in KNOWN and k not in REMOVED), KNOWN)
-    col.ignore(*sorted(k for k in data if (k in KNOWN or k in REMOVED) and k not in PRICED))
+    sync_each_batch = _sync_each_batch(data.get("accelerator_config"), col)
+    priced = PRICED | ({"accelerator_config"} if sync_each_batch is not None else set())
+    col.ignore(*sorted(k for k in data if (k in KNOWN or k in REMOVED) and k not in priced))
+    if sync_each_batch is not None:
+        col.set("sync_grads_each_micro_step", sync_each_batch, "accelerator_config.gradient_accumulation_kwargs.sync_each_batch")
     defaults = SFT_DEFAULTS if sft else TA_DEFAULTS
     kind = "DPOConfig" if dpo else "SFTConfig" if sft else "TrainingArguments"
     if dpo:
@@ -168,6 +172,18 @@ def _sft(data: dict[str, Any], defaults: dict[str, Any], col: Collector) -> None
     if kwargs.get("attn_implementation"):
         col.set("attn_implementation", attention(kwargs["attn_implementation"], col.where("model_init_kwargs.attn_implementation"), _ATTN, col),
                 "model_init_kwargs.attn_implementation")
+
+
+def _sync_each_batch(accelerator_config: Any, col: Collector) -> bool | None:
+    """``accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": ...}}`` (accelerate's
+    GradientAccumulationPlugin, which the Trainer reads before it enters ``no_sync``); None where the config does not
+    say (a JSON path, or no such key: the rest of accelerator_config is not priced)."""
+    if not isinstance(accelerator_config, dict):
+        return None
+    kwargs = accelerator_config.get("gradient_accumulation_kwargs") or {}
+    if not isinstance(kwargs, dict) or kwargs.get("sync_each_batch") is None:
+        return None
+    return as_bool(kwargs["sync_each_batch"], col.where("accelerator_config.gradient_accumulation_kwargs.sync_each_batch"))
 
 
 def _model_config(data: dict[str, Any], col: Collector) -> None:
@@ -273,6 +289,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys[f"deepspeed.zero_optimization.{field.replace('params', 'param')}.device"] = "cpu" if value else "none"
         elif field == "lora" and value is not None:
             keys.update(use_peft=True, lora_r=value["r"], lora_alpha=value["alpha"])
+        elif field == "sync_grads_each_micro_step":
+            keys["accelerator_config.gradient_accumulation_kwargs.sync_each_batch"] = value
         else:
             rest[field] = value
     return keys, rest
