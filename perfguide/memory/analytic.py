@@ -32,7 +32,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import techniques
-from .._packages import installed_release
 from ..errors import InvalidSetupError
 from ..hardware.types import Hardware
 from ..model.code import built_by
@@ -59,6 +58,7 @@ from .sharding import (
     deepspeed_bf16_master,
     deepspeed_half,
     idle_grad_pool_bytes,
+    installed_accelerate,
     no_sync_grads,
     offload_staging_bytes,
     per_device,
@@ -318,7 +318,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     resident = dev.weights + terms.extra_weights + optimizer_on_device + buffers + state_tails
     # FSDP no_sync: unsharded until the last micro-step (FSDP2: from the accelerate release that turns its sync off)
     accumulated = grads if terms.grads_synced_each_micro_step else no_sync_grads(
-        setup, states, grads, accelerate_version or installed_release("accelerate"))
+        setup, states, grads, accelerate_version or installed_accelerate())
     # ZeRO's own zero_grad sets every .grad to None after the reduce (set_grads_to_None=True), whatever torch's default
     held_grads = accumulated if setup.gradient_accumulation_steps > 1 or (grads_persist and not setup.is_deepspeed) else 0
     # none for a task head or ZeRO-2's bucketed one; FSDP's waits unsharded, at the compute width, for the root's hook

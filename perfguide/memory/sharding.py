@@ -9,8 +9,10 @@ exact re-implementations of the published formulas (ZeRO paper; DeepSpeed's own
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .._data import fact_value
+from .._packages import installed_release
 from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import STRATEGIES, Setup
@@ -139,6 +141,13 @@ def per_device(states: States, setup: Setup, gather_bytes: int, unsharded_weight
 #: before it ``no_sync`` looked for a ``no_sync`` method, which ``fully_shard`` modules lack, so every micro-step
 #: reduce-scattered and only the 1/N shard of the gradients was held (axolotl's gpt-oss FSDP2 examples ran on v1.10)
 ACCELERATE_FSDP2_NO_SYNC = (1, 11)
+
+
+@lru_cache(maxsize=1)
+def installed_accelerate() -> str | None:
+    """The accelerate release installed next to perfguide (the one a plan made here trains with); looked up once, as
+    a metadata lookup costs more than a whole analytic estimate."""
+    return installed_release("accelerate")
 
 
 def no_sync_grads(setup: Setup, states: States, sharded_grads: int, accelerate: str | None = None) -> int:
