@@ -150,18 +150,17 @@ class CutCrossEntropy(Technique):
         return terms.changed(note, logits=path)
 
     def runs_loss(self, spec: Any, setup: Any) -> bool:
-        """Whether the patched forward computes the step's loss: a supported model, and not TRL's own loss (TRL 1.7+
-        scores its tokens from the hidden states with a head of its own: trl_trainer.py)."""
-        from .trl_trainer import trl_loss_kind
-
-        return self.active(setup) and setup.task == "train" and supported(spec) and trl_loss_kind(spec, setup) == "full"
+        """Whether the patched forward computes the step's loss: a causal LM's training step (TRL's own loss, which
+        would bypass it, is refused by ``conflict``)."""
+        return self.active(setup) and setup.task == "train" and supported(spec)
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not self.runs_loss(ctx.spec, ctx.setup):
             return StepSeconds()
         from ..speed import traffic
+        from .trl_trainer import head_recompute_flops
 
-        recompute = 2.0 * ctx.spec.vocab_size * ctx.spec.hidden_size * ctx.tokens / ctx.rate
+        recompute = head_recompute_flops(ctx.spec, ctx.tokens) / ctx.rate
         return StepSeconds(compute=recompute - traffic.seconds(traffic.head_bytes(ctx.spec, ctx.setup), ctx.bandwidth))
 
     def axis_values(self, ctx: LadderContext) -> list[dict[str, Any]]:

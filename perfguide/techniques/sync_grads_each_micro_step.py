@@ -31,7 +31,7 @@ SOURCES = (
 )
 
 
-class SyncEachBatch(Technique):
+class SyncGradsEachMicroStep(Technique):
     name = "sync_grads_each_micro_step"
     fields = ("sync_grads_each_micro_step",)
     summary = "FSDP reduce-scatters on every accumulation micro-step: no unsharded gradients held between micro-steps"
@@ -56,4 +56,4 @@ class SyncEachBatch(Technique):
                              "1/N shard is held between micro-steps", grads_synced_each_micro_step=True)
 
 
-TECHNIQUES = (SyncEachBatch(),)
+TECHNIQUES = (SyncGradsEachMicroStep(),)

@@ -95,7 +95,13 @@ def sft_loss_note(setup: Setup, trl_bytes: int, full_bytes: int) -> str:
 def trl_head_recompute_flops(spec: ModelSpec, setup: Setup, tokens: int) -> float:
     """Head GEMM FLOPs TRL's SFT loss adds to a step: the fused head's backward recomputes every logits tile, and
     1.7-1.14's chunked_nll re-runs each checkpointed chunk's projection: one more 2 V H per position either way."""
-    return 0.0 if trl_loss_kind(spec, setup) == "full" else 2.0 * spec.vocab_size * spec.hidden_size * tokens
+    return 0.0 if trl_loss_kind(spec, setup) == "full" else head_recompute_flops(spec, tokens)
+
+
+def head_recompute_flops(spec: ModelSpec, tokens: int) -> float:
+    """One more forward of the LM head over ``tokens`` positions, which a loss that never keeps the logits re-runs in
+    backward (TRL's chunked / fused heads, Cut Cross-Entropy): 2 V H FLOPs a position."""
+    return 2.0 * spec.vocab_size * spec.hidden_size * tokens
 
 
 TECHNIQUES = (TrlTrainer(),)
