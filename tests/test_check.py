@@ -273,8 +273,9 @@ def test_cli_bad_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture
 # --- round trip: what perfguide writes reads back as the same plan ----------------------------------------------------
 
 #: Setup fields the written files cannot carry: the load dtype and LoRA go to from_pretrained / prepare_model
-#: (rec.model_kwargs(), rec.lora_config()), optimizer-in-backward to prepare_model, CPU threads to the launch command
-NOT_IN_FILES = ("weights_dtype", "lora", "optimizer_in_backward", "cpu_threads")
+#: (rec.model_kwargs(), rec.lora_config()), optimizer-in-backward and a k-bit base's cast to prepare_model, CPU threads
+#: to the launch command
+NOT_IN_FILES = ("weights_dtype", "lora", "optimizer_in_backward", "kbit_upcast", "cpu_threads")
 
 
 @pytest.mark.parametrize(("model", "scenario", "hardware", "constraints"), [

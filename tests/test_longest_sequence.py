@@ -9,7 +9,7 @@ import pytest
 
 import perfguide
 
-CASES = [("meta-llama/Llama-3.1-8B", "rtx4090", "qlora", 65536), ("mistralai/Mistral-Small-24B-Instruct-2501", "rtx4090", "qlora", 4096)]
+CASES = [("meta-llama/Llama-3.1-8B", "rtx4090", "qlora", 65536), ("mistralai/Mistral-Small-24B-Instruct-2501", "rtx4090", "qlora", 16384)]
 
 
 @pytest.mark.parametrize(("model", "hardware", "finetune", "seq_len"), CASES)

@@ -62,20 +62,3 @@ def expert_free_lora(request: Request, result: SearchResult, adapters: dict[str,
             f"same setup ({lean.setup.label}); {gib(followed.memory.device_total)} per {per}, {followed.throughput.step_time_s:.3g} s/step "
             f"({followed.setup.label}). all-linear adapts {spec.name}'s fused experts and router as target_parameters; "
             f"a list of other names stays Linear targets ({sources.PEFT_MOE_TARGETS})",)
-
-
-def lora_for_unquantized_experts(request: Request, result: SearchResult, plan: Callable[[Request], Plan], per: str) -> tuple[str, ...]:
-    """A QLoRA plan that does not fit on a model whose experts bitsandbytes cannot quantize: its weights barely shrink,
-    and peft's prepare_model_for_kbit_training upcasts every 16-bit parameter left (the experts) to fp32, so plain
-    LoRA on the 16-bit model needs less. Said, with the LoRA plan, when that fits."""
-    spec, cons = request.model, request.constraints
-    experts = spec.fused_expert_params   # bitsandbytes replaces nn.Linear only: these stay 16-bit
-    if finetune_mode(cons) != "qlora" or result.chosen is not None or not experts:
-        return ()
-    lora = plan(request.model_copy(update={"constraints": cons.model_copy(update={"finetune": "lora"})}))
-    if not lora.fits:
-        return ()
-    return (f"finetune='lora' fits: {gib(lora.memory.device_total)} per {per}, {lora.throughput.step_time_s:.3g} s/step "
-            f"({lora.setup.label}). QLoRA needs more here: {experts / 1e9:.1f}B of {spec.name}'s {spec.total_params / 1e9:.1f}B "
-            "weights are fused 3-D expert parameters, which bitsandbytes does not quantize (it replaces nn.Linear only), "
-            "and peft's prepare_model_for_kbit_training upcasts them to fp32",)

@@ -17,7 +17,7 @@ from ..errors import ConflictingConstraintsError
 from ..setup import QUANTIZED, Setup
 from .host import gpu_dataloader
 from .hybrid import hybrid_decision
-from .moe_targets import expert_free_lora, lora_for_unquantized_experts
+from .moe_targets import expert_free_lora
 from .rules_precision import gpu_precision
 from .search import (
     Option,
@@ -343,7 +343,6 @@ def _what_would_fit(request: Request, result: SearchResult, adapters: dict[str, 
            *(f"finetune={kind!r} fits: {gib(r.chosen.memory.device_total)} per GPU, {r.chosen.step_time:.3g} s/step ({r.chosen.setup.label})"
              for kind, r in adapters.items() if r.chosen is not None),
            *expert_free_lora(request, result, adapters, partial(plan, suggestions=False), "GPU"),
-           *lora_for_unquantized_experts(request, result, partial(plan, suggestions=False), "GPU"),
            *longest_sequence(request, partial(plan, suggestions=False))]
     lean = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1)
     more = more_nodes(request, lean)

@@ -12,7 +12,7 @@ from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..hardware.types import Hardware
 from ..setup import Setup
 from .host import gpu_dataloader
-from .moe_targets import expert_free_lora, lora_for_unquantized_experts
+from .moe_targets import expert_free_lora
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
@@ -81,7 +81,6 @@ def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, S
             out.append(f"finetune={kind!r} fits on {gpu.name}: {gib(c.memory.device_total)} per device, "
                        f"{c.step_time:.3g} s/step ({c.setup.label})")
     out += expert_free_lora(request, result, adapters, plan_without_suggestions, "device")
-    out += lora_for_unquantized_experts(request, result, plan_without_suggestions, "device")
     # what a bigger GPU or N GPUs would run: the leanest on-GPU setup (host offload already failed here)
     reference = least_memory(result).setup.replace(micro_batch_size=1, gradient_accumulation_steps=1, strategy="single",
                                                     offload_optimizer=False, offload_params=False, activation_offloading=False)

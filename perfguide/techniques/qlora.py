@@ -15,6 +15,11 @@ SOURCES = (
     "Dettmers et al. 2023, QLoRA: Efficient Finetuning of Quantized LLMs (arXiv:2305.14314)",
     "https://huggingface.co/docs/transformers/quantization/bitsandbytes",
 )
+#: why perfguide's own QLoRA plans keep the non-quantized parameters 16-bit (Setup.kbit_upcast=False)
+PLAN_CAST_SOURCE = ("TRL SFTTrainer on a quantized model (trl/trainer/sft_trainer.py, read in 1.16.0; 0.26.0 already calls "
+                    "neither peft's prepare_model_for_kbit_training nor peft_module_casting_to_bf16): the embeddings, head "
+                    "and norms keep the load dtype, only the trainable adapter weights are cast (to bf16); "
+                    "https://huggingface.co/docs/trl/sft_trainer")
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -51,7 +56,11 @@ class QLora(Technique):
             return []
         from .optimizers import chosen_optimizer
 
-        template = ctx.base.replace(weights_dtype="nf4", autocast=ctx.autocast, lora=ctx.lora, optimizer=chosen_optimizer(ctx))
+        # the rest of the model stays in its 16-bit load dtype, as TRL's SFTTrainer (0.26 on) and Unsloth leave it: no
+        # peft prepare_model_for_kbit_training, whose fp32 embeddings, head and norms (and the fp32 residual stream they
+        # make) cost an 8B model ~3-4 GiB more (PLAN_CAST_SOURCE; the Decision prices the difference)
+        template = ctx.base.replace(weights_dtype="nf4", autocast=ctx.autocast, lora=ctx.lora, optimizer=chosen_optimizer(ctx),
+                                    kbit_upcast=False)
         return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", (template,))]
 
 
