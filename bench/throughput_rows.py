@@ -307,6 +307,14 @@ def _expressible(row: dict[str, str]) -> None:
                    "(6N + causal attention, with the recompute LLaMA-Factory enables) under HF Trainer + PEFT + bnb")
 
 
+def syncs_each_micro_step(row: dict[str, str], strat: dict[str, object]) -> bool:
+    """Composer reduce-scatters FSDP gradients on every microbatch: its ``ddp_sync_context`` enters ``no_sync`` only for
+    a DistributedDataParallel model and yields unchanged otherwise (composer/distributed/dist_strategy.py), so its FSDP
+    rows run as accelerate's ``sync_each_batch`` does. The other stacks' FSDP loops enter ``no_sync`` (HF Trainer through
+    accelerate, Lightning Fabric's ``no_backward_sync``)."""
+    return framework_of(row) == "composer" and strat.get("strategy") in ("fsdp", "fsdp_shard_grad_op")
+
+
 def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
     """The row's Case; ``paged_overflow=True`` prices a row whose paged optimizer states overflow the GPU (bench/techniques.py
     compares those, with this same reading) instead of leaving it out of the efficiency fit."""
@@ -354,7 +362,8 @@ def case_of(row: dict[str, str], *, paged_overflow: bool = False) -> Case:
                   hybrid_shard=row["sharding"].lower().startswith("hsdp"), packed_doc_len=packed_doc_len_of(row),
                   liger_kernel="Liger kernels on" in row["finetune"],
                   kbit_upcast="skips prepare_model_for_kbit_training" not in row["notes"],   # get_peft_model alone
-                  bnb_embedding_override=bnb_embedding_override(row["framework"], row["optimizer"]), **prec, **strat)
+                  bnb_embedding_override=bnb_embedding_override(row["framework"], row["optimizer"]),
+                  sync_grads_each_micro_step=syncs_each_micro_step(row, strat), **prec, **strat)
     hw = _hardware(row, num_gpus, nodes)
     if not ckpt and not setup.gradient_checkpointing:
         setup = _checkpointing_if_needed(spec, setup, hw)

@@ -150,6 +150,17 @@ def installed_accelerate() -> str | None:
     return installed_release("accelerate")
 
 
+def defers_grad_sync(setup: Setup, accelerate: str | None = None) -> bool:
+    """Whether an FSDP step skips its gradient reduce-scatter on every accumulation micro-step but the last (no_sync,
+    see ``no_sync_grads``): FSDP with accumulation, and for FSDP2 an accelerate from 1.11 (``accelerate``: the release
+    driving the loop; None: a current one). The memory model holds the unsharded gradients for it, the speed model
+    skips those reduce-scatters; a loop told to sync each micro-step (techniques/sync_grads_each_micro_step.py) turns
+    both off through its hooks."""
+    if not (setup.is_fsdp and setup.gradient_accumulation_steps > 1):
+        return False
+    return not (setup.fsdp_version == 2 and accelerate is not None and version_tuple(accelerate)[:2] < ACCELERATE_FSDP2_NO_SYNC)
+
+
 def no_sync_grads(setup: Setup, states: States, sharded_grads: int, accelerate: str | None = None) -> int:
     """Gradient bytes a rank holds through an accumulation micro-step under FSDP: the whole unsharded set.
 
@@ -168,10 +179,8 @@ def no_sync_grads(setup: Setup, states: States, sharded_grads: int, accelerate: 
     modules_to_save copy: FSDP2 casts each group to ``param_dtype``, and with ``reduce_dtype`` the same, its
     ``to_accumulated_grad_if_needed`` keeps the 16-bit ``.grad``; torch _fully_shard/_fsdp_param.py).
     """
-    if not (setup.is_fsdp and setup.gradient_accumulation_steps > 1):
+    if not defers_grad_sync(setup, accelerate):
         return sharded_grads
-    if setup.fsdp_version == 2 and accelerate is not None and version_tuple(accelerate)[:2] < ACCELERATE_FSDP2_NO_SYNC:
-        return sharded_grads   # ``accelerate``: the release driving the loop (None: a current one)
     elements = states.grads // states.grad_elem_bytes if states.grad_elements is None else states.grad_elements
     full = elements * 2 if setup.autocast in ("bf16", "fp16") else states.grads
     return max(full, sharded_grads)

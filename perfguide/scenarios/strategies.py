@@ -11,7 +11,7 @@ layout, not only the one that fits.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConflictingConstraintsError, unknown_value
@@ -46,13 +46,16 @@ class Layout:
     offload_optimizer: bool = False
     offload_params: bool = False
     hybrid: bool = False        # FSDP2 HSDP: shard within each node, replicate across nodes
+    #: FSDP reduce-scatters on every accumulation micro-step (accelerate's sync_each_batch) instead of holding the
+    #: unsharded gradients under no_sync until the last one: less memory, (accumulation - 1) more reduce-scatters
+    sync_each_micro_step: bool = False
 
     @property
     def name(self) -> str:
         if self.hybrid:
             return f"{self.strategy} hybrid (HSDP)"
         off = ("optimizer+params" if self.offload_params else "optimizer") if self.offload_optimizer else ("params" if self.offload_params else "")
-        return self.strategy + (f" + offload {off}" if off else "")
+        return self.strategy + (f" + offload {off}" if off else "") + (" + sync each micro-step" if self.sync_each_micro_step else "")
 
     @property
     def backend(self) -> str:
@@ -64,11 +67,19 @@ class Layout:
         # carried over as bf16: incompatible() refuses that pair, so a forced fp8=True is never quietly dropped)
         keep: dict[str, object] = {"optimizer_in_backward": False} if self.strategy != "single" else {}
         return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
-                         hybrid_shard=self.hybrid, **keep)
+                         hybrid_shard=self.hybrid, sync_grads_each_micro_step=self.sync_each_micro_step, **keep)
 
 
 def layout_of(s: Setup) -> Layout:
-    return Layout(s.strategy, s.offload_optimizer, s.offload_params, s.hybrid_shard)
+    return Layout(s.strategy, s.offload_optimizer, s.offload_params, s.hybrid_shard, s.sync_grads_each_micro_step)
+
+
+def with_synced_variant(layouts: tuple[Layout, ...]) -> tuple[Layout, ...]:
+    """Each FSDP layout (HSDP aside) followed by its sync-each-micro-step twin, so the search weighs no_sync's unsharded
+    gradients against the reduce-scatters it saves (memory/sharding.defers_grad_sync); without accumulation the two are
+    the same plan, and the first, no_sync, is kept on the tie."""
+    return tuple(v for lay in layouts for v in ((lay, replace(lay, sync_each_micro_step=True))
+                                                if STRATEGIES[lay.strategy].fsdp and not lay.hybrid else (lay,)))
 
 
 @dataclass(frozen=True)
@@ -97,15 +108,15 @@ def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None =
     if sharded:
         hsdp = (Layout("fsdp", hybrid=True),) if nodes > 1 and world > nodes else ()
         out.append(Level("shard grads+optimizer", "parameters stay whole on every GPU (or, HSDP, within each node); gradients and "
-                         "optimizer states are sharded", (*hsdp, Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1"))))
+                         "optimizer states are sharded", with_synced_variant((*hsdp, Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1")))))
         out.append(Level("shard everything", "parameters are sharded too and all-gathered layer by layer in forward and backward",
-                         (Layout("fsdp"), Layout("zero3"))))
+                         with_synced_variant((Layout("fsdp"), Layout("zero3")))))
     elif forced in ONE_GPU_SHARDED:
         out.append(Level(ONE_GPU_LEVEL, f"{forced} on a single rank: nothing is sharded, every state stays on the GPU",
                          (Layout(forced),)))
     if allow_offload:
         out.append(Level(OFFLOAD_LEVEL, "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
-                         tuple(Layout(*lay) for lay in OFFLOAD_LAYOUTS)))
+                         with_synced_variant(tuple(Layout(*lay) for lay in OFFLOAD_LAYOUTS))))
     return tuple(out)
 
 

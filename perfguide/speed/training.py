@@ -19,6 +19,7 @@ from ..errors import InvalidSetupError
 from ..hardware.types import GPU, Hardware
 from ..memory.analytic import training_memory
 from ..memory.ledger import ledger
+from ..memory.sharding import defers_grad_sync, installed_accelerate
 from ..memory.types import MemoryEstimate
 from ..model.code import built_by
 from ..model.types import ModelSpec
@@ -92,12 +93,24 @@ def _hybrid_time(params: float, grads: float, setup: Setup, hardware: Hardware, 
     return intra + 2 * (n - 1) / n * (grads / g) / (inter_bw * 1e9 * bus)
 
 
-def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float]:
-    """(seconds per micro-step, seconds per optimizer step) of data-parallel collectives, before overlap."""
+def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -> tuple[float, float, float]:
+    """(seconds per micro-step, seconds per optimizer step, the part of the micro-step's that is the gradient sync) of
+    data-parallel collectives, before overlap. The third is what FSDP's no_sync skips on the micro-steps before the
+    last (``sharding.defers_grad_sync``)."""
+    micro, step = _collectives(spec, setup, hardware, gpu)
+    if not micro or not defers_grad_sync(setup, installed_accelerate()):
+        return micro, step, 0.0
+    gathers, _ = _collectives(spec, setup, hardware, gpu, with_grads=False)
+    return micro, step, micro - gathers
+
+
+def _collectives(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU, *, with_grads: bool = True) -> tuple[float, float]:
+    """(seconds per micro-step, seconds per optimizer step) of the strategy's collectives; ``with_grads=False``: the
+    parameter gathers alone."""
     if setup.world_size == 1 or setup.strategy in ("single", "device_map", "tp"):
         return 0.0, 0.0
     sharded_grads = 2 if setup.autocast else setup.weight_bytes
-    grads = trainable_params(spec, setup) * (sharded_grads if setup.strategy != "ddp" else (4 if setup.lora else setup.weight_bytes))
+    grads = trainable_params(spec, setup) * (sharded_grads if setup.strategy != "ddp" else (4 if setup.lora else setup.weight_bytes)) if with_grads else 0
     params = spec.total_params * half_bytes(setup)
 
     def ring(nbytes: float, factor: float) -> float:
@@ -216,18 +229,20 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
     gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn, kernel)
     launch = _launch_ops(spec, setup) * constant("kernel_launch_s")
     micro = max(gpu_time, launch)
-    comm_micro, comm_step = communication(spec, setup, hardware, gpu)
+    comm_micro, comm_step, deferred = communication(spec, setup, hardware, gpu)
+    deferred = 0.0 if extra.grads_synced_each_micro_step else deferred
     comm_micro += extra.comm   # collectives a technique adds (DPO's sharded reference gathers its weights)
     overlap = constant("comm_overlap")
     backward = micro * 2 / 3
-    exposed_micro = max(0.0, comm_micro - overlap * micro)
+    ga = setup.gradient_accumulation_steps
+    # the micro-steps before the last skip the gradient sync under no_sync (deferred); the last one runs it
+    exposed_micro = (max(0.0, comm_micro - overlap * micro) + (ga - 1) * max(0.0, comm_micro - deferred - overlap * micro)) / ga
     exposed_step = max(0.0, comm_step - overlap * backward) if setup.strategy in ("ddp", "zero1") else comm_step
     # PCIe traffic of offloading techniques; a layer's copy back waits on an idle GPU where the step drains it in backward
     fetch = extra.fetch if terms.drains_in_backward(setup) else 0.0
     off_micro = fetch + max(0.0, extra.transfer - fetch - overlap * micro)
     off_step = extra.per_step
     opt = _optimizer_seconds(spec, setup, bw, opt_impl, framework)
-    ga = setup.gradient_accumulation_steps
     parts = {
         "compute": ga * gpu_time,
         "launch-overhead": ga * max(0.0, launch - gpu_time),
@@ -235,7 +250,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
         "offload": ga * off_micro + off_step,
         "memory-bandwidth": opt,
     }
-    return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff, comm_total=ga * comm_micro + comm_step)
+    return _throughput(setup, parts, ga * (mm + attn), ga * model, peak, eff, comm_total=ga * comm_micro - (ga - 1) * deferred + comm_step)
 
 
 def _optimizer_seconds(spec: ModelSpec, setup: Setup, bw: float, impl: str | None, framework: str = "hf_trainer") -> float:

@@ -172,6 +172,7 @@ def _kernel_factors(setup: Setup, techniques: tuple[Technique, ...]) -> KernelFa
 
 def step_seconds(ctx: SpeedContext) -> StepSeconds:
     compute = transfer = per_step = fetch = comm = 0.0
+    synced = False
     for t in registry():
         s = t.speed(ctx)
         compute += s.compute
@@ -179,7 +180,8 @@ def step_seconds(ctx: SpeedContext) -> StepSeconds:
         per_step += s.per_step
         fetch += s.fetch
         comm += s.comm
-    return StepSeconds(compute, transfer, per_step, fetch, comm)
+        synced = synced or s.grads_synced_each_micro_step
+    return StepSeconds(compute, transfer, per_step, fetch, comm, synced)
 
 
 def traced_model(setup: Setup, model: Any) -> Any:

@@ -128,3 +128,6 @@ class StepSeconds:
     per_step: float = 0.0
     fetch: float = 0.0
     comm: float = 0.0            # collectives per micro-step, hidden behind compute like the strategy's own (comm_overlap)
+    #: the loop reduce-scatters FSDP gradients on every accumulation micro-step, so no_sync defers nothing
+    #: (memory/sharding.defers_grad_sync says when it would)
+    grads_synced_each_micro_step: bool = False

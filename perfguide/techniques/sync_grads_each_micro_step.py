@@ -9,20 +9,19 @@ accelerate's ``GradientAccumulationPlugin(sync_each_batch=True)`` (TrainingArgum
 ``accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}``, which the Trainer checks before it
 enters ``no_sync``) runs the reduce-scatter on every micro-step, so only the 1/N shard is held.
 
-Memory: the accumulated gradients are the sharded ones (``memory``). Speed: nothing changes in perfguide's model,
-which already prices FSDP's reduce-scatter on every micro-step (speed/training.py ``communication``); on a real run
-the extra reduce-scatters cost (accumulation steps - 1) of them per optimizer step where no_sync would have skipped
-them. Priced where a config sets it (``perfguide check`` of TrainingArguments / an SFTConfig with that
-``accelerator_config``) or a Setup states it (``perfguide.estimate``); perfguide's own plans do not set it (its speed
-model charges no difference, so the search could not weigh the trade).
+Memory: the accumulated gradients are the sharded ones (``memory``). Speed: the reduce-scatters no_sync would have
+skipped on the micro-steps before the last are paid (speed/training.py ``communication``, memory/sharding.py
+``defers_grad_sync``). perfguide's training search prices each FSDP layout both ways (scenarios/strategies.py
+``with_synced_variant``) and keeps the faster that fits; a plan that sets it emits the TrainingArguments key
+(``training_args``), and ``perfguide check`` reads it back.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .base import Requires, Technique
-from .effects import MemoryContext, MemoryTerms
+from .base import EmitContext, Requires, Technique
+from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 
 SOURCES = (
     "https://huggingface.co/docs/accelerate/usage_guides/gradient_accumulation (sync_each_batch)",
@@ -48,6 +47,13 @@ class SyncGradsEachMicroStep(Technique):
 
     def off(self) -> dict[str, Any]:
         return {"sync_grads_each_micro_step": False}
+
+    def training_args(self, ctx: EmitContext) -> dict[str, Any]:
+        # transformers' AcceleratorConfig passes gradient_accumulation_kwargs to accelerate's GradientAccumulationPlugin
+        return {"accelerator_config": {"gradient_accumulation_kwargs": {"sync_each_batch": True}}} if self.active(ctx.setup) else {}
+
+    def speed(self, ctx: SpeedContext) -> StepSeconds:
+        return StepSeconds(grads_synced_each_micro_step=self.active(ctx.setup))
 
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not (self.active(ctx.setup) and ctx.setup.gradient_accumulation_steps > 1):

@@ -1,0 +1,75 @@
+"""FSDP under gradient accumulation: HF Trainer enters accelerate's no_sync on every micro-step but the last, so the
+gradient reduce-scatter runs once per optimizer step; accelerate's sync_each_batch (``sync_grads_each_micro_step``)
+runs it on every micro-step. The speed model prices the difference, the memory model the unsharded gradients.
+
+The hand count: a ring reduce-scatter sends (n - 1) / n of the payload per rank, here 2 bytes per trained parameter
+(bf16 gradients under autocast) over the node's link at the bus fraction (data/calibration.json comm_bus_fraction),
+so the collectives no_sync skips per optimizer step are (GA - 1) of them."""
+
+from __future__ import annotations
+
+import pytest
+
+import perfguide
+from perfguide.hardware.named import hardware_from_name
+from perfguide.memory import estimate_memory
+from perfguide.memory.sharding import defers_grad_sync
+from perfguide.speed.rates import constant, pcie_gbps
+from perfguide.speed.training import training_speed
+
+GA = 4
+
+
+@pytest.fixture(scope="module")
+def case():
+    spec = perfguide.ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    hw = hardware_from_name("rtx4090:4")
+    setup = perfguide.Setup(micro_batch_size=1, seq_len=1024, gradient_accumulation_steps=GA, autocast="bf16",
+                            weights_dtype="bf16", optimizer="adamw_torch", gradient_checkpointing=True, strategy="fsdp",
+                            num_gpus=4, offload_optimizer=True, offload_params=True)
+    return spec, hw, setup
+
+
+def test_the_skipped_reduce_scatters_are_ga_minus_one_of_them_by_hand(case) -> None:
+    spec, hw, setup = case
+    synced = setup.replace(sync_grads_each_micro_step=True)
+    assert defers_grad_sync(setup)   # the loop's no_sync; the switch turns it off through its technique's hooks
+    deferred, each = training_speed(spec, setup, hw), training_speed(spec, synced, hw)
+    gpu = hw.smallest_gpu
+    bw = (hw.intra_node_bandwidth_gbps or pcie_gbps(gpu)) * 1e9 * constant("comm_bus_fraction")
+    one_rs = (4 - 1) / 4 * 2 * spec.total_params / bw
+    assert each.comm_total_s - deferred.comm_total_s == pytest.approx((GA - 1) * one_rs, rel=1e-6)
+    # what no_sync saves in time is at most those collectives (overlap hides part of each), and it costs memory:
+    # the whole unsharded bf16 gradient set instead of the 1/4 shard
+    saved = each.step_time_s - deferred.step_time_s
+    assert 0 < saved <= (GA - 1) * one_rs + 1e-9
+    held = estimate_memory(spec, setup, hw).gradients - estimate_memory(spec, synced, hw).gradients
+    assert held >= 2 * spec.total_params * (1 - 1 / 4) * 0.99
+
+
+def test_no_accumulation_or_an_old_fsdp2_accelerate_changes_nothing(case) -> None:
+    spec, hw, setup = case
+    one = setup.replace(gradient_accumulation_steps=1)
+    assert not defers_grad_sync(one)
+    assert training_speed(spec, one, hw).comm_total_s == training_speed(spec, one.replace(sync_grads_each_micro_step=True), hw).comm_total_s
+    assert not defers_grad_sync(setup, "1.10.0") and defers_grad_sync(setup, "1.11.0")
+
+
+def test_a_plan_that_only_fits_synced_each_micro_step_picks_it_and_emits_what_transformers_reads(tmp_path) -> None:
+    """Llama-3.1-8B full fine-tune on 4 x RTX 4090 at 4,096 tokens: with no_sync the unsharded bf16 gradient set
+    (16 GB) does not fit beside the rest, synced each micro-step it does; the plan says so and the TrainingArguments
+    key it emits is the one transformers hands to accelerate."""
+    transformers = pytest.importorskip("transformers")
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_many", hardware="rtx4090:4", seq_len=4096, global_batch_size=64)
+    assert rec.fits and rec.setup.sync_grads_each_micro_step and rec.setup.gradient_accumulation_steps > 1
+    d = rec.decision("sync_grads_each_micro_step")
+    assert d.number > 2 * rec.model.total_params * (1 - 1 / 4) * 0.9   # what no_sync would hold more, by hand
+    kwargs = rec.training_args_dict(output_dir=str(tmp_path))["accelerator_config"]
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), accelerator_config=kwargs)
+    assert args.accelerator_config.gradient_accumulation_kwargs == {"sync_each_batch": True}
+    # read back by perfguide check as the same switch
+    import json
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps(rec.training_args_dict(output_dir=str(tmp_path))), encoding="utf-8")
+    c = perfguide.check("meta-llama/Llama-3.1-8B", [str(path)], hardware="rtx4090:4", seq_len=4096)
+    assert c.setup.sync_grads_each_micro_step
