@@ -73,3 +73,14 @@ def test_a_plan_that_only_fits_synced_each_micro_step_picks_it_and_emits_what_tr
     path.write_text(json.dumps(rec.training_args_dict(output_dir=str(tmp_path))), encoding="utf-8")
     c = perfguide.check("meta-llama/Llama-3.1-8B", [str(path)], hardware="rtx4090:4", seq_len=4096)
     assert c.setup.sync_grads_each_micro_step
+
+
+def test_an_accelerate_loop_gets_the_same_switch() -> None:
+    """A plain accelerate loop: Accelerator takes the count and sync_each_batch through one GradientAccumulationPlugin
+    (it refuses gradient_accumulation_steps beside a plugin), and accumulate() honours the flag."""
+    accelerate = pytest.importorskip("accelerate")
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_many", hardware="rtx4090:4", seq_len=4096, global_batch_size=64)
+    kw = rec.accelerator_kwargs()
+    plugin = kw["gradient_accumulation_plugin"]
+    assert isinstance(plugin, accelerate.utils.GradientAccumulationPlugin) and "gradient_accumulation_steps" not in kw
+    assert plugin.sync_each_batch is True and plugin.num_steps == rec.setup.gradient_accumulation_steps

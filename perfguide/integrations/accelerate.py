@@ -70,6 +70,12 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
     """kwargs for ``accelerate.Accelerator``: precision, accumulation, device, sharding plugin."""
     s = rec.setup
     kw: dict[str, Any] = {"mixed_precision": accelerate_mixed_precision(s), "gradient_accumulation_steps": s.gradient_accumulation_steps}
+    if s.sync_grads_each_micro_step:
+        from accelerate.utils import GradientAccumulationPlugin
+
+        # accelerate takes one of the two: the plugin carries the count and sync_each_batch (accumulate() honours it)
+        del kw["gradient_accumulation_steps"]
+        kw["gradient_accumulation_plugin"] = GradientAccumulationPlugin(num_steps=s.gradient_accumulation_steps, sync_each_batch=True)
     if s.device == "cpu":
         kw["cpu"] = True
     stage = s.zero_stage
