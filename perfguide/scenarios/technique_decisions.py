@@ -12,9 +12,16 @@ from .types import Request
 
 
 def _without(setup: Setup, t: techniques.Technique) -> Setup | None:
-    """The chosen Setup with ``t`` turned off (``Technique.off``), None where the Setup refuses that combination."""
+    """The chosen Setup with ``t`` turned off (``Technique.off``), and with it any other technique that cannot run
+    without what ``t`` provided (CPU offload's off is one GPU, where syncing FSDP gradients each micro-step means
+    nothing); None where the Setup still refuses the combination."""
+    changes = dict(t.off())
+    unchecked = setup.model_copy(update=changes)
+    for other in techniques.active(setup):
+        if other is not t and other.off() and other.conflict(unchecked):
+            changes.update(other.off())
     try:
-        return setup.replace(**t.off())
+        return setup.replace(**changes)
     except ValueError:
         return None
 
