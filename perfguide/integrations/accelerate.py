@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import accelerate
 
     from ..recommendation import Recommendation
+    from ..setup import Setup
 
 #: Placeholder written where only the user knows the value (multi-node runs).
 MAIN_PROCESS_IP = "MAIN_PROCESS_IP"
@@ -69,13 +70,7 @@ def fsdp_plugin(rec: Recommendation) -> Any:
 def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
     """kwargs for ``accelerate.Accelerator``: precision, accumulation, device, sharding plugin."""
     s = rec.setup
-    kw: dict[str, Any] = {"mixed_precision": accelerate_mixed_precision(s), "gradient_accumulation_steps": s.gradient_accumulation_steps}
-    if s.sync_grads_each_micro_step:
-        from accelerate.utils import GradientAccumulationPlugin
-
-        # accelerate takes one of the two: the plugin carries the count and sync_each_batch (accumulate() honours it)
-        del kw["gradient_accumulation_steps"]
-        kw["gradient_accumulation_plugin"] = GradientAccumulationPlugin(num_steps=s.gradient_accumulation_steps, sync_each_batch=True)
+    kw: dict[str, Any] = {"mixed_precision": accelerate_mixed_precision(s), **_accumulation(s)}
     if s.device == "cpu":
         kw["cpu"] = True
     stage = s.zero_stage
@@ -97,6 +92,16 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
         # (transformers 5's fused experts always get one: accelerate's default find_unused_parameters=False holds)
         kw["kwargs_handlers"] = [DistributedDataParallelKwargs(find_unused_parameters=True)]
     return kw
+
+
+def _accumulation(s: Setup) -> dict[str, Any]:
+    """accelerate takes the count bare or inside a GradientAccumulationPlugin, not both; the plugin carries
+    sync_each_batch, which accumulate() honours (Setup.sync_grads_each_micro_step)."""
+    if not s.sync_grads_each_micro_step:
+        return {"gradient_accumulation_steps": s.gradient_accumulation_steps}
+    from accelerate.utils import GradientAccumulationPlugin
+
+    return {"gradient_accumulation_plugin": GradientAccumulationPlugin(num_steps=s.gradient_accumulation_steps, sync_each_batch=True)}
 
 
 def accelerator(rec: Recommendation, **overrides: Any) -> accelerate.Accelerator:

@@ -1,7 +1,7 @@
 """What a QLoRA plan does with the parameters bitsandbytes leaves unquantized (embeddings, LM head, norms).
 
 peft's ``prepare_model_for_kbit_training`` casts every one of them to fp32. That was the QLoRA tutorials' first step,
-but the trainers users run now skip it: TRL's SFTTrainer (0.26 on) leaves them in the load dtype, Unsloth too. An
+but the trainers users run now skip it: TRL's SFTTrainer (0.26 on) leaves them in the load dtype. An
 fp32 embedding and head cost 2 more bytes per vocabulary row x hidden each, and the fp32 norms turn the residual
 stream fp32 (twice the checkpointed block inputs), so on a Llama-3-8B the upcast costs ~3 GiB at any length and
 about a quarter of the context a 24 GB card holds. perfguide's plans keep them 16-bit (the QLoRA rung's template);
@@ -20,7 +20,7 @@ def kbit_cast_decision(request: Request, chosen: Priced) -> tuple[Decision, ...]
     """The upcast left out of a quantized plan, priced on the same Setup; none for a plan that upcasts (a reader's
     setup as the user wrote it) or has no quantized base."""
     s = chosen.setup
-    if not s.quantized or s.lora is None or s.kbit_upcast:
+    if not s.quantized or s.kbit_upcast:   # a quantized training Setup always carries LoRA (Setup validation)
         return ()
     upcast = price(request.model, s.replace(kbit_upcast=True), request.hardware, request.calibration)
     more = upcast.memory.needed - chosen.memory.needed

@@ -56,7 +56,7 @@ class QLora(Technique):
             return []
         from .optimizers import chosen_optimizer
 
-        # the rest of the model stays in its 16-bit load dtype, as TRL's SFTTrainer (0.26 on) and Unsloth leave it: no
+        # the rest of the model stays in its 16-bit load dtype, as TRL's SFTTrainer (0.26 on) leaves it: no
         # peft prepare_model_for_kbit_training, whose fp32 embeddings, head and norms (and the fp32 residual stream they
         # make) cost an 8B model ~3-4 GiB more (PLAN_CAST_SOURCE; the Decision prices the difference)
         template = ctx.base.replace(weights_dtype="nf4", autocast=ctx.autocast, lora=ctx.lora, optimizer=chosen_optimizer(ctx),
