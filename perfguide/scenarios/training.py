@@ -21,7 +21,7 @@ from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
 from .dora_note import dora_note
 from .host import host_assumption_warnings, host_decision, pin_memory_decision
-from .kbit_cast import kbit_cast_decision
+from .kbit_cast import adapter_dtype_decision, kbit_cast_decision
 from .ladder import training_rungs
 from .master_weights import check_master_weights, master_weights_decision
 from .module_state import dequantized_checkpoint_decision
@@ -190,7 +190,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     chosen = result.chosen or least_memory(result)
     chosen, compile_decs = compile_choice(request, chosen) if result.chosen is not None else (chosen, [])
     decisions = [*fixed, pin_memory_decision(chosen.setup, hw.cpu), *ladder_decisions(request, result, chosen, mode, adapters), *master_weights_decision(request, chosen), *compile_decs,
-                 *kbit_cast_decision(request, chosen), *technique_decisions(request, chosen), *host_decision(hw), *dequantized_checkpoint_decision("train", spec)]
+                 *kbit_cast_decision(request, chosen), *adapter_dtype_decision(request, chosen), *technique_decisions(request, chosen), *host_decision(hw), *dequantized_checkpoint_decision("train", spec)]
     warnings += rung_warnings(result, cons) + speed_warnings(spec, chosen.setup, hw, request.calibration)
     warnings += host_assumption_warnings(hw, chosen.memory.cpu_ram, cons.headroom, result.chosen is not None,
                                          _ram_blocked(result, hw, cons.headroom))

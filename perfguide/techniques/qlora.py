@@ -20,6 +20,10 @@ PLAN_CAST_SOURCE = ("TRL SFTTrainer on a quantized model (trl/trainer/sft_traine
                     "neither peft's prepare_model_for_kbit_training nor peft_module_casting_to_bf16): the embeddings, head "
                     "and norms keep the load dtype, only the trainable adapter weights are cast (to bf16); "
                     "https://huggingface.co/docs/trl/sft_trainer")
+#: why perfguide's QLoRA plans train bf16 adapters (LoraSpec.adapter_dtype, trl_adapters)
+ADAPTER_CAST_SOURCE = ("TRL SFTTrainer on a quantized model (trl/trainer/sft_trainer.py, added in 0.26.0 by 'Clean up model "
+                       "preparation' #4577, read in 1.16.0): 'the PEFT adapter weights are converted to bf16 to follow the "
+                       "recommendations from the original paper' (arXiv:2305.14314)")
 _TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -59,9 +63,21 @@ class QLora(Technique):
         # the rest of the model stays in its 16-bit load dtype, as TRL's SFTTrainer (0.26 on) leaves it: no
         # peft prepare_model_for_kbit_training, whose fp32 embeddings, head and norms (and the fp32 residual stream they
         # make) cost an 8B model ~3-4 GiB more (PLAN_CAST_SOURCE; the Decision prices the difference)
-        template = ctx.base.replace(weights_dtype="nf4", autocast=ctx.autocast, lora=ctx.lora, optimizer=chosen_optimizer(ctx),
-                                    kbit_upcast=False)
+        template = ctx.base.replace(weights_dtype="nf4", autocast=ctx.autocast, lora=trl_adapters(ctx.lora, ctx.autocast),
+                                    optimizer=chosen_optimizer(ctx), kbit_upcast=False)
         return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", (template,))]
+
+
+def trl_adapters(lora: Any, autocast: str | None) -> Any:
+    """The LoRA spec with the adapters in the dtype TRL's SFTTrainer (0.26 on) trains them in on a quantized base: every
+    trainable parameter but DoRA's magnitude cast to bf16 (``param.data.to(torch.bfloat16)``, read in 1.16.0; PEFT's
+    ``autocast_adapter_dtype=False`` is refused on quantized models, huggingface/peft#2889), so parameters, gradients
+    and AdamW moments take 2 bytes, not 4 (ADAPTER_CAST_SOURCE). Only under bf16 autocast: an fp16 run's GradScaler
+    unscales fp32 gradients, so there the plan keeps PEFT's fp32 adapters (TRL's bf16 would cost less, not more);
+    DoRA keeps PEFT's fp32 too (its magnitude stays fp32 in TRL). A dtype the user named stays theirs."""
+    if lora is None or lora.adapter_dtype is not None or lora.use_dora or autocast != "bf16":
+        return lora
+    return lora.model_copy(update={"adapter_dtype": "bf16"})
 
 
 def bnb_config(weights_dtype: str, compute_dtype: str, quant_storage: str | None = None, double_quant: bool = True,

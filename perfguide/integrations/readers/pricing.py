@@ -112,7 +112,7 @@ def edits_for(changes: dict[str, Any], new: Setup, c: Combined) -> tuple[Edit, .
     for field, value in changes.items():
         owners = {(s.format, s.source.split(":")[0]) for r in c.readings for s in r.settings if s.field == field and not s.assumed}
         for owner in sorted(owners) or [(primary.format, primary.source)]:
-            groups.setdefault(owner, {})[field] = value
+            groups.setdefault(owner, {})[field] = plain(value)
     edits: list[Edit] = []
     leftover: dict[str, Any] = {}
     for (fmt, src), fields in groups.items():

@@ -107,7 +107,7 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
         col.set("device", "cpu", "use_cpu")
     if sft:
         _sft(data, defaults, col)
-    _model_config(data, col)
+    _model_config(data, col, dpo)
     read_fsdp(data.get("fsdp"), data.get("fsdp_config"), col)
     if data.get("deepspeed"):
         from . import deepspeed
@@ -186,7 +186,7 @@ def _sync_each_batch(accelerator_config: Any, col: Collector) -> bool | None:
     return as_bool(kwargs["sync_each_batch"], col.where("accelerator_config.gradient_accumulation_kwargs.sync_each_batch"))
 
 
-def _model_config(data: dict[str, Any], col: Collector) -> None:
+def _model_config(data: dict[str, Any], col: Collector, dpo: bool) -> None:
     """TRL ModelConfig keys: the model, its load dtype, attention, LoRA and bitsandbytes loading."""
     if data.get("model_name_or_path"):
         col.set_model(data["model_name_or_path"], "model_name_or_path")
@@ -210,14 +210,35 @@ def _model_config(data: dict[str, Any], col: Collector) -> None:
         for flag in ("use_dora", "use_rslora"):
             if data.get(flag) is not None:
                 lora[flag] = as_bool(data[flag], col.where(flag))
-        col.set("lora", lora, "use_peft")
-        if data.get("load_in_4bit") or data.get("load_in_8bit"):
+        kbit = any(data.get(k) and as_bool(data[k], col.where(k)) for k in ("load_in_4bit", "load_in_8bit"))
+        cast = _trl_adapter_cast(dpo) if kbit and not lora.get("use_dora") else None
+        if cast:
+            lora["adapter_dtype"] = "bf16"
+        col.set("lora", lora, f"use_peft ({cast})" if cast else "use_peft")
+        if kbit:
             _trl_kbit_dtypes(data, col)
 
 
 #: the first TRL release whose trainers run no peft k-bit preparation and no bf16 recast (Setup.kbit_recast_bf16:
 #: 0.26.0's SFTTrainer calls neither; read again in the 1.16 wheel: only trl.experimental's ORPO / CPO still do)
 TRL_NO_KBIT_PREP = (0, 26)
+
+
+#: the first TRL releases whose SFTTrainer / DPOTrainer cast every trainable parameter of a quantized model but DoRA's
+#: magnitude to bf16 (LoraSpec.adapter_dtype): SFT from 0.26.0 ('Clean up model preparation' #4577), DPO from 0.29.0
+#: ('Refactor DPO' #3906); read in trl/trainer/sft_trainer.py and dpo_trainer.py of the 1.16 wheel
+TRL_ADAPTER_CAST = {"sft": (0, 26), "dpo": (0, 29)}
+
+
+def _trl_adapter_cast(dpo: bool) -> str | None:
+    """Why the installed TRL trains a quantized model's LoRA adapters in bf16, or None where it keeps PEFT's fp32."""
+    from ...memory.fused_head import installed_trl
+    from ...memory.loss_path import version_tuple
+
+    release = installed_trl()
+    if release is not None and version_tuple(release)[:2] < TRL_ADAPTER_CAST["dpo" if dpo else "sft"]:
+        return None
+    return f"TRL {release or '(newest)'} casts a quantized model's trainable adapters to bf16"
 
 
 def _trl_kbit_dtypes(data: dict[str, Any], col: Collector) -> None:

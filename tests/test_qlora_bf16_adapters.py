@@ -1,0 +1,103 @@
+"""perfguide's QLoRA plans train the adapters in bf16, as TRL's SFTTrainer (0.26 on) casts them on a quantized base,
+and say what PEFT's fp32 adapters would add.
+
+The bytes are checked against a hand count from Llama-3.1-8B's config (hidden 4,096, FFN 14,336, 8 KV heads of 128,
+32 blocks): all-linear LoRA at rank r adds r x (in + out) elements per Linear, and fp32 adapters take 2 more bytes for
+each of the parameter, its gradient and AdamW's two moments (torch keeps the moments in the parameter's dtype). The
+dtypes are checked on a real tiny nf4 model: what prepare_model leaves is what TRL's own SFTTrainer leaves."""
+
+from __future__ import annotations
+
+import pytest
+
+import perfguide
+
+#: (in, out) of each Linear of a Llama-3.1-8B block: q, k, v, o, gate, up, down
+LINEARS = ((4096, 4096), (4096, 1024), (4096, 1024), (4096, 4096), (4096, 14336), (4096, 14336), (14336, 4096))
+
+
+def _decision(rec, setting):
+    return next((d for d in rec.decisions if d.setting == setting), None)
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    return perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="rtx4090", seq_len=4096, finetune="qlora")
+
+
+def test_a_bf16_qlora_plan_prices_bf16_adapters_and_the_fp32_ones_it_leaves_out(one_gpu) -> None:
+    s = one_gpu.setup
+    assert s.quantized and s.autocast == "bf16" and s.lora.adapter_dtype == "bf16"
+    assert s.lora.target_modules == "all-linear"
+    adapter_elems = 32 * sum(s.lora.r * (i + o) for i, o in LINEARS)
+    d = _decision(one_gpu, "adapter_dtype")
+    assert d.value == "bf16" and "trl" in d.source.lower()
+    # 2 bytes more for each of parameter, gradient and two moments; beyond that only the lora_A outputs of the
+    # blocks held at the peak (well under 64 MiB at this plan's shape)
+    assert 8 * adapter_elems <= d.number <= 8 * adapter_elems + 64 * 2**20, (d.number, 8 * adapter_elems)
+    from perfguide.memory import estimate_memory
+    fp32 = estimate_memory(one_gpu.model, s.replace(lora=s.lora.model_copy(update={"adapter_dtype": None})), one_gpu.hardware)
+    assert fp32.needed - one_gpu.memory.needed == pytest.approx(d.number, rel=1e-9)
+
+
+def test_fp16_plans_and_dora_keep_pefts_fp32_adapters() -> None:
+    # a T4 has no bf16: the fp16 GradScaler unscales fp32 adapter gradients, so the plan keeps them fp32
+    t4 = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="t4", seq_len=1024, finetune="qlora")
+    assert t4.setup.quantized and t4.setup.autocast == "fp16"
+    assert t4.setup.lora.adapter_dtype is None and _decision(t4, "adapter_dtype") is None
+    from perfguide.techniques.qlora import trl_adapters
+    from perfguide.setup import LoraSpec
+    assert trl_adapters(LoraSpec(r=8, use_dora=True), "bf16").adapter_dtype is None       # TRL keeps DoRA's magnitude fp32
+    assert trl_adapters(LoraSpec(r=8, adapter_dtype="fp32"), "bf16").adapter_dtype == "fp32"   # the user's choice stays
+
+
+def test_prepare_model_leaves_the_adapters_trl_leaves(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    trl = pytest.importorskip("trl")
+    try:
+        from helpers import prepared_tiny_qlora, tiny_tokenizer
+        from test_adapted_models import _bytes
+    except ImportError:  # pragma: no cover
+        from tests.helpers import prepared_tiny_qlora, tiny_tokenizer
+        from tests.test_adapted_models import _bytes
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_list([{"input_ids": list(range(3, 19))} for _ in range(4)])
+    from perfguide.memory.ledger import ledger
+
+    spec, rec, model = prepared_tiny_qlora(tmp_path, lora={"r": 4, "adapter_dtype": "bf16"}, kbit_upcast=False)
+    lora_dtypes = {p.dtype for n, p in model.named_parameters() if "lora_" in n}
+    assert lora_dtypes == {torch.bfloat16}
+    assert abs(_bytes(model) - ledger(spec, rec.setup).weight_bytes) <= 64
+    # TRL's own SFTTrainer on the prepared model: its quantized-model cast finds bf16 adapters and changes nothing
+    before = {n: p.dtype for n, p in model.named_parameters()}
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, bf16=False)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tiny_tokenizer())
+    after = {n: p.dtype for n, p in trainer.model.named_parameters()}
+    assert after == before
+    # control: the same tiny model through PEFT alone keeps fp32 adapters, which TRL then casts
+    _, _, plain = prepared_tiny_qlora(tmp_path / "plain", lora={"r": 4}, kbit_upcast=False)
+    assert {p.dtype for n, p in plain.named_parameters() if "lora_" in n} == {torch.float32}
+    trainer = trl.SFTTrainer(model=plain, args=args, train_dataset=data, processing_class=tiny_tokenizer())
+    assert {p.dtype for n, p in trainer.model.named_parameters() if "lora_" in n} == {torch.bfloat16}
+
+
+def test_a_trl_config_on_a_quantized_base_is_read_with_the_adapters_trl_casts(tmp_path) -> None:
+    """`perfguide check` on a TRL script's YAML prices the run TRL makes: bf16 adapters on a 4-bit base (the installed
+    TRL is >= 0.26), PEFT's fp32 ones for DoRA (TRL keeps the magnitude fp32) and on a 16-bit base; the recommended plan
+    then changes nothing about the adapters."""
+    import yaml
+
+    def read(**extra):
+        keys = {"model_name_or_path": "meta-llama/Llama-3.1-8B", "use_peft": True, "lora_target_modules": "all-linear",
+                "output_dir": "out", "max_length": 1024, **extra}
+        path = tmp_path / f"sft{len(list(tmp_path.iterdir()))}.yaml"
+        path.write_text(yaml.safe_dump(keys))
+        return perfguide.check(None, str(path), hardware="rtx4090", device="cuda")
+
+    four_bit = read(load_in_4bit=True)
+    assert four_bit.setup.quantized and four_bit.setup.lora.adapter_dtype == "bf16"
+    recommended = four_bit.change("recommended")
+    assert recommended is not None and "lora" not in recommended.setup
+    assert read(load_in_4bit=True, use_dora=True).setup.lora.adapter_dtype is None
+    assert read().setup.lora.adapter_dtype is None
