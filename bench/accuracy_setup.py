@@ -347,9 +347,10 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
         fields["kbit_recast_bf16"] = "peft_module_casting_to_bf16" in row["method"]
         fields["kbit_recast_adapters"] = fields["kbit_recast_bf16"] and trl_recasts_adapters(row)
     fields["lora"] = _lora(row, spec)
-    from accuracy_trl import trl_fields
+    from accuracy_trl import trl_fields, trl_kbit_fields
 
     fields.update(trl_fields(row))   # a row that names its TRL release: its trainer and objective
+    fields.update(trl_kbit_fields(row, fields))   # and the dtypes it leaves a quantized model in
     return Setup(**fields)  # type: ignore[arg-type]
 
 

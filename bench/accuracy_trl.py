@@ -16,7 +16,9 @@ from contextlib import contextmanager
 from _releases import release_as
 from accuracy_setup import Skip
 
+from perfguide.integrations.readers.training_args import TRL_ADAPTER_CAST, TRL_NO_KBIT_PREP
 from perfguide.memory import fused_head
+from perfguide.memory.loss_path import version_tuple
 
 TRL_RELEASE = re.compile(r"\btrl==(\d+\.\d+(?:\.\d+)?)")
 UNPRICED = ("KTOTrainer", "GRPOTrainer", "RLOOTrainer")
@@ -61,3 +63,18 @@ def trl_release(row: dict[str, str]) -> Iterator[None]:
         return
     with release_as(fused_head, "installed_trl", release):
         yield
+
+
+def trl_kbit_fields(row: dict[str, str], fields: dict[str, object]) -> dict[str, object]:
+    """A quantized LoRA row's dtypes as the TRL release it names leaves them: from 0.26 no peft k-bit preparation
+    (embedding, head and norms in the load dtype) and, from 0.26 for SFT and 0.29 for DPO, every trainable parameter
+    but DoRA's magnitude cast to bf16 (the thresholds perfguide's config reader uses, read in the trainers' code)."""
+    release = row_trl_release(row)
+    lora = fields.get("lora")
+    if release is None or lora is None or fields.get("weights_dtype") not in ("nf4", "int8"):
+        return {}
+    at = version_tuple(release)[:2]
+    out: dict[str, object] = {"kbit_upcast": False, "kbit_recast_bf16": False} if at >= TRL_NO_KBIT_PREP else {}
+    if at >= TRL_ADAPTER_CAST["dpo" if fields.get("objective") == "dpo" else "sft"] and not lora.use_dora:  # type: ignore[attr-defined]
+        out["lora"] = lora.model_copy(update={"adapter_dtype": "bf16"})  # type: ignore[attr-defined]
+    return out

@@ -84,3 +84,18 @@ def test_an_accelerate_loop_gets_the_same_switch() -> None:
     plugin = kw["gradient_accumulation_plugin"]
     assert isinstance(plugin, accelerate.utils.GradientAccumulationPlugin) and "gradient_accumulation_steps" not in kw
     assert plugin.sync_each_batch is True and plugin.num_steps == rec.setup.gradient_accumulation_steps
+
+
+@pytest.mark.parametrize("version, gathers_per_step", [(1, 1), (2, GA)])
+def test_fsdp1_shard_grad_op_keeps_its_gathered_units_through_no_sync(case, version, gathers_per_step) -> None:
+    """FSDP1 SHARD_GRAD_OP under no_sync frees nothing in backward (torch ``_should_free_in_backward``), so only the
+    first micro-step all-gathers: per optimizer step one all-gather and one reduce-scatter, by hand. FSDP2 reshards
+    after every backward (``reshard_after_backward`` stays True under accelerate) and gathers on every micro-step."""
+    spec, hw, setup = case
+    sgo = setup.replace(strategy="fsdp_shard_grad_op", fsdp_version=version, offload_optimizer=False, offload_params=False)
+    gpu = hw.smallest_gpu
+    bw = (hw.intra_node_bandwidth_gbps or pcie_gbps(gpu)) * 1e9 * constant("comm_bus_fraction")
+    one = (4 - 1) / 4 * 2 * spec.total_params / bw   # an all-gather of the bf16 weights, or a reduce-scatter of their grads
+    assert training_speed(spec, sgo, hw).comm_total_s == pytest.approx((gathers_per_step + 1) * one, rel=1e-6)
+    synced = sgo.replace(sync_grads_each_micro_step=True)
+    assert training_speed(spec, synced, hw).comm_total_s == pytest.approx(2 * GA * one, rel=1e-6)

@@ -32,9 +32,9 @@ def test_a_bf16_qlora_plan_prices_bf16_adapters_and_the_fp32_ones_it_leaves_out(
     adapter_elems = 32 * sum(s.lora.r * (i + o) for i, o in LINEARS)
     d = _decision(one_gpu, "adapter_dtype")
     assert d.value == "bf16" and "trl" in d.source.lower()
-    # 2 bytes more for each of parameter, gradient and two moments; beyond that only the lora_A outputs of the
-    # blocks held at the peak (well under 64 MiB at this plan's shape)
-    assert 8 * adapter_elems <= d.number <= 8 * adapter_elems + 64 * 2**20, (d.number, 8 * adapter_elems)
+    # 2 bytes more for each of parameter, gradient and two moments; beyond that at most autocast's cached bf16 copy
+    # of each fp32 adapter weight (2 B per element) and small transients
+    assert 8 * adapter_elems <= d.number <= 10 * adapter_elems + 16 * 2**20, (d.number, 8 * adapter_elems)
     from perfguide.memory import estimate_memory
     fp32 = estimate_memory(one_gpu.model, s.replace(lora=s.lora.model_copy(update={"adapter_dtype": None})), one_gpu.hardware)
     assert fp32.needed - one_gpu.memory.needed == pytest.approx(d.number, rel=1e-9)
@@ -45,8 +45,8 @@ def test_fp16_plans_and_dora_keep_pefts_fp32_adapters() -> None:
     t4 = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="t4", seq_len=1024, finetune="qlora")
     assert t4.setup.quantized and t4.setup.autocast == "fp16"
     assert t4.setup.lora.adapter_dtype is None and _decision(t4, "adapter_dtype") is None
-    from perfguide.techniques.qlora import trl_adapters
     from perfguide.setup import LoraSpec
+    from perfguide.techniques.qlora import trl_adapters
     assert trl_adapters(LoraSpec(r=8, use_dora=True), "bf16").adapter_dtype is None       # TRL keeps DoRA's magnitude fp32
     assert trl_adapters(LoraSpec(r=8, adapter_dtype="fp32"), "bf16").adapter_dtype == "fp32"   # the user's choice stays
 
@@ -101,3 +101,20 @@ def test_a_trl_config_on_a_quantized_base_is_read_with_the_adapters_trl_casts(tm
     assert recommended is not None and "lora" not in recommended.setup
     assert read(load_in_4bit=True, use_dora=True).setup.lora.adapter_dtype is None
     assert read().setup.lora.adapter_dtype is None
+
+
+@pytest.mark.parametrize("release, upcast, adapters", [("0.24.0", True, None), ("1.16.0", False, "bf16")])
+def test_the_memory_bench_reads_a_trl_qlora_row_by_its_release(release, upcast, adapters) -> None:
+    """A published QLoRA row that names its TRL release is priced with that release's dtypes: TRL 0.24's notebook run
+    (row 2055, peft's upcast and TRL's recast, fp32 adapters) as published; the same row under a 1.16 release string
+    with neither cast and bf16 adapters, the reading perfguide's own plans and config reader make."""
+    try:
+        from helpers import load_bench, published_rows
+    except ImportError:  # pragma: no cover
+        from tests.helpers import load_bench, published_rows
+    row = dict(published_rows()["2055"])
+    row["method"] = row["method"].replace("0.24.0", release)
+    spec = load_bench("accuracy_spec")._spec(row["model_hf_id"])
+    setup = load_bench("accuracy_setup")._train_setup(row, spec)
+    assert setup.quantized and setup.kbit_upcast is upcast and setup.kbit_recast_bf16 is upcast
+    assert setup.lora.adapter_dtype == adapters

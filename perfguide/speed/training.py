@@ -100,8 +100,21 @@ def communication(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU) -
     micro, step = _collectives(spec, setup, hardware, gpu)
     if not micro or not defers_grad_sync(setup, installed_accelerate()):
         return micro, step, 0.0
+    if keeps_gathered_under_no_sync(setup):
+        return micro, step, micro
     gathers, _ = _collectives(spec, setup, hardware, gpu, with_grads=False)
     return micro, step, micro - gathers
+
+
+def keeps_gathered_under_no_sync(setup: Setup) -> bool:
+    """FSDP1 SHARD_GRAD_OP under no_sync frees no unsharded parameter in backward (torch fsdp/_runtime_utils.py
+    ``_should_free_in_backward``: "we do not free for strategies that do not reshard after forward as a *heuristic* to
+    tradeoff higher memory for higher throughput"), so the next micro-step's forward gathers nothing: per optimizer
+    step one all-gather (the first micro-step's) and one reduce-scatter (the last's), the count of one micro-step's
+    collectives; the GA - 1 skipped are counted as ``deferred``. FSDP2 reshards after backward unless told not to
+    (``set_reshard_after_backward``, which accelerate does not call). The memory is already the plan's: SHARD_GRAD_OP
+    holds every gathered unit at the end of forward, and no_sync the unsharded gradients (memory/sharding.py)."""
+    return setup.strategy == "fsdp_shard_grad_op" and setup.fsdp_version == 1
 
 
 def _collectives(spec: ModelSpec, setup: Setup, hardware: Hardware, gpu: GPU, *, with_grads: bool = True) -> tuple[float, float]:
