@@ -118,3 +118,19 @@ def test_the_memory_bench_reads_a_trl_qlora_row_by_its_release(release, upcast, 
     setup = load_bench("accuracy_setup")._train_setup(row, spec)
     assert setup.quantized and setup.kbit_upcast is upcast and setup.kbit_recast_bf16 is upcast
     assert setup.lora.adapter_dtype == adapters
+
+
+def test_offloaded_adapters_save_host_ram_and_the_decision_says_so() -> None:
+    """70B QLoRA under FSDP with CPU offload on 2 x RTX 4090: the adapters' parameters, gradients and moments live on
+    the host, so bf16 saves host RAM, 8 B per adapter element over the node (Llama-3.1-70B, rank 16, all-linear:
+    80 blocks of q, k, v, o over h 8,192 with 8 KV heads of 128, gate / up / down over FFN 28,672), and the reason
+    names it."""
+    rec = perfguide.recommend("meta-llama/Llama-3.1-70B", "train_gpu_many", hardware="rtx4090:2", seq_len=2048, finetune="qlora")
+    s = rec.setup
+    assert s.offload_params and s.lora.adapter_dtype == "bf16" and s.lora.r == 16
+    h, kv, ffn = 8192, 1024, 28672
+    elems = 80 * s.lora.r * (2 * (h + h) + 2 * (h + kv) + 3 * (h + ffn))
+    from perfguide.memory import estimate_memory
+    fp32 = estimate_memory(rec.model, s.replace(lora=s.lora.model_copy(update={"adapter_dtype": None})), rec.hardware)
+    assert fp32.cpu_ram - rec.memory.cpu_ram == 8 * elems
+    assert "host RAM" in rec.decision("adapter_dtype").reason

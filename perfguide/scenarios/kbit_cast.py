@@ -45,8 +45,10 @@ def adapter_dtype_decision(request: Request, chosen: Priced) -> tuple[Decision, 
     fp32 = price(request.model, s.replace(lora=s.lora.model_copy(update={"adapter_dtype": None})), request.hardware,
                  request.calibration)
     more = fp32.memory.needed - chosen.memory.needed
+    host = fp32.memory.cpu_ram - chosen.memory.cpu_ram   # offloaded adapter states weigh on the host instead
+    where = f"{gib(more)} more per GPU" + (f" and {gib(host)} more host RAM" if host > 0 else "")
     reason = (f"LoRA adapters train in bf16, as TRL's SFTTrainer casts them on a quantized base (prepare_model does the "
-              f"same): parameters, gradients and AdamW moments take 2 bytes; PEFT's fp32 adapters would need {gib(more)} more")
-    why_not = f"PEFT's default fp32 adapters: +{gib(more)} on this plan, the QLoRA paper trains its adapters in bf16"
+              f"same): parameters, gradients and AdamW moments take 2 bytes; PEFT's fp32 adapters would need {where}")
+    why_not = f"PEFT's default fp32 adapters: {where} on this plan, where the QLoRA paper trains its adapters in bf16"
     return (Decision(setting="adapter_dtype", value="bf16", reason=reason, number=more, unit="bytes saved",
                      source=ADAPTER_CAST_SOURCE, alternatives=(Alternative(value="fp32", why_not=why_not, number=more, unit="bytes"),)),)
