@@ -134,3 +134,34 @@ def test_offloaded_adapters_save_host_ram_and_the_decision_says_so() -> None:
     fp32 = estimate_memory(rec.model, s.replace(lora=s.lora.model_copy(update={"adapter_dtype": None})), rec.hardware)
     assert fp32.cpu_ram - rec.memory.cpu_ram == 8 * elems
     assert "host RAM" in rec.decision("adapter_dtype").reason
+
+
+@pytest.mark.parametrize("name, keys", [
+    ("axolotl.yaml", {"base_model": "meta-llama/Llama-3.1-8B", "load_in_4bit": True, "adapter": "qlora", "lora_r": 16,
+                      "lora_alpha": 32, "lora_target_linear": True, "sequence_len": 2048, "micro_batch_size": 2,
+                      "gradient_accumulation_steps": 4, "bf16": True, "gradient_checkpointing": True}),
+    ("llamafactory.yaml", {"model_name_or_path": "meta-llama/Llama-3.1-8B", "stage": "sft", "do_train": True,
+                           "finetuning_type": "lora", "quantization_bit": 4, "lora_rank": 16, "cutoff_len": 2048,
+                           "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True}),
+])
+def test_stacks_that_keep_fp32_adapters_are_read_so_and_not_told_to_cast(tmp_path, name, keys) -> None:
+    """axolotl (loaders/adapter.py: PEFT's defaults) and LLaMA-Factory (model/adapter.py: trainable parameters to fp32
+    unless pure_bf16) keep a quantized model's adapters fp32, which no key of theirs changes: the reading says so,
+    prices them as PEFT's default does, and the recommended plan keeps them rather than ask for a cast the stack
+    cannot make."""
+    import yaml
+
+    from perfguide.hardware.named import hardware_from_name
+    from perfguide.memory import estimate_memory
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(keys))
+    c = perfguide.check(None, str(path), hardware="rtx4090")
+    s = c.setup
+    assert s.quantized and s.lora.adapter_dtype == "fp32"
+    hw = hardware_from_name("rtx4090")
+    default = s.replace(lora=s.lora.model_copy(update={"adapter_dtype": None}))
+    spec = perfguide.ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    assert estimate_memory(spec, s, hw).needed == estimate_memory(spec, default, hw).needed
+    recommended = c.change("recommended")
+    assert recommended is not None and "lora" not in recommended.setup

@@ -162,8 +162,11 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
                      ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):   # loaders/adapter.py: get_peft_model's
         if data.get(src) is not None:
             lora[dst] = as_bool(data[src], col.where(src))
-    col.set("lora", lora, "adapter")
-    if data.get("load_in_4bit") or data.get("load_in_8bit"):
+    kbit = bool(data.get("load_in_4bit") or data.get("load_in_8bit"))
+    if kbit:   # the stack's own dtype, so a plan compared with this one keeps it (no cast axolotl cannot make)
+        lora["adapter_dtype"] = "fp32"
+    col.set("lora", lora, f"adapter ({KEEPS_FP32_ADAPTERS})" if kbit else "adapter")
+    if kbit:
         _kbit_dtypes(data, col)
 
 
@@ -172,6 +175,9 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
 #: the norms and the embedding and head (``get_linear_embedding_layers``) to ``torch_dtype``
 #: (``_convert_embedding_modules_dtype``, ``should_convert``: ``needs_fa2_dtype`` is set for any adapter); with
 #: ``fp32_norms`` the norm classes stay fp32
+#: axolotl's adapters on a k-bit base (commit 067b021c8, src/axolotl/loaders/adapter.py): get_peft_model with PEFT's
+#: defaults, which create them fp32 there, and no cast after it but for fp8 bases
+KEEPS_FP32_ADAPTERS = "axolotl keeps PEFT's fp32 adapters on a k-bit base (loaders/adapter.py)"
 KBIT_DTYPES = "axolotl casts the norms, embeddings and head back to torch_dtype after k-bit preparation (loaders/model.py)"
 
 

@@ -65,7 +65,12 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         for flag in ("use_dora", "use_rslora"):
             if data.get(flag) is not None:
                 lora[flag] = as_bool(data[flag], col.where(flag))
-        col.set("lora", lora, "finetuning_type" if "finetuning_type" in data else "finetuning_type (LLaMA-Factory default: lora)")
+        key = "finetuning_type" if "finetuning_type" in data else "finetuning_type (LLaMA-Factory default: lora)"
+        if data.get("quantization_bit") is not None and not data.get("pure_bf16"):
+            # model/adapter.py cast_trainable_params_to_fp32: a QLoRA run's adapters are fp32 unless pure_bf16
+            lora["adapter_dtype"] = "fp32"
+            key += " (LLaMA-Factory casts a quantized model's trainable parameters to fp32: model/adapter.py)"
+        col.set("lora", lora, key)
     attn = choice(data.get("flash_attn", "auto"), col.where("flash_attn"), ATTENTION)
     if attn is not None:
         col.set("attn_implementation", attn, "flash_attn")
