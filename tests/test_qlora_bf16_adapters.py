@@ -165,3 +165,14 @@ def test_stacks_that_keep_fp32_adapters_are_read_so_and_not_told_to_cast(tmp_pat
     assert estimate_memory(spec, s, hw).needed == estimate_memory(spec, default, hw).needed
     recommended = c.change("recommended")
     assert recommended is not None and "lora" not in recommended.setup
+
+
+@pytest.mark.parametrize("release, sft, dpo", [("0.25.1", False, False), ("0.27.0", True, False), ("0.29.0", True, True)])
+def test_the_config_reader_follows_each_trainers_first_casting_release(monkeypatch, release, sft, dpo) -> None:
+    """SFTTrainer casts from 0.26.0 (#4577), DPOTrainer from 0.29.0 (#3906), both read in the trainers' code."""
+    from perfguide.integrations.readers import training_args
+    from perfguide.memory import fused_head
+
+    monkeypatch.setattr(fused_head, "installed_trl", lambda: release)
+    assert (training_args._trl_adapter_cast(dpo=False) is not None) is sft
+    assert (training_args._trl_adapter_cast(dpo=True) is not None) is dpo
