@@ -71,10 +71,17 @@ def test_prepare_model_leaves_the_adapters_trl_leaves(tmp_path) -> None:
     assert abs(_bytes(model) - ledger(spec, rec.setup).weight_bytes) <= 64
     # TRL's own SFTTrainer on the prepared model: its quantized-model cast finds bf16 adapters and changes nothing
     before = {n: p.dtype for n, p in model.named_parameters()}
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, bf16=False)
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=2, bf16=True,
+                         per_device_train_batch_size=2, optim="adamw_torch")
     trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tiny_tokenizer())
     after = {n: p.dtype for n, p in trainer.model.named_parameters()}
     assert after == before
+    # and it trains there: two bf16-autocast steps on the real 4-bit base move every adapter, which stays bf16
+    start = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    trained = {n: p for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainer.state.global_step == 2 and {p.dtype for p in trained.values()} == {torch.bfloat16}
+    assert all(not torch.equal(start[n], p) for n, p in trained.items())
     # control: the same tiny model through PEFT alone keeps fp32 adapters, which TRL then casts
     _, _, plain = prepared_tiny_qlora(tmp_path / "plain", lora={"r": 4}, kbit_upcast=False)
     assert {p.dtype for n, p in plain.named_parameters() if "lora_" in n} == {torch.float32}
