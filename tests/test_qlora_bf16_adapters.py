@@ -183,3 +183,21 @@ def test_the_config_reader_follows_each_trainers_first_casting_release(monkeypat
     monkeypatch.setattr(fused_head, "installed_trl", lambda: release)
     assert (training_args._trl_adapter_cast(dpo=False) is not None) is sft
     assert (training_args._trl_adapter_cast(dpo=True) is not None) is dpo
+
+
+@pytest.mark.parametrize("strategy, adapters", [("zero3", "bfloat16"), ("zero2", "float32"), ("fsdp", "float32")])
+def test_zero3_lora_on_a_16_bit_base_gets_base_dtype_adapters(strategy, adapters) -> None:
+    """Under ZeRO-3 over a bf16 base, prepare_model creates the adapters in bf16 (get_peft_model's
+    autocast_adapter_dtype=False, as TRL 1.7+ does): DeepSpeed 0.19.2+ leaves a zero.Init model uncast, and fp32
+    adapters beside bf16 partitions broke its coalesced all-gather (deepspeedai/DeepSpeed#8072). ZeRO-2 (the engine
+    casts the whole module) and FSDP keep PEFT's default."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    try:
+        from helpers import make_rec, tiny_model
+    except ImportError:  # pragma: no cover
+        from tests.helpers import make_rec, tiny_model
+    rec = make_rec({"weights_dtype": "bf16", "autocast": "bf16", "strategy": strategy, "num_gpus": 2, "lora": {"r": 4},
+                    "optimizer": "adamw_torch", "seq_len": 64})
+    model = rec.prepare_model(tiny_model().to(torch.bfloat16))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {getattr(torch, adapters)}

@@ -38,12 +38,23 @@ def add_lora(rec: Recommendation, model: Any) -> Any:
     # kbit_upcast=False: the plan priced the non-quantized parameters in 16 bits; get_peft_model freezes the base
     lora = rec.setup.lora
     # peft >= 0.12's switch; False keeps the adapters in a 16-bit base's dtype, as every peft before 0.12 did
-    model = get_peft_model(model, config, autocast_adapter_dtype=lora is None or lora.autocast_adapter_dtype)
+    upcast = (lora is None or lora.autocast_adapter_dtype) and not zero3_needs_base_dtype(rec.setup)
+    model = get_peft_model(model, config, autocast_adapter_dtype=upcast)
     if rec.setup.kbit_recast_bf16:
         recast_bf16(model, adapters=rec.setup.kbit_recast_adapters)
     if lora is not None and lora.adapter_dtype is not None:
         cast_adapters(model, lora.adapter_dtype)
     return model
+
+
+def zero3_needs_base_dtype(setup: Any) -> bool:
+    """ZeRO-3 over a 16-bit base: adapters left fp32 beside it break DeepSpeed from 0.19.2, which no longer casts a
+    zero.Init model to its 16-bit dtype, at the first optimizer step ("output tensor must have the same type as input
+    tensor" in ``_allgather_params_coalesced``: deepspeedai/DeepSpeed#8072, fixed in its coalesced gather by #8073).
+    TRL (1.7 on, huggingface/trl#6091) passes ``autocast_adapter_dtype=False`` there, and so does ``prepare_model``.
+    The memory model already prices ZeRO's adapters as the engine's 16-bit parameters with fp32 masters
+    (memory/analytic.py ``deepspeed_half``), so nothing it priced changes."""
+    return setup.strategy == "zero3" and setup.weights_dtype in ("bf16", "fp16")
 
 
 def cast_adapters(model: Any, dtype: str) -> None:
