@@ -99,3 +99,26 @@ def test_fsdp1_shard_grad_op_keeps_its_gathered_units_through_no_sync(case, vers
     assert training_speed(spec, sgo, hw).comm_total_s == pytest.approx((gathers_per_step + 1) * one, rel=1e-6)
     synced = sgo.replace(sync_grads_each_micro_step=True)
     assert training_speed(spec, synced, hw).comm_total_s == pytest.approx(2 * GA * one, rel=1e-6)
+
+
+def test_hsdp_is_priced_synced_too_and_wins_where_no_sync_does_not_fit() -> None:
+    """Qwen2.5-14B full fine-tuning on 4 nodes x 8 H100 at 4,096 tokens, 512 sequences a step: HSDP under no_sync holds
+    the whole bf16 gradient set (2 B x P) where synced HSDP holds its node's fp32 shard (4 B x P / 8), 1.5 B x P more by
+    hand, which does not fit; synced each micro-step it fits and beats FULL_SHARD over all 32 ranks, whose every
+    gather crosses the network. Before HSDP had a synced twin, the plan was FULL_SHARD at mb=16 (14.6 s/step)."""
+    rec = perfguide.recommend("Qwen/Qwen2.5-14B", "train_gpu_many", hardware="h100-80gb:8x4", seq_len=4096, global_batch_size=512)
+    s, p = rec.setup, rec.model.total_params
+    assert s.hybrid_shard and s.sync_grads_each_micro_step and s.gradient_accumulation_steps > 1
+    assert rec.decision("hybrid_shard").value is True
+    no_sync = estimate_memory(rec.model, s.replace(sync_grads_each_micro_step=False), rec.hardware)
+    assert no_sync.gradients - rec.memory.gradients == pytest.approx(2 * p - 4 * p / 8, rel=1e-6)
+    assert not no_sync.fits and rec.memory.fits
+
+
+def test_no_plan_names_sync_each_micro_step_without_accumulation() -> None:
+    """Without accumulation FSDP holds no unsharded gradients either way, so the whole per-device batch can fit where
+    a smaller micro-batch under no_sync does not: the search prices it for the no_sync layout too, and the plan
+    carries no sync switch that changes nothing (Llama-3.1-8B on 4 x 8 A100 40GB: mb=16 ga=1)."""
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_many", hardware="a100-40gb:8x4", seq_len=4096, global_batch_size=512)
+    assert rec.setup.is_fsdp and rec.setup.gradient_accumulation_steps == 1
+    assert not rec.setup.sync_grads_each_micro_step

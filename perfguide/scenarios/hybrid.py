@@ -15,7 +15,7 @@ from ..model.types import ModelSpec
 from ..setup import Setup
 from ..speed.rates import trainable_params
 from .search import Option, Priced, gib, not_fitting_why
-from .strategies import Layout, Level, layout_of
+from .strategies import Layout, Level, layout_of, unsynced
 from .types import Request
 
 SOURCE = ("https://docs.pytorch.org/docs/stable/distributed.fsdp.fully_shard.html (mesh: 2-D for HSDP); "
@@ -41,16 +41,23 @@ def _facts(request: Request, p: Priced) -> str:
             f"{gib(internode_bytes(request.model, p.setup))} per rank across nodes)")
 
 
+def _best(compared: list[tuple[Layout, Level, Option | None, str | None]], layout: Layout) -> Option | None:
+    """The layout's option as the search weighed it, with or without gradient sync on every micro-step: the faster
+    fitting twin, else the first priced (its smallest batch that does not fit)."""
+    opts = [opt for lay, _, opt, why in compared if unsynced(lay) == layout and why is None and opt is not None]
+    fitting = [o for o in opts if o.best is not None]
+    return min(fitting, key=lambda o: o.best.step_time) if fitting else (opts[0] if opts else None)  # type: ignore[union-attr]
+
+
 def hybrid_decision(request: Request, chosen: Priced, compared: list[tuple[Layout, Level, Option | None, str | None]]) -> list[Decision]:
     """Multi-node FSDP2 plans: HSDP against FULL_SHARD over every rank, both priced at their best micro-batch."""
     s = chosen.setup
     if s.nodes == 1 or s.num_gpus == 1:
         return []
-    found = {lay: opt for lay, _, opt, why in compared if lay in (Layout("fsdp", hybrid=True), Layout("fsdp")) and why is None}
-    hsdp, full = found.get(Layout("fsdp", hybrid=True)), found.get(Layout("fsdp"))
+    hsdp, full = _best(compared, Layout("fsdp", hybrid=True)), _best(compared, Layout("fsdp"))
     if hsdp is None or full is None:
         return []
-    mine = layout_of(s) == Layout("fsdp", hybrid=True)
+    mine = unsynced(layout_of(s)) == Layout("fsdp", hybrid=True)
     shape = f"{s.nodes} nodes x {s.num_gpus} GPUs"
     if hsdp.best is None:
         why = not_fitting_why(hsdp.too_big.memory, request.hardware, request.constraints.headroom) if hsdp.too_big else "does not fit"

@@ -184,6 +184,12 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
             largest, lo = p, mid + 1
         else:
             too_big, hi = p, mid - 1
+    if template.is_fsdp and largest.setup.micro_batch_size < choices[-1]:
+        # the same non-monotone case above the smallest: no accumulation, no unsharded gradients held between
+        # micro-steps, so the whole per-device batch can fit where the binary search stopped lower
+        whole = price(spec, with_micro(template, choices[-1], per_rank_batch), hardware, factors)
+        if fits(whole.memory, hardware, headroom) and whole.step_time < largest.step_time:
+            return Option(template, whole, too_big)
     # a smaller micro-batch can be faster; the smallest one's speed is priced already
     timed = [] if largest is smallest else [(smallest.throughput, smallest.setup)]
     timed += [(quiet_speed(spec, s, hardware, factors), s) for s in (with_micro(template, c, per_rank_batch) for c in choices[1:]

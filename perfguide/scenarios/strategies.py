@@ -75,11 +75,17 @@ def layout_of(s: Setup) -> Layout:
 
 
 def with_synced_variant(layouts: tuple[Layout, ...]) -> tuple[Layout, ...]:
-    """Each FSDP layout (HSDP aside) followed by its sync-each-micro-step twin, so the search weighs no_sync's unsharded
-    gradients against the reduce-scatters it saves (memory/sharding.defers_grad_sync); without accumulation the two are
-    the same plan, and the first, no_sync, is kept on the tie."""
+    """Each FSDP layout (HSDP too) followed by its sync-each-micro-step twin, so the search weighs no_sync's unsharded
+    gradients against the collectives it saves (memory/sharding.defers_grad_sync; under HSDP the reduce-scatter and the
+    cross-node all-reduce alike); without accumulation the two are the same plan, and the first, no_sync, is kept on
+    the tie."""
     return tuple(v for lay in layouts for v in ((lay, replace(lay, sync_each_micro_step=True))
-                                                if STRATEGIES[lay.strategy].fsdp and not lay.hybrid else (lay,)))
+                                                if STRATEGIES[lay.strategy].fsdp else (lay,)))
+
+
+def unsynced(layout: Layout) -> Layout:
+    """The layout without its sync-each-micro-step flag: the sharding it names, however it accumulates."""
+    return replace(layout, sync_each_micro_step=False)
 
 
 @dataclass(frozen=True)
