@@ -9,6 +9,7 @@ defaults, then a few forced constraints per scenario; every plan is checked for:
   report's headline and its candidates table, a printed "A > B" the numbers contradict, a forced constraint the
   setup does not carry, a global batch that micro-batch x accumulation x world does not give, SFTConfig and
   TrainingArguments kwargs that disagree on batch / precision / optimizer / checkpointing;
+* a switch that changes nothing: FSDP gradient sync on every accumulation micro-step with one micro-step a step;
 * kwargs the target cannot run (bf16 or TF32 before Ampere, FlashAttention 2, bitsandbytes where unsupported);
 * a "what would fit" suggestion that names a scenario and a target, run as written, that does not fit;
 * nonsense numbers: negative / NaN / infinite bytes or times, tokens/s whose FLOPs exceed the hardware's peak, a
@@ -146,6 +147,8 @@ def check_plan(rec: Any, case: str, forced: dict[str, Any], t: Tally) -> None:
         t.flag("fits vs its own report", case, f"fits={rec.fits} but the headline says {brief.splitlines()[5][:120] if len(brief.splitlines()) > 5 else brief[:120]!r}")
     for bad in false_comparisons(rec.report()):
         t.flag("false comparison in the report", case, bad)
+    if s.sync_grads_each_micro_step and s.gradient_accumulation_steps == 1:
+        t.flag("switch that changes nothing", case, "sync_grads_each_micro_step=True with one micro-step per optimizer step")
     if s.task == "train" and s.micro_batch_size * s.gradient_accumulation_steps * s.world_size != rec.request.global_batch_size:
         t.flag("global batch", case, f"mb {s.micro_batch_size} x ga {s.gradient_accumulation_steps} x world {s.world_size} != "
                f"global {rec.request.global_batch_size}")
