@@ -201,3 +201,33 @@ def test_zero3_lora_on_a_16_bit_base_gets_base_dtype_adapters(strategy, adapters
                     "optimizer": "adamw_torch", "seq_len": 64})
     model = rec.prepare_model(tiny_model().to(torch.bfloat16))
     assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {getattr(torch, adapters)}
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_the_callbacks_preflight_reads_the_dtypes_the_trainer_holds(tmp_path, upcast) -> None:
+    """PerfGuideCallback's pre-flight prices the model object it is handed: after TRL's SFTTrainer, a 4-bit model
+    prepared without peft's k-bit upcast keeps its embedding, head and norms 16-bit and its adapters bf16, and is read
+    so (it was priced with the upcast, the Setup's default, and could be refused as not fitting); one prepared with the
+    upcast is read with it. Either way the weight bytes priced are the bytes the real model holds."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("bitsandbytes")
+    trl = pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    try:
+        from helpers import prepared_tiny_qlora, tiny_tokenizer
+        from test_adapted_models import _bytes
+    except ImportError:  # pragma: no cover
+        from tests.helpers import prepared_tiny_qlora, tiny_tokenizer
+        from tests.test_adapted_models import _bytes
+    from perfguide.integrations.readers.trainer import trainer_check
+    from perfguide.memory.ledger import ledger
+
+    spec, _, model = prepared_tiny_qlora(tmp_path, lora={"r": 4}, kbit_upcast=upcast)
+    data = datasets.Dataset.from_list([{"input_ids": list(range(3, 19))} for _ in range(4)])
+    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], max_steps=1, bf16=True,
+                         per_device_train_batch_size=2)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tiny_tokenizer())
+    check = trainer_check(trainer.args, trainer.model)
+    assert check.setup.kbit_upcast is upcast and check.setup.lora.adapter_dtype == "bf16"
+    assert {p.dtype for n, p in trainer.model.named_parameters() if "lora_" in n} == {torch.bfloat16}
+    assert abs(_bytes(trainer.model) - ledger(spec, check.setup).weight_bytes) <= 64

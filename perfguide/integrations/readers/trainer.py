@@ -42,9 +42,23 @@ def model_fields(model: Any) -> dict[str, Any]:
         out["lora"] = {"r": int(cfg.r), "alpha": int(cfg.lora_alpha), "dropout": float(getattr(cfg, "lora_dropout", 0.0) or 0.0),
                        "target_modules": targets if isinstance(targets, str) else tuple(sorted(targets)),
                        "use_dora": bool(getattr(cfg, "use_dora", False)), "use_rslora": bool(getattr(cfg, "use_rslora", False))}
+    if "lora" in out:
+        adapters = {str(p.dtype) for n, p in model.named_parameters() if p.requires_grad and (".lora_A." in n or ".lora_B." in n)}
+        if len(adapters) == 1 and next(iter(adapters)) in _TORCH_DTYPES:   # as the trainer left them (TRL's bf16 cast)
+            out["lora"]["adapter_dtype"] = _TORCH_DTYPES[next(iter(adapters))]
+    if out.get("weights_dtype") in ("nf4", "int8") and not _fp32_frozen(params):
+        # no peft k-bit preparation ran (TRL >= 0.26, axolotl, prepare_model on a perfguide plan): the embedding,
+        # head and norms are in the load dtype, which the Setup's default (peft's fp32 upcast) would over-price
+        out["kbit_upcast"] = False
     if getattr(model, "is_gradient_checkpointing", False):
         out["gradient_checkpointing"] = True
     return out
+
+
+def _fp32_frozen(params: list[Any]) -> bool:
+    """Whether any frozen floating parameter is fp32: peft's k-bit upcast (or TRL's old recast, which keeps the norms
+    fp32) left it so. bitsandbytes' packed storage is uint8 / int8, or the 16-bit quant_storage dtype."""
+    return any(not p.requires_grad and str(p.dtype) == "torch.float32" for p in params)
 
 
 def sample_length(dataloader: Any) -> int | None:
