@@ -99,3 +99,23 @@ def test_sft_trainer_preflight_reads_the_sft_config(tmp_path: Path) -> None:
     assert t.state.global_step == 0
     s = cb.preflight_check.setup
     assert (s.seq_len, s.micro_batch_size, s.gradient_checkpointing, s.autocast) == (32, 2, False, None)
+
+
+@pytest.mark.parametrize("saved", [None, ["lm_head"], ["embed_tokens", "lm_head"]])
+def test_an_all_linear_peft_model_is_read_from_the_module(saved) -> None:
+    """peft 0.21 stores an "all-linear" LoraConfig's targets as every module's full path ("model.layers.0.mlp.down_proj"),
+    which no block-relative name matches: the pre-flight read them from the config and skipped every such run. It now
+    reads the adapter as ``ModelSpec.from_any`` does, from the module, modules_to_save included, so the gradients it
+    prices are exactly the trainable parameters the model holds, at 4 bytes each (fp32 adapters and copies)."""
+    peft = pytest.importorskip("peft")
+    from transformers import TrainingArguments
+
+    from perfguide.integrations.readers.trainer import trainer_check
+
+    model = peft.get_peft_model(tiny_model(), peft.LoraConfig(r=4, target_modules="all-linear", modules_to_save=saved))
+    assert any(t.startswith("model.layers.0.") for t in model.peft_config["default"].target_modules)
+    args = TrainingArguments(output_dir="unused", use_cpu=True, per_device_train_batch_size=2, report_to="none")
+    check = trainer_check(args, model, seq_len=16)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert check.memory.gradients == 4 * trainable
+    assert check.setup.lora.modules_to_save == tuple(saved or ())

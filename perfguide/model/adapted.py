@@ -48,6 +48,10 @@ SAVED_EMBEDDINGS = ("embed_tokens", "wte", "embed_in", "word_embeddings", "share
 SAVED_HEADS = ("lm_head", "embed_out", "output")
 
 
+#: torch dtype names of LoRA weights -> LoraSpec.adapter_dtype
+ADAPTER_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+
+
 def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
     """The active LoRA adapter of a PeftModel as a LoraSpec (its rank, alpha, options and the block Linears it adapts)."""
     configs = getattr(module, "peft_config", None)
@@ -72,9 +76,11 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
     alpha = cfg.lora_alpha
     # adapters left in a 16-bit base's dtype (peft before 0.12, or get_peft_model(autocast_adapter_dtype=False))
     sixteen = any(str(p.dtype) in ("torch.bfloat16", "torch.float16") for n, p in module.named_parameters() if "lora_A" in n)
+    # the adapters' dtype as the module holds them (a trainer's own cast included: TRL's bf16 on a quantized base)
+    held = {ADAPTER_DTYPES.get(str(p.dtype)) for n, p in module.named_parameters() if ".lora_A." in n or ".lora_B." in n}
     return LoraSpec(r=cfg.r, alpha=int(alpha) if float(alpha).is_integer() else max(1, round(alpha)), target_modules=tuple(targets),
                     dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora),
-                    autocast_adapter_dtype=not sixteen,
+                    autocast_adapter_dtype=not sixteen, adapter_dtype=held.pop() if len(held) == 1 else None,
                     modules_to_save=tuple(n for n in getattr(cfg, "modules_to_save", None) or ()
                                           if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS + SAVED_HEADS))
 

@@ -9,13 +9,16 @@ and the length of its training samples.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import PerfGuideError
 from ...hardware.types import Hardware
 from . import read_object
 from .combine import Combined
 from .verdict import Check
+
+if TYPE_CHECKING:
+    from ...model.types import ModelSpec
 
 _TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
@@ -24,8 +27,10 @@ class WillNotFitError(PerfGuideError):
     """The run the Trainer is about to start does not fit this machine (raised before the first step)."""
 
 
-def model_fields(model: Any) -> dict[str, Any]:
-    """Setup fields the model object itself decides: the load dtype, quantization, LoRA, checkpointing."""
+def model_fields(model: Any, spec: ModelSpec) -> dict[str, Any]:
+    """Setup fields the model object itself decides: the load dtype, quantization, LoRA (as ``ModelSpec.from_any``
+    read it from the module: block-relative targets, whatever form peft stored them in, and the adapters' dtype),
+    checkpointing."""
     out: dict[str, Any] = {}
     params = [p for p in model.parameters()] if hasattr(model, "parameters") else []
     if params:
@@ -35,17 +40,8 @@ def model_fields(model: Any) -> dict[str, Any]:
         out["weights_dtype"] = "nf4"
     elif getattr(model, "is_loaded_in_8bit", False):
         out["weights_dtype"] = "int8"
-    peft = getattr(model, "peft_config", None)
-    if isinstance(peft, dict) and peft:
-        cfg = next(iter(peft.values()))
-        targets = getattr(cfg, "target_modules", None) or "all-linear"
-        out["lora"] = {"r": int(cfg.r), "alpha": int(cfg.lora_alpha), "dropout": float(getattr(cfg, "lora_dropout", 0.0) or 0.0),
-                       "target_modules": targets if isinstance(targets, str) else tuple(sorted(targets)),
-                       "use_dora": bool(getattr(cfg, "use_dora", False)), "use_rslora": bool(getattr(cfg, "use_rslora", False))}
-    if "lora" in out:
-        adapters = {str(p.dtype) for n, p in model.named_parameters() if p.requires_grad and (".lora_A." in n or ".lora_B." in n)}
-        if len(adapters) == 1 and next(iter(adapters)) in _TORCH_DTYPES:   # as the trainer left them (TRL's bf16 cast)
-            out["lora"]["adapter_dtype"] = _TORCH_DTYPES[next(iter(adapters))]
+    if spec.adapter is not None:
+        out["lora"] = spec.adapter.to_dict()
     if out.get("weights_dtype") in ("nf4", "int8") and not _fp32_frozen(params):
         # no peft k-bit preparation ran (TRL >= 0.26, axolotl, prepare_model on a perfguide plan): the embedding,
         # head and norms are in the load dtype, which the Setup's default (peft's fp32 upcast) would over-price
@@ -94,14 +90,14 @@ def trainer_check(args: Any, model: Any, *, hardware: Hardware | None = None, me
     device = "cuda" if getattr(getattr(args, "device", None), "type", "cpu") == "cuda" else "cpu"
     world = int(getattr(args, "world_size", 1) or 1)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
-    overrides: dict[str, Any] = {"device": device, "num_gpus": per_node, **model_fields(model)}
+    spec = ModelSpec.from_any(model)
+    overrides: dict[str, Any] = {"device": device, "num_gpus": per_node, **model_fields(model, spec)}
     if world > per_node:
         overrides["nodes"] = world // per_node
     length = seq_len or (None if any(s.field == "seq_len" and not s.assumed for s in reading.settings) else sample_length(train_dataloader))
     if length:
         overrides["seq_len"] = length
     hw = limited(hardware or Hardware.probe(), device, memory_limit)
-    spec = ModelSpec.from_any(model)
     result, _ = verdict(spec, hw, Combined([reading], overrides))
     return result
 
