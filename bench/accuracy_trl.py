@@ -16,9 +16,10 @@ from contextlib import contextmanager
 from _releases import release_as
 from accuracy_setup import Skip
 
-from perfguide.integrations.readers.training_args import TRL_ADAPTER_CAST, TRL_NO_KBIT_PREP
+from perfguide.integrations.readers.training_args import TRL_NO_KBIT_PREP
 from perfguide.memory import fused_head
 from perfguide.memory.loss_path import version_tuple
+from perfguide.techniques.qlora import trl_casts_adapters
 
 TRL_RELEASE = re.compile(r"\btrl==(\d+\.\d+(?:\.\d+)?)")
 UNPRICED = ("KTOTrainer", "GRPOTrainer", "RLOOTrainer")
@@ -75,6 +76,6 @@ def trl_kbit_fields(row: dict[str, str], fields: dict[str, object]) -> dict[str,
         return {}
     at = version_tuple(release)[:2]
     out: dict[str, object] = {"kbit_upcast": False, "kbit_recast_bf16": False} if at >= TRL_NO_KBIT_PREP else {}
-    if at >= TRL_ADAPTER_CAST["dpo" if fields.get("objective") == "dpo" else "sft"] and not lora.use_dora:  # type: ignore[attr-defined]
+    if trl_casts_adapters(release, dpo=fields.get("objective") == "dpo", use_dora=lora.use_dora):  # type: ignore[attr-defined]
         out["lora"] = lora.model_copy(update={"adapter_dtype": "bf16"})  # type: ignore[attr-defined]
     return out

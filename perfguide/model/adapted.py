@@ -48,8 +48,8 @@ SAVED_EMBEDDINGS = ("embed_tokens", "wte", "embed_in", "word_embeddings", "share
 SAVED_HEADS = ("lm_head", "embed_out", "output")
 
 
-#: torch dtype names of LoRA weights -> LoraSpec.adapter_dtype
-ADAPTER_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
+#: torch dtype names -> perfguide's dtype words (LoraSpec.adapter_dtype, Setup.weights_dtype)
+TORCH_DTYPE_NAMES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
 def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
@@ -75,9 +75,9 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
         raise InvalidModelError("the model's LoRA adapter adapts no Linear inside the transformer blocks; perfguide prices block adapters")
     alpha = cfg.lora_alpha
     # adapters left in a 16-bit base's dtype (peft before 0.12, or get_peft_model(autocast_adapter_dtype=False))
-    sixteen = any(str(p.dtype) in ("torch.bfloat16", "torch.float16") for n, p in module.named_parameters() if "lora_A" in n)
     # the adapters' dtype as the module holds them (a trainer's own cast included: TRL's bf16 on a quantized base)
-    held = {ADAPTER_DTYPES.get(str(p.dtype)) for n, p in module.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    held = {TORCH_DTYPE_NAMES.get(str(p.dtype)) for n, p in module.named_parameters() if ".lora_A." in n or ".lora_B." in n}
+    sixteen = bool(held & {"bf16", "fp16"})
     return LoraSpec(r=cfg.r, alpha=int(alpha) if float(alpha).is_integer() else max(1, round(alpha)), target_modules=tuple(targets),
                     dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora),
                     autocast_adapter_dtype=not sixteen, adapter_dtype=held.pop() if len(held) == 1 else None,

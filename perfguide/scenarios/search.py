@@ -169,12 +169,18 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
             return Option(template, None, None)
     # the smallest micro-batch first: when even it does not fit (most templates of a model too big for the node),
     # it is the option's too_big, as the search below would end on it, and nothing else needs pricing
+    def whole_batch() -> Priced | None:
+        """FSDP accumulation holds the unsharded gradients between micro-steps (memory/sharding.no_sync_grads), so memory
+        is not monotone in the micro-batch: without accumulation the whole per-device batch can fit where a smaller
+        micro-batch does not. That batch when it fits, else None."""
+        if not template.is_fsdp or len(choices) < 2:
+            return None
+        whole = price(spec, with_micro(template, choices[-1], per_rank_batch), hardware, factors)
+        return whole if fits(whole.memory, hardware, headroom) else None
+
     smallest = price(spec, with_micro(template, choices[0], per_rank_batch), hardware, factors)
     if not fits(smallest.memory, hardware, headroom):
-        # FSDP accumulation holds the unsharded gradients between micro-steps (memory/sharding.no_sync_grads), so
-        # without accumulation the whole per-device batch can fit where a smaller micro-batch does not
-        whole = price(spec, with_micro(template, choices[-1], per_rank_batch), hardware, factors) if template.is_fsdp and len(choices) > 1 else None
-        return Option(template, whole, smallest) if whole is not None and fits(whole.memory, hardware, headroom) else Option(template, None, smallest)
+        return Option(template, whole_batch(), smallest)
     lo, hi = 1, len(choices) - 1
     largest, too_big = smallest, None
     while lo <= hi:
@@ -184,12 +190,9 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
             largest, lo = p, mid + 1
         else:
             too_big, hi = p, mid - 1
-    if template.is_fsdp and largest.setup.micro_batch_size < choices[-1]:
-        # the same non-monotone case above the smallest: no accumulation, no unsharded gradients held between
-        # micro-steps, so the whole per-device batch can fit where the binary search stopped lower
-        whole = price(spec, with_micro(template, choices[-1], per_rank_batch), hardware, factors)
-        if fits(whole.memory, hardware, headroom) and whole.step_time < largest.step_time:
-            return Option(template, whole, too_big)
+    whole = whole_batch() if largest.setup.micro_batch_size < choices[-1] else None   # where the binary search stopped lower
+    if whole is not None and whole.step_time < largest.step_time:
+        return Option(template, whole, too_big)
     # a smaller micro-batch can be faster; the smallest one's speed is priced already
     timed = [] if largest is smallest else [(smallest.throughput, smallest.setup)]
     timed += [(quiet_speed(spec, s, hardware, factors), s) for s in (with_micro(template, c, per_rank_batch) for c in choices[1:]

@@ -68,6 +68,22 @@ class QLora(Technique):
         return [Rung("QLoRA", "trains adapters on a 4-bit NF4 base (dequantized per matmul)", (template,))]
 
 
+#: the first TRL releases whose SFTTrainer / DPOTrainer cast every trainable parameter of a quantized model but DoRA's
+#: magnitude to bf16: SFT from 0.26.0 ('Clean up model preparation' #4577), DPO from 0.29.0 ('Refactor DPO' #3906);
+#: read in trl/trainer/sft_trainer.py and dpo_trainer.py of the 1.16 wheel
+TRL_ADAPTER_CAST = {"sft": (0, 26), "dpo": (0, 29)}
+
+
+def trl_casts_adapters(release: str | None, *, dpo: bool = False, use_dora: bool = False) -> bool:
+    """Whether TRL at ``release`` (None: a current one) trains a quantized model's LoRA adapters in bf16: the one rule
+    perfguide's plans, its config reader (the installed release) and the memory bench (a row's release) apply."""
+    from ..memory.loss_path import version_tuple
+
+    if use_dora:
+        return False
+    return release is None or version_tuple(release)[:2] >= TRL_ADAPTER_CAST["dpo" if dpo else "sft"]
+
+
 def trl_adapters(lora: Any, autocast: str | None) -> Any:
     """The LoRA spec with the adapters in the dtype TRL's SFTTrainer (0.26 on) trains them in on a quantized base: every
     trainable parameter but DoRA's magnitude cast to bf16 (``param.data.to(torch.bfloat16)``, read in 1.16.0; PEFT's
@@ -75,7 +91,7 @@ def trl_adapters(lora: Any, autocast: str | None) -> Any:
     and AdamW moments take 2 bytes, not 4 (ADAPTER_CAST_SOURCE). Only under bf16 autocast: an fp16 run's GradScaler
     unscales fp32 gradients, so there the plan keeps PEFT's fp32 adapters (TRL's bf16 would cost less, not more);
     DoRA keeps PEFT's fp32 too (its magnitude stays fp32 in TRL). A dtype the user named stays theirs."""
-    if lora is None or lora.adapter_dtype is not None or lora.use_dora or autocast != "bf16":
+    if lora is None or lora.adapter_dtype is not None or autocast != "bf16" or not trl_casts_adapters(None, use_dora=lora.use_dora):
         return lora
     return lora.model_copy(update={"adapter_dtype": "bf16"})
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import PerfGuideError
 from ...hardware.types import Hardware
+from ...model.adapted import TORCH_DTYPE_NAMES
 from . import read_object
 from .combine import Combined
 from .verdict import Check
@@ -20,7 +21,6 @@ from .verdict import Check
 if TYPE_CHECKING:
     from ...model.types import ModelSpec
 
-_TORCH_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16"}
 
 
 class WillNotFitError(PerfGuideError):
@@ -35,7 +35,7 @@ def model_fields(model: Any, spec: ModelSpec) -> dict[str, Any]:
     params = [p for p in model.parameters()] if hasattr(model, "parameters") else []
     if params:
         frozen = [p for p in params if not p.requires_grad] or params   # a LoRA base: the frozen weights say the dtype
-        out["weights_dtype"] = _TORCH_DTYPES.get(str(frozen[0].dtype), "fp32")
+        out["weights_dtype"] = TORCH_DTYPE_NAMES.get(str(frozen[0].dtype), "fp32")
     if getattr(model, "is_loaded_in_4bit", False):
         out["weights_dtype"] = "nf4"
     elif getattr(model, "is_loaded_in_8bit", False):

@@ -211,7 +211,7 @@ def _model_config(data: dict[str, Any], col: Collector, dpo: bool) -> None:
             if data.get(flag) is not None:
                 lora[flag] = as_bool(data[flag], col.where(flag))
         kbit = any(data.get(k) and as_bool(data[k], col.where(k)) for k in ("load_in_4bit", "load_in_8bit"))
-        cast = _trl_adapter_cast(dpo) if kbit and not lora.get("use_dora") else None
+        cast = _trl_adapter_cast(dpo, use_dora=bool(lora.get("use_dora"))) if kbit else None
         if cast:
             lora["adapter_dtype"] = "bf16"
         col.set("lora", lora, f"use_peft ({cast})" if cast else "use_peft")
@@ -224,19 +224,13 @@ def _model_config(data: dict[str, Any], col: Collector, dpo: bool) -> None:
 TRL_NO_KBIT_PREP = (0, 26)
 
 
-#: the first TRL releases whose SFTTrainer / DPOTrainer cast every trainable parameter of a quantized model but DoRA's
-#: magnitude to bf16 (LoraSpec.adapter_dtype): SFT from 0.26.0 ('Clean up model preparation' #4577), DPO from 0.29.0
-#: ('Refactor DPO' #3906); read in trl/trainer/sft_trainer.py and dpo_trainer.py of the 1.16 wheel
-TRL_ADAPTER_CAST = {"sft": (0, 26), "dpo": (0, 29)}
-
-
-def _trl_adapter_cast(dpo: bool) -> str | None:
+def _trl_adapter_cast(dpo: bool, use_dora: bool = False) -> str | None:
     """Why the installed TRL trains a quantized model's LoRA adapters in bf16, or None where it keeps PEFT's fp32."""
     from ...memory.fused_head import installed_trl
-    from ...memory.loss_path import version_tuple
+    from ...techniques.qlora import trl_casts_adapters
 
     release = installed_trl()
-    if release is not None and version_tuple(release)[:2] < TRL_ADAPTER_CAST["dpo" if dpo else "sft"]:
+    if not trl_casts_adapters(release, dpo=dpo, use_dora=use_dora):
         return None
     return f"TRL {release or '(newest)'} casts a quantized model's trainable adapters to bf16"
 
