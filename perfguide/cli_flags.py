@@ -89,17 +89,20 @@ def _add_field(group: argparse._ArgumentGroup, dest: str, annotation: Any, defau
                            help=about if "default" in about else f"{shown}default {default}")
         return
     choices = _choices(inner)
+    # a field whose own values include "none" (quantization='none': the checkpoint as it is) keeps the word as that
+    # value; reading it as None would drop the constraint the user gave
+    nullable_word = nullable and NONE_WORD not in choices
     if choices:
-        listed = f"one of {', '.join(choices + ([NONE_WORD] if nullable else []))}"
+        listed = f"one of {', '.join(choices + ([NONE_WORD] if nullable_word else []))}"
     else:
-        listed = f"'{NONE_WORD}' for None" if nullable else ""
+        listed = f"'{NONE_WORD}' for None" if nullable_word else ""
     if kind == "names":
         listed = "comma-separated module names, or all-linear"
     said_default = "default" in about
     tail = "; ".join(part for part in (listed, "" if said_default else f"default {default}") if part)
     convert: Any = {"int": int, "float": float, "str": str, "names": _names}[kind]  # type: ignore[index]
     metavar = {"int": "N", "float": "F", "names": "A,B"}.get(kind or "", dest.upper())
-    group.add_argument(_flag(dest), dest=dest, type=_none_or(convert) if nullable else convert, default=unset,
+    group.add_argument(_flag(dest), dest=dest, type=_none_or(convert) if nullable_word else convert, default=unset,
                        metavar=metavar, help=f"{shown}{tail}" if tail else about)
 
 

@@ -106,7 +106,7 @@ def transformers_plan(request: Request) -> Plan:
     # offload is a device_map layout of 16-bit weights: a request for another strategy or a quantization is honoured
     # (and may not fit), never swapped
     if (chosen is None and request.constraints.allow_offload and request.constraints.strategy in (None, "device_map")
-            and request.constraints.quantization is None):
+            and R.keeps_16bit_weights(request)):
         split = 1 if any(g.mig for g in request.hardware.gpus) else gpus  # a MIG slice offloads alone
         off = R.candidate(request, offload_option(base).replace(num_gpus=split), "offload")
         priced.append(off)

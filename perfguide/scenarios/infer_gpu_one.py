@@ -8,6 +8,7 @@ from ..decisions import Decision
 from ..setup import Setup
 from . import inference_rules as R
 from . import serving_plan
+from .idle_gpus import with_idle_gpus
 from .types import Candidate, Plan, Request
 
 
@@ -33,7 +34,9 @@ def offload_option(base: Setup) -> Setup:
 
 
 def plan(request: Request) -> Plan:
-    return serving_plan.dispatch(request, transformers_plan)
+    from . import infer_gpu_many
+
+    return with_idle_gpus(request, serving_plan.dispatch(request, transformers_plan), "infer_gpu_many", infer_gpu_many.plan, "serves")
 
 
 def transformers_plan(request: Request) -> Plan:
@@ -43,7 +46,7 @@ def transformers_plan(request: Request) -> Plan:
     chosen, tried = R.first_fit(request, R.quant_ladder(request, base, dtype))
     decisions = [d_dtype, d_attn]
     # a forced quantization is honoured (and may not fit), never swapped for 16-bit weights streamed from the CPU
-    if chosen is None and request.constraints.allow_offload and request.constraints.quantization is None:
+    if chosen is None and request.constraints.allow_offload and R.keeps_16bit_weights(request):
         off = R.candidate(request, offload_option(base), "device_map='auto' with CPU offload")
         tried.append(off)
         if off.verdict == "fits":

@@ -151,6 +151,16 @@ def quant_ladder(request: Request, base: Setup, dtype16: str) -> Iterable[tuple[
             yield base.replace(weights_dtype=q), f"bitsandbytes {q}"
 
 
+def keeps_16bit_weights(request: Request) -> bool:
+    """Whether offloading 16-bit weights to the CPU honours the quantization asked for: no request and 'auto' (a lossy
+    format may win, none has to) allow it, and so does 'none' for a 16-bit checkpoint (served as it is); a format name
+    does not, nor a pre-quantized checkpoint ('none' set by as_the_module_is: served as saved, never as 16-bit)."""
+    forced = request.constraints.quantization
+    if forced == "none":
+        return checkpoint_format(request.model.config) is None
+    return forced in (None, "auto")
+
+
 def stored_setup(request: Request, base: Setup, dtype16: str, stored: str) -> tuple[Setup, str]:
     """A pre-quantized checkpoint in the format ``from_pretrained`` leaves in memory on this device; a different
     quantization asked for is refused (transformers cannot re-quantize a quantized checkpoint)."""

@@ -25,6 +25,7 @@ def no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: li
     assert gpu is not None
     given_16bit = m.checkpoint is None and not request.constraints.quantized_model
     others = tuple(_other_engine(request, engine, gpus)) if given_16bit and request.constraints.quantization in (None, "auto") else ()
+    others = (*_fp8_kv_cache(request, engine, gpus), *others)
     if given_16bit:
         for f in checkpoint_only(engine, gpu):
             fits = [p for p in _layouts(request, engine, m._replace(served=f), f, gpus) if p.speed is not None]
@@ -33,6 +34,24 @@ def no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: li
                 return (f"{text} A pre-quantized {f} checkpoint of {request.model_id or request.model.name} fits: {row(top)}; pass "
                         f"quantized_model='org/repo' (its repo id or local path)", *others)
     return (f"{text} Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU", *others)
+
+
+def _fp8_kv_cache(request: Request, engine: ServerEngine, gpus: int) -> list[str]:
+    """The same request with the KV cache in fp8 (1 byte per element instead of 2: twice the tokens in the same
+    pool), priced, where the request left the cache's dtype to the engine and the GPU has fp8 (Ada and later; on
+    Ampere several of vLLM's attention backends refuse an fp8 cache: vllm-project/vllm#7714)."""
+    gpu = request.hardware.smallest_gpu
+    if request.constraints.kv_cache_dtype is not None or gpu is None or not gpu.supports_fp8:
+        return []
+    asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"kv_cache_dtype": "fp8"})})
+    try:
+        chosen, _ = _choose(asked, engine, menu(asked, engine), gpus)
+    except ConflictingConstraintsError:
+        return []
+    if chosen is None or chosen.speed is None:
+        return []
+    return [f"kv_cache_dtype='fp8' fits: {engine.title} keeps keys and values in 1 byte instead of 2, twice the tokens in the "
+            f"same pool ({row(chosen)}; https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/)"]
 
 
 def _other_engine(request: Request, engine: ServerEngine, gpus: int) -> list[str]:

@@ -12,6 +12,7 @@ from ..errors import ConflictingConstraintsError, PerfGuideError
 from ..hardware.types import Hardware
 from ..setup import Setup
 from .host import gpu_dataloader
+from .idle_gpus import with_idle_gpus
 from .moe_targets import expert_free_lora
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
@@ -48,25 +49,11 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
                           suggest=suggest, **layout_search(1, cons.allow_offload, cons.strategy))
         p = add_layout(request, p, request.global_batch_size)
-    return p.model_copy(update={"warnings": (*p.warnings, *idle_gpus(request, p))})
-
-
-def idle_gpus(request: Request, p: Plan) -> list[str]:
-    """One GPU of several planned: name the idle ones, the scenario that uses them and what it predicts."""
-    n = request.hardware.gpu_count * request.hardware.nodes
-    if n <= 1 or request.global_batch_size % n:
-        return []
+    if request.global_batch_size % (request.hardware.gpu_count * request.hardware.nodes):
+        return p   # the many-GPU planner keeps the global batch fixed: it must divide over the GPUs
     from . import train_gpu_many
 
-    try:
-        many = train_gpu_many.plan(request.model_copy(update={"constraints": request.constraints.model_copy(update={"num_gpus": None})}))
-    except PerfGuideError:
-        return [f"{n - 1} of the {n} GPUs sit idle: this plan trains on one; scenario='train_gpu_many' uses them all"]
-    if not many.fits:
-        return [f"{n - 1} of the {n} GPUs sit idle: this plan trains on one; scenario='train_gpu_many' finds nothing that fits either"]
-    gain = f", {p.throughput.step_time_s / many.throughput.step_time_s:.1f}x faster" if p.fits else ""
-    return [f"{n - 1} of the {n} GPUs sit idle: this plan trains on one; scenario='train_gpu_many' uses all {n} "
-            f"({many.setup.label}: {many.throughput.step_time_s:.3g} s/step{gain})"]
+    return with_idle_gpus(request, p, "train_gpu_many", train_gpu_many.plan, "trains")
 
 
 def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str) -> tuple[str, ...]:
