@@ -129,7 +129,10 @@ def evaluate(row: dict[str, str], timings: list[float]) -> Result:
         timings.append(time.perf_counter() - t0)
         if setup.task == "infer" and setup.strategy != "tp" and row["source_group"].startswith("litgpt"):  # litgpt layout
             compute = str(_precision(row["precision"])["weights_dtype"])
-            est = litgpt_inference(spec, est, row["quantization"], compute, setup.num_gpus)
+            # litgpt lays out its weights and bitsandbytes' load / matmul copies itself (accuracy_litgpt.py): it takes the
+            # rest (KV cache, prefill activations, logits) from the 16-bit plan, which has no bitsandbytes copies
+            plain = estimate_memory(spec, setup.replace(weights_dtype=compute), hw) if setup.weights_dtype in ("int8", "nf4") else est
+            est = litgpt_inference(spec, est, row["quantization"], compute, setup.num_gpus, rest=plain.peak_allocated - plain.weights)
         release = _transformers_version(row)
         if setup.task == "infer" and release is not None:  # generate's prefill logits as the row's release ran it
             est = with_previous_cache(with_prompt_logits(est, spec, setup, release), spec, setup, release)

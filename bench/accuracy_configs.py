@@ -121,6 +121,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
     "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
     "bigcode/starcoder": _STARCODER,
+    # OctoCoder is StarCoder instruction-tuned (huggingface.co/bigcode/octocoder: 15.5B, GPTBigCodeForCausalLM), StarCoder's shapes
+    "bigcode/octocoder": {**_STARCODER, "_name_or_path": "bigcode/octocoder"},
     "codellama/CodeLlama-7b-hf": _CODELLAMA_7B,
     "openlm-research/open_llama_3b_v2": _OPEN_LLAMA_3B_V2,
     "Qwen/Qwen-1_8B-Chat": _qwen1("Qwen/Qwen-1_8B-Chat", 2048, 16, 24, 11008, 151936),

@@ -76,14 +76,15 @@ def litgpt_transient_bytes(spec: ModelSpec, quantization: str, compute_bytes: in
 
 
 def litgpt_inference(spec: ModelSpec, est: MemoryEstimate, quantization: str, weights_dtype: str,
-                     devices: int = 1) -> MemoryEstimate:
+                     devices: int = 1, rest: int | None = None) -> MemoryEstimate:
     """``est`` (perfguide's transformers-layout estimate) re-laid out as litgpt runs it; on several devices
     (generate/sequentially.py) the root's share, whose max_memory_allocated litgpt prints: n_layer / devices blocks
     with the embedding, final norm and lm_head."""
     dtype_bytes = FP32 if weights_dtype == "fp32" else HALF
     blocks = None if devices == 1 else -(-spec.total_layers // devices)
     weights = litgpt_weight_bytes(spec, quantization, dtype_bytes, blocks)
-    rest = est.peak_allocated - est.weights  # KV cache, prefill activations, logits
+    if rest is None:   # KV cache, prefill activations, logits (the caller's 16-bit plan's, for a quantized row)
+        rest = est.peak_allocated - est.weights
     load, prefill = litgpt_transient_bytes(spec, quantization, dtype_bytes, weights_dtype == "fp16", blocks)
     peak = weights + max(rest + prefill, load)
     delta = peak - est.peak_allocated

@@ -361,6 +361,8 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     beams = re.search(r"(\d+) beams", text)
     if beams and int(beams.group(1)) > 1:  # beam search keeps num_beams sequences (and caches) per prompt
         raise Skip(f"beam search ({beams.group(1)} beams) is not expressible: a Setup generates one sequence per prompt")
+    if "token count not stated" in text:
+        raise Skip("the prompt's token count is not stated")
     nums = [int(x) for x in re.findall(r"\d+", text)]
     if spec is not None and not spec.generates and text.strip().isdigit():
         seq, new = nums[0], 0  # an encoder is served by one forward pass over the stated length: nothing is generated
@@ -385,4 +387,5 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     if q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)
+        fields["nf4_double_quant"] = _nf4_double_quant(row)
     return Setup(**fields)  # type: ignore[arg-type]

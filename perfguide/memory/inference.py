@@ -17,6 +17,7 @@ from ..model.catalog import catalog_file
 from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
+from .bnb_inference import load_transient_bytes, matmul_dequant_bytes
 from .overhead import capacity_bytes, cuda_context_bytes, to_estimate
 from .types import MemoryEstimate
 
@@ -254,7 +255,7 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
-    weights = weight_bytes(spec, setup.weights_dtype, stored=setup.checkpoint_format)
+    weights = weight_bytes(spec, setup.weights_dtype, double_quant=setup.nf4_double_quant, stored=setup.checkpoint_format)
     whole = weights
     b, tokens = setup.micro_batch_size, cached_tokens(setup, spec)
     prompt_tokens = min(tokens, 1 if spec.is_encoder_decoder else setup.seq_len)
@@ -282,8 +283,12 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     transient = prefill_transient_bytes(spec, setup, act, shards)
     per_layer_kv = kv_full // max(1, spec.num_decoder_layers or spec.num_layers)
     decode_transient = 0 if static else per_layer_kv  # torch.cat copies one layer's cache per step
+    # bitsandbytes' 16-bit copy of a weight in a 4-bit matmul over several rows (bnb_inference.py)
+    transient += matmul_dequant_bytes(spec, setup, b * prompt_tokens, shards)
+    decode_transient += matmul_dequant_bytes(spec, setup, b, shards)
     logits = logits_bytes(spec, setup, act)
-    rest = max(kv_prompt + transient, kv_full + decode_transient) + logits
+    # quantizing at load keeps a 16-bit copy of the weight being quantized beside the others (bnb_inference.py)
+    rest = max(kv_prompt + transient, kv_full + decode_transient, load_transient_bytes(spec, setup, shards)) + logits
     weights, offloaded = _offload_split(setup, hardware, weights, rest, headroom)
     if offloaded and setup.strategy == "device_map":  # every GPU is filled to the budget first; CPU RAM takes the rest
         offloaded = max(offloaded, whole - max(1, setup.num_gpus) * weights)
