@@ -40,3 +40,11 @@ def test_names_users_type_resolve_and_plan() -> None:
     assert not perfguide.recommend("Qwen/Qwen3-8B", "infer_gpu_one", hardware="rtx3060", quantization="none",
                                    allow_offload=False).fits
     assert perfguide.recommend("Qwen/Qwen3-8B", "train_gpu_one", hardware="rtx3060", finetune="qlora").fits
+
+
+def test_consumer_cards_are_planned_on_the_consumer_desktop_host() -> None:
+    """A bare consumer card is planned on the desktop hosts.json names for gaming cards (64 GiB, 16 cores), not on the
+    generic 256 GiB server a card no host row covers gets."""
+    for name in PARTS:
+        cpu = Hardware.from_name(name).cpu
+        assert cpu.ram_total == 64 * 2**30 and cpu.physical_cores == 16, name
