@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfguide import Hardware
+from perfguide.engines.vllm import ENGINE as VLLM_ENGINE
 from perfguide.model.catalog import config_of
 
 
@@ -56,8 +58,9 @@ def llama_405b_fp8() -> dict[str, Any]:
     return config | {"quantization_config": {"quant_method": "fbgemm_fp8", "modules_to_not_convert": ignore}}
 
 
-V1_H100 = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}   # vllm serve defaults on an H100 (V1)
-V1_SMALL = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}   # vllm serve defaults on the A100 and smaller GPUs (V1)
+# vllm serve's own batching (V1), as the engine module states it: on an H100, and on the A100 and smaller GPUs
+V1_H100 = VLLM_ENGINE.server_defaults(Hardware.from_name("h100-80gb").gpus[0], 1)
+V1_SMALL = VLLM_ENGINE.server_defaults(Hardware.from_name("a100-80gb").gpus[0], 1)
 V0_LONG = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}    # V0 with chunked prefill (contexts over 32K)
 LLMD = "github.com/llm-d/llm-d-benchmark/blob/main/config_explorer/empirical-vllm-memory-results.md"
 LLMD_V = "V1 (late 2025: logs the --kv-cache-memory advice)"

@@ -212,3 +212,16 @@ def test_a_multi_node_pipeline_command_is_priced_per_stage() -> None:
     assert c.memory.weights == pytest.approx(405_853_388_800 * 2 / 16, rel=0.01)
     assert c.memory.kv_cache / c.memory.kv_cache_tokens == pytest.approx(63 * 2 * 1 * 128 * 2, rel=0.01)
     assert perfguide.estimate("meta-llama/Llama-3.1-405B", c.setup, hardware="h100-80gb:8x2").kv_cache_tokens == c.memory.kv_cache_tokens
+
+
+@pytest.mark.parametrize("hardware, seqs, tokens", [("rtx4090", 256, 2048), ("a100-80gb", 256, 2048), ("h100-80gb", 1024, 8192)])
+def test_vllm_batching_the_command_leaves_out_is_vllms_own_default_on_that_gpu(hardware: str, seqs: int, tokens: int) -> None:
+    """vllm/engine/arg_utils.py get_batch_defaults for ``vllm serve``: 1024 sequences and 8192 batched tokens on a GPU
+    of 70 GiB or more that is not an A100, else 256 and 2048. The check used perfguide's 256 / 8192 everywhere, so it
+    priced a small card's profile run at four times the prefill chunk vLLM runs there."""
+    bare = perfguide.check(config=f"vllm serve {MODEL} --max-model-len 8192", hardware=hardware)
+    assert (value(bare, "serving.max_num_seqs"), value(bare, "serving.max_num_batched_tokens")) == (seqs, tokens)
+    assert all("vLLM's own default" in s.source for s in bare.read if s.field in ("serving.max_num_seqs", "serving.max_num_batched_tokens"))
+    said = perfguide.check(config=f"vllm serve {MODEL} --max-model-len 8192 --max-num-seqs 64 --max-num-batched-tokens 4096",
+                           hardware=hardware)
+    assert (value(said, "serving.max_num_seqs"), value(said, "serving.max_num_batched_tokens")) == (64, 4096)

@@ -88,6 +88,8 @@ def test_8b_on_a100_kv_cache_tokens_by_hand() -> None:
             prompt_len=2048, max_new_tokens=2048, batch_size=64)
     s = r.setup.serving
     assert s.max_model_len == 4096 and s.max_num_seqs == 64
+    # vllm serve's own prefill chunk on an A100 (arg_utils get_batch_defaults: 2048 below 70 GiB or on any A100)
+    assert s.max_num_batched_tokens == 2048
     vllm = serving_facts().engines["vllm"]
     total = round(79.14 * 2**30)   # CUDA's total, as vLLM reads it (torch prints 79.14 GiB on an A100 80GB)
     util = 0.9                                                                  # 1 - the default 10% headroom
@@ -95,8 +97,8 @@ def test_8b_on_a100_kv_cache_tokens_by_hand() -> None:
     linear = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)      # q,o + k,v + gate,up,down per layer
     weights = linear * 1 + (8_030_261_248 - linear) * 2                        # fp8 Linears, 16-bit embeddings/norms/head
     weights += 131072 * 128 * 2                     # the rotary cos/sin buffer, 131072 positions x 128 dims, bf16
-    activation = max(8192 * 3 * 14336 * 2 + 2 * 8192 * 4096 * 2,               # forward: MLP + residuals
-                     64 * 128256 * 38 + 8192 * 4096 * 2)                       # or the sorting sampler, whichever is larger
+    activation = max(2048 * 3 * 14336 * 2 + 2 * 2048 * 4096 * 2,               # forward: MLP + residuals
+                     64 * 128256 * 38 + 2048 * 4096 * 2)                       # or the sorting sampler, whichever is larger
     graphs = (3 + len(range(8, 129, 8))) * vllm.cuda_graph_bytes_per_size    # captured sizes up to 2 x 64
     kv = math.ceil(total * util) - weights - vllm.non_torch_bytes - activation - graphs
     blocks = kv // (16 * 32 * 2 * 8 * 128 * 2)

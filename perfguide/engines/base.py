@@ -125,6 +125,11 @@ class ServerEngine(Engine):
         """Tokens one prefill chunk takes (its max_num_batched_tokens / chunked-prefill setting) that a plan emits."""
         return 8192
 
+    def server_defaults(self, gpu: GPU, tp: int) -> dict[str, int]:
+        """The batching its server command takes when a command sets none (ServingSetup field names); a field left
+        out is perfguide's ServingSetup default, said so where a command is read."""
+        return {"max_num_batched_tokens": self.batched_tokens(gpu, tp)}
+
     def fraction_to_fit(self, memory: EngineMemory, serving: ServingSetup) -> float | None:
         """The memory knob that would hold the weights and one max_model_len request when its default does not (None:
         the default already takes all the GPU the headroom allows, as vLLM's does)."""

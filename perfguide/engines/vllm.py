@@ -48,6 +48,18 @@ class VLLM(ServerEngine):
     def budget(self, total: int, context: int, serving: ServingSetup) -> int:
         return math.ceil(total * serving.gpu_memory_utilization)
 
+    def server_defaults(self, gpu: GPU, tp: int) -> dict[str, int]:
+        """``vllm serve``'s batching when the command sets none (vllm/engine/arg_utils.py ``get_batch_defaults``,
+        UsageContext.OPENAI_API_SERVER): 1024 sequences and 8192 batched tokens on a GPU of 70 GiB or more that is not
+        an A100 ("Setting large max_num_batched_tokens for A100 reduces throughput", vllm#17885), else 256 and 2048."""
+        if gpu.memory_total >= 70 * 2**30 and "a100" not in gpu.name:
+            return {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+        return {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+
+    def batched_tokens(self, gpu: GPU, tp: int) -> int:
+        """The prefill chunk ``vllm serve`` takes by default on this GPU: a plan emits it explicitly."""
+        return self.server_defaults(gpu, tp)["max_num_batched_tokens"]
+
     def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
         """'Model loading took': the allocated bytes of the model's tensors (vllm/utils DeviceMemoryProfiler reads
         torch's allocated counter, so the caching allocator's rounding is not in it): the weights and the rotary

@@ -178,8 +178,14 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
     if "gpu_memory_utilization" not in values and gpu is not None:
         values["gpu_memory_utilization"] = round(engine.default_utilization(gpu, ServingSetup(engine=engine.name, **values)), 3)
         col.assume("serving.gpu_memory_utilization", values["gpu_memory_utilization"], f"{engine.title}'s own default on {gpu.name}")
-    for field in ("tensor_parallel_size", "max_num_seqs"):
-        if field not in values:
+    own = engine.server_defaults(gpu, int(values.get("tensor_parallel_size", 1))) if gpu is not None else {}
+    for field in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
+        if field in values:
+            continue
+        if field in own:   # what the engine itself takes on this GPU when the command does not say
+            values[field] = own[field]
+            col.assume(f"serving.{field}", own[field], f"{engine.title}'s own default on {gpu.name if gpu else 'this GPU'}")
+        else:
             col.assume(f"serving.{field}", ServingSetup.model_fields[field].default, "perfguide's ServingSetup default")
 
 
