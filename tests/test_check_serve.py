@@ -225,3 +225,12 @@ def test_vllm_batching_the_command_leaves_out_is_vllms_own_default_on_that_gpu(h
     said = perfguide.check(config=f"vllm serve {MODEL} --max-model-len 8192 --max-num-seqs 64 --max-num-batched-tokens 4096",
                            hardware=hardware)
     assert (value(said, "serving.max_num_seqs"), value(said, "serving.max_num_batched_tokens")) == (64, 4096)
+
+
+def test_sglang_default_memory_fraction_reserves_by_its_own_chunk_size() -> None:
+    """SGLang's default mem_fraction_static reserves 1.5 MB per chunked-prefill token, and on an L4 (23,034 MiB) its
+    chunk is 4,096 tokens. The check computed the fraction before filling in the chunk, with perfguide's 8,192:
+    0.435 where SGLang takes (23034 - 512 - 4096 x 1.5 - 1024 / 8 - 48 x 2) / 23034 = 0.701."""
+    c = perfguide.check(config=f"python -m sglang.launch_server --model-path {MODEL} --context-length 8192", hardware="l4")
+    assert value(c, "serving.max_num_batched_tokens") == 4096
+    assert value(c, "serving.gpu_memory_utilization") == round((23034 - 512 - 4096 * 1.5 - 1024 / 8 - 48 * 2) / 23034, 3)

@@ -175,9 +175,7 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
         col.note(f"{values['weight_format']} weights need a pre-quantized checkpoint and {spec.name}'s config.json has "
                  f"{'a ' + stored if stored else 'no'} quantization_config: {engine.title} refuses it at load; priced as if it were one")
     gpu = hw.smallest_gpu
-    if "gpu_memory_utilization" not in values and gpu is not None:
-        values["gpu_memory_utilization"] = round(engine.default_utilization(gpu, ServingSetup(engine=engine.name, **values)), 3)
-        col.assume("serving.gpu_memory_utilization", values["gpu_memory_utilization"], f"{engine.title}'s own default on {gpu.name}")
+    # the batching first: SGLang's default memory fraction reserves room by its chunked-prefill size
     own = engine.server_defaults(gpu, int(values.get("tensor_parallel_size", 1))) if gpu is not None else {}
     for field in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
         if field in values:
@@ -187,6 +185,9 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
             col.assume(f"serving.{field}", own[field], f"{engine.title}'s own default on {gpu.name if gpu else 'this GPU'}")
         else:
             col.assume(f"serving.{field}", ServingSetup.model_fields[field].default, "perfguide's ServingSetup default")
+    if "gpu_memory_utilization" not in values and gpu is not None:
+        values["gpu_memory_utilization"] = round(engine.default_utilization(gpu, ServingSetup(engine=engine.name, **values)), 3)
+        col.assume("serving.gpu_memory_utilization", values["gpu_memory_utilization"], f"{engine.title}'s own default on {gpu.name}")
 
 
 def price(engine: ServerEngine, spec: ModelSpec, serving: ServingSetup, hw: Hardware) -> Any:
