@@ -23,7 +23,12 @@ from .types import Plan, Request
 
 
 def plan(request: Request) -> Plan:
-    return _plan(request, what_would_fit)
+    p = _plan(request, what_would_fit)
+    if request.global_batch_size % (request.hardware.gpu_count * request.hardware.nodes):
+        return p   # the many-GPU planner keeps the global batch fixed: it must divide over the GPUs
+    from . import train_gpu_many
+
+    return with_idle_gpus(request, p, "train_gpu_many", train_gpu_many.plan, "trains")
 
 
 def plan_without_suggestions(request: Request) -> Plan:
@@ -49,11 +54,7 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
                           suggest=suggest, **layout_search(1, cons.allow_offload, cons.strategy))
         p = add_layout(request, p, request.global_batch_size)
-    if request.global_batch_size % (request.hardware.gpu_count * request.hardware.nodes):
-        return p   # the many-GPU planner keeps the global batch fixed: it must divide over the GPUs
-    from . import train_gpu_many
-
-    return with_idle_gpus(request, p, "train_gpu_many", train_gpu_many.plan, "trains")
+    return p
 
 
 def what_would_fit(request: Request, result: SearchResult, adapters: dict[str, SearchResult], mode: str) -> tuple[str, ...]:
