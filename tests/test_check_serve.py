@@ -234,3 +234,17 @@ def test_sglang_default_memory_fraction_reserves_by_its_own_chunk_size() -> None
     c = perfguide.check(config=f"python -m sglang.launch_server --model-path {MODEL} --context-length 8192", hardware="l4")
     assert value(c, "serving.max_num_batched_tokens") == 4096
     assert value(c, "serving.gpu_memory_utilization") == round((23034 - 512 - 4096 * 1.5 - 1024 / 8 - 48 * 2) / 23034, 3)
+
+
+def test_a_small_card_is_offered_fewer_sequences_where_the_sampler_profile_is_what_overflows() -> None:
+    """Qwen3-8B in fp8 on an RTX 3060 (11.75 GiB): vLLM profiles its sampler over max_num_seqs rows of the 151,936-token
+    vocabulary, ~1.4 GiB at its default 256 sequences, more than the card leaves for one 8,192-token request. The check
+    used to try only a shorter context and more GPUs; it now halves max_num_seqs too, and the change it names fits when
+    followed, where twice as many sequences do not."""
+    c = perfguide.check(config="vllm serve Qwen/Qwen3-8B --quantization fp8 --max-model-len 8192", hardware="rtx3060")
+    assert not c.fits
+    (seqs,) = [int(ch.setup["serving.max_num_seqs"]) for ch in c.changes if "serving.max_num_seqs" in ch.setup]
+    assert any("--max-num-seqs" in e.keys for ch in c.changes for e in ch.edits)
+    base = "vllm serve Qwen/Qwen3-8B --quantization fp8 --max-model-len 8192 --max-num-seqs "
+    assert perfguide.check(config=base + str(seqs), hardware="rtx3060").fits
+    assert not perfguide.check(config=base + str(2 * seqs), hardware="rtx3060").fits

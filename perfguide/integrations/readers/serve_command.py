@@ -238,7 +238,9 @@ def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
 
 
 def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hardware, model: str) -> tuple[Change, ...]:
-    """The longest max_model_len (halving) that starts on these GPUs, and the smallest larger tensor-parallel size."""
+    """The longest max_model_len (halving) that starts on these GPUs, eager mode (no CUDA-graph memory), the most
+    sequences (halving max_num_seqs: vLLM profiles its sampler over that many rows of the vocabulary) and the smallest
+    larger tensor-parallel size."""
     def fits(new: ServingSetup) -> bool:
         return bool(price(engine, spec, new, hw).fits)
 
@@ -250,6 +252,15 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
             found.append(new)
             break
         length //= 2
+    if not s.enforce_eager and fits(eager := s.model_copy(update={"enforce_eager": True})):
+        found.append(eager)   # no CUDA graphs captured: their memory goes to the KV cache (vLLM 0.21+ sizes it in)
+    seqs = s.max_num_seqs // 2
+    while seqs >= 1:
+        new = s.model_copy(update={"max_num_seqs": seqs})
+        if fits(new):
+            found.append(new)
+            break
+        seqs //= 2
     tp = s.tensor_parallel_size * 2
     while tp * s.pipeline_parallel_size * s.data_parallel_size <= hw.gpu_count and spec.num_attention_heads % tp == 0:
         new = s.model_copy(update={"tensor_parallel_size": tp})
@@ -259,7 +270,8 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
         tp *= 2
     if not found:
         return (Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price(engine, spec, s, hw).device_total / 2**30,
-                       reason="no shorter max_model_len (down to 256) or larger tensor-parallel size on these GPUs fits: "
+                       reason="no shorter max_model_len (down to 256), eager mode, fewer max_num_seqs (down to 1) or larger "
+                              "tensor-parallel size on these GPUs fits: "
                               "a quantized checkpoint or more / larger GPUs (perfguide recommend MODEL --scenario infer_gpu_one)"),)
     return tuple(_change(engine, spec, s, new, hw, model) for new in found)
 
