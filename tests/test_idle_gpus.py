@@ -74,3 +74,19 @@ def test_a_kv_cache_too_small_for_one_sequence_offers_fp8_kv_priced_and_it_holds
     named = recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", kv_cache_dtype="auto", **kw)
     ampere = recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", **{**kw, "hardware": "a10g"})
     assert not any("kv_cache_dtype='fp8'" in s for s in (*named.suggestions, *ampere.suggestions))
+
+
+def test_a_small_card_is_offered_fewer_concurrent_sequences_priced_and_it_holds_when_followed() -> None:
+    """Qwen3-8B on an RTX 3060 under vLLM: at the plan's 256 sequences the start-up profile (the sampler over 256 rows of
+    a 151,936-token vocabulary) leaves no room for one request in any format vLLM loads at start; fewer sequences do."""
+    kw = {"hardware": "rtx3060", "engine": "vllm"}
+    rec = recommend("Qwen/Qwen3-8B", "infer_gpu_one", **kw)
+    assert not rec.fits
+    (hint,) = [s for s in rec.suggestions if s.startswith("max_num_seqs=")]
+    seqs = int(hint.split("=")[1].split()[0])
+    followed = recommend("Qwen/Qwen3-8B", "infer_gpu_one", max_num_seqs=seqs, **kw)
+    assert followed.fits and followed.setup.serving.max_num_seqs == seqs
+    assert f"KV {followed.memory.kv_cache_tokens:,} tokens" in hint
+    assert not recommend("Qwen/Qwen3-8B", "infer_gpu_one", max_num_seqs=2 * seqs, **kw).fits
+    # a concurrency the user named is theirs: no such hint then
+    assert not any(s.startswith("max_num_seqs=") for s in recommend("Qwen/Qwen3-8B", "infer_gpu_one", batch_size=256, **kw).suggestions)

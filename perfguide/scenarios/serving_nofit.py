@@ -12,7 +12,7 @@ from ..memory.serving import bytes_per_weight
 from .bnb_gate import quantization_runs
 from .serving_decisions import Priced, row, score
 from .serving_menu import Menu, checkpoint_only, menu
-from .serving_plan import _choose, _layouts
+from .serving_plan import MAX_SEQS, _choose, _layouts
 from .types import Request
 
 
@@ -25,7 +25,7 @@ def no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: li
     assert gpu is not None
     given_16bit = m.checkpoint is None and not request.constraints.quantized_model
     others = tuple(_other_engine(request, engine, gpus)) if given_16bit and request.constraints.quantization in (None, "auto") else ()
-    others = (*_fp8_kv_cache(request, engine, gpus), *others)
+    others = (*_fp8_kv_cache(request, engine, gpus), *_fewer_sequences(request, engine, gpus), *others)
     if given_16bit:
         for f in checkpoint_only(engine, gpu):
             fits = [p for p in _layouts(request, engine, m._replace(served=f), f, gpus) if p.speed is not None]
@@ -52,6 +52,27 @@ def _fp8_kv_cache(request: Request, engine: ServerEngine, gpus: int) -> list[str
         return []
     return [f"kv_cache_dtype='fp8' fits: {engine.title} keeps keys and values in 1 byte instead of 2, twice the tokens in the "
             f"same pool ({row(chosen)}; https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/)"]
+
+
+def _fewer_sequences(request: Request, engine: ServerEngine, gpus: int) -> list[str]:
+    """The most concurrent sequences (halving from the plan's) at which a layout fits, where the request left both
+    max_num_seqs and batch_size to perfguide: vLLM profiles its sampler over max_num_seqs rows of the vocabulary, which
+    on a small card can take the room one request needs (Qwen3-8B fp8 on a 12 GB card: ~1.4 GiB at 256)."""
+    c = request.constraints
+    if c.max_num_seqs is not None or c.batch_size is not None:
+        return []
+    seqs = MAX_SEQS // 2
+    while seqs >= 1:
+        asked = request.model_copy(update={"constraints": c.model_copy(update={"max_num_seqs": seqs})})
+        try:
+            chosen, _ = _choose(asked, engine, menu(asked, engine), gpus)
+        except ConflictingConstraintsError:
+            return []
+        if chosen is not None and chosen.speed is not None:
+            return [f"max_num_seqs={seqs} fits: {engine.title} sizes its start-up profile by the sequences it may run at once "
+                    f"(its sampler over that many rows of the vocabulary), fewer leave the room one request needs ({row(chosen)})"]
+        seqs //= 2
+    return []
 
 
 def _other_engine(request: Request, engine: ServerEngine, gpus: int) -> list[str]:
