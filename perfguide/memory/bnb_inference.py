@@ -18,17 +18,12 @@ against 8.60 (docs/validation.md 78).
 
 from __future__ import annotations
 
-from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import Setup
-from .top_of_stack import dequant_bytes_per_element
+from .top_of_stack import block_dequant_bytes, largest_linear_elements
 
 #: bitsandbytes formats that ``from_pretrained`` quantizes from a 16-bit checkpoint
 BNB_FORMATS = ("int8", "nf4")
-
-
-def _largest_linear(spec: ModelSpec) -> int:
-    return max((i * o for _, i, o, _ in linear_shapes(spec)), default=0)
 
 
 def load_transient_bytes(spec: ModelSpec, setup: Setup, shards: int = 1) -> int:
@@ -36,7 +31,7 @@ def load_transient_bytes(spec: ModelSpec, setup: Setup, shards: int = 1) -> int:
     checkpoint saved quantized); under tensor parallelism each rank quantizes its own shard."""
     if setup.weights_dtype not in BNB_FORMATS or setup.checkpoint_format is not None:
         return 0
-    return _largest_linear(spec) * 2 // shards
+    return largest_linear_elements(spec) * 2 // shards
 
 
 def matmul_dequant_bytes(spec: ModelSpec, setup: Setup, tokens: int, shards: int = 1) -> int:
@@ -44,4 +39,4 @@ def matmul_dequant_bytes(spec: ModelSpec, setup: Setup, tokens: int, shards: int
     a rank's shard of it under tensor parallelism."""
     if setup.weights_dtype != "nf4" or tokens <= 1:
         return 0
-    return _largest_linear(spec) * dequant_bytes_per_element(setup) // shards
+    return block_dequant_bytes(spec, setup) // shards   # the training path's copy: one block Linear at a time

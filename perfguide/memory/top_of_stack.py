@@ -84,11 +84,16 @@ def dequant_bytes_per_element(setup: Setup) -> int:
     return 4 if cast else 2
 
 
+def largest_linear_elements(spec: ModelSpec) -> int:
+    """Elements of the largest block Linear weight: the one whose dequantized or 16-bit copy sets a transient peak."""
+    return max((i * o for _, i, o, _ in linear_shapes(spec)), default=0)
+
+
 def block_dequant_bytes(spec: ModelSpec, setup: Setup) -> int:
     """The largest block Linear dequantized, alive during a block's forward or backward matmul."""
     if setup.weights_dtype not in QUANTIZED:
         return 0
-    return max(i * o for _, i, o, _ in linear_shapes(spec)) * dequant_bytes_per_element(setup)
+    return largest_linear_elements(spec) * dequant_bytes_per_element(setup)
 
 
 def loss_peak_dequant_bytes(spec: ModelSpec, setup: Setup) -> int:

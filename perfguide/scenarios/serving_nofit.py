@@ -36,6 +36,16 @@ def no_fit(request: Request, engine: ServerEngine, m: Menu, gpus: int, tried: li
     return (f"{text} Use more GPUs (infer_gpu_many), a shorter prompt_len + max_new_tokens, or a bigger GPU", *others)
 
 
+def _fitting_with(request: Request, engine: ServerEngine, gpus: int, update: dict[str, object]) -> Priced | None:
+    """The plan ``engine`` makes for the request with ``update`` applied to its constraints, when one fits."""
+    asked = request.model_copy(update={"constraints": request.constraints.model_copy(update=update)})
+    try:
+        chosen, _ = _choose(asked, engine, menu(asked, engine), gpus)
+    except ConflictingConstraintsError:
+        return None
+    return chosen if chosen is not None and chosen.speed is not None else None
+
+
 def _fp8_kv_cache(request: Request, engine: ServerEngine, gpus: int) -> list[str]:
     """The same request with the KV cache in fp8 (1 byte per element instead of 2: twice the tokens in the same
     pool), priced, where the request left the cache's dtype to the engine and the GPU has fp8 (Ada and later; on
@@ -43,12 +53,8 @@ def _fp8_kv_cache(request: Request, engine: ServerEngine, gpus: int) -> list[str
     gpu = request.hardware.smallest_gpu
     if request.constraints.kv_cache_dtype is not None or gpu is None or not gpu.supports_fp8:
         return []
-    asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"kv_cache_dtype": "fp8"})})
-    try:
-        chosen, _ = _choose(asked, engine, menu(asked, engine), gpus)
-    except ConflictingConstraintsError:
-        return []
-    if chosen is None or chosen.speed is None:
+    chosen = _fitting_with(request, engine, gpus, {"kv_cache_dtype": "fp8"})
+    if chosen is None:
         return []
     return [f"kv_cache_dtype='fp8' fits: {engine.title} keeps keys and values in 1 byte instead of 2, twice the tokens in the "
             f"same pool ({row(chosen)}; https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/)"]
@@ -63,12 +69,7 @@ def _fewer_sequences(request: Request, engine: ServerEngine, gpus: int) -> list[
         return []
     seqs = MAX_SEQS // 2
     while seqs >= 1:
-        asked = request.model_copy(update={"constraints": c.model_copy(update={"max_num_seqs": seqs})})
-        try:
-            chosen, _ = _choose(asked, engine, menu(asked, engine), gpus)
-        except ConflictingConstraintsError:
-            return []
-        if chosen is not None and chosen.speed is not None:
+        if (chosen := _fitting_with(request, engine, gpus, {"max_num_seqs": seqs})) is not None:
             return [f"max_num_seqs={seqs} fits: {engine.title} sizes its start-up profile by the sequences it may run at once "
                     f"(its sampler over that many rows of the vocabulary), fewer leave the room one request needs ({row(chosen)})"]
         seqs //= 2
@@ -87,12 +88,7 @@ def _other_engine(request: Request, engine: ServerEngine, gpus: int) -> list[str
         formats = [f for f, r in other.formats.items() if r.at_load and f not in own and serving_facts().formats[f].bits < 16
                    and other.runs(f, gpu) and (f != "nf4" or quantization_runs("nf4", request.hardware))]
         for f in formats:
-            asked = request.model_copy(update={"constraints": request.constraints.model_copy(update={"engine": other.name, "quantization": f})})
-            try:
-                chosen, _ = _choose(asked, other, menu(asked, other), gpus)
-            except ConflictingConstraintsError:
-                continue
-            if chosen is not None and chosen.speed is not None:
+            if (chosen := _fitting_with(request, other, gpus, {"engine": other.name, "quantization": f})) is not None:
                 where = f" on hardware={request.hardware.name!r}" if request.hardware.name else ""
                 return [f"engine={other.name!r} with quantization={f!r} fits{where}: {other.title} quantizes this 16-bit checkpoint at load "
                         f"({other.formats[f].choice}, {bytes_per_weight(f):.4g} B per weight, {engine.title} {engine.version} cannot): "

@@ -8,7 +8,9 @@ the one ``perfguide.estimate`` uses for a serving Setup, and a change that fits 
 
 from __future__ import annotations
 
+import itertools
 import shlex
+from collections.abc import Iterable, Iterator
 from functools import cache
 from typing import Any
 
@@ -241,33 +243,26 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
     """The longest max_model_len (halving) that starts on these GPUs, eager mode (no CUDA-graph memory), the most
     sequences (halving max_num_seqs: vLLM profiles its sampler over that many rows of the vocabulary) and the smallest
     larger tensor-parallel size."""
-    def fits(new: ServingSetup) -> bool:
-        return bool(price(engine, spec, new, hw).fits)
+    def first_fit(field: str, values: Iterable[object]) -> list[ServingSetup]:
+        """The first value of ``field`` (in order) at which the command starts, or none."""
+        for value in values:
+            new = s.model_copy(update={field: value})
+            if price(engine, spec, new, hw).fits:
+                return [new]
+        return []
 
-    found: list[ServingSetup] = []
-    length = s.max_model_len // 2
-    while length >= 256:
-        new = s.model_copy(update={"max_model_len": length})
-        if fits(new):
-            found.append(new)
-            break
-        length //= 2
-    if not s.enforce_eager and fits(eager := s.model_copy(update={"enforce_eager": True})):
-        found.append(eager)   # no CUDA graphs captured: their memory goes to the KV cache (vLLM 0.21+ sizes it in)
-    seqs = s.max_num_seqs // 2
-    while seqs >= 1:
-        new = s.model_copy(update={"max_num_seqs": seqs})
-        if fits(new):
-            found.append(new)
-            break
-        seqs //= 2
-    tp = s.tensor_parallel_size * 2
-    while tp * s.pipeline_parallel_size * s.data_parallel_size <= hw.gpu_count and spec.num_attention_heads % tp == 0:
-        new = s.model_copy(update={"tensor_parallel_size": tp})
-        if fits(new):
-            found.append(new)
-            break
-        tp *= 2
+    def halving(start: int, floor: int) -> Iterator[int]:
+        while start >= floor:
+            yield start
+            start //= 2
+
+    tps = itertools.takewhile(lambda tp: tp * s.pipeline_parallel_size * s.data_parallel_size <= hw.gpu_count
+                              and spec.num_attention_heads % tp == 0, (s.tensor_parallel_size * 2 ** k for k in itertools.count(1)))
+    found = [*first_fit("max_model_len", halving(s.max_model_len // 2, 256)),
+             # no CUDA graphs captured: their memory goes to the KV cache (vLLM 0.21+ sizes it in)
+             *(first_fit("enforce_eager", (True,)) if not s.enforce_eager else []),
+             *first_fit("max_num_seqs", halving(s.max_num_seqs // 2, 1)),
+             *first_fit("tensor_parallel_size", tps)]
     if not found:
         return (Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price(engine, spec, s, hw).device_total / 2**30,
                        reason="no shorter max_model_len (down to 256), eager mode, fewer max_num_seqs (down to 1) or larger "
