@@ -26,3 +26,11 @@ def test_the_longest_sequence_named_is_the_boundary(model: str, hardware: str, f
 def test_no_length_is_offered_below_the_grid() -> None:
     rec = perfguide.recommend("meta-llama/Llama-3.1-70B", "train_gpu_one", hardware="t4", finetune="full", seq_len=256)
     assert not rec.fits and not any(s.startswith("seq_len=") for s in rec.suggestions)
+
+
+def test_a_model_too_big_at_any_length_gets_no_length() -> None:
+    """The search tries the shortest length as soon as the middle one fails, and stops there when even it does not fit."""
+    kw = {"scenario": "train_gpu_many", "hardware": "a100-80gb:8", "finetune": "full"}
+    rec = perfguide.recommend("meta-llama/Llama-3.1-405B", seq_len=4096, **kw)
+    assert not rec.fits and not any(s.startswith("seq_len=") for s in rec.suggestions)
+    assert not perfguide.recommend("meta-llama/Llama-3.1-405B", seq_len=256, **kw).fits

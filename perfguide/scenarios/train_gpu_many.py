@@ -48,7 +48,17 @@ from .strategies import (
     level_index,
     levels,
 )
-from .training import attention, check_optimizer, finetune_mode, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
+from .training import (
+    ADAPTER_KINDS,
+    attention,
+    check_optimizer,
+    finetune_mode,
+    freed_knobs,
+    longest_sequence,
+    objective_fields,
+    plan_training,
+    precomputed_reference,
+)
 from .types import Candidate, Plan, Request
 
 _SOURCE = f"{sources.TRAIN_GPU_MANY}; {sources.DEEPSPEED} (ZeRO stage escalation order); {sources.ZERO_ESTIMATORS} (ZeRO estimators)"
@@ -74,7 +84,8 @@ def per_rank_batch(global_batch: int, world: int) -> int:
 
 
 def plan(request: Request, *, suggestions: bool = True) -> Plan:
-    """``suggestions=False``: the plan alone, without pricing what would fit instead."""
+    """``suggestions=False``: the plan alone, without pricing what would fit instead or the adapter alternatives to a
+    full fine-tune (for hints that only need the verdict, the setup and its numbers)."""
     hw, spec, cons = request.hardware, request.model, request.constraints
     gpu = hw.smallest_gpu
     if gpu is None:
@@ -91,7 +102,8 @@ def plan(request: Request, *, suggestions: bool = True) -> Plan:
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
-                      suggest=partial(_what_would_fit, per_node=per_node) if suggestions else lambda *_: (), **layout_search(world, cons.allow_offload, cons.strategy, nodes))
+                      suggest=partial(_what_would_fit, per_node=per_node) if suggestions else lambda *_: (),
+                      adapter_kinds=ADAPTER_KINDS if suggestions else (), **layout_search(world, cons.allow_offload, cons.strategy, nodes))
     return add_layout(request, p, batch)
 
 

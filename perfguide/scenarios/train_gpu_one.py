@@ -18,7 +18,7 @@ from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
 from .train_gpu_many import add_layout
-from .training import Suggest, attention, check_optimizer, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
+from .training import ADAPTER_KINDS, Suggest, attention, check_optimizer, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
 from .types import Plan, Request
 
 
@@ -32,11 +32,12 @@ def plan(request: Request) -> Plan:
 
 
 def plan_without_suggestions(request: Request) -> Plan:
-    """The plan alone, without pricing what would fit instead (for hints that only need the verdict)."""
-    return _plan(request, lambda *_: ())
+    """The plan alone, without pricing what would fit instead or the adapter alternatives to a full fine-tune (for
+    hints that only need the verdict, the setup and its numbers)."""
+    return _plan(request, lambda *_: (), adapter_kinds=())
 
 
-def _plan(request: Request, suggest: Suggest) -> Plan:
+def _plan(request: Request, suggest: Suggest, adapter_kinds: tuple[str, ...] = ADAPTER_KINDS) -> Plan:
     hw, spec, cons = request.hardware, request.model, request.constraints
     gpu = hw.smallest_gpu
     if gpu is None:
@@ -49,10 +50,10 @@ def _plan(request: Request, suggest: Suggest) -> Plan:
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     if cons.strategy in (None, "single"):
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                          suggest=suggest)
+                          suggest=suggest, adapter_kinds=adapter_kinds)
     else:   # a ZeRO stage asked for: its one-GPU layouts (on the GPU, offloaded) searched and decided as train_gpu_many does
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                          suggest=suggest, **layout_search(1, cons.allow_offload, cons.strategy))
+                          suggest=suggest, adapter_kinds=adapter_kinds, **layout_search(1, cons.allow_offload, cons.strategy))
         p = add_layout(request, p, request.global_batch_size)
     return p
 
@@ -107,7 +108,7 @@ def _smaller_global_batch(request: Request, mode: str) -> list[str]:
     micro = request.constraints.micro_batch_size or 1   # a forced micro-batch: only batches it divides are offered
     k = request.global_batch_size // 2
     while k >= micro:
-        p = _plan(request.model_copy(update={"global_batch_size": k}), lambda *_: ()) if k % micro == 0 else None
+        p = plan_without_suggestions(request.model_copy(update={"global_batch_size": k})) if k % micro == 0 else None
         if p is not None and p.fits:
             return [f"global_batch_size={k} fits this {mode} setup on one GPU ({p.setup.label}): "
                     f"{gib(p.memory.device_total)} per device, {p.throughput.step_time_s:.3g} s/step"]

@@ -109,6 +109,9 @@ def freed_knobs(request: Request, plan: Callable[[Request], Plan]) -> tuple[str,
             f"{p.throughput.step_time_s:.3g} s/step ({p.setup.label})",)
 
 
+#: the adapter alternatives a full fine-tune's plan prices beside it (for its decisions and what would fit)
+ADAPTER_KINDS = ("lora", "qlora")
+
 #: the sequence-length grid a shorter-context suggestion searches on (tokenizers' padding multiples divide it)
 _SEQ_STEP = 256
 
@@ -128,10 +131,15 @@ def longest_sequence(request: Request, plan: Callable[[Request], Plan]) -> tuple
     while lo < hi:
         mid = (lo + hi + 1) // 2
         p = fitting(mid)
-        if p is None:
-            hi = mid - 1
-        else:
+        if p is not None:
             lo, best = mid, p
+        elif lo == 0 and mid > 1:   # nothing known to fit yet: the shortest length settles a model too big at any
+            shortest = fitting(1)   # length in one more plan, where bisecting down to it takes log2(steps) (each a search)
+            if shortest is None:
+                return ()
+            lo, best, hi = 1, shortest, mid - 1
+        else:
+            hi = mid - 1
     if best is None:
         return ()
     return (f"seq_len={lo * _SEQ_STEP} is the longest that fits this setup (a multiple of {_SEQ_STEP}, global batch "
@@ -152,7 +160,7 @@ def attention(cons: Constraints, prec: Precision, gpu: GPU | None, spec: ModelSp
 
 
 def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[Decision, ...], per_rank_batch: int,
-                  suggest: Suggest, adapter_kinds: tuple[str, ...] = ("lora", "qlora"),
+                  suggest: Suggest, adapter_kinds: tuple[str, ...] = ADAPTER_KINDS,
                   expand: Callable[[list[Rung]], list[Rung]] | None = None,
                   choose: Callable[[list[Priced]], Priced] | None = None,
                   tier: Callable[[Rung], object] | None = None) -> Plan:
