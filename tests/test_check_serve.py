@@ -248,3 +248,23 @@ def test_a_small_card_is_offered_fewer_sequences_where_the_sampler_profile_is_wh
     base = "vllm serve Qwen/Qwen3-8B --quantization fp8 --max-model-len 8192 --max-num-seqs "
     assert perfguide.check(config=base + str(seqs), hardware="rtx3060").fits
     assert not perfguide.check(config=base + str(2 * seqs), hardware="rtx3060").fits
+
+
+def test_when_no_one_change_starts_the_server_the_combined_change_does() -> None:
+    """Llama-3.1-8B on an L4 at --gpu-memory-utilization 0.75: no shorter context alone (down to 256 tokens), no eager
+    mode alone and no fewer sequences alone start it (each checked here as its own command). The check then names a
+    shorter context together with fewer sequences; followed, it starts, and at twice that context not even one
+    sequence does, with or without CUDA graphs."""
+    base = f"vllm serve {MODEL} --max-model-len 8192 --gpu-memory-utilization 0.75"
+    assert not perfguide.check(config=base, hardware="l4").fits
+    for single in ("--max-model-len 256", "--enforce-eager", "--max-num-seqs 1"):
+        assert not perfguide.check(config=f"{base} {single}", hardware="l4").fits, single
+    change = perfguide.check(config=base, hardware="l4").change("fit")
+    assert change is not None and change.fits
+    keys = change.edits[0].keys
+    assert set(keys) >= {"--max-model-len", "--max-num-seqs"}
+    followed = " ".join(f"{k} {v}" if v is not True else k for k, v in keys.items())
+    assert perfguide.check(config=f"{base} {followed}", hardware="l4").fits
+    longer = f"vllm serve {MODEL} --max-model-len {2 * int(keys['--max-model-len'])} --gpu-memory-utilization 0.75 --max-num-seqs 1"
+    assert not perfguide.check(config=longer, hardware="l4").fits
+    assert not perfguide.check(config=longer + " --enforce-eager", hardware="l4").fits

@@ -242,14 +242,18 @@ def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
 def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hardware, model: str) -> tuple[Change, ...]:
     """The longest max_model_len (halving) that starts on these GPUs, eager mode (no CUDA-graph memory), the most
     sequences (halving max_num_seqs: vLLM profiles its sampler over that many rows of the vocabulary) and the smallest
-    larger tensor-parallel size."""
-    def first_fit(field: str, values: Iterable[object]) -> list[ServingSetup]:
-        """The first value of ``field`` (in order) at which the command starts, or none."""
+    larger tensor-parallel size; when no one of them is enough, the most sequences at the longest length that starts
+    (the lengths halving from the command's own), with CUDA graphs and, where that holds more sequences, in eager mode."""
+    def first_fit_from(base: ServingSetup, field: str, values: Iterable[object]) -> list[ServingSetup]:
+        """The first value of ``field`` (in order) at which ``base`` starts, or none."""
         for value in values:
-            new = s.model_copy(update={field: value})
+            new = base.model_copy(update={field: value})
             if price(engine, spec, new, hw).fits:
                 return [new]
         return []
+
+    def first_fit(field: str, values: Iterable[object]) -> list[ServingSetup]:
+        return first_fit_from(s, field, values)
 
     def halving(start: int, floor: int) -> Iterator[int]:
         while start >= floor:
@@ -263,10 +267,18 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
              *(first_fit("enforce_eager", (True,)) if not s.enforce_eager else []),
              *first_fit("max_num_seqs", halving(s.max_num_seqs // 2, 1)),
              *first_fit("tensor_parallel_size", tps)]
+    if not found:   # no one change is enough: the most sequences at the longest length that starts, with CUDA
+        for length in halving(s.max_model_len, 256):   # graphs and (where that holds more sequences) in eager mode
+            hits = [hit for eager in dict.fromkeys((s.enforce_eager, True))
+                    for hit in first_fit_from(s.model_copy(update={"max_model_len": length, "enforce_eager": eager}),
+                                              "max_num_seqs", halving(s.max_num_seqs, 1))]
+            found = [h for i, h in enumerate(hits) if i == 0 or h.max_num_seqs > hits[0].max_num_seqs]
+            if found:
+                break
     if not found:
         return (Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price(engine, spec, s, hw).device_total / 2**30,
-                       reason="no shorter max_model_len (down to 256), eager mode, fewer max_num_seqs (down to 1) or larger "
-                              "tensor-parallel size on these GPUs fits: "
+                       reason="no shorter max_model_len (down to 256), eager mode, fewer max_num_seqs (down to 1), the three "
+                              "together, or larger tensor-parallel size on these GPUs fits: "
                               "a quantized checkpoint or more / larger GPUs (perfguide recommend MODEL --scenario infer_gpu_one)"),)
     return tuple(_change(engine, spec, s, new, hw, model) for new in found)
 
