@@ -130,6 +130,18 @@ def test_serving_plan_headline_is_the_serve_command_and_the_kv_cache_binds():
     assert f"{rec.kv_cache_tokens:,} tokens" in s.verdict
 
 
+def test_serving_weights_over_the_budget_are_the_binding_limit_not_an_empty_cache():
+    """Llama-3.1-8B in fp16 on an RTX 2080 Ti (no bf16, 10.76 GiB): 8.03e9 x 2 B = 16.1 GB (15.0 GiB) of weights are
+    over what vLLM may use (0.9 of the card) before any KV cache, so the verdict names the weights and their size."""
+    rec = perfguide.recommend("meta-llama/Llama-3.1-8B", "infer_gpu_one", hardware="rtx2080ti", engine="vllm",
+                              quantization="none")
+    s = rec.summary()
+    e = rec.engine_memory
+    assert not rec.fits and e is not None
+    assert e.weights == pytest.approx(8.03e9 * 2, rel=0.01) and e.budget < e.weights
+    assert s.binding_limit == "weights" and "binding limit: weights, 15.0 GiB per GPU" in s.verdict
+
+
 def test_nothing_fits_headline_names_the_binding_limit_and_what_would_fit(capsys):
     code, out, _ = run(capsys, "recommend", "meta-llama/Llama-3.1-70B", "--hardware", "rtx4090", "--brief")
     assert code == 3

@@ -99,13 +99,16 @@ def _engine_verdict(rec: Recommendation, word: str) -> str:
     cache: the engine refuses to start unless one max_model_len sequence fits it."""
     e = rec.engine_memory
     assert e is not None
+    if e.weights > e.budget:   # no cache to speak of: the weights alone are over what the engine may use
+        return (f"{word}; binding limit: weights, {fmt_bytes(e.weights)} per GPU over the engine's {fmt_bytes(e.budget)} "
+                f"budget before any KV cache (needs one {e.max_model_len}-token sequence of cache)")
     return (f"{word}; binding limit: KV cache, {e.kv_cache_tokens:,} tokens in {fmt_bytes(max(e.kv_cache_bytes, 0))} of the "
             f"engine's {fmt_bytes(e.budget)} budget = {e.max_concurrency:.1f} sequences of {e.max_model_len} tokens (needs >= 1)")
 
 
 def binding_name(rec: Recommendation) -> str | None:
     if rec.engine_memory is not None:
-        return "KV cache"
+        return "weights" if rec.engine_memory.weights > rec.engine_memory.budget else "KV cache"
     limit = binding_limit(rec)
     return limit.name if limit else None
 
