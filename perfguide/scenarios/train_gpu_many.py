@@ -49,7 +49,6 @@ from .strategies import (
     levels,
 )
 from .training import (
-    ADAPTER_KINDS,
     attention,
     check_optimizer,
     finetune_mode,
@@ -84,8 +83,8 @@ def per_rank_batch(global_batch: int, world: int) -> int:
 
 
 def plan(request: Request, *, suggestions: bool = True) -> Plan:
-    """``suggestions=False``: the plan alone, without pricing what would fit instead or the adapter alternatives to a
-    full fine-tune (for hints that only need the verdict, the setup and its numbers)."""
+    """``suggestions=False``: the plan alone, for hints that only need the verdict, the setup and its numbers
+    (plan_training's ``verdict_only``)."""
     hw, spec, cons = request.hardware, request.model, request.constraints
     gpu = hw.smallest_gpu
     if gpu is None:
@@ -103,7 +102,7 @@ def plan(request: Request, *, suggestions: bool = True) -> Plan:
                  num_gpus=per_node, nodes=nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
                       suggest=partial(_what_would_fit, per_node=per_node) if suggestions else lambda *_: (),
-                      adapter_kinds=ADAPTER_KINDS if suggestions else (), **layout_search(world, cons.allow_offload, cons.strategy, nodes))
+                      verdict_only=not suggestions, **layout_search(world, cons.allow_offload, cons.strategy, nodes))
     return add_layout(request, p, batch)
 
 

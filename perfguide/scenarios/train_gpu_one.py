@@ -18,7 +18,7 @@ from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
 from .train_gpu_many import add_layout
-from .training import ADAPTER_KINDS, Suggest, attention, check_optimizer, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
+from .training import Suggest, attention, check_optimizer, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
 from .types import Plan, Request
 
 
@@ -32,12 +32,12 @@ def plan(request: Request) -> Plan:
 
 
 def plan_without_suggestions(request: Request) -> Plan:
-    """The plan alone, without pricing what would fit instead or the adapter alternatives to a full fine-tune (for
-    hints that only need the verdict, the setup and its numbers)."""
-    return _plan(request, lambda *_: (), adapter_kinds=())
+    """The plan alone, for hints that only need the verdict, the setup and its numbers (plan_training's
+    ``verdict_only``: nothing priced for what would fit instead, no adapter alternatives, no candidate table)."""
+    return _plan(request, lambda *_: (), verdict_only=True)
 
 
-def _plan(request: Request, suggest: Suggest, adapter_kinds: tuple[str, ...] = ADAPTER_KINDS) -> Plan:
+def _plan(request: Request, suggest: Suggest, verdict_only: bool = False) -> Plan:
     hw, spec, cons = request.hardware, request.model, request.constraints
     gpu = hw.smallest_gpu
     if gpu is None:
@@ -50,10 +50,10 @@ def _plan(request: Request, suggest: Suggest, adapter_kinds: tuple[str, ...] = A
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     if cons.strategy in (None, "single"):
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                          suggest=suggest, adapter_kinds=adapter_kinds)
+                          suggest=suggest, verdict_only=verdict_only)
     else:   # a ZeRO stage asked for: its one-GPU layouts (on the GPU, offloaded) searched and decided as train_gpu_many does
         p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
-                          suggest=suggest, adapter_kinds=adapter_kinds, **layout_search(1, cons.allow_offload, cons.strategy))
+                          suggest=suggest, verdict_only=verdict_only, **layout_search(1, cons.allow_offload, cons.strategy))
         p = add_layout(request, p, request.global_batch_size)
     return p
 

@@ -163,10 +163,12 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
                   suggest: Suggest, adapter_kinds: tuple[str, ...] = ADAPTER_KINDS,
                   expand: Callable[[list[Rung]], list[Rung]] | None = None,
                   choose: Callable[[list[Priced]], Priced] | None = None,
-                  tier: Callable[[Rung], object] | None = None) -> Plan:
+                  tier: Callable[[Rung], object] | None = None, verdict_only: bool = False) -> Plan:
     """Search the ladder for one device type and assemble the Plan; shared by the training scenarios.
 
     ``suggest(request, result, adapters, mode)`` says what would fit when nothing does.
+    ``verdict_only``: the plan a suggestion prices for its verdict, setup and numbers alone (what would fit at a
+    shorter length, a smaller batch, ...): no adapter alternatives and no candidate table, each a search's worth.
     ``expand(rungs)`` turns the ladder's rungs into the rungs searched (multi-GPU: each rung x sharding level);
     ``choose(fitting)`` picks among a rung's fitting options (default: the fastest).
     """
@@ -193,7 +195,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
         except ConflictingConstraintsError:
             return SearchResult(chosen=None, rung=None)
 
-    kinds = [k for k in adapter_kinds if k != "qlora" or quantization_runs("nf4", hw)]
+    kinds = [k for k in adapter_kinds if (k != "qlora" or quantization_runs("nf4", hw)) and not verdict_only]
     adapters = {} if mode != "full" or cons.from_scratch else {k: alternative(k) for k in kinds}
     chosen = result.chosen or least_memory(result)
     chosen, compile_decs = compile_choice(request, chosen) if result.chosen is not None else (chosen, [])
@@ -203,8 +205,8 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
     warnings += host_assumption_warnings(hw, chosen.memory.cpu_ram, cons.headroom, result.chosen is not None,
                                          _ram_blocked(result, hw, cons.headroom))
     suggestions = () if result.chosen else suggest(request, result, adapters, mode)
-    cands = candidates(result, hw, cons.headroom) + tuple(c for r in adapters.values() for c in candidates(r, hw, cons.headroom)
-                                                          if c.verdict != "does-not-fit" or r.chosen is None)
+    cands = () if verdict_only else candidates(result, hw, cons.headroom) + tuple(
+        c for r in adapters.values() for c in candidates(r, hw, cons.headroom) if c.verdict != "does-not-fit" or r.chosen is None)
     cands = tuple(c.model_copy(update={"verdict": "fits"}) if c.verdict == "chosen" and c.setup != chosen.setup else c for c in cands)
     if result.chosen is not None and all(c.setup != chosen.setup for c in cands):   # torch.compile turned on after the search
         cands += (Candidate(setup=chosen.setup, memory=chosen.memory, throughput=chosen.throughput, verdict="chosen",
