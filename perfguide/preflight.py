@@ -120,9 +120,11 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
     # TRL script's runs under TRL's trainer, and a
     # config that packs keeps packing (with no avg_seq_len perfguide prices full rows, where packing gains nothing, and
     # would otherwise tell a user with short samples to stop packing); a config on Cut Cross-Entropy keeps it (never
-    # searched, and its gradient filtering is not priced, so a plan without it would be compared on a slow reading)
+    # searched, and its gradient filtering is not priced, so a plan without it would be compared on a slow reading); a
+    # config on a flash-attention kernel has its package installed, which a plan cannot assume (its rule picks SDPA)
     same = {"objective": s.objective, "trainer": s.trainer, "avg_seq_len": s.avg_seq_len, "target_len": s.target_len,
-            "padding_free": True if s.padding_free else None, "cut_cross_entropy": True if s.cut_cross_entropy else None}
+            "padding_free": True if s.padding_free else None, "cut_cross_entropy": True if s.cut_cross_entropy else None,
+            "attn_implementation": s.attn_implementation if str(s.attn_implementation).startswith("flash_attention") else None}
     try:
         rec = recommend(price.spec, info.name, hardware=price.hw, seq_len=s.seq_len, global_batch_size=s.global_batch_size,
                         num_gpus=s.num_gpus if info.multi_gpu else None, nodes=s.nodes, finetune=finetune, lora=s.lora,
@@ -134,5 +136,9 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
     rate = rec.throughput.tokens_per_s if rec.fits else None
     speedup = rate / current.tokens_per_s if rate and current is not None and current.tokens_per_s and price.memory(s).fits else None
     reason = "already the plan perfguide recommends" if not changes else ""
+    if changes and speedup is not None and speedup < 1:   # the search's plan is slower than the config by the same pricing
+        reason = (f"no speed to gain: perfguide's own plan for this run ({rec.setup.label}) is slower by the same cost model "
+                  f"(x{speedup:.2f} tokens/s); it differs in {', '.join(changes)}, which this config sets its own way")
+        changes = {}
     return Change(kind="recommended", setup={k: plain(v) for k, v in changes.items()}, edits=edits_for(changes, rec.setup, c) if changes else (),
                   fits=rec.fits, peak_gib=rec.memory.device_total / 2**30, tokens_per_s=rate, speedup=speedup, reason=reason)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 import perfguide
@@ -67,3 +68,60 @@ def test_a_cut_cross_entropy_config_is_compared_with_a_cce_plan(tmp_path: Path) 
     qwen3 = perfguide.check("Qwen/Qwen3-0.6B", path, hardware="rtx4090")
     assert qwen3.setup.cut_cross_entropy and not [c for c in qwen3.changes if c.kind == "recommended"]
     assert any("no recommended plan to compare with" in n and "'qwen3'" in n for n in qwen3.notes)
+
+
+#: the memory-relevant keys of axolotl's examples/mistral/config.yml (full fine-tune, packing, FlashAttention-2)
+_MISTRAL = {"base_model": "mistralai/Mistral-7B-v0.1", "sequence_len": 8192, "sample_packing": True, "pad_to_sequence_len": True,
+            "micro_batch_size": 2, "gradient_accumulation_steps": 4, "optimizer": "adamw_bnb_8bit", "bf16": "auto",
+            "gradient_checkpointing": True, "flash_attention": True}
+
+
+def test_a_flash_attention_config_is_compared_with_a_flash_attention_plan(tmp_path: Path) -> None:
+    """A config on FlashAttention-2 has the package installed, which perfguide's own attention rule cannot assume (it
+    picks SDPA, where packed rows attend under a [T, T] block mask over the whole flattened row). The plan compared
+    keeps the config's kernel, so the change writes no attention switch, and it is the plan recommend() gives with
+    FlashAttention-2 asked for."""
+    path = tmp_path / "mistral.yml"
+    path.write_text(yaml.safe_dump(_MISTRAL), encoding="utf-8")
+    check = perfguide.check(config=path, hardware="a100-80gb")
+    assert check.setup.attn_implementation == "flash_attention_2" and check.setup.padding_free
+    rec = _recommended(check)
+    assert "attn_implementation" not in rec.setup and all("attn_implementation" not in e.keys for e in rec.edits)
+    same = perfguide.recommend("mistralai/Mistral-7B-v0.1", "train_gpu_one", hardware="a100-80gb", seq_len=8192,
+                               global_batch_size=8, padding_free=True, attn_implementation="flash_attention_2")
+    assert rec.tokens_per_s == same.throughput.tokens_per_s
+
+
+def _fp8_example(tmp_path: Path) -> Path:
+    """The memory-relevant keys of axolotl's examples/llama-3/3b-fp8-fsdp2.yaml."""
+    y = {"base_model": "meta-llama/Llama-3.2-3B", "sequence_len": 512, "sample_packing": True, "micro_batch_size": 16,
+         "gradient_accumulation_steps": 1, "optimizer": "adamw_torch_fused", "torch_compile": True, "fp8": True,
+         "fp8_enable_fsdp_float8_all_gather": True, "attn_implementation": "flex_attention", "fsdp_version": 2,
+         "fsdp_config": {"offload_params": False, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                         "transformer_layer_cls_to_wrap": "LlamaDecoderLayer", "sharding_strategy": "FULL_SHARD",
+                         "reshard_after_forward": True, "activation_checkpointing": False}}
+    path = tmp_path / "fp8.yml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    return path
+
+
+def test_axolotl_fp8_is_read_and_refused_where_the_gpu_has_no_fp8(tmp_path: Path) -> None:
+    """axolotl's ``fp8: true`` sets ACCELERATE_MIXED_PRECISION=fp8 (src/axolotl/utils/trainer.py): accelerate's torchao
+    Float8Linear, priced as Setup.autocast 'fp8'. On an A100 (no fp8 tensor cores) that run does not start, so the
+    check refuses it in one line instead of pricing it as bf16."""
+    path = _fp8_example(tmp_path)
+    assert perfguide.check(config=path, hardware="h100-80gb").setup.autocast == "fp8"
+    with pytest.raises(perfguide.InvalidSetupError, match="fp8 needs fp8 on the GPU and a100-80gb lacks it"):
+        perfguide.check(config=path, hardware="a100-80gb")
+
+
+def test_a_plan_slower_than_the_config_is_not_offered_as_a_change(tmp_path: Path) -> None:
+    """The fp8 example on an H100 (fp8, torch.compile, pure bf16 weights, micro-batch 16) prices faster than the plan
+    recommend() picks for the same run (fp32 masters, no fp8 or compile chosen): the check says there is no speed to
+    gain, names where the plan differs, and writes no edit."""
+    check = perfguide.check(config=_fp8_example(tmp_path), hardware="h100-80gb")
+    rec = _recommended(check)
+    assert check.throughput is not None and rec.tokens_per_s is not None
+    assert rec.tokens_per_s < check.throughput.tokens_per_s and rec.speedup is not None and rec.speedup < 1
+    assert rec.setup == {} and rec.edits == () and rec.reason.startswith("no speed to gain")
+    assert "autocast" in rec.reason and "torch_compile" in rec.reason

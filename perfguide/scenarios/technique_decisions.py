@@ -34,7 +34,8 @@ def _reason(name: str, chosen: Priced, other: Priced | None) -> str:
     elif name == "activation_offloading" and other is not None:
         extra = f"; {gib(max(0, m.cpu_ram - other.memory.cpu_ram))} of activations in pinned host RAM"
     elif name == "padding_free":
-        extra = f"; pays for {s.avg_seq_len} real tokens per sample instead of seq_len={s.seq_len}"
+        extra = (f"; pays for {s.avg_seq_len} real tokens per sample instead of seq_len={s.seq_len}" if s.avg_seq_len is not None
+                 else f"; priced at full rows of seq_len={s.seq_len} (avg_seq_len not given: the gain comes with shorter samples)")
     elif name == "optimizer_in_backward":
         extra = "; needs gradient_accumulation_steps=1 and max_grad_norm=0 (Trainer(optimizers=rec.optimizers(model, args)))"
     if other is None:

@@ -24,7 +24,7 @@ PRICED = frozenset({
     "bf16", "fp16", "bfloat16", "float16", "tf32", "optimizer", "gradient_checkpointing", "activation_offloading", "attn_implementation",
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
-    "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy",
+    "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
 })
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
@@ -130,6 +130,8 @@ def _precision(data: dict[str, Any], col: Collector) -> None:
         col.set("autocast", "bf16", key)
     elif fp16:
         col.set("autocast", "fp16", "fp16")
+    if data.get("fp8") is not None and as_bool(data["fp8"], col.where("fp8")):   # utils/trainer.py: ACCELERATE_MIXED_PRECISION
+        col.set("autocast", "fp8", "fp8")   # = fp8, accelerate's torchao Float8Linear; the weights keep the bf16 load dtype
     # resolve_dtype: the load dtype follows the precision switches (8-bit loading implies float16); DeepSpeed then keeps
     # fp32 masters whatever the load dtype, which the check assumes when no dtype is set
     if data.get("deepspeed"):
@@ -223,8 +225,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys.update({"plugins": plugins, "cut_cross_entropy": True})
         elif field == "cut_cross_entropy":
             keys["cut_cross_entropy"] = False   # the plugin stays listed, switched off
-        elif field == "autocast" and value != "fp8":
-            keys.update(bf16=value == "bf16", fp16=value == "fp16")
+        elif field == "autocast":   # fp8 keeps bf16 as the load dtype; fp8: false where a fp8 config is moved off it
+            keys.update(bf16=value in ("bf16", "fp8"), fp16=value == "fp16", fp8=value == "fp8")
         elif field == "weights_dtype" and value in ("nf4", "int8"):
             keys.update(load_in_4bit=value == "nf4", load_in_8bit=value == "int8", adapter="qlora" if value == "nf4" else "lora")
         elif field == "lora" and value is not None:
