@@ -125,3 +125,22 @@ def test_a_plan_slower_than_the_config_is_not_offered_as_a_change(tmp_path: Path
     assert rec.tokens_per_s < check.throughput.tokens_per_s and rec.speedup is not None and rec.speedup < 1
     assert rec.setup == {} and rec.edits == () and rec.reason.startswith("no speed to gain")
     assert "autocast" in rec.reason and "torch_compile" in rec.reason
+
+
+def test_llamafactory_fp8_is_read_and_written_as_its_own_switch(tmp_path: Path) -> None:
+    """LLaMA-Factory's ``fp8: true`` (train/fp8_utils.py: ACCELERATE_MIXED_PRECISION=fp8, torchao's Float8Linear by
+    default) is priced as autocast 'fp8' and refused on a GPU without fp8; written back, fp8 is its own key beside the
+    bf16 / fp16 TrainingArguments keys."""
+    from perfguide.integrations.readers import llamafactory
+
+    path = tmp_path / "lf.yaml"
+    path.write_text(yaml.safe_dump({"model_name_or_path": "meta-llama/Llama-3.2-3B", "stage": "sft", "finetuning_type": "full",
+                                    "cutoff_len": 2048, "per_device_train_batch_size": 4, "bf16": True, "fp8": True}), encoding="utf-8")
+    assert perfguide.check(config=path, hardware="h100-80gb").setup.autocast == "fp8"
+    with pytest.raises(perfguide.InvalidSetupError, match="a100-80gb lacks it"):
+        perfguide.check(config=path, hardware="a100-80gb")
+    setup = perfguide.Setup(task="train", autocast="bf16")
+    keys, _ = llamafactory.write({"autocast": "bf16"}, setup)
+    assert keys["fp8"] is False and keys["bf16"] is True
+    keys, _ = llamafactory.write({"autocast": "fp8"}, setup.model_copy(update={"autocast": "fp8"}))
+    assert keys == {"fp8": True}

@@ -24,7 +24,7 @@ SYNTAX = "yaml"
 KNOWN = LLAMAFACTORY | TA_KNOWN | frozenset(SEQ2SEQ) | frozenset(REMOVED)
 PRICED = frozenset({"finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora", "use_rslora", "quantization_bit",
                     "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "disable_gradient_checkpointing", "pure_bf16",
-                    "model_name_or_path", "upcast_layernorm", "upcast_lmhead_output"})
+                    "model_name_or_path", "upcast_layernorm", "upcast_lmhead_output", "fp8"})
 ATTENTION = {"auto": None, "fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
 
 
@@ -56,6 +56,8 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if kind not in ("lora", "full"):
         raise ConfigReadError(f"{col.where('finetuning_type')}={kind!r} is not priced; accepted: lora, full")
     _weights(data, col, kind)
+    if data.get("fp8") is not None and as_bool(data["fp8"], col.where("fp8")):   # train/fp8_utils.py: accelerate's fp8
+        col.set("autocast", "fp8", "fp8")   # (torchao Float8Linear by default, Transformer Engine with fp8_backend te)
     if kind == "lora":
         rank = as_int(data.get("lora_rank", 8), col.where("lora_rank"))
         target = str(data.get("lora_target", "all"))
@@ -125,6 +127,10 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys["cutoff_len"] = value
         elif field == "liger_kernel":
             keys["enable_liger_kernel"] = value
+        elif field == "autocast":   # fp8 is its own switch beside bf16 / fp16 (the compute dtype the TrainingArguments keep)
+            keys["fp8"] = value == "fp8"
+            if value != "fp8":
+                rest[field] = value
         elif field == "attn_implementation":
             keys["flash_attn"] = {"flash_attention_2": "fa2", "sdpa": "sdpa", "eager": "disabled"}[value]
         elif field == "weights_dtype" and value in ("nf4", "int8"):
