@@ -213,3 +213,29 @@ def test_hub_flash_attention_kernel_is_priced_as_flash(kernel: str, tmp_path: Pa
                     encoding="utf-8")
     with pytest.raises(perfguide.PerfGuideError, match="a Hub attention kernel perfguide cannot price"):
         perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+
+
+@pytest.mark.parametrize("family", ["galore", "apollo"])
+def test_llamafactory_low_rank_optimizers_are_priced_as_the_optimizer_it_builds(family: str) -> None:
+    """LLaMA-Factory's GaLore / APOLLO examples (full fine-tune of Llama-3-8B, ``pure_bf16``): ``use_galore`` builds
+    GaLoreAdamW over ``optim: adamw_torch`` (train/trainer_utils.py ``_create_galore_optimizer``), one per parameter
+    stepped from a post-accumulate-grad hook when layerwise: transformers' ``galore_adamw_layerwise`` with the optimizer
+    in backward. ``pure_bf16`` makes bf16 the compute dtype (hparams/parser.py), so the model loads in bf16 and no
+    autocast runs. Read as plain AdamW in fp32 before, the example did not fit an 80 GB card (134 GiB)."""
+    name = f"llamafactory_llama3_{family}_full_sft.yaml"
+    y = load(name)
+    assert y[f"use_{family}"] is True and y[f"{family}_layerwise"] is True and y["pure_bf16"] is True   # the premise
+    c = perfguide.check("meta-llama/Llama-3.1-8B", DATA / name, hardware="a100-80gb")
+    s = c.setup
+    assert (s.optimizer, s.optimizer_in_backward) == (f"{family}_adamw_layerwise", True)
+    assert (s.weights_dtype, s.autocast, s.lora) == ("bf16", None, None)
+    same_as_estimate(c, "meta-llama/Llama-3.1-8B", "a100-80gb")
+    assert c.fits   # the bf16 weights alone are 16 GB; the projected states a few percent of them
+
+
+def test_llamafactory_low_rank_optimizer_over_an_optim_it_cannot_build_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "apollo.yaml"
+    path.write_text(yaml.safe_dump({"model_name_or_path": "meta-llama/Llama-3.1-8B", "finetuning_type": "full",
+                                    "use_apollo": True, "optim": "adamw_bnb_8bit", "bf16": True}), encoding="utf-8")
+    with pytest.raises(perfguide.PerfGuideError, match="builds apollo only over adamw_torch"):
+        perfguide.check(config=path, hardware="a100-80gb")

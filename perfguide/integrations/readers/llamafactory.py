@@ -4,8 +4,11 @@ The file is TrainingArguments keys (read by perfguide.integrations.readers.train
 ``finetuning_type`` (lora, full), ``lora_rank`` (default 8) / ``lora_alpha`` (default 2 x rank) / ``lora_target``
 ("all": every linear layer), ``quantization_bit`` (bitsandbytes 4 / 8), ``cutoff_len`` (default 2048),
 ``flash_attn``, ``enable_liger_kernel`` and ``disable_gradient_checkpointing`` (checkpointing is on unless disabled).
-The model loads in the compute dtype (bf16 with ``bf16: true``); a full fine-tune upcasts its trainable parameters
-to fp32 unless ``pure_bf16`` (model/adapter.py ``cast_trainable_params_to_fp32``), which is AMP on fp32 weights.
+The model loads in the compute dtype (bf16 with ``bf16: true`` or ``pure_bf16: true``: hparams/parser.py); a full
+fine-tune upcasts its trainable parameters to fp32 unless ``pure_bf16`` (model/adapter.py
+``cast_trainable_params_to_fp32``), which is AMP on fp32 weights. ``use_galore`` / ``use_apollo`` build GaLore's or
+APOLLO's optimizer from ``optim`` (train/trainer_utils.py ``_create_galore_optimizer``), per layer in backward with
+``galore_layerwise`` / ``apollo_layerwise``: transformers' optim of the same name, which perfguide prices.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ SYNTAX = "yaml"
 KNOWN = LLAMAFACTORY | TA_KNOWN | frozenset(SEQ2SEQ) | frozenset(REMOVED)
 PRICED = frozenset({"finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora", "use_rslora", "quantization_bit",
                     "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "disable_gradient_checkpointing", "pure_bf16",
-                    "model_name_or_path", "upcast_layernorm", "upcast_lmhead_output", "fp8"})
+                    "model_name_or_path", "upcast_layernorm", "upcast_lmhead_output", "fp8", "use_galore", "galore_layerwise",
+                    "galore_rank", "galore_target", "use_apollo", "apollo_layerwise", "apollo_rank", "apollo_target"})
 ATTENTION = {"auto": None, "fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
 
 
@@ -56,6 +60,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if kind not in ("lora", "full"):
         raise ConfigReadError(f"{col.where('finetuning_type')}={kind!r} is not priced; accepted: lora, full")
     _weights(data, col, kind)
+    _low_rank_optimizer(data, col)
     if data.get("fp8") is not None and as_bool(data["fp8"], col.where("fp8")):   # train/fp8_utils.py: accelerate's fp8
         col.set("autocast", "fp8", "fp8")   # (torchao Float8Linear by default, Transformer Engine with fp8_backend te)
     if kind == "lora":
@@ -90,13 +95,43 @@ def _weights(data: dict[str, Any], col: Collector, kind: str) -> None:
         col.set("weights_dtype", dtype, "quantization_bit")
         _kbit_dtypes(data, col)
         return
-    half = "bf16" if data.get("bf16") else "fp16" if data.get("fp16") else None
+    half = "bf16" if data.get("bf16") or data.get("pure_bf16") else "fp16" if data.get("fp16") else None
     if half is None:
         col.set("weights_dtype", "fp32", "bf16 / fp16 not set: the model loads in fp32")
     elif kind == "full" and not data.get("pure_bf16"):
         col.set("weights_dtype", "fp32", "finetuning_type (full: trainable parameters upcast to fp32 unless pure_bf16)")
     else:
         col.set("weights_dtype", half, "pure_bf16" if kind == "full" else "bf16")
+
+
+#: LLaMA-Factory's optim -> the GaLore / APOLLO optimizer class it builds (train/trainer_utils.py), as transformers names it
+_LOW_RANK = {"galore": {"adamw_torch": "galore_adamw", "adamw_bnb_8bit": "galore_adamw_8bit", "adamw_8bit": "galore_adamw_8bit",
+                        "paged_adamw_8bit": "galore_adamw_8bit"},
+             "apollo": {"adamw_torch": "apollo_adamw"}}
+#: the projection rank perfguide's optimizers.json rows price (transformers' default optim_args rank=128)
+_PRICED_RANK = 128
+
+
+def _low_rank_optimizer(data: dict[str, Any], col: Collector) -> None:
+    """``use_galore`` / ``use_apollo``: the optimizer LLaMA-Factory builds in place of ``optim``'s, in backward per
+    layer when ``*_layerwise``; a rank other than the priced one is said in the notes."""
+    for family in _LOW_RANK:
+        flag = f"use_{family}"
+        if data.get(flag) is None or not as_bool(data[flag], col.where(flag)):
+            continue
+        optim = str(data.get("optim", "adamw_torch"))
+        base = _LOW_RANK[family].get("adamw_torch" if optim == "adamw_torch_fused" else optim)
+        if base is None:
+            raise ConfigReadError(f"{col.where(flag)} with optim={optim!r}: LLaMA-Factory builds {family} only over "
+                                  f"{', '.join(_LOW_RANK[family])} (train/trainer_utils.py raises NotImplementedError)")
+        layerwise = data.get(f"{family}_layerwise") is not None and as_bool(data[f"{family}_layerwise"], col.where(f"{family}_layerwise"))
+        col.set("optimizer", base + ("_layerwise" if layerwise else ""), flag)
+        if layerwise:
+            col.set("optimizer_in_backward", True, f"{family}_layerwise (a post-accumulate-grad hook steps each parameter)")
+        rank = as_int(data.get(f"{family}_rank", 16), col.where(f"{family}_rank"))   # LLaMA-Factory's default rank 16
+        if rank != _PRICED_RANK:
+            col.note(f"{col.where(f'{family}_rank')}={rank}: {family}'s projected states are priced at rank {_PRICED_RANK} "
+                     f"(optimizers.json); they are a few percent of the weights either way")
 
 
 #: LLaMA-Factory never runs peft's prepare_model_for_kbit_training (absent from src/ at ff6d4d12): a k-bit base keeps
