@@ -239,3 +239,13 @@ def test_llamafactory_low_rank_optimizer_over_an_optim_it_cannot_build_is_refuse
                                     "use_apollo": True, "optim": "adamw_bnb_8bit", "bf16": True}), encoding="utf-8")
     with pytest.raises(perfguide.PerfGuideError, match="builds apollo only over adamw_torch"):
         perfguide.check(config=path, hardware="a100-80gb")
+
+
+def test_a_llamafactory_predict_config_is_refused_not_priced_as_training() -> None:
+    """LLaMA-Factory's nlg_eval example (do_predict, predict_with_generate, no do_train) generates; its sft workflow
+    calls trainer.train() only under do_train (train/sft/workflow.py). It was priced as a LoRA training run at the
+    Trainer's default micro-batch 8; it is now refused in one line pointing at the inference scenarios."""
+    path = Path(__file__).parent / "data" / "check" / "llamafactory_llama3_lora_predict.yaml"
+    assert load(path.name)["do_predict"] is True and "do_train" not in load(path.name)   # the premise
+    with pytest.raises(perfguide.PerfGuideError, match="do_predict without do_train.*infer_gpu_one"):
+        perfguide.check("meta-llama/Llama-3.1-8B", path, hardware="a100-80gb")

@@ -40,6 +40,11 @@ LAUNCH = ("llamafactory-cli train starts torchrun over every visible GPU when th
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.spans_gpus = LAUNCH
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
+    stage = next((k for k in ("do_predict", "do_eval") if data.get(k) is not None and as_bool(data[k], col.where(k))), None)
+    if stage and not (data.get("do_train") is not None and as_bool(data["do_train"], col.where("do_train"))):
+        raise ConfigReadError(f"{col.where(stage)} without do_train: this LLaMA-Factory config evaluates or generates, it does not "
+                              "train (its workflows call trainer.train() only with do_train); perfguide check prices training "
+                              "configs and serve commands: for generation, perfguide recommend MODEL --scenario infer_gpu_one")
     hf = TA_KNOWN | frozenset(REMOVED)
     ours = {k: v for k, v in data.items() if (k in KNOWN and k not in hf) or k == "model_name_or_path"}
     col.ignore(*sorted(k for k in ours if k not in PRICED))
