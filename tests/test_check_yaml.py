@@ -249,3 +249,13 @@ def test_a_llamafactory_predict_config_is_refused_not_priced_as_training() -> No
     assert load(path.name)["do_predict"] is True and "do_train" not in load(path.name)   # the premise
     with pytest.raises(perfguide.PerfGuideError, match="do_predict without do_train.*infer_gpu_one"):
         perfguide.check("meta-llama/Llama-3.1-8B", path, hardware="a100-80gb")
+
+
+def test_a_llamafactory_v1_config_is_refused_not_read_as_v0() -> None:
+    """LLaMA-Factory's v1 trainer takes another schema (``model``, ``dist_config``, ``micro_batch_size``). Read as the v0
+    YAML it became a LoRA run (v0's default finetuning_type) at the Trainer's micro-batch 8, where the file is a full
+    FSDP2 fine-tune at micro-batch 1; it is refused in one line naming the format that is read."""
+    y = load("llamafactory_v1_train_full_fsdp2.yaml")
+    assert isinstance(y["model"], str) and y["dist_config"]["name"] == "fsdp2" and y["micro_batch_size"] == 1   # the premise
+    with pytest.raises(perfguide.PerfGuideError, match="LLaMA-Factory v1 config .* is not read yet"):
+        perfguide.check("Qwen/Qwen3-0.6B", DATA / "llamafactory_v1_train_full_fsdp2.yaml", hardware="a100-80gb")

@@ -67,9 +67,17 @@ def detect(data: dict[str, Any]) -> str:
         return "axolotl"
     if isinstance(data.get("model"), dict) and "_component_" in data["model"]:
         return "torchtune"
+    if isinstance(data.get("model"), str) and _LLAMAFACTORY_V1 & set(data):
+        raise ConfigReadError("a LLaMA-Factory v1 config (model / dist_config / kernel_config, for its v1 trainer) is not read "
+                              "yet; the v0 YAML of llamafactory-cli train (model_name_or_path, finetuning_type, "
+                              "per_device_train_batch_size) is")
     if "finetuning_type" in data or "stage" in data or "cutoff_len" in data:
         return "llamafactory"
     return "training_args"
+
+
+#: keys only LLaMA-Factory's v1 configs have (examples/v1 at ff6d4d12), beside a string ``model``
+_LLAMAFACTORY_V1 = frozenset({"model_class", "dist_config", "kernel_config", "quant_config", "peft_config", "train_dataset"})
 
 
 def read_file(path: str, fmt: str | None = None) -> Reading:
