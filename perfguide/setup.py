@@ -28,7 +28,7 @@ Strategy = Literal[
 Device = Literal["cuda", "cpu"]
 #: The loss a training step computes: supervised next-token (``sft``) or TRL's Direct Preference Optimization (``dpo``).
 Objective = Literal["sft", "dpo"]
-TrainerLoop = Literal["transformers", "trl"]
+TrainerLoop = Literal["transformers", "trl", "torchtune"]
 WeightFormat = Literal["bf16", "fp16", "fp8", "fp8_block", "awq", "gptq", "w4a16", "mxfp4", "nvfp4", "nf4"]
 #: What a saved checkpoint's quantization_config can store (model/quantized.py reads it): bnb 4/8-bit or a serving format.
 CheckpointFormat = Literal["nf4", "int8", "gptq", "awq", "fp8", "fp8_block", "w4a16", "mxfp4", "nvfp4"]
@@ -214,7 +214,7 @@ class Setup(Model):
     # the training objective (perfguide/techniques/dpo.py prices and emits it)
     objective: Objective = Field(default="sft", description="what the step optimizes: sft (next-token loss, SFTTrainer / Trainer) or dpo (TRL DPOTrainer: chosen + rejected in one forward, plus a frozen reference model's forward)")
     precompute_ref_log_probs: bool = Field(default=False, description="DPO: the reference log-probs are computed once before training (DPOConfig precompute_ref_log_probs), so no reference model is kept and no reference forward runs per step")
-    trainer: TrainerLoop = Field(default="transformers", description="the training loop that runs the step: transformers (HF Trainer: the model's loss on full [b, s, V] logits) or trl (TRL's SFTTrainer / DPOTrainer, whose loss by TRL release builds no full logits: memory/fused_head.py); objective='dpo' implies trl")
+    trainer: TrainerLoop = Field(default="transformers", description="the training loop that runs the step: transformers (HF Trainer: the model's loss on full [b, s, V] logits) or trl (TRL's SFTTrainer / DPOTrainer, whose loss by TRL release builds no full logits: memory/fused_head.py) or torchtune (a torchtune recipe: its LinearCrossEntropyLoss, techniques/torchtune_loss.py); objective='dpo' implies trl")
 
     @model_validator(mode="before")
     @classmethod

@@ -259,3 +259,49 @@ def test_a_llamafactory_v1_config_is_refused_not_read_as_v0() -> None:
     assert isinstance(y["model"], str) and y["dist_config"]["name"] == "fsdp2" and y["micro_batch_size"] == 1   # the premise
     with pytest.raises(perfguide.PerfGuideError, match="LLaMA-Factory v1 config .* is not read yet"):
         perfguide.check("Qwen/Qwen3-0.6B", DATA / "llamafactory_v1_train_full_fsdp2.yaml", hardware="a100-80gb")
+
+
+def test_torchtune_configs_that_do_not_fine_tune_one_model_are_refused(tmp_path: Path) -> None:
+    """An evaluation recipe's config has no optimizer (torchtune's llama3_2/evaluation), a PPO recipe's a policy and a
+    reward/value model: both were priced as a training run at the Trainer's defaults; both are refused in one line."""
+    with pytest.raises(perfguide.PerfGuideError, match="optimizer is missing: this torchtune config does not train"):
+        perfguide.check("meta-llama/Llama-3.2-1B", DATA / "torchtune_llama3_2_evaluation.yaml", hardware="a100-80gb")
+    ppo = tmp_path / "ppo.yaml"
+    ppo.write_text(yaml.safe_dump({"policy_model": {"_component_": "torchtune.models.mistral.mistral_7b"},
+                                   "reward_and_value_model": {"_component_": "torchtune.models.mistral.mistral_reward_7b"},
+                                   "optimizer": {"_component_": "bitsandbytes.optim.PagedAdamW"}, "batch_size": 64}), encoding="utf-8")
+    with pytest.raises(perfguide.PerfGuideError, match="a PPO recipe's config"):
+        perfguide.check("mistralai/Mistral-7B-v0.1", ppo, hardware="rtx4090")
+
+
+def test_torchtune_fsdp_cpu_offload_on_one_process_is_fsdp() -> None:
+    """llama3_1/70B_full sets fsdp_cpu_offload; launched as one process (the check's default), torchtune's distributed
+    recipe still wraps the model in FSDP, so the offload is priced under FSDP on one GPU rather than refused as an
+    offload without sharding (which surfaced as a Setup validation message)."""
+    assert load("torchtune_llama3_1_70B_full.yaml")["fsdp_cpu_offload"] is True   # the premise
+    c = perfguide.check(config=DATA / "torchtune_llama3_1_70B_full.yaml", hardware="a100-80gb:8")
+    assert (c.setup.strategy, c.setup.num_gpus, c.setup.offload_params) == ("fsdp", 1, True)
+    assert named(c) == "meta-llama/Llama-3.1-70B"
+
+
+def test_torchtune_gemma2_builder_and_its_chunked_loss() -> None:
+    """gemma2/2B_qlora_single_device: the builder maps to google/gemma-2-2b, and its LinearCrossEntropyLoss is priced as
+    torchtune's loop, where the 256,000-token vocabulary made HF's full-logits path the bulk of the step."""
+    c = perfguide.check(config=DATA / "torchtune_gemma2_2B_qlora_single_device.yaml", hardware="rtx4090", seq_len=2048)
+    assert named(c) == "google/gemma-2-2b" and c.setup.trainer == "torchtune" and c.setup.weights_dtype == "nf4"
+    same_as_estimate(c, "google/gemma-2-2b", "rtx4090")
+
+
+def test_gemma2_attention_follows_its_transformers_class(tmp_path: Path) -> None:
+    """Gemma 2's class refuses SDPA (_supports_sdpa = False): a config that names no attention is priced with the eager
+    attention transformers loads (as estimate prices it), and one that names sdpa is refused in one line, where the
+    check used to price SDPA's memory for a run that loads eager or fails."""
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "output_dir": "o"}), encoding="utf-8")
+    c = perfguide.check("google/gemma-2-2b", path, hardware="a100-80gb", seq_len=1024)
+    assert c.setup.attn_implementation == "eager"
+    same_as_estimate(c, "google/gemma-2-2b", "a100-80gb")
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "output_dir": "o",
+                                "model_init_kwargs": {"attn_implementation": "sdpa"}}), encoding="utf-8")
+    with pytest.raises(perfguide.PerfGuideError, match="refused by google/gemma-2-2b's transformers class"):
+        perfguide.check("google/gemma-2-2b", path, hardware="a100-80gb", seq_len=1024)

@@ -15,7 +15,7 @@ from ..memory.serving import EngineMemory
 from ..memory.types import MemoryEstimate
 from ..model.tasks import normalize_task
 from ..model.types import ModelSpec
-from ..setup import LoraSpec, Setup
+from ..setup import LoraSpec, Setup, TrainerLoop
 from ..speed.types import Throughput
 from . import registry
 
@@ -81,9 +81,11 @@ class Constraints(Model):
                                              "chosen + rejected per pair, a frozen reference model)")
     precompute_ref_log_probs: StrictBool = Field(default=False, description="DPO: reference log-probs computed once before training "
                                                  "(no reference model or reference forward in the step)")
-    trainer: Literal["transformers", "trl"] | None = Field(default=None, description="training: the loop that runs the step, "
-                                                           "transformers (HF Trainer, full logits) or trl (SFTTrainer / DPOTrainer: "
-                                                           "TRL's loss, no full logits since TRL 1.7); None: transformers, trl for dpo")
+    trainer: TrainerLoop | None = Field(default=None, description="training: the loop that runs the step, "
+                                                  "transformers (HF Trainer, full logits) or trl (SFTTrainer / DPOTrainer: "
+                                                  "TRL's loss, no full logits since TRL 1.7) or torchtune (its recipes' "
+                                                  "LinearCrossEntropyLoss; plans then write torchtune keys only through "
+                                                  "perfguide check); None: transformers, trl for dpo")
     master_weights: Literal["fp32", "bf16"] | None = None   # None: the plan picks (fp32 masters first) and says what it traded
     # inference
     prompt_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000)

@@ -65,7 +65,7 @@ def detect(data: dict[str, Any]) -> str:
         return "deepspeed"
     if "base_model" in data:
         return "axolotl"
-    if isinstance(data.get("model"), dict) and "_component_" in data["model"]:
+    if any(isinstance(v, dict) and "_component_" in v for v in data.values()):   # torchtune's instantiable blocks
         return "torchtune"
     if isinstance(data.get("model"), str) and _LLAMAFACTORY_V1 & set(data):
         raise ConfigReadError("a LLaMA-Factory v1 config (model / dist_config / kernel_config, for its v1 trainer) is not read "

@@ -83,9 +83,11 @@ class Combined:
         if "strategy" not in self.chosen or (self.value("strategy") == "ddp" and world == 1):
             zero0 = " (ZeRO stage 0 is plain data parallelism)" if "_zero0" in self.chosen else ""
             launcher = self.readings[0].multi_process if self.readings else "ddp"
-            word = launcher if world > 1 else "single"
+            # one process of a sharded recipe that offloads (torchtune's fsdp_cpu_offload) still runs under FSDP
+            offloaded = launcher.startswith("fsdp") and self.value("offload_params", False)
+            word = launcher if world > 1 or offloaded else "single"
             why = f"{world} process(es) without FSDP or ZeRO sharding{zero0}" if word in ("ddp", "single") else \
-                f"{world} processes of {self.readings[0].format}'s distributed recipe ({word})"
+                f"{world} process{'es' if world > 1 else ''} of {self.readings[0].format}'s distributed recipe ({word})"
             self.chosen["strategy"] = Setting(field="strategy", value=word, assumed=True, source=why)
         out = {f: s.value for f, s in self.chosen.items() if not f.startswith("_")}
         if "_train_batch_size" in self.chosen:

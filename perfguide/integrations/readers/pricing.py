@@ -23,6 +23,10 @@ def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
     """Price the Setup the configs describe (defaults assumed and said), with the fit change when it does not fit."""
     assume_defaults(c, spec, hw)
     setup = setup_of(c)
+    if setup.attn_implementation == "sdpa" and not spec.supports_sdpa:   # named in a config: the load fails, as estimate says
+        from ...scenarios.rules_attention import sdpa_refused
+
+        raise InvalidSetupError(sdpa_refused(spec))
     price = Pricer(spec, hw, setup)
     memory = price.memory(setup)
     throughput = price.speed(setup)
@@ -51,6 +55,9 @@ def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
     if span and hw.gpu_count > 1:
         c.assume("num_gpus", hw.gpu_count, span)
     c.assume("num_gpus", 1, "one process (`python train.py`); pass --num-gpus N, or the accelerate config, for a launcher")
+    if not spec.supports_sdpa:   # e.g. Gemma 2's soft-capped scores: transformers loads eager (as estimate prices it)
+        c.assume("attn_implementation", "eager", f"{spec.name}'s transformers class refuses SDPA (_supports_sdpa = False) "
+                                                 "and loads eager by default")
     for field, value, why in _TRAINER_DEFAULTS:
         c.assume(field, value, why)
     sharded = str(c.value("strategy", "")).startswith(("zero", "fsdp"))

@@ -45,9 +45,13 @@ BUILDERS = {
     "qwen2_5_3b": "Qwen/Qwen2.5-3B", "qwen2_5_7b": "Qwen/Qwen2.5-7B", "qwen2_5_14b": "Qwen/Qwen2.5-14B", "qwen2_5_32b": "Qwen/Qwen2.5-32B",
     "qwen2_5_72b": "Qwen/Qwen2.5-72B", "qwen3_0_6b": "Qwen/Qwen3-0.6B", "qwen3_1_7b": "Qwen/Qwen3-1.7B", "qwen3_4b": "Qwen/Qwen3-4B",
     "qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "qwen3_32b": "Qwen/Qwen3-32B",
+    "llama3_3_70b": "meta-llama/Llama-3.3-70B-Instruct", "gemma_2b": "google/gemma-2b", "gemma_7b": "google/gemma-7b",
+    "gemma2_2b": "google/gemma-2-2b", "gemma2_9b": "google/gemma-2-9b", "gemma2_27b": "google/gemma-2-27b",
+    "mistral_7b": "mistralai/Mistral-7B-v0.1", "phi3_mini": "microsoft/Phi-3-mini-4k-instruct", "phi4_14b": "microsoft/phi-4",
 }
 OPTIMIZERS = {"torch.optim.adamw": "adamw_torch", "torch.optim.adam": "adamw_torch", "torch.optim.sgd": "sgd",
               "bitsandbytes.optim.pagedadamw8bit": "paged_adamw_8bit", "bitsandbytes.optim.adamw8bit": "adamw_bnb_8bit",
+              "bitsandbytes.optim.pagedadamw": "paged_adamw_32bit",
               "torchao.optim.adamw8bit": "adamw_torch_8bit", "torchao.optim.adamw4bit": "adamw_torch_4bit"}
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
 #: torchtune's LoRA module names -> the Hugging Face Linear names perfguide counts
@@ -67,6 +71,13 @@ def builder_model(component: str, where: str) -> tuple[str, str]:
 
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
+    if "policy_model" in data or "reward_and_value_model" in data:
+        raise ConfigReadError(f"{col.where('policy_model')}: a PPO recipe's config (a policy and a reward/value model) is not "
+                              "priced; perfguide check prices torchtune's fine-tuning configs (one model, one optimizer)")
+    if "optimizer" not in data:
+        raise ConfigReadError(f"{col.where('optimizer')} is missing: this torchtune config does not train (a generation or "
+                              "evaluation recipe's); perfguide check prices training configs: for generation, perfguide "
+                              "recommend MODEL --scenario infer_gpu_one")
     col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED))
     if data.get("dtype") is not None:  # torchtune casts the model to dtype and trains in it: no autocast, no fp32 master
         col.set("weights_dtype", choice(data["dtype"], col.where("dtype"), DTYPES), "dtype")
@@ -95,9 +106,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if data.get("fsdp_cpu_offload") is not None and as_bool(data["fsdp_cpu_offload"], col.where("fsdp_cpu_offload")):
         col.set("offload_params", True, "fsdp_cpu_offload")
         col.set("offload_optimizer", True, "fsdp_cpu_offload")
-    loss = str(_block(data, "loss").get("_component_", ""))
-    if "Chunked" in loss:
-        col.note(f"{col.where('loss._component_')}={loss.rsplit('.', 1)[-1]} keeps the logits in chunks; priced with full logits (an upper bound)")
+    _loss(str(_block(data, "loss").get("_component_", "")), col)
     reshard = data.get("fsdp_reshard_after_forward", True)
     col.multi_process = "fsdp" if as_bool(reshard, col.where("fsdp_reshard_after_forward")) else "fsdp_shard_grad_op"
 
@@ -138,6 +147,21 @@ def _optimizer(opt: Any, col: Collector) -> None:
     col.set("optimizer", name, "optimizer._component_")
     if row(name).bnb_8bit:   # the recipe instantiates bnb's class itself: no GlobalOptimManager override, 8-bit embedding state
         col.set("bnb_embedding_override", False, "optimizer._component_")
+
+
+def _loss(component: str, col: Collector) -> None:
+    """The recipe's loss: LinearCrossEntropyLoss (162 of torchtune's 168 training configs) is priced as torchtune's
+    own loop (techniques/torchtune_loss.py); CEWithChunkedOutputLoss the same, said with what it holds more; any other
+    loss with full logits, said."""
+    name = component.rsplit(".", 1)[-1]
+    where = col.where("loss._component_")
+    if name in ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss"):
+        col.set("trainer", "torchtune", "loss._component_")
+    if name == "CEWithChunkedOutputLoss":
+        col.note(f"{where}=CEWithChunkedOutputLoss is priced as LinearCrossEntropyLoss; it also keeps every chunk's 16-bit "
+                 "logits until the loss returns (2 B per logit more in eager)")
+    elif name and name != "LinearCrossEntropyLoss":
+        col.note(f"{where}={name} is priced on full logits (an upper bound for a chunked loss)")
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
