@@ -359,3 +359,35 @@ def throughput_rows_in(rows: ModuleType, ids: range) -> tuple[dict, dict[str, st
         every = list(csv.DictReader(f))
     return ({c.row_id: c for c in cases}, {r["row_id"]: why for r, why in skipped},
             [r for r in every if int(r["row_id"]) in ids], every)
+
+
+def live_storages(*given: Any) -> Any:
+    """A TorchDispatchMode that counts the bytes of every storage the dispatched ops create until it is freed
+    (``.live``, ``.peak``); views of the ``given`` tensors share their storage and are not counted. Built on call so
+    that torch is imported only by the tests that trace."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Live(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.live = self.peak = 0
+            self.sizes: dict[int, int] = {t.untyped_storage().data_ptr(): 0 for t in given}
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in self.sizes:
+                    storage = t.untyped_storage()
+                    self.sizes[storage.data_ptr()] = storage.nbytes()
+                    self.live += storage.nbytes()
+                    self.peak = max(self.peak, self.live)
+                    weakref.finalize(storage, self.free, storage.data_ptr())
+            return out
+
+        def free(self, key: int) -> None:
+            self.live -= self.sizes.pop(key, 0)
+
+    return Live()

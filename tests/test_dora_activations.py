@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import live_storages
 
 from perfguide import Setup
 from perfguide.memory.ledger import ledger
@@ -140,31 +141,8 @@ def test_dora_without_dropout_keeps_no_weight() -> None:
 def _norm_transient(use_dora: bool, dtype: Any, autocast: bool, fan_in: int, fan_out: int) -> int:
     """Peak minus end-of-forward live bytes of one adapted Linear's forward: storages the dispatched ops create, each
     counted until its storage is freed (weakref.finalize)."""
-    import weakref
-
     import torch
     from peft import LoraConfig, get_peft_model
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Live(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.live = self.peak = 0
-            self.sizes: dict[int, int] = {}
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in self.sizes and t.untyped_storage().nbytes():
-                    storage = t.untyped_storage()
-                    self.sizes[storage.data_ptr()] = storage.nbytes()
-                    self.live += storage.nbytes()
-                    self.peak = max(self.peak, self.live)
-                    weakref.finalize(storage, self.free, storage.data_ptr())
-            return out
-
-        def free(self, key: int) -> None:
-            self.live -= self.sizes.pop(key, 0)
 
     class One(torch.nn.Module):
         def __init__(self) -> None:
@@ -178,7 +156,7 @@ def _norm_transient(use_dora: bool, dtype: Any, autocast: bool, fan_in: int, fan
     model = get_peft_model(One().to(dtype), LoraConfig(r=8, target_modules=["lin"], use_dora=use_dora))
     model.train()
     x = torch.randn(4, 8, fan_in, dtype=dtype, requires_grad=True)
-    live = Live()
+    live = live_storages()
     with live, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         model(x)
     return live.peak - live.live

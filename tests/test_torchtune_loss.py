@@ -9,44 +9,18 @@ until it is freed."""
 
 from __future__ import annotations
 
-import weakref
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers import live_storages
 
 import perfguide
 from perfguide.techniques.torchtune_loss import CHUNKS, EAGER_PER_LOGIT, loss_bytes
 
 DATA = Path(__file__).parent / "data" / "check"
-
-
-class _Live(TorchDispatchMode):
-    """Bytes of the storages the dispatched ops create, each until freed; views of the ``given`` tensors (the model's
-    hidden states, the head weight, the labels) share their storage and are not counted."""
-
-    def __init__(self, *given: torch.Tensor) -> None:
-        super().__init__()
-        self.live = self.peak = 0
-        self.sizes: dict[int, int] = {t.untyped_storage().data_ptr(): 0 for t in given}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in self.sizes:
-                storage = t.untyped_storage()
-                self.sizes[storage.data_ptr()] = storage.nbytes()
-                self.live += storage.nbytes()
-                self.peak = max(self.peak, self.live)
-                weakref.finalize(storage, self._free, storage.data_ptr())
-        return out
-
-    def _free(self, key: int) -> None:
-        self.live -= self.sizes.pop(key, 0)
 
 
 def _linear_ce(b: int, s: int, h: int, vocab: int) -> int:
@@ -61,7 +35,7 @@ def _linear_ce(b: int, s: int, h: int, vocab: int) -> int:
         logits = F.linear(chunk, weight)
         return F.cross_entropy(logits.float(), labels, reduction="sum", ignore_index=-100)
 
-    live = _Live(hidden, weight, target)
+    live = live_storages(hidden, weight, target)
     with live:
         flat, labels = hidden.reshape(-1, h), target.reshape(-1)
         keep = torch.where(labels != -100)[0]
