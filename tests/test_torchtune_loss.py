@@ -74,3 +74,11 @@ def test_liger_is_refused_beside_torchtunes_loop() -> None:
     with pytest.raises(perfguide.PerfGuideError, match="torchtune's recipes run neither Liger"):
         perfguide.estimate("meta-llama/Llama-3.2-1B", {"micro_batch_size": 1, "seq_len": 512, "trainer": "torchtune",
                                                        "liger_kernel": True}, hardware="rtx4090")
+
+
+def test_a_torchtune_plan_says_its_outputs_are_not_torchtunes() -> None:
+    """recommend(trainer='torchtune') prices torchtune's loop, but the files a plan writes are Hugging Face's: the plan
+    says so rather than hand a torchtune user TrainingArguments as if they ran that loop."""
+    rec = perfguide.recommend("meta-llama/Llama-3.2-1B", "train_gpu_one", hardware="rtx4090", trainer="torchtune")
+    assert rec.setup.trainer == "torchtune" and not rec.setup.liger_kernel
+    assert any(w.startswith("trainer='torchtune'") and "torchtune config" in w for w in rec.warnings)

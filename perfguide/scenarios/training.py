@@ -188,6 +188,10 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
 
     result = run(mode)
     warnings = list(prec.warnings)
+    if cons.trainer == "torchtune":   # priced as torchtune's loop; the outputs this plan writes are HF's
+        warnings.append("trainer='torchtune': priced as a torchtune recipe runs (LinearCrossEntropyLoss); "
+                        "training_args() and the accelerate / DeepSpeed files are Hugging Face's and do not run it: set "
+                        "these values in your torchtune config (perfguide check CONFIG writes them in its keys)")
     def alternative(kind: str) -> SearchResult:
         """An adapter alternative the forced layout cannot run is simply not offered (the asked mode raised already)."""
         try:
