@@ -305,3 +305,20 @@ def test_gemma2_attention_follows_its_transformers_class(tmp_path: Path) -> None
                                 "model_init_kwargs": {"attn_implementation": "sdpa"}}), encoding="utf-8")
     with pytest.raises(perfguide.PerfGuideError, match="refused by google/gemma-2-2b's transformers class"):
         perfguide.check("google/gemma-2-2b", path, hardware="a100-80gb", seq_len=1024)
+
+
+def test_accelerate_context_parallelism_is_said_not_priced_and_tensor_parallelism_refused(tmp_path: Path) -> None:
+    """TRL's context_parallel_2gpu.yaml sets accelerate's parallelism_config cp_size 2: the sequence is split over the
+    two ranks, which the check does not price. It used to list the key as "read, not priced (no effect on memory or
+    speed)"; it now says that each GPU is priced with the whole sequence (an upper bound). A tp_size above 1 splits the
+    weights, which the check cannot price at all: refused in one line."""
+    cp = DATA / "trl_context_parallel_2gpu.yaml"
+    assert load(cp.name)["parallelism_config"]["parallelism_config_cp_size"] == 2   # the premise
+    c = perfguide.check(config=[DATA / "trl_example_config.yaml", cp], hardware="h100-80gb:8")
+    assert not any("parallelism_config" in k for k in c.ignored)
+    assert any("parallelism_config_cp_size=2 (context parallelism) is not priced" in n for n in c.notes)
+    tp = tmp_path / "tp.yaml"
+    tp.write_text(yaml.safe_dump({**{k: v for k, v in load(cp.name).items()},
+                                  "parallelism_config": {"parallelism_config_tp_size": 2}}), encoding="utf-8")
+    with pytest.raises(perfguide.PerfGuideError, match="tensor-parallel training is not priced"):
+        perfguide.check(config=[DATA / "trl_example_config.yaml", tp], hardware="h100-80gb:8")

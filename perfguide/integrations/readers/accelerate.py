@@ -45,7 +45,7 @@ FSDP_KEYS = ("fsdp_version", "fsdp_reshard_after_forward", "fsdp_sharding_strate
 
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.reject(sorted(k for k in data if k not in KEYS), KEYS)
-    col.ignore(*sorted(k for k in data if k in KEYS and k not in PRICED))
+    col.ignore(*sorted(k for k in data if k in KEYS and k not in PRICED and not (k == "parallelism_config" and _split(data, col))))
     if "distributed_type" not in data:
         raise ConfigReadError(f"{col.source} has no distributed_type; accelerate requires it (NO, MULTI_GPU, FSDP, DEEPSPEED, MULTI_CPU)")
     device, strategy = choice(data["distributed_type"], col.where("distributed_type"), DISTRIBUTED)
@@ -71,6 +71,26 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         _fsdp(mapping(data.get("fsdp_config"), col.where("fsdp_config")), col)
     elif strategy == "deepspeed":
         _deepspeed(mapping(data.get("deepspeed_config"), col.where("deepspeed_config")), col, base_dir)
+
+
+def _split(data: dict[str, Any], col: Collector) -> bool:
+    """accelerate's ParallelismConfig (``parallelism_config_<dim>_size``): tensor parallelism splits the weights, which
+    the check cannot price, so it is refused; context / sequence parallelism split the sequence over the ranks, which
+    it does not price either: said in the notes (every GPU priced with the whole sequence, an upper bound on the
+    activations, without the ranks' exchange). True when a split is set (the key then has an effect)."""
+    cfg = mapping(data.get("parallelism_config") or {}, col.where("parallelism_config"))
+    sizes = {dim: as_int(cfg.get(f"parallelism_config_{dim}_size", 1), col.where(f"parallelism_config.parallelism_config_{dim}_size"))
+             for dim in ("tp", "cp", "sp")}
+    if sizes["tp"] > 1:
+        raise ConfigReadError(f"{col.where('parallelism_config.parallelism_config_tp_size')}={sizes['tp']}: tensor-parallel "
+                              "training is not priced (the check prices data-parallel, FSDP and ZeRO layouts); drop it to check "
+                              "the layout without TP")
+    split = {dim: n for dim, n in sizes.items() if dim != "tp" and n > 1}
+    for dim, n in split.items():
+        col.note(f"{col.where(f'parallelism_config.parallelism_config_{dim}_size')}={n} ({'context' if dim == 'cp' else 'sequence'} "
+                 f"parallelism) is not priced: each GPU is priced with the whole sequence (its activations an upper bound, "
+                 f"about {n}x) and without the exchange between the {n} ranks")
+    return bool(split)
 
 
 def _fsdp(cfg: dict[str, Any], col: Collector) -> None:
