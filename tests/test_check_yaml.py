@@ -322,3 +322,14 @@ def test_accelerate_context_parallelism_is_said_not_priced_and_tensor_parallelis
                                   "parallelism_config": {"parallelism_config_tp_size": 2}}), encoding="utf-8")
     with pytest.raises(perfguide.PerfGuideError, match="tensor-parallel training is not priced"):
         perfguide.check(config=[DATA / "trl_example_config.yaml", tp], hardware="h100-80gb:8")
+
+
+def test_axolotls_nousresearch_base_models_resolve_offline() -> None:
+    """axolotl's examples name NousResearch's ungated re-uploads of Meta's checkpoints (the same config.json): offline,
+    the catalog resolves them as Meta's, so the example checks as written, and prices as the Meta id does."""
+    assert load("axolotl_lora-1b.yml")["base_model"] == "NousResearch/Llama-3.2-1B"   # the premise
+    c = perfguide.check(config=DATA / "axolotl_lora-1b.yml", hardware="rtx4090")
+    meta = perfguide.check("meta-llama/Llama-3.2-1B", DATA / "axolotl_lora-1b.yml", hardware="rtx4090")
+    assert c.model == "NousResearch/Llama-3.2-1B" and c.memory == meta.memory
+    for alias, meta_id in (("NousResearch/Meta-Llama-3.1-8B", "meta-llama/Llama-3.1-8B"), ("NousResearch/Llama-2-7b-hf", "meta-llama/Llama-2-7b-hf")):
+        assert perfguide.ModelSpec.from_any(alias).total_params == perfguide.ModelSpec.from_any(meta_id).total_params
