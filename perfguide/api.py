@@ -203,15 +203,11 @@ def _check_setup_fits_machine(setup: Setup, hw: Hardware) -> None:
     if setup.device == "cuda" and setup.num_gpus > hw.gpu_count:
         raise InvalidSetupError(f"setup num_gpus={setup.num_gpus} but {where} has {hw.gpu_count} GPU(s) per node; "
                                 f"use num_gpus <= {hw.gpu_count}, or hardware='NAME:{setup.num_gpus}'")
-    gpu = hw.smallest_gpu
-    if setup.device == "cuda" and gpu is not None:   # a kernel the card lacks does not run at all (fp8 matmuls on an A100)
-        from . import techniques
+    from . import techniques
 
-        for t in techniques.active(setup):
-            need = t.requires.gpu_capability
-            if need and not getattr(gpu, need):
-                raise InvalidSetupError(f"{t.name} needs {need.replace('supports_', '')} on the GPU and {gpu.name} lacks it, so "
-                                        f"this setup does not run there: drop {t.name}, or use a GPU that has it")
+    for t in techniques.active(setup):   # a kernel the card lacks does not run at all (fp8 matmuls on an A100)
+        if (missing := t.missing_capability(setup, hw.smallest_gpu)) is not None:
+            raise InvalidSetupError(f"{missing}, so this setup does not run there: drop {t.name}, or use a GPU that has it")
 
 
 def _target_len_refused(spec: ModelSpec, target_len: int | None) -> str | None:

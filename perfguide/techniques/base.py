@@ -135,13 +135,17 @@ class Technique:
 
     def why_not(self, setup: Setup, hardware: Hardware | None = None, model: ModelSpec | None = None) -> str | None:
         """Why the technique cannot run for ``setup`` on ``hardware`` (None: it can)."""
-        req = self.requires
         problem = self._device_or_task(setup)
         if problem:
             return problem
-        gpu = hardware.smallest_gpu if hardware is not None else None
-        if req.gpu_capability and setup.device == "cuda" and gpu is not None and not getattr(gpu, req.gpu_capability):
-            return f"{self.name} needs {req.gpu_capability.replace('supports_', '')} on the GPU; {gpu.name} lacks it"
+        return self.missing_capability(setup, hardware.smallest_gpu if hardware is not None else None)
+
+    def missing_capability(self, setup: Setup, gpu: Any) -> str | None:
+        """The GPU property the technique needs and ``gpu`` lacks (fp8 matmuls on an A100): such a setup does not run
+        there at all, so estimate and check both refuse it (None: the card has it, or no card is named)."""
+        need = self.requires.gpu_capability
+        if need and setup.device == "cuda" and gpu is not None and not getattr(gpu, need):
+            return f"{self.name} needs {need.replace('supports_', '')} on the GPU and {gpu.name} lacks it"
         return None
 
     def implied(self, fields: dict[str, Any]) -> dict[str, Any]:

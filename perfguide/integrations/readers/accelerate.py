@@ -12,7 +12,7 @@ from typing import Any
 
 from ..._packages import installed_release
 from ...memory.loss_path import version_tuple
-from .base import Collector, ConfigReadError, as_bool, as_int, choice, mapping
+from .base import Collector, ConfigReadError, as_bool, as_int, choice, mapping, switched_on
 from .deepspeed import _OFFLOAD, deepspeed_overlap_default, merge_into
 from .deepspeed import load as load_deepspeed
 from .deepspeed import read as read_deepspeed
@@ -49,7 +49,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if "distributed_type" not in data:
         raise ConfigReadError(f"{col.source} has no distributed_type; accelerate requires it (NO, MULTI_GPU, FSDP, DEEPSPEED, MULTI_CPU)")
     device, strategy = choice(data["distributed_type"], col.where("distributed_type"), DISTRIBUTED)
-    if data.get("use_cpu") is not None and as_bool(data["use_cpu"], col.where("use_cpu")):
+    if switched_on(data, "use_cpu", col):
         device = "cpu"
     col.set("device", device, "use_cpu" if data.get("use_cpu") else "distributed_type")
     machines = as_int(data.get("num_machines", 1), col.where("num_machines"))

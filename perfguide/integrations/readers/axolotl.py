@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, listing, mapping, set_kbit_dtypes
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, listing, mapping, set_kbit_dtypes, switched_on
 from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
 from .training_args import read_fsdp
 
@@ -68,7 +68,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     if data.get("activation_offloading") not in (None, False):
         col.set("activation_offloading", True, "activation_offloading")
     _attention(data, col)
-    if data.get("sample_packing") is not None and as_bool(data["sample_packing"], col.where("sample_packing")):
+    if switched_on(data, "sample_packing", col):
         col.set("padding_free", True, "sample_packing")
     if any("liger" in p.lower() for p in plugins) and data.get("liger_fused_linear_cross_entropy"):
         col.set("liger_kernel", True, "liger_fused_linear_cross_entropy")
@@ -120,7 +120,7 @@ def _batch(data: dict[str, Any], col: Collector) -> None:
 
 
 def _precision(data: dict[str, Any], col: Collector) -> None:
-    fp16 = data.get("fp16") is not None and as_bool(data["fp16"], col.where("fp16"))
+    fp16 = switched_on(data, "fp16", col)
     bf16_raw = data.get("bf16", "auto")
     bf16 = (not fp16) if bf16_raw == "auto" else bf16_raw not in (None, False) and (bf16_raw == "full" or as_bool(bf16_raw, col.where("bf16")))
     key = "bf16" if "bf16" in data else "bf16 (axolotl default: auto)"
@@ -130,7 +130,7 @@ def _precision(data: dict[str, Any], col: Collector) -> None:
         col.set("autocast", "bf16", key)
     elif fp16:
         col.set("autocast", "fp16", "fp16")
-    if data.get("fp8") is not None and as_bool(data["fp8"], col.where("fp8")):   # utils/trainer.py: ACCELERATE_MIXED_PRECISION
+    if switched_on(data, "fp8", col):   # utils/trainer.py: ACCELERATE_MIXED_PRECISION
         col.set("autocast", "fp8", "fp8")   # = fp8, accelerate's torchao Float8Linear; the weights keep the bf16 load dtype
     # resolve_dtype: the load dtype follows the precision switches (8-bit loading implies float16); DeepSpeed then keeps
     # fp32 masters whatever the load dtype, which the check assumes when no dtype is set

@@ -146,6 +146,11 @@ def as_bool(value: Any, where: str) -> bool:
     raise ConfigReadError(f"{where} must be true or false, got {value!r}")
 
 
+def switched_on(data: Mapping[str, Any], key: str, col: Collector) -> bool:
+    """A boolean key of the file that is present and true (absent or null: off)."""
+    return data.get(key) is not None and as_bool(data[key], col.where(key))
+
+
 def as_int(value: Any, where: str, low: int = 1) -> int:
     if isinstance(value, bool):
         raise ConfigReadError(f"{where} must be an integer >= {low}, got {value!r}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes, switched_on
 from .foreign_keys import LLAMAFACTORY
 from .hf_keys import REMOVED, SEQ2SEQ
 from .training_args import KNOWN as TA_KNOWN
@@ -40,8 +40,8 @@ LAUNCH = ("llamafactory-cli train starts torchrun over every visible GPU when th
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.spans_gpus = LAUNCH
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
-    stage = next((k for k in ("do_predict", "do_eval") if data.get(k) is not None and as_bool(data[k], col.where(k))), None)
-    if stage and not (data.get("do_train") is not None and as_bool(data["do_train"], col.where("do_train"))):
+    stage = next((k for k in ("do_predict", "do_eval") if switched_on(data, k, col)), None)
+    if stage and not switched_on(data, "do_train", col):
         raise ConfigReadError(f"{col.where(stage)} without do_train: this LLaMA-Factory config evaluates or generates, it does not "
                               "train (its workflows call trainer.train() only with do_train); perfguide check prices training "
                               "configs and serve commands: for generation, perfguide recommend MODEL --scenario infer_gpu_one")
@@ -50,8 +50,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     col.ignore(*sorted(k for k in ours if k not in PRICED))
     read_training_args({k: v for k, v in data.items() if k in hf}, col, sft=False, base_dir=base_dir)
     col.settings = [s for s in col.settings if not (s.assumed and s.field == "gradient_checkpointing")]
-    ckpt_off = data.get("disable_gradient_checkpointing") is not None and as_bool(data["disable_gradient_checkpointing"],
-                                                                                 col.where("disable_gradient_checkpointing"))
+    ckpt_off = switched_on(data, "disable_gradient_checkpointing", col)
     if "disable_gradient_checkpointing" in data:
         col.set("gradient_checkpointing", not ckpt_off, "disable_gradient_checkpointing")
     else:
@@ -66,7 +65,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         raise ConfigReadError(f"{col.where('finetuning_type')}={kind!r} is not priced; accepted: lora, full")
     _weights(data, col, kind)
     _low_rank_optimizer(data, col)
-    if data.get("fp8") is not None and as_bool(data["fp8"], col.where("fp8")):   # train/fp8_utils.py: accelerate's fp8
+    if switched_on(data, "fp8", col):   # train/fp8_utils.py: accelerate's fp8
         col.set("autocast", "fp8", "fp8")   # (torchao Float8Linear by default, Transformer Engine with fp8_backend te)
     if kind == "lora":
         rank = as_int(data.get("lora_rank", 8), col.where("lora_rank"))
@@ -122,14 +121,14 @@ def _low_rank_optimizer(data: dict[str, Any], col: Collector) -> None:
     layer when ``*_layerwise``; a rank other than the priced one is said in the notes."""
     for family in _LOW_RANK:
         flag = f"use_{family}"
-        if data.get(flag) is None or not as_bool(data[flag], col.where(flag)):
+        if not switched_on(data, flag, col):
             continue
         optim = str(data.get("optim", "adamw_torch"))
-        base = _LOW_RANK[family].get("adamw_torch" if optim == "adamw_torch_fused" else optim)
+        base = _LOW_RANK[family].get(optim)
         if base is None:
             raise ConfigReadError(f"{col.where(flag)} with optim={optim!r}: LLaMA-Factory builds {family} only over "
                                   f"{', '.join(_LOW_RANK[family])} (train/trainer_utils.py raises NotImplementedError)")
-        layerwise = data.get(f"{family}_layerwise") is not None and as_bool(data[f"{family}_layerwise"], col.where(f"{family}_layerwise"))
+        layerwise = switched_on(data, f"{family}_layerwise", col)
         col.set("optimizer", base + ("_layerwise" if layerwise else ""), flag)
         if layerwise:
             col.set("optimizer_in_backward", True, f"{family}_layerwise (a post-accumulate-grad hook steps each parameter)")

@@ -244,16 +244,13 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
     sequences (halving max_num_seqs: vLLM profiles its sampler over that many rows of the vocabulary) and the smallest
     larger tensor-parallel size; when no one of them is enough, the most sequences at the longest length that starts
     (the lengths halving from the command's own), with CUDA graphs and, where that holds more sequences, in eager mode."""
-    def first_fit_from(base: ServingSetup, field: str, values: Iterable[object]) -> list[ServingSetup]:
+    def first_fit(base: ServingSetup, field: str, values: Iterable[object]) -> list[ServingSetup]:
         """The first value of ``field`` (in order) at which ``base`` starts, or none."""
         for value in values:
             new = base.model_copy(update={field: value})
             if price(engine, spec, new, hw).fits:
                 return [new]
         return []
-
-    def first_fit(field: str, values: Iterable[object]) -> list[ServingSetup]:
-        return first_fit_from(s, field, values)
 
     def halving(start: int, floor: int) -> Iterator[int]:
         while start >= floor:
@@ -262,15 +259,15 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
 
     tps = itertools.takewhile(lambda tp: tp * s.pipeline_parallel_size * s.data_parallel_size <= hw.gpu_count
                               and spec.num_attention_heads % tp == 0, (s.tensor_parallel_size * 2 ** k for k in itertools.count(1)))
-    found = [*first_fit("max_model_len", halving(s.max_model_len // 2, 256)),
+    found = [*first_fit(s, "max_model_len", halving(s.max_model_len // 2, 256)),
              # no CUDA graphs captured: their memory goes to the KV cache (vLLM 0.21+ sizes it in)
-             *(first_fit("enforce_eager", (True,)) if not s.enforce_eager else []),
-             *first_fit("max_num_seqs", halving(s.max_num_seqs // 2, 1)),
-             *first_fit("tensor_parallel_size", tps)]
+             *(first_fit(s, "enforce_eager", (True,)) if not s.enforce_eager else []),
+             *first_fit(s, "max_num_seqs", halving(s.max_num_seqs // 2, 1)),
+             *first_fit(s, "tensor_parallel_size", tps)]
     if not found:   # no one change is enough: the most sequences at the longest length that starts, with CUDA
         for length in halving(s.max_model_len, 256):   # graphs and (where that holds more sequences) in eager mode
             hits = [hit for eager in dict.fromkeys((s.enforce_eager, True))
-                    for hit in first_fit_from(s.model_copy(update={"max_model_len": length, "enforce_eager": eager}),
+                    for hit in first_fit(s.model_copy(update={"max_model_len": length, "enforce_eager": eager}),
                                               "max_num_seqs", halving(s.max_num_seqs, 1))]
             found = [h for i, h in enumerate(hits) if i == 0 or h.max_num_seqs > hits[0].max_num_seqs]
             if found:

@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ...optimizer_facts import row
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes, switched_on
 
 FORMAT = "torchtune"
 SYNTAX = "yaml"
@@ -103,7 +103,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         if data.get(key) is not None:
             col.set(field, as_bool(data[key], col.where(key)), key)
     _optimizer(data.get("optimizer"), col)
-    if data.get("fsdp_cpu_offload") is not None and as_bool(data["fsdp_cpu_offload"], col.where("fsdp_cpu_offload")):
+    if switched_on(data, "fsdp_cpu_offload", col):
         col.set("offload_params", True, "fsdp_cpu_offload")
         col.set("offload_optimizer", True, "fsdp_cpu_offload")
     _loss(str(_block(data, "loss").get("_component_", "")), col)

@@ -12,7 +12,7 @@ from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
 from ...optimizer_facts import steps_in_backward
-from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, set_kbit_dtypes
+from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, set_kbit_dtypes, switched_on
 from .hf_keys import DPO_CONFIG, MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
 
 FORMAT = "training_args"
@@ -103,7 +103,7 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
             col.set(field, as_bool(data[src], col.where(src)), src)
     if data.get("dataloader_num_workers") is not None:
         col.set("dataloader_num_workers", as_int(data["dataloader_num_workers"], col.where("dataloader_num_workers"), 0), "dataloader_num_workers")
-    if data.get("use_cpu") is not None and as_bool(data["use_cpu"], col.where("use_cpu")):
+    if switched_on(data, "use_cpu", col):
         col.set("device", "cpu", "use_cpu")
     if sft:
         _sft(data, defaults, col)
