@@ -71,7 +71,7 @@ def test_a_torchtune_config_is_priced_as_its_own_loss() -> None:
 
 
 def test_liger_is_refused_beside_torchtunes_loop() -> None:
-    with pytest.raises(perfguide.PerfGuideError, match="torchtune's recipes run neither Liger"):
+    with pytest.raises(perfguide.PerfGuideError, match="liger_kernel runs under the transformers / trl training loop, not trainer='torchtune'"):
         perfguide.estimate("meta-llama/Llama-3.2-1B", {"micro_batch_size": 1, "seq_len": 512, "trainer": "torchtune",
                                                        "liger_kernel": True}, hardware="rtx4090")
 

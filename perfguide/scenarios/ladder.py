@@ -15,6 +15,7 @@ from ..model.types import ModelSpec
 from ..optimizer_facts import steps_in_backward
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from ..techniques import LadderContext, Rung
+from ..techniques.torchtune_loss import as_recipe_runs
 
 
 def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_half_allowed: bool, *, finetune: str,
@@ -28,7 +29,7 @@ def training_rungs(base: Setup, autocast: str | None, half: str | None, pure_hal
                         finetune=finetune, lora=lora, optimizer=optimizer, checkpointing=checkpointing,
                         model=model, hardware=hardware, wants=dict(wants or {}))
     rungs = in_backward_only(ctx) if steps_in_backward(optimizer) else techniques.ladder(ctx)
-    rungs = honour_switches(runnable(master_weights_filter(rungs, ctx), ctx), ctx)
+    rungs = honour_switches(as_the_loop_runs(runnable(master_weights_filter(rungs, ctx), ctx)), ctx)
     if base.world_size == 1 and ctx.wants.get("strategy") not in (None, "single"):
         # one GPU, a sharding strategy asked for: the scenario crosses the semantics rungs with that strategy's layouts
         # (strategies.layout_search: without offload and offloaded), so the rungs that come laid out already are dropped
@@ -94,6 +95,15 @@ def _switch_context(ctx: LadderContext) -> str:
     model = ctx.model.model_type if ctx.model is not None else "this model"
     return (f"finetune={ctx.finetune!r}, precision {ctx.autocast or 'fp32'}, {ctx.base.world_size} process(es), "
             f"model type {model!r}")
+
+
+def as_the_loop_runs(rungs: list[Rung]) -> list[Rung]:
+    """Each template as its training loop runs it: a torchtune recipe trains in one dtype with no autocast, so its
+    rungs are pure bf16 (or fp32) and AMP over fp32 masters is dropped (techniques/torchtune_loss.py); the Hugging
+    Face loops run every template as it is."""
+    kept = [Rung(r.name, r.tradeoff, tuple(dict.fromkeys(t for t in map(as_recipe_runs, r.templates) if t is not None)), r.order)
+            for r in rungs]
+    return [r for r in kept if r.templates]
 
 
 def runnable(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:

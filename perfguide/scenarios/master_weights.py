@@ -14,6 +14,7 @@ from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..setup import Setup
 from ..techniques.precision import BF16_RECIPE, BF16_UPDATE_PAPER, FSDP2_UPCAST, pure_half
+from ..techniques.torchtune_loss import TORCHTUNE_DTYPE
 from .search import Priced, gib, price, usable_bytes
 from .strategies import layout_of, pure_half_unsupported
 from .types import Request
@@ -53,7 +54,7 @@ def master_weights_decision(request: Request, chosen: Priced) -> list[Decision]:
     other_setup, why = _other(s)
     other = price(request.model, other_setup, request.hardware, request.calibration) if other_setup is not None else None
     asked = request.constraints.master_weights
-    head = f"master_weights={asked!r} was requested" if asked else (
+    head = f"master_weights={asked!r} was requested" if asked else TORCHTUNE_DTYPE if s.trainer == "torchtune" else (
         "fp32 masters are the reference semantics and fit" if value == "fp32" else
         "no fp32-master setup of the rungs before pure bf16 fits")  # a later rung's may: the ladder tries pure bf16 first
     alts: tuple[Alternative, ...] = ()

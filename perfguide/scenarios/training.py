@@ -13,10 +13,12 @@ from .. import sources, techniques
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import GPU, Hardware
+from ..memory.ledger import adapter_bytes
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
 from ..speed.training import merged_expert_seconds
+from ..techniques.torchtune_loss import TORCHTUNE_DTYPE
 from .bnb_gate import quantization_runs, runnable_rungs
 from .compile_choice import compile_choice
 from .dora_note import dora_note
@@ -287,7 +289,9 @@ def _weights_decision(result: SearchResult, chosen: Priced, asked: str | None = 
     s, m = chosen.setup, chosen.memory
     static = m.weights + m.gradients + m.optimizer_states
     if s.lora is not None:
-        reason = f"the frozen base is stored in {s.weights_dtype}; only the fp32 adapters train"
+        reason = f"the frozen base is stored in {s.weights_dtype}; only the {'16-bit' if adapter_bytes(s) == 2 else 'fp32'} adapters train"
+    elif s.trainer == "torchtune":
+        reason = f"{TORCHTUNE_DTYPE}: dtype {s.weights_dtype}"
     elif asked is not None:
         reason = (f"master_weights={asked!r} was requested: " + ("bf16 weights, grads and optimizer states (no fp32 copy)"
                   if s.weights_dtype == "bf16" else f"fp32 master weights, grads and optimizer states, autocast {s.autocast or 'off'}"))

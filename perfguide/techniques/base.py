@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from ..setup import LoraSpec, Setup
 
 
+#: the Hugging Face training loops (HF Trainer, TRL's trainers), which patch and collate for transformers' models
+HF_TRAINERS = ("transformers", "trl")
+
+
 @dataclass(frozen=True)
 class Requires:
     """When a technique can run at all; ``why_not`` turns a miss into one line."""
@@ -33,6 +37,9 @@ class Requires:
     conflicts: tuple[str, ...] = ()           # techniques it cannot be combined with
     finetune: tuple[str, ...] = ("full", "lora", "qlora")
     strategies: tuple[str, ...] | None = None  # the strategies it runs under (None: any)
+    #: the training loops it runs in (``Setup.trainer``): Liger, Cut Cross-Entropy and padding-free batches patch or
+    #: collate for Hugging Face's models and trainers, which a torchtune recipe does not run
+    trainers: tuple[str, ...] = ("transformers", "trl", "torchtune")
     #: True: a Setup that turns the technique on where the devices, tasks, fine-tuning or strategies above refuse
     #: it is invalid (Setup validation asks ``Technique.conflict``); False: they only say where the planner offers it
     binding: bool = False
@@ -131,6 +138,8 @@ class Technique:
             return f"{self.name} needs a {' or '.join(req.devices)} device, not {setup.device!r}"
         if setup.task not in req.tasks:
             return f"{self.name} applies to {' and '.join(req.tasks)}, not {setup.task!r}"
+        if setup.task == "train" and setup.trainer not in req.trainers:
+            return f"{self.name} runs under the {' / '.join(req.trainers)} training loop, not trainer={setup.trainer!r}"
         return None
 
     def why_not(self, setup: Setup, hardware: Hardware | None = None, model: ModelSpec | None = None) -> str | None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..memory.autocast_copies import head_cast_bytes
-from .base import EmitContext, LadderContext, Requires, Technique
+from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 from .liger_kernel import accumulating_head_grad_bytes
 
@@ -97,7 +97,7 @@ class CutCrossEntropy(Technique):
     summary = "Cut Cross-Entropy: the LM head and cross-entropy in Triton kernels that never write the logits"
     sources = SOURCES
     requires = Requires(devices=("cuda",), tasks=("train",), packages=("cut-cross-entropy",), gpu_capability="supports_bf16",
-                        binding=True)
+                        binding=True, trainers=HF_TRAINERS)
     order = 38   # after Liger (36) and TRL (37): the patched forward computes the loss the step runs
     label_order = 63
     axis = True

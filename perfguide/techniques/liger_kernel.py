@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..data.techniques import constant
-from .base import EmitContext, LadderContext, Requires, Technique
+from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 from .fused import chain_seconds_saved
 
@@ -54,7 +54,8 @@ class LigerKernel(Technique):
     fields = ("liger_kernel",)
     summary = "fused linear cross-entropy (no full logits) and fused RMSNorm/RoPE/SwiGLU Triton kernels"
     sources = SOURCES
-    requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",), binding=True)
+    requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",), binding=True,
+                        trainers=HF_TRAINERS)
     order = 36
     label_order = 62
     axis = True

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import EmitContext, LadderContext, Requires, Technique
+from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, StepShape
 
 SOURCES = (
@@ -34,7 +34,7 @@ class PaddingFree(Technique):
     fields = ("padding_free", "avg_seq_len")
     summary = "samples concatenated without padding; the step pays for real tokens only"
     sources = SOURCES
-    requires = Requires(tasks=("train",), binding=True)
+    requires = Requires(tasks=("train",), binding=True, trainers=HF_TRAINERS)
     order = 34
     label_order = 64
     axis = True

@@ -19,15 +19,22 @@ says when it reads one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .base import Requires, Technique
 from .effects import MemoryContext, MemoryTerms
+
+if TYPE_CHECKING:
+    from ..setup import Setup
 
 SOURCES = (
     "https://github.com/pytorch/torchtune/blob/main/torchtune/modules/loss/cross_entropy_loss.py (LinearCrossEntropyLoss)",
     "https://github.com/pytorch/torchtune/blob/main/recipes/full_finetune_single_device.py (loss.set_model_output, apply_compile_strategy)",
 )
+
+#: how a torchtune recipe holds its weights: said by the plans' weights and master-weights decisions
+TORCHTUNE_DTYPE = ("a torchtune recipe casts the model to its dtype and trains in it (training.set_default_dtype: no "
+                   "autocast, no fp32 master copy; its LoRA adapters are built in it too)")
 
 #: LinearCrossEntropyLoss's default ``num_output_chunks``
 CHUNKS = 8
@@ -51,12 +58,6 @@ class TorchtuneLoss(Technique):
     def off(self) -> dict[str, Any]:
         return {}   # the training loop is the user's, not a trade a plan makes
 
-    def conflict(self, setup: Any) -> str | None:
-        if self.active(setup) and (setup.liger_kernel or setup.cut_cross_entropy):
-            return self._refused("torchtune's recipes run neither Liger's kernels nor Cut Cross-Entropy (their loss is "
-                                 "LinearCrossEntropyLoss); set liger_kernel=False and cut_cross_entropy=False, or trainer='transformers'")
-        return super().conflict(setup)
-
     def memory(self, ctx: MemoryContext, terms: MemoryTerms) -> MemoryTerms:
         if not self.active(ctx.setup) or ctx.setup.task != "train":
             return terms
@@ -64,6 +65,27 @@ class TorchtuneLoss(Technique):
         note = (f"loss path priced for torchtune's LinearCrossEntropyLoss ({'compiled' if ctx.setup.torch_compile else 'eager'}, "
                 f"{CHUNKS} chunks): {path / 1e9:.2f} GB at its peak instead of {terms.logits / 1e9:.2f} GB for HF's full logits")
         return terms.changed(note, logits=path)
+
+
+def as_recipe_runs(s: Setup) -> Setup | None:
+    """``s`` as a torchtune recipe runs it, or None where no recipe config can say it. A recipe casts the model to
+    its ``dtype`` and trains in it (training.set_default_dtype, no autocast): pure bf16 or fp32, never fp32 masters
+    under bf16 autocast; its LoRA adapters are built in that dtype too, a QLoRA base gets no peft k-bit upcast and
+    a bitsandbytes optimizer is instantiated directly (no Trainer embedding override). TF32 is left at torch's
+    default (off), and its StatefulDataLoader loads in the main process without pinned memory (the recipes pass
+    no num_workers or pin_memory). ``enable_fp8_training`` (torchao float8 over the bf16 model) is its fp8."""
+    if s.task != "train" or s.trainer != "torchtune":
+        return s
+    if s.weights_dtype == "fp32" and s.autocast is not None:
+        return None
+    dtype = s.weights_dtype if s.weights_dtype in ("bf16", "fp16", "fp32") else "bf16"
+    changes: dict[str, Any] = {"autocast": "fp8" if s.autocast == "fp8" else None, "tf32": False, "bnb_embedding_override": False,
+                               "dataloader_num_workers": 0, "dataloader_pin_memory": False}
+    if s.lora is not None:
+        changes["lora"] = s.lora.model_copy(update={"adapter_dtype": dtype})
+    if s.quantized:
+        changes["kbit_upcast"] = False
+    return s.replace(**changes)
 
 
 def loss_bytes(spec: Any, shape: Any, compiled: bool) -> int:

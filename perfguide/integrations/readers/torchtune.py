@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ...optimizer_facts import row
 from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes, switched_on
 
 FORMAT = "torchtune"
@@ -33,7 +32,7 @@ KNOWN = frozenset((
     "teacher_model", "temperature", "tensor_parallel_dim", "tensor_parallel_plan", "tokenizer", "top_k", "value_checkpointer",
     "wait_steps", "warmup_steps", "whiten_rewards",
 ))
-PRICED = frozenset({"model", "tokenizer", "batch_size", "gradient_accumulation_steps", "dtype", "enable_activation_checkpointing",
+PRICED = frozenset({"model", "tokenizer", "batch_size", "gradient_accumulation_steps", "dtype", "enable_activation_checkpointing", "enable_fp8_training",
                     "enable_activation_offloading", "compile", "optimizer_in_bwd", "optimizer", "fsdp_cpu_offload",
                     "fsdp_reshard_after_forward", "device", "loss"})
 #: torchtune model builders (torchtune/models/<family>/_model_builders.py) -> the hub checkpoints they load
@@ -49,10 +48,19 @@ BUILDERS = {
     "gemma2_2b": "google/gemma-2-2b", "gemma2_9b": "google/gemma-2-9b", "gemma2_27b": "google/gemma-2-27b",
     "mistral_7b": "mistralai/Mistral-7B-v0.1", "phi3_mini": "microsoft/Phi-3-mini-4k-instruct", "phi4_14b": "microsoft/phi-4",
 }
-OPTIMIZERS = {"torch.optim.adamw": "adamw_torch", "torch.optim.adam": "adamw_torch", "torch.optim.sgd": "sgd",
-              "bitsandbytes.optim.pagedadamw8bit": "paged_adamw_8bit", "bitsandbytes.optim.adamw8bit": "adamw_bnb_8bit",
-              "bitsandbytes.optim.pagedadamw": "paged_adamw_32bit",
-              "torchao.optim.adamw8bit": "adamw_torch_8bit", "torchao.optim.adamw4bit": "adamw_torch_4bit"}
+#: optimizer classes as the configs spell them (the ``_component_`` torchtune imports) -> perfguide's names; the first
+#: class of each name is the one a written change names
+OPTIMIZER_CLASSES = {"torch.optim.AdamW": "adamw_torch", "torch.optim.Adam": "adamw_torch", "torch.optim.SGD": "sgd",
+                     "bitsandbytes.optim.PagedAdamW8bit": "paged_adamw_8bit", "bitsandbytes.optim.AdamW8bit": "adamw_bnb_8bit",
+                     "bitsandbytes.optim.PagedAdamW": "paged_adamw_32bit",
+                     "torchao.optim.AdamW8bit": "adamw_torch_8bit", "torchao.optim.AdamW4bit": "adamw_torch_4bit"}
+#: read case-blind (a config's ``torch.optim.adamw`` is not importable, but says what was meant)
+OPTIMIZERS = {k.lower(): v for k, v in OPTIMIZER_CLASSES.items()}
+#: losses of recipes that are not one model's fine-tuning step (DPO's reference, distillation's teacher, GRPO's
+#: generation): refused rather than priced as SFT
+OTHER_OBJECTIVES = {"DPOLoss": "a DPO recipe's (chosen and rejected rows, a reference model)",
+                    "GRPOSimpleLoss": "a GRPO recipe's (generation, a reference model)",
+                    "PPOLoss": "a PPO recipe's (a policy and a reward/value model)"}
 DTYPES = {"bf16": "bf16", "fp32": "fp32", "fp16": "fp16"}
 #: torchtune's LoRA module names -> the Hugging Face Linear names perfguide counts
 ATTN_MODULES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -71,9 +79,7 @@ def builder_model(component: str, where: str) -> tuple[str, str]:
 
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
-    if "policy_model" in data or "reward_and_value_model" in data:
-        raise ConfigReadError(f"{col.where('policy_model')}: a PPO recipe's config (a policy and a reward/value model) is not "
-                              "priced; perfguide check prices torchtune's fine-tuning configs (one model, one optimizer)")
+    _refuse_other_objectives(data, col)
     if "optimizer" not in data:
         raise ConfigReadError(f"{col.where('optimizer')} is missing: this torchtune config does not train (a generation or "
                               "evaluation recipe's); perfguide check prices training configs: for generation, perfguide "
@@ -107,8 +113,28 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         col.set("offload_params", True, "fsdp_cpu_offload")
         col.set("offload_optimizer", True, "fsdp_cpu_offload")
     _loss(str(_block(data, "loss").get("_component_", "")), col)
+    if switched_on(data, "enable_fp8_training", col):   # full_finetune_distributed: torchao convert_to_float8_training
+        col.set("autocast", "fp8", "enable_fp8_training")
+    # the recipes' StatefulDataLoader gets no num_workers or pin_memory: loaded in the main process, not pinned
+    col.assume("dataloader_pin_memory", False, "torchtune's recipes build their StatefulDataLoader without pin_memory")
     reshard = data.get("fsdp_reshard_after_forward", True)
     col.multi_process = "fsdp" if as_bool(reshard, col.where("fsdp_reshard_after_forward")) else "fsdp_shard_grad_op"
+
+
+def _refuse_other_objectives(data: dict[str, Any], col: Collector) -> None:
+    """PPO, DPO, GRPO and knowledge-distillation recipes run more than the one model a fine-tuning step prices."""
+    loss = str(_block(data, "loss").get("_component_", "")).rsplit(".", 1)[-1]
+    if "policy_model" in data or "reward_and_value_model" in data:
+        what, key = OTHER_OBJECTIVES["PPOLoss"], "policy_model"
+    elif loss in OTHER_OBJECTIVES:
+        what, key = OTHER_OBJECTIVES[loss], "loss._component_"
+    elif "teacher_model" in data or "kd_loss" in data:
+        what, key = "a knowledge-distillation recipe's (a teacher model beside the student)", "teacher_model"
+    else:
+        return
+    hint = "; for DPO, perfguide recommend MODEL --objective dpo prices TRL's DPOTrainer" if "DPO" in what else ""
+    raise ConfigReadError(f"{col.where(key)}: this is {what} config, which is not priced; perfguide check prices "
+                          f"torchtune's fine-tuning configs (one model, one optimizer, the next-token loss){hint}")
 
 
 def _block(data: dict[str, Any], key: str) -> dict[str, Any]:
@@ -145,8 +171,9 @@ def _optimizer(opt: Any, col: Collector) -> None:
     if name == "adamw_torch" and opt.get("fused"):
         name = "adamw_torch_fused"
     col.set("optimizer", name, "optimizer._component_")
-    if row(name).bnb_8bit:   # the recipe instantiates bnb's class itself: no GlobalOptimManager override, 8-bit embedding state
-        col.set("bnb_embedding_override", False, "optimizer._component_")
+    # the recipe instantiates the class itself: no GlobalOptimManager override (a bnb 8-bit optimizer keeps 8-bit
+    # embedding state), whatever the class
+    col.set("bnb_embedding_override", False, "optimizer._component_")
 
 
 def _loss(component: str, col: Collector) -> None:
@@ -171,7 +198,7 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
     simple = {"micro_batch_size": "batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps", "seq_len": "tokenizer.max_seq_len",
               "gradient_checkpointing": "enable_activation_checkpointing", "activation_offloading": "enable_activation_offloading",
               "torch_compile": "compile", "optimizer_in_backward": "optimizer_in_bwd"}
-    inverse = {v: k for k, v in OPTIMIZERS.items() if v != "adamw_torch" or k == "torch.optim.adamw"}
+    inverse = {v: k for k, v in reversed(OPTIMIZER_CLASSES.items())}
     for field, value in changes.items():
         if field in simple:
             keys[simple[field]] = value
@@ -179,10 +206,12 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys["dtype"] = value
         elif field == "optimizer" and (value in inverse or value == "adamw_torch_fused"):
             keys["optimizer._component_"] = "torch.optim.AdamW" if value == "adamw_torch_fused" else inverse[value]
-            if value.startswith("adamw_torch"):
+            if value in ("adamw_torch", "adamw_torch_fused"):   # torch's AdamW only: torchao's classes take no `fused`
                 keys["optimizer.fused"] = value == "adamw_torch_fused"
         elif field in ("offload_optimizer", "offload_params"):
             keys["fsdp_cpu_offload"] = value
+        elif field == "autocast" and value in ("fp8", None) and setup.trainer == "torchtune":
+            keys["enable_fp8_training"] = value == "fp8"   # None: the recipe's dtype is its compute, nothing else to write
         elif field == "lora" and value is not None:
             keys.update({"model.lora_rank": value["r"], "model.lora_alpha": value["alpha"]})
         else:
