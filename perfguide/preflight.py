@@ -48,9 +48,10 @@ def is_command(config: Any) -> bool:
     """A launch command (a string or argv list starting with a launcher), not a config file path."""
     import shlex
 
-    if isinstance(config, str) and not os.path.exists(config):
+    # a directory of the launcher's name is no config (`trl sft ...` run inside TRL's own checkout, which has trl/)
+    if isinstance(config, str) and not os.path.isfile(config):
         words = shlex.split(config) if config.strip() else []
-    elif isinstance(config, list) and config and all(isinstance(c, str) for c in config) and not os.path.exists(config[0]):
+    elif isinstance(config, list) and config and all(isinstance(c, str) for c in config) and not os.path.isfile(config[0]):
         words = config
     else:
         return False

@@ -60,8 +60,36 @@ def test_a_4bit_base_stays_16_bit_outside_its_linears() -> None:
     root = Path(trl.__file__).parent
     calls = [p.relative_to(root) for p in root.rglob("*.py") if "prepare_model_for_kbit_training(" in p.read_text(encoding="utf-8")]
     assert calls and all(str(c).startswith("experimental") for c in calls)
-    s = perfguide.check(None, ["trl", "sft", *ARGV, "--load_in_4bit"], hardware="a100-80gb:8").setup
+    s = perfguide.check(None, ["trl", "sft", *ARGV, "--load_in_4bit", "--dtype", "bfloat16"], hardware="a100-80gb:8").setup
     assert s.weights_dtype == "nf4" and s.kbit_upcast is False and not s.kbit_recast_bf16
+    s = perfguide.check(None, ["trl", "sft", *ARGV, "--load_in_4bit"], hardware="a100-80gb:8").setup
+    assert s.weights_dtype == "nf4" and s.kbit_upcast is True   # TRL's float32 load: the same bytes as peft's upcast
+
+
+def test_trl_scripts_load_the_model_in_modelconfigs_dtype() -> None:
+    """TRL's ModelConfig defaults dtype to "float32" (PR #4778, trl 0.27) and its sft script hands it to
+    from_pretrained, so `trl sft` without --dtype trains fp32 weights under bf16 autocast; it was priced at the
+    checkpoint's bf16 (transformers' dtype='auto'), about half the weights, gradients and AdamW states."""
+    import dataclasses
+    import inspect
+
+    import trl
+    from trl.scripts import sft
+
+    assert {f.name: f.default for f in dataclasses.fields(trl.ModelConfig)}["dtype"] == "float32"   # the premise
+    assert "dtype=model_args.dtype" in inspect.getsource(sft.main)
+    one = ["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--output_dir", "out"]   # one process: no sharded masters
+    read = {flags: perfguide.check(None, ["trl", "sft", *one, *flags], hardware="a100-80gb").setup.weights_dtype
+            for flags in ((), ("--dtype", "bfloat16"), ("--dtype", "auto"))}
+    assert read == {(): "fp32", ("--dtype", "bfloat16"): "bf16", ("--dtype", "auto"): "bf16"}   # Qwen2.5's checkpoint is bf16
+
+
+def test_a_trl_directory_in_the_working_directory_is_no_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TRL's docs run `trl sft ...` from a checkout of TRL, whose trl/ package directory was taken for a config path."""
+    (tmp_path / "trl").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert perfguide.check(None, ["trl", "sft", *ARGV], hardware="a100-80gb:8").setup.trainer == "trl"
+    assert perfguide.check(None, shlex.join(["trl", "sft", *ARGV]), hardware="a100-80gb:8").setup.trainer == "trl"
 
 
 def test_trl_dpo_command_prices_dpo() -> None:

@@ -107,7 +107,7 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
         col.set("device", "cpu", "use_cpu")
     if sft:
         _sft(data, defaults, col)
-    _model_config(data, col, dpo)
+    _model_config(data, col, dpo, trl_script=sft)
     read_fsdp(data.get("fsdp"), data.get("fsdp_config"), col)
     if data.get("deepspeed"):
         from . import deepspeed
@@ -186,10 +186,19 @@ def _sync_each_batch(accelerator_config: Any, col: Collector) -> bool | None:
     return as_bool(kwargs["sync_each_batch"], col.where("accelerator_config.gradient_accumulation_kwargs.sync_each_batch"))
 
 
-def _model_config(data: dict[str, Any], col: Collector, dpo: bool) -> None:
+#: the first TRL release whose ModelConfig loads in float32 unless told (trl/trainer/model_config.py, huggingface/trl
+#: PR #4778: dtype default "float32"; before, None left it to from_pretrained)
+TRL_FP32_LOAD = (0, 27)
+
+
+def _model_config(data: dict[str, Any], col: Collector, dpo: bool, trl_script: bool = False) -> None:
     """TRL ModelConfig keys: the model, its load dtype, attention, LoRA and bitsandbytes loading."""
     if data.get("model_name_or_path"):
         col.set_model(data["model_name_or_path"], "model_name_or_path")
+    fp32_load = trl_script and bool(data.get("model_name_or_path")) and data.get("dtype") is None and _trl_loads_fp32()
+    if fp32_load:   # TRL's scripts pass ModelConfig.dtype to from_pretrained (and as a 4-bit base's compute dtype)
+        col.assume("weights_dtype", "fp32", "TRL's ModelConfig dtype default 'float32' (trl >= 0.27, PR #4778), which "
+                                            "its sft / dpo scripts load the model in; pass --dtype bfloat16 for 16-bit weights")
     if data.get("dtype") not in (None, "auto"):
         col.set("weights_dtype", choice(data["dtype"], col.where("dtype"), DTYPE_WORDS), "dtype")
     if data.get("attn_implementation"):
@@ -215,7 +224,10 @@ def _model_config(data: dict[str, Any], col: Collector, dpo: bool) -> None:
         if cast:
             lora["adapter_dtype"] = "bf16"
         col.set("lora", lora, f"use_peft ({cast})" if cast else "use_peft")
-        if kbit:
+        if kbit and fp32_load:   # the float32 load leaves the embedding, head and norms fp32, as peft's upcast would
+            col.note(f"{col.where('load_in_4bit')}: the base's embedding, head and norms load in TRL's default float32 "
+                     "(no --dtype): priced fp32")
+        elif kbit:
             _trl_kbit_dtypes(data, col)
 
 
@@ -233,6 +245,14 @@ def _trl_adapter_cast(dpo: bool, use_dora: bool = False) -> str | None:
     if not trl_casts_adapters(release, dpo=dpo, use_dora=use_dora):
         return None
     return f"TRL {release or '(newest)'} casts a quantized model's trainable adapters to bf16"
+
+
+def _trl_loads_fp32() -> bool:
+    from ...memory.fused_head import installed_trl
+    from ...memory.loss_path import version_tuple
+
+    release = installed_trl()
+    return release is None or version_tuple(release)[:2] >= TRL_FP32_LOAD
 
 
 def _trl_kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
