@@ -145,3 +145,31 @@ def test_strategy_flags_parse_in_transformers(target: dict, expect_fsdp: bool, e
     flags = [tok for k, v in keys.items() for tok in ((k,) if v is True else (k, str(v)))]
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(["--output_dir", "out", "--use_cpu", *flags])
     assert bool(args.fsdp) is expect_fsdp and bool(args.deepspeed) is expect_ds
+
+
+def _installed_script(name: str) -> str:
+    import trl
+
+    return str(Path(trl.__file__).parent / "scripts" / name)
+
+
+def test_a_trl_script_launched_by_path_reads_as_trl_sft_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python trl/scripts/sft.py ...` (TRL's docs' other spelling) parses into SFTConfig and ModelConfig, as `trl sft`
+    does: it was read with TrainingArguments' defaults (no checkpointing, fp32 compute, 2,048 tokens), which for
+    Llama-2-7b int8 LoRA read 175 GiB, "does not fit". The script's classes are read from the installed script."""
+    from perfguide.integrations.readers import script_kind
+
+    assert {n: script_kind.config_class(_installed_script(n), "/") for n in ("sft.py", "dpo.py", "kto.py", "grpo.py")} == {
+        "sft.py": "SFTConfig", "dpo.py": "DPOConfig", "kto.py": "KTOConfig", "grpo.py": "GRPOConfig"}
+    one = ["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--output_dir", "out"]
+    by_cli = perfguide.check(None, ["trl", "sft", *one], hardware="a100-80gb").setup
+    by_path = perfguide.check(None, ["python", _installed_script("sft.py"), *one], hardware="a100-80gb").setup
+    assert by_path == by_cli and (by_path.gradient_checkpointing, by_path.autocast, by_path.seq_len) == (True, "bf16", 1024)
+    monkeypatch.chdir(tmp_path)   # not on disk: TRL's own script known by its path
+    assert perfguide.check(None, ["python", "trl/scripts/dpo.py", *one], hardware="a100-80gb").setup.objective == "dpo"
+
+
+def test_a_script_on_an_unpriced_trl_objective_is_refused() -> None:
+    with pytest.raises(PerfGuideError, match="parses its flags into KTOConfig, a training objective perfguide does not price") as exc:
+        perfguide.check(None, ["python", _installed_script("kto.py"), "--model_name_or_path", "Qwen/Qwen2.5-0.5B"], hardware="a100-80gb")
+    assert "\n" not in str(exc.value)

@@ -98,7 +98,7 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     accelerate config file the launcher names."""
     import shlex
 
-    from . import launcher, script_flags
+    from . import launcher, script_flags, script_kind
 
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
     base_dir = str(Path.cwd())
@@ -110,9 +110,11 @@ def read_command(argv: list[str] | str) -> list[Reading]:
         from . import tool_commands
 
         return tool_commands.read(words, base_dir)
-    name, flags, script_args = launcher.split(words)
-    script = Collector("script_flags", "script flags")
-    script_flags.read(script_flags.parse(script_args), script, base_dir=base_dir)
+    name, flags, path, script_args = launcher.split(words)
+    cls = script_kind.config_class(path, base_dir)
+    script_kind.check_priced(path, cls)
+    script = Collector("script_flags", "script flags" if cls is None else f"script flags ({cls})")
+    script_flags.read(script_flags.parse(script_args), script, base_dir=base_dir, args_class=cls)
     outer = Collector("launcher", f"{name} flags")
     extra = launcher.read_launcher(name, flags, outer, base_dir)
     return [script.reading(), outer.reading(), *extra]

@@ -21,8 +21,8 @@ SWITCHES = frozenset({"multi_gpu", "use_deepspeed", "use_fsdp", "use_cpu", "cpu"
 PYTHONS = ("python", "python3")
 
 
-def split(argv: list[str]) -> tuple[str, dict[str, Any], list[str]]:
-    """(launcher, its flags, the script's own arguments after the script path)."""
+def split(argv: list[str]) -> tuple[str, dict[str, Any], str, list[str]]:
+    """(launcher, its flags, the script path, the script's own arguments after it)."""
     words = list(argv)
     if words and words[0].rsplit("/", 1)[-1] in PYTHONS and words[1:3] and words[1] == "-m":
         module = words[2]
@@ -42,7 +42,7 @@ def split(argv: list[str]) -> tuple[str, dict[str, Any], list[str]]:
     flags, i = take_flags(words, lambda w: w.lstrip("-").replace("-", "_"), SWITCHES)
     if i >= len(words):
         raise ConfigReadError(f"the {name} command names no script to run")
-    return name, flags, words[i + 1:]
+    return name, flags, words[i], words[i + 1:]
 
 
 def read_launcher(name: str, flags: dict[str, Any], col: Collector, base_dir: str | None) -> list[Reading]:

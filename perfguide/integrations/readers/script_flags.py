@@ -30,8 +30,11 @@ def parse(tokens: list[str]) -> dict[str, Any]:
     return out
 
 
-def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
-    read_training_args(data, col, base_dir=base_dir)
+def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, args_class: str | None = None) -> None:
+    """``args_class``: the class the script parses into (script_kind), whose defaults apply; None: the flags say."""
+    trl = args_class in ("SFTConfig", "DPOConfig")
+    read_training_args(data, col, base_dir=base_dir, sft=True if trl else None if args_class is None else False,
+                       dpo=args_class == "DPOConfig" if args_class is not None else None)
 
 
 def _flag_value(key: str, value: Any, setup: Any) -> Any:
