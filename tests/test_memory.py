@@ -253,14 +253,17 @@ def test_checkpoint_recompute_and_loss_buffers_never_coincide() -> None:
 
 
 def test_fsdp1_lora_frozen_weights_get_sharded_grads_and_keep_inputs() -> None:
-    """FSDP1 use_orig_params with LoRA: each block's FlatParameter requires grad, so every frozen weight of a block
+    """FSDP1 use_orig_params with LoRA, its adapters in their block's unit (accelerate's plain transformer wrap, not
+    the HF Trainer's peft wrap): each block's FlatParameter requires grad, so every frozen weight of a block
     gets a (sharded) gradient and every frozen Linear keeps its input, as in full fine-tuning; the root unit
     (embedding and head, 2 x V x H, all frozen) gets none (traced: tests/test_fsdp_live_peak.py). FSDP2 shards per
     parameter: frozen weights get none, as under DDP (divided by the ranks)."""
     n, r = 2, 4
     lora = LoraSpec(r=r, target_modules=("q_proj",))
     common = dict(weights_dtype="bf16", strategy="fsdp", num_gpus=n, lora=lora, micro_batch_size=2, seq_len=64)
-    fsdp = estimate_memory(tiny(), Setup(**common, fsdp_version=1))
+    fsdp = estimate_memory(tiny(), Setup(**common, fsdp_version=1, fsdp_adapter_units=False))
+    trainer = estimate_memory(tiny(), Setup(**common, fsdp_version=1))   # the HF Trainer wraps the adapters apart
+    assert trainer.gradients == estimate_memory(tiny(), Setup(**common)).gradients
     adapters = L * (r * H + H * r)                   # lora_A (r x 64) + lora_B (64 x r) per block
     assert fsdp.gradients == (adapters * 4 + (TOTAL - 2 * V * H) * 2) // n  # fp32 adapter grads + bf16 grads of the blocks' weights
     assert estimate_memory(tiny(), Setup(**common)).gradients == adapters * 4 // n

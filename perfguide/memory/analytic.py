@@ -125,8 +125,12 @@ def _loss_gather_bytes(spec: ModelSpec, setup: Setup, through_backward: int) -> 
 
 
 def frozen_params_get_grads(setup: Setup) -> bool:
-    """FSDP1 with ``use_orig_params=True`` (Lightning's and older accelerate's default) and LoRA: frozen weights get
-    grads. FSDP2 (``fully_shard``, perfguide's plans) shards each parameter on its own, so frozen ones get none.
+    """FSDP1 LoRA whose adapters share their block's unit (``use_orig_params=True`` under accelerate's transformer wrap
+    alone, Lightning Fabric: ``Setup.fsdp_adapter_units``): frozen weights get grads. The HF Trainer wraps each
+    trainable leaf apart (peft's fsdp_auto_wrap_policy), and FSDP2 (``fully_shard``, perfguide's plans) shards each
+    parameter on its own: frozen ones get none there. PEFT's FSDP guide says why its example sets
+    ``use_orig_params: false`` and that policy ("to realize GPU memory savings"), and measures Llama-2-70B LoRA on
+    8 x H100 at 72-80 GB per GPU (docs/source/accelerate/fsdp.md), which the frozen gradients would put at 251 GiB.
 
     The frozen base and the adapters share each block's FlatParameter, which then requires grad; in forward
     FSDP hands the module plain views of it (``_use_unsharded_views(as_params=False)``, torch
@@ -136,7 +140,9 @@ def frozen_params_get_grads(setup: Setup) -> bool:
     usage ... equivalent to not
     freezing those parameters". Measured: litgpt LoRA + FSDP rows (https://github.com/Lightning-AI/litgpt/blob/main/tutorials/resource-tables.md) barely drop with N.
     """
-    return setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES and setup.fsdp_version == 1
+    wrapped_apart = setup.fsdp_adapter_units if setup.fsdp_adapter_units is not None else setup.model_code != "litgpt"
+    return (setup.lora is not None and setup.is_fsdp and setup.weights_dtype in DTYPE_BYTES and setup.fsdp_version == 1
+            and not wrapped_apart)
 
 
 def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, OptimizerCost]:
