@@ -159,8 +159,10 @@ def test_a_trl_script_launched_by_path_reads_as_trl_sft_does(tmp_path: Path, mon
     Llama-2-7b int8 LoRA read 175 GiB, "does not fit". The script's classes are read from the installed script."""
     from perfguide.integrations.readers import script_kind
 
-    assert {n: script_kind.config_class(_installed_script(n), "/") for n in ("sft.py", "dpo.py", "kto.py", "grpo.py")} == {
-        "sft.py": "SFTConfig", "dpo.py": "DPOConfig", "kto.py": "KTOConfig", "grpo.py": "GRPOConfig"}
+    read = {n: script_kind.config_class(p, script_kind.source_of(p, "/"))
+            for n, p in ((n, _installed_script(n)) for n in ("sft.py", "dpo.py", "kto.py", "grpo.py"))}
+    assert read == {"sft.py": ("SFTConfig", True), "dpo.py": ("DPOConfig", True), "kto.py": ("KTOConfig", True),
+                    "grpo.py": ("GRPOConfig", True)}   # each beside TRL's ModelConfig
     one = ["--model_name_or_path", "Qwen/Qwen2.5-0.5B", "--output_dir", "out"]
     by_cli = perfguide.check(None, ["trl", "sft", *one], hardware="a100-80gb").setup
     by_path = perfguide.check(None, ["python", _installed_script("sft.py"), *one], hardware="a100-80gb").setup

@@ -16,7 +16,8 @@ from .base import Collector, ConfigReadError, Reading
 
 #: format -> module (imported on first use); the order is the order detection tries them in
 MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
-           "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags"}
+           "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags",
+           "peft_example": "peft_example"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -98,7 +99,7 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     accelerate config file the launcher names."""
     import shlex
 
-    from . import launcher, script_flags, script_kind
+    from . import launcher, peft_example, script_flags, script_kind
 
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
     base_dir = str(Path.cwd())
@@ -111,10 +112,16 @@ def read_command(argv: list[str] | str) -> list[Reading]:
 
         return tool_commands.read(words, base_dir)
     name, flags, path, script_args = launcher.split(words)
-    cls = script_kind.config_class(path, base_dir)
+    source = script_kind.source_of(path, base_dir)
+    cls, model_config = script_kind.config_class(path, source)
     script_kind.check_priced(path, cls)
-    script = Collector("script_flags", "script flags" if cls is None else f"script flags ({cls})")
-    script_flags.read(script_flags.parse(script_args), script, base_dir=base_dir, args_class=cls)
+    data = script_flags.parse(script_args)
+    if source is not None and peft_example.is_peft_example(source):
+        script = Collector("peft_example", "script flags (PEFT examples/sft/train.py)")
+        peft_example.read(data, script, base_dir=base_dir)
+    else:
+        script = Collector("script_flags", "script flags" if cls is None else f"script flags ({cls})")
+        script_flags.read(data, script, base_dir=base_dir, args_class=cls, model_config=model_config)
     outer = Collector("launcher", f"{name} flags")
     extra = launcher.read_launcher(name, flags, outer, base_dir)
     return [script.reading(), outer.reading(), *extra]

@@ -19,7 +19,9 @@ OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "acc
                                                           ("script_flags", "launcher"): None, ("training_args", "launcher"): None,
                                                           ("launcher", "accelerate"): None,
                                                           ("deepspeed", "training_args"): frozenset({"optimizer"}),
-                                                          ("deepspeed", "script_flags"): frozenset({"optimizer"})}
+                                                          ("deepspeed", "script_flags"): frozenset({"optimizer"}),
+                                                          ("peft_example", "accelerate"): None, ("peft_example", "launcher"): None,
+                                                          ("deepspeed", "peft_example"): frozenset({"optimizer"})}
 
 
 def outranks(winner: Setting, loser: Setting) -> bool:

@@ -132,7 +132,8 @@ def edits_for(changes: dict[str, Any], new: Setup, c: Combined) -> tuple[Edit, .
         if keys:
             edits.append(Edit(format=fmt, source=src, syntax=mod.SYNTAX, keys=keys))
         leftover.update(rest)
-    if leftover and primary.format != "training_args":  # the script's TrainingArguments say what the launcher's files cannot
+    # the script's TrainingArguments say what the launcher's files cannot; a script's own flags already were them
+    if leftover and primary.format not in ("training_args", "script_flags", "peft_example"):
         keys, leftover = module("training_args").write(leftover, new)
         if keys:
             edits.append(Edit(format="training_args", source="TrainingArguments (your script)", syntax="kwargs", keys=keys))

@@ -30,11 +30,13 @@ def parse(tokens: list[str]) -> dict[str, Any]:
     return out
 
 
-def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, args_class: str | None = None) -> None:
-    """``args_class``: the class the script parses into (script_kind), whose defaults apply; None: the flags say."""
+def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, args_class: str | None = None,
+         model_config: bool | None = None) -> None:
+    """``args_class``: the class the script parses into (script_kind), whose defaults apply; None: the flags say.
+    ``model_config``: whether TRL's ModelConfig is parsed too (its float32 load default); None: an SFT script's is."""
     trl = args_class in ("SFTConfig", "DPOConfig")
     read_training_args(data, col, base_dir=base_dir, sft=True if trl else None if args_class is None else False,
-                       dpo=args_class == "DPOConfig" if args_class is not None else None)
+                       dpo=args_class == "DPOConfig" if args_class is not None else None, model_config=model_config)
 
 
 def _flag_value(key: str, value: Any, setup: Any) -> Any:

@@ -20,22 +20,35 @@ from .base import ConfigReadError, under
 TRL_SCRIPTS = {"trl/scripts/sft.py": "SFTConfig", "trl/scripts/dpo.py": "DPOConfig"}
 #: the arguments classes whose flags perfguide prices
 PRICED = ("TrainingArguments", "Seq2SeqTrainingArguments", "SFTConfig", "DPOConfig")
+#: TRL's config classes for objectives perfguide does not price (trl's top level and trl.experimental, 1.16 / HEAD);
+#: a class of another name (a script's own TrainingArguments subclass, its data arguments) decides nothing
+UNPRICED = ("GRPOConfig", "KTOConfig", "RewardConfig", "RLOOConfig", "DistillationConfig", "OnlineDPOConfig", "ORPOConfig",
+            "CPOConfig", "BCOConfig", "PRMConfig", "GKDConfig", "NashMDConfig", "XPOConfig", "PPOConfig", "GOLDConfig",
+            "SDFTConfig", "SDPOConfig", "TPOConfig", "GMPOConfig", "A2POConfig")
 _PARSER = re.compile(r"(?:TrlParser|HfArgumentParser\s*\(|dataclass_types\s*=)\s*\(?\s*\(([^)]*)\)")
-_CLASS = re.compile(r"\b([A-Z]\w*(?:Config|TrainingArguments))\b")
-_NOT_TRAINING = ("ModelConfig", "DatasetMixtureConfig")
+_NAME = re.compile(r"\b([A-Z]\w*)\b")
 _LARGEST = 2_000_000
 
 
-def config_class(script: str, base_dir: str) -> str | None:
-    """The training-arguments class ``script`` parses into (None: not found, the flags decide)."""
+def source_of(script: str, base_dir: str) -> str | None:
+    """The script's text, where it is on disk here (None: not found, or too large to be a training script)."""
     path = under(script, base_dir)
     if path.is_file() and path.stat().st_size <= _LARGEST:
-        calls = _PARSER.findall(path.read_text(encoding="utf-8", errors="replace"))
-        names = [n for call in calls for n in _CLASS.findall(call) if n not in _NOT_TRAINING]
-        if names:
-            return names[0]
+        return path.read_text(encoding="utf-8", errors="replace")
+    return None
+
+
+def config_class(script: str, source: str | None) -> tuple[str | None, bool]:
+    """(the training-arguments class ``script`` parses into, among PRICED and UNPRICED, or None: the flags decide;
+    whether TRL's ModelConfig is parsed beside it, whose defaults then load the model)."""
+    if source is not None:
+        names = [n for call in _PARSER.findall(source) for n in _NAME.findall(call)]
+        found = [n for n in names if n in PRICED or n in UNPRICED]
+        if found:
+            return found[0], "ModelConfig" in names
     normal = script.replace("\\", "/")
-    return next((cls for suffix, cls in TRL_SCRIPTS.items() if normal.endswith(suffix)), None)
+    cls = next((c for suffix, c in TRL_SCRIPTS.items() if normal.endswith(suffix)), None)
+    return cls, cls is not None
 
 
 def check_priced(script: str, cls: str | None) -> None:

@@ -29,7 +29,7 @@ PRICED = frozenset({
     "deepspeed", "max_length", "packing", "packing_strategy", "padding_free", "activation_offloading", "model_init_kwargs",
     "model_name_or_path", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
     "lora_target_modules", "use_dora", "use_rslora", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
-    "precompute_ref_log_probs",
+    "use_bnb_nested_quant", "precompute_ref_log_probs",
 })
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2"}
 #: BitsAndBytesConfig / TRL ModelConfig bnb_4bit_quant_type words (TRL's default nf4; transformers' own default fp4)
@@ -57,7 +57,8 @@ def canonical(data: dict[str, Any], col: Collector) -> dict[str, Any]:
     return out
 
 
-def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: bool | None = None, base_dir: str | None = None) -> None:
+def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: bool | None = None, base_dir: str | None = None,
+         model_config: bool | None = None) -> None:
     """Fill ``col`` from TrainingArguments / SFTConfig / DPOConfig kwargs (plus TRL ModelConfig keys, as one script YAML
     holds them). A DPOConfig shares SFTConfig's TRL defaults (trl 1.16 base_config.py: checkpointing on, bf16,
     max_length 1024) and prices TRL's DPOTrainer (objective='dpo')."""
@@ -107,7 +108,7 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
         col.set("device", "cpu", "use_cpu")
     if sft:
         _sft(data, defaults, col)
-    _model_config(data, col, dpo, trl_script=sft)
+    _model_config(data, col, dpo, trl_script=sft if model_config is None else model_config)
     read_fsdp(data.get("fsdp"), data.get("fsdp_config"), col)
     if data.get("deepspeed"):
         from . import deepspeed
@@ -205,6 +206,10 @@ def _model_config(data: dict[str, Any], col: Collector, dpo: bool, trl_script: b
         col.set("attn_implementation", attention(data["attn_implementation"], col.where("attn_implementation"), _ATTN, col), "attn_implementation")
     if data.get("load_in_4bit") and as_bool(data["load_in_4bit"], col.where("load_in_4bit")):
         col.set("weights_dtype", "nf4", "load_in_4bit")   # Setup's word for any bitsandbytes 4-bit base
+        if data.get("use_bnb_nested_quant") is not None:
+            col.set("nf4_double_quant", as_bool(data["use_bnb_nested_quant"], col.where("use_bnb_nested_quant")), "use_bnb_nested_quant")
+        else:
+            col.assume("nf4_double_quant", False, "TRL ModelConfig default use_bnb_nested_quant=False (one fp32 absmax per 64 weights)")
         if data.get("bnb_4bit_quant_type") is not None:   # the same bytes; the two codes decode at different speeds
             col.set("bnb_4bit_quant_type", choice(data["bnb_4bit_quant_type"], col.where("bnb_4bit_quant_type"), _QUANT_TYPES),
                     "bnb_4bit_quant_type")
