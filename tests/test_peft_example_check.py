@@ -118,3 +118,27 @@ def test_changes_come_back_in_flags_the_script_takes(example: Path) -> None:
         edits = [e for ch in c.changes for e in ch.edits if e.format == "peft_example"]
         assert edits and all(k.removeprefix("--") in accepted for e in edits for k in e.keys), [e.keys for e in edits]
         assert not any(e.format == "training_args" for ch in c.changes for e in ch.edits)
+
+
+def test_the_fsdp_version_change_lands_in_the_launchers_config(example: Path) -> None:
+    """A field no config sets (the FSDP version, accelerate's default 1) goes to the config that has a key for it, the
+    accelerate YAML, rather than to a perfguide.Setup note; the YAML with it applied loads in accelerate's own parser
+    and reads back as the plan's FSDP2."""
+    import yaml
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    c = check("run_peft_fsdp.sh", "h100-80gb:8")
+    edit = next(e for ch in c.changes if ch.kind == "recommended" for e in ch.edits if e.format == "accelerate")
+    assert edit.keys["fsdp_config.fsdp_version"] == 2
+    path = example / "configs" / "fsdp_config.yaml"
+    cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    for dotted, value in edit.keys.items():
+        *parents, last = dotted.split(".")
+        node = cfg
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    assert load_config_from_file(str(path)).fsdp_config["fsdp_version"] == 2
+    again = check("run_peft_fsdp.sh", "h100-80gb:8")
+    assert again.setup.fsdp_version == 2

@@ -67,7 +67,7 @@ def test_every_optimizer_class_written_is_importable() -> None:
     _get_component_from_path): each class the writer names must import from the installed torch, bitsandbytes and
     torchao; a lower-cased path (``bitsandbytes.optim.adamw8bit``) does not."""
     base = perfguide.Setup(weights_dtype="bf16", trainer="torchtune")
-    for name in sorted(set(reader.OPTIMIZER_CLASSES.values()) | {"adamw_torch_fused"}):
+    for name in sorted(set(reader.OPTIMIZER_CLASSES.values()) | {"adamw_torch_fused", "adamw_8bit"}):
         keys, rest = reader.write({"optimizer": name}, base.replace(optimizer=name))
         assert not rest
         module, _, cls = keys["optimizer._component_"].rpartition(".")

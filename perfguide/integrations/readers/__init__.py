@@ -17,7 +17,7 @@ from .base import Collector, ConfigReadError, Reading
 #: format -> module (imported on first use); the order is the order detection tries them in
 MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
            "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags",
-           "peft_example": "peft_example"}
+           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -99,7 +99,7 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     accelerate config file the launcher names."""
     import shlex
 
-    from . import launcher, peft_example, script_flags, script_kind
+    from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind
 
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
     base_dir = str(Path.cwd())
@@ -116,7 +116,10 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     cls, model_config = script_kind.config_class(path, source)
     script_kind.check_priced(path, cls)
     data = script_flags.parse(script_args)
-    if source is not None and peft_example.is_peft_example(source):
+    if source is not None and fsdp_qlora.is_fsdp_qlora(source):
+        script = Collector("fsdp_qlora", "train.py flags (Answer.AI fsdp_qlora)")
+        fsdp_qlora.read(data, script, base_dir=base_dir)
+    elif source is not None and peft_example.is_peft_example(source):
         script = Collector("peft_example", "script flags (PEFT examples/sft/train.py)")
         peft_example.read(data, script, base_dir=base_dir)
     else:

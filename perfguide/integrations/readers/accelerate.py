@@ -187,6 +187,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
                          "fsdp_config.fsdp_reshard_after_forward": setup.gathers_params})
         elif field == "strategy":
             keys["distributed_type"] = "MULTI_GPU" if value == "ddp" else "NO"
+        elif field == "fsdp_version" and setup.is_fsdp:
+            keys.update({"fsdp_config.fsdp_version": value, "fsdp_config.fsdp_reshard_after_forward": setup.gathers_params})
         elif field == "num_gpus":
             keys["num_processes"] = value * setup.nodes
         elif field == "autocast":

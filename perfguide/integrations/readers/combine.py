@@ -21,7 +21,8 @@ OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "acc
                                                           ("deepspeed", "training_args"): frozenset({"optimizer"}),
                                                           ("deepspeed", "script_flags"): frozenset({"optimizer"}),
                                                           ("peft_example", "accelerate"): None, ("peft_example", "launcher"): None,
-                                                          ("deepspeed", "peft_example"): frozenset({"optimizer"})}
+                                                          ("deepspeed", "peft_example"): frozenset({"optimizer"}),
+                                                          ("fsdp_qlora", "launcher"): None}
 
 
 def outranks(winner: Setting, loser: Setting) -> bool:

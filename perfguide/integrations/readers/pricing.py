@@ -132,8 +132,16 @@ def edits_for(changes: dict[str, Any], new: Setup, c: Combined) -> tuple[Edit, .
         if keys:
             edits.append(Edit(format=fmt, source=src, syntax=mod.SYNTAX, keys=keys))
         leftover.update(rest)
-    # the script's TrainingArguments say what the launcher's files cannot; a script's own flags already were them
-    if leftover and primary.format not in ("training_args", "script_flags", "peft_example"):
+    for other in c.readings[1:]:   # a field no config set, that another of them has a key for (a launcher's FSDP version)
+        if not leftover:
+            break
+        if not other.settings:   # a launcher that says nothing (`python train.py`) takes no keys either
+            continue
+        keys, leftover = module(other.format).write(leftover, new)
+        if keys:
+            edits.append(Edit(format=other.format, source=other.source, syntax=module(other.format).SYNTAX, keys=keys))
+    # the script's TrainingArguments say what a launcher's files cannot (a recipe tool's config is the whole run)
+    if leftover and primary.format in ("accelerate", "deepspeed", "launcher"):
         keys, leftover = module("training_args").write(leftover, new)
         if keys:
             edits.append(Edit(format="training_args", source="TrainingArguments (your script)", syntax="kwargs", keys=keys))

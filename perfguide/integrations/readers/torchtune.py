@@ -198,7 +198,7 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
     simple = {"micro_batch_size": "batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps", "seq_len": "tokenizer.max_seq_len",
               "gradient_checkpointing": "enable_activation_checkpointing", "activation_offloading": "enable_activation_offloading",
               "torch_compile": "compile", "optimizer_in_backward": "optimizer_in_bwd"}
-    inverse = {v: k for k, v in reversed(OPTIMIZER_CLASSES.items())}
+    inverse = {v: k for k, v in reversed(OPTIMIZER_CLASSES.items())} | {"adamw_8bit": "bitsandbytes.optim.AdamW8bit"}   # HF's alias
     for field, value in changes.items():
         if field in simple:
             keys[simple[field]] = value
