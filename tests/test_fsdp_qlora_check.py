@@ -90,6 +90,8 @@ def test_unpriced_train_types_are_refused(script_dir: Path) -> None:
     with pytest.raises(perfguide.PerfGuideError, match="HQQ and LLaMA Pro runs are not priced") as exc:
         perfguide.check(None, ["python", "train.py", "--train_type", "hqq_lora"], hardware="rtx4090:2")
     assert "\n" not in str(exc.value)
+    with pytest.raises(perfguide.PerfGuideError, match="world_size must be -1 .every GPU. or a GPU count >= 1, got 0"):
+        perfguide.check(None, ["python", "train.py", "--world_size", "0"], hardware="rtx4090:2")
 
 
 def test_changes_come_back_as_its_flags(script_dir: Path) -> None:

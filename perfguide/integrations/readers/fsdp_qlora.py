@@ -99,6 +99,8 @@ def _ints(data: dict[str, Any], col: Collector) -> None:
                                 ("gradient_accumulation_steps", "gradient_accumulation_steps", 1)):
         col.set(field, as_int(data.get(key, default), col.where(key)), key)
     world = as_int(data.get("world_size", -1), col.where("world_size"), -1)
+    if world == 0:
+        raise ConfigReadError(f"{col.where('world_size')} must be -1 (every GPU) or a GPU count >= 1, got 0")
     if world == -1:
         col.spans_gpus = "train.py --world_size -1: every GPU of the machine"
     else:
