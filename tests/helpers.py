@@ -391,3 +391,14 @@ def live_storages(*given: Any) -> Any:
             self.live -= self.sizes.pop(key, 0)
 
     return Live()
+
+
+def with_keys(data: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a parsed config with ``keys`` (dotted, as a check's Edit writes them) set into it, as a user applies
+    the change (and as ``tune run ... key=value`` overrides do)."""
+    from perfguide.integrations.readers.base import nest
+
+    def merge(into: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        return {**into, **{k: merge(into[k], v) if isinstance(v, dict) and isinstance(into.get(k), dict) else v for k, v in new.items()}}
+
+    return merge(data, nest(keys))

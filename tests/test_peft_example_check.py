@@ -12,6 +12,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from helpers import with_keys
 
 import perfguide
 
@@ -131,13 +132,7 @@ def test_the_fsdp_version_change_lands_in_the_launchers_config(example: Path) ->
     edit = next(e for ch in c.changes if ch.kind == "recommended" for e in ch.edits if e.format == "accelerate")
     assert edit.keys["fsdp_config.fsdp_version"] == 2
     path = example / "configs" / "fsdp_config.yaml"
-    cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
-    for dotted, value in edit.keys.items():
-        *parents, last = dotted.split(".")
-        node = cfg
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
+    cfg = with_keys(yaml.safe_load(path.read_text(encoding="utf-8")), edit.keys)
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     assert load_config_from_file(str(path)).fsdp_config["fsdp_version"] == 2
     again = check("run_peft_fsdp.sh", "h100-80gb:8")

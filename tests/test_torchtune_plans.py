@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from helpers import with_keys
 
 import perfguide
 from perfguide.integrations.readers import torchtune as reader
@@ -31,18 +32,6 @@ def load(name: str) -> dict[str, Any]:
     return yaml.safe_load((DATA / name).read_text(encoding="utf-8"))
 
 
-def merged(data: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
-    """``keys`` (dotted, as an Edit writes them) set into ``data`` the way ``tune run ... key=value`` overrides do."""
-    out = yaml.safe_load(yaml.safe_dump(data))
-    for dotted, value in keys.items():
-        *parents, last = dotted.split(".")
-        node = out
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return out
-
-
 @pytest.mark.parametrize("name", SFT)
 def test_the_recommended_change_is_torchtune_keys_that_reprice_to_the_plan(name: str, tmp_path: Path) -> None:
     """Every edit of the fit and recommended changes is a key of the torchtune config (none for the user's
@@ -57,7 +46,7 @@ def test_the_recommended_change_is_torchtune_keys_that_reprice_to_the_plan(name:
             continue
         keys = {k: v for e in change.edits for k, v in e.keys.items()}
         path = tmp_path / name
-        path.write_text(yaml.safe_dump(merged(load(name), keys)), encoding="utf-8")
+        path.write_text(yaml.safe_dump(with_keys(load(name), keys)), encoding="utf-8")
         again = perfguide.check(config=path, hardware="a100-80gb", seq_len=2048)
         assert again.memory.device_total / 2**30 == pytest.approx(change.peak_gib, rel=1e-9), change.kind
 
@@ -77,7 +66,7 @@ def test_every_optimizer_class_written_is_importable() -> None:
 
 
 def test_a_config_naming_its_optimizer_in_lower_case_is_still_read(tmp_path: Path) -> None:
-    y = merged(load("torchtune_llama3_2_3B_full.yaml"), {"optimizer._component_": "bitsandbytes.optim.adamw8bit"})
+    y = with_keys(load("torchtune_llama3_2_3B_full.yaml"), {"optimizer._component_": "bitsandbytes.optim.adamw8bit"})
     path = tmp_path / "lower.yaml"
     path.write_text(yaml.safe_dump(y), encoding="utf-8")
     assert perfguide.check(config=path, hardware="a100-80gb").setup.optimizer == "adamw_bnb_8bit"
