@@ -333,3 +333,32 @@ def test_axolotls_nousresearch_base_models_resolve_offline() -> None:
     assert c.model == "NousResearch/Llama-3.2-1B" and c.memory == meta.memory
     for alias, meta_id in (("NousResearch/Meta-Llama-3.1-8B", "meta-llama/Llama-3.1-8B"), ("NousResearch/Llama-2-7b-hf", "meta-llama/Llama-2-7b-hf")):
         assert perfguide.ModelSpec.from_any(alias).total_params == perfguide.ModelSpec.from_any(meta_id).total_params
+
+
+@pytest.mark.parametrize("pattern", [r"model.layers.[\d]+.(mlp|self_attn).(up|down|gate|q|k|v|o)_proj",
+                                     r".*\.(q_proj|v_proj)", r"model\.layers\.\d+\.mlp\.(gate|up)_proj"])
+def test_axolotl_target_regex_selects_what_peft_selects(tmp_path: Path, pattern: str) -> None:
+    """axolotl passes a string lora_target_modules to PEFT, which fullmatches it as a regex against every module's
+    full name (axolotl's gemma-3 vision example names one). It was handed to Setup as one name and failed with a raw
+    validation message; the names read are the ones real PEFT adapts on a tiny Llama."""
+    from peft import LoraConfig, get_peft_model
+
+    from helpers import tiny_model
+
+    model = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=pattern))
+    adapted = {n.split(".")[-1] for n, m in model.named_modules() if hasattr(m, "lora_A") and n.rsplit(".", 1)[-1] != "lora_A"}
+    path = tmp_path / "regex.yml"
+    path.write_text(yaml.safe_dump({**load("axolotl_lora-1b.yml"), "lora_target_linear": None, "lora_target_modules": pattern}),
+                    encoding="utf-8")
+    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+    assert c.setup.lora is not None and set(c.setup.lora.target_modules) == adapted
+
+
+def test_axolotl_target_regex_that_matches_nothing_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "regex.yml"
+    for pattern, message in (("q_proj", "matches none of a decoder block's Linears"), ("(q_proj", "is not a regular expression")):
+        path.write_text(yaml.safe_dump({**load("axolotl_lora-1b.yml"), "lora_target_linear": None, "lora_target_modules": pattern}),
+                        encoding="utf-8")
+        with pytest.raises(perfguide.PerfGuideError, match=message) as exc:
+            perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+        assert "\n" not in str(exc.value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, listing, mapping, set_kbit_dtypes, switched_on
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, listing, mapping, regex_targets, set_kbit_dtypes, switched_on
 from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
 from .training_args import read_fsdp
 
@@ -159,7 +159,7 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
     targets: Any = "all-linear" if data.get("lora_target_linear") else data.get("lora_target_modules") or "all-linear"
     lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 8), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 16), col.where("lora_alpha")),
                             "dropout": as_float(data.get("lora_dropout") or 0.0, col.where("lora_dropout")),
-                            "target_modules": targets if isinstance(targets, str) else tuple(str(t) for t in targets)}
+                            "target_modules": _targets(targets, col.where("lora_target_modules"))}
     for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora"),
                      ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):   # loaders/adapter.py: get_peft_model's
         if data.get(src) is not None:
@@ -240,3 +240,11 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
         else:
             rest[field] = value
     return keys, rest
+
+
+def _targets(targets: Any, where: str) -> str | tuple[str, ...]:
+    """A list of names; ``all-linear``; or one string, which PEFT reads as a regex (axolotl passes it through)."""
+    if not isinstance(targets, str):
+        return tuple(str(t) for t in targets)
+    return targets if targets == "all-linear" else regex_targets(targets, where)
+

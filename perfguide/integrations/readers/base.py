@@ -256,3 +256,26 @@ def under(value: str, base_dir: str) -> Path:
     """A path a command line names: ``~`` expanded, a relative one taken from the directory the command runs in."""
     path = Path(value).expanduser()
     return path if path.is_absolute() else Path(base_dir) / path
+
+
+#: the block Linears a LoRA target regex is tried on, with the module paths transformers' decoders put them under
+#: (text models, the language model of a vision-language one, the same under peft's wrapper)
+_BLOCK_LINEARS = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+_BLOCK_PREFIXES = ("model.layers.0", "model.language_model.layers.0", "language_model.model.layers.0", "base_model.model.model.layers.0")
+
+
+def regex_targets(pattern: str, where: str) -> tuple[str, ...]:
+    """A ``target_modules`` string (other than ``all-linear``), which PEFT fullmatches as a regex against every module's
+    full name (tuners_utils.check_target_module_exists): the block Linears it matches, as perfguide counts them (on
+    every block: a regex that picks some layers only is priced as all of them, an upper bound)."""
+    try:
+        rx = re.compile(pattern)
+    except re.error as exc:
+        raise ConfigReadError(f"{where}={pattern!r} is not a regular expression PEFT can match ({exc})") from None
+    names = tuple(n for sub, linears in _BLOCK_LINEARS.items() for n in linears
+                  if any(rx.fullmatch(f"{p}.{s}.{n}") for p in _BLOCK_PREFIXES for s in (sub, "cross_attn")))
+    if not names:
+        raise ConfigReadError(f"{where}={pattern!r} matches none of a decoder block's Linears (PEFT fullmatches a string "
+                              "against each module's full name, e.g. model.layers.0.self_attn.q_proj); list the names instead")
+    return names
+
