@@ -341,9 +341,8 @@ def test_axolotl_target_regex_selects_what_peft_selects(tmp_path: Path, pattern:
     """axolotl passes a string lora_target_modules to PEFT, which fullmatches it as a regex against every module's
     full name (axolotl's gemma-3 vision example names one). It was handed to Setup as one name and failed with a raw
     validation message; the names read are the ones real PEFT adapts on a tiny Llama."""
-    from peft import LoraConfig, get_peft_model
-
     from helpers import tiny_model
+    from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(tiny_model(), LoraConfig(r=4, target_modules=pattern))
     adapted = {n.split(".")[-1] for n, m in model.named_modules() if hasattr(m, "lora_A") and n.rsplit(".", 1)[-1] != "lora_A"}
