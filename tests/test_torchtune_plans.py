@@ -128,3 +128,15 @@ def test_the_read_setup_is_the_recipe_loop() -> None:
     """The dataloader torchtune builds (no num_workers, no pin_memory) is what the config is priced with."""
     c = perfguide.check(config=DATA / "torchtune_llama3_2_3B_full.yaml", hardware="a100-80gb")
     assert (c.setup.dataloader_num_workers, c.setup.dataloader_pin_memory) == (0, False)
+
+
+def test_a_distributed_recipe_read_as_one_process_is_told_to_launch_on_every_gpu() -> None:
+    """llama3_2/3B_full (full_finetune_distributed, FSDP2) checked as a file is one process: 34 GiB on a 24 GB card.
+    On a 4-GPU machine the smallest change is to launch it on all four, sharded as the recipe shards, which fits."""
+    c = perfguide.check(config=DATA / "torchtune_llama3_2_3B_full.yaml", hardware="rtx4090:4", seq_len=2048)
+    assert not c.fits and c.setup.num_gpus == 1
+    fit = next(ch for ch in c.changes if ch.kind == "fit")
+    assert fit.setup == {"num_gpus": 4, "strategy": "fsdp"} and fit.fits
+    launched = perfguide.check(config=DATA / "torchtune_llama3_2_3B_full.yaml", hardware="rtx4090:4", seq_len=2048, num_gpus=4)
+    assert launched.fits and launched.setup.strategy == "fsdp"
+    assert launched.memory.device_total / 2**30 == pytest.approx(fit.peak_gib, rel=1e-9)

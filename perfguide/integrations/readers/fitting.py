@@ -67,8 +67,8 @@ def _merged(parts: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
     return out
 
 
-def candidates(s: Setup, bf16_ok: bool) -> Iterator[tuple[int, dict[str, Any], Setup]]:
-    singles = single_edits(s, bf16_ok)
+def candidates(s: Setup, bf16_ok: bool, extra: tuple[dict[str, Any], ...] = ()) -> Iterator[tuple[int, dict[str, Any], Setup]]:
+    singles = [*single_edits(s, bf16_ok), *extra]
     for n in range(1, MAX_EDITS + 1):
         for parts in combinations(singles, n):
             changes = _merged(parts)
@@ -80,11 +80,12 @@ def candidates(s: Setup, bf16_ok: bool) -> Iterator[tuple[int, dict[str, Any], S
 
 
 def smallest_fit(s: Setup, bf16_ok: bool, fits: Callable[[Setup], bool],
-                 speed: Callable[[Setup], float]) -> tuple[dict[str, Any], Setup] | None:
-    """The fitting change with the fewest edits, the fastest among those; None when three edits are not enough."""
+                 speed: Callable[[Setup], float], extra: tuple[dict[str, Any], ...] = ()) -> tuple[dict[str, Any], Setup] | None:
+    """The fitting change with the fewest edits, the fastest among those; None when three edits are not enough.
+    ``extra``: more single edits the configs allow (every GPU of the machine for a sharded recipe run as one process)."""
     best: tuple[float, dict[str, Any], Setup] | None = None
     level = None
-    for n, changes, new in candidates(s, bf16_ok):
+    for n, changes, new in candidates(s, bf16_ok, extra):
         if level is not None and n > level:
             break
         if not fits(new):

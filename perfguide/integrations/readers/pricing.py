@@ -154,10 +154,21 @@ def plain(value: Any) -> Any:
     return value.to_dict() if hasattr(value, "to_dict") else value
 
 
+def more_gpus(price: Pricer, c: Combined) -> tuple[dict[str, Any], ...]:
+    """A sharded recipe (torchtune's distributed ones, an FSDP / ZeRO launcher config) read as one process on a machine
+    with more GPUs: launching it on all of them is one edit (the launcher's process count)."""
+    s, hw = price.setup, price.hw
+    sharded = c.readings[0].multi_process if c.readings else "ddp"
+    assumed = "num_gpus" not in c.chosen or c.chosen["num_gpus"].assumed
+    if s.world_size > 1 or hw.gpu_count < 2 or not assumed or not sharded.startswith(("fsdp", "zero")):
+        return ()
+    return ({"num_gpus": hw.gpu_count, "strategy": sharded},)
+
+
 def fit_change(price: Pricer, c: Combined, fits: bool) -> Change | None:
     if fits:
         return None
-    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate)
+    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate, more_gpus(price, c))
     if found is None:
         return Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price.memory(price.setup).device_total / 2**30,
                       reason="no change of up to three settings fits: see the recommended plan (LoRA / QLoRA, more GPUs, a larger GPU)")
