@@ -44,5 +44,7 @@ def build_strict(cls: type[M], values: dict[str, Any], kind: str, error: type[Ex
         return cls(**values)
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or kind
+        if not err["loc"]:   # a rule across fields (a model validator): its own sentence, not the whole input echoed
+            raise error(f"invalid {kind}: {str(err['msg']).removeprefix('Value error, ')}") from None
+        where = ".".join(str(p) for p in err["loc"])
         raise error(f"invalid {kind} value for {where}: {err['msg']} (got {err.get('input')!r})") from None

@@ -361,3 +361,14 @@ def test_axolotl_target_regex_that_matches_nothing_is_refused(tmp_path: Path) ->
         with pytest.raises(perfguide.PerfGuideError, match=message) as exc:
             perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
         assert "\n" not in str(exc.value)
+
+
+def test_a_rule_across_fields_is_one_sentence_without_the_input_echoed() -> None:
+    """LLaMA-Factory's layer-wise GaLore example steps inside backward, which runs on one process; on an 8-GPU machine
+    llamafactory-cli launches all eight. The refusal was pydantic's "Value error, ..." followed by the whole Setup
+    dict; it is now the rule's own sentence."""
+    with pytest.raises(perfguide.PerfGuideError) as exc:
+        perfguide.check(None, DATA / "llamafactory_llama3_galore_full_sft.yaml", hardware="a100-80gb:8")
+    message = str(exc.value)
+    assert "invalid setup: optimizer_in_backward runs on one process" in message
+    assert "Value error" not in message and "(got {" not in message and "\n" not in message
