@@ -372,3 +372,17 @@ def test_a_rule_across_fields_is_one_sentence_without_the_input_echoed() -> None
     message = str(exc.value)
     assert "invalid setup: optimizer_in_backward runs on one process" in message
     assert "Value error" not in message and "(got {" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize(("name", "key", "what"), [
+    ("llamafactory_llama3_badam_full_sft.yaml", "use_badam", "BAdam"),
+    ("llamafactory_megatron_qwen3_moe_full.yaml", "tensor_model_parallel_size", "Megatron-core parallelism"),
+])
+def test_llamafactory_switches_perfguide_does_not_price_are_refused(name: str, key: str, what: str) -> None:
+    """LLaMA-Factory's BAdam example (one block's gradients and optimizer states at a time) was priced as a plain fp32
+    AdamW full fine-tune (172 GiB, "does not fit" on 8 x 80 GB), with use_badam listed as having no effect; its Megatron
+    example (pipeline 4 x expert 2 under USE_MCA=1) as DDP of a 30B MoE. Both are refused in one line."""
+    assert key in load(name)   # the premise
+    with pytest.raises(perfguide.PerfGuideError, match=f"{name}: {key}: {what}") as exc:
+        perfguide.check(None, DATA / name, hardware="a100-80gb:8")
+    assert "\n" not in str(exc.value)

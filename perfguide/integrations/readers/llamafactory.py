@@ -60,6 +60,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         col.set("seq_len", as_int(cutoff, col.where("cutoff_len")), "cutoff_len")
     else:
         col.assume("seq_len", 2048, "LLaMA-Factory default cutoff_len")
+    _refuse_unpriced(data, col)
     kind = str(data.get("finetuning_type", "lora")).lower()
     if kind not in ("lora", "full"):
         raise ConfigReadError(f"{col.where('finetuning_type')}={kind!r} is not priced; accepted: lora, full")
@@ -184,3 +185,29 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             rest[field] = value
     more, rest = write_training_args(rest, setup)
     return {**keys, **more}, rest
+
+
+#: LLaMA-Factory switches that change what the step holds or runs in ways perfguide does not price: a config with one
+#: on is refused in one line (they were listed as "read, not priced", as if they changed nothing)
+UNPRICED = {"use_badam": "BAdam (block-coordinate Adam: one block's gradients and optimizer states at a time)",
+            "use_adam_mini": "Adam-mini (one second-moment value per parameter block)", "use_muon": "the Muon optimizer",
+            "use_llama_pro": "LLaMA Pro (expanded blocks, the others frozen)", "use_unsloth": "Unsloth's model and kernels",
+            "use_unsloth_gc": "Unsloth's offloaded gradient checkpointing", "use_mca": "Megatron-core training (mcore_adapter)",
+            "use_megatron_bridge": "Megatron Bridge training", "use_kt": "KTransformers' CPU/GPU expert offload",
+            "use_hyper_parallel": "hyper-parallel training"}
+#: the Megatron-core parallel sizes of LLaMA-Factory's megatron examples (run with USE_MCA=1), which its hparams lack
+MCORE_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size")
+
+
+def _refuse_unpriced(data: dict[str, Any], col: Collector) -> None:
+    on = [k for k in UNPRICED if data.get(k) is not None and as_bool(data[k], col.where(k))]
+    what = UNPRICED[on[0]] if on else None
+    key = on[0] if on else next((k for k in MCORE_KEYS if k in data), None)
+    if key is None and data.get("mixture_of_depths") not in (None, False):
+        key, what = "mixture_of_depths", "mixture-of-depths"
+    if key is None:
+        return
+    what = what or "Megatron-core parallelism (LLaMA-Factory's USE_MCA=1 trainer)"
+    raise ConfigReadError(f"{col.where(key)}: {what} is not priced; perfguide check prices LLaMA-Factory's Hugging Face trainer "
+                          "with LoRA, QLoRA, full fine-tuning, GaLore and APOLLO")
+
