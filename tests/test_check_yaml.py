@@ -6,6 +6,7 @@ exit 3 and a change, in the format's own keys, that fits when applied."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -386,3 +387,53 @@ def test_llamafactory_switches_perfguide_does_not_price_are_refused(name: str, k
     with pytest.raises(perfguide.PerfGuideError, match=f"{name}: {key}: {what}") as exc:
         perfguide.check(None, DATA / name, hardware="a100-80gb:8")
     assert "\n" not in str(exc.value)
+
+
+def _axolotl(tmp_path: Path, name: str, **keys: object) -> Path:
+    path = tmp_path / "a.yml"
+    path.write_text(yaml.safe_dump({**load(name), **keys}), encoding="utf-8")
+    return path
+
+
+def test_axolotl_runs_that_are_not_sft_are_priced_or_refused(tmp_path: Path) -> None:
+    """axolotl's `rl`, reward-model, QAT, ReLoRA, LISA and tensor-parallel keys were listed as "read, not priced" and
+    the run priced as SFT (its DPO examples as one row per sample, no reference). `rl: dpo` is priced as DPO; the others
+    are refused in one line; a context-parallel split is said as an upper bound."""
+    lora = "axolotl_lora-1b.yml"
+    assert perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, rl="dpo", sample_packing=False), hardware="a100-80gb").setup.objective == "dpo"
+    for keys, message in (({"rl": "kto"}, "rl='kto': axolotl's kto trainer is not priced"),
+                          ({"reward_model": True}, "reward_model: reward-model training"),
+                          ({"qat": {"weight_dtype": "int4"}}, "qat: quantization-aware training"),
+                          ({"tensor_parallel_size": 2}, "tensor_parallel_size=2: tensor-parallel training is not priced")):
+        with pytest.raises(perfguide.PerfGuideError, match=re.escape(message)) as exc:
+            perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, **keys), hardware="a100-80gb:2")
+        assert "\n" not in str(exc.value)
+    c = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, context_parallel_size=2), hardware="a100-80gb:2")
+    assert any("context parallelism is not priced" in n for n in c.notes)
+
+
+def test_axolotl_modules_to_save_are_trained_copies(tmp_path: Path) -> None:
+    c = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, "axolotl_lora-1b.yml", lora_modules_to_save=["embed_tokens", "lm_head"]),
+                        hardware="a100-80gb")
+    assert c.setup.lora is not None and c.setup.lora.modules_to_save == ("embed_tokens", "lm_head")
+    plain = perfguide.check("meta-llama/Llama-3.2-1B", DATA / "axolotl_lora-1b.yml", hardware="a100-80gb")
+    assert c.memory.optimizer_states > plain.memory.optimizer_states
+
+
+@pytest.mark.parametrize(("patterns", "priced"), [
+    (["model.layers.*", "model.embed_tokens.*", "model.norm.*", "lm_head.*"], True),    # the whole text model
+    (["model.language_model.*", "lm_head.*"], True),                                  # a VLM's language model
+    (["^model.layers.2[0-9]+.mlp.*"], False),                                          # some blocks' MLPs
+    (["^model.embed_tokens.weight$[:32000]"], False),                                  # a row range
+])
+def test_axolotl_unfrozen_parameters(tmp_path: Path, patterns: list[str], priced: bool) -> None:
+    """axolotl trains only what its patterns match (utils/freeze.py LayerNamePattern: '.' literal unless '+' follows,
+    re.match from the start, an optional row range). The whole text model is priced as its full fine-tune; less is
+    refused rather than priced as all of it."""
+    path = _axolotl(tmp_path, "axolotl_fft-8b-liger-fsdp.yaml", unfrozen_parameters=patterns)
+    if priced:
+        c = perfguide.check(None, path, hardware="a100-80gb:8")
+        assert any("covers the whole text model" in n for n in c.notes)
+    else:
+        with pytest.raises(perfguide.PerfGuideError, match="unfrozen_parameters"):
+            perfguide.check(None, path, hardware="a100-80gb:8")

@@ -8,6 +8,7 @@ fused linear cross-entropy is Liger's, the CutCrossEntropyPlugin's loss Cut Cros
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
@@ -25,6 +26,7 @@ PRICED = frozenset({
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
+    "rl", "lora_modules_to_save", "tensor_parallel_size", "context_parallel_size",
 })
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
@@ -50,6 +52,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
     liger_kernels = _liger_beside_cce(data, plugins)
     col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED | liger_kernels and data[k] is not None))
+    _run_kind(data, col)
     if data.get("base_model"):
         col.set_model(data["base_model"], "base_model")
     _batch(data, col)
@@ -160,6 +163,8 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
     lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 8), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 16), col.where("lora_alpha")),
                             "dropout": as_float(data.get("lora_dropout") or 0.0, col.where("lora_dropout")),
                             "target_modules": _targets(targets, col.where("lora_target_modules"))}
+    if data.get("lora_modules_to_save"):   # PEFT's modules_to_save: a trained copy of each (embed_tokens, lm_head)
+        lora["modules_to_save"] = tuple(str(m) for m in listing(data["lora_modules_to_save"], col.where("lora_modules_to_save")))
     for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora"),
                      ("peft_autocast_adapter_dtype", "autocast_adapter_dtype")):   # loaders/adapter.py: get_peft_model's
         if data.get(src) is not None:
@@ -247,4 +252,63 @@ def _targets(targets: Any, where: str) -> str | tuple[str, ...]:
     if not isinstance(targets, str):
         return tuple(str(t) for t in targets)
     return targets if targets == "all-linear" else regex_targets(targets, where)
+
+
+#: axolotl runs perfguide does not price, refused in one line (each was listed as "read, not priced": priced as SFT)
+NOT_PRICED = {"reward_model": "reward-model training (a sequence-classification head on pairs)",
+              "qat": "quantization-aware training (fake-quantized Linears)", "relora": "ReLoRA (adapters merged and restarted)",
+              "lisa_n_layers": "LISA (a few sampled layers trained at a time)", "diffusion": "diffusion-LM training"}
+#: ``rl`` values whose step perfguide prices: DPO (TRL's DPOTrainer; IPO is its loss on the same step)
+RL_PRICED = ("dpo", "ipo")
+
+
+def _run_kind(data: dict[str, Any], col: Collector) -> None:
+    """The training axolotl runs: SFT, DPO (``rl: dpo``), or one perfguide refuses rather than price as SFT. A
+    context-parallel split is said as not priced (each rank holds a slice of the sequence: an upper bound); tensor
+    parallelism is refused."""
+    for key, what in NOT_PRICED.items():
+        if data.get(key) not in (None, False, [], ""):
+            raise ConfigReadError(f"{col.where(key)}: {what} is not priced; perfguide check prices axolotl's SFT and DPO runs "
+                                  "(full, LoRA, QLoRA)")
+    if data.get("unfrozen_parameters"):
+        _unfrozen(listing(data["unfrozen_parameters"], col.where("unfrozen_parameters")), col, bool(data.get("adapter")))
+    rl = data.get("rl")
+    if rl not in (None, False, ""):
+        if str(rl).lower() not in RL_PRICED:
+            raise ConfigReadError(f"{col.where('rl')}={rl!r}: axolotl's {rl} trainer is not priced; accepted: "
+                                  f"{', '.join(RL_PRICED)} (DPO's step), or no rl (SFT)")
+        col.set("objective", "dpo", "rl")
+    if as_int(data.get("tensor_parallel_size") or 1, col.where("tensor_parallel_size")) > 1:
+        raise ConfigReadError(f"{col.where('tensor_parallel_size')}={data['tensor_parallel_size']}: tensor-parallel training is "
+                              "not priced; perfguide check prices data-parallel, FSDP and DeepSpeed runs")
+    if as_int(data.get("context_parallel_size") or 1, col.where("context_parallel_size")) > 1:
+        col.note(f"{col.where('context_parallel_size')}={data['context_parallel_size']}: context parallelism is not priced: "
+                 "each rank is priced with the whole sequence (an upper bound)")
+
+
+#: parameter names of a decoder's text model, in a text model and in a vision-language one
+_TEXT_PARAMS = ("layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "layers.0.input_layernorm.weight",
+                "embed_tokens.weight")
+_TEXT_PREFIXES = ("model.", "model.language_model.")
+
+
+def _unfrozen(patterns: list[Any], col: Collector, adapter: bool) -> None:
+    """``unfrozen_parameters``: axolotl trains only the parameters its patterns match (utils/freeze.py: a '.' is a
+    literal dot unless '+' follows, ``re.match`` from the start, an optional ``[a:b]`` row range). Patterns that cover a
+    whole text model (a vision-language model's language model and head: the vision tower frozen) are what perfguide
+    prices anyway; fewer parameters are refused. Beside an adapter, PEFT decides what trains: said, not priced."""
+    where = col.where("unfrozen_parameters")
+    if adapter:
+        col.note(f"{where} beside an adapter is not priced (the adapters are what is priced as trained)")
+        return
+    texts = [str(p) for p in patterns]
+    if any(re.search(r"\[[0-9]*:?[0-9]*\]$", p) for p in texts):
+        raise ConfigReadError(f"{where}: a row range trains part of a tensor, which is not priced; perfguide prices whole-model "
+                              "full fine-tuning, LoRA and QLoRA")
+    rx = [re.compile(re.sub(r"\.(?!\+)", r"\\.", p)) for p in texts]
+    whole = any(all(any(r.match(pre + n) for r in rx) for n in _TEXT_PARAMS) for pre in _TEXT_PREFIXES)
+    if not whole:
+        raise ConfigReadError(f"{where}={texts!r} trains part of the model only, which is not priced; perfguide prices the whole "
+                              "text model (patterns covering its embedding and every block), LoRA and QLoRA")
+    col.note(f"{where} covers the whole text model: priced as its full fine-tune (a vision tower, where there is one, frozen)")
 
