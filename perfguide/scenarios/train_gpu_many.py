@@ -18,6 +18,7 @@ from ..setup import QUANTIZED, Setup
 from .host import gpu_dataloader
 from .hybrid import hybrid_decision
 from .moe_targets import expert_free_lora
+from .nofit_training import freed_knobs, longest_sequence, precomputed_reference
 from .rules_precision import gpu_precision
 from .search import (
     Option,
@@ -48,16 +49,7 @@ from .strategies import (
     level_index,
     levels,
 )
-from .training import (
-    attention,
-    check_optimizer,
-    finetune_mode,
-    freed_knobs,
-    longest_sequence,
-    objective_fields,
-    plan_training,
-    precomputed_reference,
-)
+from .training import attention, check_optimizer, finetune_mode, objective_fields, plan_training
 from .types import Candidate, Plan, Request
 
 _SOURCE = f"{sources.TRAIN_GPU_MANY}; {sources.DEEPSPEED} (ZeRO stage escalation order); {sources.ZERO_ESTIMATORS} (ZeRO estimators)"

@@ -14,11 +14,12 @@ from ..setup import Setup
 from .host import gpu_dataloader
 from .idle_gpus import with_idle_gpus
 from .moe_targets import expert_free_lora
+from .nofit_training import freed_knobs, longest_sequence, precomputed_reference
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
 from .train_gpu_many import add_layout
-from .training import Suggest, attention, check_optimizer, freed_knobs, longest_sequence, objective_fields, plan_training, precomputed_reference
+from .training import Suggest, attention, check_optimizer, objective_fields, plan_training
 from .types import Plan, Request
 
 
