@@ -102,3 +102,16 @@ def test_changes_come_back_as_its_flags(script_dir: Path) -> None:
     fit = next(ch for ch in c.changes if ch.kind == "fit")
     assert fit.fits and fit.edits and all(e.format == "fsdp_qlora" for e in fit.edits)
     assert all(k.startswith("--") for e in fit.edits for k in e.keys)
+
+
+def test_the_readme_command_reads_by_its_flags_without_the_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsdp_qlora's README command copied where its train.py is not: --train_type beside flags only that script has
+    (no TrainingArguments field is called context_length or use_cpu_offload) reads it as the recipe, and says so."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    cmd = ["python", "train.py", "--model_name", "meta-llama/Llama-2-70b-hf", "--batch_size", "2", "--context_length", "2048",
+           "--precision", "bf16", "--train_type", "qlora", "--use_gradient_checkpointing", "true", "--use_cpu_offload", "true",
+           "--dataset", "alpaca", "--reentrant_checkpointing", "true"]
+    c = perfguide.check(None, cmd, hardware="rtx4090:2")
+    assert (c.setup.weights_dtype, c.setup.offload_params, c.setup.num_gpus) == ("nf4", True, 2) and c.fits
+    assert any("is not on disk here: read as Answer.AI's fsdp_qlora train.py" in n for n in c.notes)

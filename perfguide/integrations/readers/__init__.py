@@ -116,8 +116,10 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     cls, model_config = script_kind.config_class(path, source)
     script_kind.check_priced(path, cls)
     data = script_flags.parse(script_args)
-    if source is not None and fsdp_qlora.is_fsdp_qlora(source):
+    if fsdp_qlora.is_fsdp_qlora(source) if source is not None else fsdp_qlora.its_flags(data):
         script = Collector("fsdp_qlora", "train.py flags (Answer.AI fsdp_qlora)")
+        if source is None:
+            script.note(f"{path} is not on disk here: read as Answer.AI's fsdp_qlora train.py by its flags (--train_type ...)")
         fsdp_qlora.read(data, script, base_dir=base_dir)
     elif source is not None and peft_example.is_peft_example(source):
         script = Collector("peft_example", "script flags (PEFT examples/sft/train.py)")

@@ -58,6 +58,13 @@ def is_fsdp_qlora(source: str) -> bool:
     return "def fsdp_main(" in source and '"custom_qlora"' in source and "use_cpu_offload" in source
 
 
+def its_flags(flags: dict[str, Any]) -> bool:
+    """A command copied from fsdp_qlora's README without the script here: ``--train_type`` beside a flag only its
+    ``main`` has (no TrainingArguments / TRL field has these names)."""
+    return "train_type" in flags and any(k in flags for k in ("context_length", "use_cpu_offload", "lora_rank", "sharding_strategy",
+                                                                 "use_gradient_checkpointing", "precision"))
+
+
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED))
