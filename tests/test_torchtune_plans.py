@@ -140,3 +140,14 @@ def test_a_distributed_recipe_read_as_one_process_is_told_to_launch_on_every_gpu
     launched = perfguide.check(config=DATA / "torchtune_llama3_2_3B_full.yaml", hardware="rtx4090:4", seq_len=2048, num_gpus=4)
     assert launched.fits and launched.setup.strategy == "fsdp"
     assert launched.memory.device_total / 2**30 == pytest.approx(fit.peak_gib, rel=1e-9)
+
+
+def test_a_plan_that_does_not_fit_is_no_change_to_make() -> None:
+    """llama3_1/70B_full on one process fits by offloading to the CPU (fsdp_cpu_offload); perfguide's own one-GPU
+    search finds nothing that fits, and its best was offered as the change to make (fsdp_cpu_offload: false among
+    its edits), which would have broken a run that fits."""
+    c = perfguide.check(config=DATA / "torchtune_llama3_1_70B_full.yaml", hardware="a100-80gb:8")
+    assert c.fits
+    rec = next(ch for ch in c.changes if ch.kind == "recommended")
+    assert not rec.fits and not rec.edits and not rec.setup
+    assert "keep it" in rec.reason
