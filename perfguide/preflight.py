@@ -135,12 +135,13 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
         return None
     changes = {f: getattr(rec.setup, f) for f in Setup.model_fields if getattr(rec.setup, f) != getattr(s, f)}
     rate = rec.throughput.tokens_per_s if rec.fits else None
-    speedup = rate / current.tokens_per_s if rate and current is not None and current.tokens_per_s and price.memory(s).fits else None
+    config_fits = price.memory(s).fits
+    speedup = rate / current.tokens_per_s if rate and current is not None and current.tokens_per_s and config_fits else None
     reason = "already the plan perfguide recommends" if not changes else ""
     if changes and not rec.fits:   # a change toward a plan that does not fit is no change to make
         reason = (f"perfguide's own search finds no setup of this run that fits {price.hw.name or 'this machine'} as launched "
                   f"({s.world_size} process{'es' if s.world_size > 1 else ''}; its best, {rec.setup.label}, needs "
-                  f"{rec.memory.device_total / 2**30:.1f} GiB per device)" + ("; this config fits: keep it" if price.memory(s).fits else ""))
+                  f"{rec.memory.device_total / 2**30:.1f} GiB per device)" + ("; this config fits: keep it" if config_fits else ""))
         changes = {}
     elif changes and speedup is not None and speedup < 1:   # the search's plan is slower than the config by the same pricing
         reason = (f"no speed to gain: perfguide's own plan for this run ({rec.setup.label}) is slower by the same cost model "

@@ -12,7 +12,21 @@ import re
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, listing, mapping, regex_targets, set_kbit_dtypes, switched_on
+from .base import (
+    Collector,
+    ConfigReadError,
+    as_bool,
+    as_float,
+    as_int,
+    attention,
+    choice,
+    listing,
+    mapping,
+    refuse_unpriced,
+    regex_targets,
+    set_kbit_dtypes,
+    switched_on,
+)
 from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
 from .training_args import read_fsdp
 
@@ -266,10 +280,7 @@ def _run_kind(data: dict[str, Any], col: Collector) -> None:
     """The training axolotl runs: SFT, DPO (``rl: dpo``), or one perfguide refuses rather than price as SFT. A
     context-parallel split is said as not priced (each rank holds a slice of the sequence: an upper bound); tensor
     parallelism is refused."""
-    for key, what in NOT_PRICED.items():
-        if data.get(key) not in (None, False, [], ""):
-            raise ConfigReadError(f"{col.where(key)}: {what} is not priced; perfguide check prices axolotl's SFT and DPO runs "
-                                  "(full, LoRA, QLoRA)")
+    refuse_unpriced(data, col, NOT_PRICED, "axolotl's SFT and DPO runs (full, LoRA, QLoRA)")
     if data.get("unfrozen_parameters"):
         _unfrozen(listing(data["unfrozen_parameters"], col.where("unfrozen_parameters")), col, bool(data.get("adapter")))
     rl = data.get("rl")

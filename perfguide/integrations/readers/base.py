@@ -279,3 +279,18 @@ def regex_targets(pattern: str, where: str) -> tuple[str, ...]:
                               "against each module's full name, e.g. model.layers.0.self_attn.q_proj); list the names instead")
     return names
 
+
+def switched(value: Any) -> bool:
+    """A config value that turns a feature on: anything but absent, false, empty or a "false"-like word."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("", "false", "0", "no", "none", "null")
+    return value is not None and value is not False and value != [] and value != {}
+
+
+def refuse_unpriced(data: Mapping[str, Any], col: Collector, unpriced: Mapping[str, str], priced: str) -> None:
+    """The first key of ``unpriced`` (key -> what it runs) that ``data`` turns on, refused in one line: a run perfguide
+    does not price is never priced as the run without it."""
+    key = next((k for k in unpriced if switched(data.get(k))), None)
+    if key is not None:
+        raise ConfigReadError(f"{col.where(key)}: {unpriced[key]} is not priced; perfguide check prices {priced}")
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, set_kbit_dtypes, switched_on
+from .base import Collector, ConfigReadError, as_bool, as_float, as_int, choice, refuse_unpriced, set_kbit_dtypes, switched_on
 from .foreign_keys import LLAMAFACTORY
 from .hf_keys import REMOVED, SEQ2SEQ
 from .training_args import KNOWN as TA_KNOWN
@@ -200,14 +200,7 @@ MCORE_KEYS = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "exp
 
 
 def _refuse_unpriced(data: dict[str, Any], col: Collector) -> None:
-    on = [k for k in UNPRICED if data.get(k) is not None and as_bool(data[k], col.where(k))]
-    what = UNPRICED[on[0]] if on else None
-    key = on[0] if on else next((k for k in MCORE_KEYS if k in data), None)
-    if key is None and data.get("mixture_of_depths") not in (None, False):
-        key, what = "mixture_of_depths", "mixture-of-depths"
-    if key is None:
-        return
-    what = what or "Megatron-core parallelism (LLaMA-Factory's USE_MCA=1 trainer)"
-    raise ConfigReadError(f"{col.where(key)}: {what} is not priced; perfguide check prices LLaMA-Factory's Hugging Face trainer "
-                          "with LoRA, QLoRA, full fine-tuning, GaLore and APOLLO")
-
+    mcore = next((k for k in MCORE_KEYS if k in data), None)
+    table = {**UNPRICED, "mixture_of_depths": "mixture-of-depths",
+             **({mcore: "Megatron-core parallelism (LLaMA-Factory's USE_MCA=1 trainer)"} if mcore else {})}
+    refuse_unpriced(data, col, table, "LLaMA-Factory's Hugging Face trainer with LoRA, QLoRA, full fine-tuning, GaLore and APOLLO")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import script_flags
 from .base import Collector, ConfigReadError, as_bool
 
 FORMAT = "peft_example"
@@ -69,8 +70,6 @@ def translate(flags: dict[str, Any], col: Collector) -> dict[str, Any]:
 
 
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
-    from . import script_flags
-
     script_flags.read(translate(data, col), col, base_dir=base_dir, args_class="SFTConfig", model_config=False)
 
 
@@ -81,8 +80,6 @@ _OWN = {"--use_peft": "--use_peft_lora", "--load_in_4bit": "--use_4bit_quantizat
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """As script_flags writes them, in the script's names; what it has no flag for is handed back."""
-    from . import script_flags
-
     keys, rest = script_flags.write({k: v for k, v in changes.items() if k != "weights_dtype" or v in ("nf4", "int8")}, setup)
     if "weights_dtype" in changes and changes["weights_dtype"] not in ("nf4", "int8"):
         rest["weights_dtype"] = changes["weights_dtype"]   # the script loads float32, or a 4-bit base's storage dtype

@@ -252,23 +252,25 @@ def _trl_adapter_cast(dpo: bool, use_dora: bool = False) -> str | None:
     return f"TRL {release or '(newest)'} casts a quantized model's trainable adapters to bf16"
 
 
-def _trl_loads_fp32() -> bool:
+def _trl_at_least(version: tuple[int, int]) -> tuple[str | None, bool]:
+    """(the installed TRL release, whether it is ``version`` or later; None counts as the newest)."""
     from ...memory.fused_head import installed_trl
     from ...memory.loss_path import version_tuple
 
     release = installed_trl()
-    return release is None or version_tuple(release)[:2] >= TRL_FP32_LOAD
+    return release, release is None or version_tuple(release)[:2] >= version
+
+
+def _trl_loads_fp32() -> bool:
+    return _trl_at_least(TRL_FP32_LOAD)[1]
 
 
 def _trl_kbit_dtypes(data: dict[str, Any], col: Collector) -> None:
     """A TRL ModelConfig's k-bit base trained by the installed TRL (the one ``trl sft`` runs): from 0.26 its embedding,
     head and norms stay in the load dtype; before, TRL ran peft's upcast and, on an unsharded bf16 run, cast the
     embedding and head back to bf16 (``peft_module_casting_to_bf16``)."""
-    from ...memory.fused_head import installed_trl
-    from ...memory.loss_path import version_tuple
-
-    release = installed_trl()
-    if release is None or version_tuple(release)[:2] >= TRL_NO_KBIT_PREP:
+    release, no_prep = _trl_at_least(TRL_NO_KBIT_PREP)
+    if no_prep:
         set_kbit_dtypes(col, "load_in_4bit / use_peft", f"TRL {release or '(newest)'}: its trainers run no peft k-bit "
                         "preparation, so the embedding, head and norms stay in the load dtype")
     elif data.get("bf16") and not (data.get("fsdp") or data.get("deepspeed")):
