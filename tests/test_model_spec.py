@@ -57,6 +57,7 @@ PUBLISHED = {
     "distilbert/distilbert-base-uncased": 66_985_530, "microsoft/biogpt": 346_763_264,
     "codellama/CodeLlama-34b-hf": 33_743_970_304, "google/gemma-2b": 2_506_172_416, "google/gemma-7b": 8_537_680_896,
     "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T": 1_100_048_384, "bigscience/T0pp": 11_135_332_352,
+    "HuggingFaceTB/SmolLM2-135M": 134_515_008,               # the total a public printout of its config states
 }
 
 
@@ -275,13 +276,14 @@ def test_hub_failure_becomes_offline_error(monkeypatch: pytest.MonkeyPatch) -> N
         ModelSpec.from_any("some-org/bad--name")
 
 
-@pytest.mark.parametrize(("text", "shape_of"), [("7b", "Llama-2-7b-hf"), ("70B", "Llama-3.1-70B"), ("8b", "Llama-3.1-8B")])
+@pytest.mark.parametrize(("text", "shape_of"), [("7b", "Llama-2-7b-hf"), ("70B", "Llama-3.1-70B"), ("8b", "Llama-3.1-8B"),
+                                                   ("350m", "SmolLM2-360M"), ("125M", "SmolLM2-135M")])
 def test_size_strings_pick_a_catalog_llama(text: str, shape_of: str) -> None:
     spec = ModelSpec.from_any(text)
     assert shape_of in spec.name and spec.source == "size" and spec.model_type == "llama"
 
 
-@pytest.mark.parametrize("text", ["350m", "1.5B", "20b", "125M"])
+@pytest.mark.parametrize("text", ["250m", "1.5B", "20b", "90M"])
 def test_size_strings_synthesize_near_the_size(text: str) -> None:
     target = float(text[:-1]) * {"m": 1e6, "b": 1e9}[text[-1].lower()]
     spec = ModelSpec.from_any(text)
