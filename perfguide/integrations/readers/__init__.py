@@ -17,7 +17,7 @@ from .base import Collector, ConfigReadError, Reading
 #: format -> module (imported on first use); the order is the order detection tries them in
 MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
            "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags",
-           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora"}
+           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora", "swift": "swift"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -96,13 +96,40 @@ def read_file(path: str, fmt: str | None = None) -> Reading:
 
 def read_command(argv: list[str] | str) -> list[Reading]:
     """A launch command: the script's flags first (they own the run's settings), then the launcher, then any
-    accelerate config file the launcher names."""
+    accelerate config file the launcher names; ``NAME=value`` words before it are the environment it runs in."""
     import shlex
-
-    from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind
 
     words = shlex.split(argv) if isinstance(argv, str) else list(argv)
     base_dir = str(Path.cwd())
+    env, words = environment(words)
+    if words and words[0].rsplit("/", 1)[-1] == "swift":
+        from . import swift
+
+        return swift.read_command(words, env, base_dir)
+    readings = _read_launched(words, base_dir)
+    if env:   # only ms-swift takes its process count from the environment
+        first = readings[0]
+        said = f"environment {', '.join(env)} before the command: not read (the launcher's flags and configs say the run)"
+        readings[0] = first.model_copy(update={"notes": (*first.notes, said)})
+    return readings
+
+
+def environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The ``NAME=value`` words a shell line sets before its command, and the command."""
+    import re
+
+    env: dict[str, str] = {}
+    i = 0
+    while i < len(words) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[i], re.S):
+        name, _, value = words[i].partition("=")
+        env[name] = value
+        i += 1
+    return env, words[i:]
+
+
+def _read_launched(words: list[str], base_dir: str) -> list[Reading]:
+    from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind
+
     if words and words[0].rsplit("/", 1)[-1] == "trl":
         from . import trl_cli
 
@@ -115,7 +142,7 @@ def read_command(argv: list[str] | str) -> list[Reading]:
     source = script_kind.source_of(path, base_dir)
     cls, model_config = script_kind.config_class(path, source)
     script_kind.check_priced(path, cls)
-    data = script_flags.parse(script_args)
+    data, config = script_kind.arguments(path, source, cls, script_args, base_dir)
     if fsdp_qlora.is_fsdp_qlora(source) if source is not None else fsdp_qlora.its_flags(data):
         script = Collector("fsdp_qlora", "train.py flags (Answer.AI fsdp_qlora)")
         if source is None:
@@ -125,7 +152,8 @@ def read_command(argv: list[str] | str) -> list[Reading]:
         script = Collector("peft_example", "script flags (PEFT examples/sft/train.py)")
         peft_example.read(data, script, base_dir=base_dir)
     else:
-        script = Collector("script_flags", "script flags" if cls is None else f"script flags ({cls})")
+        over = "" if config is None else f" over {Path(config).name}"
+        script = Collector("script_flags", ("script flags" if cls is None else f"script flags ({cls})") + over)
         script_flags.read(data, script, base_dir=base_dir, args_class=cls, model_config=model_config)
     outer = Collector("launcher", f"{name} flags")
     extra = launcher.read_launcher(name, flags, outer, base_dir)

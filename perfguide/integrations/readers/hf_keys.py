@@ -59,6 +59,19 @@ RENAMED = {"no_cuda": "use_cpu", "per_gpu_train_batch_size": "per_device_train_b
            "torch_dtype": "dtype", "max_seq_length": "max_length"}
 #: transformers 4 keys with no transformers 5 counterpart: read and named as not priced
 REMOVED: tuple[str, ...] = ("fp16_backend", "half_precision_backend", "fp16_opt_level", "tpu_num_cores", "use_ipex", "use_mps_device",
-                            "warmup_ratio", "overwrite_output_dir", "logging_dir")
+                            "warmup_ratio", "overwrite_output_dir", "logging_dir", "max_prompt_length")
+#: the first release whose class no longer has a legacy key, so that its parser stops on it (HfArgumentParser: "Some
+#: specified arguments are not used"; TrlParser: "Unknown arguments from config file"). transformers' TrainingArguments
+#: fields read in the wheels on either side of each removal (4.50.0 / 4.51.0, 4.56.0 / 4.57.0, 4.57.6 / 5.0.0,
+#: 5.14.0 / 5.15.0); TRL's in its git history: ModelConfig's torch_dtype removed in 0.27.0 (#4651), SFTConfig's
+#: max_seq_length in 0.20.0 (#3704), DPOConfig's max_prompt_length in 0.29.0 (#3906). gradient_checkpointing* are still
+#: deprecated aliases in transformers 5.24.
+GONE_IN: dict[str, tuple[str, str]] = {
+    "evaluation_strategy": ("transformers", "4.51.0"), "use_ipex": ("transformers", "4.57.0"),
+    **{k: ("transformers", "5.0.0") for k in ("no_cuda", "per_gpu_train_batch_size", "fp16_backend", "half_precision_backend",
+                                              "fp16_opt_level", "tpu_num_cores", "use_mps_device", "overwrite_output_dir")},
+    "warmup_ratio": ("transformers", "5.15.0"), "logging_dir": ("transformers", "5.15.0"),
+    "torch_dtype": ("trl", "0.27.0"), "max_seq_length": ("trl", "0.20.0"), "max_prompt_length": ("trl", "0.29.0"),
+}
 #: Seq2SeqTrainingArguments' own fields (transformers), which LLaMA-Factory's TrainingArguments extends
 SEQ2SEQ: tuple[str, ...] = ("predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config", "sortish_sampler")

@@ -13,6 +13,7 @@ docs where the script is not on disk.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from .base import ConfigReadError, under
 
@@ -55,3 +56,49 @@ def check_priced(script: str, cls: str | None) -> None:
     if cls is not None and cls not in PRICED:
         raise ConfigReadError(f"{script} parses its flags into {cls}, a training objective perfguide does not price; accepted: "
                               f"scripts on {', '.join(PRICED)} (SFT, DPO and the Trainer's next-token loss)")
+
+
+def uses_trl_parser(script: str, source: str | None) -> bool:
+    """Whether the script parses with TRL's TrlParser (which reads ``--config FILE``), by its text or TRL's own path."""
+    if source is not None:
+        return "TrlParser" in source
+    return any(script.replace("\\", "/").endswith(suffix) for suffix in TRL_SCRIPTS)
+
+
+def arguments(script: str, source: str | None, cls: str | None, words: list[str], base_dir: str) -> tuple[dict[str, Any], str | None]:
+    """(the script's settings, the YAML they came from or None), as its parser takes them. TrlParser
+    (trl/scripts/utils.py, trl 1.16) reads ``--config FILE`` as defaults the flags override, and only that spelling;
+    HfArgumentParser refuses a word that is no flag ("Some specified arguments are not used"), except where the
+    script reads a sole YAML / JSON argument itself (``parse_yaml_file``). A word the parser would stop on is refused
+    here rather than passed over, which priced the class defaults instead of the file the user meant."""
+    from .script_flags import parse
+
+    leading = next((words[:i] for i, w in enumerate(words) if w.startswith("-")), words)
+    data = parse(words)
+    trl = uses_trl_parser(script, source)
+    if any(w.startswith("--config=") for w in words) and trl:
+        raise ConfigReadError(f"{script} parses with TrlParser, which finds its YAML only as two words, `--config FILE`; "
+                              "`--config=FILE` stops it as an unknown argument")
+    if leading and cls is not None:
+        sole = words == leading and len(leading) == 1 and leading[0].endswith((".yaml", ".yml", ".json"))
+        if sole and not trl and source is not None and ("parse_yaml_file" in source or "parse_json_file" in source):
+            return _file(leading[0], base_dir), leading[0]
+        how = "`--config FILE` (TrlParser)" if trl else "--flags (HfArgumentParser refuses a word that is no flag)"
+        raise ConfigReadError(f"{script} does not read {leading[0]!r} as given: its parser takes {how}; "
+                              f"pass {'--config ' + leading[0] if trl else 'the settings as --key value flags'}")
+    if source is None and not trl and data.get("config") not in (None, True):   # its values would be dropped unread
+        raise ConfigReadError(f"{script} is not a file here, so which parser reads --config {data['config']} is unknown; run the "
+                              "check where the script is (a TrlParser script takes the YAML's values under its flags)")
+    config = data.pop("config", None) if trl else None
+    if config in (None, True):
+        return data, None
+    return {**_file(str(config), base_dir), **data}, str(config)
+
+
+def _file(path: str, base_dir: str) -> dict[str, Any]:
+    """A script's YAML / JSON of argument values; TrlParser's ``env`` block sets variables, no argument."""
+    from . import load
+
+    values = load(str(under(path, base_dir)))
+    values.pop("env", None)
+    return values

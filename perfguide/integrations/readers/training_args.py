@@ -13,7 +13,7 @@ from typing import Any
 from ...optimizer_facts import names as optimizer_names
 from ...optimizer_facts import steps_in_backward
 from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, set_kbit_dtypes, switched_on
-from .hf_keys import DPO_CONFIG, MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
+from .hf_keys import DPO_CONFIG, GONE_IN, MODEL_CONFIG, REMOVED, RENAMED, SCRIPT_ARGUMENTS, SFT_CONFIG, TRAINING_ARGUMENTS
 
 FORMAT = "training_args"
 SYNTAX = "kwargs"
@@ -46,15 +46,35 @@ def is_dpo(data: dict[str, Any]) -> bool:
     return any(k in data for k in DPO_CONFIG)
 
 
-def canonical(data: dict[str, Any], col: Collector) -> dict[str, Any]:
-    """Old and deprecated names read as what they mean now (the new name wins when both are given, as transformers does)."""
+def canonical(data: dict[str, Any], col: Collector, noted: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Old and deprecated names read as what they mean now (the new name wins when both are given, as transformers does);
+    ``noted``: keys already named (gone_here), read without a second note."""
     out = dict(data)
     for old, new in RENAMED.items():
         if old in out:
             value = out.pop(old)
-            col.note(f"{col.where(old)} is the transformers 4 / deprecated name of {new!r}; read as {new}")
+            if old not in noted:
+                col.note(f"{col.where(old)} is the transformers 4 / deprecated name of {new!r}; read as {new}")
             out.setdefault(new, value)
     return out
+
+
+def gone_here(keys: Any, col: Collector) -> frozenset[str]:
+    """Legacy keys the installed transformers / TRL no longer has: read as what they meant, and named, because the
+    script's parser stops on them here before training starts. A package that is not installed says nothing."""
+    from ..._packages import installed_release
+    from ...memory.loss_path import version_tuple
+
+    named = set()
+    for key in sorted(k for k in keys if k in GONE_IN):
+        package, gone = GONE_IN[key]
+        release = installed_release(package)
+        if release is not None and version_tuple(release) >= version_tuple(gone):
+            now = f"; write {RENAMED[key]} (read as {RENAMED[key]} here)" if key in RENAMED else "; drop it"
+            col.note(f"{col.where(key)}: the installed {package} {release} has no {key} (gone since {gone}), so the script's "
+                     f"argument parser stops on it and this config does not start here{now}, or pin {package} below {gone}")
+            named.add(key)
+    return frozenset(named)
 
 
 def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: bool | None = None, base_dir: str | None = None,
@@ -64,7 +84,9 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
     max_length 1024) and prices TRL's DPOTrainer (objective='dpo')."""
     dpo = is_dpo(data) if dpo is None else dpo
     sft = (dpo or is_sft(data)) if sft is None else sft or dpo
-    data = canonical(data, col)
+    # parsed by HfArgumentParser / TrlParser here (not under LLaMA-Factory's own pins)
+    gone = gone_here(data, col) if col.format in ("training_args", "script_flags") else frozenset()
+    data = canonical(data, col, gone)
     col.reject(sorted(k for k in data if k not in KNOWN and k not in REMOVED), KNOWN)
     sync_each_batch = _sync_each_batch(data.get("accelerator_config"), col)
     priced = PRICED | ({"accelerator_config"} if sync_each_batch is not None else set())
@@ -300,19 +322,26 @@ def read_fsdp(fsdp: Any, config: Any, col: Collector, default_version: int = 2) 
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Setup field changes as TrainingArguments / SFTConfig keys; the second dict holds what these keys cannot say."""
+    """Setup field changes as TrainingArguments / SFTConfig keys; the second dict holds what these keys cannot say.
+
+    Checkpointing under FSDP is written as the training argument, with FSDP's own switched off: ``fsdp_config`` is
+    read only where the arguments' own ``fsdp`` is set (transformers 5.24 ``_process_fsdp_args``), not under an
+    accelerate config's FSDP, and the Trainer refuses the two on together. The argument takes effect on either route
+    (at one more all-gather per block in backward, which transformers warns of)."""
     keys: dict[str, Any] = {}
     rest: dict[str, Any] = {}
     simple = {"micro_batch_size": "per_device_train_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps",
               "optimizer": "optim", "liger_kernel": "use_liger_kernel", "torch_compile": "torch_compile", "tf32": "tf32",
               "padding_free": "padding_free", "activation_offloading": "activation_offloading", "seq_len": "max_length",
               "dataloader_num_workers": "dataloader_num_workers", "dataloader_pin_memory": "dataloader_pin_memory",
-              "attn_implementation": "attn_implementation", "precompute_ref_log_probs": "precompute_ref_log_probs"}
+              "attn_implementation": "attn_implementation", "precompute_ref_log_probs": "precompute_ref_log_probs",
+              "nf4_double_quant": "use_bnb_nested_quant"}
     for field, value in changes.items():
         if field in simple:
             keys[simple[field]] = value
-        elif field == "gradient_checkpointing":
-            keys["fsdp_config.activation_checkpointing" if setup.is_fsdp else "activation_checkpointing"] = value
+        elif field == "gradient_checkpointing":   # under FSDP, see _fsdp_checkpointing
+            keys.update({"activation_checkpointing": value, "fsdp_config.activation_checkpointing": False} if setup.is_fsdp
+                        else {"activation_checkpointing": value})
         elif field == "autocast" and value != "fp8":
             keys.update(bf16=value == "bf16", fp16=value == "fp16")
         elif field == "weights_dtype":
