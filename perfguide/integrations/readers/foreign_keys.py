@@ -5,6 +5,8 @@ pinned environment): every annotated field of the pydantic / dataclass models th
   (src/axolotl/utils/schemas/*.py, field names and aliases), plus the plugin arguments (src/axolotl/integrations/*/args.py).
 - LLaMA-Factory at commit ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30: the dataclasses of src/llamafactory/hparams/
   (ModelArguments, DataArguments, FinetuningArguments, GeneratingArguments, TrainingArguments and their parts).
+- ms-swift at commit 3602360a5 (4.x): the dataclasses ``swift sft`` parses (swift/arguments/base_args/*.py, tuner_args.py,
+  sft_args.py, swift/trainers/arguments.py), plus ``train_type``, the 3.x name of ``tuner_type`` that 4.0 still took.
 """
 
 AXOLOTL: frozenset[str] = frozenset((
@@ -155,4 +157,51 @@ LLAMAFACTORY: frozenset[str] = frozenset((
     "use_muon", "use_reentrant_gc", "use_rslora", "use_swanlab", "use_unsloth", "use_unsloth_gc", "use_v1_kernels",
     "val_size", "video_fps", "video_max_pixels", "video_maxlen", "video_min_pixels", "vllm_config",
     "vllm_enforce_eager", "vllm_gpu_util", "vllm_max_lora_rank", "vllm_maxlen",
+))
+
+#: ms-swift's own argument names (beside transformers' Seq2SeqTrainingArguments, which its arguments extend)
+SWIFT: frozenset[str] = frozenset((
+    "acc_strategy", "adalora_beta1", "adalora_beta2", "adalora_deltaT", "adalora_init_r", "adalora_orth_reg_weight",
+    "adalora_target_r", "adalora_tfinal", "adalora_tinit", "adam_beta2", "adapter_act", "adapter_length",
+    "adapters", "add_non_thinking_prefix", "add_version", "agent_template", "aligner_lr", "attn_impl", "bf16",
+    "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant",
+    "boft_block_num", "boft_block_size", "boft_dropout", "boft_n_butterfly_factor", "cached_dataset",
+    "cached_val_dataset", "callbacks", "check_model", "columns", "create_checkpoint_symlink", "custom_dataset_info",
+    "custom_register_path", "data_seed", "dataloader_num_workers", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor", "dataset", "dataset_num_proc", "dataset_shuffle", "ddp_backend", "ddp_timeout",
+    "deepspeed_autotp_size", "device_map", "disable_auto_column_mapping", "disable_ignore_empty_think",
+    "download_mode", "ds3_gather_for_generation", "early_stop_interval", "enable_channel_loss", "enable_dft_loss",
+    "enable_npu_model_patch", "enable_thinking", "eval_dataset", "eval_dataset_args", "eval_generation_config",
+    "eval_limit", "eval_metric", "eval_strategy", "eval_use_evalscope", "experts_impl", "external_plugins",
+    "extra_eval_args", "fourier_n_frequency", "fourier_scaling", "fp16", "freeze_aligner", "freeze_llm",
+    "freeze_parameters", "freeze_parameters_ratio", "freeze_parameters_regex", "freeze_vit", "fsdp",
+    "galore_cos_threshold", "galore_gamma_proj", "galore_optim_per_parameter", "galore_proj_bits",
+    "galore_proj_group_size", "galore_proj_quant", "galore_proj_type", "galore_quantization", "galore_queue_size",
+    "galore_rank", "galore_scale", "galore_target_modules", "galore_update_proj_gap", "galore_with_embedding",
+    "gradient_accumulation_steps", "gradient_checkpointing", "gradient_checkpointing_kwargs", "group_by_length",
+    "hqq_axis", "hub_token", "ignore_args_error", "init_strategy", "init_weights", "interleave_prob",
+    "is_binary_loss_scale", "lazy_tokenize", "learning_rate", "lisa_activated_layers", "lisa_step_interval",
+    "llamapro_num_groups", "llamapro_num_new_blocks", "load_args", "load_data_args", "load_from_cache_file",
+    "local_repo_path", "logging_dir", "logging_first_step", "logging_steps", "logprobs", "lora_alpha", "lora_bias",
+    "lora_dropout", "lora_dtype", "lora_ga_batch_size", "lora_ga_direction", "lora_ga_iters", "lora_ga_max_length",
+    "lora_ga_scale", "lora_ga_stable_gamma", "lora_rank", "lorap_lr_ratio", "loss_scale", "loss_type",
+    "lr_scheduler_kwargs", "lr_scheduler_type", "max_epochs", "max_length", "max_memory", "max_model_len",
+    "max_new_tokens", "max_pixels", "max_shard_size", "model", "model_author", "model_kwargs", "model_name",
+    "model_revision", "model_type", "modules_to_save", "mrl_dims", "new_special_tokens", "norm_bbox", "num_beams",
+    "num_labels", "optimizer", "output_dir", "packing", "packing_length", "packing_num_proc", "packing_strategy",
+    "padding_free", "padding_side", "per_device_eval_batch_size", "per_device_train_batch_size",
+    "preserve_thinking", "problem_type", "quant_bits", "quant_method", "reft_args", "reft_intervention_type",
+    "reft_layer_key", "reft_layers", "reft_rank", "remove_unused_columns", "repetition_penalty", "report_to",
+    "response_prefix", "resume_only_model", "rope_scaling", "router_aux_loss_coef", "safe_serialization", "seed",
+    "sequence_parallel_size", "shuffle_buffer_size", "split_dataset_ratio", "stop_words", "stopping_strategy",
+    "stream", "streaming", "strict", "structured_outputs_regex", "swanlab_email_language", "swanlab_exp_name",
+    "swanlab_mode", "swanlab_notification_method", "swanlab_project", "swanlab_receiver_email", "swanlab_secret",
+    "swanlab_sender_email", "swanlab_smtp_port", "swanlab_smtp_server", "swanlab_token", "swanlab_webhook_url",
+    "swanlab_workspace", "system", "target_modules", "target_parameters", "target_regex", "task_type",
+    "temperature", "template", "template_backend", "top_k", "top_logprobs", "top_p", "torch_dtype",
+    "train_dataloader_shuffle", "train_type", "trainable_parameters", "trainable_parameters_regex",
+    "truncation_strategy", "tuner_backend", "tuner_type", "use_chat_template", "use_dora", "use_flash_ckpt",
+    "use_galore", "use_hf", "use_liger_kernel", "use_logits_to_keep", "use_rslora", "use_swift_lora", "val_dataset",
+    "val_dataset_shuffle", "vera_d_initial", "vera_dropout", "vera_projection_prng_key", "vera_rank",
+    "vit_gradient_checkpointing", "vit_lr", "warmup_ratio", "weight_decay", "zero_hpz_partition_size",
 ))
