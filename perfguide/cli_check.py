@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="M", help="the model, when no config names one (catalog name, hub id, local path)")
     p.add_argument("--hardware", metavar="NAME[:N]", help="check on a named target, e.g. a100-80gb:8 (default: probe this machine)")
     p.add_argument("--format", metavar="F", help="read the files as this format instead of guessing (training_args, accelerate, deepspeed)")
+    p.add_argument("--task", metavar="T", help="the head the run trains, where not the model's own: seq-cls, token-cls, qa, ...")
+    p.add_argument("--num-labels", type=int, metavar="N", help="the classifier's width for --task seq-cls / token-cls")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="print the whole Check as JSON")
     out.add_argument("--markdown", action="store_true", help=argparse.SUPPRESS)
@@ -61,7 +63,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .setup import Setup
 
     overrides = values_from_args(args, Setup, skip=SKIPPED)
-    result = check(args.model, config_from_args(args), hardware=_hardware(args.hardware), **overrides)
+    result = check(args.model, config_from_args(args), hardware=_hardware(args.hardware), task=args.task, num_labels=args.num_labels,
+                   **overrides)
     _emit(result.to_json() if args.json else result.report())
     if result.fits:
         return EXIT_OK

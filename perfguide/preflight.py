@@ -61,11 +61,14 @@ def is_command(config: Any) -> bool:
     return bool(words) and words[0].rsplit("/", 1)[-1] in LAUNCHERS
 
 
-def check(model: Any = None, config: Any = None, *, hardware: Hardware | str | None = None, **overrides: Any) -> Check:
+def check(model: Any = None, config: Any = None, *, hardware: Hardware | str | None = None, task: str | None = None,
+          num_labels: int | None = None, **overrides: Any) -> Check:
     """Will ``config`` (the user's own files / objects) fit ``model`` on ``hardware``, how fast, and what to change.
 
     ``model`` may be None when a config names one (``model_name_or_path``, ``base_model``, the serve command's model);
     ``overrides`` are Setup fields (``seq_len=4096``, ``num_gpus=8``) that the configs cannot say or should not decide.
+    ``task`` / ``num_labels``: the head the run trains (``"seq-cls"``, 3 labels), as ``recommend`` takes them, where the
+    model's own head is not it and the configs do not say (ms-swift's ``--task_type seq_cls`` does).
     """
     if config is None:
         raise PerfGuideError("check needs a config: a file path (TrainingArguments JSON/YAML, accelerate YAML, DeepSpeed JSON), "
@@ -80,7 +83,7 @@ def check(model: Any = None, config: Any = None, *, hardware: Hardware | str | N
         return _check_serve(model, config, hardware, overrides)
     combined = Combined(readings(config), overrides)
     name = _model_name(model, combined)
-    spec = ModelSpec.from_any(model if model is not None else name)
+    spec = _headed(ModelSpec.from_any(model if model is not None else name), combined, task, num_labels)
     hw = resolve_hardware(hardware)
     result, price = verdict(spec, hw, combined)
     _check_setup_fits_machine(result.setup, hw)
@@ -100,6 +103,23 @@ def _check_serve(model: Any, config: Any, hardware: Hardware | str | None, overr
     result = serve_command.check(config, lambda name: ModelSpec.from_any(model if model is not None else name), hw)
     _check_setup_fits_machine(result.setup, hw)
     return result
+
+
+def _headed(spec: ModelSpec, combined: Combined, task: str | None, num_labels: int | None) -> ModelSpec:
+    """The model with the head the run trains: the caller's, else the configs', else its own."""
+    from .errors import InvalidModelError
+    from .model.tasks import TASKS, normalize_task, with_task
+
+    given = normalize_task(task) if task is not None else combined.task
+    if given is not None and given not in TASKS:
+        raise InvalidModelError(f"task {task!r} is not a head perfguide prices; accepted: {', '.join(TASKS)}")
+    labels = num_labels if num_labels is not None else combined.num_labels if task is None else None
+    if given is None and labels is None:
+        return spec
+    headed = with_task(spec, str(given) if given is not None else None, labels)
+    combined.notes.append(f"priced with the {given or spec.head} head" + (f" ({headed.num_labels} label{'s' * (headed.num_labels != 1)})" if headed.num_labels else "")
+                          + (" given to perfguide check" if task is not None or num_labels is not None else " the command trains"))
+    return headed
 
 
 def _model_name(model: Any, combined: Combined) -> str:

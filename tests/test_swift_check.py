@@ -74,7 +74,7 @@ def test_qlora_is_bitsandbytes_nf4_with_double_quantization() -> None:
     ("CUDA_VISIBLE_DEVICES=0,1 swift sft", "device_map"),                            # multi-gpu/device_map/train.sh
     ("CUDA_VISIBLE_DEVICES=0,1,2,3 NPROC_PER_NODE=2 swift sft", "its share of them"),  # multi-gpu/ddp_device_map
     ("swift sft --tuner_type adalora", "accepted: lora, full"),
-    ("swift sft --task_type seq_cls --num_labels 1", "--task seq-cls"),
+    ("swift sft --task_type embedding", "accepted: causal_lm, seq_cls, reranker"),
     ("swift sft --optimizer muon", "optimizer plugin"),
     ("swift sft --quant_method hqq --quant_bits 4", "accepted: bnb"),
     ("swift sft --tuner_backend unsloth", "Unsloth"),
@@ -137,3 +137,26 @@ def test_the_environment_before_another_launcher_is_named_not_read(tmp_path: Pat
                                      "--per_device_train_batch_size", "2"], hardware="a100-80gb")
     assert check.setup.micro_batch_size == 2
     assert any("environment CUDA_VISIBLE_DEVICES before the command: not read" in n for n in check.notes)
+
+
+@pytest.mark.parametrize(("words", "labels"), [("--task_type seq_cls --num_labels 1", 1), ("--task_type reranker", 1),
+                                               ("--task_type seq_cls", 2)])
+def test_a_classifier_run_is_priced_with_its_head(words: str, labels: int) -> None:
+    """seq_cls/regression/sft.sh (Qwen2.5-0.5B, 16 x 2,048 tokens): swift loads AutoModelForSequenceClassification
+    (swift/model/register.py; a reranker with one label, seq_cls with --num_labels, else transformers' 2). The LM run
+    holds at least the bf16 logits, 16 x 2,048 x 151,936 x 2 B; the classifier's are 16 x labels values."""
+    base = "swift sft --model Qwen/Qwen2.5-0.5B --dataset x --torch_dtype bfloat16 --per_device_train_batch_size 16 --max_length 2048"
+    lm, cls = _check(base, "a100-80gb"), _check(f"{base} {words}", "a100-80gb")
+    assert lm.memory is not None and cls.memory is not None
+    assert lm.memory.logits >= 16 * 2048 * 151936 * 2 and cls.memory.logits < 2**20
+    assert f"priced with the seq-cls head ({labels} label{'s' * (labels != 1)}) the command trains" in cls.notes
+
+
+def test_the_head_can_be_given_to_check() -> None:
+    """``task`` / ``num_labels`` as ``recommend`` takes them, for a config that cannot say (a run_glue command)."""
+    args = {"per_device_train_batch_size": 32, "bf16": True}
+    check = perfguide.check("google-bert/bert-base-uncased", args, hardware="a100-80gb", task="seq-cls", num_labels=3, seq_len=128)
+    assert check.memory is not None and check.memory.logits < 2**20
+    assert "priced with the seq-cls head (3 labels) given to perfguide check" in check.notes
+    with pytest.raises(PerfGuideError, match="accepted: causal-lm, seq-cls"):
+        perfguide.check("gpt2", args, hardware="a100-80gb", task="image-cls")

@@ -47,6 +47,8 @@ class Reading(Model):
     notes: tuple[str, ...] = ()
     multi_process: str = "ddp"      # the strategy the format's own launcher uses for several processes (torchtune: FSDP2)
     spans_gpus: str = ""            # why the command's launcher starts one process per visible GPU when it names no count
+    task: str | None = None         # the head the run trains, where not the model's own (model.tasks.TASKS: "seq-cls", ...)
+    num_labels: int | None = None   # that head's width, for a classifier
 
 
 class Collector:
@@ -62,6 +64,8 @@ class Collector:
         self.model: str | None = None
         self.multi_process = "ddp"
         self.spans_gpus = ""
+        self.task: str | None = None
+        self.num_labels: int | None = None
 
     def where(self, key: str) -> str:
         return f"{self.source}: {self.prefix}{key}"
@@ -99,7 +103,7 @@ class Collector:
     def reading(self) -> Reading:
         return Reading(format=self.format, source=self.source, settings=tuple(self.settings), auto=self.auto,
                        ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes),
-                       multi_process=self.multi_process, spans_gpus=self.spans_gpus)
+                       multi_process=self.multi_process, spans_gpus=self.spans_gpus, task=self.task, num_labels=self.num_labels)
 
 
 def set_kbit_dtypes(col: Collector, key: str, why: str, *, recast: bool = False, fp32_norms_key: str | None = None) -> None:

@@ -52,6 +52,8 @@ class Combined:
             self.chosen[field] = Setting(field=field, value=value, source="given to perfguide check (overrides the configs)")
         models = [s for r in readings for s in r.settings if s.field == "model"]
         self.model: Setting | None = models[0] if models else None
+        headed = next((r for r in readings if r.task is not None), None)   # a command that trains another head says so
+        self.task, self.num_labels = (headed.task, headed.num_labels) if headed is not None else (None, None)
         if len({m.value for m in models}) > 1:
             raise ConfigReadError(f"the configs name different models: {models[0].source}={models[0].value!r}, "
                                   f"{models[1].source}={models[1].value!r}; pass one config per run, or --model")

@@ -73,10 +73,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     refuse_unpriced({k: v for k, v in data.items() if not (k == "sequence_parallel_size" and str(v) == "1")}, col, UNPRICED,
                     "ms-swift's LoRA, QLoRA and full fine-tuning")
-    task = str(data.get("task_type", "causal_lm")).lower()
-    if task != "causal_lm":
-        raise ConfigReadError(f"{col.where('--task_type')}={task!r}: a {task} head is not read by perfguide check, which prices "
-                              "the causal LM's logits; for a classifier, perfguide recommend MODEL --task seq-cls")
+    _head(data, col)
     if data.get("optimizer") not in (None, True):
         raise ConfigReadError(f"{col.where('--optimizer')}={data['optimizer']!r}: ms-swift's own optimizer plugin is not priced; "
                               "perfguide check prices transformers' --optim")
@@ -115,7 +112,21 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
 
 _PRICED = frozenset({"model", "tuner_type", "train_type", "torch_dtype", "lora_rank", "lora_alpha", "lora_dropout", "target_modules",
                      "lora_dtype", "use_dora", "use_rslora", "quant_method", "quant_bits", "bnb_4bit_use_double_quant",
-                     "bnb_4bit_quant_type", "attn_impl", "modules_to_save"}) | _OWN
+                     "bnb_4bit_quant_type", "attn_impl", "modules_to_save", "task_type", "num_labels"}) | _OWN
+
+
+def _head(data: dict[str, Any], col: Collector) -> None:
+    """``--task_type``: the causal LM, or a classifier (``seq_cls``, and ``reranker``: a one-label score head,
+    swift/model/register.py) of ``--num_labels`` (transformers' default 2) on the same model."""
+    task = str(data.get("task_type", "causal_lm")).lower()
+    if task == "causal_lm":
+        return
+    if task not in ("seq_cls", "reranker"):
+        raise ConfigReadError(f"{col.where('--task_type')}={task!r}: the {task} head is not priced; accepted: causal_lm, seq_cls, "
+                              "reranker")
+    col.task = "seq-cls"
+    labels = data.get("num_labels")
+    col.num_labels = 1 if task == "reranker" else as_int(labels, col.where("--num_labels")) if labels not in (None, True) else None
 
 
 def _processes(env: dict[str, str], col: Collector) -> int:
