@@ -61,3 +61,15 @@ def test_axolotl_train_flag_overrides() -> None:
 def test_what_cannot_be_read_is_one_line(cmd: list[str], message: str) -> None:
     with pytest.raises(PerfGuideError, match=message.replace("(", r"\(").replace("`", "`").replace(".", r"\.")):
         perfguide.check("meta-llama/Llama-3.2-1B", cmd, hardware="a100-80gb")
+
+
+@pytest.mark.parametrize(("env", "processes", "nodes"), [(["CUDA_VISIBLE_DEVICES=0"], 1, 1), (["CUDA_VISIBLE_DEVICES=0,1,2,3"], 4, 1),
+                                                          (["FORCE_TORCHRUN=1", "NNODES=2", "NPROC_PER_NODE=8"], 8, 2)])
+def test_llamafactory_cli_takes_its_process_count_from_the_environment(env: list[str], processes: int, nodes: int) -> None:
+    """LLaMA-Factory's launcher (src/llamafactory/launcher.py at ff6d4d12) starts torchrun with NPROC_PER_NODE processes,
+    else one per visible device, on NNODES nodes: its examples README runs `CUDA_VISIBLE_DEVICES=0 llamafactory-cli train
+    ...` and `FORCE_TORCHRUN=1 NNODES=2 ... llamafactory-cli train ...`. The words were refused as a command before."""
+    check = perfguide.check("Qwen/Qwen3-4B", [*env, "llamafactory-cli", "train", str(LMF)], hardware="a100-80gb:8x2")
+    assert (check.setup.num_gpus, check.setup.nodes) == (processes, nodes)
+    unread = [w.split("=")[0] for w in env if w.split("=")[0] not in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "NNODES")]
+    assert any(f"environment {', '.join(unread)} before the command: not read" in n for n in check.notes) is bool(unread)

@@ -106,10 +106,14 @@ def read_command(argv: list[str] | str) -> list[Reading]:
         from . import swift
 
         return swift.read_command(words, env, base_dir)
-    readings = _read_launched(words, base_dir)
-    if env:   # only ms-swift takes its process count from the environment
+    from .tool_commands import LLAMAFACTORY_ENV
+
+    readings = _read_launched(words, base_dir, env)
+    lf = words[:1] and words[0].rsplit("/", 1)[-1] == "llamafactory-cli"
+    unread = [k for k in env if not (lf and k in LLAMAFACTORY_ENV)]
+    if unread:   # ms-swift's and LLaMA-Factory's launchers take their process counts from the environment; others do not
         first = readings[0]
-        said = f"environment {', '.join(env)} before the command: not read (the launcher's flags and configs say the run)"
+        said = f"environment {', '.join(unread)} before the command: not read (the launcher's flags and configs say the run)"
         readings[0] = first.model_copy(update={"notes": (*first.notes, said)})
     return readings
 
@@ -127,7 +131,7 @@ def environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, words[i:]
 
 
-def _read_launched(words: list[str], base_dir: str) -> list[Reading]:
+def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list[Reading]:
     from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind
 
     if words and words[0].rsplit("/", 1)[-1] == "trl":
@@ -137,7 +141,7 @@ def _read_launched(words: list[str], base_dir: str) -> list[Reading]:
     if words and words[0].rsplit("/", 1)[-1] in ("tune", "llamafactory-cli", "axolotl"):
         from . import tool_commands
 
-        return tool_commands.read(words, base_dir)
+        return tool_commands.read(words, base_dir, env)
     name, flags, path, script_args = launcher.split(words)
     source = script_kind.source_of(path, base_dir)
     cls, model_config = script_kind.config_class(path, source)

@@ -16,8 +16,14 @@ from .base import Collector, ConfigReadError, Reading, take_flags, under
 TOOLS = ("tune", "llamafactory-cli", "axolotl")
 #: the format each tool's config file is read in, and the subcommand that trains
 _FORMAT = {"tune": ("torchtune", "run"), "llamafactory-cli": ("llamafactory", "train"), "axolotl": ("axolotl", "train")}
-def read(words: list[str], base_dir: str) -> list[Reading]:
-    """The config file under the command line's overrides, then the launch flags (``tune run``'s torchrun flags)."""
+#: the environment LLaMA-Factory's launcher reads (src/llamafactory/launcher.py at ff6d4d12): torchrun's processes per
+#: node (else the visible device count) and nodes
+LLAMAFACTORY_ENV = ("NPROC_PER_NODE", "CUDA_VISIBLE_DEVICES", "NNODES")
+
+
+def read(words: list[str], base_dir: str, env: dict[str, str] | None = None) -> list[Reading]:
+    """The config file under the command line's overrides, then the launch flags (``tune run``'s torchrun flags, the
+    environment ``llamafactory-cli`` starts torchrun from)."""
     from . import launcher, load, module
 
     tool = words[0].rsplit("/", 1)[-1]
@@ -33,11 +39,28 @@ def read(words: list[str], base_dir: str) -> list[Reading]:
     col = Collector(fmt, source)
     module(fmt).read(data, col, base_dir=str(Path(path).resolve().parent))
     readings = [col.reading()]
+    if tool == "llamafactory-cli" and env and set(env) & set(LLAMAFACTORY_ENV):
+        readings.append(_llamafactory_processes(env))
     if launch:
         outer = Collector("launcher", "tune run flags")
         readings += launcher.read_launcher("torchrun", launch, outer, base_dir)
         readings.insert(1, outer.reading())
     return readings
+
+
+def _llamafactory_processes(env: dict[str, str]) -> Reading:
+    """``NPROC_PER_NODE`` (else one process per ``CUDA_VISIBLE_DEVICES`` entry) and ``NNODES``, as the launcher reads them."""
+    from .base import as_int
+
+    col = Collector("launcher", "llamafactory-cli environment")
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if "NPROC_PER_NODE" in env:
+        col.set("num_gpus", as_int(env["NPROC_PER_NODE"], "NPROC_PER_NODE"), "NPROC_PER_NODE")
+    elif visible:
+        col.set("num_gpus", len(visible), "CUDA_VISIBLE_DEVICES (one process per visible GPU)")
+    if as_int(env.get("NNODES", 1), "NNODES") > 1:
+        col.set("nodes", as_int(env["NNODES"], "NNODES"), "NNODES")
+    return col.reading()
 
 
 def _split(tool: str, words: list[str]) -> tuple[dict[str, Any], str, dict[str, str]]:
