@@ -73,3 +73,15 @@ def test_llamafactory_cli_takes_its_process_count_from_the_environment(env: list
     assert (check.setup.num_gpus, check.setup.nodes) == (processes, nodes)
     unread = [w.split("=")[0] for w in env if w.split("=")[0] not in ("CUDA_VISIBLE_DEVICES", "NPROC_PER_NODE", "NNODES")]
     assert any(f"environment {', '.join(unread)} before the command: not read" in n for n in check.notes) is bool(unread)
+
+
+@pytest.mark.parametrize(("launch", "processes"), [(["accelerate", "launch", "--num_processes", "2", "-m"], 2),
+                                                   (["torchrun", "--nproc_per_node", "4", "-m"], 4), (["python", "-m"], 1)])
+def test_axolotl_launched_as_a_module_reads_its_yaml(launch: list[str], processes: int) -> None:
+    """axolotl's docs launch `accelerate launch -m axolotl.cli.train config.yml`, `torchrun ... -m axolotl.cli.train` and
+    `python -m axolotl.cli.train examples/mistral/qlora.yml` (docs/multi-node.qmd, examples READMEs): the YAML is
+    axolotl's, overrides as `axolotl train` takes them, and the launcher's process count. The config was taken for the
+    script and the check failed with 'no model'."""
+    y = yaml.safe_load(AXO.read_text())
+    s = perfguide.check(None, [*launch, "axolotl.cli.train", str(AXO), "--micro_batch_size", "3"], hardware="a100-80gb:8").setup
+    assert (s.micro_batch_size, s.num_gpus) == (3, processes) and s.seq_len == y["sequence_len"]

@@ -131,6 +131,10 @@ def environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
     return env, words[i:]
 
 
+#: axolotl's training entry point as a module, the form its docs launch under accelerate, torchrun and python
+AXOLOTL_MODULE = "axolotl.cli.train"
+
+
 def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list[Reading]:
     from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind
 
@@ -142,7 +146,19 @@ def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list
         from . import tool_commands
 
         return tool_commands.read(words, base_dir, env)
+    if words[:1] and words[0].rsplit("/", 1)[-1] in launcher.PYTHONS and words[1:3] == ["-m", AXOLOTL_MODULE]:
+        from . import tool_commands
+
+        one = Collector("launcher", "python -m")
+        one.set("num_gpus", 1, "one process (python, not a launcher)")
+        return [*tool_commands.read(["axolotl", "train", *words[3:]], base_dir), one.reading()]
     name, flags, path, script_args = launcher.split(words)
+    if path == AXOLOTL_MODULE and (flags.get("m") or flags.get("module")):   # `accelerate launch -m axolotl.cli.train cfg.yml`
+        from . import tool_commands
+
+        outer = Collector("launcher", f"{name} flags")
+        extra = launcher.read_launcher(name, {k: v for k, v in flags.items() if k not in ("m", "module")}, outer, base_dir)
+        return [*tool_commands.read(["axolotl", "train", *script_args], base_dir), outer.reading(), *extra]
     source = script_kind.source_of(path, base_dir)
     cls, model_config = script_kind.config_class(path, source)
     script_kind.check_priced(path, cls)
