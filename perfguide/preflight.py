@@ -41,7 +41,7 @@ def readings(config: Any) -> list[Reading]:
     return [read_object(config)]
 
 
-LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm", "trl", "tune", "llamafactory-cli", "axolotl", "swift")
+LAUNCHERS = ("accelerate", "torchrun", "deepspeed", "python", "python3", "vllm", "trl", "tune", "llamafactory-cli", "axolotl", "swift", "litgpt")
 
 
 def is_command(config: Any) -> bool:
@@ -141,6 +141,9 @@ def _recommended_change(price: Pricer, c: Combined, current: Any) -> Change | No
     """The plan ``recommend`` picks for the same model, machine, sequence length, global batch and way of training."""
     s = price.setup
     if s.task != "train":
+        return None
+    if s.model_code != "transformers":
+        c.notes.append(f"no recommended plan to compare with: perfguide's plans run transformers' model code, not {s.model_code}'s")
         return None
     info = registry.find("train", s.device, s.world_size > 1 and s.device == "cuda")
     if info is None:

@@ -40,6 +40,8 @@ class Requires:
     #: the training loops it runs in (``Setup.trainer``): Liger, Cut Cross-Entropy and padding-free batches patch or
     #: collate for Hugging Face's models and trainers, which a torchtune recipe does not run
     trainers: tuple[str, ...] = ("transformers", "trl", "torchtune")
+    #: the model code it patches (``Setup.model_code``): the same three patch transformers' modeling classes, not litgpt's GPT
+    model_codes: tuple[str, ...] = ("transformers", "litgpt")
     #: True: a Setup that turns the technique on where the devices, tasks, fine-tuning or strategies above refuse
     #: it is invalid (Setup validation asks ``Technique.conflict``); False: they only say where the planner offers it
     binding: bool = False
@@ -140,6 +142,8 @@ class Technique:
             return f"{self.name} applies to {' and '.join(req.tasks)}, not {setup.task!r}"
         if setup.task == "train" and setup.trainer not in req.trainers:
             return f"{self.name} runs under the {' / '.join(req.trainers)} training loop, not trainer={setup.trainer!r}"
+        if setup.model_code not in req.model_codes:
+            return f"{self.name} patches {' / '.join(req.model_codes)}'s model code, not model_code={setup.model_code!r}"
         return None
 
     def why_not(self, setup: Setup, hardware: Hardware | None = None, model: ModelSpec | None = None) -> str | None:

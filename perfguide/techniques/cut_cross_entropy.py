@@ -97,7 +97,7 @@ class CutCrossEntropy(Technique):
     summary = "Cut Cross-Entropy: the LM head and cross-entropy in Triton kernels that never write the logits"
     sources = SOURCES
     requires = Requires(devices=("cuda",), tasks=("train",), packages=("cut-cross-entropy",), gpu_capability="supports_bf16",
-                        binding=True, trainers=HF_TRAINERS)
+                        binding=True, trainers=HF_TRAINERS, model_codes=("transformers",))
     order = 38   # after Liger (36) and TRL (37): the patched forward computes the loss the step runs
     label_order = 63
     axis = True

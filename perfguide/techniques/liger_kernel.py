@@ -55,7 +55,7 @@ class LigerKernel(Technique):
     summary = "fused linear cross-entropy (no full logits) and fused RMSNorm/RoPE/SwiGLU Triton kernels"
     sources = SOURCES
     requires = Requires(devices=("cuda",), tasks=("train",), packages=("liger-kernel",), binding=True,
-                        trainers=HF_TRAINERS)
+                        trainers=HF_TRAINERS, model_codes=("transformers",))
     order = 36
     label_order = 62
     axis = True

@@ -34,7 +34,7 @@ class PaddingFree(Technique):
     fields = ("padding_free", "avg_seq_len")
     summary = "samples concatenated without padding; the step pays for real tokens only"
     sources = SOURCES
-    requires = Requires(tasks=("train",), binding=True, trainers=HF_TRAINERS)
+    requires = Requires(tasks=("train",), binding=True, trainers=HF_TRAINERS, model_codes=("transformers",))
     order = 34
     label_order = 64
     axis = True

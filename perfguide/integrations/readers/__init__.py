@@ -17,7 +17,7 @@ from .base import Collector, ConfigReadError, Reading
 #: format -> module (imported on first use); the order is the order detection tries them in
 MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
            "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags",
-           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora", "swift": "swift"}
+           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora", "swift": "swift", "litgpt": "litgpt"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -66,6 +66,8 @@ def detect(data: dict[str, Any]) -> str:
         return "deepspeed"
     if "base_model" in data:
         return "axolotl"
+    if "checkpoint_dir" in data and ("train" in data or "precision" in data):   # LitGPT's finetune / pretrain YAML
+        return "litgpt"
     if any(isinstance(v, dict) and "_component_" in v for v in data.values()):   # torchtune's instantiable blocks
         return "torchtune"
     if isinstance(data.get("model"), str) and _LLAMAFACTORY_V1 & set(data):
@@ -106,6 +108,10 @@ def read_command(argv: list[str] | str) -> list[Reading]:
         from . import swift
 
         return swift.read_command(words, env, base_dir)
+    if words and words[0].rsplit("/", 1)[-1] == "litgpt":
+        from . import litgpt
+
+        return litgpt.read_command(words, base_dir)
     from .tool_commands import LLAMAFACTORY_ENV
 
     readings = _read_launched(words, base_dir, env)

@@ -49,6 +49,7 @@ class Reading(Model):
     spans_gpus: str = ""            # why the command's launcher starts one process per visible GPU when it names no count
     task: str | None = None         # the head the run trains, where not the model's own (model.tasks.TASKS: "seq-cls", ...)
     num_labels: int | None = None   # that head's width, for a classifier
+    fixed: tuple[str, ...] = ()     # Setup fields the format has no key for (a fit change does not turn them)
 
 
 class Collector:
@@ -66,6 +67,7 @@ class Collector:
         self.spans_gpus = ""
         self.task: str | None = None
         self.num_labels: int | None = None
+        self.fixed: tuple[str, ...] = ()
 
     def where(self, key: str) -> str:
         return f"{self.source}: {self.prefix}{key}"
@@ -103,7 +105,8 @@ class Collector:
     def reading(self) -> Reading:
         return Reading(format=self.format, source=self.source, settings=tuple(self.settings), auto=self.auto,
                        ignored=tuple(self.ignored), unknown=tuple(self.unknown), model=self.model, notes=tuple(self.notes),
-                       multi_process=self.multi_process, spans_gpus=self.spans_gpus, task=self.task, num_labels=self.num_labels)
+                       multi_process=self.multi_process, spans_gpus=self.spans_gpus, task=self.task, num_labels=self.num_labels,
+                       fixed=self.fixed)
 
 
 def set_kbit_dtypes(col: Collector, key: str, why: str, *, recast: bool = False, fp32_norms_key: str | None = None) -> None:

@@ -18,8 +18,9 @@ LEANER_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit", "adafactor")
 MAX_EDITS = 3
 
 
-def single_edits(s: Setup, bf16_ok: bool) -> list[dict[str, Any]]:
-    """Each one knob, turned toward less memory, as the user's configs can express it."""
+def single_edits(s: Setup, bf16_ok: bool, fixed: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Each one knob, turned toward less memory, as the user's configs can express it (``fixed``: fields they have no
+    key for, never turned)."""
     edits: list[dict[str, Any]] = []
     if s.task != "train":
         return edits
@@ -46,7 +47,7 @@ def single_edits(s: Setup, bf16_ok: bool) -> list[dict[str, Any]]:
         edits.append({"offload_optimizer": True} if not s.is_fsdp else {"offload_optimizer": True, "offload_params": True})
     if s.facts.offloads_params and not s.offload_params and not s.is_fsdp:
         edits.append({"offload_params": True, "offload_optimizer": True})
-    return [dict(e) for e in {tuple(sorted(e.items())): e for e in edits}.values()]
+    return [dict(e) for e in {tuple(sorted(e.items())): e for e in edits}.values() if not set(e) & fixed]
 
 
 def _valid(s: Setup, changes: dict[str, Any]) -> Setup | None:
@@ -67,8 +68,9 @@ def _merged(parts: tuple[dict[str, Any], ...]) -> dict[str, Any] | None:
     return out
 
 
-def candidates(s: Setup, bf16_ok: bool, extra: tuple[dict[str, Any], ...] = ()) -> Iterator[tuple[int, dict[str, Any], Setup]]:
-    singles = [*single_edits(s, bf16_ok), *extra]
+def candidates(s: Setup, bf16_ok: bool, extra: tuple[dict[str, Any], ...] = (),
+               fixed: frozenset[str] = frozenset()) -> Iterator[tuple[int, dict[str, Any], Setup]]:
+    singles = [*single_edits(s, bf16_ok, fixed), *extra]
     for n in range(1, MAX_EDITS + 1):
         for parts in combinations(singles, n):
             changes = _merged(parts)
@@ -79,13 +81,13 @@ def candidates(s: Setup, bf16_ok: bool, extra: tuple[dict[str, Any], ...] = ()) 
                 yield n, changes, new
 
 
-def smallest_fit(s: Setup, bf16_ok: bool, fits: Callable[[Setup], bool],
-                 speed: Callable[[Setup], float], extra: tuple[dict[str, Any], ...] = ()) -> tuple[dict[str, Any], Setup] | None:
+def smallest_fit(s: Setup, bf16_ok: bool, fits: Callable[[Setup], bool], speed: Callable[[Setup], float],
+                 extra: tuple[dict[str, Any], ...] = (), fixed: frozenset[str] = frozenset()) -> tuple[dict[str, Any], Setup] | None:
     """The fitting change with the fewest edits, the fastest among those; None when three edits are not enough.
     ``extra``: more single edits the configs allow (every GPU of the machine for a sharded recipe run as one process)."""
     best: tuple[float, dict[str, Any], Setup] | None = None
     level = None
-    for n, changes, new in candidates(s, bf16_ok, extra):
+    for n, changes, new in candidates(s, bf16_ok, extra, fixed):
         if level is not None and n > level:
             break
         if not fits(new):

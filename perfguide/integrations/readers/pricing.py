@@ -168,7 +168,8 @@ def more_gpus(price: Pricer, c: Combined) -> tuple[dict[str, Any], ...]:
 def fit_change(price: Pricer, c: Combined, fits: bool) -> Change | None:
     if fits:
         return None
-    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate, more_gpus(price, c))
+    fixed = frozenset(f for r in c.readings for f in r.fixed)
+    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate, more_gpus(price, c), fixed)
     if found is None:
         return Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price.memory(price.setup).device_total / 2**30,
                       reason="no change of up to three settings fits: see the recommended plan (LoRA / QLoRA, more GPUs, a larger GPU)")
