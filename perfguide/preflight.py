@@ -125,7 +125,8 @@ def _headed(spec: ModelSpec, combined: Combined, task: str | None, num_labels: i
 def _model_name(model: Any, combined: Combined) -> str:
     named = combined.model
     if model is None and named is None:
-        raise PerfGuideError("no model: the configs name none (model_name_or_path, base_model, the serve command's model); pass --model / model=")
+        raise PerfGuideError("no model: the configs name none (model_name_or_path, base_model, checkpoint_dir, swift's --model, the serve "
+                             "command's model); pass --model / model=")
     if model is not None and named is not None and isinstance(model, str) and model != named.value:
         combined.notes.append(f"model {model!r} given to check replaces {named.source}={named.value!r}")
     return str(model if model is not None else named.value)  # type: ignore[union-attr]
