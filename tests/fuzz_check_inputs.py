@@ -4,7 +4,7 @@ Files are the published examples under tests/data/check (TrainingArguments / TRL
 JSON, axolotl, LLaMA-Factory, torchtune) with values swapped for hostile strings, wrong types, huge numbers,
 NaN/inf and deep nesting, keys dropped or added, then written back as JSON or YAML; plus byte-level junk
 (truncations, binary, a nesting bomb, a YAML alias bomb). Commands are torchrun / accelerate / deepspeed launch
-lines, TRL's / torchtune's / LLaMA-Factory's / axolotl's own commands and vllm / sglang serve commands
+lines, TRL's / torchtune's / LLaMA-Factory's / axolotl's / ms-swift's / LitGPT's own commands and vllm / sglang serve commands
 with fuzzed flags. The invariant is the CLI's: exit 0 (fits) or 3 (does
 not fit) with a report, or exit 2 with exactly one line on stderr, never a traceback and never another status.
 Used by tests/test_fuzz.py (a few examples) and bench/fuzz.py (the counted run).
@@ -163,7 +163,19 @@ tool_lines = st.one_of(
                             str(DATA / "torchtune_llama3_2_1B_lora_single_device.yaml"), *o], st.sampled_from(["1", "2"]) | flag_values, overrides),
     st.builds(lambda o: ["llamafactory-cli", "train", str(DATA / "llamafactory_qwen3_lora_sft_ds3.yaml"), *o], overrides),
     st.builds(lambda f: ["axolotl", "train", str(DATA / "axolotl_lora-1b.yml"), *f], script_flags | fuzzed_script_flags))
-check_commands = launch_lines | serve_lines | trl_lines | tool_lines
+env_words = st.lists(st.sampled_from(["CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=0,1", "NPROC_PER_NODE=2", "NNODES=2", "X=1", "A="])
+                     | flag_values.map(lambda v: f"NPROC_PER_NODE={v}"), max_size=3)
+swift_flags = _pairs(("--tuner_type", "full"), ("--torch_dtype", "bfloat16"), ("--quant_method", "bnb"), ("--quant_bits", "4"),
+                     ("--deepspeed", "zero3"), ("--fsdp", "fsdp2"), ("--max_length", "1024"), ("--per_device_train_batch_size", "2"),
+                     ("--task_type", "seq_cls"), ("--num_labels", "3"), ("--lora_rank", "16"), ("--packing", "true"),
+                     ("--attn_impl", "flash_attn")) | fuzzed_script_flags
+swift_lines = st.builds(lambda env, sub, model, flags: [*env, "swift", sub, "--model", model, *flags], env_words,
+                        st.sampled_from(["sft", "pt", "rlhf", ""]), models | hostile_text, swift_flags)
+litgpt_flags = _pairs(("--precision", "bf16-true"), ("--quantize", "bnb.nf4"), ("--devices", "2"), ("--train.micro_batch_size", "2"),
+                      ("--train.max_seq_length", "512"), ("--lora_mlp", "true"), ("--optimizer", "AdamW"), ("--lora_head", "true")) | fuzzed_script_flags
+litgpt_lines = st.builds(lambda sub, model, flags: ["litgpt", sub, model, *flags],
+                         st.sampled_from(["finetune_lora", "finetune", "finetune_full", "finetune_adapter", ""]), models | hostile_text, litgpt_flags)
+check_commands = launch_lines | serve_lines | trl_lines | tool_lines | swift_lines | litgpt_lines
 
 
 def cli_check(argv: list[str]) -> str:

@@ -261,7 +261,10 @@ def nest(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 def under(value: str, base_dir: str) -> Path:
     """A path a command line names: ``~`` expanded, a relative one taken from the directory the command runs in."""
-    path = Path(value).expanduser()
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:   # ``~nouser``: no such home; the path stays as written and is then not found
+        path = Path(value)
     return path if path.is_absolute() else Path(base_dir) / path
 
 

@@ -100,9 +100,11 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, meth
 
 def _model_name(path: str) -> str:
     """``checkpoints/meta-llama/Llama-2-7b-hf`` -> the hub id LitGPT downloaded it as (its last two parts)."""
-    local = Path(path).expanduser()
-    if (local / "config.json").is_file():
-        return str(local)
+    try:
+        if (Path(path).expanduser() / "config.json").is_file():
+            return str(Path(path).expanduser())
+    except (OSError, ValueError, RuntimeError):   # too long, a NUL, an unknown ~user: not a local checkpoint
+        pass
     parts = [p for p in Path(path).parts if p not in ("checkpoints", ".", "/")]
     return "/".join(parts[-2:]) if len(parts) >= 2 else path
 

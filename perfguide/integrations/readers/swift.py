@@ -236,8 +236,8 @@ def _json(path: str, col: Collector) -> Any:
 
     try:
         return json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigReadError(f"{col.where('--fsdp')}: cannot read {path!r} as ms-swift's FSDP JSON ({exc}); accepted: fsdp2 or a "
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise ConfigReadError(f"{col.where('--fsdp')}: cannot read {path[:200]!r} as ms-swift's FSDP JSON ({exc}); accepted: fsdp2 or a "
                               "JSON file with fsdp / fsdp_config") from None
 
 
