@@ -160,3 +160,22 @@ def test_the_head_can_be_given_to_check() -> None:
     assert "priced with the seq-cls head (3 labels) given to perfguide check" in check.notes
     with pytest.raises(PerfGuideError, match="accepted: causal-lm, seq-cls"):
         perfguide.check("gpt2", args, hardware="a100-80gb", task="image-cls")
+
+
+def test_swifts_entry_script_under_accelerate_takes_the_launchers_processes(tmp_path: Path) -> None:
+    """examples/train/multi-gpu/fsdp2_lora/train.sh (# 14.7GiB * 2): `accelerate launch --config_file fsdp2.json
+    swift/cli/sft.py ...` with FSDP2 and fsdp_activation_checkpointing in the accelerate config (num_processes 2) and
+    `--gradient_checkpointing false` on the script: two processes, checkpointed by FSDP, within 20% of the figure.
+    The script's ms-swift flags had been read as TrainingArguments ones."""
+    acc = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "mixed_precision": "bf16", "num_machines": 1,
+           "num_processes": 2, "fsdp_config": {"fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
+                                               "fsdp_activation_checkpointing": True, "fsdp_version": 2}}
+    path = tmp_path / "fsdp2.json"
+    path.write_text(json.dumps(acc), encoding="utf-8")
+    flags = ("--tuner_type lora --torch_dtype bfloat16 --per_device_train_batch_size 1 --lora_rank 8 --lora_alpha 32 "
+             "--gradient_checkpointing false --target_modules all-linear --gradient_accumulation_steps 8 --max_length 2048")
+    check = _check(f"accelerate launch --config_file {path} swift/cli/sft.py {shlex.join(QWEN)} {flags}")
+    s = check.setup
+    assert (s.num_gpus, s.strategy, s.fsdp_version, s.gradient_checkpointing) == (2, "fsdp", 2, True)
+    assert s.lora is not None and s.lora.target_modules == "all-linear"
+    assert check.memory is not None and abs(check.memory.device_total / 2**30 / 14.7 - 1) < 0.20

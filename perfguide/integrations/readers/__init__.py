@@ -159,6 +159,15 @@ def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list
         one.set("num_gpus", 1, "one process (python, not a launcher)")
         return [*tool_commands.read(["axolotl", "train", *words[3:]], base_dir), one.reading()]
     name, flags, path, script_args = launcher.split(words)
+    from . import swift
+
+    if swift.is_cli_script(path):   # ms-swift's own entry under accelerate / torchrun: the launcher counts the processes
+        outer = Collector("launcher", f"{name} flags")
+        got = [*launcher.read_launcher(name, flags, outer, base_dir)]
+        got.insert(0, outer.reading())
+        per_node = next((x.value for r in got for x in r.settings if x.field == "num_gpus"), 1)
+        nodes = next((x.value for r in got for x in r.settings if x.field == "nodes"), 1)
+        return [swift.read_launched(script_args, int(per_node) * int(nodes), base_dir), *got]
     if path == AXOLOTL_MODULE and (flags.get("m") or flags.get("module")):   # `accelerate launch -m axolotl.cli.train cfg.yml`
         from . import tool_commands
 

@@ -22,7 +22,8 @@ OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "acc
                                                           ("deepspeed", "script_flags"): frozenset({"optimizer"}),
                                                           ("peft_example", "accelerate"): None, ("peft_example", "launcher"): None,
                                                           ("deepspeed", "peft_example"): frozenset({"optimizer"}),
-                                                          ("fsdp_qlora", "launcher"): None}
+                                                          ("fsdp_qlora", "launcher"): None, ("swift", "accelerate"): None,
+                                                          ("swift", "launcher"): None}
 
 
 def outranks(winner: Setting, loser: Setting) -> bool:

@@ -69,7 +69,27 @@ def read_command(words: list[str], env: dict[str, str], base_dir: str) -> list[R
     return [col.reading()]
 
 
-def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env: dict[str, str] | None = None) -> None:
+#: ms-swift's own entry scripts, which its multi-GPU and multi-node examples start under a launcher
+#: (``accelerate launch --config_file fsdp2.json swift/cli/sft.py ...``, ``torchrun ... swift/cli/sft.py ...``)
+CLI_SCRIPTS = ("swift/cli/sft.py", "swift/cli/pt.py")
+
+
+def is_cli_script(path: str) -> bool:
+    return path.replace("\\", "/").endswith(CLI_SCRIPTS)
+
+
+def read_launched(words: list[str], processes: int, base_dir: str) -> Reading:
+    """The flags of ``swift/cli/sft.py`` run by a launcher, whose readings give the process count."""
+    from .script_flags import parse
+
+    col = Collector(FORMAT, "swift/cli/sft.py flags")
+    read(parse(words), col, base_dir=base_dir, processes=processes)
+    return col.reading()
+
+
+def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env: dict[str, str] | None = None,
+         processes: int | None = None) -> None:
+    """``processes``: the world size a launcher gave (its flags and config say the process count, not the environment)."""
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     refuse_unpriced({k: v for k, v in data.items() if not (k == "sequence_parallel_size" and str(v) == "1")}, col, UNPRICED,
                     "ms-swift's LoRA, QLoRA and full fine-tuning")
@@ -79,7 +99,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
                               "perfguide check prices transformers' --optim")
     if data.get("model") not in (None, True):
         col.set_model(data["model"], "--model")
-    world = _processes(env or {}, col)
+    world = processes if processes is not None else _processes(env or {}, col)
     ta = {k: v for k, v in data.items() if k in TA_KNOWN and k not in _OWN}
     read_training_args(ta, col, sft=False, base_dir=base_dir)
     col.ignore(*sorted(k for k in data if k in SWIFT and k not in ta and k not in _PRICED))
@@ -95,8 +115,11 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
         col.set("gradient_accumulation_steps", max(1, math.ceil(16 / mb / world)),
                 f"gradient_accumulation_steps (ms-swift default: ceil(16 / {mb} / {world} processes))")
     ckpt = as_bool(data.get("gradient_checkpointing", True), col.where("--gradient_checkpointing"))
-    col.set("gradient_checkpointing", ckpt, "--gradient_checkpointing" if "gradient_checkpointing" in data else
-            "gradient_checkpointing (ms-swift default True)")
+    if processes is not None and not ckpt:   # off here; an accelerate config's FSDP checkpointing may still be on
+        col.assume("gradient_checkpointing", False, "--gradient_checkpointing false (the launcher's FSDP config may checkpoint)")
+    else:
+        col.set("gradient_checkpointing", ckpt, "--gradient_checkpointing" if "gradient_checkpointing" in data else
+                "gradient_checkpointing (ms-swift default True)")
     _sharding(data, col, base_dir)
     if data.get("max_length") not in (None, True):
         col.set("seq_len", as_int(data["max_length"], col.where("--max_length")), "--max_length")
