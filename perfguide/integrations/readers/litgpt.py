@@ -157,8 +157,12 @@ def _train(data: dict[str, Any], col: Collector, processes: int) -> None:
     micro = as_int(train.get("micro_batch_size") or 1, col.where("train.micro_batch_size"))
     total = as_int(train.get("global_batch_size") or 16, col.where("train.global_batch_size"))
     col.set("micro_batch_size", micro, "train.micro_batch_size" if "micro_batch_size" in train else "train.micro_batch_size (default 1)")
-    col.set("gradient_accumulation_steps", max(1, total // processes // micro),
-            "train.global_batch_size / processes / micro_batch_size (TrainArgs.gradient_accumulation_iters)")
+    if col.spans_gpus:   # devices 'auto': the process count, and with it the accumulation, is the machine's
+        col.note(f"{col.where('train.global_batch_size')}={total}: accumulation is global / processes / micro, and devices "
+                 "'auto' leaves the process count to the machine; priced at one accumulation step per optimizer step")
+    else:
+        col.set("gradient_accumulation_steps", max(1, total // processes // micro),
+                "train.global_batch_size / processes / micro_batch_size (TrainArgs.gradient_accumulation_iters)")
     if train.get("max_seq_length") not in (None, ""):
         col.set("seq_len", as_int(train["max_seq_length"], col.where("train.max_seq_length")), "train.max_seq_length")
     else:
