@@ -179,3 +179,37 @@ def test_a_config_flag_of_a_script_not_on_disk_is_not_dropped(tmp_path: Path, mo
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(RECIPE), encoding="utf-8")
     with pytest.raises(PerfGuideError, match="not a file here, so which parser reads --config recipe.yaml is unknown"):
         perfguide.check(None, ["accelerate", "launch", "scripts/run_orpo.py", "--config", "recipe.yaml"], hardware="a100-80gb")
+
+
+@pytest.mark.parametrize(("flags", "seq_len", "target_len"), [(["--block_size", "512"], 512, None), (["--max_seq_length", "128"], 128, None),
+                                                              (["--max_source_length", "1024", "--max_target_length", "128"], 1024, 128)])
+def test_a_trainingarguments_scripts_own_length_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str],
+                                                      seq_len: int, target_len: int | None) -> None:
+    """transformers' example scripts parse (ModelArguments, DataTrainingArguments, TrainingArguments): run_clm.py's
+    ``--block_size``, run_glue.py's ``--max_seq_length``, run_summarization.py's ``--max_source_length`` /
+    ``--max_target_length`` are their data arguments, the lengths they train at. They were unknown keys (block_size),
+    or TRL's removed SFTConfig key, said to stop the script (max_seq_length)."""
+    script = tmp_path / "run_example.py"
+    script.write_text("from dataclasses import dataclass\nfrom transformers import HfArgumentParser, TrainingArguments\n\n"
+                      "@dataclass\nclass DataTrainingArguments:\n    block_size: int | None = None\n    max_seq_length: int = 128\n"
+                      "    max_source_length: int = 1024\n    max_target_length: int = 128\n\n"
+                      "parser = HfArgumentParser((DataTrainingArguments, TrainingArguments))\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    from dataclasses import dataclass
+
+    from transformers import HfArgumentParser, TrainingArguments
+
+    @dataclass
+    class DataTrainingArguments:
+        block_size: int | None = None
+        max_seq_length: int = 128
+        max_source_length: int = 1024
+        max_target_length: int = 128
+
+    data, _ = HfArgumentParser((DataTrainingArguments, TrainingArguments)).parse_args_into_dataclasses(
+        [*flags, "--output_dir", "out", "--use_cpu"])
+    assert (data.block_size or data.max_seq_length or data.max_source_length) is not None   # the script's parser takes them
+    check = perfguide.check("google-t5/t5-small", ["python", script.name, *flags, "--per_device_train_batch_size", "4"],
+                            hardware="a100-80gb")
+    assert check.setup.seq_len == seq_len and check.setup.target_len == target_len
+    assert not check.unknown and not any("does not start here" in n for n in check.notes)

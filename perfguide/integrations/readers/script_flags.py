@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .base import Collector, nest
+from .base import Collector, as_int, nest
+from .training_args import is_sft
 from .training_args import read as read_training_args
 from .training_args import write as write_training_args
 
@@ -35,8 +36,25 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, args
     """``args_class``: the class the script parses into (script_kind), whose defaults apply; None: the flags say.
     ``model_config``: whether TRL's ModelConfig is parsed too (its float32 load default); None: an SFT script's is."""
     trl = args_class in ("SFTConfig", "DPOConfig")
+    if not trl and not (args_class is None and is_sft(data)):
+        data = _own_lengths(data, col)
     read_training_args(data, col, base_dir=base_dir, sft=True if trl else None if args_class is None else False,
                        dpo=args_class == "DPOConfig" if args_class is not None else None, model_config=model_config)
+
+
+#: the length flags of transformers' example scripts' own DataTrainingArguments (examples/pytorch: run_clm's
+#: ``block_size``, run_glue / run_mlm / run_ner / run_qa's ``max_seq_length``, run_summarization / run_translation's
+#: ``max_source_length`` and ``max_target_length``), which TrainingArguments does not have
+OWN_LENGTHS = {"block_size": "seq_len", "max_seq_length": "seq_len", "max_source_length": "seq_len", "max_target_length": "target_len"}
+
+
+def _own_lengths(data: dict[str, Any], col: Collector) -> dict[str, Any]:
+    """A TrainingArguments script's own length flags, read as the lengths they set (the rest goes on as before)."""
+    out = dict(data)
+    for key, field in OWN_LENGTHS.items():
+        if out.get(key) not in (None, True):
+            col.set(field, as_int(out.pop(key), col.where(key)), f"{key} (the script's own data argument, as transformers' examples name it)")
+    return out
 
 
 def _flag_value(key: str, value: Any, setup: Any) -> Any:

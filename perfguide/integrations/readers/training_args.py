@@ -59,14 +59,16 @@ def canonical(data: dict[str, Any], col: Collector, noted: frozenset[str] = froz
     return out
 
 
-def gone_here(keys: Any, col: Collector) -> frozenset[str]:
+def gone_here(keys: Any, col: Collector, trl: bool = True) -> frozenset[str]:
     """Legacy keys the installed transformers / TRL no longer has: read as what they meant, and named, because the
-    script's parser stops on them here before training starts. A package that is not installed says nothing."""
+    script's parser stops on them here before training starts. A package that is not installed says nothing; TRL's
+    keys count only where TRL's classes parse (``trl``): a plain TrainingArguments script's own dataclasses may have
+    a ``max_seq_length`` or ``torch_dtype`` of their own (transformers' run_glue.py, run_clm.py)."""
     from ..._packages import installed_release
     from ...memory.loss_path import version_tuple
 
     named = set()
-    for key in sorted(k for k in keys if k in GONE_IN):
+    for key in sorted(k for k in keys if k in GONE_IN and (trl or GONE_IN[k][0] != "trl")):
         package, gone = GONE_IN[key]
         release = installed_release(package)
         if release is not None and version_tuple(release) >= version_tuple(gone):
@@ -85,7 +87,8 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
     dpo = is_dpo(data) if dpo is None else dpo
     sft = (dpo or is_sft(data)) if sft is None else sft or dpo
     # parsed by HfArgumentParser / TrlParser here (not under LLaMA-Factory's own pins)
-    gone = gone_here(data, col) if col.format in ("training_args", "script_flags") else frozenset()
+    trl = sft or bool(model_config)
+    gone = gone_here(data, col, trl) if col.format in ("training_args", "script_flags") else frozenset()
     data = canonical(data, col, gone)
     col.reject(sorted(k for k in data if k not in KNOWN and k not in REMOVED), KNOWN)
     sync_each_batch = _sync_each_batch(data.get("accelerator_config"), col)
