@@ -117,8 +117,10 @@ def _headed(spec: ModelSpec, combined: Combined, task: str | None, num_labels: i
     if given is None and labels is None:
         return spec
     headed = with_task(spec, str(given) if given is not None else None, labels)
-    combined.notes.append(f"priced with the {given or spec.head} head" + (f" ({headed.num_labels} label{'s' * (headed.num_labels != 1)})" if headed.num_labels else "")
-                          + (" given to perfguide check" if task is not None or num_labels is not None else " the command trains"))
+    count = f" ({headed.num_labels} label{'s' * (headed.num_labels != 1)})" if headed.num_labels else ""
+    combined.notes.append(f"priced with the {given or spec.head} head{count}"
+                          + (" given to perfguide check" if task is not None or num_labels is not None else " the command trains")
+                          + ("; its width is transformers' default: pass --num-labels N" if count and labels is None else ""))
     return headed
 
 

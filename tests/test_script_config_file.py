@@ -213,3 +213,19 @@ def test_a_trainingarguments_scripts_own_length_flags(tmp_path: Path, monkeypatc
                             hardware="a100-80gb")
     assert check.setup.seq_len == seq_len and check.setup.target_len == target_len
     assert not check.unknown and not any("does not start here" in n for n in check.notes)
+
+
+def test_a_script_that_loads_a_classifier_is_priced_with_its_head(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers' run_glue.py loads ``AutoModelForSequenceClassification``: its logits are num_labels wide, not the
+    vocabulary (BERT's 30,522 x 128 tokens x 32 rows in fp32 alone is 500 MB); the width defaults to transformers' 2."""
+    script = tmp_path / "run_glue.py"
+    script.write_text("from transformers import AutoModelForSequenceClassification, HfArgumentParser, TrainingArguments\n"
+                      "parser = HfArgumentParser((TrainingArguments,))\n"
+                      "model = AutoModelForSequenceClassification.from_pretrained('x', num_labels=3)\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    words = ["python", script.name, "--max_seq_length", "128", "--per_device_train_batch_size", "32"]
+    check = perfguide.check("google-bert/bert-base-uncased", words, hardware="a100-80gb")
+    given = perfguide.check("google-bert/bert-base-uncased", words, hardware="a100-80gb", num_labels=3)
+    assert check.memory is not None and check.memory.logits < 32 * 128 * 30522 * 4
+    assert any("seq-cls head (2 labels) the command trains; its width is transformers' default" in n for n in check.notes)
+    assert any("seq-cls head (3 labels) given to perfguide check" in n for n in given.notes)

@@ -189,6 +189,7 @@ def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list
     else:
         over = "" if config is None else f" over {Path(config).name}"
         script = Collector("script_flags", ("script flags" if cls is None else f"script flags ({cls})") + over)
+        script.task = script_kind.head_of(source)   # run_glue.py's classifier, read from the class the script loads
         script_flags.read(data, script, base_dir=base_dir, args_class=cls, model_config=model_config)
     outer = Collector("launcher", f"{name} flags")
     extra = launcher.read_launcher(name, flags, outer, base_dir)

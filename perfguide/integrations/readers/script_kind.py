@@ -102,3 +102,17 @@ def _file(path: str, base_dir: str) -> dict[str, Any]:
     values = load(str(under(path, base_dir)))
     values.pop("env", None)
     return values
+
+
+#: the Auto classes a training script may load its model with -> the head it trains (model.tasks.TASKS)
+_HEADS = {"AutoModelForSequenceClassification": "seq-cls", "AutoModelForTokenClassification": "token-cls",
+          "AutoModelForQuestionAnswering": "qa"}
+
+
+def head_of(source: str | None) -> str | None:
+    """The head a script trains, where its source loads exactly one task head and no LM (transformers' run_glue.py:
+    ``AutoModelForSequenceClassification.from_pretrained``); None: the model's own."""
+    if source is None or re.search(r"AutoModelFor(CausalLM|Seq2SeqLM|MaskedLM)\b", source):
+        return None
+    found = {task for cls, task in _HEADS.items() if re.search(rf"\b{cls}\b", source)}
+    return found.pop() if len(found) == 1 else None

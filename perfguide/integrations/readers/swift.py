@@ -177,7 +177,7 @@ def _processes(env: dict[str, str], col: Collector) -> int:
 def _tuner(data: dict[str, Any], col: Collector) -> None:
     key = "tuner_type" if "tuner_type" in data else "train_type"
     kind = str(data.get(key, "lora")).lower()
-    if key == "train_type":
+    if key == "train_type" and "train_type" in data:
         col.note(f"{col.where('--train_type')} is ms-swift 3.x's name of --tuner_type (4.0 still reads it); read as tuner_type")
     if kind not in ("lora", "full"):
         raise ConfigReadError(f"{col.where('--' + key)}={kind!r} is not priced; accepted: lora, full (and QLoRA: lora with "
