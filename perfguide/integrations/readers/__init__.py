@@ -142,7 +142,7 @@ AXOLOTL_MODULE = "axolotl.cli.train"
 
 
 def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list[Reading]:
-    from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind
+    from . import fsdp_qlora, launcher, peft_example, script_flags, script_kind, swift
 
     if words and words[0].rsplit("/", 1)[-1] == "trl":
         from . import trl_cli
@@ -159,8 +159,6 @@ def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list
         one.set("num_gpus", 1, "one process (python, not a launcher)")
         return [*tool_commands.read(["axolotl", "train", *words[3:]], base_dir), one.reading()]
     name, flags, path, script_args = launcher.split(words)
-    from . import swift
-
     if swift.is_cli_script(path):   # ms-swift's own entry under accelerate / torchrun: the launcher counts the processes
         outer = Collector("launcher", f"{name} flags")
         got = [*launcher.read_launcher(name, flags, outer, base_dir)]
