@@ -123,6 +123,9 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
     _sharding(data, col, base_dir)
     if data.get("max_length") not in (None, True):
         col.set("seq_len", as_int(data["max_length"], col.where("--max_length")), "--max_length")
+        if not (data.get("packing") is not None and as_bool(data["packing"], col.where("--packing"))):
+            col.note(f"{col.where('--max_length')} is ms-swift's truncation cap: batches pad to their longest sample (packing "
+                     "fills rows to it), so a run on shorter data peaks lower; priced at the cap")
     else:
         col.note(f"{col.where('--max_length')} not set: ms-swift truncates at the model's own length and pads each batch to its "
                  "longest sample, so the step is as long as the data; pass --seq-len")
