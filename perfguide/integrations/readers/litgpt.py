@@ -165,6 +165,8 @@ def _train(data: dict[str, Any], col: Collector, processes: int) -> None:
                 "train.global_batch_size / processes / micro_batch_size (TrainArgs.gradient_accumulation_iters)")
     if train.get("max_seq_length") not in (None, ""):
         col.set("seq_len", as_int(train["max_seq_length"], col.where("train.max_seq_length")), "train.max_seq_length")
+        col.note(f"{col.where('train.max_seq_length')} is LitGPT's cap: it trains at min(the cap, the data's longest sample), "
+                 "batches padded to their longest; priced at the cap")
     else:
         col.note(f"{col.where('train.max_seq_length')} not set: LitGPT trains at the data's longest sample; pass --seq-len")
 
