@@ -13,7 +13,7 @@ from typing import Any
 from .api import _check_setup_fits_machine, recommend, resolve_hardware
 from .errors import InvalidSetupError, PerfGuideError
 from .hardware.types import Hardware
-from .integrations.readers import read_command, read_file, read_object
+from .integrations.readers import environment, read_command, read_file, read_object
 from .integrations.readers.base import Reading
 from .integrations.readers.combine import Combined
 from .integrations.readers.pricing import Pricer, edits_for, plain, verdict
@@ -55,8 +55,6 @@ def is_command(config: Any) -> bool:
         words = config
     else:
         return False
-    from .integrations.readers import environment
-
     _, words = environment(words)   # `CUDA_VISIBLE_DEVICES=0,1 NPROC_PER_NODE=2 swift sft ...`
     return bool(words) and words[0].rsplit("/", 1)[-1] in LAUNCHERS
 

@@ -208,7 +208,7 @@ def test_a_trainingarguments_scripts_own_length_flags(tmp_path: Path, monkeypatc
 
     data, _ = HfArgumentParser((DataTrainingArguments, TrainingArguments)).parse_args_into_dataclasses(
         [*flags, "--output_dir", "out", "--use_cpu"])
-    assert (data.block_size or data.max_seq_length or data.max_source_length) is not None   # the script's parser takes them
+    assert getattr(data, flags[0].lstrip("-")) == int(flags[1])   # the script's own parser takes the flag, at that value
     check = perfguide.check("google-t5/t5-small", ["python", script.name, *flags, "--per_device_train_batch_size", "4"],
                             hardware="a100-80gb")
     assert check.setup.seq_len == seq_len and check.setup.target_len == target_len

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -126,8 +127,6 @@ def read_command(argv: list[str] | str) -> list[Reading]:
 
 def environment(words: list[str]) -> tuple[dict[str, str], list[str]]:
     """The ``NAME=value`` words a shell line sets before its command, and the command."""
-    import re
-
     env: dict[str, str] = {}
     i = 0
     while i < len(words) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[i], re.S):

@@ -304,3 +304,16 @@ def refuse_unpriced(data: Mapping[str, Any], col: Collector, unpriced: Mapping[s
     if key is not None:
         raise ConfigReadError(f"{col.where(key)}: {unpriced[key]} is not priced; perfguide check prices {priced}")
 
+
+
+def torchrun_env(env: Mapping[str, str], col: Collector) -> tuple[int | None, int, int]:
+    """(``NPROC_PER_NODE`` or None, ``NNODES``, the GPUs ``CUDA_VISIBLE_DEVICES`` names: 0 when unset), as the tools
+    that start torchrun from the environment read them (ms-swift's cli, LLaMA-Factory's launcher); a given process
+    count and more than one node are set on ``col``."""
+    per_node = as_int(env["NPROC_PER_NODE"], "NPROC_PER_NODE") if "NPROC_PER_NODE" in env else None
+    nodes = as_int(env.get("NNODES", 1), "NNODES")
+    if per_node is not None:
+        col.set("num_gpus", per_node, "NPROC_PER_NODE")
+    if nodes > 1:
+        col.set("nodes", nodes, "NNODES")
+    return per_node, nodes, len([d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()])

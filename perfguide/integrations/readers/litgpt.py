@@ -51,6 +51,7 @@ def read_command(words: list[str], base_dir: str) -> list[Reading]:
     from . import load
     from .base import under
     from .script_flags import parse
+    from .tool_commands import set_override
 
     sub = words[1] if len(words) > 1 else ""
     if sub not in COMMANDS:
@@ -62,13 +63,7 @@ def read_command(words: list[str], base_dir: str) -> list[Reading]:
     config = flags.pop("config", None)
     data: dict[str, Any] = load(str(under(str(config), base_dir))) if config not in (None, True) else {}
     for key, value in flags.items():   # jsonargparse: --train.micro_batch_size 2 sets the nested key, over the file
-        node = data
-        *parents, last = key.split(".")
-        for part in parents:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[last] = value
+        set_override(data, key, value, "litgpt")
     if checkpoint is not None:
         data["checkpoint_dir"] = checkpoint
     col = Collector(FORMAT, f"litgpt {sub}" + (f" over {Path(str(config)).name}" if config not in (None, True) else ""))

@@ -24,11 +24,10 @@ The process count comes from the environment words before ``swift``: ``NPROC_PER
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from .base import Collector, ConfigReadError, Reading, as_bool, as_float, as_int, choice, mapping, refuse_unpriced, set_kbit_dtypes
+from .base import Collector, ConfigReadError, Reading, as_bool, as_float, as_int, choice, mapping, refuse_unpriced, set_kbit_dtypes, torchrun_env
 from .deepspeed import read_nested
 from .foreign_keys import SWIFT
 from .hf_keys import REMOVED, SEQ2SEQ
@@ -157,24 +156,19 @@ def _head(data: dict[str, Any], col: Collector) -> None:
 
 def _processes(env: dict[str, str], col: Collector) -> int:
     """The world size: torchrun's processes per node times nodes, as ms-swift's cli starts them."""
-    nodes = as_int(env.get("NNODES", 1), "NNODES")
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if "NPROC_PER_NODE" in env:
-        per_node = as_int(env["NPROC_PER_NODE"], "NPROC_PER_NODE")
-        if len(visible) > per_node:   # ms-swift's ddp_device_map: each process splits the model over its share
-            raise ConfigReadError(f"CUDA_VISIBLE_DEVICES names {len(visible)} GPUs for NPROC_PER_NODE={per_node}: each process "
+    per_node, nodes, visible = torchrun_env(env, col)
+    if per_node is not None:
+        if visible > per_node:   # ms-swift's ddp_device_map: each process splits the model over its share
+            raise ConfigReadError(f"CUDA_VISIBLE_DEVICES names {visible} GPUs for NPROC_PER_NODE={per_node}: each process "
                                   "splits the model over its share of them (device_map), which perfguide does not price; "
                                   "one GPU per process is")
-        col.set("num_gpus", per_node, "NPROC_PER_NODE")
-        if nodes > 1:
-            col.set("nodes", nodes, "NNODES")
         return per_node * nodes
-    if len(visible) > 1:
-        raise ConfigReadError(f"CUDA_VISIBLE_DEVICES names {len(visible)} GPUs and no NPROC_PER_NODE: swift sft splits the model "
+    if visible > 1:
+        raise ConfigReadError(f"CUDA_VISIBLE_DEVICES names {visible} GPUs and no NPROC_PER_NODE: swift sft splits the model "
                               "over them in one process (device_map), which perfguide does not price; set NPROC_PER_NODE="
-                              f"{len(visible)} for data parallelism (with --deepspeed / --fsdp to shard), or one GPU")
+                              f"{visible} for data parallelism (with --deepspeed / --fsdp to shard), or one GPU")
     col.set("num_gpus", 1, "CUDA_VISIBLE_DEVICES" if visible else "no NPROC_PER_NODE (ms-swift runs one process)")
-    return 1
+    return nodes
 
 
 def _tuner(data: dict[str, Any], col: Collector) -> None:
@@ -250,21 +244,19 @@ def _sharding(data: dict[str, Any], col: Collector, base_dir: str | None) -> Non
     fsdp = data.get("fsdp")
     if fsdp in (None, True, ""):
         return
-    spec = FSDP2 if str(fsdp) == "fsdp2" else mapping(_json(str(fsdp), col), col.where("--fsdp"))
+    spec = FSDP2 if str(fsdp) == "fsdp2" else _fsdp_file(str(fsdp), base_dir)
     config = mapping(spec.get("fsdp_config") or {}, col.where("--fsdp: fsdp_config"))
     read_fsdp(spec.get("fsdp", "full_shard auto_wrap"), config, col)
     if config.get("activation_checkpointing"):   # sft_args._check_fsdp2_compatibility
         col.set("gradient_checkpointing", True, "--fsdp (fsdp_config.activation_checkpointing; ms-swift turns gradient_checkpointing off)")
 
 
-def _json(path: str, col: Collector) -> Any:
-    from pathlib import Path
+def _fsdp_file(path: str, base_dir: str | None) -> dict[str, Any]:
+    """ms-swift's ``--fsdp`` JSON (``fsdp`` and ``fsdp_config``), relative to where the command runs."""
+    from . import load
+    from .base import under
 
-    try:
-        return json.loads(Path(path).expanduser().read_text(encoding="utf-8"))
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise ConfigReadError(f"{col.where('--fsdp')}: cannot read {path[:200]!r} as ms-swift's FSDP JSON ({exc}); accepted: fsdp2 or a "
-                              "JSON file with fsdp / fsdp_config") from None
+    return load(str(under(path, base_dir or ".")))
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:

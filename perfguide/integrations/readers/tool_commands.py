@@ -34,7 +34,7 @@ def read(words: list[str], base_dir: str, env: dict[str, str] | None = None) -> 
     path = _path(config, base_dir, tool)
     data = load(path)
     for key, value in overrides.items():
-        _set(data, key, value, tool)
+        set_override(data, key, value, tool)
     source = Path(path).name + (f" + {tool} overrides" if overrides else "")
     col = Collector(fmt, source)
     module(fmt).read(data, col, base_dir=str(Path(path).resolve().parent))
@@ -50,16 +50,12 @@ def read(words: list[str], base_dir: str, env: dict[str, str] | None = None) -> 
 
 def _llamafactory_processes(env: dict[str, str]) -> Reading:
     """``NPROC_PER_NODE`` (else one process per ``CUDA_VISIBLE_DEVICES`` entry) and ``NNODES``, as the launcher reads them."""
-    from .base import as_int
+    from .base import torchrun_env
 
     col = Collector("launcher", "llamafactory-cli environment")
-    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if "NPROC_PER_NODE" in env:
-        col.set("num_gpus", as_int(env["NPROC_PER_NODE"], "NPROC_PER_NODE"), "NPROC_PER_NODE")
-    elif visible:
-        col.set("num_gpus", len(visible), "CUDA_VISIBLE_DEVICES (one process per visible GPU)")
-    if as_int(env.get("NNODES", 1), "NNODES") > 1:
-        col.set("nodes", as_int(env["NNODES"], "NNODES"), "NNODES")
+    per_node, _, visible = torchrun_env(env, col)
+    if per_node is None and visible:
+        col.set("num_gpus", visible, "CUDA_VISIBLE_DEVICES (one process per visible GPU)")
     return col.reading()
 
 
@@ -95,8 +91,9 @@ def _dotlist(words: list[str], tool: str) -> dict[str, str]:
     return out
 
 
-def _set(data: dict[str, Any], key: str, value: str, tool: str) -> None:
-    """One override, its value parsed as a YAML scalar (as OmegaConf does): ``batch_size=4`` is the int 4."""
+def set_override(data: dict[str, Any], key: str, value: Any, tool: str) -> None:
+    """One override, a text value parsed as a YAML scalar (as OmegaConf and jsonargparse do): ``batch_size=4`` is the
+    int 4; a bare flag's True or a list stays as it is."""
     node = data
     *parents, last = key.split(".")
     for part in parents:
@@ -104,6 +101,9 @@ def _set(data: dict[str, Any], key: str, value: str, tool: str) -> None:
         if not isinstance(child, dict):
             raise ConfigReadError(f"the {tool} override {key}=... sets a key inside {part!r}, which is not a mapping in the config")
         node = child
+    if not isinstance(value, str):
+        node[last] = value
+        return
     try:
         node[last] = yaml.safe_load(value) if value else None
     except yaml.YAMLError:
