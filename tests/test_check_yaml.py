@@ -437,3 +437,37 @@ def test_axolotl_unfrozen_parameters(tmp_path: Path, patterns: list[str], priced
     else:
         with pytest.raises(perfguide.PerfGuideError, match="unfrozen_parameters"):
             perfguide.check(None, path, hardware="a100-80gb:8")
+
+
+#: torchtune's qwen2 builders' arguments (torchtune/models/qwen2/_model_builders.py): vocab, layers, heads, kv heads,
+#: embed_dim, intermediate_dim, max_seq_len, tie_word_embeddings
+TORCHTUNE_QWEN2 = {"qwen2_0_5b": (151936, 24, 14, 2, 896, 4864, 32768, True),
+                   "qwen2_1_5b": (151936, 28, 12, 2, 1536, 8960, 32768, True),
+                   "qwen2_7b": (152064, 28, 28, 4, 3584, 18944, 32768, False)}
+
+
+@pytest.mark.parametrize("builder", sorted(TORCHTUNE_QWEN2))
+def test_torchtune_qwen2_builders_load_their_shape(builder: str, tmp_path: Path) -> None:
+    from perfguide.model.catalog import config_of
+
+    path = tmp_path / "lora.yaml"
+    path.write_text(yaml.safe_dump({"model": {"_component_": f"torchtune.models.qwen2.lora_{builder}", "lora_attn_modules": ["q_proj"],
+                                               "lora_rank": 8, "lora_alpha": 16}, "optimizer": {"_component_": "torch.optim.AdamW"},
+                                     "batch_size": 1, "dtype": "bf16"}), encoding="utf-8")
+    c = perfguide.check(None, path, hardware="rtx4090", seq_len=512)
+    cfg = config_of(c.model)
+    shape = (cfg["vocab_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+             cfg["hidden_size"], cfg["intermediate_size"], cfg["max_position_embeddings"], cfg["tie_word_embeddings"])
+    assert shape == TORCHTUNE_QWEN2[builder] and c.setup.lora is not None
+
+
+@pytest.mark.parametrize("component", ["torchtune.models.llama3_2_vision.lora_llama3_2_vision_11b",
+                                       "torchtune.models.llama4.llama4_scout_17b_16e"])
+def test_torchtune_multimodal_builders_are_refused_as_such(component: str, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump({"model": {"_component_": component}, "optimizer": {"_component_": "torch.optim.AdamW"}}),
+                    encoding="utf-8")
+    assert main(["check", str(path), "--hardware", "a100-80gb"]) == 2
+    err = capsys.readouterr().err
+    assert "multimodal builder" in err and "pass --model" not in err and err.count("\n") == 1

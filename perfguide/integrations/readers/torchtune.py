@@ -42,12 +42,15 @@ BUILDERS = {
     "llama3_70b": "meta-llama/Meta-Llama-3-70B", "llama2_7b": "meta-llama/Llama-2-7b-hf", "llama2_13b": "meta-llama/Llama-2-13b-hf",
     "llama2_70b": "meta-llama/Llama-2-70b-hf", "qwen2_5_0_5b": "Qwen/Qwen2.5-0.5B", "qwen2_5_1_5b": "Qwen/Qwen2.5-1.5B",
     "qwen2_5_3b": "Qwen/Qwen2.5-3B", "qwen2_5_7b": "Qwen/Qwen2.5-7B", "qwen2_5_14b": "Qwen/Qwen2.5-14B", "qwen2_5_32b": "Qwen/Qwen2.5-32B",
-    "qwen2_5_72b": "Qwen/Qwen2.5-72B", "qwen3_0_6b": "Qwen/Qwen3-0.6B", "qwen3_1_7b": "Qwen/Qwen3-1.7B", "qwen3_4b": "Qwen/Qwen3-4B",
+    "qwen2_5_72b": "Qwen/Qwen2.5-72B", "qwen2_0_5b": "Qwen/Qwen2-0.5B", "qwen2_1_5b": "Qwen/Qwen2-1.5B-Instruct",
+    "qwen2_7b": "Qwen/Qwen2-7B-Instruct", "qwen3_0_6b": "Qwen/Qwen3-0.6B", "qwen3_1_7b": "Qwen/Qwen3-1.7B", "qwen3_4b": "Qwen/Qwen3-4B",
     "qwen3_8b": "Qwen/Qwen3-8B", "qwen3_14b": "Qwen/Qwen3-14B", "qwen3_32b": "Qwen/Qwen3-32B",
     "llama3_3_70b": "meta-llama/Llama-3.3-70B-Instruct", "gemma_2b": "google/gemma-2b", "gemma_7b": "google/gemma-7b",
     "gemma2_2b": "google/gemma-2-2b", "gemma2_9b": "google/gemma-2-9b", "gemma2_27b": "google/gemma-2-27b",
     "mistral_7b": "mistralai/Mistral-7B-v0.1", "phi3_mini": "microsoft/Phi-3-mini-4k-instruct", "phi4_14b": "microsoft/phi-4",
 }
+#: builders whose model is an image encoder fused with a decoder (torchtune/models/llama3_2_vision, llama4)
+MULTIMODAL_BUILDERS = ("llama3_2_vision_", "llama4_")
 #: optimizer classes as the configs spell them (the ``_component_`` torchtune imports) -> perfguide's names; the first
 #: class of each name is the one a written change names
 OPTIMIZER_CLASSES = {"torch.optim.AdamW": "adamw_torch", "torch.optim.Adam": "adamw_torch", "torch.optim.SGD": "sgd",
@@ -71,6 +74,10 @@ def builder_model(component: str, where: str) -> tuple[str, str]:
     name = component.rsplit(".", 1)[-1]
     match = re.fullmatch(r"(?:(q?lora)_)?(.+?)(?:_base|_instruct)?", name)
     kind, base = (match.group(1) or "", match.group(2)) if match else ("", name)
+    if base.startswith(MULTIMODAL_BUILDERS):
+        raise ConfigReadError(f"{where}={component!r}: a multimodal builder (an image encoder beside the decoder, the "
+                              "encoder frozen by default), which perfguide check does not price; it prices torchtune's "
+                              f"text decoders ({', '.join(sorted(BUILDERS))})")
     if base not in BUILDERS:
         raise ConfigReadError(f"{where}={component!r}: no checkpoint perfguide knows for this builder; pass --model "
                               f"(known builders: {', '.join(sorted(BUILDERS))})")
