@@ -471,3 +471,16 @@ def test_torchtune_multimodal_builders_are_refused_as_such(component: str, tmp_p
     assert main(["check", str(path), "--hardware", "a100-80gb"]) == 2
     err = capsys.readouterr().err
     assert "multimodal builder" in err and "pass --model" not in err and err.count("\n") == 1
+
+
+def test_a_verdict_at_an_assumed_length_says_so_on_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.yaml"   # torchtune's distributed configs leave tokenizer.max_seq_len null: the data decides
+    path.write_text(yaml.safe_dump({"model": {"_component_": "torchtune.models.qwen2_5.qwen2_5_0_5b"}, "tokenizer": {"max_seq_len": None},
+                                    "optimizer": {"_component_": "torch.optim.AdamW"}, "batch_size": 1, "dtype": "bf16"}),
+                    encoding="utf-8")
+    verdicts = []
+    for extra in ([], ["--seq-len", "300"]):
+        main(["check", str(path), "--hardware", "a100-80gb", *extra])
+        verdicts.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict:")))
+    assert verdicts[0].endswith("at an assumed 2,048 tokens per sample (none read; pass --seq-len)"), verdicts[0]
+    assert "assumed" not in verdicts[1], verdicts[1]

@@ -101,13 +101,19 @@ def _speed(t: Throughput | None, m: MemoryEstimate) -> str:
     return kv + f"speed: {t.tokens_per_s:,.0f} tokens/s, step {t.step_time_s:.3g} s" + (f", MFU {t.mfu:.0%}" if t.mfu else "")
 
 
+def _assumed_length(c: Check) -> str:
+    """The verdict holds at a length no input gave (a config without a cap): say so on the verdict's own line."""
+    length = next((s.value for s in c.read if s.field == "seq_len" and s.assumed), None)
+    return "" if length is None else f", at an assumed {length:,} tokens per sample (none read; pass --seq-len)"
+
+
 def render(c: Check) -> str:
     m = c.memory
     room = f" of {m.capacity / GiB:.1f} GiB usable" if m.capacity else ""
     verdict = "fits" if c.fits else "does NOT fit"
     lines = [f"perfguide check: {c.model} on {c.hardware}: {c.setup.label}",
              f"verdict: {verdict}: {m.device_total / GiB:.1f} GiB per device{room}"
-             + (f", {m.cpu_ram / GiB:.1f} GiB host RAM" if m.cpu_ram else ""),
+             + (f", {m.cpu_ram / GiB:.1f} GiB host RAM" if m.cpu_ram else "") + _assumed_length(c),
              _speed(c.throughput, m), "", "read:"]
     width = max((len(f"{s.field} = {s.value!r}") for s in c.read), default=0)
     for s in c.read:
