@@ -32,6 +32,7 @@ from accuracy_reserved import cached_head_block
 from perfguide.memory.types import MemoryEstimate
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
+from perfguide.techniques import per_rank
 
 #: the source whose rows are read on the NVML gauge, and the allocator setting the reading rests on (row notes)
 GAUGED_SOURCE = "arctictraining_alst_recipes"
@@ -55,7 +56,7 @@ def mapped_free_block(spec: ModelSpec, setup: Setup) -> int:
 def gauge_bytes(est: MemoryEstimate, spec: ModelSpec, setup: Setup) -> int:
     """What the device's NVML reading shows for the step: the fit footprint with the CUDA context (and NCCL's
     buffers), plus the free block left mapped."""
-    return (est.fit_total or 0) + mapped_free_block(spec, setup)   # None only without hardware
+    return (est.fit_total or 0) + mapped_free_block(spec, per_rank(setup))   # None only without hardware; a rank's slice
 
 
 def gauge_fits(est: MemoryEstimate, spec: ModelSpec, setup: Setup) -> bool:

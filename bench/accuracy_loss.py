@@ -21,6 +21,7 @@ from perfguide.memory.eras import (
 from perfguide.memory.loss_path import hf_loss_bytes, installed_transformers
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
+from perfguide.techniques import per_rank
 
 #: litgpt's chunked cross-entropy at its backward peak, bytes per b*s*V (traced: _loss_bytes)
 LITGPT_LOSS_BYTES_PER_LOGIT = 6
@@ -41,6 +42,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     cross-entropy backward has run (2), and the cross-entropy chunks not yet run backward, half of them at that point:
     their saved 16-bit log-softmax outputs and their nll gradients (1 + 1).
     """
+    setup = per_rank(setup)   # a sequence-parallel rank prices its slice
     if setup.task != "train" or setup.liger_kernel or setup.cut_cross_entropy:  # a fused loss: its technique prices it
         return None
     if "loss=logits.sum()" in row["method"]:
@@ -114,6 +116,7 @@ def _resident_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int:
     GPT-NeoX's per-block causal-mask buffer before 4.49) and, for HF Trainer rows under FSDP, the parameters its
     pre-wrap optimizer keeps (eras.trainer_fsdp_pre_wrap_bytes: 4.30-4.31), resident in every phase. No stated or
     inferred release, or not a training row: nothing."""
+    setup = per_rank(setup)   # a sequence-parallel rank prices its slice
     release = _transformers_version(row)
     if release is None or setup.task != "train":
         return 0
@@ -135,6 +138,7 @@ def _block_code_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int
     (Inductor's graph computes it once). Traced (scripts/trace_compiled_block.py, data/techniques.json
     ``compiled_blocks``, Llama-3.2-3B's widths): torchtune 140,392 B per token eager, transformers 131,176:
     9,216 = 8,192 + 1,024; compiled 98,920 against 90,216: 8,704 = 8,192 + 512."""
+    setup = per_rank(setup)   # a sequence-parallel rank prices its slice
     if "torchtune" not in row["source"] or setup.task != "train" or setup.gradient_checkpointing:
         return 0
     width = 2 if setup.weights_dtype in ("bf16", "fp16") else 4

@@ -27,11 +27,22 @@ def offloads(par: str) -> bool:
     return "offload" in re.sub(r"\b(no|without)( cpu)? offload\b", "", low)
 
 
+def sequence_parallel(par: str) -> int:
+    """The ranks that split each sequence: DeepSpeed Ulysses (ALST, ms-swift, the HF blog: "sequence parallel N"),
+    torchtitan's context parallelism ("CP N"); 1 where the row names none (Setup.sequence_parallel)."""
+    m = re.search(r"sequence parallel (\d+)|\bCP (\d+)", par)
+    return int(m.group(1) or m.group(2)) if m else 1
+
+
 def _strategy(row: dict[str, str]) -> dict[str, object]:
+    sp = sequence_parallel(row["parallelism"])
+    out = _data_parallel(row)
+    return {**out, "sequence_parallel": sp} if sp > 1 else out
+
+
+def _data_parallel(row: dict[str, str]) -> dict[str, object]:
     par = row["parallelism"]
     zero = re.search(r"DeepSpeed ZeRO-([123])", par)
-    if zero and "sequence parallel" in par:  # DeepSpeed Ulysses (ALST, ms-swift): each GPU holds a slice of the sequence
-        raise Skip(f"parallelism {par!r}: Ulysses sequence parallelism is not priced for training")
     if zero:  # "+ optimizer offload" (offload_optimizer) / "+ CPU offload of params and optimizer" (ZeRO-3 offload_param)
         added = par.lower().partition("+")[2]  # what follows the stage; "(no CPU offload)" before it adds nothing
         # a script that loads the model before its ZeRO-3 config exists (the row's notes say "no zero.Init", read in
@@ -43,8 +54,8 @@ def _strategy(row: dict[str, str]) -> dict[str, object]:
                 "overlap_comm": overlap is None or overlap.group(1) == "true"}
     if par.startswith("DDP"):
         return {"strategy": "ddp"}  # fsdp_qlora's "ddp" sharding: FSDP NO_SHARD, every GPU holds the whole model
-    if any(k in par for k in ("TP", "PP", "CP 2", "CP 4", "CP 8", "tensor parallel", "pipeline")):
-        raise Skip(f"parallelism {par!r} (TP/PP/CP or pipeline) is not priced for training")
+    if any(k in par for k in ("TP", "PP", "tensor parallel", "pipeline")):
+        raise Skip(f"parallelism {par!r} (TP/PP or pipeline) is not priced for training")
     if "SHARD_GRAD_OP" in par:  # FSDP1 unless the row says FSDP2 (the 2022 blog's accelerate 0.7 wrapped with torch's FSDP1)
         return {"strategy": "fsdp_shard_grad_op", "fsdp_version": 2 if "FSDP2" in par else 1}
     if "FSDP" in par:

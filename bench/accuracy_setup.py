@@ -300,6 +300,9 @@ def trl_recasts_adapters(row: dict[str, str]) -> bool:
 #: say: a post-init class patch leaves the built norms and MLPs HF's (only the CausalLM forward and the rotary function
 #: are looked up at call time), and Liger's gemma2 patch of September 2024 had a plain cross-entropy kernel, no fused one
 LIGER_PARTIAL = ("Liger partially applied", "Liger kernels without fused linear cross-entropy")
+#: how the rows say Liger's full patch ran (ALST's later recipes: "Liger kernels (model type liger)", the same
+#: AutoLigerKernelForCausalLM as the earlier rows' "Liger kernels on (model type liger: ...)")
+LIGER_ON = ("Liger kernels on", "Liger kernels (model type liger)")
 
 
 #: Arctic Long Sequence Training's own memory tricks (ArcticTraining recipes): the MLP run in sequence shards and recomputed
@@ -329,7 +332,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      num_gpus=_int(row["num_gpus"], 1),
                                      optimizer_in_backward="optimizer_in_bwd True" in row["method"],
                                      torch_compile="torch.compile enabled" in row["method"],
-                                     liger_kernel="Liger kernels on" in row["method"],
+                                     liger_kernel=any(w in row["method"] for w in LIGER_ON),
                                      cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
                                      activation_offloading="activation_offloading=True" in row["method"],  # TRL SFTConfig
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))

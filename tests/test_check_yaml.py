@@ -398,7 +398,7 @@ def _axolotl(tmp_path: Path, name: str, **keys: object) -> Path:
 def test_axolotl_runs_that_are_not_sft_are_priced_or_refused(tmp_path: Path) -> None:
     """axolotl's `rl`, reward-model, QAT, ReLoRA, LISA and tensor-parallel keys were listed as "read, not priced" and
     the run priced as SFT (its DPO examples as one row per sample, no reference). `rl: dpo` is priced as DPO; the others
-    are refused in one line; a context-parallel split is said as an upper bound."""
+    are refused in one line; a context-parallel split is priced per rank."""
     lora = "axolotl_lora-1b.yml"
     assert perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, rl="dpo", sample_packing=False), hardware="a100-80gb").setup.objective == "dpo"
     for keys, message in (({"rl": "kto"}, "rl='kto': axolotl's kto trainer is not priced"),
@@ -408,8 +408,13 @@ def test_axolotl_runs_that_are_not_sft_are_priced_or_refused(tmp_path: Path) -> 
         with pytest.raises(perfguide.PerfGuideError, match=re.escape(message)) as exc:
             perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, **keys), hardware="a100-80gb:2")
         assert "\n" not in str(exc.value)
-    c = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, context_parallel_size=2), hardware="a100-80gb:2")
-    assert any("context parallelism is not priced" in n for n in c.notes)
+    # context parallelism splits each sequence over the ranks (ring-flash-attn: axolotl refuses it without flash attention)
+    c = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, context_parallel_size=2, flash_attention=True),
+                        hardware="a100-80gb:2")
+    assert (c.setup.sequence_parallel, c.setup.world_size) == (2, 2)
+    with pytest.raises(perfguide.PerfGuideError, match="needs flash attention"):
+        perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, context_parallel_size=2, flash_attention=False,
+                                                            attn_implementation="sdpa"), hardware="a100-80gb:2")
 
 
 def test_axolotl_modules_to_save_are_trained_copies(tmp_path: Path) -> None:

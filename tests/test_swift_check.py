@@ -78,7 +78,6 @@ def test_qlora_is_bitsandbytes_nf4_with_double_quantization() -> None:
     ("swift sft --optimizer muon", "optimizer plugin"),
     ("swift sft --quant_method hqq --quant_bits 4", "accepted: bnb"),
     ("swift sft --tuner_backend unsloth", "Unsloth"),
-    ("NPROC_PER_NODE=4 swift sft --sequence_parallel_size 2", "sequence parallelism"),
     ("swift rlhf --rlhf_type dpo", "accepted: `swift sft ...`"),
 ])
 def test_what_is_not_priced_is_one_line(words: str, said: str) -> None:
@@ -180,3 +179,16 @@ def test_swifts_entry_script_under_accelerate_takes_the_launchers_processes(tmp_
     assert (s.num_gpus, s.strategy, s.fsdp_version, s.gradient_checkpointing) == (2, "fsdp", 2, True)
     assert s.lora is not None and s.lora.target_modules == "all-linear"
     assert check.memory is not None and abs(check.memory.device_total / 2**30 / 14.7 - 1) < 0.20
+
+
+def test_deepspeed_keeps_fp32_masters_of_a_bfloat16_load() -> None:
+    """--torch_dtype bfloat16 loads the model in bf16, but DeepSpeed's engine steps fp32 master weights with fp32 Adam
+    states whatever the load dtype (its bf16 / ZeRO optimizers keep an fp32 partition): 12 bytes per parameter over the
+    ranks, where a bf16 step would keep 4. (ms-swift's zero2 / zero3 presets set no bf16_master_weights_and_grads.)"""
+    from perfguide.model.types import ModelSpec
+
+    check = _check("NPROC_PER_NODE=4 swift sft --model Qwen/Qwen2.5-7B --tuner_type full --torch_dtype bfloat16 --deepspeed zero2",
+                   hardware="a100-80gb:4")
+    assert (check.setup.weights_dtype, check.setup.autocast, check.setup.strategy) == ("fp32", "bf16", "zero2")
+    params = ModelSpec.from_any("Qwen/Qwen2.5-7B").total_params
+    assert check.memory.optimizer_states >= 12 * params / 4

@@ -244,6 +244,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     if setup.strategy in ("device_map", "tp"):
         raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")
     spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
+    setup = techniques.per_rank(setup)   # sequence parallelism: one rank's slice of each sequence
     led = ledger(spec, setup)
     states, cost = _states(spec, setup, led)
     gather, unsharded = _gather_bytes(spec, setup)

@@ -24,7 +24,7 @@ from ..memory.types import MemoryEstimate
 from ..model.code import built_by
 from ..model.types import ModelSpec
 from ..setup import Setup
-from . import dequant, dora, moe_lora, rates, stacks, terms, traffic
+from . import dequant, dora, moe_lora, rates, sequence_split, stacks, terms, traffic
 from .rates import (
     attention_flops_fwd,
     constant,
@@ -194,7 +194,12 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
     spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
-    return _gpu_training(spec, setup, hardware, framework, attention_kernel, optimizer_impl, loss)
+    local = techniques.per_rank(setup)   # sequence parallelism: each rank runs its slice, then attends over the whole
+    tp = _gpu_training(spec, local, hardware, framework, attention_kernel, optimizer_impl, loss)
+    if local is setup:
+        return tp
+    attention = _compute_split(spec, local)[1]
+    return sequence_split.widened(spec, setup, local, hardware, tp, attention, attention_kernel)
 
 
 def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: str, kernel: str | None,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EmitContext", "KernelFactors", "LadderContext", "MemoryContext", "MemoryTerms", "Requires", "Rung",
            "SpeedContext", "StepSeconds", "StepShape", "Technique", "active", "emit", "get", "kernel_factors", "ladder",
-           "memory_terms", "names", "placed", "registry", "shaped", "step_seconds", "step_shape", "traced_fields",
+           "memory_terms", "names", "per_rank", "placed", "registry", "shaped", "step_seconds", "step_shape", "traced_fields",
            "traced_model"]
 
 _NOT_TECHNIQUES = frozenset({"base", "effects"})
@@ -124,8 +124,17 @@ def weights_on_host(setup: Setup) -> bool:
     return placed(setup, PerDevice(weights=1, grads=0, optimizer=0, buffers=0, cpu_ram=0)).weights == 0
 
 
+def per_rank(setup: Setup) -> Setup:
+    """The Setup one rank computes where a technique splits each sequence over ranks (``Technique.per_rank``)."""
+    for t in registry():
+        setup = t.per_rank(setup)
+    return setup
+
+
 def shaped(setup: Setup) -> Setup:
-    """The Setup whose (batch, sequence) the model really computes on, for the memory model."""
+    """The Setup whose (batch, sequence) the model really computes on, for the memory model: one rank's slice, then
+    each technique's reshaping (padding-free's one row)."""
+    setup = per_rank(setup)
     for t in registry():
         setup = t.shape(setup)
     return setup

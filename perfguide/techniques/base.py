@@ -188,6 +188,11 @@ class Technique:
         """Its word in ``Setup.label`` when ``setup`` uses it (None: it adds none), placed by ``label_order``."""
         return None
 
+    def per_rank(self, setup: Setup) -> Setup:
+        """The Setup one rank computes, where the technique splits the step's data over ranks (sequence parallelism:
+        each rank's slice of the sequence); the memory and speed models price that one. ``setup`` by default."""
+        return setup
+
     # --- the fit ladder ----------------------------------------------------------------------------
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         """The rung(s) this technique adds to the ladder for ``ctx`` (none by default)."""

@@ -40,7 +40,7 @@ PRICED = frozenset({
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
-    "rl", "lora_modules_to_save", "tensor_parallel_size", "context_parallel_size",
+    "rl", "lora_modules_to_save", "tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree", "tiled_mlp",
 })
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
@@ -292,9 +292,23 @@ def _run_kind(data: dict[str, Any], col: Collector) -> None:
     if as_int(data.get("tensor_parallel_size") or 1, col.where("tensor_parallel_size")) > 1:
         raise ConfigReadError(f"{col.where('tensor_parallel_size')}={data['tensor_parallel_size']}: tensor-parallel training is "
                               "not priced; perfguide check prices data-parallel, FSDP and DeepSpeed runs")
-    if as_int(data.get("context_parallel_size") or 1, col.where("context_parallel_size")) > 1:
-        col.note(f"{col.where('context_parallel_size')}={data['context_parallel_size']}: context parallelism is not priced: "
-                 "each rank is priced with the whole sequence (an upper bound)")
+    _context_parallel(data, col)
+
+
+def _context_parallel(data: dict[str, Any], col: Collector) -> None:
+    """axolotl's context parallelism (ring-flash-attn; ``sequence_parallel_degree`` is its deprecated name, which
+    axolotl copies into ``context_parallel_size``): each rank holds its slice of the sequence (Setup.sequence_parallel)."""
+    key = "context_parallel_size" if data.get("context_parallel_size") else "sequence_parallel_degree"
+    size = as_int(data.get(key) or 1, col.where(key))
+    if size > 1:
+        attn = str(data.get("attn_implementation") or ("flash_attention_2" if data.get("flash_attention") else ""))
+        if not attn.startswith("flash_attention"):
+            raise ConfigReadError(f"{col.where(key)}={size} needs flash attention (axolotl refuses it otherwise: "
+                                  "attn_implementation flash_attention_2 or flash_attention_3, or flash_attention: true)")
+        col.set("sequence_parallel", size, key)
+    if data.get("tiled_mlp"):
+        col.note(f"{col.where('tiled_mlp')}: ALST's tiled MLP (the MLP run in sequence shards, recomputed in backward) "
+                 "is not priced: each layer's MLP is priced whole over the rank's tokens (an upper bound at long sequence)")
 
 
 #: parameter names of a decoder's text model, in a text model and in a vision-language one

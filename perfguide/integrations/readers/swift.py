@@ -45,7 +45,7 @@ DEEPSPEED = {"zero0": (0, False, False), "zero1": (1, False, False), "zero2": (2
              "zero2_offload": (2, True, False), "zero3_offload": (3, True, True)}
 #: its FSDP2 preset (swift/config/fsdp2.json)
 FSDP2: dict[str, Any] = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"fsdp_version": 2, "reshard_after_forward": True, "activation_checkpointing": True}}
-UNPRICED = {"sequence_parallel_size": "Ulysses / ring sequence parallelism", "use_galore": "GaLore through ms-swift's own optimizer",
+UNPRICED = {"use_galore": "GaLore through ms-swift's own optimizer",
             "lisa_activated_layers": "LISA's layer sampling", "llamapro_num_new_blocks": "LLaMA Pro's added blocks",
             "deepspeed_autotp_size": "DeepSpeed AutoTP tensor parallelism"}
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
@@ -90,8 +90,9 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
          processes: int | None = None) -> None:
     """``processes``: the world size a launcher gave (its flags and config say the process count, not the environment)."""
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
-    refuse_unpriced({k: v for k, v in data.items() if not (k == "sequence_parallel_size" and str(v) == "1")}, col, UNPRICED,
-                    "ms-swift's LoRA, QLoRA and full fine-tuning")
+    refuse_unpriced(data, col, UNPRICED, "ms-swift's LoRA, QLoRA and full fine-tuning")
+    if data.get("sequence_parallel_size") not in (None, True):   # ms-swift's Ulysses (swift/sequence_parallel)
+        col.set("sequence_parallel", as_int(data["sequence_parallel_size"], col.where("--sequence_parallel_size")), "--sequence_parallel_size")
     _head(data, col)
     if data.get("optimizer") not in (None, True):
         raise ConfigReadError(f"{col.where('--optimizer')}={data['optimizer']!r}: ms-swift's own optimizer plugin is not priced; "
@@ -137,7 +138,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
 
 _PRICED = frozenset({"model", "tuner_type", "train_type", "torch_dtype", "lora_rank", "lora_alpha", "lora_dropout", "target_modules",
                      "lora_dtype", "use_dora", "use_rslora", "quant_method", "quant_bits", "bnb_4bit_use_double_quant",
-                     "bnb_4bit_quant_type", "attn_impl", "modules_to_save", "task_type", "num_labels"}) | _OWN
+                     "bnb_4bit_quant_type", "attn_impl", "modules_to_save", "task_type", "num_labels", "sequence_parallel_size"}) | _OWN
 
 
 def _head(data: dict[str, Any], col: Collector) -> None:
@@ -218,7 +219,9 @@ def _quantized(data: dict[str, Any], col: Collector) -> None:
 def _precision(data: dict[str, Any], col: Collector) -> None:
     """The load dtype, and the AMP flag ms-swift derives from it where the flags set neither."""
     dtype = choice(data["torch_dtype"], col.where("--torch_dtype"), TORCH_DTYPES) if data.get("torch_dtype") not in (None, True) else None
-    if dtype is not None and data.get("quant_bits") in (None, True):
+    # DeepSpeed keeps fp32 master weights whatever the load dtype (the check assumes so where no dtype is set); its
+    # own bf16_master_weights_and_grads says otherwise, read with the DeepSpeed config
+    if dtype is not None and data.get("quant_bits") in (None, True) and data.get("deepspeed") in (None, True, ""):
         col.set("weights_dtype", dtype, "--torch_dtype")
     if "bf16" in data or "fp16" in data:
         return
