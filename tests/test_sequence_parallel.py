@@ -106,3 +106,11 @@ def test_axolotls_alst_example_fits_where_it_is_published(tmp_path: Path) -> Non
     c = perfguide.check(None, path, hardware="h100-80gb:8", num_gpus=8)
     assert (c.setup.sequence_parallel, c.setup.seq_len) == (8, 500_000) and c.fits
     assert any("tiled MLP" in n and "upper bound" in n for n in c.notes)
+
+
+def test_a_change_of_the_split_is_written_in_the_configs_own_key() -> None:
+    from perfguide.integrations.readers import axolotl, swift
+
+    setup = Setup(**alst(8))
+    assert swift.write({"sequence_parallel": 4}, setup)[0] == {"--sequence_parallel_size": 4}
+    assert axolotl.write({"sequence_parallel": 4}, setup)[0] == {"context_parallel_size": 4}

@@ -231,7 +231,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
     simple = {"micro_batch_size": "micro_batch_size", "gradient_accumulation_steps": "gradient_accumulation_steps", "seq_len": "sequence_len",
               "optimizer": "optimizer", "gradient_checkpointing": "gradient_checkpointing", "torch_compile": "torch_compile",
               "padding_free": "sample_packing", "attn_implementation": "attn_implementation", "tf32": "tf32",
-              "activation_offloading": "activation_offloading", "dataloader_num_workers": "dataloader_num_workers"}
+              "activation_offloading": "activation_offloading", "dataloader_num_workers": "dataloader_num_workers",
+              "sequence_parallel": "context_parallel_size"}
     for field, value in changes.items():
         if field in simple:
             keys[simple[field]] = value

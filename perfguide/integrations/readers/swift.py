@@ -279,6 +279,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             own["--gradient_checkpointing"] = value
         elif field == "padding_free":
             own["--padding_free"] = value
+        elif field == "sequence_parallel":
+            own["--sequence_parallel_size"] = value
         elif field == "lora" and value is not None:
             own.update({"--tuner_type": "lora", "--lora_rank": value["r"], "--lora_alpha": value["alpha"]})
         elif field == "strategy" and setup.is_deepspeed and setup.zero_stage in (0, 1, 2, 3):
