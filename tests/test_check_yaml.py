@@ -489,3 +489,34 @@ def test_a_verdict_at_an_assumed_length_says_so_on_its_line(tmp_path: Path, caps
         verdicts.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict:")))
     assert verdicts[0].endswith("at an assumed 2,048 tokens per sample (none read; pass --seq-len)"), verdicts[0]
     assert "assumed" not in verdicts[1], verdicts[1]
+
+
+def _axolotl_linear_names(model: object) -> set[str]:
+    """axolotl's find_all_linear_names (loaders/adapter.py), restated: every module that is an nn.Linear or has
+    'Linear' in its class name, by leaf name, less the LM head."""
+    import torch
+
+    names = {name.rsplit(".", 1)[-1] for name, module in model.named_modules()   # type: ignore[attr-defined]
+             if isinstance(module, torch.nn.Linear) or "Linear" in type(module).__name__}
+    return names - {"lm_head"}
+
+
+@pytest.mark.parametrize(("hub_id", "config"), [
+    ("mistralai/Mixtral-8x7B-v0.1", {"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2}),
+    ("meta-llama/Llama-3.2-1B", {"model_type": "llama"}),
+])
+def test_axolotl_lora_target_linear_is_its_own_list_of_linears(hub_id: str, config: dict[str, object], tmp_path: Path) -> None:
+    """``lora_target_linear`` hands peft the Linear modules axolotl finds, not peft's "all-linear": on transformers 5's
+    Mixtral the fused experts and the router are parameters of modules that are no Linear, so its LoRA is on attention
+    only (and takes dropout, which peft's ParamWrapper on the experts refuses). Checked against a real transformers
+    module tree of the same class, built small."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    small = AutoConfig.for_model(**config, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 num_key_value_heads=2, vocab_size=256)
+    with torch.device("meta"):
+        expected = _axolotl_linear_names(AutoModelForCausalLM.from_config(small))
+    c = perfguide.check(hub_id, _axolotl(tmp_path, "axolotl_lora-1b.yml", lora_target_linear=True, lora_target_modules=None,
+                                         lora_dropout=0.05, base_model=hub_id), hardware="a100-80gb")
+    assert c.setup.lora is not None and set(c.setup.lora.target_modules) == expected

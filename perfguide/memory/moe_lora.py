@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidSetupError
+from ..model.linears import linear_shapes
 from ..model.types import ModelSpec
 from ..setup import Setup
 
@@ -76,6 +77,15 @@ def _moe_layers(spec: ModelSpec) -> int:
 
 def _is_param_target(spec: ModelSpec, name: str, out: int) -> bool:
     return name.startswith("experts.") or (name.rsplit(".", 1)[-1] == "gate" and out == spec.num_experts)
+
+
+def linear_module_leaves(spec: ModelSpec) -> tuple[str, ...]:
+    """The leaf names of a block's ``nn.Linear`` modules (``q_proj``, ``down_proj``...): what a trainer that lists
+    Linear modules itself targets (axolotl's lora_target_linear). A transformers-5 MoE's fused experts and its router
+    are parameters of modules that are no Linear, so they are not among them."""
+    shapes = linear_shapes(spec)
+    kept = [k for k, _, o, _ in shapes if not (fused_experts(spec) and _is_param_target(spec, k, o))]
+    return tuple(dict.fromkeys(k.rsplit(".", 1)[-1] for k in kept))
 
 
 def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:

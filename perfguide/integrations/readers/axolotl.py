@@ -13,6 +13,7 @@ from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
 from .base import (
+    LINEAR_LEAVES,
     Collector,
     ConfigReadError,
     as_bool,
@@ -173,10 +174,9 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
         return
     if str(adapter).lower() not in ("lora", "qlora"):
         raise ConfigReadError(f"{col.where('adapter')}={adapter!r} is not an adapter perfguide can price; accepted: lora, qlora (or no adapter: full fine-tuning)")
-    targets: Any = "all-linear" if data.get("lora_target_linear") else data.get("lora_target_modules") or "all-linear"
     lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 8), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 16), col.where("lora_alpha")),
                             "dropout": as_float(data.get("lora_dropout") or 0.0, col.where("lora_dropout")),
-                            "target_modules": _targets(targets, col.where("lora_target_modules"))}
+                            "target_modules": _lora_targets(data, col)}
     if data.get("lora_modules_to_save"):   # PEFT's modules_to_save: a trained copy of each (embed_tokens, lm_head)
         lora["modules_to_save"] = tuple(str(m) for m in listing(data["lora_modules_to_save"], col.where("lora_modules_to_save")))
     for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora"),
@@ -262,6 +262,17 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
     return keys, rest
 
 
+def _lora_targets(data: dict[str, Any], col: Collector) -> str | tuple[str, ...]:
+    """``lora_target_modules``, with ``lora_target_linear`` adding the model's ``nn.Linear`` leaf names, as axolotl
+    lists them (find_all_linear_names: not peft's "all-linear", which also wraps a transformers-5 MoE's fused experts
+    and router, parameters that are no Linear); neither: axolotl's "all-linear"."""
+    listed = data.get("lora_target_modules")
+    if not data.get("lora_target_linear"):
+        return _targets(listed or "all-linear", col.where("lora_target_modules"))
+    named = _targets(listed, col.where("lora_target_modules")) if listed and not isinstance(listed, str) else ()
+    return (*named, LINEAR_LEAVES)
+
+
 def _targets(targets: Any, where: str) -> str | tuple[str, ...]:
     """A list of names; ``all-linear``; or one string, which PEFT reads as a regex (axolotl passes it through)."""
     if not isinstance(targets, str):
@@ -279,8 +290,7 @@ RL_PRICED = ("dpo", "ipo")
 
 def _run_kind(data: dict[str, Any], col: Collector) -> None:
     """The training axolotl runs: SFT, DPO (``rl: dpo``), or one perfguide refuses rather than price as SFT. A
-    context-parallel split is said as not priced (each rank holds a slice of the sequence: an upper bound); tensor
-    parallelism is refused."""
+    context-parallel split is priced per rank (Setup.sequence_parallel); tensor parallelism is refused."""
     refuse_unpriced(data, col, NOT_PRICED, "axolotl's SFT and DPO runs (full, LoRA, QLoRA)")
     if data.get("unfrozen_parameters"):
         _unfrozen(listing(data["unfrozen_parameters"], col.where("unfrozen_parameters")), col, bool(data.get("adapter")))

@@ -229,6 +229,11 @@ def attention(value: Any, where: str, mapping: Mapping[str, Any], col: Collector
     return choice(value, where, mapping)
 
 
+#: a LoRA target a reader cannot name without the model: every ``nn.Linear`` leaf of its blocks, as axolotl's
+#: ``lora_target_linear`` lists them (loaders/adapter.py find_all_linear_names), resolved once the model is known
+#: (pricing.resolve_targets). On a transformers-5 MoE the fused experts and the router are parameters, not Linears.
+LINEAR_LEAVES = "<the model's nn.Linear leaves>"
+
 #: torch dtype spellings (from_pretrained ``dtype``, axolotl/LLaMA-Factory flags) -> Setup.weights_dtype
 DTYPE_WORDS = {"float32": "fp32", "fp32": "fp32", "torch.float32": "fp32", "float": "fp32",
                "bfloat16": "bf16", "bf16": "bf16", "torch.bfloat16": "bf16",

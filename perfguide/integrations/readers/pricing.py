@@ -9,11 +9,12 @@ from typing import Any
 
 from ...errors import InvalidSetupError
 from ...hardware.types import Hardware
+from ...memory.moe_lora import linear_module_leaves
 from ...model.types import ModelSpec
 from ...scenarios.registry import DEFAULT_TRAIN_SEQ_LEN
 from ...setup import Setup
 from . import module
-from .base import nest
+from .base import LINEAR_LEAVES, nest
 from .combine import Combined
 from .fitting import smallest_fit
 from .verdict import Change, Check, Edit
@@ -48,8 +49,19 @@ _TRAINER_DEFAULTS = (
 )
 
 
+def resolve_targets(c: Combined, spec: ModelSpec) -> None:
+    """A LoRA target a reader could only name as the model's Linear leaves (base.LINEAR_LEAVES), now that it is known."""
+    chosen = c.chosen.get("lora")
+    lora = chosen.value if chosen is not None else None
+    if chosen is None or not isinstance(lora, dict) or LINEAR_LEAVES not in (lora.get("target_modules") or ()):
+        return
+    named = [t for t in lora["target_modules"] if t != LINEAR_LEAVES]
+    c.chosen["lora"] = chosen.model_copy(update={"value": {**lora, "target_modules": tuple(dict.fromkeys((*named, *linear_module_leaves(spec))))}})
+
+
 def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
     """What a config left to its library's defaults or to the launcher, said as an assumption in the report."""
+    resolve_targets(c, spec)
     c.assume("device", "cuda" if hw.has_gpu else "cpu", "the hardware checked on" + ("" if hw.has_gpu else " has no GPU"))
     span = next((r.spans_gpus for r in c.readings if r.spans_gpus), "")
     if span and hw.gpu_count > 1:
