@@ -308,16 +308,22 @@ def test_gemma2_attention_follows_its_transformers_class(tmp_path: Path) -> None
         perfguide.check("google/gemma-2-2b", path, hardware="a100-80gb", seq_len=1024)
 
 
-def test_accelerate_context_parallelism_is_said_not_priced_and_tensor_parallelism_refused(tmp_path: Path) -> None:
-    """TRL's context_parallel_2gpu.yaml sets accelerate's parallelism_config cp_size 2: the sequence is split over the
-    two ranks, which the check does not price. It used to list the key as "read, not priced (no effect on memory or
-    speed)"; it now says that each GPU is priced with the whole sequence (an upper bound). A tp_size above 1 splits the
-    weights, which the check cannot price at all: refused in one line."""
+def test_accelerate_context_parallelism_is_priced_per_rank_and_tensor_parallelism_refused(tmp_path: Path) -> None:
+    """TRL's context_parallel_2gpu.yaml sets accelerate's parallelism_config cp_size 2: each sequence is split over the
+    two ranks (Setup.sequence_parallel; it was once listed as "read, not priced", then as an upper bound). Its
+    ALST config's sp_size 2 (DeepSpeed's Ulysses) is the same split. A tp_size above 1 splits the weights, which the
+    check cannot price at all: refused in one line."""
     cp = DATA / "trl_context_parallel_2gpu.yaml"
     assert load(cp.name)["parallelism_config"]["parallelism_config_cp_size"] == 2   # the premise
     c = perfguide.check(config=[DATA / "trl_example_config.yaml", cp], hardware="h100-80gb:8")
     assert not any("parallelism_config" in k for k in c.ignored)
-    assert any("parallelism_config_cp_size=2 (context parallelism) is not priced" in n for n in c.notes)
+    assert c.setup.sequence_parallel == 2 and c.setup.world_size == load(cp.name)["num_processes"]
+    whole = perfguide.check(config=[DATA / "trl_example_config.yaml", cp], hardware="h100-80gb:8", sequence_parallel=1)
+    assert c.memory.activations < whole.memory.activations   # each rank holds half of every sequence's activations
+    sp = tmp_path / "sp.yaml"
+    sp.write_text(yaml.safe_dump({**load(cp.name), "parallelism_config": {"parallelism_config_sp_size": 2,
+                                                                          "parallelism_config_sp_backend": "deepspeed"}}), encoding="utf-8")
+    assert perfguide.check(config=[DATA / "trl_example_config.yaml", sp], hardware="h100-80gb:8").setup.sequence_parallel == 2
     tp = tmp_path / "tp.yaml"
     tp.write_text(yaml.safe_dump({**{k: v for k, v in load(cp.name).items()},
                                   "parallelism_config": {"parallelism_config_tp_size": 2}}), encoding="utf-8")
@@ -520,3 +526,24 @@ def test_axolotl_lora_target_linear_is_its_own_list_of_linears(hub_id: str, conf
     c = perfguide.check(hub_id, _axolotl(tmp_path, "axolotl_lora-1b.yml", lora_target_linear=True, lora_target_modules=None,
                                          lora_dropout=0.05, base_model=hub_id), hardware="a100-80gb")
     assert c.setup.lora is not None and set(c.setup.lora.target_modules) == expected
+
+
+def test_fsdp_checkpointing_is_a_switch_of_its_own(tmp_path: Path) -> None:
+    """TRL's context-parallel guide sets FSDP's activation checkpointing in the accelerate config and
+    ``gradient_checkpointing=False`` in SFTConfig ("can't be set to True simultaneously"). The training argument's False
+    does not turn FSDP's off: transformers' Trainer keeps the two switches apart and refuses both on (the premise,
+    read in the installed Trainer). The check used to let the training argument win and priced no checkpointing."""
+    import inspect
+
+    from transformers import Trainer
+
+    source = inspect.getsource(Trainer)
+    assert "fsdp_plugin.activation_checkpointing and self.args.activation_checkpointing" in source   # the premise
+    acc = DATA / "trl_context_parallel_2gpu.yaml"
+    assert load(acc.name)["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    args = tmp_path / "sft.json"
+    for flag, starts in ((False, True), (True, False)):
+        args.write_text(json.dumps({"output_dir": "o", "gradient_checkpointing": flag, "bf16": True}), encoding="utf-8")
+        c = perfguide.check("Qwen/Qwen3-8B", [args, acc], hardware="h100-80gb:2", seq_len=4096)
+        assert c.setup.gradient_checkpointing is True
+        assert any(n.startswith("does not start here") for n in c.notes) is not starts

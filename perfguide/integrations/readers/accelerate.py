@@ -75,9 +75,9 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
 
 def _split(data: dict[str, Any], col: Collector) -> bool:
     """accelerate's ParallelismConfig (``parallelism_config_<dim>_size``): tensor parallelism splits the weights, which
-    the check cannot price, so it is refused; context / sequence parallelism split the sequence over the ranks, which
-    it does not price either: said in the notes (every GPU priced with the whole sequence, an upper bound on the
-    activations, without the ranks' exchange). True when a split is set (the key then has an effect)."""
+    the check cannot price, so it is refused; context parallelism (``cp``: torch's ring attention under FSDP2) and
+    sequence parallelism (``sp``: DeepSpeed's Ulysses, ALST) split each sequence over the ranks: priced per rank
+    (Setup.sequence_parallel). True when a split is set (the key then has an effect)."""
     cfg = mapping(data.get("parallelism_config") or {}, col.where("parallelism_config"))
     sizes = {dim: as_int(cfg.get(f"parallelism_config_{dim}_size", 1), col.where(f"parallelism_config.parallelism_config_{dim}_size"))
              for dim in ("tp", "cp", "sp")}
@@ -86,10 +86,11 @@ def _split(data: dict[str, Any], col: Collector) -> bool:
                               "training is not priced (the check prices data-parallel, FSDP and ZeRO layouts); drop it to check "
                               "the layout without TP")
     split = {dim: n for dim, n in sizes.items() if dim != "tp" and n > 1}
+    if len(split) > 1:
+        raise ConfigReadError(f"{col.where('parallelism_config')}: cp_size={sizes['cp']} and sp_size={sizes['sp']} together are "
+                              "not priced; perfguide prices one sequence split (context or sequence parallelism)")
     for dim, n in split.items():
-        col.note(f"{col.where(f'parallelism_config.parallelism_config_{dim}_size')}={n} ({'context' if dim == 'cp' else 'sequence'} "
-                 f"parallelism) is not priced: each GPU is priced with the whole sequence (its activations an upper bound, "
-                 f"about {n}x) and without the exchange between the {n} ranks")
+        col.set("sequence_parallel", n, f"parallelism_config.parallelism_config_{dim}_size")
     return bool(split)
 
 
@@ -199,6 +200,8 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys[f"deepspeed_config.{field.replace('params', 'param')}_device"] = "cpu" if value else "none"
         elif field == "gradient_checkpointing" and setup.is_fsdp:
             keys["fsdp_config.fsdp_activation_checkpointing"] = value
+        elif field == "sequence_parallel":   # DeepSpeed runs Ulysses (sp), FSDP2 torch's context parallelism (cp)
+            keys[f"parallelism_config.parallelism_config_{'sp' if setup.is_deepspeed else 'cp'}_size"] = value
         elif field == "zero3_init":   # only a ZeRO-3 plugin reads it; another strategy needs no key
             keys.update({"deepspeed_config.zero3_init_flag": value} if setup.strategy == "zero3" else {})
         else:

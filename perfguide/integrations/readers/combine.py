@@ -26,6 +26,10 @@ OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "acc
                                                           ("swift", "launcher"): None}
 
 
+#: the accelerate key that turns on FSDP's own activation checkpointing (a switch of its own beside the Trainer's)
+FSDP_AC_KEY = "fsdp_config.fsdp_activation_checkpointing"
+
+
 def outranks(winner: Setting, loser: Setting) -> bool:
     if (winner.format, loser.format) not in OUTRANKS:
         return False
@@ -61,6 +65,9 @@ class Combined:
 
     def _resolve(self, settings: list[Setting]) -> Setting:
         """The value every disagreeing setting is outranked by (the launcher's precedence), else one line naming both."""
+        fsdp_ac = next((x for x in settings if x.format == "accelerate" and x.source.endswith(FSDP_AC_KEY)), None)
+        if fsdp_ac is not None and fsdp_ac.value is True:
+            return self._fsdp_checkpointing(fsdp_ac, [x for x in settings if x is not fsdp_ac])
         values = list(dict.fromkeys(repr(x.value) for x in settings))
         if len(values) == 1:
             return settings[0]
@@ -74,6 +81,20 @@ class Combined:
         a, b = settings[0], next(x for x in settings if repr(x.value) != repr(settings[0].value))
         raise ConfigReadError(f"{a.field} is set twice, differently: {a.source}={a.value!r} but {b.source}={b.value!r}; "
                               "make them agree (the launcher refuses the mismatch)")
+
+    def _fsdp_checkpointing(self, fsdp_ac: Setting, others: list[Setting]) -> Setting:
+        """accelerate's FSDP activation checkpointing and the Trainer's own are two switches (transformers 5's Trainer
+        reads ``fsdp_plugin.activation_checkpointing`` beside ``args.activation_checkpointing``): the training argument's
+        False does not turn FSDP's off, and both on is a run the Trainer refuses ("can't both be set to True")."""
+        for o in others:
+            if o.value is False:
+                self.notes.append(f"{o.source}=False leaves {fsdp_ac.source}=True on: FSDP checkpoints the blocks itself, "
+                                  "whatever the Trainer's own switch says")
+            elif o.value is True:
+                self.notes.append(f"does not start here: {o.source}=True beside {fsdp_ac.source}=True, which transformers' "
+                                  "Trainer refuses (\"can't both be set to True\"); set the training argument False, as "
+                                  "FSDP's checkpointing needs no second pass")
+        return fsdp_ac
 
     def assume(self, field: str, value: Any, why: str) -> None:
         """A default for a field no config set (kept out when one did)."""
