@@ -15,7 +15,8 @@ slice priced as a step of its own (training.py runs it), widened here by what th
 from __future__ import annotations
 
 from .. import techniques
-from ..hardware.types import Hardware
+from ..hardware.types import GPU, Hardware
+from ..memory.fused_head import compute_bytes
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import rates, terms
@@ -36,15 +37,12 @@ def all_to_all_bytes(spec: ModelSpec, whole: Setup, local: Setup) -> float:
     kv_heads = max(spec.num_key_value_heads, sp)   # fewer k / v heads than ranks: repeated up to one per rank
     width = 2 * spec.num_attention_heads * spec.head_dim + 2 * kv_heads * spec.head_dim
     passes = 2 + techniques.kernel_factors(local).recompute
-    element = 2 if local.compute_dtype in ("bf16", "fp16") else 4
     tokens = techniques.step_shape(local).matmul_tokens
-    return passes * spec.total_layers * tokens * width * element * (sp - 1) / sp
+    return passes * spec.total_layers * tokens * width * compute_bytes(local) * (sp - 1) / sp
 
 
-def all_to_all_seconds(nbytes: float, whole: Setup, hardware: Hardware) -> float:
+def all_to_all_seconds(nbytes: float, whole: Setup, hardware: Hardware, gpu: GPU) -> float:
     """The exchange at the slowest link its group spans: inside a node, or across nodes once ``sp`` exceeds a node."""
-    gpu = hardware.smallest_gpu
-    assert gpu is not None, "sequence parallelism is priced on GPUs only"
     if whole.sequence_parallel <= whole.num_gpus:
         bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
     else:
@@ -64,7 +62,7 @@ def widened(spec: ModelSpec, whole: Setup, local: Setup, hardware: Hardware, tp:
         attention = more * terms.fused_attention_seconds(spec, local, gpu, peak, attn_flops, kernel)
     else:
         attention = more * attn_flops * rates.causal_fraction(spec, local) / (tp.achievable_tflops * 1e12 * rates.attention_efficiency(local))
-    exchange = all_to_all_seconds(all_to_all_bytes(spec, whole, local), whole, hardware)
+    exchange = all_to_all_seconds(all_to_all_bytes(spec, whole, local), whole, hardware, gpu)
     ga = whole.gradient_accumulation_steps
     step = tp.step_time_s + ga * (attention + exchange)
     recompute = techniques.kernel_factors(local).recompute
