@@ -168,7 +168,7 @@ env_words = st.lists(st.sampled_from(["CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DE
 swift_flags = _pairs(("--tuner_type", "full"), ("--torch_dtype", "bfloat16"), ("--quant_method", "bnb"), ("--quant_bits", "4"),
                      ("--deepspeed", "zero3"), ("--fsdp", "fsdp2"), ("--max_length", "1024"), ("--per_device_train_batch_size", "2"),
                      ("--task_type", "seq_cls"), ("--num_labels", "3"), ("--lora_rank", "16"), ("--packing", "true"),
-                     ("--attn_impl", "flash_attn")) | fuzzed_script_flags
+                     ("--attn_impl", "flash_attn"), ("--sequence_parallel_size", "2")) | fuzzed_script_flags
 swift_lines = st.builds(lambda env, sub, model, flags: [*env, "swift", sub, "--model", model, *flags], env_words,
                         st.sampled_from(["sft", "pt", "rlhf", ""]), models | hostile_text, swift_flags)
 litgpt_flags = _pairs(("--precision", "bf16-true"), ("--quantize", "bnb.nf4"), ("--devices", "2"), ("--train.micro_batch_size", "2"),

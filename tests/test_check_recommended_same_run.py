@@ -134,7 +134,7 @@ def test_llamafactory_fp8_is_read_and_written_as_its_own_switch(tmp_path: Path) 
     from perfguide.integrations.readers import llamafactory
 
     path = tmp_path / "lf.yaml"
-    path.write_text(yaml.safe_dump({"model_name_or_path": "meta-llama/Llama-3.2-3B", "stage": "sft", "finetuning_type": "full",
+    path.write_text(yaml.safe_dump({"model_name_or_path": "meta-llama/Llama-3.2-3B", "stage": "sft", "do_train": True, "finetuning_type": "full",
                                     "cutoff_len": 2048, "per_device_train_batch_size": 4, "bf16": True, "fp8": True}), encoding="utf-8")
     assert perfguide.check(config=path, hardware="h100-80gb").setup.autocast == "fp8"
     with pytest.raises(perfguide.InvalidSetupError, match="a100-80gb lacks it"):

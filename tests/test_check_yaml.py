@@ -192,7 +192,7 @@ def test_torchtune_distributed_full_is_fsdp() -> None:
 def test_unreadable_yaml_values_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for name, data in (("a.yml", {"base_model": "gpt2", "adapter": "ia3"}),
                        ("t.yaml", {"model": {"_component_": "torchtune.models.phi9.phi9_1b"}, "batch_size": 2}),
-                       ("l.yaml", {"model_name_or_path": "gpt2", "finetuning_type": "freeze", "stage": "sft"})):
+                       ("l.yaml", {"model_name_or_path": "gpt2", "finetuning_type": "freeze", "stage": "sft", "do_train": True})):
         path = tmp_path / name
         path.write_text(yaml.safe_dump(data), encoding="utf-8")
         assert main(["check", str(path), "--hardware", "a100-80gb"]) == 2
@@ -236,7 +236,7 @@ def test_llamafactory_low_rank_optimizers_are_priced_as_the_optimizer_it_builds(
 
 def test_llamafactory_low_rank_optimizer_over_an_optim_it_cannot_build_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "apollo.yaml"
-    path.write_text(yaml.safe_dump({"model_name_or_path": "meta-llama/Llama-3.1-8B", "finetuning_type": "full",
+    path.write_text(yaml.safe_dump({"model_name_or_path": "meta-llama/Llama-3.1-8B", "do_train": True, "finetuning_type": "full",
                                     "use_apollo": True, "optim": "adamw_bnb_8bit", "bf16": True}), encoding="utf-8")
     with pytest.raises(perfguide.PerfGuideError, match="builds apollo only over adamw_torch"):
         perfguide.check(config=path, hardware="a100-80gb")
@@ -547,3 +547,22 @@ def test_fsdp_checkpointing_is_a_switch_of_its_own(tmp_path: Path) -> None:
         c = perfguide.check("Qwen/Qwen3-8B", [args, acc], hardware="h100-80gb:2", seq_len=4096)
         assert c.setup.gradient_checkpointing is True
         assert any(n.startswith("does not start here") for n in c.notes) is not starts
+
+
+@pytest.mark.parametrize("config", [
+    # LLaMA-Factory's examples/inference/qwen3.yaml and examples/merge_lora/qwen3_lora_sft.yaml (ff6d4d12), as published
+    {"model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507", "template": "qwen3_nothink", "infer_backend": "huggingface",
+     "trust_remote_code": True},
+    {"model_name_or_path": "Qwen/Qwen3-4B-Instruct-2507", "adapter_name_or_path": "saves/qwen3-4b/lora/sft",
+     "template": "qwen3_nothink", "trust_remote_code": True, "export_dir": "saves/qwen3_sft_merged", "export_size": 5,
+     "export_device": "cpu", "export_legacy_format": False},
+])
+def test_llamafactorys_chat_and_export_configs_do_not_train(config: dict[str, object], tmp_path: Path) -> None:
+    """They carry no training key, so they were read as TrainingArguments at TRL's defaults (8 x 1,024 tokens, "fits:
+    69.8 GiB"); LLaMA-Factory's template / inference / export keys mark the format, and without ``do_train`` its
+    workflows never call trainer.train()."""
+    path = tmp_path / "lf.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    with pytest.raises(perfguide.PerfGuideError, match="do_train is not true: this LLaMA-Factory config does not train") as exc:
+        perfguide.check(None, path, hardware="a100-80gb")
+    assert "\n" not in str(exc.value)

@@ -85,3 +85,22 @@ def test_axolotl_launched_as_a_module_reads_its_yaml(launch: list[str], processe
     y = yaml.safe_load(AXO.read_text())
     s = perfguide.check(None, [*launch, "axolotl.cli.train", str(AXO), "--micro_batch_size", "3"], hardware="a100-80gb:8").setup
     assert (s.micro_batch_size, s.num_gpus) == (3, processes) and s.seq_len == y["sequence_len"]
+
+
+def test_llamafactorys_entry_script_under_accelerate_reads_its_yaml(tmp_path: Path) -> None:
+    """LLaMA-Factory's README and its Ascend examples launch ``accelerate launch --config_file fsdp2.yaml src/train.py
+    examples/x.yaml``: src/train.py calls run_exp, whose parser loads the YAML given first (hparams/parser.py
+    read_args). That command read "no model"; the YAML is read as LLaMA-Factory's and the process count and FSDP from
+    the accelerate config."""
+    y = yaml.safe_load(LMF.read_text())
+    acc = yaml.safe_load((DATA / "trl_fsdp2.yaml").read_text())
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("from llamafactory.train.tuner import run_exp\nrun_exp()\n", encoding="utf-8")
+    lf = tmp_path / "sft.yaml"
+    lf.write_text(yaml.safe_dump({k: v for k, v in y.items() if k != "deepspeed"}), encoding="utf-8")
+    cmd = ["accelerate", "launch", "--config_file", str(DATA / "trl_fsdp2.yaml"), str(tmp_path / "src" / "train.py"), str(lf),
+           "per_device_train_batch_size=2"]
+    c = perfguide.check(None, cmd, hardware="h100-80gb:8")
+    assert c.model == y["model_name_or_path"] and c.setup.micro_batch_size == 2
+    assert (c.setup.strategy, c.setup.num_gpus) == ("fsdp", acc["num_processes"])
+    assert c.setup.seq_len == y["cutoff_len"]

@@ -75,11 +75,14 @@ def detect(data: dict[str, Any]) -> str:
         raise ConfigReadError("a LLaMA-Factory v1 config (model / dist_config / kernel_config, for its v1 trainer) is not read "
                               "yet; the v0 YAML of llamafactory-cli train (model_name_or_path, finetuning_type, "
                               "per_device_train_batch_size) is")
-    if "finetuning_type" in data or "stage" in data or "cutoff_len" in data:
+    if _LLAMAFACTORY & set(data):
         return "llamafactory"
     return "training_args"
 
 
+#: keys only LLaMA-Factory's (v0) configs have: its training keys, and its chat template / inference / export keys,
+#: which its chat, API and export configs carry without a training key (examples/inference, examples/merge_lora)
+_LLAMAFACTORY = frozenset({"finetuning_type", "stage", "cutoff_len", "template", "infer_backend", "export_dir"})
 #: keys only LLaMA-Factory's v1 configs have (examples/v1 at ff6d4d12), beside a string ``model``
 _LLAMAFACTORY_V1 = frozenset({"model_class", "dist_config", "kernel_config", "quant_config", "peft_config", "train_dataset"})
 
@@ -168,9 +171,12 @@ def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list
     if path == AXOLOTL_MODULE and (flags.get("m") or flags.get("module")):   # `accelerate launch -m axolotl.cli.train cfg.yml`
         from . import tool_commands
 
-        outer = Collector("launcher", f"{name} flags")
-        extra = launcher.read_launcher(name, {k: v for k, v in flags.items() if k not in ("m", "module")}, outer, base_dir)
-        return [*tool_commands.read(["axolotl", "train", *script_args], base_dir), outer.reading(), *extra]
+        inner = tool_commands.read(["axolotl", "train", *script_args], base_dir)
+        return _under_launcher(name, {k: v for k, v in flags.items() if k not in ("m", "module")}, base_dir, inner)
+    if _llamafactory_entry(path, script_args, base_dir):   # `accelerate launch ... src/train.py examples/x.yaml`
+        from . import tool_commands
+
+        return _under_launcher(name, flags, base_dir, tool_commands.read(["llamafactory-cli", "train", *script_args], base_dir))
     source = script_kind.source_of(path, base_dir)
     cls, model_config = script_kind.config_class(path, source)
     script_kind.check_priced(path, cls)
@@ -188,9 +194,32 @@ def _read_launched(words: list[str], base_dir: str, env: dict[str, str]) -> list
         script = Collector("script_flags", ("script flags" if cls is None else f"script flags ({cls})") + over)
         script.task = script_kind.head_of(source)   # run_glue.py's classifier, read from the class the script loads
         script_flags.read(data, script, base_dir=base_dir, args_class=cls, model_config=model_config)
+    return _under_launcher(name, flags, base_dir, [script.reading()])
+
+
+def _under_launcher(name: str, flags: dict[str, Any], base_dir: str, inner: list[Reading]) -> list[Reading]:
+    """The script's readings, then the launcher's flags and the config files they name (the process count)."""
+    from . import launcher
+
     outer = Collector("launcher", f"{name} flags")
     extra = launcher.read_launcher(name, flags, outer, base_dir)
-    return [script.reading(), outer.reading(), *extra]
+    return [*inner, outer.reading(), *extra]
+
+
+#: LLaMA-Factory's entry scripts, which read the YAML given first (src/train.py and src/llamafactory/launcher.py call
+#: run_exp, whose parser loads argv[1] and takes key=value overrides after it: hparams/parser.py read_args)
+_LLAMAFACTORY_ENTRIES = ("train.py", "launcher.py")
+
+
+def _llamafactory_entry(path: str, script_args: list[str], base_dir: str) -> bool:
+    """A launched LLaMA-Factory entry script given a LLaMA-Factory YAML, as its README launches it under accelerate."""
+    if Path(path).name not in _LLAMAFACTORY_ENTRIES or not script_args or not script_args[0].endswith((".yaml", ".yml")):
+        return False
+    config = Path(base_dir, script_args[0]).expanduser()
+    try:
+        return config.is_file() and detect(load(str(config))) == "llamafactory"
+    except ConfigReadError:
+        return False
 
 
 def read_object(obj: Any) -> Reading:

@@ -40,11 +40,12 @@ LAUNCH = ("llamafactory-cli train starts torchrun over every visible GPU when th
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:
     col.spans_gpus = LAUNCH
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
-    stage = next((k for k in ("do_predict", "do_eval") if switched_on(data, k, col)), None)
-    if stage and not switched_on(data, "do_train", col):
-        raise ConfigReadError(f"{col.where(stage)} without do_train: this LLaMA-Factory config evaluates or generates, it does not "
-                              "train (its workflows call trainer.train() only with do_train); perfguide check prices training "
-                              "configs and serve commands: for generation, perfguide recommend MODEL --scenario infer_gpu_one")
+    if not switched_on(data, "do_train", col):
+        stage = next((k for k in ("do_predict", "do_eval") if switched_on(data, k, col)), None)
+        what = f"{col.where(stage)} without do_train" if stage else f"{col.where('do_train')} is not true"
+        raise ConfigReadError(f"{what}: this LLaMA-Factory config does not train (an evaluation, or a chat / export / API config; "
+                              "its workflows call trainer.train() only with do_train); perfguide check prices training configs "
+                              "and serve commands: for generation, perfguide recommend MODEL --scenario infer_gpu_one")
     hf = TA_KNOWN | frozenset(REMOVED)
     ours = {k: v for k, v in data.items() if (k in KNOWN and k not in hf) or k == "model_name_or_path"}
     col.ignore(*sorted(k for k in ours if k not in PRICED))
