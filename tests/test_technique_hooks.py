@@ -23,7 +23,7 @@ from perfguide.techniques.liger_kernel import chunk_rows
 
 PACKAGE = Path(techniques.__file__).resolve().parents[1]
 COST_MODEL = sorted(p for layer in ("memory", "speed") for p in (PACKAGE / layer).rglob("*.py"))
-HOOKS = ("place", "shape", "step_shape", "memory", "kernel_factors", "speed")
+HOOKS = ("place", "shape", "step_shape", "memory", "kernel_factors", "speed", "per_rank", "sequence_ranks")
 #: fields a hooked technique owns that the core physics prices for every setup: which optimizer (its state is the
 #: optimizer ledger, memory/optimizers.py), the KV cache layout of inference, the data's mean sample length
 CORE_FIELDS = frozenset({"optimizer", "cache_implementation", "avg_seq_len"})

@@ -193,6 +193,11 @@ class Technique:
         each rank's slice of the sequence); the memory and speed models price that one. ``setup`` by default."""
         return setup
 
+    def sequence_ranks(self, setup: Setup) -> int:
+        """The ranks that share each sequence under this technique (what the speed model's exchange and attention
+        share are counted over); 1 by default."""
+        return 1
+
     # --- the fit ladder ----------------------------------------------------------------------------
     def rungs(self, ctx: LadderContext) -> list[Rung]:
         """The rung(s) this technique adds to the ladder for ``ctx`` (none by default)."""

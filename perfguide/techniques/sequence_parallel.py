@@ -63,6 +63,9 @@ class SequenceParallel(Technique):
                                  "encoder-decoder lengths, no document-masked packs)")
         return super().conflict(setup)
 
+    def sequence_ranks(self, setup: Any) -> int:
+        return int(setup.sequence_parallel)
+
     def per_rank(self, setup: Any) -> Any:
         if not self.active(setup):
             return setup
