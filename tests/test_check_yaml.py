@@ -410,7 +410,9 @@ def test_axolotl_runs_that_are_not_sft_are_priced_or_refused(tmp_path: Path) -> 
     for keys, message in (({"rl": "kto"}, "rl='kto': axolotl's kto trainer is not priced"),
                           ({"reward_model": True}, "reward_model: reward-model training"),
                           ({"qat": {"weight_dtype": "int4"}}, "qat: quantization-aware training"),
-                          ({"tensor_parallel_size": 2}, "tensor_parallel_size=2: tensor-parallel training is not priced")):
+                          ({"tensor_parallel_size": 2}, "tensor_parallel_size=2: tensor-parallel training is not priced"),
+                          # its expert_parallel examples (ExpertParallelPlugin) were priced as DDP, the key "no effect"
+                          ({"expert_parallel_size": 4}, "expert_parallel_size=4: expert-parallel training is not priced")):
         with pytest.raises(perfguide.PerfGuideError, match=re.escape(message)) as exc:
             perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, lora, **keys), hardware="a100-80gb:2")
         assert "\n" not in str(exc.value)

@@ -41,7 +41,8 @@ PRICED = frozenset({
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
-    "rl", "lora_modules_to_save", "tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree", "tiled_mlp",
+    "rl", "lora_modules_to_save", "tensor_parallel_size", "expert_parallel_size", "context_parallel_size",
+    "sequence_parallel_degree", "tiled_mlp",
 })
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
@@ -300,9 +301,10 @@ def _run_kind(data: dict[str, Any], col: Collector) -> None:
             raise ConfigReadError(f"{col.where('rl')}={rl!r}: axolotl's {rl} trainer is not priced; accepted: "
                                   f"{', '.join(RL_PRICED)} (DPO's step), or no rl (SFT)")
         col.set("objective", "dpo", "rl")
-    if as_int(data.get("tensor_parallel_size") or 1, col.where("tensor_parallel_size")) > 1:
-        raise ConfigReadError(f"{col.where('tensor_parallel_size')}={data['tensor_parallel_size']}: tensor-parallel training is "
-                              "not priced; perfguide check prices data-parallel, FSDP and DeepSpeed runs")
+    for key, kind in (("tensor_parallel_size", "tensor-parallel"), ("expert_parallel_size", "expert-parallel")):
+        if as_int(data.get(key) or 1, col.where(key)) > 1:
+            raise ConfigReadError(f"{col.where(key)}={data[key]}: {kind} training is not priced; perfguide check prices "
+                                  "data-parallel, FSDP and DeepSpeed runs")
     _context_parallel(data, col)
 
 
