@@ -568,3 +568,13 @@ def test_llamafactorys_chat_and_export_configs_do_not_train(config: dict[str, ob
     with pytest.raises(perfguide.PerfGuideError, match="do_train is not true: this LLaMA-Factory config does not train") as exc:
         perfguide.check(None, path, hardware="a100-80gb")
     assert "\n" not in str(exc.value)
+
+
+def test_axolotls_own_kernels_are_said_not_priced_not_listed_as_inert(tmp_path: Path) -> None:
+    """axolotl's fused LoRA kernels (``lora_mlp_kernel`` ...) and flash-attn's fused MLP change the step's memory and
+    speed; they were listed under "read, not priced (no effect on memory or speed here)", which is not so."""
+    c = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, "axolotl_lora-1b.yml", lora_mlp_kernel=True,
+                                                           lora_qkv_kernel=False), hardware="a100-80gb")
+    assert not any(k.endswith(("lora_mlp_kernel", "lora_qkv_kernel")) for k in c.ignored)
+    assert any("lora_mlp_kernel=True: axolotl's fused LoRA MLP kernel is not priced" in n for n in c.notes)
+    assert not any("lora_qkv_kernel" in n for n in c.notes)   # switched off: nothing to say

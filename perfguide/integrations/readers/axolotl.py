@@ -44,6 +44,12 @@ PRICED = frozenset({
     "rl", "lora_modules_to_save", "tensor_parallel_size", "expert_parallel_size", "context_parallel_size",
     "sequence_parallel_degree", "tiled_mlp",
 })
+#: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
+#: perfguide does not price: said in the notes rather than listed as having no effect
+UNPRICED_KERNELS = {"lora_mlp_kernel": "axolotl's fused LoRA MLP kernel", "lora_qkv_kernel": "axolotl's fused LoRA q/k/v kernel",
+                    "lora_o_kernel": "axolotl's fused LoRA output kernel", "flash_attn_fuse_mlp": "flash-attn's fused MLP",
+                    "flash_attn_cross_entropy": "flash-attn's cross-entropy kernel", "fused_attn_kernel": "a fused attention kernel",
+                    "use_kernels": "the Hub kernels transformers loads (kernelize)"}
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
              "sage": "sdpa", "flash_attention_3": "flash_attention_2"}
@@ -67,7 +73,10 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
     liger_kernels = _liger_beside_cce(data, plugins)
-    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED | liger_kernels and data[k] is not None))
+    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED | liger_kernels | set(UNPRICED_KERNELS) and data[k] is not None))
+    for key in (k for k in UNPRICED_KERNELS if data.get(k) not in (None, False, "")):
+        col.note(f"{col.where(key)}={data[key]!r}: {UNPRICED_KERNELS[key]} is not priced: the run is priced with transformers' "
+                 "own modules in its place (its memory and speed differ)")
     _run_kind(data, col)
     if data.get("base_model"):
         col.set_model(data["base_model"], "base_model")
