@@ -497,6 +497,14 @@ def test_a_verdict_at_an_assumed_length_says_so_on_its_line(tmp_path: Path, caps
         verdicts.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict:")))
     assert verdicts[0].endswith("at an assumed 2,048 tokens per sample (none read; pass --seq-len)"), verdicts[0]
     assert "assumed" not in verdicts[1], verdicts[1]
+    # a library's own default cap is the run's cap, not a guess: TRL's SFTConfig truncates at max_length 1,024
+    trl = tmp_path / "sft.json"
+    trl.write_text(json.dumps({"output_dir": "o", "dataset_text_field": "text"}), encoding="utf-8")
+    c = perfguide.check("Qwen/Qwen2.5-0.5B", trl, hardware="a100-80gb")
+    assert any(s.field == "seq_len" and s.assumed and s.value == 1024 for s in c.read)
+    main(["check", str(trl), "--model", "Qwen/Qwen2.5-0.5B", "--hardware", "a100-80gb"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("verdict:"))
+    assert "assumed" not in line, line
 
 
 def _axolotl_linear_names(model: object) -> set[str]:

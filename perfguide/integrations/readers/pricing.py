@@ -17,7 +17,7 @@ from . import module
 from .base import LINEAR_LEAVES, nest
 from .combine import Combined
 from .fitting import smallest_fit
-from .verdict import Change, Check, Edit
+from .verdict import GUESSED_LENGTH, Change, Check, Edit
 
 
 def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
@@ -77,7 +77,7 @@ def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
         c.assume("weights_dtype", "fp32", "DeepSpeed / FSDP mixed precision keep fp32 master weights whatever dtype the model loads in")
     c.assume("weights_dtype", spec.native_dtype, "transformers 5 from_pretrained loads dtype='auto': the checkpoint's own dtype")
     length = min(spec.usable_positions or DEFAULT_TRAIN_SEQ_LEN, DEFAULT_TRAIN_SEQ_LEN)
-    c.assume("seq_len", length, f"no sequence length in the configs: min({DEFAULT_TRAIN_SEQ_LEN}, the model's positions); pass --seq-len")
+    c.assume("seq_len", length, f"{GUESSED_LENGTH}: min({DEFAULT_TRAIN_SEQ_LEN}, the model's positions); pass --seq-len")
 
 
 def setup_of(c: Combined) -> Setup:

@@ -101,9 +101,14 @@ def _speed(t: Throughput | None, m: MemoryEstimate) -> str:
     return kv + f"speed: {t.tokens_per_s:,.0f} tokens/s, step {t.step_time_s:.3g} s" + (f", MFU {t.mfu:.0%}" if t.mfu else "")
 
 
+#: how the check says the sequence length is its own guess (no config, and no library default, gave one)
+GUESSED_LENGTH = "no sequence length in the configs"
+
+
 def _assumed_length(c: Check) -> str:
-    """The verdict holds at a length no input gave (a config without a cap): say so on the verdict's own line."""
-    length = next((s.value for s in c.read if s.field == "seq_len" and s.assumed), None)
+    """The verdict holds at a length nothing gave (a config without a cap, a tool with no default): say so on the
+    verdict's own line. A library's default cap (TRL's max_length 1,024) is the run's cap, listed with the rest."""
+    length = next((s.value for s in c.read if s.field == "seq_len" and s.assumed and s.source.startswith(GUESSED_LENGTH)), None)
     return "" if length is None else f", at an assumed {length:,} tokens per sample (none read; pass --seq-len)"
 
 
