@@ -586,3 +586,20 @@ def test_axolotls_own_kernels_are_said_not_priced_not_listed_as_inert(tmp_path: 
     assert not any(k.endswith(("lora_mlp_kernel", "lora_qkv_kernel")) for k in c.ignored)
     assert any("lora_mlp_kernel=True: axolotl's fused LoRA MLP kernel is not priced" in n for n in c.notes)
     assert not any("lora_qkv_kernel" in n for n in c.notes)   # switched off: nothing to say
+
+
+def test_torchtune_parallel_dims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """torchtune's distributed recipes build a device mesh from ``tensor_parallel_dim`` / ``context_parallel_dim``
+    (recipes/full_finetune_distributed.py ParallelDims). Both were listed as "read, not priced (no effect on memory or
+    speed)": its 70B multinode config (tensor_parallel_dim 8) was priced as plain FSDP. Tensor parallelism is refused
+    in one line; context parallelism splits each sequence over the ranks (Setup.sequence_parallel)."""
+    y = load("torchtune_llama3_2_3B_full.yaml")
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump({**y, "context_parallel_dim": 2}), encoding="utf-8")
+    c = perfguide.check(None, path, hardware="a100-80gb:4", num_gpus=4, seq_len=8192)
+    assert (c.setup.sequence_parallel, c.setup.strategy) == (2, "fsdp")
+    assert not any(k.endswith("context_parallel_dim") for k in c.ignored)
+    path.write_text(yaml.safe_dump({**y, "tensor_parallel_dim": 2}), encoding="utf-8")
+    assert main(["check", str(path), "--hardware", "a100-80gb:4", "--num-gpus", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "tensor_parallel_dim=2: tensor-parallel training is not priced" in err and err.count("\n") == 1

@@ -2,7 +2,8 @@
 
 What runs it: DeepSpeed Ulysses (Arctic Long Sequence Training, ``sequence_parallel_size``; accelerate's
 ``ParallelismConfig(sp_size=...)``; ms-swift's ``--sequence_parallel_size``) and ring attention (axolotl's
-``context_parallel_size`` through ring-flash-attn). Every rank runs the embedding, the Linears, the norms, the loss
+``context_parallel_size`` through ring-flash-attn; accelerate's ``cp_size`` and torchtune's ``context_parallel_dim``
+through torch's context_parallel). Every rank runs the embedding, the Linears, the norms, the loss
 and the LM head on its ``seq_len / sequence_parallel`` tokens only, so memory and the non-attention work are those
 of the slice (``per_rank``). Attention is where the ranks meet: Ulysses exchanges q, k, v and the output with
 all-to-alls so that each rank attends over the whole sequence for ``heads / sequence_parallel`` heads; ring
@@ -35,7 +36,7 @@ class SequenceParallel(Technique):
     fields = ("sequence_parallel",)
     summary = "each sequence split over several ranks: activations, logits and Linears of one slice per rank"
     sources = SOURCES
-    requires = Requires(devices=("cuda",), tasks=("train",), binding=True, trainers=("transformers", "trl"))
+    requires = Requires(devices=("cuda",), tasks=("train",), binding=True)
     order = 36
     label_order = 66
 

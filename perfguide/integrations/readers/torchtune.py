@@ -34,7 +34,8 @@ KNOWN = frozenset((
 ))
 PRICED = frozenset({"model", "tokenizer", "batch_size", "gradient_accumulation_steps", "dtype", "enable_activation_checkpointing", "enable_fp8_training",
                     "enable_activation_offloading", "compile", "optimizer_in_bwd", "optimizer", "fsdp_cpu_offload",
-                    "fsdp_reshard_after_forward", "device", "loss"})
+                    "fsdp_reshard_after_forward", "device", "loss", "tensor_parallel_dim", "context_parallel_dim",
+                    "data_parallel_replicate_dim"})
 #: torchtune model builders (torchtune/models/<family>/_model_builders.py) -> the hub checkpoints they load
 BUILDERS = {
     "llama3_2_1b": "meta-llama/Llama-3.2-1B", "llama3_2_3b": "meta-llama/Llama-3.2-3B", "llama3_1_8b": "meta-llama/Llama-3.1-8B",
@@ -124,8 +125,25 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         col.set("autocast", "fp8", "enable_fp8_training")
     # the recipes' StatefulDataLoader gets no num_workers or pin_memory: loaded in the main process, not pinned
     col.assume("dataloader_pin_memory", False, "torchtune's recipes build their StatefulDataLoader without pin_memory")
+    _parallel_dims(data, col)
     reshard = data.get("fsdp_reshard_after_forward", True)
     col.multi_process = "fsdp" if as_bool(reshard, col.where("fsdp_reshard_after_forward")) else "fsdp_shard_grad_op"
+
+
+def _parallel_dims(data: dict[str, Any], col: Collector) -> None:
+    """The distributed recipes' device mesh (ParallelDims): tensor parallelism splits the weights, which the check does
+    not price (refused); context parallelism splits each sequence over ranks (Setup.sequence_parallel); a replicate
+    dimension above 1 (HSDP) is noted, FSDP priced over every rank."""
+    if as_int(data.get("tensor_parallel_dim") or 1, col.where("tensor_parallel_dim")) > 1:
+        raise ConfigReadError(f"{col.where('tensor_parallel_dim')}={data['tensor_parallel_dim']}: tensor-parallel training is "
+                              "not priced; perfguide check prices torchtune's FSDP recipes (set tensor_parallel_dim: 1 to check "
+                              "the layout without TP)")
+    cp = as_int(data.get("context_parallel_dim") or 1, col.where("context_parallel_dim"))
+    if cp > 1:
+        col.set("sequence_parallel", cp, "context_parallel_dim")
+    if as_int(data.get("data_parallel_replicate_dim") or 1, col.where("data_parallel_replicate_dim")) > 1:
+        col.note(f"{col.where('data_parallel_replicate_dim')}={data['data_parallel_replicate_dim']} (HSDP replicas) is not "
+                 "priced: FSDP is priced sharded over every rank, fewer bytes than each replica group holds")
 
 
 def _refuse_other_objectives(data: dict[str, Any], col: Collector) -> None:
