@@ -603,3 +603,14 @@ def test_torchtune_parallel_dims(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main(["check", str(path), "--hardware", "a100-80gb:4", "--num-gpus", "4"]) == 2
     err = capsys.readouterr().err
     assert "tensor_parallel_dim=2: tensor-parallel training is not priced" in err and err.count("\n") == 1
+
+
+def test_llamafactory_v1_kernels_are_said_not_priced(tmp_path: Path) -> None:
+    """``use_v1_kernels`` applies LLaMA-Factory's v1 automatic kernels to the v0 model (model/loader.py
+    apply_v1_kernels); it was listed as having no effect on memory or speed."""
+    y = {**load("llamafactory_qwen3_lora_sft_otfq.yaml"), "use_v1_kernels": True}
+    path = tmp_path / "lf.yaml"
+    path.write_text(yaml.safe_dump(y), encoding="utf-8")
+    c = perfguide.check("Qwen/Qwen3-4B", path, hardware="l4")
+    assert not any(k.endswith("use_v1_kernels") for k in c.ignored)
+    assert any("use_v1_kernels: LLaMA-Factory's v1 kernel plugins" in n for n in c.notes)

@@ -192,3 +192,18 @@ def test_deepspeed_keeps_fp32_masters_of_a_bfloat16_load() -> None:
     assert (check.setup.weights_dtype, check.setup.autocast, check.setup.strategy) == ("fp32", "bf16", "zero2")
     params = ModelSpec.from_any("Qwen/Qwen2.5-7B").total_params
     assert check.memory.optimizer_states >= 12 * params / 4
+
+
+def test_logits_to_keep_is_said_an_upper_bound_where_ms_swift_turns_it_on() -> None:
+    """ms-swift 4.x runs the LM head only on the labelled positions unless told not to (``use_logits_to_keep`` None:
+    on for a causal LM whose forward takes ``logits_to_keep``, off under sequence parallelism;
+    swift/trainers/mixin.py get_use_logits_to_keep, seq2seq_trainer.py). It was listed as having no effect."""
+    def said(line: str) -> bool:
+        c = _check(line)
+        assert not any(k.endswith("use_logits_to_keep") for k in c.ignored)
+        return any("--use_logits_to_keep" in n and "upper bound" in n for n in c.notes)
+
+    base = "swift sft " + " ".join(QWEN) + " --max_length 2048"
+    assert said(base)
+    assert not said(base + " --use_logits_to_keep false")
+    assert not said("NPROC_PER_NODE=2 " + base + " --attn_impl flash_attn --sequence_parallel_size 2")

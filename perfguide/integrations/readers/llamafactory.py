@@ -28,7 +28,8 @@ KNOWN = LLAMAFACTORY | TA_KNOWN | frozenset(SEQ2SEQ) | frozenset(REMOVED)
 PRICED = frozenset({"finetuning_type", "lora_rank", "lora_alpha", "lora_dropout", "lora_target", "use_dora", "use_rslora", "quantization_bit",
                     "quantization_method", "cutoff_len", "flash_attn", "enable_liger_kernel", "disable_gradient_checkpointing", "pure_bf16",
                     "model_name_or_path", "upcast_layernorm", "upcast_lmhead_output", "fp8", "use_galore", "galore_layerwise",
-                    "galore_rank", "galore_target", "use_apollo", "apollo_layerwise", "apollo_rank", "apollo_target"})
+                    "galore_rank", "galore_target", "use_apollo", "apollo_layerwise", "apollo_rank", "apollo_target",
+                    "use_v1_kernels"})
 ATTENTION = {"auto": None, "fa2": "flash_attention_2", "sdpa": "sdpa", "disabled": "eager"}
 
 
@@ -62,6 +63,9 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     else:
         col.assume("seq_len", 2048, "LLaMA-Factory default cutoff_len")
     _refuse_unpriced(data, col)
+    if switched_on(data, "use_v1_kernels", col):   # model/loader.py: apply_v1_kernels(model, ...) -> its "auto" kernels
+        col.note(f"{col.where('use_v1_kernels')}: LLaMA-Factory's v1 kernel plugins (its automatic fused kernels, chosen by "
+                 "device) are not priced: the run is priced with transformers' own modules in their place")
     kind = str(data.get("finetuning_type", "lora")).lower()
     if kind not in ("lora", "full"):
         raise ConfigReadError(f"{col.where('finetuning_type')}={kind!r} is not priced; accepted: lora, full")

@@ -94,6 +94,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
     if data.get("sequence_parallel_size") not in (None, True):   # ms-swift's Ulysses (swift/sequence_parallel)
         col.set("sequence_parallel", as_int(data["sequence_parallel_size"], col.where("--sequence_parallel_size")), "--sequence_parallel_size")
     _head(data, col)
+    _logits_to_keep(data, col)
     if data.get("optimizer") not in (None, True):
         raise ConfigReadError(f"{col.where('--optimizer')}={data['optimizer']!r}: ms-swift's own optimizer plugin is not priced; "
                               "perfguide check prices transformers' --optim")
@@ -138,7 +139,21 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, env:
 
 _PRICED = frozenset({"model", "tuner_type", "train_type", "torch_dtype", "lora_rank", "lora_alpha", "lora_dropout", "target_modules",
                      "lora_dtype", "use_dora", "use_rslora", "quant_method", "quant_bits", "bnb_4bit_use_double_quant",
-                     "bnb_4bit_quant_type", "attn_impl", "modules_to_save", "task_type", "num_labels", "sequence_parallel_size"}) | _OWN
+                     "bnb_4bit_quant_type", "attn_impl", "modules_to_save", "task_type", "num_labels", "sequence_parallel_size",
+                     "use_logits_to_keep"}) | _OWN
+
+
+def _logits_to_keep(data: dict[str, Any], col: Collector) -> None:
+    """ms-swift's ``--use_logits_to_keep`` (None: on for a causal LM whose forward takes ``logits_to_keep``, off under
+    sequence parallelism; swift/trainers/mixin.py get_use_logits_to_keep): the head runs only from the first labelled
+    position (every labelled position at batch 1), which the data decides."""
+    keep = data.get("use_logits_to_keep")
+    sp = str(data.get("sequence_parallel_size", 1)) != "1"
+    if keep is False or str(keep).lower() == "false" or sp or str(data.get("task_type", "causal_lm")).lower() != "causal_lm":
+        return
+    col.note(f"{col.where('--use_logits_to_keep')} ({'set' if keep is not None else 'ms-swift default: on'}): the LM head and "
+             "the loss run only on the labelled positions (the responses), which the data decides; priced on every position, "
+             "an upper bound on the logits")
 
 
 def _head(data: dict[str, Any], col: Collector) -> None:
