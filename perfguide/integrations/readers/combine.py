@@ -26,8 +26,10 @@ OUTRANKS: dict[tuple[str, str], frozenset[str] | None] = {("training_args", "acc
                                                           ("swift", "launcher"): None}
 
 
-#: the accelerate key that turns on FSDP's own activation checkpointing (a switch of its own beside the Trainer's)
-FSDP_AC_KEY = "fsdp_config.fsdp_activation_checkpointing"
+#: (format, field) of a switch of its own beside the same field from another file: accelerate sets
+#: gradient_checkpointing from fsdp_activation_checkpointing only, FSDP's checkpointing, which the Trainer's does not
+#: turn off (Combined._fsdp_checkpointing)
+OWN_SWITCH = ("accelerate", "gradient_checkpointing")
 
 
 def outranks(winner: Setting, loser: Setting) -> bool:
@@ -65,9 +67,9 @@ class Combined:
 
     def _resolve(self, settings: list[Setting]) -> Setting:
         """The value every disagreeing setting is outranked by (the launcher's precedence), else one line naming both."""
-        fsdp_ac = next((x for x in settings if x.format == "accelerate" and x.source.endswith(FSDP_AC_KEY)), None)
+        fsdp_ac = next((x for x in settings if (x.format, x.field) == OWN_SWITCH), None)
         if fsdp_ac is not None and fsdp_ac.value is True:
-            return self._fsdp_checkpointing(fsdp_ac, [x for x in settings if x is not fsdp_ac])
+            return self._fsdp_checkpointing(fsdp_ac, [x for x in settings if x.format != fsdp_ac.format])
         values = list(dict.fromkeys(repr(x.value) for x in settings))
         if len(values) == 1:
             return settings[0]

@@ -53,9 +53,10 @@ def resolve_targets(c: Combined, spec: ModelSpec) -> None:
     """A LoRA target a reader could only name as the model's Linear leaves (base.LINEAR_LEAVES), now that it is known."""
     chosen = c.chosen.get("lora")
     lora = chosen.value if chosen is not None else None
-    if chosen is None or not isinstance(lora, dict) or LINEAR_LEAVES not in (lora.get("target_modules") or ()):
+    targets = lora.get("target_modules") if isinstance(lora, dict) else None
+    if chosen is None or not isinstance(lora, dict) or not isinstance(targets, tuple) or LINEAR_LEAVES not in targets:
         return
-    named = [t for t in lora["target_modules"] if t != LINEAR_LEAVES]
+    named = [t for t in targets if t != LINEAR_LEAVES]
     c.chosen["lora"] = chosen.model_copy(update={"value": {**lora, "target_modules": tuple(dict.fromkeys((*named, *linear_module_leaves(spec))))}})
 
 
