@@ -7,6 +7,7 @@ re-derives a decision, so every knob a plan can turn lives here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -53,6 +54,8 @@ class TechniqueRules(Protocol):
     def conflict(self, setup: Setup) -> str | None: ...
 
     def label_word(self, setup: Setup) -> str | None: ...
+
+    def sequence_ranks(self, setup: Setup) -> int: ...
 
 
 #: The techniques whose rules every Setup obeys. perfguide.techniques hands its registry over when it is imported
@@ -324,8 +327,23 @@ class Setup(Model):
         return self.num_gpus if self.hybrid_shard else self.world_size
 
     @property
+    def sequence_ranks(self) -> int:
+        """Ranks that split each sequence (a technique's ``sequence_ranks``; 1 without a split)."""
+        return math.prod(t.sequence_ranks(self) for t in _technique_rules())
+
+    @property
     def global_batch_size(self) -> int:
-        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+        """Samples per optimizer step: the ranks that split one sequence share its samples (transformers
+        Trainer.get_total_train_batch_size: micro x accumulation x world / sequence-parallel size)."""
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size // self.sequence_ranks
+
+    @property
+    def batch_factors(self) -> str:
+        """How the global batch is made, in words: "m micro-batch x a accumulation x w process(es)", over the split when there is one."""
+        n = self.sequence_ranks
+        split = f" / {n} (each sequence split over {n})" if n > 1 else ""
+        return (f"{self.micro_batch_size} micro-batch x {self.gradient_accumulation_steps} accumulation x "
+                f"{self.world_size} process(es){split}")
 
     @property
     def compute_dtype(self) -> str:

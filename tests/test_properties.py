@@ -2,7 +2,7 @@
 
 For any request built from the documented inputs, recommend():
 - raises nothing but PerfGuideError subclasses (documented, one-line errors);
-- keeps the global batch: micro x accumulation x world == global_batch_size for training;
+- keeps the global batch: micro x accumulation x world / sequence split == global_batch_size for training;
 - answers fits=True only when the predicted device total is within the usable memory (capacity less the
   headroom), otherwise says fits=False;
 - is deterministic: the same request gives the same to_json().
@@ -82,7 +82,8 @@ def test_recommend_keeps_its_promises(req: dict) -> None:
         return
     s, mem, cons = rec.setup, rec.memory, rec.request.constraints
     if req["scenario"].startswith("train"):
-        assert s.micro_batch_size * s.gradient_accumulation_steps * s.world_size == req["global_batch_size"]
+        # transformers Trainer.get_total_train_batch_size: micro x accumulation x world / sequence-parallel size
+        assert s.micro_batch_size * s.gradient_accumulation_steps * s.world_size == req["global_batch_size"] * s.sequence_parallel
         assert s.global_batch_size == req["global_batch_size"]
         if req["scenario"] == "train_gpu_many":
             assert s.world_size == rec.hardware.gpu_count * rec.hardware.nodes

@@ -218,7 +218,9 @@ def test_micro_x_accumulation_x_world_is_the_global_batch(per_node: int, nodes: 
     s = p.setup
     assert s.world_size == world
     assert s.micro_batch_size * s.gradient_accumulation_steps * s.world_size == world * k
-    assert all(c.setup.micro_batch_size * c.setup.gradient_accumulation_steps * c.setup.world_size == world * k for c in p.candidates)
+    # a candidate that splits each sequence over sp ranks counts it once per group (Trainer.get_total_train_batch_size)
+    assert all(c.setup.micro_batch_size * c.setup.gradient_accumulation_steps * c.setup.world_size
+               == world * k * c.setup.sequence_parallel for c in p.candidates)
 
 
 def test_global_batch_not_a_multiple_of_world_is_one_line_error() -> None:

@@ -85,6 +85,8 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
         from accelerate.utils import DeepSpeedPlugin
 
         kw["deepspeed_plugin"] = DeepSpeedPlugin(hf_ds_config=resolved_deepspeed_config(rec), zero3_init_flag=stage == 3 and s.zero3_init)
+        if s.sequence_parallel > 1:
+            kw["parallelism_config"] = sequence_parallel_config(rec)
     elif s.world_size > 1 and rec.model.separate_expert_modules:
         from accelerate.utils import DistributedDataParallelKwargs
 
@@ -92,6 +94,18 @@ def accelerator_kwargs(rec: Recommendation) -> dict[str, Any]:
         # (transformers 5's fused experts always get one: accelerate's default find_unused_parameters=False holds)
         kw["kwargs_handlers"] = [DistributedDataParallelKwargs(find_unused_parameters=True)]
     return kw
+
+
+def sequence_parallel_config(rec: Recommendation) -> Any:
+    """accelerate's ParallelismConfig for a plan that splits sequences: the same sizes the YAML carries (the
+    sequence-parallel technique's accelerate_config keys, without their ``parallelism_config_`` prefix)."""
+    from accelerate import ParallelismConfig
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    keys = {k.removeprefix("parallelism_config_"): v for k, v in emitted(rec, "accelerate_config")["parallelism_config"].items()}
+    handler = DeepSpeedSequenceParallelConfig(sp_seq_length_is_variable=keys.pop("sp_seq_length_is_variable"),
+                                              sp_attn_implementation=keys.pop("sp_attn_implementation"))
+    return ParallelismConfig(**keys, sp_handler=handler)
 
 
 def _accumulation(s: Setup) -> dict[str, Any]:

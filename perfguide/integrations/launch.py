@@ -11,7 +11,10 @@ else either, but scripts that rely on an accelerate YAML must use ``launch_comma
 
 Every file a command names is one ``rec.write_accelerate_config()`` writes: inline ZeRO commands name
 ``accelerate_deepspeed.json`` (what it writes by default, in the launch directory), and commands for a
-``config_file`` name that YAML and the JSON beside it, by the same route the caller gave.
+``config_file`` name that YAML and the JSON beside it, by the same route the caller gave. A plan that splits
+sequences under DeepSpeed has no inline form: accelerate's launcher refuses ``--use_parallelism_config`` beside
+``--use_deepspeed`` (commands/launch.py ``_validate_launch_command``) and reads the parallelism block only from a
+config file, so its command names ``accelerate.yaml``, the YAML ``write_accelerate_config()`` writes by default.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING, Any
 
-from .accelerate import accelerate_config, deepspeed_file_for
+from .accelerate import DEFAULT_CONFIG_FILE, accelerate_config, deepspeed_file_for
 
 if TYPE_CHECKING:
     from ..recommendation import Recommendation
@@ -60,7 +63,9 @@ def _inline_flags(rec: Recommendation) -> list[str]:
         flags += ["--main_process_port", str(cfg["main_process_port"])]
     if rec.setup.nodes > 1:
         flags.append("--same_network")
-    for section in ("fsdp_config", "deepspeed_config"):
+    if "parallelism_config" in cfg:   # FSDP2 only (HSDP): DeepSpeed's split is launched from the YAML (module docstring)
+        flags.append("--use_parallelism_config")
+    for section in ("fsdp_config", "deepspeed_config", "parallelism_config"):
         for key, value in cfg.get(section, {}).items():
             flags += [f"--{key}", _flag_value(value)]
     # the YAML's fp8_config keys lack the prefix the flags carry (accelerate adds ``fp8_`` when it reads the file);
@@ -89,6 +94,8 @@ def launch_command(rec: Recommendation, script: str, *script_args: str, config_f
         return " ".join([*env, "python", *tail])
     if rec.setup.task == "infer":
         return _inference_command(rec, tail)
+    if config_file is None and rec.setup.is_deepspeed and rec.setup.sequence_parallel > 1:
+        config_file = DEFAULT_CONFIG_FILE
     how = _config_file_flags(rec, config_file) if config_file is not None else _inline_flags(rec)
     nodes = _NODE_ARGS if rec.setup.nodes > 1 else []
     return " ".join([*env, "accelerate", "launch", *how, *nodes, *tail])

@@ -99,8 +99,7 @@ def _global_batch(setup: Setup) -> tuple[str, str]:
     if setup.task == "infer":
         return "batch", (f"{setup.micro_batch_size} concurrent sequence(s) per process x {setup.world_size} process(es), "
                          f"{setup.new_tokens} new tokens each")
-    return "global batch", (f"{setup.global_batch_size} = {setup.micro_batch_size} micro-batch x "
-                            f"{setup.gradient_accumulation_steps} accumulation x {setup.world_size} process(es)")
+    return "global batch", f"{setup.global_batch_size} = {setup.batch_factors}"
 
 
 def planned_limit(rec: Recommendation) -> int | None:

@@ -19,7 +19,7 @@ from .types import SERVING_KNOBS, Constraints
 
 #: training constraints, with the switch of every training-only technique
 TRAINING_ONLY = ("finetune", "lora", "optimizer", "gradient_checkpointing", "micro_batch_size", "from_scratch", "avg_seq_len", "target_len",
-                 "torch_compile", "max_steps",
+                 "torch_compile", "max_steps", "sequence_parallel",
                  *(t.switch for t in techniques.registry() if t.switch and t.requires.tasks == ("train",)))
 INFERENCE_ONLY = ("prompt_len", "max_new_tokens", "batch_size", "quantization", "prefer", "engine", *SERVING_KNOBS)
 INFER_STRATEGIES = ("single", "tp", "device_map")
@@ -82,6 +82,9 @@ def _check_one_device(info: ScenarioInfo, cons: Constraints) -> None:
         if value is not None and value > 1:
             raise ConflictingConstraintsError(f"{field}={value} asks for several devices but scenario {scenario!r} plans one; "
                                               f"use scenario='{many}'")
+    if (cons.sequence_parallel or 1) > 1:
+        raise ConflictingConstraintsError(f"sequence_parallel={cons.sequence_parallel} splits each sequence over several GPUs but "
+                                          f"scenario {scenario!r} plans one; use scenario='{many}'")
     one_gpu = ONE_GPU_STRATEGIES if info.training and info.device == "cuda" else ("single",)
     if cons.strategy not in (None, *one_gpu):
         raise ConflictingConstraintsError(f"strategy={cons.strategy!r} needs several devices but scenario {scenario!r} plans one; "

@@ -131,6 +131,11 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
+class ForcedMicro(list[int]):
+    """The micro-batch the user asked for, as the one choice: a layout that multiplies the per-rank batch (sequence
+    parallelism) keeps it, where it widens searched choices to the new batch's divisors."""
+
+
 def micro_batch_choices(per_rank_batch: int, forced: int | None) -> list[int]:
     """Micro-batches that divide the per-rank batch exactly (so the global batch never changes)."""
     if forced is not None:
@@ -138,7 +143,7 @@ def micro_batch_choices(per_rank_batch: int, forced: int | None) -> list[int]:
             raise ConflictingConstraintsError(
                 f"micro_batch_size={forced} does not divide the per-device batch {per_rank_batch}; "
                 f"pick one of {', '.join(map(str, divisors(per_rank_batch)))} or change global_batch_size")
-        return [forced]
+        return ForcedMicro([forced])
     return divisors(per_rank_batch)
 
 
@@ -162,7 +167,14 @@ def _speed_key(p: Priced) -> tuple[float, int, str]:
 def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int,
                       choices: list[int], headroom: float, factors: Factors | None = None) -> Option:
     """The smallest micro-batch first, then a binary search for the largest fitting one (memory grows with the
-    micro-batch), then the fastest fitting one."""
+    micro-batch), then the fastest fitting one.
+
+    ``per_rank_batch`` is the global batch over the world size; a layout that splits each sequence over ``sp`` ranks
+    has ``world / sp`` data-parallel groups, so each group (each of its ranks runs a slice of every sample) takes ``sp``
+    times that many samples (transformers Trainer.get_total_train_batch_size: micro x accumulation x world / sp)."""
+    if template.sequence_ranks > 1:
+        per_rank_batch *= template.sequence_ranks
+        choices = choices if isinstance(choices, ForcedMicro) else divisors(per_rank_batch)
     if template.optimizer_in_backward:   # no accumulation: the micro-batch is the whole per-device batch
         choices = [c for c in choices if c == per_rank_batch]
         if not choices:

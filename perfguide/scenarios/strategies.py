@@ -49,13 +49,16 @@ class Layout:
     #: FSDP reduce-scatters on every accumulation micro-step (accelerate's sync_each_batch) instead of holding the
     #: unsharded gradients under no_sync until the last one: less memory, (accumulation - 1) more reduce-scatters
     sync_each_micro_step: bool = False
+    #: ranks that split each sequence (DeepSpeed Ulysses through accelerate's sp_size: techniques/sequence_parallel.py)
+    sequence_parallel: int = 1
 
     @property
     def name(self) -> str:
         if self.hybrid:
             return f"{self.strategy} hybrid (HSDP)"
         off = ("optimizer+params" if self.offload_params else "optimizer") if self.offload_optimizer else ("params" if self.offload_params else "")
-        return self.strategy + (f" + offload {off}" if off else "") + (" + sync each micro-step" if self.sync_each_micro_step else "")
+        return (self.strategy + (f" + offload {off}" if off else "") + (" + sync each micro-step" if self.sync_each_micro_step else "")
+                + (f" + Ulysses SP {self.sequence_parallel}" if self.sequence_parallel > 1 else ""))
 
     @property
     def backend(self) -> str:
@@ -67,11 +70,12 @@ class Layout:
         # carried over as bf16: incompatible() refuses that pair, so a forced fp8=True is never quietly dropped)
         keep: dict[str, object] = {"optimizer_in_backward": False} if self.strategy != "single" else {}
         return s.replace(strategy=self.strategy, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
-                         hybrid_shard=self.hybrid, sync_grads_each_micro_step=self.sync_each_micro_step, **keep)
+                         hybrid_shard=self.hybrid, sync_grads_each_micro_step=self.sync_each_micro_step,
+                         sequence_parallel=self.sequence_parallel, **keep)
 
 
 def layout_of(s: Setup) -> Layout:
-    return Layout(s.strategy, s.offload_optimizer, s.offload_params, s.hybrid_shard, s.sync_grads_each_micro_step)
+    return Layout(s.strategy, s.offload_optimizer, s.offload_params, s.hybrid_shard, s.sync_grads_each_micro_step, s.sequence_parallel)
 
 
 def with_synced_variant(layouts: tuple[Layout, ...]) -> tuple[Layout, ...]:
@@ -95,7 +99,34 @@ class Level:
     layouts: tuple[Layout, ...]
 
 
-def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None = None) -> tuple[Level, ...]:
+@dataclass(frozen=True)
+class Split:
+    """The sequence-parallel sizes a ladder offers (``sequence_splits``): none, the sizes searched after every
+    unsplit on-GPU layout of a rung, or ``only`` one size that every layout must use (``sequence_parallel=N`` asked)."""
+
+    sizes: tuple[int, ...] = ()
+    only: bool = False
+
+
+#: the layout level that splits each sequence over several GPUs; DeepSpeed runs it (accelerate's sp_backend is
+#: 'deepspeed' only), ZeRO-3 as the ALST recipes and TRL's example config run it
+SEQUENCE_LEVEL = "split each sequence"
+SEQUENCE_STRATEGY = "zero3"
+
+
+def _split_levels(split: Split, allow_offload: bool) -> list[Level]:
+    """The sequence-parallel level, and, where ``sequence_parallel=N`` was asked, its ZeRO-3 offload layouts."""
+    out = [Level(SEQUENCE_LEVEL, "each sequence is split over several GPUs (DeepSpeed Ulysses: an all-to-all before and after "
+                 "attention), model states fully sharded (ZeRO-3)",
+                 tuple(Layout(SEQUENCE_STRATEGY, sequence_parallel=n) for n in split.sizes))]
+    if split.only and allow_offload:
+        out.append(Level(OFFLOAD_LEVEL, "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
+                         tuple(Layout(st, oo, op, sequence_parallel=n) for st, oo, op in OFFLOAD_LAYOUTS
+                               if st == SEQUENCE_STRATEGY for n in split.sizes)))
+    return out
+
+
+def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None = None, split: Split = Split()) -> tuple[Level, ...]:
     """The layout ladder for ``world`` ranks on ``nodes`` nodes; FSDP2 first inside a level (the tie-break keeps it
     on near-ties).
 
@@ -107,8 +138,13 @@ def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None =
     so only an all-reduce of 1/g of the gradients crosses the network, less than even DDP sends; it is ranked by
     predicted step time against the layouts that shard across every rank. FSDP offload is all-or-nothing (params,
     grads and optimizer together), so it carries both flags.
+
+    ``split`` adds the sequence-parallel level after the unsplit on-GPU ones (a tier of its own: ``layout_tier``), or,
+    when one size was asked for, makes it the whole ladder.
     """
     sharded = world > 1
+    if split.only and sharded:
+        return tuple(_split_levels(split, allow_offload))
     out = [Level("replicate", "a full replica per GPU, one gradient all-reduce per step",
                  (Layout("ddp" if sharded else "single"),))]
     if sharded:
@@ -117,6 +153,8 @@ def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None =
                          "optimizer states are sharded", with_synced_variant((*hsdp, Layout("fsdp_shard_grad_op"), Layout("zero2"), Layout("zero1")))))
         out.append(Level("shard everything", "parameters are sharded too and all-gathered layer by layer in forward and backward",
                          with_synced_variant((Layout("fsdp"), Layout("zero3")))))
+        if split.sizes and forced in (None, SEQUENCE_STRATEGY):
+            out += _split_levels(split, allow_offload)
     elif forced in ONE_GPU_SHARDED:
         out.append(Level(ONE_GPU_LEVEL, f"{forced} on a single rank: nothing is sharded, every state stays on the GPU",
                          (Layout(forced),)))
@@ -134,6 +172,8 @@ def incompatible(t: Setup, lay: Layout) -> str | None:
     under ZeRO-1/2 with bitsandbytes' default uint8 storage (sources.ZERO12_QLORA: the engine's module.half() /
     bfloat16() casts floating tensors only, so the packed 4-bit base stays as it is, replicated like DDP's).
     """
+    if lay.sequence_parallel > 1 and (why := split_conflict(t, lay.sequence_parallel)):
+        return why
     if t.optimizer_in_backward and lay.strategy != "single":
         return ("the optimizer steps inside backward on one process (transformers: LOMO fused_backward / layer-wise hooks, no "
                 "accumulation); a ZeRO or FSDP layout steps after its reduce-scatter")
@@ -151,6 +191,14 @@ def incompatible(t: Setup, lay: Layout) -> str | None:
         if STRATEGIES[lay.strategy].fsdp and not facts.fsdp2:
             return f"{t.optimizer} is offered only where it sees plain tensors (DDP, DeepSpeed's flat partitions), not FSDP2's DTensor shards"
     return None
+
+
+def split_conflict(t: Setup, size: int) -> str | None:
+    """Why the template cannot split its sequences over ``size`` ranks (the sequence-parallel technique's own rules:
+    world size, attention kernel, objective), None when it can."""
+    from ..techniques.sequence_parallel import SequenceParallel
+
+    return SequenceParallel().conflict(t.model_copy(update={"sequence_parallel": size, "strategy": SEQUENCE_STRATEGY}))
 
 
 def pure_half_unsupported(t: Setup, lay: Layout) -> str | None:
@@ -187,23 +235,25 @@ def check_forced(forced: str | None, world: int, mode: str) -> None:
                                           "on one GPU only zero2/zero3/fsdp with CPU offload make sense")
 
 
-def allowed_levels(world: int, allow_offload: bool, forced: str | None, nodes: int = 1) -> tuple[Level, ...]:
+def allowed_levels(world: int, allow_offload: bool, forced: str | None, nodes: int = 1, split: Split = Split()) -> tuple[Level, ...]:
     """The ladder, cut to the requested strategy (its offload variants, and HSDP for 'fsdp', included)."""
     out = []
-    for lv in levels(world, allow_offload, nodes, forced):
+    for lv in levels(world, allow_offload, nodes, forced, split):
         lays = tuple(lay for lay in lv.layouts if forced is None or lay.strategy == forced)
         if lays:
             out.append(Level(lv.name, lv.tradeoff, lays))
     return tuple(out)
 
 
-def layout_tier(rung: Rung) -> tuple[str, bool]:
-    """The search tier of an expanded rung: its semantics rung, and whether its layouts offload to the CPU. All the
-    on-GPU levels of one semantics rung (replicate, shard grads+optimizer, shard everything) are one tier ranked by
-    predicted step time, so a sharded layout that is faster than DDP is found; CPU offload stays a later tier (it
-    spends host RAM, which for a named target is an assumed figure, and is slower wherever something on-GPU fits)."""
+def layout_tier(rung: Rung) -> tuple[str, str]:
+    """The search tier of an expanded rung: its semantics rung, and the kind of its level. All the unsplit on-GPU
+    levels of one semantics rung (replicate, shard grads+optimizer, shard everything) are one tier ranked by predicted
+    step time, so a sharded layout that is faster than DDP is found; splitting each sequence is the next tier (tried
+    only when no unsplit layout of the rung fits: its all-to-alls are not validated against a published step time, and
+    the ALST paper uses it where the sequence does not fit otherwise); CPU offload stays a later tier (it spends host
+    RAM, which for a named target is an assumed figure, and is slower wherever something on-GPU fits)."""
     semantics, _, level = rung.name.rpartition(", ")
-    return semantics, level == OFFLOAD_LEVEL
+    return semantics, level if level in (OFFLOAD_LEVEL, SEQUENCE_LEVEL) else "on GPU"
 
 
 def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None, world: int = 2) -> list[Rung]:
@@ -231,11 +281,11 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None, wor
     return out
 
 
-def layout_search(world: int, allow_offload: bool, forced: str | None, nodes: int = 1) -> dict[str, Any]:
+def layout_search(world: int, allow_offload: bool, forced: str | None, nodes: int = 1, split: Split = Split()) -> dict[str, Any]:
     """``plan_training``'s hooks that search layouts: each semantics rung crossed with the allowed levels (``expand``),
     the on-GPU levels one tier (``layout_tier``), the fastest fitting layout with the shallow / FSDP2 tie-breaks
     (``prefer_fsdp``). train_gpu_many always; train_gpu_one when a ZeRO stage is asked for."""
-    ladder = allowed_levels(world, allow_offload, forced, nodes)
+    ladder = allowed_levels(world, allow_offload, forced, nodes, split)
     return {"expand": lambda rungs: expand(rungs, ladder, forced, world), "choose": prefer_fsdp, "tier": layout_tier}
 
 

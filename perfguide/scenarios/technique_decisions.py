@@ -48,7 +48,7 @@ def technique_decisions(request: Request, chosen: Priced) -> list[Decision]:
     """One Decision per technique the chosen Setup uses that can be turned off (``Technique.off``)."""
     out = []
     for t in techniques.active(chosen.setup):
-        if not t.off():
+        if not t.off() or t.own_decision:
             continue
         off = _without(chosen.setup, t)
         other = price(request.model, off, request.hardware, request.calibration) if off is not None else None

@@ -35,9 +35,11 @@ from .search import (
     usable_bytes,
     usable_ram,
 )
+from .sequence_split import sequence_splits, split_decision
 from .strategies import (
     FSDP_TIE_TOLERANCE,
     OFFLOAD_LEVEL,
+    SEQUENCE_LEVEL,
     SHARDING_TIE_TOLERANCE,
     Layout,
     Level,
@@ -94,18 +96,26 @@ def plan(request: Request, *, suggestions: bool = True) -> Plan:
                  num_gpus=per_node, nodes=nodes)
     p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
                       suggest=partial(_what_would_fit, per_node=per_node) if suggestions else lambda *_: (),
-                      verdict_only=not suggestions, **layout_search(world, cons.allow_offload, cons.strategy, nodes))
+                      verdict_only=not suggestions,
+                      **layout_search(world, cons.allow_offload, cons.strategy, nodes, sequence_splits(request, per_node, nodes)))
     return add_layout(request, p, batch)
+
+
+def ladder_of(request: Request, s: Setup) -> tuple[Level, ...]:
+    """Every layout level of the plan's world, offload included, with the sequence splits it offers."""
+    return levels(s.world_size, True, s.nodes, request.constraints.strategy, sequence_splits(request, s.num_gpus, s.nodes))
 
 
 # --- the layout part of the plan ----------------------------------------------------------------------
 
-def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple[Layout, Level, Option | None, str | None]]:
-    """Every layout of the full ladder priced for the chosen semantics (micro-batch searched for each)."""
+def compare_layouts(request: Request, template: Setup, batch: int, splits: bool = True) -> list[tuple[Layout, Level, Option | None, str | None]]:
+    """Every layout of the full ladder priced for the chosen semantics (micro-batch searched for each); the
+    sequence-split level only with ``splits`` (a plan that splits, or one that fits nowhere): an unsplit plan that fits
+    never takes it, so pricing it there would only list layouts the search does not offer."""
     cons = request.constraints
     choices = micro_batch_choices(batch, cons.micro_batch_size)
     out: list[tuple[Layout, Level, Option | None, str | None]] = []
-    for lv in levels(template.world_size, True, template.nodes, cons.strategy):
+    for lv in (lv for lv in ladder_of(request, template) if splits or lv.name != SEQUENCE_LEVEL):
         for lay in lv.layouts:
             why = incompatible(template, lay)
             if why is None and (lay.offload_optimizer or lay.offload_params) and not cons.allow_offload:
@@ -122,11 +132,12 @@ def compare_layouts(request: Request, template: Setup, batch: int) -> list[tuple
 def add_layout(request: Request, p: Plan, batch: int) -> Plan:
     """The layout's decisions (strategy, backend, offload, launcher), every layout priced as a candidate, its warnings."""
     chosen = Priced(p.setup, p.memory, p.throughput)
-    compared = compare_layouts(request, p.setup, batch)
+    compared = compare_layouts(request, p.setup, batch, splits=p.setup.sequence_ranks > 1 or not p.fits)
     decisions = [*p.decisions, strategy_decision(request, chosen, compared, p.fits), backend_decision(request, chosen, compared)]
     decisions += hybrid_decision(request, chosen, compared)
     decisions += quant_storage_decision(chosen)
     decisions += offload_decision(request, chosen)
+    decisions += split_decision(request, chosen, compared)
     decisions.append(launcher_decision(p.setup))
     seen = {c.setup for c in p.candidates}
     extra = tuple(_candidate(request, lay, opt, why) for lay, _, opt, why in compared
@@ -164,7 +175,7 @@ def _link(request: Request) -> str:
 def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: bool) -> Decision:
     s, cons = chosen.setup, request.constraints
     lay = layout_of(s)
-    ladder = levels(s.world_size, True, s.nodes, cons.strategy)
+    ladder = ladder_of(request, s)
     mine = level_index(ladder, lay)
     alts = []
     for other, lv, opt, why in compared:
@@ -202,7 +213,7 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
         return f"nothing fits on {where}; the closest layout is {lay.name}: {numbers}"
     if cons.strategy:
         return f"strategy={cons.strategy!r} was requested; {lay.name} on {where}: {numbers}"
-    ladder = levels(s.world_size, True, s.nodes, cons.strategy)
+    ladder = ladder_of(request, s)
     failed = [(o, opt) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is None
               and level_index(ladder, o) < level_index(ladder, lay)]
     cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
@@ -227,7 +238,7 @@ def backend_decision(request: Request, chosen: Priced, compared: list) -> Decisi
     """FSDP2 vs DeepSpeed: the tie-break between layouts of the same sharding level, stated with both step times."""
     s, h = chosen.setup, request.constraints.headroom
     lay = layout_of(s)
-    ladder = levels(s.world_size, True, s.nodes, request.constraints.strategy)
+    ladder = ladder_of(request, s)
     rule = (f"FSDP2 (native torch, the Trainer's default FSDP version, no extra package or JSON) is kept over DeepSpeed ZeRO of the "
             f"same sharding level unless ZeRO is predicted more than {FSDP_TIE_TOLERANCE:.0%} faster")
     alts, fitting_fsdp = [], []
@@ -332,6 +343,12 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
         load = (" and build TrainingArguments(deepspeed=...) before from_pretrained, so ZeRO-3 partitions the weights while loading"
                 if s.zero_stage == 3 else "")   # ZeRO-1/2 keep whole weights on every rank: the load order does not matter
         out.append(f"DeepSpeed: install it on every node{load}")
+    if s.sequence_parallel > 1:
+        n = s.sequence_parallel
+        out.append(f"each sequence is split over {n} GPUs (DeepSpeed Ulysses): launch from the accelerate YAML (its parallelism_config; "
+                   "accelerate >= 1.12, deepspeed >= 0.18.2); every batch must carry position_ids and a length that is a multiple of "
+                   f"{n}: TRL's SFTTrainer does both with SFTConfig(pad_to_multiple_of={n}) (rec.sft_config()), a plain Trainer "
+                   "needs a collator that does")
     if s.is_fsdp and s.gradient_checkpointing:
         out.append("with FSDP use fsdp_config['activation_checkpointing']=True, not TrainingArguments(activation_checkpointing=True): both raise")
     return out

@@ -171,8 +171,7 @@ def ladder_decisions(request: Request, result: SearchResult, chosen: Priced, mod
     return [
         _micro_decision(request, result, chosen),
         Decision(setting="gradient_accumulation_steps", value=s.gradient_accumulation_steps,
-                 reason=f"keeps the global batch fixed: {s.micro_batch_size} x {s.gradient_accumulation_steps} x {s.world_size} device(s) "
-                        f"= {s.global_batch_size}", number=s.global_batch_size, unit="samples", source=f"{_GUIDE}#gradient-accumulation"),
+                 reason=f"keeps the global batch fixed: {s.batch_factors} = {s.global_batch_size}", number=s.global_batch_size, unit="samples", source=f"{_GUIDE}#gradient-accumulation"),
         _weights_decision(result, chosen, request.constraints.master_weights),
         _optimizer_decision(request, result, chosen),
         _checkpointing_decision(request, result, chosen),

@@ -72,6 +72,9 @@ class Constraints(Model):
     activation_offloading: StrictBool | None = None
     padding_free: StrictBool | None = None
     fp8: StrictBool | None = None
+    sequence_parallel: StrictInt | None = Field(default=None, ge=1, le=100_000, description="train_gpu_many: GPUs that split each "
+                                                "sequence (DeepSpeed Ulysses through accelerate's sp_size); None: split only "
+                                                "when no unsplit layout fits, 1: never")
     avg_seq_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="mean real tokens per sample; None: samples fill seq_len")
     target_len: StrictInt | None = Field(default=None, ge=1, le=10_000_000, description="encoder-decoder training: tokens the decoder runs "
                                          "(max_target_length); seq_len is then the source length. None: seq_len")

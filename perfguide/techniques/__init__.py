@@ -133,10 +133,7 @@ def per_rank(setup: Setup) -> Setup:
 
 def sequence_ranks(setup: Setup) -> int:
     """The ranks that share each sequence (``Technique.sequence_ranks``; 1 without a split)."""
-    ranks = 1
-    for t in registry():
-        ranks *= t.sequence_ranks(setup)
-    return ranks
+    return setup.sequence_ranks
 
 
 def shaped(setup: Setup) -> Setup:

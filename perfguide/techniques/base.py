@@ -124,6 +124,9 @@ class Technique:
     axis: ClassVar[bool] = False
     #: the ``recommend(...)`` keyword (a scenarios Constraints field) that forces it; the ladder reads it in ``ctx.wants``
     switch: ClassVar[str | None] = None
+    #: True: the planner states this technique's decision itself (a layout it lays out with the ranks and the batch, which
+    #: turning the technique off alone would misprice: scenarios/sequence_split.py), not the generic with/without one
+    own_decision: ClassVar[bool] = False
 
     @property
     def source(self) -> str:

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Requires, Technique
+from .base import EmitContext, Requires, Technique
 
 SOURCES = (
     "Jacobs et al. 2023, DeepSpeed Ulysses (arXiv:2309.14509)",
     "Bekman et al. 2025, Arctic Long Sequence Training (arXiv:2506.13996)",
     "https://huggingface.co/docs/accelerate/concept_guides/sequence_parallelism",
     "https://docs.axolotl.ai/docs/sequence_parallelism.html",
+    "https://huggingface.co/docs/trl/distributing_training (ALST/Ulysses: accelerate parallelism_config, pad_to_multiple_of)",
 )
 
 
@@ -39,6 +40,7 @@ class SequenceParallel(Technique):
     requires = Requires(devices=("cuda",), tasks=("train",), binding=True)
     order = 36
     label_order = 66
+    own_decision = True
 
     def active(self, setup: Any) -> bool:
         return int(setup.sequence_parallel) > 1
@@ -63,6 +65,30 @@ class SequenceParallel(Technique):
             return self._refused("sequence parallelism is priced for a decoder's next-token step (no DPO pair, no "
                                  "encoder-decoder lengths, no document-masked packs)")
         return super().conflict(setup)
+
+    def accelerate_config(self, ctx: EmitContext) -> dict[str, Any]:
+        """accelerate's parallelism_config as TRL's ALST example writes it: DeepSpeed is accelerate's only SP backend
+        (commands/launch.py exports these as PARALLELISM_CONFIG_*; the Trainer's Accelerator reads them), variable
+        lengths, and the attention kernel the model runs (UlyssesSPAttentionHF wraps it and refuses a mismatch)."""
+        s = ctx.setup
+        if not self.active(s) or not s.is_deepspeed:
+            return {}
+        sp = s.sequence_parallel
+        return {"parallelism_config": {
+            "parallelism_config_dp_replicate_size": 1, "parallelism_config_dp_shard_size": s.world_size // sp,
+            "parallelism_config_tp_size": 1, "parallelism_config_sp_size": sp, "parallelism_config_sp_backend": "deepspeed",
+            "parallelism_config_sp_seq_length_is_variable": True, "parallelism_config_sp_attn_implementation": s.attn_implementation}}
+
+    def deepspeed_top(self, ctx: EmitContext) -> dict[str, Any]:
+        """With a split, DeepSpeed reduces gradients in ``seq_parallel_communication_data_type`` (runtime/engine.py), fp32
+        by default (runtime/constants.py): the compute dtype, as the ALST recipes and TRL's example set it (bf16), the 16-bit reduce priced."""
+        s = ctx.setup
+        dtype = {"bf16": "bf16", "fp16": "fp16"}.get(s.autocast or "")
+        return {"seq_parallel_communication_data_type": dtype} if self.active(s) and dtype else {}
+
+    def trl_args(self, ctx: EmitContext) -> dict[str, Any]:
+        """Every sequence must split evenly over the ranks (DeepSpeed's dataloader adapter raises otherwise)."""
+        return {"pad_to_multiple_of": ctx.setup.sequence_parallel} if self.active(ctx.setup) else {}
 
     def sequence_ranks(self, setup: Any) -> int:
         return int(setup.sequence_parallel)

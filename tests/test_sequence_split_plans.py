@@ -1,0 +1,140 @@
+"""recommend() splits each sequence over several GPUs (Ulysses through accelerate's sp_size) where no unsplit layout
+fits, and writes what runs it: checked with accelerate's own config loader, launcher and ParallelismConfig, the
+Trainer's batch formula, DeepSpeed's config parser and TRL's SFTConfig; asked-for sizes that cannot run are refused."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import perfguide
+from perfguide.errors import ConflictingConstraintsError
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"   # 32 query / 8 key-value heads
+LONG = {"scenario": "train_gpu_many", "hardware": "rtx4090:8", "seq_len": 131072}
+
+
+@pytest.fixture(scope="module")
+def split_rec() -> perfguide.Recommendation:
+    return perfguide.recommend(LLAMA_8B, **LONG)
+
+
+def test_a_sequence_that_fits_no_unsplit_layout_is_split_and_the_global_batch_is_kept(split_rec) -> None:
+    s = split_rec.setup
+    assert split_rec.fits and s.sequence_parallel in (2, 4, 8) and s.strategy == "zero3"
+    # transformers Trainer.get_total_train_batch_size: micro x accumulation x world / sp (the default global batch, 32)
+    assert s.micro_batch_size * s.gradient_accumulation_steps * s.world_size // s.sequence_parallel == 32
+    # the unsplit plan at the same length does not fit (it is why the split was taken): asked with sequence_parallel=1
+    unsplit = perfguide.recommend(LLAMA_8B, **LONG, sequence_parallel=1)
+    assert not unsplit.fits
+    decision = next(d for d in split_rec.decisions if d.setting == "sequence_parallel")
+    assert decision.value == s.sequence_parallel and "no unsplit layout fits" in decision.reason
+    assert f"{131072 // s.sequence_parallel:,} of every sequence" in decision.reason
+
+
+def test_a_sequence_that_fits_unsplit_is_not_split() -> None:
+    rec = perfguide.recommend(LLAMA_8B, scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=8192)
+    assert rec.fits and rec.setup.sequence_parallel == 1
+    assert all(d.setting != "sequence_parallel" for d in rec.decisions)
+
+
+def test_the_yaml_reaches_accelerates_parallelism_config_through_its_launcher(split_rec, tmp_path, monkeypatch) -> None:
+    from accelerate import ParallelismConfig
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_extend_env_parallelism_config
+
+    sp, world = split_rec.setup.sequence_parallel, split_rec.setup.world_size
+    path = split_rec.write_accelerate_config(tmp_path / "accelerate.yaml")
+    cfg = load_config_from_file(str(path))
+    assert cfg.parallelism_config["parallelism_config_sp_size"] == sp
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(path), "train.py"]))
+    assert args.use_deepspeed and args.use_parallelism_config
+    env = prepare_extend_env_parallelism_config(args, {})   # what prepare_deepspeed_cmd_env exports for this flag
+    assert env["PARALLELISM_CONFIG_SP_SIZE"] == str(sp) and env["PARALLELISM_CONFIG_SP_BACKEND"] == "deepspeed"
+    for key, value in env.items():
+        if key.startswith("PARALLELISM_CONFIG_"):
+            monkeypatch.setenv(key, value)
+    pc = ParallelismConfig()   # what the Trainer's Accelerator builds in each rank from that environment
+    assert pc.sp_enabled and pc.sp_size == sp and pc.data_parallel_size == world // sp
+    # accelerate's last-moment DeepSpeed batch (Accelerator._prepare_deepspeed): micro x accumulation x dp size
+    s = split_rec.setup
+    assert s.micro_batch_size * s.gradient_accumulation_steps * pc.data_parallel_size == s.global_batch_size
+
+
+def test_the_command_names_the_yaml_because_the_launcher_refuses_the_inline_form(split_rec) -> None:
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    cmd = split_rec.launch_command("train.py")
+    assert cmd == "accelerate launch --config_file accelerate.yaml --deepspeed_config_file accelerate_deepspeed.json train.py"
+    inline = ["--use_deepspeed", "--use_parallelism_config", "--parallelism_config_sp_size", "4", "train.py"]
+    with pytest.raises(ValueError, match="use_parallelism_config"):
+        _validate_launch_command(launch_command_parser().parse_args(inline))
+
+
+def test_the_python_objects_carry_the_same_split(split_rec) -> None:
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from trl import SFTConfig
+
+    sp = split_rec.setup.sequence_parallel
+    pc = split_rec.accelerator_kwargs()["parallelism_config"]
+    assert pc.sp_size == sp and pc.sp_backend == "deepspeed" and pc.sp_handler.sp_seq_length_is_variable
+    assert pc.sp_handler.sp_attn_implementation == split_rec.setup.attn_implementation
+    kw = split_rec.sft_config_dict()   # the object itself is built on the CUDA target (bf16, tf32, DeepSpeed)
+    assert kw["pad_to_multiple_of"] == sp and set(kw) <= set(SFTConfig.__dataclass_fields__)
+    assert SFTConfig(output_dir="out", pad_to_multiple_of=kw["pad_to_multiple_of"], report_to="none", use_cpu=True, bf16=False).pad_to_multiple_of == sp
+    ds = copy.deepcopy(split_rec.deepspeed_config())
+    ds.update(train_micro_batch_size_per_gpu=1, gradient_accumulation_steps=1, train_batch_size=1)
+    import torch
+
+    # without the key DeepSpeed reduces a split plan's gradients in fp32 (runtime/constants.py)
+    assert DeepSpeedConfig(ds).seq_parallel_communication_data_type == torch.bfloat16
+
+
+def test_an_asked_size_is_kept_even_where_no_split_is_needed() -> None:
+    rec = perfguide.recommend(LLAMA_8B, scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=8192, sequence_parallel=2)
+    assert rec.setup.sequence_parallel == 2 and rec.setup.strategy == "zero3"
+    assert "sequence_parallel=2 was asked" in next(d.reason for d in rec.decisions if d.setting == "sequence_parallel")
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"sequence_parallel": 3}, "must divide the world size (8 GPU(s))"),
+    ({"sequence_parallel": 2, "strategy": "fsdp"}, "splits sequences only under DeepSpeed"),
+    ({"sequence_parallel": 2, "attn_implementation": "eager"}, "Ulysses needs a fused kernel"),
+    ({"sequence_parallel": 2, "objective": "dpo"}, "decoder's next-token loss"),
+])
+def test_an_asked_size_that_cannot_run_is_refused_in_one_line(kwargs, words) -> None:
+    with pytest.raises(ConflictingConstraintsError, match=words.replace("(", r"\(").replace(")", r"\)")) as err:
+        perfguide.recommend(LLAMA_8B, scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=8192, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_heads_that_do_not_split_are_refused_and_not_offered() -> None:
+    # gpt2: 12 heads (and 12 key/value heads): 8 does not divide them, as DeepSpeed's UlyssesSPAttentionHF checks
+    with pytest.raises(ConflictingConstraintsError, match="12 attention heads, not divisible by 8"):
+        perfguide.recommend("gpt2", scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=1024, sequence_parallel=8)
+    from perfguide.scenarios.sequence_split import head_problem
+
+    rec = perfguide.recommend(LLAMA_8B, scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=8192)
+    assert head_problem(rec.request, 16) is None            # 32 heads, 8 key/value heads replicated twice
+    assert "key/value heads" in head_problem(rec.request.model_copy(update={"model": rec.request.model.model_copy(
+        update={"num_attention_heads": 24, "num_key_value_heads": 6})}), 4)   # 6 kv heads: 4 neither divides nor is a multiple
+
+
+def test_one_device_scenarios_refuse_a_split() -> None:
+    with pytest.raises(ConflictingConstraintsError, match="use scenario='train_gpu_many'"):
+        perfguide.recommend(LLAMA_8B, scenario="train_gpu_one", hardware="h100-80gb", seq_len=8192, sequence_parallel=2)
+
+
+def test_hsdp_inline_command_carries_its_parallelism_config() -> None:
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_extend_env_parallelism_config
+
+    rec = perfguide.recommend("llama-3-8b", scenario="train_gpu_many", hardware="a100-80gb:8x4", strategy="fsdp")
+    assert rec.setup.hybrid_shard
+    words = rec.launch_command("train.py").replace('"$MACHINE_RANK"', "0").replace('"$MAIN_PROCESS_IP"', "10.0.0.1").split()
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(words[2:]))
+    env = prepare_extend_env_parallelism_config(args, {})
+    assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "4" and env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "8"
