@@ -5,11 +5,15 @@ Trainer's batch formula, DeepSpeed's config parser and TRL's SFTConfig; asked-fo
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import pytest
+import yaml
 
 import perfguide
 from perfguide.errors import ConflictingConstraintsError
+from perfguide.integrations.readers.verdict import Check
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"   # 32 query / 8 key-value heads
 LONG = {"scenario": "train_gpu_many", "hardware": "rtx4090:8", "seq_len": 131072}
@@ -138,3 +142,50 @@ def test_hsdp_inline_command_carries_its_parallelism_config() -> None:
     args, _, _ = _validate_launch_command(launch_command_parser().parse_args(words[2:]))
     env = prepare_extend_env_parallelism_config(args, {})
     assert env["PARALLELISM_CONFIG_DP_REPLICATE_SIZE"] == "4" and env["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "8"
+
+
+# --- check: the split's own settings in a user's configs ------------------------------------------------------
+
+DATA = Path(__file__).with_name("data") / "check"
+
+
+def test_trls_alst_yaml_reads_the_models_kernel_and_says_the_reduce_dtype_key_is_inert() -> None:
+    # TRL examples/accelerate_configs/alst_ulysses_4gpu.yaml: sp 2 x dp_shard 2, ZeRO-3, FA2, and a
+    # deepspeed_config.seq_parallel_communication_data_type that accelerate's launcher never exports (only the keys it
+    # names become ACCELERATE_* variables: accelerate utils/launch.py prepare_deepspeed_cmd_env)
+    c = perfguide.check("Qwen/Qwen2-0.5B", DATA / "trl_alst_ulysses_4gpu.yaml", hardware="h100-80gb:4", seq_len=4096)
+    assert (c.setup.sequence_parallel, c.setup.strategy, c.setup.attn_implementation) == (2, "zero3", "flash_attention_2")
+    key = "deepspeed_config.seq_parallel_communication_data_type"
+    assert any(key in u for u in c.unknown) and not any(key in i for i in c.ignored)   # unknown to accelerate, not "no effect"
+    assert any("accelerate passes no such setting to DeepSpeed" in n for n in c.notes)
+    assert any("reduces the split plan's gradients in fp32" in n for n in c.notes)
+
+
+def _deepspeed_run(tmp_path: Path, ds: dict, sp: int) -> Check:
+    (tmp_path / "ds.json").write_text(json.dumps(ds), encoding="utf-8")
+    acc = {"distributed_type": "DEEPSPEED", "num_processes": 8, "mixed_precision": "bf16",
+           "deepspeed_config": {"deepspeed_config_file": "ds.json"},
+           "parallelism_config": {"parallelism_config_sp_size": sp, "parallelism_config_sp_backend": "deepspeed"}}
+    (tmp_path / "acc.yaml").write_text(yaml.safe_dump(acc), encoding="utf-8")
+    return perfguide.check(LLAMA_8B, tmp_path / "acc.yaml", hardware="h100-80gb:8", seq_len=32768, micro_batch_size=1,
+                           gradient_accumulation_steps=2)
+
+
+def test_a_deepspeed_json_reduce_dtype_is_judged_against_the_split(tmp_path) -> None:
+    zero3 = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}
+    split = _deepspeed_run(tmp_path, {**zero3, "seq_parallel_communication_data_type": "bf16"}, 4)
+    assert any("in 16 bits, as priced" in n for n in split.notes)
+    unsplit = _deepspeed_run(tmp_path, {**zero3, "seq_parallel_communication_data_type": "bf16"}, 1)
+    assert any("has no effect: no sequence is split" in n for n in unsplit.notes)
+    default = _deepspeed_run(tmp_path, zero3, 4)
+    assert any("unset (DeepSpeed's default fp32)" in n for n in default.notes)
+
+
+def test_deepspeeds_batch_rule_counts_the_world_over_the_split(tmp_path) -> None:
+    # DeepSpeed's config: world_size = ranks / sequence_parallel_size (runtime/config.py), and it asserts
+    # train_batch_size == micro x accumulation x that world: 1 x 2 x 8 / 4 = 4
+    zero3 = {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1,
+             "gradient_accumulation_steps": 2}
+    assert _deepspeed_run(tmp_path, {**zero3, "train_batch_size": 4}, 4).setup.global_batch_size == 4
+    with pytest.raises(perfguide.PerfGuideError, match=r"x 8 process\(es\) / 4 \(each sequence split over 4\) = 4"):
+        _deepspeed_run(tmp_path, {**zero3, "train_batch_size": 16}, 4)

@@ -91,7 +91,20 @@ def _split(data: dict[str, Any], col: Collector) -> bool:
                               "not priced; perfguide prices one sequence split (context or sequence parallelism)")
     for dim, n in split.items():
         col.set("sequence_parallel", n, f"parallelism_config.parallelism_config_{dim}_size")
+    kernel = cfg.get("parallelism_config_sp_attn_implementation")
+    if split.get("sp") and kernel is not None:
+        # DeepSpeed's UlyssesSPAttentionHF wraps this kernel and raises unless the loaded model runs the same one
+        # (runtime/sequence_parallel/ulysses_sp.py register_with_transformers), so it names the model's attention
+        key = "parallelism_config.parallelism_config_sp_attn_implementation"
+        col.set("attn_implementation", choice(str(kernel).split(":")[0], col.where(key), SP_KERNELS), key)
     return bool(split)
+
+
+#: the kernels Ulysses accepts (accelerate's --parallelism_config_sp_attn_implementation help), as perfguide prices them:
+#: FA3 and the Hub's flash-attn kernels keep what FA2 keeps for backward (the output and the log-sum-exp)
+SP_KERNELS = {"flash_attention_2": "flash_attention_2", "flash_attention_3": "flash_attention_2", "sdpa": "sdpa",
+              "kernels-community/flash-attn2": "flash_attention_2", "kernels-community/flash-attn3": "flash_attention_2",
+              "kernels-community/vllm-flash-attn3": "flash_attention_2"}
 
 
 def _fsdp(cfg: dict[str, Any], col: Collector) -> None:
@@ -172,8 +185,12 @@ def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> Non
                 where + "gradient_accumulation_steps")
     if cfg.get("zero3_init_flag") is not None:
         zero3_init(cfg["zero3_init_flag"], col, where + "zero3_init_flag")
-    col.ignore(*(where + k for k in cfg if k not in ("zero_stage", "offload_optimizer_device", "offload_param_device",
-                                                     "gradient_accumulation_steps", "zero3_init_flag")))
+    col.ignore(*(where + k for k in cfg if k in DS_KEYS and k not in ("zero_stage", "offload_optimizer_device", "offload_param_device",
+                                                                       "gradient_accumulation_steps", "zero3_init_flag")))
+    if "seq_parallel_communication_data_type" in cfg:   # TRL's ALST example sets it here
+        col.note(f"{col.where(where + 'seq_parallel_communication_data_type')}: accelerate passes no such setting to DeepSpeed (no "
+                 "DeepSpeedPlugin field or launcher flag carries it, accelerate commands/launch.py); it takes effect from a "
+                 "DeepSpeed JSON (deepspeed_config_file)")
 
 
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -120,12 +120,29 @@ class Combined:
             self.chosen["strategy"] = Setting(field="strategy", value=word, assumed=True, source=why)
         out = {f: s.value for f, s in self.chosen.items() if not f.startswith("_")}
         if "_train_batch_size" in self.chosen:
-            total = int(out.get("micro_batch_size", 1)) * int(out.get("gradient_accumulation_steps", 1)) * world
+            # DeepSpeed's batch world is the ranks over the sequence split (runtime/config.py: world / sequence_parallel_size)
+            sp = int(out.get("sequence_parallel", 1))
+            total = int(out.get("micro_batch_size", 1)) * int(out.get("gradient_accumulation_steps", 1)) * world // sp
             said = self.chosen["_train_batch_size"]
             if said.value != total:
+                split = f" / {sp} (each sequence split over {sp})" if sp > 1 else ""
                 raise ConfigReadError(f"{said.source}={said.value} but micro-batch {out.get('micro_batch_size', 1)} x accumulation "
-                                      f"{out.get('gradient_accumulation_steps', 1)} x {world} process(es) = {total}; DeepSpeed asserts they are equal")
+                                      f"{out.get('gradient_accumulation_steps', 1)} x {world} process(es){split} = {total}; DeepSpeed asserts they are equal")
         return out
+
+    def split_reduce_note(self) -> str | None:
+        """What a DeepSpeed JSON's ``seq_parallel_communication_data_type`` does to this reading's plan: under a split
+        DeepSpeed reduces gradients in it (runtime/engine.py), fp32 when unset (runtime/constants.py), where the
+        priced reduce is 16-bit; without a split the key has no effect."""
+        said = self.chosen.get("_split_reduce_dtype")
+        split = int(self.value("sequence_parallel", 1)) > 1 and str(self.value("strategy", "")).startswith("zero")
+        if not split:
+            return None if said is None else f"{said.source}={said.value!r} has no effect: no sequence is split over ranks"
+        if said is not None and str(said.value) in ("bf16", "bfloat16", "fp16", "float16"):
+            return f"{said.source}={said.value!r}: DeepSpeed reduces the split plan's gradients in 16 bits, as priced"
+        where = f"{said.source}={said.value!r}" if said is not None else "seq_parallel_communication_data_type unset (DeepSpeed's default fp32)"
+        return (f"{where}: DeepSpeed reduces the split plan's gradients in fp32 (runtime/engine.py), twice the 16-bit bytes "
+                "priced; set it to \"bf16\" in the DeepSpeed JSON, as the ALST recipes do")
 
     def settings(self) -> tuple[Setting, ...]:
         shown = [s for f, s in self.chosen.items() if not f.startswith("_")]

@@ -31,15 +31,18 @@ ZERO_KEYS = (
     "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow", "zero_hpz_partition_size",
     "zero_quantized_gradients", "zero_quantized_nontrainable_weights", "zero_quantized_weights",
 )
+#: the dtype DeepSpeed reduces gradients in when sequences are split (runtime/engine.py; fp32 when unset, runtime/constants.py):
+#: read as ``_split_reduce_dtype``, which the combined reading judges once the split is known (combine.split_reduce_note)
+SPLIT_REDUCE = "seq_parallel_communication_data_type"
 PRICED_TOP = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "zero_optimization", "bf16",
-              "bfloat16", "fp16", "optimizer")
+              "bfloat16", "fp16", "optimizer", SPLIT_REDUCE)
 #: top-level keys DeepSpeed 0.19 reads (runtime/config.py and its subsystems) that do not change memory or speed here
 UNPRICED_TOP = (
     "gradient_clipping", "scheduler", "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer",
     "zero_force_ds_cpu_optimizer", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet",
     "comms_logger", "aio", "amp", "communication_data_type", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients",
     "dump_state", "memory_breakdown", "checkpoint", "data_types", "autotuning", "elasticity", "pipeline", "compression_training",
-    "data_efficiency", "curriculum_learning", "torch_autocast", "seq_parallel_communication_data_type", "dataloader_drop_last",
+    "data_efficiency", "curriculum_learning", "torch_autocast", "dataloader_drop_last",
     "disable_allgather", "sparse_attention", "tensor_parallel", "nebula", "eigenvalue", "progressive_layer_drop", "quantize_training",
     "timers", "graph_harvesting", "use_data_before_expert_parallelism", "compile", "gradient_allreduce_op", "vocabulary_size",
     "disable_python_gc", "zero_optimization_stage", "fp16_master_weights_and_grads", "use_node_local_storage", "load_universal",
@@ -103,6 +106,8 @@ def read(data: dict[str, Any], col: Collector) -> None:
                 col.set(field, as_int(data[key], col.where(key)), key)
     if "train_batch_size" in data and data["train_batch_size"] != "auto":
         col.set("_train_batch_size", as_int(data["train_batch_size"], col.where("train_batch_size")), "train_batch_size")
+    if SPLIT_REDUCE in data:
+        col.set("_split_reduce_dtype", str(data[SPLIT_REDUCE]).lower(), SPLIT_REDUCE)
     _precision(data, col)
     _zero(mapping(data.get("zero_optimization"), col.where("zero_optimization")), col)
     opt = data.get("optimizer")

@@ -32,6 +32,8 @@ def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
     memory = price.memory(setup)
     throughput = price.speed(setup)
     fit = fit_change(price, c, memory.fits)
+    if (reduce := c.split_reduce_note()) is not None:
+        c.notes.append(reduce)
     check = Check(model=spec.name, hardware=label(hw, setup), setup=setup, fits=memory.fits, memory=memory, throughput=throughput,
                   read=c.settings(), ignored=c.ignored(), unknown=c.unknown(), changes=(fit,) if fit else (),
                   notes=tuple(dict.fromkeys(c.notes)))
