@@ -196,9 +196,9 @@ def incompatible(t: Setup, lay: Layout) -> str | None:
 def split_conflict(t: Setup, size: int) -> str | None:
     """Why the template cannot split its sequences over ``size`` ranks (the sequence-parallel technique's own rules:
     world size, attention kernel, objective), None when it can."""
-    from ..techniques.sequence_parallel import SequenceParallel
+    from .. import techniques
 
-    return SequenceParallel().conflict(t.model_copy(update={"sequence_parallel": size, "strategy": SEQUENCE_STRATEGY}))
+    return techniques.get("sequence_parallel").conflict(t.model_copy(update={"sequence_parallel": size, "strategy": SEQUENCE_STRATEGY}))
 
 
 def pure_half_unsupported(t: Setup, lay: Layout) -> str | None:
@@ -295,9 +295,9 @@ def prefer_fsdp(fitting: list[Priced]) -> Priced:
     ranked = rank(fitting)
     # near-ties go to the shallower layout: sharding adds collectives whose latency the step-time model does not price
     near = [p for p in ranked if p.step_time <= ranked[0].step_time * (1 + SHARDING_TIE_TOLERANCE)]
-    depth = min(_sharding_depth(p.setup) for p in near)
-    ranked = [p for p in ranked if _sharding_depth(p.setup) >= depth]
-    first = next(p for p in ranked if _sharding_depth(p.setup) == depth)
+    depth = min(sharding_depth(p.setup) for p in near)
+    ranked = [p for p in ranked if sharding_depth(p.setup) >= depth]
+    first = next(p for p in ranked if sharding_depth(p.setup) == depth)
     fsdp = next((p for p in ranked if p.setup.is_fsdp), None)
     if (fsdp is not None and first.setup.is_deepspeed
             and fsdp.step_time <= first.step_time * (1 + FSDP_TIE_TOLERANCE)):
@@ -305,7 +305,7 @@ def prefer_fsdp(fitting: list[Priced]) -> Priced:
     return first
 
 
-def _sharding_depth(s: Setup) -> int:
+def sharding_depth(s: Setup) -> int:
     """0 replicate, 1 shard grads+optimizer (HSDP included), 2 shard everything, 3 offload: on an exact tie of
     predicted step time the shallower layout wins (fewer collectives whose latency the model does not price)."""
     if s.offload_optimizer or s.offload_params:

@@ -50,6 +50,7 @@ from .strategies import (
     layout_search,
     level_index,
     levels,
+    sharding_depth,
 )
 from .training import attention, check_optimizer, finetune_mode, objective_fields, plan_training
 from .types import Candidate, Plan, Request
@@ -221,7 +222,8 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
     slower = [(o, opt.best) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
               and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time > chosen.step_time]
     tied = [o.name for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
-            and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time <= chosen.step_time * (1 + SHARDING_TIE_TOLERANCE)]
+            and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time <= chosen.step_time * (1 + SHARDING_TIE_TOLERANCE)
+            and sharding_depth(opt.best.setup) > sharding_depth(s)]   # a tie the shallower sharding won, not a plain faster pick
     if slower and s.strategy not in ("ddp", "single"):
         o, best = min(slower, key=lambda ob: ob[1].step_time)
         ties = f"; {', '.join(tied)} within {SHARDING_TIE_TOLERANCE:.0%} (the shallower sharding is kept)" if tied else ""
