@@ -105,6 +105,7 @@ def test_an_asked_size_is_kept_even_where_no_split_is_needed() -> None:
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"sequence_parallel": 3}, "must divide the world size (8 GPU(s))"),
+    ({"sequence_parallel": 2, "num_gpus": 1}, "must divide the world size (1 GPU(s))"),   # asked, never dropped on one GPU
     ({"sequence_parallel": 2, "strategy": "fsdp"}, "splits sequences only under DeepSpeed"),
     ({"sequence_parallel": 2, "attn_implementation": "eager"}, "Ulysses needs a fused kernel"),
     ({"sequence_parallel": 2, "objective": "dpo"}, "decoder's next-token loss"),

@@ -52,7 +52,7 @@ def sequence_splits(request: Request, per_node: int, nodes: int) -> Split:
     cannot run); None offers every size that divides the GPUs of one node and the model's heads (the all-to-alls stay
     on the node's link); 1 offers none."""
     asked = request.constraints.sequence_parallel
-    if asked == 1 or per_node * nodes == 1:
+    if asked == 1 or (asked is None and per_node * nodes == 1):
         return Split()
     problem = _request_problem(request)
     if asked is None:
