@@ -190,3 +190,28 @@ def test_deepspeeds_batch_rule_counts_the_world_over_the_split(tmp_path) -> None
     assert _deepspeed_run(tmp_path, {**zero3, "train_batch_size": 4}, 4).setup.global_batch_size == 4
     with pytest.raises(perfguide.PerfGuideError, match=r"x 8 process\(es\) / 4 \(each sequence split over 4\) = 4"):
         _deepspeed_run(tmp_path, {**zero3, "train_batch_size": 16}, 4)
+
+
+def _llama_8b_long() -> object:
+    """Llama-3.1-8B's shape with the context limit raised, as ALST's recipes run it."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                       num_key_value_heads=8, max_position_embeddings=4_000_000, rope_theta=500000.0, tie_word_embeddings=False)
+
+
+def test_alsts_longest_single_node_recipe_with_checkpoint_offload_is_planned_split_8_ways() -> None:
+    # ArcticTraining projects/sequence-parallelism/run-h100-sp8-llama-8b-yes-act-offload.yml ran Llama-3.1-8B at 2,400,000
+    # tokens on 8 H100 (Ulysses 8, ZeRO-3, checkpoints offloaded to the CPU): the plan must fit it, split 8 ways (a rank's
+    # checkpointed inputs alone, 32 x 2.4M / 8 x 4096 x 2 B, are 18.75 GiB; unsplit, 150 GiB)
+    rec = perfguide.recommend(_llama_8b_long(), scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=2_400_000, global_batch_size=8)
+    s = rec.setup
+    assert rec.fits and s.sequence_parallel == 8 and s.strategy == "zero3" and s.activation_offloading
+    assert "no unsplit layout fits" in next(d.reason for d in rec.decisions if d.setting == "sequence_parallel")
+
+
+def test_a_split_that_fits_no_gpu_alone_keeps_its_states_in_host_ram() -> None:
+    # past what any on-GPU split holds, the tier after CPU offload: split with ZeRO-3's optimizer in host RAM, as ALST runs
+    rec = perfguide.recommend(_llama_8b_long(), scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=2_800_000, global_batch_size=8)
+    s = rec.setup
+    assert rec.fits and s.sequence_parallel == 8 and s.offload_optimizer and rec.memory.cpu_ram > 0

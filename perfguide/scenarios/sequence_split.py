@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from .search import Option, Priced, gib, not_fitting_why, usable_bytes
-from .strategies import OFFLOAD_LEVEL, SEQUENCE_LEVEL, SEQUENCE_STRATEGY, Layout, Split, layout_of
+from .strategies import SEQUENCE_STRATEGY, Layout, Split, is_offload_level, layout_of
 from .types import Request
 
 SOURCE = ("https://huggingface.co/docs/accelerate/concept_guides/sequence_parallelism; "
@@ -75,7 +75,7 @@ def split_decision(request: Request, chosen: Priced, compared: list) -> list[Dec
         return []
     usable = gib(usable_bytes(chosen.memory, h) or 0)
     unsplit = [(lay, opt) for lay, lv, opt, why in compared
-               if lay.sequence_parallel == 1 and lv.name != OFFLOAD_LEVEL and why is None and opt is not None and opt.too_big is not None]
+               if lay.sequence_parallel == 1 and not is_offload_level(lv.name) and why is None and opt is not None and opt.too_big is not None]
     closest = min(unsplit, key=lambda lo: lo[1].too_big.memory.device_total, default=None)
     if request.constraints.sequence_parallel:
         why = f"sequence_parallel={n} was asked"
@@ -89,7 +89,7 @@ def split_decision(request: Request, chosen: Priced, compared: list) -> list[Dec
               f"data-parallel group(s) of {n}: accelerate's parallelism_config sp_size={n} (sp_backend 'deepspeed'), and "
               f"SFTConfig(pad_to_multiple_of={n}) so every sequence splits evenly")
     alts = tuple(_alternative(request, lay, opt, why_not) for lay, lv, opt, why_not in compared
-                 if lv.name == SEQUENCE_LEVEL and lay != layout_of(s) and opt is not None)
+                 if lay.sequence_parallel > 1 and lay != layout_of(s) and opt is not None)
     return [Decision(setting="sequence_parallel", value=n, reason=reason, number=chosen.memory.device_total, unit="bytes per GPU",
                      source=SOURCE, alternatives=alts)]
 

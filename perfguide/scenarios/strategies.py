@@ -112,6 +112,13 @@ class Split:
 #: 'deepspeed' only), ZeRO-3 as the ALST recipes and TRL's example config run it
 SEQUENCE_LEVEL = "split each sequence"
 SEQUENCE_STRATEGY = "zero3"
+#: the split with ZeRO-3's states in host RAM, as ALST's recipes run it (optimizer offload): a tier after CPU offload
+SPLIT_OFFLOAD_LEVEL = "split each sequence + CPU offload"
+
+
+def is_offload_level(name: str) -> bool:
+    """Whether a level keeps states in host RAM (its own search tier, after every on-GPU one)."""
+    return name in (OFFLOAD_LEVEL, SPLIT_OFFLOAD_LEVEL)
 
 
 def _split_levels(split: Split, allow_offload: bool) -> list[Level]:
@@ -121,9 +128,12 @@ def _split_levels(split: Split, allow_offload: bool) -> list[Level]:
                  tuple(Layout(SEQUENCE_STRATEGY, sequence_parallel=n) for n in split.sizes))]
     if split.only and allow_offload:
         out.append(Level(OFFLOAD_LEVEL, "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
-                         tuple(Layout(st, oo, op, sequence_parallel=n) for st, oo, op in OFFLOAD_LAYOUTS
-                               if st == SEQUENCE_STRATEGY for n in split.sizes)))
+                         _split_offload_layouts(split)))
     return out
+
+
+def _split_offload_layouts(split: Split) -> tuple[Layout, ...]:
+    return tuple(Layout(st, oo, op, sequence_parallel=n) for st, oo, op in OFFLOAD_LAYOUTS if st == SEQUENCE_STRATEGY for n in split.sizes)
 
 
 def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None = None, split: Split = Split()) -> tuple[Level, ...]:
@@ -161,6 +171,9 @@ def levels(world: int, allow_offload: bool, nodes: int = 1, forced: str | None =
     if allow_offload:
         out.append(Level(OFFLOAD_LEVEL, "states live in pinned host RAM, cross PCIe every step, and the CPU runs the optimizer",
                          with_synced_variant(tuple(Layout(*lay) for lay in OFFLOAD_LAYOUTS))))
+    if allow_offload and sharded and split.sizes and forced in (None, SEQUENCE_STRATEGY):
+        out.append(Level(SPLIT_OFFLOAD_LEVEL, "each sequence split over several GPUs, ZeRO-3's optimizer (and parameters) in host "
+                         "RAM, as the ALST recipes run it", _split_offload_layouts(split)))
     return tuple(out)
 
 
@@ -253,7 +266,7 @@ def layout_tier(rung: Rung) -> tuple[str, str]:
     the ALST paper uses it where the sequence does not fit otherwise); CPU offload stays a later tier (it spends host
     RAM, which for a named target is an assumed figure, and is slower wherever something on-GPU fits)."""
     semantics, _, level = rung.name.rpartition(", ")
-    return semantics, level if level in (OFFLOAD_LEVEL, SEQUENCE_LEVEL) else "on GPU"
+    return semantics, level if level in (OFFLOAD_LEVEL, SEQUENCE_LEVEL, SPLIT_OFFLOAD_LEVEL) else "on GPU"
 
 
 def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None, world: int = 2) -> list[Rung]:
@@ -267,7 +280,7 @@ def expand(rungs: list[Rung], ladder: tuple[Level, ...], forced: str | None, wor
         for lv in ladder:
             ts = tuple(lay.apply(t) for t in r.templates for lay in lv.layouts if incompatible(t, lay) is None)
             if ts:
-                (offloaded if lv.name == OFFLOAD_LEVEL else on_gpu).append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
+                (offloaded if is_offload_level(lv.name) else on_gpu).append(Rung(f"{r.name}, {lv.name}", f"{r.tradeoff}; {lv.tradeoff}", ts))
     out = on_gpu + offloaded
     if not out:  # every layout left is incompatible with what was asked: say why instead of searching nothing
         why = next((w for r in rungs for t in r.templates for lv in ladder for lay in lv.layouts

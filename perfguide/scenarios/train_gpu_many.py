@@ -38,14 +38,15 @@ from .search import (
 from .sequence_split import sequence_splits, split_decision
 from .strategies import (
     FSDP_TIE_TOLERANCE,
-    OFFLOAD_LEVEL,
     SEQUENCE_LEVEL,
     SHARDING_TIE_TOLERANCE,
+    SPLIT_OFFLOAD_LEVEL,
     Layout,
     Level,
     check_forced,
     comm_bytes,
     incompatible,
+    is_offload_level,
     layout_of,
     layout_search,
     level_index,
@@ -116,7 +117,7 @@ def compare_layouts(request: Request, template: Setup, batch: int, splits: bool 
     cons = request.constraints
     choices = micro_batch_choices(batch, cons.micro_batch_size)
     out: list[tuple[Layout, Level, Option | None, str | None]] = []
-    for lv in (lv for lv in ladder_of(request, template) if splits or lv.name != SEQUENCE_LEVEL):
+    for lv in (lv for lv in ladder_of(request, template) if splits or lv.name not in (SEQUENCE_LEVEL, SPLIT_OFFLOAD_LEVEL)):
         for lay in lv.layouts:
             why = incompatible(template, lay)
             if why is None and (lay.offload_optimizer or lay.offload_params) and not cons.allow_offload:
@@ -188,7 +189,7 @@ def strategy_decision(request: Request, chosen: Priced, compared: list, fits_: b
             note = f"not offered: {why}"
         elif best is None:
             note = f"does not fit: {not_fitting_why(shown.memory, request.hardware, cons.headroom)}" if shown else "does not fit"
-        elif level_index(ladder, other) > mine and lv.name == OFFLOAD_LEVEL:
+        elif level_index(ladder, other) > mine and is_offload_level(lv.name):
             note = f"fits, but '{lv.name}' is only used when no on-GPU layout fits (it spends host RAM and PCIe time)"
         else:
             note = f"fits, but {'slower' if best.step_time > chosen.step_time else 'loses the FSDP2 tie-break'}"
@@ -220,9 +221,9 @@ def _strategy_reason(request: Request, chosen: Priced, compared: list, fits_: bo
     cheaper = "; ".join(f"{o.name} needs {gib(opt.too_big.memory.device_total)}" for o, opt in failed if opt.too_big)
     usable = gib(usable_bytes(chosen.memory, cons.headroom) or 0)
     slower = [(o, opt.best) for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
-              and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time > chosen.step_time]
+              and not is_offload_level(lv.name) and o != lay and opt.best.step_time > chosen.step_time]
     tied = [o.name for o, lv, opt, why in compared if why is None and opt is not None and opt.best is not None
-            and lv.name != OFFLOAD_LEVEL and o != lay and opt.best.step_time <= chosen.step_time * (1 + SHARDING_TIE_TOLERANCE)
+            and not is_offload_level(lv.name) and o != lay and opt.best.step_time <= chosen.step_time * (1 + SHARDING_TIE_TOLERANCE)
             and sharding_depth(opt.best.setup) > sharding_depth(s)]   # a tie the shallower sharding won, not a plain faster pick
     if slower and s.strategy not in ("ddp", "single"):
         o, best = min(slower, key=lambda ob: ob[1].step_time)
