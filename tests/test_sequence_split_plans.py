@@ -215,3 +215,10 @@ def test_a_split_that_fits_no_gpu_alone_keeps_its_states_in_host_ram() -> None:
     rec = perfguide.recommend(_llama_8b_long(), scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=2_800_000, global_batch_size=8)
     s = rec.setup
     assert rec.fits and s.sequence_parallel == 8 and s.offload_optimizer and rec.memory.cpu_ram > 0
+
+
+def test_a_plan_that_fits_nowhere_shows_the_closest_unsplit_layout() -> None:
+    # Llama-2-70B full fine-tune on 2 RTX 4090: bound by host RAM (16 B per offloaded parameter, 1.1 TB), which no split
+    # changes; the closest plan shown is unsplit (a split layout would only trim activations)
+    rec = perfguide.recommend("meta-llama/Llama-2-70b-hf", scenario="train_gpu_many", hardware="rtx4090:2")
+    assert not rec.fits and rec.setup.sequence_parallel == 1

@@ -250,8 +250,11 @@ def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batc
 
 
 def least_memory(result: SearchResult) -> Priced:
-    """What to show when nothing fits: the evaluated setup closest to fitting."""
+    """What to show when nothing fits: the evaluated setup closest to fitting, unsplit where one was priced (a split that
+    does not make the plan fit is no answer: it only trims activations, and the report would send the user to Ulysses
+    for a plan bound by its weights or its host RAM)."""
     pool = [p for _, o in result.options if (p := o.best or o.too_big) is not None]
+    pool = [p for p in pool if p.setup.sequence_ranks == 1] or pool
     return min(pool, key=lambda p: (p.memory.device_total, p.setup.label))
 
 
