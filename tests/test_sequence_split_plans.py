@@ -222,3 +222,19 @@ def test_a_plan_that_fits_nowhere_shows_the_closest_unsplit_layout() -> None:
     # changes; the closest plan shown is unsplit (a split layout would only trim activations)
     rec = perfguide.recommend("meta-llama/Llama-2-70b-hf", scenario="train_gpu_many", hardware="rtx4090:2")
     assert not rec.fits and rec.setup.sequence_parallel == 1
+
+
+def test_a_check_that_needs_a_split_writes_the_whole_block_accelerate_needs(monkeypatch) -> None:
+    # TRL's fsdp2.yaml with Llama-3.1-8B at 128K on 8 RTX 4090 fits nowhere unsplit; the change toward the recommended
+    # plan must carry dp_shard_size too: accelerate sizes DeepSpeed's batch as micro x accumulation x data_parallel_size
+    # (Accelerator._prepare_deepspeed), which without it is one group where DeepSpeed counts world / sp
+    from accelerate import ParallelismConfig
+
+    c = perfguide.check(LLAMA_8B, DATA / "trl_fsdp2.yaml", hardware="rtx4090:8", seq_len=131072, micro_batch_size=1)
+    edit = next(e for ch in c.changes for e in ch.edits if "parallelism_config.parallelism_config_sp_size" in e.keys)
+    block = {k.removeprefix("parallelism_config."): v for k, v in edit.keys.items() if k.startswith("parallelism_config.")}
+    for key, value in block.items():   # as accelerate's launcher exports them (utils/launch.py)
+        monkeypatch.setenv(key.upper(), str(value))
+    pc = ParallelismConfig()
+    sp = block["parallelism_config_sp_size"]
+    assert pc.sp_size == sp and pc.data_parallel_size * sp == 8

@@ -193,6 +193,14 @@ def _deepspeed(cfg: dict[str, Any], col: Collector, base_dir: str | None) -> Non
                  "DeepSpeed JSON (deepspeed_config_file)")
 
 
+def _split_block(setup: Any) -> dict[str, Any]:
+    """The parallelism_config a DeepSpeed split writes (the sequence-parallel technique's accelerate keys)."""
+    from ... import techniques
+    from ...techniques.base import EmitContext
+
+    return dict(techniques.get("sequence_parallel").accelerate_config(EmitContext(setup=setup))["parallelism_config"])
+
+
 def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Setup changes as accelerate config keys; micro-batch and the like stay with the script's TrainingArguments."""
     keys: dict[str, Any] = {}
@@ -217,7 +225,11 @@ def write(changes: dict[str, Any], setup: Any) -> tuple[dict[str, Any], dict[str
             keys[f"deepspeed_config.{field.replace('params', 'param')}_device"] = "cpu" if value else "none"
         elif field == "gradient_checkpointing" and setup.is_fsdp:
             keys["fsdp_config.fsdp_activation_checkpointing"] = value
-        elif field == "sequence_parallel":   # DeepSpeed runs Ulysses (sp), FSDP2 torch's context parallelism (cp)
+        elif field == "sequence_parallel" and setup.is_deepspeed and value > 1:
+            # Ulysses needs the whole block: without dp_shard_size accelerate sizes DeepSpeed's batch for one data-parallel
+            # group (Accelerator._prepare_deepspeed), and the kernel must be the model's (the plan's own YAML keys)
+            keys.update({f"parallelism_config.{k}": v for k, v in _split_block(setup).items()})
+        elif field == "sequence_parallel":   # FSDP2 runs torch's context parallelism (cp)
             keys[f"parallelism_config.parallelism_config_{'sp' if setup.is_deepspeed else 'cp'}_size"] = value
         elif field == "zero3_init":   # only a ZeRO-3 plugin reads it; another strategy needs no key
             keys.update({"deepspeed_config.zero3_init_flag": value} if setup.strategy == "zero3" else {})
