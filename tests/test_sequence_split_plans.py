@@ -238,3 +238,21 @@ def test_a_check_that_needs_a_split_writes_the_whole_block_accelerate_needs(monk
     pc = ParallelismConfig()
     sp = block["parallelism_config_sp_size"]
     assert pc.sp_size == sp and pc.data_parallel_size * sp == 8
+
+
+def test_a_model_with_recurrent_layers_is_never_split() -> None:
+    # Qwen3-Next's linear-attention layers carry a state along the sequence: accelerate refuses Ulysses on any config whose
+    # layer_types name "linear_attention" (big_modeling._refuse_recurrent_layers_under_sequence_parallelism), restated here
+    from transformers import Qwen3NextConfig
+
+    cfg = Qwen3NextConfig(num_hidden_layers=8)
+    assert any("linear_attention" in t for t in cfg.layer_types)
+    with pytest.raises(ConflictingConstraintsError, match="linear_attention layers carry a recurrent state"):
+        perfguide.recommend(cfg, scenario="train_gpu_many", hardware="h100-80gb:8", seq_len=4096, sequence_parallel=2)
+    from perfguide.model.types import ModelSpec
+
+    assert ModelSpec.from_any(cfg).recurrent_layer_types == ("linear_attention",)
+    assert ModelSpec.from_any(LLAMA_8B).recurrent_layer_types == ()
+    # a user's split config on it does not start: refused in one line, not priced
+    with pytest.raises(perfguide.PerfGuideError, match="linear_attention layers carry a recurrent state"):
+        perfguide.check(cfg, DATA / "trl_alst_ulysses_4gpu.yaml", hardware="h100-80gb:4", seq_len=4096)

@@ -106,6 +106,8 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
     if model_type.startswith("llama4") and "attention_chunk_size" not in config:
         chunk = 8192  # Llama4TextConfig's default
     types = config.get("layer_types")
+    # accelerate big_modeling._refuse_recurrent_layers_under_sequence_parallelism's test, on the config's own names
+    recurrent = tuple(sorted({t for t in types if isinstance(t, str) and "linear_attention" in t})) if isinstance(types, list) else ()
     if not (isinstance(types, list) and len(types) == layers and set(types) <= _LAYER_TYPES):
         types = _derived_layer_types(config, model_type, layers, window)
     if types is not None and "sliding_attention" in types and window is None:
@@ -117,7 +119,7 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
 
     sdpa = softcap is None and model_type not in catalog_file().no_sdpa_model_types.value
     return {"sliding_window": window, "attention_chunk_size": chunk if isinstance(chunk, int) else None,
-            "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa}
+            "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa, "recurrent_layer_types": recurrent}
 
 
 def head_fields(config: dict[str, Any]) -> dict[str, Any]:

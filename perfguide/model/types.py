@@ -111,6 +111,9 @@ class ModelSpec(Model):
     layer_types: tuple[LayerType, ...] | None = None  # per (decoder) layer; None = every layer full, or all sliding if a window is set
     attn_logit_softcapping: float | None = None  # Gemma-2: soft-capped scores, which SDPA cannot do
     supports_sdpa: bool = True             # False: the model class refuses attn_implementation="sdpa" (eager / flash only)
+    #: the config's layer types that carry a recurrent state along the sequence (Qwen3-Next's "linear_attention"): a
+    #: sequence split restarts that state on every rank, so accelerate refuses Ulysses on them
+    recurrent_layer_types: tuple[str, ...] = ()
     # exact counts
     total_params: int = Field(gt=0)
     embedding_params: int = Field(ge=0)    # input (and position) embeddings

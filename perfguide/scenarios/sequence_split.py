@@ -24,6 +24,12 @@ SOURCE = ("https://huggingface.co/docs/accelerate/concept_guides/sequence_parall
           "Bekman et al. 2025, Arctic Long Sequence Training (arXiv:2506.13996)")
 
 
+def recurrent_problem(name: str, kinds: tuple[str, ...]) -> str:
+    """Why a model whose layers carry a recurrent state cannot split its sequences (accelerate refuses it)."""
+    return (f"{name}'s {', '.join(kinds)} layers carry a recurrent state along the sequence, which a split restarts on every "
+            "rank (accelerate refuses Ulysses on them: big_modeling._refuse_recurrent_layers_under_sequence_parallelism)")
+
+
 def head_problem(request: Request, size: int) -> str | None:
     """Why Ulysses cannot split this model's heads ``size`` ways (ulysses_sp.py's two checks), None when it can."""
     heads, kv = request.model.num_attention_heads, request.model.num_key_value_heads
@@ -37,6 +43,8 @@ def head_problem(request: Request, size: int) -> str | None:
 def _request_problem(request: Request) -> str | None:
     """Why no split can run what was asked (None: one can), whatever its size."""
     cons, spec = request.constraints, request.model
+    if spec.recurrent_layer_types:
+        return recurrent_problem(spec.name, spec.recurrent_layer_types)
     if cons.strategy not in (None, SEQUENCE_STRATEGY):
         return (f"strategy={cons.strategy!r} was asked, and accelerate splits sequences only under DeepSpeed "
                 f"(sp_backend='deepspeed'), planned with {SEQUENCE_STRATEGY}")

@@ -28,6 +28,10 @@ def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
         from ...scenarios.rules_attention import sdpa_refused
 
         raise InvalidSetupError(sdpa_refused(spec))
+    if setup.sequence_parallel > 1 and spec.recurrent_layer_types:   # the run does not start (accelerate refuses it)
+        from ...scenarios.sequence_split import recurrent_problem
+
+        raise InvalidSetupError(f"sequence_parallel={setup.sequence_parallel}: {recurrent_problem(spec.name, spec.recurrent_layer_types)}")
     price = Pricer(spec, hw, setup)
     memory = price.memory(setup)
     throughput = price.speed(setup)
