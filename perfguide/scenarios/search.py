@@ -164,8 +164,22 @@ def _speed_key(p: Priced) -> tuple[float, int, str]:
     return (round(p.step_time, 12), 0 if friendly else 1, p.setup.label)
 
 
+def _widest_split_fits(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int, headroom: float,
+                       factors: Factors | None, floors: dict[Setup, bool]) -> bool:
+    """Whether the template split over every GPU of its node, at micro-batch 1, fits: a split trims only what scales with
+    the tokens a rank holds, so no narrower split of the same template fits where this one does not (one pricing per
+    semantics template, kept in ``floors``, instead of one per split size: the split tiers are searched whenever no
+    unsplit layout fits, and a model too big for the node's GPUs would price each of them for nothing)."""
+    widest = template.model_copy(update={"sequence_parallel": template.num_gpus, "micro_batch_size": 1,
+                                         "gradient_accumulation_steps": per_rank_batch * template.num_gpus})
+    if widest not in floors:
+        floors[widest] = fits(price(spec, widest, hardware, factors).memory, hardware, headroom)
+    return floors[widest]
+
+
 def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_rank_batch: int,
-                      choices: list[int], headroom: float, factors: Factors | None = None) -> Option:
+                      choices: list[int], headroom: float, factors: Factors | None = None,
+                      floors: dict[Setup, bool] | None = None) -> Option:
     """The smallest micro-batch first, then a binary search for the largest fitting one (memory grows with the
     micro-batch), then the fastest fitting one.
 
@@ -173,6 +187,8 @@ def best_for_template(spec: ModelSpec, template: Setup, hardware: Hardware, per_
     has ``world / sp`` data-parallel groups, so each group (each of its ranks runs a slice of every sample) takes ``sp``
     times that many samples (transformers Trainer.get_total_train_batch_size: micro x accumulation x world / sp)."""
     if template.sequence_ranks > 1:
+        if floors is not None and not _widest_split_fits(spec, template, hardware, per_rank_batch, headroom, factors, floors):
+            return Option(template, None, None)
         per_rank_batch *= template.sequence_ranks
         choices = choices if isinstance(choices, ForcedMicro) else divisors(per_rank_batch)
     if template.optimizer_in_backward:   # no accumulation: the micro-batch is the whole per-device batch
@@ -230,6 +246,7 @@ def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batc
     the fastest of them wins, not the first that fits (a sharded layout can be faster than DDP when the optimizer
     step and the gradient all-reduce shrink with the shards)."""
     result = SearchResult(chosen=None, rung=None)
+    floors: dict[Setup, bool] = {}
     i = 0
     while i < len(rungs):
         key = tier(rungs[i]) if tier else i
@@ -239,7 +256,7 @@ def search(spec: ModelSpec, rungs: list[Rung], hardware: Hardware, per_rank_batc
         i += len(group)
         fitting: list[tuple[Rung, Priced]] = []
         for rung in group:
-            opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom, factors) for t in rung.templates]
+            opts = [best_for_template(spec, t, hardware, per_rank_batch, choices, headroom, factors, floors) for t in rung.templates]
             result.options += [(rung, o) for o in opts]
             fitting += [(rung, o.best) for o in opts if o.best is not None]
         if fitting:
