@@ -177,7 +177,7 @@ def test_a_deepspeed_json_reduce_dtype_is_judged_against_the_split(tmp_path) -> 
     split = _deepspeed_run(tmp_path, {**zero3, "seq_parallel_communication_data_type": "bf16"}, 4)
     assert any("in 16 bits, as priced" in n for n in split.notes)
     unsplit = _deepspeed_run(tmp_path, {**zero3, "seq_parallel_communication_data_type": "bf16"}, 1)
-    assert any("has no effect: no sequence is split" in n for n in unsplit.notes)
+    assert any("has no effect: DeepSpeed splits no sequence here" in n for n in unsplit.notes)
     default = _deepspeed_run(tmp_path, zero3, 4)
     assert any("unset (DeepSpeed's default fp32)" in n for n in default.notes)
 
@@ -256,3 +256,15 @@ def test_a_model_with_recurrent_layers_is_never_split() -> None:
     # a user's split config on it does not start: refused in one line, not priced
     with pytest.raises(perfguide.PerfGuideError, match="linear_attention layers carry a recurrent state"):
         perfguide.check(cfg, DATA / "trl_alst_ulysses_4gpu.yaml", hardware="h100-80gb:4", seq_len=4096)
+
+
+def test_a_split_another_library_runs_gets_no_deepspeed_reduce_note(tmp_path) -> None:
+    # axolotl's context_parallel_size runs ring-flash-attn in its own process groups and hands DeepSpeed no sequence-
+    # parallel groups (no mpu), so DeepSpeed's seq_parallel_communication_data_type never applies there
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}), encoding="utf-8")
+    cfg = {"base_model": LLAMA_8B, "sequence_len": 65536, "context_parallel_size": 4, "micro_batch_size": 1, "bf16": True,
+           "gradient_checkpointing": True, "attn_implementation": "flash_attention_2", "deepspeed": str(tmp_path / "ds.json")}
+    (tmp_path / "ax.yaml").write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    c = perfguide.check(None, tmp_path / "ax.yaml", hardware="h100-80gb:8", num_gpus=8)
+    assert c.setup.sequence_parallel == 4 and c.setup.strategy == "zero3"
+    assert not any("seq_parallel_communication_data_type" in n for n in c.notes)

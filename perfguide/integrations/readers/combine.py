@@ -131,13 +131,17 @@ class Combined:
         return out
 
     def split_reduce_note(self) -> str | None:
-        """What a DeepSpeed JSON's ``seq_parallel_communication_data_type`` does to this reading's plan: under a split
-        DeepSpeed reduces gradients in it (runtime/engine.py), fp32 when unset (runtime/constants.py), where the
-        priced reduce is 16-bit; without a split the key has no effect."""
+        """What a DeepSpeed JSON's ``seq_parallel_communication_data_type`` does to this reading's plan: where DeepSpeed
+        runs the split itself (accelerate's ``sp_size`` registers its Ulysses process groups) it reduces gradients in it
+        (runtime/engine.py), fp32 when unset (runtime/constants.py), where the priced reduce is 16-bit; a split another
+        library runs (axolotl's ring attention, ms-swift's own Ulysses) registers no DeepSpeed groups, and without a
+        split the key has no effect either."""
         said = self.chosen.get("_split_reduce_dtype")
-        split = int(self.value("sequence_parallel", 1)) > 1 and str(self.value("strategy", "")).startswith("zero")
+        by = self.chosen.get("sequence_parallel")
+        split = (by is not None and "parallelism_config_sp_size" in by.source and int(by.value) > 1
+                 and str(self.value("strategy", "")).startswith("zero"))
         if not split:
-            return None if said is None else f"{said.source}={said.value!r} has no effect: no sequence is split over ranks"
+            return None if said is None else f"{said.source}={said.value!r} has no effect: DeepSpeed splits no sequence here"
         if said is not None and str(said.value) in ("bf16", "bfloat16", "fp16", "float16"):
             return f"{said.source}={said.value!r}: DeepSpeed reduces the split plan's gradients in 16 bits, as priced"
         where = f"{said.source}={said.value!r}" if said is not None else "seq_parallel_communication_data_type unset (DeepSpeed's default fp32)"
