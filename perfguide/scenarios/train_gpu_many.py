@@ -348,8 +348,9 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
         out.append(f"DeepSpeed: install it on every node{load}")
     if s.sequence_parallel > 1:
         n = s.sequence_parallel
-        out.append(f"each sequence is split over {n} GPUs (DeepSpeed Ulysses): launch from the accelerate YAML (its parallelism_config; "
-                   "accelerate >= 1.12, deepspeed >= 0.18.2); every batch must carry position_ids and a length that is a multiple of "
+        out.append(f"each sequence is split over {n} GPUs (DeepSpeed Ulysses): launch from the accelerate YAML, which carries the "
+                   "split (CLI --write-accelerate-config accelerate.yaml, or rec.write_accelerate_config(); accelerate >= 1.12, "
+                   "deepspeed >= 0.18.2); every batch must carry position_ids and a length that is a multiple of "
                    f"{n}: TRL's SFTTrainer does both with SFTConfig(pad_to_multiple_of={n}) (rec.sft_config()), a plain Trainer "
                    "needs a collator that does")
     if s.is_fsdp and s.gradient_checkpointing:
