@@ -88,7 +88,8 @@ class Recommendation(Plan):
     @needs_packages
     def data_collator(self, tokenizer: Any = None) -> Any:
         """The collator the plan's tokens/s assume: ``DataCollatorWithFlattening`` when padding-free, else None
-        (the Trainer's default)."""
+        (the Trainer's default); a plan that splits each sequence gets batches padded to a multiple of the split, with
+        position_ids (``SplitBatches``; pass the tokenizer for its pad id and causal-LM labels)."""
         from .integrations.collate import data_collator
 
         return data_collator(self, tokenizer)

@@ -268,3 +268,29 @@ def test_a_split_another_library_runs_gets_no_deepspeed_reduce_note(tmp_path) ->
     c = perfguide.check(None, tmp_path / "ax.yaml", hardware="h100-80gb:8", num_gpus=8)
     assert c.setup.sequence_parallel == 4 and c.setup.strategy == "zero3"
     assert not any("seq_parallel_communication_data_type" in n for n in c.notes)
+
+
+def test_a_split_plans_collator_pads_to_the_split_and_gives_position_ids(split_rec) -> None:
+    # DeepSpeed's UlyssesSPDataLoaderAdapter raises without position_ids and on a length the ranks do not divide
+    # (runtime/sequence_parallel/ulysses_sp.py); the plain Trainer's default collator gives neither
+    import torch
+
+    from perfguide.integrations.collate import SplitBatches
+
+    sp = split_rec.setup.sequence_parallel
+    collator = split_rec.data_collator()
+    assert isinstance(collator, SplitBatches) and collator.multiple == sp
+    feats = [{"input_ids": [5, 6, 7, 8, 9], "labels": [5, 6, 7, 8, 9], "attention_mask": [1] * 5}] * 2
+    batch = collator(feats)
+    length = -(-5 // sp) * sp   # 5 tokens padded up to the next multiple of the split
+    assert batch["input_ids"].shape == (2, length) and batch["position_ids"].shape == (2, length)
+    assert torch.equal(batch["position_ids"][0], torch.arange(length))
+    assert batch["labels"][0, 5:].eq(-100).all() and batch["attention_mask"][0, 5:].eq(0).all()
+    # a packed (padding-free) row keeps its per-sample positions and gets its padding as one more short segment
+    from transformers import DataCollatorWithFlattening
+
+    packed = SplitBatches(DataCollatorWithFlattening(return_flash_attn_kwargs=False), 4)
+    out = packed([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5, 6, 7]}])
+    assert out["input_ids"].shape == (1, 8)
+    assert out["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
+    assert out["labels"][0, -1] == -100

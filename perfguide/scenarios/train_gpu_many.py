@@ -352,7 +352,7 @@ def layout_warnings(request: Request, chosen: Priced) -> list[str]:
                    "split (CLI --write-accelerate-config accelerate.yaml, or rec.write_accelerate_config(); accelerate >= 1.12, "
                    "deepspeed >= 0.18.2); every batch must carry position_ids and a length that is a multiple of "
                    f"{n}: TRL's SFTTrainer does both with SFTConfig(pad_to_multiple_of={n}) (rec.sft_config()), a plain Trainer "
-                   "needs a collator that does")
+                   "with rec.data_collator(tokenizer)")
     if s.is_fsdp and s.gradient_checkpointing:
         out.append("with FSDP use fsdp_config['activation_checkpointing']=True, not TrainingArguments(activation_checkpointing=True): both raise")
     return out
