@@ -294,3 +294,50 @@ def test_a_split_plans_collator_pads_to_the_split_and_gives_position_ids(split_r
     assert out["input_ids"].shape == (1, 8)
     assert out["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 0]
     assert out["labels"][0, -1] == -100
+
+
+def _adapter_rank(rank: int, port: int, collators: dict, out: object) -> None:
+    """One of two CPU ranks: each collator behind a DataLoader, wrapped in DeepSpeed's own Ulysses adapter."""
+    import os
+
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPDataLoaderAdapter
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    deepspeed.init_distributed(dist_backend="gloo")   # the adapter talks through deepspeed.comm
+    feats = [{"input_ids": [3 + i for i in range(5)], "labels": [3 + i for i in range(5)], "attention_mask": [1] * 5}] * 2
+    try:
+        for name, collator in collators.items():
+            loader = torch.utils.data.DataLoader(feats, batch_size=1, collate_fn=collator)
+            adapter = UlyssesSPDataLoaderAdapter(loader, sp_rank=rank, sp_group=dist.group.WORLD, sp_world_size=2,
+                                                 device=torch.device("cpu"))
+            try:
+                batch = next(iter(adapter))
+                out[(name, rank)] = (tuple(batch["input_ids"].shape), batch["position_ids"][0].tolist())  # type: ignore[index]
+            except ValueError as exc:
+                out[(name, rank)] = str(exc)  # type: ignore[index]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_deepspeeds_own_ulysses_adapter_takes_the_plans_batches_and_refuses_the_default_ones() -> None:
+    # two CPU ranks (gloo) running DeepSpeed's UlyssesSPDataLoaderAdapter, as accelerate wraps the Trainer's dataloader
+    pytest.importorskip("deepspeed")
+    import socket
+
+    import torch.multiprocessing as mp
+    from transformers import default_data_collator
+
+    from perfguide.integrations.collate import SplitBatches
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_adapter_rank, args=(port, {"split": SplitBatches(default_data_collator, 2), "plain": default_data_collator}, out),
+             nprocs=2, join=True)
+    # 5 tokens padded to 6, split 3 + 3 with the global positions kept
+    assert out[("split", 0)] == ((1, 3), [0, 1, 2]) and out[("split", 1)] == ((1, 3), [3, 4, 5])
+    assert all("requires `position_ids`" in str(out[("plain", r)]) for r in (0, 1))
