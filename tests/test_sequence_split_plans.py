@@ -341,3 +341,16 @@ def test_deepspeeds_own_ulysses_adapter_takes_the_plans_batches_and_refuses_the_
     # 5 tokens padded to 6, split 3 + 3 with the global positions kept
     assert out[("split", 0)] == ((1, 3), [0, 1, 2]) and out[("split", 1)] == ((1, 3), [3, 4, 5])
     assert all("requires `position_ids`" in str(out[("plain", r)]) for r in (0, 1))
+
+
+def test_a_split_another_library_runs_on_recurrent_layers_is_priced_not_refused() -> None:
+    # ms-swift runs its own Ulysses on Qwen3.5's linear-attention layers (examples/train/sequence_parallel/
+    # sequence_parallel_qwen3_5.sh, "8 * 80GiB"); only accelerate's DeepSpeed split refuses them
+    from transformers import Qwen3NextConfig
+
+    cfg = Qwen3NextConfig(num_hidden_layers=8)
+    words = ["NPROC_PER_NODE=8", "swift", "sft", "--model", "local-qwen3-next", "--tuner_type", "lora", "--torch_dtype", "bfloat16",
+             "--lora_dropout", "0", "--max_length", "8192", "--attn_impl", "flash_attn", "--sequence_parallel_size", "4",
+             "--padding_free", "true"]
+    c = perfguide.check(cfg, words, hardware="h100-80gb:8")
+    assert c.setup.sequence_parallel == 4
