@@ -1,4 +1,4 @@
-"""The speed of a sequence-parallel step (techniques/sequence_parallel.py; ``techniques.sequence_ranks``): one rank's
+"""The speed of a sequence-parallel step (techniques/sequence_parallel.py; ``Setup.sequence_ranks``): one rank's
 slice priced as a step of its own (training.py runs it), widened here by what the ranks do together.
 
 - Attention: a rank executes ``1 / sp`` of the whole sequence's attention FLOPs (Ulysses: every position for
@@ -26,14 +26,14 @@ from .types import Throughput
 
 def attention_factor(spec: ModelSpec, whole: Setup, local: Setup) -> float:
     """A rank's attention FLOPs over its slice's own: ``sp`` without a sliding window."""
-    mine = attention_flops_fwd(spec, *techniques.step_shape(whole).attention) / techniques.sequence_ranks(whole)
+    mine = attention_flops_fwd(spec, *techniques.step_shape(whole).attention) / whole.sequence_ranks
     return mine / attention_flops_fwd(spec, *techniques.step_shape(local).attention)
 
 
 def all_to_all_bytes(spec: ModelSpec, whole: Setup, local: Setup) -> float:
     """Bytes one rank sends per micro-step: q, k, v and the output of its slice, ``(sp - 1) / sp`` of each, in the
     forward, the backward and each recompute, at the compute width."""
-    sp = techniques.sequence_ranks(whole)
+    sp = whole.sequence_ranks
     kv_heads = max(spec.num_key_value_heads, sp)   # fewer k / v heads than ranks: repeated up to one per rank
     width = 2 * spec.num_attention_heads * spec.head_dim + 2 * kv_heads * spec.head_dim
     passes = 2 + techniques.kernel_factors(local).recompute
@@ -43,7 +43,7 @@ def all_to_all_bytes(spec: ModelSpec, whole: Setup, local: Setup) -> float:
 
 def all_to_all_seconds(nbytes: float, whole: Setup, hardware: Hardware, gpu: GPU) -> float:
     """The exchange at the slowest link its group spans: inside a node, or across nodes once ``sp`` exceeds a node."""
-    if techniques.sequence_ranks(whole) <= whole.num_gpus:
+    if whole.sequence_ranks <= whole.num_gpus:
         bw = hardware.intra_node_bandwidth_gbps or pcie_gbps(gpu)
     else:
         bw = hardware.inter_node_bandwidth_gbps or constant("unknown_inter_node_gbps")

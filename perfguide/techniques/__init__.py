@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EmitContext", "KernelFactors", "LadderContext", "MemoryContext", "MemoryTerms", "Requires", "Rung",
            "SpeedContext", "StepSeconds", "StepShape", "Technique", "active", "emit", "get", "kernel_factors", "ladder",
-           "memory_terms", "names", "per_rank", "placed", "registry", "sequence_ranks", "shaped", "step_seconds", "step_shape", "traced_fields",
+           "memory_terms", "names", "per_rank", "placed", "registry", "shaped", "step_seconds", "step_shape", "traced_fields",
            "traced_model"]
 
 _NOT_TECHNIQUES = frozenset({"base", "effects"})
@@ -129,11 +129,6 @@ def per_rank(setup: Setup) -> Setup:
     for t in registry():
         setup = t.per_rank(setup)
     return setup
-
-
-def sequence_ranks(setup: Setup) -> int:
-    """The ranks that share each sequence (``Technique.sequence_ranks``; 1 without a split)."""
-    return setup.sequence_ranks
 
 
 def shaped(setup: Setup) -> Setup:

@@ -91,6 +91,8 @@ def _split(data: dict[str, Any], col: Collector) -> bool:
                               "not priced; perfguide prices one sequence split (context or sequence parallelism)")
     for dim, n in split.items():
         col.set("sequence_parallel", n, f"parallelism_config.parallelism_config_{dim}_size")
+    if split.get("sp"):   # DeepSpeed runs this split itself (its Ulysses process groups); torch runs cp
+        col.set("_deepspeed_split", True, "parallelism_config.parallelism_config_sp_size")
     kernel = cfg.get("parallelism_config_sp_attn_implementation")
     if split.get("sp") and kernel is not None:
         # DeepSpeed's UlyssesSPAttentionHF wraps this kernel and raises unless the loaded model runs the same one

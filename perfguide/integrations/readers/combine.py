@@ -137,8 +137,7 @@ class Combined:
         library runs (axolotl's ring attention, ms-swift's own Ulysses) registers no DeepSpeed groups, and without a
         split the key has no effect either."""
         said = self.chosen.get("_split_reduce_dtype")
-        by = self.chosen.get("sequence_parallel")
-        split = (by is not None and "parallelism_config_sp_size" in by.source and int(by.value) > 1
+        split = (bool(self.value("_deepspeed_split")) and int(self.value("sequence_parallel", 1)) > 1
                  and str(self.value("strategy", "")).startswith("zero"))
         if not split:
             return None if said is None else f"{said.source}={said.value!r} has no effect: DeepSpeed splits no sequence here"

@@ -28,8 +28,7 @@ def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
         from ...scenarios.rules_attention import sdpa_refused
 
         raise InvalidSetupError(sdpa_refused(spec))
-    by = c.chosen.get("sequence_parallel")
-    if setup.sequence_parallel > 1 and spec.recurrent_layer_types and by is not None and "parallelism_config_sp_size" in by.source:
+    if setup.sequence_parallel > 1 and spec.recurrent_layer_types and c.value("_deepspeed_split"):
         # accelerate's DeepSpeed split refuses them (Accelerator._prepare_deepspeed); ms-swift's own Ulysses runs
         # Qwen3.5's linear-attention layers (its examples/train/sequence_parallel/sequence_parallel_qwen3_5.sh)
         from ...scenarios.sequence_split import recurrent_problem
