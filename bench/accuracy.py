@@ -31,7 +31,7 @@ from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _block_code_bytes, _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
 from accuracy_prefill import with_previous_cache, with_prompt_logits
 from accuracy_replay import replayed_max_batch, replayed_max_context, with_replayed_reserve
-from accuracy_report import Result, report
+from accuracy_report import MAX_SEQ_LEN, Result, report
 from accuracy_reserved import RESERVED_LINE, boundary_note, reserved_line_fits
 from accuracy_runtime import checkpoint_release, deepspeed_runtime, t5_release
 from accuracy_setup import PAGED, Skip, _infer_setup, _nf4_library, _pre_torch2, _precision, _train_setup
@@ -194,10 +194,15 @@ def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_l
 
 
 def max_context(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_line: bool = True) -> int:
-    """The longest sequence (to 16 tokens) the model says fits at the row's batch; 0 when none of 64 does."""
+    """The longest sequence (to 16 tokens) the model says fits at the row's batch, up to Setup's 10,000,000; 0 when
+    none of 64 does. The bracket doubles from 2^21 while its top still fits (multi-million-token ALST recipes)."""
     lo, hi = 64, 1 << 21
     if not _fits(row, spec, setup.replace(seq_len=lo), hw, on_line):
         return 0
+    while hi < MAX_SEQ_LEN and _fits(row, spec, setup.replace(seq_len=hi), hw, on_line):
+        lo, hi = hi, min(2 * hi, MAX_SEQ_LEN + 1)
+    if hi > MAX_SEQ_LEN:
+        return MAX_SEQ_LEN
     while hi - lo > 16:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if _fits(row, spec, setup.replace(seq_len=mid), hw, on_line) else (lo, mid)

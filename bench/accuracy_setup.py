@@ -305,17 +305,19 @@ LIGER_PARTIAL = ("Liger partially applied", "Liger kernels without fused linear 
 LIGER_ON = ("Liger kernels on", "Liger kernels (model type liger)")
 
 
-#: Arctic Long Sequence Training's own memory tricks (ArcticTraining recipes): the MLP run in sequence shards and recomputed
-#: in backward (TiledMLP), and its own patch of the checkpoint function that moves each checkpointed layer input to the CPU
-ALST_TILING = ("tiled_mlp_compute", "activation_checkpoint_cpu_offload")
+#: Arctic Long Sequence Training's own memory tricks (ArcticTraining recipes): the MLP run in sequence shards and
+#: recomputed in backward (DeepSpeed's TiledMLP through ArcticTraining's model/tiled_compute.py: ceil(s / hidden) shards,
+#: at most hidden_size tokens each), and its own patch of the reentrant checkpoint function that moves each checkpointed
+#: layer's input to the CPU in forward and back in backward (monkey_patches.py CheckpointFunctionWithCPUOffload), read
+#: as activation offloading of the checkpointed inputs (its synchronous copy keeps one layer's input on the GPU, the
+#: technique's side-stream copy two: one layer's input more, priced)
+ALST_TILED_MLP = "tiled_mlp_compute"
+ALST_CHECKPOINT_OFFLOAD = "activation_checkpoint_cpu_offload"
 
 
 def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
     if row["grad_checkpointing"].startswith("selective"):
         raise Skip("selective (per-op) activation checkpointing is not expressible")
-    alst = next((t for t in ALST_TILING if t in row["method"]), None)
-    if alst:
-        raise Skip(f"ALST's {alst} is not expressible: no Setup field prices it")
     partial = next((p for p in LIGER_PARTIAL if p in row["method"]), None)
     if partial:
         raise Skip(f"{partial}: Setup.liger_kernel prices fused linear cross-entropy with every fused kernel")
@@ -334,7 +336,8 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      torch_compile="torch.compile enabled" in row["method"],
                                      liger_kernel=any(w in row["method"] for w in LIGER_ON),
                                      cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
-                                     activation_offloading="activation_offloading=True" in row["method"],  # TRL SFTConfig
+                                     activation_offloading=any(w in row["method"] for w in ("activation_offloading=True", ALST_CHECKPOINT_OFFLOAD)),  # TRL SFTConfig, ALST
+                                     tiled_mlp_shard_tokens=spec.hidden_size if ALST_TILED_MLP in row["method"] else 0,
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))

@@ -2,8 +2,8 @@
 projects/sequence-parallelism, 9d33fd2 2025-06-03 and 5885b9f 2025-07-18) and ms-swift's examples/train/long_text
 headers (April-May 2025).
 
-Each row reads back as the recipe or script states it; the rows perfguide cannot price (Ulysses sequence parallelism,
-ALST's tiled MLP and its own checkpoint offload) are skipped with that reason, and a ZeRO-3 row without them is not.
+Each row reads back as the recipe or script states it: Ulysses sequence parallelism per rank, ALST's tiled MLP as
+shards of at most hidden_size tokens, its own checkpoint offload as activation offloading.
 The loss path is counted by hand: at sequence_parallel_size 1 ArcticTraining takes ``model(**batch).loss``, and
 transformers 4.51's LlamaForCausalLM returns 16-bit logits that its loss upcasts to fp32; the output is dropped
 before backward, whose cross-entropy holds the fp32 log-softmax output, its gradient and the input gradient (12 B
@@ -53,21 +53,24 @@ def test_eight_gpu_baselines_ran_data_parallel(acc: ModuleType, rows: dict[str, 
     assert acc._loss_bytes(rows["2205"], spec, liger) is None
 
 
-def test_sequence_parallel_rows_are_priced_and_tiled_rows_listed(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
-    """Ulysses rows are priced per rank (Setup.sequence_parallel); ALST's TiledMLP and checkpoint CPU offload are still
-    not expressible, so their rows are listed."""
+def test_sequence_parallel_tiled_and_offloaded_rows_read_as_their_recipes(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """Ulysses rows are priced per rank (Setup.sequence_parallel); ALST's TiledMLP reads as shards of at most
+    hidden_size tokens (ArcticTraining model/tiled_compute.py: ceil(s / hidden) shards) and its checkpoint CPU
+    offload as activation offloading of the checkpointed layer inputs."""
+    spec = acc._spec(rows["2209"]["model_hf_id"])
     assert acc.evaluate(rows["2206"], []).kind == "context"
     assert acc.evaluate(rows["2242"], []).kind == "value"
-    assert "tiled_mlp_compute" in acc.evaluate(rows["2207"], []).reason
-    assert "activation_checkpoint_cpu_offload" in acc.evaluate(rows["2208"], []).reason
+    tiled, offload, both = (acc._train_setup(rows[i], spec) for i in ("2207", "2208", "2209"))
+    assert (tiled.tiled_mlp_shard_tokens, tiled.activation_offloading) == (spec.hidden_size, False)
+    assert (offload.tiled_mlp_shard_tokens, offload.activation_offloading) == (0, True)
+    assert (both.tiled_mlp_shard_tokens, both.activation_offloading) == (4096, True)
+    assert {acc.evaluate(rows[i], []).kind for i in ("2207", "2208", "2209", "2227")} == {"context"}
     # the same recipe with Ulysses over its 8 GPUs planted: each rank holds an eighth of the sequence, so the longest
-    # length that fits grows several-fold (the model states stay as they were); with a tiled MLP planted it is skipped
+    # length that fits grows several-fold (the model states stay as they were)
     plain = acc.evaluate(rows["2204"], [])
     planted = acc.evaluate(dict(rows["2204"], parallelism=rows["2204"]["parallelism"] + " with Ulysses sequence parallel 8"), [])
     assert (plain.kind, planted.kind) == ("context", "context")
     assert planted.predicted > 4 * plain.predicted
-    tiled = dict(rows["2204"], method=rows["2204"]["method"] + "; ALST tiled_mlp_compute")
-    assert acc.evaluate(tiled, []).kind == "skip"
 
 
 def test_swift_long_text_headers_are_one_script(acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:

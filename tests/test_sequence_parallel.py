@@ -105,7 +105,11 @@ def test_axolotls_alst_example_fits_where_it_is_published(tmp_path: Path) -> Non
         encoding="utf-8")
     c = perfguide.check(None, path, hardware="h100-80gb:8", num_gpus=8)
     assert (c.setup.sequence_parallel, c.setup.seq_len) == (8, 500_000) and c.fits
-    assert any("tiled MLP" in n and "upper bound" in n for n in c.notes)
+    # axolotl's tiled MLP: 32,768-token shards of each rank's 62,500 tokens (monkeypatch/tiled_mlp/patch.py)
+    assert c.setup.tiled_mlp_shard_tokens == 32_768
+    assert any("tiled MLP" in n and "32,768-token shard of 62,500" in n for n in c.memory.notes)
+    path.write_text(path.read_text(encoding="utf-8") + "tiled_mlp_num_shards: 4\n", encoding="utf-8")
+    assert perfguide.check(None, path, hardware="h100-80gb:8", num_gpus=8).setup.tiled_mlp_shard_tokens == 15_625
 
 
 def test_a_change_of_the_split_is_written_in_the_configs_own_key() -> None:

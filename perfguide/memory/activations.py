@@ -135,9 +135,43 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     ``keeps_frozen_inputs``: the frozen Linears still keep their inputs (bitsandbytes before 0.43.2, see
     bnb_inputs.quantized_matmul_keeps_inputs), so LoRA does not drop them.
     """
+    return _layer_bytes(spec, setup, keeps_frozen_inputs, block_dims(spec))
+
+
+def ffn_layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:
+    """The FFN-wide share of ``layer_bytes`` (its terms per FFN unit per token: the MLP's intermediates, and peft's
+    fp32 MLP under a kbit base): what a tiled MLP (techniques/tiled_mlp.py) keeps for one shard of tokens instead of
+    for the whole sequence. The same coefficients with every other block width set to 0."""
+    return _width_bytes(spec, setup, keeps_frozen_inputs, "i") + fp32_mlp_bytes(spec, setup, keeps_frozen_inputs)
+
+
+def attention_side_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:
+    """What ``layer_bytes`` keeps for the attention half of a block: all but the FFN-wide share and half the
+    hidden-wide one. A pre-norm block's hidden-wide saved tensors are, by the hand count of the traced tables, one
+    norm's and one normed Linear input per half (input_layernorm and q/k/v's input; post_attention_layernorm and
+    gate/up's), and backward frees the MLP half's before it reaches the attention: what a recomputed block still holds
+    at its attention's backward (memory/block_backward.py flash_backward_bytes)."""
+    hidden = _width_bytes(spec, setup, keeps_frozen_inputs, "h")
+    return layer_bytes(spec, setup, keeps_frozen_inputs) - ffn_layer_bytes(spec, setup, keeps_frozen_inputs) - hidden // 2
+
+
+def mlp_shares(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> tuple[int, int]:
+    """(the FFN-wide share of a block's saved bytes, its whole MLP half's) for a decoder block; (0, 0) otherwise."""
+    if spec.is_encoder_decoder:
+        return 0, 0
+    whole = layer_bytes(spec, setup, keeps_frozen_inputs)
+    return ffn_layer_bytes(spec, setup, keeps_frozen_inputs), whole - attention_side_bytes(spec, setup, keeps_frozen_inputs)
+
+
+def _width_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool, width: str) -> int:
+    """The terms of ``layer_bytes`` per unit of one block width (``"i"``, ``"h"``) per token, every other width 0."""
+    dims = {k: (v if k == width else 0) for k, v in block_dims(spec).items()}
+    return _layer_bytes(spec, setup, keeps_frozen_inputs, dims, per_width=True)
+
+
+def _layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool, dims: dict[str, int], per_width: bool = False) -> int:
     c = _coefs(spec, setup)
     b, s = setup.micro_batch_size, setup.seq_len
-    dims = block_dims(spec)
     hidden_p, attn_p = dropout_rates(spec)
     mode = regime(setup)
     # litgpt's own block (litgpt_blocks.py): no dropout, always SDPA
@@ -149,6 +183,8 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
         per_token -= _linear(lit.frozen_linear_inputs_per_token, dims) - (_linear(lit.linear_inputs_per_token, dims) if keeps_frozen_inputs else 0)
     elif setup.lora is not None and not keeps_frozen_inputs:
         per_token -= _linear(c.frozen_linear_inputs_per_token or frozen_linear_inputs(setup), dims)
+    if per_width:   # the per-token terms of the widths in ``dims`` only (no s x s, position or fp32 MLP terms)
+        return int(b * s * (per_token + (_linear(c.eager_per_token, dims) if setup.attn_implementation == "eager" and lit is None else 0.0)))
     total = b * s * per_token + (b * spec.num_attention_heads * s * s * lit.per_head_s2 if lit else 0.0)
     if setup.attn_implementation == "sdpa" and lit is None and unexpanded_kv(spec):
         total += b * spec.num_attention_heads * s * s * c.sdpa_per_head_s2

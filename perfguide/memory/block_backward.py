@@ -175,10 +175,13 @@ def checkpoint_mode(release: str | None) -> Mode:
     return "reentrant" if release is not None and version_tuple(release) < version_tuple(first) else "non_reentrant"
 
 
-def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = None, fused_swiglu: bool = False) -> int:
+def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = None, fused_swiglu: bool = False,
+                         mlp_tokens: int = 0) -> int:
     """Bytes one checkpointed block's backward holds beyond its recompute's saved tensors (call it only when the
     blocks are checkpointed). ``release``: the transformers release that trains (its checkpoint variant);
-    ``fused_swiglu``: Liger's SwiGLU runs the MLP (its technique's hook says so: MemoryTerms.fused_swiglu)."""
+    ``fused_swiglu``: Liger's SwiGLU runs the MLP (its technique's hook says so: MemoryTerms.fused_swiglu);
+    ``mlp_tokens``: the tokens the MLP's backward runs at once where a tiled MLP runs it shard by shard
+    (MemoryTerms.mlp_tokens; 0: the whole sequence), so the FFN-wide gradients in flight are one shard's."""
     if not spec.gated_mlp or spec.is_encoder_decoder:
         return 0
     from .activations_data import activations_data
@@ -189,7 +192,8 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
     if key is None:
         return 0
     group: Literal["lora", "full"] = "lora" if lora else "full"
-    i, h = spec.active_intermediate_size, spec.hidden_size
+    h, s = spec.hidden_size, setup.seq_len
+    i = spec.active_intermediate_size * (min(s, mlp_tokens) / s if mlp_tokens else 1.0)   # FFN units per token of s
     gemma = data.post_mlp_norm
     if spec.model_type in gemma.model_types and not fused_swiglu:
         moments = (gemma.lora[key] if lora else gemma.full[key])[mode]  # type: ignore[index]
@@ -201,7 +205,7 @@ def block_backward_bytes(spec: ModelSpec, setup: Setup, release: str | None = No
         early = data.before_recompute_per_token[group][key] if mode == "non_reentrant" else 0.0
         per_token = coef["i"] * i + (coef["h"] + early) * h
     looped = expert_loop_per_token(spec, setup, release, key if lora else None)
-    return max(0, int(setup.micro_batch_size * setup.seq_len * (per_token if looped is None else looped)))
+    return max(0, int(setup.micro_batch_size * s * (per_token if looped is None else looped)))
 
 
 def expert_loop_per_token(spec: ModelSpec, setup: Setup, release: str | None, case: str | None) -> float | None:
@@ -316,3 +320,25 @@ def first_step_pending_params(spec: ModelSpec, setup: Setup) -> int:
     stack = spec.total_params - spec.embedding_params - spec.lm_head_params - spec.vision_params - spec.hidden_size   # less the final norm
     down = spec.intermediate_size * spec.hidden_size if spec.gated_mlp else 0
     return max(0, stack // spec.num_layers - down) + (spec.embedding_params if spec.lm_head_params else 0)
+
+
+def flash_backward_bytes(spec: ModelSpec, setup: Setup) -> int:
+    """Bytes alive at a recomputed block's attention backward under flash-attn 2 (``attn_implementation=
+    "flash_attention_2"``) beyond the tensors the recompute saved: the kernel's workspace and its gradients, which no
+    CPU trace shows, as ``mha_bwd`` allocates them (Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp, v2.6+;
+    ``FlashAttnFunc.backward`` passes ``empty_like`` dq, dk, dv): dq, dk, dv in the compute dtype, an fp32
+    ``dq_accum`` of ``[b, round128(s), heads, round32(head_dim)]`` (``loop`` is always true), an fp32 ``softmax_d`` of
+    ``[b, heads, round128(s)]``, and for grouped K/V heads ``dk_expanded`` / ``dv_expanded`` at every query head
+    (summed into dk / dv after the kernel); beside them the output's gradient the kernel reads (query-wide); the
+    residual stream's gradient is the block's incoming one in shape (recompute_start_bytes). By then the block's MLP
+    half has run its backward and freed what it saved (activations.attention_side_bytes), so the block's backward
+    peaks here only where the MLP's moment is the smaller (a tiled MLP's one shard: techniques/tiled_mlp.py).
+    Decoder stacks with one head width (MLA's split q / v widths are not counted): 0 otherwise."""
+    if setup.attn_implementation != "flash_attention_2" or spec.is_encoder_decoder or spec.is_mla:
+        return 0
+    b, s, heads, kv, d = setup.micro_batch_size, setup.seq_len, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
+    s_rounded, d_rounded = -(-s // 128) * 128, (-(-d // 32) * 32 if d <= 192 else 256)
+    half = 2   # flash-attn runs fp16 / bf16 only
+    grads = half * s * (2 * heads * d + 2 * kv * d)   # the output's gradient and dq, dk, dv
+    workspace = 4 * s_rounded * heads * (d_rounded + 1) + (2 * half * s * heads * d if kv != heads else 0)
+    return b * (grads + workspace)

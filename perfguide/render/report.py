@@ -75,7 +75,7 @@ def memory_labels(device: str) -> MemoryLabels:
 
 TRAIN_ONLY = frozenset({"target_len", "gradient_accumulation_steps", "optimizer", "gradient_checkpointing", "lora",
                         "offload_optimizer", "dataloader_num_workers", "dataloader_pin_memory", "liger_kernel", "cut_cross_entropy", "sync_grads_each_micro_step",
-                        "optimizer_in_backward", "activation_offloading", "padding_free", "avg_seq_len", "packed_doc_len",
+                        "optimizer_in_backward", "activation_offloading", "tiled_mlp_shard_tokens", "padding_free", "avg_seq_len", "packed_doc_len",
                         "fsdp_version", "kbit_upcast", "kbit_recast_bf16", "kbit_recast_adapters",
                         "bnb_embedding_override", "hybrid_shard", "overlap_comm", "zero3_init", "objective",
                         "precompute_ref_log_probs", "trainer"})

@@ -32,6 +32,8 @@ class MemoryContext:
     state_bytes: int             # optimizer state of the whole model, before sharding
     optimizer_bytes: int         # optimizer state on this device (after sharding and offload)
     layer_activations: int = 0   # bytes one block keeps for backward when nothing is recomputed
+    layer_ffn_activations: int = 0   # the FFN-wide share of it (per FFN unit per token: the MLP's intermediates)
+    layer_attention_activations: int = 0   # the share still held at the block's attention backward (its MLP half freed)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class MemoryTerms:
     optimizer_on_device: int     # optimizer state inside torch's allocator
     cpu_ram: int                 # host RAM the step needs
     recompute: int = 0           # bytes a recomputed block brings back during backward (on top of ``activations``)
+    recompute_attention: int = 0  # of those, what the block still holds when backward reaches its attention
     weight_casts: int = 0        # 16-bit copies of fp32 weights autocast saves for backward
     extra_weights: int = 0       # frozen weights of a second model held on the device in every phase (DPO's reference copy)
     head_cast_saved: bool = True  # the loss path's head matmul saves autocast's 16-bit copy of an fp32 head for backward
@@ -54,6 +57,8 @@ class MemoryTerms:
                                                  # only the 1/N gradient shard is held between micro-steps
     fused_swiglu: bool = False   # a fused gate x up kernel writes its factors' gradients in place (Liger's SwiGLU):
                                  # fewer FFN-wide gradients in flight in a recomputed block (memory/block_backward.py)
+    mlp_tokens: int = 0          # tokens a tiled MLP runs at once (one shard; 0: the whole sequence): the FFN-wide
+                                 # gradients in flight in a recomputed block are one shard's (memory/block_backward.py)
     notes: tuple[str, ...] = ()
 
     def changed(self, note: str | None = None, **changes: Any) -> MemoryTerms:

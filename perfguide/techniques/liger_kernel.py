@@ -87,8 +87,11 @@ class LigerKernel(Technique):
         note = ("Liger fused RMSNorm/SwiGLU keep fewer tensors for backward"
                 + (" (in the recomputed block)" if recomputed else "")) if saved or recomputed else None
         logits = loss_bytes(ctx.spec, ctx.shape) + accumulating_head_grad_bytes(ctx.spec, ctx.setup, ctx.grad_elem_bytes)
+        # the attention half keeps its norm's share of the saving (input_layernorm; the MLP half's is freed by then)
+        attention = norm_bytes(ctx.spec, ctx.shape, recomputed=True) if recomputed else 0
         return terms.changed(note, logits=logits, activations=max(0, terms.activations - saved),
-                             recompute=max(0, terms.recompute - recomputed), fused_swiglu=True)
+                             recompute=max(0, terms.recompute - recomputed), fused_swiglu=not tiles_mlp(ctx.shape),
+                             recompute_attention=max(0, terms.recompute_attention - attention))
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not (self.active(ctx.setup) and ctx.setup.task == "train" and supported(ctx.spec.model_type)):
@@ -151,9 +154,23 @@ def block_savings(spec: Any, shape: Any, recomputed: bool = False) -> int:
 
     fp32_stream = kbit_fp32_stream(shape)
     case = "fp32_stream" if fp32_stream else "fp32" if regime(shape) == "fp32" else "half"
-    mlp = constant(SAVED_LESS[case]) * spec.active_intermediate_size if spec.gated_mlp else 0
-    norms = 2 * norm_savings(fp32_stream or regime(shape) != "half", shape.lora is None, recomputed)
-    return int(shape.micro_batch_size * shape.seq_len * (norms * spec.hidden_size + mlp))
+    mlp = constant(SAVED_LESS[case]) * spec.active_intermediate_size if spec.gated_mlp and not tiles_mlp(shape) else 0
+    return 2 * norm_bytes(spec, shape, recomputed) + int(shape.micro_batch_size * shape.seq_len * mlp)
+
+
+def norm_bytes(spec: Any, shape: Any, recomputed: bool = False) -> int:
+    """Bytes per micro-step one of a block's two RMSNorms keeps less under Liger's kernel (``norm_savings``)."""
+    from ..memory.activations import kbit_fp32_stream, regime
+
+    fp32 = kbit_fp32_stream(shape) or regime(shape) != "half"
+    return int(shape.micro_batch_size * shape.seq_len * norm_savings(fp32, shape.lora is None, recomputed) * spec.hidden_size)
+
+
+def tiles_mlp(shape: Any) -> bool:
+    """A tiled MLP runs HF's MLP in its shards, not Liger's SwiGLU: ALST's Liger factory passes ``swiglu=False`` under
+    ``tiled_mlp_compute`` (ArcticTraining model/liger_factory.py) and axolotl refuses ``liger_glu_activation`` with
+    ``tiled_mlp`` unless the original MLP runs (integrations/liger/args.py); the norms, RoPE and the loss stay Liger's."""
+    return bool(shape.tiled_mlp_shard_tokens)
 
 
 def norm_savings(fp32_input: bool, trainable: bool, recomputed: bool) -> int:

@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from ...optimizer_facts import names as optimizer_names
+from ...techniques.tiled_mlp import AXOLOTL_SHARD_TOKENS
 from .base import (
     LINEAR_LEAVES,
     Collector,
@@ -42,7 +43,7 @@ PRICED = frozenset({
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
     "rl", "lora_modules_to_save", "tensor_parallel_size", "expert_parallel_size", "context_parallel_size",
-    "sequence_parallel_degree", "tiled_mlp",
+    "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards",
 })
 #: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
 #: perfguide does not price: said in the notes rather than listed as having no effect
@@ -329,8 +330,18 @@ def _context_parallel(data: dict[str, Any], col: Collector) -> None:
                                   "attn_implementation flash_attention_2 or flash_attention_3, or flash_attention: true)")
         col.set("sequence_parallel", size, key)
     if data.get("tiled_mlp"):
-        col.note(f"{col.where('tiled_mlp')}: ALST's tiled MLP (the MLP run in sequence shards, recomputed in backward) "
-                 "is not priced: each layer's MLP is priced whole over the rank's tokens (an upper bound at long sequence)")
+        _tiled_mlp(data, col, size)
+
+
+def _tiled_mlp(data: dict[str, Any], col: Collector, ranks: int) -> None:
+    """axolotl's tiled MLP (monkeypatch/tiled_mlp/patch.py, DeepSpeed's TiledMLP under ZeRO): 32,768-token shards of the
+    rank's tokens by default, or ``tiled_mlp_num_shards`` equal shards (Setup.tiled_mlp_shard_tokens)."""
+    shards = data.get("tiled_mlp_num_shards")
+    tokens = AXOLOTL_SHARD_TOKENS
+    if shards is not None and data.get("sequence_len") is not None:
+        local = -(-as_int(data["sequence_len"], col.where("sequence_len")) // ranks)
+        tokens = max(1, -(-local // max(1, as_int(shards, col.where("tiled_mlp_num_shards")))))
+    col.set("tiled_mlp_shard_tokens", tokens, "tiled_mlp_num_shards" if shards is not None else "tiled_mlp")
 
 
 #: parameter names of a decoder's text model, in a text model and in a vision-language one
