@@ -97,3 +97,16 @@ def test_untiled_blocks_peak_at_the_mlp_tiled_ones_at_the_attention() -> None:
     tiled_mlp_moment = (layer_bytes(spec, tiled) - ffn_layer_bytes(spec, tiled) * (131_072 - shard) // 131_072
                         + block_backward_bytes(spec, tiled, "5.0", mlp_tokens=shard))
     assert attention_moment > tiled_mlp_moment
+
+
+def test_liger_saves_nothing_on_the_mlp_a_tiled_mlp_runs() -> None:
+    """Under tiling HF's MLP runs in the shards (ALST passes swiglu=False to Liger; axolotl refuses Liger's GLU with it):
+    Liger's SwiGLU saving leaves the block's saved bytes and its speed credit, its norms' saving stays."""
+    from perfguide.techniques.fused import chain_seconds_saved
+    from perfguide.techniques.liger_kernel import block_savings, norm_bytes
+
+    spec = tiny_spec(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=14336)
+    setup, tiled = _setup(liger_kernel=True), _setup(liger_kernel=True, tiled_mlp_shard_tokens=1024)
+    assert block_savings(spec, tiled, recomputed=True) == 2 * norm_bytes(spec, tiled, recomputed=True)
+    assert block_savings(spec, setup, recomputed=True) > block_savings(spec, tiled, recomputed=True)
+    assert 0 < chain_seconds_saved(spec, tiled, 3e12) < chain_seconds_saved(spec, setup, 3e12)

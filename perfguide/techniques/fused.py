@@ -26,7 +26,8 @@ def chain_seconds_saved(spec: Any, setup: Any, bandwidth: float, eager_scale: fl
     wide = 2.0 if regime in ("fp32", "amp") else 1.0             # the norms see the fp32 residual stream under AMP
     narrow = 2.0 if regime == "fp32" else 1.0                    # q, k, gate and up leave 16-bit Linears under AMP
     qk = (spec.num_attention_heads + spec.num_key_value_heads) * spec.head_dim
-    glu = spec.active_intermediate_size if spec.gated_mlp else 0
+    # a tiled MLP runs HF's MLP in its shards, not the fused SwiGLU (liger_kernel.tiles_mlp)
+    glu = spec.active_intermediate_size if spec.gated_mlp and not setup.tiled_mlp_shard_tokens else 0
     per_token = (2 * spec.hidden_size * (eager_scale * parts["rmsnorm_per_h"] - wide * constant("fused_rmsnorm_bytes_per_element"))
                  + qk * (eager_scale * parts["rope_per_qk"] - narrow * constant("fused_rope_bytes_per_element"))
                  + glu * (eager_scale * parts["swiglu_per_i"] - narrow * constant("fused_swiglu_bytes_per_element")))

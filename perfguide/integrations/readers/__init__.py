@@ -18,7 +18,8 @@ from .base import Collector, ConfigReadError, Reading
 #: format -> module (imported on first use); the order is the order detection tries them in
 MODULES = {"accelerate": "accelerate", "deepspeed": "deepspeed", "axolotl": "axolotl", "llamafactory": "llamafactory",
            "torchtune": "torchtune", "training_args": "training_args", "launcher": "launcher", "script_flags": "script_flags",
-           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora", "swift": "swift", "litgpt": "litgpt"}
+           "peft_example": "peft_example", "fsdp_qlora": "fsdp_qlora", "swift": "swift", "litgpt": "litgpt",
+           "arctic_training": "arctic_training"}
 
 
 def module(fmt: str) -> ModuleType:
@@ -69,6 +70,8 @@ def detect(data: dict[str, Any]) -> str:
         return "axolotl"
     if "checkpoint_dir" in data and ("train" in data or "precision" in data):   # LitGPT's finetune / pretrain YAML
         return "litgpt"
+    if isinstance(data.get("model"), dict) and "name_or_path" in data["model"] and isinstance(data.get("data"), dict):
+        return "arctic_training"   # an ArcticTraining recipe: model.name_or_path beside a data block
     if any(isinstance(v, dict) and "_component_" in v for v in data.values()):   # torchtune's instantiable blocks
         return "torchtune"
     if isinstance(data.get("model"), str) and _LLAMAFACTORY_V1 & set(data):

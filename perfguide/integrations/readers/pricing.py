@@ -68,9 +68,21 @@ def resolve_targets(c: Combined, spec: ModelSpec) -> None:
     c.chosen["lora"] = chosen.model_copy(update={"value": {**lora, "target_modules": tuple(dict.fromkeys((*named, *linear_module_leaves(spec))))}})
 
 
+def resolve_model_keyed(c: Combined, spec: ModelSpec) -> None:
+    """Values a reader could only name by the model's shape (ArcticTraining: TiledMLP's shards of hidden_size tokens,
+    a length from the model's max_position_embeddings), now that it is known."""
+    if c.value("_tiled_mlp_by_hidden"):
+        c.assume("tiled_mlp_shard_tokens", spec.hidden_size,
+                 f"tiled_mlp_compute: ceil(s / hidden) shards, at most hidden_size = {spec.hidden_size:,} tokens each")
+    if c.value("_seq_len_from_model") and spec.max_position_embeddings:
+        c.assume("seq_len", spec.max_position_embeddings,
+                 f"data.max_length unset: ArcticTraining takes the model's max_position_embeddings ({spec.max_position_embeddings:,})")
+
+
 def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
     """What a config left to its library's defaults or to the launcher, said as an assumption in the report."""
     resolve_targets(c, spec)
+    resolve_model_keyed(c, spec)
     c.assume("device", "cuda" if hw.has_gpu else "cpu", "the hardware checked on" + ("" if hw.has_gpu else " has no GPU"))
     span = next((r.spans_gpus for r in c.readings if r.spans_gpus), "")
     if span and hw.gpu_count > 1:
