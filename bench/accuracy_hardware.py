@@ -14,8 +14,7 @@ GPUS = [("a100-sxm4-80gb", "a100-80gb"), ("a100-80gb", "a100-80gb"), ("a100 80gb
         ("h100", "h100-80gb"), ("h200", "h200"), ("l40s", "l40s"), ("titan rtx", "t4"), ("rtx3080ti", "rtx3090"),
         ("rtx 2060", "t4"), ("v100 32gb", "v100-32gb"), ("a800", "a100-80gb"),
         ("nvidia l4", "l4"), ("v100s", "v100-pcie-32gb"), ("rtx a6000", "a6000"), ("v100 16gb", "v100-16gb"), ("a10 ", "a10"),
-        ("b300", "b200"), ("tesla t4", "t4"), ("h20 ", "h100-80gb")]
-# B300 (Blackwell Ultra, cc 10.3) has no gpus.json row: the B200's (cc 10) is borrowed; its rows state their own memory
+        ("b300", "b300"), ("tesla t4", "t4"), ("h20 ", "h100-80gb")]
 # H20 (Hopper GH100, cc 9.0, 96 GB HBM3) has no gpus.json row: the H100's spec with the H20's memory (GPU_MEMORY);
 # its key "h20 " ends in a space so that no H200 row matches it
 # A800 is the A100 with NVLink capped at 400 GB/s (export variant): same GA100 die, same 80 GB HBM2e
