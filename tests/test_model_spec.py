@@ -141,6 +141,17 @@ def test_shapes_and_moe_active_params() -> None:
     assert gpt2.embedding_params == (50257 + 1024) * 768 and gpt2.tie_word_embeddings and not gpt2.gated_mlp
 
 
+def test_qwq_is_qwen25_32bs_shape_as_its_cards_say() -> None:
+    """QwQ-32B's card: 64 layers, 40 query / 8 KV heads, 32.5B parameters (31.0B without the embeddings), 131,072-token
+    context; QwQ-32B-Preview's printed config: 32,768 positions, the same shape."""
+    qwq, preview = ModelSpec.from_any("Qwen/QwQ-32B"), ModelSpec.from_any("qwq-32b-preview")
+    for spec in (qwq, preview):
+        assert (spec.num_layers, spec.num_attention_heads, spec.num_key_value_heads, spec.hidden_size) == (64, 40, 8, 5120)
+        assert spec.total_params == pytest.approx(32.5e9, rel=0.01)
+        assert spec.total_params - spec.embedding_params - spec.lm_head_params == pytest.approx(31.0e9, rel=0.01)
+    assert (qwq.max_position_embeddings, preview.max_position_embeddings) == (131_072, 32_768)
+
+
 @pytest.mark.parametrize(("name", "dtype"), [("gpt2", "fp32"), ("t5-small", "bf16"), ("flan-t5-xl", "bf16"),
                                              ("gemma-2-2b", "bf16"), ("llama-2-7b", "fp16"), ("llama-3.1-8b", "bf16")])
 def test_native_dtype(name: str, dtype: str) -> None:
