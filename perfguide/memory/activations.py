@@ -157,9 +157,8 @@ def attention_side_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: boo
 
 def mlp_shares(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> tuple[int, int]:
     """(the FFN-wide share of a block's saved bytes, its whole MLP half's: ``layer_bytes - attention_side_bytes``) for a
-    decoder block whose step reads them (a tiled MLP, or a checkpointed flash-attn 2 block); (0, 0) otherwise."""
-    read = setup.tiled_mlp_shard_tokens or (setup.gradient_checkpointing and setup.attn_implementation == "flash_attention_2")
-    if spec.is_encoder_decoder or not read:
+    decoder block; (0, 0) otherwise."""
+    if spec.is_encoder_decoder:
         return 0, 0
     ffn = ffn_layer_bytes(spec, setup, keeps_frozen_inputs)
     return ffn, ffn + _width_bytes(spec, setup, keeps_frozen_inputs, "h") // 2
