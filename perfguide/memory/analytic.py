@@ -30,6 +30,7 @@ checkpointing only the recomputed block's copies exist. Not under FSDP or DeepSp
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache, partial
 
 from .. import techniques
 from ..errors import InvalidSetupError
@@ -39,16 +40,9 @@ from ..model.linears import linear_params, linear_shapes
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
-from . import eras
+from . import block_backward, eras
 from .autocast_copies import adapter_cast_bytes, autocast_cached_casts, head_cast_bytes
-from .block_backward import (
-    block_backward_bytes,
-    expert_loop_saved_bytes,
-    first_step_pending_params,
-    flash_backward_bytes,
-    recompute_start_bytes,
-    step_input_bytes,
-)
+from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
@@ -285,9 +279,9 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     largest = max((g.numel for g in led.trainable), default=0)
     # the largest gradient's width: its own where the step keeps the ledger's widths (not DeepSpeed's 16-bit casts)
     grad_elem = led.largest_width if states.grad_elem_bytes == led.param_bytes else states.grad_elem_bytes
-    ffn, mlp_half = act.mlp_shares(spec, act_setup, keeps_inputs)   # what a tiled MLP shards; what backward frees first
+    shares = cache(partial(act.mlp_shares, spec, act_setup, keeps_inputs))   # read where a hook or the flash term needs them
     ctx = techniques.MemoryContext(spec, setup, shape, largest, grad_elem, led.trainable_params, cost.states,
-                                   dev.optimizer, per_layer, ffn, per_layer - mlp_half)
+                                   dev.optimizer, per_layer, shares)
     base_logits = act.logits_bytes(spec, shape)
     terms = techniques.memory_terms(ctx, techniques.MemoryTerms(
         activations=acts, extra_activations=0, logits=base_logits, grads=dev.grads, step_temp=step_temp,
@@ -321,8 +315,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # or, recomputed, a DoRA Linear's weight norm (its forward runs in the recompute; lora_activations.dora_norm_bytes)
     dequant = max(dequant, dora_norm_bytes(shape, led.dora_largest) if recompute else 0)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu, terms.mlp_tokens) if recompute else 0   # its gradients (block_backward.py)
-    flash = flash_backward_bytes(spec, shape) if recompute else 0   # or its attention's, the MLP half freed by then
-    in_flight = max(in_flight, terms.recompute_attention + flash - terms.recompute) if flash else in_flight
+    if flash := block_backward.flash_backward_bytes(spec, shape) if recompute else 0:   # or its attention's, the MLP half freed by then
+        in_flight = max(in_flight, per_layer - shares()[1] - terms.attention_saved_less + flash - terms.recompute)
     in_flight += sdpa_bias_bytes(spec, shape, checkpointed=True) if recompute else 0   # + its SDPA bias, recompute to backward
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram
     grad32 = step_only_fp32_grads(setup, led.trainable_params) if optimizer_on_device else 0   # + its flat 16-bit copy in step()

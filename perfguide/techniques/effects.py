@@ -32,8 +32,8 @@ class MemoryContext:
     state_bytes: int             # optimizer state of the whole model, before sharding
     optimizer_bytes: int         # optimizer state on this device (after sharding and offload)
     layer_activations: int = 0   # bytes one block keeps for backward when nothing is recomputed
-    layer_ffn_activations: int = 0   # the FFN-wide share of it (per FFN unit per token: the MLP's intermediates)
-    layer_attention_activations: int = 0   # the share still held at the block's attention backward (its MLP half freed)
+    #: (the FFN-wide share of it, its whole MLP half's), read on first use (a tiled MLP's hook; memory/activations.py)
+    mlp_shares: Callable[[], tuple[int, int]] = field(repr=False, default=lambda: (0, 0))
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class MemoryTerms:
     optimizer_on_device: int     # optimizer state inside torch's allocator
     cpu_ram: int                 # host RAM the step needs
     recompute: int = 0           # bytes a recomputed block brings back during backward (on top of ``activations``)
-    recompute_attention: int = 0  # of those, what the block still holds when backward reaches its attention
+    attention_saved_less: int = 0  # what a recomputed block's attention half keeps less than its table (Liger's input norm)
     weight_casts: int = 0        # 16-bit copies of fp32 weights autocast saves for backward
     extra_weights: int = 0       # frozen weights of a second model held on the device in every phase (DPO's reference copy)
     head_cast_saved: bool = True  # the loss path's head matmul saves autocast's 16-bit copy of an fp32 head for backward

@@ -51,8 +51,7 @@ class GradientCheckpointing(Technique):
             return terms
         layers = ctx.spec.total_layers
         return terms.changed(activations=boundary_bytes(ctx.spec, ctx.shape),
-                             recompute=ctx.layer_activations, recompute_attention=ctx.layer_attention_activations,
-                             weight_casts=terms.weight_casts // layers)
+                             recompute=ctx.layer_activations, weight_casts=terms.weight_casts // layers)
 
     def kernel_factors(self, setup: Any) -> KernelFactors:
         return KernelFactors(recompute=1.0) if self.active(setup) else KernelFactors()

@@ -91,7 +91,7 @@ class LigerKernel(Technique):
         attention = norm_bytes(ctx.spec, ctx.shape, recomputed=True) if recomputed else 0
         return terms.changed(note, logits=logits, activations=max(0, terms.activations - saved),
                              recompute=max(0, terms.recompute - recomputed), fused_swiglu=not tiles_mlp(ctx.shape),
-                             recompute_attention=max(0, terms.recompute_attention - attention))
+                             attention_saved_less=terms.attention_saved_less + attention)
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not (self.active(ctx.setup) and ctx.setup.task == "train" and supported(ctx.spec.model_type)):

@@ -8,7 +8,7 @@ saves only the MLP's input ``x`` (the block's normed hidden state, which the che
 prices among its hidden-wide tensors) and concatenates the shards' outputs; the backward allocates ``x``'s gradient
 (hidden-wide, as the untiled MLP's backward does) and, per shard, re-runs the MLP with autograd on and back-propagates
 it. So in the block a checkpointed backward recomputes, the FFN-wide saved tensors (``MemoryContext.
-layer_ffn_activations``: the coefficients' terms per FFN unit per token) and the FFN-wide gradients in flight
+mlp_shares``: the coefficients' terms per FFN unit per token) and the FFN-wide gradients in flight
 (memory/block_backward.py, told through ``MemoryTerms.mlp_tokens``) are one shard's. How many tokens a shard holds
 is the implementation's: ALST's patch (ArcticTraining ``model/tiled_compute.py``) takes ``ceil(s / hidden)``
 shards, at most ``hidden_size`` tokens each; axolotl's (``monkeypatch/tiled_mlp/patch.py``) 32,768-token shards unless
@@ -68,7 +68,7 @@ class TiledMLP(Technique):
                                  "whole over the rank's tokens, an upper bound")
         s = ctx.shape.seq_len
         shard = min(s, ctx.setup.tiled_mlp_shard_tokens)
-        saved_less = ctx.layer_ffn_activations * (s - shard) // max(1, s)
+        saved_less = ctx.mlp_shares()[0] * (s - shard) // max(1, s)
         if not terms.recompute:   # no checkpointing: every block keeps its MLP's input only (one shard in backward)
             kept_less = saved_less * ctx.spec.total_layers
             return terms.changed(f"tiled MLP: every block keeps its MLP's FFN-wide tensors for one {shard:,}-token shard "
