@@ -13,6 +13,7 @@ from accuracy_parallelism import Skip, _int, _strategy, offloads  # noqa: F401  
 
 from perfguide.model.types import ModelSpec
 from perfguide.setup import LoraSpec, Setup
+from perfguide.techniques.tiled_mlp import alst_shard_tokens
 
 
 def _nf4_library(row: dict[str, str]) -> str:
@@ -337,7 +338,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      liger_kernel=any(w in row["method"] for w in LIGER_ON),
                                      cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
                                      activation_offloading=any(w in row["method"] for w in ("activation_offloading=True", ALST_CHECKPOINT_OFFLOAD)),  # TRL SFTConfig, ALST
-                                     tiled_mlp_shard_tokens=spec.hidden_size if ALST_TILED_MLP in row["method"] else 0,
+                                     tiled_mlp_shard_tokens=alst_shard_tokens(spec) if ALST_TILED_MLP in row["method"] else 0,
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))

@@ -151,8 +151,7 @@ def attention_side_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: boo
     norm's and one normed Linear input per half (input_layernorm and q/k/v's input; post_attention_layernorm and
     gate/up's), and backward frees the MLP half's before it reaches the attention: what a recomputed block still holds
     at its attention's backward (memory/block_backward.py flash_backward_bytes)."""
-    hidden = _width_bytes(spec, setup, keeps_frozen_inputs, "h")
-    return layer_bytes(spec, setup, keeps_frozen_inputs) - ffn_layer_bytes(spec, setup, keeps_frozen_inputs) - hidden // 2
+    return layer_bytes(spec, setup, keeps_frozen_inputs) - mlp_shares(spec, setup, keeps_frozen_inputs)[1]
 
 
 def mlp_shares(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..data.techniques import constant
+from .tiled_mlp import tiles_mlp
 
 
 def chain_seconds_saved(spec: Any, setup: Any, bandwidth: float, eager_scale: float = 1.0) -> float:
@@ -26,8 +27,7 @@ def chain_seconds_saved(spec: Any, setup: Any, bandwidth: float, eager_scale: fl
     wide = 2.0 if regime in ("fp32", "amp") else 1.0             # the norms see the fp32 residual stream under AMP
     narrow = 2.0 if regime == "fp32" else 1.0                    # q, k, gate and up leave 16-bit Linears under AMP
     qk = (spec.num_attention_heads + spec.num_key_value_heads) * spec.head_dim
-    # a tiled MLP runs HF's MLP in its shards, not the fused SwiGLU (liger_kernel.tiles_mlp)
-    glu = spec.active_intermediate_size if spec.gated_mlp and not setup.tiled_mlp_shard_tokens else 0
+    glu = spec.active_intermediate_size if spec.gated_mlp and not tiles_mlp(setup) else 0   # HF's MLP in a tiled MLP's shards
     per_token = (2 * spec.hidden_size * (eager_scale * parts["rmsnorm_per_h"] - wide * constant("fused_rmsnorm_bytes_per_element"))
                  + qk * (eager_scale * parts["rope_per_qk"] - narrow * constant("fused_rope_bytes_per_element"))
                  + glu * (eager_scale * parts["swiglu_per_i"] - narrow * constant("fused_swiglu_bytes_per_element")))

@@ -21,6 +21,7 @@ from ..data.techniques import constant
 from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, SpeedContext, StepSeconds
 from .fused import chain_seconds_saved
+from .tiled_mlp import tiles_mlp
 
 SOURCES = (
     "https://github.com/linkedin/Liger-Kernel (src/liger_kernel/ops/fused_linear_cross_entropy.py, transformers/monkey_patch.py)",
@@ -164,13 +165,6 @@ def norm_bytes(spec: Any, shape: Any, recomputed: bool = False) -> int:
 
     fp32 = kbit_fp32_stream(shape) or regime(shape) != "half"
     return int(shape.micro_batch_size * shape.seq_len * norm_savings(fp32, shape.lora is None, recomputed) * spec.hidden_size)
-
-
-def tiles_mlp(shape: Any) -> bool:
-    """A tiled MLP runs HF's MLP in its shards, not Liger's SwiGLU: ALST's Liger factory passes ``swiglu=False`` under
-    ``tiled_mlp_compute`` (ArcticTraining model/liger_factory.py) and axolotl refuses ``liger_glu_activation`` with
-    ``tiled_mlp`` unless the original MLP runs (integrations/liger/args.py); the norms, RoPE and the loss stay Liger's."""
-    return bool(shape.tiled_mlp_shard_tokens)
 
 
 def norm_savings(fp32_input: bool, trainable: bool, recomputed: bool) -> int:

@@ -42,6 +42,18 @@ SOURCES = (
 AXOLOTL_SHARD_TOKENS = 32_768
 
 
+def alst_shard_tokens(spec: Any) -> int:
+    """ALST's patch (ArcticTraining model/tiled_compute.py) runs ``ceil(s / hidden)`` shards: at most hidden_size tokens each."""
+    return int(spec.hidden_size)
+
+
+def tiles_mlp(setup: Any) -> bool:
+    """The MLP runs tiled: HF's MLP in the shards, not Liger's SwiGLU (ALST's Liger factory passes ``swiglu=False`` under
+    ``tiled_mlp_compute``, ArcticTraining model/liger_factory.py; axolotl refuses ``liger_glu_activation`` with
+    ``tiled_mlp`` unless the original MLP runs, integrations/liger/args.py); the norms, RoPE and the loss stay Liger's."""
+    return bool(setup.tiled_mlp_shard_tokens)
+
+
 class TiledMLP(Technique):
     name = "tiled_mlp"
     fields = ("tiled_mlp_shard_tokens",)
@@ -52,7 +64,7 @@ class TiledMLP(Technique):
     label_order = 63
 
     def active(self, setup: Any) -> bool:
-        return setup.task == "train" and setup.tiled_mlp_shard_tokens > 0
+        return setup.task == "train" and tiles_mlp(setup)
 
     def label_word(self, setup: Any) -> str | None:
         return "tiled-mlp" if self.active(setup) else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .base import DTYPE_WORDS, Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, mapping
+from .base import DTYPE_WORDS, LENGTH_FROM_MODEL, TILED_BY_HIDDEN, Collector, ConfigReadError, as_bool, as_float, as_int, attention, choice, mapping
 
 FORMAT = "arctic_training"
 SYNTAX = "yaml"
@@ -48,24 +48,19 @@ DTYPES = {**DTYPE_WORDS, "bfloat": "bf16"}
 #: ModelConfig.validate_attn_implementation: flash_attention_3 needs a source build of flash-attn 3
 ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash_attention_2", "flash_attention_3": "flash_attention_2"}
 OPTIMIZERS = {"": "adamw_torch", "fused_adam": "adamw_torch", "cpu_adam": "adamw_torch"}
-#: what ``tiled_mlp_compute`` becomes once the model is known (pricing.resolve_model_keyed): shards of hidden_size tokens
-TILED_BY_HIDDEN = "_tiled_mlp_by_hidden"
-#: ``data.max_length`` unset: the model's max_position_embeddings (TrainerConfig.set_max_length)
-LENGTH_FROM_MODEL = "_seq_len_from_model"
 _HUMAN = re.compile(r"^(-?\d+\.?\d?)(k|m|b|t|ki|mi|gi|ti)$")
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
 def human_int(value: Any, where: str) -> int:
     """ArcticTraining's HumanInt (``parse_human_val``): ``500k``, ``1.2M``, ``1_000``, ``2^20``, ``1e6``, or a number."""
-    if isinstance(value, str):
-        text = value.replace("_", "").lower().strip()
-        if (m := _HUMAN.match(text)) is not None:
-            value = float(m.group(1)) * _SUFFIX[m.group(2)]
-        elif "^" in text:
-            base, _, exp = text.partition("^")
-            value = as_float(base, where) ** as_float(exp, where)
-    return as_int(int(as_float(value, where)) if isinstance(value, (str, float)) else value, where)
+    if not isinstance(value, str):
+        return as_int(value, where)
+    text = value.replace("_", "").lower().strip()
+    if (m := _HUMAN.match(text)) is not None:
+        return as_int(int(float(m.group(1)) * _SUFFIX[m.group(2)]), where)
+    base, power, exp = text.partition("^")
+    return as_int(int(as_float(base, where) ** (as_float(exp, where) if power else 1.0)), where)
 
 
 def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> None:

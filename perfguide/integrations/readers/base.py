@@ -234,6 +234,11 @@ def attention(value: Any, where: str, mapping: Mapping[str, Any], col: Collector
 #: (pricing.resolve_targets). On a transformers-5 MoE the fused experts and the router are parameters, not Linears.
 LINEAR_LEAVES = "<the model's nn.Linear leaves>"
 
+#: values a reader can only name by the model's shape, resolved once it is known (pricing.resolve_model_keyed):
+#: ArcticTraining's tiled_mlp_compute (shards of ALST's size, techniques/tiled_mlp.alst_shard_tokens) and its unset
+#: data.max_length (the model's max_position_embeddings, TrainerConfig.set_max_length)
+TILED_BY_HIDDEN, LENGTH_FROM_MODEL = "_tiled_mlp_by_hidden", "_seq_len_from_model"
+
 #: torch dtype spellings (from_pretrained ``dtype``, axolotl/LLaMA-Factory flags) -> Setup.weights_dtype
 DTYPE_WORDS = {"float32": "fp32", "fp32": "fp32", "torch.float32": "fp32", "float": "fp32",
                "bfloat16": "bf16", "bf16": "bf16", "torch.bfloat16": "bf16",

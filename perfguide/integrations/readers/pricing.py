@@ -13,8 +13,9 @@ from ...memory.moe_lora import linear_module_leaves
 from ...model.types import ModelSpec
 from ...scenarios.registry import DEFAULT_TRAIN_SEQ_LEN
 from ...setup import Setup
+from ...techniques.tiled_mlp import alst_shard_tokens
 from . import module
-from .base import LINEAR_LEAVES, nest
+from .base import LENGTH_FROM_MODEL, LINEAR_LEAVES, TILED_BY_HIDDEN, nest
 from .combine import Combined
 from .fitting import smallest_fit
 from .verdict import GUESSED_LENGTH, Change, Check, Edit
@@ -71,10 +72,10 @@ def resolve_targets(c: Combined, spec: ModelSpec) -> None:
 def resolve_model_keyed(c: Combined, spec: ModelSpec) -> None:
     """Values a reader could only name by the model's shape (ArcticTraining: TiledMLP's shards of hidden_size tokens,
     a length from the model's max_position_embeddings), now that it is known."""
-    if c.value("_tiled_mlp_by_hidden"):
-        c.assume("tiled_mlp_shard_tokens", spec.hidden_size,
+    if c.value(TILED_BY_HIDDEN):
+        c.assume("tiled_mlp_shard_tokens", alst_shard_tokens(spec),
                  f"tiled_mlp_compute: ceil(s / hidden) shards, at most hidden_size = {spec.hidden_size:,} tokens each")
-    if c.value("_seq_len_from_model") and spec.max_position_embeddings:
+    if c.value(LENGTH_FROM_MODEL) and spec.max_position_embeddings:
         c.assume("seq_len", spec.max_position_embeddings,
                  f"data.max_length unset: ArcticTraining takes the model's max_position_embeddings ({spec.max_position_embeddings:,})")
 
