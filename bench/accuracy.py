@@ -42,6 +42,7 @@ from perfguide._data import load
 from perfguide.errors import PerfGuideError
 from perfguide.hardware.types import Hardware
 from perfguide.memory.analytic import training_memory
+from perfguide.memory.index_limits import index_overflow
 from perfguide.memory.inference import estimate_inference
 from perfguide.memory.types import MemoryEstimate
 from perfguide.model.types import ModelSpec
@@ -186,7 +187,10 @@ def _verdict_estimate(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Ha
 
 
 def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_line: bool = True) -> bool:
-    """The row's verdict; ``on_line=False``: a plan's own (reserved + CUDA context within the card) for a line or gauge row."""
+    """The row's verdict; ``on_line=False``: a plan's own (reserved + CUDA context within the card) for a line or gauge row.
+    A length the attention kernel cannot index crashes at any memory (perfguide/memory/index_limits.py): not a fit."""
+    if index_overflow(spec, setup) is not None:
+        return False
     est = _verdict_estimate(row, spec, setup, hw)
     if on_line and gauged(row):   # a recipe's length: where its authors' NVML reading meets the card
         return gauge_fits(est, spec, setup)

@@ -172,12 +172,11 @@ ACCELERATE_AMP_OUTPUTS = {
 def _attn(row: dict[str, str]) -> str:
     """The row's attention; before PyTorch 2.0 there was no scaled_dot_product_attention, so HF ran eager.
     FlashAttention-3 (flash-attn's hopper flash_attn_interface, transformers' "flash_attention_3") keeps for backward
-    what FlashAttention-2 keeps (q, k, v, the output and the fp32 log-sum-exp per head and token) and no s x s tensor,
-    so its rows are priced as flash_attention_2 (Setup names no FA3). Read in Dao-AILab/flash-attention
-    hopper/flash_attn_interface.py @c082294e: FlashAttnFunc.forward ctx.save_for_backward(q, k, v, out, softmax_lse),
-    the tensors flash_attn/flash_attn_interface.py's FA2 function saves (with its 8-byte rng_state)."""
+    what FlashAttention-2 keeps (q, k, v, the output and the fp32 log-sum-exp per head and token; Dao-AILab/flash-attention
+    hopper/flash_attn_interface.py @c082294e FlashAttnFunc.forward ctx.save_for_backward(q, k, v, out, softmax_lse)) and
+    is priced as Setup's flash_attention_3 (its own backward workspace and index width)."""
     attn = row["attn_impl"] or ("eager" if _pre_torch2(row) else "sdpa")
-    return "flash_attention_2" if attn.startswith("flash_attention_3") else attn
+    return "flash_attention_3" if attn.startswith("flash_attention_3") else attn
 
 
 #: optimizers whose state lives in CUDA unified memory (bitsandbytes paged_* ; data/optimizers.json "paged")

@@ -21,7 +21,10 @@ from .optimizer_facts import names as optimizer_names
 Task = Literal["train", "infer"]
 WeightsDtype = Literal["fp32", "bf16", "fp16", "int8", "nf4"]
 Autocast = Literal["bf16", "fp16", "fp8"]
-AttnImpl = Literal["eager", "sdpa", "flash_attention_2"]
+AttnImpl = Literal["eager", "sdpa", "flash_attention_2", "flash_attention_3"]
+#: flash-attn's kernels as transformers names them: FlashAttention-2 (``flash_attn``) and FlashAttention-3 (the Hopper
+#: build, ``flash_attn_interface``); both run through transformers' flash_attention_forward (no mask, varlen packing)
+FLASH_ATTENTION = ("flash_attention_2", "flash_attention_3")
 Strategy = Literal[
     "single", "ddp", "fsdp", "fsdp_shard_grad_op", "zero1", "zero2", "zero3",  # training
     "device_map", "tp",                                                         # inference across GPUs
@@ -302,6 +305,13 @@ class Setup(Model):
         with param_dtype bf16; only the float8 Linears' GEMMs cast to fp8, Setup.compute_dtype). Plain AMP (single GPU,
         DDP) computes on the fp32 weights through autocast."""
         return self.autocast in ("bf16", "fp16", "fp8") and self.weights_dtype == "fp32" and (self.is_fsdp or self.is_deepspeed)
+
+    @property
+    def flash_attention(self) -> bool:
+        """flash-attn's kernel (2 or 3) runs attention: no mask tensor, samples kept apart by cu_seq_lens, and the
+        output and log-sum-exp saved for backward; what differs between them is the backward workspace, the index
+        width and the speed on Hopper."""
+        return self.attn_implementation in FLASH_ATTENTION
 
     @property
     def decoder_len(self) -> int:

@@ -40,11 +40,31 @@ def test_alsts_one_node_recipe_reads_as_arctic_training_runs_it() -> None:
     assert any("reduces the split plan's gradients in 16 bits" in n for n in c.notes)
 
 
-def test_flash_attention_3_recipe_is_priced_as_flash_attention_2(tmp_path: Path) -> None:
+def test_flash_attention_3_recipe_is_read_as_flash_attention_3(tmp_path: Path) -> None:
+    """The 1x H200 recipe runs 1.2M tokens through FlashAttention-3: q holds 1 x 1,200,000 x 4096 = 4.9e9 elements,
+    past flash-attn 2's 32-bit reach, which FA3 does not share: priced, not refused."""
     c = perfguide.check(None, DATA / "arctic_training_run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml", hardware="h200")
-    assert (c.setup.attn_implementation, c.setup.seq_len, c.setup.sequence_parallel) == ("flash_attention_2", 1_200_000, 1)
+    assert (c.setup.attn_implementation, c.setup.seq_len, c.setup.sequence_parallel) == ("flash_attention_3", 1_200_000, 1)
     assert (c.setup.strategy, c.setup.offload_params, c.setup.offload_optimizer) == ("zero3", True, True)
-    assert any("flash_attention_3 is priced as flash_attention_2" in n for n in c.notes)
+    assert not any("32-bit offsets" in n for n in c.notes)
+
+
+def test_flash_attention_2_past_its_32_bit_reach_is_a_crash_not_a_fit(tmp_path: Path) -> None:
+    """ALST's 1x H100 Llama-3.1-8B recipe under flash_attention_2: 'max_length: 500000 # ok', '555000 # Triton Error
+    [CUDA]: an illegal memory access' (run-h100-sp1-llama-8b.yml). q's elements by hand: 500,000 x 32 heads x 128 =
+    2,048,000,000 < 2^31 = 2,147,483,648 <= 555,000 x 4096 = 2,273,280,000."""
+    recipe = yaml.safe_load((DATA / "arctic_training_run-h200-sp1-llama-8b-liger-offload-tiled-mlp.yml").read_text(encoding="utf-8"))
+    recipe["model"]["attn_implementation"] = "flash_attention_2"
+    for length, crashes in ((500_000, False), (555_000, True)):
+        recipe["data"]["max_length"] = length
+        path = tmp_path / f"run-{length}.yml"
+        path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+        c = perfguide.check(None, path, hardware="h100-80gb")
+        said = [n for n in c.notes if "32-bit offsets" in n]
+        assert bool(said) is crashes, (length, c.notes)
+        if crashes:
+            assert "2,273,280,000 elements >= 2^31" in said[0] and "longest here 524,287 tokens" in said[0]
+            assert not c.fits
 
 
 def test_a_recipe_without_deepspeed_takes_arctic_trainings_defaults(tmp_path: Path) -> None:

@@ -108,3 +108,12 @@ def test_every_part_of_gpus_json_is_validated_at_load(monkeypatch: pytest.Monkey
 
     with damaged_data(monkeypatch, "gpus", edit), pytest.raises(DataFileError, match=where):  # type: ignore[arg-type]
         specs.canonical_names()
+
+
+def test_flash_attention_3_is_asked_of_the_card() -> None:
+    """FlashAttention-3 is flash-attn's Hopper build: the NVIDIA rule grants it at 9.x only, and a forced
+    flash_attention_3 on an A100 is one line naming what it needs."""
+    assert [Capabilities.from_compute_capability(cc).flash_attention_3 for cc in ((8, 0), (8, 9), (9, 0), (10, 0))] == [
+        False, False, True, False]
+    with pytest.raises(ConflictingConstraintsError, match="Hopper build"):
+        _plan(A100, attn_implementation="flash_attention_3")

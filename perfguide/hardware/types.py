@@ -26,6 +26,8 @@ class Capabilities(Model):
     tf32: bool = Field(default=False, description="TrainingArguments(tf32=True) is accepted (transformers is_torch_tf32_available)")
     fp8: bool = Field(default=False, description="fp8 matmuls in hardware")
     flash_attention: bool = Field(default=False, description="the flash-attn 2 package builds and runs on it")
+    flash_attention_3: bool = Field(default=False, description="flash-attn's Hopper build (FlashAttention-3, flash_attn_interface: "
+                                    "sm90 kernels) runs on it")
     bitsandbytes: bool = Field(default=False, description="bitsandbytes NF4/FP4 and 8-bit optimizers run on it")
     llm_int8: bool = Field(default=False, description="bitsandbytes LLM.int8() matmuls run on it")
 
@@ -33,9 +35,11 @@ class Capabilities(Model):
     def from_compute_capability(cls, cc: tuple[int, int]) -> Capabilities:
         """The NVIDIA rule for a card the table lacks: bf16/tf32/FA2 from Ampere (8.0), fp8 from Ada (8.9), fp16 tensor
         cores from Volta (7.0), bitsandbytes 4-bit/8-bit optimizers from 6.0 and LLM.int8() from 7.5 (bitsandbytes
-        installation guide)."""
+        installation guide); FlashAttention-3 on Hopper (9.x) only (flash-attn's hopper/ README: 'H100 / H800 GPU';
+        transformers requires compute capability >= 9 for it)."""
         return cls(bf16=cc >= (8, 0), fp16=cc >= (7, 0), tf32=cc >= (8, 0), fp8=cc >= (8, 9),
-                   flash_attention=cc >= (8, 0), bitsandbytes=cc >= (6, 0), llm_int8=cc >= (7, 5))
+                   flash_attention=cc >= (8, 0), flash_attention_3=(9, 0) <= cc < (10, 0), bitsandbytes=cc >= (6, 0),
+                   llm_int8=cc >= (7, 5))
 
 
 class GPU(Model):
@@ -113,6 +117,10 @@ class GPU(Model):
     @property
     def supports_flash_attention(self) -> bool:
         return self.capabilities.flash_attention
+
+    @property
+    def supports_flash_attention_3(self) -> bool:
+        return self.capabilities.flash_attention_3
 
     @property
     def supports_bitsandbytes(self) -> bool:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ..recommendation import Recommendation
 
 #: attention implementations that keep flattened samples apart in transformers 5.x
-SEPARATES_SAMPLES = ("flash_attention_2", "sdpa", "eager")
+SEPARATES_SAMPLES = ("flash_attention_2", "flash_attention_3", "sdpa", "eager")
 
 
 def data_collator(rec: Recommendation, tokenizer: Any = None) -> Any:
@@ -45,7 +45,7 @@ def _flattening(s: Any, flash_kwargs: bool) -> Any:
         raise ConflictingConstraintsError(f"padding_free needs attn_implementation in {SEPARATES_SAMPLES}, not {s.attn_implementation!r}")
     from transformers import DataCollatorWithFlattening
 
-    return DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs and s.attn_implementation == "flash_attention_2")
+    return DataCollatorWithFlattening(return_flash_attn_kwargs=flash_kwargs and s.flash_attention)
 
 
 class SplitBatches:

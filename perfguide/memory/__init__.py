@@ -22,14 +22,17 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     """The one way into the memory model, for training and for inference (``setup.task``). ``headroom``: the
     fraction of each device an offloaded inference plan keeps free when it splits weights (its fit check's)."""
     from .factors import apply_memory
+    from .index_limits import with_index_limit
 
     if setup.task == "infer":
         from .inference import OFFLOAD_HEADROOM, estimate_inference
 
-        return apply_memory(estimate_inference(spec, setup, hardware, OFFLOAD_HEADROOM if headroom is None else headroom), setup, factors)
-    from .analytic import training_memory
+        est = estimate_inference(spec, setup, hardware, OFFLOAD_HEADROOM if headroom is None else headroom)
+    else:
+        from .analytic import training_memory
 
-    return apply_memory(training_memory(spec, setup, hardware), setup, factors)
+        est = training_memory(spec, setup, hardware)
+    return with_index_limit(spec, setup, apply_memory(est, setup, factors))
 
 
 __all__ = ["Factors", "MemoryEstimate", "estimate_memory"]

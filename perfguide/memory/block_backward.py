@@ -323,8 +323,8 @@ def first_step_pending_params(spec: ModelSpec, setup: Setup) -> int:
 
 
 def flash_backward_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """Bytes alive at a recomputed block's attention backward under flash-attn 2 (``attn_implementation=
-    "flash_attention_2"``) beyond the tensors the recompute saved: the kernel's workspace and its gradients, which no
+    """Bytes alive at a recomputed block's attention backward under flash-attn (``attn_implementation=
+    "flash_attention_2"`` or ``"flash_attention_3"``) beyond the tensors the recompute saved: the kernel's workspace and its gradients, which no
     CPU trace shows, as ``mha_bwd`` allocates them (Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp, v2.6+;
     ``FlashAttnFunc.backward`` passes ``empty_like`` dq, dk, dv): dq, dk, dv in the compute dtype, an fp32
     ``dq_accum`` of ``[b, round128(s), heads, round32(head_dim)]`` (``loop`` is always true), an fp32 ``softmax_d`` of
@@ -333,12 +333,20 @@ def flash_backward_bytes(spec: ModelSpec, setup: Setup) -> int:
     residual stream's gradient is the block's incoming one in shape (recompute_start_bytes). By then the block's MLP
     half has run its backward and freed what it saved (activations.attention_side_bytes), so the block's backward
     peaks here only where the MLP's moment is the smaller (a tiled MLP's one shard: techniques/tiled_mlp.py).
+    FlashAttention-3 (``"flash_attention_3"``, hopper/flash_api.cpp ``mha_bwd``) keeps the same gradients and
+    accumulates in fp32 instead: ``dq_accum`` ``[b, heads, round(s) * round_up_headdim(d)]``, ``softmax_d`` and
+    ``softmax_lse_log2`` ``[b, heads, round(s)]``, and for grouped K/V heads ``dk_accum`` / ``dv_accum`` at the K/V
+    heads (fp32), not expanded copies at every query head.
     Decoder stacks with one head width (MLA's split q / v widths are not counted): 0 otherwise."""
-    if setup.attn_implementation != "flash_attention_2" or spec.is_encoder_decoder or spec.is_mla:
+    if not setup.flash_attention or spec.is_encoder_decoder or spec.is_mla:
         return 0
     b, s, heads, kv, d = setup.micro_batch_size, setup.seq_len, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
-    s_rounded, d_rounded = -(-s // 128) * 128, (-(-d // 32) * 32 if d <= 192 else 256)
-    half = 2   # flash-attn runs fp16 / bf16 only
+    s_rounded, half = -(-s // 128) * 128, 2   # flash-attn runs fp16 / bf16 only
     grads = half * s * (2 * heads * d + 2 * kv * d)   # the output's gradient and dq, dk, dv
-    workspace = 4 * s_rounded * heads * (d_rounded + 1) + (2 * half * s * heads * d if kv != heads else 0)
+    if setup.attn_implementation == "flash_attention_3":
+        d_rounded = next((r for r in (64, 96, 128, 192, 256) if d <= r), d)   # round_up_headdim
+        workspace = 4 * s_rounded * heads * (d_rounded + 2) + (2 * 4 * s_rounded * kv * d_rounded if kv != heads else 0)
+    else:
+        d_rounded = -(-d // 32) * 32 if d <= 192 else 256
+        workspace = 4 * s_rounded * heads * (d_rounded + 1) + (2 * half * s * heads * d if kv != heads else 0)
     return b * (grads + workspace)

@@ -126,9 +126,11 @@ _Entry = TypeVar("_Entry", CacheEntry, AttentionEra)
 
 
 def _in_force(entries: tuple[_Entry, ...], spec: ModelSpec, setup: Setup, release: str) -> _Entry | None:
-    """The entry for this model type and attention in force at ``release``: the newest one at or before it (none: None)."""
+    """The entry for this model type and attention in force at ``release``: the newest one at or before it (none: None).
+    flash_attention_3 reads flash_attention_2's rows: transformers runs both through one flash_attention_forward."""
     v = version_tuple(release)
-    found = [e for e in entries if e.model_type == spec.model_type and e.attn_implementation == setup.attn_implementation
+    attn = "flash_attention_2" if setup.flash_attention else setup.attn_implementation
+    found = [e for e in entries if e.model_type == spec.model_type and e.attn_implementation == attn
              and version_tuple(e.since) <= v]
     return max(found, key=lambda e: version_tuple(e.since)) if found else None
 

@@ -13,7 +13,7 @@ window 16, gc scan of b x 1 x s x s tensors at the head's forward):
   autocast: fp32): Llama and Mistral 1, Gemma 2 (alternating sliding / full) 2; none without checkpointing;
 * sdpa: no mask for plain causal attention (``is_causal``); a sliding window it cannot express that way is a bool
   mask (1 B per element): Mistral 1;
-* flash_attention_2: none (it takes the window and the padding as arguments).
+* flash_attention_2 / flash_attention_3: none (they take the window and the padding as arguments).
 
 BERT's bidirectional mask is not kept (same trace: none alive at the head, eager or sdpa); encoders are charged nothing.
 transformers 4.42-4.47's Gemma2 built only the full mask up front and each sliding block its own inside the block

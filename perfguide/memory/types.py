@@ -36,6 +36,8 @@ class MemoryEstimate(Model):
     capacity: int | None = Field(default=None, description="device memory the plan may use (bytes), None if no hardware")
     cpu_ram: int = Field(default=0, ge=0, description="host RAM the setup needs (offload, CPU runs)")
     fits: bool = True
+    kernel_limit: str | None = Field(default=None, description="why a kernel of the setup cannot run it at any free memory "
+                                     "(memory/index_limits.py); the setup does not fit then")
     method: Literal["analytic", "trace", "measured"] = "analytic"
     notes: tuple[str, ...] = ()
     kv_cache_tokens: int | None = Field(default=None, ge=0, description="a serving engine's KV cache in tokens, as it logs it (None: no engine)")

@@ -16,6 +16,7 @@ from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import GPU
 from ..model.types import ModelSpec
+from ..setup import FLASH_ATTENTION
 
 
 def flash_attn_available() -> bool:
@@ -37,9 +38,13 @@ def _check_forced(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute:
             where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
             raise ConflictingConstraintsError(f"attn_implementation='flash_attention_2' needs a GPU flash-attn supports (NVIDIA Ampere+, "
                                               f"AMD MI200/MI300), but the plan runs on {where}; use 'sdpa'")
-        if compute is None:
-            raise ConflictingConstraintsError("attn_implementation='flash_attention_2' needs fp16/bf16 compute, but the plan runs in "
-                                              "fp32; use 'sdpa'")
+    if forced == "flash_attention_3" and (gpu is None or not gpu.supports_flash_attention_3):
+        where = f"{gpu.name} ({gpu.generation})" if gpu is not None else "the CPU"
+        raise ConflictingConstraintsError(f"attn_implementation='flash_attention_3' needs a GPU flash-attn's Hopper build runs on "
+                                          f"(H100 / H200 / H20), but the plan runs on {where}; use 'flash_attention_2' or 'sdpa'")
+    if forced in FLASH_ATTENTION and compute is None:
+        raise ConflictingConstraintsError(f"attn_implementation={forced!r} needs fp16/bf16 compute, but the plan runs in "
+                                          "fp32; use 'sdpa'")
 
 
 def _why_not_fa2(gpu: GPU | None, compute: str | None, local: bool) -> str | None:
@@ -68,7 +73,7 @@ def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compu
               "unit": "bytes of s x s scores per sample and layer in eager"} if seq_len else {}
     if forced:
         return Decision(setting="attn_implementation", value=forced, reason=f"attn_implementation={forced!r} was requested",
-                        source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced == "flash_attention_2" else "",
+                        source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced in FLASH_ATTENTION else "",
                         **scores)
     why_not = _why_not_fa2(gpu, compute, local)
     if why_not is None and spec.supports_sdpa:

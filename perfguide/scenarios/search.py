@@ -104,7 +104,7 @@ def fits(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> bool:
     """The footprint that decides an OOM (``needed``: the allocator releases its cache before it raises), not the
     steady-state total nvidia-smi shows, within the usable bytes; and offloaded states within host RAM."""
     usable = usable_bytes(memory, headroom)
-    return (usable is None or memory.needed <= usable) and fits_ram(memory, hardware, headroom)
+    return memory.kernel_limit is None and (usable is None or memory.needed <= usable) and fits_ram(memory, hardware, headroom)
 
 
 def quiet_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, factors: Factors | None = None) -> Throughput:
@@ -293,7 +293,9 @@ def candidates(result: SearchResult, hardware: Hardware, headroom: float) -> tup
 
 def broken_limit(memory: MemoryEstimate, hardware: Hardware, headroom: float) -> tuple[str, int]:
     """Which limit a setup breaks, in words and as the bytes that break it: device memory, or (offload) the
-    node's host RAM."""
+    node's host RAM; or an attention kernel that cannot index the setup's q at any memory (the bytes it would need)."""
+    if memory.kernel_limit is not None:
+        return memory.kernel_limit, memory.needed
     usable = usable_bytes(memory, headroom)
     if (usable is None or memory.needed <= usable) and not fits_ram(memory, hardware, headroom):
         need, ram = gib_over(memory.cpu_ram, usable_ram(hardware, headroom)).split(" > ")

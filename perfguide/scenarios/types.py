@@ -15,7 +15,7 @@ from ..memory.serving import EngineMemory
 from ..memory.types import MemoryEstimate
 from ..model.tasks import normalize_task
 from ..model.types import ModelSpec
-from ..setup import LoraSpec, Setup, TrainerLoop
+from ..setup import AttnImpl, LoraSpec, Setup, TrainerLoop
 from ..speed.types import Throughput
 from . import registry
 
@@ -57,7 +57,7 @@ class Constraints(Model):
     finetune: Literal["full", "lora", "qlora"] | None = None   # None: full, LoRA/QLoRA offered only as alternatives
     lora: LoraSpec | None = None
     gradient_checkpointing: StrictBool | None = None
-    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
+    attn_implementation: AttnImpl | None = None
     micro_batch_size: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
     headroom: StrictFloat = Field(default=0.10, ge=0, lt=1, description="fraction of device memory (and of host RAM for offload) kept free")
     nodes: StrictInt = Field(default=1, ge=1, le=100_000)

@@ -34,10 +34,13 @@ def fused_attention_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, peak_tflops
                             kernel: str | None = None) -> float:
     """Seconds the fused attention kernels of one micro-step take: the executed (causal) share of the counted
     FLOPs at the kernel's own fraction of peak (FlashAttention-2's by GPU generation; ``kernel`` names an older
-    one, priced relative to it). The stack term does not apply: the kernel, not the stack, decides its speed."""
+    one, priced relative to it, as is FlashAttention-3 on Hopper). The stack term does not apply: the kernel, not the stack, decides its speed."""
     if not rates.fused_attention(setup) or attn_flops <= 0:
         return 0.0
-    fraction = rates.class_constant("attention_peak_fraction", rates.attention_arch(gpu), gpu)
+    arch = rates.attention_arch(gpu)
+    fraction = rates.class_constant("attention_peak_fraction", arch, gpu)
+    if kernel is None and setup.attn_implementation == "flash_attention_3" and arch == "hopper":
+        kernel = "flash_v3_hopper"   # FlashAttention-3 uses Hopper's wgmma / TMA, which FlashAttention-2 does not
     if kernel is not None:
         fraction *= float(constant("attention_kernel_speed")[kernel])
     if setup.packed_doc_len is not None:

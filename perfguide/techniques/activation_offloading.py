@@ -71,7 +71,9 @@ class ActivationOffloading(Technique):
         if not self.active(ctx.setup):
             return terms
         on_gpu, to_host = split_boundaries(terms.activations, ctx.spec.total_layers)
-        return terms.changed("checkpointed activations offloaded to pinned host RAM", activations=on_gpu, cpu_ram=terms.cpu_ram + to_host)
+        # cpu_ram is the node's (every rank on it offloads its own), as the states' offload counts it
+        return terms.changed("checkpointed activations offloaded to pinned host RAM", activations=on_gpu,
+                             cpu_ram=terms.cpu_ram + to_host * ctx.setup.num_gpus)
 
     def speed(self, ctx: SpeedContext) -> StepSeconds:
         if not self.active(ctx.setup):

@@ -76,7 +76,7 @@ class PaddingFree(Technique):
             return shape
         length = setup.avg_seq_len or setup.seq_len   # as real_tokens: without avg_seq_len every sample fills seq_len
         tokens = setup.micro_batch_size * length
-        if setup.attn_implementation == "flash_attention_2":
+        if setup.flash_attention:
             attention = (setup.micro_batch_size, length)   # varlen: each sample attends to itself only
         else:
             attention = (1, tokens)                                     # one row with a block-diagonal mask
@@ -106,8 +106,8 @@ def real_tokens(setup: Any) -> int:
 
 
 def packed_mask_bytes(setup: Any) -> int:
-    """The [T, T] bool block-diagonal mask SDPA / eager need for a flattened row; none for flash_attention_2."""
-    if not setup.padding_free or setup.attn_implementation == "flash_attention_2":
+    """The [T, T] bool block-diagonal mask SDPA / eager need for a flattened row; none for flash-attn (2 or 3)."""
+    if not setup.padding_free or setup.flash_attention:
         return 0
     return real_tokens(setup) ** 2
 

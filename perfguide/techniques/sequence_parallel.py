@@ -59,7 +59,7 @@ class SequenceParallel(Technique):
             return self._refused(f"sequence_parallel={sp} must divide the world size ({world} process(es)): each group "
                                  "of that many ranks splits one sequence")
         if setup.attn_implementation == "eager":
-            return self._refused("sequence parallelism runs through flash_attention_2 or sdpa (the all-to-all or ring wraps "
+            return self._refused("sequence parallelism runs through flash_attention_2/3 or sdpa (the all-to-all or ring wraps "
                                  "the fused kernel), not eager attention")
         if setup.objective != "sft" or setup.target_len is not None or setup.packed_doc_len is not None:
             return self._refused("sequence parallelism is priced for a decoder's next-token step (no DPO pair, no "

@@ -103,10 +103,10 @@ def _split(data: dict[str, Any], col: Collector) -> bool:
 
 
 #: the kernels Ulysses accepts (accelerate's --parallelism_config_sp_attn_implementation help), as perfguide prices them:
-#: FA3 and the Hub's flash-attn kernels keep what FA2 keeps for backward (the output and the log-sum-exp)
-SP_KERNELS = {"flash_attention_2": "flash_attention_2", "flash_attention_3": "flash_attention_2", "sdpa": "sdpa",
-              "kernels-community/flash-attn2": "flash_attention_2", "kernels-community/flash-attn3": "flash_attention_2",
-              "kernels-community/vllm-flash-attn3": "flash_attention_2"}
+#: the Hub's flash-attn kernels are builds of flash-attn 2 or 3 (FlashAttention-3 for the vllm one)
+SP_KERNELS = {"flash_attention_2": "flash_attention_2", "flash_attention_3": "flash_attention_3", "sdpa": "sdpa",
+              "kernels-community/flash-attn2": "flash_attention_2", "kernels-community/flash-attn3": "flash_attention_3",
+              "kernels-community/vllm-flash-attn3": "flash_attention_3"}
 
 
 def _fsdp(cfg: dict[str, Any], col: Collector) -> None:

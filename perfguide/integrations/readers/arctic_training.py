@@ -46,7 +46,7 @@ TRAINERS = ("sft", "causal")
 MODEL_TYPES = {"": False, "huggingface": False, "liger": True}
 DTYPES = {**DTYPE_WORDS, "bfloat": "bf16"}
 #: ModelConfig.validate_attn_implementation: flash_attention_3 needs a source build of flash-attn 3
-ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash_attention_2", "flash_attention_3": "flash_attention_2"}
+ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash_attention_2": "flash_attention_2", "flash_attention_3": "flash_attention_3"}
 OPTIMIZERS = {"": "adamw_torch", "fused_adam": "adamw_torch", "cpu_adam": "adamw_torch"}
 _HUMAN = re.compile(r"^(-?\d+\.?\d?)(k|m|b|t|ki|mi|gi|ti)$")
 _SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
@@ -95,11 +95,7 @@ def _model(model: dict[str, Any], col: Collector) -> str:
     col.set_model(model["name_or_path"], "model.name_or_path")
     liger = choice(str(model.get("type", "")), col.where("model.type"), MODEL_TYPES)
     col.set("liger_kernel", liger, "model.type")
-    word = str(model.get("attn_implementation", "sdpa"))
-    col.set("attn_implementation", attention(word, col.where("model.attn_implementation"), ATTENTION, col), "model.attn_implementation")
-    if word == "flash_attention_3":
-        col.note(f"{col.where('model.attn_implementation')}=flash_attention_3 is priced as flash_attention_2 (no s x s scores; "
-                 "its backward workspace as FlashAttention-2's)")
+    col.set("attn_implementation", attention(str(model.get("attn_implementation", "sdpa")), col.where("model.attn_implementation"), ATTENTION, col), "model.attn_implementation")
     off = as_bool(model.get("disable_activation_checkpoint", False), col.where("model.disable_activation_checkpoint"))
     col.set("gradient_checkpointing", not off, "model.disable_activation_checkpoint")
     if model.get("hf_config_kwargs"):

@@ -53,7 +53,7 @@ UNPRICED_KERNELS = {"lora_mlp_kernel": "axolotl's fused LoRA MLP kernel", "lora_
                     "use_kernels": "the Hub kernels transformers loads (kernelize)"}
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
-             "sage": "sdpa", "flash_attention_3": "flash_attention_2"}
+             "sage": "sdpa", "flash_attention_3": "flash_attention_3"}
 _LEGACY_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager", "xformers_attention": "xformers",
                      "flex_attention": "flex_attention", "sage_attention": "sage"}
 

@@ -37,6 +37,8 @@ def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
         raise InvalidSetupError(f"sequence_parallel={setup.sequence_parallel}: {recurrent_problem(spec.name, spec.recurrent_layer_types)}")
     price = Pricer(spec, hw, setup)
     memory = price.memory(setup)
+    if memory.kernel_limit is not None:   # it crashes at any free memory: said, whatever the bytes
+        c.notes.append(memory.kernel_limit)
     throughput = price.speed(setup)
     fit = fit_change(price, c, memory.fits)
     if (reduce := c.split_reduce_note()) is not None:

@@ -50,7 +50,7 @@ UNPRICED = {"use_galore": "GaLore through ms-swift's own optimizer",
             "deepspeed_autotp_size": "DeepSpeed AutoTP tensor parallelism"}
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
 ATTENTION = {"flash_attn": "flash_attention_2", "flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager",
-             "flash_attention_3": "flash_attention_2"}
+             "flash_attention_3": "flash_attention_3"}
 _OWN = frozenset({"deepspeed", "fsdp", "fsdp_config", "max_length", "packing", "padding_free", "gradient_checkpointing",
                   "per_device_train_batch_size", "gradient_accumulation_steps"})
 
