@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from accuracy_anchors import accelerate_anchor, deepspeed_anchor
 from accuracy_context import torch_era
-from accuracy_gauge import gauge_bytes, gauge_fits, gauge_note, gauged
+from accuracy_gauge import gauge_bytes, gauge_fits, gauge_note, gauged, host_ram_fits
 from accuracy_hardware import _hardware
 from accuracy_litgpt import litgpt_inference
 from accuracy_loss import _block_code_bytes, _bnb_version, _loss_bytes, _resident_bytes, _transformers_version
@@ -192,6 +192,8 @@ def _fits(row: dict[str, str], spec: ModelSpec, setup: Setup, hw: Hardware, on_l
     if index_overflow(spec, setup) is not None:
         return False
     est = _verdict_estimate(row, spec, setup, hw)
+    if not host_ram_fits(row, est):   # a recipe node's stated host RAM (bench/accuracy_gauge.py)
+        return False
     if on_line and gauged(row):   # a recipe's length: where its authors' NVML reading meets the card
         return gauge_fits(est, spec, setup)
     return reserved_line_fits(est, spec, setup, hw) if on_line and RESERVED_LINE in row["mem_metric"] else est.fits

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from accuracy_gauge import recipe_nodes
 from accuracy_parallelism import Skip, _int, _strategy, offloads  # noqa: F401  (re-exported: the readers and tests use them from here)
 
 from perfguide.model.types import ModelSpec
@@ -341,6 +342,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
+    fields.update(recipe_nodes(row, int(str(fields["num_gpus"]))))
     if row["source_group"].startswith("litgpt"):   # litgpt's own GPT: an LM head of its own (perfguide/model/code.py)
         fields["model_code"] = "litgpt"
     if q:

@@ -74,3 +74,25 @@ def test_a_measured_nvml_row_and_a_recipe_length_read_on_the_gauge(acc: ModuleTy
     for s, fits in ((int(ctx.predicted), True), (int(ctx.predicted) + 32, False)):
         e = acc._verdict_estimate(rows["2201"], spec1, s1.replace(seq_len=s), hw)
         assert (e.fit_total + 2 * s * V <= e.capacity) is fits and e.fits
+
+
+def test_h100_recipes_run_on_8_gpu_nodes_whose_host_ram_holds_every_published_length(
+        acc: ModuleType, rows: dict[str, dict[str, str]]) -> None:
+    """The README's machines ('H100 80GB nodes w/ 8 GPUs per node', '1.9TB CPU memory'): a multi-node recipe is
+    8 processes on each of N / 8 nodes, and each node's offloaded states and checkpoints fit its RAM at every length
+    that ran. The H200 recipes name no node RAM and are judged on the GPU only."""
+    gauge = load_bench("accuracy_gauge")
+    assert gauge.recipe_nodes(rows["2217"], 32) == {"num_gpus": 8, "nodes": 4}
+    assert gauge.recipe_nodes(rows["2209"], 8) == {} and gauge.recipe_nodes(rows["2227"], 1) == {}
+    assert not gauge.on_recipe_nodes(rows["2227"]) and gauge.on_recipe_nodes(rows["2202"])
+    checked = 0
+    for rid in (str(i) for i in range(2201, 2220) if i != 2216):   # 2216: 15.5M tokens, past Setup's bound
+        row = rows[rid]
+        if row["value_kind"] != "max_seq_fit" or not gauge.on_recipe_nodes(row):
+            continue
+        spec = acc._spec(row["model_hf_id"])
+        setup = acc._train_setup(row, spec)
+        est = acc._verdict_estimate(row, spec, setup, acc._hardware(row["gpu_type"], setup.num_gpus))
+        assert gauge.host_ram_fits(row, est), (rid, est.cpu_ram / 2**30)
+        checked += 1
+    assert checked >= 15

@@ -200,20 +200,22 @@ def test_unreadable_yaml_values_are_one_line(tmp_path: Path, capsys: pytest.Capt
         assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
 
 
-@pytest.mark.parametrize("kernel", ["kernels-community/vllm-flash-attn3", "kernels-community/flash-attn3:flash_attn_func"])
-def test_hub_flash_attention_kernel_is_priced_as_flash(kernel: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kernel", "built"), [("kernels-community/vllm-flash-attn3", "flash_attention_3"),
+                                               ("kernels-community/flash-attn3:flash_attn_func", "flash_attention_3"),
+                                               ("kernels-community/flash-attn2", "flash_attention_2")])
+def test_hub_flash_attention_kernel_is_priced_as_flash(kernel: str, built: str, tmp_path: Path) -> None:
     """transformers loads ``attn_implementation="org/repo[:function]"`` from the Hub through the kernels package
     (axolotl's gpt-oss examples use kernels-community/vllm-flash-attn3): a flash-attention build keeps no s x s scores,
-    so it is priced as flash_attention_2 and the notes say so; a Hub kernel that is not a flash build is refused."""
+    so it is priced as the flash-attn it builds and the notes say so; a Hub kernel that is not a flash build is refused."""
     path = tmp_path / "hub.yml"
     path.write_text(yaml.safe_dump({**load("axolotl_qlora-1b.yml"), "attn_implementation": kernel}), encoding="utf-8")
-    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
-    assert c.setup.attn_implementation == "flash_attention_2"
+    c = perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="h100-80gb")
+    assert c.setup.attn_implementation == built
     assert any("is a Hub kernel" in n and kernel in n for n in c.notes)
     path.write_text(yaml.safe_dump({**load("axolotl_qlora-1b.yml"), "attn_implementation": "kernels-community/paged-attention"}),
                     encoding="utf-8")
     with pytest.raises(perfguide.PerfGuideError, match="a Hub attention kernel perfguide cannot price"):
-        perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="a100-80gb")
+        perfguide.check("meta-llama/Llama-3.2-1B", path, hardware="h100-80gb")
 
 
 @pytest.mark.parametrize("family", ["galore", "apollo"])

@@ -35,8 +35,8 @@ def test_the_priced_rows_read_as_the_notebook_setup() -> None:
     eager, fa3, *_ = _rows()
     spec = acc._spec(eager["model_hf_id"])
     s_eager, s_fa3 = acc._train_setup(eager, spec), acc._train_setup(fa3, spec)
-    assert s_eager.attn_implementation == "eager" and s_fa3.attn_implementation == "flash_attention_2"
-    assert s_eager.replace(attn_implementation="flash_attention_2", seq_len=15000) == s_fa3
+    assert s_eager.attn_implementation == "eager" and s_fa3.attn_implementation == "flash_attention_3"
+    assert s_eager.replace(attn_implementation="flash_attention_3", seq_len=15000) == s_fa3
     assert s_eager.lora is not None and s_eager.lora.r == 8
     assert set(s_eager.lora.target_modules) == {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj"}
     assert (s_eager.micro_batch_size, s_eager.weights_dtype, s_eager.gradient_checkpointing) == (1, "bf16", True)

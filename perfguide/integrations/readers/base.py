@@ -215,17 +215,19 @@ _HUB_KERNEL = re.compile(r"^[\w.-]+/[\w.-]+(?::[\w.]+)?$")
 
 
 def attention(value: Any, where: str, mapping: Mapping[str, Any], col: Collector) -> Any:
-    """An ``attn_implementation`` word; a Hub flash-attention kernel is priced as FlashAttention-2 (a flash build keeps
-    no s x s scores, the same memory order) and noted; other Hub kernels are refused in one line."""
+    """An ``attn_implementation`` word; a Hub flash-attention kernel is priced as the flash-attn it builds (FlashAttention-3
+    where its name says flash-attn3, else FlashAttention-2: neither keeps s x s scores) and noted; other Hub kernels are
+    refused in one line."""
     text = str(value).strip()
     if _HUB_KERNEL.match(text):
         if "flash" not in text.lower():
             raise ConfigReadError(f"{where}={text!r} is a Hub attention kernel perfguide cannot price (only flash-attention "
                                   f"builds are: their names say flash). Accepted: {', '.join(sorted(mapping))}, or a Hub "
                                   "flash-attention kernel id")
+        kernel = "flash_attention_3" if "attn3" in text.lower().replace("-", "").replace("_", "") else "flash_attention_2"
         col.note(f"{where}={text!r} is a Hub kernel (transformers loads it through the kernels package): priced as "
-                 "flash_attention_2, a flash-attention build that keeps no s x s score matrix")
-        return "flash_attention_2"
+                 f"{kernel}, a flash-attention build that keeps no s x s score matrix")
+        return kernel
     return choice(value, where, mapping)
 
 
