@@ -78,3 +78,15 @@ def test_activation_offload_host_ram_is_the_nodes() -> None:
 
     one = offloaded(1)
     assert one > 0 and offloaded(8) == 8 * one
+
+
+def test_flash_attention_2_is_not_chosen_unasked_past_its_reach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local plan with flash-attn installed takes it unasked, but not for a sequence it cannot index: SDPA then."""
+    from perfguide.scenarios import rules_attention
+
+    monkeypatch.setattr(rules_attention, "flash_attn_available", lambda: True)
+    spec, gpu = ModelSpec.from_any(LLAMA_8B), Hardware.from_name("h100-80gb").gpus[0]
+    short = rules_attention.decide_attention(spec, None, gpu, "bf16", local=True, seq_len=8192)
+    long = rules_attention.decide_attention(spec, None, gpu, "bf16", local=True, seq_len=600_000)
+    assert short.value == "flash_attention_2" and long.value == "sdpa"
+    assert any("32-bit offsets" in a.why_not for a in long.alternatives)

@@ -15,6 +15,7 @@ from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import GPU
+from ..memory.index_limits import limit_elements, q_width
 from ..model.types import ModelSpec
 from ..setup import FLASH_ATTENTION
 
@@ -63,6 +64,15 @@ def _why_not_fa2(gpu: GPU | None, compute: str | None, local: bool) -> str | Non
     return None
 
 
+def _past_fa2_reach(spec: ModelSpec, seq_len: int | None) -> str | None:
+    """flash-attn 2 is not chosen unasked for a sequence whose q it cannot index in one call (memory/index_limits.py)."""
+    limit = limit_elements("flash_attention_2")
+    if limit is None or seq_len is None or seq_len * q_width(spec) < limit:
+        return None
+    return (f"flash-attn 2 indexes q with 32-bit offsets: {seq_len:,} tokens x {q_width(spec):,} >= 2^31 elements per "
+            "sample crashes ('an illegal memory access')")
+
+
 def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None, *, local: bool,
                      seq_len: int | None = None) -> Decision:
     """``compute``: the matmul dtype ("bf16" / "fp16"; None for fp32). ``local``: the plan targets this machine.
@@ -75,7 +85,7 @@ def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compu
         return Decision(setting="attn_implementation", value=forced, reason=f"attn_implementation={forced!r} was requested",
                         source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced in FLASH_ATTENTION else "",
                         **scores)
-    why_not = _why_not_fa2(gpu, compute, local)
+    why_not = _why_not_fa2(gpu, compute, local) or _past_fa2_reach(spec, seq_len)
     if why_not is None and spec.supports_sdpa:
         return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE, **scores,
                         reason="flash-attn is installed, supports the GPU and compute is 16-bit: no s x s scores, fastest prefill",
