@@ -65,6 +65,8 @@ def test_flash_attention_2_past_its_32_bit_reach_is_a_crash_not_a_fit(tmp_path: 
         if crashes:
             assert "2,273,280,000 elements >= 2^31" in said[0] and "longest here 524,287 tokens" in said[0]
             assert not c.fits
+            fix = c.changes[0]   # what the crash's reporters were told to use, on a Hopper card
+            assert fix.fits and fix.setup == {"attn_implementation": "flash_attention_3"}
 
 
 def test_a_recipe_without_deepspeed_takes_arctic_trainings_defaults(tmp_path: Path) -> None:

@@ -205,7 +205,13 @@ def fit_change(price: Pricer, c: Combined, fits: bool) -> Change | None:
     if fits:
         return None
     fixed = frozenset(f for r in c.readings for f in r.fixed)
-    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate, more_gpus(price, c), fixed)
+    # an attention kernel that cannot index the run's q: FlashAttention-3 on Hopper (what the crash's reporters were
+    # told to use), else SDPA, is one more single edit
+    hopper = bool(price.hw.gpus) and all(g.supports_flash_attention_3 for g in price.hw.gpus)
+    unindexed = ({"attn_implementation": "flash_attention_3" if hopper else "sdpa"},) \
+        if price.memory(price.setup).kernel_limit is not None else ()
+    found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate,
+                         (*more_gpus(price, c), *unindexed), fixed)
     if found is None:
         return Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price.memory(price.setup).device_total / 2**30,
                       reason="no change of up to three settings fits: see the recommended plan (LoRA / QLoRA, more GPUs, a larger GPU)")
