@@ -90,3 +90,17 @@ def test_flash_attention_2_is_not_chosen_unasked_past_its_reach(monkeypatch: pyt
     long = rules_attention.decide_attention(spec, None, gpu, "bf16", local=True, seq_len=600_000)
     assert short.value == "flash_attention_2" and long.value == "sdpa"
     assert any("32-bit offsets" in a.why_not for a in long.alternatives)
+
+
+def test_flash_attention_3_is_chosen_unasked_where_it_is_installed_on_a_hopper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A local plan takes what is installed: FA3 on a Hopper card that has flash_attn_interface, never elsewhere."""
+    from perfguide.scenarios import rules_attention
+
+    monkeypatch.setattr(rules_attention, "flash_attn_3_available", lambda: True)
+    spec = ModelSpec.from_any(LLAMA_8B)
+    h100, a100 = Hardware.from_name("h100-80gb").gpus[0], Hardware.from_name("a100-80gb").gpus[0]
+    assert rules_attention.decide_attention(spec, None, h100, "bf16", local=True, seq_len=600_000).value == "flash_attention_3"
+    assert rules_attention.decide_attention(spec, None, a100, "bf16", local=True, seq_len=8192).value != "flash_attention_3"
+    assert rules_attention.decide_attention(spec, None, h100, "bf16", local=False, seq_len=8192).value == "sdpa"
+    monkeypatch.setattr(rules_attention, "flash_attn_3_available", lambda: False)
+    assert rules_attention.decide_attention(spec, None, h100, "bf16", local=True, seq_len=8192).value != "flash_attention_3"

@@ -25,6 +25,12 @@ def flash_attn_available() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
+def flash_attn_3_available() -> bool:
+    """Whether flash-attn's Hopper build (``flash_attn_interface``, what transformers loads for flash_attention_3) is
+    importable on this (the planning) machine."""
+    return importlib.util.find_spec("flash_attn_interface") is not None
+
+
 def sdpa_refused(spec: ModelSpec) -> str:
     """The one line for naming SDPA on a class that refuses it (``_supports_sdpa = False``), plan or estimate."""
     return (f"attn_implementation='sdpa' is refused by {spec.name}'s transformers class (soft-capped or sink attention: "
@@ -85,6 +91,12 @@ def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compu
         return Decision(setting="attn_implementation", value=forced, reason=f"attn_implementation={forced!r} was requested",
                         source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced in FLASH_ATTENTION else "",
                         **scores)
+    if local and gpu is not None and gpu.supports_flash_attention_3 and compute and spec.supports_sdpa and flash_attn_3_available():
+        return Decision(setting="attn_implementation", value="flash_attention_3", source=sources.INFER_GPU_ONE, **scores,
+                        reason="flash-attn's Hopper build is installed and the GPU is a Hopper: FlashAttention-3, faster there "
+                               "than FlashAttention-2 and without its 32-bit index limit",
+                        alternatives=(Alternative(value="flash_attention_2", why_not="slower on Hopper (no wgmma / TMA)"),
+                                      Alternative(value="sdpa", why_not="slower at long sequences; fine otherwise")))
     why_not = _why_not_fa2(gpu, compute, local) or _past_fa2_reach(spec, seq_len)
     if why_not is None and spec.supports_sdpa:
         return Decision(setting="attn_implementation", value="flash_attention_2", source=sources.INFER_GPU_ONE, **scores,
