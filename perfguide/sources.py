@@ -23,6 +23,8 @@ MEMORY_ANATOMY = _HF + "model_memory_anatomy"
 #: SDPA, transformers' default attention, and the model classes that refuse it
 SDPA = (_HF + "attention_interface; "
         "https://docs.pytorch.org/docs/stable/generated/torch.nn.functional.scaled_dot_product_attention.html")
+FLASH_ATTENTION_3 = ("Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608): 1.5-2.0x FlashAttention-2 on H100; "
+                     "Dao-AILab/flash-attention hopper/ (flash_attn_interface); flash-attention issue #767 (FA2's 32-bit index)")
 NO_SDPA = ("https://github.com/huggingface/transformers/blob/main/src/transformers/models/gemma2/modeling_gemma2.py "
            "(_supports_sdpa = False: sdpa does not support softcapping)")
 BNB_QUANTIZATION = _HF + "quantization/bitsandbytes"

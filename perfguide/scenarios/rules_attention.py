@@ -89,10 +89,11 @@ def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compu
               "unit": "bytes of s x s scores per sample and layer in eager"} if seq_len else {}
     if forced:
         return Decision(setting="attn_implementation", value=forced, reason=f"attn_implementation={forced!r} was requested",
-                        source=sources.SDPA if forced == "sdpa" else sources.INFER_GPU_ONE if forced in FLASH_ATTENTION else "",
+                        source=sources.SDPA if forced == "sdpa" else sources.FLASH_ATTENTION_3 if forced == "flash_attention_3"
+                        else sources.INFER_GPU_ONE if forced == "flash_attention_2" else "",
                         **scores)
     if local and gpu is not None and gpu.supports_flash_attention_3 and compute and spec.supports_sdpa and flash_attn_3_available():
-        return Decision(setting="attn_implementation", value="flash_attention_3", source=sources.INFER_GPU_ONE, **scores,
+        return Decision(setting="attn_implementation", value="flash_attention_3", source=sources.FLASH_ATTENTION_3, **scores,
                         reason="flash-attn's Hopper build is installed and the GPU is a Hopper: FlashAttention-3, faster there "
                                "than FlashAttention-2 and without its 32-bit index limit",
                         alternatives=(Alternative(value="flash_attention_2", why_not="slower on Hopper (no wgmma / TMA)"),
