@@ -118,3 +118,25 @@ def test_a_change_of_the_split_is_written_in_the_configs_own_key() -> None:
     setup = Setup(**alst(8))
     assert swift.write({"sequence_parallel": 4}, setup)[0] == {"--sequence_parallel_size": 4}
     assert axolotl.write({"sequence_parallel": 4}, setup)[0] == {"context_parallel_size": 4}
+
+
+def test_ulysses_repeats_kv_heads_when_the_split_is_wider_than_them() -> None:
+    """DeepSpeed's UlyssesSPAttentionHF: kv_replication_factor = sp // kv_heads where sp > kv_heads, each rank then one
+    K/V head over the whole sequence. Llama-3.1-70B (64 query heads, 8 K/V heads, head_dim 128), one rank's slice of
+    s tokens, by hand: the kernel saves k and v at sp x 128 per slice token instead of 8 x 128, 2 B each."""
+    from perfguide.memory.block_backward import flash_backward_bytes, kv_replication, replicated_kv_bytes
+    from perfguide.model.types import ModelSpec
+
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-70B-Instruct")
+    s = 125_000
+    local = Setup(seq_len=s, attn_implementation="flash_attention_2", weights_dtype="bf16", gradient_checkpointing=True)
+    assert [kv_replication(spec, n) for n in (1, 8, 16, 32, 64)] == [1, 1, 2, 4, 8]
+    assert replicated_kv_bytes(spec, local, 8) == 0
+    assert replicated_kv_bytes(spec, local, 32) == s * 2 * 2 * (32 - 8) * 128   # k and v, 24 more heads' worth
+    s_r = -(-s // 128) * 128
+    dq_accum = 4 * s_r * 64 * (128 + 1)
+    # 32 ranks: 2 query heads meet 1 K/V head (expanded to 2, query-wide); dk / dv at 32 heads' worth per slice token
+    assert flash_backward_bytes(spec, local, 32) == 2 * s * (2 * 64 * 128 + 2 * 32 * 128) + dq_accum + 2 * 2 * s * 64 * 128
+    # 64 ranks: 1 query head, 1 K/V head: nothing to expand; dk / dv at 64 heads' worth
+    assert flash_backward_bytes(spec, local, 64) == 2 * s * (2 * 64 * 128 + 2 * 64 * 128) + dq_accum
+    assert flash_backward_bytes(spec, local, 8) == flash_backward_bytes(spec, local)   # heads divide: as unsplit

@@ -245,6 +245,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     if setup.strategy in ("device_map", "tp"):
         raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")
     spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
+    split = setup.sequence_ranks   # ranks that split each sequence (a technique's)
     setup = techniques.per_rank(setup)   # sequence parallelism: one rank's slice of each sequence
     led = ledger(spec, setup)
     states, cost = _states(spec, setup, led)
@@ -275,6 +276,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     lora_extra += expert_lora_bytes(spec, shape, led.experts, led.param_bytes, act_setup.lora is not None and not keeps_inputs,
                                     act.regime(shape))
     acts, per_layer = stack_activation_bytes(spec, act_setup, lora_extra, keeps_inputs)
+    if kv_extra := block_backward.replicated_kv_bytes(spec, shape, split):   # Ulysses' repeated K/V heads, saved per block
+        acts, per_layer = acts + kv_extra * spec.num_layers, per_layer + kv_extra
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
     largest = max((g.numel for g in led.trainable), default=0)
     # the largest gradient's width: its own where the step keeps the ledger's widths (not DeepSpeed's 16-bit casts)
@@ -315,7 +318,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # or, recomputed, a DoRA Linear's weight norm (its forward runs in the recompute; lora_activations.dora_norm_bytes)
     dequant = max(dequant, dora_norm_bytes(shape, led.dora_largest) if recompute else 0)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu, terms.mlp_tokens) if recompute else 0   # its gradients (block_backward.py)
-    if flash := block_backward.flash_backward_bytes(spec, shape) if recompute else 0:   # or its attention's, the MLP half freed by then
+    if flash := block_backward.flash_backward_bytes(spec, shape, split) if recompute else 0:   # or its attention's, the MLP half freed by then
         in_flight = max(in_flight, per_layer - shares()[1] - terms.attention_saved_less + flash - terms.recompute)
     in_flight += sdpa_bias_bytes(spec, shape, checkpointed=True) if recompute else 0   # + its SDPA bias, recompute to backward
     grads, step_temp, optimizer_on_device, cpu_ram = terms.grads, terms.step_temp, terms.optimizer_on_device, terms.cpu_ram

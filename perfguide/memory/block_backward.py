@@ -322,7 +322,26 @@ def first_step_pending_params(spec: ModelSpec, setup: Setup) -> int:
     return max(0, stack // spec.num_layers - down) + (spec.embedding_params if spec.lm_head_params else 0)
 
 
-def flash_backward_bytes(spec: ModelSpec, setup: Setup) -> int:
+def kv_replication(spec: ModelSpec, split: int) -> int:
+    """How many times a sequence split over ``split`` ranks repeats each K/V head: DeepSpeed's Ulysses
+    (``UlyssesSPAttentionHF``: ``kv_replication_factor = world_size // kv_head_count`` where the split is wider than
+    the model's K/V heads, ``repeat_interleave`` before the all-to-all) gives every rank one K/V head over the whole
+    sequence. 1 where the heads divide over the ranks, or without a split. Every split is priced as Ulysses, as the
+    speed model's all-to-alls are (speed/sequence_split.py): ring attention (axolotl's context_parallel_size, torch's
+    context_parallel) keeps k / v sharded, so past its K/V heads this is an upper bound there."""
+    kv = spec.num_key_value_heads
+    return split // kv if split > kv and not spec.is_encoder_decoder and not spec.is_mla else 1
+
+
+def replicated_kv_bytes(spec: ModelSpec, setup: Setup, split: int) -> int:
+    """Bytes a block keeps for backward beyond its table where Ulysses repeats the K/V heads (``kv_replication``): the
+    attention kernel saves k and v at one head over the whole sequence, ``replication`` times the rank's slice at every
+    K/V head (16-bit; ``setup`` is one rank's slice)."""
+    extra_heads = spec.num_key_value_heads * (kv_replication(spec, split) - 1)
+    return setup.micro_batch_size * setup.seq_len * 2 * 2 * extra_heads * spec.head_dim
+
+
+def flash_backward_bytes(spec: ModelSpec, setup: Setup, split: int = 1) -> int:
     """Bytes alive at a recomputed block's attention backward under flash-attn (``attn_implementation=
     "flash_attention_2"`` or ``"flash_attention_3"``) beyond the tensors the recompute saved: the kernel's workspace and its gradients, which no
     CPU trace shows, as ``mha_bwd`` allocates them (Dao-AILab/flash-attention csrc/flash_attn/flash_api.cpp, v2.6+;
@@ -337,16 +356,22 @@ def flash_backward_bytes(spec: ModelSpec, setup: Setup) -> int:
     accumulates in fp32 instead: ``dq_accum`` ``[b, heads, round(s) * round_up_headdim(d)]``, ``softmax_d`` and
     ``softmax_lse_log2`` ``[b, heads, round(s)]``, and for grouped K/V heads ``dk_accum`` / ``dv_accum`` at the K/V
     heads (fp32), not expanded copies at every query head.
+    Under a sequence split over ``split`` ranks (``setup`` is one rank's slice) the kernel runs the whole sequence for
+    heads / split heads, the same elements; where Ulysses repeats the K/V heads (``kv_replication``) dk / dv are
+    ``replication`` times the slice's and the query heads meet their K/V head one to one once each rank has one of
+    each (no expanded copies).
     Decoder stacks with one head width (MLA's split q / v widths are not counted): 0 otherwise."""
     if not setup.flash_attention or spec.is_encoder_decoder or spec.is_mla:
         return 0
     b, s, heads, kv, d = setup.micro_batch_size, setup.seq_len, spec.num_attention_heads, spec.num_key_value_heads, spec.head_dim
     s_rounded, half = -(-s // 128) * 128, 2   # flash-attn runs fp16 / bf16 only
-    grads = half * s * (2 * heads * d + 2 * kv * d)   # the output's gradient and dq, dk, dv
+    kv_kernel = kv * kv_replication(spec, split)   # K/V heads the kernel sees, over the rank's share of the sequence
+    grouped = heads // split != max(1, kv // split) if split > 1 else kv != heads   # the kernel expands K/V for its queries
+    grads = half * s * (2 * heads * d + 2 * kv_kernel * d)   # the output's gradient and dq, dk, dv
     if setup.attn_implementation == "flash_attention_3":
         d_rounded = next((r for r in (64, 96, 128, 192, 256) if d <= r), d)   # round_up_headdim
-        workspace = 4 * s_rounded * heads * (d_rounded + 2) + (2 * 4 * s_rounded * kv * d_rounded if kv != heads else 0)
+        workspace = 4 * s_rounded * heads * (d_rounded + 2) + (2 * 4 * s_rounded * kv_kernel * d_rounded if grouped else 0)
     else:
         d_rounded = -(-d // 32) * 32 if d <= 192 else 256
-        workspace = 4 * s_rounded * heads * (d_rounded + 1) + (2 * half * s * heads * d if kv != heads else 0)
+        workspace = 4 * s_rounded * heads * (d_rounded + 1) + (2 * half * s * heads * d if grouped else 0)
     return b * (grads + workspace)
