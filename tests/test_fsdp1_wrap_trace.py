@@ -68,7 +68,11 @@ def test_shard_grad_op_keeps_the_untied_parameters_sharding_prices(traced: dict[
     # set without and with the head's copy; anything outside means SHARD_GRAD_OP kept a different set.
     tied_bytes = _spec().total_params * 4
     assert tied_bytes <= sgo["backward"] - plain["backward"] <= UNTIED_BYTES
-    assert 0 < full["backward"] - plain["backward"] < 4 * (256 * 1024 + 1024)
+    # FULL_SHARD holds under one c_fc unit beyond the unwrapped model, less the head unit's duplicated wte (8000 x 256
+    # fp32) where its asynchronous free lands before that peak: observed 280,576 (alone) and -7,911,424 (in a full CI
+    # run, fresh clone of 772e5d4), from the same two outcomes as above
+    head_copy = 8000 * 256 * 4
+    assert -head_copy < full["backward"] - plain["backward"] < 4 * (256 * 1024 + 1024)
 
 
 @pytest.mark.slow
