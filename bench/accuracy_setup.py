@@ -342,7 +342,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))
     fields.update(_precision(row["precision"]))
     fields.update(_strategy(row))
-    fields.update(recipe_nodes(row, int(str(fields["num_gpus"]))))
+    fields.update(recipe_nodes(row, _int(row["num_gpus"], 1)))
     if row["source_group"].startswith("litgpt"):   # litgpt's own GPT: an LM head of its own (perfguide/model/code.py)
         fields["model_code"] = "litgpt"
     if q:

@@ -18,14 +18,10 @@ from ..setup import Setup
 from .types import MemoryEstimate
 
 
-def limit_elements(attn_implementation: str) -> int | None:
-    """Elements of q one call of this kernel can index (None: not limited here)."""
-    limits: dict[str, int] = fact_value("calibration", "attention_index_limit_elements")
-    return limits.get(attn_implementation)
-
-
 def _limit(setup: Setup) -> int | None:
-    return limit_elements(setup.attn_implementation) if setup.device == "cuda" else None
+    """Elements of q one call of the setup's attention kernel can index (None: not limited here)."""
+    limits: dict[str, int] = fact_value("calibration", "attention_index_limit_elements")
+    return limits.get(setup.attn_implementation) if setup.device == "cuda" else None
 
 
 def q_width(spec: ModelSpec) -> int:

@@ -15,9 +15,9 @@ from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..hardware.types import GPU
-from ..memory.index_limits import limit_elements, q_width
+from ..memory.index_limits import index_overflow
 from ..model.types import ModelSpec
-from ..setup import FLASH_ATTENTION
+from ..setup import FLASH_ATTENTION, Setup
 
 
 def flash_attn_available() -> bool:
@@ -72,11 +72,7 @@ def _why_not_fa2(gpu: GPU | None, compute: str | None, local: bool) -> str | Non
 
 def _past_fa2_reach(spec: ModelSpec, seq_len: int | None) -> str | None:
     """flash-attn 2 is not chosen unasked for a sequence whose q it cannot index in one call (memory/index_limits.py)."""
-    limit = limit_elements("flash_attention_2")
-    if limit is None or seq_len is None or seq_len * q_width(spec) < limit:
-        return None
-    return (f"flash-attn 2 indexes q with 32-bit offsets: {seq_len:,} tokens x {q_width(spec):,} >= 2^31 elements per "
-            "sample crashes ('an illegal memory access')")
+    return None if seq_len is None else index_overflow(spec, Setup(seq_len=seq_len, attn_implementation="flash_attention_2"))
 
 
 def decide_attention(spec: ModelSpec, forced: str | None, gpu: GPU | None, compute: str | None, *, local: bool,

@@ -10,6 +10,7 @@ from typing import Any
 from ...errors import InvalidSetupError
 from ...hardware.types import Hardware
 from ...memory.moe_lora import linear_module_leaves
+from ...memory.types import MemoryEstimate
 from ...model.types import ModelSpec
 from ...scenarios.registry import DEFAULT_TRAIN_SEQ_LEN
 from ...setup import Setup
@@ -40,7 +41,7 @@ def verdict(spec: ModelSpec, hw: Hardware, c: Combined) -> tuple[Check, Pricer]:
     if memory.kernel_limit is not None:   # it crashes at any free memory: said, whatever the bytes
         c.notes.append(memory.kernel_limit)
     throughput = price.speed(setup)
-    fit = fit_change(price, c, memory.fits)
+    fit = fit_change(price, c, memory)
     if (reduce := c.split_reduce_note()) is not None:
         c.notes.append(reduce)
     check = Check(model=spec.name, hardware=label(hw, setup), setup=setup, fits=memory.fits, memory=memory, throughput=throughput,
@@ -201,19 +202,20 @@ def more_gpus(price: Pricer, c: Combined) -> tuple[dict[str, Any], ...]:
     return ({"num_gpus": hw.gpu_count, "strategy": sharded},)
 
 
-def fit_change(price: Pricer, c: Combined, fits: bool) -> Change | None:
-    if fits:
+def fit_change(price: Pricer, c: Combined, memory: MemoryEstimate) -> Change | None:
+    """The smallest change that fits, for the config's own ``memory`` (None when it fits)."""
+    if memory.fits:
         return None
     fixed = frozenset(f for r in c.readings for f in r.fixed)
     # an attention kernel that cannot index the run's q: FlashAttention-3 on Hopper (what the crash's reporters were
     # told to use), else SDPA, is one more single edit
     hopper = bool(price.hw.gpus) and all(g.supports_flash_attention_3 for g in price.hw.gpus)
     unindexed = ({"attn_implementation": "flash_attention_3" if hopper else "sdpa"},) \
-        if price.memory(price.setup).kernel_limit is not None else ()
+        if memory.kernel_limit is not None else ()
     found = smallest_fit(price.setup, price.bf16_ok, lambda s: bool(price.memory(s).fits), price.rate,
                          (*more_gpus(price, c), *unindexed), fixed)
     if found is None:
-        return Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=price.memory(price.setup).device_total / 2**30,
+        return Change(kind="fit", setup={}, edits=(), fits=False, peak_gib=memory.device_total / 2**30,
                       reason="no change of up to three settings fits: see the recommended plan (LoRA / QLoRA, more GPUs, a larger GPU)")
     changes, new = found
     rate = price.rate(new)
