@@ -97,6 +97,24 @@ def test_dense_qwen3_counts_like_its_module() -> None:
     assert spec.active_params == spec.total_params and not spec.is_moe and spec.head_dim == 32
 
 
+GEMMA3N = dict(model_type="gemma3n_text", hidden_size=H, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, intermediate_size=[128, 192, 128, 128], vocab_size=V, vocab_size_per_layer_input=V,
+               hidden_size_per_layer_input=8, laurel_rank=4, altup_num_inputs=4, num_kv_shared_layers=2, sliding_window=8,
+               layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * L,
+               max_position_embeddings=128, architectures=["Gemma3nForCausalLM"])
+
+
+def test_per_layer_mlp_widths_read_as_the_widest() -> None:
+    """Gemma 3n writes ``intermediate_size`` once per layer; the widest layer sets the MLP's largest tensors, and the
+    count is the module's own (per-layer embeddings, AltUp and LAuReL included)."""
+    spec = ModelSpec.from_any(GEMMA3N)
+    assert spec.intermediate_size == 192 and spec.num_layers == L
+    config = transformers.Gemma3nTextConfig(**{k: v for k, v in GEMMA3N.items() if k not in ("model_type", "architectures")})
+    with torch.device("meta"):
+        module = transformers.Gemma3nForCausalLM(config)
+    assert spec.total_params == sum(p.numel() for p in module.parameters())
+
+
 # --- KV cache against real tensors after generate ----------------------------------------------------------------
 def _cache_bytes(cache: Any) -> int:
     caches = [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "cross_attention_cache") else [cache]

@@ -181,6 +181,25 @@ def test_catalog_keys_do_not_collide() -> None:
     assert lookup("someone/gpt2") is None  # an unknown organisation is not silently taken for the catalog model
 
 
+def test_mirror_reuploads_resolve_to_the_original_shape() -> None:
+    """Unsloth's re-uploads are the originals' config.json (plus the nf4 quantization_config of a '-bnb-4bit' name):
+    the shape is the catalog entry's, the name stays the one the user's code loads; any other organisation's copy, a
+    dynamic '-unsloth-bnb-4bit' quant (its 16-bit modules vary) or a GGUF file is not guessed."""
+    from perfguide.model.quantized import checkpoint_format
+
+    plain, original = ModelSpec.from_any("unsloth/Llama-3.2-1B-Instruct"), ModelSpec.from_any("meta-llama/Llama-3.2-1B")
+    assert plain.name == "unsloth/Llama-3.2-1B-Instruct" and plain.total_params == original.total_params
+    assert checkpoint_format(plain.config) is None
+    # the upload's page: Meta-Llama-3-8B's 4096 x 32 layers, FFN 14336, 8 KV heads, vocab 128256, stored nf4
+    nf4 = ModelSpec.from_any("unsloth/llama-3-8b-bnb-4bit")
+    assert (nf4.hidden_size, nf4.num_layers, nf4.intermediate_size, nf4.num_key_value_heads, nf4.vocab_size) == (
+        4096, 32, 14336, 8, 128256)
+    assert checkpoint_format(nf4.config) == "nf4" and nf4.total_params == ModelSpec.from_any("meta-llama/Meta-Llama-3-8B").total_params
+    for name in ("someone/Llama-3.2-1B", "unsloth/llama-3-8b-unsloth-bnb-4bit", "unsloth/Qwen3-8B-GGUF"):
+        with pytest.raises(PerfGuideError):
+            ModelSpec.from_any(name)
+
+
 @pytest.mark.parametrize(("name", "arch"), [
     ("bert-base-uncased", "BertModel"), ("bert-base-uncased", "BertForPreTraining"), ("roberta-base", "RobertaModel"),
     ("t5-small", "T5Model"), ("t5-small", "T5EncoderModel"), ("gpt2", "GPT2Model"), ("llama-3.2-1b", "LlamaModel"),

@@ -38,6 +38,15 @@ class CatalogEntry(DataModel):
     counted: ModuleFacts | None = None
 
 
+class Mirror(DataModel):
+    """An organisation that re-uploads other organisations' checkpoints under their own names, config.json unchanged,
+    and the name suffixes that mark a re-upload whose config adds keys (Unsloth's ``-bnb-4bit``: the weights stored
+    nf4, with the ``quantization_config`` its uploads carry)."""
+
+    source: str = Field(min_length=10)
+    suffixes: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
 class SizeRule(DataModel):
     """How a bare size ('7b') becomes a shape (perfguide.model.sizes; the file's ``size_rule._doc`` says it in words)."""
 
@@ -56,6 +65,8 @@ class CatalogFile(DataModel):
     tp_split_expert_model_types: Fact[list[str]]
     #: architecture -> the block class FSDP wraps (transformers' ``_no_split_modules[0]``)
     block_classes: Fact[dict[str, str]]
+    #: organisation -> what its re-uploads are; any other organisation's copy of a name stays unresolved
+    mirror_organisations: dict[str, Mirror] = Field(default_factory=dict)
     #: model_type -> key into data/activations.json (its own ``_doc`` row aside)
     families: dict[str, str]
     size_rule: SizeRule
@@ -109,6 +120,24 @@ def lookup(name: str) -> str | None:
     An id with an unknown organisation does not fall back to its name part: 'someone/gpt2' may be anything.
     """
     return _index().get(normalize(name))
+
+
+def mirrored(name: str) -> tuple[str, dict[str, Any]] | None:
+    """A mirror organisation's re-upload of a catalogued checkpoint (``unsloth/Llama-3.2-1B-Instruct``,
+    ``unsloth/llama-3-8b-bnb-4bit``): the entry it copies and the config keys its name suffix adds; None otherwise.
+    A name the entry's lookup does not know after the suffix is taken off (Unsloth's ``-unsloth-bnb-4bit`` dynamic
+    quants, whose 16-bit modules vary, or ``-GGUF`` files) is not resolved."""
+    org, _, rest = name.strip().partition("/")
+    mirrors = catalog_file().mirror_organisations
+    mirror = next((m for o, m in mirrors.items() if o.lower() == org.lower()), None) if rest else None
+    if mirror is None:
+        return None
+    for suffix, added in sorted(mirror.suffixes.items(), key=lambda kv: -len(kv[0])):
+        if rest.lower().endswith(suffix.lower()):
+            hub_id = _index().get(normalize(rest[: -len(suffix)]))
+            return (hub_id, copy.deepcopy(added)) if hub_id else None
+    hub_id = _index().get(normalize(rest))
+    return (hub_id, {}) if hub_id else None
 
 
 def catalog_names() -> list[str]:

@@ -38,6 +38,15 @@ def optional(config: dict[str, Any], key: str, default: int) -> int:
     return default if value is None else need(config, key)
 
 
+def widest(value: Any) -> int | None:
+    """A width a config gives once or per layer: Gemma 3n lists ``intermediate_size`` layer by layer (equal in the
+    released E2B / E4B checkpoints). The widest layer sets the largest MLP tensors; the parameter counts come from
+    the built module, so no layer's weights are priced at another's width."""
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return max(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def architecture(config: dict[str, Any]) -> str | None:
     archs = config.get("architectures") or []
     return str(archs[0]) if archs else None

@@ -7,6 +7,7 @@ local Hugging Face cache, then one bounded request to the Hub (only when HF_HUB_
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -23,6 +24,7 @@ from .facts import spec_from_facts
 from .sizes import is_size_like, parse_size, spec_for_size
 from .types import MAX_LAYERS, ModelSpec
 
+logger = logging.getLogger(__name__)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _ACCEPTED = ("an nn.Module, a transformers PretrainedConfig, a config dict, a local directory or config.json path, "
              "a catalog name or hub id (e.g. 'gpt2', 'meta-llama/Llama-3.1-8B'), or a size like '7b'")
@@ -121,14 +123,25 @@ def _from_string(text: str, trust_remote_code: bool) -> ModelSpec:
         raise InvalidModelError(f"model size {text.strip()!r} must be more than zero (at least one parameter); accepted: a size like '125m', '7b' or '1.5B'.")
     hub_id = catalog.lookup(text)
     if hub_id is not None:
-        facts = catalog.counted_of(hub_id)  # recorded meta-device counts: no transformers import for catalogued models
-        name = _loaded_id(text, hub_id)
-        config = catalog.config_of(hub_id) | {"_name_or_path": name}
-        return spec_from_facts(config, facts, name, "catalog") if facts else spec_from_config(config, name, "catalog")
+        return _from_catalog(text, hub_id)
+    mirror = catalog.mirrored(text)
+    if mirror is not None:
+        return _from_catalog(text, mirror[0], mirror[1])
     if not _HUB_ID.match(text.strip()):
         kind = "path does not exist" if text.startswith(("/", ".", "~")) or text.endswith(".json") else "is not a hub id"
         raise InvalidModelError(f"model {text!r}: {kind}; accepted: {_ACCEPTED}.")
     return _from_hub(text.strip(), trust_remote_code)
+
+
+def _from_catalog(text: str, hub_id: str, added: dict[str, Any] | None = None) -> ModelSpec:
+    """A catalogued shape under the name the user gave; ``added``: keys a mirror's re-upload puts in its config (a
+    quantization_config), which the recorded meta-device counts still describe (quantization does not change them)."""
+    facts = catalog.counted_of(hub_id)  # recorded meta-device counts: no transformers import for catalogued models
+    name = _loaded_id(text, hub_id)
+    config = catalog.config_of(hub_id) | (added or {}) | {"_name_or_path": name}
+    if added:
+        logger.info("%s: read as a re-upload of %s (%s)", name, hub_id, ", ".join(sorted(added)) or "same config.json")
+    return spec_from_facts(config, facts, name, "catalog") if facts else spec_from_config(config, name, "catalog")
 
 
 def _loaded_id(text: str, hub_id: str) -> str:
