@@ -112,7 +112,29 @@ _SMOLLM2_1_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "
                  "intermediate_size": 8192, "vocab_size": 49152, "rms_norm_eps": 1e-5, "max_position_embeddings": 8192,
                  "rope_theta": 130000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16"}
 
+#: ChatGLM3-6B (ChatGLMForConditionalGeneration, trust_remote_code; huggingface.co/THUDM/chatglm3-6b/blame/d4cd7d0/config.json
+#: and chatglm3-6b-32k/blame/main/config.json): RMSNorm, a fused query_key_value with bias (add_qkv_bias) over 32 query
+#: heads of kv_channels 128 and multi_query_group_num 2 key/value heads, a dense output without bias (add_bias_linear
+#: false), SwiGLU dense_h_to_4h of 2 x ffn_hidden_size 13696, 28 layers of 4096, an untied output_layer over
+#: padded_vocab_size 65024, rotary on half of each head (no memory); seq_length 8192 (32768 for the 32k model). A Qwen2
+#: config computes the same tensors (q/k/v bias, no o bias, GQA): written so.
+_CHATGLM3 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+             "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 28, "intermediate_size": 13696, "vocab_size": 65024,
+             "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "torch_dtype": "float16"}
+
+#: Baichuan2-7B (BaichuanForCausalLM, trust_remote_code): Llama-2-7B's block (4096 x 32 layers, 32 heads, FFN 11008; q/k/v
+#: fused in W_pack, no bias) with a 125,696-token vocabulary and an untied NormHead (the same parameter count as a Linear),
+#: rotary positions, rms_norm_eps 1e-6; values from a fine-tune's copy naming baichuan-inc/Baichuan2-7B-Chat
+#: (huggingface.co/Jianyuan/SFT-baichuan-v2-2000/blob/3858f5f/config.json), written as the Llama config it equals.
+_BAICHUAN2_7B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "_name_or_path": "baichuan-inc/Baichuan2-7B-Chat",
+                 "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32, "num_hidden_layers": 32,
+                 "intermediate_size": 11008, "vocab_size": 125696, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
 CONFIGS: dict[str, dict[str, Any]] = {
+    "ZhipuAI/chatglm3-6b": {**_CHATGLM3, "_name_or_path": "ZhipuAI/chatglm3-6b", "max_position_embeddings": 8192},
+    "ZhipuAI/chatglm3-6b-32k": {**_CHATGLM3, "_name_or_path": "ZhipuAI/chatglm3-6b-32k", "max_position_embeddings": 32768},
+    "baichuan-inc/Baichuan2-7B-Chat": _BAICHUAN2_7B,
     "bigscience/bloomz-7b1": _BLOOMZ_7B1,
     "HuggingFaceTB/SmolLM2-1.7B": _SMOLLM2_1_7B,
     "bigscience/mt0-xxl": _MT0_XXL,

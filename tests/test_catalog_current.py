@@ -24,6 +24,9 @@ PUBLISHED = [
     # Llama-4 cards: 17B active / 109B and 400B total; Gemma-3 cards (hub file sizes): 4.3B, 12.2B, 27.4B
     ("meta-llama/Llama-4-Scout-17B-16E", 109e9, 17e9), ("meta-llama/Llama-4-Maverick-17B-128E", 400e9, 17e9),
     ("google/gemma-3-4b-pt", 4.3e9, None), ("google/gemma-3-12b-pt", 12.2e9, None), ("google/gemma-3-27b-pt", 27.4e9, None),
+    # Kimi-K2's card: 1T total, 32B activated; Qwen3-Coder-30B-A3B's: 30.5B / 3.3B; Yi's cards: 6B and 34B
+    ("moonshotai/Kimi-K2-Instruct", 1.0e12, 32e9), ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 30.5e9, 3.3e9),
+    ("01-ai/Yi-6B-Chat", 6.0e9, None), ("01-ai/Yi-34B-Chat", 34e9, None),
 ]
 
 
@@ -47,7 +50,7 @@ def test_gpt_oss_active_as_openai_counts_it(hub: str) -> None:
 
 @pytest.mark.parametrize("hub", ["microsoft/phi-4", "mistralai/Mistral-Small-24B-Base-2501", "Qwen/Qwen3-30B-A3B",
                                  "deepseek-ai/DeepSeek-V3", "google/gemma-3-1b-pt", "meta-llama/Llama-4-Scout-17B-16E",
-                                 "meta-llama/Llama-4-Maverick-17B-128E", "google/gemma-3-27b-pt"])
+                                 "meta-llama/Llama-4-Maverick-17B-128E", "google/gemma-3-27b-pt", "moonshotai/Kimi-K2-Instruct"])
 def test_catalog_counts_equal_the_meta_module(hub: str) -> None:
     config = config_of(hub)
     hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "_name_or_path")})
