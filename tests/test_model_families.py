@@ -119,7 +119,7 @@ def test_per_layer_mlp_widths_read_as_the_widest() -> None:
 def _cache_bytes(cache: Any) -> int:
     caches = [cache.self_attention_cache, cache.cross_attention_cache] if hasattr(cache, "cross_attention_cache") else [cache]
     return sum(t.numel() * t.element_size() for c in caches for layer in c.layers
-               for t in (layer.keys, layer.values) if t is not None)
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if t is not None)
 
 
 @pytest.mark.parametrize("config", [DEEPSEEK_V3, GEMMA2, GPT_OSS, QWEN3, BART], ids=lambda c: c["model_type"])
@@ -132,6 +132,45 @@ def test_kv_cache_matches_generate(config: dict[str, Any]) -> None:
     setup = Setup(task="infer", device="cpu", micro_batch_size=batch, seq_len=prompt, new_tokens=new, weights_dtype="fp32")
     cross = prompt if spec.is_encoder_decoder else 0
     assert kv_cache_bytes(spec, batch, cached_tokens(setup, spec), 4, cross_tokens=cross) == _cache_bytes(out.past_key_values)
+
+
+# hybrids: raw config.json keys (layer_types derived the way each config class derives them), tiny shapes
+QWEN3_NEXT = dict(model_type="qwen3_next", hidden_size=H, num_hidden_layers=L, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=128, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+                  num_experts=4, num_experts_per_tok=2, vocab_size=V, linear_num_value_heads=4, linear_num_key_heads=2,
+                  linear_key_head_dim=8, linear_value_head_dim=12, linear_conv_kernel_dim=4, full_attention_interval=4,
+                  max_position_embeddings=128)
+BAMBA = dict(model_type="bamba", hidden_size=H, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=V, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=16,
+             mamba_n_groups=1, mamba_d_conv=4, mamba_expand=2, max_position_embeddings=128)
+NEMOTRON_H = dict(model_type="nemotron_h", hidden_size=H, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=128, vocab_size=V, hybrid_override_pattern="M*-", mamba_num_heads=4,
+                  mamba_head_dim=32, ssm_state_size=16, n_groups=1, conv_kernel=4, expand=2, max_position_embeddings=128,
+                  n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1)  # no 'E' layer: unused
+LFM2 = dict(model_type="lfm2", hidden_size=H, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=V, full_attn_idxs=[1], conv_L_cache=3, max_position_embeddings=128)
+
+
+def _state_bytes(cache: Any) -> int:
+    return sum(t.numel() * t.element_size() for layer in cache.layers
+               for states in (getattr(layer, "conv_states", {}), getattr(layer, "recurrent_states", {}))
+               for t in states.values() if t is not None)
+
+
+@pytest.mark.parametrize("config", [QWEN3_NEXT, BAMBA, NEMOTRON_H, LFM2], ids=lambda c: c["model_type"])
+def test_hybrid_cache_matches_generate(config: dict[str, Any]) -> None:
+    """Linear-attention, Mamba-2 and convolution layers keep a fixed state (bf16 conv state, fp32 recurrent state) and
+    no K/V; only the attention layers grow with the sequence: the cache a bf16 ``generate`` leaves, to the byte."""
+    model = _module(config, "cpu").to(torch.bfloat16).eval()
+    batch, prompt, new = 2, 20, 5
+    ids = torch.randint(3, 200, (batch, prompt))
+    out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, return_dict_in_generate=True, pad_token_id=0)
+    spec = ModelSpec.from_any(config)
+    setup = Setup(task="infer", device="cpu", micro_batch_size=batch, seq_len=prompt, new_tokens=new, weights_dtype="bf16")
+    cache = out.past_key_values
+    assert kv_cache_bytes(spec, batch, cached_tokens(setup, spec), 2) == _cache_bytes(cache) + _state_bytes(cache)
+    assert _state_bytes(cache) > 0 and kv_cache_bytes(spec, batch, 1000, 2) < kv_cache_bytes(ModelSpec.from_any(
+        {**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}), batch, 1000, 2) / 2
 
 
 def test_mla_cache_is_the_compressed_latent() -> None:

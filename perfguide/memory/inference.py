@@ -113,8 +113,17 @@ def _expert_count(spec: ModelSpec, key: str) -> int:
 def _layer_windows(spec: ModelSpec) -> list[int | None]:
     """Positions each decoder layer may keep (None = all, 0 = stores nothing), as transformers builds the cache:
     sliding layers their window, Llama-4's chunked layers their chunk (cache_utils.get_layer_types_and_kwargs)."""
-    windows = {"sliding_attention": spec.sliding_window, "chunked_attention": spec.attention_chunk_size, "dummy": 0}
+    windows = {"sliding_attention": spec.sliding_window, "chunked_attention": spec.attention_chunk_size, "dummy": 0,
+               "linear_attention": 0, "conv": 0}
     return [windows.get(kind) for kind in spec.cache_layer_types()]
+
+
+def recurrent_state_bytes(spec: ModelSpec, batch: int, dtype_bytes: int, share: float = 1.0) -> int:
+    """The fixed state a hybrid model's recurrent layers cache per sequence (model/recurrent.py): the conv state in the
+    activation dtype, the recurrent state in fp32, whatever the length; ``share`` of it on one tensor-parallel rank."""
+    layers = sum(kind in ("linear_attention", "conv", "hybrid") for kind in spec.cache_layer_types())
+    per_layer = spec.conv_state_elements * dtype_bytes + spec.recurrent_state_elements * FP32
+    return int(batch * layers * per_layer * share)
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *, static: bool = False,
@@ -122,13 +131,14 @@ def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *
     """What every layer's cache holds after ``tokens`` positions went through the (decoder) model.
 
     Sliding layers keep ``window - 1`` positions in the dynamic cache and ``min(tokens, window)`` in the static
-    one (transformers 5.24 DynamicSlidingWindowLayer / StaticSlidingWindowLayer). Elements per position are
+    one (transformers 5.24 DynamicSlidingWindowLayer / StaticSlidingWindowLayer); a hybrid model's linear-attention and
+    convolution layers keep their fixed state instead (``recurrent_state_bytes``). Elements per position are
     ``ModelSpec.kv_elements_per_token`` (K and V per KV head, or MLA's compressed latent). ``kv_heads``
     overrides the head count, e.g. the heads one tensor-parallel rank holds. ``cross_tokens``: encoder positions
     each decoder layer of an encoder-decoder caches for cross-attention (EncoderDecoderCache).
     """
     per_position = spec.kv_elements_per_token(kv_heads) * dtype_bytes * batch
-    total = 0
+    total = recurrent_state_bytes(spec, batch, dtype_bytes, 1.0 if kv_heads is None else kv_heads / spec.num_key_value_heads)
     for window in _layer_windows(spec):
         kept = tokens if window is None else 0 if window == 0 else min(tokens, window if static else window - 1)
         total += per_position * (kept + cross_tokens)

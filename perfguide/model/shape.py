@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import fields
+from .recurrent import STATE_ONLY, hybrid_types
 from .types import LayerType
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -108,7 +109,11 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
     types = config.get("layer_types")
     # accelerate big_modeling._refuse_recurrent_layers_under_sequence_parallelism's test, on the config's own names
     recurrent = tuple(sorted({t for t in types if isinstance(t, str) and "linear_attention" in t})) if isinstance(types, list) else ()
-    if not (isinstance(types, list) and len(types) == layers and set(types) <= _LAYER_TYPES):
+    hybrid = hybrid_types(config, model_type, layers)
+    if hybrid is not None:
+        types = hybrid[0]
+        recurrent = recurrent or tuple(sorted((STATE_ONLY | {"hybrid"}) & set(types)))
+    elif not (isinstance(types, list) and len(types) == layers and set(types) <= _LAYER_TYPES):
         types = _derived_layer_types(config, model_type, layers, window)
     if types is not None and "sliding_attention" in types and window is None:
         types = ["full_attention" if t == "sliding_attention" else t for t in types]
@@ -118,8 +123,10 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
     from .catalog import catalog_file  # here: the catalog's schema imports this module
 
     sdpa = softcap is None and model_type not in catalog_file().no_sdpa_model_types.value
+    conv, state = hybrid[1] if hybrid is not None else (0, 0)
     return {"sliding_window": window, "attention_chunk_size": chunk if isinstance(chunk, int) else None,
-            "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa, "recurrent_layer_types": recurrent}
+            "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa, "recurrent_layer_types": recurrent,
+            "conv_state_elements": conv, "recurrent_state_elements": state}
 
 
 def head_fields(config: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,9 @@ Head = Literal["lm", "sequence_classification", "token_classification", "questio
 #: more layers than any model has (the largest published stacks have a few hundred); every layer is planned
 MAX_LAYERS = 10_000
 #: cache layer kinds as transformers names them in ``config.layer_types``
-LayerType = Literal["full_attention", "sliding_attention", "chunked_attention", "dummy"]
+#: what one decoder layer keeps in transformers' cache (cache_utils.py LAYER_TYPE_MAPPING): "linear_attention" and
+#: "conv" a fixed state (model/recurrent.py), "hybrid" that state and the full K/V, "dummy" nothing
+LayerType = Literal["full_attention", "sliding_attention", "chunked_attention", "dummy", "linear_attention", "conv", "hybrid"]
 
 
 def linear_weight_count(linears: Linears, experts: int = 1) -> int:
@@ -114,6 +116,10 @@ class ModelSpec(Model):
     #: the config's layer types that carry a recurrent state along the sequence (Qwen3-Next's "linear_attention"): a
     #: sequence split restarts that state on every rank, so accelerate refuses Ulysses on them
     recurrent_layer_types: tuple[str, ...] = ()
+    #: one recurrent layer's fixed cache per sequence (model/recurrent.py): conv-state elements (activation dtype) and
+    #: recurrent-state elements (fp32); 0 for attention-only models
+    conv_state_elements: int = Field(default=0, ge=0)
+    recurrent_state_elements: int = Field(default=0, ge=0)
     # exact counts
     total_params: int = Field(gt=0)
     embedding_params: int = Field(ge=0)    # input (and position) embeddings

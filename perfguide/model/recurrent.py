@@ -1,0 +1,93 @@
+"""Recurrent layers of hybrid models: which layers keep a fixed state instead of a growing K/V cache, and its size.
+
+Qwen3-Next and Qwen3.5 interleave gated-DeltaNet linear attention with full attention (three to one), IBM's Granite-4.0-H,
+Bamba and NVIDIA's Nemotron-H interleave Mamba-2 mixers, LFM2 short convolutions. transformers 5 caches such a layer
+as a ``LinearAttentionLayer`` (cache_utils.py): a conv state of ``[batch, channels, kernel]`` in the activation dtype
+and, for linear attention and Mamba-2, a recurrent state kept in fp32, whatever the prompt length. Traced on tiny
+random models after a CPU ``generate`` (tests/test_model_families.py):
+
+* gated DeltaNet: conv channels ``2 x key heads x key dim + value heads x value dim`` over ``linear_conv_kernel_dim``;
+  recurrent ``value heads x key dim x value dim``;
+* Mamba-2: conv channels ``heads x head dim + 2 x groups x state`` over the conv kernel; recurrent ``heads x head dim
+  x state``;
+* LFM2's short convolution: ``hidden x conv_L_cache``, no recurrent state.
+
+A config whose recurrent layers this module cannot size (Jamba's Mamba-1, Kimi-Linear, MiniMax's lightning attention)
+gets no layer types from it: every layer is then priced as full attention, an upper bound. Plain dict reading.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: cache layer kinds that keep a fixed state and no per-token K/V; "hybrid" keeps both (Falcon-H1's parallel mixers)
+STATE_ONLY = frozenset({"linear_attention", "conv"})
+_ALIASES = {"mamba": "linear_attention", "attention": "full_attention", "mlp": "dummy", "moe": "dummy"}
+_DELTANET = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim",
+             "linear_conv_kernel_dim")
+#: Mamba-2 keys per spelling: (heads, head dim, state, groups, conv kernel)
+_MAMBA2 = (("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv"),
+           ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"))
+_NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "dummy", "E": "dummy"}
+
+
+def _ints(config: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
+    values = [config.get(k) for k in keys]
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+    return [int(v) for v in values] if ok else None  # type: ignore[arg-type]
+
+
+def state_elements(config: dict[str, Any]) -> tuple[int, int] | None:
+    """(conv-state elements, fp32 recurrent-state elements) one recurrent layer keeps per sequence; None: not sized."""
+    delta = _ints(config, _DELTANET)
+    if delta:
+        key_heads, key_dim, value_heads, value_dim, kernel = delta
+        return (2 * key_heads * key_dim + value_heads * value_dim) * kernel, value_heads * key_dim * value_dim
+    for keys in _MAMBA2:
+        mamba = _ints(config, keys)
+        if mamba:
+            heads, head_dim, state, groups, kernel = mamba
+            return (heads * head_dim + 2 * groups * state) * kernel, heads * head_dim * state
+    conv = _ints(config, ("hidden_size", "conv_L_cache"))
+    return (conv[0] * conv[1], 0) if conv else None
+
+
+def _from_indices(layers: int, attention: Any) -> list[str] | None:
+    if not isinstance(attention, list) or not all(isinstance(i, int) for i in attention):
+        return None
+    return ["full_attention" if i in set(attention) else "linear_attention" for i in range(layers)]
+
+
+def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[str] | None:
+    """The cache layer kinds a hybrid family's config class computes when ``layer_types`` is absent (transformers 5.24)."""
+    if model_type.startswith(("qwen3_next", "qwen3_5")):
+        interval = config.get("full_attention_interval", 4)
+        interval = interval if isinstance(interval, int) and interval > 0 else 4
+        return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
+    if model_type == "falcon_h1":   # every layer runs attention and a Mamba-2 mixer side by side
+        return ["hybrid"] * layers
+    if model_type == "bamba":
+        return _from_indices(layers, config.get("attn_layer_indices"))
+    if model_type.startswith("lfm2"):
+        found = _from_indices(layers, config.get("full_attn_idxs"))
+        return None if found is None else ["conv" if t == "linear_attention" else t for t in found]
+    blocks = config.get("layers_block_type")   # NemotronHConfig.to_dict's spelling of the pattern below
+    if model_type == "nemotron_h" and isinstance(blocks, list) and len(blocks) == layers:
+        return [_ALIASES.get(str(b), str(b)) for b in blocks]
+    pattern = config.get("hybrid_override_pattern")
+    if model_type == "nemotron_h" and isinstance(pattern, str) and len(pattern) == layers:
+        kinds = [_NEMOTRON_PATTERN.get(c) for c in pattern]
+        return None if None in kinds else kinds  # type: ignore[return-value]
+    return None
+
+
+def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[list[str], tuple[int, int]] | None:
+    """The per-layer cache kinds and the state size of a hybrid model this module can size; None otherwise (plain
+    attention models, or recurrent layers of unknown size)."""
+    types = config.get("layer_types")
+    kinds = ([_ALIASES.get(str(t), str(t)) for t in types] if isinstance(types, list) and len(types) == layers
+             else derived_types(config, model_type, layers))
+    if not kinds or not (STATE_ONLY | {"hybrid"}) & set(kinds):
+        return None
+    state = state_elements(config)
+    return (kinds, state) if state else None
