@@ -271,7 +271,7 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
     prompt_tokens = min(tokens, 1 if spec.is_encoder_decoder else setup.seq_len)
     cross = setup.seq_len if spec.is_encoder_decoder else 0
     notes: list[str] = [] if spec.generates else ["one forward pass: an encoder / task head keeps no KV cache"]
-    shards = 1
+    shards, kv_heads = 1, spec.num_key_value_heads
     if setup.strategy == "tp" and setup.num_gpus > 1:
         shards = setup.num_gpus
         kv_heads = max(1, spec.num_key_value_heads // shards)
@@ -292,7 +292,11 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
         notes.append(f"static cache preallocated for {tokens} positions")
     transient = prefill_transient_bytes(spec, setup, act, shards)
     per_layer_kv = kv_full // max(1, spec.num_decoder_layers or spec.num_layers)
-    decode_transient = 0 if static else per_layer_kv  # torch.cat copies one layer's cache per step
+    if spec.conv_state_elements or spec.recurrent_state_elements:   # a hybrid: only its attention layers' caches grow
+        grown = kv_cache_bytes(spec, b, tokens, act, static=static, kv_heads=kv_heads, cross_tokens=cross)
+        grown -= recurrent_state_bytes(spec, b, act, kv_heads / spec.num_key_value_heads)
+        per_layer_kv = grown // max(1, sum(k not in ("dummy", "linear_attention", "conv") for k in spec.cache_layer_types()))
+    decode_transient = 0 if static else per_layer_kv  # torch.cat copies one attention layer's cache per step
     # bitsandbytes' 16-bit copy of a weight in a 4-bit matmul over several rows (bnb_inference.py)
     transient += matmul_dequant_bytes(spec, setup, b * prompt_tokens, shards)
     decode_transient += matmul_dequant_bytes(spec, setup, b, shards)
