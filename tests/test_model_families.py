@@ -173,6 +173,18 @@ def test_hybrid_cache_matches_generate(config: dict[str, Any]) -> None:
         {**config, "model_type": "llama", "architectures": ["LlamaForCausalLM"]}), batch, 1000, 2) / 2
 
 
+def test_nemotron_h_pattern_says_which_layers_are_moe() -> None:
+    """A dense Nemotron-H config.json has no expert keys (its pattern has no 'E'), which transformers' class fills with
+    defaults that size nothing: read as dense, counted as its module; an 'E' in the pattern is the one MoE layer."""
+    dense = {k: v for k, v in NEMOTRON_H.items() if k not in ("n_routed_experts", "num_experts_per_tok",
+                                                              "moe_intermediate_size", "n_shared_experts")}
+    spec = ModelSpec.from_any(dense)
+    assert not spec.is_moe and spec.total_params == _numel(_module(dense))
+    moe = {**NEMOTRON_H, "hybrid_override_pattern": "M*E"}
+    spec = ModelSpec.from_any(moe)
+    assert spec.is_moe and spec.num_moe_layers == 1 and spec.total_params == _numel(_module(moe))
+
+
 def test_mla_cache_is_the_compressed_latent() -> None:
     spec = ModelSpec.from_any(DEEPSEEK_V3)
     assert spec.is_mla and spec.kv_elements_per_token() == 16 + 8  # kv_lora_rank + qk_rope_head_dim

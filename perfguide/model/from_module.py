@@ -240,6 +240,10 @@ SHAPE_KEYS = ("hidden_size", "d_model", "n_embd", "num_hidden_layers", "n_layer"
               *shape.MLA_KEYS)
 
 
+_EXPERT_SHAPE_KEYS = frozenset((*shape.EXPERT_KEYS, *shape.TOPK_KEYS, *shape.SHARED_KEYS, "moe_intermediate_size",
+                                 "shared_expert_intermediate_size", "first_k_dense_replace"))
+
+
 def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
     """Shape keys the config class would fill from its defaults because ``config`` lacks them (nested text configs too)."""
     parts: list[tuple[str, dict[str, Any], Any]] = [("", config, config_class)]
@@ -247,8 +251,10 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
     if text_class is not None and hasattr(text_class, "model_type"):
         text = config.get("text_config")
         parts.append(("text_config.", text if isinstance(text, dict) else {}, text_class))
+    dense = shape.listed_moe_layers(config) == 0   # a pattern without MoE layers: the expert keys size nothing
     return [prefix + key for prefix, part, cls in parts for key in SHAPE_KEYS
-            if key not in part and isinstance(getattr(cls, key, None), int)]  # a property (Falcon's head_dim) is derived
+            if key not in part and isinstance(getattr(cls, key, None), int)  # a property (Falcon's head_dim) is derived
+            and not (dense and key in _EXPERT_SHAPE_KEYS)]
 
 
 def _hf_config(config: dict[str, Any]) -> Any:

@@ -48,10 +48,22 @@ def _moe_layer_count(config: dict[str, Any], layers: int) -> int:
     return len(moe_layers)
 
 
+def listed_moe_layers(config: dict[str, Any]) -> int | None:
+    """MoE layers a hybrid lists by kind (Nemotron-H: 'E' in ``hybrid_override_pattern``, "moe" in the
+    ``layers_block_type`` its config class writes); None where the config lists no layer kinds."""
+    blocks = config.get("layers_block_type")
+    if isinstance(blocks, list):
+        return sum(b == "moe" for b in blocks)
+    pattern = config.get("hybrid_override_pattern")
+    return pattern.count("E") if isinstance(pattern, str) else None
+
+
 def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
-    """ModelSpec MoE fields from the config; empty for a dense model."""
+    """ModelSpec MoE fields from the config; empty for a dense model (a listed pattern without MoE layers too: a dense
+    Nemotron-H's config class still carries expert defaults)."""
     experts = _first_int(config, EXPERT_KEYS) or 1
-    if experts <= 1:
+    listed = listed_moe_layers(config)
+    if experts <= 1 or listed == 0:
         return {}
     topk = _first_int(config, TOPK_KEYS) or 1
     shared = _first_int(config, SHARED_KEYS)
@@ -61,7 +73,7 @@ def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
     return {"num_experts": experts, "num_experts_per_tok": min(topk, experts), "num_shared_experts": shared,
             "moe_intermediate_size": _first_int(config, ("moe_intermediate_size", "expert_intermediate_size")),
             "shared_expert_intermediate_size": shared_width if shared else None,
-            "num_moe_layers": _moe_layer_count(config, layers)}
+            "num_moe_layers": listed if listed is not None else _moe_layer_count(config, layers)}
 
 
 def mla_fields(config: dict[str, Any]) -> dict[str, Any]:
