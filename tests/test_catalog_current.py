@@ -27,6 +27,15 @@ PUBLISHED = [
     # Kimi-K2's card: 1T total, 32B activated; Qwen3-Coder-30B-A3B's: 30.5B / 3.3B; Yi's cards: 6B and 34B
     ("moonshotai/Kimi-K2-Instruct", 1.0e12, 32e9), ("Qwen/Qwen3-Coder-30B-A3B-Instruct", 30.5e9, 3.3e9),
     ("01-ai/Yi-6B-Chat", 6.0e9, None), ("01-ai/Yi-34B-Chat", 34e9, None),
+    # checkpoints whose names state their totals (and active counts): the publisher's own rounding
+    ("Qwen/Qwen3.5-397B-A17B", 397e9, 17e9), ("Qwen/Qwen3.5-122B-A10B", 122e9, 10e9), ("Qwen/Qwen3.5-35B-A3B", 35e9, None),
+    ("Qwen/Qwen3.5-27B", 27e9, None), ("Qwen/Qwen3.6-27B", 27e9, None), ("Qwen/Qwen3.6-35B-A3B", 35e9, None),
+    ("Qwen/Qwen3-Next-80B-A3B-Thinking", 80e9, None), ("Qwen/Qwen3-Coder-480B-A35B-Instruct", 480e9, 35e9),
+    ("Qwen/Qwen3-VL-235B-A22B-Instruct", 235e9, 22e9), ("Qwen/Qwen3-VL-30B-A3B-Instruct", 30.5e9, None),
+    ("Qwen/Qwen3-VL-32B-Instruct", 33e9, None), ("Qwen/Qwen3-VL-8B-Instruct", 8.8e9, None),
+    ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120e9, None), ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 550e9, 55e9),
+    ("mistralai/Mixtral-8x22B-v0.1", 141e9, 39e9),
+    ("google/gemma-4-26B-A4B", 26e9, None), ("google/gemma-4-31B-it", 31e9, None),
 ]
 
 
