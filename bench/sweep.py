@@ -149,9 +149,10 @@ def check_plan(rec: Any, case: str, forced: dict[str, Any], t: Tally) -> None:
         t.flag("false comparison in the report", case, bad)
     if s.sync_grads_each_micro_step and s.gradient_accumulation_steps == 1:
         t.flag("switch that changes nothing", case, "sync_grads_each_micro_step=True with one micro-step per optimizer step")
-    if s.task == "train" and s.micro_batch_size * s.gradient_accumulation_steps * s.world_size != rec.request.global_batch_size:
-        t.flag("global batch", case, f"mb {s.micro_batch_size} x ga {s.gradient_accumulation_steps} x world {s.world_size} != "
-               f"global {rec.request.global_batch_size}")
+    # the ranks that split one sequence share its samples (Setup.global_batch_size, as transformers' Trainer counts it)
+    if s.task == "train" and s.global_batch_size != rec.request.global_batch_size:
+        t.flag("global batch", case, f"mb {s.micro_batch_size} x ga {s.gradient_accumulation_steps} x world {s.world_size} "
+               f"/ sequence ranks {s.sequence_ranks} != global {rec.request.global_batch_size}")
     for key, value in forced.items():
         got = _forced_value(rec, key)
         if got is not _SKIP and got != value:
