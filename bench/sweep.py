@@ -68,6 +68,8 @@ MODELS = (
     "google/gemma-2-2b", "google/gemma-2-9b", "google/gemma-3-1b-pt", "google/gemma-3-12b-pt",
     "microsoft/Phi-3-mini-4k-instruct", "microsoft/phi-4", "deepseek-ai/DeepSeek-V3", "openai/gpt-oss-20b",
     "openai-community/gpt2", "google-bert/bert-base-uncased", "google-t5/t5-base",
+    # hybrids: linear-attention / Mamba-2 layers that keep a fixed state (model/recurrent.py)
+    "Qwen/Qwen3.5-35B-A3B", "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
 )
 SCENARIOS = ("train_gpu_one", "train_gpu_many", "train_cpu", "infer_gpu_one", "infer_gpu_many", "infer_cpu")
 TARGETS = ("cpu", "t4", "rtx3090", "rtx4090:2", "l4", "a10g", "a100-40gb:8", "a100-80gb:8", "h100:8", "h200", "h100:8x2")
