@@ -139,8 +139,8 @@ def _from_catalog(text: str, hub_id: str, added: dict[str, Any] | None = None) -
     facts = catalog.counted_of(hub_id)  # recorded meta-device counts: no transformers import for catalogued models
     name = _loaded_id(text, hub_id)
     config = catalog.config_of(hub_id) | (added or {}) | {"_name_or_path": name}
-    if added:
-        logger.info("%s: read as a re-upload of %s (%s)", name, hub_id, ", ".join(sorted(added)) or "same config.json")
+    if added is not None:   # a mirror organisation's re-upload (catalog.mirrored)
+        logger.info("%s: read as a re-upload of %s%s", name, hub_id, "".join(f" with its {k}" for k in sorted(added)))
     return spec_from_facts(config, facts, name, "catalog") if facts else spec_from_config(config, name, "catalog")
 
 
