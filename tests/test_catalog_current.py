@@ -35,7 +35,7 @@ PUBLISHED = [
     ("Qwen/Qwen3-VL-32B-Instruct", 33e9, None), ("Qwen/Qwen3-VL-8B-Instruct", 8.8e9, None),
     ("nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-FP8", 120e9, None), ("nvidia/NVIDIA-Nemotron-3-Ultra-550B-A55B-BF16", 550e9, 55e9),
     ("mistralai/Mixtral-8x22B-v0.1", 141e9, 39e9),
-    ("google/gemma-4-26B-A4B", 26e9, None), ("google/gemma-4-31B-it", 31e9, None),
+    ("google/gemma-4-26B-A4B", 26e9, 4e9), ("google/gemma-4-31B-it", 31e9, None),
 ]
 
 
@@ -45,6 +45,15 @@ def test_catalog_matches_model_cards(hub: str, total: float, active: float | Non
     assert spec.total_params == pytest.approx(total, rel=0.03)
     if active is not None:
         assert spec.is_moe and spec.active_params == pytest.approx(active, rel=0.05)
+
+
+def test_gemma4_experts_sit_beside_the_dense_mlp_in_every_layer() -> None:
+    """Gemma-4's config names its top-k ``top_k_experts`` and its module keeps each layer's experts at
+    ``layers.N.experts`` beside a dense MLP: 30 MoE layers of 128 experts, 8 per token, as the config says."""
+    config = config_of("google/gemma-4-26B-A4B")["text_config"]
+    spec = ModelSpec.from_any("google/gemma-4-26B-A4B")
+    assert (spec.num_experts, spec.num_experts_per_tok, spec.num_moe_layers) == (
+        config["num_experts"], config["top_k_experts"], config["num_hidden_layers"]) == (128, 8, 30)
 
 
 @pytest.mark.parametrize("hub", ["openai/gpt-oss-20b", "openai/gpt-oss-120b"])

@@ -76,7 +76,10 @@ def _experts(module: Any) -> tuple[int, int, bool]:
         if "experts" in parts:
             total += p.numel()
             at = parts.index("experts")
-            layers.add(".".join(parts[: at - 1]))
+            # the block holding them: through the last layer index before 'experts' (``layers.3.mlp.experts``, and
+            # Gemma-4's ``layers.3.experts`` beside its dense MLP)
+            index = max((i for i in range(at) if parts[i].isdigit()), default=at - 1)
+            layers.add(".".join(parts[: index + 1]))
             separate = separate or (at + 1 < len(parts) and parts[at + 1].isdigit())
     return total, len(layers), separate
 

@@ -14,7 +14,7 @@ from .recurrent import STATE_ONLY, hybrid_types
 from .types import LayerType
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k")
+TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "top_k_experts")   # the last: Gemma-4
 SHARED_KEYS = ("n_shared_experts", "num_shared_experts")
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 _LAYER_TYPES: frozenset[str] = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
