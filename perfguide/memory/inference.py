@@ -15,6 +15,7 @@ from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
 from ..model.catalog import catalog_file
 from ..model.code import built_by
+from ..model.recurrent import STATE_ONLY
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .bnb_inference import load_transient_bytes, matmul_dequant_bytes
@@ -114,16 +115,15 @@ def _layer_windows(spec: ModelSpec) -> list[int | None]:
     """Positions each decoder layer may keep (None = all, 0 = stores nothing), as transformers builds the cache:
     sliding layers their window, Llama-4's chunked layers their chunk (cache_utils.get_layer_types_and_kwargs)."""
     windows = {"sliding_attention": spec.sliding_window, "chunked_attention": spec.attention_chunk_size, "dummy": 0,
-               "linear_attention": 0, "conv": 0}
+               **dict.fromkeys(STATE_ONLY, 0)}
     return [windows.get(kind) for kind in spec.cache_layer_types()]
 
 
 def recurrent_state_bytes(spec: ModelSpec, batch: int, dtype_bytes: int, share: float = 1.0) -> int:
     """The fixed state a hybrid model's recurrent layers cache per sequence (model/recurrent.py): the conv state in the
     activation dtype, the recurrent state in fp32, whatever the length; ``share`` of it on one tensor-parallel rank."""
-    layers = sum(kind in ("linear_attention", "conv", "hybrid") for kind in spec.cache_layer_types())
     per_layer = spec.conv_state_elements * dtype_bytes + spec.recurrent_state_elements * FP32
-    return int(batch * layers * per_layer * share)
+    return int(batch * spec.stateful_layers * per_layer * share)
 
 
 def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *, static: bool = False,
@@ -137,8 +137,16 @@ def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *
     overrides the head count, e.g. the heads one tensor-parallel rank holds. ``cross_tokens``: encoder positions
     each decoder layer of an encoder-decoder caches for cross-attention (EncoderDecoderCache).
     """
+    share = 1.0 if kv_heads is None else kv_heads / spec.num_key_value_heads
+    return (grown_kv_bytes(spec, batch, tokens, dtype_bytes, static=static, kv_heads=kv_heads, cross_tokens=cross_tokens)
+            + recurrent_state_bytes(spec, batch, dtype_bytes, share))
+
+
+def grown_kv_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *, static: bool = False,
+                   kv_heads: int | None = None, cross_tokens: int = 0) -> int:
+    """The part of ``kv_cache_bytes`` that grows with the positions: the attention layers' K/V."""
     per_position = spec.kv_elements_per_token(kv_heads) * dtype_bytes * batch
-    total = recurrent_state_bytes(spec, batch, dtype_bytes, 1.0 if kv_heads is None else kv_heads / spec.num_key_value_heads)
+    total = 0
     for window in _layer_windows(spec):
         kept = tokens if window is None else 0 if window == 0 else min(tokens, window if static else window - 1)
         total += per_position * (kept + cross_tokens)
@@ -292,10 +300,9 @@ def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None 
         notes.append(f"static cache preallocated for {tokens} positions")
     transient = prefill_transient_bytes(spec, setup, act, shards)
     per_layer_kv = kv_full // max(1, spec.num_decoder_layers or spec.num_layers)
-    if spec.conv_state_elements or spec.recurrent_state_elements:   # a hybrid: only its attention layers' caches grow
-        grown = kv_cache_bytes(spec, b, tokens, act, static=static, kv_heads=kv_heads, cross_tokens=cross)
-        grown -= recurrent_state_bytes(spec, b, act, kv_heads / spec.num_key_value_heads)
-        per_layer_kv = grown // max(1, sum(k not in ("dummy", "linear_attention", "conv") for k in spec.cache_layer_types()))
+    if spec.stateful_layers:   # a hybrid: only its attention layers' caches grow
+        grown = grown_kv_bytes(spec, b, tokens, act, static=static, kv_heads=kv_heads, cross_tokens=cross)
+        per_layer_kv = grown // max(1, spec.kv_layers)
     decode_transient = 0 if static else per_layer_kv  # torch.cat copies one attention layer's cache per step
     # bitsandbytes' 16-bit copy of a weight in a 4-bit matmul over several rows (bnb_inference.py)
     transient += matmul_dequant_bytes(spec, setup, b * prompt_tokens, shards)

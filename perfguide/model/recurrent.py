@@ -22,6 +22,7 @@ from typing import Any
 
 #: cache layer kinds that keep a fixed state and no per-token K/V; "hybrid" keeps both (Falcon-H1's parallel mixers)
 STATE_ONLY = frozenset({"linear_attention", "conv"})
+STATEFUL = STATE_ONLY | {"hybrid"}
 _ALIASES = {"mamba": "linear_attention", "attention": "full_attention", "mlp": "dummy", "moe": "dummy"}
 _DELTANET = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim",
              "linear_conv_kernel_dim")
@@ -55,7 +56,8 @@ def state_elements(config: dict[str, Any]) -> tuple[int, int] | None:
 def _from_indices(layers: int, attention: Any) -> list[str] | None:
     if not isinstance(attention, list) or not all(isinstance(i, int) for i in attention):
         return None
-    return ["full_attention" if i in set(attention) else "linear_attention" for i in range(layers)]
+    full = set(attention)
+    return ["full_attention" if i in full else "linear_attention" for i in range(layers)]
 
 
 def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[str] | None:
@@ -87,7 +89,7 @@ def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[
     types = config.get("layer_types")
     kinds = ([_ALIASES.get(str(t), str(t)) for t in types] if isinstance(types, list) and len(types) == layers
              else derived_types(config, model_type, layers))
-    if not kinds or not (STATE_ONLY | {"hybrid"}) & set(kinds):
+    if not kinds or not STATEFUL & set(kinds):
         return None
     state = state_elements(config)
     return (kinds, state) if state else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import fields
-from .recurrent import STATE_ONLY, hybrid_types
+from .recurrent import STATEFUL, hybrid_types
 from .types import LayerType
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -124,7 +124,7 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
     hybrid = hybrid_types(config, model_type, layers)
     if hybrid is not None:
         types = hybrid[0]
-        recurrent = recurrent or tuple(sorted((STATE_ONLY | {"hybrid"}) & set(types)))
+        recurrent = recurrent or tuple(sorted(STATEFUL & set(types)))
     elif not (isinstance(types, list) and len(types) == layers and set(types) <= _LAYER_TYPES):
         types = _derived_layer_types(config, model_type, layers, window)
     if types is not None and "sliding_attention" in types and window is None:

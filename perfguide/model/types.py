@@ -11,6 +11,7 @@ from pydantic import Field, field_serializer
 from .._base import Model
 from .._text import clean_data, plain_name
 from ..setup import LoraSpec
+from .recurrent import STATE_ONLY, STATEFUL
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 Linears = dict[str, tuple[int, int]]
@@ -201,6 +202,16 @@ class ModelSpec(Model):
         kind: LayerType = ("sliding_attention" if self.sliding_window is not None else
                            "chunked_attention" if self.attention_chunk_size is not None else "full_attention")
         return (kind,) * layers
+
+    @property
+    def stateful_layers(self) -> int:
+        """Layers that cache a fixed recurrent state (model/recurrent.py): linear attention, convolutions, hybrids."""
+        return sum(kind in STATEFUL for kind in self.cache_layer_types())
+
+    @property
+    def kv_layers(self) -> int:
+        """Layers whose K/V cache grows with the sequence (every kind but the state-only and the empty ones)."""
+        return sum(kind not in STATE_ONLY and kind != "dummy" for kind in self.cache_layer_types())
 
     def kv_elements_per_token(self, kv_heads: int | None = None) -> int:
         """Cached elements per token in one attention layer, as transformers stores them.

@@ -17,6 +17,7 @@ from ..memory import estimate_memory
 from ..memory.inference import activation_bytes_per_element, cached_tokens, inference_data, kv_cache_bytes, loaded_format, recurrent_state_bytes, weight_bytes
 from ..memory.types import MemoryEstimate
 from ..model.quantized import checkpoint_format
+from ..model.recurrent import STATE_ONLY
 from ..setup import QUANTIZED, Setup
 from ..speed import estimate_speed
 from ..speed.types import Throughput
@@ -104,13 +105,12 @@ def kv_decision(request: Request, setup: Setup, max_batch: int) -> Decision:
         gqa = f"{spec.num_key_value_heads} KV heads for {spec.num_attention_heads} query heads"
         kinds = spec.cache_layer_types()
         slide = sum(k in ("sliding_attention", "chunked_attention") for k in kinds)
-        state = sum(k in ("linear_attention", "conv") for k in kinds)
+        state = sum(k in STATE_ONLY for k in kinds)
         windowed = f" ({slide} of {len(kinds)} layers keep only their window)" if slide else ""
         if state:
             windowed += (f" ({state} of {len(kinds)} layers keep a fixed state instead, "
                          f"{recurrent_state_bytes(spec, 1, activation_bytes_per_element(setup)) / 2**20:.1f} MiB per sequence)")
-        attending = len(kinds) - state - sum(k == "dummy" for k in kinds)
-        what = f"KV cache = 2 x {attending} layers x {gqa} x {spec.head_dim} x {tokens} tokens per sequence{windowed}"
+        what = f"KV cache = 2 x {spec.kv_layers} layers x {gqa} x {spec.head_dim} x {tokens} tokens per sequence{windowed}"
     return Decision(setting="max_batch_size", value=max_batch, number=float(one), unit="bytes KV cache per sequence",
                     reason=f"{what}; {max_batch} concurrent sequences fit beside the weights",
                     source=f"{sources.LLM_TUTORIAL_OPTIMIZATION} (KV cache bytes per token)")
