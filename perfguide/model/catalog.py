@@ -134,9 +134,9 @@ def mirrored(name: str) -> tuple[str, dict[str, Any]] | None:
         return None
     for suffix, added in sorted(mirror.suffixes.items(), key=lambda kv: -len(kv[0])):
         if rest.lower().endswith(suffix.lower()):
-            hub_id = _index().get(normalize(rest[: -len(suffix)]))
+            hub_id = lookup(rest[: -len(suffix)])
             return (hub_id, copy.deepcopy(added)) if hub_id else None
-    hub_id = _index().get(normalize(rest))
+    hub_id = lookup(rest)
     return (hub_id, {}) if hub_id else None
 
 
