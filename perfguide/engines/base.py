@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import shlex
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from .._serving_data import EngineFacts, EngineFormat, serving_facts
 from ..errors import PerfGuideError
@@ -36,6 +36,17 @@ from ..speed.serving import ServingSpeed, estimate_serving_speed
 
 #: a flag with no value (a switch); Flags are emitted in order
 Flag = tuple[str, str | None]
+
+
+class Pool(NamedTuple):
+    """An engine's KV pool cut: tokens per block, bytes of one layer's page, layers one block spans (fractional for a
+    ratio-sized pool), and the blocks one max_model_len request takes."""
+
+    block_size: int
+    page_bytes: int
+    group: float
+    per_request: int
+    states: bool = False   # each block is also one sequence's recurrent-state page
 
 
 class Engine:
@@ -130,6 +141,10 @@ class ServerEngine(Engine):
         out is perfguide's ServingSetup default, said so where a command is read."""
         return {"max_num_batched_tokens": self.batched_tokens(gpu, tp)}
 
+    def prefix_caching_default(self, spec: ModelSpec) -> bool:
+        """Whether the engine caches prefixes when a command does not say (a plan always says)."""
+        return True
+
     def fraction_to_fit(self, memory: EngineMemory, serving: ServingSetup) -> float | None:
         """The memory knob that would hold the weights and one max_model_len request when its default does not (None:
         the default already takes all the GPU the headroom allows, as vLLM's does)."""
@@ -147,12 +162,13 @@ class ServerEngine(Engine):
         """The KV-cache size in tokens as its start-up log prints it."""
         return blocks * self.facts.block_size
 
-    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[float, int]:
-        """(layers one pool block spans, blocks one max_model_len request takes): every layer in one block, and
-        as many blocks as the request has tokens. An engine with a hybrid allocator overrides it (a pool sized by a
-        ratio spans a fractional number of layers)."""
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> Pool:
+        """How the KV bytes are cut: every layer in one block of the engine's block size, and as many blocks as a
+        max_model_len request has tokens. An engine with a hybrid allocator overrides it (a pool sized by a ratio spans
+        a fractional number of layers; recurrent layers' state pages share the pool)."""
         layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
-        return layers, math.ceil(serving.max_model_len / self.facts.block_size)
+        block = self.facts.block_size
+        return Pool(block, block * kv_bytes_per_token(spec, serving) // layers, layers, math.ceil(serving.max_model_len / block))
 
     def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
         """One rank's weights as the engine's load figure counts them (each engine module says how)."""
@@ -173,16 +189,18 @@ class ServerEngine(Engine):
         act, other = activation_peak_bytes(spec, serving, facts), non_torch_bytes(serving, facts)
         budget = self.budget(total, context, serving)
         kv = self.kv_bytes(budget, weights, act, other, graphs)
-        block = facts.block_size
-        layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
-        group, per_request = self.pool_layout(spec, serving)
-        blocks = int(max(0, kv) // (block * per_token // layers * group))
-        concurrency = blocks / per_request
+        pool = self.pool_layout(spec, serving)
+        if pool.states:   # the attention layers' K/V only: the recurrent layers keep their state in the same pages
+            per_token = pool.page_bytes // pool.block_size * spec.kv_layers
+        blocks = int(max(0, kv) // (pool.page_bytes * pool.group))
+        concurrency = blocks / pool.per_request
+        block = pool.block_size
         return EngineMemory(
             engine=self.name, total=total, budget=budget, weights=weights, activation_peak=act, non_torch=other,
             cuda_graphs=graphs, cuda_context=context, kv_cache_bytes=kv, kv_bytes_per_token=per_token, block_size=block,
             num_blocks=blocks, kv_cache_tokens=self.cache_tokens(blocks, concurrency, serving), max_model_len=serving.max_model_len,
             max_concurrency=concurrency, latent_cache=mla_dims(spec) is not None,
+            state_slots=blocks if pool.states else None, state_slots_needed=0 if serving.enforce_eager else serving.max_num_seqs,
         )
 
     # --- speed ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from ..hardware.types import GPU, Hardware
 from ..memory.serving import EngineMemory, allocator_rounding_bytes, rank_weight_bytes, rank_weight_tensors, rope_cache_bytes
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
-from .base import Flag, ServerEngine
+from .base import Flag, Pool, ServerEngine
 
 _KV = {"fp8": "fp8_e4m3", "auto": "auto"}
 
@@ -102,7 +102,7 @@ class SGLang(ServerEngine):
     def kv_bytes(self, budget: int, weights: int, activation: int, non_torch: int, graphs: int) -> int:
         return budget - weights
 
-    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[float, int]:
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> Pool:
         """A hybrid-SWA model (data/serving.json ``hybrid_swa``) gets two pools from the same bytes: one token of the
         full-attention pool spans ``full + ratio x sliding`` layers, so the log's max_total_num_tokens (the full pool)
         is the bytes over that; a request takes its length there and min(length, window) in the sliding pool, which
@@ -114,7 +114,9 @@ class SGLang(ServerEngine):
                 or serving.pipeline_parallel_size > 1):
             return super().pool_layout(spec, serving)
         ratio, length = hybrid.swa_full_tokens_ratio, serving.max_model_len
-        return len(kinds) - slide + ratio * slide, max(length, math.ceil(min(length, spec.sliding_window) / ratio))
+        whole = super().pool_layout(spec, serving)
+        return whole._replace(group=len(kinds) - slide + ratio * slide,
+                              per_request=max(length, math.ceil(min(length, spec.sliding_window) / ratio)))
 
     def loaded_weight_bytes(self, spec: ModelSpec, serving: ServingSetup, vendor: str = "nvidia") -> int:
         """'Load weight end ... mem usage': the fall in free device memory across the load (model_runner.load_model

@@ -21,7 +21,7 @@ from ..memory.overhead import cuda_context_bytes
 from ..memory.serving import HALF, rank_weight_bytes, rope_cache_bytes
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
-from .base import Flag, ServerEngine
+from .base import Flag, Pool, ServerEngine
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -73,21 +73,33 @@ class VLLM(ServerEngine):
         """'GPU KV cache size' = max concurrency x max_model_len (kv_cache_utils.get_kv_cache_capacity)."""
         return int(concurrency * serving.max_model_len)
 
-    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> tuple[float, int]:
+    def prefix_caching_default(self, spec: ModelSpec) -> bool:
+        """Off for a model with recurrent layers (their "align" caching mode is opt-in): start-up logs of Qwen3.5 under
+        0.19.0 (github.com/vllm-project/vllm/issues/40691) and 0.27.1 without the flag size one state page per
+        recurrent group, which only the "none" mode does (``_state_pool``)."""
+        return not (spec.stateful_layers and spec.conv_state_kernel)
+
+    def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> Pool:
         """The hybrid allocator (vllm/v1/core/kv_cache_utils.py): full-attention and sliding-window layers fall in
         groups of the smaller count; one pool block holds a page of one layer of every group, and a request takes
         cdiv(max_model_len, 16) blocks per full group and cdiv(min(window - 1 + max_num_batched_tokens,
-        max_model_len), 16) + 1 per sliding group (SlidingWindowSpec.max_memory_usage_bytes)."""
+        max_model_len), 16) + 1 per sliding group (SlidingWindowSpec.max_memory_usage_bytes). Recurrent layers:
+        ``_state_pool``."""
+        whole = super().pool_layout(spec, serving)
+        if serving.pipeline_parallel_size > 1:
+            return whole
+        if spec.stateful_layers and spec.conv_state_kernel:
+            return _state_pool(spec, serving, whole.page_bytes // whole.block_size, whole.block_size)
         kinds = spec.cache_layer_types()
         slide = sum(1 for k in kinds if k == "sliding_attention")
-        if not slide or spec.sliding_window is None or serving.pipeline_parallel_size > 1:
-            return super().pool_layout(spec, serving)
-        full, block = len(kinds) - slide, self.facts.block_size
+        if not slide or spec.sliding_window is None:
+            return whole
+        full, block = len(kinds) - slide, whole.block_size
         group = min(c for c in (full, slide) if c)
         window = min(spec.sliding_window - 1 + serving.max_num_batched_tokens, serving.max_model_len)
         per_request = (math.ceil(full / group) * math.ceil(serving.max_model_len / block)
                        + math.ceil(slide / group) * (math.ceil(window / block) + 1))
-        return group, per_request
+        return whole._replace(group=group, per_request=per_request)
 
     def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
         """Kwargs for ``vllm.LLM(**kw)`` / ``EngineArgs(**kw)``; data_parallel_size > 1 is for ``vllm serve``."""
@@ -121,6 +133,37 @@ class VLLM(ServerEngine):
                 continue
             out.append(("--" + key.replace("_", "-"), None if value is True else str(value)))
         return out
+
+
+def state_page_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
+    """One recurrent layer's state for one sequence on one rank, as vLLM's MambaSpec pages it (vllm/v1/kv_cache_interface.py
+    page_size_bytes; model_executor/layers/mamba/mamba_utils.py state shapes): the conv state keeps ``kernel - 1``
+    columns of its channels in the model dtype, the recurrent state is split over tensor-parallel ranks and kept in the
+    dtype the config names (Qwen3.5's ``mamba_ssm_dtype``, read by its VerifyAndUpdateConfig where
+    ``--mamba-ssm-cache-dtype`` is "auto"), else the model dtype."""
+    tp, kernel = serving.tensor_parallel_size, spec.conv_state_kernel
+    conv = math.ceil(spec.conv_state_elements // kernel / tp) * (kernel - 1) * HALF
+    ssm = 4 if spec.recurrent_state_dtype == "float32" else HALF
+    return conv + math.ceil(spec.recurrent_state_elements / tp) * ssm
+
+
+def _state_pool(spec: ModelSpec, serving: ServingSetup, token_bytes: int, default_block: int) -> Pool:
+    """A hybrid of attention and recurrent layers (vllm/model_executor/models/config.py
+    HybridAttentionMambaModelConfig, kv_cache_utils ``_get_kv_cache_groups_uniform_page_size``): the attention block
+    grows to 16 x cdiv(state page, 16 x one layer's bytes per token) tokens so one attention page holds a state page
+    (padded up to it); layers fall in groups of the smaller kind's count (the larger's where it is under 1.25x), and
+    a request takes cdiv(max_model_len, block) pages per attention group and one state page per recurrent group, two
+    with prefix caching ("align" mode: MambaSpec.max_memory_usage_bytes). Every pool block is a decode sequence's
+    state slot too: vLLM refuses to start when max_num_seqs exceeds the blocks (``max_num_seqs (N) exceeds available
+    Mamba cache blocks``, vllm/config/compilation.py)."""
+    state = state_page_bytes(spec, serving)
+    block = max(default_block, 16 * math.ceil(state / (16 * token_bytes)))
+    attention, recurrent = spec.kv_layers, spec.stateful_layers
+    low, high = sorted((attention, recurrent))
+    group = high if high < 1.25 * low else low
+    per_request = (math.ceil(attention / group) * math.ceil(serving.max_model_len / block)
+                   + math.ceil(recurrent / group) * (2 if serving.enable_prefix_caching else 1))
+    return Pool(block, block * token_bytes, group, per_request, states=True)
 
 
 ENGINE = VLLM()

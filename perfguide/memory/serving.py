@@ -44,11 +44,16 @@ class EngineMemory(Model):
     max_model_len: int = Field(ge=1)
     max_concurrency: float = Field(ge=0, description="sequences of max_model_len tokens the cache holds at once")
     latent_cache: bool = False
+    state_slots: int | None = Field(default=None, ge=0, description="recurrent-state pages one decode step can hold, one per "
+                                    "sequence (a hybrid model's pool blocks under vLLM); None: no recurrent layers")
+    state_slots_needed: int = Field(default=0, ge=0, description="max_num_seqs where the engine checks it against those slots "
+                                    "before capturing CUDA graphs; 0: no check (eager)")
 
     @property
     def fits(self) -> bool:
-        """The engines refuse to start unless one max_model_len sequence fits the cache."""
-        return self.max_concurrency >= 1.0
+        """The engines refuse to start unless one max_model_len sequence fits the cache, and vLLM unless every decode
+        sequence max_num_seqs allows has a recurrent-state page ("max_num_seqs (N) exceeds available Mamba cache blocks")."""
+        return self.max_concurrency >= 1.0 and (self.state_slots is None or self.state_slots >= self.state_slots_needed)
 
 
 def mla_dims(spec: ModelSpec) -> tuple[int, int] | None:
@@ -273,8 +278,20 @@ def non_torch_bytes(serving: ServingSetup, facts: EngineFacts) -> int:
     return facts.non_torch_bytes + (facts.non_torch_bytes_per_tp_rank if serving.tensor_parallel_size > 1 else 0)
 
 
+def start_limit(mem: EngineMemory) -> str | None:
+    """vLLM's own refusal when a hybrid's recurrent-state pages are fewer than the sequences it must capture graphs for."""
+    if mem.state_slots is None or mem.state_slots >= mem.state_slots_needed:
+        return None
+    return (f"{mem.engine} refuses to start: max_num_seqs ({mem.state_slots_needed:,}) exceeds available Mamba cache blocks "
+            f"({mem.state_slots:,}): each block of this hybrid model's pool is also one decode sequence's recurrent-state page; "
+            f"lower max_num_seqs to at most {mem.state_slots:,}, or run eager")
+
+
 def describe(mem: EngineMemory) -> str:
     """The account in one line, GiB as the engines print them."""
-    return (f"{mem.budget / GiB:.2f} GiB budget - {mem.weights / GiB:.2f} weights - {mem.activation_peak / GiB:.2f} activation peak - "
+    line = (f"{mem.budget / GiB:.2f} GiB budget - {mem.weights / GiB:.2f} weights - {mem.activation_peak / GiB:.2f} activation peak - "
             f"{mem.non_torch / GiB:.2f} non-torch - {mem.cuda_graphs / GiB:.2f} CUDA graphs = {mem.kv_cache_bytes / GiB:.2f} GiB KV "
             f"({mem.kv_cache_tokens:,} tokens, {mem.max_concurrency:.2f}x max_model_len {mem.max_model_len:,})")
+    if mem.state_slots is None:
+        return line
+    return line + f"; {mem.num_blocks:,} blocks of {mem.block_size:,} tokens, each also one sequence's recurrent-state page"

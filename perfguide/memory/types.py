@@ -38,6 +38,8 @@ class MemoryEstimate(Model):
     fits: bool = True
     kernel_limit: str | None = Field(default=None, description="why a kernel of the setup cannot run it at any free memory "
                                      "(memory/index_limits.py); the setup does not fit then")
+    start_limit: str | None = Field(default=None, description="why a serving engine refuses to start at this setup whatever the "
+                                    "cache holds (vLLM's recurrent-state slots); the setup does not fit then")
     method: Literal["analytic", "trace", "measured"] = "analytic"
     notes: tuple[str, ...] = ()
     kv_cache_tokens: int | None = Field(default=None, ge=0, description="a serving engine's KV cache in tokens, as it logs it (None: no engine)")

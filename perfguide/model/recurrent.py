@@ -38,19 +38,27 @@ def _ints(config: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
     return [int(v) for v in values] if ok else None  # type: ignore[arg-type]
 
 
-def state_elements(config: dict[str, Any]) -> tuple[int, int] | None:
-    """(conv-state elements, fp32 recurrent-state elements) one recurrent layer keeps per sequence; None: not sized."""
+def state_shape(config: dict[str, Any]) -> tuple[int, int, int] | None:
+    """(conv channels, conv kernel, recurrent-state elements) of one recurrent layer per sequence; None: not sized.
+    transformers keeps ``channels x kernel`` conv elements, vLLM ``channels x (kernel - 1)`` (engines/vllm.py)."""
     delta = _ints(config, _DELTANET)
     if delta:
         key_heads, key_dim, value_heads, value_dim, kernel = delta
-        return (2 * key_heads * key_dim + value_heads * value_dim) * kernel, value_heads * key_dim * value_dim
+        return 2 * key_heads * key_dim + value_heads * value_dim, kernel, value_heads * key_dim * value_dim
     for keys in _MAMBA2:
         mamba = _ints(config, keys)
         if mamba:
             heads, head_dim, state, groups, kernel = mamba
-            return (heads * head_dim + 2 * groups * state) * kernel, heads * head_dim * state
+            return heads * head_dim + 2 * groups * state, kernel, heads * head_dim * state
     conv = _ints(config, ("hidden_size", "conv_L_cache"))
-    return (conv[0] * conv[1], 0) if conv else None
+    return (conv[0], conv[1], 0) if conv else None
+
+
+def state_dtype(config: dict[str, Any]) -> str | None:
+    """The dtype a config names for its recurrent state (Qwen3.5's ``mamba_ssm_dtype``), which vLLM's state cache takes
+    where its own setting is "auto"; None: unnamed."""
+    value = config.get("mamba_ssm_dtype")
+    return value if value in ("float32", "bfloat16", "float16") else None
 
 
 def _from_indices(layers: int, attention: Any) -> list[str] | None:
@@ -83,7 +91,7 @@ def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[
     return None
 
 
-def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[list[str], tuple[int, int]] | None:
+def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[list[str], tuple[int, int, int]] | None:
     """The per-layer cache kinds and the state size of a hybrid model this module can size; None otherwise (plain
     attention models, or recurrent layers of unknown size)."""
     types = config.get("layer_types")
@@ -91,5 +99,5 @@ def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[
              else derived_types(config, model_type, layers))
     if not kinds or not STATEFUL & set(kinds):
         return None
-    state = state_elements(config)
-    return (kinds, state) if state else None
+    shape = state_shape(config)
+    return (kinds, shape) if shape else None

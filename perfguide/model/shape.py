@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import fields
-from .recurrent import STATEFUL, hybrid_types
+from .recurrent import STATEFUL, hybrid_types, state_dtype
 from .types import LayerType
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
@@ -135,10 +135,11 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
     from .catalog import catalog_file  # here: the catalog's schema imports this module
 
     sdpa = softcap is None and model_type not in catalog_file().no_sdpa_model_types.value
-    conv, state = hybrid[1] if hybrid is not None else (0, 0)
+    channels, kernel, state = hybrid[1] if hybrid is not None else (0, 0, 0)
     return {"sliding_window": window, "attention_chunk_size": chunk if isinstance(chunk, int) else None,
             "layer_types": layer_types, "attn_logit_softcapping": softcap, "supports_sdpa": sdpa, "recurrent_layer_types": recurrent,
-            "conv_state_elements": conv, "recurrent_state_elements": state}
+            "conv_state_elements": channels * kernel, "recurrent_state_elements": state, "conv_state_kernel": kernel,
+            "recurrent_state_dtype": state_dtype(config) if hybrid is not None else None}
 
 
 def head_fields(config: dict[str, Any]) -> dict[str, Any]:

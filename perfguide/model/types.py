@@ -121,6 +121,10 @@ class ModelSpec(Model):
     #: recurrent-state elements (fp32); 0 for attention-only models
     conv_state_elements: int = Field(default=0, ge=0)
     recurrent_state_elements: int = Field(default=0, ge=0)
+    #: the conv kernel width of those layers (conv_state_elements = channels x kernel), and the dtype the config names for
+    #: the recurrent state (None: unnamed; transformers keeps it fp32, vLLM in the model dtype)
+    conv_state_kernel: int = Field(default=0, ge=0)
+    recurrent_state_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     # exact counts
     total_params: int = Field(gt=0)
     embedding_params: int = Field(ge=0)    # input (and position) embeddings

@@ -8,7 +8,7 @@ from typing import NamedTuple
 from .._serving_data import serving_facts
 from ..decisions import Alternative, Decision
 from ..engines import ServerEngine
-from ..memory.serving import EngineMemory, describe
+from ..memory.serving import EngineMemory, describe, start_limit
 from ..memory.types import MemoryEstimate
 from ..model.types import ModelSpec
 from ..setup import ServingSetup, Setup
@@ -114,6 +114,9 @@ def memory_decision(engine: ServerEngine, chosen: Priced, asked: bool) -> Decisi
     m, s = chosen.memory, chosen.serving
     eager = " CUDA graphs are off (enforce_eager): their memory is what lets max_model_len fit." if s.enforce_eager else ""
     given = " (as given)" if asked else ""
+    if m.state_slots is not None:
+        eager += (f" max_num_seqs={s.max_num_seqs}: vLLM refuses to start with more sequences than its {m.state_slots:,} pool blocks, each a "
+                  f"recurrent-state page of this hybrid model.")
     return Decision(setting=engine.memory_setting, value=s.gpu_memory_utilization, number=float(m.kv_cache_tokens), unit="KV cache tokens",
                     reason=f"{engine.memory_setting}={s.gpu_memory_utilization}{given}: {describe(m)}.{eager}", source=engine.memory_source)
 
@@ -126,8 +129,8 @@ def to_memory(m: EngineMemory) -> MemoryEstimate:
     return MemoryEstimate(weights=m.weights, gradients=0, optimizer_states=0, activations=m.activation_peak, kv_cache=kv,
                           other=m.non_torch + m.cuda_graphs, cuda_context=m.cuda_context, peak_allocated=peak,
                           peak_reserved=peak + m.non_torch + m.cuda_graphs, device_total=total, capacity=m.total,
-                          fits=m.fits and total <= m.total, notes=(describe(m),), kv_cache_tokens=m.kv_cache_tokens,
-                          max_concurrency=m.max_concurrency)
+                          fits=m.fits and total <= m.total, notes=(describe(m), *((limit,) if (limit := start_limit(m)) else ())),
+                          kv_cache_tokens=m.kv_cache_tokens, max_concurrency=m.max_concurrency, start_limit=start_limit(m))
 
 
 def to_throughput(spec: ModelSpec, p: Priced, peak_flops: float) -> Throughput:

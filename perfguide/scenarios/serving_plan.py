@@ -184,10 +184,31 @@ def _batch(request: Request, mem: EngineMemory, serving: ServingSetup) -> int:
 
 def _price(request: Request, engine: ServerEngine, serving: ServingSetup) -> Priced:
     mem = engine.memory(request.model, serving, request.hardware)
+    slots = mem.state_slots
+    if slots and slots < mem.state_slots_needed and request.constraints.max_num_seqs is None and request.constraints.batch_size is None:
+        serving, mem = _within_state_slots(request, engine, serving, slots)
     if not mem.fits:
         return Priced(serving, mem, None)
     prompt, output = _workload(request)
     return Priced(serving, mem, engine.speed(request.model, serving, request.hardware, prompt, output, _batch(request, mem, serving)))
+
+
+def _within_state_slots(request: Request, engine: ServerEngine, serving: ServingSetup, slots: int) -> tuple[ServingSetup, EngineMemory]:
+    """The most sequences a hybrid's recurrent-state pages let vLLM start with (it refuses max_num_seqs above its pool
+    blocks). Fewer sequences profile a smaller sampler and capture fewer graphs, so the blocks grow as max_num_seqs
+    falls: the largest max_num_seqs within its own blocks, by bisection from the first count (which always holds)."""
+    def at(seqs: int) -> tuple[ServingSetup, EngineMemory]:
+        s = serving.model_copy(update={"max_num_seqs": seqs})
+        return s, engine.memory(request.model, s, request.hardware)
+
+    low, high = slots, serving.max_num_seqs - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        if (at(mid)[1].state_slots or 0) >= mid:
+            low = mid
+        else:
+            high = mid - 1
+    return at(low)
 
 
 def _layouts(request: Request, engine: ServerEngine, m: Menu, fmt: str, gpus: int) -> list[Priced]:

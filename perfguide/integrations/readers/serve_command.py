@@ -176,6 +176,9 @@ def _assume(engine: ServerEngine, spec: ModelSpec, hw: Hardware, values: dict[st
     if row is not None and not row.at_load and values["weight_format"] != stored:
         col.note(f"{values['weight_format']} weights need a pre-quantized checkpoint and {spec.name}'s config.json has "
                  f"{'a ' + stored if stored else 'no'} quantization_config: {engine.title} refuses it at load; priced as if it were one")
+    if "enable_prefix_caching" not in values and not engine.prefix_caching_default(spec):
+        values["enable_prefix_caching"] = False
+        col.assume("serving.enable_prefix_caching", False, f"{engine.title}'s own default for a model with recurrent layers")
     gpu = hw.smallest_gpu
     # the batching first: SGLang's default memory fraction reserves room by its chunked-prefill size
     own = engine.server_defaults(gpu, int(values.get("tensor_parallel_size", 1))) if gpu is not None else {}
@@ -236,7 +239,8 @@ def check(argv: list[str] | str, spec_of: Any, hw: Hardware) -> Check:
     gpus = setup.num_gpus * setup.nodes
     return Check(model=spec.name, hardware=f"{hw.name or hw.smallest_gpu.name} ({gpus} GPU{'s' if gpus > 1 else ''})",  # type: ignore[union-attr]
                  setup=setup, fits=memory.fits, memory=memory, throughput=throughput, read=reading.settings, ignored=reading.ignored,
-                 unknown=reading.unknown, changes=changes, notes=(*reading.notes, *((why,) if why else ())))
+                 unknown=reading.unknown, changes=changes,
+                 notes=(*reading.notes, *((memory.start_limit,) if memory.start_limit else ()), *((why,) if why else ())))
 
 
 def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hardware, model: str) -> tuple[Change, ...]:

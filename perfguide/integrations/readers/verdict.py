@@ -115,7 +115,8 @@ def _assumed_length(c: Check) -> str:
 def render(c: Check) -> str:
     m = c.memory
     room = f" of {m.capacity / GiB:.1f} GiB usable" if m.capacity else ""
-    verdict = "fits" if c.fits else "does NOT run (the attention kernel's 32-bit index; notes)" if m.kernel_limit else "does NOT fit"
+    verdict = ("fits" if c.fits else "does NOT run (the attention kernel's 32-bit index; notes)" if m.kernel_limit
+               else "does NOT start (notes)" if m.start_limit else "does NOT fit")
     lines = [f"perfguide check: {c.model} on {c.hardware}: {c.setup.label}",
              f"verdict: {verdict}: {m.device_total / GiB:.1f} GiB per device{room}"
              + (f", {m.cpu_ram / GiB:.1f} GiB host RAM" if m.cpu_ram else "") + _assumed_length(c),

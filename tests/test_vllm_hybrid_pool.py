@@ -1,0 +1,122 @@
+"""vLLM's pool for hybrid models (attention + gated-DeltaNet / Mamba layers), checked against hand counts from the
+configs and against published start-up logs, not against perfguide's own output.
+
+Hand counts follow vLLM's own rules (vllm/v1/kv_cache_interface.py MambaSpec / FullAttentionSpec, the
+HybridAttentionMambaModelConfig block alignment, kv_cache_utils' uniform-page grouping): a recurrent layer's page is
+its conv state (channels x (kernel - 1), model dtype) plus its recurrent state (value heads x key dim x value dim, in
+the config's mamba_ssm_dtype); the attention block is 16 x cdiv(that page, 16 x one layer's K/V bytes per token).
+"""
+
+from __future__ import annotations
+
+import math
+
+import perfguide
+from perfguide.engines.vllm import ENGINE, state_page_bytes
+from perfguide.memory.serving import EngineMemory, start_limit
+from perfguide.model.types import ModelSpec
+from perfguide.setup import ServingSetup
+
+GIB = 2**30
+
+
+def _serving(**kw: object) -> ServingSetup:
+    base: dict[str, object] = {"engine": "vllm", "weight_format": "bf16", "dtype": "bf16"}
+    return ServingSetup(**(base | kw))  # type: ignore[arg-type]
+
+
+def test_qwen36_35b_state_page_is_the_hand_count() -> None:
+    spec = ModelSpec.from_any("Qwen/Qwen3.6-35B-A3B")
+    # config.json: 16 key heads and 32 value heads of 128, conv kernel 4, mamba_ssm_dtype float32
+    conv = (2 * 16 * 128 + 32 * 128) * (4 - 1) * 2
+    recurrent = 32 * 128 * 128 * 4
+    assert state_page_bytes(spec, _serving()) == conv + recurrent == 2_146_304
+    # two tensor-parallel ranks halve the channels and the value heads
+    assert state_page_bytes(spec, _serving(tensor_parallel_size=2)) == (conv + recurrent) // 2
+
+
+def test_qwen36_27b_attention_block_is_784() -> None:
+    """784 tokens: the unified block LMCache's Qwen3.6-27B recipe quotes from vLLM's start-up log ("Setting attention
+    block size to ... tokens to ensure that attention page size is >= mamba page size"; recipe reference values
+    Qwen3.5-0.8B=544, Qwen3.6-27B=784, quoted in a public launch script), and the hand count: a state page of
+    10,240 x 3 x 2 + 48 x 128 x 128 x 4 = 3,207,168 bytes over 4 KV heads x 256 x 2 x 2 = 4,096 bytes per token."""
+    spec = ModelSpec.from_any("Qwen/Qwen3.6-27B")
+    pool = ENGINE.pool_layout(spec, _serving(max_model_len=32768))
+    assert 16 * math.ceil(3_207_168 / (16 * 4096)) == 784
+    assert pool.block_size == 784
+    assert pool.page_bytes == 784 * 4096          # the state page padded up to the attention page
+    assert pool.group == 16                       # 16 attention and 48 recurrent layers: groups of 16
+    assert pool.per_request == math.ceil(32768 / 784) + 3 * 2   # prefix caching ("align"): two state pages a group
+
+
+def test_qwen36_35b_nvfp4_pool_matches_the_published_log() -> None:
+    """github.com/noonghunna/club-3090 issue 612 (vLLM 0.24.0, RTX 5090, Qwen3.6-35B-A3B NVFP4, --kv-cache-dtype fp8,
+    --enable-prefix-caching, --max-model-len 131072): "Available KV cache memory: 5.98 GiB", "GPU KV cache size:
+    567,978 tokens", "Maximum concurrency for 131,072 tokens per request: 4.33x". The weights' format does not enter:
+    the pool is cut from the KV memory the log prints."""
+    spec = ModelSpec.from_any("Qwen/Qwen3.6-35B-A3B")
+    pool = ENGINE.pool_layout(spec, _serving(max_model_len=131072, kv_cache_dtype="fp8", enable_prefix_caching=True))
+    assert pool.block_size == 2096                # 2,146,304 / (2 KV heads x 256 x 2 x 1 byte) = 2,096 exactly
+    blocks = int(5.98 * GIB) // (pool.page_bytes * int(pool.group))
+    assert blocks == 299
+    assert pool.per_request == math.ceil(131072 / 2096) + 3 * 2 == 69
+    assert int(blocks / pool.per_request * 131072) == 567_978
+    assert round(blocks / pool.per_request, 2) == 4.33
+
+
+def test_without_prefix_caching_a_request_takes_one_state_page_per_group() -> None:
+    """vLLM's "none" mode (MambaSpec.max_memory_usage_bytes: one page), its default for hybrids: a command that does not
+    pass --enable-prefix-caching is read so."""
+    spec = ModelSpec.from_any("Qwen/Qwen3.6-35B-A3B")
+    on = ENGINE.pool_layout(spec, _serving(max_model_len=8192, enable_prefix_caching=True))
+    off = ENGINE.pool_layout(spec, _serving(max_model_len=8192, enable_prefix_caching=False))
+    assert on.per_request - off.per_request == 3
+    assert ENGINE.prefix_caching_default(spec) is False
+    assert ENGINE.prefix_caching_default(ModelSpec.from_any("meta-llama/Llama-3.1-8B")) is True
+
+
+def test_attention_only_models_keep_the_16_token_pool() -> None:
+    spec = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    pool = ENGINE.pool_layout(spec, _serving(max_model_len=8192))
+    assert (pool.block_size, pool.states) == (16, False)
+    assert pool.page_bytes == 16 * 2 * 8 * 128 * 2
+
+
+def test_start_refusal_is_vllms_own_message() -> None:
+    mem = EngineMemory(engine="vllm", total=80 * GIB, budget=70 * GIB, weights=60 * GIB, activation_peak=GIB, non_torch=0,
+                       cuda_graphs=0, cuda_context=0, kv_cache_bytes=9 * GIB, kv_bytes_per_token=1, block_size=784,
+                       num_blocks=73, kv_cache_tokens=1, max_model_len=8192, max_concurrency=5.0, state_slots=73,
+                       state_slots_needed=256)
+    assert not mem.fits
+    assert "max_num_seqs (256) exceeds available Mamba cache blocks (73)" in (start_limit(mem) or "")
+    assert start_limit(mem.model_copy(update={"state_slots_needed": 73})) is None
+
+
+def test_a_plan_never_asks_for_more_sequences_than_state_pages() -> None:
+    rec = perfguide.recommend("Qwen/Qwen3.6-35B-A3B", scenario="infer_gpu_one", hardware="h100-80gb", engine="vllm",
+                              gpu_memory_utilization=0.5, max_model_len=8192)
+    command = rec.serve_command().split()
+    seqs = int(command[command.index("--max-num-seqs") + 1])
+    decision = next(d for d in rec.decisions if d.setting == "gpu_memory_utilization")
+    blocks = int(decision.reason.split(" blocks of ")[0].rsplit("; ", 1)[1].replace(",", ""))
+    assert seqs <= blocks < 256
+    assert "refuses to start with more sequences" in decision.reason
+
+
+def test_a_forced_max_num_seqs_above_the_pages_runs_eager() -> None:
+    """vLLM checks the state pages before capturing CUDA graphs; a user's own max_num_seqs is kept, so the plan that starts
+    is the eager one."""
+    rec = perfguide.recommend("Qwen/Qwen3.6-35B-A3B", scenario="infer_gpu_one", hardware="h100-80gb", engine="vllm",
+                              gpu_memory_utilization=0.5, max_model_len=8192, max_num_seqs=1024)
+    command = rec.serve_command().split()
+    assert command[command.index("--max-num-seqs") + 1] == "1024"
+    assert "--enforce-eager" in command
+
+
+def test_check_says_why_a_serve_command_does_not_start() -> None:
+    c = perfguide.check(config="vllm serve Qwen/Qwen3.6-27B --gpu-memory-utilization 0.85 --max-model-len 32768", hardware="h100-80gb")
+    assert not c.fits
+    assert c.memory.start_limit is not None
+    assert "max_num_seqs (1,024) exceeds available Mamba cache blocks" in c.memory.start_limit
+    assert any("Mamba cache blocks" in n for n in c.notes)
+    assert c.changes   # the smallest changes that start: eager, or fewer sequences
