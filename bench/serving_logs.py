@@ -22,7 +22,6 @@ from serving_log_rows import ROWS, LogRow
 
 from perfguide import Hardware, engines
 from perfguide.memory.overhead import cuda_context_bytes
-from perfguide.memory.serving import kv_bytes_per_token
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 
@@ -48,8 +47,11 @@ def predict(row: LogRow) -> float:
         return engine.loaded_weight_bytes(spec, serving, gpu.vendor if gpu else row.vendor) / GiB
     if row.kind == "kv_tokens":
         assert row.kv_gib is not None
-        block = engine.facts.block_size
-        return int(row.kv_gib * GiB) // (block * kv_bytes_per_token(spec, serving)) * block
+        pool = engine.pool_layout(spec, serving)
+        blocks = int(row.kv_gib * GiB) // int(pool.page_bytes * pool.group)
+        if pool.states:   # a hybrid's pool, logged as its concurrency x max_model_len (vLLM 0.2x)
+            return int(blocks / pool.per_request * serving.max_model_len)
+        return blocks * pool.block_size
     assert row.gpu is not None
     hardware = Hardware.from_name(row.gpu)
     mem = engine.memory(spec, serving, hardware)

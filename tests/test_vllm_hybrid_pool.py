@@ -22,7 +22,7 @@ GIB = 2**30
 
 def _serving(**kw: object) -> ServingSetup:
     base: dict[str, object] = {"engine": "vllm", "weight_format": "bf16", "dtype": "bf16"}
-    return ServingSetup(**(base | kw))  # type: ignore[arg-type]
+    return ServingSetup(**(base | kw))
 
 
 def test_qwen36_35b_state_page_is_the_hand_count() -> None:
