@@ -115,8 +115,8 @@ def memory_decision(engine: ServerEngine, chosen: Priced, asked: bool) -> Decisi
     eager = " CUDA graphs are off (enforce_eager): their memory is what lets max_model_len fit." if s.enforce_eager else ""
     given = " (as given)" if asked else ""
     if m.state_slots is not None:
-        eager += (f" max_num_seqs={s.max_num_seqs}: vLLM refuses to start with more sequences than its {m.state_slots:,} pool blocks, each a "
-                  f"recurrent-state page of this hybrid model.")
+        eager += (f" max_num_seqs={s.max_num_seqs}: {engine.title} refuses to start with more sequences than its {m.state_slots:,} pool "
+                  f"blocks, each a recurrent-state page of this hybrid model.")
     return Decision(setting=engine.memory_setting, value=s.gpu_memory_utilization, number=float(m.kv_cache_tokens), unit="KV cache tokens",
                     reason=f"{engine.memory_setting}={s.gpu_memory_utilization}{given}: {describe(m)}.{eager}", source=engine.memory_source)
 
