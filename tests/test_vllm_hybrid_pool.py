@@ -57,11 +57,11 @@ def test_qwen36_35b_nvfp4_pool_matches_the_published_log() -> None:
     spec = ModelSpec.from_any("Qwen/Qwen3.6-35B-A3B")
     pool = ENGINE.pool_layout(spec, _serving(max_model_len=131072, kv_cache_dtype="fp8", enable_prefix_caching=True))
     assert pool.block_size == 2096                # 2,146,304 / (2 KV heads x 256 x 2 x 1 byte) = 2,096 exactly
-    blocks = int(5.98 * GIB) // (pool.page_bytes * int(pool.group))
-    assert blocks == 299
+    per_block = pool.page_bytes * int(pool.group)
+    counts = range(int(5.975 * GIB) // per_block, int(5.985 * GIB) // per_block + 1)   # 5.98 GiB as printed
     assert pool.per_request == math.ceil(131072 / 2096) + 3 * 2 == 69
-    assert int(blocks / pool.per_request * 131072) == 567_978
-    assert round(blocks / pool.per_request, 2) == 4.33
+    logged = [b for b in counts if int(b / pool.per_request * 131072) == 567_978 and round(b / pool.per_request, 2) == 4.33]
+    assert logged == [299] and int(5.98 * GIB) // per_block == 299
 
 
 def test_without_prefix_caching_a_request_takes_one_state_page_per_group() -> None:
@@ -120,3 +120,25 @@ def test_check_says_why_a_serve_command_does_not_start() -> None:
     assert "max_num_seqs (1,024) exceeds available Mamba cache blocks" in c.memory.start_limit
     assert any("Mamba cache blocks" in n for n in c.notes)
     assert c.changes   # the smallest changes that start: eager, or fewer sequences
+
+
+def test_qwen3_next_tp2_pool_matches_a_published_0_13_log() -> None:
+    """A public vLLM 0.13.0 start-up log (a docker-compose service "qwen3-next-instruct": Qwen3NextForCausalLM with
+    W4A16 experts, 2x L40S, --tensor-parallel-size 2 --kv-cache-dtype fp8 --max-model-len 32768; vLLM disables prefix
+    caching for the hybrid, "Hybrid or mamba-based model detected without support for prefix caching: disabling"):
+    "Setting attention block size to 1072 tokens", "Available KV cache memory: 17.58 GiB", "GPU KV cache size:
+    767,552 tokens", "Maximum concurrency for 32,768 tokens per request: 84.29x". Qwen3-Next's config names no
+    mamba_ssm_dtype, so the recurrent state is bf16: a rank's page is 4,096 x 3 x 2 + 16 x 128 x 128 x 2 = 548,864
+    bytes, 1,072 tokens of one K/V head of 256 in fp8 (512 bytes). The Instruct release has the Thinking config's shape."""
+    spec = ModelSpec.from_any("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    serving = _serving(max_model_len=32768, kv_cache_dtype="fp8", tensor_parallel_size=2, enable_prefix_caching=False)
+    assert state_page_bytes(spec, serving) == 4096 * 3 * 2 + 16 * 128 * 128 * 2 == 548_864
+    pool = ENGINE.pool_layout(spec, serving)
+    assert (pool.block_size, pool.page_bytes, pool.group) == (1072, 548_864, 12)
+    per_block = pool.page_bytes * int(pool.group)
+    # the log prints the KV memory to 0.01 GiB: the pool holds one of these block counts
+    counts = range(int(17.575 * GIB) // per_block, int(17.585 * GIB) // per_block + 1)
+    assert pool.per_request == math.ceil(32768 / 1072) + 3 == 34
+    # ...and the one both printed figures name is among them
+    logged = [b for b in counts if round(b / pool.per_request, 2) == 84.29 and b // 4 * 1072 == 767_552]
+    assert logged == [2866]   # 0.13's token log: blocks over the 4 groups x the block (0.24 logs concurrency x length)
