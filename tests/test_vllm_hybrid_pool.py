@@ -119,7 +119,8 @@ def test_check_says_why_a_serve_command_does_not_start() -> None:
     assert c.memory.start_limit is not None
     assert "max_num_seqs (1,024) exceeds available Mamba cache blocks" in c.memory.start_limit
     assert any("Mamba cache blocks" in n for n in c.notes)
-    assert c.changes   # the smallest changes that start: eager, or fewer sequences
+    edits = [e.text() for ch in c.changes for e in ch.edits]   # the smallest changes that start: eager, or fewer sequences
+    assert "--enforce-eager" in edits and any(e.startswith("--max-num-seqs ") for e in edits)
 
 
 def test_qwen3_next_tp2_pool_matches_a_published_0_13_log() -> None:

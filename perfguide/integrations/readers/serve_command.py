@@ -287,7 +287,8 @@ def fit_changes(engine: ServerEngine, spec: ModelSpec, s: ServingSetup, hw: Hard
 def _change(engine: ServerEngine, spec: ModelSpec, old: ServingSetup, new: ServingSetup, hw: Hardware, model: str) -> Change:
     fields = {f: getattr(new, f) for f in ServingSetup.model_fields if getattr(new, f) != getattr(old, f)}
     emitted = dict(engine.flags(model, new))
-    keys = {flag: emitted[flag] for flag, (field, _) in flag_table(engine).items() if field in fields and flag in emitted}
+    keys = {flag: True if emitted[flag] is None else emitted[flag]   # a switch is written bare
+            for flag, (field, _) in flag_table(engine).items() if field in fields and flag in emitted}
     return Change(kind="fit", setup={f"serving.{k}": v for k, v in fields.items()}, fits=True,
                   edits=(Edit(format=FORMAT, source=f"{engine.title} command", syntax="flags", keys=keys),),
                   peak_gib=price(engine, spec, new, hw).device_total / 2**30)
