@@ -143,3 +143,25 @@ def test_qwen3_next_tp2_pool_matches_a_published_0_13_log() -> None:
     # ...and the one both printed figures name is among them
     logged = [b for b in counts if round(b / pool.per_request, 2) == 84.29 and b // 4 * 1072 == 767_552]
     assert logged == [2866]   # 0.13's token log: blocks over the 4 groups x the block (0.24 logs concurrency x length)
+
+
+def test_a_pure_recurrent_model_gets_a_pool_of_state_pages() -> None:
+    """transformers' default GraniteMoeHybridConfig has no attention layer (every layer "mamba"): no K/V per token, one
+    group of state pages, a request one page per layer (bench/fuzz.py found it raising inside EngineMemory)."""
+    from transformers import GraniteMoeHybridConfig
+
+    from perfguide.hardware import Hardware
+
+    config = GraniteMoeHybridConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, num_key_value_heads=4,
+                                    intermediate_size=512, shared_intermediate_size=512, num_local_experts=4,
+                                    num_experts_per_tok=2, mamba_n_heads=16, mamba_d_head=32, vocab_size=1000)
+    spec = ModelSpec.from_any(config)
+    assert spec.kv_layers == 0 and spec.stateful_layers == spec.num_layers == 4
+    serving = _serving(max_model_len=4096, enable_prefix_caching=False)
+    # Mamba-2 by hand: conv channels 16 x 32 + 2 x 1 group x 256 state, 3 columns, bf16; recurrent 16 x 32 x 256, bf16
+    assert state_page_bytes(spec, serving) == (16 * 32 + 2 * 256) * 3 * 2 + 16 * 32 * 256 * 2
+    pool = ENGINE.pool_layout(spec, serving)
+    assert (pool.block_size, pool.page_bytes, pool.group, pool.per_request) == (4096, state_page_bytes(spec, serving), spec.num_layers, 1)
+    mem = ENGINE.memory(spec, serving, Hardware.from_name("h100-80gb"))
+    assert mem.kv_bytes_per_token == 0 and mem.state_slots == mem.num_blocks > 0
+    assert mem.num_blocks == max(0, mem.kv_cache_bytes) // (pool.page_bytes * spec.num_layers)

@@ -156,13 +156,14 @@ def _state_pool(spec: ModelSpec, serving: ServingSetup, token_bytes: int, defaul
     with prefix caching ("align" mode: MambaSpec.max_memory_usage_bytes). Every pool block is a decode sequence's
     state slot too: vLLM refuses to start when max_num_seqs exceeds the blocks (``max_num_seqs (N) exceeds available
     Mamba cache blocks``, vllm/config/compilation.py)."""
-    state = state_page_bytes(spec, serving)
-    block = max(default_block, 16 * math.ceil(state / (16 * token_bytes)))
+    state, pages = state_page_bytes(spec, serving), 2 if serving.enable_prefix_caching else 1
     attention, recurrent = spec.kv_layers, spec.stateful_layers
+    if not attention:   # a pure recurrent model: one group of state pages, a block per max_model_len (MambaSpec.block_size)
+        return Pool(serving.max_model_len, state, recurrent, pages, states=True)
+    block = max(default_block, 16 * math.ceil(state / (16 * token_bytes)))
     low, high = sorted((attention, recurrent))
-    group = high if high < 1.25 * low or not low else low   # no attention layer: the recurrent layers in one group
-    per_request = (math.ceil(attention / group) * math.ceil(serving.max_model_len / block)
-                   + math.ceil(recurrent / group) * (2 if serving.enable_prefix_caching else 1))
+    group = high if high < 1.25 * low else low
+    per_request = math.ceil(attention / group) * math.ceil(serving.max_model_len / block) + math.ceil(recurrent / group) * pages
     return Pool(block, block * token_bytes, group, per_request, states=True)
 
 

@@ -37,7 +37,8 @@ class EngineMemory(Model):
     cuda_graphs: int = Field(ge=0)
     cuda_context: int = Field(ge=0)
     kv_cache_bytes: int = Field(description="bytes left for KV blocks; negative = the weights do not leave room")
-    kv_bytes_per_token: int = Field(ge=1, description="every layer's cache of one position on this GPU")
+    kv_bytes_per_token: int = Field(ge=0, description="every layer's cache of one position on this GPU (0: no layer keeps K/V, "
+                                    "a pure recurrent model)")
     block_size: int = Field(ge=1)
     num_blocks: int = Field(ge=0)
     kv_cache_tokens: int = Field(ge=0, description="the token count the engine logs for its KV cache")
