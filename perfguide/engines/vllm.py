@@ -4,7 +4,8 @@ Memory (vllm/v1/worker/gpu_worker.py ``determine_available_memory``)::
 
     KV = ceil(total x gpu_memory_utilization) - weights - non-torch memory - activation peak - CUDA graphs
 
-cut into blocks of 16 tokens (every layer's K and V for 16 positions); vllm/v1/core/kv_cache_utils.py logs
+cut into blocks of 16 tokens (every layer's K and V for 16 positions; a hybrid model's blocks grow to hold one
+recurrent-state page each: ``_state_pool``); vllm/v1/core/kv_cache_utils.py logs
 ``GPU KV cache size: N tokens`` = blocks / ceil(max_model_len / 16) x max_model_len, with the concurrency at
 max_model_len beside it. Argument names are those of vllm/engine/arg_utils.py; tests check every emitted one
 against the names that version's parser registers (tests/data/engine_flags.json, scripts/engine_flags.py),
