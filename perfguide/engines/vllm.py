@@ -78,7 +78,7 @@ class VLLM(ServerEngine):
         """Off for a model with recurrent layers (their "align" caching mode comes with the flag): Qwen3.5-27B's start-up
         log under 0.19.0 without it (github.com/vllm-project/vllm/issues/40691: 290,864 tokens, 33.04x at 32,768) sizes
         one state page per recurrent group, which only the "none" mode does (``_state_pool``)."""
-        return not (spec.stateful_layers and spec.conv_state_kernel)
+        return not _state_pages(spec)
 
     def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> Pool:
         """The hybrid allocator (vllm/v1/core/kv_cache_utils.py): full-attention and sliding-window layers fall in
@@ -89,7 +89,7 @@ class VLLM(ServerEngine):
         whole = super().pool_layout(spec, serving)
         if serving.pipeline_parallel_size > 1:
             return whole
-        if spec.stateful_layers and spec.conv_state_kernel:
+        if _state_pages(spec):
             return _state_pool(spec, serving, whole.page_bytes // whole.block_size, whole.block_size)
         kinds = spec.cache_layer_types()
         slide = sum(1 for k in kinds if k == "sliding_attention")
@@ -134,6 +134,11 @@ class VLLM(ServerEngine):
                 continue
             out.append(("--" + key.replace("_", "-"), None if value is True else str(value)))
         return out
+
+
+def _state_pages(spec: ModelSpec) -> bool:
+    """Whether the model has recurrent layers whose state model/recurrent.py sizes (vLLM pages them beside the K/V)."""
+    return bool(spec.stateful_layers and spec.conv_state_kernel)
 
 
 def state_page_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
