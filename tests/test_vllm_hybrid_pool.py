@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 import perfguide
-from perfguide.engines.vllm import ENGINE, state_page_bytes
-from perfguide.memory.serving import EngineMemory, start_limit
+from perfguide.engines.vllm import ENGINE
+from perfguide.memory.serving import EngineMemory, start_limit, state_page_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import ServingSetup
 
@@ -165,3 +167,45 @@ def test_a_pure_recurrent_model_gets_a_pool_of_state_pages() -> None:
     mem = ENGINE.memory(spec, serving, Hardware.from_name("h100-80gb"))
     assert mem.kv_bytes_per_token == 0 and mem.state_slots == mem.num_blocks > 0
     assert mem.num_blocks == max(0, mem.kv_cache_bytes) // (pool.page_bytes * spec.num_layers)
+
+
+def test_a_hybrid_decode_step_reads_the_attention_layers_k_v_and_moves_each_state_page_twice() -> None:
+    """Qwen3.6-35B-A3B on one rank, bf16 K/V: 10 attention layers x 2 KV heads x 256 x 2 (K, V) x 2 bytes per token;
+    30 gated-DeltaNet layers each read and write their 2,146,304-byte state page per sequence and step."""
+    from perfguide.memory.serving import attention_kv_bytes_per_token, kv_bytes_per_token, state_traffic_bytes
+
+    spec, serving = ModelSpec.from_any("Qwen/Qwen3.6-35B-A3B"), _serving(max_model_len=8192)
+    assert attention_kv_bytes_per_token(spec, serving) == 10 * 2 * 256 * 2 * 2
+    assert kv_bytes_per_token(spec, serving) == 40 * 2 * 256 * 2 * 2     # the pool's upper bound, every layer
+    assert state_traffic_bytes(spec, serving) == 2 * 30 * 2_146_304
+    llama = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
+    assert attention_kv_bytes_per_token(llama, serving) == kv_bytes_per_token(llama, serving)
+    assert state_traffic_bytes(llama, serving) == 0
+
+
+def test_a_hybrid_decodes_long_contexts_faster_than_if_every_layer_held_k_v() -> None:
+    """At 64 sequences of 8K tokens the all-attention reading moved 40 layers' K/V (43 GB a step); the attention layers'
+    K/V and the state pages are 10.7 + 8.2 GB (19.0): the step is memory bound either way, so it shortens with the bytes."""
+    from perfguide.hardware import Hardware
+    from perfguide.speed.serving import decode_step_s
+
+    spec, hw = ModelSpec.from_any("Qwen/Qwen3.6-35B-A3B"), Hardware.from_name("h100-80gb")
+    serving = _serving(max_model_len=16384)
+    hybrid, bound, _, _ = decode_step_s(spec, serving, hw, 64, 8192, 0.0)
+    flat = spec.model_copy(update={"layer_types": None, "conv_state_kernel": 0})
+    everywhere, _, _, _ = decode_step_s(flat, serving, hw, 64, 8192, 0.0)
+    assert bound == "memory-bandwidth"
+    kv_all = 64 * 8192 * 40 * 2048
+    kv_hybrid = 64 * (8192 * 10 * 2048 + 2 * 30 * 2_146_304)
+    gpu = hw.smallest_gpu
+    assert gpu is not None and gpu.memory_bandwidth_gbps
+    rate = gpu.memory_bandwidth_gbps * 1e9 * _decode_efficiency()
+    weights = everywhere - kv_all / rate   # what the two readings share: the weights' read time
+    assert hybrid == pytest.approx(weights + kv_hybrid / rate, rel=1e-9)
+    assert kv_all / 1e9 == pytest.approx(43.0, abs=0.1) and kv_hybrid / 1e9 == pytest.approx(18.98, abs=0.01)
+
+
+def _decode_efficiency() -> float:
+    from perfguide._serving_data import serving_facts
+
+    return serving_facts().decode_bandwidth_efficiency.value

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from ..hardware.types import GPU, Hardware
 from ..memory.overhead import cuda_context_bytes
-from ..memory.serving import HALF, rank_weight_bytes, rope_cache_bytes
+from ..memory.serving import HALF, has_state_pages, rank_weight_bytes, rope_cache_bytes, state_page_bytes
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
 from .base import Flag, Pool, ServerEngine
@@ -78,7 +78,7 @@ class VLLM(ServerEngine):
         """Off for a model with recurrent layers (their "align" caching mode comes with the flag): Qwen3.5-27B's start-up
         log under 0.19.0 without it (github.com/vllm-project/vllm/issues/40691: 290,864 tokens, 33.04x at 32,768) sizes
         one state page per recurrent group, which only the "none" mode does (``_state_pool``)."""
-        return not _state_pages(spec)
+        return not has_state_pages(spec)
 
     def pool_layout(self, spec: ModelSpec, serving: ServingSetup) -> Pool:
         """The hybrid allocator (vllm/v1/core/kv_cache_utils.py): full-attention and sliding-window layers fall in
@@ -89,7 +89,7 @@ class VLLM(ServerEngine):
         whole = super().pool_layout(spec, serving)
         if serving.pipeline_parallel_size > 1:
             return whole
-        if _state_pages(spec):
+        if has_state_pages(spec):
             return _state_pool(spec, serving, whole.page_bytes // whole.block_size, whole.block_size)
         kinds = spec.cache_layer_types()
         slide = sum(1 for k in kinds if k == "sliding_attention")
@@ -134,23 +134,6 @@ class VLLM(ServerEngine):
                 continue
             out.append(("--" + key.replace("_", "-"), None if value is True else str(value)))
         return out
-
-
-def _state_pages(spec: ModelSpec) -> bool:
-    """Whether the model has recurrent layers whose state model/recurrent.py sizes (vLLM pages them beside the K/V)."""
-    return bool(spec.stateful_layers and spec.conv_state_kernel)
-
-
-def state_page_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
-    """One recurrent layer's state for one sequence on one rank, as vLLM's MambaSpec pages it (vllm/v1/kv_cache_interface.py
-    page_size_bytes; model_executor/layers/mamba/mamba_utils.py state shapes): the conv state keeps ``kernel - 1``
-    columns of its channels in the model dtype, the recurrent state is split over tensor-parallel ranks and kept in the
-    dtype the config names (Qwen3.5's ``mamba_ssm_dtype``, read by its VerifyAndUpdateConfig where
-    ``--mamba-ssm-cache-dtype`` is "auto"), else the model dtype."""
-    tp, kernel = serving.tensor_parallel_size, spec.conv_state_kernel
-    conv = math.ceil(spec.conv_state_elements // kernel / tp) * (kernel - 1) * HALF
-    ssm = 4 if spec.recurrent_state_dtype == "float32" else HALF
-    return conv + math.ceil(spec.recurrent_state_elements / tp) * ssm
 
 
 def _state_pool(spec: ModelSpec, serving: ServingSetup, token_bytes: int, default_block: int) -> Pool:

@@ -81,6 +81,39 @@ def kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
     return layers * 2 * heads * spec.head_dim * dtype
 
 
+def has_state_pages(spec: ModelSpec) -> bool:
+    """Whether the model has recurrent layers whose state model/recurrent.py sizes (a serving engine keeps one page of it
+    per sequence beside the attention layers' K/V)."""
+    return bool(spec.stateful_layers and spec.conv_state_kernel)
+
+
+def state_page_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
+    """One recurrent layer's state for one sequence on one rank, as vLLM's MambaSpec pages it (vllm/v1/kv_cache_interface.py
+    page_size_bytes; model_executor/layers/mamba/mamba_utils.py state shapes): the conv state keeps ``kernel - 1``
+    columns of its channels in the model dtype, the recurrent state is split over tensor-parallel ranks and kept in the
+    dtype the config names (Qwen3.5's ``mamba_ssm_dtype``, read by its VerifyAndUpdateConfig where
+    ``--mamba-ssm-cache-dtype`` is "auto"), else the model dtype."""
+    tp, kernel = serving.tensor_parallel_size, spec.conv_state_kernel
+    conv = math.ceil(spec.conv_state_elements // kernel / tp) * (kernel - 1) * HALF
+    ssm = 4 if spec.recurrent_state_dtype == "float32" else HALF
+    return conv + math.ceil(spec.recurrent_state_elements / tp) * ssm
+
+
+def attention_kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
+    """``kv_bytes_per_token`` over the layers that keep K/V: a hybrid's attention layers (its recurrent layers keep a
+    state page instead, ``state_page_bytes``); every layer of any other model."""
+    total = kv_bytes_per_token(spec, serving)
+    return total * spec.kv_layers // (spec.num_decoder_layers or spec.num_layers) if has_state_pages(spec) else total
+
+
+def state_traffic_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
+    """Bytes one decode step moves per sequence on one rank for its recurrent layers: each reads its state page and
+    writes it back (the state is updated in place, the K/V only appended to)."""
+    if not has_state_pages(spec):
+        return 0
+    return 2 * math.ceil(spec.stateful_layers / serving.pipeline_parallel_size) * state_page_bytes(spec, serving)
+
+
 def routed_expert_params(spec: ModelSpec) -> int:
     """Routed-expert weights over the whole model (0 for a dense model)."""
     if not spec.is_moe:
