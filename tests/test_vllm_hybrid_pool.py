@@ -209,3 +209,16 @@ def _decode_efficiency() -> float:
     from perfguide._serving_data import serving_facts
 
     return serving_facts().decode_bandwidth_efficiency.value
+
+
+def test_qwen35_27b_blocks_are_the_mamba_cache_blocks_a_published_profile_reads() -> None:
+    """A public profiling note of Qwen3.5-27B under vLLM (bf16 K/V, one GPU; its start-up log quoted): "Setting attention
+    block size to 784 tokens", "Capping cudagraph capture sizes from max 256 to 136 to fit Mamba cache blocks (141
+    blocks available)", and a KV cache of "6.76 GiB / 27,440 tokens" (that release's token log: blocks // 4 groups x
+    784). The pool's blocks are the Mamba cache blocks: 6.76 GiB over 16 layers' 784 x 4,096-byte pages."""
+    spec = ModelSpec.from_any("Qwen/Qwen3.5-27B")
+    pool = ENGINE.pool_layout(spec, _serving(max_model_len=32768))
+    assert (pool.block_size, pool.page_bytes, pool.group) == (784, 784 * 4096, 16)
+    per_block = pool.page_bytes * int(pool.group)
+    counts = range(int(6.755 * GIB) // per_block, int(6.765 * GIB) // per_block + 1)
+    assert [b for b in counts if b // 4 * 784 == 27_440] == [141] and int(6.76 * GIB) // per_block == 141
