@@ -160,7 +160,7 @@ def _states(spec: ModelSpec, setup: Setup, led: Ledger) -> tuple[States, Optimiz
         # it is stored, the rest of the base and the adapters are cast to 16 bit, and the optimizer keeps fp32 masters
         # and fp32 gradients of the adapters only (deepspeed_half's 2 + 4 + 4 + states per trainable parameter)
         cost = cost_at(4)
-        base = quantized_weight_bytes(spec, setup.weights_dtype, upcast=False)
+        base = quantized_weight_bytes(spec, setup.weights_dtype, upcast=False, experts=setup.quantized_experts)
         return States(base + 2 * led.trainable_params, 2 * led.trainable_params, cost.states + 8 * led.trainable_params,
                       led.trainable_params, 2), cost
     if setup.strategy in DEEPSPEED and (setup.autocast or setup.weights_dtype in ("bf16", "fp16")):

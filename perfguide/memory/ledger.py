@@ -112,21 +112,25 @@ KBIT_PREPARED_REST_BYTES = 4
 
 
 def quantized_weight_bytes(spec: ModelSpec, dtype: str, upcast: bool = True, head: bool = False,
-                           double_quant: bool = True, recast: bool = False) -> int:
+                           double_quant: bool = True, recast: bool = False, experts: bool = False) -> int:
     """bnb int8: 1 B + fp32 row scale per Linear; nf4: 0.5 B + absmax, double-quantized (uint8 per 64 + fp32 per 256
     blocks) or not (fp32 per 64: bitsandbytes ``compress_statistics=False``, litgpt's ``bnb.nf4``). Rest: fp32 after
     the kbit preparation (training plans are always LoRA on the quantized base), 16-bit where the run skips it.
     ``head``: the LM head is quantized too, as litgpt's own vocabulary x hidden Linear even where the Hub model ties
     it (top_of_stack.quantized_head). ``recast`` (TRL's cast after the upcast, ``Setup.kbit_recast_bf16``): the
-    embeddings and an unquantized head back to 2 bytes, the norms and other small parameters still fp32."""
+    embeddings and an unquantized head back to 2 bytes, the norms and other small parameters still fp32. ``experts``
+    (``Setup.quantized_experts``): fused 3-D expert tensors quantized as the Linears are, int8 with an fp32 scale per
+    row of their last dimension (axolotl's int8_vectorwise_quant over the flattened tensor)."""
     shapes = linear_shapes(spec)
-    linear = linear_params(spec)
+    fused = spec.fused_expert_params if experts else 0
+    linear = linear_params(spec) + fused
     rest = (spec.total_params - linear - (spec.lm_head_params if head else 0)) * (KBIT_PREPARED_REST_BYTES if upcast else 2)
     if upcast and recast:
         rest -= (spec.embedding_params + (0 if head else spec.lm_head_params)) * (KBIT_PREPARED_REST_BYTES - 2)
     vocab_rows = (spec.lm_head_params or spec.vocab_size * spec.hidden_size) // spec.hidden_size if head else 0
     if dtype == "int8":
-        return rest + linear + sum(o * n for _, _, o, n in shapes) * 4 + vocab_rows * spec.hidden_size + vocab_rows * 4
+        rows = sum(o * n for _, _, o, n in shapes) + fused // spec.hidden_size
+        return rest + linear + rows * 4 + vocab_rows * spec.hidden_size + vocab_rows * 4
     quantized = linear + vocab_rows * spec.hidden_size
     blocks = -(-quantized // NF4_BLOCK)
     absmax = blocks + (-(-blocks // NF4_DQ_BLOCK)) * 4 if double_quant else blocks * 4
@@ -159,7 +163,7 @@ def _frozen_groups(spec: ModelSpec, trainable: int) -> tuple[TensorGroup, ...]:
 def ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     """Weight storage and trainable tensors for this setup: a fact of the model, its weight dtype and its adapters,
     computed once per spec for each (derived: a plan prices hundreds of Setups that share them)."""
-    return derived(spec, ("ledger", setup.weights_dtype, kbit_fp32_parts(setup), setup.kbit_quantizer, setup.nf4_double_quant,
+    return derived(spec, ("ledger", setup.weights_dtype, kbit_fp32_parts(setup), setup.kbit_quantizer, setup.nf4_double_quant, setup.quantized_experts,
                           setup.kbit_recast_bf16, setup.kbit_recast_adapters, setup.lora, fsdp2_upcasts_trainables(setup),
                           setup.model_code),
                    lambda: _ledger(spec, setup))
@@ -287,7 +291,7 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
     wd = setup.weights_dtype
     base = (spec.total_params * DTYPE_BYTES[wd] if wd in DTYPE_BYTES
             else quantized_weight_bytes(spec, wd, kbit_fp32_parts(setup), quantized_head(setup), setup.nf4_double_quant,
-                                        setup.kbit_recast_bf16))
+                                        setup.kbit_recast_bf16, setup.quantized_experts))
     if setup.lora is None:
         trainable = spec.total_params if spec.trainable_params is None else min(spec.trainable_params, spec.total_params)
         groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)

@@ -90,10 +90,13 @@ def largest_linear_elements(spec: ModelSpec) -> int:
 
 
 def block_dequant_bytes(spec: ModelSpec, setup: Setup) -> int:
-    """The largest block Linear dequantized, alive during a block's forward or backward matmul."""
+    """The largest block Linear dequantized, alive during a block's forward or backward matmul; with quantized fused
+    experts (``Setup.quantized_experts``), a MoE block's whole expert tensors, which bitsandbytes' parametrization
+    dequantizes at once when the experts module reads them (and the matmul keeps for its input gradient)."""
     if setup.weights_dtype not in QUANTIZED:
         return 0
-    return largest_linear_elements(spec) * dequant_bytes_per_element(setup)
+    experts = spec.fused_expert_params // max(1, spec.num_moe_layers or spec.total_layers) if setup.quantized_experts else 0
+    return max(largest_linear_elements(spec), experts) * dequant_bytes_per_element(setup)
 
 
 def loss_peak_dequant_bytes(spec: ModelSpec, setup: Setup) -> int:

@@ -43,7 +43,7 @@ PRICED = frozenset({
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
     "rl", "lora_modules_to_save", "tensor_parallel_size", "expert_parallel_size", "context_parallel_size",
-    "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards",
+    "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards", "quantize_moe_experts",
 })
 #: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
 #: perfguide does not price: said in the notes rather than listed as having no effect
@@ -181,6 +181,9 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
         col.set("weights_dtype", "nf4", "load_in_4bit")
     elif data.get("load_in_8bit") and as_bool(data["load_in_8bit"], col.where("load_in_8bit")):
         col.set("weights_dtype", "int8", "load_in_8bit")
+    if data.get("quantize_moe_experts") and as_bool(data["quantize_moe_experts"], col.where("quantize_moe_experts")):
+        # monkeypatch/moe_quant.py: the fused expert tensors quantized on load (axolotl requires load_in_4bit / 8bit)
+        col.set("quantized_experts", True, "quantize_moe_experts")
     if not adapter:
         return
     if str(adapter).lower() not in ("lora", "qlora"):
