@@ -106,6 +106,10 @@ ROWS: tuple[LogRow, ...] = (
            "prefix caching, max_model_len 131072: Available KV cache memory 5.98 GiB -> GPU KV cache size", "vllm", "0.24.0", "kv_tokens",
            567978, "github.com/noonghunna/club-3090/issues/612", kv_gib=5.98, graphs_in_budget=True,
            serving=dict(max_model_len=131072, kv_cache_dtype="fp8", enable_prefix_caching=True, max_num_seqs=1, max_num_batched_tokens=8192)),
+    LogRow("Qwen/Qwen3.6-35B-A3B", "Qwen3.6-35B-A3B NVFP4, RTX 5090, fp8 KV, prefix caching, max_model_len 131072 (a later boot of the "
+           "same service): Available KV cache memory 6.01 GiB -> GPU KV cache size", "vllm", "0.24.0", "kv_tokens", 569878,
+           "github.com/noonghunna/club-3090/issues/652", kv_gib=6.01, graphs_in_budget=True,
+           serving=dict(max_model_len=131072, kv_cache_dtype="fp8", enable_prefix_caching=True, max_num_seqs=1, max_num_batched_tokens=8192)),
     LogRow("openai/gpt-oss-120b", "gpt-oss-120b MXFP4 (MoE), H100, TP1", "vllm", "0.10.1", "weights", 65.9651,
            "github.com/vllm-project/vllm/issues/23278", serving=dict(weight_format="mxfp4")),
     LogRow("openai/gpt-oss-120b", "gpt-oss-120b MXFP4 (MoE), H100, TP1", "vllm", "0.14.1", "weights", 64.38,
