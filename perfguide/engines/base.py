@@ -24,6 +24,7 @@ from ..memory.overhead import cuda_context_bytes
 from ..memory.serving import (
     EngineMemory,
     activation_peak_bytes,
+    attention_kv_bytes_per_token,
     cuda_graph_sizes,
     kv_bytes_per_token,
     mla_dims,
@@ -191,7 +192,7 @@ class ServerEngine(Engine):
         kv = self.kv_bytes(budget, weights, act, other, graphs)
         pool = self.pool_layout(spec, serving)
         if pool.states:   # the attention layers' K/V only: the recurrent layers keep their state in the same pages
-            per_token = pool.page_bytes // pool.block_size * spec.kv_layers
+            per_token = attention_kv_bytes_per_token(spec, serving)
         blocks = int(max(0, kv) // (pool.page_bytes * pool.group))
         concurrency = blocks / pool.per_request
         block = pool.block_size

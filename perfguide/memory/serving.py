@@ -37,8 +37,8 @@ class EngineMemory(Model):
     cuda_graphs: int = Field(ge=0)
     cuda_context: int = Field(ge=0)
     kv_cache_bytes: int = Field(description="bytes left for KV blocks; negative = the weights do not leave room")
-    kv_bytes_per_token: int = Field(ge=0, description="every layer's cache of one position on this GPU (0: no layer keeps K/V, "
-                                    "a pure recurrent model)")
+    kv_bytes_per_token: int = Field(ge=0, description="the K/V-keeping layers' cache of one position on this GPU (a hybrid's "
+                                    "attention layers only; 0: a pure recurrent model)")
     block_size: int = Field(ge=1)
     num_blocks: int = Field(ge=0)
     kv_cache_tokens: int = Field(ge=0, description="the token count the engine logs for its KV cache")
@@ -99,11 +99,15 @@ def state_page_bytes(spec: ModelSpec, serving: ServingSetup) -> int:
     return conv + math.ceil(spec.recurrent_state_elements / tp) * ssm
 
 
-def attention_kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
-    """``kv_bytes_per_token`` over the layers that keep K/V: a hybrid's attention layers (its recurrent layers keep a
+def attention_layers(spec: ModelSpec) -> int:
+    """Layers whose cache and attention grow with the context: a hybrid's attention layers (its recurrent layers keep a
     state page instead, ``state_page_bytes``); every layer of any other model."""
-    total = kv_bytes_per_token(spec, serving)
-    return total * spec.kv_layers // (spec.num_decoder_layers or spec.num_layers) if has_state_pages(spec) else total
+    return spec.kv_layers if has_state_pages(spec) else (spec.num_decoder_layers or spec.num_layers)
+
+
+def attention_kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
+    """``kv_bytes_per_token`` over the ``attention_layers``."""
+    return kv_bytes_per_token(spec, serving) * attention_layers(spec) // (spec.num_decoder_layers or spec.num_layers)
 
 
 def state_traffic_bytes(spec: ModelSpec, serving: ServingSetup) -> int:

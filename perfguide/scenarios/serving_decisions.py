@@ -126,11 +126,12 @@ def to_memory(m: EngineMemory) -> MemoryEstimate:
     kv = max(0, m.kv_cache_bytes)
     peak = m.weights + m.activation_peak + kv
     total = m.budget + m.cuda_context
+    limit = start_limit(m)
     return MemoryEstimate(weights=m.weights, gradients=0, optimizer_states=0, activations=m.activation_peak, kv_cache=kv,
                           other=m.non_torch + m.cuda_graphs, cuda_context=m.cuda_context, peak_allocated=peak,
                           peak_reserved=peak + m.non_torch + m.cuda_graphs, device_total=total, capacity=m.total,
-                          fits=m.fits and total <= m.total, notes=(describe(m), *((limit,) if (limit := start_limit(m)) else ())),
-                          kv_cache_tokens=m.kv_cache_tokens, max_concurrency=m.max_concurrency, start_limit=start_limit(m))
+                          fits=m.fits and total <= m.total, notes=(describe(m), *((limit,) if limit else ())),
+                          kv_cache_tokens=m.kv_cache_tokens, max_concurrency=m.max_concurrency, start_limit=limit)
 
 
 def to_throughput(spec: ModelSpec, p: Priced, peak_flops: float) -> Throughput:

@@ -20,7 +20,7 @@ from pydantic import Field
 from .._base import Model
 from .._serving_data import FormatFacts, serving_facts
 from ..hardware.types import GPU, Hardware
-from ..memory.serving import attention_kv_bytes_per_token, expert_ranks, format_weight_parts, has_state_pages, state_traffic_bytes
+from ..memory.serving import attention_kv_bytes_per_token, attention_layers, expert_ranks, format_weight_parts, state_traffic_bytes
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
 
@@ -97,12 +97,6 @@ def allreduce_s(hardware: Hardware, tp: int, message_bytes: float) -> float:
     return link.latency_s + 2 * (tp - 1) / tp * message_bytes / (link.bus_gbps * 1e9)
 
 
-def _attention_layers(spec: ModelSpec) -> int:
-    """Layers whose attention grows with the context: a hybrid's recurrent layers run a fixed-size state update instead
-    (a few multiply-adds per state element and token, next to no FLOPs beside the Linears, not counted)."""
-    return spec.kv_layers if has_state_pages(spec) else (spec.num_decoder_layers or spec.num_layers)
-
-
 def _stage_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: int, context: int) -> tuple[float, str, int, float]:
     """(seconds, bound, weight bytes read, comm seconds) of one pipeline stage (the whole model without PP) on a
     micro-batch of ``batch`` sequences: its ranks' weight and KV reads or its FLOPs, its all-reduces, its MoE kernels."""
@@ -117,7 +111,7 @@ def _stage_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: 
     kv = batch * (context * attention_kv_bytes_per_token(spec, serving) + state_traffic_bytes(spec, serving))
     moe_rate = bandwidth * fmt.decode_efficiency * facts.moe_expert_read_efficiency.value
     memory_s = dense / (bandwidth * fmt.decode_efficiency) + routed / moe_rate + kv / bandwidth
-    attn = 4 * _attention_layers(spec) * spec.num_attention_heads * spec.head_dim * context
+    attn = 4 * attention_layers(spec) * spec.num_attention_heads * spec.head_dim * context
     compute_s = batch * (2 * spec.active_params + attn) / (tp * pp) / _compute_rate(gpu, fmt)
     layers = math.ceil(spec.total_layers / pp)
     comm_s = 2 * layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
@@ -163,7 +157,7 @@ def prefill_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, prompt
     assert gpu is not None
     fmt = serving_facts().formats[serving.weight_format]
     tp = serving.tensor_parallel_size
-    flops = 2 * spec.active_params * prompt + 2 * _attention_layers(spec) * spec.num_attention_heads * spec.head_dim * prompt * prompt
+    flops = 2 * spec.active_params * prompt + 2 * attention_layers(spec) * spec.num_attention_heads * spec.head_dim * prompt * prompt
     chunks = math.ceil(prompt / serving.max_num_batched_tokens)
     chunk = min(prompt, serving.max_num_batched_tokens)
     comm = chunks * 2 * spec.total_layers * allreduce_s(hardware, tp, chunk * spec.hidden_size * 2)
