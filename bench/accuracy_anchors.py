@@ -4,6 +4,7 @@ DeepSpeed's ZeRO model-states formula (no activations), as their users would app
 from __future__ import annotations
 
 from perfguide.memory.sharding import deepspeed_zero2_estimate, deepspeed_zero3_estimate
+from perfguide.model.linears import linear_shapes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -21,6 +22,6 @@ def deepspeed_anchor(spec: ModelSpec, setup: Setup) -> int:
     """DeepSpeed model-states estimator (no activations): ZeRO-3 for sharded runs, ZeRO-2 formula otherwise."""
     n = setup.world_size
     if setup.strategy in ("zero3", "fsdp"):
-        largest = max(spec.embedding_params, spec.lm_head_params, max((i * o for i, o in spec.block_linears.values()), default=0))
+        largest = max(spec.embedding_params, spec.lm_head_params, max((i * o for _, i, o, _ in linear_shapes(spec)), default=0))
         return deepspeed_zero3_estimate(spec.total_params, largest, n, 1, setup.offload_optimizer, setup.offload_params)[1]
     return deepspeed_zero2_estimate(spec.total_params, n, 1, setup.offload_optimizer)[1]

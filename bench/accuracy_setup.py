@@ -116,7 +116,7 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
     words = [w.strip() for w in row["lora_targets"].split("(")[0].split(",") if w.strip()]
     if "output" in words:   # torchtune's apply_lora_to_output: an adapter on the LM head, outside the blocks
         raise Skip("LoRA on the output projection (the LM head) is not expressible: LoraSpec adapts block Linears")
-    names = [n for n in spec.block_linears if any(n.endswith(t) or t in n for w in words if w in _TARGET_WORDS for t in _TARGET_WORDS[w])]
+    names = [n for n in spec.linear_paths if any(n.endswith(t) or t in n for w in words if w in _TARGET_WORDS for t in _TARGET_WORDS[w])]
     if not names:
         raise Skip(f"LoRA targets {words} do not map onto {spec.name}'s Linears")
     dropout = re.search(r"dropout ([\d.]+)", row["method"])  # the row's LoraConfig lora_dropout: its masks are kept

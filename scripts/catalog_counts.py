@@ -12,6 +12,7 @@ facts to equal the fresh ones, so a config edit without a re-run fails there.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,10 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         print("\n".join(f"stale: {h}" for h in stale) or "all counted blocks match a fresh meta-device build")
         return 1 if stale else 0
-    DATA.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    text = json.dumps(data, indent=1, ensure_ascii=False)
+    # a block kind's layer indices on one line, not one per line
+    text = re.sub(r'"layers": \[([\d,\s]*)\]', lambda m: '"layers": [' + " ".join(m.group(1).split()) + "]", text)
+    DATA.write_text(text + "\n", encoding="utf-8")
     print(f"rewrote {len(stale)} counted block(s)")
     return 0
 

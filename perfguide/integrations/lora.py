@@ -55,8 +55,7 @@ def target_modules(spec: ModelSpec, lora: LoraSpec) -> list[str] | str:
     """
     if lora.target_modules != "all-linear":
         return list(lora.target_modules)
-    paths = [*spec.block_linears, *spec.decoder_block_linears]
-    names = sorted({p for p in paths if not p.startswith("experts.")})
+    names = sorted({p for p in spec.linear_paths if not p.startswith("experts.")})
     return names or "all-linear"
 
 

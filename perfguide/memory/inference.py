@@ -15,6 +15,7 @@ from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
 from ..model.catalog import catalog_file
 from ..model.code import built_by
+from ..model.linears import linear_shapes
 from ..model.recurrent import STATE_ONLY
 from ..model.types import ModelSpec
 from ..setup import Setup
@@ -79,10 +80,9 @@ def weight_bytes(spec: ModelSpec, weights_dtype: str, *, double_quant: bool = Tr
         return format_weight_bytes(spec, stored)
     if weights_dtype not in ("int8", "nf4"):
         return spec.total_params * (FP32 if weights_dtype == "fp32" else HALF)
-    per_block = sum(_linear_weight_bytes(i, o, weights_dtype, double_quant) * _expert_count(spec, k)
-                    for k, (i, o) in spec.block_linears.items())
+    linears = sum(_linear_weight_bytes(i, o, weights_dtype, double_quant) * n for _, i, o, n in linear_shapes(spec))
     rest = spec.total_params - spec.linear_params
-    return int(per_block * spec.total_layers + rest * HALF)
+    return int(linears + rest * HALF)
 
 
 #: Formats transformers 5.24 dequantizes to bf16 at load when the device cannot run them: FP8 below compute
@@ -105,10 +105,6 @@ def loaded_format(stored: str, device: str, compute_capability: tuple[int, int] 
         return None, (f"the checkpoint is saved {stored}; transformers dequantizes it at load (16-bit weights) on GPUs below compute "
                       f"capability {need[0]}.{need[1]}")
     return stored, f"the checkpoint is saved {stored} (its quantization_config): from_pretrained loads it as stored"
-
-
-def _expert_count(spec: ModelSpec, key: str) -> int:
-    return spec.num_experts if key.startswith("experts.") else 1
 
 
 def _layer_windows(spec: ModelSpec) -> list[int | None]:

@@ -18,7 +18,7 @@ from pydantic import Field
 from .._base import GiB, Model
 from .._serving_data import EngineFacts, serving_facts
 from ..model.quantized import ignored_modules
-from ..model.types import ModelSpec, derived, linear_weight_count
+from ..model.types import Linears, ModelSpec, derived, linear_weight_count
 from ..setup import ServingSetup
 from .ledger import NF4_DQ_BLOCK
 
@@ -174,15 +174,10 @@ def unquantized_linear_params(spec: ModelSpec) -> int:
     entries = ignored_modules(spec.config)
     if not entries:
         return 0
-    layers = spec.num_decoder_layers or spec.num_layers
 
     def count() -> int:
-        kept = 0
-        for name, (i, o) in spec.block_linears.items():
-            if not name.startswith("experts."):
-                hits = sum(1 for layer in range(layers) if any(_skipped(f"model.layers.{layer}.{name}", e) for e in entries))
-                kept += hits * i * o
-        return kept
+        return sum(i * o for layer, linears in enumerate(spec.layer_linears()) for name, (i, o) in linears.items()
+                   if not name.startswith("experts.") and any(_skipped(f"model.layers.{layer}.{name}", e) for e in entries))
 
     return derived(spec, "unquantized_linear_params", count)
 
@@ -247,20 +242,25 @@ def rank_weight_tensors(spec: ModelSpec, serving: ServingSetup) -> list[int]:
     tp = serving.tensor_parallel_size
     layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
     kv_split = max(1, spec.num_key_value_heads // tp) / max(1, spec.num_key_value_heads)
-    groups: dict[str, int] = {}
-    for name, (i, o) in spec.block_linears.items():
-        if name.startswith("experts."):
-            continue
-        leaf = name.rsplit(".", 1)[-1]
-        key = "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else "gate_up" if leaf in ("gate_proj", "up_proj") else name
-        share = kv_split if leaf in ("k_proj", "v_proj") else 1 / tp
-        groups[key] = groups.get(key, 0) + int(i * o * share * bits / 8)
+
+    def fused(linears: Linears) -> list[int]:
+        groups: dict[str, int] = {}
+        for name, (i, o) in linears.items():
+            if name.startswith("experts."):
+                continue
+            leaf = name.rsplit(".", 1)[-1]
+            key = "qkv" if leaf in ("q_proj", "k_proj", "v_proj") else "gate_up" if leaf in ("gate_proj", "up_proj") else name
+            share = kv_split if leaf in ("k_proj", "v_proj") else 1 / tp
+            groups[key] = groups.get(key, 0) + int(i * o * share * bits / 8)
+        return list(groups.values())
+
     moe_layers = spec.num_moe_layers if spec.num_moe_layers is not None else (spec.num_decoder_layers or spec.num_layers)
     expert = format_weight_parts(spec, serving.weight_format).experts // max(1, moe_layers) // expert_ranks(serving)
     gated = 2 / 3 if spec.gated_mlp else 1 / 2
-    per_layer = list(groups.values()) + ([int(expert * gated), expert - int(expert * gated)] if expert else [])
+    experts = [int(expert * gated), expert - int(expert * gated)] if expert else []
+    blocks = [size for linears in spec.layer_linears()[:layers] for size in [*fused(linears), *experts]]
     vocab = spec.vocab_size * spec.hidden_size * HALF // tp
-    return [vocab, *per_layer * layers, *([vocab] if spec.lm_head_params else [])]
+    return [vocab, *blocks, *([vocab] if spec.lm_head_params else [])]
 
 
 def allocator_rounding_bytes(sizes: list[int]) -> int:

@@ -87,7 +87,7 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
 
 def with_module_state(spec: ModelSpec, module: Any) -> ModelSpec:
     """``spec`` of a live module with its adapter and weight format; a PeftModel's counts become its base's."""
-    adapter = lora_adapter(module, [*spec.block_linears, *spec.decoder_block_linears])
+    adapter = lora_adapter(module, spec.linear_paths)
     quant = quantization(module)
     if adapter is None and quant is None:
         return spec

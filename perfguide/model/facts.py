@@ -28,7 +28,7 @@ class ModuleFacts(Model):
     lm_head_params: int = Field(ge=0)
     tie_word_embeddings: bool
     block_linears: Linears
-    dims: dict[str, Any]                  # hidden/layers/heads/vocab/kv heads/head_dim/MLP width (+ enc-dec stacks)
+    dims: dict[str, Any]                  # hidden/layers/heads/vocab/kv heads/head_dim/MLP width (+ enc-dec stacks, block kinds)
     expert_params: int = Field(default=0, ge=0)
     num_moe_layers: int = Field(default=0, ge=0)
     separate_expert_modules: bool = False

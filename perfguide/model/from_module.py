@@ -14,7 +14,7 @@ from ..errors import InvalidModelError
 from . import fields, shape
 from .counting import analytic_count, build_spec
 from .facts import ModuleFacts, spec_from_facts
-from .types import Linears, ModelSpec
+from .types import BlockKind, Linears, ModelSpec
 
 _ALIASES = {
     "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
@@ -116,6 +116,16 @@ def _linears(block: Any) -> Linears:
     return out
 
 
+def _kinds(blocks: Any) -> tuple[BlockKind, ...]:
+    """The blocks grouped by their Linears (names and shapes), in order of first appearance; none when all are alike."""
+    kinds: dict[tuple[tuple[str, tuple[int, int]], ...], list[int]] = {}
+    for index, block in enumerate(blocks):
+        kinds.setdefault(tuple(_linears(block).items()), []).append(index)
+    if len(kinds) < 2:
+        return ()
+    return tuple(BlockKind(linears=dict(linears), layers=tuple(layers)) for linears, layers in kinds.items())
+
+
 #: submodules of a multimodal model that hold its vision encoder and projector (transformers' names)
 VISION_MODULES = frozenset({"vision_tower", "vision_model", "multi_modal_projector", "visual"})
 
@@ -182,6 +192,8 @@ def _inferred_dims(module: Any, full_config: dict[str, Any]) -> tuple[dict[str, 
                      decoder_block_linears=_linears(stacks[1][0]))
     else:
         linears = _linears(blocks[-1])  # the last block: an MoE layer where the first ones are dense
+        kinds = _kinds(blocks) if len(blocks) == dims["num_layers"] else ()
+        dims |= dict(block_kinds=[kind.model_dump(mode="json") for kind in kinds]) if kinds else {}
     unique = {id(e.weight): e.weight.numel() for e in embeddings}   # BART-style stacks share one table: count it once
     return dims, linears, sum(unique.values())
 

@@ -9,15 +9,21 @@ from .types import ModelSpec, derived
 
 
 def linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
-    """(name, in, out, count over the model) for every block Linear; a fallback when the spec has none."""
+    """(name, in, out, count over the model) for every block Linear, a name once per shape it takes (Gemma-4's wider
+    global-attention projections); a fallback when the spec has none."""
     return list(derived(spec, "linear_shapes", lambda: tuple(_linear_shapes(spec))))
 
 
 def _linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
     layers = spec.total_layers
     if spec.block_linears:
-        shapes = [(k, i, o, layers * (spec.num_experts if k.startswith("experts.") else 1)) for k, (i, o) in spec.block_linears.items()]
-        shapes += decoder_only_linears(spec)
+        # an encoder-decoder's encoder block stands for both stacks' shapes but the decoder's cross-attention
+        stacks = spec.linear_stacks() if spec.block_kinds else [(spec.block_linears, layers)]
+        counts: dict[tuple[str, int, int], int] = {}
+        for linears, n in stacks:
+            for k, (i, o) in linears.items():
+                counts[(k, i, o)] = counts.get((k, i, o), 0) + n * (spec.num_experts if k.startswith("experts.") else 1)
+        shapes = [(k, i, o, n) for (k, i, o), n in counts.items()] + decoder_only_linears(spec)
         share = spec.stored_share(sum(i * o * n for _, i, o, n in shapes))  # ALBERT's one shared layer: counted once
         stored = [(k, i, o, math.floor(n * share)) for k, i, o, n in shapes if math.floor(n * share) > 0]
         if stored:

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Hashable
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, field_serializer
+from pydantic import Field, field_serializer, model_validator
 
 from .._base import Model
 from .._text import clean_data, plain_name
@@ -30,6 +30,15 @@ def linear_weight_count(linears: Linears, experts: int = 1) -> int:
     dense = sum(i * o for k, (i, o) in linears.items() if not k.startswith("experts."))
     expert = sum(i * o for k, (i, o) in linears.items() if k.startswith("experts."))
     return dense + expert * experts
+
+
+class BlockKind(Model):
+    """One kind of block in a stack whose blocks are not all built alike, and the layers built that way: Qwen3.5's
+    gated-DeltaNet and full-attention blocks, DeepSeek-V3's dense first layers before its MoE ones, Gemma-4's
+    sliding and global attention of two head widths, Nemotron-H's Mamba, attention and MoE blocks."""
+
+    linears: Linears
+    layers: tuple[int, ...] = Field(min_length=1)
 
 
 T = TypeVar("T")
@@ -131,6 +140,9 @@ class ModelSpec(Model):
     lm_head_params: int = Field(ge=0)      # 0 when tied to the embedding
     block_linears: Linears = Field(default_factory=dict)
     decoder_block_linears: Linears = Field(default_factory=dict)  # encoder-decoder only; empty = same as block_linears
+    #: every kind of block where a decoder-only stack's blocks differ (``block_linears`` is then the last one's); empty:
+    #: every block has ``block_linears``
+    block_kinds: tuple[BlockKind, ...] = ()
     trainable_params: int | None = Field(default=None, ge=0)  # from a module's requires_grad; None = not known
     native_dtype: Dtype = "fp32"
     source: str = "unknown"                # "catalog", "config", "module", "size", "path", "hub"
@@ -143,6 +155,12 @@ class ModelSpec(Model):
     def _inert_config(self, config: dict[str, Any] | None) -> Any:
         """In JSON the raw config's strings are names (ids, classes, dtypes): inert in Markdown / HTML too."""
         return clean_data(config, plain_name)
+
+    @model_validator(mode="after")
+    def _kinds_cover_the_stack(self) -> ModelSpec:
+        if self.block_kinds and sorted(i for kind in self.block_kinds for i in kind.layers) != list(range(self.num_layers)):
+            raise ValueError(f"block_kinds must name each of the {self.num_layers} layers once")
+        return self
 
     @property
     def is_moe(self) -> bool:
@@ -247,10 +265,32 @@ class ModelSpec(Model):
         """Linear weights of all blocks with ``experts`` experts per MoE layer, as stored."""
         return derived(self, ("linear_params", experts), lambda: self._stored_linear_params(experts))
 
+    def linear_stacks(self) -> list[tuple[Linears, int]]:
+        """(one block's Linears, the blocks built like it) over the model: each kind of block where they differ, else
+        the block for every layer and an encoder-decoder's decoder block for each of its layers."""
+        if self.block_kinds:
+            return [(kind.linears, len(kind.layers)) for kind in self.block_kinds]
+        return [(self.block_linears, self.num_layers), (self.decoder_block_linears or self.block_linears, self.num_decoder_layers)]
+
+    def layer_linears(self) -> list[Linears]:
+        """Each (decoder) layer's block Linears, in layer order."""
+        if not self.block_kinds:
+            return [self.decoder_block_linears or self.block_linears] * (self.num_decoder_layers or self.num_layers)
+        layers: list[Linears] = [{} for _ in range(self.num_layers)]
+        for kind in self.block_kinds:
+            for index in kind.layers:
+                layers[index] = kind.linears
+        return layers
+
+    @property
+    def linear_paths(self) -> list[str]:
+        """Every block Linear's path inside its block, once, in every kind of block and both stacks: the names PEFT's
+        ``target_modules`` can match."""
+        kinds = [kind.linears for kind in self.block_kinds]
+        return list(dict.fromkeys(p for lin in (self.block_linears, *kinds, self.decoder_block_linears) for p in lin))
+
     def _stored_linear_params(self, experts: int) -> int:
-        decoder = self.decoder_block_linears or self.block_linears
-        per_layer = [(linear_weight_count(self.block_linears, experts), self.num_layers),
-                     (linear_weight_count(decoder, experts), self.num_decoder_layers)]
+        per_layer = [(linear_weight_count(linears, experts), n) for linears, n in self.linear_stacks()]
         share = self.stored_share(sum(w * n for w, n in per_layer))
         return sum(w * math.floor(n * share) for w, n in per_layer)
 

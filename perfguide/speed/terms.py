@@ -150,9 +150,8 @@ def l2_bytes(spec: ModelSpec, setup: Setup, gpu: GPU) -> float:
     room = traffic.l2_room(gpu)
     if not room or setup.weights_dtype not in _QUANT_BYTES:
         return 0.0
-    layers = [(spec.block_linears, spec.num_layers), (spec.decoder_block_linears or spec.block_linears, spec.num_decoder_layers)]
     fits = sum(n * sum(2 * i * o for name, (i, o) in linears.items() if not name.startswith("experts.") and 2 * i * o <= room)
-               for linears, n in layers)
+               for linears, n in spec.linear_stacks())
     return dequant_passes(setup) * fits
 
 
@@ -206,8 +205,8 @@ def trainable_tensors(spec: ModelSpec, setup: Setup) -> int:
         adapted = ledger(spec, setup).lora_rank_per_layer // setup.lora.r
         return 2 * adapted * spec.total_layers
     per = 2 if traffic.family_of(spec) in constant("biased_block_families") else 1
-    block = (len(spec.block_linears) + 2) * per      # Linears and the block's two norms
-    return spec.total_layers * block + int(constant("edge_param_tensors"))
+    blocks = sum((len(linears) + 2) * n for linears, n in spec.linear_stacks())   # Linears and each block's two norms
+    return per * blocks + int(constant("edge_param_tensors"))
 
 
 def optimizer_impl(setup: Setup) -> str:
