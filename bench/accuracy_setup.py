@@ -51,6 +51,7 @@ _TARGET_WORDS = {
     "value": ("v_proj", "value", ".v", "qkv_proj", "c_attn", "query_key_value"),
     "projection": ("o_proj", "out_proj", "attention.output.dense", "attn.c_proj", "dense"),
     "mlp": ("gate_proj", "up_proj", "down_proj", "fc1", "fc2", "mlp.", "intermediate.dense", "dense_h_to_4h", "dense_4h_to_h"),
+    "linear_attn": ("linear_attn.",),   # a hybrid's gated-DeltaNet projections (Qwen3-Next, Qwen3.5)
 }
 
 
@@ -337,6 +338,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      torch_compile="torch.compile enabled" in row["method"],
                                      liger_kernel=any(w in row["method"] for w in LIGER_ON),
                                      cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
+                                     quantized_experts="quantize_moe_experts" in row["method"],
                                      activation_offloading=any(w in row["method"] for w in ("activation_offloading=True", ALST_CHECKPOINT_OFFLOAD)),  # TRL SFTConfig, ALST
                                      tiled_mlp_shard_tokens=alst_shard_tokens(spec) if ALST_TILED_MLP in row["method"] else 0,
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))

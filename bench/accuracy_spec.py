@@ -36,6 +36,9 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # Unsloth's 'dynamic' bnb 4-bit upload of Qwen3-14B: its config.json shape; the modules its quantization_config
              # leaves 16-bit are not known here, so it is priced with every block Linear nf4 (the row's notes say so)
              "unsloth/qwen3-14b-unsloth-bnb-4bit": "Qwen/Qwen3-14B",
+             # the Instruct and Thinking releases of Qwen3-Next-80B-A3B share one architecture (48 layers of 2048, 36
+             # gated-DeltaNet and 12 gated-attention, 512 experts of 512 and one shared expert); inferred, row 3110 says so
+             "Qwen/Qwen3-Next-80B-A3B-Instruct": "Qwen/Qwen3-Next-80B-A3B-Thinking",
              "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
              "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf",
              # LLaMA-1 13B: Llama-2-13B's shape (5120 x 40 layers, FFN 13824, 40 heads, vocab 32000); only the position
