@@ -122,9 +122,11 @@ def _lora(row: dict[str, str], spec: ModelSpec) -> LoraSpec | None:
         raise Skip(f"LoRA targets {words} do not map onto {spec.name}'s Linears")
     dropout = re.search(r"dropout ([\d.]+)", row["method"])  # the row's LoraConfig lora_dropout: its masks are kept
     saved = re.search(r"modules_to_save \[([\w,]+)\]", row["method"])  # LoraConfig modules_to_save: trained copies
+    params = re.search(r"target_parameters \[([\w.,]+)\]", row["method"])  # LoraConfig target_parameters: fused expert stacks
     return LoraSpec(r=int(row["lora_rank"]), alpha=_int(row["lora_alpha"], 16), target_modules=tuple(sorted(set(names))),
                     dropout=float(dropout.group(1)) if dropout else _litgpt_lora_dropout(row),
                     modules_to_save=tuple(saved.group(1).split(",")) if saved else (),
+                    target_parameters=tuple(params.group(1).split(",")) if params else (),
                     use_dora="use_dora True" in row["method"], use_rslora="use_rslora True" in row["method"],
                     autocast_adapter_dtype=not (_peft_keeps_base_dtype(row) or _torchtune_run_dtype_adapters(row)),
                     adapter_dtype=_torchtune_adapter_dtype(row))

@@ -196,7 +196,8 @@ DISAGREEMENTS: dict[str, str] = {
         "extra cost of the larger grouped GEMMs and attention on ROCm is not priced",
     "DeepSeek-R1-0528 FP8 (block), 8x H200, TP8 EP1, 1024 in / 1024 out, 8 requests (mean TPOT)":
         "not explained; perfguide's step is 2.9 ms short. It moved from -19% when the three dense first layers' MLPs came to "
-        "be counted as the FP8 Linears the checkpoint stores them as (they had been priced 16-bit, as 'rest'). The 16-64 "
+        "be counted as the FP8 Linears the checkpoint stores them as, split by tensor parallel (they had been priced 16-bit "
+        "and replicated on every GPU, as 'rest': 2.4 GB read per GPU a step, now 0.15 GB). The 16-64 "
         "request rows are within 6%, so what is missing is a fixed cost of the small step (61 layers of MLA kernels and "
         "two TP8 all-reduces each), not weight reads; no trace here says which",
 }

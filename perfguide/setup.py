@@ -133,11 +133,12 @@ class LoraSpec(Model):
     autocast_adapter_dtype: bool = Field(default=True, description="PEFT get_peft_model's autocast_adapter_dtype (peft >= 0.12): adapters on a bf16/fp16 base upcast to fp32; False keeps them in the base's 16 bits, which every peft before 0.12 did (LoraLayer.update_layer casts the adapter to the base weight's dtype): parameters, gradients and AdamW moments then take 2 bytes")
     adapter_dtype: Literal["bf16", "fp16", "fp32"] | None = Field(default=None, description="the adapters' own dtype where the training stack sets it outside PEFT's rules: torchtune builds its LoRALinear (lora_a, lora_b) under set_default_dtype(dtype), so a bf16 run trains bf16 adapters on a 16-bit and an NF4 base alike; TRL's SFTTrainer (0.26 on) casts every trainable parameter of a quantized model but DoRA's magnitude to bf16 (perfguide's bf16 QLoRA plans set 'bf16' for it, and prepare_model casts); parameters, gradients and AdamW moments then take its bytes. None: PEFT's (autocast_adapter_dtype; fp32 on a quantized base)")
     modules_to_save: tuple[str, ...] = Field(default=(), description="modules PEFT trains in full beside the adapters (LoraConfig modules_to_save): a trainable copy of each, with its gradient and optimizer state; the token embedding and the LM head (embed_tokens, lm_head, ...) are priced")
+    target_parameters: tuple[str, ...] = Field(default=(), description="parameters PEFT adapts as parameters, not modules (LoraConfig target_parameters, peft >= 0.17): a transformers-5 MoE's fused expert stacks (mlp.experts.gate_up_proj, mlp.experts.down_proj) and its router weight (mlp.gate.weight), each at rank r; a name with a layer index (22.mlp.experts.down_proj) adapts that layer only")
 
-    @field_validator("modules_to_save", mode="before")
+    @field_validator("modules_to_save", "target_parameters", mode="before")
     @classmethod
     def _one_name(cls, value: Any) -> Any:
-        """One module name (``--lora-modules-to-save lm_head``, ``modules_to_save="lm_head"``) is a list of one."""
+        """One name (``--lora-modules-to-save lm_head``, ``modules_to_save="lm_head"``) is a list of one."""
         return (value,) if isinstance(value, str) else value
 
 

@@ -51,7 +51,7 @@ ZERO12_QLORA = (f"{ZERO12_CAST}; https://docs.pytorch.org/docs/stable/generated/
 GPT_OSS_BF16_SFT = ("https://developer.nvidia.com/blog/fine-tuning-gpt-oss-for-accuracy-and-performance-with-quantization-aware-training/; "
                     "https://lmsys.org/blog/2025-08-28-gpt-oss-qat")
 
-#: peft >= 0.20 on transformers-5 MoE: all-linear (or a list naming the v4 expert / router names) becomes target_parameters
+#: peft on transformers-5 MoE: a list naming the v4 expert / router names (0.19 on) or all-linear (0.20 on) becomes target_parameters
 #: on the fused experts and the router; a list of other names (the attention projections) is left as Linear targets
 PEFT_MOE_TARGETS = ("https://github.com/huggingface/peft/blob/main/src/peft/utils/transformers_weight_conversion.py "
                     "(_convert_peft_config_moe, _MOE_TARGET_MODULE_MAPPING)")

@@ -34,9 +34,14 @@ GPT_OSS = {"3106": ("44", "1", "single", False), "3107": ("21", "2", "fsdp", Tru
            "3109": ("46", "4", "fsdp", False)}
 
 
+#: the qwen3-next README at e672d37f3 ('~47 GiB (no target experts) and ~71GiB (target experts)'): row -> its figure,
+#: whether the yaml's commented lora_target_parameters block is set
+QWEN3_NEXT = {"3110": ("47", False), "3111": ("71", True)}
+
+
 def test_rows_are_the_readmes_figures() -> None:
     assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted(
-        {**READMES, **LLAMA3, **GPT_OSS})
+        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT})
     for row_id, (yaml_name, value, gpus, trust) in LLAMA3.items():
         row = ROWS[row_id]
         assert "examples/llama-3/README.md @15f7910d3" in row["source"] and f"({yaml_name})" in row["source"].replace("./", "")
@@ -96,3 +101,20 @@ def test_gpt_oss_rows_read_as_the_yamls_ran() -> None:
     # r 8 on q (2880 -> 64 heads x 64), k and v (2880 -> 8 x 64), o (4096 -> 2880), in each of the 24 blocks
     assert lora.lora is not None and ledger(spec, lora).trainable_params == 24 * 8 * (
         (2880 + 4096) + 2 * (2880 + 512) + (4096 + 2880)) == 3_981_312
+
+
+def test_qwen3_next_rows_read_as_the_yaml_ran() -> None:
+    """nf4 with the experts quantized on load, LoRA r 16 / alpha 8 on the attention and gated-DeltaNet projections
+    (by hand from Qwen3-Next's config: 12 attention layers, q 2048 -> 2 x 16 x 256 with the output gate, k / v -> 2 x
+    256, o 4096 -> 2048; 36 DeltaNet layers, in_proj_qkvz 2048 -> 2 x 2048 + 2 x 4096, in_proj_ba -> 2 x 32, out_proj
+    4096 -> 2048), and for 'target experts' every layer's two 512-expert stacks at rank 16 (no rank doubling: peft 0.18)."""
+    attention = 12 * 16 * ((2048 + 8192) + 2 * (2048 + 512) + (4096 + 2048))
+    deltanet = 36 * 16 * ((2048 + 12288) + (2048 + 64) + (4096 + 2048))
+    experts = 48 * 512 * 16 * ((2048 + 2 * 512) + (512 + 2048))
+    for row_id, (value, stacks) in QWEN3_NEXT.items():
+        row, spec, setup = read_row(row_id)
+        assert "examples/qwen3-next/README.md @e672d37f3" in row["source"] and row["peak_mem_value"] == value
+        assert setup.weights_dtype == "nf4" and setup.quantized_experts and setup.cut_cross_entropy and not setup.kbit_upcast
+        assert setup.lora is not None and (setup.lora.r, setup.lora.alpha) == (16, 8) and spec.num_experts == 512
+        assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (2, 2048, 2)
+        assert ledger(spec, setup).trainable_params == attention + deltanet + (experts if stacks else 0), row_id

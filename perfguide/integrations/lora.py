@@ -74,6 +74,7 @@ def lora_config_kwargs(rec: Recommendation) -> dict[str, Any]:
         "use_dora": lora.use_dora,
         "use_rslora": lora.use_rslora,
         "modules_to_save": list(lora.modules_to_save) or None,
+        **({"target_parameters": list(lora.target_parameters)} if lora.target_parameters else {}),
         "bias": "none",   # the memory model prices no trainable biases
         "task_type": task_type(rec.model),
     }

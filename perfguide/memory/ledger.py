@@ -15,7 +15,7 @@ from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
 from .kbit import kbit_fp32_parts
-from .moe_lora import ExpertAdapters, all_linear_extra, listed_targets, split_targets
+from .moe_lora import GATE_UP, ExpertAdapters, all_linear_extra, listed_targets, parameter_targets, split_targets
 from .optimizers import TensorGroup, group_bytes
 from .top_of_stack import quantized_head
 
@@ -91,18 +91,25 @@ def full_groups(spec: ModelSpec) -> list[TensorGroup]:
     return groups
 
 
-def _targets(spec: ModelSpec, setup: Setup) -> list[tuple[str, int, int, int]]:
-    """Block Linears LoRA adapts: PEFT matches a target when the module name equals it or ends with '.<target>'."""
+def _targets(spec: ModelSpec, setup: Setup) -> tuple[list[tuple[str, int, int, int]], bool]:
+    """(Block Linears and fused expert stacks LoRA adapts, whether peft's conversion reached gate_up: its rank is then
+    doubled). PEFT matches a target module when its name equals it or ends with '.<target>'; ``target_parameters``
+    add the stacks they name (moe_lora.parameter_targets), a stack both reach counted once."""
+    lora = setup.lora
+    assert lora is not None
     shapes = linear_shapes(spec)
-    targets = setup.lora.target_modules  # type: ignore[union-attr]
-    if targets == "all-linear":
-        return shapes + all_linear_extra(spec, shapes)
-    targets, experts = listed_targets(spec, targets, shapes)   # v4 expert / router names peft turns into parameters
-    chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)] + experts
-    if not chosen:
-        names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
-        raise InvalidSetupError(f"LoRA target_modules {list(targets)} match no Linear of {spec.name}; accepted: all-linear, {names}")
-    return chosen
+    if lora.target_modules == "all-linear":
+        chosen = shapes + all_linear_extra(spec, shapes)
+    else:
+        targets, experts = listed_targets(spec, lora.target_modules, shapes)   # v4 expert / router names peft converts
+        chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)] + experts
+        if not chosen and not lora.target_parameters:
+            names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
+            raise InvalidSetupError(f"LoRA target_modules {list(targets)} match no Linear of {spec.name}; accepted: all-linear, {names}")
+    doubled = any(s[0] == GATE_UP for s in chosen)
+    named = {s[0]: s for s in parameter_targets(spec, lora.target_parameters, shapes)}
+    kept = [s for s in chosen if s[0] not in named or named[s[0]][3] <= s[3]]
+    return kept + [s for name, s in named.items() if not any(c[0] == name for c in kept)], doubled
 
 
 #: bytes per non-quantized parameter (embeddings, head, norms) of a quantized base being trained: prepare_model runs
@@ -297,7 +304,8 @@ def _ledger(spec: ModelSpec, setup: Setup) -> Ledger:
         groups = tuple(full_groups(spec)) if trainable == spec.total_params else _frozen_groups(spec, trainable)
         return Ledger(base, spec.total_params, groups, trainable, DTYPE_BYTES[wd])
     r = setup.lora.r
-    chosen, wrapped, experts = split_targets(spec, _targets(spec, setup), r)
+    targets, doubled = _targets(spec, setup)
+    chosen, wrapped, experts = split_targets(spec, targets, r, doubled, named=bool(setup.lora.target_parameters))
     groups = tuple(g for _, i, o, n in chosen for g in (TensorGroup(n, r, i), TensorGroup(n, o, r)))
     linear_adapters = sum(g.total for g in groups)
     groups += tuple(TensorGroup(n, rows, cols) for n, rows, cols in wrapped)

@@ -88,16 +88,51 @@ def linear_module_leaves(spec: ModelSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k.rsplit(".", 1)[-1] for k in kept))
 
 
-def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
-    """The expert stacks and router ``all-linear`` reaches on a spec that counts its fused experts only in
-    ``expert_params`` (Qwen3-MoE from its config): one gate_up (h x 2 width) and one down per expert,
-    the router (h x experts), per MoE layer; nothing when the spec's own shapes list them or the counts disagree."""
-    if not fused_experts(spec) or any(_is_param_target(spec, k, o) for k, _, o, _ in shapes):
+def fused_stacks(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
+    """A transformers-5 MoE's 3-D expert stacks and its router, where the spec counts its experts only in
+    ``expert_params`` (Qwen3-MoE from its config): one gate_up (h x 2 width) and one down per expert, the router
+    (h x experts), per MoE layer (n: experts x MoE layers; the router's, MoE layers). Nothing where the count is not
+    such stacks (with or without gpt-oss's biases) or each expert is a module of its own."""
+    if spec.num_experts <= 1 or spec.separate_expert_modules:
         return []
     h, w, e, layers = spec.hidden_size, spec.moe_intermediate_size or spec.intermediate_size, spec.num_experts, _moe_layers(spec)
-    if spec.expert_params != 3 * h * w * e * layers:
+    if spec.expert_params not in (3 * h * w * e * layers, (3 * h * w + 2 * w + h) * e * layers):
         return []
     return [(ROUTER, h, e, layers), (GATE_UP, h, 2 * w, e * layers), (DOWN, w, h, e * layers)]
+
+
+def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
+    """The expert stacks and router ``all-linear`` reaches on a converted MoE (``fused_experts``); nothing when the
+    spec's own shapes list them."""
+    if not fused_experts(spec) or any(_is_param_target(spec, k, o) for k, _, o, _ in shapes):
+        return []
+    return fused_stacks(spec)
+
+
+def parameter_targets(spec: ModelSpec, names: tuple[str, ...], shapes: list[tuple[str, int, int, int]]
+                      ) -> list[tuple[str, int, int, int]]:
+    """The expert stacks and router weight a ``target_parameters`` list names, n counting the layers it reaches.
+
+    peft matches each name against a parameter's full path by suffix: ``mlp.experts.gate_up_proj`` reaches every MoE
+    layer's stack, ``22._checkpoint_wrapped_module.mlp.experts.down_proj`` layer 22's only (axolotl's gpt-oss example
+    adapts its last two layers' experts so). A name that reaches no fused stack is refused, naming those there are."""
+    if not names:
+        return []
+    candidates = [s for s in shapes if _is_param_target(spec, s[0], s[2])] or fused_stacks(spec)
+    layers = _moe_layers(spec)
+    reached: dict[tuple[str, int, int, int], set[int] | None] = {}
+    for target in names:
+        path = target.removesuffix(".weight")
+        stack = next((s for s in candidates if path == s[0] or path.endswith("." + s[0])), None)
+        index = [int(p) for p in path.split(".") if p.isdigit()]
+        if stack is None or (index and index[-1] >= spec.num_layers):
+            there = ", ".join(f"mlp.{s[0]}" if s[0].startswith("experts.") else f"{s[0]}.weight" for s in candidates)
+            raise InvalidSetupError(f"LoRA target_parameters {target!r} reaches no fused expert stack or router of {spec.name}; "
+                                    f"accepted: {there or 'none (its experts are no 3-D parameters perfguide counts)'}, "
+                                    "optionally after a layer index (22.mlp.experts.down_proj)")
+        seen = reached.get(stack, set())
+        reached[stack] = None if seen is None or not index else seen | {index[-1]}
+    return [(name, i, o, n // layers * (layers if hit is None else len(hit))) for (name, i, o, n), hit in reached.items()]
 
 
 #: peft 0.21 ``_MOE_TARGET_MODULE_MAPPING``: the v4 names a target list may spell, by conversion pattern (transformers
@@ -130,12 +165,13 @@ def listed_targets(spec: ModelSpec, targets: tuple[str, ...], shapes: list[tuple
     return tuple(t for t in targets if t not in olds), chosen
 
 
-def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: int
-                  ) -> tuple[list[tuple[str, int, int, int]], list[tuple[int, int, int]], ExpertAdapters | None]:
+def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: int, doubled: bool = True,
+                  named: bool = False) -> tuple[list[tuple[str, int, int, int]], list[tuple[int, int, int]], ExpertAdapters | None]:
     """(Linears with per-token LoRA branches, trainable (count, rows, cols) of the ParamWrapper adapters, the block's
     merged-weight facts) of the chosen targets. ``chosen`` counts an expert stack once per expert (n = experts x
-    layers); gate_up trains at rank 2r as peft's rank_pattern sets it."""
-    if not fused_experts(spec):
+    layers); gate_up trains at rank 2r where peft's conversion of gate_proj + up_proj set its rank_pattern
+    (``doubled``), at r where only ``target_parameters`` named it (``named``: some did)."""
+    if not (fused_experts(spec) or named):
         return chosen, [], None
     linear = [t for t in chosen if not _is_param_target(spec, t[0], t[2])]
     params = [t for t in chosen if _is_param_target(spec, t[0], t[2])]
@@ -146,7 +182,7 @@ def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: i
     expert = factors = router = router_factors = ranked = router_ranked = 0
     for name, i, o, n in params:
         if name.startswith("experts."):   # one (rank x experts, in) lora_A and (out, rank x experts) lora_B per layer
-            rank = 2 * r if name == GATE_UP else r
+            rank = 2 * r if name == GATE_UP and doubled else r
             groups += [(n // e, rank * e, i), (n // e, o, rank * e)]
             expert += i * o * n // layers
             factors += rank * (i + o) * n // layers

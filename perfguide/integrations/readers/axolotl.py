@@ -37,7 +37,8 @@ SYNTAX = "yaml"
 KNOWN = AXOLOTL | AXOLOTL_PLUGINS
 PRICED = frozenset({
     "base_model", "micro_batch_size", "gradient_accumulation_steps", "batch_size", "sequence_len", "load_in_4bit", "load_in_8bit",
-    "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "peft_use_dora", "peft_use_rslora",
+    "adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear", "lora_target_parameters",
+    "peft_use_dora", "peft_use_rslora",
     "bf16", "fp16", "bfloat16", "float16", "tf32", "optimizer", "gradient_checkpointing", "activation_offloading", "attn_implementation",
     "flash_attention", "sdp_attention", "eager_attention", "xformers_attention", "flex_attention", "sage_attention", "sample_packing",
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
@@ -191,6 +192,8 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
     lora: dict[str, Any] = {"r": as_int(data.get("lora_r", 8), col.where("lora_r")), "alpha": as_int(data.get("lora_alpha", 16), col.where("lora_alpha")),
                             "dropout": as_float(data.get("lora_dropout") or 0.0, col.where("lora_dropout")),
                             "target_modules": _lora_targets(data, col)}
+    if data.get("lora_target_parameters"):   # PEFT's target_parameters: fused expert stacks adapted as parameters
+        lora["target_parameters"] = tuple(str(p) for p in listing(data["lora_target_parameters"], col.where("lora_target_parameters")))
     if data.get("lora_modules_to_save"):   # PEFT's modules_to_save: a trained copy of each (embed_tokens, lm_head)
         lora["modules_to_save"] = tuple(str(m) for m in listing(data["lora_modules_to_save"], col.where("lora_modules_to_save")))
     for src, dst in (("peft_use_dora", "use_dora"), ("peft_use_rslora", "use_rslora"),

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import sources
 from ...errors import InvalidSetupError
 from ...hardware.types import Hardware
-from ...memory.moe_lora import linear_module_leaves
+from ...memory.moe_lora import linear_module_leaves, listed_targets
 from ...memory.types import MemoryEstimate
+from ...model.linears import linear_shapes
 from ...model.types import ModelSpec
 from ...scenarios.registry import DEFAULT_TRAIN_SEQ_LEN
 from ...setup import Setup
@@ -62,14 +64,33 @@ _TRAINER_DEFAULTS = (
 
 
 def resolve_targets(c: Combined, spec: ModelSpec) -> None:
-    """A LoRA target a reader could only name as the model's Linear leaves (base.LINEAR_LEAVES), now that it is known."""
+    """A LoRA target a reader could only name as the model's Linear leaves (base.LINEAR_LEAVES), now that it is known;
+    and, said in a note, the listed names peft reads as a MoE's v4 expert names."""
     chosen = c.chosen.get("lora")
     lora = chosen.value if chosen is not None else None
     targets = lora.get("target_modules") if isinstance(lora, dict) else None
+    if isinstance(targets, tuple) and LINEAR_LEAVES not in targets:
+        _converted_note(c, spec, targets)
     if chosen is None or not isinstance(lora, dict) or not isinstance(targets, tuple) or LINEAR_LEAVES not in targets:
         return
     named = [t for t in targets if t != LINEAR_LEAVES]
     c.chosen["lora"] = chosen.model_copy(update={"value": {**lora, "target_modules": tuple(dict.fromkeys((*named, *linear_module_leaves(spec))))}})
+
+
+def _converted_note(c: Combined, spec: ModelSpec, targets: tuple[str, ...]) -> None:
+    """peft rewrites a listed name ending in a v4 expert name (``shared_expert.down_proj`` ends in ``down_proj``) to the
+    fused routed-expert stack: the Linear the user named is not adapted, and the experts are, at twice the rank for
+    gate_up. axolotl's own Qwen3-Next example lists such names; say so where it happens."""
+    try:
+        kept, stacks = listed_targets(spec, targets, linear_shapes(spec))
+    except InvalidSetupError:
+        return   # one half of a fused pair: the estimate refuses it in its own words
+    converted = [t for t in targets if t not in kept]
+    if stacks and converted:
+        c.notes.append(f"LoRA target_modules {', '.join(converted)} on {spec.model_type}: peft 0.19 and later read them as the "
+                       f"MoE's v4 expert names and adapt the routed experts' fused stacks instead "
+                       f"({', '.join(sorted({s[0] for s in stacks}))}, as target_parameters; gate_up at rank 2r), not the "
+                       f"Linears they name; priced so ({sources.PEFT_MOE_TARGETS})")
 
 
 def resolve_model_keyed(c: Combined, spec: ModelSpec) -> None:

@@ -28,7 +28,7 @@ PRICED = frozenset({
     "use_liger_kernel", "torch_compile", "use_cpu", "dataloader_num_workers", "dataloader_pin_memory", "fsdp", "fsdp_config",
     "deepspeed", "max_length", "packing", "packing_strategy", "padding_free", "activation_offloading", "model_init_kwargs",
     "model_name_or_path", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
-    "lora_target_modules", "use_dora", "use_rslora", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+    "lora_target_modules", "lora_target_parameters", "use_dora", "use_rslora", "load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
     "use_bnb_nested_quant", "precompute_ref_log_probs",
 })
 _ATTN = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash_attention_2"}
@@ -246,6 +246,9 @@ def _model_config(data: dict[str, Any], col: Collector, dpo: bool, trl_script: b
         if data.get("lora_target_modules"):
             targets = data["lora_target_modules"]
             lora["target_modules"] = targets if targets == "all-linear" else tuple(targets if isinstance(targets, list) else [targets])
+        if data.get("lora_target_parameters"):   # TRL ModelConfig: passed to LoraConfig(target_parameters=...)
+            params = data["lora_target_parameters"]
+            lora["target_parameters"] = tuple(params if isinstance(params, list) else [params])
         for flag in ("use_dora", "use_rslora"):
             if data.get(flag) is not None:
                 lora[flag] = as_bool(data[flag], col.where(flag))

@@ -1,0 +1,111 @@
+"""peft's ``target_parameters`` (``LoraSpec.target_parameters``): a transformers-5 MoE's fused expert stacks adapted
+as parameters at rank r, all layers or one layer by index, checked against real peft models on CPU; read from axolotl's
+``lora_target_parameters`` and TRL's ModelConfig, and written into the LoraConfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import moe_config
+
+import perfguide
+from perfguide.errors import InvalidSetupError
+from perfguide.memory.ledger import ledger
+from perfguide.model.types import ModelSpec
+from perfguide.setup import LoraSpec, Setup
+
+peft = pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+H, W, E, R = 80, 56, 5, 4
+STACKS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+def _tiny_moe() -> object:
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**moe_config("qwen3_moe", H, W, E, 2))
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _trainable(targets: tuple[str, ...], parameters: tuple[str, ...]) -> tuple[int, int]:
+    """(what peft trains, what perfguide's ledger prices) for one LoraConfig on the tiny Qwen3-MoE."""
+    model = _tiny_moe()
+    spec = ModelSpec.from_any(model)
+    config = peft.LoraConfig(r=R, lora_alpha=8, lora_dropout=0.0, target_modules=list(targets), target_parameters=list(parameters))
+    adapted = peft.get_peft_model(model, config)
+    real = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    lora = LoraSpec(r=R, alpha=8, target_modules=targets, target_parameters=parameters)
+    return real, ledger(spec, Setup(micro_batch_size=1, seq_len=32, weights_dtype="fp32", lora=lora)).trainable_params
+
+
+def test_expert_stacks_train_at_rank_r_as_peft_builds_them() -> None:
+    """Named as parameters, gate_up trains at r (peft's conversion of gate_proj + up_proj doubles it; this does not):
+    per layer and expert r x (h + 2w) + r x (w + h), beside the attention's adapters."""
+    real, priced = _trainable(("q_proj",), STACKS)
+    assert priced == real
+    q_proj = 2 * R * (H + 5 * 16)
+    assert real == q_proj + 2 * E * R * ((H + 2 * W) + (W + H))
+
+
+def test_a_layer_index_adapts_that_layer_only() -> None:
+    real, priced = _trainable(("q_proj",), ("1.mlp.experts.down_proj",))
+    assert priced == real == 2 * R * (H + 5 * 16) + E * R * (W + H)
+
+
+def test_names_reaching_no_stack_are_refused() -> None:
+    lora = LoraSpec(r=8, target_modules=("q_proj",), target_parameters=("mlp.experts.gate_up_proj",))
+    with pytest.raises(InvalidSetupError, match="reaches no fused expert stack"):
+        perfguide.estimate("meta-llama/Llama-3.1-8B", Setup(micro_batch_size=1, seq_len=512, lora=lora))
+    with pytest.raises(InvalidSetupError, match="reaches no fused expert stack"):
+        ledger(ModelSpec.from_any("Qwen/Qwen3-30B-A3B"),
+               Setup(micro_batch_size=1, seq_len=512, lora=lora.model_copy(update={"target_parameters": ("99.mlp.experts.down_proj",)})))
+
+
+def _read_lora(path: Path) -> dict[str, object]:
+    from perfguide.integrations.readers import read_file
+
+    settings = {s.field: s.value for s in read_file(str(path)).settings}
+    lora = settings["lora"]
+    assert isinstance(lora, dict)
+    return lora
+
+
+def test_lora_config_carries_them(tmp_path: Path) -> None:
+    """axolotl's lora_target_parameters read by check, and the plan's LoraConfig as peft builds it."""
+    path = tmp_path / "moe.yml"
+    path.write_text("base_model: Qwen/Qwen3-30B-A3B\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_modules: [q_proj, v_proj]\n"
+                    "lora_target_parameters:\n  - mlp.experts.gate_up_proj\n  - mlp.experts.down_proj\n"
+                    "micro_batch_size: 1\nsequence_len: 1024\nbf16: true\ngradient_checkpointing: true\n")
+    lora = _read_lora(path)
+    assert lora["target_parameters"] == STACKS
+    rec = perfguide.recommend("Qwen/Qwen3-30B-A3B", "train_gpu_one", hardware="h100-80gb", finetune="lora", lora=lora)
+    assert rec.setup.lora is not None and rec.setup.lora.target_parameters == STACKS
+    config = rec.lora_config()
+    assert set(config.target_parameters) == set(STACKS)
+
+
+def test_trl_model_config_reads_them(tmp_path: Path) -> None:
+    from trl import ModelConfig, get_peft_config
+
+    path = tmp_path / "sft.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen3-30B-A3B\nuse_peft: true\nlora_r: 8\nlora_target_modules: [q_proj]\n"
+                    "lora_target_parameters: [mlp.experts.down_proj]\nper_device_train_batch_size: 1\nmax_length: 1024\n")
+    lora = _read_lora(path)
+    assert lora["target_parameters"] == ("mlp.experts.down_proj",)
+    trl_config = get_peft_config(ModelConfig(use_peft=True, lora_target_modules=["q_proj"], lora_target_parameters=["mlp.experts.down_proj"]))
+    assert list(trl_config.target_parameters) == list(lora["target_parameters"])
+
+
+def test_check_says_where_peft_turns_listed_names_into_expert_stacks(tmp_path: Path) -> None:
+    """axolotl's Qwen3-Next QLoRA example lists shared_expert.up_proj / down_proj / gate_proj: peft 0.19 and later match
+    them as the v4 expert names (a name ending in '.down_proj') and adapt the 512 routed experts' stacks instead."""
+    path = tmp_path / "next.yml"
+    path.write_text("base_model: Qwen/Qwen3-Next-80B-A3B-Thinking\nload_in_4bit: true\nadapter: qlora\nlora_r: 16\nlora_alpha: 8\n"
+                    "lora_target_modules: [q_proj, shared_expert.up_proj, shared_expert.down_proj, shared_expert.gate_proj]\n"
+                    "micro_batch_size: 1\nsequence_len: 1024\nbf16: true\ngradient_checkpointing: true\n")
+    result = perfguide.check(config=str(path), hardware="h200-141gb")
+    note = next(n for n in result.notes if "peft 0.19 and later" in n)
+    assert "shared_expert.down_proj" in note and "experts.gate_up_proj" in note and "q_proj," not in note
