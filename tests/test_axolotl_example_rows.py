@@ -31,7 +31,7 @@ LLAMA3 = {"3103": ("qlora-fsdp-70b.yaml", "21", "2", "B"), "3104": ("lora-8b.yml
 
 #: the gpt-oss README (device_mem_reserved(gib), stated): row -> (its figure, GPUs, strategy, CPU offload)
 GPT_OSS = {"3106": ("44", "1", "single", False), "3107": ("21", "2", "fsdp", True), "3108": ("36", "8", "fsdp", False),
-           "3109": ("46", "4", "fsdp", False)}
+           "3109": ("46", "4", "fsdp", False), "3112": ("47", "1", "single", False)}
 
 
 #: the qwen3-next README at e672d37f3 ('~47 GiB (no target experts) and ~71GiB (target experts)'): row -> its figure,
@@ -101,6 +101,10 @@ def test_gpt_oss_rows_read_as_the_yamls_ran() -> None:
     # r 8 on q (2880 -> 64 heads x 64), k and v (2880 -> 8 x 64), o (4096 -> 2880), in each of the 24 blocks
     assert lora.lora is not None and ledger(spec, lora).trainable_params == 24 * 8 * (
         (2880 + 4096) + 2 * (2880 + 512) + (4096 + 2880)) == 3_981_312
+    # 'linear layers & 2 experts': the same, and layers 22-23's 32-expert stacks at r 8 (peft 0.17: no rank doubling)
+    _, spec, experts = read_row("3112")
+    assert experts.lora is not None and experts.lora.target_parameters[0] == "22._checkpoint_wrapped_module.mlp.experts.gate_up_proj"
+    assert ledger(spec, experts).trainable_params == 3_981_312 + 2 * 32 * 8 * ((2880 + 5760) + (2880 + 2880))
 
 
 def test_qwen3_next_rows_read_as_the_yaml_ran() -> None:

@@ -109,3 +109,34 @@ def test_check_says_where_peft_turns_listed_names_into_expert_stacks(tmp_path: P
     result = perfguide.check(config=str(path), hardware="h200-141gb")
     note = next(n for n in result.notes if "peft 0.19 and later" in n)
     assert "shared_expert.down_proj" in note and "experts.gate_up_proj" in note and "q_proj," not in note
+
+
+def test_the_recomputed_adapted_block_holds_its_whole_merged_stacks() -> None:
+    """One layer of two adapted by index: the block an adapted layer's recompute saves for backward is that layer's
+    merged gate_up and down stacks (bf16), the fp32 adapters' bf16 copies baddbmm keeps, and per token the gathered
+    copy and the down input (traced with saved_tensors_hooks on real peft modules); perfguide's average over the
+    layers plus the recomputed block's excess is that block."""
+    import torch
+    from helpers import saved_in_block
+
+    from perfguide.memory import activations as act
+    from perfguide.memory.moe_lora import expert_lora_block_excess, expert_lora_bytes
+
+    def saved(parameters: tuple[str, ...]) -> int:
+        model = _tiny_moe().to(torch.bfloat16)
+        config = peft.LoraConfig(r=R, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"], target_parameters=list(parameters))
+        adapted = peft.get_peft_model(model, config).train()
+        ids = torch.randint(0, 384, (1, 24))
+        return int(saved_in_block(adapted, adapted.get_base_model().model.layers[1], ids))
+
+    stacks = ("1.mlp.experts.gate_up_proj", "1.mlp.experts.down_proj")
+    traced = saved(stacks) - saved(())
+    by_hand = 2 * E * (H * 2 * W + W * H) + 2 * E * R * ((H + 2 * W) + (W + H)) + 24 * 2 * 2 * (H + W)
+    assert traced == by_hand
+    spec = ModelSpec.from_any(_tiny_moe())
+    setup = Setup(micro_batch_size=1, seq_len=24, weights_dtype="bf16", lora=LoraSpec(r=R, alpha=8, target_modules=("q_proj",),
+                                                                                        target_parameters=stacks))
+    led = ledger(spec, setup)
+    args = (spec, setup, led.experts, led.param_bytes, True, act.regime(setup))
+    assert expert_lora_bytes(*args) * 2 == traced                         # the average over the two layers
+    assert expert_lora_bytes(*args) + expert_lora_block_excess(*args) == traced

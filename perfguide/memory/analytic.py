@@ -49,7 +49,7 @@ from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_byte
 from .lora_activations import dora_norm_bytes, lora_layer_bytes
 from .loss_path import forward_loss_bytes, installed_transformers, release_delta_bytes
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
-from .moe_lora import expert_lora_bytes
+from .moe_lora import expert_lora_block_excess, expert_lora_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .seq2seq import stack_activation_bytes
@@ -273,8 +273,8 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                                   attention_output_inputs_per_layer=led.attention_output_inputs_per_layer)
     act_setup = shape.replace(lora=None) if frozen_params_get_grads(setup) else shape
     keeps_inputs = quantized_matmul_keeps_inputs(setup, bnb_version)
-    lora_extra += expert_lora_bytes(spec, shape, led.experts, led.param_bytes, act_setup.lora is not None and not keeps_inputs,
-                                    act.regime(shape))
+    expert_args = (spec, shape, led.experts, led.param_bytes, act_setup.lora is not None and not keeps_inputs, act.regime(shape))
+    lora_extra += expert_lora_bytes(*expert_args)
     acts, per_layer = stack_activation_bytes(spec, act_setup, lora_extra, keeps_inputs)
     if kv_extra := block_backward.replicated_kv_bytes(spec, shape, split):   # Ulysses' repeated K/V heads, saved per block
         acts, per_layer = acts + kv_extra * spec.num_layers, per_layer + kv_extra
@@ -294,6 +294,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts += block_code_bytes
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
+    recompute += expert_lora_block_excess(*expert_args) if recompute else 0   # the recomputed block an adapted MoE layer
     era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
     era += t5_release_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 softmax, fp16 clamp
     era += expert_loop_saved_bytes(spec, shape, installed_transformers(), checkpointed=recompute > 0)   # transformers 4's MoE loop

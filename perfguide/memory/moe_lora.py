@@ -42,7 +42,8 @@ GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"
 
 @dataclass(frozen=True)
 class ExpertAdapters:
-    """Per MoE layer: elements of the merged weights and of the factor copies one block keeps (see module doc)."""
+    """Per MoE layer (averaged over them where only some are adapted): elements of the merged weights and of the factor
+    copies one block keeps (see module doc)."""
 
     moe_layers: int
     expert_elems: int      # merged gate_up + down stacks
@@ -52,6 +53,7 @@ class ExpertAdapters:
     rank_elems: int        # sum of experts x in x out x r' over the adapted stacks: the multiply-adds of one A B
     router_rank_elems: int  # experts x hidden x r: the router delta's multiply-adds
     adapter_params: int     # the ParamWrapper adapters' trainable elements, all layers (no per-token branch)
+    adapted_layers: int     # layers whose stacks are adapted (a layer index in target_parameters: fewer than moe_layers)
 
 
 #: model types whose v4 expert / router names peft rewrites to ``target_parameters`` on transformers 5: the
@@ -193,7 +195,9 @@ def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: i
             router_factors += r * (i + o) * n // layers
             router_ranked += r * i * o * n // layers
     trainable = sum(n * rows * cols for n, rows, cols in groups)
-    return linear, groups, ExpertAdapters(layers, expert, factors, router, router_factors, ranked, router_ranked, trainable)
+    adapted = max(n // e if name.startswith("experts.") else n for name, _, _, n in params)
+    return linear, groups, ExpertAdapters(layers, expert, factors, router, router_factors, ranked, router_ranked, trainable,
+                                          min(layers, adapted))
 
 
 def stack_bytes(regime: str) -> int:
@@ -210,6 +214,24 @@ def expert_lora_bytes(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters | 
     inputs (False where every frozen Linear keeps its inputs anyway: FSDP + LoRA); ``regime``: activations.regime."""
     if adapters is None:
         return 0
+    return _per_moe_layer(spec, setup, adapters, adapter_bytes, restores_inputs, regime) * adapters.moe_layers // spec.total_layers
+
+
+def expert_lora_block_excess(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters | None, adapter_bytes: int,
+                             restores_inputs: bool, regime: str) -> int:
+    """What the one block a checkpointed run recomputes keeps above ``expert_lora_bytes``' average, when it is an
+    adapted one: its own merged stacks. Where every layer is adapted this is nothing; where a layer index in
+    ``target_parameters`` adapts two of 24 (axolotl's gpt-oss example), the recomputed adapted block holds a whole
+    layer's merged stacks (gpt-oss-20b: 1.6 GB in bf16), not a twelfth of them; likewise a MoE layer among dense ones."""
+    if adapters is None or not adapters.adapted_layers:
+        return 0
+    per_moe_layer = _per_moe_layer(spec, setup, adapters, adapter_bytes, restores_inputs, regime)
+    one_block = per_moe_layer * adapters.moe_layers // adapters.adapted_layers
+    return max(0, one_block - per_moe_layer * adapters.moe_layers // spec.total_layers)
+
+
+def _per_moe_layer(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters, adapter_bytes: int, restores_inputs: bool,
+                   regime: str) -> int:
     weight = stack_bytes(regime)                            # the expert stack's dtype (bf16 / fp16 / fp32)
     router = 2 if regime == "amp" else weight              # the router matmul's dtype: autocast's 16-bit cast
     # under autocast the router's matmul keeps a 16-bit cast of its weight, merged or frozen alike: nothing added
@@ -222,5 +244,5 @@ def expert_lora_bytes(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters | 
         h, k = spec.hidden_size, spec.num_experts_per_tok
         routed = (h + (spec.moe_intermediate_size or spec.intermediate_size)) * k
         per_token = (h * router if adapters.router_elems else 0) + (routed * weight if adapters.expert_elems else 0)
-        per_layer += setup.micro_batch_size * setup.seq_len * per_token
-    return per_layer * adapters.moe_layers // spec.total_layers
+        per_layer += setup.micro_batch_size * setup.seq_len * per_token * adapters.adapted_layers // max(1, adapters.moe_layers)
+    return per_layer
