@@ -101,3 +101,25 @@ attn_implementation: flash_attention_2
     assert with_experts.setup.quantized_experts and not without.setup.quantized_experts
     assert with_experts.fits and not without.fits
     assert "quantize_moe_experts" not in " ".join(with_experts.ignored)
+
+
+def test_the_experts_dequantized_per_step() -> None:
+    """Qwen3-30B-A3B (48 MoE layers of 128 experts, 3 x 2048 x 768 each, 8 routed): bitsandbytes leaves the fused
+    experts 16-bit, so a QLoRA step dequantizes no expert (the 8 routed of 128 leave the count); quantize_moe_experts
+    dequantizes every expert's stacks in forward and recompute (the 16-bit stack is saved for the input gradient), 2
+    of the Linears' 3 passes with checkpointing."""
+    from perfguide.speed.dequant import dequantized_params
+    from perfguide.speed.rates import matmul_params
+
+    spec = ModelSpec.from_any("Qwen/Qwen3-30B-A3B")
+    experts = 48 * 128 * 3 * 2048 * 768
+    assert spec.fused_expert_params == experts
+    lora = LoraSpec(r=8, alpha=16, target_modules=("q_proj", "v_proj"))
+    plain = Setup(micro_batch_size=1, seq_len=1024, weights_dtype="nf4", autocast="bf16", lora=lora, gradient_checkpointing=True)
+    assert matmul_params(spec) - dequantized_params(spec, plain) == pytest.approx(experts * 8 / 128)
+    quantized = plain.replace(quantized_experts=True)
+    assert dequantized_params(spec, quantized) - dequantized_params(spec, plain) == pytest.approx(experts * 2 / 3)
+    assert dequantized_params(spec, plain.replace(weights_dtype="bf16", lora=lora)) == matmul_params(spec)
+    longer = {"micro_batch_size": 4, "seq_len": 4096}   # past the host's launch floor: the GPU's time decides the step
+    slower = perfguide.estimate_speed(spec, quantized.replace(**longer), hardware="h100-80gb").step_time_s
+    assert slower > perfguide.estimate_speed(spec, plain.replace(**longer), hardware="h100-80gb").step_time_s

@@ -24,7 +24,7 @@ from ..memory.loss_path import era_at, version_tuple
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import terms
-from .rates import constant
+from .rates import constant, matmul_params
 
 
 @cache
@@ -60,9 +60,28 @@ def sm_clocks_per_element(setup: Setup, release: str | None) -> float:
     return max(float(ops["alu"]) / lanes["alu"], float(ops["issued"]) / lanes["issue"])
 
 
-def dequant_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, bandwidth: float, matmul_params: int) -> float:
+def dequantized_params(spec: ModelSpec, setup: Setup) -> float:
+    """The matmul weights a k-bit base dequantizes per pass (terms.dequant_passes), a MoE's fused expert tensors as the
+    run keeps them. bitsandbytes quantizes nn.Linear only: without ``Setup.quantized_experts`` the routed experts stay
+    16-bit and nothing dequantizes them. With it (axolotl's quantize_moe_experts, a parametrization), every MoE layer
+    dequantizes its whole stacks, every expert, not the routed ones only; the 16-bit stack is then what the grouped
+    matmul saves, so the input-gradient pass reads it and it is dequantized in forward and in the recompute only. The
+    experts' count is scaled by those passes over the Linears' (forward, input gradient, recompute)."""
+    params = float(matmul_params(spec))
+    fused = spec.fused_expert_params
+    if not fused or setup.weights_dtype not in ("nf4", "int8"):
+        return params
+    routed = fused * min(spec.num_experts_per_tok, spec.num_experts) / spec.num_experts
+    if not setup.quantized_experts:
+        return params - routed
+    passes = terms.dequant_passes(setup)
+    return params - routed + fused * (passes - 1) / passes
+
+
+def dequant_seconds(spec: ModelSpec, setup: Setup, gpu: GPU, bandwidth: float, matmul_params: float) -> float:
     """Seconds one micro-step's dequantize kernels take: the longer of their bytes at the usable ``bandwidth`` and
-    their decode at the GPU's ALU rate (``matmul_params`` weights a pass, terms.dequant_passes passes), with the
+    their decode at the GPU's ALU rate (``matmul_params`` weights a pass, ``dequantized_params``; terms.dequant_passes
+    passes), with the
     kernel of the installed bitsandbytes (``installed_bitsandbytes``; the bench sets each row's)."""
     moved = terms.dequant_bytes(spec, setup, matmul_params)
     if not moved or not bandwidth:

@@ -125,7 +125,7 @@ def eager_score_bytes(spec: ModelSpec, setup: Setup) -> float:
     return traffic.priced(traffic.eager_score_bytes(spec, setup, techniques.kernel_factors(setup).recompute))
 
 
-def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: int) -> float:
+def dequant_bytes(spec: ModelSpec, setup: Setup, matmul_params: float) -> float:
     """bitsandbytes dequantizes a 4/8-bit base to 16 bit before every matmul that uses it: it reads the
     packed weights and writes a 16-bit copy, in forward, in the input-gradient pass, and again in the recompute."""
     q = _QUANT_BYTES.get(setup.weights_dtype)

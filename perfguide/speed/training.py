@@ -243,7 +243,7 @@ def _gpu_training(spec: ModelSpec, setup: Setup, hardware: Hardware, framework: 
             moved += 6 * matmul_params(spec) * (1 + techniques.kernel_factors(setup).recompute)   # fp32->half weight casts
         cached = terms.l2_bytes(spec, setup, gpu)   # dequantized weights the matmuls read back from L2, not DRAM
         gpu_time += (moved - cached) / bw + (cached / traffic.l2_rate(gpu) if cached else 0.0)
-        gpu_time += dequant.dequant_seconds(spec, setup, gpu, bw, matmul_params(spec))   # bytes or ALU
+        gpu_time += dequant.dequant_seconds(spec, setup, gpu, bw, dequant.dequantized_params(spec, setup))   # bytes or ALU
     gpu_time = gpu_time / stack + terms.fused_attention_seconds(spec, setup, gpu, peak, attn, kernel)
     launch = _launch_ops(spec, setup) * constant("kernel_launch_s")
     micro = max(gpu_time, launch)
