@@ -160,3 +160,39 @@ def test_dora_trains_a_magnitude_per_adapted_linear():
     lora = {"r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
     dora = ledger(spec, Setup(task="train", lora=lora))
     assert dora.trainable_params == trainable(have) > ledger(spec, Setup(task="train", lora={**lora, "use_dora": False})).trainable_params
+
+
+def test_a_peft_model_of_a_type_counted_on_its_module_keeps_its_base_linears() -> None:
+    """Qwen3 has no analytic counter, so its Linears are read off the module's blocks. Under get_peft_model those blocks
+    also hold PEFT's base_layer and lora_A / lora_B Linears, which had been read as more block Linears: q_proj and v_proj
+    counted twice, and every Linear scaled down to fit the stored parameters (73,728 -> 43,904)."""
+    config = transformers.Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=16, vocab_size=256)
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config)
+    base = ModelSpec.from_any(model)
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    spec = ModelSpec.from_any(adapted)
+    # the model's own Linears: PEFT's wrapper is no nn.Linear, the base_layer inside it is
+    real = sum(m.weight.numel() for n, m in model.model.layers.named_modules() if isinstance(m, torch.nn.Linear) and "lora_" not in n)
+    assert spec.block_linears == base.block_linears and spec.linear_params == base.linear_params == real
+    trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    assert ledger(spec, Setup(micro_batch_size=1, seq_len=16, lora=spec.adapter)).trainable_params == trainable
+
+
+def test_a_peft_model_with_target_parameters_prices_its_expert_adapters() -> None:
+    """A live MoE PeftModel whose LoraConfig names the fused expert stacks (target_parameters): peft's ParamWrapper
+    modules are no Linears, their adapters are no expert weights, and the adapter read back trains what peft trains."""
+    from helpers import moe_config
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**moe_config("qwen3_moe", 80, 56, 5, 2)),
+                                                          dtype=torch.float32)
+    base = ModelSpec.from_any(model)
+    stacks = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], target_parameters=stacks))
+    spec = ModelSpec.from_any(adapted)
+    assert (spec.block_linears, spec.expert_params) == (base.block_linears, base.expert_params)
+    assert spec.adapter is not None and set(spec.adapter.target_parameters) == set(stacks)
+    trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    assert ledger(spec, Setup(micro_batch_size=1, seq_len=16, weights_dtype="fp32", lora=spec.adapter)).trainable_params == trainable

@@ -27,6 +27,13 @@ def is_adapter_param(name: str) -> bool:
     return any(f".{part}." in f".{name}." for part in ADAPTER_PARTS)
 
 
+def is_adapter_module(name: str, module: Any) -> bool:
+    """A module PEFT added or moved inside a block: its LoRA factors, the ``base_layer`` it wrapped (the wrapper keeps
+    the name and shape), and a ``ParamWrapper`` (target_parameters: it wraps a module that holds the 3-D expert
+    tensors, no Linear of the model, though it carries in_features / out_features)."""
+    return type(module).__name__ == "ParamWrapper" or any(f".{part}." in f".{name}." for part in (*ADAPTER_PARTS, "base_layer"))
+
+
 def quantization(module: Any) -> str | None:
     """'nf4' / 'int8' when the module holds bitsandbytes Linears, else None."""
     found = {BNB_LINEARS[type(m).__name__] for m in module.modules() if type(m).__name__ in BNB_LINEARS}
@@ -66,7 +73,8 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
     if getattr(cfg, "rank_pattern", None) or getattr(cfg, "alpha_pattern", None):
         raise InvalidModelError("the model's LoRA adapter uses rank_pattern/alpha_pattern (per-module ranks); perfguide prices "
                                 "one rank: pass the base model and plan lora={'r': ...}")
-    adapted = [n for n, m in module.named_modules() if hasattr(m, "lora_A") and hasattr(m, "base_layer")]
+    adapted = [n for n, m in module.named_modules()
+               if hasattr(m, "lora_A") and hasattr(m, "base_layer") and type(m).__name__ != "ParamWrapper"]
     targets = sorted({p for p in (_block_path(n, block_paths) for n in adapted) if p})
     outside = [n for n in adapted if _block_path(n, block_paths) is None]
     if outside:
@@ -82,7 +90,8 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
                     dropout=float(cfg.lora_dropout), use_dora=bool(cfg.use_dora), use_rslora=bool(cfg.use_rslora),
                     autocast_adapter_dtype=not sixteen, adapter_dtype=held.pop() if len(held) == 1 else None,
                     modules_to_save=tuple(n for n in getattr(cfg, "modules_to_save", None) or ()
-                                          if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS + SAVED_HEADS))
+                                          if n.rsplit(".", 1)[-1] in SAVED_EMBEDDINGS + SAVED_HEADS),
+                    target_parameters=tuple(sorted(getattr(cfg, "target_parameters", None) or ())))
 
 
 def with_module_state(spec: ModelSpec, module: Any) -> ModelSpec:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import InvalidModelError
 from . import fields, shape
+from .adapted import is_adapter_module, is_adapter_param
 from .counting import analytic_count, build_spec
 from .facts import ModuleFacts, spec_from_facts
 from .types import BlockKind, Linears, ModelSpec
@@ -73,7 +74,7 @@ def _experts(module: Any) -> tuple[int, int, bool]:
     total, layers, separate = 0, set(), False
     for name, p in module.named_parameters():
         parts = name.split(".")
-        if "experts" in parts:
+        if "experts" in parts and not is_adapter_param(name):
             total += p.numel()
             at = parts.index("experts")
             # the block holding them: through the last layer index before 'experts' (``layers.3.mlp.experts``, and
@@ -109,6 +110,8 @@ def _linears(block: Any) -> Linears:
     """(in, out) of each Linear / GPT-2 Conv1D in one block, keyed by its path inside the block."""
     out: Linears = {}
     for name, sub in block.named_modules():
+        if is_adapter_module(name, sub):   # a live PeftModel's LoRA factors and wrapped layers
+            continue
         if hasattr(sub, "in_features") and hasattr(sub, "out_features"):
             out[name] = (int(sub.in_features), int(sub.out_features))
         elif type(sub).__name__ == "Conv1D" and hasattr(sub, "nx"):
