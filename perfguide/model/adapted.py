@@ -27,11 +27,16 @@ def is_adapter_param(name: str) -> bool:
     return any(f".{part}." in f".{name}." for part in ADAPTER_PARTS)
 
 
+def is_param_wrapper(module: Any) -> bool:
+    """peft's ``lora.ParamWrapper``: LoRA on a module's parameter (target_parameters), not on the module as a Linear."""
+    return type(module).__name__ == "ParamWrapper"
+
+
 def is_adapter_module(name: str, module: Any) -> bool:
     """A module PEFT added or moved inside a block: its LoRA factors, the ``base_layer`` it wrapped (the wrapper keeps
     the name and shape), and a ``ParamWrapper`` (target_parameters: it wraps a module that holds the 3-D expert
     tensors, no Linear of the model, though it carries in_features / out_features)."""
-    return type(module).__name__ == "ParamWrapper" or any(f".{part}." in f".{name}." for part in (*ADAPTER_PARTS, "base_layer"))
+    return is_param_wrapper(module) or any(f".{part}." in f".{name}." for part in (*ADAPTER_PARTS, "base_layer"))
 
 
 def quantization(module: Any) -> str | None:
@@ -74,7 +79,7 @@ def lora_adapter(module: Any, block_paths: list[str]) -> LoraSpec | None:
         raise InvalidModelError("the model's LoRA adapter uses rank_pattern/alpha_pattern (per-module ranks); perfguide prices "
                                 "one rank: pass the base model and plan lora={'r': ...}")
     adapted = [n for n, m in module.named_modules()
-               if hasattr(m, "lora_A") and hasattr(m, "base_layer") and type(m).__name__ != "ParamWrapper"]
+               if hasattr(m, "lora_A") and hasattr(m, "base_layer") and not is_param_wrapper(m)]
     targets = sorted({p for p in (_block_path(n, block_paths) for n in adapted) if p})
     outside = [n for n in adapted if _block_path(n, block_paths) is None]
     if outside:
