@@ -130,26 +130,30 @@ def test_converted_types_are_peft_and_transformers_own() -> None:
     assert CONVERTED_MOE_TYPES == {k for k, v in patterns.items() if v in conversion._MOE_TARGET_MODULE_MAPPING}
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_peak_against_the_fake_tensor_trace(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, checkpointing: bool) -> None:
+@pytest.mark.parametrize(("checkpointing", "width", "batch", "seq", "rel"), [
+    (False, 512, 2, 256, 0.001), (True, 512, 2, 256, 0.06), (False, 2048, 1, 32, 0.005), (True, 2048, 1, 32, 0.05)])
+def test_peak_against_the_fake_tensor_trace(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, checkpointing: bool, width: int,
+                                            batch: int, seq: int, rel: float) -> None:
     """The whole step's peak, all-linear minus attention-only LoRA (adapter states, merged stacks, restored inputs),
     analytic against the tracer running the real PEFT Mixtral on fake tensors. Without checkpointing every block holds
     its merged stack: within 0.1% (measured 0.01%); with it only the recomputed block does, priced as all of that
-    block's bytes held at the backward peak, which the trace does not fully reach (not broken down): 4.6% over."""
+    block's bytes held at the backward peak, which the trace does not fully reach (not broken down): 4.6% over.
+    Wide experts over few tokens (width 2048, 32 tokens) peak at a merged stack's gradient in the backward, not at
+    the per-token gradients: priced without it, 5.3% (no checkpointing) and 6.6% under; with it 0.06% and 3.5% over."""
     pytest.importorskip("torch")
     monkeypatch.setenv("PERFGUIDE_CACHE_DIR", str(tmp_path))
     from perfguide.memory.trace import trace_memory
 
     cfg = {**_config("mixtral"), "hidden_size": 256, "head_dim": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "intermediate_size": 512, "num_local_experts": 8, "num_hidden_layers": 4, "vocab_size": 1024}
+           "intermediate_size": width, "num_local_experts": 8, "num_hidden_layers": 4, "vocab_size": 1024}
     spec, hw = ModelSpec.from_any(cfg), Hardware.from_name("a100-80gb")
 
     def delta(price: Any) -> int:
-        setups = [Setup(task="train", micro_batch_size=2, seq_len=256, weights_dtype="bf16", optimizer="adamw_torch",
+        setups = [Setup(task="train", micro_batch_size=batch, seq_len=seq, weights_dtype="bf16", optimizer="adamw_torch",
                         gradient_checkpointing=checkpointing, lora=LoraSpec(r=8, alpha=16, target_modules=t, dropout=0.0))
                   for t in ("all-linear", ATTN)]
         return int(price(setups[0]).peak_allocated - price(setups[1]).peak_allocated)
 
     traced = delta(lambda s: trace_memory(spec, s, hw))
     priced = delta(lambda s: estimate_memory(spec, s, hw))
-    assert priced == pytest.approx(traced, rel=0.06 if checkpointing else 0.001)
+    assert priced == pytest.approx(traced, rel=rel)

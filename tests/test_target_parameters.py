@@ -22,11 +22,11 @@ H, W, E, R = 80, 56, 5, 4
 STACKS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
-def _tiny_moe() -> object:
+def _tiny_moe(h: int = H, w: int = W, e: int = E) -> object:
     import torch
 
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(**moe_config("qwen3_moe", H, W, E, 2))
+    config = transformers.AutoConfig.for_model(**moe_config("qwen3_moe", h, w, e, 2))
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
@@ -140,3 +140,47 @@ def test_the_recomputed_adapted_block_holds_its_whole_merged_stacks() -> None:
     args = (spec, setup, led.experts, led.param_bytes, True, act.regime(setup))
     assert expert_lora_bytes(*args) * 2 == traced                         # the average over the two layers
     assert expert_lora_bytes(*args) + expert_lora_block_excess(*args) == traced
+
+
+#: stacks wide against the 4 tokens' tensors, so that what those free before the gradient's moment stays under 1%
+BIG = {"h": 128, "w": 256, "e": 16}
+
+
+def _backward_rise(parameters: tuple[str, ...]) -> int:
+    """How far layer 1's MoE block's backward rises above what its forward left alive (real peft modules, bf16)."""
+    import torch
+    from helpers import live_storages
+
+    model = _tiny_moe(**BIG).to(torch.bfloat16)
+    config = peft.LoraConfig(r=R, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"], target_parameters=list(parameters))
+    adapted = peft.get_peft_model(model, config).train()
+    block = adapted.get_base_model().model.layers[1].mlp
+    x = torch.randn(1, 4, BIG["h"], dtype=torch.bfloat16, requires_grad=True)
+    live = live_storages(*adapted.parameters(), x)
+    with live:
+        out = block(x)
+        out = out[0] if isinstance(out, tuple) else out
+        live.peak = forward_end = live.live
+        out.float().pow(2).sum().backward()
+    return int(live.peak - forward_end)
+
+
+@pytest.mark.parametrize("stacks", [("1.mlp.experts.gate_up_proj", "1.mlp.experts.down_proj"),
+                                    ("1.mlp.experts.gate_up_proj",), ("1.mlp.experts.down_proj",)])
+def test_the_merged_stacks_gradient_rises_above_what_the_block_saved(stacks: tuple[str, ...]) -> None:
+    """grouped_mm's backward makes each merged stack's whole gradient: down's first, beside both saved stacks (+D),
+    then gate_up's once down's stack is freed (+G - D), or G / D where one is adapted alone. Traced on real peft
+    modules (the rise of the backward above the forward's end, less the unadapted block's), against the hand count
+    and against what the ledger prices in the adapted layer's backward."""
+    from perfguide.memory import activations as act
+    from perfguide.memory.moe_lora import merged_stack_grad_bytes
+
+    h, w, e = BIG["h"], BIG["w"], BIG["e"]
+    gate_up, down = 2 * e * h * 2 * w, 2 * e * w * h                  # bf16 stacks, bytes
+    named = {s.rsplit(".", 1)[-1] for s in stacks}
+    by_hand = max(down, gate_up - down) if len(named) == 2 else gate_up if "gate_up_proj" in named else down
+    traced = _backward_rise(stacks) - _backward_rise(())
+    assert abs(traced - by_hand) <= 0.01 * by_hand, (traced, by_hand)
+    setup = Setup(micro_batch_size=1, seq_len=4, weights_dtype="bf16", lora=LoraSpec(r=R, alpha=8, target_modules=("q_proj",),
+                                                                                       target_parameters=stacks))
+    assert merged_stack_grad_bytes(ledger(ModelSpec.from_any(_tiny_moe(**BIG)), setup).experts, act.regime(setup)) == by_hand

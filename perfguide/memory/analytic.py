@@ -49,7 +49,7 @@ from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_byte
 from .lora_activations import dora_norm_bytes, lora_layer_bytes
 from .loss_path import forward_loss_bytes, installed_transformers, release_delta_bytes
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
-from .moe_lora import expert_lora_block_excess, expert_lora_bytes
+from .moe_lora import expert_lora_block_excess, expert_lora_bytes, merged_stack_grad_bytes
 from .optimizers import OptimizerCost, optimizer_cost
 from .overhead import to_estimate
 from .seq2seq import stack_activation_bytes
@@ -319,6 +319,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     # or, recomputed, a DoRA Linear's weight norm (its forward runs in the recompute; lora_activations.dora_norm_bytes)
     dequant = max(dequant, dora_norm_bytes(shape, led.dora_largest) if recompute else 0)
     in_flight = block_backward_bytes(spec, shape, installed_transformers(), terms.fused_swiglu, terms.mlp_tokens) if recompute else 0   # its gradients (block_backward.py)
+    in_flight = max(in_flight, merged_stack_grad_bytes(led.experts, act.regime(shape)))   # or an adapted MoE stack's gradient
     if flash := block_backward.flash_backward_bytes(spec, shape, split) if recompute else 0:   # or its attention's, the MLP half freed by then
         in_flight = max(in_flight, per_layer - shares()[1] - terms.attention_saved_less + flash - terms.recompute)
     in_flight += sdpa_bias_bytes(spec, shape, checkpointed=True) if recompute else 0   # + its SDPA bias, recompute to backward

@@ -54,6 +54,7 @@ class ExpertAdapters:
     router_rank_elems: int  # experts x hidden x r: the router delta's multiply-adds
     adapter_params: int     # the ParamWrapper adapters' trainable elements, all layers (no per-token branch)
     adapted_layers: int     # layers whose stacks are adapted (a layer index in target_parameters: fewer than moe_layers)
+    stack_grad_elems: int = 0  # one adapted layer's backward: its merged stacks' gradient above what the block saved
 
 
 #: model types whose v4 expert / router names peft rewrites to ``target_parameters`` on transformers 5: the
@@ -197,7 +198,21 @@ def split_targets(spec: ModelSpec, chosen: list[tuple[str, int, int, int]], r: i
     trainable = sum(n * rows * cols for n, rows, cols in groups)
     adapted = max(n // e if name.startswith("experts.") else n for name, _, _, n in params)
     return linear, groups, ExpertAdapters(layers, expert, factors, router, router_factors, ranked, router_ranked, trainable,
-                                          min(layers, adapted))
+                                          min(layers, adapted), _stack_grad_elems(params, e))
+
+
+def _stack_grad_elems(params: list[tuple[str, int, int, int]], experts: int) -> int:
+    """The merged stacks' gradient one adapted layer's backward holds above what its block saved. ``grouped_mm``'s
+    backward makes the merged stack's whole gradient (its weight operand requires grad), alive until ``baddbmm``'s
+    backward reduces it to the factors' gradients. Down runs last in forward, so its gradient comes first, beside both
+    saved stacks (+D); then down's stack is freed and gate_up's gradient comes beside gate_up's (G - D above the
+    saved G + D). Traced on peft's own modules (tests/test_target_parameters.py). Where the two are adapted in a
+    different number of layers they are read as apart (max(G, D)). The router's gradient (h x experts) comes after,
+    with both stacks freed: left out."""
+    stacks = {name: (i * o * experts, n) for name, i, o, n in params if name.startswith("experts.")}
+    gate_up, gu_layers = stacks.get(GATE_UP, (0, 0))
+    down, down_layers = stacks.get(DOWN, (0, 0))
+    return max(down, gate_up - down) if gate_up and down and gu_layers == down_layers else max(gate_up, down)
 
 
 def stack_bytes(regime: str) -> int:
@@ -228,6 +243,11 @@ def expert_lora_block_excess(spec: ModelSpec, setup: Setup, adapters: ExpertAdap
     per_moe_layer = _per_moe_layer(spec, setup, adapters, adapter_bytes, restores_inputs, regime)
     one_block = per_moe_layer * adapters.moe_layers // adapters.adapted_layers
     return max(0, one_block - per_moe_layer * adapters.moe_layers // spec.total_layers)
+
+
+def merged_stack_grad_bytes(adapters: ExpertAdapters | None, regime: str) -> int:
+    """An adapted layer's merged-stack gradient in its backward (``_stack_grad_elems``), in the stack's dtype."""
+    return adapters.stack_grad_elems * stack_bytes(regime) if adapters else 0
 
 
 def _per_moe_layer(spec: ModelSpec, setup: Setup, adapters: ExpertAdapters, adapter_bytes: int, restores_inputs: bool,
