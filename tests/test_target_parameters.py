@@ -184,3 +184,22 @@ def test_the_merged_stacks_gradient_rises_above_what_the_block_saved(stacks: tup
     setup = Setup(micro_batch_size=1, seq_len=4, weights_dtype="bf16", lora=LoraSpec(r=R, alpha=8, target_modules=("q_proj",),
                                                                                        target_parameters=stacks))
     assert merged_stack_grad_bytes(ledger(ModelSpec.from_any(_tiny_moe(**BIG)), setup).experts, act.regime(setup)) == by_hand
+
+
+def test_gpt_oss_router_is_its_mlp_router() -> None:
+    """gpt-oss's router is ``mlp.router`` (GptOssTopKRouter), not Qwen's ``mlp.gate``: peft adapts
+    ``mlp.router.weight`` at rank r (r x (hidden + experts) per layer), and perfguide prices that, where it had refused
+    the name."""
+    import torch
+
+    config = transformers.GptOssConfig(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                                       num_key_value_heads=1, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+                                       vocab_size=256, layer_types=["sliding_attention", "full_attention"])
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    spec = ModelSpec.from_any(model)
+    adapted = peft.get_peft_model(model, peft.LoraConfig(r=R, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"],
+                                                         target_parameters=["mlp.router.weight"]))
+    real = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    assert real == 2 * (R * (64 + 64) + R * (64 + 4))
+    lora = LoraSpec(r=R, alpha=8, target_modules=("q_proj",), target_parameters=("mlp.router.weight",))
+    assert ledger(spec, Setup(micro_batch_size=1, seq_len=8, weights_dtype="fp32", lora=lora)).trainable_params == real

@@ -37,6 +37,9 @@ from ..model.types import ModelSpec
 from ..setup import Setup
 
 ROUTER = "mlp.gate"
+#: where a model type's router is no ``mlp.gate``: transformers 5's GptOssMLP keeps ``self.router`` (GptOssTopKRouter,
+#: ``F.linear`` over its ``weight``), which peft's target_parameters adapts as ``mlp.router.weight``
+_ROUTERS = {"gpt_oss": "mlp.router"}
 GATE_UP, DOWN = "experts.gate_up_proj", "experts.down_proj"
 
 
@@ -79,7 +82,7 @@ def _moe_layers(spec: ModelSpec) -> int:
 
 
 def _is_param_target(spec: ModelSpec, name: str, out: int) -> bool:
-    return name.startswith("experts.") or (name.rsplit(".", 1)[-1] == "gate" and out == spec.num_experts)
+    return name.startswith("experts.") or (name.rsplit(".", 1)[-1] in ("gate", "router") and out == spec.num_experts)
 
 
 def linear_module_leaves(spec: ModelSpec) -> tuple[str, ...]:
@@ -101,7 +104,7 @@ def fused_stacks(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
     h, w, e, layers = spec.hidden_size, spec.moe_intermediate_size or spec.intermediate_size, spec.num_experts, _moe_layers(spec)
     if spec.expert_params not in (3 * h * w * e * layers, (3 * h * w + 2 * w + h) * e * layers):
         return []
-    return [(ROUTER, h, e, layers), (GATE_UP, h, 2 * w, e * layers), (DOWN, w, h, e * layers)]
+    return [(_ROUTERS.get(spec.model_type, ROUTER), h, e, layers), (GATE_UP, h, 2 * w, e * layers), (DOWN, w, h, e * layers)]
 
 
 def all_linear_extra(spec: ModelSpec, shapes: list[tuple[str, int, int, int]]) -> list[tuple[str, int, int, int]]:
