@@ -63,6 +63,8 @@ class CatalogFile(DataModel):
     bf16_native_model_types: Fact[list[str]]
     no_sdpa_model_types: Fact[list[str]]
     tp_split_expert_model_types: Fact[list[str]]
+    #: model types whose transformers modeling runs every expert over every token (model/code.py built_by)
+    every_expert_model_types: Fact[list[str]]
     #: architecture -> the block class FSDP wraps (transformers' ``_no_split_modules[0]``)
     block_classes: Fact[dict[str, str]]
     #: organisation -> what its re-uploads are; any other organisation's copy of a name stays unresolved

@@ -12,16 +12,25 @@ gradient and optimizer state when the head trains (full fine-tuning). Traced on 
 one- and two-block Llama-3- and Gemma-shaped GPTs at vocabulary 1024, scripts/trace_litgpt.py): the model's bytes
 are the Hub count plus the 1024 x hidden copy. litgpt's padded_vocab_size equals the Hub config's vocab_size (the
 embedding rows the checkpoint stores) for the bench's models, so the copy is vocab_size x hidden.
+
+transformers' own Llama-4 MoE (data/architectures.json ``every_expert_model_types``) runs every expert over every token
+and zeroes the unrouted outputs with the router's scores: under transformers a Llama-4 token computes and keeps what a
+top-k of all its experts would (Scout: 16 of 16, 107.7B matmul parameters a token where the router picks 17.2B's
+worth). Traced on a tiny Llama-4 block (tests/test_every_expert.py): what it saves for backward and its matmul FLOPs
+are the all-experts counts. Engines that route (vLLM, SGLang) are priced with the checkpoint's top-k.
 """
 
 from __future__ import annotations
 
+from .catalog import catalog_file
 from .types import ModelSpec, derived
 
 
 def built_by(spec: ModelSpec, model_code: str) -> ModelSpec:
-    """``spec`` as ``model_code`` builds it: under litgpt a tied decoder gets an LM head of its own; otherwise
-    ``spec`` itself."""
+    """``spec`` as ``model_code`` builds it: under litgpt a tied decoder gets an LM head of its own; under
+    transformers a Llama-4 token runs through every expert; otherwise ``spec`` itself."""
+    if model_code == "transformers" and spec.is_moe and spec.model_type in catalog_file().every_expert_model_types.value:
+        return derived(spec, ("built_by", model_code), lambda: spec.model_copy(update={"num_experts_per_tok": spec.num_experts}))
     if model_code != "litgpt" or spec.lm_head_params or spec.head != "lm" or spec.is_encoder_decoder:
         return spec
 

@@ -1,0 +1,66 @@
+"""transformers' Llama-4 MoE runs every expert over every token (model/code.py built_by, data/architectures.json
+``every_expert_model_types``): what a block saves for backward and the matmul FLOPs of a forward are the counts of
+a top-k equal to the number of experts, traced on a tiny Llama-4 text model built by the installed transformers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import block_saved_bytes
+
+from perfguide.memory.activations import layer_bytes
+from perfguide.model.code import built_by
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
+
+H, I, B, S = 96, 48, 2, 32
+
+
+def _config(experts: int) -> dict[str, Any]:
+    return {"model_type": "llama4_text", "hidden_size": H, "intermediate_size": I, "intermediate_size_mlp": 4 * H,
+            "num_local_experts": experts, "num_experts_per_tok": 1, "num_attention_heads": 6, "num_key_value_heads": 2,
+            "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
+            "tie_word_embeddings": False, "interleave_moe_layer_step": 1, "no_rope_layers": [1, 1],
+            "attention_chunk_size": 8192}
+
+
+@pytest.mark.parametrize("experts", [6, 12])
+def test_a_block_keeps_every_experts_activations(experts: int) -> None:
+    """Per token, the real block saves 7,660 B (6 experts) and 12,304 B (12); priced as routed to its top-1 it was
+    3,300 and 3,324 (57% and 73% under); as built, 7,340 and 12,212. The rest is not the routing: Llama-4's own
+    attention (its q / k L2 norms) against the Mixtral table it reads, and Mixtral's sort indices it has not."""
+    setup = Setup(task="train", micro_batch_size=B, seq_len=S, weights_dtype="bf16", optimizer="sgd")
+    spec = ModelSpec.from_any(_config(experts))
+    saved = (block_saved_bytes(_config(experts), 2 * B, S) - block_saved_bytes(_config(experts), B, S)) / (B * S)
+    priced = layer_bytes(built_by(spec, "transformers"), setup) / (B * S)
+    assert priced == pytest.approx(saved, rel=0.05)
+    assert layer_bytes(spec, setup) / (B * S) < 0.5 * saved           # the checkpoint's top-1: what a routing engine runs
+
+
+def test_a_forward_multiplies_every_experts_weights() -> None:
+    """FlopCounterMode over a real forward: the matmuls do 2 x 292,992 FLOPs a token, the all-experts count (its
+    norms aside, 480); the top-1 count is 155,232."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from perfguide.speed.rates import matmul_params
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**_config(6)), attn_implementation="sdpa")
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=torch.randint(0, 512, (B, S)))
+    flops = sum(v for op, v in counter.get_flop_counts()["Global"].items() if str(op).split(".")[1] in ("mm", "bmm", "addmm"))
+    spec = ModelSpec.from_any(model)
+    assert matmul_params(built_by(spec, "transformers")) == pytest.approx(flops / (2 * B * S), rel=0.005)
+    assert matmul_params(spec) < 0.6 * flops / (2 * B * S)
+
+
+def test_engines_that_route_keep_the_top_k() -> None:
+    """Only transformers' own modeling runs every expert: litgpt's code and the checkpoint as read keep top-1."""
+    spec = ModelSpec.from_any("meta-llama/Llama-4-Scout-17B-16E")
+    assert built_by(spec, "transformers").num_experts_per_tok == 16
+    assert spec.num_experts_per_tok == built_by(spec, "litgpt").num_experts_per_tok == 1
+    dense = ModelSpec.from_any("Qwen/Qwen3-30B-A3B")
+    assert built_by(dense, "transformers") is dense
