@@ -64,3 +64,52 @@ def test_engines_that_route_keep_the_top_k() -> None:
     assert spec.num_experts_per_tok == built_by(spec, "litgpt").num_experts_per_tok == 1
     dense = ModelSpec.from_any("Qwen/Qwen3-30B-A3B")
     assert built_by(dense, "transformers") is dense
+
+
+#: Scout's routed experts by hand from its config: 48 MoE layers x 16 experts x (gate + up + down) x 5,120 x 8,192
+SCOUT_EXPERTS = 48 * 16 * 3 * 5120 * 8192
+
+
+def test_linearized_experts_are_linears_bitsandbytes_quantizes() -> None:
+    """axolotl's llama4_linearized_experts: the experts become one Linear per projection, so QLoRA stores them in nf4
+    (the same bytes quantize_moe_experts' fused nf4 gives) and dequantizes one expert's Linear at a time, 84 MB, where
+    the fused parametrization dequantizes a layer's whole stack, 4.03 GB."""
+    from perfguide.memory.ledger import quantized_weight_bytes
+    from perfguide.memory.top_of_stack import block_dequant_bytes
+
+    spec = ModelSpec.from_any("meta-llama/Llama-4-Scout-17B-16E")
+    built = built_by(spec, "transformers", linearized=True)
+    assert spec.expert_params == SCOUT_EXPERTS and built.fused_expert_params == 0
+    assert built.linear_params == spec.linear_params + SCOUT_EXPERTS
+    assert quantized_weight_bytes(built, "nf4") == quantized_weight_bytes(spec, "nf4", experts=True)
+    lora = {"r": 8, "target_modules": ("q_proj",)}
+    linearized = Setup(task="train", weights_dtype="nf4", autocast="bf16", lora=lora, linearized_experts=True)
+    fused = Setup(task="train", weights_dtype="nf4", autocast="bf16", lora=lora, quantized_experts=True)
+    assert block_dequant_bytes(built, linearized) == 5120 * 8192 * 2
+    assert block_dequant_bytes(built_by(spec, "transformers"), fused) == 16 * 3 * 5120 * 8192 * 2
+
+
+def test_linearized_experts_are_refused_off_llama4() -> None:
+    from perfguide.errors import InvalidSetupError
+
+    with pytest.raises(InvalidSetupError, match="linearized_experts rebuilds a Llama-4's fused experts") as info:
+        built_by(ModelSpec.from_any("Qwen/Qwen3-30B-A3B"), "transformers", linearized=True)
+    assert "\n" not in str(info.value)
+
+
+def test_axolotl_reads_its_llama4_linearized_experts(tmp_path: Any) -> None:
+    """axolotl's single-H100 Scout QLoRA example (examples/llama-4/scout-qlora-single-h100-flex.yaml at 682a9cf79), its
+    base model named by the original checkpoint (the example's axolotl-quants re-upload is the same shape): the
+    linearized experts are read and priced, not listed as inert."""
+    import perfguide
+
+    yaml = (tmp_path / "scout.yaml")
+    yaml.write_text("base_model: meta-llama/Llama-4-Scout-17B-16E\nmodel_type: Llama4ForConditionalGeneration\n"
+                    "llama4_linearized_experts: true\nload_in_4bit: true\nadapter: qlora\nlora_r: 32\nlora_alpha: 64\n"
+                    "lora_target_modules:\n  - self_attn.q_proj\n  - self_attn.k_proj\n  - self_attn.v_proj\n"
+                    "  - self_attn.o_proj\n  - shared_expert.gate_proj\n  - shared_expert.up_proj\n  - shared_expert.down_proj\n"
+                    "sequence_len: 4096\nsample_packing: true\nmicro_batch_size: 1\ngradient_accumulation_steps: 1\n"
+                    "optimizer: adamw_torch_4bit\nbf16: true\ngradient_checkpointing: offload\n")
+    result = perfguide.check(None, yaml, hardware="h100-80gb")
+    assert result.setup.linearized_experts and result.fits
+    assert not any("llama4_linearized_experts" in line for line in result.ignored)

@@ -244,7 +244,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         raise InvalidSetupError(f"training_memory prices training steps, not task={setup.task!r}; perfguide.memory.estimate_memory prices both")
     if setup.strategy in ("device_map", "tp"):
         raise InvalidSetupError(f"strategy {setup.strategy!r} is for inference; for training use single, ddp, zero1, zero2, zero3, fsdp or fsdp_shard_grad_op")
-    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
+    spec = built_by(spec, setup.model_code, setup.linearized_experts)   # the layout the running code builds (litgpt: an LM head of its own)
     split = setup.sequence_ranks   # ranks that split each sequence (a technique's)
     setup = techniques.per_rank(setup)   # sequence parallelism: one rank's slice of each sequence
     led = ledger(spec, setup)

@@ -266,7 +266,7 @@ def _offload_split(setup: Setup, hardware: Hardware | None, gpu_weights: int, re
 def estimate_inference(spec: ModelSpec, setup: Setup, hardware: Hardware | None = None,
                        headroom: float = OFFLOAD_HEADROOM) -> MemoryEstimate:
     """Bytes on the most loaded device for one ``generate`` call with ``micro_batch_size`` sequences."""
-    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
+    spec = built_by(spec, setup.model_code, setup.linearized_experts)   # the layout the running code builds (litgpt: an LM head of its own)
     act = activation_bytes_per_element(setup)
     static = setup.cache_implementation == "static"
     weights = weight_bytes(spec, setup.weights_dtype, double_quant=setup.nf4_double_quant, stored=setup.checkpoint_format)

@@ -22,15 +22,21 @@ are the all-experts counts. Engines that route (vLLM, SGLang) are priced with th
 
 from __future__ import annotations
 
+from ..errors import InvalidSetupError
 from .catalog import catalog_file
-from .types import ModelSpec, derived
+from .types import Linears, ModelSpec, derived
 
 
-def built_by(spec: ModelSpec, model_code: str) -> ModelSpec:
+def built_by(spec: ModelSpec, model_code: str, linearized: bool = False) -> ModelSpec:
     """``spec`` as ``model_code`` builds it: under litgpt a tied decoder gets an LM head of its own; under
-    transformers a Llama-4 token runs through every expert; otherwise ``spec`` itself."""
-    if model_code == "transformers" and spec.is_moe and spec.model_type in catalog_file().every_expert_model_types.value:
-        return derived(spec, ("built_by", model_code), lambda: spec.model_copy(update={"num_experts_per_tok": spec.num_experts}))
+    transformers a Llama-4 token runs through every expert, whose projections are Linears of their own where
+    ``linearized`` (``Setup.linearized_experts``); otherwise ``spec`` itself."""
+    every = spec.is_moe and spec.model_type in catalog_file().every_expert_model_types.value
+    if linearized and not (every and spec.fused_expert_params):
+        raise InvalidSetupError(f"linearized_experts rebuilds a Llama-4's fused experts as Linears (axolotl's "
+                                f"llama4_linearized_experts); {spec.name} is {spec.model_type!r}, whose experts it does not touch")
+    if model_code == "transformers" and every:
+        return derived(spec, ("built_by", model_code, linearized), lambda: _every_expert(spec, linearized))
     if model_code != "litgpt" or spec.lm_head_params or spec.head != "lm" or spec.is_encoder_decoder:
         return spec
 
@@ -41,3 +47,18 @@ def built_by(spec: ModelSpec, model_code: str) -> ModelSpec:
                                        "trainable_params": trainable, "tie_word_embeddings": False})
 
     return derived(spec, ("built_by", model_code), untie)
+
+
+def _every_expert(spec: ModelSpec, linearized: bool) -> ModelSpec:
+    """Every expert a token's (top-k = experts); linearized, each MoE block (the one with a router) lists its experts'
+    gate / up / down projections as ``experts.*`` Linears, counted once per expert (linears.linear_shapes), so
+    ``fused_expert_params`` is 0 and QLoRA quantizes them (axolotl: nn.ModuleList of nn.Linear per projection)."""
+    h, width = spec.hidden_size, spec.moe_intermediate_size or spec.intermediate_size
+    experts = {"experts.gate_projs": (h, width), "experts.up_projs": (h, width), "experts.down_projs": (width, h)}
+
+    def add(linears: Linears) -> Linears:
+        return {**linears, **experts} if linearized and any(k.endswith("router") for k in linears) else linears
+
+    kinds = tuple(kind.model_copy(update={"linears": add(kind.linears)}) for kind in spec.block_kinds)
+    return spec.model_copy(update={"num_experts_per_tok": spec.num_experts, "block_linears": add(spec.block_linears),
+                                   "block_kinds": kinds, "separate_expert_modules": linearized or spec.separate_expert_modules})

@@ -82,7 +82,7 @@ def _tp_comm_s(spec: ModelSpec, setup: Setup, hardware: Hardware | None) -> floa
 
 def estimate_inference_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, headroom: float | None = None) -> Throughput:
     """Prefill + (new_tokens - 1) decode steps; tokens/s counts every sequence of every replica."""
-    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
+    spec = built_by(spec, setup.model_code, setup.linearized_experts)   # the layout the running code builds (litgpt: an LM head of its own)
     on_gpu = setup.device == "cuda" and hardware.has_gpu
     dev = _gpu_device(spec, setup, hardware) if on_gpu else _cpu_device(setup, hardware)
     tp = setup.num_gpus if setup.strategy == "tp" and on_gpu else 1

@@ -191,7 +191,7 @@ def training_speed(spec: ModelSpec, setup: Setup, hardware: Hardware, *, framewo
     """
     if setup.task != "train":
         raise InvalidSetupError(f"training_speed prices training steps, not task={setup.task!r}; perfguide.speed.estimate_speed prices both")
-    spec = built_by(spec, setup.model_code)   # the layout the running code builds (litgpt: an LM head of its own)
+    spec = built_by(spec, setup.model_code, setup.linearized_experts)   # the layout the running code builds (litgpt: an LM head of its own)
     if setup.device == "cpu" or not hardware.has_gpu:
         return _cpu_training(spec, setup, hardware)
     local = techniques.per_rank(setup)   # sequence parallelism: each rank runs its slice, then attends over the whole

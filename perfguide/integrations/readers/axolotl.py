@@ -44,7 +44,7 @@ PRICED = frozenset({
     "plugins", "liger_fused_linear_cross_entropy", "torch_compile", "fsdp", "fsdp_config", "fsdp_version", "deepspeed",
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
     "rl", "lora_modules_to_save", "tensor_parallel_size", "expert_parallel_size", "context_parallel_size",
-    "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards", "quantize_moe_experts",
+    "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards", "quantize_moe_experts", "llama4_linearized_experts",
 })
 #: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
 #: perfguide does not price: said in the notes rather than listed as having no effect
@@ -185,6 +185,9 @@ def _adapter(data: dict[str, Any], col: Collector) -> None:
     if data.get("quantize_moe_experts") and as_bool(data["quantize_moe_experts"], col.where("quantize_moe_experts")):
         # monkeypatch/moe_quant.py: the fused expert tensors quantized on load (axolotl requires load_in_4bit / 8bit)
         col.set("quantized_experts", True, "quantize_moe_experts")
+    if data.get("llama4_linearized_experts") and as_bool(data["llama4_linearized_experts"], col.where("llama4_linearized_experts")):
+        # monkeypatch/models/llama4/modeling.py: one nn.Linear per expert projection, quantized as any Linear
+        col.set("linearized_experts", True, "llama4_linearized_experts")
     if not adapter:
         return
     if str(adapter).lower() not in ("lora", "qlora"):
