@@ -113,3 +113,15 @@ def test_axolotl_reads_its_llama4_linearized_experts(tmp_path: Any) -> None:
     result = perfguide.check(None, yaml, hardware="h100-80gb")
     assert result.setup.linearized_experts and result.fits
     assert not any("llama4_linearized_experts" in line for line in result.ignored)
+
+
+def test_the_estimate_says_why() -> None:
+    """The reason rides with the numbers: a Llama-4 estimate under transformers names the every-expert compute."""
+    from perfguide.hardware import Hardware
+    from perfguide.memory import estimate_memory
+
+    spec = ModelSpec.from_any("meta-llama/Llama-4-Scout-17B-16E")
+    setup = Setup(task="train", micro_batch_size=1, seq_len=1024, weights_dtype="nf4", autocast="bf16",
+                  lora={"r": 8, "target_modules": ("q_proj",)}, gradient_checkpointing=True)
+    notes = estimate_memory(spec, setup, Hardware.from_name("h100-80gb")).notes
+    assert any("every one of" in n and "16 experts a token, not its top-1" in n for n in notes)

@@ -21,6 +21,7 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                     headroom: float | None = None) -> MemoryEstimate:
     """The one way into the memory model, for training and for inference (``setup.task``). ``headroom``: the
     fraction of each device an offloaded inference plan keeps free when it splits weights (its fit check's)."""
+    from ..model.code import every_expert_note
     from .factors import apply_memory
     from .index_limits import with_index_limit
 
@@ -32,6 +33,8 @@ def estimate_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         from .analytic import training_memory
 
         est = training_memory(spec, setup, hardware)
+    if note := every_expert_note(spec, setup.model_code):
+        est = est.model_copy(update={"notes": (*est.notes, note)})
     return with_index_limit(spec, setup, apply_memory(est, setup, factors))
 
 

@@ -62,3 +62,13 @@ def _every_expert(spec: ModelSpec, linearized: bool) -> ModelSpec:
     kinds = tuple(kind.model_copy(update={"linears": add(kind.linears)}) for kind in spec.block_kinds)
     return spec.model_copy(update={"num_experts_per_tok": spec.num_experts, "block_linears": add(spec.block_linears),
                                    "block_kinds": kinds, "separate_expert_modules": linearized or spec.separate_expert_modules})
+
+
+def every_expert_note(spec: ModelSpec, model_code: str) -> str | None:
+    """The plan's word on a model whose code runs every expert (``every_expert_model_types``), where a reader would
+    expect the checkpoint's top-k."""
+    if model_code != "transformers" or not spec.is_moe or spec.model_type not in catalog_file().every_expert_model_types.value:
+        return None
+    return (f"transformers runs every one of {spec.name}'s {spec.num_experts} experts over every token (its router's scores "
+            f"zero the unpicked outputs): FLOPs and activations priced for {spec.num_experts} experts a token, not its "
+            f"top-{spec.num_experts_per_tok}; vLLM and SGLang route")
