@@ -31,10 +31,11 @@ def built_by(spec: ModelSpec, model_code: str, linearized: bool = False) -> Mode
     """``spec`` as ``model_code`` builds it: under litgpt a tied decoder gets an LM head of its own; under
     transformers a Llama-4 token runs through every expert, whose projections are Linears of their own where
     ``linearized`` (``Setup.linearized_experts``); otherwise ``spec`` itself."""
-    every = spec.is_moe and spec.model_type in catalog_file().every_expert_model_types.value
+    every = _runs_every_expert(spec)
     if linearized and not (every and spec.fused_expert_params):
         raise InvalidSetupError(f"linearized_experts rebuilds a Llama-4's fused experts as Linears (axolotl's "
-                                f"llama4_linearized_experts); {spec.name} is {spec.model_type!r}, whose experts it does not touch")
+                                f"llama4_linearized_experts); {spec.name} is {spec.model_type!r}, whose experts it does not touch "
+                                f"(axolotl skips the key there): drop it")
     if model_code == "transformers" and every:
         return derived(spec, ("built_by", model_code, linearized), lambda: _every_expert(spec, linearized))
     if model_code != "litgpt" or spec.lm_head_params or spec.head != "lm" or spec.is_encoder_decoder:
@@ -47,6 +48,11 @@ def built_by(spec: ModelSpec, model_code: str, linearized: bool = False) -> Mode
                                        "trainable_params": trainable, "tie_word_embeddings": False})
 
     return derived(spec, ("built_by", model_code), untie)
+
+
+def _runs_every_expert(spec: ModelSpec) -> bool:
+    """transformers' modeling of this MoE runs every expert over every token (``every_expert_model_types``)."""
+    return spec.is_moe and spec.model_type in catalog_file().every_expert_model_types.value
 
 
 def _every_expert(spec: ModelSpec, linearized: bool) -> ModelSpec:
@@ -67,7 +73,7 @@ def _every_expert(spec: ModelSpec, linearized: bool) -> ModelSpec:
 def every_expert_note(spec: ModelSpec, model_code: str) -> str | None:
     """The plan's word on a model whose code runs every expert (``every_expert_model_types``), where a reader would
     expect the checkpoint's top-k."""
-    if model_code != "transformers" or not spec.is_moe or spec.model_type not in catalog_file().every_expert_model_types.value:
+    if model_code != "transformers" or not _runs_every_expert(spec):
         return None
     return (f"transformers runs every one of {spec.name}'s {spec.num_experts} experts over every token (its router's scores "
             f"zero the unpicked outputs): FLOPs and activations priced for {spec.num_experts} experts a token, not its "
