@@ -440,6 +440,7 @@ def test_axolotl_modules_to_save_are_trained_copies(tmp_path: Path) -> None:
     (["model.language_model.*", "lm_head.*"], True),                                  # a VLM's language model
     (["^model.layers.2[0-9]+.mlp.*"], False),                                          # some blocks' MLPs
     (["^model.embed_tokens.weight$[:32000]"], False),                                  # a row range
+    ([r"model\.language_model\..*", r"lm_head\..*"], False),                          # escaped dots: nothing matches
 ])
 def test_axolotl_unfrozen_parameters(tmp_path: Path, patterns: list[str], priced: bool) -> None:
     """axolotl trains only what its patterns match (utils/freeze.py LayerNamePattern: '.' literal unless '+' follows,
@@ -452,6 +453,21 @@ def test_axolotl_unfrozen_parameters(tmp_path: Path, patterns: list[str], priced
     else:
         with pytest.raises(perfguide.PerfGuideError, match="unfrozen_parameters"):
             perfguide.check(None, path, hardware="a100-80gb:8")
+
+
+def test_axolotl_escaped_dots_match_no_parameter(tmp_path: Path) -> None:
+    """axolotl's LayerNamePattern escapes every '.' not followed by '+' itself, so a pattern written with '\\.' asks
+    for a backslash in the name and matches nothing. axolotl's Qwen3.5 27B full fine-tune example shipped such patterns
+    (examples/qwen3.5/27b-fft.yaml at 113d275bd) until 7daf7d96f ('fix: regex for unfrozen language tower') rewrote them
+    as 'model.language_model.*' and 'lm_head.*'; the run in between trained nothing. Alone they are refused with the
+    fix; beside patterns that match, each is named in a note."""
+    path = _axolotl(tmp_path, "axolotl_fft-8b-liger-fsdp.yaml", unfrozen_parameters=[r"model\.language_model\..*", r"lm_head\..*"])
+    with pytest.raises(perfguide.PerfGuideError, match=r"matches no parameter, so nothing trains.*write 'model\.language_model\.\*'"):
+        perfguide.check(None, path, hardware="a100-80gb:8")
+    mixed = _axolotl(tmp_path, "axolotl_fft-8b-liger-fsdp.yaml",
+                     unfrozen_parameters=["model.language_model.*", "lm_head.*", r"model\.visual\..*"])
+    c = perfguide.check(None, mixed, hardware="a100-80gb:8")
+    assert any("model\\\\.visual" in n and "matches no parameter" in n for n in c.notes), c.notes
 
 
 #: torchtune's qwen2 builders' arguments (torchtune/models/qwen2/_model_builders.py): vocab, layers, heads, kv heads,

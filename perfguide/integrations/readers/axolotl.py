@@ -372,6 +372,14 @@ def _unfrozen(patterns: list[Any], col: Collector, adapter: bool) -> None:
     if any(re.search(r"\[[0-9]*:?[0-9]*\]$", p) for p in texts):
         raise ConfigReadError(f"{where}: a row range trains part of a tensor, which is not priced; perfguide prices whole-model "
                               "full fine-tuning, LoRA and QLoRA")
+    escaped = [p for p in texts if "\\." in p]
+    if escaped and len(escaped) == len(texts):
+        raise ConfigReadError(f"{where}={texts!r} matches no parameter, so nothing trains: axolotl escapes every '.' itself "
+                              "(utils/freeze.py), so a written '\\.' asks for a backslash in the name; write "
+                              f"{escaped[0].replace(chr(92) + '.', '.').replace('..*', '.*')!r}")
+    for p in escaped:
+        col.note(f"{where}: {p!r} matches no parameter (axolotl escapes every '.' itself, so '\\.' asks for a backslash in "
+                 "the name)")
     rx = [re.compile(re.sub(r"\.(?!\+)", r"\\.", p)) for p in texts]
     whole = any(all(any(r.match(pre + n) for r in rx) for n in _TEXT_PARAMS) for pre in _TEXT_PREFIXES)
     if not whole:
