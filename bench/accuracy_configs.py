@@ -51,15 +51,6 @@ _STARCODERBASE_1B = {"model_type": "gpt_bigcode", "architectures": ["GPTBigCodeF
 _STARCODER = {**_STARCODERBASE_1B, "_name_or_path": "bigcode/starcoder", "n_embd": 6144, "n_head": 48, "n_layer": 40,
               "n_inner": 24576}
 
-#: ModernBERT-base (huggingface.co/answerdotai/ModernBERT-base/config.json): 768 x 22 layers, 12 heads, GeGLU FFN
-#: 1152, vocab 50368, no biases, tied decoder; 149,655,232 parameters (the model card's 149M)
-_MODERNBERT_BASE = {"model_type": "modernbert", "architectures": ["ModernBertForMaskedLM"],
-                    "_name_or_path": "answerdotai/ModernBERT-base", "hidden_size": 768, "intermediate_size": 1152,
-                    "num_hidden_layers": 22, "num_attention_heads": 12, "vocab_size": 50368,
-                    "max_position_embeddings": 8192, "global_attn_every_n_layers": 3, "local_attention": 128,
-                    "norm_eps": 1e-5, "tie_word_embeddings": True, "hidden_activation": "gelu", "mlp_bias": False,
-                    "attention_bias": False, "norm_bias": False, "torch_dtype": "float32"}
-
 #: BLOOMZ-7b1 (huggingface.co/bigscience/bloomz-7b1/config.json, BLOOM-7b1's shape): 4096 x 30 layers, 32 heads, fused
 #: query_key_value with bias, 4h GELU MLP, ALiBi (no position table), vocab 250880, head tied to word_embeddings;
 #: 7,069,016,064 parameters (BLOOM paper table 1: 7.1B) come out of the dict below.
@@ -140,7 +131,6 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "bigscience/mt0-xxl": _MT0_XXL,
     "microsoft/deberta-v2-xlarge-mnli": _DEBERTA_V2_XLARGE,
     "facebook/blenderbot-400M-distill": _BLENDERBOT_400M,
-    "answerdotai/ModernBERT-base": _MODERNBERT_BASE,
     "bigcode/starcoderbase-1b": _STARCODERBASE_1B,
     "bigcode/starcoder": _STARCODER,
     # OctoCoder is StarCoder instruction-tuned (huggingface.co/bigcode/octocoder: 15.5B, GPTBigCodeForCausalLM), StarCoder's shapes

@@ -39,7 +39,6 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # the Instruct and Thinking releases of Qwen3-Next-80B-A3B share one architecture (48 layers of 2048, 36
              # gated-DeltaNet and 12 gated-attention, 512 experts of 512 and one shared expert); inferred, row 3110 says so
              "Qwen/Qwen3-Next-80B-A3B-Instruct": "Qwen/Qwen3-Next-80B-A3B-Thinking",
-             "lmsys/vicuna-7b-v1.5": "meta-llama/Llama-2-7b-hf",  # a Llama-2-7B fine-tune, its config.json shape
              "decapoda-research/llama-7b-hf": "meta-llama/Llama-2-7b-hf",
              # LLaMA-1 13B: Llama-2-13B's shape (5120 x 40 layers, FFN 13824, 40 heads, vocab 32000); only the position
              # limit differs (2048 vs 4096), which holds no memory (rotary)
@@ -51,10 +50,6 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # T0 3B is T5 v1.1 XL LM-adapted, fine-tuned (huggingface.co/bigscience/T0_3B/config.json): Flan-T5-XL's
              # shape (2048 x 24 + 24 layers, 32 heads of 64, gated-GELU FFN 5120, vocab 32128, untied head)
              "bigscience/T0_3B": "google/flan-t5-xl",
-             # Phi-3.5-mini keeps Phi-3-mini's block and tokenizer (its model card: 3.8B, "same tokenizer as Phi-3 Mini";
-             # config.json 3072 x 32 layers, FFN 8192, 32 heads, vocab 32064, untied head); its 131072 longrope positions
-             # and sliding window differ from the 4k checkpoint's, which hold no memory at the 512 tokens its rows train
-             "microsoft/Phi-3.5-mini-instruct": "microsoft/Phi-3-mini-4k-instruct",
              # Devstral Small and Magistral Small are text-only fine-tunes of Mistral Small 3.1 (their model cards): its
              # text decoder, Mistral Small 3's shape (5120 x 40 blocks, 32 / 8 heads of 128, FFN 32768, vocabulary 131072,
              # untied); rows 3100-3102 say the inference

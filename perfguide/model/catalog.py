@@ -55,6 +55,8 @@ class SizeRule(DataModel):
     template: str
     hidden_multiple: int = Field(gt=0)
     intermediate_multiple: int = Field(gt=0)
+    #: entries a bare size never names: fine-tunes and code variants of a base model of the same size
+    skip: tuple[str, ...] = ()
 
 
 class CatalogFile(DataModel):
@@ -81,6 +83,9 @@ class CatalogFile(DataModel):
                 raise ValueError(f"{hub_id} extends {entry.extends!r}, which is not an entry")
         if self.size_rule.template not in self.models:
             raise ValueError(f"size_rule.template {self.size_rule.template!r} is not an entry")
+        for hub_id in self.size_rule.skip:
+            if hub_id not in self.models:
+                raise ValueError(f"size_rule.skip names {hub_id!r}, which is not an entry")
         return self
 
 

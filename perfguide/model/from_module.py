@@ -271,8 +271,21 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
         parts.append(("text_config.", text if isinstance(text, dict) else {}, text_class))
     dense = shape.listed_moe_layers(config) == 0   # a pattern without MoE layers: the expert keys size nothing
     return [prefix + key for prefix, part, cls in parts for key in SHAPE_KEYS
-            if key not in part and isinstance(getattr(cls, key, None), int)  # a property (Falcon's head_dim) is derived
+            if not _given(key, part, cls) and isinstance(getattr(cls, key, None), int)  # a property (Falcon's head_dim) is derived
             and not (dense and key in _EXPERT_SHAPE_KEYS)]
+
+
+#: config keys a config class still reads under an older name (BloomConfig.__init__: "Backward compatibility with
+#: n_embed kwarg", which bigscience/bloom-560m's config.json still writes)
+_LEGACY_NAMES = {"hidden_size": ("n_embed",)}
+
+
+def _given(key: str, part: dict[str, Any], config_class: Any) -> bool:
+    """Whether ``part`` sets ``key`` itself, under a name the class maps onto it (``attribute_map``: Bloom's
+    ``num_attention_heads`` is ``n_head``), or under a legacy name its constructor still reads."""
+    mapped = getattr(config_class, "attribute_map", None) or {}
+    names = {key, *(alias for alias, target in mapped.items() if target == key), *_LEGACY_NAMES.get(key, ())}
+    return any(name in part for name in names)
 
 
 def _hf_config(config: dict[str, Any]) -> Any:

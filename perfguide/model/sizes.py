@@ -41,7 +41,7 @@ def _total(config: dict[str, Any]) -> int:
 
 def _closest_catalog(target: int, rule: SizeRule) -> str | None:
     best = min(((abs(math.log(_total(catalog.config_of(i)) / target)), i) for i in catalog.catalog_names()
-                if catalog.config_of(i).get("model_type") in rule.model_types), default=None)
+                if catalog.config_of(i).get("model_type") in rule.model_types and i not in rule.skip), default=None)
     return best[1] if best and best[0] <= math.log1p(rule.match_within) else None
 
 
