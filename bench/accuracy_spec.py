@@ -26,9 +26,6 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              "mistralai/Mistral-7B-Instruct-v0.1": "mistralai/Mistral-7B-v0.1",
              # Llama 3.3 70B reuses Llama 3.1 70B's config.json shape (80 x 8192, FFN 28672, 128256 vocab, GQA 8)
              "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Llama-3.1-70B",
-             # LLaMA-1 7B: Llama-2-7B's shape (4096 x 32 layers, FFN 11008, 32 heads, vocab 32000); only the
-             # position limit differs (2048 vs 4096), which holds no memory (rotary)
-             "huggyllama/llama-7b": "meta-llama/Llama-2-7b-hf",
              # Qwen2 and Qwen2.5 share each size's config.json shape (7B: 3584 x 28, FFN 18944, 28/4 heads; 72B:
              # 8192 x 80, FFN 29568, 64/8 heads; vocab 152064, untied)
              "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B", "Qwen/Qwen2-72B-Instruct": "Qwen/Qwen2.5-72B",

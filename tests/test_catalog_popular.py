@@ -28,9 +28,24 @@ PUBLISHED = [
     ("Qwen/Qwen2.5-Coder-32B", 32.5e9, None),                    # card: "Number of Parameters: 32.5B"
     ("Qwen/Qwen1.5-MoE-A2.7B", 14.3e9, 2.7e9),                   # 14.3B total (NeMo's Qwen1.5-MoE page), A2.7B active
     ("deepseek-ai/DeepSeek-R1-Distill-Qwen-32B", 32e9, None),
+    # checkpoints whose names state their size (the publisher's rounding)
+    ("mistralai/Ministral-8B-Instruct-2410", 8e9, None),
+    ("deepseek-ai/DeepSeek-R1-Distill-Llama-8B", 8e9, None), ("deepseek-ai/DeepSeek-R1-Distill-Llama-70B", 70e9, None),
+    ("huggyllama/llama-13b", 13e9, None), ("01-ai/Yi-1.5-9B", 9e9, None), ("upstage/SOLAR-10.7B-v1.0", 10.7e9, None),
+    ("ibm-granite/granite-3.1-8b-instruct", 8e9, None), ("google/gemma-3-270m", 270e6, None),
+    ("zai-org/GLM-4.5-Air", 106e9, None),                       # transformers' GLM-4.5 page: 106B total
+    ("zai-org/GLM-4.7-Flash", 30e9, None),                      # transformers' GLM-4.7-Flash page: 30B
+    ("Qwen/Qwen2.5-VL-7B-Instruct", 8.29e9, None),              # the Hub's safetensors size shown on the model page
+    ("mistralai/Mistral-Small-3.1-24B-Instruct-2503", 24e9, None),
 ]
 NEW = [p[0] for p in PUBLISHED] + ["codellama/CodeLlama-7b-hf", "lmsys/vicuna-7b-v1.5",
-                                   *(f"deepseek-ai/DeepSeek-R1-Distill-Qwen-{s}" for s in ("1.5B", "7B", "14B"))]
+                                   *(f"deepseek-ai/DeepSeek-R1-Distill-Qwen-{s}" for s in ("1.5B", "7B", "14B")),
+                                   "Qwen/Qwen3.5-0.8B", "Qwen/Qwen3.5-9B", "Qwen/Qwen2.5-VL-3B-Instruct", "Qwen/Qwen2-VL-2B-Instruct",
+                                   "Qwen/Qwen2-VL-7B-Instruct", "TinyLlama/TinyLlama_v1.1", "google/codegemma-7b",
+                                   "huggyllama/llama-7b", "microsoft/Phi-4-mini-instruct", "allenai/OLMo-2-0425-1B",
+                                   "deepseek-ai/deepseek-llm-7b-base", "deepseek-ai/deepseek-coder-6.7b-base",
+                                   "microsoft/deberta-v3-base", "microsoft/deberta-v3-large", "FacebookAI/xlm-roberta-base",
+                                   "FacebookAI/xlm-roberta-large", "answerdotai/ModernBERT-large"]
 
 
 @pytest.mark.parametrize(("hub", "total", "active"), PUBLISHED, ids=[p[0] for p in PUBLISHED])
@@ -90,14 +105,17 @@ def test_bloom_config_with_its_legacy_width_key_is_read() -> None:
         ModelSpec.from_any({k: v for k, v in config.items() if k != "n_embed"})
 
 
-@pytest.mark.parametrize(("size", "hub"), [("7b", "Llama-2-7b-hf"), ("13b", "Llama-2-13b-hf"), ("135m", "SmolLM2-135M")])
+@pytest.mark.parametrize(("size", "hub"), [("7b", "Llama-2-7b-hf"), ("13b", "Llama-2-13b-hf"), ("135m", "SmolLM2-135M"),
+                                           ("8b", "Llama-3.1-8B"), ("70b", "Llama-3.1-70B")])
 def test_a_bare_size_still_means_the_base_model(size: str, hub: str) -> None:
     """CodeLlama-7b (vocab 32016) is 131,072 parameters closer to 7e9 than Llama-2-7b, and SmolLM-135M ties
-    SmolLM2-135M; the size rule's skip list keeps '7b' meaning Llama 2 7B, as before these entries."""
+    SmolLM2-135M, DeepSeek-R1-Distill-Llama-8B ties Llama-3.1-8B (and sorts first); the size rule's skip list keeps
+    each bare size on the model it named before these entries."""
     from perfguide.model.catalog import catalog_file
 
     assert ModelSpec.from_any(size).name == f"{size} ({hub} shape)"
-    assert {"codellama/CodeLlama-7b-hf", "HuggingFaceTB/SmolLM-135M"} <= set(catalog_file().size_rule.skip)
+    assert {"codellama/CodeLlama-7b-hf", "HuggingFaceTB/SmolLM-135M",
+            "deepseek-ai/DeepSeek-R1-Distill-Llama-8B"} <= set(catalog_file().size_rule.skip)
 
 
 def test_a_skip_entry_the_catalog_lacks_fails_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,3 +134,17 @@ def test_a_skip_entry_the_catalog_lacks_fails_at_load(monkeypatch: pytest.Monkey
             _data.validated("architectures", CatalogFile)
     finally:
         _data.validated.cache_clear()
+
+
+def test_a_flat_vision_language_config_is_read_where_its_class_reads_it() -> None:
+    """Qwen2-VL's hub config.json is flat (the text model's keys at the top level, no text_config); its config class
+    moves them into text_config ("Hub configs are saved as flat dicts"). A class that does not read them there would
+    build its defaults, so such a config is refused instead of priced as another model."""
+    flat = {k: v for k, v in config_of("Qwen/Qwen2-VL-2B-Instruct").items() if k != "_name_or_path"}
+    assert "text_config" not in flat and flat["hidden_size"] == 1536
+    assert ModelSpec.from_any(flat).hidden_size == 1536
+    text = config_of("Qwen/Qwen3.5-0.8B")["text_config"]
+    qwen35_flat = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                   **{k: v for k, v in text.items() if k != "model_type"}}
+    with pytest.raises(InvalidModelError, match="under 'text_config'"):
+        ModelSpec.from_any(qwen35_flat)

@@ -268,7 +268,9 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
     text_class = (getattr(config_class, "sub_configs", None) or {}).get("text_config")
     if text_class is not None and hasattr(text_class, "model_type"):
         text = config.get("text_config")
-        parts.append(("text_config.", text if isinstance(text, dict) else {}, text_class))
+        # a flat config (Qwen2-VL's hub files) gives the text model's keys at the top level: _hf_config checks that the
+        # class read them there
+        parts.append(("text_config.", text if isinstance(text, dict) else config, text_class))
     dense = shape.listed_moe_layers(config) == 0   # a pattern without MoE layers: the expert keys size nothing
     return [prefix + key for prefix, part, cls in parts for key in SHAPE_KEYS
             if not _given(key, part, cls) and isinstance(getattr(cls, key, None), int)  # a property (Falcon's head_dim) is derived
@@ -304,10 +306,24 @@ def _hf_config(config: dict[str, Any]) -> Any:
         raise InvalidModelError(f"config for model_type {model_type!r} is missing required keys {', '.join(map(repr, missing))}; "
                                 "give them (the values in the checkpoint's config.json), or pass a hub id or local path.")
     try:
-        return transformers.AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
+        hf = transformers.AutoConfig.for_model(model_type, **{k: v for k, v in config.items() if k != "model_type"})
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidModelError(f"model_type {model_type!r} is not known to perfguide or transformers "
                                 f"{transformers.__version__} ({str(exc).splitlines()[0][:120]}).") from None
+    _check_flat_text_keys(config, hf, model_type)
+    return hf
+
+
+def _check_flat_text_keys(config: dict[str, Any], hf: Any, model_type: str) -> None:
+    """A flat config's text keys must land in the built text_config: Qwen2-VL's config class moves them there
+    (``__post_init__``: "Hub configs are saved as flat dicts"); a class that does not would build its defaults."""
+    text = getattr(hf, "text_config", None)
+    if text is None or isinstance(config.get("text_config"), dict):
+        return
+    ignored = [key for key in SHAPE_KEYS if key in config and getattr(text, key, config[key]) != config[key]]
+    if ignored:
+        raise InvalidModelError(f"config for model_type {model_type!r} gives {', '.join(map(repr, ignored))} at the top level, "
+                                "where its config class does not read them; give them under 'text_config'.")
 
 
 def _auto_class(transformers: Any, hf_config: Any, trust_remote_code: bool) -> Any:
