@@ -47,12 +47,6 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # T0 3B is T5 v1.1 XL LM-adapted, fine-tuned (huggingface.co/bigscience/T0_3B/config.json): Flan-T5-XL's
              # shape (2048 x 24 + 24 layers, 32 heads of 64, gated-GELU FFN 5120, vocab 32128, untied head)
              "bigscience/T0_3B": "google/flan-t5-xl",
-             # Devstral Small and Magistral Small are text-only fine-tunes of Mistral Small 3.1 (their model cards): its
-             # text decoder, Mistral Small 3's shape (5120 x 40 blocks, 32 / 8 heads of 128, FFN 32768, vocabulary 131072,
-             # untied); rows 3100-3102 say the inference
-             "mistralai/Devstral-Small-2505": "mistralai/Mistral-Small-24B-Base-2501",
-             "mistralai/Magistral-Small-2506": "mistralai/Mistral-Small-24B-Base-2501",
-             "mistralai/Magistral-Small-2507": "mistralai/Mistral-Small-24B-Base-2501",
              "casperhansen/llama-3-70b-fp16": "meta-llama/Meta-Llama-3-70B"}  # Meta's weights in fp16: the same config.json shape
 
 

@@ -37,6 +37,9 @@ PUBLISHED = [
     ("zai-org/GLM-4.7-Flash", 30e9, None),                      # transformers' GLM-4.7-Flash page: 30B
     ("Qwen/Qwen2.5-VL-7B-Instruct", 8.29e9, None),              # the Hub's safetensors size shown on the model page
     ("mistralai/Mistral-Small-3.1-24B-Instruct-2503", 24e9, None),
+    # Devstral Small and Magistral Small: text-only fine-tunes of Mistral Small 3.1, 24B (their model cards)
+    ("mistralai/Devstral-Small-2505", 24e9, None), ("mistralai/Magistral-Small-2506", 24e9, None),
+    ("mistralai/Magistral-Small-2507", 24e9, None),
 ]
 NEW = [p[0] for p in PUBLISHED] + ["codellama/CodeLlama-7b-hf", "lmsys/vicuna-7b-v1.5",
                                    *(f"deepseek-ai/DeepSeek-R1-Distill-Qwen-{s}" for s in ("1.5B", "7B", "14B")),
