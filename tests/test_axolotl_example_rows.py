@@ -39,9 +39,19 @@ GPT_OSS = {"3106": ("44", "1", "single", False), "3107": ("21", "2", "fsdp", Tru
 QWEN3_NEXT = {"3110": ("47", False), "3111": ("71", True)}
 
 
+#: GLM-4.5-Air, GLM-4.7-Flash and Ministral-8B (docs/validation.md 91): row -> (README at the commit that wrote the
+#: figure, the figure, GPUs, strategy, the base's storage, LoRA rank, accumulation, experts quantized on load)
+RECENT = {"3113": ("examples/glm45/README.md @753906cfc", "63.4", "1", "single", "nf4", 16, 2, True),
+          "3114": ("examples/glm47-flash/README.md @753906cfc", "24", "1", "single", "nf4", 32, 4, True),
+          "3115": ("examples/glm47-flash/README.md @753906cfc", "35", "1", "single", "int8", 32, 4, True),
+          "3116": ("examples/ministral/README.md @2b66ee189", "8.76", "1", "single", "nf4", 32, 4, False),
+          "3117": ("examples/glm47-flash/README.md @753906cfc", "29", "2", "fsdp", "nf4", 32, 4, True),
+          "3118": ("examples/glm47-flash/README.md @753906cfc", "43", "2", "fsdp", "int8", 32, 4, True)}
+
+
 def test_rows_are_the_readmes_figures() -> None:
     assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted(
-        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT})
+        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT, **RECENT})
     for row_id, (yaml_name, value, gpus, trust) in LLAMA3.items():
         row = ROWS[row_id]
         assert "examples/llama-3/README.md @15f7910d3" in row["source"] and f"({yaml_name})" in row["source"].replace("./", "")
@@ -50,6 +60,22 @@ def test_rows_are_the_readmes_figures() -> None:
         row = ROWS[row_id]
         assert readme in row["source"] and row["peak_mem_value"] == value and row["optimizer"].startswith(optimizer), row_id
         assert row["value_kind"] == "measured" and "reserved" in row["mem_metric"] and row["trust"] == "B"
+
+
+def test_recent_rows_read_as_their_yamls_ran() -> None:
+    """The yamls at the READMEs' commits: 2 x 2,048 packed tokens, checkpointing, the CCE plugin, the norms,
+    embedding and head cast back to bf16; GLM's experts quantized on load (quantize_moe_experts), FSDP2 over two GPUs
+    where the README says 2x48GB."""
+    for row_id, (readme, value, gpus, strategy, storage, rank, accumulation, experts) in RECENT.items():
+        row = ROWS[row_id]
+        assert readme in row["source"] and (row["peak_mem_value"], row["num_gpus"]) == (value, gpus), row_id
+        assert row["value_kind"] == "measured" and "reserved" in row["mem_metric"] and row["trust"] == "B", row_id
+        _, _, setup = read_row(row_id)
+        assert (setup.strategy, setup.num_gpus, setup.weights_dtype, setup.quantized_experts) == (strategy, int(gpus), storage,
+                                                                                                  experts), row_id
+        assert setup.lora is not None and setup.lora.r == rank and not setup.kbit_upcast and not setup.offload_params, row_id
+        assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (2, 2048, accumulation), row_id
+        assert setup.gradient_checkpointing and setup.cut_cross_entropy, row_id
 
 
 def test_rows_read_as_the_yamls_ran() -> None:
