@@ -40,7 +40,7 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # LLaMA-1 13B: Llama-2-13B's shape (5120 x 40 layers, FFN 13824, 40 heads, vocab 32000); only the position
              # limit differs (2048 vs 4096), which holds no memory (rotary)
              "decapoda-research/llama-13b-hf": "meta-llama/Llama-2-13b-hf",
-             "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",  # an ungated re-upload, the same config.json  # LLaMA-1 7B, as huggyllama/llama-7b
+             "NousResearch/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf",  # an ungated re-upload, the same config.json
              "NousResearch/Llama-2-70b-hf": "meta-llama/Llama-2-70b-hf",  # an ungated copy of Meta's checkpoint
              # the Instruct release keeps the base's config.json shape (4096 x 32, 8 experts of FFN 14336, top-2)
              "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",

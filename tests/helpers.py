@@ -257,6 +257,21 @@ def assert_evaluated_as_values(ids: tuple[str, ...]) -> None:
         assert result.published == float(rows[row_id]["peak_mem_value"]), row_id
 
 
+def meta_total(hub: str) -> int:
+    """Parameters of the module transformers builds from a catalog entry's config on the meta device (its own config
+    class and head class, no perfguide counting)."""
+    import torch
+    import transformers
+
+    from perfguide.model.catalog import config_of
+
+    config = config_of(hub)
+    hf = transformers.AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "_name_or_path")})
+    with torch.device("meta"):
+        module = getattr(transformers, config["architectures"][0])._from_config(hf)
+    return sum(p.numel() for p in module.parameters())
+
+
 @contextmanager
 def damaged_data(monkeypatch: pytest.MonkeyPatch, name: str, edit: Callable[[Any], object]) -> Iterator[None]:
     """perfguide/data/NAME.json as ``edit`` leaves a deep copy of it, for the validated loaders to read afresh."""

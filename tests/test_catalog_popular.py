@@ -5,6 +5,7 @@ counts what transformers builds from its config on the meta device, and matches 
 from __future__ import annotations
 
 import pytest
+from helpers import damaged_data, meta_total
 
 from perfguide import ModelSpec
 from perfguide.errors import InvalidModelError
@@ -60,20 +61,10 @@ def test_totals_match_what_the_publisher_states(hub: str, total: float, active: 
         assert spec.is_moe and spec.active_params == pytest.approx(active, rel=0.03)
 
 
-def _meta_total(hub: str) -> int:
-    """Unique parameters of the module transformers builds from the entry's config on the meta device."""
-    from perfguide.model.from_module import _hf_config
-
-    config = config_of(hub)
-    with torch.device("meta"):
-        model = getattr(transformers, config["architectures"][0])._from_config(_hf_config(config))
-    return sum(p.numel() for p in {id(p): p for _, p in model.named_parameters(remove_duplicate=False)}.values())
-
-
 @pytest.mark.parametrize("hub", NEW)
 def test_counts_equal_the_module_transformers_builds(hub: str) -> None:
     """perfguide's counters (Llama, Mistral, Qwen2, Phi-3 are counted by hand) against transformers' own module."""
-    assert ModelSpec.from_any(hub).total_params == _meta_total(hub)
+    assert ModelSpec.from_any(hub).total_params == meta_total(hub)
 
 
 @pytest.mark.parametrize(("distill", "base"), [("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", "Qwen/Qwen2.5-Math-7B"),
@@ -122,32 +113,10 @@ def test_a_bare_size_still_means_the_base_model(size: str, hub: str) -> None:
 
 
 def test_a_skip_entry_the_catalog_lacks_fails_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    import json
-
     from perfguide import _data
     from perfguide.errors import DataFileError
     from perfguide.model.catalog import CatalogFile
 
-    raw = json.loads(json.dumps(_data.load("architectures")))
-    raw["size_rule"]["skip"].append("codellama/CodeLlama-9b-hf")
-    monkeypatch.setattr(_data, "load", lambda name: raw)
-    _data.validated.cache_clear()
-    try:
-        with pytest.raises(DataFileError, match="CodeLlama-9b-hf"):
-            _data.validated("architectures", CatalogFile)
-    finally:
-        _data.validated.cache_clear()
-
-
-def test_a_flat_vision_language_config_is_read_where_its_class_reads_it() -> None:
-    """Qwen2-VL's hub config.json is flat (the text model's keys at the top level, no text_config); its config class
-    moves them into text_config ("Hub configs are saved as flat dicts"). A class that does not read them there would
-    build its defaults, so such a config is refused instead of priced as another model."""
-    flat = {k: v for k, v in config_of("Qwen/Qwen2-VL-2B-Instruct").items() if k != "_name_or_path"}
-    assert "text_config" not in flat and flat["hidden_size"] == 1536
-    assert ModelSpec.from_any(flat).hidden_size == 1536
-    text = config_of("Qwen/Qwen3.5-0.8B")["text_config"]
-    qwen35_flat = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-                   **{k: v for k, v in text.items() if k != "model_type"}}
-    with pytest.raises(InvalidModelError, match="under 'text_config'"):
-        ModelSpec.from_any(qwen35_flat)
+    edit = lambda raw: raw["size_rule"]["skip"].append("codellama/CodeLlama-9b-hf")  # noqa: E731
+    with damaged_data(monkeypatch, "architectures", edit), pytest.raises(DataFileError, match="CodeLlama-9b-hf"):
+        _data.validated("architectures", CatalogFile)
