@@ -120,3 +120,17 @@ def test_a_skip_entry_the_catalog_lacks_fails_at_load(monkeypatch: pytest.Monkey
     edit = lambda raw: raw["size_rule"]["skip"].append("codellama/CodeLlama-9b-hf")  # noqa: E731
     with damaged_data(monkeypatch, "architectures", edit), pytest.raises(DataFileError, match="CodeLlama-9b-hf"):
         _data.validated("architectures", CatalogFile)
+
+
+def test_a_flat_vision_language_config_is_read_where_its_class_reads_it() -> None:
+    """Qwen2-VL's hub config.json is flat (the text model's keys at the top level, no text_config); its config class
+    moves them into text_config ("Hub configs are saved as flat dicts"). A class that does not read them there would
+    build its defaults, so such a config is refused instead of priced as another model."""
+    flat = {k: v for k, v in config_of("Qwen/Qwen2-VL-2B-Instruct").items() if k != "_name_or_path"}
+    assert "text_config" not in flat and flat["hidden_size"] == 1536
+    assert ModelSpec.from_any(flat).hidden_size == 1536
+    text = config_of("Qwen/Qwen3.5-0.8B")["text_config"]
+    qwen35_flat = {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                   **{k: v for k, v in text.items() if k != "model_type"}}
+    with pytest.raises(InvalidModelError, match="under 'text_config'"):
+        ModelSpec.from_any(qwen35_flat)
