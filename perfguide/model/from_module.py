@@ -278,8 +278,9 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
 
 
 #: config keys a config class still reads under an older name (BloomConfig.__init__: "Backward compatibility with
-#: n_embed kwarg", which bigscience/bloom-560m's config.json still writes)
-_LEGACY_NAMES = {"hidden_size": ("n_embed",)}
+#: n_embed kwarg", which bigscience/bloom-560m's config.json still writes; Lfm2Config.__post_init__ pops LiquidAI's
+#: ``block_ff_dim`` into ``intermediate_size``, the only width LFM2's config.json files write)
+_LEGACY_NAMES = {"hidden_size": ("n_embed",), "intermediate_size": ("block_ff_dim",)}
 
 
 def _given(key: str, part: dict[str, Any], config_class: Any) -> bool:
