@@ -93,6 +93,7 @@ def test_lfm2_width_is_read_from_block_ff_dim() -> None:
 @pytest.mark.parametrize(("name", "hub"), [
     ("deepseek-ai/DeepSeek-R1-0528", "deepseek-ai/DeepSeek-R1"),   # the same config.json (tt-metal's vendored copy)
     ("microsoft/Phi-4-reasoning", "microsoft/Phi-4-reasoning-plus"),
+    ("bigscience/bloomz-7b1", "bigscience/bloom-7b1"),            # BLOOM-7b1 fine-tuned on xP3, the same config.json shape
     ("Qwen/Qwen2.5-Coder-1.5B-Instruct", "Qwen/Qwen2.5-Coder-1.5B"),
     ("ibm-granite/granite-3.3-8b-base", "ibm-granite/granite-3.3-8b-instruct"),
     ("bge-m3", "BAAI/bge-m3"), ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"),
