@@ -43,7 +43,7 @@ def _loss_bytes(row: dict[str, str], spec: ModelSpec, setup: Setup) -> int | Non
     their saved 16-bit log-softmax outputs and their nll gradients (1 + 1).
     """
     setup = per_rank(setup)   # a sequence-parallel rank prices its slice
-    if setup.task != "train" or setup.liger_kernel or setup.cut_cross_entropy:  # a fused loss: its technique prices it
+    if setup.task != "train" or setup.liger_kernel or setup.cut_cross_entropy or setup.chunked_cross_entropy:  # its technique prices it
         return None
     if "loss=logits.sum()" in row["method"]:
         return (4 * setup.micro_batch_size * setup.seq_len * spec.vocab_size + _held_cache_bytes(spec, setup)

@@ -193,6 +193,8 @@ def _optimizer(row: dict[str, str]) -> str | None:
         return None
     if opt.startswith("adafactor"):
         return "adafactor"
+    if opt.startswith("adamw_torch_fused") or "fused=true" in opt.replace(" ", ""):
+        return "adamw_torch_fused"   # TrainingArguments' adamw_torch_fused, torch.optim.AdamW(fused=True): one kernel
     if "fusedadam" in opt.replace(" ", ""):
         # DeepSpeed's FusedAdam (a ds config "optimizer" AdamW section without torch_adam): one multi-tensor CUDA kernel
         # over the fp32 partition, no parameter-sized temporary, as torch's fused AdamW (deepspeed/ops/adam/fused_adam.py)
@@ -340,6 +342,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      torch_compile="torch.compile enabled" in row["method"],
                                      liger_kernel=any(w in row["method"] for w in LIGER_ON),
                                      cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
+                                     chunked_cross_entropy="chunked_cross_entropy: true" in row["method"],
                                      quantized_experts="quantize_moe_experts" in row["method"],
                                      activation_offloading=any(w in row["method"] for w in ("activation_offloading=True", ALST_CHECKPOINT_OFFLOAD)),  # TRL SFTConfig, ALST
                                      tiled_mlp_shard_tokens=alst_shard_tokens(spec) if ALST_TILED_MLP in row["method"] else 0,

@@ -200,6 +200,7 @@ class Setup(Model):
     # the modern technique stack (perfguide/techniques/; each field's rules live with its technique)
     liger_kernel: bool = Field(default=False, description="Liger Triton kernels: fused linear cross-entropy (no full logits), RMSNorm, RoPE, SwiGLU")
     cut_cross_entropy: bool = Field(default=False, description="Cut Cross-Entropy (apple/ml-cross-entropy cce_patch, axolotl's CutCrossEntropyPlugin): the head and the loss in kernels that write no logits")
+    chunked_cross_entropy: bool = Field(default=False, description="axolotl's chunked_cross_entropy: transformers' loss replaced by a compiled cross-entropy over chunks of the 16-bit logits (never upcast whole)")
     sync_grads_each_micro_step: bool = Field(default=False, description="FSDP reduce-scatters gradients on every accumulation micro-step (accelerate's gradient_accumulation_kwargs sync_each_batch) instead of holding them unsharded until the last")
     optimizer_in_backward: bool = Field(default=False, description="each parameter steps as its gradient is ready; gradients are never all held")
     activation_offloading: bool = Field(default=False, description="checkpointed activations kept in pinned host RAM during forward")

@@ -47,11 +47,13 @@ RECENT = {"3113": ("examples/glm45/README.md @753906cfc", "63.4", "1", "single",
           "3116": ("examples/ministral/README.md @2b66ee189", "8.76", "1", "single", "nf4", 32, 4, False),
           "3117": ("examples/glm47-flash/README.md @753906cfc", "29", "2", "fsdp", "nf4", 32, 4, True),
           "3118": ("examples/glm47-flash/README.md @753906cfc", "43", "2", "fsdp", "int8", 32, 4, True)}
+#: LFM2-350M's full fine-tune (docs/validation.md 92): its README's figure at the commit that wrote it
+LFM2 = {"3119": ("examples/LiquidAI/README.md @130ef7c51", "25")}
 
 
 def test_rows_are_the_readmes_figures() -> None:
     assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted(
-        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT, **RECENT})
+        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT, **RECENT, **LFM2})
     for row_id, (yaml_name, value, gpus, trust) in LLAMA3.items():
         row = ROWS[row_id]
         assert "examples/llama-3/README.md @15f7910d3" in row["source"] and f"({yaml_name})" in row["source"].replace("./", "")
@@ -76,6 +78,18 @@ def test_recent_rows_read_as_their_yamls_ran() -> None:
         assert setup.lora is not None and setup.lora.r == rank and not setup.kbit_upcast and not setup.offload_params, row_id
         assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (2, 2048, accumulation), row_id
         assert setup.gradient_checkpointing and setup.cut_cross_entropy, row_id
+
+
+def test_lfm2_row_reads_as_its_yaml_ran() -> None:
+    """lfm2-350m-fft.yaml at 130ef7c51: every weight trained in bf16, 4 x 4,096 packed tokens (rows padded to it), accumulation 2, no
+    checkpointing, and axolotl's chunked cross-entropy as the loss (no CCE plugin then)."""
+    for row_id, (readme, value) in LFM2.items():
+        row, spec, setup = read_row(row_id)
+        assert readme in row["source"] and row["peak_mem_value"] == value and row["trust"] == "B", row_id
+        assert spec.vocab_size == 65536 and spec.total_params == 354_483_968
+        assert setup.lora is None and setup.weights_dtype == "bf16" and not setup.gradient_checkpointing
+        assert (setup.micro_batch_size, setup.seq_len, setup.gradient_accumulation_steps) == (4, 4096, 2)
+        assert setup.chunked_cross_entropy and not setup.cut_cross_entropy and setup.optimizer == "adamw_torch_fused"
 
 
 def test_rows_read_as_the_yamls_ran() -> None:

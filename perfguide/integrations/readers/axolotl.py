@@ -45,6 +45,7 @@ PRICED = frozenset({
     "dataloader_num_workers", "dataloader_pin_memory", "fp32_norms", "peft_autocast_adapter_dtype", "cut_cross_entropy", "fp8",
     "rl", "lora_modules_to_save", "tensor_parallel_size", "expert_parallel_size", "context_parallel_size",
     "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards", "quantize_moe_experts", "llama4_linearized_experts",
+    "chunked_cross_entropy", "chunked_cross_entropy_num_chunks",
 })
 #: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
 #: perfguide does not price: said in the notes rather than listed as having no effect
@@ -110,6 +111,10 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
             raise ConfigReadError(f"{col.where(CCE_PLUGIN)}: axolotl's CutCrossEntropyPlugin needs bf16 or fp16 training "
                                   "(axolotl refuses this config); set bf16: true (or auto) or fp16: true, or remove the plugin")
         col.set("cut_cross_entropy", True, "plugins" if CCE_PLUGIN not in data else CCE_PLUGIN)
+    if switched_on(data, "chunked_cross_entropy", col):   # its peak does not depend on the number of chunks
+        col.set("chunked_cross_entropy", True, "chunked_cross_entropy")
+        if data.get("chunked_cross_entropy_num_chunks") is not None:
+            as_int(data["chunked_cross_entropy_num_chunks"], col.where("chunked_cross_entropy_num_chunks"))
     if data.get("torch_compile") not in (None, False):
         col.set("torch_compile", True, "torch_compile")
     for key in ("dataloader_num_workers", "dataloader_pin_memory"):
