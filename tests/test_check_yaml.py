@@ -606,6 +606,20 @@ def test_axolotls_own_kernels_are_said_not_priced_not_listed_as_inert(tmp_path: 
     assert not any("lora_qkv_kernel" in n for n in c.notes)   # switched off: nothing to say
 
 
+@pytest.mark.parametrize(("keys", "said", "inert"), [
+    ({"layer_offloading": True}, "layer_offloading=True: axolotl's layer offloading", None),
+    ({"eval_batch_size": 16}, "eval_batch_size=16: the evaluation forward at this batch", None),
+    ({"eval_batch_size": 1}, None, "eval_batch_size"),   # no larger than micro_batch_size: nothing above the step
+])
+def test_axolotl_keys_with_unpriced_effects_are_said(tmp_path: Path, keys: dict, said: str | None, inert: str | None) -> None:
+    """axolotl's ``layer_offloading`` streams each decoder layer's frozen weights in from the CPU, and an eval batch
+    above the training batch runs a forward the step does not; both change the memory and were listed as having no
+    effect. They are said in the notes; an eval batch no larger than the training batch stays inert."""
+    c = perfguide.check("meta-llama/Llama-3.2-1B", _axolotl(tmp_path, "axolotl_lora-1b.yml", **keys), hardware="a100-80gb")
+    assert any(said in n for n in c.notes) if said else not any(next(iter(keys)) in n for n in c.notes)
+    assert any(k.endswith(inert) for k in c.ignored) if inert else not any(k.endswith(next(iter(keys))) for k in c.ignored)
+
+
 def test_torchtune_parallel_dims(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """torchtune's distributed recipes build a device mesh from ``tensor_parallel_dim`` / ``context_parallel_dim``
     (recipes/full_finetune_distributed.py ParallelDims). Both were listed as "read, not priced (no effect on memory or

@@ -29,7 +29,7 @@ from .base import (
     set_kbit_dtypes,
     switched_on,
 )
-from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS
+from .foreign_keys import AXOLOTL, AXOLOTL_PLUGINS, UNPRICED_EFFECTS, UNPRICED_KERNELS
 from .training_args import read_fsdp
 
 FORMAT = "axolotl"
@@ -47,12 +47,6 @@ PRICED = frozenset({
     "sequence_parallel_degree", "tiled_mlp", "tiled_mlp_num_shards", "quantize_moe_experts", "llama4_linearized_experts",
     "chunked_cross_entropy", "chunked_cross_entropy_num_chunks",
 })
-#: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
-#: perfguide does not price: said in the notes rather than listed as having no effect
-UNPRICED_KERNELS = {"lora_mlp_kernel": "axolotl's fused LoRA MLP kernel", "lora_qkv_kernel": "axolotl's fused LoRA q/k/v kernel",
-                    "lora_o_kernel": "axolotl's fused LoRA output kernel", "flash_attn_fuse_mlp": "flash-attn's fused MLP",
-                    "flash_attn_cross_entropy": "flash-attn's cross-entropy kernel", "fused_attn_kernel": "a fused attention kernel",
-                    "use_kernels": "the Hub kernels transformers loads (kernelize)"}
 #: axolotl attention words -> what perfguide prices; the memory-efficient kernels it cannot price are priced as sdpa (noted)
 ATTENTION = {"flash_attention_2": "flash_attention_2", "sdpa": "sdpa", "eager": "eager", "xformers": "sdpa", "flex_attention": "sdpa",
              "sage": "sdpa", "flash_attention_3": "flash_attention_3"}
@@ -76,10 +70,14 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
     col.reject(sorted(k for k in data if k not in KNOWN), KNOWN)
     plugins = [str(p) for p in listing(data.get("plugins"), col.where("plugins"))]
     liger_kernels = _liger_beside_cce(data, plugins)
-    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED | liger_kernels | set(UNPRICED_KERNELS) and data[k] is not None))
+    effects = _unpriced_effects(data)
+    col.ignore(*sorted(k for k in data if k in KNOWN and k not in PRICED | liger_kernels | set(UNPRICED_KERNELS) | effects
+                       and data[k] is not None))
     for key in (k for k in UNPRICED_KERNELS if data.get(k) not in (None, False, "")):
         col.note(f"{col.where(key)}={data[key]!r}: {UNPRICED_KERNELS[key]} is not priced: the run is priced with transformers' "
                  "own modules in its place (its memory and speed differ)")
+    for key in sorted(effects):
+        col.note(f"{col.where(key)}={data[key]!r}: {UNPRICED_EFFECTS[key]}")
     _run_kind(data, col)
     if data.get("base_model"):
         col.set_model(data["base_model"], "base_model")
@@ -127,6 +125,16 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None) -> N
         from . import deepspeed
 
         deepspeed.read_nested(data["deepspeed"], col, base_dir)
+
+
+def _unpriced_effects(data: dict[str, Any]) -> set[str]:
+    """The UNPRICED_EFFECTS keys this file sets so that they matter (an eval batch no larger than the training one
+    cannot peak above it)."""
+    on = {k for k in UNPRICED_EFFECTS if data.get(k) not in (None, False, "")}
+    eval_batch, train_batch = data.get("eval_batch_size"), data.get("micro_batch_size") or 1
+    if "eval_batch_size" in on and not (isinstance(eval_batch, int) and isinstance(train_batch, int) and eval_batch > train_batch):
+        on.discard("eval_batch_size")
+    return on
 
 
 def _cce_on(data: dict[str, Any], plugins: list[str]) -> bool:

@@ -205,3 +205,17 @@ SWIFT: frozenset[str] = frozenset((
     "val_dataset_shuffle", "vera_d_initial", "vera_dropout", "vera_projection_prng_key", "vera_rank",
     "vit_gradient_checkpointing", "vit_lr", "warmup_ratio", "weight_decay", "zero_hpz_partition_size",
 ))
+
+#: axolotl switches that swap in kernels of its own (or the Hub's) which change the step's memory and speed, which
+#: perfguide does not price: said in the notes rather than listed as having no effect
+UNPRICED_KERNELS = {"lora_mlp_kernel": "axolotl's fused LoRA MLP kernel", "lora_qkv_kernel": "axolotl's fused LoRA q/k/v kernel",
+                    "lora_o_kernel": "axolotl's fused LoRA output kernel", "flash_attn_fuse_mlp": "flash-attn's fused MLP",
+                    "flash_attn_cross_entropy": "flash-attn's cross-entropy kernel", "fused_attn_kernel": "a fused attention kernel",
+                    "use_kernels": "the Hub kernels transformers loads (kernelize)"}
+#: axolotl keys that change the step's memory in a way perfguide does not price: said in the notes, not listed as having
+#: no effect (core/trainers/mixins/layer_offloading.py streams each decoder layer's frozen weights in from the CPU)
+UNPRICED_EFFECTS = {"layer_offloading": "axolotl's layer offloading (each decoder layer's frozen weights kept on the CPU and "
+                                        "streamed in for its forward and backward) is not priced: the run is priced with every "
+                                        "weight on the GPU, more memory and less transfer time than it has",
+                    "eval_batch_size": "the evaluation forward at this batch, above micro_batch_size, is not priced: only "
+                                       "the training step is, and an evaluation at a larger batch can peak above it"}
