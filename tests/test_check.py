@@ -332,3 +332,25 @@ def test_key_lists_are_the_pinned_libraries_own() -> None:
     zero = {n for f, info in DeepSpeedZeroConfig.model_fields.items() for n in (f, info.alias) if n}
     assert set(deepspeed.ZERO_KEYS) == zero
     assert not set(hf_keys.RENAMED) & set(hf_keys.TRAINING_ARGUMENTS) - {"gradient_checkpointing", "gradient_checkpointing_kwargs"}
+
+
+@pytest.mark.parametrize(("keys", "said"), [
+    ({"eval_strategy": "steps"}, "per_device_eval_batch_size (default 8): evaluation runs 8 rows per device where the step runs 1"),
+    ({"eval_strategy": "epoch", "per_device_eval_batch_size": 16}, "evaluation runs 16 rows per device where the step runs 1"),
+    ({"evaluation_strategy": "steps", "per_device_eval_batch_size": 1}, None),   # no more rows than the step
+    ({"per_device_eval_batch_size": 16}, None),                                  # eval_strategy "no": no evaluation
+])
+def test_an_evaluation_larger_than_the_step_is_said(keys: dict, said: str | None) -> None:
+    """TrainingArguments evaluates 8 rows per device unless told (its own default, read from the installed release);
+    an evaluation at more rows than the priced step holds that many rows of full logits, which only the step's price
+    does not see: said with the fix, and not listed as a key with no effect."""
+    import transformers
+
+    assert transformers.TrainingArguments(output_dir="out").per_device_eval_batch_size == 8
+    c = perfguide.check("gpt2", {"per_device_train_batch_size": 1, **keys}, hardware=HW, device="cuda", seq_len=512)
+    notes = [n for n in c.notes if "evaluation runs" in n]
+    if said is None:
+        assert not notes
+        return
+    assert len(notes) == 1 and said in notes[0] and notes[0].endswith("set per_device_eval_batch_size=1")
+    assert not any(k.endswith("per_device_eval_batch_size") for k in c.ignored)

@@ -65,6 +65,19 @@ def test_dict_names_are_real_training_arguments_fields():
         assert set(rec.training_args_dict()) <= FIELDS
 
 
+def test_evaluation_runs_at_the_planned_micro_batch(tmp_path):
+    """TrainingArguments evaluates 8 rows per device unless told (its own default, read here); a plan priced at a
+    smaller micro-batch sets the evaluation batch to it, so a first evaluation does not hold more rows of logits than
+    the step it priced. A real Trainer evaluates with it."""
+    assert transformers.TrainingArguments(output_dir=str(tmp_path)).per_device_eval_batch_size == 8
+    rec = make_rec({"device": "cpu", "micro_batch_size": 2, "gradient_accumulation_steps": 2, "optimizer": "adamw_torch",
+                    "dataloader_num_workers": 0})
+    args = rec.training_args(output_dir=str(tmp_path / "out"), **QUIET)
+    assert args.per_device_eval_batch_size == args.per_device_train_batch_size == 2
+    trainer = transformers.Trainer(model=rec.prepare_model(tiny_model()), args=args, eval_dataset=token_dataset())
+    assert trainer.get_eval_dataloader().total_batch_size == 2 and "eval_loss" in trainer.evaluate()
+
+
 def test_a100_plan_values_and_wrong_machine_here():
     rec = make_rec(A100_BF16, hw=hardware("a100"))
     d = rec.training_args_dict()

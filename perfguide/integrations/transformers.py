@@ -50,6 +50,8 @@ def training_args_dict(rec: Recommendation, **overrides: Any) -> dict[str, Any]:
     s = require_training(rec, "training_args_dict")
     kw: dict[str, Any] = {
         "per_device_train_batch_size": s.micro_batch_size,
+        # TrainingArguments' default is 8: an evaluation forward on 8 rows of full logits can OOM where the step fits
+        "per_device_eval_batch_size": s.micro_batch_size,
         "gradient_accumulation_steps": s.gradient_accumulation_steps,
         "dataloader_num_workers": s.dataloader_num_workers,
         # use_cpu forces pin_memory off anyway; say so in the data instead of leaving a misleading True

@@ -203,6 +203,8 @@ def _micro_decision(request: Request, result: SearchResult, chosen: Priced) -> D
     # micro-batch counts preference pairs, each a chosen and a rejected row in the same forward
     rows = 2 if s.objective == "dpo" else 1
     reason += " (preference pairs: a chosen and a rejected row each)" if rows == 2 else ""
+    reason += ("; per_device_eval_batch_size is set to it too: TrainingArguments' default evaluates 8 rows at once, whose "
+               "full logits alone can exceed this step's memory when the micro-batch is smaller")
     return Decision(setting="per_device_train_batch_size", value=s.micro_batch_size, reason=reason,
                     number=rows * s.micro_batch_size * s.seq_len, unit="tokens per micro-batch", source=_LADDER_SOURCE, alternatives=tuple(alts))
 

@@ -79,6 +79,20 @@ def gone_here(keys: Any, col: Collector, trl: bool = True) -> frozenset[str]:
     return frozenset(named)
 
 
+def _eval_batch_note(data: dict[str, Any], micro_batch: int, col: Collector) -> None:
+    """An evaluation that runs at more rows than the priced step (TrainingArguments' per_device_eval_batch_size defaults
+    to 8) holds that many rows of full logits, which can exceed the step: said, since only the step is priced."""
+    if str(data.get("eval_strategy") or "no").lower() in ("no", "intervalstrategy.no"):
+        return
+    given = data.get("per_device_eval_batch_size")
+    rows = as_int(given, col.where("per_device_eval_batch_size")) if given is not None else 8
+    if rows > micro_batch:
+        where = col.where("per_device_eval_batch_size") if given is not None else "per_device_eval_batch_size (default 8)"
+        col.ignored = [k for k in col.ignored if k != where]   # said below, so not "no effect"
+        col.note(f"{where}: evaluation runs {rows} rows per device where the step runs {micro_batch}; the evaluation "
+                 f"forward is not priced, and its full logits can exceed the step: set per_device_eval_batch_size={micro_batch}")
+
+
 def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: bool | None = None, base_dir: str | None = None,
          model_config: bool | None = None) -> None:
     """Fill ``col`` from TrainingArguments / SFTConfig / DPOConfig kwargs (plus TRL ModelConfig keys, as one script YAML
@@ -117,6 +131,7 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
 
     mb, key = get("per_device_train_batch_size")
     put("micro_batch_size", as_int(mb, col.where("per_device_train_batch_size")), key)
+    _eval_batch_note(data, as_int(mb, col.where("per_device_train_batch_size")), col)
     ga, key = get("gradient_accumulation_steps")
     put("gradient_accumulation_steps", as_int(ga, col.where("gradient_accumulation_steps")), key)
     _precision(data, defaults, col, kind)
