@@ -194,6 +194,8 @@ LOOP_KEEPS_OUTPUTS = {
     "open_instruct_issue_25": "open_instruct/finetune.py @0d2e152d7: outputs = model(**batch, use_cache=False); "
                               "loss = outputs.loss; ... accelerator.backward(loss)",
     "open_instruct_issue_12": "open_instruct/finetune.py @609312b24: the same loop",
+    "deepspeed_chat_issue_411": "DeepSpeed-Chat step1_supervised_finetuning/main.py @76c16f1cc: outputs = model(**batch, "
+                                "use_cache=False); loss = outputs.loss; model.backward(loss)",
     "peft_method_comparison_metamathqa": "peft method_comparison/MetaMathQA/run.py train(): outputs = model(**batch, "
                                          "num_items_in_batch=...); loss = outputs.loss; grad_scaler.scale(loss).backward()",
     "peft_issue_76_tracemalloc": "peft examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
