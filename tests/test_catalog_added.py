@@ -21,8 +21,7 @@ PUBLISHED = [
     ("Qwen/Qwen2.5-Coder-1.5B", 1.54e9, 0.03),             # card: "Number of Parameters: 1.54B"
     ("Qwen/Qwen2.5-Coder-3B", 3.09e9, 0.03),               # card: "Number of Parameters: 3.09B"
     ("Qwen/Qwen2.5-Coder-14B", 14.7e9, 0.03),              # card: "Number of Parameters: 14.7B"
-    ("Qwen/Qwen3-Embedding-0.6B", 0.6e9, 0.03), ("Qwen/Qwen3-Embedding-4B", 4e9, 0.03),
-    ("Qwen/Qwen3-Embedding-8B", 8e9, 0.03),                # the cards' series table: 0.6B / 4B / 8B
+    ("Qwen/Qwen3-Embedding-0.6B", 0.6e9, 0.03), ("Qwen/Qwen3-Embedding-4B", 4e9, 0.03),   # the cards' series table
     ("bigscience/bloom-1b1", 1_065_314_304, 0),            # card: "1,065,314,304 parameters"
     ("bigscience/bloom-3b", 3_002_557_440, 0),             # card: "3,002,557,440 parameters"
     ("stabilityai/stablelm-2-1_6b", 1.6e9, 0.03),          # card: "a 1.6 billion parameter decoder-only language model"
@@ -43,7 +42,7 @@ PUBLISHED = [
 #: mT5's config class ties the head in a bare build (transformers 5.x forces tie_word_embeddings); its checkpoints load untied
 MT5 = {"google/mt5-small", "google/mt5-base", "google/mt5-large", "google/mt5-xl"}
 BUILT = [p[0] for p in PUBLISHED if p[0] not in MT5] + [
-    "bigscience/bloom-1b7", "bigscience/bloom-7b1", "bigcode/starcoder2-15b", "Salesforce/codegen-350M-mono",
+    "Qwen/Qwen3-Embedding-8B", "bigscience/bloom-1b7", "bigscience/bloom-7b1", "bigcode/starcoder2-15b", "Salesforce/codegen-350M-mono",
     "ibm-granite/granite-3.3-2b-instruct", "zai-org/GLM-4-9B-0414", "zai-org/GLM-4.6", "microsoft/Phi-4-reasoning-plus",
     "facebook/bart-large-cnn", "BAAI/bge-m3", "BAAI/bge-large-en-v1.5", "BAAI/bge-base-en-v1.5", "BAAI/bge-small-en-v1.5",
     "sentence-transformers/all-MiniLM-L6-v2", "sentence-transformers/all-mpnet-base-v2", "intfloat/e5-large-v2",
@@ -78,6 +77,21 @@ def test_mt5_counts_the_separate_head_its_checkpoints_load(tmp_path) -> None:
     assert sum(p.numel() for p in loaded.parameters()) - sum(p.numel() for p in built.parameters()) == 96 * 16
     config = config_of("google/mt5-base")
     assert ModelSpec.from_any("google/mt5-base").total_params == meta_total("google/mt5-base") + config["vocab_size"] * config["d_model"]
+
+
+def test_embedding_checkpoints_price_the_module_automodel_loads() -> None:
+    """Qwen3-Embedding's config.json names Qwen3ForCausalLM, but its card encodes with AutoModel (Qwen3Model, the last
+    token's hidden state pooled): the entries price that module, a forward with no LM head. For the 8B, whose head is
+    untied, the causal-LM class transformers builds from the same config holds one vocab x hidden matrix more."""
+    for hub in ("Qwen/Qwen3-Embedding-0.6B", "Qwen/Qwen3-Embedding-4B", "Qwen/Qwen3-Embedding-8B"):
+        spec = ModelSpec.from_any(hub)
+        assert config_of(hub)["architectures"] == ["Qwen3Model"] and not spec.generates, hub
+    config = {k: v for k, v in config_of("Qwen/Qwen3-Embedding-8B").items() if k not in ("architectures", "_name_or_path")}
+    with torch.device("meta"):
+        causal = transformers.Qwen3ForCausalLM._from_config(transformers.AutoConfig.for_model(**config))
+    head = config["vocab_size"] * config["hidden_size"]
+    assert not config["tie_word_embeddings"] and head == 621_219_840
+    assert sum(p.numel() for p in causal.parameters()) - ModelSpec.from_any("Qwen/Qwen3-Embedding-8B").total_params == head
 
 
 def test_lfm2_width_is_read_from_block_ff_dim() -> None:
