@@ -81,11 +81,13 @@ def test_mt5_counts_the_separate_head_its_checkpoints_load(tmp_path) -> None:
 
 def test_embedding_checkpoints_price_the_module_automodel_loads() -> None:
     """Qwen3-Embedding's config.json names Qwen3ForCausalLM, but its card encodes with AutoModel (Qwen3Model, the last
-    token's hidden state pooled): the entries price that module, a forward with no LM head. For the 8B, whose head is
+    token's hidden state pooled): the entries price that module, a forward with no LM head (all-mpnet-base-v2 likewise). For the 8B, whose head is
     untied, the causal-LM class transformers builds from the same config holds one vocab x hidden matrix more."""
     for hub in ("Qwen/Qwen3-Embedding-0.6B", "Qwen/Qwen3-Embedding-4B", "Qwen/Qwen3-Embedding-8B"):
         spec = ModelSpec.from_any(hub)
         assert config_of(hub)["architectures"] == ["Qwen3Model"] and not spec.generates, hub
+    # all-mpnet-base-v2's file names MPNetForMaskedLM; sentence-transformers loads it with AutoModel (MPNetModel)
+    assert config_of("sentence-transformers/all-mpnet-base-v2")["architectures"] == ["MPNetModel"]
     config = {k: v for k, v in config_of("Qwen/Qwen3-Embedding-8B").items() if k not in ("architectures", "_name_or_path")}
     with torch.device("meta"):
         causal = transformers.Qwen3ForCausalLM._from_config(transformers.AutoConfig.for_model(**config))
