@@ -69,12 +69,11 @@ class ChunkedCrossEntropy(Technique):
             fused = "cut_cross_entropy" if setup.cut_cross_entropy else "liger_kernel's fused linear cross-entropy"
             return self._refused(f"chunked_cross_entropy replaces transformers' loss function, which {fused} bypasses "
                                  "(axolotl refuses the pair)")
-        if setup.trainer == "trl":
-            from .trl_trainer import sft_loss_kind
+        from .trl_trainer import model_loss_runs
 
-            if setup.objective != "sft" or sft_loss_kind(setup) != "full":
-                return self._refused("chunked_cross_entropy patches the model's own loss, which TRL's trainer does not run "
-                                     "here (its loss scores tokens with a head of its own)")
+        if not model_loss_runs(setup):
+            return self._refused("chunked_cross_entropy patches the model's own loss, which TRL's trainer does not run "
+                                 "here (its loss scores tokens with a head of its own)")
         return super().conflict(setup)
 
     def not_emitted(self, model: Any) -> str | None:

@@ -132,10 +132,10 @@ class CutCrossEntropy(Technique):
     def conflict(self, setup: Any) -> str | None:
         """TRL's own loss (DPO's log-probs, SFT's chunked or fused head from TRL 1.7) scores tokens with a head of its
         own, so the patched forward's loss never runs: refused rather than priced as if it did."""
-        if self.active(setup) and setup.trainer == "trl":
-            from .trl_trainer import sft_loss_kind
+        if self.active(setup):
+            from .trl_trainer import model_loss_runs
 
-            if setup.objective != "sft" or sft_loss_kind(setup) != "full":
+            if not model_loss_runs(setup):
                 return self._refused("cut_cross_entropy patches the model's own loss, which TRL's trainer does not run here "
                                      "(its loss scores tokens with a head of its own); use trainer='transformers'")
         return super().conflict(setup)

@@ -60,6 +60,12 @@ def sft_loss_kind(setup: Setup) -> fused_head.SftLoss:
     return fused_head.trl_era(fused_head.installed_trl()).sft_loss
 
 
+def model_loss_runs(setup: Setup) -> bool:
+    """Whether the step calls the model's own loss: not under TRL's DPO or an SFT release whose loss scores tokens with
+    a head of its own (a patch of that loss, Cut Cross-Entropy's or axolotl's chunked one, would never run)."""
+    return setup.trainer != "trl" or (setup.objective == "sft" and sft_loss_kind(setup) == "full")
+
+
 def trl_loss_kind(spec: ModelSpec, setup: Setup) -> fused_head.SftLoss:
     """``sft_loss_kind`` where TRL's own loss runs: a decoder LM. Under Liger, TRL 1.7-1.14 fall back to 'nll' (Liger's
     fused cross-entropy, priced by its technique); 1.15+ switch Liger's off (``fused_linear_cross_entropy: False``)
