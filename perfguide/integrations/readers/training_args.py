@@ -79,18 +79,20 @@ def gone_here(keys: Any, col: Collector, trl: bool = True) -> frozenset[str]:
     return frozenset(named)
 
 
-def _eval_batch_note(data: dict[str, Any], micro_batch: int, col: Collector) -> None:
+def _eval_batch_note(data: dict[str, Any], micro_batch: int, col: Collector) -> bool:
     """An evaluation that runs at more rows than the priced step (TrainingArguments' per_device_eval_batch_size defaults
-    to 8) holds that many rows of full logits, which can exceed the step: said, since only the step is priced."""
+    to 8) holds that many rows of full logits, which can exceed the step: said, since only the step is priced. True when
+    said, so that the key is not also listed as having no effect."""
     if str(data.get("eval_strategy") or "no").lower() in ("no", "intervalstrategy.no"):
-        return
+        return False
     given = data.get("per_device_eval_batch_size")
     rows = as_int(given, col.where("per_device_eval_batch_size")) if given is not None else 8
     if rows > micro_batch:
         where = col.where("per_device_eval_batch_size") if given is not None else "per_device_eval_batch_size (default 8)"
-        col.ignored = [k for k in col.ignored if k != where]   # said below, so not "no effect"
         col.note(f"{where}: evaluation runs {rows} rows per device where the step runs {micro_batch}; the evaluation "
                  f"forward is not priced, and its full logits can exceed the step: set per_device_eval_batch_size={micro_batch}")
+        return True
+    return False
 
 
 def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: bool | None = None, base_dir: str | None = None,
@@ -105,13 +107,21 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
     gone = gone_here(data, col, trl) if col.format in ("training_args", "script_flags") else frozenset()
     data = canonical(data, col, gone)
     col.reject(sorted(k for k in data if k not in KNOWN and k not in REMOVED), KNOWN)
+    defaults = SFT_DEFAULTS if sft else TA_DEFAULTS
+    kind = "DPOConfig" if dpo else "SFTConfig" if sft else "TrainingArguments"
+
+    def get(key: str) -> tuple[Any, str | None]:
+        """(value, key it came from) or (default, None) for a key the config leaves out."""
+        return (data[key], key) if key in data and data[key] is not None else (defaults.get(key), None)
+
+    mb, mb_key = get("per_device_train_batch_size")
+    micro = as_int(mb, col.where("per_device_train_batch_size"))
+    said = {"per_device_eval_batch_size"} if _eval_batch_note(data, micro, col) else set()
     sync_each_batch = _sync_each_batch(data.get("accelerator_config"), col)
-    priced = PRICED | ({"accelerator_config"} if sync_each_batch is not None else set())
+    priced = PRICED | said | ({"accelerator_config"} if sync_each_batch is not None else set())
     col.ignore(*sorted(k for k in data if (k in KNOWN or k in REMOVED) and k not in priced))
     if sync_each_batch is not None:
         col.set("sync_grads_each_micro_step", sync_each_batch, "accelerator_config.gradient_accumulation_kwargs.sync_each_batch")
-    defaults = SFT_DEFAULTS if sft else TA_DEFAULTS
-    kind = "DPOConfig" if dpo else "SFTConfig" if sft else "TrainingArguments"
     if dpo:
         marker = next((k for k in DPO_CONFIG if k in data), None)
         col.set("objective", "dpo", marker or kind)
@@ -119,19 +129,13 @@ def read(data: dict[str, Any], col: Collector, *, sft: bool | None = None, dpo: 
         if precompute is not None:
             col.set("precompute_ref_log_probs", as_bool(precompute, col.where("precompute_ref_log_probs")), "precompute_ref_log_probs")
 
-    def get(key: str) -> tuple[Any, str | None]:
-        """(value, key it came from) or (default, None) for a key the config leaves out."""
-        return (data[key], key) if key in data and data[key] is not None else (defaults.get(key), None)
-
     def put(field: str, value: Any, key: str | None, why: str = "") -> None:
         if key is not None:
             col.set(field, value, key)
         elif value is not None:
             col.assume(field, value, why or f"{kind} default")
 
-    mb, key = get("per_device_train_batch_size")
-    put("micro_batch_size", as_int(mb, col.where("per_device_train_batch_size")), key)
-    _eval_batch_note(data, as_int(mb, col.where("per_device_train_batch_size")), col)
+    put("micro_batch_size", micro, mb_key)
     ga, key = get("gradient_accumulation_steps")
     put("gradient_accumulation_steps", as_int(ga, col.where("gradient_accumulation_steps")), key)
     _precision(data, defaults, col, kind)
