@@ -115,3 +115,30 @@ def with_task(spec: ModelSpec, task: str | None, num_labels: int | None) -> Mode
         config.pop("id2label", None)
         config.pop("label2id", None)
     return spec_from_config(config, spec.name, spec.source)
+
+
+def _head_tasks(spec: ModelSpec) -> list[str]:
+    """The tasks transformers has a head for on this model type, the one its pretraining suggests first: generation for
+    an encoder-decoder or a decoder, classification for an encoder (a type with a masked-LM head, whose causal-LM head
+    is a rarely used decoder mode). Without transformers, the first only."""
+    try:
+        from transformers.models.auto import modeling_auto
+    except ImportError:
+        return ["seq2seq" if spec.is_encoder_decoder else "causal-lm"]
+    encoder = not spec.is_encoder_decoder and spec.model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+    order = ("seq-cls", "token-cls", "qa") if encoder else ("seq2seq", "causal-lm", "seq-cls", "token-cls", "qa")
+    return [t for t in order if getattr(modeling_auto, TASKS[t][1]).get(spec.model_type)]
+
+
+def headless_training_note(spec: ModelSpec) -> str | None:
+    """A base module (BartModel, BertModel, Qwen3Model) returns hidden states and no loss, so transformers' Trainer
+    stops at its first step ("The model did not return a loss", trainer.py compute_loss): a training plan for it prices
+    a step that plan's own Trainer lines cannot run, so it says so and names the ``task`` that plans a head."""
+    if spec.head != "base":
+        return None
+    tasks = _head_tasks(spec)
+    heads = (f"Pass task='{tasks[0]}' to plan the head you train" + (f" (task= also takes {', '.join(tasks[1:])})" if tasks[1:] else "")
+             + ", or train" if tasks else "Train")
+    return (f"{spec.name} loads as {spec.architecture or 'its base module'}, which has no head and returns no loss: "
+            f"transformers' Trainer stops at the first step ('The model did not return a loss'), and this plan prices the "
+            f"base alone. {heads} the base with a loss of your own (sentence-transformers' losses for an embedding model)")

@@ -14,6 +14,7 @@ from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError, unknown_value
 from ..hardware.types import GPU, Hardware
 from ..memory.ledger import adapter_bytes
+from ..model.tasks import headless_training_note
 from ..model.types import ModelSpec
 from ..optimizer_facts import row as optimizer_row
 from ..setup import OPTIMIZERS, LoraSpec, Setup
@@ -116,7 +117,7 @@ def plan_training(request: Request, base: Setup, prec: Precision, fixed: tuple[D
                       factors=request.calibration, tier=tier)
 
     result = run(mode)
-    warnings = list(prec.warnings)
+    warnings = list(prec.warnings) + [n for n in (headless_training_note(spec),) if n]
     if cons.trainer == "torchtune":   # priced as torchtune's loop; the outputs this plan writes are HF's
         warnings.append("trainer='torchtune': priced as a torchtune recipe runs (LinearCrossEntropyLoss); "
                         "training_args() and the accelerate / DeepSpeed files are Hugging Face's and do not run it: set "
