@@ -1,7 +1,8 @@
 """Checkpoints users name that the offline catalog lacked until stop 68, found by trying 100 popular Hub ids offline (74
 were refused): Qwen1.5 / Qwen2-72B / Qwen2-57B-A14B, Qwen3's 2507 releases and quantized repos, Llama-3.2-Vision,
 DeepSeek-V2 / V2.5 and the coder models, Phi-3.5-MoE, Kimi-K2's later releases, Moonlight, BLOOM-176B, OPT-66B,
-Falcon-180B, OLMo, Yi-1.5-34B, GPT-Neo, StableLM-3B, and the aliases whose config.json equals an entry's. Each
+Falcon-180B, Falcon3, Falcon-H1, Granite 3.0 / 4.0-H-Tiny, OLMo and Olmo 3, Yi-1.5-34B, GPT-Neo, StableLM-3B,
+CodeLlama-70B, MedGemma, Cerebras-GPT, and the aliases whose config.json equals an entry's. Each
 resolves offline, counts what transformers builds from its config, and matches the total its publisher states."""
 
 from __future__ import annotations
@@ -38,12 +39,19 @@ PUBLISHED = [
     ("facebook/opt-66b", 66e9, 0.03, None),                    # the OPT paper's Table 1
     ("deepseek-ai/deepseek-llm-67b-base", 67e9, 0.03, None),   # the DeepSeek LLM paper's 67B
     ("deepseek-ai/deepseek-coder-33b-instruct", 33e9, 0.03, None),   # DeepSeek-Coder README: 33B
+    ("cerebras/Cerebras-GPT-1.3B", 1.316e9, 0.001, None),      # a model table: "1,316 M params"
+    ("EleutherAI/gpt-neo-2.7B", 2_651_307_520, 0, None),       # a derived checkpoint's safetensors count, same tensors
+    ("codellama/CodeLlama-70b-hf", 70e9, 0.03, None),          # Meta's "Code Llama 70B"
+    ("google/medgemma-27b-text-it", 27e9, 0.03, None),         # card: "27B text-only"
 ]
 BUILT = [p[0] for p in PUBLISHED] + [
     "Qwen/Qwen1.5-0.5B", "Qwen/Qwen1.5-1.8B", "Qwen/Qwen1.5-4B", "Qwen/Qwen1.5-7B", "Qwen/Qwen1.5-32B", "Qwen/Qwen1.5-72B",
     "Qwen/Qwen2.5-VL-72B-Instruct", "Qwen/Qwen3-30B-A3B-FP8", "nvidia/Mistral-NeMo-Minitron-8B-Base", "deepseek-ai/DeepSeek-V2.5",
     "deepseek-ai/deepseek-coder-1.3b-instruct", "EleutherAI/gpt-neo-125m", "EleutherAI/gpt-neo-1.3B", "allenai/OLMo-1B-hf",
-    "allenai/OLMo-7B-hf", "01-ai/Yi-1.5-34B", "microsoft/Phi-3-medium-128k-instruct"]
+    "allenai/OLMo-7B-hf", "01-ai/Yi-1.5-34B", "microsoft/Phi-3-medium-128k-instruct", "tiiuae/Falcon-H1-7B-Base",
+    "tiiuae/Falcon-H1-1.5B-Base", "ibm-granite/granite-4.0-h-tiny", "allenai/Olmo-3-1025-7B", "tiiuae/Falcon3-1B-Base",
+    "tiiuae/Falcon3-3B-Base", "tiiuae/Falcon3-7B-Base", "tiiuae/Falcon3-10B-Base", "ibm-granite/granite-3.0-8b-instruct",
+    "ibm-granite/granite-3.0-2b-instruct", "ibm-granite/granite-3.1-2b-instruct"]
 #: ids whose config.json equals an entry's (the entry's source or the model card says so): resolved to that entry
 ALIASES = [
     ("Qwen/Qwen3-Next-80B-A3B-Instruct", "Qwen/Qwen3-Next-80B-A3B-Thinking"),
@@ -58,6 +66,8 @@ ALIASES = [
     ("deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct", "deepseek-ai/DeepSeek-V2-Lite"),
     ("moonshotai/Moonlight-16B-A3B", "moonshotai/Moonlight-16B-A3B-Instruct"),
     ("stabilityai/stablelm-zephyr-3b", "stabilityai/stablelm-3b-4e1t"),
+    ("google/medgemma-4b-it", "google/gemma-3-4b-pt"), ("google/medgemma-27b-it", "google/gemma-3-27b-pt"),
+    ("microsoft/Phi-4-mini-reasoning", "microsoft/Phi-4-mini-instruct"), ("allenai/Olmo-3-7B-Instruct", "allenai/Olmo-3-1025-7B"),
 ]
 
 
@@ -107,3 +117,24 @@ def test_mistral_small_3_1_prices_its_own_head() -> None:
     tie it in a bare build): 131,072 x 5,120 more parameters than the tied build."""
     spec = ModelSpec.from_any("mistralai/Mistral-Small-3.1-24B-Instruct-2503")
     assert not spec.tie_word_embeddings and spec.lm_head_params == 131_072 * 5_120
+
+
+#: official and widely used quantized repos (extends of their base entry, with the quantization_config they publish)
+QUANTIZED = [
+    ("Qwen/Qwen3-4B-FP8", "Qwen/Qwen3-4B", "fp8_block"), ("Qwen/Qwen3-8B-FP8", "Qwen/Qwen3-8B", "fp8_block"),
+    ("Qwen/Qwen3-14B-FP8", "Qwen/Qwen3-14B", "fp8_block"), ("Qwen/Qwen3-32B-FP8", "Qwen/Qwen3-32B", "fp8_block"),
+    ("Qwen/Qwen3-4B-AWQ", "Qwen/Qwen3-4B", "awq"), ("Qwen/Qwen3-8B-AWQ", "Qwen/Qwen3-8B", "awq"),
+    ("Qwen/Qwen3-14B-AWQ", "Qwen/Qwen3-14B", "awq"), ("Qwen/Qwen3-32B-AWQ", "Qwen/Qwen3-32B", "awq"),
+    ("TheBloke/Llama-2-7B-GPTQ", "meta-llama/Llama-2-7b-hf", "gptq"), ("TheBloke/Llama-2-70B-GPTQ", "meta-llama/Llama-2-70b-hf", "gptq"),
+    ("hugging-quants/Meta-Llama-3.1-8B-Instruct-GPTQ-INT4", "meta-llama/Llama-3.1-8B", "gptq"),
+    ("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "meta-llama/Llama-3.1-70B", "awq"),
+]
+
+
+@pytest.mark.parametrize(("hub", "base", "fmt"), QUANTIZED, ids=[q[0] for q in QUANTIZED])
+def test_quantized_repos_are_their_base_stored_quantized(hub: str, base: str, fmt: str) -> None:
+    """The same shape as the base (a quantizer keeps the logical parameter count), in the format the repo ships,
+    so a serving plan prices its weights at that format's bytes."""
+    spec, plain = ModelSpec.from_any(hub), ModelSpec.from_any(base)
+    assert spec.total_params == plain.total_params
+    assert checkpoint_format(spec.config) == fmt and checkpoint_format(plain.config) is None

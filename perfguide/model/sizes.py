@@ -40,8 +40,11 @@ def _total(config: dict[str, Any]) -> int:
 
 
 def _closest_catalog(target: int, rule: SizeRule) -> str | None:
-    best = min(((abs(math.log(_total(catalog.config_of(i)) / target)), i) for i in catalog.catalog_names()
-                if catalog.config_of(i).get("model_type") in rule.model_types and i not in rule.skip), default=None)
+    """The catalogued model nearest the size, among unquantized checkpoints only: a size names a shape, and a GPTQ or
+    AWQ repo of the same shape (TheBloke/Llama-2-7B-GPTQ) would price its stored format instead."""
+    best = min(((abs(math.log(_total(c) / target)), i) for i in catalog.catalog_names()
+                if (c := catalog.config_of(i)).get("model_type") in rule.model_types and i not in rule.skip
+                and "quantization_config" not in c), default=None)
     return best[1] if best and best[0] <= math.log1p(rule.match_within) else None
 
 
