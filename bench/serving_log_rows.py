@@ -146,6 +146,12 @@ ROWS: tuple[LogRow, ...] = (
     LogRow("Qwen/Qwen3-235B-A22B", "Qwen3-235B-A22B-FP8, 4x H100, TP4, mem_fraction_static 0.93 -> #tokens", "sglang",
            "0.4.9 (2025-07)", "pool_tokens", 367404, "github.com/vllm-project/vllm/issues/21348", gpu="h100-80gb:4",
            serving=dict(weight_format="fp8_block", tensor_parallel_size=4, gpu_memory_utilization=0.93, max_model_len=40960)),
+    # SGLang PR #11309 ("Include indexer kv cache when estimating kv cache size"), 8x B200, `--tp 8 --dp 8
+    # --enable-dp-attention`: "KV Cache is allocated. #tokens: 975424, KV size: 43.67 GB" (SGLang's GB is 2^30 bytes);
+    # the fp8 latent cache is forced on Blackwell at that version, and the pool holds the indexer keys beside it
+    LogRow("deepseek-ai/DeepSeek-V3.2-Exp", "DeepSeek-V3.2-Exp, fp8 latent + indexer keys, 8x B200, TP8 DP8, KV 43.67 GiB -> #tokens",
+           "sglang", "main (2025-10-07)", "kv_tokens", 975424, "github.com/sgl-project/sglang/pull/11309", kv_gib=43.67,
+           serving=dict(weight_format="fp8_block", tensor_parallel_size=8, kv_cache_dtype="fp8")),
     LogRow(QWEN3_CODER_480B, "Qwen3-Coder-480B-A35B FP8, 8x H20, DP8 + EP, KV 48.66 GiB -> max model len", "vllm", "0.10.1",
            "kv_tokens", 205728, "github.com/vllm-project/recipes/pull/12", kv_gib=48.66),
     LogRow(QWEN3_CODER_480B, "Qwen3-Coder-480B-A35B FP8, 8x H20, DP8 + EP, util 0.95, KV 55.65 GiB -> max model len", "vllm", "0.10.1",

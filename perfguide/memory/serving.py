@@ -66,17 +66,49 @@ def mla_dims(spec: ModelSpec) -> tuple[int, int] | None:
     return int(rank), int(rope)
 
 
+#: DeepSeek Sparse Attention's caches quantize in blocks of this many values, each with one fp32 scale: the indexer key
+#: always (vLLM DeepseekV32IndexerCache, head size index_head_dim + index_head_dim // 128 * 4, uint8; SGLang
+#: NSATokenToKVPool's index_k_with_scale_buffer), and the fp8 latent (vLLM's fp8_ds_mla, SGLang's flashmla_kv layout)
+DSA_QUANT_BLOCK, DSA_SCALE_BYTES = 128, 4
+
+
+def indexer_dims(spec: ModelSpec) -> tuple[int, int] | None:
+    """(index_head_dim, index_topk) of a DeepSeek Sparse Attention model (DeepSeek-V3.2), None for any other."""
+    config = spec.config or {}
+    dim, topk = config.get("index_head_dim"), config.get("index_topk")
+    return (int(dim), int(topk)) if isinstance(dim, int) and isinstance(topk, int) and mla_dims(spec) else None
+
+
+def indexer_bytes_per_layer(spec: ModelSpec) -> int:
+    """One position's indexer key in one layer: fp8 values and their scales, whatever the KV cache dtype (132 B for
+    DeepSeek-V3.2's 128 dims); 0 without an indexer."""
+    found = indexer_dims(spec)
+    return found[0] + math.ceil(found[0] / DSA_QUANT_BLOCK) * DSA_SCALE_BYTES if found else 0
+
+
+def _mla_bytes_per_layer(spec: ModelSpec, rank: int, rope: int, fp8: bool) -> int:
+    """One position's latent in one layer. A sparse-attention model's fp8 cache keeps the latent in fp8 with a scale
+    per 128 and the rope key in 16 bits (vLLM fp8_ds_mla, FlashMLA's sparse kernel: 656 B for 512 + 64, the size
+    SGLang's 8 x B200 log of DeepSeek-V3.2-Exp implies, sgl-project/sglang#11309); any other MLA cache is the latent and
+    rope key in the cache dtype."""
+    if fp8 and indexer_dims(spec):
+        return rank + math.ceil(rank / DSA_QUANT_BLOCK) * DSA_SCALE_BYTES + rope * HALF
+    return (rank + rope) * (1 if fp8 else HALF)
+
+
 def kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
-    """One position of every layer on one rank: 2 x KV heads x head_dim (MLA: one latent of rank + rope dims).
+    """One position of every layer on one rank: 2 x KV heads x head_dim (MLA: one latent of rank + rope dims, and a
+    sparse-attention model's indexer key beside it).
 
     Tensor parallelism splits the KV heads (a rank keeps at least one: heads are replicated when tp > heads);
-    an MLA latent is shared by all heads, so every rank holds all of it. Pipeline stages split the layers.
+    an MLA latent is shared by all heads, so every rank holds all of it, and so is the one-head indexer key. Pipeline
+    stages split the layers.
     """
     dtype = 1 if serving.kv_cache_dtype == "fp8" else HALF
     layers = math.ceil((spec.num_decoder_layers or spec.num_layers) / serving.pipeline_parallel_size)
     mla = mla_dims(spec)
     if mla is not None:
-        return layers * (mla[0] + mla[1]) * dtype
+        return layers * (_mla_bytes_per_layer(spec, *mla, fp8=dtype == 1) + indexer_bytes_per_layer(spec))
     heads = max(1, spec.num_key_value_heads // serving.tensor_parallel_size)
     return layers * 2 * heads * spec.head_dim * dtype
 
@@ -108,6 +140,24 @@ def attention_layers(spec: ModelSpec) -> int:
 def attention_kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
     """``kv_bytes_per_token`` over the ``attention_layers``."""
     return kv_bytes_per_token(spec, serving) * attention_layers(spec) // (spec.num_decoder_layers or spec.num_layers)
+
+
+def attended_positions(spec: ModelSpec, context: int) -> int:
+    """Cached positions one decode step's attention reads: every one, except under sparse attention, which reads the
+    ``index_topk`` its indexer picks (DeepSeek-V3.2: 2,048) after the indexer has scored them all."""
+    found = indexer_dims(spec)
+    return min(context, found[1]) if found else context
+
+
+def attention_read_bytes(spec: ModelSpec, serving: ServingSetup, context: int) -> int:
+    """Cache bytes one decode step reads per sequence on one rank: the attended positions' K/V (or latents), and under
+    sparse attention every position's indexer key, which the indexer scores before it picks."""
+    per_token = attention_kv_bytes_per_token(spec, serving)
+    if not indexer_dims(spec):
+        return context * per_token
+    layers = math.ceil(attention_layers(spec) / serving.pipeline_parallel_size)
+    index = layers * indexer_bytes_per_layer(spec)
+    return attended_positions(spec, context) * (per_token - index) + context * index
 
 
 def state_traffic_bytes(spec: ModelSpec, serving: ServingSetup) -> int:

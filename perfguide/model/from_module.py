@@ -279,8 +279,9 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
 
 #: config keys a config class still reads under an older name (BloomConfig.__init__: "Backward compatibility with
 #: n_embed kwarg", which bigscience/bloom-560m's config.json still writes; Lfm2Config.__post_init__ pops LiquidAI's
-#: ``block_ff_dim`` into ``intermediate_size``, the only width LFM2's config.json files write)
-_LEGACY_NAMES = {"hidden_size": ("n_embed",), "intermediate_size": ("block_ff_dim",)}
+#: ``block_ff_dim`` into ``intermediate_size``, the only width LFM2's config.json files write), or derives from another
+#: key (DeepseekV32Config.__post_init__ sets ``head_dim`` to ``qk_rope_head_dim``, the rope slice its rotary reads)
+_LEGACY_NAMES = {"hidden_size": ("n_embed",), "intermediate_size": ("block_ff_dim",), "head_dim": ("qk_rope_head_dim",)}
 
 
 def _given(key: str, part: dict[str, Any], config_class: Any) -> bool:

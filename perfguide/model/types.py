@@ -240,10 +240,13 @@ class ModelSpec(Model):
 
         Plain attention keeps K and V per KV head; MLA keeps the compressed latent (``kv_lora_rank``) and the
         shared rope key (``qk_rope_head_dim``) as two one-head tensors (modeling_deepseek_v3.py: "Cache read /
-        write is performed while latent KV is still compressed"), so tensor parallelism does not split it.
+        write is performed while latent KV is still compressed"), so tensor parallelism does not split it; a
+        sparse-attention model (DeepSeek-V3.2) caches its indexer's one-head key beside them (modeling_deepseek_v32.py
+        ``cache.update_indexer``).
         """
         if self.is_mla:
-            return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0)
+            index = (self.config or {}).get("index_head_dim")
+            return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0) + (index if isinstance(index, int) else 0)
         return 2 * (self.num_key_value_heads if kv_heads is None else kv_heads) * self.head_dim
 
     @property

@@ -20,7 +20,15 @@ from pydantic import Field
 from .._base import Model
 from .._serving_data import FormatFacts, serving_facts
 from ..hardware.types import GPU, Hardware
-from ..memory.serving import attention_kv_bytes_per_token, attention_layers, expert_ranks, format_weight_parts, state_traffic_bytes
+from ..memory.serving import (
+    attended_positions,
+    attention_layers,
+    attention_read_bytes,
+    expert_ranks,
+    format_weight_parts,
+    indexer_dims,
+    state_traffic_bytes,
+)
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
 
@@ -108,10 +116,13 @@ def _stage_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: 
     bandwidth = (gpu.memory_bandwidth_gbps or 900.0) * 1e9 * facts.decode_bandwidth_efficiency.value
     dense, routed = weight_reads(spec, serving, batch)
     weights = dense + routed
-    kv = batch * (context * attention_kv_bytes_per_token(spec, serving) + state_traffic_bytes(spec, serving))
+    kv = batch * (attention_read_bytes(spec, serving, context) + state_traffic_bytes(spec, serving))
     moe_rate = bandwidth * fmt.decode_efficiency * facts.moe_expert_read_efficiency.value
     memory_s = dense / (bandwidth * fmt.decode_efficiency) + routed / moe_rate + kv / bandwidth
-    attn = 4 * attention_layers(spec) * spec.num_attention_heads * spec.head_dim * context
+    attn = 4 * attention_layers(spec) * spec.num_attention_heads * spec.head_dim * attended_positions(spec, context)
+    index = indexer_dims(spec)
+    if index is not None:   # the indexer scores every cached position: its heads' dot products with each key
+        attn += 2 * attention_layers(spec) * int((spec.config or {}).get("index_n_heads", 0)) * index[0] * context
     compute_s = batch * (2 * spec.active_params + attn) / (tp * pp) / _compute_rate(gpu, fmt)
     layers = math.ceil(spec.total_layers / pp)
     comm_s = 2 * layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
