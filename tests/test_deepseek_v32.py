@@ -86,3 +86,11 @@ def test_transformers_caches_the_indexer_key_too() -> None:
     (cache.update / cache.update_indexer), in the model dtype: 512 + 64 + 128 elements."""
     assert ModelSpec.from_any("deepseek-ai/DeepSeek-V3.2").kv_elements_per_token() == 512 + 64 + 128
     assert ModelSpec.from_any("deepseek-ai/DeepSeek-V3").kv_elements_per_token() == 512 + 64
+
+
+def test_the_transformers_plan_names_the_indexer_key() -> None:
+    import perfguide
+
+    rec = perfguide.recommend("deepseek-ai/DeepSeek-V3.2", "infer_gpu_many", hardware="h200:8")
+    [line] = [line for line in rec.report().splitlines() if "KV cache =" in line]
+    assert "latent 512 + rope key 64 + sparse-attention indexer key 128" in line
