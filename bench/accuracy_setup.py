@@ -370,8 +370,6 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
 
 
 def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
-    if row["quantization"].startswith("GPTQ"):
-        raise Skip("GPTQ weights are not expressible")
     text = row["seq_len"]
     beams = re.search(r"(\d+) beams", text)
     if beams and int(beams.group(1)) > 1:  # beam search keeps num_beams sequences (and caches) per prompt
@@ -399,7 +397,9 @@ def _infer_setup(row: dict[str, str], spec: ModelSpec | None = None) -> Setup:
     if fields.get("autocast"):
         fields.pop("autocast")
     q = row["quantization"]
-    if q:
+    if q.startswith("GPTQ"):   # a GPTQ checkpoint loads as stored (AutoGPTQ's QuantLinear), in the row's 16-bit dtype
+        fields["checkpoint_format"] = "gptq"
+    elif q:
         fields["weights_dtype"] = "int8" if "int8" in q else "nf4"
         fields["kbit_upcast"] = _kbit_upcast(row)
         fields["nf4_double_quant"] = _nf4_double_quant(row)

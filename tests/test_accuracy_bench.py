@@ -339,3 +339,19 @@ def test_torchtune_lora_rows_train_adapters_in_the_run_dtype(acc: ModuleType, ro
     peft = rows["2055"]   # a peft row of 2025 (peft 0.17): its adapters are still upcast to fp32
     peft_lora = acc._train_setup(peft, acc._spec(peft["model_hf_id"])).lora
     assert peft_lora.autocast_adapter_dtype is True and peft_lora.adapter_dtype is None
+
+
+def test_optimum_gptq_rows_load_the_checkpoint_as_stored(acc: ModuleType, rows) -> None:
+    """optimum's benchmark_gptq.py on TheBloke/Llama-2-13B-chat-GPTQ (AutoGPTQ 4-bit, group 128, fp16 activations):
+    read as the GPTQ checkpoint it loads, whose weights are the fp16 twin's less what 4-bit packing saves. By hand:
+    12,687,769,600 block-Linear weights at 4 bits plus one fp16 scale and one 4-bit zero per 128 of them, and the
+    fp16 embedding and head (2 x 163,840,000 x 2 B)."""
+    gptq, fp16 = rows["563"], rows["562"]
+    spec = acc._spec(gptq["model_hf_id"])
+    setup = acc._infer_setup(gptq, spec)
+    assert (setup.checkpoint_format, setup.weights_dtype, setup.seq_len, setup.micro_batch_size) == ("gptq", "fp16", 512, 1)
+    by_hand = 12_687_769_600 * (0.5 + 2.5 / 128) + 2 * 163_840_000 * 2
+    est = acc.estimate_memory(spec, setup, None)
+    assert est.weights == pytest.approx(by_hand, rel=0.01)
+    plain = acc.estimate_memory(acc._spec(fp16["model_hf_id"]), acc._infer_setup(fp16, acc._spec(fp16["model_hf_id"])), None)
+    assert plain.weights - est.weights == pytest.approx(12_687_769_600 * (2 - 0.5 - 2.5 / 128), rel=0.01)

@@ -126,6 +126,7 @@ QUANTIZED = [
     ("Qwen/Qwen3-4B-AWQ", "Qwen/Qwen3-4B", "awq"), ("Qwen/Qwen3-8B-AWQ", "Qwen/Qwen3-8B", "awq"),
     ("Qwen/Qwen3-14B-AWQ", "Qwen/Qwen3-14B", "awq"), ("Qwen/Qwen3-32B-AWQ", "Qwen/Qwen3-32B", "awq"),
     ("TheBloke/Llama-2-7B-GPTQ", "meta-llama/Llama-2-7b-hf", "gptq"), ("TheBloke/Llama-2-70B-GPTQ", "meta-llama/Llama-2-70b-hf", "gptq"),
+    ("TheBloke/Llama-2-13B-chat-GPTQ", "meta-llama/Llama-2-13b-hf", "gptq"),
     ("hugging-quants/Meta-Llama-3.1-8B-Instruct-GPTQ-INT4", "meta-llama/Llama-3.1-8B", "gptq"),
     ("hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4", "meta-llama/Llama-3.1-70B", "awq"),
 ]
