@@ -94,3 +94,13 @@ def test_the_transformers_plan_names_the_indexer_key() -> None:
     rec = perfguide.recommend("deepseek-ai/DeepSeek-V3.2", "infer_gpu_many", hardware="h200:8")
     [line] = [line for line in rec.report().splitlines() if "KV cache =" in line]
     assert "latent 512 + rope key 64 + sparse-attention indexer key 128" in line
+
+
+def test_a_class_with_a_head_dim_of_its_own_still_needs_it() -> None:
+    """DeepSeek-V4's config class keeps head_dim 512 as a shape of its own (not the rope slice): a config that leaves it
+    out is still refused, not priced at the class default."""
+    from perfguide.model.from_module import missing_shape_keys
+
+    config = {**config_of("deepseek-ai/DeepSeek-V3.2"), "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"]}
+    assert "head_dim" in missing_shape_keys(config, transformers.CONFIG_MAPPING["deepseek_v4"])
+    assert "head_dim" not in missing_shape_keys(config_of("deepseek-ai/DeepSeek-V3.2"), transformers.CONFIG_MAPPING["deepseek_v32"])

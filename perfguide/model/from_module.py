@@ -279,16 +279,26 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
 
 #: config keys a config class still reads under an older name (BloomConfig.__init__: "Backward compatibility with
 #: n_embed kwarg", which bigscience/bloom-560m's config.json still writes; Lfm2Config.__post_init__ pops LiquidAI's
-#: ``block_ff_dim`` into ``intermediate_size``, the only width LFM2's config.json files write), or derives from another
-#: key (DeepseekV32Config.__post_init__ sets ``head_dim`` to ``qk_rope_head_dim``, the rope slice its rotary reads)
-_LEGACY_NAMES = {"hidden_size": ("n_embed",), "intermediate_size": ("block_ff_dim",), "head_dim": ("qk_rope_head_dim",)}
+#: ``block_ff_dim`` into ``intermediate_size``, the only width LFM2's config.json files write)
+_LEGACY_NAMES = {"hidden_size": ("n_embed",), "intermediate_size": ("block_ff_dim",)}
+
+#: model types whose config class sets ``head_dim`` to ``qk_rope_head_dim`` itself, the rope slice its rotary reads
+#: (transformers 5.24: ``self.head_dim = self.qk_rope_head_dim`` in each one's __post_init__), so their config.json files
+#: write no head_dim (DeepSeek-V3.2's). Others with the same rope key keep a head_dim of their own (DeepSeek-V4's 512,
+#: LongCat-Flash's), which a missing key would take from the class default: still refused.
+_ROPE_HEAD_DIM_TYPES = frozenset({"axk1", "axk2", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm5_next",
+                                  "glm_moe_dsa", "hy_v4", "hy_v4_vl", "kimi_linear", "minicpm3", "mistral_large4", "sarvam_mla",
+                                  "youtu"})
 
 
 def _given(key: str, part: dict[str, Any], config_class: Any) -> bool:
     """Whether ``part`` sets ``key`` itself, under a name the class maps onto it (``attribute_map``: Bloom's
-    ``num_attention_heads`` is ``n_head``), or under a legacy name its constructor still reads."""
+    ``num_attention_heads`` is ``n_head``), under a legacy name its constructor still reads, or (``head_dim``) through
+    the rope slice a latent-attention class derives it from."""
     mapped = getattr(config_class, "attribute_map", None) or {}
     names = {key, *(alias for alias, target in mapped.items() if target == key), *_LEGACY_NAMES.get(key, ())}
+    if key == "head_dim" and getattr(config_class, "model_type", None) in _ROPE_HEAD_DIM_TYPES:
+        names.add("qk_rope_head_dim")
     return any(name in part for name in names)
 
 
