@@ -72,18 +72,11 @@ def mla_dims(spec: ModelSpec) -> tuple[int, int] | None:
 DSA_QUANT_BLOCK, DSA_SCALE_BYTES = 128, 4
 
 
-def indexer_dims(spec: ModelSpec) -> tuple[int, int] | None:
-    """(index_head_dim, index_topk) of a DeepSeek Sparse Attention model (DeepSeek-V3.2), None for any other."""
-    config = spec.config or {}
-    dim, topk = config.get("index_head_dim"), config.get("index_topk")
-    return (int(dim), int(topk)) if isinstance(dim, int) and isinstance(topk, int) and mla_dims(spec) else None
-
-
 def indexer_bytes_per_layer(spec: ModelSpec) -> int:
     """One position's indexer key in one layer: fp8 values and their scales, whatever the KV cache dtype (132 B for
     DeepSeek-V3.2's 128 dims); 0 without an indexer."""
-    found = indexer_dims(spec)
-    return found[0] + math.ceil(found[0] / DSA_QUANT_BLOCK) * DSA_SCALE_BYTES if found else 0
+    found = spec.sparse_index
+    return found.head_dim + math.ceil(found.head_dim / DSA_QUANT_BLOCK) * DSA_SCALE_BYTES if found else 0
 
 
 def _mla_bytes_per_layer(spec: ModelSpec, rank: int, rope: int, fp8: bool) -> int:
@@ -91,7 +84,7 @@ def _mla_bytes_per_layer(spec: ModelSpec, rank: int, rope: int, fp8: bool) -> in
     per 128 and the rope key in 16 bits (vLLM fp8_ds_mla, FlashMLA's sparse kernel: 656 B for 512 + 64, the size
     SGLang's 8 x B200 log of DeepSeek-V3.2-Exp implies, sgl-project/sglang#11309); any other MLA cache is the latent and
     rope key in the cache dtype."""
-    if fp8 and indexer_dims(spec):
+    if fp8 and spec.sparse_index:
         return rank + math.ceil(rank / DSA_QUANT_BLOCK) * DSA_SCALE_BYTES + rope * HALF
     return (rank + rope) * (1 if fp8 else HALF)
 
@@ -145,15 +138,15 @@ def attention_kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
 def attended_positions(spec: ModelSpec, context: int) -> int:
     """Cached positions one decode step's attention reads: every one, except under sparse attention, which reads the
     ``index_topk`` its indexer picks (DeepSeek-V3.2: 2,048) after the indexer has scored them all."""
-    found = indexer_dims(spec)
-    return min(context, found[1]) if found else context
+    found = spec.sparse_index
+    return min(context, found.topk) if found else context
 
 
 def attention_read_bytes(spec: ModelSpec, serving: ServingSetup, context: int) -> int:
     """Cache bytes one decode step reads per sequence on one rank: the attended positions' K/V (or latents), and under
     sparse attention every position's indexer key, which the indexer scores before it picks."""
     per_token = attention_kv_bytes_per_token(spec, serving)
-    if not indexer_dims(spec):
+    if not spec.sparse_index:
         return context * per_token
     layers = math.ceil(attention_layers(spec) / serving.pipeline_parallel_size)
     index = layers * indexer_bytes_per_layer(spec)

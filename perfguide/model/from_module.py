@@ -7,6 +7,7 @@ frozen parameters are exact; the shape comes from the module's config when it ha
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 from typing import Any
 
@@ -282,13 +283,19 @@ def missing_shape_keys(config: dict[str, Any], config_class: Any) -> list[str]:
 #: ``block_ff_dim`` into ``intermediate_size``, the only width LFM2's config.json files write)
 _LEGACY_NAMES = {"hidden_size": ("n_embed",), "intermediate_size": ("block_ff_dim",)}
 
-#: model types whose config class sets ``head_dim`` to ``qk_rope_head_dim`` itself, the rope slice its rotary reads
-#: (transformers 5.24: ``self.head_dim = self.qk_rope_head_dim`` in each one's __post_init__), so their config.json files
-#: write no head_dim (DeepSeek-V3.2's). Others with the same rope key keep a head_dim of their own (DeepSeek-V4's 512,
-#: LongCat-Flash's), which a missing key would take from the class default: still refused.
-_ROPE_HEAD_DIM_TYPES = frozenset({"axk1", "axk2", "bailing_hybrid", "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm5_next",
-                                  "glm_moe_dsa", "hy_v4", "hy_v4_vl", "kimi_linear", "minicpm3", "mistral_large4", "sarvam_mla",
-                                  "youtu"})
+@functools.cache
+def _derives_head_dim(config_class: Any) -> bool:
+    """Whether the config class sets ``head_dim`` to ``qk_rope_head_dim`` itself, the rope slice its rotary reads
+    (transformers 5.24's DeepseekV3Config / DeepseekV32Config and kin: ``self.head_dim = self.qk_rope_head_dim``), so
+    their config.json files write no head_dim (DeepSeek-V3.2's). Others with the same rope key keep a head_dim of their
+    own (DeepSeek-V4's 512), which a missing key would take from the class default. Asked of the class itself, built
+    from its defaults with an unusual rope width; a class that cannot be built so derives nothing."""
+    from huggingface_hub.errors import StrictDataclassError
+
+    try:
+        return getattr(config_class(qk_rope_head_dim=18), "head_dim", None) == 18
+    except (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError):   # a class that refuses the defaults alone
+        return False
 
 
 def _given(key: str, part: dict[str, Any], config_class: Any) -> bool:
@@ -297,7 +304,7 @@ def _given(key: str, part: dict[str, Any], config_class: Any) -> bool:
     the rope slice a latent-attention class derives it from."""
     mapped = getattr(config_class, "attribute_map", None) or {}
     names = {key, *(alias for alias, target in mapped.items() if target == key), *_LEGACY_NAMES.get(key, ())}
-    if key == "head_dim" and getattr(config_class, "model_type", None) in _ROPE_HEAD_DIM_TYPES:
+    if key == "head_dim" and "qk_rope_head_dim" in part and _derives_head_dim(config_class):
         names.add("qk_rope_head_dim")
     return any(name in part for name in names)
 

@@ -73,19 +73,21 @@ def normalize_task(value: object) -> object:
     return key if key in TASKS else _ALIASES.get(key, value)
 
 
-def _head_class(task: str, spec: ModelSpec) -> str:
-    """The class transformers' own Auto mapping names for this model type and task."""
+def _transformers_head(task: str, model_type: str) -> str | None:
+    """The head class transformers' own Auto mapping names for this model type and task, None where it has none."""
     from transformers.models.auto import modeling_auto
 
+    found = getattr(modeling_auto, TASKS[task][1]).get(model_type)
+    return found[0] if isinstance(found, (tuple, list)) else found
+
+
+def _head_class(task: str, spec: ModelSpec) -> str:
+    """The class transformers' own Auto mapping names for this model type and task."""
     from ..errors import InvalidModelError
 
-    def lookup(name: str) -> str | None:
-        found = getattr(modeling_auto, TASKS[name][1]).get(spec.model_type)
-        return found[0] if isinstance(found, (tuple, list)) else found
-
-    cls = lookup(task)
+    cls = _transformers_head(task, spec.model_type)
     if cls is None:
-        has = [name for name in TASKS if lookup(name)]
+        has = [name for name in TASKS if _transformers_head(name, spec.model_type)]
         raise InvalidModelError(f"transformers has no {task} head for model_type {spec.model_type!r}; "
                                 f"use one of the tasks it has: {', '.join(has) or 'none'}")
     return cls
@@ -127,7 +129,7 @@ def _head_tasks(spec: ModelSpec) -> list[str]:
         return ["seq2seq" if spec.is_encoder_decoder else "causal-lm"]
     encoder = not spec.is_encoder_decoder and spec.model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
     order = ("seq-cls", "token-cls", "qa") if encoder else ("seq2seq", "causal-lm", "seq-cls", "token-cls", "qa")
-    return [t for t in order if getattr(modeling_auto, TASKS[t][1]).get(spec.model_type)]
+    return [t for t in order if _transformers_head(t, spec.model_type)]
 
 
 def headless_training_note(spec: ModelSpec) -> str | None:

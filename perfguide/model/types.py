@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from pydantic import Field, field_serializer, model_validator
 
@@ -69,6 +69,14 @@ _ENCODERS = frozenset({"bert", "roberta", "xlm-roberta", "camembert", "deberta",
 #: rows of the position table held back for the padding offset (RoBERTa family: padding_idx 1 -> 2 rows)
 _POSITION_OFFSET = {"roberta": 2, "xlm-roberta": 2, "camembert": 2, "longformer": 2, "data2vec-text": 2}
 
+
+
+class SparseIndex(NamedTuple):
+    """A sparse-attention indexer's shape: the width of its one-head key, its query heads, the positions it picks."""
+
+    head_dim: int
+    n_heads: int
+    topk: int
 
 class ModelSpec(Model):
     """Architecture numbers plus exact parameter counts.
@@ -235,6 +243,14 @@ class ModelSpec(Model):
         """Layers whose K/V cache grows with the sequence (every kind but the state-only and the empty ones)."""
         return sum(kind not in STATE_ONLY and kind != "dummy" for kind in self.cache_layer_types())
 
+    @property
+    def sparse_index(self) -> SparseIndex | None:
+        """DeepSeek Sparse Attention's lightning indexer (DeepSeek-V3.2: ``index_head_dim``, ``index_n_heads``,
+        ``index_topk`` in its config.json), None for a model that attends to every cached position."""
+        config = self.config or {}
+        keys = (config.get("index_head_dim"), config.get("index_n_heads"), config.get("index_topk"))
+        return SparseIndex(*keys) if self.is_mla and all(isinstance(k, int) for k in keys) else None  # type: ignore[arg-type]
+
     def kv_elements_per_token(self, kv_heads: int | None = None) -> int:
         """Cached elements per token in one attention layer, as transformers stores them.
 
@@ -245,8 +261,8 @@ class ModelSpec(Model):
         ``cache.update_indexer``).
         """
         if self.is_mla:
-            index = (self.config or {}).get("index_head_dim")
-            return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0) + (index if isinstance(index, int) else 0)
+            index = self.sparse_index
+            return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0) + (index.head_dim if index else 0)
         return 2 * (self.num_key_value_heads if kv_heads is None else kv_heads) * self.head_dim
 
     @property

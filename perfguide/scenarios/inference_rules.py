@@ -99,9 +99,9 @@ def kv_decision(request: Request, setup: Setup, max_batch: int) -> Decision:
     if not spec.generates:
         what = "no KV cache (one forward pass)"
     elif spec.is_mla:
-        index = spec.kv_elements_per_token() - (spec.kv_lora_rank or 0) - (spec.qk_rope_head_dim or 0)
+        index = spec.sparse_index
         what = (f"KV cache = {spec.num_decoder_layers or spec.num_layers} layers x (latent {spec.kv_lora_rank} + rope key "
-                f"{spec.qk_rope_head_dim}" + (f" + sparse-attention indexer key {index}" if index else "") + f") x {tokens} "
+                f"{spec.qk_rope_head_dim}" + (f" + sparse-attention indexer key {index.head_dim}" if index else "") + f") x {tokens} "
                 "tokens per sequence (MLA, compressed as transformers caches it)")
     else:
         gqa = f"{spec.num_key_value_heads} KV heads for {spec.num_attention_heads} query heads"

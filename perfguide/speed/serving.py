@@ -26,7 +26,6 @@ from ..memory.serving import (
     attention_read_bytes,
     expert_ranks,
     format_weight_parts,
-    indexer_dims,
     state_traffic_bytes,
 )
 from ..model.types import ModelSpec
@@ -120,9 +119,9 @@ def _stage_s(spec: ModelSpec, serving: ServingSetup, hardware: Hardware, batch: 
     moe_rate = bandwidth * fmt.decode_efficiency * facts.moe_expert_read_efficiency.value
     memory_s = dense / (bandwidth * fmt.decode_efficiency) + routed / moe_rate + kv / bandwidth
     attn = 4 * attention_layers(spec) * spec.num_attention_heads * spec.head_dim * attended_positions(spec, context)
-    index = indexer_dims(spec)
+    index = spec.sparse_index
     if index is not None:   # the indexer scores every cached position: its heads' dot products with each key
-        attn += 2 * attention_layers(spec) * int((spec.config or {}).get("index_n_heads", 0)) * index[0] * context
+        attn += 2 * attention_layers(spec) * index.n_heads * index.head_dim * context
     compute_s = batch * (2 * spec.active_params + attn) / (tp * pp) / _compute_rate(gpu, fmt)
     layers = math.ceil(spec.total_layers / pp)
     comm_s = 2 * layers * allreduce_s(hardware, tp, batch * spec.hidden_size * 2)
