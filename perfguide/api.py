@@ -19,6 +19,7 @@ from .scenarios.applicable import check_applicable
 from .scenarios.module_state import as_the_module_is
 from .scenarios.registry import DEFAULT_GLOBAL_BATCH, DEFAULT_PROMPT_LEN, DEFAULT_TRAIN_SEQ_LEN, ScenarioInfo
 from .scenarios.rules_attention import sdpa_refused
+from .scenarios.speech import speech_lengths
 from .scenarios.types import Constraints, Request
 from .setup import Setup
 from .speed.types import Throughput
@@ -146,6 +147,7 @@ def recommend(
             "plan for a GPU you do not have with hardware='a100-80gb' (see perfguide.hardware names)")
     check_applicable(info, cons, hw)
     hw = _with_nodes(hw, cons.nodes)
+    seq_len, cons, speech_decision = speech_lengths(spec, info.training, seq_len, cons)   # Whisper's fixed encoder length
     seq_len = seq_len or _default_seq_len(spec, info, cons.max_new_tokens)
     if cons.avg_seq_len is not None and cons.avg_seq_len > seq_len:
         raise ConflictingConstraintsError(f"avg_seq_len={cons.avg_seq_len} exceeds seq_len={seq_len}: it is the mean real tokens per "
@@ -172,8 +174,9 @@ def recommend(
     if context_warnings:
         plan = plan.model_copy(update={"warnings": (*context_warnings, *plan.warnings)})
     hardware_decision = _hardware_name_decision(hardware)
-    if hardware_decision is not None:
-        plan = plan.model_copy(update={"decisions": (hardware_decision, *plan.decisions)})
+    for decision in (speech_decision, hardware_decision):
+        if decision is not None:
+            plan = plan.model_copy(update={"decisions": (decision, *plan.decisions)})
     return Recommendation(request=request, **dict(plan))
 
 

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def auto_class_name(rec: Recommendation) -> str:
     """The auto class for the plan's architecture, or one line saying which architectures can be calibrated."""
     arch = rec.model.architecture or ""
+    if rec.model.audio_input:
+        raise PerfGuideError(f"perfguide calibrate trains on random token batches; {rec.model.name!r} ({arch}) reads log-mel audio "
+                             "features, which it does not make: calibrate a text model of this machine instead")
     for suffix, cls in AUTO_CLASSES:
         if arch.endswith(suffix) and (cls != "AutoModelForSeq2SeqLM" or rec.model.is_encoder_decoder):
             return cls

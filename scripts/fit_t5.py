@@ -64,9 +64,23 @@ def _blenderbot(d: dict[str, int], drop: float = 0.0, layers: tuple[int, int] = 
                 bos_token_id=1, eos_token_id=2)
 
 
+def _whisper(d: dict[str, int], drop: float = 0.0, layers: tuple[int, int] = (2, 2)) -> dict[str, Any]:
+    """Whisper (openai/whisper-*'s block options: pre-LayerNorm, GELU FFN, ``dropout`` on hidden states, attention and
+    activation dropout 0, as their config.json files set them). The conv front end and the position tables are per
+    step, not per block, so the one-minus-two depth steps cancel them (memory/audio.py prices the front end); the
+    tracer builds the encoder at the traced length (tracing/build.py ``_speech_lengths``)."""
+    return dict(model_type="whisper", architectures=["WhisperForConditionalGeneration"], d_model=d["h"], encoder_ffn_dim=d["i"],
+                decoder_ffn_dim=d["i"], encoder_attention_heads=d["q"] // HEAD_DIM, decoder_attention_heads=d["q"] // HEAD_DIM,
+                encoder_layers=layers[0], decoder_layers=layers[1], vocab_size=VOCAB, dropout=drop, attention_dropout=0.0,
+                activation_dropout=0.0, activation_function="gelu", num_mel_bins=80, max_source_positions=128,
+                max_target_positions=128, decoder_start_token_id=1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                suppress_tokens=[], begin_suppress_tokens=[])
+
+
 #: where each family's traced dropout applies
 DROPOUT_NOTE = {"t5": "T5 applies dropout_rate to hidden states and attention probabilities alike",
-                "blenderbot": "BlenderBot's dropout on hidden states; attention_dropout and activation_dropout 0"}
+                "blenderbot": "BlenderBot's dropout on hidden states; attention_dropout and activation_dropout 0",
+                "whisper": "Whisper's dropout on hidden states; attention_dropout and activation_dropout 0"}
 
 
 #: every family this script fits: its config builder (dims, dropout, (encoder, decoder) blocks) and what it is
@@ -74,6 +88,7 @@ BUILDERS: dict[str, tuple[Callable[..., dict[str, Any]], str]] = {
     **{name: (functools.partial(_t5, ff=ff), f"HF T5 encoder-decoder steps, feed_forward_proj {ff!r}")
        for name, ff in FEED_FORWARD.items()},
     "blenderbot": (_blenderbot, "HF BlenderbotForConditionalGeneration steps (dropout on hidden states only)"),
+    "whisper": (_whisper, "HF WhisperForConditionalGeneration steps on log-mel input (dropout on hidden states only)"),
 }
 
 

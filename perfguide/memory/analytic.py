@@ -41,6 +41,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from . import activations as act
 from . import block_backward, eras
+from .audio import front_end_bytes
 from .autocast_copies import adapter_cast_bytes, autocast_cached_casts, head_cast_bytes
 from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first_step_pending_params, recompute_start_bytes, step_input_bytes
 from .bnb_inputs import quantized_matmul_keeps_inputs
@@ -291,7 +292,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if act.regime(setup) == "amp" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + (head_cast_bytes(spec, setup) if terms.head_cast_saved else 0)
-    acts += block_code_bytes
+    acts += block_code_bytes + front_end_bytes(spec, shape)   # Whisper's log-mel batch and conv chain (memory/audio.py)
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
     recompute += expert_lora_block_excess(*expert_args) if recompute else 0   # the recomputed block an adapted MoE layer

@@ -347,11 +347,17 @@ def _check_flat_text_keys(config: dict[str, Any], hf: Any, model_type: str) -> N
 
 def _auto_class(transformers: Any, hf_config: Any, trust_remote_code: bool) -> Any:
     """AutoModelForCausalLM where the config has a causal-LM class, else AutoModel; an encoder-decoder's config
-    (``is_encoder_decoder``) AutoModelForSeq2SeqLM first, since BART, mBART, Pegasus, Marian and BlenderBot also have
+    (``is_encoder_decoder``) AutoModelForSeq2SeqLM first (Whisper: AutoModelForSpeechSeq2Seq), since BART, mBART, Pegasus, Marian and BlenderBot also have
     a decoder-only ForCausalLM class that would count one stack of the two (BART-large: 254M of 406M). Asked of the
     auto mapping first (a dict lookup): a failed ``from_config`` names every class in its error message, which imports
     all ~800 model modules (5.6 s for EvollaConfig the first time, the slowest input of bench/fuzz.py's model-type walk)."""
     remote = trust_remote_code and isinstance(getattr(hf_config, "auto_map", None), dict)
+    speech = transformers.AutoModelForSpeechSeq2Seq
+    if type(hf_config) in speech._model_mapping and not remote:
+        if getattr(hf_config, "model_type", None) != "whisper":   # a speech front end perfguide has not read
+            raise InvalidModelError(f"model_type {hf_config.model_type!r} is a speech-to-text model; of those perfguide prices "
+                                    "Whisper's audio encoder only (openai/whisper-*, distil-whisper/*)")
+        return speech   # WhisperForCausalLM is its decoder alone (an assistant model): 154M of whisper-small's 242M
     seq2seq = (transformers.AutoModelForSeq2SeqLM,) if getattr(hf_config, "is_encoder_decoder", False) else ()
     for auto in (*seq2seq, transformers.AutoModelForCausalLM, transformers.AutoModel):
         if type(hf_config) in auto._model_mapping or (remote and auto.__name__ in hf_config.auto_map):

@@ -29,7 +29,7 @@ def auto_class(spec: ModelSpec) -> str:
         return _HEAD_AUTO[spec.head]
     arch = spec.architecture or ""
     if spec.head == "lm" and spec.is_encoder_decoder:
-        return "AutoModelForSeq2SeqLM"
+        return "AutoModelForSpeechSeq2Seq" if spec.audio_input else "AutoModelForSeq2SeqLM"
     found = next((auto for suffix, auto in _LM_AUTO if arch.endswith(suffix)), None)
     return found or arch or "AutoModelForCausalLM"
 

@@ -78,6 +78,17 @@ class SparseIndex(NamedTuple):
     n_heads: int
     topk: int
 
+class AudioInput(NamedTuple):
+    """A speech encoder's fixed input (Whisper): ``mel_bins`` x ``frames`` log-mel features, which two convolutions
+    (the second of stride 2) turn into ``positions`` encoder tokens. transformers' WhisperEncoder refuses any other
+    frame count ("Whisper expects the mel input features to be of length ..."): the feature extractor pads every clip
+    to 30 s, so the encoder's length is the model's, not the data's."""
+
+    mel_bins: int
+    frames: int
+    positions: int
+
+
 class ModelSpec(Model):
     """Architecture numbers plus exact parameter counts.
 
@@ -250,6 +261,16 @@ class ModelSpec(Model):
         config = self.config or {}
         keys = (config.get("index_head_dim"), config.get("index_n_heads"), config.get("index_topk"))
         return SparseIndex(*keys) if self.is_mla and all(isinstance(k, int) for k in keys) else None  # type: ignore[arg-type]
+
+    @property
+    def audio_input(self) -> AudioInput | None:
+        """Whisper's log-mel input (``num_mel_bins``, ``max_source_positions`` in its config.json; the frames are
+        twice the positions: conv1 keeps the length, conv2 halves it), None for a model that reads tokens."""
+        config = self.config or {}
+        mel, positions = config.get("num_mel_bins"), config.get("max_source_positions")
+        if self.model_type != "whisper" or not (isinstance(mel, int) and isinstance(positions, int)):
+            return None
+        return AudioInput(mel, 2 * positions, positions)
 
     def kv_elements_per_token(self, kv_heads: int | None = None) -> int:
         """Cached elements per token in one attention layer, as transformers stores them.

@@ -97,12 +97,22 @@ def _model_class(hf_config: Any) -> Any:
     raise InvalidModelError(f"no language-model head class for model_type {hf_config.model_type!r}; tracing needs one")
 
 
+def _speech_lengths(config: dict[str, Any], setup: Setup) -> dict[str, Any]:
+    """Whisper's encoder takes exactly ``max_source_positions`` positions and its decoder at most
+    ``max_target_positions``: a traced step at other lengths is the same model with position tables that fit them
+    (a real run's lengths are the model's own, scenarios/speech.py)."""
+    if config.get("model_type") != "whisper":
+        return config
+    return {**config, "max_source_positions": setup.seq_len,
+            "max_target_positions": max(int(config.get("max_target_positions") or 0), setup.decoder_len)}
+
+
 def build_on_meta(config: dict[str, Any], setup: Setup) -> Any:
     """The model a Trainer would train under ``setup``: dtype, attention, LoRA adapters, and what the techniques it
     uses change in the module graph (their ``trace_model`` hooks); on meta."""
     import torch
 
-    hf_config = _hf_config(config)
+    hf_config = _hf_config(_speech_lengths(config, setup))
     cls = _model_class(hf_config)
     attn = "eager" if setup.attn_implementation == "eager" else "sdpa"  # flash_attention_2 is emulated on sdpa
     dtype = getattr(torch, DTYPES[setup.weights_dtype])

@@ -85,13 +85,18 @@ def _inputs(model: Any, batch: int, seq: int, target: int | None = None) -> dict
     """Unpadded token batches with labels; no attention mask, so SDPA may use its causal fast path as on GPU.
 
     An encoder-decoder's labels set its decoder's length (the model shifts them into ``decoder_input_ids``), so
-    ``target`` tokens of labels give the decoder its own length, as a seq2seq collator's separately padded labels do."""
+    ``target`` tokens of labels give the decoder its own length, as a seq2seq collator's separately padded labels do.
+    A speech encoder (Whisper) reads ``2 x seq`` log-mel frames in the model's dtype (the HF recipe's collator casts
+    them), which its convolutions turn into ``seq`` positions."""
     import torch
 
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else model.config.vocab_size
+    labels = torch.randint(0, vocab, (batch, target or seq))
+    if getattr(model, "main_input_name", None) == "input_features":   # Whisper: log-mel frames, two per encoder position
+        features = torch.randn(batch, model.config.num_mel_bins, 2 * seq, dtype=model.dtype)
+        return {"input_features": features, "labels": labels}
     ids = torch.randint(0, vocab, (batch, seq))
-    labels = torch.randint(0, vocab, (batch, target)) if target is not None else ids.clone()
-    return {"input_ids": ids, "labels": labels}
+    return {"input_ids": ids, "labels": labels if target is not None else ids.clone()}
 
 
 def _head_hooks(model: Any, tracker: Any) -> list[Any]:
