@@ -20,6 +20,7 @@ from perfguide.memory import estimate_memory
 from perfguide.memory.activations import spec_family
 from perfguide.memory.audio import front_end_bytes
 from perfguide.memory.seq2seq import block_bytes
+from perfguide.model.catalog import config_of
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -181,3 +182,18 @@ def test_front_end_matches_what_autograd_keeps(regime: str) -> None:
     per, mel = (2 if regime == "amp" else 4), config.num_mel_bins
     casts = batch * mel * frames * 2 + 2 * (mel * 3 * d + d * 3 * d) if regime == "amp" else 0
     assert saved == batch * d * (2 * frames + 96) * per + casts
+
+
+@pytest.mark.parametrize("batch", [2, 4])
+def test_a_checkpointed_eager_step_matches_a_trace(batch: int) -> None:
+    """Whisper-small's own widths at its 1500 positions (four blocks per stack), the blog's recipe (AMP, gradient
+    checkpointing, eager attention as transformers ran Whisper in 2022): the peak is the encoder's first block's
+    recompute and backward, which run last, when every other gradient exists. Before the eager backward's entry for
+    Whisper and its place at the end of backward, the priced peak was 0.3 GB per row low."""
+    from perfguide.memory.tracing.step import run_step
+
+    config = {**config_of("openai/whisper-small"), "encoder_layers": 4, "decoder_layers": 4, "num_hidden_layers": 4}
+    setup = Setup(task="train", micro_batch_size=batch, seq_len=1500, target_len=96, autocast="fp16", optimizer="adamw_torch",
+                  gradient_checkpointing=True, attn_implementation="eager")
+    traced = max(p.total for p in run_step(config, setup).phases.values())
+    assert estimate_memory(ModelSpec.from_any(config), setup).peak_allocated == pytest.approx(traced, rel=0.03)

@@ -366,7 +366,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
                       + (block_peak := max(in_flight, eager_backward_transient_bytes(spec, shape))))   # MLP's, eager's: apart
     # a first micro-step has not made block 0's gradients nor an untied embedding's at block 0's peak (block_backward.py)
     pending = min(accumulated, first_step_pending_params(spec, setup) * states.grad_elem_bytes) if recompute and not held_grads else 0
-    backward_end = resident + accumulated - pending + grad_tail + recompute + in_flight + dequant + ipg + end_held
+    backward_end = resident + accumulated - pending + grad_tail + recompute + block_peak + dequant + ipg + end_held
     # FULL_SHARD FSDP has resharded every unit and freed each unsharded gradient after its reduce-scatter by the end of
     # backward (torch fsdp/_runtime_utils.py _should_free_in_backward: True once gradients sync), so its gather window
     # is not alive through the optimizer step; ZeRO-3's step partitions every gathered parameter first (zero3_window)
