@@ -21,6 +21,7 @@ from perfguide.memory.activations import spec_family
 from perfguide.memory.audio import front_end_bytes
 from perfguide.memory.seq2seq import block_bytes
 from perfguide.model.catalog import config_of
+from perfguide.model.tasks import auto_class
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -197,3 +198,25 @@ def test_a_checkpointed_eager_step_matches_a_trace(batch: int) -> None:
                   gradient_checkpointing=True, attn_implementation="eager")
     traced = max(p.total for p in run_step(config, setup).phases.values())
     assert estimate_memory(ModelSpec.from_any(config), setup).peak_allocated == pytest.approx(traced, rel=0.03)
+
+
+def test_the_plan_trains_a_real_whisper_on_cpu(tmp_path: Any) -> None:
+    """The plan's TrainingArguments, model kwargs and prepare_model on a real (tiny, random) Whisper, through a real
+    Trainer step on log-mel batches: the run the plan prices is the one that executes."""
+    from helpers import reset_accelerate_state
+
+    config = transformers.WhisperConfig(**{k: v for k, v in _tiny(1, max_source_positions=16, max_target_positions=16,
+                                                                   d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                                                   encoder_attention_heads=2, decoder_attention_heads=2,
+                                                                   vocab_size=64).items()
+                                           if k not in ("model_type", "architectures")})
+    rec = perfguide.recommend(config, "train_cpu", global_batch_size=2, target_len=8)
+    assert (rec.setup.seq_len, rec.setup.target_len) == (16, 8)
+    cls = getattr(transformers, auto_class(rec.model))   # the class the report's lines load
+    assert cls is transformers.AutoModelForSpeechSeq2Seq
+    model = rec.prepare_model(cls.from_config(config, **rec.model_kwargs()))
+    rows = [{"input_features": torch.randn(80, 32), "labels": torch.randint(3, 64, (8,))} for _ in range(4)]
+    reset_accelerate_state()
+    args = rec.training_args(output_dir=str(tmp_path), max_steps=1, report_to=[])
+    out = transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+    assert out.global_step == 1 and out.training_loss > 0
