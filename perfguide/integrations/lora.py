@@ -37,7 +37,12 @@ HEAD_TASKS: tuple[tuple[str, str], ...] = (
 
 def task_type(spec: ModelSpec) -> str | None:
     """The PEFT task of the model's head; None for heads PEFT has no task class for (masked LM, multiple choice),
-    which get the plain ``PeftModel`` wrapper."""
+    which get the plain ``PeftModel`` wrapper. Whisper gets it too: PeftModelForSeq2SeqLM hands the decoder
+    ``input_ids`` where Whisper reads ``input_features``, and its first step fails ("got multiple values for keyword
+    argument 'input_ids'"; huggingface/peft#1988, whose answer is no task type), as PEFT's own Whisper notebooks set
+    none."""
+    if spec.audio_input is not None:
+        return None
     arch = spec.architecture or ""
     if arch.endswith(("ForConditionalGeneration", "ForSeq2SeqLM")):
         # T5/BART generate through an encoder-decoder; LLaVA-style "ForConditionalGeneration" models are decoders
