@@ -224,3 +224,25 @@ def test_the_plan_trains_a_real_whisper_on_cpu(tmp_path: Any, finetune: str) -> 
     args = rec.training_args(output_dir=str(tmp_path), max_steps=1, report_to=[])
     out = transformers.Trainer(model=model, args=args, train_dataset=rows).train()
     assert out.global_step == 1 and out.training_loss > 0
+
+
+#: transformers' own Whisper command (examples/pytorch/speech-recognition/README.md, 'Single GPU Whisper Training', at
+#: huggingface/transformers@02f6103a): "On a single V100, training should take approximately 8 hours"
+EXAMPLE_COMMAND = (
+    "python run_speech_recognition_seq2seq.py --model_name_or_path=openai/whisper-small "
+    "--dataset_name=mozilla-foundation/common_voice_11_0 --dataset_config_name=hi --language=hindi --task=transcribe "
+    "--train_split_name=train+validation --eval_split_name=test --max_steps=5000 --output_dir=./whisper-small-hi "
+    "--per_device_train_batch_size=16 --gradient_accumulation_steps=2 --per_device_eval_batch_size=16 --logging_steps=25 "
+    "--learning_rate=1e-5 --warmup_steps=500 --eval_strategy=steps --eval_steps=1000 --save_strategy=steps --save_steps=1000 "
+    "--generation_max_length=225 --preprocessing_num_workers=16 --max_duration_in_seconds=30 --text_column_name=sentence "
+    "--freeze_feature_encoder=False --gradient_checkpointing --fp16 --do_train --do_eval --predict_with_generate")
+
+
+def test_check_prices_the_example_command_at_the_models_lengths() -> None:
+    """It had guessed 2,048 tokens for a model whose encoder runs 1500 and said 'does NOT fit: 29.1 GiB' on the V100
+    transformers' README runs this command on; Seq2SeqTrainingArguments' own flags were 'unknown'."""
+    c = perfguide.check(None, EXAMPLE_COMMAND.split(), hardware="v100-16gb")
+    assert (c.setup.seq_len, c.setup.target_len, c.setup.micro_batch_size, c.setup.gradient_accumulation_steps) == (1500, 448, 16, 2)
+    assert c.fits and c.memory.device_total < 15.8 * 2**30
+    ignored = " ".join(c.ignored)
+    assert "predict_with_generate" in ignored and "generation_max_length" in ignored

@@ -18,6 +18,12 @@ SOURCE = ("transformers models/whisper/modeling_whisper.py WhisperEncoder.forwar
           "max_source_positions x conv strides); huggingface.co/blog/fine-tune-whisper (max_label_length 448)")
 
 
+def label_bound(spec: ModelSpec) -> int | None:
+    """The longest labels the decoder takes (``max_target_positions``), None for a model without one."""
+    limit = (spec.config or {}).get("max_target_positions")
+    return limit if isinstance(limit, int) else None
+
+
 def speech_lengths(spec: ModelSpec, training: bool, seq_len: int | None,
                    cons: Constraints) -> tuple[int | None, Constraints, Decision | None]:
     """(seq_len, constraints with the decoder's length, the decision that says so); unchanged for a text model."""
@@ -28,12 +34,12 @@ def speech_lengths(spec: ModelSpec, training: bool, seq_len: int | None,
         raise ConflictingConstraintsError(
             f"seq_len={seq_len}: {spec.name}'s encoder always runs {audio.positions} positions ({audio.frames} log-mel frames, every "
             f"clip padded to 30 s); drop seq_len or use seq_len={audio.positions}, and set the labels' length with target_len")
-    limit = (spec.config or {}).get("max_target_positions")
+    limit = label_bound(spec)
     field, decoder = ("target_len", cons.target_len) if training else ("max_new_tokens", cons.max_new_tokens)
-    if isinstance(limit, int) and decoder is not None and decoder > limit:
+    if limit is not None and decoder is not None and decoder > limit:
         raise ConflictingConstraintsError(f"{field}={decoder} exceeds {spec.name}'s max_target_positions={limit}, the decoder's "
                                           f"position table; use {field} <= {limit}")
-    if training and cons.target_len is None and isinstance(limit, int):
+    if training and cons.target_len is None and limit is not None:
         cons = cons.model_copy(update={"target_len": limit})
     decoder_len = cons.target_len if training else cons.max_new_tokens
     reason = (f"the encoder runs {audio.positions} positions for every clip ({audio.mel_bins} mel bins x {audio.frames} frames); "

@@ -15,6 +15,7 @@ from ...memory.types import MemoryEstimate
 from ...model.linears import linear_shapes
 from ...model.types import ModelSpec
 from ...scenarios.registry import DEFAULT_TRAIN_SEQ_LEN
+from ...scenarios.speech import label_bound
 from ...setup import Setup
 from ...techniques.tiled_mlp import alst_shard_tokens
 from . import module
@@ -122,6 +123,10 @@ def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
     if sharded and c.value("autocast") in ("bf16", "fp16"):
         c.assume("weights_dtype", "fp32", "DeepSpeed / FSDP mixed precision keep fp32 master weights whatever dtype the model loads in")
     c.assume("weights_dtype", spec.native_dtype, "transformers 5 from_pretrained loads dtype='auto': the checkpoint's own dtype")
+    if (audio := spec.audio_input) is not None:   # Whisper: the lengths are the model's (scenarios/speech.py)
+        c.assume("seq_len", audio.positions, f"{spec.name}'s encoder runs its {audio.positions} positions for every clip (padded to 30 s)")
+        if (bound := label_bound(spec)) is not None:
+            c.assume("target_len", bound, "labels padded to the longest in each batch, at most max_target_positions; pass --target-len")
     length = min(spec.usable_positions or DEFAULT_TRAIN_SEQ_LEN, DEFAULT_TRAIN_SEQ_LEN)
     c.assume("seq_len", length, f"{GUESSED_LENGTH}: min({DEFAULT_TRAIN_SEQ_LEN}, the model's positions); pass --seq-len")
 

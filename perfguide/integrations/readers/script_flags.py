@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from .base import Collector, as_int, nest
+from .hf_keys import SEQ2SEQ
 from .training_args import is_sft
 from .training_args import read as read_training_args
 from .training_args import write as write_training_args
@@ -38,6 +39,7 @@ def read(data: dict[str, Any], col: Collector, base_dir: str | None = None, args
     trl = args_class in ("SFTConfig", "DPOConfig")
     if not trl and not (args_class is None and is_sft(data)):
         data = _own_lengths(data, col)
+        data = _seq2seq_arguments(data, col)
     read_training_args(data, col, base_dir=base_dir, sft=True if trl else None if args_class is None else False,
                        dpo=args_class == "DPOConfig" if args_class is not None else None, model_config=model_config)
 
@@ -55,6 +57,14 @@ def _own_lengths(data: dict[str, Any], col: Collector) -> dict[str, Any]:
         if out.get(key) not in (None, True):
             col.set(field, as_int(out.pop(key), col.where(key)), f"{key} (the script's own data argument, as transformers' examples name it)")
     return out
+
+
+def _seq2seq_arguments(data: dict[str, Any], col: Collector) -> dict[str, Any]:
+    """Seq2SeqTrainingArguments' own flags (the seq2seq and speech example scripts parse into it): read, not priced
+    (``predict_with_generate``'s evaluation is not priced, as no evaluation is)."""
+    found = sorted(k for k in data if k in SEQ2SEQ)
+    col.ignore(*found)
+    return {k: v for k, v in data.items() if k not in found}
 
 
 def _flag_value(key: str, value: Any, setup: Any) -> Any:
