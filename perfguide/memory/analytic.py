@@ -292,9 +292,10 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
         optimizer_on_device=dev.optimizer, cpu_ram=dev.cpu_ram,
         weight_casts=linear_params(spec) * 2 if act.regime(setup) == "amp" else 0))
     acts = terms.activations + terms.extra_activations + terms.weight_casts + (head_cast_bytes(spec, setup) if terms.head_cast_saved else 0)
-    acts += block_code_bytes + front_end_bytes(spec, shape)   # Whisper's log-mel batch and conv chain (memory/audio.py)
+    acts += block_code_bytes
     acts += unsharded_compute_copies(spec, setup, gather, params_offloaded=dev.weights < on_device.weights)   # FSDP1 on one rank with offload keeps every copy
     recompute = terms.recompute
+    acts += front_end_bytes(spec, shape, checkpointed=recompute > 0)   # Whisper's log-mel batch and conv chain (memory/audio.py)
     recompute += expert_lora_block_excess(*expert_args) if recompute else 0   # the recomputed block an adapted MoE layer
     era = eras.attention_era_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # older attention code (OPT < 4.49)
     era += t5_release_bytes(spec, shape, installed_transformers() or "0", checkpointed=recompute > 0)   # T5 softmax, fp16 clamp

@@ -34,9 +34,10 @@ def conv_params(spec: ModelSpec) -> int:
     return 0 if audio is None else (audio.mel_bins * KERNEL * d + d) + (d * KERNEL * d + d)
 
 
-def front_end_bytes(spec: ModelSpec, setup: Setup) -> int:
+def front_end_bytes(spec: ModelSpec, setup: Setup, *, checkpointed: bool) -> int:
     """Bytes the audio front end holds at the end of forward for one micro-batch: the batch, the saved conv chain
-    and autocast's cached conv weights; 0 for a model that reads tokens."""
+    and autocast's cached conv weights; 0 for a model that reads tokens. ``checkpointed``: the blocks are recomputed
+    (gradient checkpointing), whose input hook makes a frozen front end's output require grad."""
     audio = spec.audio_input
     if audio is None or setup.task != "train":
         return 0
@@ -46,7 +47,7 @@ def front_end_bytes(spec: ModelSpec, setup: Setup) -> int:
     chain = b * d * (2 * audio.frames + audio.positions) * act
     frozen = setup.lora is not None
     if frozen:
-        saved = chain if setup.gradient_checkpointing else 0
+        saved = chain if checkpointed else 0
     else:
         saved = chain + (b * audio.mel_bins * audio.frames * 2 if kind == "amp" else 0)   # conv1's input: autocast's copy
     casts = 2 * conv_params(spec) if kind == "amp" and not frozen else 0
