@@ -16,6 +16,7 @@ import perfguide
 from perfguide.errors import ConflictingConstraintsError, InvalidModelError, PerfGuideError
 
 NAMED = ("albert", "dory", "edgetam_video", "hrm_text", "maskformer", "sam2", "sam2_video")
+IMAGE_MODELS = ("edgetam_video", "maskformer", "sam2", "sam2_video")
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 512, "num_hidden_layers": 4,
          "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1376, "vocab_size": 32000}
 
@@ -46,10 +47,16 @@ def plan_or_refuse(model, scenario: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", NAMED)
 def test_the_seven_default_configs_that_crashed_now_plan(model_type):
+    """The three that read tokens plan; the four image models (their first input pixel_values) are refused in one
+    line, as every model that reads no token ids is (tests/test_model_inputs.py): they had planned as language models."""
     from transformers import CONFIG_MAPPING
 
     config = CONFIG_MAPPING[model_type]()
     for scenario in ("train_gpu_one", "infer_gpu_one"):
+        if model_type in IMAGE_MODELS:
+            with pytest.raises(InvalidModelError, match="reads 'pixel_values' \\(images\\), not token ids"):
+                perfguide.recommend(config, scenario, hardware="a100-80gb")
+            continue
         rec = plan_or_refuse(config, scenario)
         assert rec is not None and rec.memory.weights > 0 and rec.memory.device_total > 0
         assert rec.memory.weights <= rec.model.total_params * 4  # never more than fp32 of every parameter

@@ -16,6 +16,7 @@ from . import fields, shape
 from .adapted import is_adapter_module, is_adapter_param
 from .counting import analytic_count, build_spec
 from .facts import ModuleFacts, spec_from_facts
+from .inputs import reads_tokens
 from .types import BlockKind, Linears, ModelSpec
 
 _ALIASES = {
@@ -227,6 +228,7 @@ def spec_from_module(module: Any, name: str | None = None, source: str = "module
     if total == 0:
         raise InvalidModelError(f"{type(module).__name__} has no parameters; pass the model itself, not a wrapper.")
     config = _config_dict(module)
+    reads_tokens(module, config)
     name = name or str(config.get("_name_or_path") or type(module).__name__)
     counted = analytic_count(config, "lm") if isinstance(config.get("model_type"), str) else None
     if counted is not None:
