@@ -248,6 +248,26 @@ def read_row(row_id: str) -> tuple[dict[str, str], ModelSpec, Setup]:
     return row, spec, setup
 
 
+def block_pair_per_row(build: Callable[[int], dict[str, Any]], spec: ModelSpec, source: int, target: int, attn: str,
+                       **regime: Any) -> tuple[float, float]:
+    """(traced, priced) bytes one encoder + one decoder block keep per batch row: a two-pair fake-tensor trace of the
+    real transformers model minus a one-pair trace (``build(pairs)`` gives the config), at batches 2 and 4 so per-block
+    constants cancel, against memory/seq2seq.block_bytes (the encoder block at the source, the decoder's at the target)."""
+    from perfguide.memory.seq2seq import block_bytes
+    from perfguide.memory.tracing.step import run_step
+
+    def activations(config: dict[str, Any], setup: Setup) -> int:
+        return run_step(config, setup).phases["head"].parts.get("activations", 0)
+
+    traced, priced = [], []
+    for batch in (2, 4):
+        setup = Setup(micro_batch_size=batch, seq_len=source, target_len=target, optimizer="sgd", attn_implementation=attn,
+                      **regime)
+        traced.append(activations(build(2), setup) - activations(build(1), setup))
+        priced.append(sum(block_bytes(spec, setup)))
+    return (traced[1] - traced[0]) / 2, (priced[1] - priced[0]) / 2
+
+
 def assert_evaluated_as_values(ids: tuple[str, ...]) -> None:
     """Each row is compared by bench/accuracy.py as a measured value, in the number the source printed."""
     accuracy, rows = load_bench("accuracy"), published_rows()

@@ -14,10 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import block_pair_per_row
 
-from perfguide import Setup
 from perfguide.memory.activations import spec_family
-from perfguide.memory.seq2seq import block_bytes
 from perfguide.model.types import ModelSpec
 
 BB = dict(model_type="blenderbot", architectures=["BlenderbotForConditionalGeneration"], is_encoder_decoder=True,
@@ -29,12 +28,6 @@ BB = dict(model_type="blenderbot", architectures=["BlenderbotForConditionalGener
 
 def _bb(layers: int, drop: float = 0.0) -> dict[str, Any]:
     return {**BB, "encoder_layers": layers, "decoder_layers": layers, "dropout": drop}
-
-
-def _traced_activations(config: dict[str, Any], setup: Setup) -> int:
-    from perfguide.memory.tracing.step import run_step
-
-    return run_step(config, setup).phases["head"].parts.get("activations", 0)
 
 
 def test_blenderbot_takes_its_own_block() -> None:
@@ -50,12 +43,6 @@ def test_blocks_match_a_trace(source: int, target: int, regime: dict[str, Any], 
     """One encoder + one decoder block (a two-pair trace minus a one-pair trace, at two batch sizes so per-block
     constants cancel) against the analytic encoder block at the source plus decoder block at (target, source)."""
     spec = ModelSpec.from_any(_bb(2, drop))
-    traced, priced = [], []
-    for batch in (2, 4):
-        setup = Setup(micro_batch_size=batch, seq_len=source, target_len=target, optimizer="sgd", attn_implementation=attn,
-                      **regime)
-        traced.append(_traced_activations(_bb(2, drop), setup) - _traced_activations(_bb(1, drop), setup))
-        priced.append(sum(block_bytes(spec, setup)))
-    per_row_traced, per_row_priced = (traced[1] - traced[0]) / 2, (priced[1] - priced[0]) / 2
+    traced, priced = block_pair_per_row(lambda pairs: _bb(pairs, drop), spec, source, target, attn, **regime)
     # within 3%: the fitted per-token constants (the 4-D masks each stack builds) do not scale exactly to this shape
-    assert per_row_priced == pytest.approx(per_row_traced, rel=0.03)
+    assert priced == pytest.approx(traced, rel=0.03)

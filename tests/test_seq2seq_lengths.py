@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from helpers import block_pair_per_row
 
 from perfguide import Setup, estimate
 from perfguide.errors import InvalidSetupError
@@ -26,12 +27,6 @@ def _t5(layers: int, drop: float = 0.0) -> dict[str, Any]:
     return {**T5, "num_layers": layers, "num_decoder_layers": layers, "dropout_rate": drop}
 
 
-def _traced_activations(config: dict[str, Any], setup: Setup) -> int:
-    from perfguide.memory.tracing.step import run_step
-
-    return run_step(config, setup).phases["head"].parts.get("activations", 0)
-
-
 @pytest.mark.parametrize("source, target, regime, attn, drop", [
     (160, 32, {}, "sdpa", 0.0),                          # a summarizer: long source, short labels
     (32, 128, {"weights_dtype": "bf16"}, "eager", 0.1),   # labels longer than the source, score maps and dropout
@@ -41,12 +36,7 @@ def test_blocks_match_a_trace_at_two_lengths(source: int, target: int, regime: d
     """One encoder + one decoder block (a two-pair trace minus a one-pair trace, at two batch sizes so per-block
     constants cancel) against the analytic encoder block at the source plus decoder block at (target, source)."""
     spec = ModelSpec.from_any(_t5(2, drop))
-    traced, priced = [], []
-    for batch in (2, 4):
-        setup = Setup(micro_batch_size=batch, seq_len=source, target_len=target, optimizer="sgd", attn_implementation=attn, **regime)
-        traced.append(_traced_activations(_t5(2, drop), setup) - _traced_activations(_t5(1, drop), setup))
-        priced.append(sum(block_bytes(spec, setup)))
-    per_row_traced, per_row_priced = (traced[1] - traced[0]) / 2, (priced[1] - priced[0]) / 2
+    per_row_traced, per_row_priced = block_pair_per_row(lambda pairs: _t5(pairs, drop), spec, source, target, attn, **regime)
     assert per_row_priced == pytest.approx(per_row_traced, rel=0.005)
     # pricing both stacks at the source (no target_len) misses by far more than that
     same = [sum(block_bytes(spec, Setup(micro_batch_size=b, seq_len=source, optimizer="sgd", attn_implementation=attn, **regime)))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import meta_total
+from helpers import block_pair_per_row, meta_total
 
 import perfguide
 from perfguide import ModelSpec, Setup
@@ -19,7 +19,6 @@ from perfguide.errors import ConflictingConstraintsError, InvalidModelError
 from perfguide.memory import estimate_memory
 from perfguide.memory.activations import spec_family
 from perfguide.memory.audio import front_end_bytes
-from perfguide.memory.seq2seq import block_bytes
 from perfguide.model.catalog import config_of
 from perfguide.model.tasks import auto_class
 
@@ -115,12 +114,6 @@ def test_whisper_takes_its_own_block() -> None:
     assert spec_family(ModelSpec.from_any(_tiny(2))) == "whisper"
 
 
-def _traced_activations(config: dict[str, Any], setup: Setup) -> int:
-    from perfguide.memory.tracing.step import run_step
-
-    return run_step(config, setup).phases["head"].parts.get("activations", 0)
-
-
 @pytest.mark.parametrize("source, target, regime, attn, drop", [
     (96, 32, {"autocast": "bf16"}, "sdpa", 0.0),          # the recipe: AMP, short labels
     (96, 128, {}, "eager", 0.1),                           # labels longer than the source, score maps and dropout
@@ -130,14 +123,8 @@ def test_blocks_match_a_trace(source: int, target: int, regime: dict[str, Any], 
     """One encoder + one decoder block of the real WhisperForConditionalGeneration on fake tensors (a two-pair trace
     minus a one-pair trace, at two batch sizes) against the analytic blocks, at a width and lengths the fit did not use."""
     spec = ModelSpec.from_any(_tiny(2, drop, max_source_positions=source))
-    traced, priced = [], []
-    for batch in (2, 4):
-        setup = Setup(micro_batch_size=batch, seq_len=source, target_len=target, optimizer="sgd", attn_implementation=attn,
-                      **regime)
-        traced.append(_traced_activations(_tiny(2, drop), setup) - _traced_activations(_tiny(1, drop), setup))
-        priced.append(sum(block_bytes(spec, setup)))
-    per_row_traced, per_row_priced = (traced[1] - traced[0]) / 2, (priced[1] - priced[0]) / 2
-    assert per_row_priced == pytest.approx(per_row_traced, rel=0.03)
+    traced, priced = block_pair_per_row(lambda pairs: _tiny(pairs, drop), spec, source, target, attn, **regime)
+    assert priced == pytest.approx(traced, rel=0.03)
 
 
 def _saved_by_front_end(model: Any, features: Any, autocast: bool) -> int:
