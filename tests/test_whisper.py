@@ -72,7 +72,7 @@ def test_a_config_counts_both_stacks_not_the_decoder_alone() -> None:
 
 
 def test_other_speech_models_are_refused_in_one_line() -> None:
-    with pytest.raises(InvalidModelError, match="Whisper's audio encoder only"):
+    with pytest.raises(InvalidModelError, match="reads 'input_features' \\(audio features\\), not token ids"):
         ModelSpec.from_any(transformers.Speech2TextConfig())
 
 

@@ -15,7 +15,8 @@ bits) is on the device through the step. With the front end frozen (LoRA on the 
 rest only where gradient checkpointing's input hook makes conv1's output require grad
 (``enable_input_require_grads``, which peft's ``prepare_model_for_kbit_training`` also registers).
 
-Traced against the real module on fake tensors (tests/test_whisper.py): the full model's trace less its blocks.
+Checked against the real module (tests/test_whisper.py): what autograd saves (saved_tensors_hooks) over a CPU forward
+up to the first block, to the byte, in fp32 and under autocast.
 """
 
 from __future__ import annotations

@@ -356,10 +356,9 @@ def _auto_class(transformers: Any, hf_config: Any, trust_remote_code: bool) -> A
     remote = trust_remote_code and isinstance(getattr(hf_config, "auto_map", None), dict)
     speech = transformers.AutoModelForSpeechSeq2Seq
     if type(hf_config) in speech._model_mapping and not remote:
-        if getattr(hf_config, "model_type", None) != "whisper":   # a speech front end perfguide has not read
-            raise InvalidModelError(f"model_type {hf_config.model_type!r} is a speech-to-text model; of those perfguide prices "
-                                    "Whisper's audio encoder only (openai/whisper-*, distil-whisper/*)")
-        return speech   # WhisperForCausalLM is its decoder alone (an assistant model): 154M of whisper-small's 242M
+        # the whole model: WhisperForCausalLM is its decoder alone (an assistant model), 154M of whisper-small's 242M;
+        # a speech front end perfguide does not price is then refused by what the class reads (model/inputs.py)
+        return speech
     seq2seq = (transformers.AutoModelForSeq2SeqLM,) if getattr(hf_config, "is_encoder_decoder", False) else ()
     for auto in (*seq2seq, transformers.AutoModelForCausalLM, transformers.AutoModel):
         if type(hf_config) in auto._model_mapping or (remote and auto.__name__ in hf_config.auto_map):
