@@ -355,7 +355,8 @@ def _auto_class(transformers: Any, hf_config: Any, trust_remote_code: bool) -> A
     all ~800 model modules (5.6 s for EvollaConfig the first time, the slowest input of bench/fuzz.py's model-type walk)."""
     remote = trust_remote_code and isinstance(getattr(hf_config, "auto_map", None), dict)
     speech = transformers.AutoModelForSpeechSeq2Seq
-    if type(hf_config) in speech._model_mapping and not remote:
+    text = type(hf_config) in transformers.AutoModelForSeq2SeqLM._model_mapping   # SeamlessM4T: its text-to-text model
+    if type(hf_config) in speech._model_mapping and not remote and not text:
         # the whole model: WhisperForCausalLM is its decoder alone (an assistant model), 154M of whisper-small's 242M;
         # a speech front end perfguide does not price is then refused by what the class reads (model/inputs.py)
         return speech
