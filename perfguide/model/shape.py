@@ -22,10 +22,24 @@ _LAYER_TYPES: frozenset[str] = frozenset({"full_attention", "sliding_attention",
 _PATTERN_DEFAULTS = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6, "cohere2": 4}
 
 
+#: keys a family keeps in nested dicts under its own names, read as the names every other family uses, by model type:
+#: DBRX's ``attn_config`` (DbrxAttentionConfig) and ``ffn_config`` (DbrxFFNConfig: each expert's width, the routed
+#: experts and their top-k; transformers 5.24 models/dbrx/configuration_dbrx.py). MPT also nests an ``attn_config``,
+#: whose llm-foundry keys transformers' MptAttention does not read (no grouped K/V), so it is not listed
+NESTED_KEYS = {"dbrx": {"attn_config": {"kv_n_heads": "num_key_value_heads", "rope_theta": "rope_theta"},
+                        "ffn_config": {"ffn_hidden_size": "intermediate_size", "moe_num_experts": "num_local_experts",
+                                       "moe_top_k": "num_experts_per_tok"}}}
+
+
 def decoder_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The language model's own config: ``text_config`` of a multimodal wrapper (Gemma-3, Llama-4), else itself."""
+    """The language model's own config: ``text_config`` of a multimodal wrapper (Gemma-3, Llama-4), else itself;
+    a family's nested keys (NESTED_KEYS) read at the top level, where a top-level key of the same name wins."""
     text = config.get("text_config")
-    return text if isinstance(text, dict) and text else config
+    base = text if isinstance(text, dict) and text else config
+    nested = NESTED_KEYS.get(str(base.get("model_type")), {})
+    flat = {new: sub[old] for key, names in nested.items() if isinstance(sub := base.get(key), dict)
+            for old, new in names.items() if old in sub}
+    return {**flat, **base} if flat else base
 
 
 def _first_int(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
