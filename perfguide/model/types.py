@@ -78,6 +78,7 @@ class SparseIndex(NamedTuple):
     n_heads: int
     topk: int
 
+
 class AudioInput(NamedTuple):
     """A speech encoder's fixed input (Whisper): ``mel_bins`` x ``frames`` log-mel features, which two convolutions
     (the second of stride 2) turn into ``positions`` encoder tokens. transformers' WhisperEncoder refuses any other
