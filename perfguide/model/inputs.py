@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidModelError
+from .types import AUDIO_MODEL_TYPES
 
 #: what a transformers class reads first (``main_input_name``), said in words for the refusal
 _INPUT_KINDS = {"pixel_values": "images", "pixel_values_videos": "video frames", "input_values": "raw audio",
@@ -22,7 +23,7 @@ def reads_tokens(module: Any, config: dict[str, Any]) -> None:
     as a language model over token sequences it never sees: refused in one line. Whisper's log-mel encoder is priced
     (model/types.py ``audio_input``); multimodal language models read ``input_ids`` first."""
     main = getattr(module, "main_input_name", "input_ids")
-    if main == "input_ids" or config.get("model_type") == "whisper":
+    if main == "input_ids" or config.get("model_type") in AUDIO_MODEL_TYPES:
         return
     what = _INPUT_KINDS.get(main, "no token ids") if isinstance(main, str) else "no token ids"
     raise InvalidModelError(f"{type(module).__name__} reads {main!r} ({what}), not token ids; perfguide prices language models "

@@ -79,6 +79,11 @@ class SparseIndex(NamedTuple):
     topk: int
 
 
+#: the speech models whose audio front end perfguide prices (AudioInput): read here, by the tracer's builder and by
+#: the rule that refuses every other model that reads no token ids (model/inputs.py)
+AUDIO_MODEL_TYPES = frozenset({"whisper"})
+
+
 class AudioInput(NamedTuple):
     """A speech encoder's fixed input (Whisper): ``mel_bins`` x ``frames`` log-mel features, which two convolutions
     (the second of stride 2) turn into ``positions`` encoder tokens. transformers' WhisperEncoder refuses any other
@@ -269,7 +274,7 @@ class ModelSpec(Model):
         twice the positions: conv1 keeps the length, conv2 halves it), None for a model that reads tokens."""
         config = self.config or {}
         mel, positions = config.get("num_mel_bins"), config.get("max_source_positions")
-        if self.model_type != "whisper" or not (isinstance(mel, int) and isinstance(positions, int)):
+        if self.model_type not in AUDIO_MODEL_TYPES or not (isinstance(mel, int) and isinstance(positions, int)):
             return None
         return AudioInput(mel, 2 * positions, positions)
 

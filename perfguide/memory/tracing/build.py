@@ -10,6 +10,7 @@ import copy
 from typing import Any
 
 from ...errors import InvalidModelError
+from ...model.types import AUDIO_MODEL_TYPES
 from ...setup import Setup
 from ...techniques import traced_model
 
@@ -101,7 +102,7 @@ def _speech_lengths(config: dict[str, Any], setup: Setup) -> dict[str, Any]:
     """Whisper's encoder takes exactly ``max_source_positions`` positions and its decoder at most
     ``max_target_positions``: a traced step at other lengths is the same model with position tables that fit them
     (a real run's lengths are the model's own, scenarios/speech.py)."""
-    if config.get("model_type") != "whisper":
+    if config.get("model_type") not in AUDIO_MODEL_TYPES:
         return config
     return {**config, "max_source_positions": setup.seq_len,
             "max_target_positions": max(int(config.get("max_target_positions") or 0), setup.decoder_len)}
