@@ -153,6 +153,12 @@ def _mpt(d: Dims, drop: float = 0.0) -> dict[str, Any]:
                 attn_config={"alibi": True})
 
 
+def _glm4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Llama's block with q/k/v biases, half-width (partial) rotary, a fused gate_up_proj, and two more RMSNorms, after
+    the attention and after the MLP (post_self_attn_layernorm, post_mlp_layernorm): their inputs and fp32 upcasts stay."""
+    return {**_llama(d, drop), "model_type": "glm4", "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -179,6 +185,8 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "cohere": (_cohere, ("h", "i", "kv")),
     "bloom": (_bloom, ("h",)),
     "mpt": (_mpt, ("h",)),
+    # stop 70 (bench/family_audit.py): GLM-4 priced through the generic (llama) table, 22% under the traced block
+    "glm4": (_glm4, ("h", "i", "q", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty
