@@ -344,6 +344,7 @@ def _train_setup(row: dict[str, str], spec: ModelSpec) -> Setup:
                                      cut_cross_entropy="CutCrossEntropyPlugin" in row["method"],
                                      chunked_cross_entropy="chunked_cross_entropy: true" in row["method"],
                                      quantized_experts="quantize_moe_experts" in row["method"],
+                                     linear_attention_kernels="fla" if "on flash-linear-attention" in row["method"] else "torch",
                                      activation_offloading=any(w in row["method"] for w in ("activation_offloading=True", ALST_CHECKPOINT_OFFLOAD)),  # TRL SFTConfig, ALST
                                      tiled_mlp_shard_tokens=alst_shard_tokens(spec) if ALST_TILED_MLP in row["method"] else 0,
                                      bnb_embedding_override=bnb_embedding_override(row["source"], row["optimizer"]))

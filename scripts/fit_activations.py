@@ -159,6 +159,14 @@ def _glm4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
     return {**_llama(d, drop), "model_type": "glm4", "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 
 
+def _qwen3_5(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Qwen3.5's full-attention block (every layer full here; its gated-DeltaNet layers are scripts/fit_linear_attention.py's):
+    Qwen3's per-head q/k RMSNorms (1 + weight, fp32), a q_proj twice as wide whose second half gates the attention output
+    through a sigmoid, half-width (partial) rotary, Gemma-style (1 + weight) RMSNorms around the block."""
+    return {**_llama(d, drop), "model_type": "qwen3_5_text", "layer_types": ["full_attention"] * 2, "use_cache": False,
+            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -187,6 +195,8 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "mpt": (_mpt, ("h",)),
     # stop 70 (bench/family_audit.py): GLM-4 priced through the generic (llama) table, 22% under the traced block
     "glm4": (_glm4, ("h", "i", "q", "kv")),
+    # stop 70: Qwen3.5's full-attention layers priced through the generic (llama) table, 29% under the traced block
+    "qwen3_5_text": (_qwen3_5, ("h", "i", "q", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty

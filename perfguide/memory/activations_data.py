@@ -66,6 +66,7 @@ from pydantic import Field
 
 from .._data import DataModel, validated
 from .block_backward import BlockBackward
+from .linear_attention import LinearAttentionTables
 from .loss_path import LossPaths
 from .masks import EagerBackward
 from .softcap import Softcap
@@ -170,6 +171,7 @@ class ActivationsData(DataModel):
     softcap: Softcap
     eager_backward: EagerBackward
     block_backward: BlockBackward
+    linear_attention: LinearAttentionTables
 
 
 def activations_data() -> ActivationsData:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..setup import Setup
 from .gpu_hint import gpu_hint
 from .host import cpu_dataloader, cpu_processes, cpu_threads
+from .rules_linear_attention import decide_linear_kernels
 from .rules_precision import cpu_precision
 from .search import SearchResult, gib, least_memory
 from .training import attention, check_optimizer, objective_fields, plan_training
@@ -21,14 +22,16 @@ def plan(request: Request) -> Plan:
     check_optimizer(cons.optimizer)
     prec = cpu_precision(hw.cpu, cons.precision)
     impl, attn_dec = attention(cons, prec, None, request.model, request.hardware.source == "probe", request.seq_len)
+    linear, linear_decs = decide_linear_kernels(request.model, cons.linear_attention_kernels, None, local=True,
+                                                seq_len=request.seq_len, cpu=True)
     processes, proc_dec = cpu_processes(hw.cpu, cons.num_gpus, request.global_batch_size)
     threads, threads_dec = cpu_threads(hw.cpu, processes=processes)
     workers, pin, host_decs = cpu_dataloader(hw.cpu)
     per_rank = request.global_batch_size // processes
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cpu", seq_len=request.seq_len, attn_implementation=impl, cpu_threads=threads,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cpu", seq_len=request.seq_len, attn_implementation=impl, **linear, cpu_threads=threads,
                  num_gpus=processes, strategy="ddp" if processes > 1 else "single",
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=per_rank)
-    return plan_training(request, base, prec, (*prec.decisions, attn_dec, proc_dec, threads_dec, *host_decs),
+    return plan_training(request, base, prec, (*prec.decisions, attn_dec, *linear_decs, proc_dec, threads_dec, *host_decs),
                          per_rank_batch=per_rank, adapter_kinds=("lora",), suggest=_what_would_fit)
 
 

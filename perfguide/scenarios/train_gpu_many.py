@@ -19,6 +19,7 @@ from .host import gpu_dataloader
 from .hybrid import hybrid_decision
 from .moe_targets import expert_free_lora
 from .nofit_training import freed_knobs, longest_sequence, precomputed_reference
+from .rules_linear_attention import decide_linear_kernels
 from .rules_precision import gpu_precision
 from .search import (
     Option,
@@ -92,11 +93,13 @@ def plan(request: Request, *, suggestions: bool = True) -> Plan:
     batch = per_rank_batch(request.global_batch_size, world)
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, request.model, request.hardware.source == "probe", request.seq_len)
+    linear, linear_decs = decide_linear_kernels(request.model, cons.linear_attention_kernels, prec.autocast or prec.half,
+                                                local=request.hardware.source == "probe", seq_len=request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, per_node)
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl, **linear,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=batch,
                  num_gpus=per_node, nodes=nodes)
-    p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=batch,
+    p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *linear_decs, *host_decs), per_rank_batch=batch,
                       suggest=partial(_what_would_fit, per_node=per_node) if suggestions else lambda *_: (),
                       verdict_only=not suggestions,
                       **layout_search(world, cons.allow_offload, cons.strategy, nodes, sequence_splits(request, per_node, nodes)))

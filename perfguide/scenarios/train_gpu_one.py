@@ -15,6 +15,7 @@ from .host import gpu_dataloader
 from .idle_gpus import with_idle_gpus
 from .moe_targets import expert_free_lora
 from .nofit_training import freed_knobs, longest_sequence, precomputed_reference
+from .rules_linear_attention import decide_linear_kernels
 from .rules_precision import gpu_precision
 from .search import SearchResult, bigger_gpu, fits, gib, least_memory, price, sharded_gpus_needed
 from .strategies import layout_search
@@ -46,14 +47,16 @@ def _plan(request: Request, suggest: Suggest, verdict_only: bool = False) -> Pla
     check_optimizer(cons.optimizer)
     prec = gpu_precision(spec, gpu, cons.precision)
     impl, attn_dec = attention(cons, prec, gpu, spec, request.hardware.source == "probe", request.seq_len)
+    linear, linear_decs = decide_linear_kernels(request.model, cons.linear_attention_kernels, prec.autocast or prec.half,
+                                                local=request.hardware.source == "probe", seq_len=request.seq_len)
     workers, pin, host_decs = gpu_dataloader(hw.cpu, 1)
-    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl,
+    base = Setup(task="train", avg_seq_len=request.constraints.avg_seq_len, target_len=request.constraints.target_len, **objective_fields(request.constraints), device="cuda", seq_len=request.seq_len, tf32=prec.tf32, attn_implementation=impl, **linear,
                  dataloader_num_workers=workers, dataloader_pin_memory=pin, gradient_accumulation_steps=request.global_batch_size)
     if cons.strategy in (None, "single"):
-        p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
+        p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *linear_decs, *host_decs), per_rank_batch=request.global_batch_size,
                           suggest=suggest, verdict_only=verdict_only)
     else:   # a ZeRO stage asked for: its one-GPU layouts (on the GPU, offloaded) searched and decided as train_gpu_many does
-        p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *host_decs), per_rank_batch=request.global_batch_size,
+        p = plan_training(request, base, prec, (*prec.decisions, attn_dec, *linear_decs, *host_decs), per_rank_batch=request.global_batch_size,
                           suggest=suggest, verdict_only=verdict_only, **layout_search(1, cons.allow_offload, cons.strategy))
         p = add_layout(request, p, request.global_batch_size)
     return p
