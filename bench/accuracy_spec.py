@@ -47,6 +47,9 @@ REUPLOADS = {"daryl149/llama-2-13b-chat-hf": "meta-llama/Llama-2-13b-hf",
              # T0 3B is T5 v1.1 XL LM-adapted, fine-tuned (huggingface.co/bigscience/T0_3B/config.json): Flan-T5-XL's
              # shape (2048 x 24 + 24 layers, 32 heads of 64, gated-GELU FFN 5120, vocab 32128, untied head)
              "bigscience/T0_3B": "google/flan-t5-xl",
+             # Olmo 3 7B Instruct SFT is post-trained from the 1025 base, whose config.json shape it keeps (4096 x 32,
+             # FFN 11008, 32 heads, sliding-window layers 3 in 4); inferred, row 3519 says so
+             "allenai/Olmo-3-7B-Instruct-SFT": "allenai/Olmo-3-1025-7B",
              "casperhansen/llama-3-70b-fp16": "meta-llama/Meta-Llama-3-70B"}  # Meta's weights in fp16: the same config.json shape
 
 
