@@ -81,6 +81,28 @@ def _gpt_oss(d: Dims) -> dict[str, Any]:
             "num_experts_per_tok": d["k"], "layer_types": ["full_attention"]}
 
 
+def _glm4_moe(d: Dims) -> dict[str, Any]:
+    """GLM-4.5 / 4.6's MoE block: a sigmoid router with a score-correction bias and group-limited top-k, its weights
+    renormalised and scaled, and shared experts (one plain SwiGLU MLP, n_shared x the routed width) added unscaled.
+    intermediate_size is the dense layers' width (first_k_dense_replace, 0 here: every block routed)."""
+    return {**_common(d), "model_type": "glm4_moe", "moe_intermediate_size": d["ie"], "intermediate_size": 4 * d["h"],
+            "n_routed_experts": d["e"], "num_experts_per_tok": d["k"], "n_shared_experts": d["shared"] // d["ie"],
+            "first_k_dense_replace": 0, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _deepseek_v3(d: Dims) -> dict[str, Any]:
+    """DeepSeek-V3's MoE block (Kimi-K2 and Moonlight run the same code): GLM-4.5's router and shared experts; its
+    latent attention (MLA) is outside the measured FFN. Group-limited routing over one group here."""
+    return {**_glm4_moe(d), "model_type": "deepseek_v3", "kv_lora_rank": 32, "q_lora_rank": 64, "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16, "v_head_dim": 16, "num_key_value_heads": 4}
+
+
+def _glm4_moe_lite(d: Dims) -> dict[str, Any]:
+    """GLM-4.7-Flash: DeepSeek-V3's latent attention and GLM-4.5's MoE block (sigmoid router, shared experts)."""
+    return {**_deepseek_v3(d), "model_type": "glm4_moe_lite", "mlp_layer_types": ["sparse"]}   # its first layer is dense
+
+
 def _dense(model_type: str) -> Callable[[Dims], dict[str, Any]]:
     """The dense model whose FFN is as wide as the MoE block's active experts."""
     def build(d: Dims) -> dict[str, Any]:
@@ -97,7 +119,15 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     "olmoe": (_olmoe, _dense("qwen3"), "qwen3", ()),
     # stop 41 (bench/family_audit.py): priced by the mixtral table, 21% low in bf16
     "gpt_oss": (_gpt_oss, _dense("mistral"), "llama", ()),
+    # stop 70 (bench/family_audit.py): priced by the generic (dense llama) table, 31% low in bf16
+    "glm4_moe": (_glm4_moe, _dense("mistral"), "llama", ()),
+    # stop 70: DeepSeek-V3 / Kimi-K2 / Moonlight priced by the mixtral table (0.83), GLM-4.7-Flash by the generic (0.56)
+    "deepseek_v3": (_deepseek_v3, _dense("mistral"), "mla", ()),
+    "glm4_moe_lite": (_glm4_moe_lite, _dense("mistral"), "mla_equal_v", ()),
 }
+#: families whose every MoE block carries shared experts n_shared x the routed width (GLM-4.5: n_shared_experts 1):
+#: fitted at points where the shared width follows the routed one, and at twice it
+SHARED_EXPERTS = frozenset({"glm4_moe", "deepseek_v3", "glm4_moe_lite"})
 #: what a family's source says beyond the common text
 NOTES = {"olmoe": " OLMoE's RMSNorms over the whole q and k projections keep one rsqrt per token where Qwen3's per-head "
                   "norms (the dense table here) keep one per head: 4 B x (heads + kv heads - 2) per token priced over "
@@ -280,7 +310,9 @@ def merged(base: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
 def fit_family(name: str, data: dict[str, Any]) -> dict[str, Any]:
     moe, dense, base_family, extra_points = MOE[name]
     points = [*STEPS, *extra_points]
-    free = ("h", "hk", "ir", "e", "k", "1") + (("i",) if extra_points else ())
+    if name in SHARED_EXPERTS:
+        points = [{**d, "shared": d["ie"]} for d in STEPS] + [{**d, "shared": 2 * d["ie"]} for d in STEPS[:4]]
+    free = ("h", "hk", "ir", "e", "k", "1") + (("i",) if extra_points or name in SHARED_EXPERTS else ())
     regimes = {}
     for regime in REGIMES:
         table = dict(data["families"][base_family]["regimes"][regime])

@@ -92,6 +92,7 @@ def block_dims(spec: ModelSpec) -> dict[str, int]:
     tokens x top-k rows however the router splits them over experts, so no term depends on the split."""
     moe = spec.num_experts > 1
     k = spec.num_experts_per_tok if moe else 0
+    mla = spec.is_mla   # latent attention (family mla, scripts/fit_mla.py): its ranks and value width; 0 elsewhere
     return {
         "h": spec.hidden_size,
         "i": spec.active_intermediate_size,
@@ -102,6 +103,10 @@ def block_dims(spec: ModelSpec) -> dict[str, int]:
         "ir": (spec.moe_intermediate_size or spec.intermediate_size) * k,
         "e": spec.num_experts if moe else 0,
         "k": k,
+        "ql": (spec.q_lora_rank or 0) if mla else 0,
+        "kvl": (spec.kv_lora_rank or 0) if mla else 0,
+        "vh": spec.num_attention_heads * (spec.v_head_dim or 0) if mla else 0,
+        "r": (spec.qk_rope_head_dim or 0) if mla else 0,
     }
 
 

@@ -71,8 +71,8 @@ from .loss_path import LossPaths
 from .masks import EagerBackward
 from .softcap import Softcap
 
-DIMS = ("h", "i", "q", "kv", "1", "hk", "ir", "e", "k")
-Dim = Literal["h", "i", "q", "kv", "1", "hk", "ir", "e", "k"]
+DIMS = ("h", "i", "q", "kv", "1", "hk", "ir", "e", "k", "ql", "kvl", "vh", "r")
+Dim = Literal["h", "i", "q", "kv", "1", "hk", "ir", "e", "k", "ql", "kvl", "vh", "r"]
 RegimeName = Literal["fp32", "amp", "half"]
 
 
