@@ -40,7 +40,7 @@ POPULAR = ("qwen2", "mistral", "falcon", "bloom", "starcoder2", "gpt_bigcode", "
            "gpt_oss", "olmoe", "mpt")
 #: types this audit gave a table of their own, still audited (their first ratios are in the report's header)
 FITTED = {"falcon": 40, "starcoder2": 40, "gpt_bigcode": 40, "mpt": 40, "olmoe": 40, "bloom": 40, "cohere": 40,
-          "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70}
+          "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70}
 #: config keys set when the type's config class has them (directly or through its attribute_map)
 DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
                         "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
@@ -60,7 +60,13 @@ DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_v
 EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]},
                                     # every DeepSeek-V3 release: as many K/V heads as query heads, values narrower than
                                     # queries and keys (128 vs 192), which decides the CUDA kernel (flash needs equal dims)
-                                    "deepseek_v3": {"num_key_value_heads": 8, "v_head_dim": 16}}
+                                    "deepseek_v3": {"num_key_value_heads": 8, "v_head_dim": 16},
+                                    # hybrids whose two blocks are both recurrent: no attention layer for the cache's
+                                    # length (transformers' get_seq_length refuses), so no cache in training
+                                    "qwen3_5_text": {"use_cache": False}, "qwen3_next": {"use_cache": False},
+                                    "qwen3_5_moe_text": {"use_cache": False},
+                                    # DeepseekV2Config leaves top-k unset (None) by default
+                                    "deepseek_v2": {"num_experts_per_tok": 2}}
 
 
 def audited_types() -> list[tuple[str, str, str]]:
@@ -92,10 +98,15 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     return dict(AutoConfig.for_model(model_type, **{**kwargs, **EXTRA.get(model_type, {})}).to_dict())
 
 
-def priced_slope(config: dict[str, Any], regime: dict[str, Any]) -> float:
+#: gated-DeltaNet hybrids are audited at 512 tokens: transformers' reference code keeps less in its first 64-token
+#: chunk, and the table prices the per-token bytes of longer sequences (scripts/fit_linear_attention.py)
+SEQS = {"qwen3_5_text": 512, "qwen3_next": 512, "qwen3_5_moe_text": 512}
+
+
+def priced_slope(config: dict[str, Any], regime: dict[str, Any], seq: int = SEQ) -> float:
     spec = ModelSpec.from_any(dict(config))
-    a, b = (layer_bytes(spec, Setup(micro_batch_size=bs, seq_len=SEQ, optimizer="sgd", **regime)) for bs in BATCHES)
-    return (b - a) / ((BATCHES[1] - BATCHES[0]) * SEQ)
+    a, b = (layer_bytes(spec, Setup(micro_batch_size=bs, seq_len=seq, optimizer="sgd", **regime)) for bs in BATCHES)
+    return (b - a) / ((BATCHES[1] - BATCHES[0]) * seq)
 
 
 def refuses_sdpa(model_type: str) -> bool:
@@ -114,7 +125,8 @@ def audit(model_type: str) -> dict[str, Any]:
         if attn:
             row["eager"] = True
         for name, kw in REGIMES.items():
-            row[name] = (priced_slope(config, {**kw, **attn}), token_slope(config, {**kw, **attn}))
+            seq = SEQS.get(model_type, SEQ)
+            row[name] = (priced_slope(config, {**kw, **attn}, seq), token_slope(config, {**kw, **attn}, seq))
     except Exception as exc:  # noqa: BLE001 - a type that does not build or trace is a row of the table, not a stop
         text = str(exc).splitlines()[0][:110] if str(exc) else ""
         if "Expected inputs of BF16 type" in text:
