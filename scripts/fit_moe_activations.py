@@ -103,6 +103,20 @@ def _glm4_moe_lite(d: Dims) -> dict[str, Any]:
     return {**_deepseek_v3(d), "model_type": "glm4_moe_lite", "mlp_layer_types": ["sparse"]}   # its first layer is dense
 
 
+def _qwen3_5_moe(d: Dims) -> dict[str, Any]:
+    """Qwen3.5-MoE's block (Qwen3.6-35B-A3B too): Qwen2-MoE's (a shared expert scaled by a sigmoid gate beside the routed
+    ones) with top-k renormalised; one full-attention block, whose gated attention is qwen3_5_text's table (the
+    gated-DeltaNet layers' difference is activations.json linear_attention)."""
+    return {**_common(d), "model_type": "qwen3_5_moe_text", "moe_intermediate_size": d["ie"], "num_experts": d["e"],
+            "num_experts_per_tok": d["k"], "shared_expert_intermediate_size": d["shared"], "layer_types": ["full_attention"],
+            "use_cache": False, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _qwen3_next(d: Dims) -> dict[str, Any]:
+    """Qwen3-Next: the same MoE block and gated attention as Qwen3.5-MoE."""
+    return {**_qwen3_5_moe(d), "model_type": "qwen3_next", "norm_topk_prob": True}
+
+
 def _dense(model_type: str) -> Callable[[Dims], dict[str, Any]]:
     """The dense model whose FFN is as wide as the MoE block's active experts."""
     def build(d: Dims) -> dict[str, Any]:
@@ -124,6 +138,9 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     # stop 70: DeepSeek-V3 / Kimi-K2 / Moonlight priced by the mixtral table (0.83), GLM-4.7-Flash by the generic (0.56)
     "deepseek_v3": (_deepseek_v3, _dense("mistral"), "mla", ()),
     "glm4_moe_lite": (_glm4_moe_lite, _dense("mistral"), "mla_equal_v", ()),
+    # stop 70: Qwen3.5-MoE and Qwen3-Next's attention and MoE blocks priced by the generic table
+    "qwen3_5_moe_text": (_qwen3_5_moe, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
+    "qwen3_next": (_qwen3_next, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
 }
 #: families whose every MoE block carries shared experts n_shared x the routed width (GLM-4.5: n_shared_experts 1):
 #: fitted at points where the shared width follows the routed one, and at twice it

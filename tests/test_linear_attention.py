@@ -152,3 +152,15 @@ def test_plan_names_the_kernels_and_honours_them() -> None:
                             linear_attention_kernels="fla")
     llama = perfguide.recommend("meta-llama/Llama-3.2-1B", "train_gpu_one", hardware="a100-80gb", seq_len=1024)
     assert all(d.setting != "linear_attention_kernels" for d in llama.decisions)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_moe_text", "qwen3_next"])
+def test_moe_hybrid_attention_block_is_what_the_real_block_saves(model_type: str) -> None:
+    # Qwen3.5-MoE's and Qwen3-Next's full-attention blocks: Qwen3.5's gated attention and a Qwen2-MoE-style block (a
+    # sigmoid-gated shared expert); both priced through the generic (llama) table until stop 70
+    config = {**_config("full_attention"), "model_type": model_type, "moe_intermediate_size": 40, "num_experts": 6,
+              "num_experts_per_tok": 3, "shared_expert_intermediate_size": 72, "norm_topk_prob": True}
+    short, long = (block_saved_bytes(config, 1, s) for s in LENGTHS)
+    spec = ModelSpec.from_any(config)
+    a, b = (layer_bytes(spec, Setup(micro_batch_size=1, seq_len=s, weights_dtype="bf16", optimizer="sgd")) for s in LENGTHS)
+    assert (b - a) == pytest.approx(long - short, rel=0.01)
