@@ -117,6 +117,13 @@ def _qwen3_next(d: Dims) -> dict[str, Any]:
     return {**_qwen3_5_moe(d), "model_type": "qwen3_next", "norm_topk_prob": True}
 
 
+def _minimax_m2(d: Dims) -> dict[str, Any]:
+    """MiniMax-M2: a sigmoid router with a score-correction bias (DeepSeek-V3's, without groups or shared experts),
+    routed experts of intermediate_size; RMSNorms over the whole q and k projections (OLMoE's, on Qwen3's table)."""
+    return {**_common(d), "model_type": "minimax_m2", "intermediate_size": d["ie"], "num_local_experts": d["e"],
+            "num_experts_per_tok": d["k"]}
+
+
 def _dense(model_type: str) -> Callable[[Dims], dict[str, Any]]:
     """The dense model whose FFN is as wide as the MoE block's active experts."""
     def build(d: Dims) -> dict[str, Any]:
@@ -138,6 +145,8 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     # stop 70: DeepSeek-V3 / Kimi-K2 / Moonlight priced by the mixtral table (0.83), GLM-4.7-Flash by the generic (0.56)
     "deepseek_v3": (_deepseek_v3, _dense("mistral"), "mla", ()),
     "glm4_moe_lite": (_glm4_moe_lite, _dense("mistral"), "mla_equal_v", ()),
+    # stop 70 (bench/family_audit.py): priced by the generic (dense llama) table, 19% low in bf16
+    "minimax_m2": (_minimax_m2, _dense("qwen3"), "qwen3", ()),
     # stop 70: Qwen3.5-MoE and Qwen3-Next's attention and MoE blocks priced by the generic table
     "qwen3_5_moe_text": (_qwen3_5_moe, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
     "qwen3_next": (_qwen3_next, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
