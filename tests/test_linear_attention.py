@@ -164,3 +164,21 @@ def test_moe_hybrid_attention_block_is_what_the_real_block_saves(model_type: str
     spec = ModelSpec.from_any(config)
     a, b = (layer_bytes(spec, Setup(micro_batch_size=1, seq_len=s, weights_dtype="bf16", optimizer="sgd")) for s in LENGTHS)
     assert (b - a) == pytest.approx(long - short, rel=0.01)
+
+
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_hybrid_plan_trains_a_step(finetune: str, tmp_path: Any) -> None:
+    # the plan's TrainingArguments and prepare_model through transformers' Trainer on a tiny Qwen3.5 (three DeltaNet
+    # layers and one attention layer, transformers' reference code: what this machine runs)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import perfguide
+
+    config = {**_config("linear_attention"), "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    rec = perfguide.recommend(config, "train_cpu", hardware="cpu", seq_len=128, global_batch_size=2, finetune=finetune)
+    assert rec.setup.linear_attention_kernels == "torch"
+    model = rec.prepare_model(transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)))
+    args = rec.training_args(output_dir=str(tmp_path), max_steps=1, report_to=[], save_strategy="no")
+    rows = [{"input_ids": torch.randint(0, 512, (128,)), "labels": torch.randint(0, 512, (128,))} for _ in range(4)]
+    out = transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+    assert out.global_step == 1 and out.training_loss > 0

@@ -71,5 +71,5 @@ def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | No
         setting="linear_attention_kernels", value="torch", source=sources.LINEAR_ATTENTION_KERNELS, **gap,
         reason=f"{why}: priced as transformers' PyTorch reference code for the gated-DeltaNet layers, which keeps every "
                "64-token chunk's state and fp32 copies for backward",
-        alternatives=(Alternative(value="fla", why_not=f"{why}; pip install flash-linear-attention causal-conv1d and pass "
-                                                      "linear_attention_kernels='fla': less memory, faster"),)),)
+        alternatives=(Alternative(value="fla", why_not=why if cpu else f"{why}; pip install flash-linear-attention "
+                                  "causal-conv1d and pass linear_attention_kernels='fla': less memory, faster"),)),)
