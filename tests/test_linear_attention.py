@@ -182,3 +182,24 @@ def test_hybrid_plan_trains_a_step(finetune: str, tmp_path: Any) -> None:
     rows = [{"input_ids": torch.randint(0, 512, (128,)), "labels": torch.randint(0, 512, (128,))} for _ in range(4)]
     out = transformers.Trainer(model=model, args=args, train_dataset=rows).train()
     assert out.global_step == 1 and out.training_loss > 0
+
+
+def test_padding_free_needs_the_kernels_on_deltanet_layers() -> None:
+    # transformers hands a packed row's cu_seqlens to the DeltaNet layer; only flash-linear-attention takes them (its
+    # reference code raises: integrations/hub_kernels.py), so a padding-free plan on the reference code is not offered
+    import perfguide
+    from perfguide.errors import ConflictingConstraintsError, InvalidSetupError
+
+    plan = perfguide.recommend("Qwen/Qwen3.5-9B", "train_gpu_one", hardware="h100", seq_len=4096, avg_seq_len=1000)
+    assert plan.setup.linear_attention_kernels == "torch" and not plan.setup.padding_free
+    fla = perfguide.recommend("Qwen/Qwen3.5-9B", "train_gpu_one", hardware="h100", seq_len=4096, avg_seq_len=1000,
+                              linear_attention_kernels="fla")
+    assert fla.setup.padding_free
+    with pytest.raises(ConflictingConstraintsError, match="flash-linear-attention"):
+        perfguide.recommend("Qwen/Qwen3.5-9B", "train_gpu_one", hardware="h100", seq_len=4096, avg_seq_len=1000,
+                            padding_free=True)
+    with pytest.raises(InvalidSetupError, match="flash-linear-attention"):
+        perfguide.estimate("Qwen/Qwen3.5-9B", {"seq_len": 4096, "padding_free": True, "avg_seq_len": 1000,
+                                               "weights_dtype": "bf16"}, hardware="h100")
+    llama = perfguide.recommend("meta-llama/Llama-3.1-8B", "train_gpu_one", hardware="h100", seq_len=4096, avg_seq_len=1000)
+    assert llama.setup.padding_free

@@ -81,7 +81,7 @@ def honour_switches(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:
         kept = [Rung(r.name, r.tradeoff, tuple(s for s in r.templates if t.active(s) == want)) for r in rungs]
         kept = [r for r in kept if r.templates]
         if not kept:
-            why = t.why_not(ctx.base.replace(task="train"), ctx.hardware, ctx.model) if want else None
+            why = _why_not_on(t, ctx) if want else None
             raise ConflictingConstraintsError(
                 f"{t.switch}={want!r} cannot be honoured in this plan: "
                 + (why or f"no candidate for these constraints can {'use' if want else 'go without'} it "
@@ -89,6 +89,16 @@ def honour_switches(rungs: list[Rung], ctx: LadderContext) -> list[Rung]:
                 + f"; drop {t.switch} or change what conflicts with it")
         rungs = kept
     return rungs
+
+
+def _why_not_on(t: techniques.Technique, ctx: LadderContext) -> str | None:
+    """Why the forced technique cannot run on the plan's base Setup, asked with its switch on (a technique that is off
+    has nothing against it); None where that Setup itself is refused, or the technique has nothing to say."""
+    try:
+        on = ctx.base.replace(task="train", **({t.switch: True} if t.switch else {}))
+    except ValueError:
+        return None
+    return t.why_not(on, ctx.hardware, ctx.model)
 
 
 def _switch_context(ctx: LadderContext) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..memory.linear_attention import deltanet_share
 from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, StepShape
 
@@ -50,6 +51,18 @@ class PaddingFree(Technique):
             return (f"padding_free (flattened samples, avg_seq_len) and packed_doc_len={setup.packed_doc_len} (document-masked "
                     "packs) are two packings of the same batch; set one of them")
         return super().conflict(setup)
+
+    def why_not(self, setup: Any, hardware: Any = None, model: Any = None) -> str | None:
+        """Packed rows through gated-DeltaNet layers (Qwen3.5, Qwen3-Next) need the kernels that keep the sequences
+        apart: transformers hands the layer cu_seqlens, which only flash-linear-attention takes (its reference code
+        raises on them, integrations/hub_kernels.py) and without which the recurrent state would run on across them."""
+        base = super().why_not(setup, hardware, model)
+        if base or not self.active(setup) or model is None or setup.linear_attention_kernels != "torch" \
+                or not deltanet_share(model):
+            return base
+        return ("padding-free packing through gated-DeltaNet layers needs flash-linear-attention, which keeps the packed "
+                "sequences apart (transformers' reference code refuses them); install it and pass "
+                "linear_attention_kernels='fla', or padding_free=False")
 
     def label_word(self, setup: Any) -> str | None:
         return "padding-free" if self.active(setup) else None
