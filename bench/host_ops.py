@@ -97,6 +97,28 @@ def param_wrapper_ops() -> float:
     return ((moe_ops(3, "all-linear") - moe_ops(1, "all-linear")) - (moe_ops(3, attention) - moe_ops(1, attention))) / 2
 
 
+def deltanet_ops(layers: int, seq: int) -> int:
+    """Aten ops of one micro-step of a tiny Qwen3.5 whose layers all run gated DeltaNet on transformers' reference code
+    (no flash-linear-attention here), at ``seq`` tokens."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen3_5_text", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                  num_key_value_heads=2, head_dim=16, num_hidden_layers=layers,
+                                  layer_types=["linear_attention"] * layers, linear_num_key_heads=2,
+                                  linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                                  vocab_size=128, use_cache=False, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return _count_step(AutoModelForCausalLM.from_config(config).train(), torch.randint(0, 128, (1, seq)))
+
+
+def deltanet_chunk_ops() -> float:
+    """Ops the reference code's loop adds per DeltaNet layer for each more 64-token chunk: per layer at 512 tokens minus
+    at 256, over the 4 chunks between (past the first chunks, which keep less)."""
+    at = {s: (deltanet_ops(3, s) - deltanet_ops(1, s)) / 2 for s in (256, 512)}
+    return (at[512] - at[256]) / 4
+
+
 def measure() -> dict[str, float]:
     full, full_ckpt = per_layer(False, False), per_layer(False, True)
     lora, lora_ckpt = per_layer(True, False), per_layer(True, True)
@@ -104,7 +126,8 @@ def measure() -> dict[str, float]:
     return {"full": full, "full_ckpt": full_ckpt, "lora": lora, "lora_ckpt": lora_ckpt, "full_amp": full_amp, "lora_amp": lora_amp,
             "recompute_factor": (full_ckpt / full + lora_ckpt / lora) / 2,
             "autocast_factor": (full_amp / full + lora_amp / lora) / 2,
-            "lora_per_linear": (lora - full) / LINEARS_PER_LAYER, "param_wrapper": param_wrapper_ops()}
+            "lora_per_linear": (lora - full) / LINEARS_PER_LAYER, "param_wrapper": param_wrapper_ops(),
+            "deltanet_chunk": deltanet_chunk_ops()}
 
 
 def report(m: dict[str, float]) -> str:
@@ -128,12 +151,15 @@ def report(m: dict[str, float]) -> str:
         f"- autocast factor (the casts AMP inserts, mean of full and LoRA): {m['autocast_factor']:.2f}",
         f"- ops one LoRA Linear adds: {m['lora_per_linear']:.1f}",
         f"- ops peft's ParamWrapper adds per MoE layer (tiny bf16 Qwen3-MoE, all-linear minus attention-only LoRA: the "
-        f"experts' gate_up / down and the router adapted as parameters): {m['param_wrapper']:.0f}", "",
+        f"experts' gate_up / down and the router adapted as parameters): {m['param_wrapper']:.0f}",
+        f"- ops a gated-DeltaNet layer on transformers' reference code adds per 64-token chunk (tiny Qwen3.5, every layer "
+        f"DeltaNet, 512 minus 256 tokens over 4 chunks): {m['deltanet_chunk']:.0f}", "",
         "efficiency.json as shipped: "
         f"cuda_ops_per_layer {eff['cuda_ops_per_layer']['value']}, recompute_ops_factor {eff['recompute_ops_factor']['value']}, "
         f"autocast_ops_factor {eff['autocast_ops_factor']['value']}, "
         f"lora_ops_per_adapted_linear {eff['lora_ops_per_adapted_linear']['value']}, "
-        f"param_wrapper_ops_per_moe_layer {eff['param_wrapper_ops_per_moe_layer']['value']} (tests/test_host_ops.py checks they match this count).",
+        f"param_wrapper_ops_per_moe_layer {eff['param_wrapper_ops_per_moe_layer']['value']}, "
+        f"deltanet_reference_ops_per_chunk {eff['deltanet_reference_ops_per_chunk']['value']} (tests/test_host_ops.py checks they match this count).",
     ]
     return "\n".join(lines) + "\n"
 

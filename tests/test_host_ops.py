@@ -25,6 +25,7 @@ def test_shipped_op_counts_match_a_real_count(counted: dict[str, float]) -> None
     assert _const("lora_ops_per_adapted_linear") == pytest.approx(counted["lora_per_linear"], rel=0.1)
     assert _const("autocast_ops_factor") == pytest.approx(counted["autocast_factor"], rel=0.05)
     assert _const("param_wrapper_ops_per_moe_layer") == pytest.approx(counted["param_wrapper"], rel=0.1)
+    assert _const("deltanet_reference_ops_per_chunk") == pytest.approx(counted["deltanet_chunk"], rel=0.1)
 
 
 def test_launch_floor_by_hand() -> None:
@@ -57,3 +58,18 @@ def test_launch_floor_of_moe_expert_lora_by_hand() -> None:
     assert _launch_ops(spec, attention) == pytest.approx(48 * (block + 4 * adapter))
     every = attention.model_copy(update={"lora": LoraSpec(r=16, dropout=0.0, target_modules="all-linear")})
     assert _launch_ops(spec, every) == pytest.approx(48 * (block + 4 * adapter + _const("param_wrapper_ops_per_moe_layer")))
+
+
+def test_launch_floor_of_deltanet_reference_code_by_hand() -> None:
+    """Qwen3.5-9B (32 layers, 24 of them gated DeltaNet): on transformers' reference code each DeltaNet layer adds its
+    chunk loop's ops, ceil(s / 64) chunks; flash-linear-attention's kernel adds none."""
+    from perfguide.model.types import ModelSpec
+    from perfguide.speed.training import _launch_ops
+
+    spec = ModelSpec.from_any("Qwen/Qwen3.5-9B")
+    torch_path = Setup(weights_dtype="bf16", seq_len=4000)
+    chunks = 63   # ceil(4000 / 64)
+    assert _launch_ops(spec, torch_path) == pytest.approx(32 * _const("cuda_ops_per_layer")
+                                                          + 24 * chunks * _const("deltanet_reference_ops_per_chunk"))
+    fla = torch_path.model_copy(update={"linear_attention_kernels": "fla"})
+    assert _launch_ops(spec, fla) == pytest.approx(32 * _const("cuda_ops_per_layer"))

@@ -19,6 +19,7 @@ from .. import techniques
 from ..hardware.types import GPU
 from ..memory.activations import block_dims
 from ..memory.kbit import kbit_fp32_parts
+from ..memory.linear_attention import deltanet_share
 from ..model.types import ModelSpec
 from ..setup import Setup
 from . import rates, traffic
@@ -193,6 +194,17 @@ def lora_ops_per_layer(setup: Setup, lora_rank_per_layer: int) -> float:
     if setup.lora.use_dora:   # DoRA's norm and rescaling (speed/dora.py), DoRA adapting Linears only
         per_linear += float(constant("dora_ops_per_adapted_linear")["dropout" if setup.lora.dropout > 0 else "no_dropout"])
     return per_linear * lora_rank_per_layer / setup.lora.r
+
+
+def deltanet_chunk_ops(spec: ModelSpec, setup: Setup) -> float:
+    """Extra eager ops per block (the depth's mean) of gated-DeltaNet layers on transformers' PyTorch reference code,
+    which loops over 64-token chunks in Python: ``deltanet_reference_ops_per_chunk`` host dispatches per chunk and
+    micro-step (counted by bench/host_ops.py), at the share of DeltaNet layers; flash-linear-attention's chunk kernel
+    runs a sequence in a few launches (none priced here)."""
+    if setup.linear_attention_kernels != "torch":
+        return 0.0
+    share = deltanet_share(spec)
+    return share * float(constant("deltanet_reference_ops_per_chunk")) * -(-setup.seq_len // 64) if share else 0.0
 
 
 def trainable_tensors(spec: ModelSpec, setup: Setup) -> int:

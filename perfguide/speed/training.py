@@ -162,10 +162,12 @@ def _compute_split(spec: ModelSpec, setup: Setup) -> tuple[float, float, float]:
 
 
 def _launch_ops(spec: ModelSpec, setup: Setup) -> float:
-    """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops and
-    peft's ParamWrapper ops on a MoE's fused experts and router (averaged over the layers)."""
+    """Eager ops the host dispatches per micro-step: the block's own, plus each LoRA-adapted Linear's adapter ops,
+    peft's ParamWrapper ops on a MoE's fused experts and router, and a hybrid's DeltaNet chunk loop (averaged over the
+    layers)."""
     led = ledger(spec, setup)
     per_layer = constant("cuda_ops_per_layer") + terms.lora_ops_per_layer(setup, led.lora_rank_per_layer)
+    per_layer += terms.deltanet_chunk_ops(spec, setup)   # a hybrid's DeltaNet chunk loop (transformers' reference code)
     if led.experts is not None:
         per_layer += constant("param_wrapper_ops_per_moe_layer") * led.experts.moe_layers / spec.total_layers
     kernels = techniques.kernel_factors(setup)
