@@ -51,9 +51,27 @@ RECENT = {"3113": ("examples/glm45/README.md @753906cfc", "63.4", "1", "single",
 LFM2 = {"3119": ("examples/LiquidAI/README.md @130ef7c51", "25")}
 
 
+#: stop 70 (docs/validation.md 99): row -> (README at the commit that wrote the figure, the figure as quoted; None: OOM)
+STOP70 = {"3520": ("examples/glm47-flash/README.md @753906cfc", "~34GiB"), "3521": ("examples/glm47-flash/README.md @753906cfc", None),
+          "3557": ("examples/qwen3.5/README.md @c11938233", "~47 GiB"), "3558": ("examples/qwen3.5/README.md @113d275bd", "~61 GiB"),
+          "3560": ("examples/granite4/README.md @49b810798", "40.8"), "3561": ("examples/LiquidAI/README.md @ab63b92c3", "16.2"),
+          "3562": ("examples/jamba/README.md @05b398a07", "~51GiB"), "3563": ("examples/jamba/README.md @05b398a07", "35GiB"),
+          "3564": ("examples/jamba/README.md @05b398a07", "56GiB"), "3565": ("examples/jamba/README.md @05b398a07", "67")}
+
+
+def test_stop70_rows_quote_their_readmes() -> None:
+    for row_id, (readme, quoted) in STOP70.items():
+        row = ROWS[row_id]
+        assert readme in row["source"], row_id
+        if quoted is None:
+            assert row["value_kind"] == "oom" and "OOM" in row["source"], row_id
+        else:
+            assert quoted in row["source"] and quoted.strip("~ GiB") == row["peak_mem_value"], row_id
+
+
 def test_rows_are_the_readmes_figures() -> None:
     assert sorted(r for r, row in ROWS.items() if row["source_group"] == "axolotl_example_readmes") == sorted(
-        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT, **RECENT, **LFM2})
+        {**READMES, **LLAMA3, **GPT_OSS, **QWEN3_NEXT, **RECENT, **LFM2, **STOP70})
     for row_id, (yaml_name, value, gpus, trust) in LLAMA3.items():
         row = ROWS[row_id]
         assert "examples/llama-3/README.md @15f7910d3" in row["source"] and f"({yaml_name})" in row["source"].replace("./", "")
