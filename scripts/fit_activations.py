@@ -167,6 +167,16 @@ def _qwen3_5(d: Dims, drop: float = 0.0) -> dict[str, Any]:
             "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 
 
+def _lfm2(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """LFM2's attention block (every layer attention here): per-head q/k RMSNorms, out_proj, a SwiGLU MLP (w1, w3, w2)
+    built at the width given (block_auto_adjust_ff_dim off: the spec reports the built width, model/shape.ffn_width).
+    Its short-convolution blocks keep within 1.5% of this block at LFM2's released widths (docs/validation.md 99)."""
+    return dict(model_type="lfm2", hidden_size=d["h"], intermediate_size=d["i"], num_attention_heads=d["h"] // 16,
+                num_key_value_heads=d["kv"] // 16, num_hidden_layers=2, layer_types=["full_attention"] * 2,
+                full_attn_idxs=[0, 1], block_auto_adjust_ff_dim=False, vocab_size=VOCAB, tie_word_embeddings=False,
+                max_position_embeddings=1024, use_cache=False, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -197,6 +207,8 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "glm4": (_glm4, ("h", "i", "q", "kv")),
     # stop 70: Qwen3.5's full-attention layers priced through the generic (llama) table, 29% under the traced block
     "qwen3_5_text": (_qwen3_5, ("h", "i", "q", "kv")),
+    # stop 70: LFM2 priced through the generic (llama) table at its written block_ff_dim, 15% over at 1.2B's widths
+    "lfm2": (_lfm2, ("h", "i", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty

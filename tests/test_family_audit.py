@@ -45,6 +45,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
              "head_dim": H // HEADS, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2},
     "olmo3": {"hidden_size": H, "intermediate_size": I, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
               "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2},
+    # LFM2's attention block, its FFN built from the written width as Lfm2MLP builds it (two thirds, rounded up to 256)
+    "lfm2": {"hidden_size": H, "intermediate_size": I, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+             "full_attn_idxs": [0, 1], "layer_types": ["full_attention"] * 2, "use_cache": False, "pad_token_id": 0,
+             "eos_token_id": 1, "bos_token_id": 2},
 }
 #: model classes that refuse SDPA: traced and priced with the eager attention they load
 EAGER = {"bloom", "mpt"}
@@ -124,3 +128,19 @@ def test_falcon_with_expanded_heads_keeps_no_scores(arch: dict[str, Any]) -> Non
     saved = [(block_saved_bytes(config, 2 * B, s) - block_saved_bytes(config, B, s)) / (B * s) for s in (S, 2 * S)]
     assert short == longer
     assert saved[1] - saved[0] < HEADS * S      # a math path would add >= 4 B x heads x s per token
+
+
+@pytest.mark.parametrize("hub_id", ["LiquidAI/LFM2-350M", "LiquidAI/LFM2-700M", "LiquidAI/LFM2-1.2B"])
+def test_lfm2_ffn_is_the_width_transformers_builds(hub_id: str) -> None:
+    # LFM2's configs write block_ff_dim (12,288 for 1.2B); Lfm2MLP builds two thirds of it, rounded up to 256 (8,192):
+    # the spec had priced the written width (15% over the traced block at 1.2B's widths)
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    spec = ModelSpec.from_any(hub_id)
+    config = transformers.AutoConfig.for_model(**{k: v for k, v in spec.config.items() if k != "transformers_version"})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    built = {tuple(p.shape) for n, p in model.named_parameters() if n.endswith("feed_forward.w1.weight")}
+    assert built == {(spec.intermediate_size, spec.hidden_size)}
+    assert spec.intermediate_size < spec.config.get("block_ff_dim", spec.config.get("intermediate_size"))

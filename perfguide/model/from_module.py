@@ -189,8 +189,9 @@ def _inferred_dims(module: Any, full_config: dict[str, Any]) -> tuple[dict[str, 
     head_dim = (config["qk_nope_head_dim"] + config["qk_rope_head_dim"]) if mla else (config.get("head_dim") or h // heads)
     dims |= dict(num_key_value_heads=config.get("num_key_value_heads") or _fused_kv_heads(linears, h, heads, head_dim)
                  or heads, head_dim=head_dim,
-                 intermediate_size=fields.widest(config.get("intermediate_size")) or config.get("ffn_dim")
-                 or config.get("encoder_ffn_dim") or (min(wider) if wider else 4 * h),
+                 intermediate_size=shape.ffn_width(config, fields.widest(config.get("intermediate_size"))
+                                                   or config.get("ffn_dim") or config.get("encoder_ffn_dim")
+                                                   or (min(wider) if wider else 4 * h)),
                  gated_mlp=sum(1 for k in linears if "gate" in k or "wi_0" in k) > 0)
     if stacks:
         dims |= dict(is_encoder_decoder=True, num_layers=len(stacks[0]), num_decoder_layers=len(stacks[1]),

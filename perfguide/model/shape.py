@@ -42,6 +42,20 @@ def decoder_config(config: dict[str, Any]) -> dict[str, Any]:
     return {**flat, **base} if flat else base
 
 
+def ffn_width(config: dict[str, Any], written: int) -> int:
+    """The FFN width a config's blocks build from the width it writes: LFM2's MLP (transformers Lfm2MLP) takes two thirds
+    of ``intermediate_size`` (``block_ff_dim``) under ``block_auto_adjust_ff_dim``, then scales it by
+    ``block_ffn_dim_multiplier`` and rounds it up to ``block_multiple_of``; every other config builds what it writes."""
+    if not (str(config.get("model_type", "")).startswith("lfm2") and config.get("block_auto_adjust_ff_dim")):
+        return written
+    width = int(2 * written / 3)
+    multiplier, multiple = config.get("block_ffn_dim_multiplier"), config.get("block_multiple_of") or 1
+    if isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
+        width = int(multiplier * width)
+        width = multiple * ((width + multiple - 1) // multiple)
+    return width
+
+
 def _first_int(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     for key in keys:
         value = config.get(key)
