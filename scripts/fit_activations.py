@@ -453,6 +453,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def least_squares(rows: list[dict[str, int]], ys: list[float], terms: tuple[str, ...]) -> dict[str, float]:
+    """Coefficients over ``terms`` that best give ``ys`` from the ``rows``' dims (bytes per token), rounded to 3 places,
+    zeros dropped; the worst residual is printed (0 where the form is exact). The other fit scripts' solver."""
+    import numpy as np
+
+    x = np.array([[row[t] for t in terms] for row in rows], dtype=float)
+    coef, *_ = np.linalg.lstsq(x, np.array(ys, dtype=float), rcond=None)
+    worst = float(np.max(np.abs(x @ coef - np.array(ys, dtype=float))))
+    print(f"    fit over {len(rows)} points, worst residual {worst:.3f} B/token", flush=True)
+    out = {t: round(float(c), 3) for t, c in zip(terms, coef)}
+    return {t: v for t, v in out.items() if abs(v) > 1e-6}
+
+
 def write_data(data: dict[str, Any], dry_run: bool) -> None:
     """Rewrite activations.json (the fit scripts' last step), unless ``--dry-run``."""
     if not dry_run:

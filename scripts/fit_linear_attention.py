@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fit_activations import DATA, block_bytes, write_data
+from fit_activations import DATA, block_bytes, least_squares, write_data
 
 from perfguide.setup import Setup
 
@@ -132,16 +132,6 @@ def difference(p: dict[str, int], regime: dict[str, Any], seq: int, path: str) -
     return linear - block_bytes(config(p, "full_attention"), setup)
 
 
-def solve(ys: list[float]) -> dict[str, float]:
-    import numpy as np
-
-    x = np.array([[dims(p)[t] for t in TERMS] for p in STEPS], dtype=float)
-    coef, *_ = np.linalg.lstsq(x, np.array(ys, dtype=float), rcond=None)
-    worst = float(np.max(np.abs(x @ coef - np.array(ys)))) if ys else 0.0
-    print(f"    worst residual {worst:.2f} B", flush=True)
-    return {t: round(float(c), 3) for t, c in zip(TERMS, coef) if abs(c) > 1e-6}
-
-
 def fit_path(path: str) -> dict[str, Any]:
     out = {}
     for name, regime in REGIMES.items():
@@ -149,7 +139,7 @@ def fit_path(path: str) -> dict[str, Any]:
             continue
         short, long = ([difference(p, regime, s, path) for p in STEPS] for s in LENGTHS)
         tokens = BATCH * (LENGTHS[1] - LENGTHS[0])
-        out[name] = {"per_token": solve([(b - a) / tokens for a, b in zip(short, long)])}
+        out[name] = {"per_token": least_squares([dims(p) for p in STEPS], [(b - a) / tokens for a, b in zip(short, long)], TERMS)}
         print(f"  {path}/{name}: {json.dumps(out[name])}", flush=True)
     return out
 

@@ -26,7 +26,7 @@ import json
 import sys
 from typing import Any
 
-from fit_activations import DATA, REGIMES, frozen_slope, token_slope, write_data
+from fit_activations import DATA, REGIMES, frozen_slope, least_squares, token_slope, write_data
 
 #: widths of a fit point: hidden, dense FFN, heads, q rank (0: q projected directly), latent rank, nope / rope / value
 #: head dims
@@ -61,15 +61,6 @@ def config(p: dict[str, int]) -> dict[str, Any]:
                 pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
-def solve(ys: list[float], points: tuple[dict[str, int], ...] = STEPS, terms: tuple[str, ...] = TERMS) -> dict[str, float]:
-    import numpy as np
-
-    x = np.array([[dims(p)[t] for t in terms] for p in points], dtype=float)
-    coef, *_ = np.linalg.lstsq(x, np.array(ys, dtype=float), rcond=None)
-    print(f"    worst residual {float(np.max(np.abs(x @ coef - np.array(ys)))):.2f} B/token", flush=True)
-    return {t: round(float(c), 3) for t, c in zip(terms, coef) if abs(c) > 1e-6}
-
-
 def main(argv: list[str] | None = None) -> int:
     dry = "--dry-run" in (argv if argv is not None else sys.argv[1:])
     data = json.loads(DATA.read_text(encoding="utf-8"))
@@ -88,8 +79,9 @@ def fit_family(family: str, data: dict[str, Any], points: tuple[dict[str, int], 
     regimes = {}
     for name, regime in REGIMES.items():
         table = dict(data["families"]["llama"]["regimes"][name])
-        table["per_token"] = solve([token_slope(config(p), regime) for p in points], points, terms)
-        table["frozen_linear_inputs_per_token"] = solve([frozen_slope(config(p), regime) for p in points], points, terms)
+        rows = [dims(p) for p in points]
+        table["per_token"] = least_squares(rows, [token_slope(config(p), regime) for p in points], terms)
+        table["frozen_linear_inputs_per_token"] = least_squares(rows, [frozen_slope(config(p), regime) for p in points], terms)
         regimes[name] = table
         print(f"  {family}/{name}: {json.dumps(table['per_token'])}, frozen "
               f"{json.dumps(table['frozen_linear_inputs_per_token'])}", flush=True)

@@ -29,7 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from fit_activations import DATA, family_args, write_data
+from fit_activations import DATA, family_args, least_squares, write_data
 
 Dims = dict[str, int]
 #: base point of the fit; every other point changes one or two of these (h and k together separate h x k from h and k)
@@ -315,15 +315,8 @@ def fit_eager_attention(name: str, regime: str, table: dict[str, Any]) -> dict[s
 
 
 def fit(points: list[Dims], ys: list[float], free: tuple[str, ...]) -> dict[str, float]:
-    """Least squares over ``free`` dims; the worst residual is printed (0 where the form is exact)."""
-    import numpy as np
-
-    rows = np.array([[features(d)[k] for k in free] for d in points], dtype=float)
-    coef, *_ = np.linalg.lstsq(rows, np.array(ys), rcond=None)
-    worst = float(np.max(np.abs(rows @ coef - np.array(ys))))
-    print(f"    fit over {len(points)} points, worst residual {worst:.3f} B/token", flush=True)
-    out = {d: round(float(c), 3) for d, c in zip(free, coef)}
-    return {k: v for k, v in out.items() if abs(v) > 1e-6}
+    """Least squares over ``free`` dims (fit_activations.least_squares on the block dims of each point)."""
+    return least_squares([features(d) for d in points], ys, free)
 
 
 def merged(base: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
