@@ -40,7 +40,8 @@ POPULAR = ("qwen2", "mistral", "falcon", "bloom", "starcoder2", "gpt_bigcode", "
            "gpt_oss", "olmoe", "mpt")
 #: types this audit gave a table of their own, still audited (their first ratios are in the report's header)
 FITTED = {"falcon": 40, "starcoder2": 40, "gpt_bigcode": 40, "mpt": 40, "olmoe": 40, "bloom": 40, "cohere": 40,
-          "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70, "qwen3_5_moe_text": 70, "qwen3_next": 70, "minimax_m2": 70, "lfm2": 70}
+          "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70, "qwen3_5_moe_text": 70, "qwen3_next": 70, "minimax_m2": 70, "lfm2": 70,
+          "granitemoehybrid": 71, "bamba": 71}
 #: config keys set when the type's config class has them (directly or through its attribute_map)
 DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
                         "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
@@ -64,7 +65,8 @@ EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", 
                                     # hybrids whose two blocks are both recurrent: no attention layer for the cache's
                                     # length (transformers' get_seq_length refuses), so no cache in training
                                     "qwen3_5_text": {"use_cache": False}, "qwen3_next": {"use_cache": False},
-                                    "qwen3_5_moe_text": {"use_cache": False},
+                                    "qwen3_5_moe_text": {"use_cache": False}, "granitemoehybrid": {"use_cache": False},
+                                    "bamba": {"use_cache": False},
                                     # DeepseekV2Config leaves top-k unset (None) by default
                                     "deepseek_v2": {"num_experts_per_tok": 2}}
 
@@ -180,7 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         "64 tokens through generic (its DeltaNet layers then priced as attention), glm4_moe 0.693, glm4_moe_lite 0.559 and",
         "minimax_m2 0.808 through generic, deepseek_v3 0.830 through mixtral; the gated-DeltaNet hybrids are traced at 512",
         "tokens, past transformers' reference code's first 64-token chunk, which keeps less; lfm2 0.807 / 0.836 through",
-        "generic, and 1.15 at LFM2-1.2B's widths, its FFN read at the written block_ff_dim).",
+        "generic, and 1.15 at LFM2-1.2B's widths, its FFN read at the written block_ff_dim; stop 71: granitemoehybrid and",
+        "bamba, Mamba-2 hybrids the tracer reached only with the cache off, 0.0015 in half through generic: their Mamba-2",
+        "layers priced as attention, where transformers' reference code pads 64 tokens to a 256-token chunk and keeps",
+        "every chunk's score matrices and state in fp32).",
         "",
         "| model type | table used | via | half priced | half traced | half ratio | amp priced | amp traced | amp ratio | note |",
         "|---|---|---|---|---|---|---|---|---|---|",

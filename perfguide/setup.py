@@ -180,7 +180,7 @@ class Setup(Model):
     optimizer: str | None = "adamw_torch_fused"
     gradient_checkpointing: bool = False
     attn_implementation: AttnImpl = "sdpa"
-    linear_attention_kernels: Literal["torch", "fla"] = Field(default="torch", description="what runs a hybrid model's gated-DeltaNet layers (Qwen3.5, Qwen3-Next): transformers' PyTorch reference code, which keeps fp32 copies and every 64-token chunk's state for backward (what transformers runs unless both packages below import), or flash-linear-attention's chunk kernel with causal-conv1d's convolution, which recompute the states (perfguide/memory/linear_attention.py). Other models ignore it")
+    linear_attention_kernels: Literal["torch", "fla", "mamba_ssm"] = Field(default="torch", description="what runs a hybrid model's recurrent layers: transformers' PyTorch reference code ('torch'), which keeps fp32 copies and every chunk's state for backward (what transformers runs unless the packages below import), or the packages' kernels, which recompute the states: 'fla' (flash-linear-attention's chunk kernel with causal-conv1d's convolution) for gated-DeltaNet layers (Qwen3.5, Qwen3-Next), 'mamba_ssm' (mamba-ssm's fused Mamba-2 kernel) for Mamba-2 layers (Granite-4.0-H, Bamba) (perfguide/memory/linear_attention.py). Other models ignore it")
     lora: LoraSpec | None = None
     strategy: Strategy = "single"
     num_gpus: int = Field(default=1, ge=1, le=100_000, description="data-parallel processes per node (GPUs, or CPU processes)")

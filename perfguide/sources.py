@@ -63,6 +63,7 @@ PEFT_DORA = ("https://huggingface.co/docs/peft/main/package_reference/lora_varia
              "to 0'); https://github.com/huggingface/peft/pull/2122; https://huggingface.co/papers/2402.09353 (section 4.3)")
 #: which code runs a hybrid model's gated-DeltaNet layers in transformers, and what the fast kernels keep
 LINEAR_ATTENTION_KERNELS = ("https://github.com/huggingface/transformers/blob/main/src/transformers/integrations/hub_kernels.py "
-                            "(use_kernel_func_from_hub_with_fallback: flash-linear-attention and causal-conv1d when they "
-                            "import, else the PyTorch reference code); https://github.com/fla-org/flash-linear-attention "
-                            "(fla/ops/gated_delta_rule/chunk.py: the chunk states are recomputed in backward)")
+                            "(use_kernel_func_from_hub_with_fallback: flash-linear-attention / mamba-ssm and causal-conv1d "
+                            "when they import, else the PyTorch reference code); https://github.com/fla-org/flash-linear-attention "
+                            "(fla/ops/gated_delta_rule/chunk.py) and https://github.com/state-spaces/mamba "
+                            "(mamba_ssm/ops/triton/ssd_combined.py): the chunk states are recomputed in backward")

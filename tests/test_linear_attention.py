@@ -17,7 +17,7 @@ from helpers import block_saved_bytes
 
 from perfguide.errors import InvalidSetupError
 from perfguide.memory.activations import layer_bytes
-from perfguide.memory.linear_attention import deltanet_block_excess, deltanet_dims, deltanet_extra_bytes, deltanet_share
+from perfguide.memory.linear_attention import deltanet_dims, deltanet_share, linear_block_excess, linear_extra_bytes
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -115,7 +115,7 @@ def test_hybrid_share_and_catalog_widths() -> None:
     assert dims["lk"] == config["linear_num_key_heads"] * config["linear_key_head_dim"]
     assert dims["lv"] == config["linear_num_value_heads"] * config["linear_value_head_dim"]
     llama = ModelSpec.from_any("meta-llama/Llama-3.1-8B")
-    assert deltanet_dims(llama) is None and deltanet_extra_bytes(llama, Setup(), "fp32") == 0
+    assert deltanet_dims(llama) is None and linear_extra_bytes(llama, Setup(), "fp32") == 0
 
 
 def test_fla_refuses_fp32() -> None:
@@ -131,9 +131,9 @@ def test_recompute_peak_is_one_deltanet_block() -> None:
     spec = ModelSpec.from_any(_config("linear_attention") | {"num_hidden_layers": 4,
                                                                "layer_types": ["linear_attention"] * 3 + ["full_attention"]})
     setup = Setup(micro_batch_size=1, seq_len=256, weights_dtype="bf16")
-    mean_extra = deltanet_extra_bytes(spec, setup, "half")
+    mean_extra = linear_extra_bytes(spec, setup, "half")
     assert deltanet_share(spec) == 0.75 and mean_extra > 0
-    assert deltanet_block_excess(spec, setup, "half") == pytest.approx(mean_extra / 0.75 - mean_extra, abs=1)
+    assert linear_block_excess(spec, setup, "half") == pytest.approx(mean_extra / 0.75 - mean_extra, abs=1)
 
 
 def test_plan_names_the_kernels_and_honours_them() -> None:

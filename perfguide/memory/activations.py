@@ -11,7 +11,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
 from .kbit import kbit_fp32_parts
-from .linear_attention import deltanet_extra_bytes
+from .linear_attention import linear_extra_bytes
 from .litgpt_blocks import LitgptDim, litgpt_family
 from .relative_positions import position_table_bytes, relative_position_bytes
 from .softcap import attention_softcap_bytes, final_softcap_bytes
@@ -204,7 +204,7 @@ def _layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool, dims:
     nbytes = 4 if mode == "fp32" else 2
     total += relative_position_bytes(spec, setup, nbytes)
     total += position_table_bytes(spec, setup, nbytes, mode == "amp", hidden_p)   # pos_dropout: hidden_dropout_prob
-    total += deltanet_extra_bytes(spec, setup, mode)   # a hybrid's gated-DeltaNet layers, at their share of the depth
+    total += linear_extra_bytes(spec, setup, mode)   # a hybrid's recurrent layers, at their share of the depth
     return int(total + fp32_mlp_bytes(spec, setup, keeps_frozen_inputs))
 
 

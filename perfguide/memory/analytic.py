@@ -47,7 +47,7 @@ from .block_backward import block_backward_bytes, expert_loop_saved_bytes, first
 from .bnb_inputs import quantized_matmul_keeps_inputs
 from .fsdp_window import Window, fsdp_window, traced_runtime, unit_grad_bytes
 from .ledger import DTYPE_BYTES, NF4_BLOCK, Ledger, ledger, nf4_quant_state_bytes, quantized_weight_bytes
-from .linear_attention import deltanet_block_excess
+from .linear_attention import linear_block_excess
 from .lora_activations import dora_norm_bytes, lora_layer_bytes
 from .loss_path import forward_loss_bytes, installed_transformers, release_delta_bytes
 from .masks import checkpointed_mask_bytes, eager_backward_transient_bytes, sdpa_bias_bytes
@@ -280,7 +280,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     acts, per_layer = stack_activation_bytes(spec, act_setup, lora_extra, keeps_inputs)
     if kv_extra := block_backward.replicated_kv_bytes(spec, shape, split):   # Ulysses' repeated K/V heads, saved per block
         acts, per_layer = acts + kv_extra * spec.num_layers, per_layer + kv_extra
-    per_layer += deltanet_block_excess(spec, act_setup, act.regime(act_setup))   # one block: a hybrid's largest
+    per_layer += linear_block_excess(spec, act_setup, act.regime(act_setup))   # one block: a hybrid's largest
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
     largest = max((g.numel for g in led.trainable), default=0)
     # the largest gradient's width: its own where the step keeps the ledger's widths (not DeepSpeed's 16-bit casts)

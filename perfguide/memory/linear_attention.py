@@ -1,21 +1,28 @@
-"""What a hybrid model's gated-DeltaNet layers keep for backward, beyond the full-attention block its family table prices.
+"""What a hybrid model's recurrent layers keep for backward, beyond the full-attention block its family table prices.
 
-Qwen3.5 and Qwen3-Next run three gated-DeltaNet (linear-attention) layers to one full-attention layer. A DeltaNet block
-keeps other tensors than an attention block: the short convolution's input, the L2-normalised q and k, the decay and
-beta per value head, the gated RMSNorm's fp32 copies. How many depends on which code runs the layer, and transformers 5
-picks it at import (``integrations/hub_kernels.use_kernel_func_from_hub_with_fallback``):
+Two kinds of recurrent mixer are priced, each against the attention block of its own model:
 
-* ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` and causal-conv1d's ``causal_conv1d_fn``, when both
-  packages import. The chunk states are recomputed in backward; a 9B-wide layer keeps about what an attention layer
-  does.
-* ``torch``: transformers' own reference code, when they do not. It loops over 64-token chunks in fp32 and keeps every
-  chunk's recurrent state and score matrices: at Qwen3.5-9B's widths about twice an attention layer's bytes.
+* **gated DeltaNet** (Qwen3.5, Qwen3.6, Qwen3-Next: three linear-attention layers to one full-attention layer). A
+  DeltaNet block keeps the short convolution's input, the L2-normalised q and k, the decay and beta per value head, the
+  gated RMSNorm's fp32 copies;
+* **Mamba-2** (IBM's Granite-4.0-H and Bamba: a Mamba-2 mixer in most layers, attention in a few, the same FFN in
+  each). A Mamba block keeps the in-projection's output and the scan's.
 
-So ``Setup.linear_attention_kernels`` names the path, and this module prices its difference per token: the linear form
-data/activations.json ``linear_attention`` holds (scripts/fit_linear_attention.py: fake-tensor traces of transformers'
-Qwen3.5 blocks, a DeltaNet block minus a full-attention block of the same model, the packages' kernels as stand-ins that
-save what their autograd Functions save). ``layer_bytes`` is a per-block mean (activation totals multiply it by the
-depth), so the difference enters at the share of layers that run DeltaNet.
+How many bytes depends on which code runs the mixer, and transformers 5 picks it at import
+(``integrations/hub_kernels.use_kernel_func_from_hub_with_fallback``):
+
+* the packages' kernels when they import: flash-linear-attention's ``chunk_gated_delta_rule`` with causal-conv1d's
+  ``causal_conv1d_fn`` (``fla``), or mamba_ssm's fused ``mamba_split_conv1d_scan_combined`` (``mamba_ssm``). They
+  recompute the chunk states in backward;
+* transformers' own PyTorch reference code (``torch``) when they do not. It works in fp32 and keeps every chunk's state
+  and score matrices: a DeltaNet block at Qwen3.5-9B's widths about twice an attention block's bytes, a Mamba-2 block at
+  Granite-4.0-H-Small's about eight times.
+
+So ``Setup.linear_attention_kernels`` names the path, and this module prices its difference per token: the linear forms
+data/activations.json ``linear_attention`` holds (scripts/fit_linear_attention.py and scripts/fit_mamba.py: fake-tensor
+traces of transformers' Qwen3.5 and Granite-4.0-H blocks, a recurrent block minus an attention block of the same model,
+the kernels as stand-ins that save what their autograd Functions save). ``layer_bytes`` is a per-block mean (activation
+totals multiply it by the depth), so the difference enters at the share of recurrent layers.
 """
 
 from __future__ import annotations
@@ -29,23 +36,39 @@ from ..model.shape import decoder_config
 from ..model.types import ModelSpec
 from ..setup import Setup
 
-LinearDim = Literal["h", "q", "kv", "lk", "lkr", "lv", "lh", "lkh", "ls", "1"]
+Kind = Literal["gated_deltanet", "mamba2"]
+Kernels = Literal["torch", "fla", "mamba_ssm"]
+LinearDim = Literal["h", "q", "kv", "lk", "lkr", "lv", "lh", "lkh", "ls",
+                    "ah", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "1"]
 #: the config keys of a gated-DeltaNet layer (Qwen3-Next and Qwen3.5 spell them alike)
 _KEYS = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
+#: a Mamba-2 mixer's keys (heads, head dim, state, groups) where its layer is the mixer and the model's FFN, beside
+#: attention layers of the same build: the model types the Granite-4.0-H fit describes (Bamba's blocks are Granite's)
+_MAMBA2_KEYS = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups")
+_MAMBA2_TYPES = ("granitemoehybrid", "bamba")
+#: the packages' kernel path per kind (``torch``, transformers' reference code, is every kind's other path)
+KERNELS: dict[Kind, Kernels] = {"gated_deltanet": "fla", "mamba2": "mamba_ssm"}
 
 
-class DeltaNetRegime(DataModel):
+class KernelRegime(DataModel):
     per_token: dict[LinearDim, float]
 
 
-class DeltaNetTable(DataModel):
+class KernelTable(DataModel):
     source: str = Field(min_length=10)
     #: kernel path -> dtype regime -> terms; fla refuses fp32 inputs, so its path has no fp32 entry
-    paths: dict[Literal["torch", "fla"], dict[Literal["fp32", "amp", "half"], DeltaNetRegime]]
+    paths: dict[Kernels, dict[Literal["fp32", "amp", "half"], KernelRegime]]
 
 
 class LinearAttentionTables(DataModel):
-    gated_deltanet: DeltaNetTable
+    gated_deltanet: KernelTable
+    mamba2: KernelTable
+
+
+def _positive_ints(config: dict[str, object], keys: tuple[str, ...]) -> list[int] | None:
+    values = [config.get(k) for k in keys]
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+    return [int(v) for v in values] if ok else None  # type: ignore[call-overload]
 
 
 def deltanet_dims(spec: ModelSpec) -> dict[str, int] | None:
@@ -54,49 +77,106 @@ def deltanet_dims(spec: ModelSpec) -> dict[str, int] | None:
     ``lk`` key heads x key dim (q and k each), ``lkr`` value heads x key dim (q and k repeated to the value heads, the
     reference code's grouped-value layout), ``lv`` value heads x value dim, ``lh`` value heads, ``lkh`` key heads, ``ls``
     value heads x key dim x value dim (one recurrent state)."""
-    config = decoder_config(spec.config or {})
-    values = [config.get(k) for k in _KEYS]
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values):
+    found = _positive_ints(decoder_config(spec.config or {}), _KEYS)
+    if found is None:
         return None
-    hk, dk, hv, dv = (int(v) for v in values)  # type: ignore[arg-type]
+    hk, dk, hv, dv = found
     return {"h": spec.hidden_size, "q": spec.num_attention_heads * spec.head_dim,
             "kv": spec.num_key_value_heads * spec.head_dim, "lk": hk * dk, "lkr": hv * dk, "lv": hv * dv, "lh": hv,
             "lkh": hk, "ls": hv * dk * dv, "1": 1}
 
 
-def deltanet_share(spec: ModelSpec) -> float:
-    """The share of ``spec``'s layers that run gated DeltaNet (0 for a model without)."""
+def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
+    """The linear form's dims for one of ``spec``'s Mamba-2 layers; None: the model has none this module sizes.
+
+    ``ah`` attention heads, ``md`` the mixer's inner width (heads x head dim), ``mh`` its heads, ``mgn`` groups x
+    state (B and C each), ``mhn`` heads x state (B and C repeated to the heads, the reference code's layout), ``mhl``
+    heads x chunk (its chunk-by-chunk score matrices per token), ``mdnl`` inner x state / chunk (a chunk's state per
+    token)."""
+    config = decoder_config(spec.config or {})
+    if config.get("mamba_d_head") == "auto" and isinstance(config.get("mamba_n_heads"), int):
+        # GraniteMoeHybridConfig's default: the inner width (expand x hidden) over the heads
+        config = {**config, "mamba_d_head": int(config.get("mamba_expand", 2) * spec.hidden_size) // config["mamba_n_heads"]}
+    found = _positive_ints(config, _MAMBA2_KEYS)
+    if spec.model_type not in _MAMBA2_TYPES or found is None:
+        return None
+    heads, head_dim, state, groups = found
+    inner = heads * head_dim
+    chunk_size = mamba2_chunk(spec)
+    return {"h": spec.hidden_size, "kv": spec.num_key_value_heads * spec.head_dim, "ah": spec.num_attention_heads,
+            "md": inner, "mh": heads, "mgn": groups * state, "mhn": heads * state, "mhl": heads * chunk_size,
+            "mdnl": inner * state // chunk_size, "1": 1}
+
+
+def mamba2_chunk(spec: ModelSpec) -> int:
+    """The reference code's chunk length (``mamba_chunk_size``; 256, both config classes' default)."""
+    chunk = _positive_ints(decoder_config(spec.config or {}), ("mamba_chunk_size",))
+    return chunk[0] if chunk else 256
+
+
+def _reference_length(spec: ModelSpec, kind: Kind, kernels: str, seq_len: int) -> int:
+    """The length the path's per-token bytes are paid at: transformers' Mamba-2 reference code pads the sequence to a
+    whole number of chunks before its scan (``pad_tensor_by_size``), so a shorter last chunk costs a whole one. Every
+    term is paid at the padded length, an upper bound for the few tensors made before the padding (the in-projection's
+    output, the convolution's)."""
+    if kind != "mamba2" or kernels != "torch":
+        return seq_len
+    chunk = mamba2_chunk(spec)
+    return -(-seq_len // chunk) * chunk
+
+
+def linear_kind(spec: ModelSpec) -> Kind | None:
+    """Which recurrent mixer ``spec``'s recurrent layers run, where this module prices it."""
+    return "gated_deltanet" if deltanet_dims(spec) else "mamba2" if mamba2_dims(spec) else None
+
+
+def _share(spec: ModelSpec, kind: Kind | None) -> float:
     kinds = spec.layer_types
-    if deltanet_dims(spec) is None or not kinds:
+    if kind is None or linear_kind(spec) != kind or not kinds:
         return 0.0
     return sum(k == "linear_attention" for k in kinds) / len(kinds)
 
 
-def deltanet_extra_bytes(spec: ModelSpec, setup: Setup, regime: Literal["fp32", "amp", "half"]) -> int:
-    """Bytes one block keeps beyond its family table's full-attention block, averaged over the layers: the DeltaNet
-    difference per token at the share of DeltaNet layers, one micro-batch."""
-    share = deltanet_share(spec)
-    dims = deltanet_dims(spec)
-    if not share or dims is None:
+def deltanet_share(spec: ModelSpec) -> float:
+    """The share of ``spec``'s layers that run gated DeltaNet (0 for a model without)."""
+    return _share(spec, "gated_deltanet")
+
+
+def linear_share(spec: ModelSpec) -> float:
+    """The share of ``spec``'s layers that run a recurrent mixer this module prices (0 for a model without)."""
+    return _share(spec, linear_kind(spec))
+
+
+def linear_extra_bytes(spec: ModelSpec, setup: Setup, regime: Literal["fp32", "amp", "half"]) -> int:
+    """Bytes one block keeps beyond its family table's full-attention block, averaged over the layers: the recurrent
+    mixer's difference per token at the share of its layers, one micro-batch."""
+    kind = linear_kind(spec)
+    share = linear_share(spec)
+    if kind is None or not share:
         return 0
+    from ..errors import InvalidSetupError
     from .activations_data import activations_data
 
-    paths = activations_data().linear_attention.gated_deltanet.paths[setup.linear_attention_kernels]
+    kernels = setup.linear_attention_kernels
+    if kernels not in ("torch", KERNELS[kind]):
+        raise InvalidSetupError(f"linear_attention_kernels={kernels!r} does not run {spec.name}'s "
+                                f"{kind.replace('_', '-')} layers; accepted: 'torch' or {KERNELS[kind]!r}")
+    paths = getattr(activations_data().linear_attention, kind).paths[kernels]
     if regime not in paths:
-        from ..errors import InvalidSetupError
-
-        raise InvalidSetupError(f"linear_attention_kernels={setup.linear_attention_kernels!r} has no {regime} pricing: "
+        raise InvalidSetupError(f"linear_attention_kernels={kernels!r} has no {regime} pricing: "
                                 "flash-linear-attention refuses fp32 inputs; train in bf16 (weights or autocast) or "
                                 "use linear_attention_kernels='torch'")
+    dims = (deltanet_dims if kind == "gated_deltanet" else mamba2_dims)(spec) or {}
     per_token = sum(v * dims[k] for k, v in paths[regime].per_token.items())
-    return int(share * setup.micro_batch_size * setup.seq_len * per_token)
+    return int(share * setup.micro_batch_size * _reference_length(spec, kind, kernels, setup.seq_len) * per_token)
 
 
-def deltanet_block_excess(spec: ModelSpec, setup: Setup, regime: Literal["fp32", "amp", "half"]) -> int:
+def linear_block_excess(spec: ModelSpec, setup: Setup, regime: Literal["fp32", "amp", "half"]) -> int:
     """What the depth's largest block keeps beyond the mean ``layer_bytes`` prices (a recomputed block's peak is one
-    block's, not the mean's): the DeltaNet block where it keeps more than the attention block, else the attention block."""
-    share = deltanet_share(spec)
-    mean_extra = deltanet_extra_bytes(spec, setup, regime)
+    block's, not the mean's): the recurrent block where it keeps more than the attention block, else the attention
+    block."""
+    share = linear_share(spec)
+    mean_extra = linear_extra_bytes(spec, setup, regime)
     if not share or not mean_extra:
         return 0
     return int((1 - share) * mean_extra / share) if mean_extra > 0 else -mean_extra

@@ -76,8 +76,10 @@ def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[
         return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)]
     if model_type == "falcon_h1":   # every layer runs attention and a Mamba-2 mixer side by side
         return ["hybrid"] * layers
-    if model_type == "bamba":
-        return _from_indices(layers, config.get("attn_layer_indices"))
+    if model_type == "bamba":   # BambaConfig.layers_block_type: no attn_layer_indices, every layer Mamba-2
+        return _from_indices(layers, config.get("attn_layer_indices") or [])
+    if model_type == "granitemoehybrid":   # GraniteMoeHybridConfig: no layer_types, every layer Mamba-2
+        return ["linear_attention"] * layers
     if model_type.startswith("lfm2"):
         found = _from_indices(layers, config.get("full_attn_idxs"))
         return None if found is None else ["conv" if t == "linear_attention" else t for t in found]

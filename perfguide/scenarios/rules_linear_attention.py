@@ -1,31 +1,50 @@
-"""Which code runs a hybrid model's gated-DeltaNet layers (Qwen3.5, Qwen3-Next): ``Setup.linear_attention_kernels``.
+"""Which code runs a hybrid model's recurrent layers (Qwen3.5's gated DeltaNet, Granite-4.0-H's Mamba-2):
+``Setup.linear_attention_kernels``.
 
-transformers runs flash-linear-attention's chunk kernel and causal-conv1d's convolution when both packages import on
-the training machine, else its PyTorch reference code, which keeps fp32 copies and every 64-token chunk's state for
-backward (memory/linear_attention.py). So, as for flash-attn (rules_attention.py): the kernels are assumed only where
-the plan targets this machine and both are installed here; for a named GPU the planning machine's packages say nothing
-about the target's, and the plan prices the reference code, the larger of the two, and says what the kernels would
-save. A forced value is honoured, or refused in one line where it cannot run (fla refuses fp32 inputs).
+transformers runs the packages' kernels when they import on the training machine (flash-linear-attention's chunk kernel
+with causal-conv1d's convolution for DeltaNet, mamba-ssm's fused kernel for Mamba-2), else its PyTorch reference code,
+which keeps fp32 copies and every chunk's state for backward (memory/linear_attention.py). So, as for flash-attn
+(rules_attention.py): the kernels are assumed only where the plan targets this machine and the packages are installed
+here; for a named GPU the planning machine's packages say nothing about the target's, and the plan prices the reference
+code, the larger of the two, and says what the kernels would save. A forced value is honoured, or refused in one line
+where it cannot run (the other kind's kernels, fla on fp32 inputs, any kernel on CPUs).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from typing import NamedTuple
 
 from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..memory.activations import layer_bytes
-from ..memory.linear_attention import deltanet_share
+from ..memory.linear_attention import KERNELS, Kind, linear_kind
 from ..model.types import ModelSpec
 from ..setup import Setup
 
-PACKAGES = ("fla", "causal_conv1d")
+
+class _Path(NamedTuple):
+    layers: str         # what the layers are called in a reason
+    packages: tuple[str, ...]   # import names
+    install: str        # pip names
+    names: str          # the packages in prose
+    keeps: str          # what the reference code keeps
+    fp32: bool          # the kernels take fp32 inputs
 
 
-def kernels_available() -> bool:
-    """Whether flash-linear-attention and causal-conv1d both import on this (the planning) machine."""
-    return all(importlib.util.find_spec(p) is not None for p in PACKAGES)
+PATHS: dict[Kind, _Path] = {
+    "gated_deltanet": _Path("gated-DeltaNet", ("fla", "causal_conv1d"), "flash-linear-attention causal-conv1d",
+                            "flash-linear-attention and causal-conv1d", "every 64-token chunk's state and fp32 copies",
+                            False),
+    "mamba2": _Path("Mamba-2", ("mamba_ssm", "causal_conv1d"), "mamba-ssm causal-conv1d", "mamba-ssm and causal-conv1d",
+                    "every chunk's score matrices and state in fp32", True),
+}
+
+
+def kernels_available(kind: Kind = "gated_deltanet") -> bool:
+    """Whether the kind's kernel packages all import on this (the planning) machine."""
+    return all(importlib.util.find_spec(p) is not None for p in PATHS[kind].packages)
 
 
 def _saved_per_token(spec: ModelSpec, kernels: str, seq_len: int) -> float:
@@ -35,41 +54,52 @@ def _saved_per_token(spec: ModelSpec, kernels: str, seq_len: int) -> float:
     return layer_bytes(spec, setup) / seq_len
 
 
+def _refuse_forced(spec: ModelSpec, kind: Kind, forced: str | None, compute: str | None, cpu: bool) -> None:
+    path, fast = PATHS[kind], KERNELS[kind]
+    if forced not in (None, "torch", fast):
+        raise ConflictingConstraintsError(f"linear_attention_kernels={forced!r} does not run {spec.name}'s {path.layers} "
+                                          f"layers; accepted: 'torch' or {fast!r}")
+    if forced == fast and cpu:
+        raise ConflictingConstraintsError(f"linear_attention_kernels={fast!r} runs {path.names}' GPU kernels; the plan "
+                                          "trains on CPUs: use 'torch'")
+    if forced == fast and compute is None and not path.fp32:
+        raise ConflictingConstraintsError(f"linear_attention_kernels={fast!r} needs 16-bit compute ({path.names} refuse "
+                                          "fp32 inputs), but the plan runs in fp32; use 'torch' or precision='bf16'")
+
+
 def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | None, *, local: bool,
                           seq_len: int, cpu: bool = False) -> tuple[dict[str, str], tuple[Decision, ...]]:
-    """(the base Setup's field, its decision) for a model with gated-DeltaNet layers; nothing for any other model.
-    ``compute``: the plan's 16-bit matmul dtype, None for fp32. ``cpu``: the plan trains on CPUs, where the packages'
-    Triton kernels do not run."""
-    if not deltanet_share(spec):
+    """(the base Setup's field, its decision) for a model with recurrent layers perfguide prices; nothing for any other
+    model. ``compute``: the plan's 16-bit matmul dtype, None for fp32. ``cpu``: the plan trains on CPUs, where the
+    packages' kernels do not run."""
+    kind = linear_kind(spec)
+    if kind is None or not any(t == "linear_attention" for t in spec.layer_types or ()):
         return {}, ()
-    if forced == "fla" and cpu:
-        raise ConflictingConstraintsError("linear_attention_kernels='fla' runs flash-linear-attention's Triton kernels, "
-                                          "which need a GPU; the plan trains on CPUs: use 'torch'")
+    _refuse_forced(spec, kind, forced, compute, cpu)
+    path, fast = PATHS[kind], KERNELS[kind]
     if cpu:
         compute, local = None, True
-    if forced == "fla" and compute is None:
-        raise ConflictingConstraintsError("linear_attention_kernels='fla' needs 16-bit compute (flash-linear-attention "
-                                          "refuses fp32 inputs), but the plan runs in fp32; use 'torch' or precision='bf16'")
-    torch_bytes, fla_bytes = (_saved_per_token(spec, k, seq_len) for k in ("torch", "fla"))
-    gap = {"number": (torch_bytes - fla_bytes) * seq_len * spec.num_layers,
+    torch_bytes, fast_bytes = (_saved_per_token(spec, k, seq_len) for k in ("torch", fast))
+    gap = {"number": (torch_bytes - fast_bytes) * seq_len * spec.num_layers,
            "unit": "bytes per sample the reference code keeps beyond the kernels (all layers, no checkpointing)"}
+    source = sources.LINEAR_ATTENTION_KERNELS
     if forced:
         return {"linear_attention_kernels": forced}, (Decision(
-            setting="linear_attention_kernels", value=forced, source=sources.LINEAR_ATTENTION_KERNELS, **gap,
+            setting="linear_attention_kernels", value=forced, source=source, **gap,
             reason=f"linear_attention_kernels={forced!r} was requested"),)
-    if local and compute is not None and kernels_available():
-        return {"linear_attention_kernels": "fla"}, (Decision(
-            setting="linear_attention_kernels", value="fla", source=sources.LINEAR_ATTENTION_KERNELS, **gap,
-            reason="flash-linear-attention and causal-conv1d are installed here, so transformers runs them for the "
-                   "gated-DeltaNet layers: the chunk states are recomputed in backward, not kept",
+    if local and (compute is not None or path.fp32) and not cpu and kernels_available(kind):
+        return {"linear_attention_kernels": fast}, (Decision(
+            setting="linear_attention_kernels", value=fast, source=source, **gap,
+            reason=f"{path.names} are installed here, so transformers runs them for the {path.layers} layers: the "
+                   "chunk states are recomputed in backward, not kept",
             alternatives=(Alternative(value="torch", why_not="transformers' reference code runs only without the packages"),)),)
-    why = ("flash-linear-attention's Triton kernels do not run on CPUs" if cpu else
-           "whether flash-linear-attention and causal-conv1d are installed on the target is unknown (a named GPU)"
-           if not local else "flash-linear-attention and causal-conv1d are not both installed here"
-           if compute is not None else "the plan computes in fp32, which flash-linear-attention refuses")
+    why = (f"{path.names}' kernels do not run on CPUs" if cpu else
+           f"whether {path.names} are installed on the target is unknown (a named GPU)"
+           if not local else f"{path.names} are not both installed here"
+           if compute is not None or path.fp32 else f"the plan computes in fp32, which {path.names} refuse")
     return {"linear_attention_kernels": "torch"}, (Decision(
-        setting="linear_attention_kernels", value="torch", source=sources.LINEAR_ATTENTION_KERNELS, **gap,
-        reason=f"{why}: priced as transformers' PyTorch reference code for the gated-DeltaNet layers, which keeps every "
-               "64-token chunk's state and fp32 copies for backward",
-        alternatives=(Alternative(value="fla", why_not=why if cpu else f"{why}; pip install flash-linear-attention "
-                                  "causal-conv1d and pass linear_attention_kernels='fla': less memory, faster"),)),)
+        setting="linear_attention_kernels", value="torch", source=source, **gap,
+        reason=f"{why}: priced as transformers' PyTorch reference code for the {path.layers} layers, which keeps "
+               f"{path.keeps} for backward",
+        alternatives=(Alternative(value=fast, why_not=why if cpu else f"{why}; pip install {path.install} and pass "
+                                  f"linear_attention_kernels={fast!r}: less memory, faster"),)),)

@@ -58,7 +58,7 @@ class Constraints(Model):
     lora: LoraSpec | None = None
     gradient_checkpointing: StrictBool | None = None
     attn_implementation: AttnImpl | None = None
-    linear_attention_kernels: Literal["torch", "fla"] | None = Field(default=None, description="a hybrid model's gated-DeltaNet layers: 'fla' (flash-linear-attention + causal-conv1d installed on the target) or 'torch' (transformers' reference code); None: perfguide decides (fla only where this machine is the target and has both)")
+    linear_attention_kernels: Literal["torch", "fla", "mamba_ssm"] | None = Field(default=None, description="a hybrid model's recurrent layers: the packages' kernels installed on the target ('fla': flash-linear-attention + causal-conv1d, for gated-DeltaNet layers; 'mamba_ssm': mamba-ssm + causal-conv1d, for Mamba-2 layers) or 'torch' (transformers' reference code); None: perfguide decides (the kernels only where this machine is the target and has them)")
     micro_batch_size: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
     headroom: StrictFloat = Field(default=0.10, ge=0, lt=1, description="fraction of device memory (and of host RAM for offload) kept free")
     nodes: StrictInt = Field(default=1, ge=1, le=100_000)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory.linear_attention import deltanet_share
+from ..memory.linear_attention import KERNELS, linear_kind, linear_share
 from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, StepShape
 
@@ -53,16 +53,20 @@ class PaddingFree(Technique):
         return super().conflict(setup)
 
     def why_not(self, setup: Any, hardware: Any = None, model: Any = None) -> str | None:
-        """Packed rows through gated-DeltaNet layers (Qwen3.5, Qwen3-Next) need the kernels that keep the sequences
-        apart: transformers hands the layer cu_seqlens, which only flash-linear-attention takes (its reference code
-        raises on them, integrations/hub_kernels.py) and without which the recurrent state would run on across them."""
+        """Packed rows through a hybrid's recurrent layers (Qwen3.5's gated DeltaNet, Granite-4.0-H's Mamba-2) need the
+        kernels that keep the sequences apart: transformers hands the layer ``cu_seqlens`` / ``seq_idx``, which only
+        flash-linear-attention or mamba-ssm take (its reference code raises on them, integrations/hub_kernels.py), and
+        without which the recurrent state would run on across them."""
         base = super().why_not(setup, hardware, model)
-        if base or not self.active(setup) or model is None or setup.linear_attention_kernels != "torch" \
-                or not deltanet_share(model):
+        kind = linear_kind(model) if model is not None else None
+        if base or not self.active(setup) or kind is None or setup.linear_attention_kernels != "torch" \
+                or not linear_share(model):
             return base
-        return ("padding-free packing through gated-DeltaNet layers needs flash-linear-attention, which keeps the packed "
-                "sequences apart (transformers' reference code refuses them); install it and pass "
-                "linear_attention_kernels='fla', or padding_free=False")
+        layers, package = (("gated-DeltaNet", "flash-linear-attention") if kind == "gated_deltanet"
+                           else ("Mamba-2", "mamba-ssm"))
+        return (f"padding-free packing through {layers} layers needs {package}, which keeps the packed sequences apart "
+                f"(transformers' reference code refuses them); install it and pass "
+                f"linear_attention_kernels={KERNELS[kind]!r}, or padding_free=False")
 
     def label_word(self, setup: Any) -> str | None:
         return "padding-free" if self.active(setup) else None
