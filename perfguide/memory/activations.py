@@ -11,7 +11,7 @@ from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
 from .kbit import kbit_fp32_parts
-from .linear_attention import linear_extra_bytes
+from .linear_attention import kind_mean_per_token, linear_extra_bytes
 from .litgpt_blocks import LitgptDim, litgpt_family
 from .relative_positions import position_table_bytes, relative_position_bytes
 from .softcap import attention_softcap_bytes, final_softcap_bytes
@@ -183,6 +183,9 @@ def _layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool, dims:
     # litgpt's own block (litgpt_blocks.py): no dropout, always SDPA
     lit = litgpt_family(spec, setup) if mode == "half" else None
     per_token = _linear(lit.per_token if lit else c.per_token, dims)
+    kinds = None if per_width else kind_mean_per_token(spec, setup, mode)
+    if kinds is not None:   # Nemotron-H: one mixer per layer, of four kinds, each priced whole
+        per_token = kinds
     if hidden_p > 0 and lit is None:
         per_token += _linear(c.dropout_per_token, dims)
     if setup.lora is not None and lit is not None:   # bnb keeping frozen inputs: only the norms' trained-weight tensors go

@@ -39,13 +39,24 @@ from ..setup import Setup
 Kind = Literal["gated_deltanet", "mamba2"]
 Kernels = Literal["torch", "fla", "mamba_ssm"]
 LinearDim = Literal["h", "q", "kv", "lk", "lkr", "lv", "lh", "lkh", "ls",
-                    "ah", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "1"]
+                    "ah", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "i", "hk", "ir", "si", "e", "k", "ml", "1"]
+Regime = Literal["fp32", "amp", "half"]
+NemotronKind = Literal["attention", "mlp", "moe", "mamba"]
 #: the config keys of a gated-DeltaNet layer (Qwen3-Next and Qwen3.5 spell them alike)
 _KEYS = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
-#: a Mamba-2 mixer's keys (heads, head dim, state, groups) where its layer is the mixer and the model's FFN, beside
-#: attention layers of the same build: the model types the Granite-4.0-H fit describes (Bamba's blocks are Granite's)
-_MAMBA2_KEYS = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups")
-_MAMBA2_TYPES = ("granitemoehybrid", "bamba")
+#: a Mamba-2 mixer's keys (heads, head dim, state, groups, chunk) per model type: Granite-4.0-H and Bamba (a layer is
+#: the mixer and the model's FFN, beside attention layers of the same build: the Granite-4.0-H fit describes both) and
+#: Nemotron-H (a layer is one mixer of four kinds, each priced whole: ``kind_mean_per_token``)
+_MAMBA2_KEYS = {"granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size"),
+                "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size"),
+                "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size")}
+#: the config classes' default chunk (GraniteMoeHybridConfig, BambaConfig: 256; NemotronHConfig: 128)
+_MAMBA2_CHUNK = {"granitemoehybrid": 256, "bamba": 256, "nemotron_h": 128}
+#: Nemotron-H's layer kinds as its config spells them (``hybrid_override_pattern`` characters, ``layers_block_type``)
+#: (transformers 5 writes the mixers' legacy names as ``linear_attention`` / ``full_attention``)
+_NEMOTRON_KINDS: dict[str, NemotronKind] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
+                                            "attention": "attention", "mlp": "mlp", "moe": "moe",
+                                            "linear_attention": "mamba", "full_attention": "attention"}
 #: the packages' kernel path per kind (``torch``, transformers' reference code, is every kind's other path)
 KERNELS: dict[Kind, Kernels] = {"gated_deltanet": "fla", "mamba2": "mamba_ssm"}
 
@@ -57,12 +68,20 @@ class KernelRegime(DataModel):
 class KernelTable(DataModel):
     source: str = Field(min_length=10)
     #: kernel path -> dtype regime -> terms; fla refuses fp32 inputs, so its path has no fp32 entry
-    paths: dict[Kernels, dict[Literal["fp32", "amp", "half"], KernelRegime]]
+    paths: dict[Kernels, dict[Regime, KernelRegime]]
+
+
+class NemotronTable(DataModel):
+    source: str = Field(min_length=10)
+    #: layer kind -> kernel path (``torch`` for the kinds without a recurrent mixer) -> dtype regime -> terms: the whole
+    #: layer's bytes per token, not a difference
+    kinds: dict[NemotronKind, dict[Kernels, dict[Regime, KernelRegime]]]
 
 
 class LinearAttentionTables(DataModel):
     gated_deltanet: KernelTable
     mamba2: KernelTable
+    nemotron_h: NemotronTable
 
 
 def _positive_ints(config: dict[str, object], keys: tuple[str, ...]) -> list[int] | None:
@@ -94,11 +113,14 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
     heads x chunk (its chunk-by-chunk score matrices per token), ``mdnl`` inner x state / chunk (a chunk's state per
     token)."""
     config = decoder_config(spec.config or {})
+    keys = _MAMBA2_KEYS.get(spec.model_type)
+    if keys is None:
+        return None
     if config.get("mamba_d_head") == "auto" and isinstance(config.get("mamba_n_heads"), int):
         # GraniteMoeHybridConfig's default: the inner width (expand x hidden) over the heads
         config = {**config, "mamba_d_head": int(config.get("mamba_expand", 2) * spec.hidden_size) // config["mamba_n_heads"]}
-    found = _positive_ints(config, _MAMBA2_KEYS)
-    if spec.model_type not in _MAMBA2_TYPES or found is None:
+    found = _positive_ints(config, keys[:4])
+    if found is None:
         return None
     heads, head_dim, state, groups = found
     inner = heads * head_dim
@@ -109,9 +131,10 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
 
 
 def mamba2_chunk(spec: ModelSpec) -> int:
-    """The reference code's chunk length (``mamba_chunk_size``; 256, both config classes' default)."""
-    chunk = _positive_ints(decoder_config(spec.config or {}), ("mamba_chunk_size",))
-    return chunk[0] if chunk else 256
+    """The reference code's chunk length (the config's, else its class's default)."""
+    keys = _MAMBA2_KEYS.get(spec.model_type)
+    chunk = _positive_ints(decoder_config(spec.config or {}), keys[4:]) if keys else None
+    return chunk[0] if chunk else _MAMBA2_CHUNK.get(spec.model_type, 256)
 
 
 def _reference_length(spec: ModelSpec, kind: Kind, kernels: str, seq_len: int) -> int:
@@ -147,34 +170,106 @@ def linear_share(spec: ModelSpec) -> float:
     return _share(spec, linear_kind(spec))
 
 
-def linear_extra_bytes(spec: ModelSpec, setup: Setup, regime: Literal["fp32", "amp", "half"]) -> int:
-    """Bytes one block keeps beyond its family table's full-attention block, averaged over the layers: the recurrent
-    mixer's difference per token at the share of its layers, one micro-batch."""
-    kind = linear_kind(spec)
-    share = linear_share(spec)
-    if kind is None or not share:
-        return 0
+def _checked_kernels(spec: ModelSpec, setup: Setup, kind: Kind) -> Kernels:
     from ..errors import InvalidSetupError
-    from .activations_data import activations_data
 
     kernels = setup.linear_attention_kernels
     if kernels not in ("torch", KERNELS[kind]):
         raise InvalidSetupError(f"linear_attention_kernels={kernels!r} does not run {spec.name}'s "
                                 f"{kind.replace('_', '-')} layers; accepted: 'torch' or {KERNELS[kind]!r}")
-    paths = getattr(activations_data().linear_attention, kind).paths[kernels]
-    if regime not in paths:
+    return kernels
+
+
+def _terms(table: dict[Regime, KernelRegime], regime: Regime, kernels: str, dims: dict[str, int]) -> float:
+    if regime not in table:
+        from ..errors import InvalidSetupError
+
         raise InvalidSetupError(f"linear_attention_kernels={kernels!r} has no {regime} pricing: "
                                 "flash-linear-attention refuses fp32 inputs; train in bf16 (weights or autocast) or "
                                 "use linear_attention_kernels='torch'")
+    return sum(v * dims[k] for k, v in table[regime].per_token.items())
+
+
+def linear_extra_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> int:
+    """Bytes one block keeps beyond its family table's full-attention block, averaged over the layers: the recurrent
+    mixer's difference per token at the share of its layers, one micro-batch. 0 for Nemotron-H, whose layers are
+    priced whole (``kind_mean_per_token``)."""
+    kind = linear_kind(spec)
+    share = linear_share(spec)
+    if kind is None or not share or nemotron_kinds(spec):
+        return 0
+    from .activations_data import activations_data
+
+    kernels = _checked_kernels(spec, setup, kind)
+    paths = getattr(activations_data().linear_attention, kind).paths[kernels]
     dims = (deltanet_dims if kind == "gated_deltanet" else mamba2_dims)(spec) or {}
-    per_token = sum(v * dims[k] for k, v in paths[regime].per_token.items())
+    per_token = _terms(paths, regime, kernels, dims)
     return int(share * setup.micro_batch_size * _reference_length(spec, kind, kernels, setup.seq_len) * per_token)
 
 
-def linear_block_excess(spec: ModelSpec, setup: Setup, regime: Literal["fp32", "amp", "half"]) -> int:
+def nemotron_kinds(spec: ModelSpec) -> list[NemotronKind] | None:
+    """Nemotron-H's layer kinds in order, from its config (``layers_block_type``, else ``hybrid_override_pattern``);
+    None for any other model, or a pattern this module cannot read (then every layer is priced as a family block)."""
+    if spec.model_type != "nemotron_h":
+        return None
+    config = decoder_config(spec.config or {})
+    spelled = config.get("layers_block_type") or config.get("layer_types") or config.get("hybrid_override_pattern")
+    kinds = [_NEMOTRON_KINDS.get(str(k)) for k in (spelled or ())]
+    if len(kinds) != spec.num_layers or None in kinds or mamba2_dims(spec) is None:
+        return None
+    return kinds  # type: ignore[return-value]
+
+
+def nemotron_dims(spec: ModelSpec) -> dict[str, int]:
+    """The kinds' linear-form dims: the Mamba-2 mixer's (``mamba2_dims``), attention's ``q`` and ``kv``, the dense
+    MLP's ``i``, and the MoE block's ``hk`` (the routed width x top-k: hidden, or ``moe_latent_size`` where the experts
+    run in a latent space), ``ir`` (top-k x expert width), ``si`` (the shared experts' width), ``e`` (routed experts),
+    ``k`` (top-k), ``ml`` (the latent width, 0 without)."""
+    k = spec.num_experts_per_tok
+    expert = spec.moe_intermediate_size or spec.intermediate_size
+    shared = spec.shared_expert_intermediate_size or spec.num_shared_experts * expert   # summed over shared experts
+    latent = _positive_ints(decoder_config(spec.config or {}), ("moe_latent_size",))
+    routed_width = latent[0] if latent else spec.hidden_size   # Nemotron-3 Super / Ultra route in a latent space
+    return {**(mamba2_dims(spec) or {}), "q": spec.num_attention_heads * spec.head_dim, "i": spec.intermediate_size,
+            "hk": routed_width * k, "ir": k * expert, "si": shared, "e": spec.num_experts, "k": k,
+            "ml": latent[0] if latent else 0}
+
+
+def _nemotron_kind_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> dict[NemotronKind, float]:
+    """Bytes per token one layer of each kind the model has keeps (the Mamba kind at the reference code's padded
+    length, per real token)."""
+    from .activations_data import activations_data
+
+    kinds = nemotron_kinds(spec) or []
+    table = activations_data().linear_attention.nemotron_h.kinds
+    kernels = _checked_kernels(spec, setup, "mamba2")
+    dims = nemotron_dims(spec)
+    out: dict[NemotronKind, float] = {}
+    for kind in set(kinds):
+        path: Kernels = kernels if kind == "mamba" else "torch"
+        pad = _reference_length(spec, "mamba2", path, setup.seq_len) / setup.seq_len if kind == "mamba" else 1.0
+        out[kind] = pad * _terms(table[kind][path], regime, path, dims)
+    return out
+
+
+def kind_mean_per_token(spec: ModelSpec, setup: Setup, regime: Regime) -> float | None:
+    """Bytes per token of Nemotron-H's mean layer, each kind priced whole at its share of the depth; None for any other
+    model (its family table prices the block)."""
+    kinds = nemotron_kinds(spec)
+    if not kinds:
+        return None
+    per_kind = _nemotron_kind_bytes(spec, setup, regime)
+    return sum(per_kind[k] for k in kinds) / len(kinds)
+
+
+def linear_block_excess(spec: ModelSpec, setup: Setup, regime: Regime) -> int:
     """What the depth's largest block keeps beyond the mean ``layer_bytes`` prices (a recomputed block's peak is one
     block's, not the mean's): the recurrent block where it keeps more than the attention block, else the attention
-    block."""
+    block; for Nemotron-H the largest of its kinds."""
+    if nemotron_kinds(spec):
+        per_kind = _nemotron_kind_bytes(spec, setup, regime)
+        mean = kind_mean_per_token(spec, setup, regime) or 0.0
+        return int(setup.micro_batch_size * setup.seq_len * (max(per_kind.values()) - mean))
     share = linear_share(spec)
     mean_extra = linear_extra_bytes(spec, setup, regime)
     if not share or not mean_extra:

@@ -95,7 +95,9 @@ def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
         return {}
     topk = _first_int(config, TOPK_KEYS) or 1
     shared = _first_int(config, SHARED_KEYS)
-    shared_width = _first_int(config, ("shared_expert_intermediate_size",)) or None  # Qwen2-MoE: one wide shared expert
+    # Qwen2-MoE: one wide shared expert; Nemotron-H spells it moe_shared_expert_intermediate_size (NemotronHMoE builds
+    # its shared_experts MLP at that width)
+    shared_width = _first_int(config, ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")) or None
     if shared is None:  # Llama-4's MoE layer always has one shared expert of the routed width (Llama4TextMoe)
         shared = 1 if shared_width or str(config.get("model_type")).startswith("llama4") else 0
     return {"num_experts": experts, "num_experts_per_tok": min(topk, experts), "num_shared_experts": shared,
