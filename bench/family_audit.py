@@ -41,7 +41,7 @@ POPULAR = ("qwen2", "mistral", "falcon", "bloom", "starcoder2", "gpt_bigcode", "
 #: types this audit gave a table of their own, still audited (their first ratios are in the report's header)
 FITTED = {"falcon": 40, "starcoder2": 40, "gpt_bigcode": 40, "mpt": 40, "olmoe": 40, "bloom": 40, "cohere": 40,
           "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70, "qwen3_5_moe_text": 70, "qwen3_next": 70, "minimax_m2": 70, "lfm2": 70,
-          "granitemoehybrid": 71, "bamba": 71}
+          "granitemoehybrid": 71, "bamba": 71, "falcon_h1": 71}
 #: config keys set when the type's config class has them (directly or through its attribute_map)
 DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
                         "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         "generic, and 1.15 at LFM2-1.2B's widths, its FFN read at the written block_ff_dim; stop 71: granitemoehybrid and",
         "bamba, Mamba-2 hybrids the tracer reached only with the cache off, 0.0015 in half through generic: their Mamba-2",
         "layers priced as attention, where transformers' reference code pads 64 tokens to a 256-token chunk and keeps",
-        "every chunk's score matrices and state in fp32).",
+        "every chunk's score matrices and state in fp32; falcon_h1 0.001 / 0.003, its side-by-side Mamba-2 mixers the",
+        "same; nemotron_h's single-mixer layers of four kinds are checked per kind in tests/test_layer_kinds.py).",
         "",
         "| model type | table used | via | half priced | half traced | half ratio | amp priced | amp traced | amp ratio | note |",
         "|---|---|---|---|---|---|---|---|---|---|",

@@ -80,10 +80,11 @@ def _standin() -> Any:
                     out_w: Any, dim: int, groups: int) -> Any:
             b, s, _ = zxbcdt.shape
             out_x = zxbcdt.new_empty((b, s, dim))                                  # the scan's output, x's dtype
-            rstd = zxbcdt.new_empty((b * s * groups,), dtype=torch.float32)        # _layer_norm_fwd's rstd
+            # _layer_norm_fwd's rstd; without the grouped RMSNorm (Falcon-H1's mamba_rms_norm false) rstd is None
+            rstd = None if norm_w is None else zxbcdt.new_empty((b * s * groups,), dtype=torch.float32)
             ctx.save_for_backward(zxbcdt, conv_w, conv_b, out_x, a, d, dt_bias, norm_w, rstd, out_w)
             ctx.shapes = (zxbcdt.shape, conv_w.shape, None if conv_b is None else conv_b.shape, dt_bias.shape,
-                          a.shape, d.shape, norm_w.shape, out_w.shape)
+                          a.shape, d.shape, None if norm_w is None else norm_w.shape, out_w.shape)
             return zxbcdt.new_empty((b, s, out_w.shape[0]))
 
         @staticmethod

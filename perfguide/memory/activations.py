@@ -184,7 +184,7 @@ def _layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool, dims:
     lit = litgpt_family(spec, setup) if mode == "half" else None
     per_token = _linear(lit.per_token if lit else c.per_token, dims)
     kinds = None if per_width else kind_mean_per_token(spec, setup, mode)
-    if kinds is not None:   # Nemotron-H: one mixer per layer, of four kinds, each priced whole
+    if kinds is not None:   # Nemotron-H and Falcon-H1: layers priced whole, by kind
         per_token = kinds
     if hidden_p > 0 and lit is None:
         per_token += _linear(c.dropout_per_token, dims)

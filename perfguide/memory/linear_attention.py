@@ -41,20 +41,22 @@ Kernels = Literal["torch", "fla", "mamba_ssm"]
 LinearDim = Literal["h", "q", "kv", "lk", "lkr", "lv", "lh", "lkh", "ls",
                     "ah", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "i", "hk", "ir", "si", "e", "k", "ml", "1"]
 Regime = Literal["fp32", "amp", "half"]
-NemotronKind = Literal["attention", "mlp", "moe", "mamba"]
+LayerKind = Literal["attention", "mlp", "moe", "mamba", "hybrid"]
 #: the config keys of a gated-DeltaNet layer (Qwen3-Next and Qwen3.5 spell them alike)
 _KEYS = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
 #: a Mamba-2 mixer's keys (heads, head dim, state, groups, chunk) per model type: Granite-4.0-H and Bamba (a layer is
 #: the mixer and the model's FFN, beside attention layers of the same build: the Granite-4.0-H fit describes both) and
-#: Nemotron-H (a layer is one mixer of four kinds, each priced whole: ``kind_mean_per_token``)
+#: Nemotron-H (a layer is one mixer of four kinds) and Falcon-H1 (a layer runs attention and a Mamba-2 mixer side by
+#: side, then its MLP), whose layers are priced whole (``kind_mean_per_token``)
 _MAMBA2_KEYS = {"granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size"),
                 "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size"),
-                "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size")}
-#: the config classes' default chunk (GraniteMoeHybridConfig, BambaConfig: 256; NemotronHConfig: 128)
-_MAMBA2_CHUNK = {"granitemoehybrid": 256, "bamba": 256, "nemotron_h": 128}
+                "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size"),
+                "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size")}
+#: the config classes' default chunk (GraniteMoeHybridConfig, BambaConfig, FalconH1Config: 256; NemotronHConfig: 128)
+_MAMBA2_CHUNK = {"granitemoehybrid": 256, "bamba": 256, "nemotron_h": 128, "falcon_h1": 256}
 #: Nemotron-H's layer kinds as its config spells them (``hybrid_override_pattern`` characters, ``layers_block_type``)
 #: (transformers 5 writes the mixers' legacy names as ``linear_attention`` / ``full_attention``)
-_NEMOTRON_KINDS: dict[str, NemotronKind] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
+_NEMOTRON_KINDS: dict[str, LayerKind] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
                                             "attention": "attention", "mlp": "mlp", "moe": "moe",
                                             "linear_attention": "mamba", "full_attention": "attention"}
 #: the packages' kernel path per kind (``torch``, transformers' reference code, is every kind's other path)
@@ -71,17 +73,18 @@ class KernelTable(DataModel):
     paths: dict[Kernels, dict[Regime, KernelRegime]]
 
 
-class NemotronTable(DataModel):
+class LayerKindsTable(DataModel):
     source: str = Field(min_length=10)
     #: layer kind -> kernel path (``torch`` for the kinds without a recurrent mixer) -> dtype regime -> terms: the whole
     #: layer's bytes per token, not a difference
-    kinds: dict[NemotronKind, dict[Kernels, dict[Regime, KernelRegime]]]
+    kinds: dict[LayerKind, dict[Kernels, dict[Regime, KernelRegime]]]
 
 
 class LinearAttentionTables(DataModel):
     gated_deltanet: KernelTable
     mamba2: KernelTable
-    nemotron_h: NemotronTable
+    nemotron_h: LayerKindsTable
+    falcon_h1: LayerKindsTable
 
 
 def _positive_ints(config: dict[str, object], keys: tuple[str, ...]) -> list[int] | None:
@@ -116,9 +119,11 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
     keys = _MAMBA2_KEYS.get(spec.model_type)
     if keys is None:
         return None
-    if config.get("mamba_d_head") == "auto" and isinstance(config.get("mamba_n_heads"), int):
-        # GraniteMoeHybridConfig's default: the inner width (expand x hidden) over the heads
-        config = {**config, "mamba_d_head": int(config.get("mamba_expand", 2) * spec.hidden_size) // config["mamba_n_heads"]}
+    if config.get("mamba_d_head", "auto") == "auto" and isinstance(config.get("mamba_n_heads"), int):
+        # GraniteMoeHybridConfig's and FalconH1Config's default: the inner width (mamba_d_ssm, else expand x hidden)
+        # over the heads
+        inner = config.get("mamba_d_ssm") or int(config.get("mamba_expand", 2) * spec.hidden_size)
+        config = {**config, "mamba_d_head": int(inner) // config["mamba_n_heads"]}
     found = _positive_ints(config, keys[:4])
     if found is None:
         return None
@@ -157,7 +162,7 @@ def _share(spec: ModelSpec, kind: Kind | None) -> float:
     kinds = spec.layer_types
     if kind is None or linear_kind(spec) != kind or not kinds:
         return 0.0
-    return sum(k == "linear_attention" for k in kinds) / len(kinds)
+    return sum(k in ("linear_attention", "hybrid") for k in kinds) / len(kinds)   # hybrid: Falcon-H1's side by side
 
 
 def deltanet_share(spec: ModelSpec) -> float:
@@ -192,11 +197,11 @@ def _terms(table: dict[Regime, KernelRegime], regime: Regime, kernels: str, dims
 
 def linear_extra_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> int:
     """Bytes one block keeps beyond its family table's full-attention block, averaged over the layers: the recurrent
-    mixer's difference per token at the share of its layers, one micro-batch. 0 for Nemotron-H, whose layers are
-    priced whole (``kind_mean_per_token``)."""
+    mixer's difference per token at the share of its layers, one micro-batch. 0 for Nemotron-H and Falcon-H1, whose
+    layers are priced whole (``kind_mean_per_token``)."""
     kind = linear_kind(spec)
     share = linear_share(spec)
-    if kind is None or not share or nemotron_kinds(spec):
+    if kind is None or not share or layer_kinds(spec):
         return 0
     from .activations_data import activations_data
 
@@ -207,20 +212,23 @@ def linear_extra_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> int:
     return int(share * setup.micro_batch_size * _reference_length(spec, kind, kernels, setup.seq_len) * per_token)
 
 
-def nemotron_kinds(spec: ModelSpec) -> list[NemotronKind] | None:
-    """Nemotron-H's layer kinds in order, from its config (``layers_block_type``, else ``hybrid_override_pattern``);
-    None for any other model, or a pattern this module cannot read (then every layer is priced as a family block)."""
-    if spec.model_type != "nemotron_h":
+def layer_kinds(spec: ModelSpec) -> list[LayerKind] | None:
+    """The kinds of ``spec``'s layers in order where each is priced whole: Nemotron-H's from its config
+    (``layers_block_type``, else ``hybrid_override_pattern``), Falcon-H1's all ``hybrid``; None for any other model, or
+    a pattern this module cannot read (then every layer is priced as a family block)."""
+    if spec.model_type not in ("nemotron_h", "falcon_h1") or mamba2_dims(spec) is None:
         return None
+    if spec.model_type == "falcon_h1":
+        return ["hybrid"] * spec.num_layers
     config = decoder_config(spec.config or {})
     spelled = config.get("layers_block_type") or config.get("layer_types") or config.get("hybrid_override_pattern")
     kinds = [_NEMOTRON_KINDS.get(str(k)) for k in (spelled or ())]
-    if len(kinds) != spec.num_layers or None in kinds or mamba2_dims(spec) is None:
+    if len(kinds) != spec.num_layers or None in kinds:
         return None
     return kinds  # type: ignore[return-value]
 
 
-def nemotron_dims(spec: ModelSpec) -> dict[str, int]:
+def kind_dims(spec: ModelSpec) -> dict[str, int]:
     """The kinds' linear-form dims: the Mamba-2 mixer's (``mamba2_dims``), attention's ``q`` and ``kv``, the dense
     MLP's ``i``, and the MoE block's ``hk`` (the routed width x top-k: hidden, or ``moe_latent_size`` where the experts
     run in a latent space), ``ir`` (top-k x expert width), ``si`` (the shared experts' width), ``e`` (routed experts),
@@ -235,30 +243,30 @@ def nemotron_dims(spec: ModelSpec) -> dict[str, int]:
             "ml": latent[0] if latent else 0}
 
 
-def _nemotron_kind_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> dict[NemotronKind, float]:
+def _kind_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> dict[LayerKind, float]:
     """Bytes per token one layer of each kind the model has keeps (the Mamba kind at the reference code's padded
     length, per real token)."""
     from .activations_data import activations_data
 
-    kinds = nemotron_kinds(spec) or []
-    table = activations_data().linear_attention.nemotron_h.kinds
+    kinds = layer_kinds(spec) or []
+    table = getattr(activations_data().linear_attention, spec.model_type).kinds
     kernels = _checked_kernels(spec, setup, "mamba2")
-    dims = nemotron_dims(spec)
-    out: dict[NemotronKind, float] = {}
+    dims = kind_dims(spec)
+    out: dict[LayerKind, float] = {}
     for kind in set(kinds):
-        path: Kernels = kernels if kind == "mamba" else "torch"
-        pad = _reference_length(spec, "mamba2", path, setup.seq_len) / setup.seq_len if kind == "mamba" else 1.0
+        path: Kernels = kernels if kind in ("mamba", "hybrid") else "torch"
+        pad = _reference_length(spec, "mamba2", path, setup.seq_len) / setup.seq_len if kind in ("mamba", "hybrid") else 1.0
         out[kind] = pad * _terms(table[kind][path], regime, path, dims)
     return out
 
 
 def kind_mean_per_token(spec: ModelSpec, setup: Setup, regime: Regime) -> float | None:
-    """Bytes per token of Nemotron-H's mean layer, each kind priced whole at its share of the depth; None for any other
+    """Bytes per token of Nemotron-H's or Falcon-H1's mean layer, each kind priced whole at its share of the depth; None for any other
     model (its family table prices the block)."""
-    kinds = nemotron_kinds(spec)
+    kinds = layer_kinds(spec)
     if not kinds:
         return None
-    per_kind = _nemotron_kind_bytes(spec, setup, regime)
+    per_kind = _kind_bytes(spec, setup, regime)
     return sum(per_kind[k] for k in kinds) / len(kinds)
 
 
@@ -266,8 +274,8 @@ def linear_block_excess(spec: ModelSpec, setup: Setup, regime: Regime) -> int:
     """What the depth's largest block keeps beyond the mean ``layer_bytes`` prices (a recomputed block's peak is one
     block's, not the mean's): the recurrent block where it keeps more than the attention block, else the attention
     block; for Nemotron-H the largest of its kinds."""
-    if nemotron_kinds(spec):
-        per_kind = _nemotron_kind_bytes(spec, setup, regime)
+    if layer_kinds(spec):
+        per_kind = _kind_bytes(spec, setup, regime)
         mean = kind_mean_per_token(spec, setup, regime) or 0.0
         return int(setup.micro_batch_size * setup.seq_len * (max(per_kind.values()) - mean))
     share = linear_share(spec)

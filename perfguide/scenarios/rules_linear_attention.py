@@ -19,7 +19,7 @@ from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..memory.activations import layer_bytes
-from ..memory.linear_attention import KERNELS, Kind, linear_kind
+from ..memory.linear_attention import KERNELS, Kind, linear_kind, linear_share
 from ..model.types import ModelSpec
 from ..setup import Setup
 
@@ -73,7 +73,7 @@ def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | No
     model. ``compute``: the plan's 16-bit matmul dtype, None for fp32. ``cpu``: the plan trains on CPUs, where the
     packages' kernels do not run."""
     kind = linear_kind(spec)
-    if kind is None or not any(t == "linear_attention" for t in spec.layer_types or ()):
+    if kind is None or not linear_share(spec):
         return {}, ()
     _refuse_forced(spec, kind, forced, compute, cpu)
     path, fast = PATHS[kind], KERNELS[kind]

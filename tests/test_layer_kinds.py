@@ -1,10 +1,14 @@
-"""NVIDIA Nemotron-H's layer kinds (perfguide/memory/linear_attention.py ``kind_mean_per_token``).
+"""Layers priced whole by kind (perfguide/memory/linear_attention.py ``kind_mean_per_token``): NVIDIA Nemotron-H's four
+kinds and Falcon-H1's hybrid layer.
 
 Nemotron-H (Nemotron-3 Nano / Super / Ultra) stacks single-mixer layers of four kinds: a Mamba-2 mixer, attention, a
 dense ReLU^2 MLP, a MoE block. Each layer was priced as a whole attention-and-FFN block of the generic table. For
 Nemotron-3-Nano-30B-A3B that was 161 KB per token per layer where transformers' reference code keeps 303 (its 23 Mamba
 layers 520 KB each) and mamba-ssm's kernels 99. Checked here against what the installed transformers' real layers save
-for backward on CPU tensors (``saved_tensors_hooks``), at widths scripts/fit_nemotron_h.py never used.
+for backward on CPU tensors (``saved_tensors_hooks``), at widths scripts/fit_layer_kinds.py never used.
+
+Falcon-H1 runs attention and a Mamba-2 mixer side by side in every layer: Falcon-H1-7B was priced at 151 KB per token
+per layer, where transformers' reference code keeps 472 (a fake-tensor trace at its released widths; now 466).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import pytest
 from helpers import saved_in_block
 
 from perfguide.memory.activations import layer_bytes
-from perfguide.memory.linear_attention import nemotron_dims, nemotron_kinds
+from perfguide.memory.linear_attention import kind_dims, layer_kinds
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -77,14 +81,14 @@ def test_a_mixed_stack_is_the_mean_of_its_layers() -> None:
 
 def test_catalog_nano_kinds_and_widths() -> None:
     spec = ModelSpec.from_any("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
-    kinds = nemotron_kinds(spec)
+    kinds = layer_kinds(spec)
     assert kinds is not None and len(kinds) == 52
     assert (kinds.count("mamba"), kinds.count("moe"), kinds.count("attention")) == (23, 23, 6)
-    config, dims = spec.config, nemotron_dims(spec)
+    config, dims = spec.config, kind_dims(spec)
     assert dims["md"] == config["mamba_num_heads"] * config["mamba_head_dim"]
     assert dims["si"] == config["moe_shared_expert_intermediate_size"]            # 3,712: the shared expert's width
     assert dims["ir"] == config["num_experts_per_tok"] * config["moe_intermediate_size"]
-    assert nemotron_kinds(ModelSpec.from_any("ibm-granite/granite-4.0-h-micro")) is None
+    assert layer_kinds(ModelSpec.from_any("ibm-granite/granite-4.0-h-micro")) is None
 
 
 def test_plan_prices_the_reference_code_and_names_the_kernels() -> None:
@@ -99,3 +103,27 @@ def test_plan_prices_the_reference_code_and_names_the_kernels() -> None:
                                                          linear_attention_kernels=k)) for k in ("torch", "mamba_ssm"))
     # 23 of 52 layers keep the reference code's chunk matrices: the mean layer keeps about three times the kernels'
     assert 2.5 < torch_bytes / kernel_bytes < 3.5
+
+
+def _falcon(layers: int = 2) -> dict[str, Any]:
+    """A Falcon-H1 config at widths the fit (hidden 256-512, attention heads of 64-128, chunk 64-128) never used."""
+    return dict(model_type="falcon_h1", hidden_size=160, num_hidden_layers=layers, vocab_size=512,
+                tie_word_embeddings=False, num_attention_heads=5, num_key_value_heads=1, head_dim=48,
+                intermediate_size=224, mamba_n_heads=5, mamba_d_head=40, mamba_d_ssm=200, mamba_d_state=24,
+                mamba_n_groups=1, mamba_chunk_size=32, mamba_d_conv=4, use_cache=False, pad_token_id=0, eos_token_id=1,
+                bos_token_id=2)
+
+
+def test_falcon_h1_layer_is_what_the_real_layer_saves() -> None:
+    traced = _saved_per_layer(_falcon())[1]
+    assert _priced(_falcon()) == pytest.approx(traced, rel=0.02)
+    assert _priced(_falcon()) > 1.5 * _priced(_falcon(), "mamba_ssm")   # the kernels keep far less
+
+
+def test_catalog_falcon_h1_is_every_layer_hybrid() -> None:
+    spec = ModelSpec.from_any("tiiuae/Falcon-H1-7B-Base")
+    kinds = layer_kinds(spec)
+    assert kinds == ["hybrid"] * spec.num_layers
+    dims = kind_dims(spec)
+    assert dims["md"] == spec.config["mamba_d_ssm"] == spec.config["mamba_n_heads"] * spec.config["mamba_d_head"]
+    assert dims["mhl"] == spec.config["mamba_n_heads"] * spec.config["mamba_chunk_size"]

@@ -1,6 +1,8 @@
-"""Fit NVIDIA Nemotron-H's layer kinds in perfguide/data/activations.json (``linear_attention.nemotron_h``).
+"""Fit the layers priced whole by kind in perfguide/data/activations.json: NVIDIA Nemotron-H's four kinds
+(``linear_attention.nemotron_h``) and Falcon-H1's hybrid layer (``linear_attention.falcon_h1``).
 
-Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_nemotron_h.py [--dry-run]``.
+Run: ``HF_HUB_OFFLINE=1 .venv/bin/python scripts/fit_layer_kinds.py [--dry-run] [KIND ...]`` (kinds: attention, mlp,
+moe, mamba, hybrid; all by default).
 
 Nemotron-H (Nemotron-H 4B-56B, Nemotron-3 Nano / Super / Ultra) is not a stack of one repeated block: each layer is a
 norm and one mixer (transformers' ``NemotronHBlock``), a Mamba-2 mixer, attention, a dense MLP or a MoE block, in the
@@ -23,6 +25,11 @@ tokens: two and four of the largest chunk), per token:
 * ``mamba``: Nemotron-H's Mamba-2 mixer is Granite-4.0-H's code (scripts/fit_mamba.py), both paths (transformers'
   reference code, mamba-ssm's fused kernel as a stand-in saving what its autograd Function saves), over ``h`` and the
   mixer's dims (``memory/linear_attention.py`` ``mamba2_dims``).
+
+Falcon-H1's every layer (``FalconH1DecoderLayer``) runs attention and the same Mamba-2 mixer side by side on one normed
+input (with muP multipliers), then a gated MLP: one kind, ``hybrid``, over the attention's, the MLP's and the mixer's
+dims, both kernel paths, at the config class's default ``mamba_rms_norm`` false (the scan's output gated by z inside
+the chunk scan, no grouped RMSNorm: every released Falcon-H1 config).
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ BASE: dict[str, Point] = {
     "mlp": {"h": 256, "i": 512},
     "moe": {"h": 256, "ie": 64, "e": 8, "k": 2, "si": 128, "lat": 0},
     "mamba": {"h": 256, "mh": 8, "hd": 64, "n": 64, "g": 2, "chunk": 64},
+    "hybrid": {"h": 256, "heads": 2, "kv": 1, "ahd": 64, "i": 512, "mh": 8, "hd": 64, "n": 64, "g": 1, "chunk": 64},
 }
 
 
@@ -62,11 +70,17 @@ STEPS: dict[str, list[Point]] = {
                           {"lat": 64, "ie": 128}]),
     "mamba": _steps("mamba", [{"h": 512}, {"mh": 16, "hd": 32}, {"hd": 128}, {"n": 128}, {"g": 4}, {"chunk": 128},
                               {"n": 128, "chunk": 128}, {"mh": 16, "hd": 32, "n": 128}, {"hd": 128, "n": 128}]),
+    "hybrid": _steps("hybrid", [{"h": 512}, {"heads": 4}, {"kv": 2}, {"ahd": 128}, {"i": 1024}, {"mh": 16, "hd": 32},
+                                {"hd": 128}, {"n": 128}, {"g": 2}, {"chunk": 128}, {"n": 128, "chunk": 128},
+                                {"mh": 16, "hd": 32, "n": 128}, {"hd": 128, "n": 128}, {"heads": 4, "ahd": 128}]),
 }
 TERMS = {"attention": ("h", "q", "kv", "ah", "1"), "mlp": ("h", "i", "1"),
          "moe": ("h", "hk", "ir", "si", "e", "k", "ml", "1"),
-         "mamba": ("h", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "1")}
+         "mamba": ("h", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "1"),
+         "hybrid": ("h", "q", "kv", "ah", "i", "md", "mh", "mgn", "mhn", "mhl", "mdnl", "1")}
 LAYER = {"attention": "attention", "mlp": "mlp", "moe": "moe", "mamba": "mamba"}
+MODEL = {"attention": "nemotron_h", "mlp": "nemotron_h", "moe": "nemotron_h", "mamba": "nemotron_h",
+         "hybrid": "falcon_h1"}
 
 
 def dims(kind: str, p: Point) -> dict[str, int]:
@@ -80,12 +94,26 @@ def dims(kind: str, p: Point) -> dict[str, int]:
         return {"h": p["h"], "hk": width * p["k"], "ir": p["k"] * p["ie"], "si": p["si"], "e": p["e"], "k": p["k"],
                 "ml": p["lat"], "1": 1}
     md = p["mh"] * p["hd"]
-    return {"h": p["h"], "md": md, "mh": p["mh"], "mgn": p["g"] * p["n"], "mhn": p["mh"] * p["n"],
-            "mhl": p["mh"] * p["chunk"], "mdnl": md * p["n"] // p["chunk"], "1": 1}
+    mamba = {"h": p["h"], "md": md, "mh": p["mh"], "mgn": p["g"] * p["n"], "mhn": p["mh"] * p["n"],
+             "mhl": p["mh"] * p["chunk"], "mdnl": md * p["n"] // p["chunk"], "1": 1}
+    if kind == "hybrid":
+        return {**mamba, "q": p["heads"] * p["ahd"], "kv": p["kv"] * p["ahd"], "ah": p["heads"], "i": p["i"]}
+    return mamba
+
+
+def falcon_config(p: Point, layers: int = 2) -> dict[str, Any]:
+    """A Falcon-H1 config of ``layers`` layers at fit point ``p``."""
+    return dict(model_type="falcon_h1", hidden_size=p["h"], num_hidden_layers=layers, vocab_size=512,
+                tie_word_embeddings=False, num_attention_heads=p["heads"], num_key_value_heads=p["kv"],
+                head_dim=p["ahd"], intermediate_size=p["i"], mamba_n_heads=p["mh"], mamba_d_head=p["hd"],
+                mamba_d_ssm=p["mh"] * p["hd"], mamba_d_state=p["n"], mamba_n_groups=p["g"], mamba_chunk_size=p["chunk"],
+                mamba_d_conv=4, use_cache=False, pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
 def config(kind: str, p: Point, layers: int = 2) -> dict[str, Any]:
-    """A Nemotron-H config of ``layers`` layers of ``kind`` at fit point ``p`` (the other kinds' keys at fixed sizes)."""
+    """A config of ``layers`` layers of ``kind`` at fit point ``p`` (Nemotron-H's other kinds' keys at fixed sizes)."""
+    if kind == "hybrid":
+        return falcon_config(p, layers)
     c: dict[str, Any] = dict(model_type="nemotron_h", hidden_size=p["h"], num_hidden_layers=layers,
                              layer_types=[LAYER[kind]] * layers, vocab_size=512, tie_word_embeddings=False,
                              num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=512,
@@ -107,9 +135,11 @@ def config(kind: str, p: Point, layers: int = 2) -> dict[str, Any]:
 
 
 @contextmanager
-def kernels(path: str) -> Iterator[None]:
-    """Run Nemotron-H's Mamba-2 mixer with mamba-ssm's fused kernel (``mamba_ssm``) or the reference code."""
-    from transformers.models.nemotron_h import modeling_nemotron_h as m
+def kernels(path: str, model: str = "nemotron_h") -> Iterator[None]:
+    """Run the model's Mamba-2 mixer with mamba-ssm's fused kernel (``mamba_ssm``) or the reference code."""
+    import importlib
+
+    m = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
 
     saved = m.mamba2_split_conv1d_scan_combined
     if path == "mamba_ssm":
@@ -148,7 +178,7 @@ def slope(kind: str, p: Point, regime: str, path: str) -> float:
         def measure(seq: int) -> int:
             return block_bytes(config(kind, p), Setup(micro_batch_size=BATCH, seq_len=seq, optimizer="sgd",
                                                       **REGIMES[regime]))
-    with kernels(path):
+    with kernels(path, MODEL[kind]):
         short, long = (measure(s) for s in LENGTHS)
     return (long - short) / (BATCH * (LENGTHS[1] - LENGTHS[0]))
 
@@ -170,17 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     dry = "--dry-run" in args
     only = [a for a in args if not a.startswith("--")]
     data = json.loads(DATA.read_text(encoding="utf-8"))
-    table = data["linear_attention"].get("nemotron_h", {"kinds": {}})
-    for kind in only or ("attention", "mlp", "moe", "mamba"):
-        paths = ("torch", "mamba_ssm") if kind == "mamba" else ("torch",)
+    for kind in only or ("attention", "mlp", "moe", "mamba", "hybrid"):
+        model = MODEL[kind]
+        table = data["linear_attention"].setdefault(model, {"kinds": {}})
+        paths = ("torch", "mamba_ssm") if kind in ("mamba", "hybrid") else ("torch",)
         table["kinds"][kind] = {path: fit_kind(kind, path) for path in paths}
-    table["source"] = (
-        f"scripts/fit_nemotron_h.py: traces of transformers' Nemotron-H layers (torch {torch.__version__}, transformers "
-        f"{transformers.__version__}), one kind per model, two layers minus one, batch {BATCH} at {LENGTHS[0]} and "
-        f"{LENGTHS[1]} tokens; fake tensors, the MoE kind's fp32 and autocast regimes on real CPU tensors (grouped_mm's "
-        "fake kernel refuses fp32); mamba: the reference code (torch) and a stand-in saving what mamba-ssm's "
-        "MambaSplitConv1dScanCombinedFn saves (mamba_ssm). Block code: transformers/models/nemotron_h/modeling_nemotron_h.py.")
-    data["linear_attention"]["nemotron_h"] = table
+        table["source"] = (
+            f"scripts/fit_layer_kinds.py: traces of transformers' {model} layers (torch {torch.__version__}, "
+            f"transformers {transformers.__version__}), one kind per model, two layers minus one, batch {BATCH} at "
+            f"{LENGTHS[0]} and {LENGTHS[1]} tokens; fake tensors" + (
+                ", the MoE kind's fp32 and autocast regimes on real CPU tensors (grouped_mm's fake kernel refuses fp32)"
+                if model == "nemotron_h" else "") +
+            "; the Mamba-2 mixer on the reference code (torch) and on a stand-in saving what mamba-ssm's "
+            f"MambaSplitConv1dScanCombinedFn saves (mamba_ssm). Block code: transformers/models/{model}/modeling_{model}.py.")
     write_data(data, dry)
     return 0
 
