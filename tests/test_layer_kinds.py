@@ -127,3 +127,33 @@ def test_catalog_falcon_h1_is_every_layer_hybrid() -> None:
     dims = kind_dims(spec)
     assert dims["md"] == spec.config["mamba_d_ssm"] == spec.config["mamba_n_heads"] * spec.config["mamba_d_head"]
     assert dims["mhl"] == spec.config["mamba_n_heads"] * spec.config["mamba_chunk_size"]
+
+
+@pytest.mark.parametrize("model", ["granite", "bamba", "nemotron", "falcon"])
+def test_lora_plan_leaves_the_fused_out_proj_out(model: str) -> None:
+    """mamba-ssm's fused kernel takes a Mamba-2 mixer's out_proj.weight directly (the module's forward never runs),
+    and peft refuses LoRA on it for Nemotron-H and Falcon-H1: the plan's LoraConfig must build on the real model, and
+    the adapter perfguide prices must be the one peft builds (its trainable count)."""
+    transformers = pytest.importorskip("transformers")
+    import test_mamba2 as g
+
+    import perfguide
+    from perfguide.speed.rates import trainable_params
+
+    config = {"granite": {**g._config("granitemoehybrid", "mamba", layers=4), "layer_types": ["mamba"] * 3 + ["attention"]},
+              "bamba": {**g._config("bamba", "mamba", layers=3), "attn_layer_indices": [2]},
+              "nemotron": _config(["mamba", "moe", "mamba", "attention", "mlp", "mamba"]), "falcon": _falcon()}[model]
+    rec = perfguide.recommend(config, "train_gpu_one", hardware="a100-80gb", seq_len=1024, finetune="lora")
+    assert not any(t.endswith("out_proj") for t in rec.lora_config().target_modules)
+    prepared = rec.prepare_model(transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)))
+    built = sum(p.numel() for p in prepared.parameters() if p.requires_grad)
+    assert trainable_params(rec.model, rec.setup) == built
+
+
+def test_listed_out_proj_is_refused_where_peft_refuses_it() -> None:
+    import perfguide
+    from perfguide.errors import ConflictingConstraintsError, InvalidSetupError
+
+    with pytest.raises((InvalidSetupError, ConflictingConstraintsError), match="out_proj"):
+        perfguide.recommend(_falcon(), "train_gpu_one", hardware="a100-80gb", seq_len=1024, finetune="lora",
+                            lora={"r": 8, "target_modules": ("q_proj", "out_proj")})

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidSetupError
+from ..model.recurrent import fused_out_proj
 from .adapter_facts import require_transformers_code
 
 if TYPE_CHECKING:
@@ -56,11 +57,14 @@ def target_modules(spec: ModelSpec, lora: LoraSpec) -> list[str] | str:
     """The Linears the plan priced: the user's names as given, or every block Linear by its path in a block.
 
     Fused MoE experts are parameters, not Linear modules (transformers 5), so no module name reaches them;
-    a spec without block Linears (a bare size such as "7b") keeps PEFT's own "all-linear".
+    a spec without block Linears (a bare size such as "7b") keeps PEFT's own "all-linear". A Mamba-2 hybrid's
+    out-projection is left out: mamba-ssm's fused kernel reads its weight directly and peft refuses it for Nemotron-H
+    and Falcon-H1.
     """
     if lora.target_modules != "all-linear":
         return list(lora.target_modules)
-    names = sorted({p for p in spec.linear_paths if not p.startswith("experts.")})
+    fused = fused_out_proj(spec.model_type)   # a Mamba-2 out-projection LoRA cannot adapt (model/recurrent.py)
+    names = sorted({p for p in spec.linear_paths if not p.startswith("experts.") and p != fused})
     return names or "all-linear"
 
 

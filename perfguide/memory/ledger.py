@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from ..errors import InvalidSetupError
 from ..model.adapted import SAVED_EMBEDDINGS, SAVED_HEADS
 from ..model.linears import linear_params, linear_shapes
+from ..model.recurrent import PEFT_REFUSES_OUT_PROJ, fused_out_proj
 from ..model.types import ModelSpec, derived
 from ..setup import DTYPE_BYTES as SETUP_DTYPE_BYTES
 from ..setup import Setup
@@ -98,11 +99,18 @@ def _targets(spec: ModelSpec, setup: Setup) -> tuple[list[tuple[str, int, int, i
     lora = setup.lora
     assert lora is not None
     shapes = linear_shapes(spec)
+    fused = fused_out_proj(spec.model_type)   # a Mamba-2 out-projection the fused kernel reads as a bare weight
     if lora.target_modules == "all-linear":
-        chosen = shapes + all_linear_extra(spec, shapes)
+        chosen = [s for s in shapes if s[0] != fused] + all_linear_extra(spec, shapes)
     else:
         targets, experts = listed_targets(spec, lora.target_modules, shapes)   # v4 expert / router names peft converts
         chosen = [s for s in shapes if any(s[0] == t or s[0].endswith("." + t) for t in targets)] + experts
+        if fused and any(s[0] == fused for s in chosen) and (spec.model_type in PEFT_REFUSES_OUT_PROJ
+                                                             or setup.linear_attention_kernels == "mamba_ssm"):
+            why = ("peft refuses it" if spec.model_type in PEFT_REFUSES_OUT_PROJ
+                   else "mamba-ssm's fused kernel reads its weight directly, so an adapter on it trains nothing")
+            raise InvalidSetupError(f"LoRA on {spec.name}'s Mamba-2 out_proj ({fused}): {why}; drop out_proj from "
+                                    "target_modules (all-linear leaves it out)")
         if not chosen and not lora.target_parameters:
             names = ", ".join(sorted({s[0].rsplit(".", 1)[-1] for s in shapes}))
             raise InvalidSetupError(f"LoRA target_modules {list(targets)} match no Linear of {spec.name}; accepted: all-linear, {names}")

@@ -103,3 +103,19 @@ def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[
         return None
     shape = state_shape(config)
     return (kinds, shape) if shape else None
+
+
+#: a Mamba-2 mixer's out-projection, by model type: transformers hands its weight straight to mamba-ssm's fused kernel
+#: (``mamba_split_conv1d_scan_combined(outproj_weight=self.out_proj.weight)``), so the module's forward never runs on
+#: that path and a LoRA adapter on it trains nothing; peft refuses LoRA on it outright for some types
+#: (tuners_utils._check_lora_target_modules_mamba: falcon_h1, mamba2, nemotron_h among them), NVIDIA's Automodel recipes
+#: exclude it ("mamba layers use custom kernels that take in the out_proj.weight directly")
+FUSED_OUT_PROJ = {"granitemoehybrid": "mamba.out_proj", "bamba": "mamba.out_proj", "falcon_h1": "mamba.out_proj",
+                  "nemotron_h": "mixer.out_proj", "mamba2": "mixer.out_proj"}
+#: the types among them for which peft raises on an out_proj target (peft 0.18-0.19)
+PEFT_REFUSES_OUT_PROJ = frozenset({"falcon_h1", "mamba2", "nemotron_h"})
+
+
+def fused_out_proj(model_type: str) -> str | None:
+    """The block path of the Mamba-2 out-projection LoRA cannot adapt in ``model_type``; None for other types."""
+    return FUSED_OUT_PROJ.get(model_type)
