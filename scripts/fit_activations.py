@@ -466,6 +466,21 @@ def least_squares(rows: list[dict[str, int]], ys: list[float], terms: tuple[str,
     return {t: v for t, v in out.items() if abs(v) > 1e-6}
 
 
+def difference_fit(label: str, steps: Iterable[dict[str, int]], dims: Callable[[dict[str, int]], dict[str, int]],
+                   terms: tuple[str, ...], measure: Callable[[dict[str, int], dict[str, Any], int], float],
+                   regimes: dict[str, dict[str, Any]], lengths: tuple[int, int], tokens: int) -> dict[str, Any]:
+    """Per regime, the linear form over ``terms`` of ``measure`` (bytes at a fit point, a regime and a length) per
+    token: the slope between the two ``lengths`` (``tokens`` more tokens at the second), so per-call constants cancel.
+    The recurrent-layer fits' loop (fit_linear_attention, fit_mamba)."""
+    points = list(steps)
+    out = {}
+    for name, regime in regimes.items():
+        short, long = ([measure(p, regime, n) for p in points] for n in lengths)
+        out[name] = {"per_token": least_squares([dims(p) for p in points], [(b - a) / tokens for a, b in zip(short, long)], terms)}
+        print(f"  {label}/{name}: {json.dumps(out[name])}", flush=True)
+    return out
+
+
 def write_data(data: dict[str, Any], dry_run: bool) -> None:
     """Rewrite activations.json (the fit scripts' last step), unless ``--dry-run``."""
     if not dry_run:

@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from fit_activations import DATA, block_bytes, least_squares, write_data
-from fit_mamba import _standin
+from fit_mamba import kernels
 
 from perfguide.setup import Setup
 
@@ -132,22 +131,6 @@ def config(kind: str, p: Point, layers: int = 2) -> dict[str, Any]:
         c.update(mamba_num_heads=p["mh"], mamba_head_dim=p["hd"], ssm_state_size=p["n"], n_groups=p["g"],
                  chunk_size=p["chunk"])
     return c
-
-
-@contextmanager
-def kernels(path: str, model: str = "nemotron_h") -> Iterator[None]:
-    """Run the model's Mamba-2 mixer with mamba-ssm's fused kernel (``mamba_ssm``) or the reference code."""
-    import importlib
-
-    m = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
-
-    saved = m.mamba2_split_conv1d_scan_combined
-    if path == "mamba_ssm":
-        m.mamba2_split_conv1d_scan_combined = _standin()
-    try:
-        yield
-    finally:
-        m.mamba2_split_conv1d_scan_combined = saved
 
 
 def real_block_bytes(cfg: dict[str, Any], regime: str, seq: int) -> int:

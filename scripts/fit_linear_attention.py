@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fit_activations import DATA, block_bytes, least_squares, write_data
+from fit_activations import DATA, block_bytes, difference_fit, write_data
 
 from perfguide.setup import Setup
 
@@ -133,15 +133,12 @@ def difference(p: dict[str, int], regime: dict[str, Any], seq: int, path: str) -
 
 
 def fit_path(path: str) -> dict[str, Any]:
-    out = {}
-    for name, regime in REGIMES.items():
-        if path == "fla" and name == "fp32":
-            continue
-        short, long = ([difference(p, regime, s, path) for p in STEPS] for s in LENGTHS)
-        tokens = BATCH * (LENGTHS[1] - LENGTHS[0])
-        out[name] = {"per_token": least_squares([dims(p) for p in STEPS], [(b - a) / tokens for a, b in zip(short, long)], TERMS)}
-        print(f"  {path}/{name}: {json.dumps(out[name])}", flush=True)
-    return out
+    regimes = {k: v for k, v in REGIMES.items() if not (path == "fla" and k == "fp32")}   # fla refuses fp32
+
+    def measure(p: dict[str, int], regime: dict[str, Any], seq: int) -> float:
+        return difference(p, regime, seq, path)
+
+    return difference_fit(path, STEPS, dims, TERMS, measure, regimes, LENGTHS, BATCH * (LENGTHS[1] - LENGTHS[0]))
 
 
 def main(argv: list[str] | None = None) -> int:

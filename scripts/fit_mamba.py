@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from fit_activations import DATA, block_bytes, least_squares, write_data
+from fit_activations import DATA, block_bytes, difference_fit, write_data
 
 from perfguide.setup import Setup
 
@@ -100,10 +100,13 @@ def _standin() -> Any:
 
 
 @contextmanager
-def kernels(path: str) -> Iterator[None]:
-    """Run Granite-4.0-H's Mamba-2 mixer with mamba_ssm's fused kernel (``mamba_ssm``) or the reference code."""
-    from transformers.models.granitemoehybrid import modeling_granitemoehybrid as m
+def kernels(path: str, model: str = "granitemoehybrid") -> Iterator[None]:
+    """Run ``model``'s Mamba-2 mixer with mamba-ssm's fused kernel (``mamba_ssm``) or transformers' reference code
+    (``torch``): the module-level function its mixer calls, swapped for the stand-in (Granite-4.0-H, Bamba, Nemotron-H
+    and Falcon-H1 each carry their own copy)."""
+    import importlib
 
+    m = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
     saved = m.mamba2_split_conv1d_scan_combined
     if path == "mamba_ssm":
         m.mamba2_split_conv1d_scan_combined = _standin()
@@ -121,13 +124,10 @@ def difference(p: dict[str, int], regime: dict[str, Any], seq: int, path: str) -
 
 
 def fit_path(path: str) -> dict[str, Any]:
-    out = {}
-    for name, regime in REGIMES.items():
-        short, long = ([difference(p, regime, s, path) for p in STEPS] for s in LENGTHS)
-        tokens = BATCH * (LENGTHS[1] - LENGTHS[0])
-        out[name] = {"per_token": least_squares([dims(p) for p in STEPS], [(b - a) / tokens for a, b in zip(short, long)], TERMS)}
-        print(f"  {path}/{name}: {json.dumps(out[name])}", flush=True)
-    return out
+    def measure(p: dict[str, int], regime: dict[str, Any], seq: int) -> float:
+        return difference(p, regime, seq, path)
+
+    return difference_fit(path, STEPS, dims, TERMS, measure, REGIMES, LENGTHS, BATCH * (LENGTHS[1] - LENGTHS[0]))
 
 
 def main(argv: list[str] | None = None) -> int:

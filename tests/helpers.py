@@ -437,3 +437,19 @@ def with_keys(data: dict[str, Any], keys: dict[str, Any]) -> dict[str, Any]:
         return {**into, **{k: merge(into[k], v) if isinstance(v, dict) and isinstance(into.get(k), dict) else v for k, v in new.items()}}
 
     return merge(data, nest(keys))
+
+
+def cpu_plan_trains_a_step(config: dict[str, Any], finetune: str, tmp_path: Path) -> Any:
+    """A train_cpu plan for the tiny ``config`` (vocabulary 512) through transformers' Trainer for one step: the plan's
+    TrainingArguments and prepare_model accepted by the real loop. Returns the plan."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import perfguide
+
+    rec = perfguide.recommend(config, "train_cpu", hardware="cpu", seq_len=128, global_batch_size=2, finetune=finetune)
+    model = rec.prepare_model(transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)))
+    args = rec.training_args(output_dir=str(tmp_path), max_steps=1, report_to=[], save_strategy="no")
+    rows = [{"input_ids": torch.randint(0, 512, (128,)), "labels": torch.randint(0, 512, (128,))} for _ in range(4)]
+    out = transformers.Trainer(model=model, args=args, train_dataset=rows).train()
+    assert out.global_step == 1 and out.training_loss > 0
+    return rec

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import block_saved_bytes
+from helpers import block_saved_bytes, cpu_plan_trains_a_step
 
 from perfguide.errors import InvalidSetupError
 from perfguide.memory.activations import layer_bytes
@@ -170,18 +170,9 @@ def test_moe_hybrid_attention_block_is_what_the_real_block_saves(model_type: str
 def test_hybrid_plan_trains_a_step(finetune: str, tmp_path: Any) -> None:
     # the plan's TrainingArguments and prepare_model through transformers' Trainer on a tiny Qwen3.5 (three DeltaNet
     # layers and one attention layer, transformers' reference code: what this machine runs)
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    import perfguide
-
     config = {**_config("linear_attention"), "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
-    rec = perfguide.recommend(config, "train_cpu", hardware="cpu", seq_len=128, global_batch_size=2, finetune=finetune)
+    rec = cpu_plan_trains_a_step(config, finetune, tmp_path)
     assert rec.setup.linear_attention_kernels == "torch"
-    model = rec.prepare_model(transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**config)))
-    args = rec.training_args(output_dir=str(tmp_path), max_steps=1, report_to=[], save_strategy="no")
-    rows = [{"input_ids": torch.randint(0, 512, (128,)), "labels": torch.randint(0, 512, (128,))} for _ in range(4)]
-    out = transformers.Trainer(model=model, args=args, train_dataset=rows).train()
-    assert out.global_step == 1 and out.training_loss > 0
 
 
 def test_padding_free_needs_the_kernels_on_deltanet_layers() -> None:
