@@ -157,3 +157,23 @@ def test_listed_out_proj_is_refused_where_peft_refuses_it() -> None:
     with pytest.raises((InvalidSetupError, ConflictingConstraintsError), match="out_proj"):
         perfguide.recommend(_falcon(), "train_gpu_one", hardware="a100-80gb", seq_len=1024, finetune="lora",
                             lora={"r": 8, "target_modules": ("q_proj", "out_proj")})
+
+
+@pytest.mark.parametrize(("model", "packing", "kernels"), [
+    ("Qwen/Qwen3.5-0.8B", True, "fla"), ("Qwen/Qwen3.5-0.8B", False, "torch"),
+    ("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", True, "mamba_ssm"), ("ibm-granite/granite-4.0-h-micro", False, "torch"),
+])
+def test_check_reads_the_kernels_a_packed_run_needs(model: str, packing: bool, kernels: str, tmp_path: Any) -> None:
+    """No config key names what runs a hybrid's recurrent layers. A packed run (axolotl's sample_packing) only runs
+    with the kernels installed (transformers' reference code raises on the packed rows' cu_seqlens / seq_idx), so
+    ``perfguide check`` prices it with them and says so; an unpacked one gets the reference code, as a plan would."""
+    import perfguide
+
+    path = tmp_path / "run.yml"
+    path.write_text(f"base_model: {model}\nsequence_len: 2048\nsample_packing: {str(packing).lower()}\nmicro_batch_size: 1\n"
+                    "adapter: lora\nlora_r: 16\nlora_target_modules: [q_proj, v_proj]\nbf16: true\n"
+                    "flash_attention: true\n", encoding="utf-8")
+    c = perfguide.check(model, path, hardware="a100-80gb")
+    assert c.setup.linear_attention_kernels == kernels and c.setup.padding_free == packing
+    said = next(s for s in c.read if s.field == "linear_attention_kernels")
+    assert ("only with" in said.source) == packing

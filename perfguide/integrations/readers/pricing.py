@@ -129,6 +129,27 @@ def assume_defaults(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
             c.assume("target_len", bound, "labels padded to the longest in each batch, at most max_target_positions; pass --target-len")
     length = min(spec.usable_positions or DEFAULT_TRAIN_SEQ_LEN, DEFAULT_TRAIN_SEQ_LEN)
     c.assume("seq_len", length, f"{GUESSED_LENGTH}: min({DEFAULT_TRAIN_SEQ_LEN}, the model's positions); pass --seq-len")
+    assume_linear_kernels(c, spec, hw)
+
+
+def assume_linear_kernels(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
+    """What runs a hybrid's recurrent layers, which no config key says: packed rows (sample_packing, a flattening
+    collator) run only with the kernels installed (transformers' reference code raises on their ``cu_seqlens`` /
+    ``seq_idx``), so a packed run is priced with them; otherwise the reference code, the larger, as a plan for a named
+    GPU is."""
+    from ...memory.linear_attention import KERNELS, linear_kind, linear_share
+    from ...scenarios.rules_linear_attention import PATHS
+
+    kind = linear_kind(spec)
+    if kind is None or not linear_share(spec):
+        return
+    path, fast = PATHS[kind], KERNELS[kind]
+    if c.value("padding_free") and hw.has_gpu:
+        c.assume("linear_attention_kernels", fast, f"packed rows through {path.layers} layers run only with {path.names} "
+                                                   "installed (transformers' reference code raises on them): priced with them")
+    c.assume("linear_attention_kernels", "torch", f"transformers' reference code for the {path.layers} layers unless "
+                                                  f"{path.names} are installed where it trains; pass "
+                                                  f"--linear-attention-kernels {fast} if they are")
 
 
 def setup_of(c: Combined) -> Setup:
