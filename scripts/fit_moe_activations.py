@@ -124,6 +124,26 @@ def _minimax_m2(d: Dims) -> dict[str, Any]:
             "num_experts_per_tok": d["k"]}
 
 
+def _llama4(d: Dims) -> dict[str, Any]:
+    """Llama-4's MoE block (Llama4TextMoe): every token through every expert, its input scaled by the router's sigmoid
+    score of that expert (zero off the top-k), plus a shared expert of the experts' width; every layer routed."""
+    return {**_common(d), "model_type": "llama4_text", "intermediate_size": d["ie"], "intermediate_size_mlp": 4 * d["h"],
+            "num_local_experts": d["e"], "num_experts_per_tok": d["k"], "interleave_moe_layer_step": 1,
+            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _every_expert_dense(d: Dims) -> dict[str, Any]:
+    """The dense model whose FFN is as wide as every expert and the shared one (what a Llama-4 token runs through)."""
+    return {**_common(d), "model_type": "mistral", "intermediate_size": d["e"] * d["ie"] + d["ie"]}
+
+
+def _every_expert_features(d: Dims) -> dict[str, int]:
+    """The block dims of a Llama-4 as transformers builds it (model/code.built_by): top-k = every expert, one shared
+    expert of the experts' width."""
+    return {"h": d["h"], "i": (d["e"] + 1) * d["ie"], "hk": d["h"] * d["e"], "ir": d["e"] * d["ie"], "e": d["e"],
+            "k": d["e"], "1": 1}
+
+
 def _dense(model_type: str) -> Callable[[Dims], dict[str, Any]]:
     """The dense model whose FFN is as wide as the MoE block's active experts."""
     def build(d: Dims) -> dict[str, Any]:
@@ -150,6 +170,14 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     # stop 70: Qwen3.5-MoE and Qwen3-Next's attention and MoE blocks priced by the generic table
     "qwen3_5_moe_text": (_qwen3_5_moe, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
     "qwen3_next": (_qwen3_next, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
+    # stop 71 (bench/family_audit.py, priced as built): Llama-4 through the mixtral table 0.977 in half, 1.556 under autocast
+    "llama4_text": (_llama4, _every_expert_dense, "llama", ()),
+}
+#: families fitted on their own points and block dims (every expert runs: top-k is the expert count as built)
+OWN_POINTS: dict[str, tuple[tuple[Dims, ...], Callable[[Dims], dict[str, int]], tuple[str, ...]]] = {
+    "llama4_text": (tuple({**BASE, "k": 1, **c} for c in ({}, {"h": 128}, {"ie": 128}, {"e": 8}, {"h": 128, "e": 8},
+                                                       {"ie": 128, "e": 8}, {"e": 2}, {"e": 6})),
+                    _every_expert_features, ("h", "hk", "ir", "e", "i", "1")),
 }
 #: families whose every MoE block carries shared experts n_shared x the routed width (GLM-4.5: n_shared_experts 1):
 #: fitted at points where the shared width follows the routed one, and at twice it
@@ -220,9 +248,12 @@ def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) ->
     import torch
 
     model = one_block(config, regime)
-    ffn = model.model.layers[0].mlp
+    layer = model.model.layers[0]
+    ffn = getattr(layer, "mlp", None) or layer.feed_forward   # Llama-4 names its FFN feed_forward
     if getattr(model.config, "num_local_experts", getattr(model.config, "num_experts", 1)) > 1:
-        assert model.config._experts_implementation == "grouped_mm", model.config._experts_implementation
+        # Llama-4's experts carry no @use_experts_implementation: their bmm over every expert is what runs
+        expected = "eager" if config["model_type"] == "llama4_text" else "grouped_mm"
+        assert model.config._experts_implementation == expected, model.config._experts_implementation
     for p in ffn.parameters():
         torch.nn.init.normal_(p, std=0.02)
         p.requires_grad_(not frozen)
@@ -314,9 +345,10 @@ def fit_eager_attention(name: str, regime: str, table: dict[str, Any]) -> dict[s
             "eager_per_token": merged(table["eager_per_token"], extra)}
 
 
-def fit(points: list[Dims], ys: list[float], free: tuple[str, ...]) -> dict[str, float]:
+def fit(points: list[Dims], ys: list[float], free: tuple[str, ...],
+        dims: Callable[[Dims], dict[str, int]] = features) -> dict[str, float]:
     """Least squares over ``free`` dims (fit_activations.least_squares on the block dims of each point)."""
-    return least_squares([features(d) for d in points], ys, free)
+    return least_squares([dims(d) for d in points], ys, free)
 
 
 def merged(base: dict[str, float], extra: dict[str, float]) -> dict[str, float]:
@@ -332,13 +364,17 @@ def fit_family(name: str, data: dict[str, Any]) -> dict[str, Any]:
     if name in SHARED_EXPERTS:
         points = [{**d, "shared": d["ie"]} for d in STEPS] + [{**d, "shared": 2 * d["ie"]} for d in STEPS[:4]]
     free = ("h", "hk", "ir", "e", "k", "1") + (("i",) if extra_points or name in SHARED_EXPERTS else ())
+    dims = features
+    if name in OWN_POINTS:
+        own, dims, free = OWN_POINTS[name]
+        points = list(own)
     regimes = {}
     for regime in REGIMES:
         table = dict(data["families"][base_family]["regimes"][regime])
         full = [slope(moe(d), regime) - slope(dense(d), regime) for d in points]
         kept = [slope(moe(d), regime, frozen=True) - slope(dense(d), regime, frozen=True) for d in points]
-        per_token = fit(points, full, free)
-        frozen = fit(points, [f - k for f, k in zip(full, kept)], free)
+        per_token = fit(points, full, free, dims)
+        frozen = fit(points, [f - k for f, k in zip(full, kept)], free, dims)
         table["per_token"] = merged(table["per_token"], per_token)
         table["frozen_linear_inputs_per_token"] = merged(table["frozen_linear_inputs_per_token"], frozen)
         regimes[regime] = fit_eager_attention(name, regime, table) if name in EAGER_ONLY else table
