@@ -198,4 +198,3 @@ def test_fms_mixtral_qlora_rows_read_as_the_table_and_loader(acc: Any, rows: Any
     assert setup.lora is not None and (setup.lora.r, setup.lora.alpha, setup.lora.dropout) == (16, 16, 0.1)
     assert set(setup.lora.target_modules) == {f"self_attn.{p}_proj" for p in "qkvo"}
     assert (setup.strategy == "fsdp", setup.kbit_upcast, setup.kbit_recast_bf16) == (gpus == 2, gpus == 1, gpus == 1)
-

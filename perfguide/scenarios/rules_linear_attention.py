@@ -30,15 +30,15 @@ class _Path(NamedTuple):
     install: str        # pip names
     names: str          # the packages in prose
     keeps: str          # what the reference code keeps
-    fp32: bool          # the kernels take fp32 inputs
+    fp32_refused_by: str | None   # the package that refuses fp32 inputs; None: the kernels take them
 
 
 PATHS: dict[Kind, _Path] = {
     "gated_deltanet": _Path("gated-DeltaNet", ("fla", "causal_conv1d"), "flash-linear-attention causal-conv1d",
                             "flash-linear-attention and causal-conv1d", "every 64-token chunk's state and fp32 copies",
-                            False),
+                            "flash-linear-attention"),
     "mamba2": _Path("Mamba-2", ("mamba_ssm", "causal_conv1d"), "mamba-ssm causal-conv1d", "mamba-ssm and causal-conv1d",
-                    "every chunk's score matrices and state in fp32", True),
+                    "every chunk's score matrices and state in fp32", None),
 }
 
 
@@ -62,9 +62,9 @@ def _refuse_forced(spec: ModelSpec, kind: Kind, forced: str | None, compute: str
     if forced == fast and cpu:
         raise ConflictingConstraintsError(f"linear_attention_kernels={fast!r} runs {path.names}' GPU kernels; the plan "
                                           "trains on CPUs: use 'torch'")
-    if forced == fast and compute is None and not path.fp32:
-        raise ConflictingConstraintsError(f"linear_attention_kernels={fast!r} needs 16-bit compute ({path.names} refuse "
-                                          "fp32 inputs), but the plan runs in fp32; use 'torch' or precision='bf16'")
+    if forced == fast and compute is None and path.fp32_refused_by:
+        raise ConflictingConstraintsError(f"linear_attention_kernels={fast!r} needs 16-bit compute ({path.fp32_refused_by} "
+                                          "refuses fp32 inputs), but the plan runs in fp32; use 'torch' or precision='bf16'")
 
 
 def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | None, *, local: bool,
@@ -87,7 +87,7 @@ def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | No
         return {"linear_attention_kernels": forced}, (Decision(
             setting="linear_attention_kernels", value=forced, source=source, **gap,
             reason=f"linear_attention_kernels={forced!r} was requested"),)
-    if local and (compute is not None or path.fp32) and not cpu and kernels_available(kind):
+    if local and (compute is not None or not path.fp32_refused_by) and not cpu and kernels_available(kind):
         return {"linear_attention_kernels": fast}, (Decision(
             setting="linear_attention_kernels", value=fast, source=source, **gap,
             reason=f"{path.names} are installed here, so transformers runs them for the {path.layers} layers: the "
@@ -96,7 +96,8 @@ def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | No
     why = (f"{path.names}' kernels do not run on CPUs" if cpu else
            f"whether {path.names} are installed on the target is unknown (a named GPU)"
            if not local else f"{path.names} are not both installed here"
-           if compute is not None or path.fp32 else f"the plan computes in fp32, which {path.names} refuse")
+           if compute is not None or not path.fp32_refused_by else
+           f"the plan computes in fp32, which {path.fp32_refused_by} refuses")
     return {"linear_attention_kernels": "torch"}, (Decision(
         setting="linear_attention_kernels", value="torch", source=source, **gap,
         reason=f"{why}: priced as transformers' PyTorch reference code for the {path.layers} layers, which keeps "
