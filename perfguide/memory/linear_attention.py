@@ -32,6 +32,7 @@ from typing import Literal
 from pydantic import Field
 
 from .._data import DataModel
+from ..model.recurrent import MAMBA2_TYPES, nemotron_kinds
 from ..model.shape import decoder_config
 from ..model.types import ModelSpec
 from ..setup import Setup
@@ -44,21 +45,6 @@ Regime = Literal["fp32", "amp", "half"]
 LayerKind = Literal["attention", "mlp", "moe", "mamba", "hybrid"]
 #: the config keys of a gated-DeltaNet layer (Qwen3-Next and Qwen3.5 spell them alike)
 _KEYS = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
-#: a Mamba-2 mixer's keys (heads, head dim, state, groups, chunk) per model type: Granite-4.0-H and Bamba (a layer is
-#: the mixer and the model's FFN, beside attention layers of the same build: the Granite-4.0-H fit describes both) and
-#: Nemotron-H (a layer is one mixer of four kinds) and Falcon-H1 (a layer runs attention and a Mamba-2 mixer side by
-#: side, then its MLP), whose layers are priced whole (``kind_mean_per_token``)
-_MAMBA2_KEYS = {"granitemoehybrid": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size"),
-                "bamba": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size"),
-                "nemotron_h": ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "chunk_size"),
-                "falcon_h1": ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_chunk_size")}
-#: the config classes' default chunk (GraniteMoeHybridConfig, BambaConfig, FalconH1Config: 256; NemotronHConfig: 128)
-_MAMBA2_CHUNK = {"granitemoehybrid": 256, "bamba": 256, "nemotron_h": 128, "falcon_h1": 256}
-#: Nemotron-H's layer kinds as its config spells them (``hybrid_override_pattern`` characters, ``layers_block_type``)
-#: (transformers 5 writes the mixers' legacy names as ``linear_attention`` / ``full_attention``)
-_NEMOTRON_KINDS: dict[str, LayerKind] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba",
-                                            "attention": "attention", "mlp": "mlp", "moe": "moe",
-                                            "linear_attention": "mamba", "full_attention": "attention"}
 #: the packages' kernel path per kind (``torch``, transformers' reference code, is every kind's other path)
 KERNELS: dict[Kind, Kernels] = {"gated_deltanet": "fla", "mamba2": "mamba_ssm"}
 
@@ -116,9 +102,9 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
     heads x chunk (its chunk-by-chunk score matrices per token), ``mdnl`` inner x state / chunk (a chunk's state per
     token)."""
     config = decoder_config(spec.config or {})
-    keys = _MAMBA2_KEYS.get(spec.model_type)
-    if keys is None:
+    if spec.model_type not in MAMBA2_TYPES:
         return None
+    keys = MAMBA2_TYPES[spec.model_type][0]
     if config.get("mamba_d_head", "auto") == "auto" and isinstance(config.get("mamba_n_heads"), int):
         # GraniteMoeHybridConfig's and FalconH1Config's default: the inner width (mamba_d_ssm, else expand x hidden)
         # over the heads
@@ -137,9 +123,9 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
 
 def mamba2_chunk(spec: ModelSpec) -> int:
     """The reference code's chunk length (the config's, else its class's default)."""
-    keys = _MAMBA2_KEYS.get(spec.model_type)
-    chunk = _positive_ints(decoder_config(spec.config or {}), keys[4:]) if keys else None
-    return chunk[0] if chunk else _MAMBA2_CHUNK.get(spec.model_type, 256)
+    keys, default = MAMBA2_TYPES.get(spec.model_type, ((), 256))
+    chunk = _positive_ints(decoder_config(spec.config or {}), keys[5:]) if keys else None
+    return chunk[0] if chunk else default
 
 
 def _reference_length(spec: ModelSpec, kind: Kind, kernels: str, seq_len: int) -> int:
@@ -220,12 +206,7 @@ def layer_kinds(spec: ModelSpec) -> list[LayerKind] | None:
         return None
     if spec.model_type == "falcon_h1":
         return ["hybrid"] * spec.num_layers
-    config = decoder_config(spec.config or {})
-    spelled = config.get("layers_block_type") or config.get("layer_types") or config.get("hybrid_override_pattern")
-    kinds = [_NEMOTRON_KINDS.get(str(k)) for k in (spelled or ())]
-    if len(kinds) != spec.num_layers or None in kinds:
-        return None
-    return kinds  # type: ignore[return-value]
+    return nemotron_kinds(decoder_config(spec.config or {}), spec.num_layers)  # type: ignore[return-value]
 
 
 def kind_dims(spec: ModelSpec) -> dict[str, int]:

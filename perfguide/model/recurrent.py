@@ -12,6 +12,10 @@ random models after a CPU ``generate`` (tests/test_model_families.py):
   x state``;
 * LFM2's short convolution: ``hidden x conv_L_cache``, no recurrent state.
 
+Also read here, for the memory model (memory/linear_attention.py): each Mamba-2 hybrid's key spelling and default chunk
+(``MAMBA2_TYPES``), Nemotron-H's four layer kinds (``nemotron_kinds``), and the Mamba-2 out-projection LoRA cannot adapt
+(``FUSED_OUT_PROJ``).
+
 A config whose recurrent layers this module cannot size (Jamba's Mamba-1, Kimi-Linear, MiniMax's lightning attention)
 gets no layer types from it: every layer is then priced as full attention, an upper bound. Plain dict reading.
 """
@@ -26,10 +30,19 @@ STATEFUL = STATE_ONLY | {"hybrid"}
 _ALIASES = {"mamba": "linear_attention", "attention": "full_attention", "mlp": "dummy", "moe": "dummy"}
 _DELTANET = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim",
              "linear_conv_kernel_dim")
-#: Mamba-2 keys per spelling: (heads, head dim, state, groups, conv kernel)
-_MAMBA2 = (("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv"),
-           ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel"))
-_NEMOTRON_PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "dummy", "E": "dummy"}
+#: Mamba-2 keys per spelling: (heads, head dim, state, groups, conv kernel, chunk)
+_GRANITE_SPELLING = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_chunk_size")
+_NEMOTRON_SPELLING = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
+_MAMBA2 = (_GRANITE_SPELLING, _NEMOTRON_SPELLING)
+#: the Mamba-2 hybrids' spelling and their config class's default chunk (transformers 5.24)
+MAMBA2_TYPES: dict[str, tuple[tuple[str, ...], int]] = {
+    "granitemoehybrid": (_GRANITE_SPELLING, 256), "bamba": (_GRANITE_SPELLING, 256),
+    "falcon_h1": (_GRANITE_SPELLING, 256), "nemotron_h": (_NEMOTRON_SPELLING, 128)}
+#: Nemotron-H's layer kinds as its config spells them: ``hybrid_override_pattern`` characters, ``layers_block_type``
+#: names (transformers 5 writes the mixers' legacy names as ``linear_attention`` / ``full_attention``)
+NEMOTRON_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba", "attention": "attention",
+                  "mlp": "mlp", "moe": "moe", "linear_attention": "mamba", "full_attention": "attention"}
+_KIND_CACHE = {"mamba": "linear_attention", "attention": "full_attention", "mlp": "dummy", "moe": "dummy"}
 
 
 def _ints(config: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
@@ -46,7 +59,7 @@ def state_shape(config: dict[str, Any]) -> tuple[int, int, int] | None:
         key_heads, key_dim, value_heads, value_dim, kernel = delta
         return 2 * key_heads * key_dim + value_heads * value_dim, kernel, value_heads * key_dim * value_dim
     for keys in _MAMBA2:
-        mamba = _ints(config, keys)
+        mamba = _ints(config, keys[:5])
         if mamba:
             heads, head_dim, state, groups, kernel = mamba
             return heads * head_dim + 2 * groups * state, kernel, heads * head_dim * state
@@ -83,14 +96,21 @@ def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[
     if model_type.startswith("lfm2"):
         found = _from_indices(layers, config.get("full_attn_idxs"))
         return None if found is None else ["conv" if t == "linear_attention" else t for t in found]
-    blocks = config.get("layers_block_type")   # NemotronHConfig.to_dict's spelling of the pattern below
-    if model_type == "nemotron_h" and isinstance(blocks, list) and len(blocks) == layers:
-        return [_ALIASES.get(str(b), str(b)) for b in blocks]
-    pattern = config.get("hybrid_override_pattern")
-    if model_type == "nemotron_h" and isinstance(pattern, str) and len(pattern) == layers:
-        kinds = [_NEMOTRON_PATTERN.get(c) for c in pattern]
-        return None if None in kinds else kinds  # type: ignore[return-value]
+    if model_type == "nemotron_h":
+        kinds = nemotron_kinds(config, layers)
+        return None if kinds is None else [_KIND_CACHE[k] for k in kinds]
     return None
+
+
+def nemotron_kinds(config: dict[str, Any], layers: int) -> list[str] | None:
+    """Nemotron-H's layer kinds in order (``mamba``, ``attention``, ``mlp``, ``moe``): ``layers_block_type``
+    (NemotronHConfig.to_dict's spelling; ``layer_types`` its attribute_map's), else ``hybrid_override_pattern``; None
+    where none spells ``layers``."""
+    spelled = config.get("layers_block_type") or config.get("layer_types") or config.get("hybrid_override_pattern")
+    if not isinstance(spelled, (list, str)) or len(spelled) != layers:
+        return None
+    kinds = [NEMOTRON_KINDS.get(str(k)) for k in spelled]
+    return None if None in kinds else kinds  # type: ignore[return-value]
 
 
 def hybrid_types(config: dict[str, Any], model_type: str, layers: int) -> tuple[list[str], tuple[int, int, int]] | None:
