@@ -27,12 +27,12 @@ totals multiply it by the depth), so the difference enters at the share of recur
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import Field
 
 from .._data import DataModel
-from ..model.recurrent import MAMBA2_TYPES, nemotron_kinds
+from ..model.recurrent import MAMBA2_TYPES, nemotron_kinds, positive_ints
 from ..model.shape import decoder_config
 from ..model.types import ModelSpec
 from ..setup import Setup
@@ -45,8 +45,26 @@ Regime = Literal["fp32", "amp", "half"]
 LayerKind = Literal["attention", "mlp", "moe", "mamba", "hybrid"]
 #: the config keys of a gated-DeltaNet layer (Qwen3-Next and Qwen3.5 spell them alike)
 _KEYS = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
-#: the packages' kernel path per kind (``torch``, transformers' reference code, is every kind's other path)
-KERNELS: dict[Kind, Kernels] = {"gated_deltanet": "fla", "mamba2": "mamba_ssm"}
+
+
+class KernelPath(NamedTuple):
+    """A recurrent kind's kernel path (``torch``, transformers' reference code, is every kind's other one)."""
+    value: Kernels                  # its Setup.linear_attention_kernels value
+    layers: str                     # what the layers are called in a reason
+    packages: tuple[str, ...]       # import names
+    install: str                    # pip names
+    names: str                      # the packages in prose
+    keeps: str                      # what the reference code keeps instead
+    fp32_refused_by: str | None     # the package that refuses fp32 inputs; None: the kernels take them
+
+
+KERNEL_PATHS: dict[Kind, KernelPath] = {
+    "gated_deltanet": KernelPath("fla", "gated-DeltaNet", ("fla", "causal_conv1d"), "flash-linear-attention causal-conv1d",
+                                 "flash-linear-attention and causal-conv1d",
+                                 "every 64-token chunk's state and fp32 copies", "flash-linear-attention"),
+    "mamba2": KernelPath("mamba_ssm", "Mamba-2", ("mamba_ssm", "causal_conv1d"), "mamba-ssm causal-conv1d",
+                         "mamba-ssm and causal-conv1d", "every chunk's score matrices and state in fp32", None),
+}
 
 
 class KernelRegime(DataModel):
@@ -73,19 +91,13 @@ class LinearAttentionTables(DataModel):
     falcon_h1: LayerKindsTable
 
 
-def _positive_ints(config: dict[str, object], keys: tuple[str, ...]) -> list[int] | None:
-    values = [config.get(k) for k in keys]
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
-    return [int(v) for v in values] if ok else None  # type: ignore[call-overload]
-
-
 def deltanet_dims(spec: ModelSpec) -> dict[str, int] | None:
     """The linear form's dims for one of ``spec``'s DeltaNet layers; None: the model has none this module sizes.
 
     ``lk`` key heads x key dim (q and k each), ``lkr`` value heads x key dim (q and k repeated to the value heads, the
     reference code's grouped-value layout), ``lv`` value heads x value dim, ``lh`` value heads, ``lkh`` key heads, ``ls``
     value heads x key dim x value dim (one recurrent state)."""
-    found = _positive_ints(decoder_config(spec.config or {}), _KEYS)
+    found = positive_ints(decoder_config(spec.config or {}), _KEYS)
     if found is None:
         return None
     hk, dk, hv, dv = found
@@ -110,7 +122,7 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
         # over the heads
         inner = config.get("mamba_d_ssm") or int(config.get("mamba_expand", 2) * spec.hidden_size)
         config = {**config, "mamba_d_head": int(inner) // config["mamba_n_heads"]}
-    found = _positive_ints(config, keys[:4])
+    found = positive_ints(config, keys[:4])
     if found is None:
         return None
     heads, head_dim, state, groups = found
@@ -124,7 +136,7 @@ def mamba2_dims(spec: ModelSpec) -> dict[str, int] | None:
 def mamba2_chunk(spec: ModelSpec) -> int:
     """The reference code's chunk length (the config's, else its class's default)."""
     keys, default = MAMBA2_TYPES.get(spec.model_type, ((), 256))
-    chunk = _positive_ints(decoder_config(spec.config or {}), keys[5:]) if keys else None
+    chunk = positive_ints(decoder_config(spec.config or {}), keys[5:]) if keys else None
     return chunk[0] if chunk else default
 
 
@@ -144,30 +156,28 @@ def linear_kind(spec: ModelSpec) -> Kind | None:
     return "gated_deltanet" if deltanet_dims(spec) else "mamba2" if mamba2_dims(spec) else None
 
 
-def _share(spec: ModelSpec, kind: Kind | None) -> float:
+def linear_share(spec: ModelSpec) -> float:
+    """The share of ``spec``'s layers that run a recurrent mixer this module prices (0 for a model without); Falcon-H1's
+    ``hybrid`` layers run one beside their attention."""
     kinds = spec.layer_types
-    if kind is None or linear_kind(spec) != kind or not kinds:
+    if not kinds or linear_kind(spec) is None:
         return 0.0
-    return sum(k in ("linear_attention", "hybrid") for k in kinds) / len(kinds)   # hybrid: Falcon-H1's side by side
+    return sum(k in ("linear_attention", "hybrid") for k in kinds) / len(kinds)
 
 
 def deltanet_share(spec: ModelSpec) -> float:
     """The share of ``spec``'s layers that run gated DeltaNet (0 for a model without)."""
-    return _share(spec, "gated_deltanet")
-
-
-def linear_share(spec: ModelSpec) -> float:
-    """The share of ``spec``'s layers that run a recurrent mixer this module prices (0 for a model without)."""
-    return _share(spec, linear_kind(spec))
+    return linear_share(spec) if linear_kind(spec) == "gated_deltanet" else 0.0
 
 
 def _checked_kernels(spec: ModelSpec, setup: Setup, kind: Kind) -> Kernels:
     from ..errors import InvalidSetupError
 
     kernels = setup.linear_attention_kernels
-    if kernels not in ("torch", KERNELS[kind]):
-        raise InvalidSetupError(f"linear_attention_kernels={kernels!r} does not run {spec.name}'s "
-                                f"{kind.replace('_', '-')} layers; accepted: 'torch' or {KERNELS[kind]!r}")
+    path = KERNEL_PATHS[kind]
+    if kernels not in ("torch", path.value):
+        raise InvalidSetupError(f"linear_attention_kernels={kernels!r} does not run {spec.name}'s {path.layers} layers; "
+                                f"accepted: 'torch' or {path.value!r}")
     return kernels
 
 
@@ -217,7 +227,7 @@ def kind_dims(spec: ModelSpec) -> dict[str, int]:
     k = spec.num_experts_per_tok
     expert = spec.moe_intermediate_size or spec.intermediate_size
     shared = spec.shared_expert_intermediate_size or spec.num_shared_experts * expert   # summed over shared experts
-    latent = _positive_ints(decoder_config(spec.config or {}), ("moe_latent_size",))
+    latent = positive_ints(decoder_config(spec.config or {}), ("moe_latent_size",))
     routed_width = latent[0] if latent else spec.hidden_size   # Nemotron-3 Super / Ultra route in a latent space
     return {**(mamba2_dims(spec) or {}), "q": spec.num_attention_heads * spec.head_dim, "i": spec.intermediate_size,
             "hk": routed_width * k, "ir": k * expert, "si": shared, "e": spec.num_experts, "k": k,
@@ -234,31 +244,32 @@ def _kind_bytes(spec: ModelSpec, setup: Setup, regime: Regime) -> dict[LayerKind
     kernels = _checked_kernels(spec, setup, "mamba2")
     dims = kind_dims(spec)
     out: dict[LayerKind, float] = {}
+    padded = _reference_length(spec, "mamba2", kernels, setup.seq_len) / setup.seq_len
     for kind in set(kinds):
-        path: Kernels = kernels if kind in ("mamba", "hybrid") else "torch"
-        pad = _reference_length(spec, "mamba2", path, setup.seq_len) / setup.seq_len if kind in ("mamba", "hybrid") else 1.0
-        out[kind] = pad * _terms(table[kind][path], regime, path, dims)
+        mixer = kind in ("mamba", "hybrid")   # the kinds with a Mamba-2 mixer take the kernel path and its padding
+        path: Kernels = kernels if mixer else "torch"
+        out[kind] = (padded if mixer else 1.0) * _terms(table[kind][path], regime, path, dims)
     return out
 
 
-def kind_mean_per_token(spec: ModelSpec, setup: Setup, regime: Regime) -> float | None:
-    """Bytes per token of Nemotron-H's or Falcon-H1's mean layer, each kind priced whole at its share of the depth; None for any other
-    model (its family table prices the block)."""
-    kinds = layer_kinds(spec)
-    if not kinds:
-        return None
-    per_kind = _kind_bytes(spec, setup, regime)
+def _kind_mean(kinds: list[LayerKind], per_kind: dict[LayerKind, float]) -> float:
     return sum(per_kind[k] for k in kinds) / len(kinds)
+
+
+def kind_mean_per_token(spec: ModelSpec, setup: Setup, regime: Regime) -> float | None:
+    """Bytes per token of Nemotron-H's or Falcon-H1's mean layer, each kind priced whole at its share of the depth;
+    None for any other model (its family table prices the block)."""
+    kinds = layer_kinds(spec)
+    return _kind_mean(kinds, _kind_bytes(spec, setup, regime)) if kinds else None
 
 
 def linear_block_excess(spec: ModelSpec, setup: Setup, regime: Regime) -> int:
     """What the depth's largest block keeps beyond the mean ``layer_bytes`` prices (a recomputed block's peak is one
     block's, not the mean's): the recurrent block where it keeps more than the attention block, else the attention
     block; for Nemotron-H the largest of its kinds."""
-    if layer_kinds(spec):
+    if kinds := layer_kinds(spec):
         per_kind = _kind_bytes(spec, setup, regime)
-        mean = kind_mean_per_token(spec, setup, regime) or 0.0
-        return int(setup.micro_batch_size * setup.seq_len * (max(per_kind.values()) - mean))
+        return int(setup.micro_batch_size * setup.seq_len * (max(per_kind.values()) - _kind_mean(kinds, per_kind)))
     share = linear_share(spec)
     mean_extra = linear_extra_bytes(spec, setup, regime)
     if not share or not mean_extra:

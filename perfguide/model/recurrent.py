@@ -42,10 +42,10 @@ MAMBA2_TYPES: dict[str, tuple[tuple[str, ...], int]] = {
 #: names (transformers 5 writes the mixers' legacy names as ``linear_attention`` / ``full_attention``)
 NEMOTRON_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe", "mamba": "mamba", "attention": "attention",
                   "mlp": "mlp", "moe": "moe", "linear_attention": "mamba", "full_attention": "attention"}
-_KIND_CACHE = {"mamba": "linear_attention", "attention": "full_attention", "mlp": "dummy", "moe": "dummy"}
 
 
-def _ints(config: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
+def positive_ints(config: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
+    """The values of ``keys`` in ``config`` when every one is a positive int (not a bool); None otherwise."""
     values = [config.get(k) for k in keys]
     ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
     return [int(v) for v in values] if ok else None  # type: ignore[arg-type]
@@ -54,16 +54,16 @@ def _ints(config: dict[str, Any], keys: tuple[str, ...]) -> list[int] | None:
 def state_shape(config: dict[str, Any]) -> tuple[int, int, int] | None:
     """(conv channels, conv kernel, recurrent-state elements) of one recurrent layer per sequence; None: not sized.
     transformers keeps ``channels x kernel`` conv elements, vLLM ``channels x (kernel - 1)`` (engines/vllm.py)."""
-    delta = _ints(config, _DELTANET)
+    delta = positive_ints(config, _DELTANET)
     if delta:
         key_heads, key_dim, value_heads, value_dim, kernel = delta
         return 2 * key_heads * key_dim + value_heads * value_dim, kernel, value_heads * key_dim * value_dim
     for keys in _MAMBA2:
-        mamba = _ints(config, keys[:5])
+        mamba = positive_ints(config, keys[:5])
         if mamba:
             heads, head_dim, state, groups, kernel = mamba
             return heads * head_dim + 2 * groups * state, kernel, heads * head_dim * state
-    conv = _ints(config, ("hidden_size", "conv_L_cache"))
+    conv = positive_ints(config, ("hidden_size", "conv_L_cache"))
     return (conv[0], conv[1], 0) if conv else None
 
 
@@ -98,7 +98,7 @@ def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[
         return None if found is None else ["conv" if t == "linear_attention" else t for t in found]
     if model_type == "nemotron_h":
         kinds = nemotron_kinds(config, layers)
-        return None if kinds is None else [_KIND_CACHE[k] for k in kinds]
+        return None if kinds is None else [_ALIASES[k] for k in kinds]
     return None
 
 

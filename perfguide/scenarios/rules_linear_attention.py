@@ -13,38 +13,19 @@ where it cannot run (the other kind's kernels, fla on fp32 inputs, any kernel on
 from __future__ import annotations
 
 import importlib.util
-from typing import NamedTuple
 
 from .. import sources
 from ..decisions import Alternative, Decision
 from ..errors import ConflictingConstraintsError
 from ..memory.activations import layer_bytes
-from ..memory.linear_attention import KERNELS, Kind, linear_kind, linear_share
+from ..memory.linear_attention import KERNEL_PATHS, Kind, linear_kind, linear_share
 from ..model.types import ModelSpec
 from ..setup import Setup
 
 
-class _Path(NamedTuple):
-    layers: str         # what the layers are called in a reason
-    packages: tuple[str, ...]   # import names
-    install: str        # pip names
-    names: str          # the packages in prose
-    keeps: str          # what the reference code keeps
-    fp32_refused_by: str | None   # the package that refuses fp32 inputs; None: the kernels take them
-
-
-PATHS: dict[Kind, _Path] = {
-    "gated_deltanet": _Path("gated-DeltaNet", ("fla", "causal_conv1d"), "flash-linear-attention causal-conv1d",
-                            "flash-linear-attention and causal-conv1d", "every 64-token chunk's state and fp32 copies",
-                            "flash-linear-attention"),
-    "mamba2": _Path("Mamba-2", ("mamba_ssm", "causal_conv1d"), "mamba-ssm causal-conv1d", "mamba-ssm and causal-conv1d",
-                    "every chunk's score matrices and state in fp32", None),
-}
-
-
 def kernels_available(kind: Kind = "gated_deltanet") -> bool:
     """Whether the kind's kernel packages all import on this (the planning) machine."""
-    return all(importlib.util.find_spec(p) is not None for p in PATHS[kind].packages)
+    return all(importlib.util.find_spec(p) is not None for p in KERNEL_PATHS[kind].packages)
 
 
 def _saved_per_token(spec: ModelSpec, kernels: str, seq_len: int) -> float:
@@ -55,7 +36,8 @@ def _saved_per_token(spec: ModelSpec, kernels: str, seq_len: int) -> float:
 
 
 def _refuse_forced(spec: ModelSpec, kind: Kind, forced: str | None, compute: str | None, cpu: bool) -> None:
-    path, fast = PATHS[kind], KERNELS[kind]
+    path = KERNEL_PATHS[kind]
+    fast = path.value
     if forced not in (None, "torch", fast):
         raise ConflictingConstraintsError(f"linear_attention_kernels={forced!r} does not run {spec.name}'s {path.layers} "
                                           f"layers; accepted: 'torch' or {fast!r}")
@@ -76,7 +58,8 @@ def decide_linear_kernels(spec: ModelSpec, forced: str | None, compute: str | No
     if kind is None or not linear_share(spec):
         return {}, ()
     _refuse_forced(spec, kind, forced, compute, cpu)
-    path, fast = PATHS[kind], KERNELS[kind]
+    path = KERNEL_PATHS[kind]
+    fast = path.value
     if cpu:
         compute, local = None, True
     torch_bytes, fast_bytes = (_saved_per_token(spec, k, seq_len) for k in ("torch", fast))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..memory.linear_attention import KERNELS, linear_kind, linear_share
+from ..memory.linear_attention import KERNEL_PATHS, linear_kind, linear_share
 from .base import HF_TRAINERS, EmitContext, LadderContext, Requires, Technique
 from .effects import MemoryContext, MemoryTerms, StepShape
 
@@ -62,11 +62,10 @@ class PaddingFree(Technique):
         if base or not self.active(setup) or kind is None or setup.linear_attention_kernels != "torch" \
                 or not linear_share(model):
             return base
-        layers, package = (("gated-DeltaNet", "flash-linear-attention") if kind == "gated_deltanet"
-                           else ("Mamba-2", "mamba-ssm"))
-        return (f"padding-free packing through {layers} layers needs {package}, which keeps the packed sequences apart "
-                f"(transformers' reference code refuses them); install it and pass "
-                f"linear_attention_kernels={KERNELS[kind]!r}, or padding_free=False")
+        path = KERNEL_PATHS[kind]
+        return (f"padding-free packing through {path.layers} layers needs {path.names}, which keep the packed sequences "
+                f"apart (transformers' reference code refuses them); install them and pass "
+                f"linear_attention_kernels={path.value!r}, or padding_free=False")
 
     def label_word(self, setup: Any) -> str | None:
         return "padding-free" if self.active(setup) else None

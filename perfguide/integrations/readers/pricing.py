@@ -10,6 +10,7 @@ from typing import Any
 from ... import sources
 from ...errors import InvalidSetupError
 from ...hardware.types import Hardware
+from ...memory.linear_attention import KERNEL_PATHS, linear_kind, linear_share
 from ...memory.moe_lora import linear_module_leaves, listed_targets
 from ...memory.types import MemoryEstimate
 from ...model.linears import linear_shapes
@@ -137,13 +138,11 @@ def assume_linear_kernels(c: Combined, spec: ModelSpec, hw: Hardware) -> None:
     collator) run only with the kernels installed (transformers' reference code raises on their ``cu_seqlens`` /
     ``seq_idx``), so a packed run is priced with them; otherwise the reference code, the larger, as a plan for a named
     GPU is."""
-    from ...memory.linear_attention import KERNELS, linear_kind, linear_share
-    from ...scenarios.rules_linear_attention import PATHS
-
     kind = linear_kind(spec)
     if kind is None or not linear_share(spec):
         return
-    path, fast = PATHS[kind], KERNELS[kind]
+    path = KERNEL_PATHS[kind]
+    fast = path.value
     if c.value("padding_free") and hw.has_gpu:
         c.assume("linear_attention_kernels", fast, f"packed rows through {path.layers} layers run only with {path.names} "
                                                    "installed (transformers' reference code raises on them): priced with them")
