@@ -177,6 +177,16 @@ def _lfm2(d: Dims, drop: float = 0.0) -> dict[str, Any]:
                 max_position_embeddings=1024, use_cache=False, pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
+def _afmoe(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Arcee's AFMoE block (Trinity Nano / Mini / Large) with its FFN dense (num_dense_layers: every layer here): per-head
+    q/k RMSNorms, a gate_proj as wide as the queries whose sigmoid gates the attention output, and RMSNorms both before
+    and after each sublayer. Sliding-window layers (three in four of the releases) rotate q and k; the global ones do
+    not, and keep the same bytes in bf16 and 128 B less per token at this point under autocast: the sliding block is fitted."""
+    return {**_llama(d, drop), "model_type": "afmoe", "num_dense_layers": 2, "layer_types": ["sliding_attention"] * 2,
+            "sliding_window": 4096, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "num_shared_experts": 1, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -209,6 +219,9 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "qwen3_5_text": (_qwen3_5, ("h", "i", "q", "kv")),
     # stop 70: LFM2 priced through the generic (llama) table at its written block_ff_dim, 15% over at 1.2B's widths
     "lfm2": (_lfm2, ("h", "i", "kv")),
+    # stop 72 (bench/family_audit.py): AFMoE's block priced through the generic (llama) table; its MoE block's
+    # difference is scripts/fit_moe_activations.py's family afmoe, which extends this one
+    "afmoe_dense": (_afmoe, ("h", "i", "q", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty

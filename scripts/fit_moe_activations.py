@@ -132,6 +132,30 @@ def _llama4(d: Dims) -> dict[str, Any]:
             "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 
 
+def _ernie4_5_moe(d: Dims) -> dict[str, Any]:
+    """ERNIE-4.5's MoE block (ERNIE-4.5-21B-A3B, 300B-A47B): a router run in fp32 with autocast off (its fp32 copy of
+    the hidden state is saved for the router weight's gradient), softmax top-k chosen with a score-correction bias and
+    renormalised, and shared experts (one SwiGLU MLP, moe_num_shared_experts x the routed width) added unscaled.
+    moe_layer_start_index 0: the one block routed (the releases' first layer is dense)."""
+    return {**_common(d), "model_type": "ernie4_5_moe", "moe_intermediate_size": d["ie"], "intermediate_size": 4 * d["h"],
+            "moe_num_experts": d["e"], "moe_k": d["k"], "moe_num_shared_experts": d["shared"] // d["ie"],
+            "moe_layer_start_index": 0, "moe_layer_end_index": 0, "moe_layer_interval": 1, "use_bias": False}
+
+
+def _afmoe(d: Dims) -> dict[str, Any]:
+    """AFMoE's MoE block: a sigmoid router whose logits are cast to fp32, top-k chosen with an expert bias, renormalised
+    and scaled; shared experts (one SwiGLU MLP, num_shared_experts x the routed width) added unscaled."""
+    return {**_common(d), "model_type": "afmoe", "moe_intermediate_size": d["ie"], "intermediate_size": 4 * d["h"],
+            "num_experts": d["e"], "num_experts_per_tok": d["k"], "num_shared_experts": d["shared"] // d["ie"],
+            "num_dense_layers": 0, "layer_types": ["sliding_attention"], "sliding_window": 4096,
+            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _afmoe_dense(d: Dims) -> dict[str, Any]:
+    """AFMoE with its one block dense, as wide as the MoE block's active experts."""
+    return {**_afmoe(d), "num_dense_layers": 1, "intermediate_size": d["k"] * d["ie"] + d["shared"]}
+
+
 def _every_expert_dense(d: Dims) -> dict[str, Any]:
     """The dense model whose FFN is as wide as every expert and the shared one (what a Llama-4 token runs through)."""
     return {**_common(d), "model_type": "mistral", "intermediate_size": d["e"] * d["ie"] + d["ie"]}
@@ -172,6 +196,11 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     "qwen3_next": (_qwen3_next, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
     # stop 71 (bench/family_audit.py, priced as built): Llama-4 through the mixtral table 0.977 in half, 1.556 under autocast
     "llama4_text": (_llama4, _every_expert_dense, "llama", ()),
+    # stop 72 (bench/family_audit.py): ERNIE-4.5-21B-A3B priced by the generic (dense llama) table, its shared experts
+    # unread (moe_num_shared_experts): 0.68 at its released widths with them read and the generic MoE table
+    "ernie4_5_moe": (_ernie4_5_moe, _dense("ernie4_5"), "llama", ()),
+    # stop 72: Arcee's Trinity (AFMoE) priced through the generic table, 0.46 of its traced block at the audit's widths
+    "afmoe": (_afmoe, _afmoe_dense, "afmoe_dense", ()),
 }
 #: families fitted on their own points and block dims (every expert runs: top-k is the expert count as built)
 OWN_POINTS: dict[str, tuple[tuple[Dims, ...], Callable[[Dims], dict[str, int]], tuple[str, ...]]] = {
@@ -181,7 +210,7 @@ OWN_POINTS: dict[str, tuple[tuple[Dims, ...], Callable[[Dims], dict[str, int]], 
 }
 #: families whose every MoE block carries shared experts n_shared x the routed width (GLM-4.5: n_shared_experts 1):
 #: fitted at points where the shared width follows the routed one, and at twice it
-SHARED_EXPERTS = frozenset({"glm4_moe", "deepseek_v3", "glm4_moe_lite"})
+SHARED_EXPERTS = frozenset({"glm4_moe", "deepseek_v3", "glm4_moe_lite", "ernie4_5_moe", "afmoe"})
 #: what a family's source says beyond the common text
 NOTES = {"olmoe": " OLMoE's RMSNorms over the whole q and k projections keep one rsqrt per token where Qwen3's per-head "
                   "norms (the dense table here) keep one per head: 4 B x (heads + kv heads - 2) per token priced over "

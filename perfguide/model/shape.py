@@ -15,7 +15,7 @@ from .types import LayerType
 
 EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 TOPK_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "top_k_experts")   # the last: Gemma-4
-SHARED_KEYS = ("n_shared_experts", "num_shared_experts")
+SHARED_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")   # the last: ERNIE-4.5, Aria
 MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 _LAYER_TYPES: frozenset[str] = frozenset({"full_attention", "sliding_attention", "chunked_attention", "dummy"})
 #: every ``sliding_window_pattern``-th layer is global, the others slide (the config classes' __post_init__)
@@ -91,7 +91,8 @@ def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
     Nemotron-H's config class still carries expert defaults)."""
     experts = _first_int(config, EXPERT_KEYS) or 1
     listed = listed_moe_layers(config)
-    if experts <= 1 or listed == 0:
+    routed = listed if listed is not None else _moe_layer_count(config, layers)
+    if experts <= 1 or routed == 0:   # a MoE type whose every layer is dense (num_dense_layers = depth) is dense
         return {}
     topk = _first_int(config, TOPK_KEYS) or 1
     shared = _first_int(config, SHARED_KEYS)
@@ -103,7 +104,7 @@ def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
     return {"num_experts": experts, "num_experts_per_tok": min(topk, experts), "num_shared_experts": shared,
             "moe_intermediate_size": _first_int(config, ("moe_intermediate_size", "expert_intermediate_size")),
             "shared_expert_intermediate_size": shared_width if shared else None,
-            "num_moe_layers": listed if listed is not None else _moe_layer_count(config, layers)}
+            "num_moe_layers": routed}
 
 
 def mla_fields(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,79 @@
+"""MoE model types that had no activation table of their own (stop 72, bench/family_audit.py).
+
+An unknown type resolved to the generic (dense Llama) table, which has no term for a MoE block's router, routed copies
+or top-k indices: ERNIE-4.5-21B-A3B kept 1.75x and Trinity-Mini 2.3x what perfguide priced per token at their released
+widths (fake-tensor traces). ERNIE's shared experts were not read at all (``moe_num_shared_experts``). Checked against
+what the real block saves on CPU tensors (``saved_tensors_hooks``, no tracer) at widths none of the fits used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import block_saved_bytes
+
+import perfguide
+from perfguide.memory.activations import layer_bytes, spec_family
+from perfguide.model.types import ModelSpec
+from perfguide.setup import Setup
+
+H, IE, E, K, HEADS, KV_HEADS, HD = 96, 48, 6, 3, 6, 2, 16
+B, S = 2, 32
+COMMON = {"hidden_size": H, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD,
+          "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": False,
+          "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+#: every layer routed, one shared expert of the routed width, shapes the fits did not use
+CONFIGS: dict[str, dict[str, Any]] = {
+    "ernie4_5_moe": {**COMMON, "model_type": "ernie4_5_moe", "intermediate_size": 4 * H, "moe_intermediate_size": IE,
+                     "moe_num_experts": E, "moe_k": K, "moe_num_shared_experts": 1, "moe_layer_start_index": 0,
+                     "moe_layer_end_index": 1, "moe_layer_interval": 1, "use_bias": False},
+    "afmoe": {**COMMON, "model_type": "afmoe", "intermediate_size": 4 * H, "moe_intermediate_size": IE, "num_experts": E,
+              "num_experts_per_tok": K, "num_shared_experts": 1, "num_dense_layers": 0,
+              "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096},
+}
+
+
+def _per_token(config: dict[str, Any]) -> tuple[float, float]:
+    """(priced, saved) bytes per token of one block: two batch sizes differenced, so per-call constants cancel."""
+    setup = Setup(task="train", micro_batch_size=B, seq_len=S, weights_dtype="bf16", optimizer="sgd")
+    priced = layer_bytes(ModelSpec.from_any(config), setup) / (B * S)
+    saved = (block_saved_bytes(config, 2 * B, S) - block_saved_bytes(config, B, S)) / (B * S)
+    return priced, saved
+
+
+@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+def test_priced_block_is_what_the_real_block_saves(model_type: str) -> None:
+    # block 1 of the AFMoE config is a global-attention layer, which does not rotate q and k: the same bytes in bf16
+    # as the sliding layers the table was fitted on
+    priced, saved = _per_token(CONFIGS[model_type])
+    assert priced == pytest.approx(saved, abs=0.5)
+
+
+def test_ernie_shared_experts_are_read() -> None:
+    """Ernie4_5_MoeSparseMoeBlock builds its shared experts as one MLP of moe_intermediate_size x
+    moe_num_shared_experts, run on every token beside the top-6 of 64."""
+    spec = ModelSpec.from_any("baidu/ERNIE-4.5-21B-A3B-PT")
+    assert (spec.num_experts, spec.num_experts_per_tok, spec.num_shared_experts) == (64, 6, 2)
+    assert spec.active_intermediate_size == 6 * 1536 + 2 * 1536
+
+
+def test_unlisted_moe_type_takes_the_generic_moe_table() -> None:
+    """A MoE type with no table of its own (HunYuan-v3 here) is priced by a MoE table, not the dense fallback: within
+    15% of its real block, where the dense table priced 0.62 of it (bench/family_audit.py at stop 71)."""
+    config = {**COMMON, "model_type": "hy_v3", "intermediate_size": 4 * H, "moe_intermediate_size": IE,
+              "num_experts": E, "num_experts_per_tok": K, "num_shared_experts": 1}
+    spec = ModelSpec.from_any(config)
+    assert spec.is_moe and spec_family(spec) == "qwen3_moe"
+    priced, saved = _per_token(config)
+    assert 0.85 < priced / saved < 1.15
+
+
+def test_moe_type_whose_every_layer_is_dense_is_priced_dense() -> None:
+    """AFMoE with num_dense_layers = its depth routes no layer: a dense model. Its expert keys made it a MoE of no
+    MoE layer, whose LoRA pricing divided by that zero."""
+    config = {**CONFIGS["afmoe"], "num_dense_layers": 2}
+    spec = ModelSpec.from_any(config)
+    assert not spec.is_moe and spec.num_moe_layers in (None, 0)
+    setup = Setup(device="cpu", optimizer="adamw_torch", micro_batch_size=2, seq_len=16, lora={"r": 8})
+    assert perfguide.estimate(spec, setup).activations > 0
