@@ -43,7 +43,7 @@ POPULAR = ("qwen2", "mistral", "falcon", "bloom", "starcoder2", "gpt_bigcode", "
 FITTED = {"falcon": 40, "starcoder2": 40, "gpt_bigcode": 40, "mpt": 40, "olmoe": 40, "bloom": 40, "cohere": 40,
           "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70, "qwen3_5_moe_text": 70, "qwen3_next": 70, "minimax_m2": 70, "lfm2": 70,
           "granitemoehybrid": 71, "bamba": 71, "falcon_h1": 71, "llama4_text": 71,
-          "ernie4_5_moe": 72, "afmoe": 72}
+          "ernie4_5_moe": 72, "afmoe": 72, "apertus": 72, "arcee": 72, "hyperclovax": 72, "exaone4": 72}
 #: config keys set when the type's config class has them (directly or through its attribute_map)
 DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
                         "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,

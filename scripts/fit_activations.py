@@ -187,6 +187,31 @@ def _afmoe(d: Dims, drop: float = 0.0) -> dict[str, Any]:
             "num_shared_experts": 1, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 
 
+def _apertus(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Swiss AI's Apertus: per-head q/k RMSNorms and a plain (not gated) MLP, up_proj -> xIELU -> down_proj, run by
+    transformers' Python xIELU (the CUDA kernel is a separate package), which keeps more per unit than SwiGLU's pair."""
+    return {**_llama(d, drop), "model_type": "apertus", "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _arcee(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Arcee's AFM-4.5B: Llama's attention and a plain (not gated) MLP with ReLU^2: one projection's output, not two."""
+    return {**_llama(d, drop), "model_type": "arcee", "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _hyperclovax(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Naver's HyperCLOVA X SEED: Llama's block with RMSNorms after each sublayer too (use_post_norm) and scaled
+    residuals (residual_multiplier)."""
+    return {**_llama(d, drop), "model_type": "hyperclovax", "use_post_norm": True, "residual_multiplier": 0.5,
+            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _exaone4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """LG's EXAONE 4.0: per-head q/k RMSNorms and RMSNorms after (not before) each sublayer; its sliding layers (three
+    in four of the 32B) rotate q and k, as every layer of the 1.2B does: the sliding block is fitted."""
+    return {**_llama(d, drop), "model_type": "exaone4", "layer_types": ["sliding_attention"] * 2, "sliding_window": 4096,
+            "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -222,6 +247,12 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     # stop 72 (bench/family_audit.py): AFMoE's block priced through the generic (llama) table; its MoE block's
     # difference is scripts/fit_moe_activations.py's family afmoe, which extends this one
     "afmoe_dense": (_afmoe, ("h", "i", "q", "kv")),
+    # stop 72 (bench/family_audit.py, half / amp): priced through the generic (llama) table, Apertus 0.729 / 0.618,
+    # HyperCLOVA X 0.803 / 0.833, EXAONE 4 0.863 / 0.941, Arcee's AFM 1.396 / 1.361
+    "apertus": (_apertus, ("h", "i", "q", "kv")),
+    "arcee": (_arcee, ("h", "i", "q", "kv")),
+    "hyperclovax": (_hyperclovax, ("h", "i", "q", "kv")),
+    "exaone4": (_exaone4, ("h", "i", "q", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty

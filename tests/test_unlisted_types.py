@@ -1,9 +1,12 @@
-"""MoE model types that had no activation table of their own (stop 72, bench/family_audit.py).
+"""Model types that had no activation table of their own (stop 72, bench/family_audit.py).
 
-An unknown type resolved to the generic (dense Llama) table, which has no term for a MoE block's router, routed copies
-or top-k indices: ERNIE-4.5-21B-A3B kept 1.75x and Trinity-Mini 2.3x what perfguide priced per token at their released
-widths (fake-tensor traces). ERNIE's shared experts were not read at all (``moe_num_shared_experts``). Checked against
-what the real block saves on CPU tensors (``saved_tensors_hooks``, no tracer) at widths none of the fits used.
+An unknown type resolved to the generic (dense Llama) table. For a MoE type that table has no term for the router,
+the routed copies or the top-k indices: ERNIE-4.5-21B-A3B kept 1.75x and Trinity-Mini 2.3x what perfguide priced per
+token at their released widths (fake-tensor traces), and ERNIE's shared experts were not read at all
+(``moe_num_shared_experts``). Dense types with other blocks were off both ways: Apertus (xIELU, q/k norms) 0.73 at
+Apertus-8B's widths, HyperCLOVA X (post-norms) 0.80, EXAONE 4 (q/k norms, post-norms) 0.83, and Arcee's AFM (a plain
+ReLU^2 MLP) 1.55. Checked against what the real block saves on CPU tensors (``saved_tensors_hooks``, no tracer) at
+widths none of the fits used.
 """
 
 from __future__ import annotations
@@ -32,6 +35,18 @@ CONFIGS: dict[str, dict[str, Any]] = {
               "num_experts_per_tok": K, "num_shared_experts": 1, "num_dense_layers": 0,
               "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096},
 }
+
+
+DENSE = {"hidden_size": H, "intermediate_size": 320, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
+         "head_dim": HD, "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
+         "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+CONFIGS.update({
+    "apertus": {**DENSE, "model_type": "apertus"},
+    "arcee": {**DENSE, "model_type": "arcee"},
+    "hyperclovax": {**DENSE, "model_type": "hyperclovax", "use_post_norm": True, "residual_multiplier": 0.25},
+    # EXAONE 4's global layers rotate q and k too where no sliding window is set (its 1.2B): both blocks rotate
+    "exaone4": {**DENSE, "model_type": "exaone4", "layer_types": ["full_attention"] * 2, "sliding_window": None},
+})
 
 
 def _per_token(config: dict[str, Any]) -> tuple[float, float]:
