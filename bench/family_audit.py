@@ -69,6 +69,10 @@ EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", 
                                     "qwen3_5_text": {"use_cache": False}, "qwen3_next": {"use_cache": False},
                                     "qwen3_5_moe_text": {"use_cache": False}, "granitemoehybrid": {"use_cache": False},
                                     "bamba": {"use_cache": False},
+                                    # DeepSeek-V3.2's lightning indexer shrunk with the rest (its rope part is
+                                    # qk_rope_head_dim wide, so its heads must be wider than that)
+                                    "deepseek_v32": {"num_key_value_heads": 8, "v_head_dim": 16, "index_head_dim": 16,
+                                                     "index_n_heads": 4, "index_topk": 32},
                                     # DeepseekV2Config leaves top-k unset (None) by default
                                     "deepseek_v2": {"num_experts_per_tok": 2}}
 

@@ -11,6 +11,8 @@ widths none of the fits used.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -92,3 +94,51 @@ def test_moe_type_whose_every_layer_is_dense_is_priced_dense() -> None:
     assert not spec.is_moe and spec.num_moe_layers in (None, 0)
     setup = Setup(device="cpu", optimizer="adamw_torch", micro_batch_size=2, seq_len=16, lora={"r": 8})
     assert perfguide.estimate(spec, setup).activations > 0
+
+
+MLA = {"kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16}
+
+
+@pytest.mark.parametrize(("model_type", "family", "was"), [
+    # MiniCPM3: latent attention over a dense FFN; priced by the dense generic table at 0.77 of its block (stop 71)
+    ("minicpm3", "mla", 0.77),
+    # DeepSeek-V3.2: DeepSeek-V3's block plus its lightning indexer; the catalog's family had it on the mixtral table
+    ("deepseek_v32", "deepseek_v3", 0.81),
+])
+def test_latent_attention_types_take_a_latent_attention_table(model_type: str, family: str, was: float) -> None:
+    """An unknown type with latent attention takes the mla table (generic_mla), DeepSeek-V3.2 DeepSeek-V3's. Their
+    values are narrower than queries and keys, which sends CPU SDPA down another kernel than CUDA's, so the check is
+    the tracer (CUDA's kernel choice emulated) at the config class's widths (MiniCPM3-4B's; DeepSeek-V3.2's with 8
+    experts): within 5%, where the tables they had priced ``was`` of it (bench/family_audit.py at stop 71)."""
+    transformers = pytest.importorskip("transformers")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from fit_activations import block_bytes
+
+    config = {**transformers.AutoConfig.for_model(model_type).to_dict(), "num_hidden_layers": 2, "vocab_size": 512,
+              "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+    config.pop("mlp_layer_types", None)
+    if model_type == "deepseek_v32":
+        config.update({"n_routed_experts": 8, "mlp_layer_types": ["sparse"] * 2, "layer_types": ["indexed_attention"] * 2,
+                       "n_group": 1, "topk_group": 1})   # 8 experts: one routing group
+    spec = ModelSpec.from_any(config)
+    assert spec.is_mla and spec_family(spec) == family
+    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
+    traced = [block_bytes(config, setup) for setup in setups]
+    priced = [layer_bytes(spec, setup) for setup in setups]
+    slope = (priced[1] - priced[0]) / (traced[1] - traced[0])
+    assert 0.95 < slope < 1.05
+
+
+def test_traced_depth_cuts_every_per_layer_list() -> None:
+    """The tracer builds one- and two-block models of a config; transformers 5 validates ``mlp_layer_types`` (GLM-4.7-
+    Flash, DeepSeek-V3.2) against the depth as it does ``layer_types``, so both lists are cut to the depth."""
+    transformers = pytest.importorskip("transformers")
+    from perfguide.memory.tracing.build import with_depth
+
+    config = {**COMMON, **MLA, "model_type": "deepseek_v32", "num_hidden_layers": 3, "num_key_value_heads": HEADS,
+              "layer_types": ["indexed_attention"] * 3, "mlp_layer_types": ["dense", "sparse", "sparse"],
+              "index_head_dim": 16, "index_n_heads": 2, "index_topk": 16, "n_routed_experts": E, "num_experts_per_tok": K}
+    cut = with_depth(config, 2)
+    assert cut["mlp_layer_types"] == ["dense", "sparse"] and cut["layer_types"] == ["indexed_attention"] * 2
+    built = transformers.AutoConfig.for_model(**{k: v for k, v in cut.items()})
+    assert built.num_hidden_layers == 2

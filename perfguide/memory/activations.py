@@ -41,15 +41,17 @@ def regime(setup: Setup) -> RegimeName:
 
 
 @lru_cache(maxsize=256)
-def family_name(family: str, model_type: str = "", moe: bool = False) -> str:
-    """The activations.json family a model resolves to, following aliases and ``same_as`` (unknown: generic, or
-    generic_moe for a mixture of experts: a dense table has no term for the router, the routed copies or the top-k
-    indices, so an unknown MoE type priced as dense kept 0.46-0.85x its traced block, bench/results/family_audit.md)."""
+def family_name(family: str, model_type: str = "", moe: bool = False, mla: bool = False) -> str:
+    """The activations.json family a model resolves to, following aliases and ``same_as``. An unknown type takes the
+    generic table of its structure: generic (dense), generic_moe (a mixture of experts: a dense table has no term for
+    the router, the routed copies or the top-k indices, so an unknown MoE type priced as dense kept 0.46-0.85x its
+    traced block, bench/results/family_audit.md), generic_mla (latent attention: a dense table has no term for the
+    latent ranks) or generic_mla_moe (both)."""
     data = activations_data()
     families, aliases = data.families, data.aliases
     # the HF model_type is the more specific key (OPT's ReLU block is BERT-like, not GPT-2's gelu_new)
     candidates = [n if n in families else aliases.get(n) for n in (model_type, family) if n != "generic"]
-    name = next((n for n in candidates if n), "generic_moe" if moe else "generic")
+    name = next((n for n in candidates if n), "generic" + "_mla" * mla + "_moe" * moe)
     seen = {name}
     while (target := families[name].same_as) is not None and target not in seen:
         name = target
@@ -79,7 +81,7 @@ def spec_family(spec: ModelSpec) -> str:
     """The activations.json family of ``spec``: ``family_name``, or its gated variant (``<family>-gated``) where an
     encoder-decoder's config names a gated FFN (``feed_forward_proj: gated-gelu``, read into ``ModelSpec.gated_mlp``:
     T5 v1.1, Flan-T5, T0, mT5), whose two input projections and gelu_new chain keep more per d_ff unit than v1.0's ReLU."""
-    name = family_name(spec.family, spec.model_type, moe=spec.is_moe)
+    name = family_name(spec.family, spec.model_type, moe=spec.is_moe, mla=spec.is_mla)
     gated = f"{name}-gated"
     return gated if spec.is_encoder_decoder and spec.gated_mlp and gated in activations_data().families else name
 

@@ -77,11 +77,16 @@ def _moe_layer_count(config: dict[str, Any], layers: int) -> int:
 
 
 def listed_moe_layers(config: dict[str, Any]) -> int | None:
-    """MoE layers a hybrid lists by kind (Nemotron-H: 'E' in ``hybrid_override_pattern``, "moe" in the
-    ``layers_block_type`` its config class writes); None where the config lists no layer kinds."""
+    """MoE layers a config lists by kind: a hybrid's (Nemotron-H: 'E' in ``hybrid_override_pattern``, "moe" in the
+    ``layers_block_type`` its config class writes), or transformers 5's ``mlp_layer_types`` ("dense" or a routed kind
+    per layer: "sparse" for DeepSeek-V3.2, GLM-4.7-Flash, HunYuan-v3 ..., "moe" / "hash_moe" for DeepSeek-V4, which
+    their classes build from, over first_k_dense_replace); None where the config lists no layer kinds."""
     blocks = config.get("layers_block_type")
     if isinstance(blocks, list):
         return sum(b == "moe" for b in blocks)
+    mlp = config.get("mlp_layer_types")
+    if isinstance(mlp, list) and mlp:
+        return sum(t != "dense" for t in mlp)
     pattern = config.get("hybrid_override_pattern")
     return pattern.count("E") if isinstance(pattern, str) else None
 
