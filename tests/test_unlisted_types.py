@@ -142,3 +142,31 @@ def test_traced_depth_cuts_every_per_layer_list() -> None:
     assert cut["mlp_layer_types"] == ["dense", "sparse"] and cut["layer_types"] == ["indexed_attention"] * 2
     built = transformers.AutoConfig.for_model(**{k: v for k, v in cut.items()})
     assert built.num_hidden_layers == 2
+
+
+def test_granite_moe_priced_as_the_mixtral_block_it_runs() -> None:
+    """Granite-3 MoE: Llama's attention, a softmax top-k router and grouped_mm experts, Mixtral's block; the generic MoE
+    table (Qwen3-MoE's per-head q/k norms) priced it 9% over at the audit's widths, so it shares Mixtral's table."""
+    config = {**COMMON, "model_type": "granitemoe", "intermediate_size": IE, "num_local_experts": E,
+              "num_experts_per_tok": K}
+    assert spec_family(ModelSpec.from_any(config)) == "mixtral"
+    priced, saved = _per_token(config)
+    assert priced == pytest.approx(saved, rel=0.01)
+
+
+def test_phi35_moe_priced_on_the_safe_side_of_its_block() -> None:
+    """Phi-3.5-MoE at its released widths (the tracer, one routed block): the generic table priced it at 0.92 of its
+    block, the generic MoE table 1.24; Mixtral's table, whose block it runs bar its LayerNorms, biases and sparsemixer
+    router, 1.08."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from fit_activations import block_bytes
+
+    spec = ModelSpec.from_any("microsoft/Phi-3.5-MoE-instruct")
+    config = {**spec.config, "num_hidden_layers": 2, "vocab_size": 512, "pad_token_id": 0, "eos_token_id": 1,
+              "bos_token_id": 2}
+    small = ModelSpec.from_any(config)
+    assert spec_family(small) == "mixtral"
+    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
+    traced = [block_bytes(config, setup) for setup in setups]
+    priced = [layer_bytes(small, setup) for setup in setups]
+    assert 1.0 < (priced[1] - priced[0]) / (traced[1] - traced[0]) < 1.1
