@@ -170,3 +170,17 @@ def test_phi35_moe_priced_on_the_safe_side_of_its_block() -> None:
     traced = [block_bytes(config, setup) for setup in setups]
     priced = [layer_bytes(small, setup) for setup in setups]
     assert 1.0 < (priced[1] - priced[0]) / (traced[1] - traced[0]) < 1.1
+
+
+@pytest.mark.parametrize(("keys", "routed"), [
+    ({"moe_layer_start_index": 1, "moe_layer_end_index": 27, "moe_layer_interval": 1}, 27),   # ERNIE-4.5-21B-A3B
+    ({"moe_layer_start_index": 1, "moe_layer_end_index": -1, "moe_layer_interval": 2}, 14),   # every other, to the end
+    ({"moe_layer_start_index": 0, "moe_layer_end_index": 9, "moe_layer_interval": 1}, 10),
+])
+def test_ernie_moe_layers_counted_by_its_own_keys(keys: dict[str, int], routed: int) -> None:
+    """Ernie4_5_MoeDecoderLayer routes layer i when (i + 1) % moe_layer_interval == 0 and moe_layer_start_index <= i <=
+    moe_layer_end_index (-1: the last layer); counted by hand over 28 layers."""
+    from perfguide.model.shape import moe_fields
+
+    config = {"model_type": "ernie4_5_moe", "moe_num_experts": 64, "moe_k": 6, **keys}
+    assert moe_fields(config, 28)["num_moe_layers"] == routed

@@ -65,11 +65,15 @@ def _first_int(config: dict[str, Any], keys: tuple[str, ...]) -> int | None:
 
 
 def _moe_layer_count(config: dict[str, Any], layers: int) -> int:
-    """Layers whose MLP is routed, by the family's rule (dense-first layers, sparse steps, interleaving)."""
-    first_dense = _first_int(config, ("first_k_dense_replace", "num_dense_layers")) or 0
-    step = _first_int(config, ("decoder_sparse_step", "interleave_moe_layer_step", "moe_layer_freq")) or 1
+    """Layers whose MLP is routed, by the family's rule (dense-first layers, sparse steps, interleaving; ERNIE-4.5's
+    moe_layer_start_index / _interval / _end_index, the last inclusive)."""
+    first_dense = _first_int(config, ("first_k_dense_replace", "num_dense_layers", "moe_layer_start_index")) or 0
+    step = _first_int(config, ("decoder_sparse_step", "interleave_moe_layer_step", "moe_layer_freq", "moe_layer_interval")) or 1
+    last = _first_int(config, ("moe_layer_end_index",))
+    last = layers - 1 if last is None or last < 0 else last
     dense_only = set(config.get("mlp_only_layers") or ())
-    moe_layers = [i for i in range(layers) if i >= first_dense and i not in dense_only and (i + 1) % max(step, 1) == 0]
+    moe_layers = [i for i in range(layers)
+                  if first_dense <= i <= last and i not in dense_only and (i + 1) % max(step, 1) == 0]
     explicit = config.get("moe_layers")
     if isinstance(explicit, list) and explicit:
         return len(explicit)
