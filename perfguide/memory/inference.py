@@ -20,6 +20,7 @@ from ..model.recurrent import STATE_ONLY
 from ..model.types import ModelSpec
 from ..setup import Setup
 from .bnb_inference import load_transient_bytes, matmul_dequant_bytes
+from .compressed_cache import compressed_cache_bytes
 from .overhead import capacity_bytes, cuda_context_bytes, to_estimate
 from .types import MemoryEstimate
 
@@ -140,7 +141,11 @@ def kv_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *
 
 def grown_kv_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *, static: bool = False,
                    kv_heads: int | None = None, cross_tokens: int = 0) -> int:
-    """The part of ``kv_cache_bytes`` that grows with the positions: the attention layers' K/V."""
+    """The part of ``kv_cache_bytes`` that grows with the positions: the attention layers' K/V (DeepSeek-V4's window
+    and compressed entries: memory/compressed_cache.py; its one K/V head is on every tensor-parallel rank)."""
+    compressed = compressed_cache_bytes(spec, batch, tokens, dtype_bytes)
+    if compressed is not None:
+        return compressed
     per_position = spec.kv_elements_per_token(kv_heads) * dtype_bytes * batch
     total = 0
     for window in _layer_windows(spec):
