@@ -28,7 +28,8 @@ B, S = 2, 32
 COMMON = {"hidden_size": H, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD,
           "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024, "tie_word_embeddings": False,
           "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
-#: every layer routed, one shared expert of the routed width, shapes the fits did not use
+DENSE = {**COMMON, "intermediate_size": 320}
+#: shapes the fits did not use; the MoE types with every layer routed and one shared expert of the routed width
 CONFIGS: dict[str, dict[str, Any]] = {
     "ernie4_5_moe": {**COMMON, "model_type": "ernie4_5_moe", "intermediate_size": 4 * H, "moe_intermediate_size": IE,
                      "moe_num_experts": E, "moe_k": K, "moe_num_shared_experts": 1, "moe_layer_start_index": 0,
@@ -36,19 +37,12 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "afmoe": {**COMMON, "model_type": "afmoe", "intermediate_size": 4 * H, "moe_intermediate_size": IE, "num_experts": E,
               "num_experts_per_tok": K, "num_shared_experts": 1, "num_dense_layers": 0,
               "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4096},
-}
-
-
-DENSE = {"hidden_size": H, "intermediate_size": 320, "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS,
-         "head_dim": HD, "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
-         "tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
-CONFIGS.update({
     "apertus": {**DENSE, "model_type": "apertus"},
     "arcee": {**DENSE, "model_type": "arcee"},
     "hyperclovax": {**DENSE, "model_type": "hyperclovax", "use_post_norm": True, "residual_multiplier": 0.25},
     # EXAONE 4's global layers rotate q and k too where no sliding window is set (its 1.2B): both blocks rotate
     "exaone4": {**DENSE, "model_type": "exaone4", "layer_types": ["full_attention"] * 2, "sliding_window": None},
-})
+}
 
 
 def _per_token(config: dict[str, Any]) -> tuple[float, float]:
