@@ -196,8 +196,8 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     "qwen3_next": (_qwen3_next, _dense("qwen2"), "qwen3_5_text", ({**BASE, "shared": 64}, {**BASE, "shared": 128})),
     # stop 71 (bench/family_audit.py, priced as built): Llama-4 through the mixtral table 0.977 in half, 1.556 under autocast
     "llama4_text": (_llama4, _every_expert_dense, "llama", ()),
-    # stop 72 (bench/family_audit.py): ERNIE-4.5-21B-A3B priced by the generic (dense llama) table, its shared experts
-    # unread (moe_num_shared_experts): 0.68 at its released widths with them read and the generic MoE table
+    # stop 72 (bench/family_audit.py): ERNIE-4.5-21B-A3B priced by the generic (dense llama) table with its shared
+    # experts unread (moe_num_shared_experts): 0.570 of a fake-tensor trace of its block at its released widths
     "ernie4_5_moe": (_ernie4_5_moe, _dense("ernie4_5"), "llama", ()),
     # stop 72: Arcee's Trinity (AFMoE) priced through the generic table, 0.46 of its traced block at the audit's widths
     "afmoe": (_afmoe, _afmoe_dense, "afmoe_dense", ()),
