@@ -178,3 +178,20 @@ def test_ernie_moe_layers_counted_by_its_own_keys(keys: dict[str, int], routed: 
 
     config = {"model_type": "ernie4_5_moe", "moe_num_experts": 64, "moe_k": 6, **keys}
     assert moe_fields(config, 28)["num_moe_layers"] == routed
+
+
+def test_gemma4_dense_block_priced_by_gemma3s_table() -> None:
+    """Gemma 4 keeps Gemma 3's block (q/k norms, four (1 + weight) fp32 RMSNorms a block): through the generic table
+    Gemma-4-31B was priced at 0.58 of its block, through Gemma 3's within 3% (the tracer at its released widths)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from fit_activations import block_bytes
+
+    text = ModelSpec.from_any("google/gemma-4-31B-it").config["text_config"]   # its language model, two sliding layers
+    config = {k: v for k, v in text.items() if k != "layer_types"}
+    config.update({"num_hidden_layers": 2, "vocab_size": 512, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2})
+    small = ModelSpec.from_any(config)
+    assert spec_family(small) == "gemma3_text"
+    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
+    traced = [block_bytes(config, setup) for setup in setups]
+    priced = [layer_bytes(small, setup) for setup in setups]
+    assert 0.95 < (priced[1] - priced[0]) / (traced[1] - traced[0]) < 1.05
