@@ -59,9 +59,9 @@ def _compressor_elements(n: int, rate: int, width: int, overlapping: bool) -> in
     return entries + buffered + kept
 
 
-def layer_elements(kind: str, n: int, window: int, head_dim: int, index_dim: int, rate: int) -> int:
-    """Elements one layer caches for one sequence after ``n`` positions."""
-    kept = min(n, window - 1) * head_dim
+def layer_elements(kind: str, n: int, window: int | None, head_dim: int, index_dim: int, rate: int) -> int:
+    """Elements one layer caches for one sequence after ``n`` positions (no window: every position kept)."""
+    kept = (n if not window else min(n, window - 1)) * head_dim
     if kind not in COMPRESSED:
         return 2 * kept
     sparse = kind == "compressed_sparse_attention"
@@ -74,7 +74,7 @@ def compressed_cache_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes
     kinds = compressed_kinds(spec)
     if kinds is None:
         return None
-    window, rates = spec.sliding_window or 0, _rates(spec)
+    window, rates = spec.sliding_window, _rates(spec)
     index = (spec.config or {}).get("index_head_dim") or 0
     per_sequence = sum(layer_elements(k, tokens, window, spec.head_dim, int(index), rates.get(k, 1)) for k in kinds)
     return batch * per_sequence * dtype_bytes
