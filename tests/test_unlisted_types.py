@@ -53,6 +53,18 @@ def _per_token(config: dict[str, Any]) -> tuple[float, float]:
     return priced, saved
 
 
+def _tracer_ratio(config: dict[str, Any], spec: ModelSpec) -> float:
+    """Priced over traced bytes per token of one block at the config's widths: the tracer (CUDA's kernel choice
+    emulated) at 64 and 128 tokens, differenced, so per-block constants cancel."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    from fit_activations import block_bytes
+
+    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
+    traced = [block_bytes(config, setup) for setup in setups]
+    priced = [layer_bytes(spec, setup) for setup in setups]
+    return (priced[1] - priced[0]) / (traced[1] - traced[0])
+
+
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
 def test_priced_block_is_what_the_real_block_saves(model_type: str) -> None:
     # block 1 of the AFMoE config is a global-attention layer, which does not rotate q and k: the same bytes in bf16
@@ -105,9 +117,6 @@ def test_latent_attention_types_take_a_latent_attention_table(model_type: str, f
     the tracer (CUDA's kernel choice emulated) at the config class's widths (MiniCPM3-4B's; DeepSeek-V3.2's with 8
     experts): within 5%, where the tables they had priced ``was`` of it (bench/family_audit.py at stop 71)."""
     transformers = pytest.importorskip("transformers")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from fit_activations import block_bytes
-
     config = {**transformers.AutoConfig.for_model(model_type).to_dict(), "num_hidden_layers": 2, "vocab_size": 512,
               "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
     config.pop("mlp_layer_types", None)
@@ -116,11 +125,7 @@ def test_latent_attention_types_take_a_latent_attention_table(model_type: str, f
                        "n_group": 1, "topk_group": 1})   # 8 experts: one routing group
     spec = ModelSpec.from_any(config)
     assert spec.is_mla and spec_family(spec) == family
-    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
-    traced = [block_bytes(config, setup) for setup in setups]
-    priced = [layer_bytes(spec, setup) for setup in setups]
-    slope = (priced[1] - priced[0]) / (traced[1] - traced[0])
-    assert 0.95 < slope < 1.05
+    assert 0.95 < _tracer_ratio(config, spec) < 1.05
 
 
 def test_traced_depth_cuts_every_per_layer_list() -> None:
@@ -152,18 +157,12 @@ def test_phi35_moe_priced_on_the_safe_side_of_its_block() -> None:
     """Phi-3.5-MoE at its released widths (the tracer, one routed block): the generic table priced it at 0.92 of its
     block, the generic MoE table 1.24; Mixtral's table, whose block it runs bar its LayerNorms, biases and sparsemixer
     router, 1.08."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from fit_activations import block_bytes
-
     spec = ModelSpec.from_any("microsoft/Phi-3.5-MoE-instruct")
     config = {**spec.config, "num_hidden_layers": 2, "vocab_size": 512, "pad_token_id": 0, "eos_token_id": 1,
               "bos_token_id": 2}
     small = ModelSpec.from_any(config)
     assert spec_family(small) == "mixtral"
-    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
-    traced = [block_bytes(config, setup) for setup in setups]
-    priced = [layer_bytes(small, setup) for setup in setups]
-    assert 1.0 < (priced[1] - priced[0]) / (traced[1] - traced[0]) < 1.1
+    assert 1.0 < _tracer_ratio(config, small) < 1.1
 
 
 @pytest.mark.parametrize(("keys", "routed"), [
@@ -183,15 +182,9 @@ def test_ernie_moe_layers_counted_by_its_own_keys(keys: dict[str, int], routed: 
 def test_gemma4_dense_block_priced_by_gemma3s_table() -> None:
     """Gemma 4 keeps Gemma 3's block (q/k norms, four (1 + weight) fp32 RMSNorms a block): through the generic table
     Gemma-4-31B was priced at 0.58 of its block, through Gemma 3's within 3% (the tracer at its released widths)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    from fit_activations import block_bytes
-
     text = ModelSpec.from_any("google/gemma-4-31B-it").config["text_config"]   # its language model, two sliding layers
     config = {k: v for k, v in text.items() if k != "layer_types"}
     config.update({"num_hidden_layers": 2, "vocab_size": 512, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2})
     small = ModelSpec.from_any(config)
     assert spec_family(small) == "gemma3_text"
-    setups = [Setup(micro_batch_size=1, seq_len=s, optimizer="sgd", weights_dtype="bf16") for s in (64, 128)]
-    traced = [block_bytes(config, setup) for setup in setups]
-    priced = [layer_bytes(small, setup) for setup in setups]
-    assert 0.95 < (priced[1] - priced[0]) / (traced[1] - traced[0]) < 1.05
+    assert 0.95 < _tracer_ratio(config, small) < 1.05
