@@ -73,6 +73,11 @@ EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", 
                                     # qk_rope_head_dim wide, so its heads must be wider than that)
                                     "deepseek_v32": {"num_key_value_heads": 8, "v_head_dim": 16, "index_head_dim": 16,
                                                      "index_n_heads": 4, "index_topk": 32},
+                                    # Gemma-4 (26B-A4B, 31B): full-attention layers twice as wide per head with
+                                    # fewer K/V heads, their keys doubling as values; the per-layer embeddings'
+                                    # table shrunk with the vocabulary
+                                    "gemma4_text": {"global_head_dim": 32, "num_global_key_value_heads": 2,
+                                                    "attention_k_eq_v": True, "vocab_size_per_layer_input": 512},
                                     # DeepseekV2Config leaves top-k unset (None) by default
                                     "deepseek_v2": {"num_experts_per_tok": 2}}
 
@@ -99,8 +104,10 @@ def tiny_config(model_type: str) -> dict[str, Any]:
     default = AutoConfig.for_model(model_type)
     if default.is_encoder_decoder:
         raise ValueError("encoder-decoder config (priced as seq2seq)")
-    have = set(default.to_dict()) | set(getattr(default, "attribute_map", {}))
-    kwargs = {k: v for k, v in DIMS.items() if k in have and getattr(default, k, None) is not None}
+    written = default.to_dict()
+    have = set(written) | set(getattr(default, "attribute_map", {}))
+    # Gemma-4's head_dim is per layer: its config refuses the attribute, its dict has it
+    kwargs = {k: v for k, v in DIMS.items() if k in have and (written[k] if k in written else getattr(default, k, None)) is not None}
     if "qk_rope_head_dim" in kwargs:   # latent attention: the head dims are the qk_* / v_head_dim keys
         kwargs.pop("head_dim", None)
     return dict(AutoConfig.for_model(model_type, **{**kwargs, **EXTRA.get(model_type, {})}).to_dict())

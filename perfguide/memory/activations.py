@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 
+from ..model.attention_widths import mean_widths
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
@@ -97,11 +98,12 @@ def block_dims(spec: ModelSpec) -> dict[str, int]:
     moe = spec.num_experts > 1
     k = spec.num_experts_per_tok if moe else 0
     mla = spec.is_mla   # latent attention (family mla, scripts/fit_mla.py): its ranks and value width; 0 elsewhere
+    q, kv = mean_widths(spec)   # the mean layer's: Gemma-4's full-attention layers are wider (model/attention_widths.py)
     return {
         "h": spec.hidden_size,
         "i": spec.active_intermediate_size,
-        "q": spec.num_attention_heads * spec.head_dim,
-        "kv": spec.num_key_value_heads * spec.head_dim,
+        "q": q,
+        "kv": kv,
         "1": 1,
         "hk": spec.hidden_size * k,
         "ir": (spec.moe_intermediate_size or spec.intermediate_size) * k,

@@ -266,7 +266,7 @@ def rotary_pairs(spec: ModelSpec) -> int:
     from .activations_data import activations_data
 
     if spec.model_type in activations_data().block_backward.rotary_per_layer_type:
-        return len(set(spec.cache_layer_types()))
+        return len(set(spec.attention_layer_types()))
     return 1
 
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
+from ..model.attention_widths import kv_elements
 from ..model.catalog import catalog_file
 from ..model.code import built_by
 from ..model.linears import linear_shapes
@@ -146,11 +147,10 @@ def grown_kv_bytes(spec: ModelSpec, batch: int, tokens: int, dtype_bytes: int, *
     compressed = compressed_cache_bytes(spec, batch, tokens, dtype_bytes)
     if compressed is not None:
         return compressed
-    per_position = spec.kv_elements_per_token(kv_heads) * dtype_bytes * batch
     total = 0
-    for window in _layer_windows(spec):
+    for window, elements in zip(_layer_windows(spec), kv_elements(spec, kv_heads)):
         kept = tokens if window is None else 0 if window == 0 else min(tokens, window if static else window - 1)
-        total += per_position * (kept + cross_tokens)
+        total += elements * dtype_bytes * batch * (kept + cross_tokens)
     return total
 
 

@@ -68,7 +68,7 @@ def checkpointed_mask_bytes(spec: ModelSpec, setup: Setup) -> int:
     if not spec.generates or spec.is_encoder_decoder:
         return 0
     b, s = setup.micro_batch_size, setup.seq_len
-    kinds = set(spec.cache_layer_types())
+    kinds = set(spec.attention_layer_types())
     if setup.attn_implementation == "eager":
         masks = len(kinds & {"full_attention", "sliding_attention"})
         return masks * b * s * s * (2 if stream_regime(setup) == "half" else 4)
@@ -79,7 +79,7 @@ def _sdpa_sliding_mask(spec: ModelSpec, setup: Setup) -> bool:
     """SDPA gets a materialised (bool) mask: a sliding window shorter than the sequence, which ``is_causal`` cannot say."""
     window = spec.sliding_window
     return (setup.attn_implementation == "sdpa" and spec.generates and not spec.is_encoder_decoder
-            and "sliding_attention" in spec.cache_layer_types() and window is not None and setup.seq_len > window)
+            and "sliding_attention" in spec.attention_layer_types() and window is not None and setup.seq_len > window)
 
 
 def sdpa_bias_bytes(spec: ModelSpec, setup: Setup, *, checkpointed: bool) -> int:
@@ -90,7 +90,7 @@ def sdpa_bias_bytes(spec: ModelSpec, setup: Setup, *, checkpointed: bool) -> int
     from .activations import stream_regime
 
     query = 2 if setup.autocast or stream_regime(setup) == "half" else 4   # autocast runs SDPA in 16 bits
-    layers = 1 if checkpointed else spec.cache_layer_types().count("sliding_attention")
+    layers = 1 if checkpointed else spec.attention_layer_types().count("sliding_attention")
     return layers * setup.micro_batch_size * setup.seq_len ** 2 * query
 
 

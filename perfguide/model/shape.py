@@ -108,6 +108,10 @@ def moe_fields(config: dict[str, Any], layers: int) -> dict[str, Any]:
     # Qwen2-MoE: one wide shared expert; Nemotron-H spells it moe_shared_expert_intermediate_size (NemotronHMoE builds
     # its shared_experts MLP at that width)
     shared_width = _first_int(config, ("shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")) or None
+    if shared is None and config.get("enable_moe_block"):
+        # Gemma-4's MoE layers run their dense MLP (intermediate_size) beside the experts on every token
+        # (Gemma4TextDecoderLayer): an always-on expert of that width
+        shared, shared_width = 1, _first_int(config, ("intermediate_size",))
     if shared is None:  # Llama-4's MoE layer always has one shared expert of the routed width (Llama4TextMoe)
         shared = 1 if shared_width or str(config.get("model_type")).startswith("llama4") else 0
     return {"num_experts": experts, "num_experts_per_tok": min(topk, experts), "num_shared_experts": shared,
@@ -182,6 +186,21 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
             "recurrent_state_dtype": state_dtype(config) if hybrid is not None else None}
 
 
+def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """Gemma-4's full-attention layers and shared K/V (Gemma4TextConfig.__post_init__, transformers 5.24): those layers
+    take ``global_head_dim`` (512 where the config omits it) and, where ``attention_k_eq_v`` (keys double as values),
+    ``num_global_key_value_heads``; the last ``num_kv_shared_layers`` layers reuse earlier layers' K/V. A config saved
+    by ``to_dict`` carries the result instead, as ``per_layer_config`` entries of its full-attention layers."""
+    if not model_type.startswith("gemma4"):
+        return {}
+    per_layer = config.get("per_layer_config")
+    entry = next(iter(per_layer.values()), {}) if isinstance(per_layer, dict) and per_layer else {}
+    kv = _first_int(config, ("num_global_key_value_heads",)) if config.get("attention_k_eq_v") else None
+    return {"global_head_dim": _first_int(config, ("global_head_dim",)) or entry.get("head_dim") or 512,
+            "num_global_key_value_heads": kv or entry.get("num_key_value_heads"),
+            "num_kv_shared_layers": _first_int(config, ("num_kv_shared_layers",)) or 0}
+
+
 def head_fields(config: dict[str, Any]) -> dict[str, Any]:
     head = fields.head_kind(config)
     labels = fields.num_labels(config) if head in ("sequence_classification", "token_classification") else None
@@ -192,4 +211,5 @@ def read_all(config: dict[str, Any], model_type: str, layers: int) -> dict[str, 
     """Every family-independent ModelSpec field this module reads, for ``layers`` decoder layers."""
     text = decoder_config(config)
     inner_type = str(text.get("model_type") or model_type)
-    return {**moe_fields(text, layers), **mla_fields(text), **attention_fields(text, inner_type, layers), **head_fields(config)}
+    return {**moe_fields(text, layers), **mla_fields(text), **attention_fields(text, inner_type, layers),
+            **layer_width_fields(text, inner_type), **head_fields(config)}

@@ -147,6 +147,11 @@ class ModelSpec(Model):
     attention_chunk_size: int | None = None  # Llama-4 chunked attention: the window of its chunked layers
     layer_types: tuple[LayerType, ...] | None = None  # per (decoder) layer; None = every layer full, or all sliding if a window is set
     attn_logit_softcapping: float | None = None  # Gemma-2: soft-capped scores, which SDPA cannot do
+    #: Gemma-4's full-attention layers: their own head width and K/V heads (None: the config's head_dim and
+    #: num_key_value_heads), and the trailing layers that reuse an earlier layer's K/V (no K/V projection, no cache)
+    global_head_dim: int | None = Field(default=None, gt=0)
+    num_global_key_value_heads: int | None = Field(default=None, gt=0)
+    num_kv_shared_layers: int = Field(default=0, ge=0)
     supports_sdpa: bool = True             # False: the model class refuses attn_implementation="sdpa" (eager / flash only)
     #: the config's layer types that carry a recurrent state along the sequence (Qwen3-Next's "linear_attention"): a
     #: sequence split restarts that state on every rank, so accelerate refuses Ulysses on them
@@ -241,14 +246,22 @@ class ModelSpec(Model):
         DeepSeek), which ``block_linears`` does not list: no nn.Linear to quantize, shard by name or adapt as one."""
         return 0 if any(k.startswith("experts.") for k in self.block_linears) else self.expert_params
 
-    def cache_layer_types(self) -> tuple[LayerType, ...]:
-        """What each (decoder) layer stores in transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs)."""
+    def attention_layer_types(self) -> tuple[LayerType, ...]:
+        """Each (decoder) layer's kind, as the config's ``layer_types`` names it (or its window implies)."""
         layers = self.num_decoder_layers or self.num_layers
         if self.layer_types is not None and len(self.layer_types) == layers:
             return self.layer_types
         kind: LayerType = ("sliding_attention" if self.sliding_window is not None else
                            "chunked_attention" if self.attention_chunk_size is not None else "full_attention")
         return (kind,) * layers
+
+    def cache_layer_types(self) -> tuple[LayerType, ...]:
+        """What each (decoder) layer stores in transformers' DynamicCache (cache_utils.get_layer_types_and_kwargs): its
+        ``attention_layer_types``, but a layer that reuses an earlier layer's K/V (Gemma-4's ``num_kv_shared_layers``,
+        the ``kv_sharing_modes`` "reuse") a "dummy" that stores nothing."""
+        kinds = self.attention_layer_types()
+        first_shared = len(kinds) - min(self.num_kv_shared_layers, len(kinds))
+        return tuple(kind if i < first_shared else "dummy" for i, kind in enumerate(kinds))
 
     @property
     def stateful_layers(self) -> int:

@@ -1,0 +1,57 @@
+"""Each decoder layer's attention widths, where they differ along depth.
+
+Why per layer: Gemma-4's full-attention layers are twice as wide per head (``global_head_dim`` 512 against 256) with
+fewer K/V heads (``num_global_key_value_heads``), and its small releases' last layers reuse earlier layers' K/V. A block
+table priced at the config's ``head_dim`` kept 0.94 of what Gemma-4-31B's blocks save on average, and a cache priced
+so holds twice the full layers' K/V. The saved bytes and the cache are linear in the widths, so the mean layer's
+widths price the stack exactly (``mean_widths``) and the cache sums its layers (``kv_elements``).
+"""
+
+from __future__ import annotations
+
+from .types import ModelSpec
+
+
+def layer_widths(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """(query width, K/V width) of each decoder layer: heads x head width. A full-attention layer of a model with a
+    ``global_head_dim`` takes that width and its ``num_global_key_value_heads`` (Gemma4TextConfig's per-layer config);
+    a layer that reuses an earlier layer's K/V (the last ``num_kv_shared_layers``) projects none."""
+    kinds = spec.attention_layer_types()
+    first_shared = len(kinds) - min(spec.num_kv_shared_layers, len(kinds))
+    out = []
+    for i, kind in enumerate(kinds):
+        wide = spec.global_head_dim is not None and kind == "full_attention"
+        head = spec.global_head_dim if wide and spec.global_head_dim else spec.head_dim
+        kv_heads = (spec.num_global_key_value_heads or spec.num_key_value_heads) if wide else spec.num_key_value_heads
+        out.append((spec.num_attention_heads * head, 0 if i >= first_shared else kv_heads * head))
+    return tuple(out)
+
+
+def uniform(spec: ModelSpec) -> bool:
+    """Every layer has the config's widths (every model but Gemma-4's)."""
+    return spec.global_head_dim is None and not spec.num_kv_shared_layers
+
+
+def mean_widths(spec: ModelSpec) -> tuple[int, int]:
+    """(query width, K/V width) of the mean layer, rounded: what a per-token block table multiplies."""
+    if uniform(spec):
+        return spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
+    widths = layer_widths(spec)
+    return (round(sum(q for q, _ in widths) / len(widths)), round(sum(kv for _, kv in widths) / len(widths)))
+
+
+def kv_elements(spec: ModelSpec, kv_heads: int | None = None) -> tuple[int, ...]:
+    """Cached elements per position of each (decoder) layer: ``ModelSpec.kv_elements_per_token`` where the layers are
+    uniform, else K and V of each layer's own width. ``kv_heads``: the heads of the config's count one rank holds
+    (tensor parallelism), each layer keeping that share of its own heads, at least one."""
+    layers = len(spec.attention_layer_types())
+    if uniform(spec) or spec.is_mla:
+        return (spec.kv_elements_per_token(kv_heads),) * layers
+    out = []
+    for q, kv in layer_widths(spec):
+        head = q // spec.num_attention_heads
+        heads = kv // head
+        if kv_heads is not None and heads:
+            heads = max(1, heads * kv_heads // spec.num_key_value_heads)
+        out.append(2 * heads * head)
+    return tuple(out)
