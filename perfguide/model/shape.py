@@ -194,7 +194,7 @@ def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any
     if not model_type.startswith("gemma4"):
         return {}
     per_layer = config.get("per_layer_config")
-    entry = next(iter(per_layer.values()), {}) if isinstance(per_layer, dict) and per_layer else {}
+    entry: dict[str, Any] = next(iter(per_layer.values()), {}) if isinstance(per_layer, dict) and per_layer else {}
     kv = _first_int(config, ("num_global_key_value_heads",)) if config.get("attention_k_eq_v") else None
     return {"global_head_dim": _first_int(config, ("global_head_dim",)) or entry.get("head_dim") or 512,
             "num_global_key_value_heads": kv or entry.get("num_key_value_heads"),
