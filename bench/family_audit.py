@@ -43,7 +43,7 @@ POPULAR = ("qwen2", "mistral", "falcon", "bloom", "starcoder2", "gpt_bigcode", "
 FITTED = {"falcon": 40, "starcoder2": 40, "gpt_bigcode": 40, "mpt": 40, "olmoe": 40, "bloom": 40, "cohere": 40,
           "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70, "qwen3_5_moe_text": 70, "qwen3_next": 70, "minimax_m2": 70, "lfm2": 70,
           "granitemoehybrid": 71, "bamba": 71, "falcon_h1": 71, "llama4_text": 71,
-          "ernie4_5_moe": 72, "afmoe": 72, "apertus": 72, "arcee": 72, "hyperclovax": 72, "exaone4": 72}
+          "ernie4_5_moe": 72, "afmoe": 72, "apertus": 72, "arcee": 72, "hyperclovax": 72, "exaone4": 72, "gemma4_text": 73}
 #: config keys set when the type's config class has them (directly or through its attribute_map)
 DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
                         "num_hidden_layers": 2, "vocab_size": 512, "max_position_embeddings": 1024,
@@ -73,11 +73,13 @@ EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", 
                                     # qk_rope_head_dim wide, so its heads must be wider than that)
                                     "deepseek_v32": {"num_key_value_heads": 8, "v_head_dim": 16, "index_head_dim": 16,
                                                      "index_n_heads": 4, "index_topk": 32},
-                                    # Gemma-4 (26B-A4B, 31B): full-attention layers twice as wide per head with
-                                    # fewer K/V heads, their keys doubling as values; the per-layer embeddings'
-                                    # table shrunk with the vocabulary
+                                    # Gemma-4 as its 26B-A4B and 31B: full-attention layers twice as wide per head
+                                    # with fewer K/V heads, their keys doubling as values, no per-layer embeddings
+                                    # (the E2B / E4B's, which the class defaults carry, are not priced); both
+                                    # blocks full, so the one-block model is the same kind of block
                                     "gemma4_text": {"global_head_dim": 32, "num_global_key_value_heads": 2,
-                                                    "attention_k_eq_v": True, "vocab_size_per_layer_input": 512},
+                                                    "attention_k_eq_v": True, "vocab_size_per_layer_input": 512,
+                                                    "hidden_size_per_layer_input": 0, "layer_types": ["full_attention"] * 2},
                                     # DeepseekV2Config leaves top-k unset (None) by default
                                     "deepseek_v2": {"num_experts_per_tok": 2}}
 

@@ -212,6 +212,18 @@ def _exaone4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
             "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
 
 
+def _gemma4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Gemma 3's block plus an RMSNorm without weight on the values and a scalar on the block's output, its per-layer
+    widths priced as the mean layer's (model/attention_widths.py). Both blocks full attention at the sliding layers'
+    widths: the config class makes the last layer full, so a sliding pair traces a second layer kind's rotary tables
+    into the difference (2 B per h more at the checkpoint boundary); a sliding block and a full one whose keys double
+    as values save the same bytes per token in 16 bits (the value norm reads the key projection's saved output). No
+    per-layer embeddings (hidden_size_per_layer_input 0: the 26B-A4B and 31B)."""
+    return {**_llama(d, drop), "model_type": "gemma4_text", "layer_types": ["full_attention"] * 2, "global_head_dim": 16,
+            "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": VOCAB, "pad_token_id": 0, "eos_token_id": 1,
+            "bos_token_id": 2}
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -253,6 +265,8 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "arcee": (_arcee, ("h", "i", "q", "kv")),
     "hyperclovax": (_hyperclovax, ("h", "i", "q", "kv")),
     "exaone4": (_exaone4, ("h", "i", "q", "kv")),
+    # stop 73: Gemma 4 priced through Gemma 3's table at the config's head_dim, 0.94 of Gemma-4-31B's traced block
+    "gemma4_text": (_gemma4, ("h", "i", "q", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty

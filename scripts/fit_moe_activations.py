@@ -156,6 +156,22 @@ def _afmoe_dense(d: Dims) -> dict[str, Any]:
     return {**_afmoe(d), "num_dense_layers": 1, "intermediate_size": d["k"] * d["ie"] + d["shared"]}
 
 
+def _gemma4(d: Dims) -> dict[str, Any]:
+    """Gemma-4's MoE layer (26B-A4B): its dense MLP (intermediate_size, the ``shared`` width) runs on every token beside
+    the experts, each with its own RMSNorms, routed from the block's residual stream by a weightless-norm router whose
+    softmax is fp32 and whose top-k weights are renormalised and scaled per expert. The MoE block is inline in the
+    decoder layer, so the whole one-block model is measured (``WHOLE_MODEL``)."""
+    return {**_common(d), "model_type": "gemma4_text", "enable_moe_block": True, "num_experts": d["e"],
+            "top_k_experts": d["k"], "moe_intermediate_size": d["ie"], "intermediate_size": d["shared"],
+            "global_head_dim": 16, "layer_types": ["full_attention"], "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 256, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def _gemma4_dense(d: Dims) -> dict[str, Any]:
+    """Gemma-4 with its one block dense, its MLP as wide as the MoE block's dense MLP and active experts."""
+    return {**_gemma4(d), "enable_moe_block": False, "intermediate_size": d["k"] * d["ie"] + d["shared"]}
+
+
 def _every_expert_dense(d: Dims) -> dict[str, Any]:
     """The dense model whose FFN is as wide as every expert and the shared one (what a Llama-4 token runs through)."""
     return {**_common(d), "model_type": "mistral", "intermediate_size": d["e"] * d["ie"] + d["ie"]}
@@ -201,7 +217,12 @@ MOE: dict[str, tuple[Callable[[Dims], dict[str, Any]], Callable[[Dims], dict[str
     "ernie4_5_moe": (_ernie4_5_moe, _dense("ernie4_5"), "llama", ()),
     # stop 72: Arcee's Trinity (AFMoE) priced through the generic table, 0.46 of its traced block at the audit's widths
     "afmoe": (_afmoe, _afmoe_dense, "afmoe_dense", ()),
+    # stop 73: Gemma-4-26B-A4B priced through Gemma 3's dense table, 0.51 of its traced block at its released widths
+    "gemma4_moe": (_gemma4, _gemma4_dense, "gemma4_text", ()),
 }
+#: families whose MoE block is inline in the decoder layer (no FFN module to run alone): the whole one-block model is
+#: measured from its input embeddings on, and the dense comparator's same parts cancel in the difference
+WHOLE_MODEL = frozenset({"gemma4_text"})
 #: families fitted on their own points and block dims (every expert runs: top-k is the expert count as built)
 OWN_POINTS: dict[str, tuple[tuple[Dims, ...], Callable[[Dims], dict[str, int]], tuple[str, ...]]] = {
     "llama4_text": (tuple({**BASE, "k": 1, **c} for c in ({}, {"h": 128}, {"ie": 128}, {"e": 8}, {"h": 128, "e": 8},
@@ -210,7 +231,7 @@ OWN_POINTS: dict[str, tuple[tuple[Dims, ...], Callable[[Dims], dict[str, int]], 
 }
 #: families whose every MoE block carries shared experts n_shared x the routed width (GLM-4.5: n_shared_experts 1):
 #: fitted at points where the shared width follows the routed one, and at twice it
-SHARED_EXPERTS = frozenset({"glm4_moe", "deepseek_v3", "glm4_moe_lite", "ernie4_5_moe", "afmoe"})
+SHARED_EXPERTS = frozenset({"glm4_moe", "deepseek_v3", "glm4_moe_lite", "ernie4_5_moe", "afmoe", "gemma4_moe"})
 #: what a family's source says beyond the common text
 NOTES = {"olmoe": " OLMoE's RMSNorms over the whole q and k projections keep one rsqrt per token where Qwen3's per-head "
                   "norms (the dense table here) keep one per head: 4 B x (heads + kv heads - 2) per token priced over "
@@ -276,9 +297,12 @@ def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) ->
     """Bytes of the storages block 0's FFN (dense MLP or MoE block) saves for backward on ``tokens`` tokens."""
     import torch
 
-    model = one_block(config, regime)
+    whole = config["model_type"] in WHOLE_MODEL
+    # eager attention in a whole model: the same in the MoE model and its comparator (so it cancels), and it runs on
+    # real CPU tensors under the emulated autocast lists, where SDPA would see q and k upcast by the norms, v not
+    model = one_block(config, regime, **({"attn_implementation": "eager"} if whole else {}))
     layer = model.model.layers[0]
-    ffn = getattr(layer, "mlp", None) or layer.feed_forward   # Llama-4 names its FFN feed_forward
+    ffn = model if whole else getattr(layer, "mlp", None) or layer.feed_forward   # Llama-4 names its FFN feed_forward
     if getattr(model.config, "num_local_experts", getattr(model.config, "num_experts", 1)) > 1:
         # Llama-4's experts carry no @use_experts_implementation: their bmm over every expert is what runs
         expected = "eager" if config["model_type"] == "llama4_text" else "grouped_mm"
@@ -287,7 +311,8 @@ def ffn_saved(config: dict[str, Any], regime: str, tokens: int, frozen: bool) ->
         torch.nn.init.normal_(p, std=0.02)
         p.requires_grad_(not frozen)
     x = _input((1, tokens, config["hidden_size"]), regime)
-    return saved_bytes(lambda: ffn(x), _ptrs(ffn.parameters()) | _ptrs([x]), regime)
+    run = (lambda: ffn(inputs_embeds=x).logits) if whole else (lambda: ffn(x))
+    return saved_bytes(run, _ptrs(ffn.parameters()) | _ptrs([x]), regime)
 
 
 def slope(config: dict[str, Any], regime: str, frozen: bool = False) -> float:

@@ -4,9 +4,64 @@ dense MLP beside the experts. Checked on the catalog's released configs against 
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+from helpers import block_saved_bytes
+
+from perfguide.memory.activations import layer_bytes, spec_family
 from perfguide.memory.inference import grown_kv_bytes
 from perfguide.model import spec_from_any
 from perfguide.model.attention_widths import kv_elements, layer_widths, mean_widths
+from perfguide.setup import Setup
+
+B, S = 2, 32
+#: widths none of the fits used; full-attention layers 6 heads of 32 with one K/V head that doubles as values
+TINY: dict[str, Any] = {"model_type": "gemma4_text", "hidden_size": 96, "intermediate_size": 320, "num_attention_heads": 6,
+                        "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "num_global_key_value_heads": 1,
+                        "attention_k_eq_v": True, "num_hidden_layers": 2, "vocab_size": 512,
+                        "vocab_size_per_layer_input": 512, "hidden_size_per_layer_input": 0, "sliding_window": 4096,
+                        "max_position_embeddings": 1024, "tie_word_embeddings": False, "pad_token_id": 0,
+                        "eos_token_id": 1, "bos_token_id": 2}
+#: three layers whose full one is as wide as the sliding ones: the block the tracer differences is a sliding one
+SLIDING = {**TINY, "num_hidden_layers": 3, "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+           "global_head_dim": 16, "attention_k_eq_v": False}
+FULL = {**TINY, "layer_types": ["full_attention"] * 2}
+MOE = {**FULL, "enable_moe_block": True, "num_experts": 6, "top_k_experts": 3, "moe_intermediate_size": 48}
+
+
+def _priced(config: dict[str, Any], batch: int, seq: int) -> int:
+    setup = Setup(task="train", micro_batch_size=batch, seq_len=seq, weights_dtype="bf16", optimizer="sgd")
+    return layer_bytes(spec_from_any(config), setup)
+
+
+@pytest.mark.parametrize(("config", "family"), [(FULL, "gemma4_text"), (MOE, "gemma4_moe")], ids=["full", "moe"])
+def test_priced_block_is_what_the_real_block_saves(config: dict[str, Any], family: str) -> None:
+    """Block 1 of the real bf16 model on CPU (``saved_tensors_hooks``, no tracer): a full-attention block whose one
+    K/V head doubles as values, and the MoE block (dense MLP beside 3 of 6 experts), at their own widths. Within 1.5%:
+    the table's per-head terms (fp32 logsumexp and kin) are fitted at head width 16 and priced per query unit, so heads
+    of 32 carry them twice (88 B of 8,952 per token here); Gemma 3's table, which Gemma 4 had, priced the block at the
+    config's head_dim 16 and without the MoE block."""
+    assert spec_family(spec_from_any(config)) == family
+    priced = (_priced(config, 2 * B, S) - _priced(config, B, S)) / (B * S)
+    saved = (block_saved_bytes(config, 2 * B, S) - block_saved_bytes(config, B, S)) / (B * S)
+    assert priced == pytest.approx(saved, rel=0.015)
+
+
+def test_priced_sliding_block_is_what_the_tracer_finds() -> None:
+    """The sliding block, by the tracer (CUDA's kernel choice emulated: CPU SDPA takes its mask down the math path), at
+    3 minus 2 blocks: both depths already hold both layer kinds (the config class makes the last layer full), so only
+    the block differs."""
+    from perfguide.memory.tracing.build import with_depth
+    from perfguide.memory.tracing.step import run_step
+
+    def traced(batch: int) -> int:
+        setup = Setup(micro_batch_size=batch, seq_len=64, optimizer="sgd", weights_dtype="bf16")
+        return sum(run_step(with_depth(SLIDING, d), setup).phases["head"].parts["activations"] * sign
+                   for d, sign in ((3, 1), (2, -1)))
+
+    # within 0.5%: the table's linear form off its fit points (the tracer rounds each block to 512 B)
+    assert _priced(SLIDING, 2, 64) - _priced(SLIDING, 1, 64) == pytest.approx(traced(2) - traced(1), rel=0.005)
 
 
 def test_26b_a4b_reads_its_wide_full_layers_and_dense_mlp() -> None:

@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     ("llama", 2 * 2 * 2 * 16),
     # GPT-BigCode's one K/V head, its keys and values two views of one fused tensor: each storage counted once, whole
     ("gpt_bigcode", 2 * 2 * 1 * 16),
-    # Gemma-4: the sliding layer's 2 KV heads of 16, the full layer's 2 of its global_head_dim 32 (the audit's widths)
-    ("gemma4_text", 2 * 2 * 16 + 2 * 2 * 32),
+    # Gemma-4: two full-attention layers of 2 KV heads of global_head_dim 32 (the audit's config), not head_dim 16
+    ("gemma4_text", 2 * 2 * 2 * 32),
 ])
 def test_audit_reads_the_cache_generate_leaves(model_type: str, per_position: int) -> None:
     pytest.importorskip("transformers")

@@ -53,6 +53,7 @@ def family_name(family: str, model_type: str = "", moe: bool = False, mla: bool 
     # the HF model_type is the more specific key (OPT's ReLU block is BERT-like, not GPT-2's gelu_new)
     candidates = [n if n in families else aliases.get(n) for n in (model_type, family) if n != "generic"]
     name = next((n for n in candidates if n), "generic" + "_mla" * mla + "_moe" * moe)
+    name = (moe and families[name].moe) or name
     seen = {name}
     while (target := families[name].same_as) is not None and target not in seen:
         name = target

@@ -105,6 +105,9 @@ class Family(DataModel):
     #: a MoE family's dense family: the table its terms extend (its FFN aside, the block is that family's code), so
     #: the attention-side tables keyed by family (eager backward) are that family's (``attention_family``)
     dense: str | None = None
+    #: the family a MoE release of this model type takes (Gemma-4 builds its 26B-A4B MoE and its 31B dense from one
+    #: model_type, gemma4_text)
+    moe: str | None = None
 
 
 class Dropout(DataModel):

@@ -196,7 +196,9 @@ def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any
     per_layer = config.get("per_layer_config")
     entry: dict[str, Any] = next(iter(per_layer.values()), {}) if isinstance(per_layer, dict) and per_layer else {}
     kv = _first_int(config, ("num_global_key_value_heads",)) if config.get("attention_k_eq_v") else None
-    return {"global_head_dim": _first_int(config, ("global_head_dim",)) or entry.get("head_dim") or 512,
+    # a saved config that lists no override (its full layers as wide as the rest) keeps head_dim there
+    default = _first_int(config, ("head_dim",)) if isinstance(per_layer, dict) else 512
+    return {"global_head_dim": _first_int(config, ("global_head_dim",)) or entry.get("head_dim") or default,
             "num_global_key_value_heads": kv or entry.get("num_key_value_heads"),
             "num_kv_shared_layers": _first_int(config, ("num_kv_shared_layers",)) or 0}
 

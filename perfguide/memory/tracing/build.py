@@ -66,6 +66,8 @@ def with_depth(config: dict[str, Any], depth: int) -> dict[str, Any]:
     for k in PER_LAYER_KEYS:
         if isinstance(out.get(k), list):
             out[k] = out[k][:depth]
+    if isinstance(out.get("per_layer_config"), dict):   # Gemma-4's saved overrides, keyed by layer index
+        out["per_layer_config"] = {k: v for k, v in out["per_layer_config"].items() if int(k) < depth}
     return out
 
 
@@ -78,6 +80,8 @@ def _hf_config(config: dict[str, Any]) -> Any:
         raise InvalidModelError("config dict has no 'model_type'; tracing needs the HF architecture (e.g. 'llama')")
     for k in ("transformers_version", "_name_or_path", "auto_map", "quantization_config", "torch_dtype", "dtype"):
         cfg.pop(k, None)
+    if isinstance(cfg.get("per_layer_config"), dict):   # saved with string keys ("05"); the config class takes ints
+        cfg["per_layer_config"] = {int(k): v for k, v in cfg["per_layer_config"].items()}
     try:
         return AutoConfig.for_model(model_type, **cfg)
     except ValueError as exc:
