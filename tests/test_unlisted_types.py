@@ -19,7 +19,7 @@ import pytest
 from helpers import block_saved_bytes
 
 import perfguide
-from perfguide.memory.activations import layer_bytes, spec_family
+from perfguide.memory.activations import layer_bytes, spec_family, widest_layer_excess
 from perfguide.model.types import ModelSpec
 from perfguide.setup import Setup
 
@@ -205,3 +205,7 @@ def test_gemma4_stack_priced_at_its_mean_layer() -> None:
     priced = [layer_bytes(spec, st) for st in setups]
     assert spec_family(spec) == "gemma4_text"
     assert 0.98 < (priced[1] - priced[0]) / (traced[1] - traced[0]) < 1.02
+    # a checkpointed recompute holds one block: the widest, a full one, 0.83 of it at the mean layer; at the full
+    # layer's widths 0.92 (the expanded K/V left open)
+    widest = [layer_bytes(spec, st) + widest_layer_excess(spec, st) for st in setups]
+    assert 0.90 < (widest[1] - widest[0]) / (full[1] - full[0]) < 0.95

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 
-from ..model.attention_widths import mean_widths
+from ..model.attention_widths import layer_widths, mean_widths, uniform
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
@@ -149,6 +149,17 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
     bnb_inputs.quantized_matmul_keeps_inputs), so LoRA does not drop them.
     """
     return _layer_bytes(spec, setup, keeps_frozen_inputs, block_dims(spec))
+
+
+def widest_layer_excess(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:
+    """What the depth's widest layer keeps beyond the mean layer ``layer_bytes`` prices, for a model whose layers differ
+    in width (model/attention_widths.py): a recomputed block's peak is one block's, not the mean's. Gemma-4-31B's full
+    layers keep 1.2x its mean layer (traced at its released widths)."""
+    if uniform(spec):
+        return 0
+    dims = block_dims(spec)
+    mean = _layer_bytes(spec, setup, keeps_frozen_inputs, dims)
+    return max(_layer_bytes(spec, setup, keeps_frozen_inputs, {**dims, "q": q, "kv": kv}) for q, kv in set(layer_widths(spec))) - mean
 
 
 def ffn_layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:

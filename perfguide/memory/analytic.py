@@ -281,6 +281,7 @@ def training_memory(spec: ModelSpec, setup: Setup, hardware: Hardware | None = N
     if kv_extra := block_backward.replicated_kv_bytes(spec, shape, split):   # Ulysses' repeated K/V heads, saved per block
         acts, per_layer = acts + kv_extra * spec.num_layers, per_layer + kv_extra
     per_layer += linear_block_excess(spec, act_setup, act.regime(act_setup))   # one block: a hybrid's largest
+    per_layer += act.widest_layer_excess(spec, act_setup, keeps_inputs)   # Gemma-4's full-attention layers
     step_temp = 0 if dev.optimizer == 0 else cost.step_temp // (setup.world_size if setup.strategy in ("zero1", "zero2", "zero3", "fsdp", "fsdp_shard_grad_op") else 1)
     largest = max((g.numel for g in led.trainable), default=0)
     # the largest gradient's width: its own where the step keeps the ledger's widths (not DeepSpeed's 16-bit casts)
