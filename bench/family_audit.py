@@ -42,7 +42,7 @@ POPULAR = ("qwen2", "mistral", "falcon", "bloom", "starcoder2", "gpt_bigcode", "
 #: types this audit gave a table of their own, still audited (their first ratios are in the report's header)
 FITTED = {"falcon": 40, "starcoder2": 40, "gpt_bigcode": 40, "mpt": 40, "olmoe": 40, "bloom": 40, "cohere": 40,
           "gpt_oss": 41, "glm4": 70, "glm4_moe": 70, "deepseek_v3": 70, "glm4_moe_lite": 70, "qwen3_5_text": 70, "qwen3_5_moe_text": 70, "qwen3_next": 70, "minimax_m2": 70, "lfm2": 70,
-          "granitemoehybrid": 71, "bamba": 71, "falcon_h1": 71, "llama4_text": 71,
+          "granitemoehybrid": 71, "bamba": 71, "falcon_h1": 71, "llama4_text": 71, "gemma3n_text": 73,
           "ernie4_5_moe": 72, "afmoe": 72, "apertus": 72, "arcee": 72, "hyperclovax": 72, "exaone4": 72, "gemma4_text": 73}
 #: config keys set when the type's config class has them (directly or through its attribute_map)
 DIMS: dict[str, Any] = {"hidden_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
@@ -80,6 +80,11 @@ EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", 
                                     "gemma4_text": {"global_head_dim": 32, "num_global_key_value_heads": 2,
                                                     "attention_k_eq_v": True, "vocab_size_per_layer_input": 512,
                                                     "hidden_size_per_layer_input": 0, "layer_types": ["full_attention"] * 2},
+                                    # Gemma 3n (E2B / E4B): no layer reusing another's K/V (the class's default 15
+                                    # exceed the tiny depth), the per-layer embeddings' table shrunk with the
+                                    # vocabulary, both blocks full
+                                    "gemma3n_text": {"num_kv_shared_layers": 0, "vocab_size_per_layer_input": 512,
+                                                     "layer_types": ["full_attention"] * 2},
                                     # DeepseekV2Config leaves top-k unset (None) by default
                                     "deepseek_v2": {"num_experts_per_tok": 2}}
 

@@ -68,7 +68,9 @@ def cache_bytes(cache: Any) -> int:
 #: per-layer lists a config class derives from the depth: dropped where the tiny depth has no attention layer
 PER_LAYER = ("layer_types", "mlp_layer_types", "layers_block_type", "attn_layer_indices")
 #: keys the family audit's tiny config sets that a class derives otherwise (GPT-BigCode's K/V heads follow multi_query)
-KV_EXTRA: dict[str, dict[str, Any]] = {"gpt_bigcode": {"num_key_value_heads": 1}}
+KV_EXTRA: dict[str, dict[str, Any]] = {"gpt_bigcode": {"num_key_value_heads": 1},
+                                       # the second layer reuses the first's K/V (Gemma 3n's last 10-15 layers do)
+                                       "gemma3n_text": {"num_kv_shared_layers": 1}}
 #: the kinds of a hybrid's 4 layers where its class derives none with an attention layer at that depth
 HYBRID_LAYERS: dict[str, dict[str, Any]] = {
     "bamba": {"attn_layer_indices": [1]},

@@ -224,6 +224,33 @@ def _gemma4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
             "bos_token_id": 2}
 
 
+def _gemma3n(d: Dims, drop: float = 0.0, sparsity: float = 0.0) -> dict[str, Any]:
+    """Gemma 3n's block (E2B / E4B): Gemma 3's attention and FFN inside AltUp's four copies of the hidden state and
+    their router, LAuReL's rank-64 side path and the per-layer embeddings' 256-wide path, at the class defaults (the
+    releases' own widths), so their per-token terms land in the h terms and the constant. A dense FFN; the sparse
+    layers' excess is ``sparse_ffn_terms``. No layer reuses another's K/V (the traced block computes its own)."""
+    return {**_llama(d, drop), "model_type": "gemma3n_text", "intermediate_size": [d["i"]] * 2,
+            "layer_types": ["full_attention"] * 2, "num_kv_shared_layers": 0, "activation_sparsity_pattern": [sparsity] * 2,
+            "vocab_size_per_layer_input": VOCAB, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2}
+
+
+def sparse_ffn_terms(regime: dict[str, Any]) -> tuple[float, float]:
+    """(bytes per FFN unit per token, the frozen-base share of them) a Gemma 3n layer with activation sparsity keeps
+    beyond a dense one (its gaussian top-k cutoff over the gate's output): sparse minus dense at two FFN widths."""
+    steps = [{**BASE, "i": i} for i in (BASE["i"], 2 * BASE["i"])]
+    full = [token_slope(_gemma3n(d, sparsity=0.95), regime) - token_slope(_gemma3n(d), regime) for d in steps]
+    frozen = [frozen_slope(_gemma3n(d, sparsity=0.95), regime) - frozen_slope(_gemma3n(d), regime) for d in steps]
+    return (round((full[1] - full[0]) / BASE["i"], 3), round((frozen[1] - frozen[0]) / BASE["i"], 3))
+
+
+def ckpt_with_constant(regime: dict[str, Any]) -> dict[str, float]:
+    """Gemma 3n's checkpoint boundary per token per block: AltUp's four copies of the block input (per h) and a part
+    no width of the fit moves (the layer's 256-wide per-layer input and AltUp's router state), from two hidden sizes."""
+    a, b = (token_slope(_gemma3n({**BASE, "h": h}), regime, gradient_checkpointing=True) for h in (BASE["h"], 2 * BASE["h"]))
+    per_h = (b - a) / BASE["h"]
+    return {"h": round(per_h, 3), "1": round(a - per_h * BASE["h"], 3)}
+
+
 #: family -> (config builder, dimensions that vary independently; q and kv follow h where the family ties them)
 FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "llama": (_llama, ("h", "i", "q", "kv")),
@@ -267,6 +294,9 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "exaone4": (_exaone4, ("h", "i", "q", "kv")),
     # stop 73: Gemma 4 priced through Gemma 3's table at the config's head_dim, 0.94 of Gemma-4-31B's traced block
     "gemma4_text": (_gemma4, ("h", "i", "q", "kv")),
+    # stop 73 (bench/family_audit.py): Gemma 3n priced through the generic (llama) table, 0.45 of its traced block at
+    # its class-default widths (AltUp, LAuReL, per-layer embeddings)
+    "gemma3n_text": (_gemma3n, ("h", "i", "q", "kv")),
 }
 #: families whose model class refuses SDPA: every term is traced with eager attention, the per-token part and the
 #: per-(head x s^2) part separated by two lengths (``eager_only_slope``), and eager_per_token is empty
@@ -481,6 +511,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tracing {name} ...", flush=True)
         regimes, notes = fit_family(name)
         remarks += notes
+        if name == "gemma3n_text":   # its sparse layers' excess per FFN unit: the ``is`` dim
+            for regime, kw in REGIMES.items():
+                regimes[regime]["ckpt_per_token"] = ckpt_with_constant(kw)
+                full, frozen = sparse_ffn_terms(kw)
+                regimes[regime]["per_token"]["is"] = full
+                if frozen:
+                    regimes[regime]["frozen_linear_inputs_per_token"]["is"] = frozen
+                print(f"  {name}/{regime}: sparse FFN layers keep {full} B more per FFN unit (frozen share {frozen})", flush=True)
         data["families"].setdefault(name, {})["regimes"] = regimes
         data["aliases"].pop(name, None)
         data["families"][name]["source"] = (

@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     ("gpt_bigcode", 2 * 2 * 1 * 16),
     # Gemma-4: two full-attention layers of 2 KV heads of global_head_dim 32 (the audit's config), not head_dim 16
     ("gemma4_text", 2 * 2 * 2 * 32),
+    # Gemma 3n: the second layer reuses the first's K/V (a "dummy" cache layer): one layer of 2 KV heads of 16
+    ("gemma3n_text", 1 * 2 * 2 * 16),
 ])
 def test_audit_reads_the_cache_generate_leaves(model_type: str, per_position: int) -> None:
     pytest.importorskip("transformers")

@@ -114,6 +114,7 @@ def block_dims(spec: ModelSpec) -> dict[str, int]:
         "kvl": (spec.kv_lora_rank or 0) if mla else 0,
         "vh": spec.num_attention_heads * (spec.v_head_dim or 0) if mla else 0,
         "r": (spec.qk_rope_head_dim or 0) if mla else 0,
+        "is": round(spec.intermediate_size * spec.sparse_ffn_layers / spec.num_layers),
     }
 
 

@@ -71,8 +71,10 @@ from .loss_path import LossPaths
 from .masks import EagerBackward
 from .softcap import Softcap
 
-DIMS = ("h", "i", "q", "kv", "1", "hk", "ir", "e", "k", "ql", "kvl", "vh", "r")
-Dim = Literal["h", "i", "q", "kv", "1", "hk", "ir", "e", "k", "ql", "kvl", "vh", "r"]
+DIMS = ("h", "i", "q", "kv", "1", "hk", "ir", "e", "k", "ql", "kvl", "vh", "r", "is")
+#: beyond h / i / q / kv / 1 (the block widths): the MoE dims (activations.block_dims), MLA's ranks and value width,
+#: and ``is``, the FFN width of the layers that sparsify their activation (Gemma 3n's first 10), mean over the depth
+Dim = Literal["h", "i", "q", "kv", "1", "hk", "ir", "e", "k", "ql", "kvl", "vh", "r", "is"]
 RegimeName = Literal["fp32", "amp", "half"]
 
 

@@ -187,10 +187,18 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
 
 
 def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """Gemma-4's full-attention layers and shared K/V (Gemma4TextConfig.__post_init__, transformers 5.24): those layers
+    """Gemma 3n's and Gemma-4's layers that reuse earlier layers' K/V (the last ``num_kv_shared_layers``), Gemma 3n's
+    sparse FFNs, and Gemma-4's full-attention layers (Gemma4TextConfig.__post_init__, transformers 5.24): those layers
     take ``global_head_dim`` (512 where the config omits it) and, where ``attention_k_eq_v`` (keys double as values),
-    ``num_global_key_value_heads``; the last ``num_kv_shared_layers`` layers reuse earlier layers' K/V. A config saved
+    ``num_global_key_value_heads``. A config saved
     by ``to_dict`` carries the result instead, as ``per_layer_config`` entries of its full-attention layers."""
+    if model_type.startswith("gemma3n"):   # the same K/V sharing (Gemma3nTextConfig.kv_sharing_modes), one head width
+        layers = _first_int(config, ("num_hidden_layers",)) or 0
+        pattern = config.get("activation_sparsity_pattern")
+        # the class default: the first 10 layers at 0.95 where the model is deeper than 10
+        sparse = sum(1 for p in pattern if p) if isinstance(pattern, list) else 10 if layers > 10 else 0
+        shared = config.get("num_kv_shared_layers", 15)   # Gemma3nTextConfig's default
+        return {"num_kv_shared_layers": shared if isinstance(shared, int) else 0, "sparse_ffn_layers": sparse}
     if not model_type.startswith("gemma4"):
         return {}
     per_layer = config.get("per_layer_config")

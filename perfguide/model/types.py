@@ -152,6 +152,8 @@ class ModelSpec(Model):
     global_head_dim: int | None = Field(default=None, gt=0)
     num_global_key_value_heads: int | None = Field(default=None, gt=0)
     num_kv_shared_layers: int = Field(default=0, ge=0)
+    #: Gemma 3n's layers whose FFN sparsifies its activation (``activation_sparsity_pattern`` above 0: its first 10)
+    sparse_ffn_layers: int = Field(default=0, ge=0)
     supports_sdpa: bool = True             # False: the model class refuses attn_implementation="sdpa" (eager / flash only)
     #: the config's layer types that carry a recurrent state along the sequence (Qwen3-Next's "linear_attention"): a
     #: sequence split restarts that state on every rank, so accelerate refuses Ulysses on them

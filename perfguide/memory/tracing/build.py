@@ -23,7 +23,7 @@ DEPTH_KEYS: tuple[tuple[str, ...], ...] = (
 #: Keys that make blocks differ along depth in a way a prefix of the stack cannot represent.
 HETEROGENEOUS_KEYS: tuple[str, ...] = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq", "decoder_sparse_step", "no_rope_layers")
 #: Per-layer lists that must be cut to the traced depth.
-PER_LAYER_KEYS: tuple[str, ...] = ("layer_types", "mlp_layer_types")
+PER_LAYER_KEYS: tuple[str, ...] = ("layer_types", "mlp_layer_types", "intermediate_size", "activation_sparsity_pattern")   # the last two: Gemma 3n
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "bfloat16", "nf4": "bfloat16"}
 LM_SUFFIXES = ("ForCausalLM", "ForMaskedLM", "ForConditionalGeneration", "LMHeadModel", "ForPreTraining")
