@@ -214,7 +214,7 @@ def _exaone4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
 
 def _gemma4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
     """Gemma 3's block plus an RMSNorm without weight on the values and a scalar on the block's output, its per-layer
-    widths priced as the mean layer's (model/attention_widths.py). Both blocks full attention at the sliding layers'
+    widths priced as the mean layer's (model/layer_widths.py). Both blocks full attention at the sliding layers'
     widths: the config class makes the last layer full, so a sliding pair traces a second layer kind's rotary tables
     into the difference (2 B per h more at the checkpoint boundary); a sliding block and a full one whose keys double
     as values save the same bytes per token in 16 bits (the value norm reads the key projection's saved output). No
@@ -222,6 +222,13 @@ def _gemma4(d: Dims, drop: float = 0.0) -> dict[str, Any]:
     return {**_llama(d, drop), "model_type": "gemma4_text", "layer_types": ["full_attention"] * 2, "global_head_dim": 16,
             "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": VOCAB, "pad_token_id": 0, "eos_token_id": 1,
             "bos_token_id": 2}
+
+
+def _gemma4_ple(d: Dims, drop: float = 0.0) -> dict[str, Any]:
+    """Gemma-4 with per-layer embeddings at the class default (256 wide, the E2B / E4B's): each layer gates its hidden
+    state down to them, multiplies in its slice of the per-layer inputs (computed before the first block, b x s x
+    layers x 256) and projects back; a layer's share of those inputs is in the one-minus-two-block difference."""
+    return {**_gemma4(d, drop), "hidden_size_per_layer_input": 256}
 
 
 def _gemma3n(d: Dims, drop: float = 0.0, sparsity: float = 0.0) -> dict[str, Any]:
@@ -243,10 +250,11 @@ def sparse_ffn_terms(regime: dict[str, Any]) -> tuple[float, float]:
     return (round((full[1] - full[0]) / BASE["i"], 3), round((frozen[1] - frozen[0]) / BASE["i"], 3))
 
 
-def ckpt_with_constant(regime: dict[str, Any]) -> dict[str, float]:
-    """Gemma 3n's checkpoint boundary per token per block: AltUp's four copies of the block input (per h) and a part
-    no width of the fit moves (the layer's 256-wide per-layer input and AltUp's router state), from two hidden sizes."""
-    a, b = (token_slope(_gemma3n({**BASE, "h": h}), regime, gradient_checkpointing=True) for h in (BASE["h"], 2 * BASE["h"]))
+def ckpt_with_constant(build: Callable[..., dict[str, Any]], regime: dict[str, Any]) -> dict[str, float]:
+    """A checkpoint boundary per token per block with a part no width of the fit moves, from two hidden sizes: the
+    layer's 256-wide per-layer input (Gemma 3n, Gemma-4's E2B / E4B) and AltUp's router state (Gemma 3n, whose block
+    input is four copies of the hidden state)."""
+    a, b = (token_slope(build({**BASE, "h": h}), regime, gradient_checkpointing=True) for h in (BASE["h"], 2 * BASE["h"]))
     per_h = (b - a) / BASE["h"]
     return {"h": round(per_h, 3), "1": round(a - per_h * BASE["h"], 3)}
 
@@ -294,6 +302,7 @@ FAMILIES: dict[str, tuple[Callable[..., dict[str, Any]], tuple[str, ...]]] = {
     "exaone4": (_exaone4, ("h", "i", "q", "kv")),
     # stop 73: Gemma 4 priced through Gemma 3's table at the config's head_dim, 0.94 of Gemma-4-31B's traced block
     "gemma4_text": (_gemma4, ("h", "i", "q", "kv")),
+    "gemma4_ple": (_gemma4_ple, ("h", "i", "q", "kv")),
     # stop 73 (bench/family_audit.py): Gemma 3n priced through the generic (llama) table, 0.45 of its traced block at
     # its class-default widths (AltUp, LAuReL, per-layer embeddings)
     "gemma3n_text": (_gemma3n, ("h", "i", "q", "kv")),
@@ -511,9 +520,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tracing {name} ...", flush=True)
         regimes, notes = fit_family(name)
         remarks += notes
+        if name in ("gemma3n_text", "gemma4_ple"):
+            for regime, kw in REGIMES.items():
+                regimes[regime]["ckpt_per_token"] = ckpt_with_constant(FAMILIES[name][0], kw)
         if name == "gemma3n_text":   # its sparse layers' excess per FFN unit: the ``is`` dim
             for regime, kw in REGIMES.items():
-                regimes[regime]["ckpt_per_token"] = ckpt_with_constant(kw)
                 full, frozen = sparse_ffn_terms(kw)
                 regimes[regime]["per_token"]["is"] = full
                 if frozen:

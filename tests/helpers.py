@@ -334,6 +334,34 @@ def block_saved_bytes(config: dict[str, Any], batch: int, seq: int, attn_impleme
     return saved_in_block(model, blocks[1], torch.randint(0, hf_config.vocab_size, (batch, seq)))
 
 
+def model_saved_bytes(config: dict[str, Any], layers: int, batch: int, seq: int) -> int:
+    """Bytes of the storages a real bf16 model of ``config`` cut to ``layers`` layers saves for backward in one training
+    forward (CPU, SDPA, ``saved_tensors_hooks``; parameters left out): two depths differenced give what one more layer
+    adds, with its share of what the model computes for every layer before the first block (Gemma's per-layer
+    embeddings), which ``block_saved_bytes`` leaves out."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cut = {**config, "num_hidden_layers": layers}
+    for key in ("layer_types", "intermediate_size", "activation_sparsity_pattern"):   # per-layer lists
+        if isinstance(config.get(key), list):
+            cut[key] = config[key][:layers]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cut), attn_implementation="sdpa",
+                                                          dtype=torch.bfloat16).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: Any) -> Any:
+        if t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, cut["vocab_size"], (batch, seq))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, labels=ids, use_cache=False)
+    return sum(seen.values())
+
+
 def saved_in_block(model: Any, block: Any, ids: Any, autocast: bool = False) -> int:
     """Bytes of the storages ``block`` saves for backward in one training forward of ``model`` on ``ids`` (bf16
     autocast on CPU if asked): the parameters, and what earlier blocks saved first (the rotary cos / sin every block

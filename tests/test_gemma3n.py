@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import model_saved_bytes
 
 from perfguide.memory.activations import layer_bytes, spec_family
 from perfguide.memory.inference import grown_kv_bytes
@@ -30,31 +31,6 @@ def _priced(config: dict[str, Any], batch: int, seq: int) -> int:
     return layer_bytes(spec_from_any(config), setup)
 
 
-def _model_saved(config: dict[str, Any], layers: int, batch: int) -> int:
-    """Bytes of the storages a real bf16 model of ``layers`` layers saves for backward in one training forward (CPU,
-    SDPA, ``saved_tensors_hooks``; parameters left out)."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    cut = {**config, "num_hidden_layers": layers, "layer_types": config["layer_types"][:layers],
-           "intermediate_size": config["intermediate_size"][:layers],
-           "activation_sparsity_pattern": config["activation_sparsity_pattern"][:layers]}
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**cut), attn_implementation="sdpa",
-                                                          dtype=torch.bfloat16).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t: Any) -> Any:
-        if t.untyped_storage().data_ptr() not in params:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    ids = torch.randint(0, 512, (batch, S))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids, use_cache=False)
-    return sum(seen.values())
-
-
 @pytest.mark.parametrize("sparsity", [0.0, 0.95], ids=["dense-ffn", "sparse-ffn"])
 def test_priced_layer_is_what_a_real_layer_adds(sparsity: float) -> None:
     """What one more layer adds to a real bf16 model's saved bytes on CPU (two layers minus one, two batch sizes, no
@@ -63,7 +39,7 @@ def test_priced_layer_is_what_a_real_layer_adds(sparsity: float) -> None:
     config = {**TINY, "activation_sparsity_pattern": [sparsity] * 2}
     assert spec_family(spec_from_any(config)) == "gemma3n_text"
     priced = (_priced(config, 2 * B, S) - _priced(config, B, S)) / (B * S)
-    saved = [_model_saved(config, 2, b) - _model_saved(config, 1, b) for b in (B, 2 * B)]
+    saved = [model_saved_bytes(config, 2, b, S) - model_saved_bytes(config, 1, b, S) for b in (B, 2 * B)]
     # within 0.1%: the sparse layer on CPU keeps 2 B per token more than the tracer fitted (of 18,186)
     assert priced == pytest.approx((saved[1] - saved[0]) / (B * S), rel=1e-3)
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import block_saved_bytes
+from helpers import block_saved_bytes, model_saved_bytes
 
-from perfguide.memory.activations import layer_bytes, spec_family
+from perfguide.memory.activations import block_dims, layer_bytes, spec_family
 from perfguide.memory.inference import grown_kv_bytes
 from perfguide.model import spec_from_any
-from perfguide.model.attention_widths import kv_elements, layer_widths, mean_widths
+from perfguide.model.layer_widths import kv_elements, layer_widths, mean_widths
 from perfguide.setup import Setup
 
 B, S = 2, 32
@@ -92,3 +92,25 @@ def test_shared_kv_layers_store_nothing() -> None:
     assert spec.cache_layer_types()[-2:] == ("dummy", "dummy")
     assert [kv for _, kv in layer_widths(spec)] == [64, 128, 64, 128, 0, 0]
     assert grown_kv_bytes(spec, 1, 10, 2) == 2 * 10 * 2 * (64 + 128 + 64 + 128)
+
+
+def test_per_layer_embeddings_take_their_table() -> None:
+    """The E2B / E4B's per-layer embeddings (256 wide, the class default): each layer gates its hidden state down to
+    them, multiplies in its slice of the per-layer inputs and projects back. What one more layer adds to a real bf16
+    model on CPU (two layers minus one, two batch sizes: the layer's share of the inputs computed before the first block
+    included), full-attention layers at widths no fit used."""
+    config = {**FULL, "hidden_size_per_layer_input": 256}
+    assert spec_family(spec_from_any(config)) == "gemma4_ple"
+    priced = (_priced(config, 2 * B, S) - _priced(config, B, S)) / (B * S)
+    saved = [model_saved_bytes(config, 2, b, S) - model_saved_bytes(config, 1, b, S) for b in (B, 2 * B)]
+    assert priced == pytest.approx((saved[1] - saved[0]) / (B * S), rel=0.015)
+
+
+def test_double_wide_mlp_in_shared_kv_layers() -> None:
+    """``use_double_wide_mlp``: the layers that reuse K/V run an MLP twice as wide (Gemma4TextMLP); 2 of 6 here, so
+    the mean layer's FFN is (4 x 512 + 2 x 1024) / 6 wide."""
+    config = {"model_type": "gemma4_text", "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6,
+              "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "global_head_dim": 128,
+              "vocab_size": 1000, "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "sliding_window": 512,
+              "hidden_size_per_layer_input": 0, "layer_types": ["sliding_attention", "full_attention"] * 3}
+    assert block_dims(spec_from_any(config))["i"] == round((4 * 512 + 2 * 1024) / 6)

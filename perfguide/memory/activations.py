@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 
-from ..model.attention_widths import layer_widths, mean_widths, uniform
+from ..model.layer_widths import layer_widths, mean_ffn_width, mean_widths, uniform
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
@@ -42,7 +42,7 @@ def regime(setup: Setup) -> RegimeName:
 
 
 @lru_cache(maxsize=256)
-def family_name(family: str, model_type: str = "", moe: bool = False, mla: bool = False) -> str:
+def family_name(family: str, model_type: str = "", moe: bool = False, mla: bool = False, per_layer_inputs: bool = False) -> str:
     """The activations.json family a model resolves to, following aliases and ``same_as``. An unknown type takes the
     generic table of its structure: generic (dense), generic_moe (a mixture of experts: a dense table has no term for
     the router, the routed copies or the top-k indices, so an unknown MoE type priced as dense kept 0.46-0.85x its
@@ -53,7 +53,7 @@ def family_name(family: str, model_type: str = "", moe: bool = False, mla: bool 
     # the HF model_type is the more specific key (OPT's ReLU block is BERT-like, not GPT-2's gelu_new)
     candidates = [n if n in families else aliases.get(n) for n in (model_type, family) if n != "generic"]
     name = next((n for n in candidates if n), "generic" + "_mla" * mla + "_moe" * moe)
-    name = (moe and families[name].moe) or name
+    name = (moe and families[name].moe) or (per_layer_inputs and families[name].per_layer_inputs) or name
     seen = {name}
     while (target := families[name].same_as) is not None and target not in seen:
         name = target
@@ -83,7 +83,8 @@ def spec_family(spec: ModelSpec) -> str:
     """The activations.json family of ``spec``: ``family_name``, or its gated variant (``<family>-gated``) where an
     encoder-decoder's config names a gated FFN (``feed_forward_proj: gated-gelu``, read into ``ModelSpec.gated_mlp``:
     T5 v1.1, Flan-T5, T0, mT5), whose two input projections and gelu_new chain keep more per d_ff unit than v1.0's ReLU."""
-    name = family_name(spec.family, spec.model_type, moe=spec.is_moe, mla=spec.is_mla)
+    name = family_name(spec.family, spec.model_type, moe=spec.is_moe, mla=spec.is_mla,
+                       per_layer_inputs=spec.hidden_size_per_layer_input > 0)
     gated = f"{name}-gated"
     return gated if spec.is_encoder_decoder and spec.gated_mlp and gated in activations_data().families else name
 
@@ -99,10 +100,10 @@ def block_dims(spec: ModelSpec) -> dict[str, int]:
     moe = spec.num_experts > 1
     k = spec.num_experts_per_tok if moe else 0
     mla = spec.is_mla   # latent attention (family mla, scripts/fit_mla.py): its ranks and value width; 0 elsewhere
-    q, kv = mean_widths(spec)   # the mean layer's: Gemma-4's full-attention layers are wider (model/attention_widths.py)
+    q, kv = mean_widths(spec)   # the mean layer's: Gemma-4's full-attention layers are wider (model/layer_widths.py)
     return {
         "h": spec.hidden_size,
-        "i": spec.active_intermediate_size,
+        "i": mean_ffn_width(spec),
         "q": q,
         "kv": kv,
         "1": 1,
@@ -154,7 +155,7 @@ def layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False
 
 def widest_layer_excess(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:
     """What the depth's widest layer keeps beyond the mean layer ``layer_bytes`` prices, for a model whose layers differ
-    in width (model/attention_widths.py): a recomputed block's peak is one block's, not the mean's. Gemma-4-31B's full
+    in width (model/layer_widths.py): a recomputed block's peak is one block's, not the mean's. Gemma-4-31B's full
     layers keep 1.2x its mean layer (traced at its released widths)."""
     if uniform(spec):
         return 0

@@ -110,6 +110,8 @@ class Family(DataModel):
     #: the family a MoE release of this model type takes (Gemma-4 builds its 26B-A4B MoE and its 31B dense from one
     #: model_type, gemma4_text)
     moe: str | None = None
+    #: the family a release with per-layer embeddings takes (Gemma-4's E2B / E4B: the 26B-A4B and 31B have none)
+    per_layer_inputs: str | None = None
 
 
 class Dropout(DataModel):

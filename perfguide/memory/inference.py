@@ -13,9 +13,9 @@ from typing import Literal
 
 from .._data import DataModel, Fact, fact_value, validated
 from ..hardware.types import Hardware
-from ..model.attention_widths import kv_elements
 from ..model.catalog import catalog_file
 from ..model.code import built_by
+from ..model.layer_widths import kv_elements
 from ..model.linears import linear_shapes
 from ..model.recurrent import STATE_ONLY
 from ..model.types import ModelSpec

@@ -208,7 +208,9 @@ def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any
     default = _first_int(config, ("head_dim",)) if isinstance(per_layer, dict) else 512
     return {"global_head_dim": _first_int(config, ("global_head_dim",)) or entry.get("head_dim") or default,
             "num_global_key_value_heads": kv or entry.get("num_key_value_heads"),
-            "num_kv_shared_layers": _first_int(config, ("num_kv_shared_layers",)) or 0}
+            "num_kv_shared_layers": _first_int(config, ("num_kv_shared_layers",)) or 0,
+            "hidden_size_per_layer_input": _first_int(config, ("hidden_size_per_layer_input",)) or 0,
+            "double_wide_shared_mlp": bool(config.get("use_double_wide_mlp"))}
 
 
 def head_fields(config: dict[str, Any]) -> dict[str, Any]:

@@ -152,6 +152,10 @@ class ModelSpec(Model):
     global_head_dim: int | None = Field(default=None, gt=0)
     num_global_key_value_heads: int | None = Field(default=None, gt=0)
     num_kv_shared_layers: int = Field(default=0, ge=0)
+    #: Gemma-4's per-layer embeddings (E2B / E4B: a 256-wide input each layer adds through a gate and a projection; 0:
+    #: none) and its MLPs twice as wide in the layers that reuse K/V (``use_double_wide_mlp``)
+    hidden_size_per_layer_input: int = Field(default=0, ge=0)
+    double_wide_shared_mlp: bool = False
     #: Gemma 3n's layers whose FFN sparsifies its activation (``activation_sparsity_pattern`` above 0: its first 10)
     sparse_ffn_layers: int = Field(default=0, ge=0)
     supports_sdpa: bool = True             # False: the model class refuses attn_implementation="sdpa" (eager / flash only)

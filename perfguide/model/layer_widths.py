@@ -1,4 +1,4 @@
-"""Each decoder layer's attention widths, where they differ along depth.
+"""Each decoder layer's widths, where they differ along depth (attention heads and widths, the FFN).
 
 Why per layer: Gemma-4's full-attention layers are twice as wide per head (``global_head_dim`` 512 against 256) with
 fewer K/V heads (``num_global_key_value_heads``), and its small releases' last layers reuse earlier layers' K/V. A block
@@ -55,3 +55,12 @@ def kv_elements(spec: ModelSpec, kv_heads: int | None = None) -> tuple[int, ...]
             heads = max(1, heads * kv_heads // spec.num_key_value_heads)
         out.append(2 * heads * head)
     return tuple(out)
+
+
+def mean_ffn_width(spec: ModelSpec) -> int:
+    """The mean layer's FFN width: ``active_intermediate_size``, where Gemma-4's ``use_double_wide_mlp`` doubles the
+    MLP of each layer that reuses K/V (Gemma4TextMLP), at their share of the depth."""
+    if not (spec.double_wide_shared_mlp and spec.num_kv_shared_layers):
+        return spec.active_intermediate_size
+    layers = len(spec.attention_layer_types())
+    return round(spec.active_intermediate_size * (layers + min(spec.num_kv_shared_layers, layers)) / layers)
