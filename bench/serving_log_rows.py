@@ -110,6 +110,11 @@ ROWS: tuple[LogRow, ...] = (
            "same service): Available KV cache memory 6.01 GiB -> GPU KV cache size", "vllm", "0.24.0", "kv_tokens", 569878,
            "github.com/noonghunna/club-3090/issues/652", kv_gib=6.01, graphs_in_budget=True,
            serving=dict(max_model_len=131072, kv_cache_dtype="fp8", enable_prefix_caching=True, max_num_seqs=1, max_num_batched_tokens=8192)),
+    LogRow("google/gemma-4-31B-it", "Gemma-4-31B-it AWQ 4-bit (cyankiwi), A100 80GB, util 0.90: '~50 GB' of KV -> '~525k tokens' "
+           "(both rounded by the issue; 10 full layers of 4 K/V heads of 512 beside 50 sliding of 16 of 256; max_model_len the "
+           "model's 262,144 and 2048 batched tokens: defaults, inferred)", "vllm", "0.21.0", "kv_tokens", 525000,
+           "github.com/vllm-project/vllm/issues/43308", kv_gib=50.0 * 1e9 / 1024**3,
+           serving=dict(max_model_len=262144, max_num_batched_tokens=2048)),
     LogRow("openai/gpt-oss-120b", "gpt-oss-120b MXFP4 (MoE), H100, TP1", "vllm", "0.10.1", "weights", 65.9651,
            "github.com/vllm-project/vllm/issues/23278", serving=dict(weight_format="mxfp4")),
     LogRow("openai/gpt-oss-120b", "gpt-oss-120b MXFP4 (MoE), H100, TP1", "vllm", "0.14.1", "weights", 64.38,

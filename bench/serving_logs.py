@@ -49,7 +49,8 @@ def predict(row: LogRow) -> float:
         assert row.kv_gib is not None
         pool = engine.pool_layout(spec, serving)
         blocks = int(row.kv_gib * GiB) // int(pool.page_bytes * pool.group)
-        if pool.states:   # a hybrid's pool, logged as its concurrency x max_model_len (vLLM 0.2x)
+        if pool.states or pool.per_request != -(-serving.max_model_len // pool.block_size):
+            # a hybrid's pool (recurrent states, or sliding and full groups), logged as its concurrency x max_model_len
             return int(blocks / pool.per_request * serving.max_model_len)
         return blocks * pool.block_size
     assert row.gpu is not None

@@ -114,3 +114,18 @@ def test_double_wide_mlp_in_shared_kv_layers() -> None:
               "vocab_size": 1000, "num_kv_shared_layers": 2, "use_double_wide_mlp": True, "sliding_window": 512,
               "hidden_size_per_layer_input": 0, "layer_types": ["sliding_attention", "full_attention"] * 3}
     assert block_dims(spec_from_any(config))["i"] == round((4 * 512 + 2 * 1024) / 6)
+
+
+def test_vllm_pages_each_layer_kind_at_one_size() -> None:
+    """vLLM's hybrid allocator gives Gemma-4-31B's sliding and full layers pages of one size
+    (kv_cache_utils.unify_kv_cache_spec_page_size): 16 positions of a sliding layer (2 x 16 K/V heads x 256, bf16) make
+    the page, so a full layer's block (2 x 4 x 512) holds 32. Layers fall in groups of 10 (the full layers' count): a
+    262,144-token request takes 262,144 / 32 blocks in the full group and cdiv(1,023 + 2,048, 16) + 1 in each of the 5
+    sliding groups. Field: vllm-project/vllm#43308 (bench/results/serving.md)."""
+    from perfguide.engines import get
+    from perfguide.setup import ServingSetup
+
+    serving = ServingSetup(engine="vllm", max_model_len=262_144, max_num_batched_tokens=2048)
+    pool = get("vllm").pool_layout(spec_from_any("google/gemma-4-31B-it"), serving)
+    assert (pool.page_bytes, pool.group) == (16 * 2 * 16 * 256 * 2, 10)
+    assert pool.per_request == 262_144 // 32 + 5 * (-(-3071 // 16) + 1)

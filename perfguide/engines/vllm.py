@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from ..hardware.types import GPU, Hardware
 from ..memory.overhead import cuda_context_bytes
 from ..memory.serving import HALF, has_state_pages, rank_weight_bytes, rope_cache_bytes, state_page_bytes
+from ..model.layer_widths import kv_elements, uniform
 from ..model.types import ModelSpec
 from ..setup import ServingSetup
 from .base import Flag, Pool, ServerEngine
@@ -95,12 +96,24 @@ class VLLM(ServerEngine):
         slide = sum(1 for k in kinds if k == "sliding_attention")
         if not slide or spec.sliding_window is None:
             return whole
-        full, block = len(kinds) - slide, whole.block_size
+        full, block = sum(1 for k in kinds if k not in ("sliding_attention", "dummy")), whole.block_size
         group = min(c for c in (full, slide) if c)
+        page, full_block, slide_block = whole.page_bytes, block, block
+        if not uniform(spec):
+            # kinds of their own widths (Gemma 4's full layers: 2 K/V heads of 512 beside 8 of 256) get pages of one
+            # size (kv_cache_utils.unify_kv_cache_spec_page_size): the narrower kind's blocks hold more tokens; a layer
+            # that reuses another's K/V ("dummy") has none
+            dtype = 1 if serving.kv_cache_dtype == "fp8" else HALF
+            heads = max(1, spec.num_key_value_heads // serving.tensor_parallel_size)
+            widths = {k: n * dtype for k, n in zip(kinds, kv_elements(spec, heads)) if k != "dummy"}
+            page = block * max(widths.values())
+            full_block = page // max((v for k, v in widths.items() if k != "sliding_attention"), default=page // block)
+            slide_block = page // widths["sliding_attention"]
         window = min(spec.sliding_window - 1 + serving.max_num_batched_tokens, serving.max_model_len)
-        per_request = (math.ceil(full / group) * math.ceil(serving.max_model_len / block)
-                       + math.ceil(slide / group) * (math.ceil(window / block) + 1))
-        return whole._replace(group=group, per_request=per_request)
+        per_request = (math.ceil(full / group) * math.ceil(serving.max_model_len / full_block)
+                       + math.ceil(slide / group) * (math.ceil(window / slide_block) + 1))
+        return whole._replace(page_bytes=page, group=group, per_request=per_request)
+
 
     def args(self, model: str, serving: ServingSetup) -> dict[str, Any]:
         """Kwargs for ``vllm.LLM(**kw)`` / ``EngineArgs(**kw)``; data_parallel_size > 1 is for ``vllm serve``."""

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from .._base import GiB, Model
 from .._serving_data import EngineFacts, serving_facts
+from ..model.layer_widths import kv_elements, uniform
 from ..model.quantized import ignored_modules
 from ..model.types import Linears, ModelSpec, derived, linear_weight_count
 from ..setup import ServingSetup
@@ -103,7 +104,11 @@ def kv_bytes_per_token(spec: ModelSpec, serving: ServingSetup) -> int:
     if mla is not None:
         return layers * (_mla_bytes_per_layer(spec, *mla, fp8=dtype == 1) + indexer_bytes_per_layer(spec))
     heads = max(1, spec.num_key_value_heads // serving.tensor_parallel_size)
-    return layers * 2 * heads * spec.head_dim * dtype
+    if uniform(spec):
+        return layers * 2 * heads * spec.head_dim * dtype
+    # Gemma's layers at their own widths (model/layer_widths.py), this stage's share of them
+    per_layer = kv_elements(spec, heads)   # each layer that share of its own heads, at least one
+    return math.ceil(sum(per_layer) * dtype * layers / len(per_layer))
 
 
 def has_state_pages(spec: ModelSpec) -> bool:
