@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from functools import lru_cache
 
-from ..model.layer_widths import layer_widths, mean_ffn_width, mean_widths, uniform
+from ..model.layer_widths import layer_ffn_widths, layer_widths, mean_ffn_width, mean_widths, uniform
 from ..model.types import ModelSpec
 from ..setup import QUANTIZED, Setup
 from .activations_data import Dim, Regime, RegimeName, activations_data
@@ -161,7 +161,8 @@ def widest_layer_excess(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool
         return 0
     dims = block_dims(spec)
     mean = _layer_bytes(spec, setup, keeps_frozen_inputs, dims)
-    return max(_layer_bytes(spec, setup, keeps_frozen_inputs, {**dims, "q": q, "kv": kv}) for q, kv in set(layer_widths(spec))) - mean
+    kinds = set(zip(layer_widths(spec), layer_ffn_widths(spec)))
+    return max(_layer_bytes(spec, setup, keeps_frozen_inputs, {**dims, "q": q, "kv": kv, "i": i}) for (q, kv), i in kinds) - mean
 
 
 def ffn_layer_bytes(spec: ModelSpec, setup: Setup, keeps_frozen_inputs: bool = False) -> int:

@@ -57,10 +57,19 @@ def kv_elements(spec: ModelSpec, kv_heads: int | None = None) -> tuple[int, ...]
     return tuple(out)
 
 
+def layer_ffn_widths(spec: ModelSpec) -> tuple[int, ...]:
+    """Each layer's FFN width: ``active_intermediate_size``, twice it in a layer that reuses K/V where Gemma-4's
+    ``use_double_wide_mlp`` is set (Gemma4TextMLP)."""
+    kinds = spec.attention_layer_types()
+    first_shared = len(kinds) - min(spec.num_kv_shared_layers, len(kinds))
+    double = 2 if spec.double_wide_shared_mlp else 1
+    return tuple(spec.active_intermediate_size * (double if i >= first_shared else 1) for i in range(len(kinds)))
+
+
 def mean_ffn_width(spec: ModelSpec) -> int:
     """The mean layer's FFN width: ``active_intermediate_size``, where Gemma-4's ``use_double_wide_mlp`` doubles the
     MLP of each layer that reuses K/V (Gemma4TextMLP), at their share of the depth."""
     if not (spec.double_wide_shared_mlp and spec.num_kv_shared_layers):
         return spec.active_intermediate_size
-    layers = len(spec.attention_layer_types())
-    return round(spec.active_intermediate_size * (layers + min(spec.num_kv_shared_layers, layers)) / layers)
+    widths = layer_ffn_widths(spec)
+    return round(sum(widths) / len(widths))
