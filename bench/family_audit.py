@@ -80,6 +80,10 @@ EXTRA: dict[str, dict[str, Any]] = {"gpt_neo": {"attention_types": [[["global", 
                                     "gemma4_text": {"global_head_dim": 32, "num_global_key_value_heads": 2,
                                                     "attention_k_eq_v": True, "vocab_size_per_layer_input": 512,
                                                     "hidden_size_per_layer_input": 0, "layer_types": ["full_attention"] * 2},
+                                    # Gemma-4-12B (gemma4_unified: Gemma 4's block without per-layer embeddings or
+                                    # MoE, which its class refuses to set), as Gemma 4
+                                    "gemma4_unified_text": {"global_head_dim": 32, "num_global_key_value_heads": 2,
+                                                            "attention_k_eq_v": True, "layer_types": ["full_attention"] * 2},
                                     # Gemma 3n (E2B / E4B): no layer reusing another's K/V (the class's default 15
                                     # exceed the tiny depth), the per-layer embeddings' table shrunk with the
                                     # vocabulary, both blocks full

@@ -129,3 +129,11 @@ def test_vllm_pages_each_layer_kind_at_one_size() -> None:
     pool = get("vllm").pool_layout(spec_from_any("google/gemma-4-31B-it"), serving)
     assert (pool.page_bytes, pool.group) == (16 * 2 * 16 * 256 * 2, 10)
     assert pool.per_request == 262_144 // 32 + 5 * (-(-3071 // 16) + 1)
+
+
+def test_gemma4_12b_takes_gemma4s_table() -> None:
+    """Gemma-4-12B (transformers' gemma4_unified: Gemma 4's block without per-layer embeddings or MoE) was priced by the
+    generic table at 0.19 of its traced block (bench/family_audit.py, stop 73); it shares gemma4_text and its layer
+    widths (FULL's, as gemma4_unified_text)."""
+    spec = spec_from_any({**FULL, "model_type": "gemma4_unified_text"})
+    assert spec_family(spec) == "gemma4_text" and spec.global_head_dim == 32

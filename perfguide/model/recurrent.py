@@ -16,8 +16,10 @@ Also read here, for the memory model (memory/linear_attention.py): each Mamba-2 
 (``MAMBA2_TYPES``), Nemotron-H's four layer kinds (``nemotron_kinds``), and the Mamba-2 out-projection LoRA cannot adapt
 (``FUSED_OUT_PROJ``).
 
-A config whose recurrent layers this module cannot size (Jamba's Mamba-1, Kimi-Linear, MiniMax's lightning attention)
-gets no layer types from it: every layer is then priced as full attention, an upper bound. Plain dict reading.
+* Jamba's Mamba-1: conv channels ``mamba_expand x hidden`` over ``mamba_d_conv``; recurrent ``channels x mamba_d_state``.
+
+A config whose recurrent layers this module cannot size (Kimi-Linear, MiniMax's lightning attention) gets no layer types
+from it: every layer is then priced as full attention, an upper bound at long context. Plain dict reading.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _DELTANET = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_he
 _GRANITE_SPELLING = ("mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_chunk_size")
 _NEMOTRON_SPELLING = ("mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
 _MAMBA2 = (_GRANITE_SPELLING, _NEMOTRON_SPELLING)
+#: Jamba's Mamba-1 keys: (expand, hidden, state, conv kernel)
+_MAMBA1 = ("mamba_expand", "hidden_size", "mamba_d_state", "mamba_d_conv")
 #: the Mamba-2 hybrids' spelling and their config class's default chunk (transformers 5.24)
 MAMBA2_TYPES: dict[str, tuple[tuple[str, ...], int]] = {
     "granitemoehybrid": (_GRANITE_SPELLING, 256), "bamba": (_GRANITE_SPELLING, 256),
@@ -63,6 +67,10 @@ def state_shape(config: dict[str, Any]) -> tuple[int, int, int] | None:
         if mamba:
             heads, head_dim, state, groups, kernel = mamba
             return heads * head_dim + 2 * groups * state, kernel, heads * head_dim * state
+    mamba1 = positive_ints(config, _MAMBA1)
+    if mamba1:   # Jamba's Mamba-1 mixer: conv and state over expand x hidden channels (JambaMambaMixer)
+        expand, hidden, state, kernel = mamba1
+        return expand * hidden, kernel, expand * hidden * state
     conv = positive_ints(config, ("hidden_size", "conv_L_cache"))
     return (conv[0], conv[1], 0) if conv else None
 
@@ -96,6 +104,11 @@ def derived_types(config: dict[str, Any], model_type: str, layers: int) -> list[
     if model_type.startswith("lfm2"):
         found = _from_indices(layers, config.get("full_attn_idxs"))
         return None if found is None else ["conv" if t == "linear_attention" else t for t in found]
+    if model_type == "jamba":   # JambaConfig.layers_block_type: attention where i % period == offset, else Mamba-1
+        period, offset = config.get("attn_layer_period", 8), config.get("attn_layer_offset", 4)
+        if not (isinstance(period, int) and isinstance(offset, int) and period > 0):
+            return None
+        return ["full_attention" if i % period == offset else "linear_attention" for i in range(layers)]
     if model_type == "nemotron_h":
         kinds = nemotron_kinds(config, layers)
         return None if kinds is None else [_ALIASES[k] for k in kinds]
