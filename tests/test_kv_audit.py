@@ -41,3 +41,21 @@ def test_audit_reaches_an_attention_layer_of_a_hybrid(model_type: str) -> None:
 
     row = audit(model_type)
     assert row["real"] > 0 and row["priced"] == row["real"]
+
+
+def test_mimo_cache_reads_its_wider_sliding_layers_and_narrower_values() -> None:
+    """MiMo-V2-Flash's attention (MiMoV2FlashAttention): the sliding layers hold twice the K/V heads, and values are
+    v_head_dim wide beside keys of head_dim. Its released shape (48 layers, layer 0 and every 6th full, 4 K/V heads,
+    keys 192, values 128, a 128-token window written as ``sliding_window_size``): per sequence of 10,000 positions in
+    bf16, 9 full layers x 4 x (192 + 128) x 10,000 + 39 sliding x 8 x 320 x 128 (the window plus the query, less one)."""
+    from perfguide.memory.inference import grown_kv_bytes
+    from perfguide.model import spec_from_any
+
+    types = ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(48)]
+    spec = spec_from_any({"model_type": "mimo_v2_flash", "hidden_size": 4096, "intermediate_size": 16384,
+                          "num_hidden_layers": 48, "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192,
+                          "v_head_dim": 128, "sliding_window_size": 128, "layer_types": types, "vocab_size": 152576,
+                          "moe_intermediate_size": 2048, "n_routed_experts": 256, "num_experts_per_tok": 8})
+    full, sliding = types.count("full_attention"), types.count("sliding_attention")
+    assert (full, sliding) == (9, 39)
+    assert grown_kv_bytes(spec, 1, 10_000, 2) == 2 * (full * 4 * 320 * 10_000 + sliding * 8 * 320 * 128)

@@ -22,14 +22,16 @@ def layer_widths(spec: ModelSpec) -> tuple[tuple[int, int], ...]:
     for i, kind in enumerate(kinds):
         wide = spec.global_head_dim is not None and kind == "full_attention"
         head = spec.global_head_dim if wide and spec.global_head_dim else spec.head_dim
-        kv_heads = (spec.num_global_key_value_heads or spec.num_key_value_heads) if wide else spec.num_key_value_heads
+        kv_heads = (spec.num_global_key_value_heads or spec.num_key_value_heads) if wide else (
+            spec.sliding_key_value_heads if kind == "sliding_attention" and spec.sliding_key_value_heads else spec.num_key_value_heads)
         out.append((spec.num_attention_heads * head, 0 if i >= first_shared else kv_heads * head))
     return tuple(out)
 
 
 def uniform(spec: ModelSpec) -> bool:
-    """Every layer has the config's widths (every model but Gemma-4's)."""
-    return spec.global_head_dim is None and not spec.num_kv_shared_layers
+    """Every layer has the config's widths and values as wide as keys (every model but Gemma's and MiMo-V2-Flash's)."""
+    return (spec.global_head_dim is None and not spec.num_kv_shared_layers and spec.value_head_dim is None
+            and spec.sliding_key_value_heads is None)
 
 
 def mean_widths(spec: ModelSpec) -> tuple[int, int]:
@@ -53,7 +55,7 @@ def kv_elements(spec: ModelSpec, kv_heads: int | None = None) -> tuple[int, ...]
         heads = kv // head
         if kv_heads is not None and heads:
             heads = max(1, heads * kv_heads // spec.num_key_value_heads)
-        out.append(2 * heads * head)
+        out.append(heads * (head + (spec.value_head_dim or head)))   # keys, then values (MiMo's narrower)
     return tuple(out)
 
 

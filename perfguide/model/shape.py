@@ -130,6 +130,8 @@ def mla_fields(config: dict[str, Any]) -> dict[str, Any]:
 def _sliding_window(config: dict[str, Any]) -> int | None:
     """Qwen2/Qwen3 name a window but switch it off with ``use_sliding_window: false``."""
     window = config.get("sliding_window")
+    if window is None and isinstance(config.get("sliding_window_size"), int):   # MiMo-V2-Flash: the window plus the query
+        window = config["sliding_window_size"] + 1
     if config.get("use_sliding_window") is False or not isinstance(window, int) or isinstance(window, bool) or window <= 0:
         return None
     return window
@@ -187,7 +189,7 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
 
 
 def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """Gemma 3n's and Gemma-4's layers that reuse earlier layers' K/V (the last ``num_kv_shared_layers``), Gemma 3n's
+    """MiMo-V2-Flash's narrower values and wider sliding layers, Gemma 3n's and Gemma-4's layers that reuse earlier layers' K/V (the last ``num_kv_shared_layers``), Gemma 3n's
     sparse FFNs, and Gemma-4's full-attention layers (Gemma4TextConfig.__post_init__, transformers 5.24): those layers
     take ``global_head_dim`` (512 where the config omits it) and, where ``attention_k_eq_v`` (keys double as values),
     ``num_global_key_value_heads``. A config saved
@@ -199,6 +201,9 @@ def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any
         sparse = sum(1 for p in pattern if p) if isinstance(pattern, list) else 10 if layers > 10 else 0
         shared = config.get("num_kv_shared_layers", 15)   # Gemma3nTextConfig's default
         return {"num_kv_shared_layers": shared if isinstance(shared, int) else 0, "sparse_ffn_layers": sparse}
+    if model_type == "mimo_v2_flash":   # MiMoV2FlashAttention: values v_head_dim wide, sliding layers 2x the K/V heads
+        kv = _first_int(config, ("num_key_value_heads",))
+        return {"value_head_dim": _first_int(config, ("v_head_dim",)) or 128, "sliding_key_value_heads": 2 * kv if kv else None}
     if not model_type.startswith("gemma4"):
         return {}
     per_layer = config.get("per_layer_config")

@@ -152,6 +152,10 @@ class ModelSpec(Model):
     global_head_dim: int | None = Field(default=None, gt=0)
     num_global_key_value_heads: int | None = Field(default=None, gt=0)
     num_kv_shared_layers: int = Field(default=0, ge=0)
+    #: MiMo-V2-Flash's attention (non-latent): values narrower than keys (``v_head_dim``; None: ``head_dim``) and its
+    #: sliding layers' own K/V head count (twice ``num_key_value_heads``; None: the same)
+    value_head_dim: int | None = Field(default=None, gt=0)
+    sliding_key_value_heads: int | None = Field(default=None, gt=0)
     #: Gemma-4's per-layer embeddings (E2B / E4B: a 256-wide input each layer adds through a gate and a projection; 0:
     #: none) and its MLPs twice as wide in the layers that reuse K/V (``use_double_wide_mlp``)
     hidden_size_per_layer_input: int = Field(default=0, ge=0)
