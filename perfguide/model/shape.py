@@ -189,11 +189,12 @@ def attention_fields(config: dict[str, Any], model_type: str, layers: int) -> di
 
 
 def layer_width_fields(config: dict[str, Any], model_type: str) -> dict[str, Any]:
-    """MiMo-V2-Flash's narrower values and wider sliding layers, Gemma 3n's and Gemma-4's layers that reuse earlier layers' K/V (the last ``num_kv_shared_layers``), Gemma 3n's
-    sparse FFNs, and Gemma-4's full-attention layers (Gemma4TextConfig.__post_init__, transformers 5.24): those layers
-    take ``global_head_dim`` (512 where the config omits it) and, where ``attention_k_eq_v`` (keys double as values),
-    ``num_global_key_value_heads``. A config saved
-    by ``to_dict`` carries the result instead, as ``per_layer_config`` entries of its full-attention layers."""
+    """Layers that differ along depth (model/layer_widths.py): MiMo-V2-Flash's narrower values and wider sliding layers;
+    Gemma 3n's and Gemma-4's last ``num_kv_shared_layers`` layers, which reuse earlier layers' K/V; Gemma 3n's sparse
+    FFNs; Gemma-4's full-attention layers (Gemma4TextConfig.__post_init__, transformers 5.24), which take
+    ``global_head_dim`` (512 where the config omits it) and, where ``attention_k_eq_v`` (keys double as values),
+    ``num_global_key_value_heads``. A Gemma-4 config saved by ``to_dict`` carries the result instead, as
+    ``per_layer_config`` entries of its full-attention layers."""
     if model_type.startswith("gemma3n"):   # the same K/V sharing (Gemma3nTextConfig.kv_sharing_modes), one head width
         layers = _first_int(config, ("num_hidden_layers",)) or 0
         pattern = config.get("activation_sparsity_pattern")
