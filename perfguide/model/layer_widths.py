@@ -4,7 +4,9 @@ Why per layer: Gemma-4's full-attention layers are twice as wide per head (``glo
 fewer K/V heads (``num_global_key_value_heads``), and its small releases' last layers reuse earlier layers' K/V. A block
 table priced at the config's ``head_dim`` kept 0.94 of what Gemma-4-31B's blocks save on average, and a cache priced
 so holds twice the full layers' K/V. The saved bytes and the cache are linear in the widths, so the mean layer's
-widths price the stack exactly (``mean_widths``) and the cache sums its layers (``kv_elements``).
+widths price the stack exactly (``mean_widths``) and the cache sums its layers (``kv_elements``). Gemma 3n's shared
+layers likewise; MiMo-V2-Flash's sliding layers hold twice the K/V heads of its full ones, its values narrower than
+its keys.
 """
 
 from __future__ import annotations
