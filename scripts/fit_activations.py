@@ -313,6 +313,10 @@ EAGER_ONLY = frozenset({"bloom", "mpt"})
 #: families whose SDPA call runs the math path (heads broadcast without enable_gqa): fitted like EAGER_ONLY under
 #: SDPA, the s^2 part stored as sdpa_per_head_s2 and added to eager's excess, so eager_per_head_s2 is eager's whole term
 MATH_SDPA = frozenset({"falcon"})
+#: families whose checkpoint boundary has a part no fitted width moves (a per-layer input 256 wide): ``ckpt_with_constant``
+CKPT_CONSTANT = frozenset({"gemma3n_text", "gemma4_ple"})
+#: families whose first layers sparsify their FFN activation: the ``is`` dim (``sparse_ffn_terms``)
+SPARSE_FFN = frozenset({"gemma3n_text"})
 #: kv stays below q at every point: GQA and MHA models differ in which K/V copies SDPA keeps (fp32 expands them),
 #: and for MHA (q == kv) the GQA form gives the same total, so fitting on GQA shapes is exact for both.
 FAMILIES_FREE = {build: free for build, free in FAMILIES.values()}
@@ -520,11 +524,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tracing {name} ...", flush=True)
         regimes, notes = fit_family(name)
         remarks += notes
-        if name in ("gemma3n_text", "gemma4_ple"):
-            for regime, kw in REGIMES.items():
+        for regime, kw in REGIMES.items():
+            if name in CKPT_CONSTANT:
                 regimes[regime]["ckpt_per_token"] = ckpt_with_constant(FAMILIES[name][0], kw)
-        if name == "gemma3n_text":   # its sparse layers' excess per FFN unit: the ``is`` dim
-            for regime, kw in REGIMES.items():
+            if name in SPARSE_FFN:   # its sparse layers' excess per FFN unit: the ``is`` dim
                 full, frozen = sparse_ffn_terms(kw)
                 regimes[regime]["per_token"]["is"] = full
                 if frozen:

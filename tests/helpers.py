@@ -334,6 +334,14 @@ def block_saved_bytes(config: dict[str, Any], batch: int, seq: int, attn_impleme
     return saved_in_block(model, blocks[1], torch.randint(0, hf_config.vocab_size, (batch, seq)))
 
 
+def priced_layer_bytes(config: dict[str, Any], batch: int, seq: int) -> int:
+    """``memory.activations.layer_bytes`` of the spec read from ``config``: bf16 weights, training, at ``batch`` x ``seq``."""
+    from perfguide.memory.activations import layer_bytes
+
+    setup = Setup(task="train", micro_batch_size=batch, seq_len=seq, weights_dtype="bf16", optimizer="sgd")
+    return layer_bytes(ModelSpec.from_any(config), setup)
+
+
 def model_saved_bytes(config: dict[str, Any], layers: int, batch: int, seq: int) -> int:
     """Bytes of the storages a real bf16 model of ``config`` cut to ``layers`` layers saves for backward in one training
     forward (CPU, SDPA, ``saved_tensors_hooks``; parameters left out): two depths differenced give what one more layer

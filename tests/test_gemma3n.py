@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import model_saved_bytes
+from helpers import model_saved_bytes, priced_layer_bytes
 
 from perfguide.memory.activations import layer_bytes, spec_family
 from perfguide.memory.inference import grown_kv_bytes
@@ -26,11 +26,6 @@ TINY: dict[str, Any] = {"model_type": "gemma3n_text", "hidden_size": 96, "interm
                         "eos_token_id": 1, "bos_token_id": 2}
 
 
-def _priced(config: dict[str, Any], batch: int, seq: int) -> int:
-    setup = Setup(task="train", micro_batch_size=batch, seq_len=seq, weights_dtype="bf16", optimizer="sgd")
-    return layer_bytes(spec_from_any(config), setup)
-
-
 @pytest.mark.parametrize("sparsity", [0.0, 0.95], ids=["dense-ffn", "sparse-ffn"])
 def test_priced_layer_is_what_a_real_layer_adds(sparsity: float) -> None:
     """What one more layer adds to a real bf16 model's saved bytes on CPU (two layers minus one, two batch sizes, no
@@ -38,7 +33,7 @@ def test_priced_layer_is_what_a_real_layer_adds(sparsity: float) -> None:
     first block (b x s x layers x 256 wide), so a block's own saved tensors are 2,568 B per token short of it."""
     config = {**TINY, "activation_sparsity_pattern": [sparsity] * 2}
     assert spec_family(spec_from_any(config)) == "gemma3n_text"
-    priced = (_priced(config, 2 * B, S) - _priced(config, B, S)) / (B * S)
+    priced = (priced_layer_bytes(config, 2 * B, S) - priced_layer_bytes(config, B, S)) / (B * S)
     saved = [model_saved_bytes(config, 2, b, S) - model_saved_bytes(config, 1, b, S) for b in (B, 2 * B)]
     # within 0.1%: the sparse layer on CPU keeps 2 B per token more than the tracer fitted (of 18,186)
     assert priced == pytest.approx((saved[1] - saved[0]) / (B * S), rel=1e-3)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from helpers import block_saved_bytes, model_saved_bytes
+from helpers import block_saved_bytes, model_saved_bytes, priced_layer_bytes
 
-from perfguide.memory.activations import block_dims, layer_bytes, spec_family
+from perfguide.memory.activations import block_dims, spec_family
 from perfguide.memory.inference import grown_kv_bytes
 from perfguide.model import spec_from_any
 from perfguide.model.layer_widths import kv_elements, layer_widths, mean_widths
@@ -30,11 +30,6 @@ FULL = {**TINY, "layer_types": ["full_attention"] * 2}
 MOE = {**FULL, "enable_moe_block": True, "num_experts": 6, "top_k_experts": 3, "moe_intermediate_size": 48}
 
 
-def _priced(config: dict[str, Any], batch: int, seq: int) -> int:
-    setup = Setup(task="train", micro_batch_size=batch, seq_len=seq, weights_dtype="bf16", optimizer="sgd")
-    return layer_bytes(spec_from_any(config), setup)
-
-
 @pytest.mark.parametrize(("config", "family"), [(FULL, "gemma4_text"), (MOE, "gemma4_moe")], ids=["full", "moe"])
 def test_priced_block_is_what_the_real_block_saves(config: dict[str, Any], family: str) -> None:
     """Block 1 of the real bf16 model on CPU (``saved_tensors_hooks``, no tracer): a full-attention block whose one
@@ -43,7 +38,7 @@ def test_priced_block_is_what_the_real_block_saves(config: dict[str, Any], famil
     of 32 carry them twice (88 B of 8,952 per token here); Gemma 3's table, which Gemma 4 had, priced the block at the
     config's head_dim 16 and without the MoE block."""
     assert spec_family(spec_from_any(config)) == family
-    priced = (_priced(config, 2 * B, S) - _priced(config, B, S)) / (B * S)
+    priced = (priced_layer_bytes(config, 2 * B, S) - priced_layer_bytes(config, B, S)) / (B * S)
     saved = (block_saved_bytes(config, 2 * B, S) - block_saved_bytes(config, B, S)) / (B * S)
     assert priced == pytest.approx(saved, rel=0.015)
 
@@ -61,7 +56,7 @@ def test_priced_sliding_block_is_what_the_tracer_finds() -> None:
                    for d, sign in ((3, 1), (2, -1)))
 
     # within 0.5%: the table's linear form off its fit points (the tracer rounds each block to 512 B)
-    assert _priced(SLIDING, 2, 64) - _priced(SLIDING, 1, 64) == pytest.approx(traced(2) - traced(1), rel=0.005)
+    assert priced_layer_bytes(SLIDING, 2, 64) - priced_layer_bytes(SLIDING, 1, 64) == pytest.approx(traced(2) - traced(1), rel=0.005)
 
 
 def test_26b_a4b_reads_its_wide_full_layers_and_dense_mlp() -> None:
@@ -101,7 +96,7 @@ def test_per_layer_embeddings_take_their_table() -> None:
     included), full-attention layers at widths no fit used."""
     config = {**FULL, "hidden_size_per_layer_input": 256}
     assert spec_family(spec_from_any(config)) == "gemma4_ple"
-    priced = (_priced(config, 2 * B, S) - _priced(config, B, S)) / (B * S)
+    priced = (priced_layer_bytes(config, 2 * B, S) - priced_layer_bytes(config, B, S)) / (B * S)
     saved = [model_saved_bytes(config, 2, b, S) - model_saved_bytes(config, 1, b, S) for b in (B, 2 * B)]
     assert priced == pytest.approx((saved[1] - saved[0]) / (B * S), rel=0.015)
 
